@@ -1,0 +1,260 @@
+"""Configuration: frozen dataclasses, loading `configs/*.py`, `--set` overrides, resolved JSON + hash.
+
+A config file is a Python module exporting `get_config() -> Config`. Overrides are dotted keys
+(`--set model.num_layers=4`), parsed with `ast.literal_eval` (bare words are taken as strings),
+type-checked against the field they replace, and applied with `dataclasses.replace`, so the
+dataclasses stay frozen. Unknown keys and wrong types raise `ConfigError` with a one-line message.
+The library reads no environment variables: everything a run does is in this object.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run (bad key, bad type, impossible combination)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    vocab_size: int = 1024
+    num_layers: int = 9
+    model_dim: int = 512
+    num_heads: int = 8
+    num_kv_heads: int = 4
+    mlp_mult: int = 2
+    rope_base: float = 10000.0
+    logit_softcap: float = 30.0
+    qk_gain_init: float = 1.5
+    tied_embed_init_std: float = 0.005
+    # "auto": bfloat16 matmuls on accelerators (as the baseline), float32 on CPU (where bf16 dots were
+    # measured slower: ~120 vs ~178 GFLOP/s). "bfloat16" / "float32" force it. The resolved choice is
+    # logged and written to the run directory (see frontier_jax.model.resolve_compute_dtype).
+    compute_dtype: str = "auto"
+
+    def __post_init__(self):
+        if self.model_dim % self.num_heads:
+            raise ConfigError(f"model.model_dim={self.model_dim} is not divisible by model.num_heads={self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"model.num_heads={self.num_heads} is not a multiple of model.num_kv_heads={self.num_kv_heads}")
+        if (self.model_dim // self.num_heads) % 2:
+            raise ConfigError("model head dim must be even for the half-split RoPE")
+        if self.compute_dtype not in ("auto", "bfloat16", "float32"):
+            raise ConfigError(f"model.compute_dtype must be auto|bfloat16|float32, got {self.compute_dtype!r}")
+        for name in ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model.{name} must be positive")
+
+    @property
+    def head_dim(self) -> int:
+        return self.model_dim // self.num_heads
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    matrix_lr: float = 0.04  # Muon, block matrices
+    scalar_lr: float = 0.04  # Adam, vectors / scalars (scales, mixes, q gains, skip weights)
+    embed_lr: float = 0.05  # Adam, tied embedding
+    beta1: float = 0.9
+    beta2: float = 0.95
+    adam_eps: float = 1e-8
+    muon_momentum: float = 0.95
+    muon_momentum_warmup_start: float = 0.85
+    muon_momentum_warmup_steps: int = 500
+    muon_ns_steps: int = 5
+    # Newton-Schulz precision: the baseline runs it in bf16; "float32" exists for parity tests.
+    muon_ns_dtype: str = "bfloat16"
+    warmdown_steps: int = 1200
+    # "time": the warmdown start is computed from measured wall-clock step time (the baseline);
+    # "steps": from train.max_steps (deterministic; used by the kill-and-resume test).
+    warmdown_mode: str = "time"
+
+    def __post_init__(self):
+        if self.muon_ns_dtype not in ("bfloat16", "float32"):
+            raise ConfigError(f"optim.muon_ns_dtype must be bfloat16|float32, got {self.muon_ns_dtype!r}")
+        if self.warmdown_mode not in ("time", "steps"):
+            raise ConfigError(f"optim.warmdown_mode must be time|steps, got {self.warmdown_mode!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    data_dir: str = ""  # directory holding *_train_*.bin and *_val_*.bin shards
+    tokenizer: str = ""  # a SentencePiece .model path, or "bytes" for the byte-level tokenizer
+    train_pattern: str = "*_train_*.bin"
+    val_pattern: str = "*_val_*.bin"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    seq_len: int = 1024
+    tokens_per_step: int = 524_288  # global, across all devices and accumulation steps
+    micro_batch_seqs: int = 64  # sequences per device per micro-batch (accumulation fills the rest)
+    budget_seconds: float = 1800.0  # wall-clock training budget (warm-up and validation excluded)
+    max_steps: int = 20_000
+    compile_warmup_steps: int = 20  # untimed steps, then weights/optimizer/data are reset
+    val_every_steps: int = 0  # 0: only the final validation
+    val_max_tokens: int = 0  # periodic validation on at most this many tokens (0: full val)
+    val_batch_seqs: int = 64
+    checkpoint_every_steps: int = 0  # 0: only final and on signals
+    log_every_steps: int = 1
+    seed: int = 1337
+    kernels: str = "auto"  # auto | reference | strict (see frontier_jax.ops)
+
+    def __post_init__(self):
+        if self.budget_seconds <= 0:
+            raise ConfigError(f"train.budget_seconds must be > 0, got {self.budget_seconds}")
+        if self.kernels not in ("auto", "reference", "strict"):
+            raise ConfigError(f"train.kernels must be auto|reference|strict, got {self.kernels!r}")
+        if self.seq_len <= 0 or self.tokens_per_step <= 0 or self.micro_batch_seqs <= 0:
+            raise ConfigError("train.seq_len, train.tokens_per_step and train.micro_batch_seqs must be positive")
+        if self.tokens_per_step % self.seq_len:
+            raise ConfigError(f"train.tokens_per_step={self.tokens_per_step} is not a multiple of train.seq_len={self.seq_len}")
+        if self.max_steps <= 0:
+            raise ConfigError("train.max_steps must be positive")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NgramConfig:
+    enabled: bool = False
+    min_order: int = 2  # tokens of context
+    max_order: int = 16
+    table_log2_size: int = 20  # buckets per order
+    max_table_bytes: int = 2 << 30  # cap over all orders; exceeding it is a config error
+    confidence_buckets: int = 8
+    builder_processes: int = 1
+    builder_niceness: int = 10
+    builder_shards_from_end: int = 1  # the builder reads this many shards from the far end of the stream
+    snapshot_every_tokens: int = 10_000_000
+
+    def __post_init__(self):
+        if self.enabled and not (1 <= self.min_order <= self.max_order):
+            raise ConfigError("ngram.min_order must be >= 1 and <= ngram.max_order")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    zero1: bool = False  # shard optimizer state across the data axis
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    name: str = "baseline"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    ngram: NgramConfig = field(default_factory=NgramConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+
+# ----------------------------------------------------------------------------- loading / overrides
+
+
+def load_config(path: str | Path) -> Config:
+    """Import a config file and call its `get_config()`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    spec = importlib.util.spec_from_file_location(f"_frontier_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"{path}: config file defines no get_config()")
+    cfg = module.get_config()
+    if not isinstance(cfg, Config):
+        raise ConfigError(f"{path}: get_config() returned {type(cfg).__name__}, expected frontier_jax.config.Config")
+    return cfg
+
+
+def _parse_value(raw: str):
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return raw  # bare word: a string
+
+
+def _check_type(key: str, annotation, value):
+    hints = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
+    allowed = hints.get(annotation)
+    if allowed is None:
+        raise ConfigError(f"--set {key}: cannot override a field of type {annotation}")
+    if annotation is not bool and isinstance(value, bool):
+        raise ConfigError(f"--set {key}={value!r}: expected {annotation.__name__}, got bool")
+    if not isinstance(value, allowed):
+        raise ConfigError(f"--set {key}={value!r}: expected {annotation.__name__}, got {type(value).__name__}")
+    return float(value) if annotation is float else value
+
+
+def _replace_path(obj, parts: list[str], value, key: str):
+    if not dataclasses.is_dataclass(obj):
+        raise ConfigError(f"--set {key}: unknown key")
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    if parts[0] not in fields:
+        raise ConfigError(f"--set {key}: unknown key (no field {parts[0]!r} in {type(obj).__name__})")
+    if len(parts) == 1:
+        hints = typing.get_type_hints(type(obj))
+        annotation = hints[parts[0]]
+        if dataclasses.is_dataclass(annotation):
+            raise ConfigError(f"--set {key}: is a section, set one of its fields")
+        new = _check_type(key, annotation, value)
+    else:
+        new = _replace_path(getattr(obj, parts[0]), parts[1:], value, key)
+    try:
+        return dataclasses.replace(obj, **{parts[0]: new})
+    except ConfigError as e:
+        raise ConfigError(f"--set {key}: {e}") from None
+
+
+def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
+    """Apply `key=value` strings (dotted keys) to a frozen config."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        cfg = _replace_path(cfg, key.split("."), _parse_value(raw.strip()), key)
+    return cfg
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(d: dict) -> Config:
+    """Inverse of `to_dict` (used to reload a run's resolved config)."""
+
+    def build(cls, data):
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in data:
+                continue
+            t = hints[f.name]
+            kwargs[f.name] = build(t, data[f.name]) if dataclasses.is_dataclass(t) else data[f.name]
+        return cls(**kwargs)
+
+    return build(Config, d)
+
+
+def config_hash(cfg: Config) -> str:
+    blob = json.dumps(to_dict(cfg), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def model_hash(model_cfg: ModelConfig) -> str:
+    """Identity of a model's parameter shapes (a checkpoint from another model is refused)."""
+    keys = ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult")
+    blob = json.dumps({k: getattr(model_cfg, k) for k in keys}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+

@@ -1,0 +1,204 @@
+"""Training token stream (resumable, per-process slices) and validation windows.
+
+Training follows the baseline: shards are read in name order, sequentially, wrapping around to the
+first shard after the last; no shuffling. Each step takes one contiguous chunk from the stream and
+each process uses its own slice of it (`TrainLoader`), so the data position is just (shard, offset)
+and a checkpoint stores it as a small JSON dict.
+
+Validation follows the baseline too: all val shards concatenated, truncated to a whole number of
+`seq_len` windows (+1 token for the last target), scored as non-overlapping windows
+(`val_batches`). `sliding_windows` / `sliding_batches` give the overlapping-window variant, where
+every target is still scored exactly once but with a longer context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from frontier_jax.data.shards import DataError, read_shard, shard_token_count
+
+
+class TokenStream:
+    """Sequential reader over `files`, wrapping around; shards are memmapped lazily, one at a time."""
+
+    def __init__(self, files: list[Path]):
+        self.files = [Path(f) for f in files]
+        if not self.files:
+            raise DataError("<train>: token stream needs at least one shard file")
+        self._shard = 0
+        self._offset = 0
+        self._tokens: np.ndarray | None = None
+
+    def _current(self) -> np.ndarray:
+        if self._tokens is None:
+            self._tokens = read_shard(self.files[self._shard])
+        return self._tokens
+
+    def _advance(self) -> None:
+        self._shard = (self._shard + 1) % len(self.files)
+        self._offset = 0
+        self._tokens = None
+
+    def take(self, n: int) -> np.ndarray:
+        """The next `n` tokens as int32 (spanning shards and wrapping around as needed)."""
+        if n < 0:
+            raise ValueError(f"TokenStream.take: n must be >= 0, got {n}")
+        out = np.empty(n, dtype=np.int32)
+        filled, empty_in_a_row = 0, 0
+        while filled < n:
+            tokens = self._current()
+            avail = tokens.shape[0] - self._offset
+            if avail <= 0:
+                empty_in_a_row += 1
+                if empty_in_a_row > len(self.files):
+                    raise DataError(f"{self.files[0].parent}: all {len(self.files)} train shards are empty")
+                self._advance()
+                continue
+            empty_in_a_row = 0
+            k = min(n - filled, avail)
+            out[filled : filled + k] = tokens[self._offset : self._offset + k]
+            filled += k
+            self._offset += k
+        return out
+
+    def state(self) -> dict:
+        return {"shard": self._shard, "offset": self._offset}
+
+    def restore(self, state: dict) -> None:
+        shard, offset = int(state["shard"]), int(state["offset"])
+        if not 0 <= shard < len(self.files):
+            raise DataError(f"{self.files[0].parent}: saved stream position names shard {shard}, only {len(self.files)} exist")
+        count = shard_token_count(self.files[shard])
+        if not 0 <= offset <= count:
+            raise DataError(f"{self.files[shard]}: saved stream offset {offset} is outside the shard's {count} tokens")
+        self._shard, self._offset, self._tokens = shard, offset, None
+
+
+class TrainLoader:
+    """The baseline's DistributedTokenLoader: each step one chunk, one contiguous slice per process."""
+
+    def __init__(self, files: list[Path], seq_len: int, process_index: int = 0, process_count: int = 1):
+        if seq_len <= 0:
+            raise ValueError(f"TrainLoader: seq_len must be positive, got {seq_len}")
+        if not 0 <= process_index < process_count:
+            raise ValueError(f"TrainLoader: process_index {process_index} not in [0, {process_count})")
+        self.stream = TokenStream(files)
+        self.files = self.stream.files
+        self.seq_len = seq_len
+        self.process_index = process_index
+        self.process_count = process_count
+        self._consumed = 0
+
+    def next_batch(self, global_seqs: int) -> tuple[np.ndarray, np.ndarray]:
+        """(x, y), int32 [global_seqs / process_count, seq_len] each, with y the next-token targets of x."""
+        if global_seqs <= 0 or global_seqs % self.process_count:
+            raise ValueError(f"TrainLoader: global_seqs {global_seqs} is not a positive multiple of process_count {self.process_count}")
+        local_tokens = global_seqs * self.seq_len // self.process_count
+        span = local_tokens + 1
+        chunk = self.stream.take(span * self.process_count)
+        self._consumed += span * self.process_count
+        local = chunk[self.process_index * span : (self.process_index + 1) * span]
+        return local[:-1].reshape(-1, self.seq_len), local[1:].reshape(-1, self.seq_len)
+
+    def position_tokens(self) -> int:
+        """Tokens taken from the stream since the start (all processes together)."""
+        return self._consumed
+
+    def state(self) -> dict:
+        return {**self.stream.state(), "position_tokens": self._consumed}
+
+    def restore(self, state: dict) -> None:
+        self.stream.restore(state)
+        self._consumed = int(state.get("position_tokens", 0))
+
+
+def load_val_tokens(files: list[Path], seq_len: int) -> np.ndarray:
+    """All val shards concatenated (int32), truncated to whole `seq_len` windows plus one token."""
+    files = [Path(f) for f in files]
+    if not files:
+        raise DataError("<val>: no validation shard files given")
+    tokens = np.concatenate([np.asarray(read_shard(f), dtype=np.int32) for f in files])
+    if tokens.shape[0] < seq_len + 1:
+        where = files[0] if len(files) == 1 else files[0].parent
+        raise DataError(f"{where}: val split has {tokens.shape[0]} tokens, fewer than one window of {seq_len + 1}")
+    usable = ((tokens.shape[0] - 1) // seq_len) * seq_len
+    return tokens[: usable + 1]
+
+
+def _windows(tokens: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    n = (tokens.shape[0] - 1) // seq_len
+    x = tokens[: n * seq_len].reshape(n, seq_len)
+    y = tokens[1 : n * seq_len + 1].reshape(n, seq_len)
+    return x, y
+
+
+def val_batches(
+    tokens: np.ndarray, seq_len: int, batch_seqs: int, process_index: int = 0, process_count: int = 1
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Non-overlapping windows of this process, `batch_seqs` at a time (the last batch may be smaller).
+
+    Window i is x = tokens[i*T:(i+1)*T], y = tokens[i*T+1:(i+1)*T+1]. Of W windows, process p gets
+    the contiguous range [p*W//P, (p+1)*W//P): every window is scored by exactly one process.
+    """
+    if batch_seqs <= 0:
+        raise ValueError(f"val_batches: batch_seqs must be positive, got {batch_seqs}")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"val_batches: process_index {process_index} not in [0, {process_count})")
+    x, y = _windows(np.asarray(tokens), seq_len)
+    w = x.shape[0]
+    lo, hi = process_index * w // process_count, (process_index + 1) * w // process_count
+    for start in range(lo, hi, batch_seqs):
+        stop = min(start + batch_seqs, hi)
+        yield x[start:stop].astype(np.int32), y[start:stop].astype(np.int32)
+
+
+def sliding_windows(tokens: np.ndarray, seq_len: int, stride: int) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+    """Overlapping windows for sliding-window evaluation: (x, y, score_from), x and y int32 [seq_len].
+
+    Targets are tokens[1:]; target j of a window starting at s is tokens[s + 1 + j] with context
+    tokens[s : s + j + 1]. Score only y[score_from:]. Window 0 starts at 0 and scores all its targets;
+    window k starts at k*stride and scores its last `stride` targets (score_from = seq_len - stride),
+    each with at least seq_len - stride + 1 tokens of context. If targets remain after the last full
+    step, one final window ends exactly at the last token and scores only the not-yet-scored tail.
+    Every target is scored exactly once. stride == seq_len gives the non-overlapping windows.
+    """
+    tokens = np.asarray(tokens)
+    n = tokens.shape[0]
+    if not 0 < stride <= seq_len:
+        raise ValueError(f"sliding_windows: stride must be in [1, seq_len={seq_len}], got {stride}")
+    if n < seq_len + 1:
+        raise ValueError(f"sliding_windows: {n} tokens are fewer than one window of {seq_len + 1}")
+
+    def window(s: int) -> tuple[np.ndarray, np.ndarray]:
+        return tokens[s : s + seq_len].astype(np.int32), tokens[s + 1 : s + seq_len + 1].astype(np.int32)
+
+    x, y = window(0)
+    yield x, y, 0
+    scored_to, s = seq_len, stride  # targets tokens[1 .. scored_to] are scored
+    while s + seq_len <= n - 1:
+        x, y = window(s)
+        yield x, y, seq_len - stride
+        scored_to, s = s + seq_len, s + stride
+    if scored_to < n - 1:
+        s = n - 1 - seq_len
+        x, y = window(s)
+        yield x, y, scored_to - s
+
+
+def sliding_batches(
+    tokens: np.ndarray, seq_len: int, stride: int, batch_seqs: int
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """`sliding_windows` grouped `batch_seqs` at a time: (x [b,T], y [b,T], score_from [b]) int32."""
+    if batch_seqs <= 0:
+        raise ValueError(f"sliding_batches: batch_seqs must be positive, got {batch_seqs}")
+    xs, ys, fs = [], [], []
+    for x, y, f in sliding_windows(tokens, seq_len, stride):
+        xs.append(x), ys.append(y), fs.append(f)
+        if len(xs) == batch_seqs:
+            yield np.stack(xs), np.stack(ys), np.asarray(fs, np.int32)
+            xs, ys, fs = [], [], []
+    if xs:
+        yield np.stack(xs), np.stack(ys), np.asarray(fs, np.int32)

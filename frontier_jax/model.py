@@ -1,0 +1,165 @@
+"""The baseline transformer (spec baseline.md 1.1) in Flax NNX.
+
+Every hot op goes through `frontier_jax.ops` (kernel on Neuron, reference elsewhere). Attribute
+names follow the PyTorch baseline's `state_dict` so interop is a renaming plus a transpose:
+linear weights are stored [in, out] here (x_BTD @ w_DF) and [out, in] in PyTorch.
+
+Axis letters: B batch, T sequence, D width, H query heads, G kv heads, K head dim, F MLP hidden,
+V vocabulary, N = B*T, S sparse-bias sources.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from frontier_jax import ops
+from frontier_jax import reference as ref
+from frontier_jax.config import ModelConfig
+
+# Block parameters that are vectors/scalars (Adam), even when 2-D (resid_mix) - as the baseline's
+# CONTROL_TENSOR_NAME_PATTERNS.
+CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "ngram_bias")
+
+
+def resolve_compute_dtype(cfg: ModelConfig, platform: str | None = None) -> jnp.dtype:
+    """The explicit dtype policy: bf16 matmuls on accelerators (as the baseline), fp32 on CPU."""
+    if cfg.compute_dtype != "auto":
+        return jnp.dtype(cfg.compute_dtype)
+    platform = platform or jax.default_backend()
+    return jnp.dtype(jnp.float32 if platform == "cpu" else jnp.bfloat16)
+
+
+def _torch_linear_init(rngs: nnx.Rngs, fan_in: int, fan_out: int) -> jax.Array:
+    """PyTorch nn.Linear default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), stored [in, out]."""
+    bound = 1.0 / np.sqrt(fan_in)
+    return jax.random.uniform(rngs.params(), (fan_in, fan_out), jnp.float32, -bound, bound)
+
+
+@functools.lru_cache(maxsize=16)
+def _rope_tables(seq_len: int, head_dim: int, base: float):
+    return ref.rope_tables(seq_len, head_dim, base)
+
+
+class CausalSelfAttention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D, H, G, K = cfg.model_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim, self.rope_base = H, G, K, cfg.rope_base
+        self.c_q = nnx.Param(_torch_linear_init(rngs, D, H * K))
+        self.c_k = nnx.Param(_torch_linear_init(rngs, D, G * K))
+        self.c_v = nnx.Param(_torch_linear_init(rngs, D, G * K))
+        self.proj = nnx.Param(jnp.zeros((H * K, D), jnp.float32))  # zero-init output projection
+        self.q_gain = nnx.Param(jnp.full((H,), cfg.qk_gain_init, jnp.float32))
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        B, T, D = x_BTD.shape
+        H, G, K = self.num_heads, self.num_kv_heads, self.head_dim
+        cdt = x_BTD.dtype
+        q_BTHK = (x_BTD @ self.c_q[...].astype(cdt)).reshape(B, T, H, K)
+        k_BTGK = (x_BTD @ self.c_k[...].astype(cdt)).reshape(B, T, G, K)
+        v_BTGK = (x_BTD @ self.c_v[...].astype(cdt)).reshape(B, T, G, K)
+        q_BTHK, k_BTGK = ops.rms_norm(q_BTHK), ops.rms_norm(k_BTGK)  # QK-norm
+        cos_TK2, sin_TK2 = _rope_tables(T, K, self.rope_base)
+        q_BTHK = ops.rope(q_BTHK, cos_TK2, sin_TK2)
+        k_BTGK = ops.rope(k_BTGK, cos_TK2, sin_TK2)
+        q_BTHK = q_BTHK * self.q_gain[...].astype(cdt)[None, None, :, None]
+        o_BTHK = ops.causal_attention(q_BTHK, k_BTGK, v_BTGK)
+        return o_BTHK.reshape(B, T, H * K) @ self.proj[...].astype(cdt)
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D, F = cfg.model_dim, cfg.mlp_mult * cfg.model_dim
+        self.fc = nnx.Param(_torch_linear_init(rngs, D, F))
+        self.proj = nnx.Param(jnp.zeros((F, D), jnp.float32))  # zero-init output projection
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        B, T, D = x_BTD.shape
+        y_ND = ops.mlp(x_BTD.reshape(B * T, D), self.fc[...], self.proj[...])
+        return y_ND.reshape(B, T, D)
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D = cfg.model_dim
+        self.attn = CausalSelfAttention(cfg, rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs)
+        self.attn_scale = nnx.Param(jnp.ones((D,), jnp.float32))
+        self.mlp_scale = nnx.Param(jnp.ones((D,), jnp.float32))
+        self.resid_mix = nnx.Param(jnp.stack([jnp.ones((D,)), jnp.zeros((D,))]).astype(jnp.float32))
+
+    def __call__(self, x_BTD: jax.Array, x0_BTD: jax.Array) -> jax.Array:
+        cdt = x_BTD.dtype
+        mix_2D = self.resid_mix[...].astype(cdt)
+        x_BTD = mix_2D[0] * x_BTD + mix_2D[1] * x0_BTD
+        x_BTD = x_BTD + self.attn_scale[...].astype(cdt) * self.attn(ops.rms_norm(x_BTD))
+        x_BTD = x_BTD + self.mlp_scale[...].astype(cdt) * self.mlp(ops.rms_norm(x_BTD))
+        return x_BTD
+
+
+class GPT(nnx.Module):
+    """Returns per-token cross-entropy (nats, float32, [B, T]); training and evaluation both call this."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype=None, num_bias_orders: int = 0,
+                 bias_buckets: int = 0):
+        self.cfg = cfg
+        self.compute_dtype = jnp.dtype(compute_dtype or resolve_compute_dtype(cfg))
+        V, D = cfg.vocab_size, cfg.model_dim
+        # The baseline stores the tied embedding in the compute dtype (bf16 on accelerators).
+        emb = cfg.tied_embed_init_std * jax.random.normal(rngs.params(), (V, D), jnp.float32)
+        self.tok_emb = nnx.Param(emb.astype(self.compute_dtype))
+        self.num_encoder_layers = cfg.num_layers // 2
+        self.num_decoder_layers = cfg.num_layers - self.num_encoder_layers
+        num_skips = min(self.num_encoder_layers, self.num_decoder_layers)
+        self.skip_weights = nnx.Param(jnp.ones((num_skips, D), jnp.float32))
+        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        if num_bias_orders:
+            # n-gram logit bias: one learned value per (order, confidence bucket), zero at init.
+            self.ngram_bias = nnx.Param(jnp.zeros((num_bias_orders, bias_buckets), jnp.float32))
+
+    def hidden(self, inputs_BT: jax.Array) -> jax.Array:
+        """Final-normed hidden states [B, T, D] in the compute dtype."""
+        x_BTD = ops.embed(inputs_BT, self.tok_emb[...]).astype(self.compute_dtype)
+        x_BTD = ops.rms_norm(x_BTD)
+        x0_BTD = x_BTD
+        skips = []
+        for i in range(self.num_encoder_layers):
+            x_BTD = self.blocks[i](x_BTD, x0_BTD)
+            skips.append(x_BTD)
+        for i in range(self.num_decoder_layers):
+            if skips:
+                x_BTD = x_BTD + self.skip_weights[i].astype(x_BTD.dtype) * skips.pop()
+            x_BTD = self.blocks[self.num_encoder_layers + i](x_BTD, x0_BTD)
+        return ops.rms_norm(x_BTD)
+
+    def __call__(self, inputs_BT: jax.Array, targets_BT: jax.Array, bias_ids_BTS=None, bias_vals_BTS=None):
+        B, T = inputs_BT.shape
+        x_ND = self.hidden(inputs_BT).reshape(B * T, self.cfg.model_dim)
+        if bias_ids_BTS is not None:
+            S = bias_ids_BTS.shape[-1]
+            bias_ids_BTS, bias_vals_BTS = bias_ids_BTS.reshape(B * T, S), bias_vals_BTS.reshape(B * T, S)
+        loss_N = ops.head_loss(x_ND, self.tok_emb[...], targets_BT.reshape(B * T), self.cfg.logit_softcap,
+                               bias_ids_BTS, bias_vals_BTS)
+        return loss_N.reshape(B, T)
+
+
+def count_params(model: nnx.Module) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
+
+
+def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward = 3x forward) of this architecture, attention included.
+
+    Matmul FLOPs: 2 per MAC. Attention scores and values: causal, so on average T/2 keys per query
+    (counted as the full T*T/2 triangle: 2 * 2 * H * K * T/2 per token forward).
+    """
+    D, H, G, K = cfg.model_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    F, V, L = cfg.mlp_mult * D, cfg.vocab_size, cfg.num_layers
+    per_layer = 2 * (D * H * K + 2 * D * G * K + H * K * D + 2 * D * F)
+    attn = 2 * 2 * H * K * (seq_len / 2)
+    head = 2 * D * V
+    return 3.0 * (L * (per_layer + attn) + head)

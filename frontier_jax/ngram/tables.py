@@ -1,0 +1,379 @@
+"""Hashed n-gram count tables built on the host from training tokens (numpy only, no JAX).
+
+Context and hash. Position t of a token stream predicts x[t+1]; its order-n context is x[t-n+1..t]
+(never the predicted token). Two independent 32-bit chains walk the context from the newest token
+back to the oldest, with v = x + 1 as uint32:
+    a_0 = SEED_A,  a_k = step(a_{k-1}, v[t-k+1], MUL_A);  b likewise with SEED_B, MUL_B
+    step(h, v, M) = g ^ (g >> 15)  where g = (h ^ v) * M  (mod 2**32)
+so a_n extends a_{n-1} by one older token and every order costs two steps per position. The bucket
+is the top L = table_log2_size bits of a_n, the fingerprint the top F = min(32, 48 - L) bits of b_n:
+a context is identified by L + F >= 48 bits, so a lookup of an unseen context hits a wrong entry
+with probability about 2**-F per occupied bucket. `bias.py` computes the same values in JAX.
+
+Table. Per order, 2**L buckets of four uint32 words: fingerprint, top token, top count, total count
+(total == 0 marks an empty bucket); one 16-byte row per bucket so a lookup touches one cache line.
+
+Update policy (per chunk of tokens, per order; exact counts within the chunk by sorting keys):
+  1. the context whose fingerprint matches the bucket's resident adds its chunk total to `total`
+     and the chunk count of the resident top token to `count`; a challenger token whose chunk
+     count exceeds that new `count` becomes the top with `count` = its chunk count;
+  2. among the other contexts landing in that bucket, the one with the largest chunk total (ties:
+     smallest fingerprint) replaces the resident when its chunk total exceeds the resident's
+     `total`, else its counts are dropped (collision policy: "larger total wins", no decay);
+  3. contexts seen once in the chunk do the same with total 1 (they only ever fill an empty bucket;
+     several in one empty bucket: the earliest position wins).
+Guarantees: `total` never exceeds the true count of the resident context and equals it when no
+other context ever displaced or blocked it; `count` <= `total` and never exceeds the true count
+of (context, top); the top is the exact argmax (ties: smallest id) with exact counts when the data
+fits one chunk, and across chunks whenever the same token is the chunk's top (ties: smallest id)
+in every chunk where the context occurs (near-duplicate text). Otherwise `count` is the exact
+count of the top since the chunk it became top, and a token only deposes the top with strictly
+more evidence inside one chunk. Bigger chunks are closer to exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+SEED_A, SEED_B = 0x9E3779B9, 0x7F4A7C15
+MUL_A, MUL_B = 0x85EBCA6B, 0xC2B2AE35
+FORMAT = "frontier_jax.ngram.tables"
+FORMAT_VERSION = 1
+ROW_WORDS = 4  # fingerprint, top token, top count, total count
+FP, TOP, COUNT, TOTAL = range(ROW_WORDS)
+VOCAB_LIMIT = 1 << 16
+_U32_MAX = np.uint64(0xFFFFFFFF)
+
+
+def fingerprint_bits(log2_size: int) -> int:
+    """Fingerprint width F for a table of 2**log2_size buckets (bucket + fingerprint + token <= 64 bits)."""
+    return min(32, 48 - log2_size)
+
+
+def hash_step(h_N: np.ndarray, v_N: np.ndarray, mul: int) -> np.ndarray:
+    """One chain step: g = (h ^ v) * mul mod 2**32, then g ^ (g >> 15); all uint32."""
+    g_N = (h_N ^ v_N) * np.uint32(mul)
+    return g_N ^ (g_N >> np.uint32(15))
+
+
+def order_hashes(tokens_N: np.ndarray, max_order: int):
+    """Yield (n, a_N, b_N) for n = 1..max_order; entries t < n-1 (context before the stream) are junk.
+
+    The yielded arrays are updated in place by the next step: use them before advancing."""
+    v_N = tokens_N.astype(np.uint32) + np.uint32(1)
+    a_N = np.full(v_N.shape, SEED_A, dtype=np.uint32)
+    b_N = np.full(v_N.shape, SEED_B, dtype=np.uint32)
+    for n in range(1, max_order + 1):
+        k = n - 1
+        a_N[k:] = hash_step(a_N[k:], v_N[: v_N.size - k], MUL_A)
+        b_N[k:] = hash_step(b_N[k:], v_N[: v_N.size - k], MUL_B)
+        yield n, a_N, b_N
+
+
+def bucket_and_fp(a_N: np.ndarray, b_N: np.ndarray, log2_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bucket index (top L bits of a) and fingerprint (top F bits of b), both uint32."""
+    f = fingerprint_bits(log2_size)
+    return a_N >> np.uint32(32 - log2_size), b_N >> np.uint32(32 - f)
+
+
+def confidence_bucket(count, total, num_buckets: int):
+    """Integer confidence floor(C * count / (total + 1)) clipped to C-1: add-one-shrunk top frequency.
+
+    Works on numpy and jnp integer arrays alike (no floats, so host and device agree exactly)."""
+    c = (count.astype(np.int64) * num_buckets) // (total.astype(np.int64) + 1)
+    return np.minimum(c, num_buckets - 1)
+
+
+def table_bytes_per_order(log2_size: int) -> int:
+    return (1 << log2_size) * ROW_WORDS * 4
+
+
+def check_memory(cfg) -> list[int]:
+    """Bytes per order for `cfg` (an NgramConfig); ValueError when the total exceeds max_table_bytes."""
+    if not 1 <= cfg.table_log2_size <= 30:
+        raise ValueError(f"ngram.table_log2_size must be in [1, 30], got {cfg.table_log2_size}")
+    if not 1 <= cfg.min_order <= cfg.max_order:
+        raise ValueError(f"ngram orders must satisfy 1 <= min_order <= max_order, got {cfg.min_order}..{cfg.max_order}")
+    per = [table_bytes_per_order(cfg.table_log2_size)] * (cfg.max_order - cfg.min_order + 1)
+    if sum(per) > cfg.max_table_bytes:
+        raise ValueError(
+            f"ngram tables need {sum(per)} bytes ({len(per)} orders x {per[0]}), over max_table_bytes={cfg.max_table_bytes}"
+        )
+    return per
+
+
+@dataclass
+class NgramTables:
+    """Mutable tables for orders min_order..max_order, fed by `consume` in stream order."""
+
+    min_order: int
+    max_order: int
+    log2_size: int
+    chunk_tokens: int = 1 << 20
+    rows_OK4: np.ndarray = field(init=False)
+    unigram_V: np.ndarray = field(init=False)
+    tokens_consumed: int = 0
+    sources: list = field(default_factory=list)
+    dropped_O: np.ndarray = field(init=False)  # chunk contexts dropped on a collision, per order
+    _tail: np.ndarray = field(init=False)
+
+    @classmethod
+    def from_config(cls, cfg, chunk_tokens: int = 1 << 20) -> "NgramTables":
+        check_memory(cfg)
+        return cls(cfg.min_order, cfg.max_order, cfg.table_log2_size, chunk_tokens)
+
+    def __post_init__(self):
+        num_orders = self.max_order - self.min_order + 1
+        self.rows_OK4 = np.zeros((num_orders, 1 << self.log2_size, ROW_WORDS), dtype=np.uint32)
+        self.unigram_V = np.zeros(VOCAB_LIMIT, dtype=np.uint64)
+        self.dropped_O = np.zeros(num_orders, dtype=np.int64)
+        self._tail = np.zeros(0, dtype=np.uint16)
+
+    @property
+    def orders(self) -> list[int]:
+        return list(range(self.min_order, self.max_order + 1))
+
+    def bytes_per_order(self) -> list[int]:
+        return [int(self.rows_OK4[o].nbytes) for o in range(self.rows_OK4.shape[0])]
+
+    def consume(self, tokens_N: np.ndarray) -> None:
+        """Count every next-token event of `tokens_N`, continuing the stream fed so far."""
+        tokens_N = np.asarray(tokens_N)
+        for start in range(0, tokens_N.size, self.chunk_tokens):
+            self._consume_chunk(np.asarray(tokens_N[start : start + self.chunk_tokens], dtype=np.uint16))
+
+    def _consume_chunk(self, chunk_N: np.ndarray) -> None:
+        buf_N = np.concatenate([self._tail, chunk_N])
+        first = max(self._tail.size - 1, 0)  # first position whose target is new
+        self.tokens_consumed += chunk_N.size
+        self._tail = buf_N[-self.max_order :].copy()
+        if buf_N.size < 2:
+            return
+        y_all = buf_N[1:].astype(np.uint32)
+        self.unigram_V += np.bincount(buf_N[first + 1 :], minlength=VOCAB_LIMIT).astype(np.uint64)
+        cand = None  # positions whose lower-order context repeats in this chunk
+        for n, a_N, b_N in order_hashes(buf_N[:-1], self.max_order):
+            if n < self.min_order:
+                continue
+            p0 = max(first, n - 1)
+            if p0 >= y_all.size:
+                break
+            cand = np.arange(p0, y_all.size) if cand is None else cand[cand >= p0]
+            cand = self._update_order(n - self.min_order, a_N, b_N, y_all, p0, cand)
+
+    def _update_order(self, o, a_N, b_N, y_all, p0, cand):
+        L = self.log2_size
+        F = fingerprint_bits(L)
+        rows_K4 = self.rows_OK4[o]
+        bucket_N, fp_N = bucket_and_fp(a_N[p0:], b_N[p0:], L)
+        y_N = y_all[p0:]
+        c = cand - p0
+        if c.size == 0:
+            self._merge_singles(o, rows_K4, bucket_N, fp_N, y_N)
+            return cand
+        ctx_C = (bucket_N[c].astype(np.uint64) << np.uint64(F)) | fp_N[c].astype(np.uint64)
+        keys = np.sort((ctx_C << np.uint64(16)) | y_N[c].astype(np.uint64))
+        starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+        ukeys = keys[starts]
+        ucount = np.diff(np.append(starts, keys.size)).astype(np.uint64)
+        uctx = ukeys >> np.uint64(16)
+        gstart = np.flatnonzero(np.concatenate([[True], uctx[1:] != uctx[:-1]]))
+        gctx = uctx[gstart]
+        gtotal = np.add.reduceat(ucount, gstart)
+        multi = gtotal >= 2
+        mctx = gctx[multi]
+        # positions whose context repeats: candidates for the next order, the rest are singletons here
+        idx = np.minimum(np.searchsorted(mctx, ctx_C), max(mctx.size - 1, 0))
+        in_multi = (mctx[idx] == ctx_C) if mctx.size else np.zeros(c.size, dtype=bool)
+        single_mask = np.ones(y_N.size, dtype=bool)
+        single_mask[c[in_multi]] = False
+        if mctx.size:
+            best = np.maximum.reduceat((ucount << np.uint64(16)) | (np.uint64(0xFFFF) - (ukeys & np.uint64(0xFFFF))), gstart)
+            self._merge_multi(o, rows_K4, mctx, gtotal[multi], best[multi], ukeys, ucount, F)
+        self._merge_singles(o, rows_K4, bucket_N[single_mask], fp_N[single_mask], y_N[single_mask])
+        return cand[in_multi]
+
+    def _merge_multi(self, o, rows_K4, mctx, total_G, best_G, ukeys, ucount, F):
+        b_G = (mctx >> np.uint64(F)).astype(np.int64)
+        f_G = (mctx & np.uint64((1 << F) - 1)).astype(np.uint32)
+        top_G = (np.uint64(0xFFFF) - (best_G & np.uint64(0xFFFF))).astype(np.uint32)
+        cnt_G = best_G >> np.uint64(16)
+        res = rows_K4[b_G]
+        same = (res[:, TOTAL] > 0) & (res[:, FP] == f_G)
+        # 1. the resident context: add its totals and its top's chunk count; a stronger token takes over
+        bs = b_G[same]
+        q = (mctx[same] << np.uint64(16)) | res[same, TOP].astype(np.uint64)
+        qi = np.minimum(np.searchsorted(ukeys, q), ukeys.size - 1)
+        c_res = np.where(ukeys[qi] == q, ucount[qi], 0)
+        new_total = np.minimum(res[same, TOTAL].astype(np.uint64) + total_G[same], _U32_MAX)
+        new_cnt = np.minimum(res[same, COUNT].astype(np.uint64) + c_res, _U32_MAX)
+        take = cnt_G[same] > new_cnt
+        rows_K4[bs, TOTAL] = new_total
+        rows_K4[bs, COUNT] = np.where(take, cnt_G[same], new_cnt)
+        rows_K4[bs, TOP] = np.where(take, top_G[same], res[same, TOP])
+        # 2. other contexts: per bucket the largest chunk total challenges the resident's total
+        other = ~same
+        if not other.any():
+            return
+        bo, fo, to, co, yo = b_G[other], f_G[other], total_G[other], cnt_G[other], top_G[other]
+        run = np.flatnonzero(np.concatenate([[True], bo[1:] != bo[:-1]]))
+        order_key = (to << np.uint64(32)) | (_U32_MAX - np.arange(bo.size, dtype=np.uint64))
+        win = (_U32_MAX - (np.maximum.reduceat(order_key, run) & _U32_MAX)).astype(np.int64)
+        bw = bo[win]
+        replace = to[win] > rows_K4[bw, TOTAL].astype(np.uint64)
+        self.dropped_O[o] += bo.size - int(replace.sum())
+        w = win[replace]
+        rows_K4[bo[w]] = np.stack(
+            [fo[w], yo[w], np.minimum(co[w], _U32_MAX).astype(np.uint32), np.minimum(to[w], _U32_MAX).astype(np.uint32)], axis=1
+        )
+
+    def _merge_singles(self, o, rows_K4, b_S, f_S, y_S):
+        b_S = b_S.astype(np.int64)
+        res = rows_K4[b_S]
+        occupied = res[:, TOTAL] > 0
+        same = occupied & (res[:, FP] == f_S)
+        bs = b_S[same]
+        rows_K4[bs, TOTAL] = np.minimum(res[same, TOTAL].astype(np.uint64) + 1, _U32_MAX)
+        rows_K4[bs, COUNT] = res[same, COUNT] + (y_S[same] == res[same, TOP])
+        empty = np.flatnonzero(~occupied)
+        ub, first = np.unique(b_S[empty], return_index=True)
+        e = empty[first]
+        rows_K4[ub] = np.stack([f_S[e], y_S[e], np.ones_like(f_S[e]), np.ones_like(f_S[e])], axis=1)
+        self.dropped_O[o] += int((occupied & ~same).sum()) + empty.size - e.size
+
+    def stats(self) -> dict:
+        occupied = (self.rows_OK4[:, :, TOTAL] > 0).sum(axis=1)
+        return {
+            "orders": self.orders,
+            "buckets_per_order": 1 << self.log2_size,
+            "occupied_per_order": [int(v) for v in occupied],
+            "dropped_contexts_per_order": [int(v) for v in self.dropped_O],
+            "bytes_per_order": self.bytes_per_order(),
+            "bytes_total": int(sum(self.bytes_per_order())),
+        }
+
+
+# ----------------------------------------------------------------------------- lookups
+
+
+def lookup(rows_OK4: np.ndarray, min_order: int, tokens_N: np.ndarray):
+    """For each position t of `tokens_N` (predicting t+1) and order: (hit, top, count, total), each [N, O].
+
+    Contexts use only tokens_N[..t]; positions with fewer than n tokens of context miss at order n."""
+    num_orders, K, _ = rows_OK4.shape
+    L = K.bit_length() - 1
+    N = tokens_N.size
+    hit_NO = np.zeros((N, num_orders), dtype=bool)
+    top_NO = np.zeros((N, num_orders), dtype=np.int32)
+    cnt_NO = np.zeros((N, num_orders), dtype=np.int64)
+    tot_NO = np.zeros((N, num_orders), dtype=np.int64)
+    for n, a_N, b_N in order_hashes(np.asarray(tokens_N), min_order + num_orders - 1):
+        if n < min_order:
+            continue
+        o = n - min_order
+        bucket_N, fp_N = bucket_and_fp(a_N, b_N, L)
+        res = rows_OK4[o][bucket_N.astype(np.int64)]
+        h = (res[:, TOTAL] > 0) & (res[:, FP] == fp_N) & (np.arange(N) >= n - 1)
+        hit_NO[:, o] = h
+        top_NO[:, o] = np.where(h, res[:, TOP], 0)
+        cnt_NO[:, o] = np.where(h, res[:, COUNT], 0)
+        tot_NO[:, o] = np.where(h, res[:, TOTAL], 0)
+    return hit_NO, top_NO, cnt_NO, tot_NO
+
+
+# ----------------------------------------------------------------------------- snapshots
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An immutable published table set: rows [O, K, 4] uint32, unigram counts [65536], JSON header."""
+
+    path: Path
+    header: dict
+    rows_OK4: np.ndarray
+    unigram_V: np.ndarray
+
+    @property
+    def min_order(self) -> int:
+        return int(self.header["min_order"])
+
+    @property
+    def version(self) -> int:
+        return int(self.header["snapshot"])
+
+
+SNAP_PREFIX = "snap_"
+TMP_PREFIX = ".tmp_snap_"
+
+
+def snapshot_name(version: int) -> str:
+    return f"{SNAP_PREFIX}{version:06d}"
+
+
+def write_snapshot(tables: NgramTables, out_dir: Path, version: int, complete: bool, extra: dict | None = None) -> Path:
+    """Write tables to out_dir/snap_<version> through a temporary directory renamed into place."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final = out_dir / snapshot_name(version)
+    if final.exists():
+        raise FileExistsError(f"{final}: snapshot version {version} already published")
+    tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=TMP_PREFIX))
+    try:
+        np.save(tmp / "rows_OK4.npy", tables.rows_OK4)
+        np.save(tmp / "unigram_V.npy", tables.unigram_V)
+        header = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "snapshot": version,
+            "complete": complete,
+            "min_order": tables.min_order,
+            "max_order": tables.max_order,
+            "table_log2_size": tables.log2_size,
+            "fingerprint_bits": fingerprint_bits(tables.log2_size),
+            "hash": {"seed_a": SEED_A, "seed_b": SEED_B, "mul_a": MUL_A, "mul_b": MUL_B, "shift": 15},
+            "chunk_tokens": tables.chunk_tokens,
+            "tokens_consumed": tables.tokens_consumed,
+            "sources": list(tables.sources),
+            "stats": tables.stats(),
+            **(extra or {}),
+        }
+        (tmp / "header.json").write_text(json.dumps(header, indent=1))
+        os.chmod(tmp, 0o755)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def load_snapshot(path) -> Snapshot:
+    """Open a published snapshot (arrays memory-mapped read-only); ValueError on a foreign format."""
+    path = Path(path)
+    try:
+        header = json.loads((path / "header.json").read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no header.json (not a published n-gram snapshot)") from None
+    if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: format {header.get('format')} v{header.get('format_version')}, expected {FORMAT} v{FORMAT_VERSION}")
+    rows = np.load(path / "rows_OK4.npy", mmap_mode="r")
+    unigram = np.load(path / "unigram_V.npy", mmap_mode="r")
+    return Snapshot(path, header, rows, unigram)
+
+
+def list_snapshots(out_dir) -> list[tuple[int, Path]]:
+    """Published snapshots in out_dir as (version, path), oldest first."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return []
+    found = []
+    for p in out_dir.iterdir():
+        if p.name.startswith(SNAP_PREFIX) and p.name[len(SNAP_PREFIX) :].isdigit() and (p / "header.json").exists():
+            found.append((int(p.name[len(SNAP_PREFIX) :]), p))
+    return sorted(found)

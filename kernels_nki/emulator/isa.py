@@ -1,0 +1,314 @@
+"""NumPy stand-in for the subset of `nki.isa` (NKI 0.3+: explicit `dst` first) the project's kernels use.
+
+Every instruction checks the NeuronCore-v2 rules (../shared/specs/nki.md section 3) and raises with
+the kernel's file:line, counts its work on its engine, and (unless count-only) computes in float32
+and rounds on the write to the destination dtype (bf16 through ml_dtypes), as ScalarE/VectorE do.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kernels_nki.emulator import machine as _m
+from kernels_nki.emulator.language import Op, add, tile_size
+
+
+class engine:
+    tensor = "tensor"
+    vector = "vector"
+    scalar = "scalar"
+    gpsimd = "gpsimd"
+    unknown = None
+
+
+class reduce_cmd:
+    idle = "idle"
+    reset = "reset"
+    reduce = "reduce"
+    reset_reduce = "reset_reduce"
+
+
+class nc_version:
+    gen2 = "gen2"
+    gen3 = "gen3"
+    gen4 = "gen4"
+
+
+def get_nc_version():
+    return nc_version.gen2  # the emulator models trn1 / NeuronCore-v2 only
+
+
+# ----------------------------------------------------------------------------- operand helpers
+
+
+def _tile(t, what: str, buffers=_m.ON_CHIP) -> _m.Tensor:
+    if not isinstance(t, _m.Tensor):
+        _m.fail(f"{what} must be a tile, got {type(t).__name__}", _m.NkiEmulatorError)
+    if t.buffer not in buffers:
+        if t.buffer in _m.HBM:
+            _m.fail(f"{what} is an HBM tensor: compute engines reach only SBUF/PSUM "
+                    "(move HBM data with nl.load / nl.store / nisa.dma_copy)")
+        _m.fail(f"{what} must be in {' or '.join(buffers)}, got {t.buffer}")
+    if t.buffer in _m.HBM:
+        return t
+    if t.ndim < 1 or t.shape[0] > _m.PMAX:
+        _m.fail(f"{what} {t.shape}: partition dimension exceeds {_m.PMAX}")
+    free = int(np.prod(t.shape[1:], dtype=np.int64))
+    if t.buffer == "sbuf" and free > _m.FREE_MAX_SBUF:
+        _m.fail(f"{what} {t.shape}: free size {free} exceeds {_m.FREE_MAX_SBUF} elements per instruction")
+    return t
+
+
+def _same_shape(a: _m.Tensor, b: _m.Tensor, what: str):
+    if a.shape != b.shape:
+        _m.fail(f"{what}: shapes {a.shape} and {b.shape} differ (NKI binary ops do not broadcast)")
+
+
+def _read(t: _m.Tensor) -> np.ndarray:
+    return t.data.astype(np.float32)
+
+
+def _write(dst: _m.Tensor, value) -> None:
+    if dst.machine.compute:
+        dst.data[...] = np.asarray(value, dtype=np.float32).astype(dst.dtype)
+
+
+def _operand(x, partitions: int, what: str):
+    """A scalar operand: a Python number or a [P, 1] column broadcast along the free axes."""
+    if isinstance(x, (int, float, np.floating, np.integer)):
+        return float(x)
+    t = _tile(x, what)
+    if t.shape[0] != partitions or int(np.prod(t.shape[1:])) != 1:
+        _m.fail(f"{what} {t.shape} must be a number or a [{partitions}, 1] column")
+    return _read(t).reshape(partitions, 1) if t.machine.compute else 0.0
+
+
+def _expand(v, ndim: int):
+    if isinstance(v, np.ndarray):
+        return v.reshape(v.shape[0], *([1] * (ndim - 1)))
+    return v
+
+
+def _apply(op: Op, a, b, reverse: bool):
+    return op.fn(b, a) if reverse else op.fn(a, b)
+
+
+def _check_op(op, kind: str, what: str):
+    if not isinstance(op, Op) or op.kind != kind:
+        _m.fail(f"{what}: expected a {kind} nl op, got {op!r}", _m.NkiEmulatorError)
+
+
+# ----------------------------------------------------------------------------- data movement
+
+
+def dma_copy(dst, src, name=None):
+    """Any of HBM/SBUF to HBM/SBUF (not PSUM); same shape and dtype (the DMA does not cast)."""
+    _tile(dst, "dma_copy dst", ("sbuf",) + _m.HBM), _tile(src, "dma_copy src", ("sbuf",) + _m.HBM)
+    _same_shape(dst, src, "dma_copy")
+    if dst.dtype != src.dtype:
+        _m.fail(f"dma_copy: dtypes {src.dtype} -> {dst.dtype} differ (cast on an engine, e.g. nisa.tensor_copy)")
+    m = _m.current()
+    m.count_dma(int(np.prod(src.shape)) * src.dtype.itemsize)
+    if m.compute:
+        dst.data[...] = src.data
+
+
+def tensor_copy(dst, src, engine=engine.vector, name=None):
+    _tile(dst, "tensor_copy dst"), _tile(src, "tensor_copy src")
+    _same_shape(dst, src, "tensor_copy")
+    _m.current().count_engine(engine or "vector", src)
+    _write(dst, _read(src))
+
+
+def memset(dst, value, engine=engine.vector, name=None):
+    _tile(dst, "memset dst")
+    _m.current().count_engine(engine or "vector", dst)
+    if dst.mask is not None and dst.machine.compute:
+        dst.mask[...] = False
+    _write(dst, np.full(dst.shape, value, dtype=np.float32))
+
+
+# ----------------------------------------------------------------------------- TensorE
+
+
+def nc_matmul(dst, stationary, moving, accumulate=None, name=None):
+    """dst[M, N] (fp32 PSUM) = stationary[K, M].T @ moving[K, N]; K on the partition axis.
+
+    accumulate=None: the first write to a PSUM element overwrites, later writes accumulate (the
+    hardware default); True: always accumulate; False: always overwrite.
+    """
+    _tile(stationary, "nc_matmul stationary", ("sbuf",))
+    _tile(moving, "nc_matmul moving", ("sbuf",))
+    _tile(dst, "nc_matmul dst", ("psum",))
+    if stationary.ndim != 2 or moving.ndim != 2 or dst.ndim != 2:
+        _m.fail("nc_matmul operands must be 2-D tiles")
+    (k, mm), (k2, n) = stationary.shape, moving.shape
+    if k != k2:
+        _m.fail(f"nc_matmul: contraction must be the partition axis of both operands, got {k} and {k2}")
+    if mm > tile_size.gemm_stationary_fmax:
+        _m.fail(f"nc_matmul: stationary free size {mm} exceeds {tile_size.gemm_stationary_fmax}")
+    if n > tile_size.gemm_moving_fmax:
+        _m.fail(f"nc_matmul: moving free size {n} exceeds {tile_size.gemm_moving_fmax}")
+    if dst.shape != (mm, n):
+        _m.fail(f"nc_matmul: dst {dst.shape} must be [{mm}, {n}]")
+    if dst.dtype != np.float32:
+        _m.fail(f"nc_matmul: dst must be float32 PSUM on NeuronCore-v2, got {dst.dtype}")
+    fp32 = [stationary.dtype == np.float32, moving.dtype == np.float32]
+    if any(fp32) and not all(fp32):
+        _m.fail("nc_matmul: if one input is float32 the other must be too")
+    for t in (stationary, moving):
+        if not (np.issubdtype(t.dtype, np.floating) or t.dtype.name == "bfloat16"):
+            _m.fail(f"nc_matmul: TensorE takes floating inputs, got {t.dtype}")
+    m = _m.current()
+    m.count_matmul(k, mm, n, fp32=all(fp32))
+    if not m.compute:
+        return
+    prod = _read(stationary).T @ _read(moving)
+    if accumulate is None:
+        written = dst.mask.copy()
+        out = np.where(written, _read(dst) + prod, prod)
+    elif accumulate:
+        out = _read(dst) + prod
+    else:
+        out = prod
+    _write(dst, out)
+    dst.mask[...] = True
+
+
+def nc_transpose(dst, data, engine=engine.tensor, name=None):
+    """dst[F, P] = data[P, F].T: on TensorE (identity matmul into PSUM, up to 128 x 128) or VectorE (32 x 32)."""
+    _tile(data, "nc_transpose data")
+    p, f = data.shape if data.ndim == 2 else _m.fail("nc_transpose takes a 2-D tile")
+    if dst.shape != (f, p):
+        _m.fail(f"nc_transpose: dst {dst.shape} must be [{f}, {p}]")
+    m = _m.current()
+    if engine == "vector":
+        _tile(dst, "nc_transpose dst")
+        if p > 32 or f > 32:
+            _m.fail(f"nc_transpose on VectorE handles 32 x 32 blocks, got {data.shape}")
+        m.count_engine("vector", data)
+    else:
+        _tile(data, "nc_transpose data", ("sbuf",)), _tile(dst, "nc_transpose dst", ("psum",))
+        if f > _m.PMAX:
+            _m.fail(f"nc_transpose: free size {f} exceeds {_m.PMAX}")
+        m.count_matmul(p, f, p, fp32=data.dtype == np.float32, useful=False)
+    _write(dst, _read(data).T)
+
+
+# ----------------------------------------------------------------------------- ScalarE
+
+
+def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
+               reduce_cmd=reduce_cmd.idle, name=None):
+    """dst = op(data * scale + bias) on ScalarE; bias/scale: number or [P, 1] column.
+
+    With reduce_op=nl.add and reduce_cmd reset_reduce (or reduce), the free-axis row sums are
+    stored into (or added onto) the engine's reduce registers, which are then written to reduce_res.
+    """
+    _tile(dst, "activation dst"), _tile(data, "activation data")
+    _same_shape(dst, data, "activation")
+    _check_op(op, "unary", "activation op")
+    p = data.shape[0]
+    scale_v = _operand(scale, p, "activation scale")
+    bias_v = _operand(0.0 if bias is None else bias, p, "activation bias")
+    if reduce_op is not None:
+        if reduce_op is not add:
+            _m.fail(f"activation: reduce_op must be nl.add on NeuronCore-v2, got {reduce_op!r}")
+        if reduce_cmd not in ("reset_reduce", "reduce"):
+            _m.fail("activation: reduce_op needs reduce_cmd=reset_reduce or reduce", _m.NkiEmulatorError)
+        if reduce_res is not None:
+            _tile(reduce_res, "activation reduce_res")
+            if reduce_res.shape[0] != p or int(np.prod(reduce_res.shape[1:])) != 1:
+                _m.fail(f"activation: reduce_res {reduce_res.shape} must be [{p}, 1]")
+    m = _m.current()
+    m.count_engine("scalar", data, extra_instructions=1 if reduce_op is not None else 0)
+    if reduce_cmd == "reset":
+        m.scalar_reduce_regs[:] = 0.0
+    if not m.compute:
+        return
+    nd = data.ndim
+    out = op.fn(_read(data) * _expand(scale_v, nd) + _expand(bias_v, nd))
+    _write(dst, out)
+    if reduce_op is not None:
+        row = out.reshape(p, -1).sum(axis=1, dtype=np.float32)
+        regs = m.scalar_reduce_regs
+        regs[:p] = row if reduce_cmd == "reset_reduce" else regs[:p] + row
+        if reduce_res is not None:
+            _write(reduce_res, regs[:p].reshape(reduce_res.shape))
+
+
+def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
+    activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
+               reduce_cmd=reduce_cmd.reset_reduce)
+
+
+# ----------------------------------------------------------------------------- VectorE
+
+
+def tensor_tensor(dst, data1, data2, op, engine=engine.vector, name=None):
+    _tile(dst, "tensor_tensor dst"), _tile(data1, "tensor_tensor data1"), _tile(data2, "tensor_tensor data2")
+    _same_shape(data1, data2, "tensor_tensor")
+    _same_shape(dst, data1, "tensor_tensor dst")
+    _check_op(op, "binary", "tensor_tensor op")
+    _m.current().count_engine(engine or "vector", data1)
+    if dst.machine.compute:
+        _write(dst, op.fn(_read(data1), _read(data2)))
+
+
+def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
+                  engine=engine.vector, name=None):
+    """dst = (data op0 operand0) op1 operand1; operands: numbers or [P, 1] columns."""
+    _tile(dst, "tensor_scalar dst"), _tile(data, "tensor_scalar data")
+    _same_shape(dst, data, "tensor_scalar")
+    _check_op(op0, "binary", "tensor_scalar op0")
+    p, nd = data.shape[0], data.ndim
+    v0 = _expand(_operand(operand0, p, "tensor_scalar operand0"), nd)
+    if op1 is not None:
+        _check_op(op1, "binary", "tensor_scalar op1")
+        v1 = _expand(_operand(operand1, p, "tensor_scalar operand1"), nd)
+    _m.current().count_engine(engine or "vector", data)
+    if not dst.machine.compute:
+        return
+    out = _apply(op0, _read(data), v0, reverse0)
+    if op1 is not None:
+        out = _apply(op1, out, v1, reverse1)
+    _write(dst, out)
+
+
+def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None):
+    """dst = (data op0 operand0) op1 operand1; operand0 a number or [P, 1] column, operand1 a tile."""
+    _tile(dst, "scalar_tensor_tensor dst"), _tile(data, "scalar_tensor_tensor data")
+    _tile(operand1, "scalar_tensor_tensor operand1")
+    _same_shape(dst, data, "scalar_tensor_tensor")
+    _same_shape(data, operand1, "scalar_tensor_tensor operand1")
+    _check_op(op0, "binary", "scalar_tensor_tensor op0"), _check_op(op1, "binary", "scalar_tensor_tensor op1")
+    v0 = _expand(_operand(operand0, data.shape[0], "scalar_tensor_tensor operand0"), data.ndim)
+    _m.current().count_engine("vector", data)
+    if dst.machine.compute:
+        _write(dst, _apply(op1, _apply(op0, _read(data), v0, reverse0), _read(operand1), reverse1))
+
+
+def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
+    """Reduce `data` along free axes (never the partition axis 0) with op in add|maximum|minimum|multiply."""
+    _tile(dst, "tensor_reduce dst"), _tile(data, "tensor_reduce data")
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    if any(a <= 0 or a >= data.ndim for a in axes):
+        _m.fail(f"tensor_reduce: axis {axis} must name free axes (1..{data.ndim - 1}); "
+                "cross-partition reductions need a matmul or GpSimd")
+    if not isinstance(op, Op) or op.reduce is None:
+        _m.fail(f"tensor_reduce: op must be nl.add/maximum/minimum/multiply, got {op!r}", _m.NkiEmulatorError)
+    kept = tuple(1 if i in axes else s for i, s in enumerate(data.shape))
+    if dst.shape not in (kept, tuple(s for i, s in enumerate(data.shape) if i not in axes)):
+        _m.fail(f"tensor_reduce: dst {dst.shape} does not match the reduced shape {kept}")
+    _m.current().count_engine("vector", data)
+    if dst.machine.compute:
+        out = op.reduce.reduce(_read(data), axis=axes, keepdims=True)
+        _write(dst, (-out if negate else out).reshape(dst.shape))
+
+
+def reciprocal(dst, data, name=None):
+    _tile(dst, "reciprocal dst"), _tile(data, "reciprocal data")
+    _same_shape(dst, data, "reciprocal")
+    _m.current().count_engine("vector", data)
+    if dst.machine.compute:
+        _write(dst, 1.0 / _read(data))

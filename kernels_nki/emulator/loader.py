@@ -1,0 +1,150 @@
+"""Run unchanged kernel source on CPU: load a kernel module against the emulated `nki`, call its kernels.
+
+`load_kernel_module("kernels_nki.rmsnorm")` executes that file's source in a fresh module object
+while `nki`, `nki.language` and `nki.isa` in `sys.modules` are the emulator's; the entries are
+removed again as soon as the module body has run (the kernel functions keep their bindings). The
+real module of that name is never created or replaced. The emulator refuses to load anything if a
+real `nki` package is importable or imported: on a machine with the Neuron SDK, simulate with
+`nki.simulate` instead, so the emulator can never silently stand in for the real `nki`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+import threading
+import types
+
+import numpy as np
+
+from kernels_nki.emulator import isa, language
+from kernels_nki.emulator import machine as _m
+
+_NAMES = ("nki", "nki.language", "nki.isa")
+_lock = threading.Lock()
+_modules: dict[str, types.ModuleType] = {}
+
+
+class EmulatorConflictError(RuntimeError):
+    """A real `nki` is importable or imported; the emulator will not shadow it."""
+
+
+class EmulatedKernel:
+    """What `nki.jit` returns under the emulator: call it on NumPy arrays; `kernel[1]` is LNC 1."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, lnc):
+        if lnc != 1:
+            raise _m.NkiLimitError(f"{self.fn.__name__}[{lnc}]: trn1 (NeuronCore-v2) has no logical NeuronCores > 1")
+        return self
+
+    def __call__(self, *args, **kwargs):
+        outputs, _ = run(self, *args, **kwargs)
+        return outputs
+
+
+def jit(fn=None, **options):
+    """`@nki.jit` / `@nki.jit(...)`: options (e.g. debug flags) are accepted and ignored."""
+    if fn is None:
+        return lambda f: EmulatedKernel(f)
+    return EmulatedKernel(fn)
+
+
+def _fake_nki() -> types.ModuleType:
+    mod = types.ModuleType("nki", "NumPy emulator of nki (kernels_nki.emulator); never the real package")
+    mod.__nki_emulator__ = True
+    mod.jit = jit
+    mod.simulate = lambda kernel: kernel
+    mod.language = language
+    mod.isa = isa
+    return mod
+
+
+def real_nki_present() -> bool:
+    mod = sys.modules.get("nki")
+    if mod is not None:
+        return not getattr(mod, "__nki_emulator__", False)
+    return importlib.util.find_spec("nki") is not None
+
+
+def load_kernel_module(name: str) -> types.ModuleType:
+    """The kernel module `name` (e.g. "kernels_nki.rmsnorm") executed against the emulated nki (cached)."""
+    with _lock:
+        if name in _modules:
+            return _modules[name]
+        if real_nki_present():
+            raise EmulatorConflictError(
+                "a real `nki` package is importable: the NumPy emulator refuses to stand in for it "
+                "(use nki.simulate with the real package)")
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ImportError(f"kernel module {name} not found")
+        with open(spec.origin, encoding="utf-8") as f:
+            code = compile(f.read(), spec.origin, "exec")
+        module = types.ModuleType(name, f"{name} executed against the NKI emulator")
+        module.__file__ = spec.origin
+        module.__nki_emulated__ = True
+        saved = {k: sys.modules.get(k) for k in _NAMES}
+        sys.modules.update({"nki": _fake_nki(), "nki.language": language, "nki.isa": isa})
+        try:
+            exec(code, module.__dict__)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    sys.modules.pop(k, None)
+                else:
+                    sys.modules[k] = v
+        _modules[name] = module
+        return module
+
+
+def _kernel(kernel) -> EmulatedKernel:
+    if not isinstance(kernel, EmulatedKernel):
+        raise TypeError(f"{kernel!r} is not an emulated @nki.jit kernel (load it with load_kernel_module)")
+    return kernel
+
+
+def _outputs(result, machine: _m.Machine):
+    results = result if isinstance(result, tuple) else (result,)
+    for t in results:
+        if not isinstance(t, _m.Tensor) or t.buffer != "shared_hbm":
+            raise _m.NkiEmulatorError(
+                f"kernel outputs must be HBM tensors allocated with buffer=nl.shared_hbm, got {t!r}")
+    if not machine.compute:
+        return None
+    arrays = tuple(np.array(t.data) for t in results)
+    return arrays if isinstance(result, tuple) else arrays[0]
+
+
+def run(kernel, *arrays, compute: bool = True, **constants):
+    """Run an emulated kernel on NumPy arrays -> (outputs, Counters). Keyword args are compile-time constants."""
+    kernel = _kernel(kernel)
+    machine = _m.Machine(compute=compute)
+    with _m.running(machine):
+        inputs = [machine.wrap_hbm(np.array(a, copy=True)) for a in arrays]
+        result = kernel.fn(*inputs, **constants)
+        outputs = _outputs(result, machine)
+    del inputs, result
+    return outputs, machine.counters
+
+
+def count(kernel, *specs, **constants):
+    """Counters of one call on inputs described by (shape, dtype) pairs or ShapeDtypeStructs.
+
+    Count-only mode: every instruction is issued, checked and counted; no arithmetic is done and the
+    tensors take no memory, so this is exact and cheap at full training shapes.
+    """
+    kernel = _kernel(kernel)
+    machine = _m.Machine(compute=False)
+    with _m.running(machine):
+        inputs = []
+        for spec in specs:
+            shape, dtype = (spec.shape, spec.dtype) if hasattr(spec, "shape") else spec
+            zero = np.zeros((), dtype=_m.as_dtype(dtype))
+            inputs.append(machine.wrap_hbm(np.broadcast_to(zero, tuple(shape))))
+        _outputs(kernel.fn(*inputs, **constants), machine)
+    return machine.counters

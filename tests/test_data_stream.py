@@ -1,0 +1,202 @@
+"""Training stream (wrap-around, resume, per-process slices) and validation windows."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from frontier_jax.data.shards import DataError, write_shard
+from frontier_jax.data.stream import (
+    TokenStream,
+    TrainLoader,
+    load_val_tokens,
+    sliding_batches,
+    sliding_windows,
+    val_batches,
+)
+
+SIZES = (7, 3, 11)  # three shards of different lengths, 21 tokens in all
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    d = tmp_path_factory.mktemp("shards")
+    files, start = [], 0
+    for i, n in enumerate(SIZES):
+        f = d / f"t_train_{i:06d}.bin"
+        write_shard(f, np.arange(start, start + n))
+        files.append(f)
+        start += n
+    return files
+
+
+def _expected(start: int, n: int) -> np.ndarray:
+    return (start + np.arange(n)) % sum(SIZES)
+
+
+def test_take_spans_shards_and_wraps(shards):
+    s = TokenStream(shards)
+    a = s.take(5)
+    assert a.dtype == np.int32 and a.tolist() == [0, 1, 2, 3, 4]
+    assert s.take(20).tolist() == _expected(5, 20).tolist()  # crosses shard 1, 2, then wraps to 0
+    assert s.state() == {"shard": 0, "offset": 4}
+    assert s.take(0).shape == (0,)
+    assert s.take(50).tolist() == _expected(25, 50).tolist()  # longer than the whole stream
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=8), st.integers(0, 7))
+def test_state_restore_continues_exactly(shards, sizes, cut):
+    """Reading in pieces, saving the state (through JSON) and resuming in a new stream equals one read."""
+    cut = min(cut, len(sizes))
+    s = TokenStream(shards)
+    parts = [s.take(n) for n in sizes[:cut]]
+    state = json.loads(json.dumps(s.state()))
+    resumed = TokenStream(shards)
+    resumed.restore(state)
+    parts += [resumed.take(n) for n in sizes[cut:]]
+    got = np.concatenate(parts)
+    assert got.tolist() == _expected(0, sum(sizes)).tolist()
+
+
+def test_restore_rejects_bad_positions(shards):
+    s = TokenStream(shards)
+    with pytest.raises(DataError, match="names shard 3, only 3 exist"):
+        s.restore({"shard": 3, "offset": 0})
+    with pytest.raises(DataError, match=re.escape(f"{shards[1]}: saved stream offset 4")):
+        s.restore({"shard": 1, "offset": 4})
+
+
+def test_empty_shards_are_skipped_and_all_empty_is_an_error(tmp_path):
+    write_shard(tmp_path / "a.bin", np.zeros(0, np.int32))
+    write_shard(tmp_path / "b.bin", np.array([5, 6]))
+    s = TokenStream([tmp_path / "a.bin", tmp_path / "b.bin"])
+    assert s.take(5).tolist() == [5, 6, 5, 6, 5]
+    with pytest.raises(DataError, match="all 1 train shards are empty"):
+        TokenStream([tmp_path / "a.bin"]).take(1)
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_train_loader_matches_baseline_slicing(shards, procs):
+    seq, gseq = 2, 4
+    loaders = [TrainLoader(shards, seq, p, procs) for p in range(procs)]
+    span = gseq * seq // procs + 1
+    consumed = 0
+    for _ in range(4):
+        chunk = _expected(consumed, span * procs)
+        for p, loader in enumerate(loaders):
+            x, y = loader.next_batch(gseq)
+            local = chunk[p * span : (p + 1) * span]
+            assert x.dtype == y.dtype == np.int32 and x.shape == y.shape == (gseq // procs, seq)
+            assert x.ravel().tolist() == local[:-1].tolist() and y.ravel().tolist() == local[1:].tolist()
+            assert (y[:, :-1] == x[:, 1:]).all()
+        consumed += span * procs
+        assert all(lo.position_tokens() == consumed for lo in loaders)
+
+
+def test_two_processes_cover_the_same_stream_as_one(shards):
+    """Processes' local spans, concatenated in process order, are exactly the stream one process reads."""
+    seq, gseq, steps = 3, 4, 5
+    two = [TrainLoader(shards, seq, p, 2) for p in range(2)]
+    reference = TokenStream(shards)
+    for _ in range(steps):
+        spans = []
+        for lo in two:
+            x, y = lo.next_batch(gseq)
+            assert (x[:, 1:] == y[:, :-1]).all()
+            spans.append(np.concatenate([x.ravel(), y.ravel()[-1:]]))
+        span = gseq * seq // 2 + 1
+        assert np.concatenate(spans).tolist() == reference.take(2 * span).tolist()
+
+
+def test_train_loader_state_round_trip(shards):
+    a = TrainLoader(shards, 2)
+    a.next_batch(3)
+    state = json.loads(json.dumps(a.state()))
+    assert state["position_tokens"] == 7
+    b = TrainLoader(shards, 2)
+    b.restore(state)
+    assert b.position_tokens() == 7
+    xa, ya = a.next_batch(2)
+    xb, yb = b.next_batch(2)
+    assert (xa == xb).all() and (ya == yb).all()
+
+
+def test_train_loader_rejects_indivisible_batch(shards):
+    with pytest.raises(ValueError, match="global_seqs 3 is not a positive multiple of process_count 2"):
+        TrainLoader(shards, 2, 0, 2).next_batch(3)
+
+
+def test_load_val_tokens_truncates(tmp_path):
+    write_shard(tmp_path / "v_val_000000.bin", np.arange(10))
+    write_shard(tmp_path / "v_val_000001.bin", np.arange(10, 24))
+    files = [tmp_path / "v_val_000000.bin", tmp_path / "v_val_000001.bin"]
+    got = load_val_tokens(files, 5)  # 24 tokens: (23 // 5) * 5 + 1 = 21
+    assert got.dtype == np.int32 and got.tolist() == list(range(21))
+    assert load_val_tokens(files, 23).tolist() == list(range(24))
+
+
+def test_load_val_tokens_too_short(tmp_path):
+    write_shard(tmp_path / "v.bin", np.arange(100))
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'v.bin'}: val split has 100 tokens, fewer than one window of 1025")):
+        load_val_tokens([tmp_path / "v.bin"], 1024)
+
+
+@pytest.mark.parametrize("procs", [1, 3])
+@pytest.mark.parametrize("n_windows, batch", [(7, 2), (10, 4), (2, 5)])
+def test_val_batches_cover_each_window_once(procs, n_windows, batch):
+    seq = 4
+    tokens = np.arange(n_windows * seq + 1, dtype=np.int32)
+    seen = []
+    for p in range(procs):
+        starts = []
+        for x, y in val_batches(tokens, seq, batch, p, procs):
+            assert x.dtype == y.dtype == np.int32 and 1 <= x.shape[0] <= batch and x.shape[1] == seq
+            assert (y == x + 1).all()  # y is x shifted by one token
+            starts += (x[:, 0] // seq).tolist()
+        assert starts == sorted(starts) and (not starts or starts[-1] - starts[0] == len(starts) - 1)  # contiguous
+        seen += starts
+    assert sorted(seen) == list(range(n_windows))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 40), st.integers(1, 12), st.integers(0, 60))
+def test_sliding_windows_score_each_target_once_with_longest_context(seq, stride_raw, extra):
+    stride = 1 + (stride_raw - 1) % seq
+    n = seq + 1 + extra
+    tokens = np.arange(n, dtype=np.int32) * 3 + 1
+    count = np.zeros(n, dtype=np.int64)
+    starts = []
+    for x, y, f in sliding_windows(tokens, seq, stride):
+        s = int(x[0] - 1) // 3
+        assert x.tolist() == tokens[s : s + seq].tolist() and y.tolist() == tokens[s + 1 : s + seq + 1].tolist()
+        for j in range(f, seq):
+            pos = s + 1 + j  # target position; its context is tokens[s : pos], j + 1 tokens
+            count[pos] += 1
+            assert j + 1 == min(pos, seq) or j + 1 >= seq - stride + 1
+        starts.append(s)
+    assert count[0] == 0 and (count[1:] == 1).all()
+    assert starts[0] == 0 and starts[-1] == n - 1 - seq
+    assert all(b - a == stride for a, b in zip(starts[:-2], starts[1:-1]))
+
+
+def test_sliding_windows_first_window_and_stride_equal_seq():
+    tokens = np.arange(11)
+    got = [(x.tolist(), f) for x, _, f in sliding_windows(tokens, 4, 4)]
+    assert got == [([0, 1, 2, 3], 0), ([4, 5, 6, 7], 0), ([6, 7, 8, 9], 2)]
+    with pytest.raises(ValueError, match="stride"):
+        next(sliding_windows(tokens, 4, 5))
+    with pytest.raises(ValueError, match="fewer than one window"):
+        next(sliding_windows(tokens[:4], 4, 2))
+
+
+def test_sliding_batches_group_windows():
+    tokens = np.arange(50)
+    singles = list(sliding_windows(tokens, 8, 3))
+    batches = list(sliding_batches(tokens, 8, 3, 4))
+    assert [b[0].shape[0] for b in batches] == [4] * (len(singles) // 4) + ([len(singles) % 4] if len(singles) % 4 else [])
+    assert np.concatenate([b[0] for b in batches]).tolist() == [s[0].tolist() for s in singles]
+    assert np.concatenate([b[2] for b in batches]).tolist() == [s[2] for s in singles]
