@@ -63,6 +63,7 @@ class OptimConfig:
     matrix_lr: float = 0.04  # Muon, block matrices
     scalar_lr: float = 0.04  # Adam, vectors / scalars (scales, mixes, q gains, skip weights)
     embed_lr: float = 0.05  # Adam, tied embedding
+    ngram_lr: float = 0.04  # Adam, the n-gram logit-bias table (when ngram.enabled)
     beta1: float = 0.9
     beta2: float = 0.95
     adam_eps: float = 1e-8
@@ -141,7 +142,13 @@ class NgramConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
+    num_devices: int = 0  # devices on the data axis; 0: all devices of all processes
     zero1: bool = False  # shard optimizer state across the data axis
+    heartbeat_timeout_seconds: int = 30  # multi-host: a dead peer fails the others within about this
+
+    def __post_init__(self):
+        if self.num_devices < 0:
+            raise ConfigError("parallel.num_devices must be >= 0 (0: all devices)")
 
 
 @dataclass(frozen=True, kw_only=True)

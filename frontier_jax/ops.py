@@ -1,16 +1,244 @@
-"""The hot-path ops the model calls (and only through here).
+"""The hot-path ops the model calls (and only through here), and which implementation each one runs.
 
-PROVISIONAL: this first version forwards every op to `frontier_jax.reference`. The kernels work
-(issue "NKI kernels part 1") replaces it with the dispatch layer: one primitive per op, custom_vjp,
-a Neuron lowering to the NKI kernel, the kernel table and `--kernels {auto,reference,strict}`.
-Keep these signatures.
+Dispatch. An op with an NKI kernel (see `kernels_nki.registry.KERNELS`) is a `jax.custom_vjp`
+whose forward and backward each bind one JAX primitive (`frontier_<op>_fwd` / `_bwd`, with
+abstract evaluation). The primitive's default lowering is the pure-JAX reference (every platform);
+on Neuron, `configure` registers a `platform="neuron"` lowering that calls the NKI kernel. That
+registration happens lazily, only after the platform is known to be "neuron", because registering
+a lowering for a platform JAX does not know raises. The primitive's `kernel` parameter says whether
+the kernel was chosen, so `--kernels reference` lowers to the reference on Neuron too. An op
+without a kernel calls its reference directly. A test-only third path, `emulated([...])`, routes
+an op's forward and backward through `jax.pure_callback` into the NumPy emulator running the real
+kernel source.
+
+The kernel table (`kernel_table()`, one `KernelRow` per op: impl nki|reference|emulated and the
+reason) says which path every op takes in this process; `format_kernel_table` prints it at
+start-up and `dataclasses.asdict` makes each row JSON for the run directory. `configure("strict")`
+raises `KernelUnavailableError` naming every op that would not run its NKI kernel. Call
+`configure` before tracing the step: the choice is made at trace time (`configure` and `emulated`
+clear JAX's caches so no stale trace survives a change).
 """
 
 from __future__ import annotations
 
-from frontier_jax import reference as ref
+import contextlib
+import dataclasses
 
-rms_norm = ref.rms_norm
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from frontier_jax import reference as ref
+from kernels_nki import registry
+
+OPS = ("rms_norm", "rope", "causal_attention", "mlp", "embed", "head_loss")
+MODES = ("auto", "reference", "strict")
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelRow:
+    op: str
+    impl: str  # "nki" | "reference" | "emulated"
+    reason: str
+
+
+class KernelUnavailableError(RuntimeError):
+    """`--kernels strict` and some op would not run its NKI kernel."""
+
+
+_state = {"mode": "auto", "platform": None, "rows": None, "emulated": frozenset()}
+_neuron_registered: set[str] = set()
+
+
+# ----------------------------------------------------------------------------- kernel table
+
+
+def _resolve(op: str, mode: str, platform: str) -> KernelRow:
+    spec = registry.KERNELS.get(op)
+    if op in _state["emulated"]:
+        return KernelRow(op, "emulated", "NumPy emulator of the NKI kernel via jax.pure_callback (tests only)")
+    if spec is None:
+        return KernelRow(op, "reference", "no kernel")
+    if mode == "reference":
+        return KernelRow(op, "reference", "kernels=reference")
+    if platform != "neuron":
+        return KernelRow(op, "reference", f"platform {platform}")
+    try:
+        registry.load_nki(op)
+        _register_neuron_lowering(op)
+    except Exception as e:  # every failure becomes a visible row (and a strict-mode error)
+        return KernelRow(op, "reference", f"kernel unavailable: {type(e).__name__}: {e}")
+    return KernelRow(op, "nki", f"{spec.module}.{spec.fwd}/{spec.bwd}")
+
+
+def configure(mode: str = "auto", platform: str | None = None) -> list[KernelRow]:
+    """Decide every op's implementation for this process; strict raises if any op misses its kernel."""
+    rows = _configure(mode, platform)
+    jax.clear_caches()
+    return rows
+
+
+def _configure(mode: str, platform: str | None) -> list[KernelRow]:
+    if mode not in MODES:
+        raise ValueError(f"kernels mode must be one of {'|'.join(MODES)}, got {mode!r}")
+    platform = platform or jax.default_backend()
+    rows = [_resolve(op, mode, platform) for op in OPS]
+    if mode == "strict":
+        missing = [r for r in rows if r.impl != "nki"]
+        if missing:
+            raise KernelUnavailableError(
+                "strict kernels: no NKI kernel will run for " + ", ".join(f"{r.op} ({r.reason})" for r in missing))
+    _state.update(mode=mode, platform=platform, rows={r.op: r for r in rows})
+    return rows
+
+
+def kernel_table() -> list[KernelRow]:
+    """The current table (configured with mode "auto" on first use)."""
+    if _state["rows"] is None:
+        _configure(_state["mode"], _state["platform"])
+    return [_state["rows"][op] for op in OPS]
+
+
+def format_kernel_table(rows: list[KernelRow]) -> str:
+    width = max(len(r.op) for r in rows)
+    lines = ["kernel table:"] + [f"  {r.op:<{width}}  {r.impl:<9}  {r.reason}" for r in rows]
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def emulated(op_names):
+    """Test-only: route these ops through the NumPy emulator of their NKI kernels (table: "emulated")."""
+    names = frozenset(op_names)
+    for op in names:
+        if op not in registry.KERNELS:
+            raise ValueError(f"{op} has no NKI kernel to emulate")
+    saved = dict(_state)
+    _state["emulated"] = names
+    configure(_state["mode"], _state["platform"])
+    try:
+        yield kernel_table()
+    finally:
+        _state.update(saved)
+        jax.clear_caches()
+
+
+def _impl(op: str) -> str:
+    return kernel_table()[OPS.index(op)].impl
+
+
+# ----------------------------------------------------------------------------- primitive machinery
+
+
+def _primitive(name: str, ref_impl, out_avals):
+    """A primitive whose default lowering (all platforms) is `ref_impl`; `kernel` is a static parameter."""
+    prim = Primitive(name)
+    prim.multiple_results = True
+    prim.def_abstract_eval(lambda *avals, kernel: tuple(jax.core.ShapedArray(s, d) for s, d in out_avals(*avals)))
+    mlir.register_lowering(prim, mlir.lower_fun(ref_impl, multiple_results=True))
+    eager = jax.jit(prim.bind, static_argnames="kernel")
+    prim.def_impl(lambda *args, kernel: eager(*args, kernel=kernel))
+    prim.ref_impl = ref_impl
+    return prim
+
+
+def _register_neuron_lowering(op: str):
+    """Add the platform="neuron" rule of `op`'s primitives: the NKI kernel when kernel=True."""
+    if op in _neuron_registered:
+        return
+    spec = registry.KERNELS[op]
+    for prim, kernel_name in ((_PRIMS[op][0], spec.fwd), (_PRIMS[op][1], spec.bwd)):
+        def nki_impl(*args, kernel, _prim=prim, _name=kernel_name):
+            if not kernel:
+                return _prim.ref_impl(*args, kernel=False)
+            out = getattr(registry.load_nki(op), _name)(*args)
+            return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+        mlir.register_lowering(prim, mlir.lower_fun(nki_impl, multiple_results=True), platform="neuron")
+    _neuron_registered.add(op)
+
+
+def _emulated_call(op: str, which: str, out_avals, *args):
+    from kernels_nki import emulator
+
+    kernel_name = getattr(registry.KERNELS[op], which)
+    structs = tuple(jax.ShapeDtypeStruct(s, d) for s, d in out_avals(*args))
+
+    def host(*arrays):
+        outs, _ = emulator.run(getattr(registry.load_emulated(op), kernel_name), *arrays)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return tuple(np.asarray(o, dtype=s.dtype) for o, s in zip(outs, structs))
+
+    return jax.pure_callback(host, structs, *args)
+
+
+def _call(op: str, which: str, *args):
+    prim = _PRIMS[op][0 if which == "fwd" else 1]
+    out_avals = _AVALS[op][0 if which == "fwd" else 1]
+    impl = _impl(op)
+    if impl == "emulated":
+        return tuple(_emulated_call(op, which, out_avals, *args))
+    return tuple(prim.bind(*args, kernel=impl == "nki"))
+
+
+# ----------------------------------------------------------------------------- rms_norm
+
+
+def _rms_fwd_ref(x_ND, *, kernel=False):
+    x32 = x_ND.astype(jnp.float32)
+    inv_N1 = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + ref.RMS_EPS)
+    return (x32 * inv_N1).astype(x_ND.dtype), inv_N1
+
+
+def _rms_bwd_ref(x_ND, inv_N1, dy_ND, *, kernel=False):
+    x32, dy32 = x_ND.astype(jnp.float32), dy_ND.astype(jnp.float32)
+    c_N1 = -jnp.mean(dy32 * x32, axis=-1, keepdims=True) * inv_N1 * inv_N1
+    return ((dy32 + x32 * c_N1) * inv_N1).astype(x_ND.dtype),
+
+
+def _rms_fwd_avals(x_ND):
+    return ((x_ND.shape, x_ND.dtype), ((x_ND.shape[0], 1), jnp.float32))
+
+
+def _rms_bwd_avals(x_ND, inv_N1, dy_ND):
+    return ((x_ND.shape, x_ND.dtype),)
+
+
+_PRIMS = {
+    "rms_norm": (_primitive("frontier_rms_norm_fwd", _rms_fwd_ref, _rms_fwd_avals),
+                 _primitive("frontier_rms_norm_bwd", _rms_bwd_ref, _rms_bwd_avals)),
+}
+_AVALS = {"rms_norm": (_rms_fwd_avals, _rms_bwd_avals)}
+
+
+@jax.custom_vjp
+def _rms_norm_ND(x_ND):
+    return _call("rms_norm", "fwd", x_ND)[0]
+
+
+def _rms_norm_vjp_fwd(x_ND):
+    y_ND, inv_N1 = _call("rms_norm", "fwd", x_ND)
+    return y_ND, (x_ND, inv_N1)
+
+
+def _rms_norm_vjp_bwd(res, dy_ND):
+    x_ND, inv_N1 = res
+    return _call("rms_norm", "bwd", x_ND, inv_N1, dy_ND)
+
+
+_rms_norm_ND.defvjp(_rms_norm_vjp_fwd, _rms_norm_vjp_bwd)
+
+
+def rms_norm(x: jax.Array) -> jax.Array:
+    """Weightless RMSNorm over the last axis (fp32 math, input dtype out); any leading shape."""
+    D = x.shape[-1]
+    return _rms_norm_ND(x.reshape(-1, D)).reshape(x.shape)
+
+
+# ----------------------------------------------------------------------------- ops without a kernel yet
+# (kernel table: "reference", reason "no kernel"; issue "NKI kernels part 2" adds them)
+
 rope = ref.rope
 causal_attention = ref.causal_attention
 mlp = ref.mlp

@@ -5,7 +5,8 @@ multiplier (`lr_scale`) and Muon's momentum arrive as runtime scalars through op
 mechanism, so the time-based schedule never recompiles the step.
 
 Labels: "muon" (2-D matrices inside blocks), "embed" (the tied embedding, Adam at embed_lr),
-"scalar" (vectors, scalars and control tensors such as resid_mix and skip_weights, Adam at scalar_lr).
+"scalar" (vectors, scalars and control tensors such as resid_mix and skip_weights, Adam at scalar_lr),
+"ngram" (the n-gram bias table [orders, confidence buckets], Adam at ngram_lr).
 optax.contrib.muon would route every 2-D leaf, the embedding included, to Muon: not used here.
 """
 
@@ -37,6 +38,8 @@ def _path_names(path) -> list[str]:
 def label_for(names: list[str], ndim: int) -> str:
     if names and names[0] == "tok_emb":
         return "embed"
+    if names and names[0] == "ngram_bias":
+        return "ngram"
     if names and names[0] == "blocks" and ndim == 2 and not any(n in CONTROL_PARAM_NAMES for n in names):
         return "muon"
     return "scalar"
@@ -118,6 +121,7 @@ def build_optimizer(cfg: OptimConfig) -> optax.GradientTransformationExtraArgs:
             "muon": optax.chain(scale_by_muon(cfg.muon_ns_steps, cfg.muon_ns_dtype), scale_by_scheduled_lr(cfg.matrix_lr)),
             "embed": adam(cfg.embed_lr),
             "scalar": adam(cfg.scalar_lr),
+            "ngram": adam(cfg.ngram_lr),
         },
         param_labels,
     )

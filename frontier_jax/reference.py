@@ -70,10 +70,11 @@ def head_logits(x_ND: jax.Array, emb_VD: jax.Array, softcap: float) -> jax.Array
 
 
 def add_sparse_bias(logits_NV: jax.Array, bias_ids_NS: jax.Array, bias_vals_NS: jax.Array) -> jax.Array:
-    """Add one (token id, value) pair per position and source to float32 logits."""
-    N, V = logits_NV.shape
-    onehot_NSV = jax.nn.one_hot(bias_ids_NS, V, dtype=jnp.float32)
-    return logits_NV + jnp.einsum("nsv,ns->nv", onehot_NSV, bias_vals_NS.astype(jnp.float32))
+    """Add one (token id, value) pair per position and source to float32 logits (a scatter-add, so
+    sources that name the same token add up)."""
+    N = logits_NV.shape[0]
+    rows_NS = jnp.broadcast_to(jnp.arange(N)[:, None], bias_ids_NS.shape)
+    return logits_NV.at[rows_NS, bias_ids_NS.astype(jnp.int32)].add(bias_vals_NS.astype(jnp.float32))
 
 
 def head_loss(

@@ -26,11 +26,12 @@ def _forward(graphdef, params, x_BT, y_BT, bias_fn, aux):
 
 
 def make_train_step(graphdef, tx: optax.GradientTransformationExtraArgs, bias_fn: Callable | None = None,
-                    donate: bool = True):
+                    donate: bool = True, shardings=None, replicated=None):
     """step(params, opt_state, x_MBT, y_MBT, lr_scale, momentum, aux) -> (params, opt_state, metrics).
 
     M micro-batches are accumulated with lax.scan (gradients summed in float32, then averaged: the
-    baseline's loss * 1/grad_accum_steps), then one optimizer update.
+    baseline's loss * 1/grad_accum_steps), then one optimizer update. `shardings` = (params, opt_state)
+    shardings pin the outputs (data parallel: replicated parameters, optionally ZeRO-1 state).
     """
 
     def loss_fn(params, x_BT, y_BT, aux):
@@ -58,7 +59,8 @@ def make_train_step(graphdef, tx: optax.GradientTransformationExtraArgs, bias_fn
         gnorm = optax.global_norm(grads)
         return params, opt_state, {"loss": lsum / M, "grad_norm": gnorm}
 
-    return jax.jit(step, donate_argnums=(0, 1) if donate else ())
+    out_shardings = None if shardings is None else (shardings[0], shardings[1], replicated)
+    return jax.jit(step, donate_argnums=(0, 1) if donate else (), out_shardings=out_shardings)
 
 
 def make_eval_step(graphdef, tables: ByteTables, bias_fn: Callable | None = None):

@@ -30,6 +30,12 @@ def parse_args(argv):
     p.add_argument("--kernels", choices=("auto", "reference", "strict"))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.num_layers=4")
     p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint")
+    g = p.add_argument_group("multi-host (jax.distributed)")
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0's coordinator")
+    g.add_argument("--num-processes", type=int)
+    g.add_argument("--process-id", type=int)
+    g.add_argument("--distributed-auto", action="store_true",
+                   help="let jax.distributed detect the cluster (Slurm, Kubernetes, ...)")
     return p.parse_args(argv)
 
 
@@ -84,22 +90,29 @@ def main(argv=None) -> int:
     from frontier_jax import loop
     from frontier_jax.checkpoint import CheckpointError
     from frontier_jax.ops import KernelUnavailableError
+    from frontier_jax.parallel import initialize
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         cfg, out, resume, demo = resolve(args)
+        initialize(args.coordinator, args.num_processes, args.process_id,
+                   cfg.parallel.heartbeat_timeout_seconds, auto=args.distributed_auto)
         summary = loop.run(cfg, out, resume=resume)
     except (ConfigError, DataError, CheckpointError, loop.RunError, KernelUnavailableError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if summary.get("val_bpb") is not None:
+    import jax
+
+    main_process = jax.process_index() == 0
+    if summary.get("val_bpb") is not None and main_process:
         print(f"val_bpb: {summary['val_bpb']:.6f}")
     if demo:
         print(DEMO_EPILOGUE)
     if summary["stop_reason"] == "non-finite loss":
         return EXIT_NONFINITE
     if summary["stop_reason"].startswith("signal"):
-        print(f"interrupted: checkpoint saved; continue with: python -m frontier_jax.train --resume {out}")
+        if main_process:
+            print(f"interrupted: checkpoint saved; continue with: python -m frontier_jax.train --resume {out}")
         return EXIT_INTERRUPTED
     return 0
 

@@ -79,37 +79,34 @@ def test_empty_shards_are_skipped_and_all_empty_is_an_error(tmp_path):
         TokenStream([tmp_path / "a.bin"]).take(1)
 
 
-@pytest.mark.parametrize("procs", [1, 2])
+@pytest.mark.parametrize("procs", [1, 2, 4])
 def test_train_loader_matches_baseline_slicing(shards, procs):
+    """Each micro-batch takes global+1 tokens; process p gets rows [p*R, (p+1)*R) of the global batch."""
     seq, gseq = 2, 4
     loaders = [TrainLoader(shards, seq, p, procs) for p in range(procs)]
-    span = gseq * seq // procs + 1
+    local = gseq * seq // procs
     consumed = 0
     for _ in range(4):
-        chunk = _expected(consumed, span * procs)
+        chunk = _expected(consumed, gseq * seq + 1)
         for p, loader in enumerate(loaders):
             x, y = loader.next_batch(gseq)
-            local = chunk[p * span : (p + 1) * span]
             assert x.dtype == y.dtype == np.int32 and x.shape == y.shape == (gseq // procs, seq)
-            assert x.ravel().tolist() == local[:-1].tolist() and y.ravel().tolist() == local[1:].tolist()
-            assert (y[:, :-1] == x[:, 1:]).all()
-        consumed += span * procs
+            assert x.ravel().tolist() == chunk[p * local : (p + 1) * local].tolist()
+            assert y.ravel().tolist() == chunk[p * local + 1 : (p + 1) * local + 1].tolist()
+        consumed += gseq * seq + 1
         assert all(lo.position_tokens() == consumed for lo in loaders)
 
 
-def test_two_processes_cover_the_same_stream_as_one(shards):
-    """Processes' local spans, concatenated in process order, are exactly the stream one process reads."""
+def test_processes_together_see_the_single_process_batch(shards):
+    """Rows of all processes, stacked in process order, equal the batch one process reads."""
     seq, gseq, steps = 3, 4, 5
     two = [TrainLoader(shards, seq, p, 2) for p in range(2)]
-    reference = TokenStream(shards)
+    one = TrainLoader(shards, seq)
     for _ in range(steps):
-        spans = []
-        for lo in two:
-            x, y = lo.next_batch(gseq)
-            assert (x[:, 1:] == y[:, :-1]).all()
-            spans.append(np.concatenate([x.ravel(), y.ravel()[-1:]]))
-        span = gseq * seq // 2 + 1
-        assert np.concatenate(spans).tolist() == reference.take(2 * span).tolist()
+        parts = [lo.next_batch(gseq) for lo in two]
+        x1, y1 = one.next_batch(gseq)
+        assert (np.concatenate([x for x, _ in parts]) == x1).all()
+        assert (np.concatenate([y for _, y in parts]) == y1).all()
 
 
 def test_train_loader_state_round_trip(shards):

@@ -78,7 +78,14 @@ class TokenStream:
 
 
 class TrainLoader:
-    """The baseline's DistributedTokenLoader: each step one chunk, one contiguous slice per process."""
+    """The baseline's token loader: each micro-batch takes one chunk of global tokens + 1 from the stream.
+
+    Process p of P uses rows [p*R, (p+1)*R) of the global batch (R = global_seqs / P): x from
+    chunk[p*R*T : (p+1)*R*T], y shifted by one. With P = 1 this is exactly the baseline's loader at
+    world size 1; with P > 1 every process sees the rows a single process would have (so multi-process
+    runs reproduce single-process losses), unlike the baseline's multi-GPU loader, which gives each
+    rank its own +1 token and so a slightly different split.
+    """
 
     def __init__(self, files: list[Path], seq_len: int, process_index: int = 0, process_count: int = 1):
         if seq_len <= 0:
@@ -96,12 +103,13 @@ class TrainLoader:
         """(x, y), int32 [global_seqs / process_count, seq_len] each, with y the next-token targets of x."""
         if global_seqs <= 0 or global_seqs % self.process_count:
             raise ValueError(f"TrainLoader: global_seqs {global_seqs} is not a positive multiple of process_count {self.process_count}")
-        local_tokens = global_seqs * self.seq_len // self.process_count
-        span = local_tokens + 1
-        chunk = self.stream.take(span * self.process_count)
-        self._consumed += span * self.process_count
-        local = chunk[self.process_index * span : (self.process_index + 1) * span]
-        return local[:-1].reshape(-1, self.seq_len), local[1:].reshape(-1, self.seq_len)
+        global_tokens = global_seqs * self.seq_len
+        local_tokens = global_tokens // self.process_count
+        chunk = self.stream.take(global_tokens + 1)
+        self._consumed += global_tokens + 1
+        lo = self.process_index * local_tokens
+        x, y = chunk[lo : lo + local_tokens], chunk[lo + 1 : lo + local_tokens + 1]
+        return x.reshape(-1, self.seq_len), y.reshape(-1, self.seq_len)
 
     def position_tokens(self) -> int:
         """Tokens taken from the stream since the start (all processes together)."""

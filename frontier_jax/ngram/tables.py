@@ -21,7 +21,11 @@ Update policy (per chunk of tokens, per order; exact counts within the chunk by 
      smallest fingerprint) replaces the resident when its chunk total exceeds the resident's
      `total`, else its counts are dropped (collision policy: "larger total wins", no decay);
   3. contexts seen once in the chunk do the same with total 1 (they only ever fill an empty bucket;
-     several in one empty bucket: the earliest position wins).
+     several in one empty bucket: the earliest position wins);
+  4. suffix rule: a position goes on to order n+1 only if its order-n context repeats in the chunk
+     or is now held by its bucket (matched or installed). Once tables are full this skips most
+     new text at high orders (it could not be installed anyway); the rare cost is an order-n+1
+     context that would have fitted while its order-n suffix was blocked.
 Guarantees: `total` never exceeds the true count of the resident context and equals it when no
 other context ever displaced or blocked it; `count` <= `total` and never exceeds the true count
 of (context, top); the top is the exact argmax (ties: smallest id) with exact counts when the data
@@ -36,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +55,11 @@ ROW_WORDS = 4  # fingerprint, top token, top count, total count
 FP, TOP, COUNT, TOTAL = range(ROW_WORDS)
 VOCAB_LIMIT = 1 << 16
 _U32_MAX = np.uint64(0xFFFFFFFF)
+_TOTAL_ONE = np.uint64(1 << 32)
+_NO_OWNER = np.iinfo(np.int64).max
+_REC = np.dtype([("w0", "<u8"), ("w1", "<u8")])  # a row as two words: fp | top << 32, count | total << 32
+if sys.byteorder != "little":
+    raise ImportError("frontier_jax.ngram.tables assumes a little-endian host (uint64 views of uint32 rows)")
 
 
 def fingerprint_bits(log2_size: int) -> int:
@@ -135,6 +145,9 @@ class NgramTables:
         self.unigram_V = np.zeros(VOCAB_LIMIT, dtype=np.uint64)
         self.dropped_O = np.zeros(num_orders, dtype=np.int64)
         self._tail = np.zeros(0, dtype=np.uint16)
+        self._owner_K = np.full(1 << self.log2_size, _NO_OWNER, dtype=np.int64)
+        self._mark_K = np.zeros(1 << self.log2_size, dtype=np.uint64)
+        self._gen = 0
 
     @property
     def orders(self) -> list[int]:
@@ -150,55 +163,86 @@ class NgramTables:
             self._consume_chunk(np.asarray(tokens_N[start : start + self.chunk_tokens], dtype=np.uint16))
 
     def _consume_chunk(self, chunk_N: np.ndarray) -> None:
+        if self.tokens_consumed + chunk_N.size >= 1 << 32:
+            raise ValueError("ngram tables count at most 2**32 - 1 tokens (uint32 counts)")
         buf_N = np.concatenate([self._tail, chunk_N])
         first = max(self._tail.size - 1, 0)  # first position whose target is new
         self.tokens_consumed += chunk_N.size
         self._tail = buf_N[-self.max_order :].copy()
         if buf_N.size < 2:
             return
-        y_all = buf_N[1:].astype(np.uint32)
         self.unigram_V += np.bincount(buf_N[first + 1 :], minlength=VOCAB_LIMIT).astype(np.uint64)
-        cand = None  # positions whose lower-order context repeats in this chunk
-        for n, a_N, b_N in order_hashes(buf_N[:-1], self.max_order):
+        v_N = buf_N.astype(np.uint32) + np.uint32(1)
+        # compacted per-position state: positions still alive, their two chains, "repeats in chunk" flag
+        pos_P = np.arange(first, buf_N.size - 1)
+        a_P = np.full(pos_P.size, SEED_A, dtype=np.uint32)
+        b_P = np.full(pos_P.size, SEED_B, dtype=np.uint32)
+        rep_P = np.ones(pos_P.size, dtype=bool)
+        for n in range(1, self.max_order + 1):
+            if pos_P.size and pos_P[0] < n - 1:  # too little context at the start of the stream
+                keep = pos_P >= n - 1
+                pos_P, a_P, b_P, rep_P = pos_P[keep], a_P[keep], b_P[keep], rep_P[keep]
+            if pos_P.size == 0:
+                return
+            v_P = v_N[pos_P - (n - 1)]
+            a_P = hash_step(a_P, v_P, MUL_A)
+            b_P = hash_step(b_P, v_P, MUL_B)
             if n < self.min_order:
                 continue
-            p0 = max(first, n - 1)
-            if p0 >= y_all.size:
-                break
-            cand = np.arange(p0, y_all.size) if cand is None else cand[cand >= p0]
-            cand = self._update_order(n - self.min_order, a_N, b_N, y_all, p0, cand)
+            keep, rep_P = self._update_order(n - self.min_order, a_P, b_P, v_N[pos_P + 1] - np.uint32(1), rep_P)
+            pos_P, a_P, b_P, rep_P = pos_P[keep], a_P[keep], b_P[keep], rep_P[keep]
 
-    def _update_order(self, o, a_N, b_N, y_all, p0, cand):
+    def _update_order(self, o, a_P, b_P, y_P, cand_P):
+        """Merge one order's events; return (alive for the next order, repeats-in-chunk flags)."""
         L = self.log2_size
         F = fingerprint_bits(L)
         rows_K4 = self.rows_OK4[o]
-        bucket_N, fp_N = bucket_and_fp(a_N[p0:], b_N[p0:], L)
-        y_N = y_all[p0:]
-        c = cand - p0
-        if c.size == 0:
-            self._merge_singles(o, rows_K4, bucket_N, fp_N, y_N)
-            return cand
-        ctx_C = (bucket_N[c].astype(np.uint64) << np.uint64(F)) | fp_N[c].astype(np.uint64)
-        keys = np.sort((ctx_C << np.uint64(16)) | y_N[c].astype(np.uint64))
-        starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
-        ukeys = keys[starts]
-        ucount = np.diff(np.append(starts, keys.size)).astype(np.uint64)
-        uctx = ukeys >> np.uint64(16)
-        gstart = np.flatnonzero(np.concatenate([[True], uctx[1:] != uctx[:-1]]))
-        gctx = uctx[gstart]
-        gtotal = np.add.reduceat(ucount, gstart)
-        multi = gtotal >= 2
-        mctx = gctx[multi]
-        # positions whose context repeats: candidates for the next order, the rest are singletons here
-        idx = np.minimum(np.searchsorted(mctx, ctx_C), max(mctx.size - 1, 0))
-        in_multi = (mctx[idx] == ctx_C) if mctx.size else np.zeros(c.size, dtype=bool)
-        single_mask = np.ones(y_N.size, dtype=bool)
-        single_mask[c[in_multi]] = False
-        if mctx.size:
-            best = np.maximum.reduceat((ucount << np.uint64(16)) | (np.uint64(0xFFFF) - (ukeys & np.uint64(0xFFFF))), gstart)
-            self._merge_multi(o, rows_K4, mctx, gtotal[multi], best[multi], ukeys, ucount, F)
-        self._merge_singles(o, rows_K4, bucket_N[single_mask], fp_N[single_mask], y_N[single_mask])
-        return cand[in_multi]
+        bucket_P, fp_P = bucket_and_fp(a_P, b_P, L)
+        c = np.flatnonzero(cand_P)
+        in_multi_P = np.zeros(y_P.size, dtype=bool)
+        if c.size:
+            ctx_C = (bucket_P[c].astype(np.uint64) << np.uint64(F)) | fp_P[c].astype(np.uint64)
+            keys = np.sort((ctx_C << np.uint64(16)) | y_P[c].astype(np.uint64))
+            starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+            ukeys = keys[starts]
+            ucount = np.diff(np.append(starts, keys.size)).astype(np.uint64)
+            uctx = ukeys >> np.uint64(16)
+            gstart = np.flatnonzero(np.concatenate([[True], uctx[1:] != uctx[:-1]]))
+            gtotal = np.add.reduceat(ucount, gstart)
+            multi = gtotal >= 2
+            mctx = uctx[gstart][multi]
+            in_multi_P[c] = self._member(mctx, ctx_C, bucket_P[c], F)
+            if mctx.size:
+                best = np.maximum.reduceat((ucount << np.uint64(16)) | (np.uint64(0xFFFF) - (ukeys & np.uint64(0xFFFF))), gstart)
+                self._merge_multi(o, rows_K4, mctx, gtotal[multi], best[multi], ukeys, ucount, F)
+        s = np.flatnonzero(~in_multi_P)
+        kept_S = self._merge_singles(o, rows_K4, bucket_P[s], fp_P[s], y_P[s])
+        alive_P = in_multi_P.copy()
+        alive_P[s[kept_S]] = True
+        return alive_P, in_multi_P
+
+    def _member(self, mctx, ctx_C, bucket_C, F):
+        """ctx_C in mctx (sorted), through a per-bucket scratch tagged with a fresh generation."""
+        if mctx.size == 0:
+            return np.zeros(ctx_C.size, dtype=bool)
+        self._gen += 1
+        gen = np.uint64(self._gen << 33)
+        mb = (mctx >> np.uint64(F)).astype(np.int64)
+        dup = np.zeros(mb.size, dtype=np.uint64)
+        same_b = mb[1:] == mb[:-1]
+        dup[1:][same_b] = 1
+        dup[:-1][same_b] = 1
+        mark = self._mark_K
+        mark[mb] = gen | (dup << np.uint64(32)) | (mctx & np.uint64((1 << F) - 1))
+        m = mark[bucket_C.astype(np.int64)]
+        tagged = (m >> np.uint64(33)) == np.uint64(self._gen)
+        in_multi = tagged & ((m & _U32_MAX) == (ctx_C & np.uint64((1 << F) - 1)))
+        shared = np.flatnonzero(tagged & ((m >> np.uint64(32)) & np.uint64(1)).astype(bool))
+        if shared.size:  # buckets holding several repeating contexts: exact search
+            q = ctx_C[shared]
+            qi = np.minimum(np.searchsorted(mctx, q), mctx.size - 1)
+            in_multi[shared] = mctx[qi] == q
+        return in_multi
 
     def _merge_multi(self, o, rows_K4, mctx, total_G, best_G, ukeys, ucount, F):
         b_G = (mctx >> np.uint64(F)).astype(np.int64)
@@ -235,18 +279,28 @@ class NgramTables:
         )
 
     def _merge_singles(self, o, rows_K4, b_S, f_S, y_S):
-        b_S = b_S.astype(np.int64)
-        res = rows_K4[b_S]
-        occupied = res[:, TOTAL] > 0
-        same = occupied & (res[:, FP] == f_S)
-        bs = b_S[same]
-        rows_K4[bs, TOTAL] = np.minimum(res[same, TOTAL].astype(np.uint64) + 1, _U32_MAX)
-        rows_K4[bs, COUNT] = res[same, COUNT] + (y_S[same] == res[same, TOP])
+        # rows viewed as two little-endian uint64 words per bucket: fp | top << 32, count | total << 32
+        rec_K = rows_K4.reshape(-1).view(_REC)
+        w0_K, w1_K = rec_K["w0"], rec_K["w1"]
+        bi = b_S.astype(np.intp)
+        rec = rec_K[bi]
+        w0, w1 = rec["w0"], rec["w1"]
+        occupied = w1 >= _TOTAL_ONE
+        same = occupied & ((w0 & _U32_MAX) == f_S)
+        match = (w0[same] >> np.uint64(32)) == y_S[same]
+        w1_K[bi[same]] = w1[same] + _TOTAL_ONE + match
         empty = np.flatnonzero(~occupied)
-        ub, first = np.unique(b_S[empty], return_index=True)
-        e = empty[first]
-        rows_K4[ub] = np.stack([f_S[e], y_S[e], np.ones_like(f_S[e]), np.ones_like(f_S[e])], axis=1)
+        eb = bi[empty]
+        owner = self._owner_K
+        np.minimum.at(owner, eb, empty)  # several singletons in one empty bucket: the earliest wins
+        e = empty[owner[eb] == empty]
+        owner[eb] = _NO_OWNER
+        w0_K[bi[e]] = f_S[e].astype(np.uint64) | (y_S[e].astype(np.uint64) << np.uint64(32))
+        w1_K[bi[e]] = _TOTAL_ONE + np.uint64(1)
         self.dropped_O[o] += int((occupied & ~same).sum()) + empty.size - e.size
+        kept = same
+        kept[e] = True
+        return kept
 
     def stats(self) -> dict:
         occupied = (self.rows_OK4[:, :, TOTAL] > 0).sum(axis=1)

@@ -7,6 +7,8 @@ and rounds on the write to the destination dtype (bf16 through ml_dtypes), as Sc
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kernels_nki.emulator import machine as _m
@@ -53,7 +55,7 @@ def _tile(t, what: str, buffers=_m.ON_CHIP) -> _m.Tensor:
         return t
     if t.ndim < 1 or t.shape[0] > _m.PMAX:
         _m.fail(f"{what} {t.shape}: partition dimension exceeds {_m.PMAX}")
-    free = int(np.prod(t.shape[1:], dtype=np.int64))
+    free = math.prod(t.shape[1:])
     if t.buffer == "sbuf" and free > _m.FREE_MAX_SBUF:
         _m.fail(f"{what} {t.shape}: free size {free} exceeds {_m.FREE_MAX_SBUF} elements per instruction")
     return t
@@ -78,7 +80,7 @@ def _operand(x, partitions: int, what: str):
     if isinstance(x, (int, float, np.floating, np.integer)):
         return float(x)
     t = _tile(x, what)
-    if t.shape[0] != partitions or int(np.prod(t.shape[1:])) != 1:
+    if t.shape[0] != partitions or math.prod(t.shape[1:]) != 1:
         _m.fail(f"{what} {t.shape} must be a number or a [{partitions}, 1] column")
     return _read(t).reshape(partitions, 1) if t.machine.compute else 0.0
 
@@ -108,7 +110,7 @@ def dma_copy(dst, src, name=None):
     if dst.dtype != src.dtype:
         _m.fail(f"dma_copy: dtypes {src.dtype} -> {dst.dtype} differ (cast on an engine, e.g. nisa.tensor_copy)")
     m = _m.current()
-    m.count_dma(int(np.prod(src.shape)) * src.dtype.itemsize)
+    m.count_dma(math.prod(src.shape) * src.dtype.itemsize)
     if m.compute:
         dst.data[...] = src.data
 
@@ -218,7 +220,7 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
             _m.fail("activation: reduce_op needs reduce_cmd=reset_reduce or reduce", _m.NkiEmulatorError)
         if reduce_res is not None:
             _tile(reduce_res, "activation reduce_res")
-            if reduce_res.shape[0] != p or int(np.prod(reduce_res.shape[1:])) != 1:
+            if reduce_res.shape[0] != p or math.prod(reduce_res.shape[1:]) != 1:
                 _m.fail(f"activation: reduce_res {reduce_res.shape} must be [{p}, 1]")
     m = _m.current()
     m.count_engine("scalar", data, extra_instructions=1 if reduce_op is not None else 0)

@@ -7,6 +7,8 @@ called directly as the `nl.*` convenience functions (which allocate an SBUF resu
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 
@@ -112,7 +114,7 @@ def _reduce_convenience(op: Op, scale_by_count: bool):
         out = m.allocate(shape, dtype or x.dtype, sbuf)
         isa.tensor_reduce(out, op, x, axis, keepdims=keepdims)
         if scale_by_count:
-            count = int(np.prod([x.shape[a] for a in axes]))
+            count = math.prod([x.shape[a] for a in axes])
             isa.tensor_scalar(out, out, multiply, 1.0 / count)
         return out
 
@@ -137,7 +139,7 @@ def full(shape, fill_value, dtype, buffer=sbuf, name=None):
     if buffer in _m.ON_CHIP:
         m.count_engine("vector", t)  # the compiler emits a memset
     else:
-        m.count_dma(int(np.prod(t.shape)) * t.dtype.itemsize)
+        m.count_dma(math.prod(t.shape) * t.dtype.itemsize)
     return t
 
 

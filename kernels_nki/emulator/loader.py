@@ -74,12 +74,12 @@ def real_nki_present() -> bool:
 def load_kernel_module(name: str) -> types.ModuleType:
     """The kernel module `name` (e.g. "kernels_nki.rmsnorm") executed against the emulated nki (cached)."""
     with _lock:
-        if name in _modules:
-            return _modules[name]
         if real_nki_present():
             raise EmulatorConflictError(
                 "a real `nki` package is importable: the NumPy emulator refuses to stand in for it "
                 "(use nki.simulate with the real package)")
+        if name in _modules:
+            return _modules[name]
         spec = importlib.util.find_spec(name)
         if spec is None or spec.origin is None:
             raise ImportError(f"kernel module {name} not found")

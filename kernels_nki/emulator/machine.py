@@ -19,6 +19,8 @@ import sys
 import threading
 import weakref
 
+import math
+
 import ml_dtypes
 import numpy as np
 
@@ -57,6 +59,8 @@ def fail(message: str, cls: type[NkiEmulatorError] = NkiLimitError):
 
 
 def as_dtype(dtype) -> np.dtype:
+    if isinstance(dtype, np.dtype):
+        return dtype
     if dtype is None:
         fail("dtype is required", NkiEmulatorError)
     if getattr(dtype, "__name__", None) == "bfloat16" or str(dtype) == "bfloat16":
@@ -152,7 +156,7 @@ class Tensor:
         shape = tuple(int(s) for s in shape)
         if self.buffer not in HBM:
             fail(f"reshape of an on-chip {self.buffer} tile is not supported by the emulator", NkiEmulatorError)
-        if int(np.prod(shape)) != self.data.size:
+        if math.prod(shape) != self.data.size:
             fail(f"cannot reshape {self.shape} to {shape}", NkiEmulatorError)
         if self.machine.compute and not self.data.flags.c_contiguous:
             fail("reshape of a non-contiguous HBM view", NkiEmulatorError)
@@ -229,7 +233,7 @@ class Machine:
     def _reserve(self, shape, dtype, buffer, alloc):
         if len(shape) < 1 or shape[0] > PMAX:
             fail(f"{buffer} tile {shape}: partition dimension {shape[0]} exceeds {PMAX}")
-        per_partition = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        per_partition = math.prod(shape[1:]) * dtype.itemsize
         if buffer == "sbuf":
             if self.sbuf_live + per_partition > SBUF_PARTITION_BYTES:
                 fail(f"SBUF overflow: allocating {per_partition} B/partition with {self.sbuf_live} B live "
@@ -257,7 +261,7 @@ class Machine:
     def count_engine(self, engine: str, tile: Tensor, extra_instructions: int = 0):
         """One Vector/Scalar/GpSimd instruction over `tile` (partition dim first)."""
         partitions = tile.shape[0] if tile.ndim else 1
-        free = int(np.prod(tile.shape[1:], dtype=np.int64)) if tile.ndim > 1 else 1
+        free = math.prod(tile.shape[1:]) if tile.ndim > 1 else 1
         c = self.counters
         issued = PMAX * (max(MIN_II, free) + extra_instructions * MIN_II)
         setattr(c, f"{engine}_instructions", getattr(c, f"{engine}_instructions") + 1)

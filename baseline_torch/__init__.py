@@ -1,0 +1,6 @@
+"""The PyTorch parameter-golf baseline (spec baseline.md 1.1-1.3) in the project's harness.
+
+`model` (GPT, interop .npz load/save), `optim` (Muon + Adam groups), `train` (the training loop and
+`python -m baseline_torch.train`). PyTorch is an optional extra (`pip install -e .[torch]`); it is
+imported only inside this package.
+"""

@@ -1,0 +1,113 @@
+"""Muon + Adam exactly as the baseline (spec baseline.md 1.2), schedules shared with the JAX side.
+
+Groups: Muon for every 2-D matrix inside the blocks except control tensors; Adam (torch.optim.Adam,
+betas (beta1, beta2), eps adam_eps, no weight decay) for the tied embedding at embed_lr and for
+vectors/scalars/control tensors (+ skip_weights) at scalar_lr. The learning-rate multiplier and
+Muon's momentum come from `frontier_jax.optim.lr_scale` / `muon_momentum`, imported rather than
+re-derived, so both implementations schedule identically.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from frontier_jax.config import OptimConfig
+from frontier_jax.model import CONTROL_PARAM_NAMES
+
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+NS_EPS = 1e-7
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def zeropower_via_newtonschulz5(G: torch.Tensor, steps: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The baseline's quintic Newton-Schulz orthogonalisation ([out, in] orientation), in `dtype`."""
+    a, b, c = NS_COEFFS
+    X = G.to(dtype)
+    X = X / (X.norm() + NS_EPS)
+    transposed = G.size(0) > G.size(1)
+    if transposed:
+        X = X.T
+    for _ in range(steps):
+        A = X @ X.T
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    return X.T if transposed else X
+
+
+class Muon(torch.optim.Optimizer):
+    """Nesterov momentum, Newton-Schulz, update scaled by sqrt(max(1, rows/cols)) and rounded to the
+    NS dtype (the baseline's flat bf16 update buffer), then p -= lr * update. Single process."""
+
+    def __init__(self, params, lr: float, momentum: float, backend_steps: int, ns_dtype: str = "bfloat16",
+                 nesterov: bool = True):
+        super().__init__(params, dict(lr=lr, momentum=momentum, backend_steps=backend_steps, nesterov=nesterov,
+                                      ns_dtype=_DTYPES[ns_dtype]))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            lr, momentum = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(g)
+                buf = state["momentum_buffer"]
+                buf.mul_(momentum).add_(g)
+                if group["nesterov"]:
+                    g = g.add(buf, alpha=momentum)
+                u = zeropower_via_newtonschulz5(g, group["backend_steps"], group["ns_dtype"])
+                u = u * max(1, u.size(0) / u.size(1)) ** 0.5
+                u = u.to(group["ns_dtype"])  # the update buffer's dtype
+                p.add_(u.to(p.dtype), alpha=-lr)
+
+
+def split_params(model) -> dict[str, list[torch.nn.Parameter]]:
+    """{"muon": [...], "embed": [...], "scalar": [...]} as the baseline's groups."""
+    muon, scalar = [], []
+    for name, p in model.blocks.named_parameters():
+        if p.ndim == 2 and not any(c in name for c in CONTROL_PARAM_NAMES):
+            muon.append(p)
+        else:
+            scalar.append(p)
+    if model.skip_weights.numel() > 0:
+        scalar.append(model.skip_weights)
+    return {"muon": muon, "embed": [model.tok_emb.weight], "scalar": scalar}
+
+
+class Optimizers:
+    """The three optimizers, stepped together with the schedule's lr multiplier and Muon momentum."""
+
+    def __init__(self, model, cfg: OptimConfig):
+        groups = split_params(model)
+        self.cfg = cfg
+        adam = lambda ps, lr: torch.optim.Adam([{"params": ps, "lr": lr, "base_lr": lr}], betas=(cfg.beta1, cfg.beta2),
+                                               eps=cfg.adam_eps, weight_decay=0.0)
+        self.embed = adam(groups["embed"], cfg.embed_lr)
+        self.scalar = adam(groups["scalar"], cfg.scalar_lr)
+        self.muon = Muon(groups["muon"], lr=cfg.matrix_lr, momentum=cfg.muon_momentum, backend_steps=cfg.muon_ns_steps,
+                         ns_dtype=cfg.muon_ns_dtype)
+        for group in self.muon.param_groups:
+            group["base_lr"] = cfg.matrix_lr
+        self.all = (self.embed, self.muon, self.scalar)
+
+    def step(self, lr_scale: float, momentum: float) -> None:
+        for group in self.muon.param_groups:
+            group["momentum"] = momentum
+        for opt in self.all:
+            for group in opt.param_groups:
+                group["lr"] = group["base_lr"] * lr_scale
+            opt.step()
+
+    def zero_grad(self) -> None:
+        for opt in self.all:
+            opt.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> list[dict]:
+        return [opt.state_dict() for opt in self.all]
+
+    def load_state_dict(self, states: list[dict]) -> None:
+        for opt, s in zip(self.all, states):
+            opt.load_state_dict(s)

@@ -1,0 +1,144 @@
+"""Training-step throughput: JAX (jit) vs PyTorch eager vs torch.compile, same config, batch and dtype.
+
+    python bench/jax_vs_torch.py            # configs/tiny.py and a baseline-shaped 9x512 model, seq 1024
+    python bench/jax_vs_torch.py --quick    # tiny.py only, fewer repetitions
+
+Every implementation runs the full training step (forward, backward, Muon + Adam update) in float32
+(NS in float32 too) on the same token batch. Warm-up steps (compilation included) are excluded; then
+the implementations are timed interleaved (J E C J E C ...), `--reps` rounds of `--steps` steps each,
+and the median round gives tokens/s. Prints tokens/s per implementation and the ratio JAX / best
+PyTorch. A benchmark, not a test: on a CPU shared with other work the numbers move; compare the
+ratios printed side by side, and rerun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from frontier_jax import optim as jax_optim  # noqa: E402
+from frontier_jax.config import apply_overrides, load_config  # noqa: E402
+from frontier_jax.model import GPT  # noqa: E402
+from frontier_jax.steps import make_train_step  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+FP32 = ["model.compute_dtype='float32'", "optim.muon_ns_dtype='float32'"]
+CASES = {
+    "tiny": ("configs/tiny.py", [], 8),  # (config, overrides, batch sequences)
+    "baseline-shaped": ("configs/baseline.py", ["train.seq_len=1024"], 4),
+}
+
+
+def jax_runner(cfg, x_BT, y_BT):
+    model = GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=jnp.float32)
+    graphdef, params = nnx.split(model)
+    tx = jax_optim.build_optimizer(cfg.optim)
+    state = {"params": params, "opt": tx.init(params)}
+    step = make_train_step(graphdef, tx)
+    x, y = jnp.asarray(x_BT[None]), jnp.asarray(y_BT[None])
+    one, mom = jnp.float32(1.0), jnp.float32(0.9)
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            state["params"], state["opt"], m = step(state["params"], state["opt"], x, y, one, mom, None)
+        jax.block_until_ready(m["loss"])
+
+    return run
+
+
+def torch_runner(cfg, x_BT, y_BT, compiled: bool):
+    import torch
+
+    from baseline_torch.model import GPT as TorchGPT
+    from baseline_torch.optim import Optimizers
+
+    torch.manual_seed(0)
+    model = TorchGPT(cfg.model, torch.float32)
+    forward = torch.compile(model, dynamic=False, fullgraph=True) if compiled else model
+    opt = Optimizers(model, cfg.optim)
+    x, y = torch.from_numpy(x_BT).long(), torch.from_numpy(y_BT).long()
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            forward(x, y).mean().backward()
+            opt.step(1.0, 0.9)
+            opt.zero_grad()
+
+    return run
+
+
+def bench_case(name: str, cfg, batch: int, reps: int, steps: int, warmup: int, impls: list[str]) -> dict:
+    T = cfg.train.seq_len
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, cfg.model.vocab_size, size=(batch, T + 1)).astype(np.int32)
+    x, y = toks[:, :-1], toks[:, 1:]
+    makers = {"jax": lambda: jax_runner(cfg, x, y), "torch-eager": lambda: torch_runner(cfg, x, y, False),
+              "torch-compile": lambda: torch_runner(cfg, x, y, True)}
+    runners, setup_s = {}, {}
+    for impl in impls:
+        t0 = time.perf_counter()
+        runners[impl] = makers[impl]()
+        runners[impl](warmup)  # compilation and first-touch excluded
+        setup_s[impl] = time.perf_counter() - t0
+    times = {impl: [] for impl in impls}
+    for _ in range(reps):  # interleaved rounds
+        for impl in impls:
+            t0 = time.perf_counter()
+            runners[impl](steps)
+            times[impl].append(time.perf_counter() - t0)
+    tokens = batch * T * steps
+    tok_s = {impl: tokens / statistics.median(ts) for impl, ts in times.items()}
+    spread = {impl: (tokens / max(ts), tokens / min(ts)) for impl, ts in times.items()}
+    print(f"\n== {name}: {cfg.model.num_layers}x{cfg.model.model_dim}, seq {T}, batch {batch} seqs "
+          f"({batch * T:,} tokens/step), fp32, {reps} interleaved rounds of {steps} step(s), warm-up {warmup}")
+    for impl in impls:
+        lo, hi = spread[impl]
+        print(f"  {impl:14s} {tok_s[impl]:>10,.0f} tokens/s  (range {lo:,.0f} .. {hi:,.0f}; "
+              f"setup+warm-up {setup_s[impl]:.1f} s)")
+    torch_impls = [i for i in impls if i.startswith("torch")]
+    if "jax" in impls and torch_impls:
+        best = max(torch_impls, key=lambda i: tok_s[i])
+        print(f"  ratio JAX / best PyTorch ({best}): {tok_s['jax'] / tok_s[best]:.2f}x")
+    return tok_s
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny.py only, 3 rounds")
+    p.add_argument("--cases", nargs="+", choices=sorted(CASES), help="default: all (tiny only with --quick)")
+    p.add_argument("--reps", type=int, help="interleaved rounds (default 5; 3 with --quick)")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    a = p.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("error: PyTorch is not installed (pip install -e .[torch])", file=sys.stderr)
+        return 2
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    cases = a.cases or (["tiny"] if a.quick else list(CASES))
+    reps = a.reps or (3 if a.quick else 5)
+    impls = ["jax", "torch-eager"] + ([] if a.no_compile else ["torch-compile"])
+    print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads)")
+    for name in cases:
+        config, sets, batch = CASES[name]
+        cfg = apply_overrides(load_config(REPO / config), FP32 + sets)
+        steps = 2 if name == "tiny" else 1
+        bench_case(name, cfg, batch, reps, steps, warmup=2, impls=impls)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

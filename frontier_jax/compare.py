@@ -1,0 +1,322 @@
+"""python -m frontier_jax.compare: is B better than A, and is the difference real?
+
+    python -m frontier_jax.compare --arm jax:configs/tiny.py --arm torch:configs/tiny.py \\
+        --data DIR --tokenizer PATH --budget 60 --seeds 2 --out DIR
+
+Arm specs (`--arm`, two or more, optionally prefixed by `LABEL=`):
+  jax:CONFIG [ARGS]    python -m frontier_jax.train --config CONFIG ARGS (e.g. --set model.num_layers=3)
+  torch:CONFIG [ARGS]  python -m baseline_torch.train --config CONFIG ARGS (e.g. --compile, --threads 1)
+  cmd:COMMAND          any shell command whose output contains a `val_bpb:` line (the last one counts);
+                       {seed} {budget} {data} {tokenizer} {out} are substituted, and SEED,
+                       MAX_WALLCLOCK_SECONDS, DATA_PATH, TOKENIZER_PATH, RUN_ID are set in its environment
+                       (the names the official train_gpt.py reads).
+Every jax/torch arm gets the same --data, --tokenizer, --budget and per-seed --seed (seed_base + k);
+an arm that tries to set its own data, tokenizer, budget, seed or output is refused before anything
+runs, as is a config whose vocabulary differs from the tokenizer or shards made by another tokenizer.
+Runs are interleaved (A B A B ...), each a subprocess with its own run directory under OUT/runs/.
+After every run OUT/results.json, OUT/results.md and OUT/val_bpb.png are rewritten, so an interrupted
+comparison keeps every finished run. Statistics: frontier_jax.compare_stats (Welch t, verdicts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from frontier_jax.compare_report import render_markdown, render_plot
+from frontier_jax.compare_stats import describe, verdict
+from frontier_jax.config import ConfigError, apply_overrides, load_config
+from frontier_jax.data.shards import DataError, list_shards
+from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
+from frontier_jax.report import atomic_write_text, write_json
+
+KINDS = {"jax": "frontier_jax.train", "torch": "baseline_torch.train"}
+FORBIDDEN_ARGS = ("--data", "--tokenizer", "--budget", "--seed", "--out", "--resume")
+FORBIDDEN_SETS = ("data.", "train.budget_seconds", "train.seed")
+BPB_RE = re.compile(r"val_bpb:\s*([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)")
+OFFICIAL_VAL_RE = re.compile(r"step:(\d+)/\d+\s+val_loss:\S+\s+val_bpb:([0-9.]+)\s+train_time:(\d+)ms")
+LABEL_RE = re.compile(r"^([A-Za-z0-9_.+-]+)=(jax|torch|cmd):(.*)$", re.S)
+EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
+
+
+class CompareError(ValueError):
+    """Input that makes the comparison meaningless; refused before any run starts."""
+
+
+@dataclasses.dataclass
+class Arm:
+    label: str
+    kind: str  # jax | torch | cmd
+    spec: str
+    config: str = ""
+    args: list[str] = dataclasses.field(default_factory=list)
+    command: str = ""
+
+
+def parse_arm(spec: str, index: int) -> Arm:
+    m = LABEL_RE.match(spec.strip())
+    if m:
+        label, kind, rest = m.groups()
+    else:
+        kind, sep, rest = spec.strip().partition(":")
+        if not sep or kind not in ("jax", "torch", "cmd"):
+            raise CompareError(f"--arm {spec!r}: expected [LABEL=]jax:CONFIG, [LABEL=]torch:CONFIG or [LABEL=]cmd:COMMAND")
+        label = None
+    rest = rest.strip()
+    if not rest:
+        raise CompareError(f"--arm {spec!r}: nothing after '{kind}:'")
+    if kind == "cmd":
+        return Arm(label or f"{chr(65 + index % 26)}-cmd", kind, spec, command=rest)
+    words = shlex.split(rest)
+    config, args = words[0], words[1:]
+    for i, w in enumerate(args):
+        if w.split("=")[0] in FORBIDDEN_ARGS:
+            raise CompareError(f"--arm {spec!r}: {w.split('=')[0]} is set by compare for every arm (same data, "
+                               f"tokenizer, budget, seeds); remove it from the arm")
+        if w == "--set" and i + 1 < len(args) and args[i + 1].startswith(FORBIDDEN_SETS):
+            raise CompareError(f"--arm {spec!r}: --set {args[i + 1]} would give this arm its own data, budget "
+                               f"or seed; all jax/torch arms share --data/--tokenizer/--budget/--seeds")
+    return Arm(label or f"{chr(65 + index % 26)}-{kind}-{Path(config).stem}", kind, spec, config=config, args=args)
+
+
+def _arm_sets(arm: Arm) -> list[str]:
+    return [arm.args[i + 1] for i, w in enumerate(arm.args[:-1]) if w == "--set"]
+
+
+def validate(arms: list[Arm], data: str | None, tokenizer: str | None) -> dict:
+    """Refuse mismatched or broken input before anything runs; returns facts for the report."""
+    if len(arms) < 2:
+        raise CompareError("compare needs at least two --arm")
+    labels = [a.label for a in arms]
+    if len(set(labels)) != len(labels):
+        raise CompareError(f"arm labels must be unique, got {labels}")
+    facts = {"vocab_size": None, "tokenizer_sha256": None}
+    trainers = [a for a in arms if a.kind in KINDS]
+    if trainers and not (data and tokenizer):
+        raise CompareError("jax/torch arms need --data DIR and --tokenizer PATH (shared by all arms)")
+    tok = None
+    if data or tokenizer:
+        if not (data and tokenizer):
+            raise CompareError("give both --data and --tokenizer")
+        tok = load_tokenizer(tokenizer)
+        facts["tokenizer_sha256"] = tok.sha256
+        manifest = Path(data) / "manifest.json"
+        if manifest.is_file():
+            made_with = json.loads(manifest.read_text()).get("tokenizer", {})
+            if made_with.get("sha256") and made_with["sha256"] != tok.sha256:
+                raise CompareError(f"{manifest}: shards were made with tokenizer {made_with.get('path')}, "
+                                   f"not {tokenizer} (sha256 differs)")
+    patterns = set()
+    for arm in trainers:
+        if not Path(arm.config).is_file():
+            raise CompareError(f"arm {arm.label}: config file {arm.config} not found")
+        try:
+            cfg = apply_overrides(load_config(arm.config), _arm_sets(arm))
+        except ConfigError as e:
+            raise CompareError(f"arm {arm.label}: {e}") from None
+        check_vocab(tok, cfg.model.vocab_size, f"arm {arm.label} model.vocab_size")
+        patterns.add((cfg.data.train_pattern, cfg.data.val_pattern))
+        facts["vocab_size"] = cfg.model.vocab_size
+    for train_pattern, val_pattern in patterns:
+        list_shards(data, train_pattern), list_shards(data, val_pattern)  # DataError if missing
+    if len(patterns) > 1:
+        raise CompareError(f"arms read different shard patterns {sorted(patterns)}: not the same data")
+    for arm in arms:
+        if arm.kind == "cmd":
+            words = shlex.split(arm.command)
+            if not words or (shutil.which(words[0]) is None and not Path(words[0]).exists()):
+                raise CompareError(f"arm {arm.label}: command {words[0] if words else arm.command!r} not found")
+    return facts
+
+
+def build_command(arm: Arm, seed: int, run_dir: Path, a: argparse.Namespace) -> tuple[list[str], dict]:
+    env = dict(os.environ)
+    if arm.kind in KINDS:
+        cmd = [sys.executable, "-m", KINDS[arm.kind], "--config", arm.config, "--data", a.data, "--tokenizer",
+               a.tokenizer, "--budget", str(a.budget), "--seed", str(seed), "--out", str(run_dir), *arm.args]
+        return cmd, env
+    subs = {"seed": str(seed), "budget": str(a.budget), "data": a.data or "", "tokenizer": a.tokenizer or "",
+            "out": str(run_dir)}
+    command = arm.command
+    for k, v in subs.items():
+        command = command.replace("{" + k + "}", shlex.quote(v))
+    env.update(SEED=subs["seed"], MAX_WALLCLOCK_SECONDS=subs["budget"], DATA_PATH=subs["data"],
+               TOKENIZER_PATH=subs["tokenizer"], RUN_ID=run_dir.name)
+    return ["bash", "-c", command], env
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def collect(arm: Arm, run_dir: Path, console: Path, rc: int | None) -> dict:
+    """What one finished run produced: status, steps, tokens, tokens/s, val bpb, val curve."""
+    text = console.read_text(errors="replace") if console.exists() else ""
+    found = BPB_RE.findall(text)
+    res = {"status": "ok", "rc": rc, "steps": None, "tokens": None, "train_seconds": None,
+           "tokens_per_second": None, "val_bpb": float(found[-1]) if found else None, "curve": []}
+    summary_path = run_dir / "summary.json"
+    if summary_path.is_file():
+        s = json.loads(summary_path.read_text())
+        for k in ("steps", "tokens", "train_seconds", "tokens_per_second"):
+            res[k] = s.get(k)
+        if s.get("val_bpb") is not None:
+            res["val_bpb"] = s["val_bpb"]
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        res["curve"] = [{"train_seconds": r.get("train_seconds"), "tokens": r.get("tokens"), "bpb": r["bpb"]}
+                        for r in rows if r.get("kind") == "val" and r.get("bpb") is not None]
+    else:  # the official script's log lines: step:N/M val_loss:X val_bpb:Y train_time:Zms
+        res["curve"] = [{"train_seconds": int(ms) / 1000, "tokens": None, "bpb": float(b), "step": int(st)}
+                        for st, b, ms in OFFICIAL_VAL_RE.findall(text)]
+        if res["curve"]:
+            res["steps"] = res["curve"][-1]["step"]
+    if rc is None:
+        res["status"] = "interrupted"
+    elif rc != 0:
+        res["status"] = "failed"
+    elif res["val_bpb"] is None:
+        res["status"] = "no val_bpb line"
+    if res["status"] != "ok":
+        res["log_tail"] = _tail(console)
+    return res
+
+
+def aggregate(arms: list[Arm], runs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Per-arm summaries and per-pair verdicts (every pair i < j, B = later arm, A = earlier arm)."""
+    per_arm = []
+    for arm in arms:
+        mine = [r for r in runs if r["arm"] == arm.label]
+        ok = [r for r in mine if r["status"] == "ok"]
+
+        def mean_of(key):
+            return describe([r[key] for r in ok if r.get(key) is not None])["mean"]
+
+        per_arm.append({"arm": arm.label, "kind": arm.kind, "spec": arm.spec, "runs": len(mine), "ok": len(ok),
+                        "failed": len(mine) - len(ok), "steps": mean_of("steps"), "tokens": mean_of("tokens"),
+                        "tokens_per_second": mean_of("tokens_per_second"),
+                        "val_bpb": describe([r["val_bpb"] for r in ok])})
+    pairs = []
+    for i in range(len(arms)):
+        for j in range(i + 1, len(arms)):
+            a = [r["val_bpb"] for r in runs if r["arm"] == arms[i].label and r["status"] == "ok"]
+            b = [r["val_bpb"] for r in runs if r["arm"] == arms[j].label and r["status"] == "ok"]
+            pairs.append({"a": arms[i].label, "b": arms[j].label, **verdict(a, b, arms[i].label, arms[j].label)})
+    return per_arm, pairs
+
+
+def write_outputs(out: Path, meta: dict, arms: list[Arm], runs: list[dict]) -> dict:
+    per_arm, pairs = aggregate(arms, runs)
+    results = {**meta, "arms": per_arm, "pairs": pairs, "runs": runs}
+    write_json(out / "results.json", results)
+    atomic_write_text(out / "results.md", render_markdown(results))
+    render_plot(runs, [a.label for a in arms], out / "val_bpb.png")
+    return results
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m frontier_jax.compare", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
+    p.add_argument("--arm", action="append", default=[], required=True, metavar="SPEC")
+    p.add_argument("--data", help="shard directory shared by all jax/torch arms")
+    p.add_argument("--tokenizer", help="tokenizer (.model or 'bytes') shared by all jax/torch arms")
+    p.add_argument("--budget", type=float, required=True, help="training budget in seconds for every run")
+    p.add_argument("--seeds", type=int, default=2, help="runs per arm (default 2)")
+    p.add_argument("--seed-base", type=int, default=1337, help="seeds are seed_base, seed_base + 1, ...")
+    p.add_argument("--out", required=True, help="output directory (results.json, results.md, val_bpb.png, runs/)")
+    p.add_argument("--timeout", type=float, help="seconds before a run is killed (default 3 x budget + 600)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if a.seeds < 1 or a.budget <= 0:
+            raise CompareError("--seeds must be >= 1 and --budget > 0")
+        arms = [parse_arm(s, i) for i, s in enumerate(a.arm)]
+        facts = validate(arms, a.data, a.tokenizer)
+        out = Path(a.out)
+        if (out / "results.json").exists():
+            raise CompareError(f"{out}: already holds a comparison; choose another --out")
+        (out / "runs").mkdir(parents=True, exist_ok=True)
+    except (CompareError, ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    timeout = a.timeout or 3 * a.budget + 600
+    meta = {"data": a.data, "tokenizer": a.tokenizer, "budget_seconds": a.budget, "seeds": a.seeds,
+            "seed_base": a.seed_base, "order": "interleaved", "started": time.strftime("%Y-%m-%d %H:%M:%S"), **facts}
+    runs: list[dict] = []
+    order = [(k, arm) for k in range(a.seeds) for arm in arms]  # A B A B ...
+    print(f"compare: {len(arms)} arms x {a.seeds} seeds = {len(order)} runs, budget {a.budget:g} s each -> {out}")
+    try:
+        results = _run_all(order, arms, a, out, meta, runs, timeout)
+    except KeyboardInterrupt:
+        write_outputs(out, meta, arms, runs)
+        print(f"interrupted: {len(runs)} finished run(s) kept in {out}/results.json", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if results is None:
+        return EXIT_INTERRUPTED
+    print(render_markdown(results))
+    print(f"wrote {out}/results.json, {out}/results.md, {out}/val_bpb.png")
+    return 0
+
+
+def _run_all(order, arms, a, out: Path, meta: dict, runs: list[dict], timeout: float) -> dict | None:
+    """Run every (seed, arm) in order, rewriting the outputs after each; None when interrupted."""
+    results = None
+    for n, (k, arm) in enumerate(order, 1):
+        seed = a.seed_base + k
+        run_dir = out / "runs" / f"{arm.label}-s{seed}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        console = run_dir / "console.log"
+        cmd, env = build_command(arm, seed, run_dir, a)
+        print(f"[{n}/{len(order)}] {arm.label} seed {seed}: {shlex.join(cmd)}", flush=True)
+        t0 = time.perf_counter()
+        rc, interrupted = None, False
+        with open(console, "w") as f:
+            # Own session: a terminal Ctrl-C reaches only compare, which forwards exactly one SIGINT
+            # (a second one would make the trainers abort without saving).
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                rc = -9
+                f.write(f"\n[compare] killed after the {timeout:.0f} s timeout\n")
+            except KeyboardInterrupt:
+                interrupted = True
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=60)  # the trainers finish their step and save on SIGINT
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        res = collect(arm, run_dir, console, None if interrupted else rc)
+        runs.append({"arm": arm.label, "kind": arm.kind, "seed": seed, "run_dir": str(run_dir),
+                     "wall_seconds": time.perf_counter() - t0, **res})
+        results = write_outputs(out, meta, arms, runs)
+        bpb = f"{res['val_bpb']:.4f}" if res["val_bpb"] is not None else "-"
+        print(f"    {res['status']}: val_bpb {bpb}" + (f"\n{res['log_tail']}" if res["status"] != "ok" else ""))
+        if interrupted:
+            print(f"interrupted: {len(runs) - 1} finished run(s) kept in {out}/results.json", file=sys.stderr)
+            return None
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())

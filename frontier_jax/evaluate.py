@@ -1,0 +1,117 @@
+"""Score a run's checkpoint on the full val split in exact bits per byte: `python -m frontier_jax.evaluate`.
+
+    python -m frontier_jax.evaluate --run DIR [--data DIR] [--tokenizer PATH] [--stride N] [--batch-seqs N] [--json]
+
+The run's config.json and its latest checkpoint give the model; the forward is the training one
+(`steps.make_eval_step` over `GPT.__call__`), jit-compiled once: the last batch is padded with
+masked rows. Default: the baseline protocol (spec baseline.md 2.5), non-overlapping `seq_len`
+windows over the whole val split, truncated to whole windows (+1 target token). With `--stride N` <
+seq_len, windows overlap and every target is still scored exactly once, with the longest context
+available: the sliding window is only a score mask, mask[b, t] = t >= score_from[b].
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from frontier_jax.config import ConfigError
+from frontier_jax.data.shards import DataError
+
+
+def _pad(x_BT, y_BT, mask_BT, batch_seqs: int):
+    if x_BT.shape[0] < batch_seqs:
+        pad = ((0, batch_seqs - x_BT.shape[0]), (0, 0))
+        x_BT, y_BT, mask_BT = np.pad(x_BT, pad), np.pad(y_BT, pad), np.pad(mask_BT, pad)
+    return x_BT, y_BT, mask_BT
+
+
+def sliding_masked_batches(tokens, seq_len: int, stride: int, batch_seqs: int):
+    """(x, y, mask) int32 [batch_seqs, seq_len] from `data.stream.sliding_batches`, the last batch padded."""
+    from frontier_jax.data.stream import sliding_batches
+
+    t_T = np.arange(seq_len, dtype=np.int32)[None, :]
+    for x_BT, y_BT, from_B in sliding_batches(tokens, seq_len, stride, batch_seqs):
+        mask_BT = (t_T >= from_B[:, None]).astype(np.int32)
+        yield _pad(x_BT, y_BT, mask_BT, batch_seqs)
+
+
+def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs=None) -> dict:
+    """Sums and bpb of a run's latest checkpoint on its val split (see the module docstring)."""
+    from frontier_jax import ops, report
+    from frontier_jax.data.shards import list_shards
+    from frontier_jax.data.stream import load_val_tokens
+    from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
+    from frontier_jax.interop import read_run_config, restore_params
+    from frontier_jax.loop import padded_val_batches
+    from frontier_jax.steps import evaluate_batches, make_eval_step
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise DataError(f"{run_dir}: run directory does not exist")
+    t0 = time.perf_counter()
+    cfg, _ = read_run_config(run_dir)  # inputs are checked before any array is restored
+    data_dir = data_dir or cfg.data.data_dir
+    tok_spec = tokenizer or cfg.data.tokenizer
+    if not data_dir:
+        raise DataError(f"{run_dir}/config.json: no data directory recorded; pass --data DIR")
+    T = cfg.train.seq_len
+    stride = T if stride is None else int(stride)
+    if not 0 < stride <= T:
+        raise ConfigError(f"--stride {stride}: must be in [1, seq_len={T}]")
+    batch_seqs = int(batch_seqs or cfg.train.val_batch_seqs)
+    if batch_seqs <= 0:
+        raise ConfigError(f"--batch-seqs {batch_seqs}: must be positive")
+    tok = load_tokenizer(tok_spec)
+    check_vocab(tok, cfg.model.vocab_size, f"model.vocab_size of {run_dir}")
+    tokens = load_val_tokens(list_shards(data_dir, cfg.data.val_pattern), T)
+    ops.configure(cfg.train.kernels)
+    cfg, graphdef, params, step, dtype = restore_params(run_dir)
+    eval_step = make_eval_step(graphdef, tok.byte_tables(cfg.model.vocab_size))
+    if stride == T:
+        batches = padded_val_batches(tokens, T, batch_seqs)
+    else:
+        batches = sliding_masked_batches(tokens, T, stride, batch_seqs)
+    sums = evaluate_batches(eval_step, params, batches)
+    return {
+        **sums,
+        "bpb": report.bpb(sums["nll_sum_nats"], sums["bytes"]),
+        "loss": sums["nll_sum_nats"] / max(sums["tokens"], 1),
+        "stride": stride, "seq_len": T, "batch_seqs": batch_seqs,
+        "run": str(run_dir), "checkpoint_step": step, "compute_dtype": str(dtype),
+        "data_dir": str(data_dir), "tokenizer": str(tok.path), "seconds": time.perf_counter() - t0,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m frontier_jax.evaluate", description=__doc__.splitlines()[0])
+    ap.add_argument("--run", required=True, help="run directory (config.json + checkpoints/)")
+    ap.add_argument("--data", help="shard directory (default: the run's data.data_dir)")
+    ap.add_argument("--tokenizer", help="tokenizer (default: the run's data.tokenizer)")
+    ap.add_argument("--stride", type=int, help="sliding-window stride (default seq_len: non-overlapping windows)")
+    ap.add_argument("--batch-seqs", type=int, help="windows per eval batch (default train.val_batch_seqs)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    from frontier_jax.loop import RunError
+    from frontier_jax.ops import KernelUnavailableError
+
+    try:
+        r = evaluate_run(args.run, args.data, args.tokenizer, args.stride, args.batch_seqs)
+    except (ConfigError, DataError, RunError, KernelUnavailableError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(r, sort_keys=True))
+    else:
+        print(f"{r['run']} step {r['checkpoint_step']}: val_bpb {r['bpb']:.6f} (loss {r['loss']:.4f} nats, "
+              f"{r['tokens']:,} tokens, {r['bytes']:,} bytes, stride {r['stride']}/{r['seq_len']}, {r['seconds']:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

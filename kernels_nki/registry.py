@@ -1,0 +1,51 @@
+"""Which op has an NKI kernel, where its forward/backward live, and how to load them.
+
+`frontier_jax.ops` reads `KERNELS` to build the kernel table; an op absent here runs its pure-JAX
+reference everywhere (and the table says so). `load_nki(op)` imports the kernel module against the
+real `nki` package (Neuron only); `load_emulated(op)` runs the same source under the NumPy emulator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import types
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    op: str
+    module: str  # importable module holding the @nki.jit kernels
+    fwd: str  # forward kernel: returns (outputs..., residuals...)
+    bwd: str  # backward kernel: (inputs, residuals, cotangents) -> input cotangents
+
+
+KERNELS: dict[str, KernelSpec] = {
+    "rms_norm": KernelSpec("rms_norm", "kernels_nki.rmsnorm", "rmsnorm_fwd", "rmsnorm_bwd"),
+}
+
+
+class NkiUnavailableError(ImportError):
+    """The real `nki` package (Neuron SDK) cannot be imported here."""
+
+
+def load_nki(op: str) -> types.ModuleType:
+    """The kernel module of `op` imported against the real `nki` (raises NkiUnavailableError without it)."""
+    spec = KERNELS[op]
+    current = sys.modules.get("nki")
+    if current is not None and getattr(current, "__nki_emulator__", False):
+        raise NkiUnavailableError("sys.modules['nki'] is the NumPy emulator, not the Neuron SDK")
+    try:
+        importlib.import_module("nki")
+        importlib.import_module("nki.language")
+        importlib.import_module("nki.isa")
+    except ImportError as e:
+        raise NkiUnavailableError(f"nki not importable ({e})") from e
+    return importlib.import_module(spec.module)
+
+
+def load_emulated(op: str) -> types.ModuleType:
+    from kernels_nki import emulator
+
+    return emulator.load_kernel_module(KERNELS[op].module)

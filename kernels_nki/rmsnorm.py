@@ -1,0 +1,81 @@
+"""Weightless RMSNorm forward and backward as NKI kernels for trn1 (NeuronCore-v2), NKI 0.3+ API.
+
+Spec: frontier_jax.reference.rms_norm (fp32 math, eps = float32 epsilon, output in the input dtype).
+Layout: rows on the partition axis in tiles of 128, the last tile ragged (sliced, never padded);
+the normalised axis D on the free axis (D * 4 bytes per partition per tile must fit SBUF; D <= 8192
+is far inside). The same kernels serve the model's [tokens, D] activations and the per-head QK-norm
+shape [tokens x heads, head_dim].
+
+Per 128-row tile:
+- forward: 1 load, ScalarE square + row sum, ScalarE rsqrt on the [P, 1] column, VectorE scale,
+  2 stores (y and the fp32 inverse RMS, the residual the backward reuses instead of recomputing).
+- backward: 3 loads, VectorE dy*x, row sum, two [P, 1] column ops and one fused x*c + dy pass,
+  ScalarE scale by inv; dx = inv * (dy - x * mean(dy*x) * inv^2).
+Both are DMA-bound at the model's shapes (see `python -m kernels_nki.report`).
+"""
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+EPS = 1.1920928955078125e-07  # float32 machine epsilon == frontier_jax.reference.RMS_EPS
+
+
+@nki.jit
+def rmsnorm_fwd(x_ND):
+    """(y_ND in x's dtype, inv_N1 float32) with inv = rsqrt(mean(x^2) + eps) per row."""
+    N, D = x_ND.shape
+    P = nl.tile_size.pmax
+    y_ND = nl.ndarray((N, D), dtype=x_ND.dtype, buffer=nl.shared_hbm)
+    inv_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    for t in nl.affine_range((N + P - 1) // P):
+        r0 = t * P
+        rows = min(P, N - r0)
+        x_PD = nl.ndarray((P, D), dtype=x_ND.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_PD[0:rows], src=x_ND[r0:r0 + rows])
+        # sum of squares per row (ScalarE); the squares land in y_PD, overwritten below
+        y_PD = nl.ndarray((P, D), dtype=x_ND.dtype, buffer=nl.sbuf)
+        ss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=y_PD[0:rows], op=nl.square, data=x_PD[0:rows],
+                               reduce_op=nl.add, reduce_res=ss_P1[0:rows])
+        inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=inv_P1[0:rows], op=nl.rsqrt, data=ss_P1[0:rows], scale=1.0 / D, bias=EPS)
+        nisa.tensor_scalar(dst=y_PD[0:rows], data=x_PD[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows])
+        nisa.dma_copy(dst=y_ND[r0:r0 + rows], src=y_PD[0:rows])
+        nisa.dma_copy(dst=inv_N1[r0:r0 + rows], src=inv_P1[0:rows])
+    return y_ND, inv_N1
+
+
+@nki.jit
+def rmsnorm_bwd(x_ND, inv_N1, dy_ND):
+    """dx_ND (x's dtype) = inv * (dy - x * mean(dy * x) * inv^2), fp32 math, per row."""
+    N, D = x_ND.shape
+    P = nl.tile_size.pmax
+    dx_ND = nl.ndarray((N, D), dtype=x_ND.dtype, buffer=nl.shared_hbm)
+    for t in nl.affine_range((N + P - 1) // P):
+        r0 = t * P
+        rows = min(P, N - r0)
+        x_PD = nl.ndarray((P, D), dtype=x_ND.dtype, buffer=nl.sbuf)
+        dy_PD = nl.ndarray((P, D), dtype=dy_ND.dtype, buffer=nl.sbuf)
+        inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_PD[0:rows], src=x_ND[r0:r0 + rows])
+        nisa.dma_copy(dst=dy_PD[0:rows], src=dy_ND[r0:r0 + rows])
+        nisa.dma_copy(dst=inv_P1[0:rows], src=inv_N1[r0:r0 + rows])
+        # dot = sum(dy * x) per row (VectorE)
+        work_PD = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=work_PD[0:rows], data1=dy_PD[0:rows], data2=x_PD[0:rows], op=nl.multiply)
+        dot_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=dot_P1[0:rows], op=nl.add, data=work_PD[0:rows], axis=1, keepdims=True)
+        # c = -dot / D * inv^2
+        inv2_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=inv2_P1[0:rows], data1=inv_P1[0:rows], data2=inv_P1[0:rows], op=nl.multiply)
+        c_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=c_P1[0:rows], data=dot_P1[0:rows], op0=nl.multiply, operand0=-1.0 / D,
+                           op1=nl.multiply, operand1=inv2_P1[0:rows])
+        # dx = (x * c + dy) * inv: the fused pass on VectorE, the scale on ScalarE
+        nisa.scalar_tensor_tensor(dst=work_PD[0:rows], data=x_PD[0:rows], op0=nl.multiply, operand0=c_P1[0:rows],
+                                  op1=nl.add, operand1=dy_PD[0:rows])
+        dx_PD = nl.ndarray((P, D), dtype=x_ND.dtype, buffer=nl.sbuf)
+        nisa.activation(dst=dx_PD[0:rows], op=nl.copy, data=work_PD[0:rows], scale=inv_P1[0:rows])
+        nisa.dma_copy(dst=dx_ND[r0:r0 + rows], src=dx_PD[0:rows])
+    return dx_ND

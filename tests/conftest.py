@@ -1,0 +1,118 @@
+"""Shared fixtures: ../shared/data (skipped with a reason when absent), prepared sp1024 shards, a synthetic
+byte-level dataset that needs nothing outside the repository, tiny configs and one trained tiny run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SP_MODEL_NAME = "fineweb_1024_bpe.model"
+DEV_JSONL_NAME = "fineweb_dev.jsonl"
+
+# configs/tiny.py shrunk further so a run takes seconds on two CPU cores (fp32: no bf16 surprises on CPU).
+TINY_OVERRIDES = [
+    "model.vocab_size=260",
+    "model.num_layers=2",
+    "model.model_dim=64",
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+    "model.compute_dtype='float32'",
+    "train.seq_len=64",
+    "train.tokens_per_step=512",
+    "train.micro_batch_seqs=4",
+    "train.compile_warmup_steps=1",
+    "train.val_batch_seqs=4",
+    "train.val_every_steps=0",
+    "train.val_max_tokens=0",
+    "train.max_steps=6",
+    "train.budget_seconds=1000.0",
+    "optim.warmdown_steps=4",
+    "optim.muon_momentum_warmup_steps=4",
+]
+
+_WORDS = ("the of and to in is was for on that with as by at from his her it an were are which this be or "
+          "had not but first one their its new after who they have two she been other when there all during "
+          "into school time may years more most only over city some world would where later up such used many").split()
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data beside the checkout (sp1024 tokenizer + 100 FineWeb documents), or skip."""
+    if not ((SHARED_DATA / SP_MODEL_NAME).is_file() and (SHARED_DATA / DEV_JSONL_NAME).is_file()):
+        pytest.skip(f"../shared/data not present: {SP_MODEL_NAME} and {DEV_JSONL_NAME} are needed under {SHARED_DATA}")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def sp1024_data(shared_data, tmp_path_factory) -> tuple[Path, Path]:
+    """(shard dir, tokenizer path): fineweb_dev.jsonl prepared with sp1024, the first 20 documents as val."""
+    from frontier_jax.data.prepare import prepare
+
+    out = tmp_path_factory.mktemp("sp1024")
+    model = shared_data / SP_MODEL_NAME
+    prepare([shared_data / DEV_JSONL_NAME], out, str(model), val_docs=20, shard_tokens=50_000)
+    return out, model
+
+
+def synthetic_documents(n_docs: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    docs = []
+    for _ in range(n_docs):
+        n = int(rng.integers(20, 80))
+        probs = np.linspace(2.0, 0.2, len(_WORDS))
+        words = rng.choice(_WORDS, size=n, p=probs / probs.sum())
+        docs.append(" ".join(words).capitalize() + ".")
+    return docs
+
+
+def write_byte_dataset(out: Path, train_tokens: int = 60_000, val_tokens: int = 6_000, seed: int = 0) -> Path:
+    """Shards of random English-word documents, byte-tokenized (BOS=1 before each), 2 train shards + 1 val."""
+    from frontier_jax.data.shards import write_shard
+    from frontier_jax.data.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    out.mkdir(parents=True, exist_ok=True)
+
+    def stream(n_tokens: int, seed_: int) -> np.ndarray:
+        ids: list[int] = []
+        for doc in synthetic_documents(10_000, seed_):
+            ids += [tok.bos_id, *tok.encode(doc)]
+            if len(ids) >= n_tokens:
+                break
+        return np.asarray(ids[:n_tokens], np.uint16)
+
+    train = stream(train_tokens, seed)
+    half = train_tokens // 2
+    write_shard(out / "synth_train_000000.bin", train[:half])
+    write_shard(out / "synth_train_000001.bin", train[half:])
+    write_shard(out / "synth_val_000000.bin", stream(val_tokens, seed + 1))
+    return out
+
+
+@pytest.fixture(scope="session")
+def byte_data(tmp_path_factory) -> Path:
+    """A synthetic byte-level shard directory (tokenizer "bytes", vocab 260): no ../shared needed."""
+    return write_byte_dataset(tmp_path_factory.mktemp("bytes_data"))
+
+
+def tiny_config(data_dir, *extra: str, tokenizer: str = "bytes"):
+    """configs/tiny.py with TINY_OVERRIDES, the data directory and `extra` overrides applied."""
+    from frontier_jax.config import apply_overrides, load_config
+
+    sets = [*TINY_OVERRIDES, f"data.data_dir={str(data_dir)!r}", f"data.tokenizer={str(tokenizer)!r}", *extra]
+    return apply_overrides(load_config(REPO / "configs" / "tiny.py"), sets)
+
+
+@pytest.fixture(scope="session")
+def trained_run(byte_data, tmp_path_factory) -> tuple[Path, dict]:
+    """(run dir, summary) of a tiny model trained for 30 steps on the synthetic byte data."""
+    from frontier_jax import loop
+
+    out = tmp_path_factory.mktemp("trained") / "run"
+    cfg = tiny_config(byte_data, "train.max_steps=30", "optim.warmdown_mode='steps'", "optim.warmdown_steps=10")
+    summary = loop.run(cfg, out, echo=False)
+    return out, summary

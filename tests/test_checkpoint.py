@@ -1,0 +1,80 @@
+"""Checkpoints: exact round trip (params, optimizer state, meta), refusal of another model, no partial checkpoint."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from frontier_jax import checkpoint, optim
+from frontier_jax.config import ModelConfig, OptimConfig, model_hash
+from frontier_jax.model import GPT
+
+CFG = ModelConfig(vocab_size=64, num_layers=2, model_dim=32, num_heads=4, num_kv_heads=2)
+
+
+def _state(seed=0, cfg=CFG):
+    """Parameters (bf16 embedding) and an optimizer state after one update, so nothing is trivially zero."""
+    graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(seed), compute_dtype="bfloat16"))
+    tx = optim.build_optimizer(OptimConfig(muon_ns_dtype="float32"))
+    opt_state = tx.init(params)
+    grads = jax.tree_util.tree_map(lambda p: jnp.ones(p.shape, p.dtype), params)
+    _, opt_state = tx.update(grads, opt_state, params, lr_scale=jnp.float32(1.0), momentum=jnp.float32(0.9))
+    return {"params": params, "opt_state": opt_state}
+
+
+def _meta(step=3, cfg=CFG):
+    return {"step": step, "train_seconds": 1.5, "tokens": 4096, "data": {"shard": 1, "offset": 77, "position_tokens": 4097},
+            "model_hash": model_hash(cfg), "reason": "final"}
+
+
+def _assert_identical(a, b):
+    la, lb = jax.tree_util.tree_leaves_with_path(a), jax.tree_util.tree_leaves_with_path(b)
+    assert [p for p, _ in la] == [p for p, _ in lb]
+    for (path, x), (_, y) in zip(la, lb):
+        assert x.dtype == y.dtype and x.shape == y.shape, path
+        assert np.array_equal(np.asarray(x), np.asarray(y)), path
+
+
+def test_round_trip_is_bit_identical(tmp_path):
+    state, meta = _state(), _meta()
+    checkpoint.save(tmp_path, 3, state, meta)
+    assert checkpoint.latest_step(tmp_path) == 3
+    abstract = jax.eval_shape(lambda: state)
+    restored, rmeta = checkpoint.restore(tmp_path, abstract, expect_model_hash=model_hash(CFG))
+    _assert_identical(restored, state)
+    assert restored["params"]["tok_emb"].dtype == jnp.bfloat16
+    assert rmeta == meta
+
+
+def test_latest_step_is_the_newest_and_none_without_checkpoints(tmp_path):
+    assert checkpoint.latest_step(tmp_path) is None
+    s = _state()
+    checkpoint.save(tmp_path, 2, s, _meta(2))
+    checkpoint.save(tmp_path, 5, s, _meta(5))
+    assert checkpoint.latest_step(tmp_path) == 5 and checkpoint.read_meta(tmp_path)[1]["step"] == 5
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint found"):
+        checkpoint.read_meta(tmp_path / "elsewhere")
+
+
+def test_another_models_checkpoint_is_refused(tmp_path):
+    checkpoint.save(tmp_path, 1, _state(), _meta(1))
+    other = ModelConfig(vocab_size=64, num_layers=3, model_dim=32, num_heads=4, num_kv_heads=2)
+    abstract = jax.eval_shape(lambda: _state(cfg=other))
+    with pytest.raises(checkpoint.CheckpointError, match="another model") as e:
+        checkpoint.restore(tmp_path, abstract, expect_model_hash=model_hash(other))
+    assert "\n" not in str(e.value) and str(tmp_path) in str(e.value)
+
+
+def test_a_failed_save_leaves_no_visible_partial_checkpoint(tmp_path):
+    good = _state(0)
+    checkpoint.save(tmp_path, 1, good, _meta(1))
+    bad_meta = {**_meta(2), "unserialisable": object()}  # fails while step 2 is being written
+    with pytest.raises(Exception):
+        checkpoint.save(tmp_path, 2, _state(1), bad_meta)
+    assert checkpoint.latest_step(tmp_path) == 1
+    visible = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert visible == ["1"]
+    restored, meta = checkpoint.restore(tmp_path, jax.eval_shape(lambda: good))
+    _assert_identical(restored, good)
+    assert meta["step"] == 1

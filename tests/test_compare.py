@@ -1,0 +1,161 @@
+"""python -m frontier_jax.compare: statistics on synthetic numbers, crafted arms (fake external commands,
+a crashing arm, an arm without a val_bpb line), refusal of mismatched input, interruption, and (slow) a
+real JAX vs PyTorch comparison on the synthetic byte data."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, TINY_OVERRIDES
+from frontier_jax.compare import main
+from frontier_jax.compare_stats import describe, runs_to_settle, t_quantile, verdict, welch
+
+
+def _py(code: str) -> str:
+    """A cmd arm running `python -c code` ({seed} etc. are substituted by compare)."""
+    return f"cmd:{sys.executable} -c '{code}'"
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def test_t_quantiles_match_tables():
+    for df, q in ((1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042), (math.inf, 1.960)):
+        assert abs(t_quantile(0.975, df) - q) < 2e-3, (df, t_quantile(0.975, df))
+
+
+def test_welch_interval_by_hand():
+    a, b = [1.30, 1.31, 1.32], [1.25, 1.26]
+    w = welch(a, b)
+    va, vb = 1e-4, 5e-5  # sample variances (ddof 1) of a and b
+    qa, qb = va / 3, vb / 2
+    df = (qa + qb) ** 2 / (qa**2 / 2 + qb**2 / 1)
+    assert w["diff"] == pytest.approx(1.255 - 1.31)
+    assert w["df"] == pytest.approx(df)
+    half = t_quantile(0.975, df) * math.sqrt(qa + qb)
+    assert w["ci"] == pytest.approx((w["diff"] - half, w["diff"] + half))
+    assert describe([1.0, None, float("nan"), 3.0]) == {"n": 2, "mean": 2.0, "sd": math.sqrt(2), "min": 1.0, "max": 3.0}
+
+
+def test_verdicts_in_words():
+    better = verdict([1.300, 1.3002, 1.3001], [1.290, 1.2901, 1.2902], "A", "B")
+    assert better["verdict"] == "better" and "B is better than A by 0.0100" in better["text"]
+    worse = verdict([1.290, 1.2901, 1.2902], [1.300, 1.3002, 1.3001])
+    assert worse["verdict"] == "worse" and worse["more_runs"] == 0
+    # distinguishable but below the 0.0005 bpb rule: still "within noise"
+    tiny = verdict([1.3000, 1.3000, 1.3000], [1.3002, 1.3002, 1.3002])
+    assert tiny["verdict"] == "within noise" and "below the 0.0005" in tiny["text"]
+    equal = verdict([1.3000, 1.3001, 1.3002], [1.3001, 1.3002, 1.3003])
+    assert equal["verdict"] == "within noise" and "equal within noise" in equal["text"]
+    # a real-looking gain with a wide interval: undecided, and a finite number of extra runs settles it
+    open_ = verdict([1.300, 1.302], [1.297, 1.2985])
+    assert open_["verdict"] == "undecided" and open_["ci"][0] < 0 < open_["ci"][1]
+    assert 0 < open_["more_runs"] < 1000 and "more run(s) per arm" in open_["text"]
+    need = open_["more_runs"] + 2
+    assert need == runs_to_settle(describe([1.300, 1.302])["sd"], describe([1.297, 1.2985])["sd"], open_["diff"], 2)
+    single = verdict([1.30], [1.29])
+    assert single["verdict"] == "undecided" and single["ci"] is None and single["more_runs"] == 1
+    assert verdict([], [1.2])["verdict"] == "no data"
+
+
+# ----------------------------------------------------------------------------- crafted arms
+
+
+def test_compare_cmd_arms_failures_reported_others_finish(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    rc = main([
+        "--arm", "good=" + _py('print("val_bpb: %.4f" % (1.30 + 0.0002 * ({seed} - 1337)))'),
+        "--arm", "crash=" + _py('import sys; print("starting"); sys.exit("boom: simulated crash")'),
+        "--arm", "quiet=" + _py('print("trained, but no score line")'),
+        "--arm", "better=" + _py('print("step:1/9 val_loss:2.0 val_bpb:1.5 train_time:1000ms"); '
+                                 'print("val_bpb:%.4f" % (1.20 + 0.0003 * ({seed} - 1337)))'),
+        "--budget", "3", "--seeds", "2", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert [r["arm"] for r in res["runs"]] == ["good", "crash", "quiet", "better"] * 2  # interleaved
+    status = {(r["arm"], r["seed"]): r["status"] for r in res["runs"]}
+    assert status[("crash", 1338)] == "failed" and status[("quiet", 1337)] == "no val_bpb line"
+    crash = next(r for r in res["runs"] if r["arm"] == "crash")
+    assert crash["rc"] == 1 and "boom: simulated crash" in crash["log_tail"]
+    arms = {a["arm"]: a for a in res["arms"]}
+    assert arms["good"]["val_bpb"]["mean"] == pytest.approx(1.3001) and arms["good"]["ok"] == 2
+    assert arms["crash"]["ok"] == 0 and arms["crash"]["failed"] == 2
+    pair = next(p for p in res["pairs"] if (p["a"], p["b"]) == ("good", "better"))
+    assert pair["verdict"] == "better" and pair["diff"] == pytest.approx(-0.09985)
+    assert next(r for r in res["runs"] if r["arm"] == "better")["curve"][0]["bpb"] == 1.5  # official log lines
+    md = (out / "results.md").read_text()
+    assert "| good | cmd | 2 / 2 |" in md and "crash seed 1337: failed" in md and "no val_bpb line" in md
+    assert (out / "val_bpb.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("arm_extra, message", [
+    ("jax:configs/tiny.py --data /elsewhere", "--data is set by compare"),
+    ("torch:configs/tiny.py --set data.tokenizer=bytes", "own data"),
+    ("jax:configs/tiny.py --set model.vocab_size=512", "vocabulary 260 does not match arm"),
+    ("jax:configs/no_such.py", "not found"),
+    ("cmd:no-such-program-xyz --flag", "not found"),
+])
+def test_mismatched_input_refused_before_running(byte_data, tmp_path, capsys, arm_extra, message):
+    out = tmp_path / "cmp"
+    sets = " ".join(f"--set {o}" for o in TINY_OVERRIDES)
+    rc = main(["--arm", f"jax:{REPO}/configs/tiny.py {sets}", "--arm", arm_extra, "--data", str(byte_data),
+               "--tokenizer", "bytes", "--budget", "3", "--out", str(out)])
+    assert rc == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_shards_from_another_tokenizer_refused(byte_data, tmp_path, capsys):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(byte_data, data)
+    (data / "manifest.json").write_text(json.dumps({"tokenizer": {"path": "other.model", "sha256": "0" * 64}}))
+    rc = main(["--arm", _py("print(1)"), "--arm", _py("print(2)"), "--data", str(data), "--tokenizer", "bytes",
+               "--budget", "3", "--out", str(tmp_path / "cmp")])
+    assert rc == 2 and "shards were made with tokenizer other.model" in capsys.readouterr().err
+
+
+def test_interrupt_keeps_finished_runs(tmp_path):
+    out = tmp_path / "cmp"
+    cmd = [sys.executable, "-m", "frontier_jax.compare", "--arm", "fast=" + _py('print("val_bpb: 1.25")'),
+           "--arm", "slow=" + _py("import time; time.sleep(60)"), "--budget", "3", "--seeds", "2", "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (out / "runs" / "slow-s1337").exists():
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    res = json.loads((out / "results.json").read_text())
+    assert res["runs"][0]["arm"] == "fast" and res["runs"][0]["status"] == "ok"
+    assert res["runs"][-1]["status"] == "interrupted" and len(res["runs"]) == 2
+    assert "kept in" in err
+
+
+# ----------------------------------------------------------------------------- real arms (slow)
+
+
+@pytest.mark.slow
+def test_jax_vs_torch_on_byte_data(byte_data, tmp_path):
+    pytest.importorskip("torch", reason="the torch arm needs the optional extra: pip install -e .[torch]")
+    out = tmp_path / "cmp"
+    sets = " ".join(f"--set {o}" for o in TINY_OVERRIDES if not o.startswith("train.max_steps"))
+    rc = main(["--arm", f"jax:{REPO}/configs/tiny.py {sets}", "--arm", f"torch:{REPO}/configs/tiny.py {sets} --threads 1",
+               "--data", str(byte_data), "--tokenizer", "bytes", "--budget", "3", "--seeds", "1", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert [r["status"] for r in res["runs"]] == ["ok", "ok"], [r.get("log_tail") for r in res["runs"]]
+    for run in res["runs"]:
+        assert run["steps"] >= 1 and run["tokens"] == run["steps"] * 512 and 0 < run["val_bpb"] < 10
+        assert run["curve"] and run["curve"][-1]["bpb"] == pytest.approx(run["val_bpb"])
+    assert res["pairs"][0]["verdict"] == "undecided"  # one seed each: no interval
+    assert "A-torch-tiny" not in (out / "results.md").read_text() and "B-torch-tiny" in (out / "results.md").read_text()

@@ -1,0 +1,215 @@
+"""The NKI emulator: trn1 limits caught at the kernel's line, NaN-filled fresh memory, exact work counters."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import types
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kernels_nki import emulator
+from kernels_nki.emulator import cost
+
+_counter = [0]
+
+
+def _kernel_module(tmp_path, monkeypatch, body: str):
+    """Write a kernel module (body of `@nki.jit def k(a): ...`), load it emulated; return (k, marked line)."""
+    _counter[0] += 1
+    name = f"emu_case_{_counter[0]}"
+    src = "import nki\nimport nki.language as nl\nimport nki.isa as nisa\n\n\n@nki.jit\ndef k(a):\n"
+    src += textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + "\n"
+    path = tmp_path / f"{name}.py"
+    path.write_text(src)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = next(i + 1 for i, text in enumerate(src.splitlines()) if "# <-" in text) if "# <-" in src else None
+    return emulator.load_kernel_module(name).k, f"{path}:{line}"
+
+
+LIMIT_CASES = {
+    "partition": """
+        t = nl.ndarray((129, 4), dtype=nl.float32, buffer=nl.sbuf)  # <-
+        return t
+    """,
+    "stationary_free": """
+        s = nl.zeros((128, 129), dtype=nl.bfloat16)
+        m = nl.zeros((128, 64), dtype=nl.bfloat16)
+        o = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(o, s, m)  # <-
+    """,
+    "moving_free": """
+        s = nl.zeros((128, 128), dtype=nl.bfloat16)
+        m = nl.zeros((128, 513), dtype=nl.bfloat16)
+        o = nl.ndarray((128, 513), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(o, s, m)  # <-
+    """,
+    "contraction_not_partition": """
+        s = nl.zeros((64, 128), dtype=nl.bfloat16)
+        m = nl.zeros((128, 64), dtype=nl.bfloat16)
+        o = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(o, s, m)  # <-
+    """,
+    "matmul_into_sbuf": """
+        s = nl.zeros((128, 128), dtype=nl.bfloat16)
+        o = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.nc_matmul(o, s, s)  # <-
+    """,
+    "matmul_into_bf16_psum": """
+        s = nl.zeros((128, 128), dtype=nl.bfloat16)
+        o = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
+        nisa.nc_matmul(o, s, s)  # <-
+    """,
+    "psum_banks": """
+        tiles = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for i in range(8)]
+        extra = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)  # <-
+    """,
+    "sbuf_bytes": """
+        big = nl.ndarray((128, 40 * 1024), dtype=nl.float32, buffer=nl.sbuf)
+        more = nl.ndarray((128, 9 * 1024), dtype=nl.float32, buffer=nl.sbuf)  # <-
+    """,
+    "compute_on_hbm": """
+        t = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=t, src=a[0:128, 0:4])  # <-
+    """,
+}
+
+
+@pytest.mark.parametrize("case", sorted(LIMIT_CASES))
+def test_limit_violation_names_kernel_line(tmp_path, monkeypatch, case):
+    k, where = _kernel_module(tmp_path, monkeypatch, LIMIT_CASES[case])
+    with pytest.raises(emulator.NkiLimitError) as info:
+        k(np.zeros((256, 8), np.float32))
+    assert str(info.value).startswith(where + ":"), str(info.value)
+
+
+def test_out_of_bounds_slice_raises(tmp_path, monkeypatch):
+    k, where = _kernel_module(tmp_path, monkeypatch, """
+        t = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a[200:328, :])  # <-
+    """)
+    with pytest.raises(emulator.NkiEmulatorError, match="out of bounds") as info:
+        k(np.zeros((256, 8), np.float32))
+    assert str(info.value).startswith(where)
+
+
+def test_uninitialised_reads_are_nan(tmp_path, monkeypatch):
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        out = nl.ndarray((8, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((8, 4), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[0:5], src=a[0:5])
+        u = nl.ndarray((8, 4), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=u, data=t, op0=nl.add, operand0=1.0)
+        nisa.dma_copy(dst=out, src=u)
+        return out
+    """)
+    out = k(np.ones((8, 4), np.float32))
+    np.testing.assert_array_equal(out[:5], 2.0)
+    assert np.isnan(out[5:]).all()
+
+
+def test_matmul_values_counters_and_estimate(tmp_path, monkeypatch):
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        s = nl.load(a[0:128, 0:128])
+        m = nl.load(a[0:128, 0:512])
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(acc, s, m)
+        res = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=res, src=acc)
+        nl.store(out, res)
+        return out
+    """)
+    a = np.random.default_rng(0).standard_normal((128, 512)).astype(ml_dtypes.bfloat16)
+    out, c = emulator.run(k, a)
+    a32 = a.astype(np.float32)
+    np.testing.assert_allclose(out, a32[:, :128].T @ a32, rtol=1e-5, atol=1e-4)
+    assert (c.pe_instructions, c.pe_macs_issued, c.pe_macs_useful) == (1, 128 * 128 * 512, 128 * 128 * 512)
+    assert c.pe_macs_issued_fp32 == 0
+    assert c.dma_bytes == 2 * (128 * 128 + 128 * 512) + 128 * 512 * 4 and c.dma_transfers == 3
+    assert (c.vector_instructions, c.vector_elems_issued, c.vector_elems_useful) == (1, 128 * 512, 128 * 512)
+    assert c.psum_peak_banks == 1
+    est = emulator.estimate(c)
+    assert est.engine_s["tensor"] == pytest.approx(128 * 128 * 512 / cost.TENSOR_MACS_PER_S)
+    assert est.engine_s["dma"] == pytest.approx(c.dma_bytes / cost.DMA_BYTES_PER_S)
+    assert est.bound == max(est.engine_s, key=est.engine_s.get) and est.total_s == max(est.engine_s.values())
+
+
+def test_padding_waste_and_accumulation(tmp_path, monkeypatch):
+    """K=64, M=100, N=300 issues the full 128 x 128 array; two matmuls into one PSUM tile accumulate."""
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        out = nl.ndarray((100, 300), dtype=nl.float32, buffer=nl.shared_hbm)
+        s = nl.load(a[0:64, 0:100])
+        m = nl.load(a[0:64, 0:300])
+        acc = nl.ndarray((100, 300), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(acc, s, m)
+        nisa.nc_matmul(acc, s, m)
+        res = nl.ndarray((100, 300), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=res, src=acc)
+        nl.store(out, res)
+        return out
+    """)
+    a = np.random.default_rng(1).standard_normal((64, 300)).astype(np.float32)
+    out, c = emulator.run(k, a)
+    np.testing.assert_allclose(out, 2 * a[:, :100].T @ a, rtol=1e-5, atol=1e-4)
+    assert c.pe_macs_issued == 2 * 128 * 128 * 300 == c.pe_macs_issued_fp32
+    assert c.pe_macs_useful == 2 * 64 * 100 * 300
+    assert emulator.pe_utilisation(c) == pytest.approx(64 * 100 / (128 * 128))
+
+
+def test_small_vector_op_counts_min_ii_and_idle_lanes(tmp_path, monkeypatch):
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        out = nl.ndarray((5, 10), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a[0:5, 0:10])
+        nisa.tensor_tensor(dst=t, data1=t, data2=t, op=nl.multiply)
+        nl.store(out, t)
+        return out
+    """)
+    x = np.arange(50, dtype=np.float32).reshape(5, 10)
+    out, c = emulator.run(k, x)
+    np.testing.assert_array_equal(out, x * x)
+    assert (c.vector_elems_issued, c.vector_elems_useful) == (128 * 64, 50)
+    assert c.dma_bytes == 2 * 50 * 4
+
+
+def test_loop_reallocation_releases_memory(tmp_path, monkeypatch):
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        for i in nl.affine_range(50):
+            big = nl.ndarray((128, 20 * 1024), dtype=nl.float32, buffer=nl.sbuf)
+            acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        return nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    """)
+    _, c = emulator.run(k, np.zeros((1, 1), np.float32))
+    assert c.sbuf_peak_bytes == 2 * 20 * 1024 * 4 and c.psum_peak_banks == 2
+
+
+def test_outputs_must_be_shared_hbm(tmp_path, monkeypatch):
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        return nl.load(a)
+    """)
+    with pytest.raises(emulator.NkiEmulatorError, match="shared_hbm"):
+        k(np.zeros((4, 4), np.float32))
+
+
+def test_never_installed_and_refuses_a_real_nki(monkeypatch):
+    emulator.load_kernel_module("kernels_nki.rmsnorm")
+    assert "nki" not in sys.modules and "nki.language" not in sys.modules
+    monkeypatch.setitem(sys.modules, "nki", types.ModuleType("nki"))  # a "real" nki is imported
+    with pytest.raises(emulator.EmulatorConflictError):
+        emulator.load_kernel_module("kernels_nki.rmsnorm")
+
+
+def test_count_only_mode_matches_a_full_run():
+    m = emulator.load_kernel_module("kernels_nki.rmsnorm")
+    x = np.random.default_rng(2).standard_normal((300, 96)).astype(ml_dtypes.bfloat16)
+    (y, inv), full = emulator.run(m.rmsnorm_fwd, x)
+    assert emulator.count(m.rmsnorm_fwd, ((300, 96), "bfloat16")) == full
+    _, full_b = emulator.run(m.rmsnorm_bwd, x, inv, y)
+    counted = emulator.count(m.rmsnorm_bwd, (x.shape, x.dtype), (inv.shape, inv.dtype), (y.shape, y.dtype))
+    assert counted == full_b
+    # per-call work scales exactly with the number of 128-row tiles
+    c1 = emulator.count(m.rmsnorm_fwd, ((128, 96), "bfloat16"))
+    c4 = emulator.count(m.rmsnorm_fwd, ((512, 96), "bfloat16"))
+    assert c4.dma_bytes == 4 * c1.dma_bytes and c4.vector_elems_issued == 4 * c1.vector_elems_issued

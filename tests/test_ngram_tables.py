@@ -1,0 +1,155 @@
+"""Host n-gram tables: hash definition, exact counts vs brute force, collisions, snapshots, memory cap."""
+
+import collections
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from frontier_jax.config import NgramConfig
+from frontier_jax.ngram import tables as T
+
+
+def _truth(tokens, n):
+    """{context tuple: Counter(next token)} by brute force."""
+    c = collections.defaultdict(collections.Counter)
+    tok = [int(v) for v in tokens]
+    for t in range(n - 1, len(tok) - 1):
+        c[tuple(tok[t - n + 1 : t + 1])][tok[t + 1]] += 1
+    return c
+
+
+def _best(counter):
+    tok, cnt = max(counter.items(), key=lambda kv: (kv[1], -kv[0]))
+    return tok, cnt, sum(counter.values())
+
+
+def _scalar_hash(ctx, mul, seed):
+    h = seed
+    for v in reversed(ctx):  # newest token first
+        g = ((h ^ (v + 1)) * mul) & 0xFFFFFFFF
+        h = g ^ (g >> 15)
+    return h
+
+
+def _bucket_collisions(tokens, orders, L):
+    """True if two distinct contexts of some order share a bucket."""
+    for n in orders:
+        buckets = {}
+        for ctx in _truth(tokens, n):
+            b = _scalar_hash(ctx, T.MUL_A, T.SEED_A) >> (32 - L)
+            if buckets.setdefault(b, ctx) != ctx:
+                return True
+    return False
+
+
+def test_hash_matches_scalar_definition():
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 65536, 64).astype(np.uint16)
+    for n, a, b in T.order_hashes(x, 6):
+        for t in range(n - 1, x.size):
+            ctx = [int(v) for v in x[t - n + 1 : t + 1]]
+            assert a[t] == _scalar_hash(ctx, T.MUL_A, T.SEED_A)
+            assert b[t] == _scalar_hash(ctx, T.MUL_B, T.SEED_B)
+
+
+def _exact_check(tables, tokens, orders):
+    hit, top, cnt, tot = T.lookup(tables.rows_OK4, tables.min_order, tokens)
+    for n in orders:
+        truth = _truth(tokens, n)
+        o = n - tables.min_order
+        for t in range(n - 1, tokens.size - 1):
+            want = _best(truth[tuple(int(v) for v in tokens[t - n + 1 : t + 1])])
+            assert hit[t, o] and (top[t, o], cnt[t, o], tot[t, o]) == want, (n, t)
+        assert not hit[: n - 1, o].any()
+
+
+def test_single_chunk_equals_brute_force():
+    L, orders = 20, range(2, 6)
+    for seed in range(10):
+        tokens = np.random.default_rng(seed).integers(0, 12, 1200).astype(np.uint16)
+        if not _bucket_collisions(tokens, orders, L):
+            break
+    tables = T.NgramTables(2, 5, L)
+    tables.consume(tokens)
+    _exact_check(tables, tokens, orders)
+    assert tables.unigram_V.sum() == tokens.size - 1
+    assert tables.dropped_O.sum() == 0
+
+
+def test_many_chunks_exact_on_deterministic_continuations():
+    for seed in range(10):
+        doc = np.random.default_rng(seed).integers(0, 40000, 300).astype(np.uint16)
+        tokens = np.concatenate([doc] * 7)  # each context has one continuation, spread over many chunks
+        if not _bucket_collisions(tokens, range(4, 9), 18):
+            break
+    tables = T.NgramTables(4, 8, 18, chunk_tokens=257)
+    for start in range(0, tokens.size, 1000):  # streamed in pieces unaligned with chunks
+        tables.consume(tokens[start : start + 1000])
+    _exact_check(tables, tokens, range(4, 9))
+
+
+def test_totals_exact_across_chunks():
+    tokens = np.random.default_rng(2).integers(0, 6, 900).astype(np.uint16)
+    tables = T.NgramTables(2, 3, 20, chunk_tokens=100)
+    tables.consume(tokens)
+    hit, top, cnt, tot = T.lookup(tables.rows_OK4, 2, tokens)
+    for n in (2, 3):
+        truth = _truth(tokens, n)
+        for t in range(n - 1, tokens.size - 1):
+            c = truth[tuple(int(v) for v in tokens[t - n + 1 : t + 1])]
+            assert tot[t, n - 2] == sum(c.values())
+            assert cnt[t, n - 2] <= c[int(top[t, n - 2])]
+            assert cnt[t, n - 2] >= 1
+
+
+@pytest.mark.parametrize("chunk", [64, 1 << 20])
+def test_tiny_table_degrades_gracefully(chunk):
+    rng = np.random.default_rng(3)
+    tokens = np.concatenate([rng.integers(0, 300, 2000), np.tile(rng.integers(0, 300, 50), 20)]).astype(np.uint16)
+    tables = T.NgramTables(2, 6, 4, chunk_tokens=chunk)  # 16 buckets per order: nearly everything collides
+    tables.consume(tokens)
+    assert tables.dropped_O.sum() > 0
+    hit, top, cnt, tot = T.lookup(tables.rows_OK4, 2, tokens)
+    assert hit.any()
+    for n in range(2, 7):
+        truth = _truth(tokens, n)
+        o = n - 2
+        for t in np.flatnonzero(hit[:, o]):
+            c = truth[tuple(int(v) for v in tokens[t - n + 1 : t + 1])]
+            # a hit is this very context (fingerprint) and never claims more than the truth
+            assert 1 <= cnt[t, o] <= c[int(top[t, o])]
+            assert cnt[t, o] <= tot[t, o] <= sum(c.values())
+
+
+def test_snapshot_roundtrip_is_atomic(tmp_path):
+    tables = T.NgramTables(2, 4, 10)
+    tables.consume(np.arange(500, dtype=np.uint16) % 37)
+    tables.sources.append({"file": "a.bin", "start": 0, "stop": 500})
+    p = T.write_snapshot(tables, tmp_path, 3, complete=True)
+    snap = T.load_snapshot(p)
+    assert snap.version == 3 and snap.min_order == 2 and snap.header["tokens_consumed"] == 500
+    assert snap.header["sources"][0]["file"] == "a.bin" and snap.header["complete"]
+    np.testing.assert_array_equal(snap.rows_OK4, tables.rows_OK4)
+    assert not snap.rows_OK4.flags.writeable
+    assert [p.name for p in tmp_path.iterdir()] == ["snap_000003"]
+    assert T.list_snapshots(tmp_path) == [(3, p)]
+    with pytest.raises(FileExistsError):
+        T.write_snapshot(tables, tmp_path, 3, complete=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["snap_000003"]
+
+
+def test_memory_is_capped_and_reported():
+    cfg = NgramConfig(enabled=True, table_log2_size=20)
+    per = T.check_memory(cfg)
+    assert len(per) == 15 and per[0] == 16 << 20
+    with pytest.raises(ValueError, match="max_table_bytes"):
+        T.check_memory(replace(cfg, max_table_bytes=100 << 20))
+    t = T.NgramTables.from_config(replace(cfg, table_log2_size=8))
+    assert t.stats()["bytes_total"] == 15 * 256 * 16
+
+
+def test_confidence_bucket_range():
+    cnt = np.array([1, 1, 2, 10, 99, 0])
+    tot = np.array([1, 5, 2, 10, 100, 0])
+    assert list(T.confidence_bucket(cnt, tot, 8)) == [4, 1, 5, 7, 7, 0]

@@ -1,0 +1,134 @@
+"""The dispatch layer: kernel table, strict mode, primitives, and the tiny model trained through the emulated kernel."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from frontier_jax import ops
+from frontier_jax import reference as ref
+from frontier_jax.config import apply_overrides, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _restore_auto():
+    yield
+    ops.configure("auto")
+
+
+def test_default_table_on_cpu_is_reference_for_every_op_with_reason():
+    rows = ops.configure("auto")
+    assert [r.op for r in rows] == list(ops.OPS) and rows == ops.kernel_table()
+    assert all(r.impl == "reference" for r in rows)
+    reasons = {r.op: r.reason for r in rows}
+    assert reasons["rms_norm"] == f"platform {jax.default_backend()}"
+    assert all(reasons[op] == "no kernel" for op in ops.OPS if op != "rms_norm")
+    json.dumps([dataclasses.asdict(r) for r in rows])  # written to the run directory
+    text = ops.format_kernel_table(rows)
+    assert all(f"{r.op}" in text and r.reason in text for r in rows)
+
+
+def test_strict_refuses_naming_every_op():
+    with pytest.raises(ops.KernelUnavailableError) as info:
+        ops.configure("strict")
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("strict kernels: no NKI kernel will run for ")
+    assert f"rms_norm (platform {jax.default_backend()})" in msg
+    assert all(f"{op} (no kernel)" in msg for op in ops.OPS if op != "rms_norm")
+
+
+def test_neuron_platform_without_the_sdk_falls_back_visibly():
+    rows = ops.configure("auto", platform="neuron")
+    row = rows[0]
+    assert row.op == "rms_norm" and row.impl == "reference"
+    assert "kernel unavailable" in row.reason and "nki" in row.reason
+    with pytest.raises(ops.KernelUnavailableError, match=r"rms_norm \(kernel unavailable"):
+        ops.configure("strict", platform="neuron")
+
+
+def test_reference_mode_and_bad_mode():
+    assert ops.configure("reference")[0] == ops.KernelRow("rms_norm", "reference", "kernels=reference")
+    with pytest.raises(ValueError, match="auto|reference|strict"):
+        ops.configure("fast")
+
+
+def test_emulated_context_is_visible_and_scoped():
+    with ops.emulated(["rms_norm"]) as rows:
+        assert rows[0].impl == "emulated" and ops.kernel_table()[0].impl == "emulated"
+        assert all(r.impl == "reference" for r in rows[1:])
+        with pytest.raises(ops.KernelUnavailableError, match=r"rms_norm \(NumPy emulator"):
+            ops.configure("strict")
+    assert ops.kernel_table()[0].impl == "reference"
+    with pytest.raises(ValueError, match="rope has no NKI kernel"):
+        with ops.emulated(["rope"]):
+            pass
+
+
+def test_rms_norm_binds_its_primitives_and_matches_reference():
+    x = jax.random.normal(jax.random.key(0), (3, 50, 96))
+    f = lambda op: lambda x: jnp.sum(jnp.sin(op(x)))
+    jaxpr = str(jax.make_jaxpr(jax.grad(f(ops.rms_norm)))(x))
+    assert "frontier_rms_norm_fwd[kernel=False]" in jaxpr and "frontier_rms_norm_bwd[kernel=False]" in jaxpr
+    np.testing.assert_array_equal(ops.rms_norm(x), ref.rms_norm(x))  # eager impl, same math
+    g, g_ref = jax.jit(jax.grad(f(ops.rms_norm)))(x), jax.jit(jax.grad(f(ref.rms_norm)))(x)
+    np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-5)
+    xb = x.astype(jnp.bfloat16)
+    assert ops.rms_norm(xb).dtype == jnp.bfloat16 and jax.grad(f(ops.rms_norm))(xb).dtype == jnp.bfloat16
+
+
+def _train_three_steps(cfg):
+    from frontier_jax import optim
+    from frontier_jax.model import GPT
+
+    graphdef, params = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0)))
+    tx = optim.build_optimizer(cfg.optim)
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def step(params, opt_state, x_BT, y_BT):
+        loss_fn = lambda p: jnp.mean(nnx.merge(graphdef, p)(x_BT, y_BT))
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params, lr_scale=1.0, momentum=0.95)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    rng = np.random.default_rng(0)
+    losses = []
+    for _ in range(3):
+        tokens = rng.integers(0, cfg.model.vocab_size, size=(2, cfg.train.seq_len + 1), dtype=np.int32)
+        params, opt_state, loss = step(params, opt_state, tokens[:, :-1], tokens[:, 1:])
+        losses.append(float(loss))
+    return losses, params
+
+
+@pytest.fixture
+def _fast_compile():
+    prev = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", prev)
+
+
+def test_tiny_model_three_steps_emulated_rms_norm_matches_reference(_fast_compile):
+    cfg = apply_overrides(load_config(REPO / "configs" / "tiny.py"), [
+        "model.vocab_size=260", "model.num_layers=2", "model.model_dim=64", "model.num_heads=4",
+        "model.num_kv_heads=2", "model.compute_dtype='float32'", "train.seq_len=32",
+        "optim.muon_ns_dtype='float32'"])
+    ops.configure("auto")
+    losses_ref, params_ref = _train_three_steps(cfg)
+    with ops.emulated(["rms_norm"]):
+        losses_emu, params_emu = _train_three_steps(cfg)
+    np.testing.assert_allclose(losses_emu, losses_ref, rtol=1e-5)
+    assert losses_ref[2] != losses_ref[0]  # it trained
+    leaves = zip(jax.tree_util.tree_leaves(params_emu), jax.tree_util.tree_leaves(params_ref))
+    for a, b in leaves:
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-3, atol=1e-4)

@@ -1,0 +1,136 @@
+"""Optimizer: label map, Newton-Schulz, Muon orientation/scale, Adam groups, schedule, momentum warm-up, loss falls."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from frontier_jax import optim
+from frontier_jax.config import ModelConfig, OptimConfig
+from frontier_jax.model import GPT
+from frontier_jax.steps import make_train_step
+
+CFG = ModelConfig(vocab_size=64, num_layers=3, model_dim=32, num_heads=4, num_kv_heads=2)
+
+
+@pytest.fixture(scope="module")
+def split_model():
+    return nnx.split(GPT(CFG, rngs=nnx.Rngs(0), compute_dtype="float32"))
+
+
+def _labels_by_path(params) -> dict[str, str]:
+    return {".".join(map(str, p)): v for p, v in nnx.to_flat_state(optim.param_labels(params))}
+
+
+def test_label_map_is_exactly_the_baseline_split(split_model):
+    labels = _labels_by_path(split_model[1])
+    expected = {"tok_emb": "embed", "skip_weights": "scalar"}
+    for i in range(CFG.num_layers):
+        for name in ("attn.c_q", "attn.c_k", "attn.c_v", "attn.proj", "mlp.fc", "mlp.proj"):
+            expected[f"blocks.{i}.{name}"] = "muon"
+        for name in ("attn.q_gain", "attn_scale", "mlp_scale", "resid_mix"):
+            expected[f"blocks.{i}.{name}"] = "scalar"
+    assert labels == expected
+    # resid_mix and skip_weights are 2-D yet go to Adam (control tensors); tok_emb is 2-D yet never Muon.
+    assert split_model[1]["blocks"][0]["resid_mix"].ndim == 2 and split_model[1]["skip_weights"].ndim == 2
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (32, 96), (96, 32)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_newton_schulz_orthogonalises(shape, dtype):
+    g = jax.random.normal(jax.random.PRNGKey(sum(shape)), shape)
+    o = optim.newton_schulz(g, 5, jnp.dtype(dtype))
+    assert o.shape == shape and o.dtype == jnp.dtype(dtype)
+    s = np.linalg.svd(np.asarray(o, np.float32), compute_uv=False)
+    assert s.max() < 1.5, s
+    # 5 quintic steps cannot lift the near-zero singular values a random SQUARE matrix has at its
+    # spectrum's edge; rectangular ones have a gap at zero, so there every value lands in [0.5, 1.5].
+    assert (np.quantile(s, 0.05) if shape[0] == shape[1] else s.min()) > 0.5, s
+    # Same column/row space as g: o is (approximately) U V^T of g.
+    u, _, vt = np.linalg.svd(np.asarray(g), full_matrices=False)
+    assert np.abs(np.asarray(o, np.float32) - u @ vt).mean() < 0.3
+
+
+def test_newton_schulz_tall_is_the_transpose_of_wide():
+    g = jax.random.normal(jax.random.PRNGKey(7), (96, 32))
+    tall = optim.newton_schulz(g, 5, jnp.float32)
+    wide = optim.newton_schulz(g.T, 5, jnp.float32)
+    np.testing.assert_allclose(np.asarray(tall), np.asarray(wide).T, atol=1e-5)
+
+
+def test_muon_update_uses_pytorch_orientation_and_scale():
+    """fc is stored [D, F]; PyTorch has [F, D] (tall), so the update is NS(g.T).T * sqrt(F/D)."""
+    tx = optim.scale_by_muon(ns_steps=5, ns_dtype="float32")
+    g = {"fc": jax.random.normal(jax.random.PRNGKey(0), (32, 64)), "proj": jax.random.normal(jax.random.PRNGKey(1), (64, 32))}
+    u, _ = tx.update(g, tx.init(g), momentum=0.0)
+    np.testing.assert_allclose(np.asarray(u["fc"]), np.asarray(optim.newton_schulz(g["fc"].T, 5, jnp.float32)).T * np.sqrt(2),
+                               atol=1e-6)
+    np.testing.assert_allclose(np.asarray(u["proj"]), np.asarray(optim.newton_schulz(g["proj"].T, 5, jnp.float32)).T, atol=1e-6)
+
+
+def test_groups_get_their_own_learning_rate(split_model):
+    """First Adam step is -lr * g/(|g|+eps): embed_lr on tok_emb, scalar_lr on the rest; lr_scale 0 freezes all."""
+    cfg = OptimConfig(embed_lr=0.05, scalar_lr=0.04, matrix_lr=0.02)
+    params = split_model[1]
+    tx = optim.build_optimizer(cfg)
+    grads = jax.tree_util.tree_map(lambda p: jax.random.normal(jax.random.PRNGKey(3), p.shape, jnp.float32), params)
+    update = jax.jit(lambda g, st, p, lr: tx.update(g, st, p, lr_scale=lr, momentum=jnp.float32(0.9)))
+    u, _ = update(grads, tx.init(params), params, jnp.float32(1.0))
+    emb_u, emb_g = np.asarray(u["tok_emb"][...]), np.asarray(grads["tok_emb"][...])
+    np.testing.assert_allclose(emb_u, -0.05 * np.sign(emb_g), rtol=1e-3)
+    np.testing.assert_allclose(np.asarray(u["blocks"][0]["resid_mix"][...]),
+                               -0.04 * np.sign(np.asarray(grads["blocks"][0]["resid_mix"][...])), rtol=1e-3)
+    cq = np.asarray(u["blocks"][0]["attn"]["c_q"][...])
+    s = np.linalg.svd(cq / 0.02, compute_uv=False)
+    assert s.min() > 0.5 and s.max() < 1.5  # Muon: orthogonalised update times matrix_lr
+    u0, _ = update(grads, tx.init(params), params, jnp.float32(0.0))
+    assert all(float(jnp.abs(x).max()) == 0.0 for x in jax.tree_util.tree_leaves(u0))
+
+
+def test_schedule_steps_mode_at_hand_computed_points():
+    cfg = OptimConfig(warmdown_steps=20, warmdown_mode="steps")
+    f = lambda step: optim.lr_scale(cfg, step, 0.0, 1.0, 100)
+    assert [f(s) for s in (0, 50, 79, 80, 90, 99)] == pytest.approx([1.0, 1.0, 1.0, 1.0, 0.5, 0.05])
+
+
+def test_schedule_time_mode_at_hand_computed_points():
+    cfg = OptimConfig(warmdown_steps=10, warmdown_mode="time")
+    # 1 s/step measured, budget 100 s: warmdown spans the last 10 s.
+    f = lambda step, elapsed: optim.lr_scale(cfg, step, elapsed, 100.0, 10_000)
+    assert f(50, 50.0) == 1.0 and f(89, 89.0) == 1.0
+    assert f(90, 90.0) == pytest.approx(1.0) and f(95, 95.0) == pytest.approx(0.5) and f(100, 100.0) == 0.0
+    # 2 s/step: 10 steps are 20 s, so at 85 s (15 s left) the scale is 0.75.
+    assert f(40, 85.0) == pytest.approx(15 / (10 * 85 / 40))
+    assert optim.lr_scale(OptimConfig(warmdown_steps=0), 5, 99.0, 100.0, 10) == 1.0
+
+
+def test_momentum_warmup_endpoints():
+    cfg = OptimConfig()
+    assert optim.muon_momentum(cfg, 0) == pytest.approx(0.85)
+    assert optim.muon_momentum(cfg, 250) == pytest.approx(0.90)
+    assert optim.muon_momentum(cfg, 500) == pytest.approx(0.95)
+    assert optim.muon_momentum(cfg, 5000) == pytest.approx(0.95)
+    assert optim.muon_momentum(OptimConfig(muon_momentum_warmup_steps=0), 0) == 0.95
+
+
+def test_loss_falls_on_a_repeating_corpus(split_model):
+    graphdef, params = split_model
+    params = jax.tree_util.tree_map(jnp.copy, params)
+    cfg = OptimConfig()
+    tx = optim.build_optimizer(cfg)
+    step = make_train_step(graphdef, tx)
+    period = np.random.default_rng(0).integers(0, CFG.vocab_size, 24)
+    corpus = np.tile(period, 40)
+    opt_state = tx.init(params)
+    losses = []
+    for i in range(30):
+        starts = (np.arange(4) * 7 + i * 5) % (corpus.size - 33)
+        x = np.stack([corpus[s:s + 32] for s in starts])[None]
+        y = np.stack([corpus[s + 1:s + 33] for s in starts])[None]
+        params, opt_state, m = step(params, opt_state, x, y, jnp.float32(1.0), jnp.float32(optim.muon_momentum(cfg, i)), None)
+        losses.append(float(m["loss"]))
+    assert np.isfinite(losses).all()
+    assert losses[0] > np.log(CFG.vocab_size) - 0.3
+    assert np.mean(losses[-5:]) < 0.5 * losses[0], losses
