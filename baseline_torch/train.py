@@ -295,7 +295,8 @@ def main(argv=None) -> int:
     if summary["stop_reason"] == "non-finite loss":
         return 3
     if summary["stop_reason"].startswith("signal"):
-        print(f"interrupted after {summary['steps']} steps; weights in {out}/weights.npz (no resume for the torch baseline)")
+        print(f"interrupted after {summary['steps']} steps; weights in {out}/weights.npz "
+              "(the torch baseline has no resume)")
         return 130
     return 0
 

@@ -70,7 +70,8 @@ def parse_arm(spec: str, index: int) -> Arm:
     else:
         kind, sep, rest = spec.strip().partition(":")
         if not sep or kind not in ("jax", "torch", "cmd"):
-            raise CompareError(f"--arm {spec!r}: expected [LABEL=]jax:CONFIG, [LABEL=]torch:CONFIG or [LABEL=]cmd:COMMAND")
+            raise CompareError(f"--arm {spec!r}: expected [LABEL=]jax:CONFIG, [LABEL=]torch:CONFIG "
+                               f"or [LABEL=]cmd:COMMAND")
         label = None
     rest = rest.strip()
     if not rest:
@@ -230,7 +231,8 @@ def write_outputs(out: Path, meta: dict, arms: list[Arm], runs: list[dict]) -> d
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m frontier_jax.compare", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 2)[2])
     p.add_argument("--arm", action="append", default=[], required=True, metavar="SPEC")
     p.add_argument("--data", help="shard directory shared by all jax/torch arms")
     p.add_argument("--tokenizer", help="tokenizer (.model or 'bytes') shared by all jax/torch arms")

@@ -77,6 +77,7 @@ class OptimConfig:
     # "time": the warmdown start is computed from measured wall-clock step time (the baseline);
     # "steps": from train.max_steps (deterministic; used by the kill-and-resume test).
     warmdown_mode: str = "time"
+    fused: bool = False  # fused Adam/Muon updates, one primitive (NKI kernel) per parameter
 
     def __post_init__(self):
         if self.muon_ns_dtype not in ("bfloat16", "float32"):
@@ -134,6 +135,7 @@ class NgramConfig:
     builder_niceness: int = 10
     builder_shards_from_end: int = 1  # the builder reads this many shards from the far end of the stream
     snapshot_every_tokens: int = 10_000_000
+    strict: bool = False  # a builder failure stops the run (default: logged loudly, training goes on)
 
     def __post_init__(self):
         if self.enabled and not (1 <= self.min_order <= self.max_order):

@@ -48,7 +48,7 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     from frontier_jax.data.stream import load_val_tokens
     from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
     from frontier_jax.interop import read_run_config, restore_params
-    from frontier_jax.loop import padded_val_batches
+    from frontier_jax.run_support import padded_val_batches
     from frontier_jax.steps import evaluate_batches, make_eval_step
 
     run_dir = Path(run_dir)
@@ -56,6 +56,9 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
         raise DataError(f"{run_dir}: run directory does not exist")
     t0 = time.perf_counter()
     cfg, _ = read_run_config(run_dir)  # inputs are checked before any array is restored
+    if cfg.ngram.enabled:
+        raise ConfigError(f"{run_dir}/config.json: ngram.enabled runs need the n-gram tables at evaluation; "
+                          "use the run's own final validation (summary.json)")
     data_dir = data_dir or cfg.data.data_dir
     tok_spec = tokenizer or cfg.data.tokenizer
     if not data_dir:
@@ -97,7 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-seqs", type=int, help="windows per eval batch (default train.val_batch_seqs)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    from frontier_jax.loop import RunError
+    from frontier_jax.run_support import RunError
     from frontier_jax.ops import KernelUnavailableError
 
     try:

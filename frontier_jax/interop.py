@@ -154,8 +154,11 @@ def read_run_config(run_dir) -> tuple[Config, jnp.dtype]:
 def abstract_state(cfg: Config, compute_dtype, tx):
     """(graphdef, abstract params, abstract opt_state) built as loop.init_state does, without allocating."""
     from frontier_jax.model import GPT
+    from frontier_jax.ngram import runtime as ngram_runtime
 
-    model = nnx.eval_shape(lambda: GPT(cfg.model, rngs=nnx.Rngs(cfg.train.seed), compute_dtype=compute_dtype))
+    orders = ngram_runtime.num_orders(cfg.ngram) if cfg.ngram.enabled else 0
+    model = nnx.eval_shape(lambda: GPT(cfg.model, rngs=nnx.Rngs(cfg.train.seed), compute_dtype=compute_dtype,
+                                       num_bias_orders=orders, bias_buckets=cfg.ngram.confidence_buckets))
     graphdef, params = nnx.split(model)
     return graphdef, params, jax.eval_shape(tx.init, params)
 
@@ -185,7 +188,7 @@ def export_run(run_dir, out) -> dict:
 def import_run(npz, cfg: Config, out_dir) -> dict:
     """A new run directory holding the npz's parameters (fresh optimizer state) as checkpoint 0."""
     from frontier_jax import checkpoint, optim, report
-    from frontier_jax.loop import prepare_run_dir
+    from frontier_jax.run_support import prepare_run_dir
     from frontier_jax.model import resolve_compute_dtype
 
     out_dir = Path(out_dir)
@@ -207,7 +210,7 @@ def import_run(npz, cfg: Config, out_dir) -> dict:
 
 
 def main(argv=None) -> int:
-    from frontier_jax.loop import RunError
+    from frontier_jax.run_support import RunError
 
     ap = argparse.ArgumentParser(prog="python -m frontier_jax.interop", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)

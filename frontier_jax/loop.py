@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 
 from frontier_jax import checkpoint, ops, optim, report
 from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
-from frontier_jax.data.shards import DataError, list_shards
+from frontier_jax.data.shards import DataError, list_shards, shard_token_count
 from frontier_jax.data.stream import TrainLoader, load_val_tokens
 from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
 from frontier_jax.ngram import runtime as ngram_runtime
@@ -84,6 +84,12 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, stop_after_steps
     kernel_rows = ops.configure(t.kernels)
     env = report.environment()
     compute_dtype = resolve_compute_dtype(cfg.model)
+    if resume:  # refuse another model's checkpoint before the run directory's config.json is rewritten
+        ckpt_step, ckpt_meta = checkpoint.read_meta(out_dir)
+        if ckpt_meta.get("model_hash") != model_hash(cfg.model):
+            raise checkpoint.CheckpointError(
+                f"{out_dir}/checkpoints/{ckpt_step}: checkpoint is from another model (model hash "
+                f"{ckpt_meta.get('model_hash')} != {model_hash(cfg.model)}; model {ckpt_meta.get('model')})")
     if main:
         report.write_json(out_dir / "config.json", to_dict(cfg))
         report.write_json(out_dir / "env.json", {**env, "compute_dtype": str(compute_dtype)})
@@ -101,6 +107,8 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, stop_after_steps
     check_vocab(tokenizer, cfg.model.vocab_size, "model.vocab_size")
     tables = tokenizer.byte_tables(cfg.model.vocab_size)
     train_files = list_shards(cfg.data.data_dir, cfg.data.train_pattern)
+    for f in train_files:  # headers of every shard now, not when the stream first reaches it hours later
+        shard_token_count(f)
     val_tokens = load_val_tokens(list_shards(cfg.data.data_dir, cfg.data.val_pattern), t.seq_len)
     ngram = None
     if cfg.ngram.enabled:
@@ -222,13 +230,18 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, stop_after_steps
                 if t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0:
                     jax.block_until_ready(m)
                     train_s += time.perf_counter() - t0
+                    final_loss, pending = _finish_step(pending, metrics_log, log, on_step, bar), None
+                    t0 = time.perf_counter()
+                    if not math.isfinite(final_loss):  # never save a checkpoint of a diverged step
+                        stop_reason = "non-finite loss"
+                        break
                     save("periodic")
                     t0 = time.perf_counter()
             train_s += time.perf_counter() - t0
         if bar is not None:
             bar.close()
         if ngram:  # the final evaluation uses the newest tables built within the budget
-            ngram.poll(step, force=True)
+            ngram.finish(step)  # stops the builder; the newest snapshot it published is used
         return _finish_run(cfg, out_dir, log, metrics_log, stop_reason, step, tokens, train_s, final_loss,
                            peak, flops_per_token, save, lambda: validate(params, 0), main)
     finally:

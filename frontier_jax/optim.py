@@ -114,6 +114,10 @@ def scale_by_scheduled_lr(base_lr: float) -> optax.GradientTransformationExtraAr
 
 
 def build_optimizer(cfg: OptimConfig) -> optax.GradientTransformationExtraArgs:
+    if cfg.fused:  # one kernel per parameter (frontier_jax.fused_optim); same groups and hyper-parameters
+        from frontier_jax.fused_optim import build_fused_optimizer
+
+        return build_fused_optimizer(cfg)
     adam = lambda lr: optax.chain(optax.scale_by_adam(b1=cfg.beta1, b2=cfg.beta2, eps=cfg.adam_eps),
                                   scale_by_scheduled_lr(lr))
     return optax.partition(

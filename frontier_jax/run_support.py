@@ -4,6 +4,7 @@ run directory, and evaluation batches padded to a fixed shape (so evaluation com
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def prepare_run_dir(out_dir: Path, resume: bool) -> Path:
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".write_probe"
+        probe = out_dir / f".write_probe.{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:

@@ -54,8 +54,11 @@ def make_train_step(graphdef, tx: optax.GradientTransformationExtraArgs, bias_fn
         else:
             (gsum, lsum), _ = jax.lax.scan(micro, (zeros, jnp.float32(0)), (x_MBT, y_MBT))
         grads = jax.tree_util.tree_map(lambda g, p: (g / M).astype(p.dtype), gsum, params)
-        updates, opt_state = tx.update(grads, opt_state, params, lr_scale=lr_scale, momentum=momentum)
-        params = optax.apply_updates(params, updates)
+        if hasattr(tx, "fused_step"):  # frontier_jax.fused_optim: the kernels write the parameters
+            params, opt_state = tx.fused_step(grads, opt_state, params, lr_scale=lr_scale, momentum=momentum)
+        else:
+            updates, opt_state = tx.update(grads, opt_state, params, lr_scale=lr_scale, momentum=momentum)
+            params = optax.apply_updates(params, updates)
         gnorm = optax.global_norm(grads)
         return params, opt_state, {"loss": lsum / M, "grad_norm": gnorm}
 

@@ -26,6 +26,11 @@ KERNELS: dict[str, KernelSpec] = {
 }
 
 
+# Fused optimizer updates (primitives in frontier_jax.fused_optim): one kernel each, no backward ("").
+KERNELS["adam_update"] = KernelSpec("adam_update", "kernels_nki.adam", "adam_update", "")
+KERNELS["muon_update"] = KernelSpec("muon_update", "kernels_nki.muon", "muon_update", "")
+
+
 class NkiUnavailableError(ImportError):
     """The real `nki` package (Neuron SDK) cannot be imported here."""
 
@@ -49,3 +54,9 @@ def load_emulated(op: str) -> types.ModuleType:
     from kernels_nki import emulator
 
     return emulator.load_kernel_module(KERNELS[op].module)
+
+# NKI kernels part 2 (frontier_jax.ops: rope, mlp, embed, head_loss); causal_attention has none yet.
+KERNELS["rope"] = KernelSpec("rope", "kernels_nki.rope", "rope_fwd", "rope_bwd")
+KERNELS["mlp"] = KernelSpec("mlp", "kernels_nki.mlp", "mlp_fwd", "mlp_bwd")
+KERNELS["embed"] = KernelSpec("embed", "kernels_nki.embedding", "embed_fwd", "embed_bwd")
+KERNELS["head_loss"] = KernelSpec("head_loss", "kernels_nki.head_loss", "head_loss_fwd", "head_loss_bwd")

@@ -21,6 +21,7 @@ import numpy as np
 
 from frontier_jax.config import Config, load_config
 from kernels_nki import emulator, registry
+from kernels_nki.emulator import cost
 
 CORES = 2  # trn1.2xlarge: one chip, 2 NeuronCore-v2, data parallel (nki.md 2 and design implication 7)
 OPS = ("rms_norm", "rope", "causal_attention", "mlp", "embed", "head_loss")  # = frontier_jax.ops.OPS
@@ -34,6 +35,7 @@ class KernelCall:
     inputs: tuple  # ((shape, dtype name), ...)
     min_bytes: int  # what the op must move between HBM and the chip at the least
     calls_per_microbatch: int
+    constants: tuple = ()  # ((name, value), ...): the kernel's compile-time keyword constants
 
 
 def _compute_dtype(cfg: Config) -> np.dtype:
@@ -57,13 +59,47 @@ def kernel_calls(cfg: Config) -> list[KernelCall]:
         x = ((rows, width), dt.name)
         calls.append(KernelCall("rms_norm", "fwd", label, (x,), 2 * rows * width * s, count))
         calls.append(KernelCall("rms_norm", "bwd", label, (x, ((rows, 1), f32.name), x), 3 * rows * width * s, count))
+    return calls + part2_calls(cfg)
+
+
+def part2_calls(cfg: Config) -> list[KernelCall]:
+    """rope / mlp / embed / head_loss calls of one micro-batch on one core (NKI kernels part 2)."""
+    m, t = cfg.model, cfg.train
+    B, T, D, K, L, V = t.micro_batch_seqs, t.seq_len, m.model_dim, m.head_dim, m.num_layers, m.vocab_size
+    N, F = B * T, m.mlp_mult * m.model_dim
+    dt = _compute_dtype(cfg)
+    s, dn = dt.itemsize, dt.name
+    S = cfg.ngram.max_order - cfg.ngram.min_order + 1 if cfg.ngram.enabled else 0  # = ngram.runtime.num_orders
+    calls = []
+    for label, heads in ((f"q [B={B}, T={T}, H={m.num_heads}, K={K}]", m.num_heads),
+                         (f"k [B={B}, T={T}, G={m.num_kv_heads}, K={K}]", m.num_kv_heads)):
+        ins = (((B, T, heads, K), dn), ((T, K // 2), dn), ((T, K // 2), dn))
+        for which in ("fwd", "bwd"):
+            calls.append(KernelCall("rope", which, label, ins, 2 * N * heads * K * s + T * K * s, L))
+    w = (((D, F), dn), ((F, D), dn))
+    label = f"[N={N}, D={D}, F={F}]"
+    calls.append(KernelCall("mlp", "fwd", label, (((N, D), dn),) + w, 2 * N * D * s + 2 * D * F * s, L))
+    calls.append(KernelCall("mlp", "bwd", label, (((N, D), dn),) + w + (((N, D), dn),),
+                            3 * N * D * s + 4 * D * F * s, L))
+    ids, emb = ((N,), "int32"), ((V, D), dn)
+    # embed: rows gathered/scattered + ids; the backward also writes its fp32 [V, D] output once
+    calls.append(KernelCall("embed", "fwd", f"[N={N}] rows of [V={V}, D={D}]", (ids, emb), 4 * N + N * D * s, 1))
+    calls.append(KernelCall("embed", "bwd", f"[N={N}] rows of [V={V}, D={D}]", (ids, emb, ((N, D), dn)),
+                            4 * N + N * D * s + V * D * 4, 1))
+    head = (((N, D), dn), emb, ((N, 1), "int32"), ((N, S), "int32"), ((N, S), "float32"))
+    label = f"[N={N}, D={D}, V={V}, S={S}]"
+    io = N * D * s + V * D * s + 4 * N + 8 * N * S
+    const = (("softcap", float(m.logit_softcap)),)
+    calls.append(KernelCall("head_loss", "fwd", label, head, io + 8 * N, 1, const))
+    calls.append(KernelCall("head_loss", "bwd", label, head + (((N, 1), "float32"),) * 2,
+                            io + 8 * N + N * D * s + V * D * s + 4 * N * S, 1, const))
     return calls
 
 
 def measure(call: KernelCall) -> dict:
     spec = registry.KERNELS[call.op]
     kernel = getattr(registry.load_emulated(call.op), getattr(spec, call.which))
-    c = emulator.count(kernel, *call.inputs)
+    c = emulator.count(kernel, *call.inputs, **dict(call.constants))
     est = emulator.estimate(c)
     ve = c.vector_elems_useful / c.vector_elems_issued if c.vector_elems_issued else None
     act = c.scalar_elems_useful / c.scalar_elems_issued if c.scalar_elems_issued else None
@@ -88,7 +124,9 @@ def build_report(cfg: Config) -> dict:
         rows.append(row)
     missing = [op for op in OPS if op not in registry.KERNELS]
     step_s = sum(r["est_s"] * r["calls_per_step"] for r in rows)
+    whole = whole_step(cfg, step_s)
     return {
+        "whole_step": whole,
         "config": cfg.name,
         "method": "exact work counts from count-only emulation of the kernel source (no sampling)",
         "cores": CORES, "microbatches_per_core_per_step": n_micro,
@@ -125,7 +163,36 @@ def format_report(rep: dict) -> str:
     st = rep["step"]
     lines += ["", f"whole step: {st['kernel_s_per_step'] * 1e3:.2f} ms of kernel time per core "
                   f"(covers {', '.join(st['covers'])})", st["note"]]
+    w = rep.get("whole_step")
+    if w:
+        lines += [f"estimated trn1 step: {w['step_s'] * 1e3:.1f} ms = kernels {w['kernel_s'] * 1e3:.1f} ms + "
+                  f"q/k/v/o projections {w['projection_s'] * 1e3:.1f} ms + causal attention "
+                  f"{w['attention_s'] * 1e3:.1f} ms (the last two: XLA, no NKI kernel, at TensorE peak: optimistic); "
+                  f"MFU {w['mfu']:.1%} of {w['peak_flops_per_core'] / 1e12:.0f} TFLOP/s x {rep['cores']} cores "
+                  f"({w['model_flops_per_step'] / 1e12:.1f} TFLOP per step)", w["note"]]
     return "\n".join(lines)
+
+
+def whole_step(cfg: Config, kernel_s: float) -> dict:
+    """Step time per core = kernel time + the matmul work that runs outside NKI kernels (attention
+    q/k/v/o projections and causal attention itself, fwd + bwd = 3x fwd MACs) at TensorE peak, and
+    the MFU that implies. Elementwise glue outside the kernels and the optimizer update (unless its
+    kernels appear in the rows above) are not counted, so the time is a lower bound."""
+    from frontier_jax.model import model_flops_per_token
+
+    m, t = cfg.model, cfg.train
+    D, H, G, K, L, T = m.model_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.num_layers, t.seq_len
+    tokens_per_core = t.tokens_per_step / CORES
+    proj_macs = 3 * L * (D * H * K + 2 * D * G * K + H * K * D) * tokens_per_core
+    attn_macs = 3 * L * 2 * H * K * (T / 2) * tokens_per_core
+    proj_s, attn_s = proj_macs / cost.TENSOR_MACS_PER_S, attn_macs / cost.TENSOR_MACS_PER_S
+    step_s = kernel_s + proj_s + attn_s
+    flops = model_flops_per_token(m, T) * t.tokens_per_step
+    peak = 2 * cost.TENSOR_MACS_PER_S
+    return {"kernel_s": kernel_s, "projection_s": proj_s, "attention_s": attn_s, "step_s": step_s,
+            "model_flops_per_step": flops, "peak_flops_per_core": peak, "mfu": flops / (CORES * step_s * peak),
+            "note": "step estimate: NKI kernels from exact counts (engines overlapped within a kernel, kernels "
+                    "serial); projections/attention at peak; elementwise glue and optimizer not counted"}
 
 
 def main(argv=None) -> int:

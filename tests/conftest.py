@@ -5,8 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
+
+# Simulated devices for the data-parallel tests; must happen before JAX initialises its backend.
+# Other tests pin parallel.num_devices=1 (TINY_OVERRIDES) to stay fast on two cores.
+jax.config.update("jax_num_cpu_devices", 4)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -32,6 +37,7 @@ TINY_OVERRIDES = [
     "train.budget_seconds=1000.0",
     "optim.warmdown_steps=4",
     "optim.muon_momentum_warmup_steps=4",
+    "parallel.num_devices=1",
 ]
 
 _WORDS = ("the of and to in is was for on that with as by at from his her it an were are which this be or "
@@ -109,10 +115,10 @@ def tiny_config(data_dir, *extra: str, tokenizer: str = "bytes"):
 
 @pytest.fixture(scope="session")
 def trained_run(byte_data, tmp_path_factory) -> tuple[Path, dict]:
-    """(run dir, summary) of a tiny model trained for 30 steps on the synthetic byte data."""
+    """(run dir, summary) of a tiny model trained for 200 steps (~10 s) on the synthetic byte data."""
     from frontier_jax import loop
 
     out = tmp_path_factory.mktemp("trained") / "run"
-    cfg = tiny_config(byte_data, "train.max_steps=30", "optim.warmdown_mode='steps'", "optim.warmdown_steps=10")
+    cfg = tiny_config(byte_data, "train.max_steps=200", "optim.warmdown_mode='steps'", "optim.warmdown_steps=50")
     summary = loop.run(cfg, out, echo=False)
     return out, summary

@@ -75,6 +75,7 @@ def test_a_failed_save_leaves_no_visible_partial_checkpoint(tmp_path):
     assert checkpoint.latest_step(tmp_path) == 1
     visible = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
     assert visible == ["1"]
+    assert any("tmp" in p.name for p in (tmp_path / "checkpoints").iterdir())  # step 2 was half-written, unseen
     restored, meta = checkpoint.restore(tmp_path, jax.eval_shape(lambda: good))
     _assert_identical(restored, good)
     assert meta["step"] == 1

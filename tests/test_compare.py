@@ -18,6 +18,11 @@ from frontier_jax.compare import main
 from frontier_jax.compare_stats import describe, runs_to_settle, t_quantile, verdict, welch
 
 
+# compare sets the budget for every arm, so an arm may not carry train.budget_seconds
+ARM_SETS = " ".join(f"--set {o}" for o in TINY_OVERRIDES
+                    if not o.startswith(("train.budget_seconds", "train.max_steps")))
+
+
 def _py(code: str) -> str:
     """A cmd arm running `python -c code` ({seed} etc. are substituted by compare)."""
     return f"cmd:{sys.executable} -c '{code}'"
@@ -88,7 +93,7 @@ def test_compare_cmd_arms_failures_reported_others_finish(tmp_path, capsys):
     assert arms["good"]["val_bpb"]["mean"] == pytest.approx(1.3001) and arms["good"]["ok"] == 2
     assert arms["crash"]["ok"] == 0 and arms["crash"]["failed"] == 2
     pair = next(p for p in res["pairs"] if (p["a"], p["b"]) == ("good", "better"))
-    assert pair["verdict"] == "better" and pair["diff"] == pytest.approx(-0.09985)
+    assert pair["verdict"] == "better" and pair["diff"] == pytest.approx(-0.09995)
     assert next(r for r in res["runs"] if r["arm"] == "better")["curve"][0]["bpb"] == 1.5  # official log lines
     md = (out / "results.md").read_text()
     assert "| good | cmd | 2 / 2 |" in md and "crash seed 1337: failed" in md and "no val_bpb line" in md
@@ -104,8 +109,7 @@ def test_compare_cmd_arms_failures_reported_others_finish(tmp_path, capsys):
 ])
 def test_mismatched_input_refused_before_running(byte_data, tmp_path, capsys, arm_extra, message):
     out = tmp_path / "cmp"
-    sets = " ".join(f"--set {o}" for o in TINY_OVERRIDES)
-    rc = main(["--arm", f"jax:{REPO}/configs/tiny.py {sets}", "--arm", arm_extra, "--data", str(byte_data),
+    rc = main(["--arm", f"jax:{REPO}/configs/tiny.py {ARM_SETS}", "--arm", arm_extra, "--data", str(byte_data),
                "--tokenizer", "bytes", "--budget", "3", "--out", str(out)])
     assert rc == 2
     assert message in capsys.readouterr().err
@@ -148,8 +152,8 @@ def test_interrupt_keeps_finished_runs(tmp_path):
 def test_jax_vs_torch_on_byte_data(byte_data, tmp_path):
     pytest.importorskip("torch", reason="the torch arm needs the optional extra: pip install -e .[torch]")
     out = tmp_path / "cmp"
-    sets = " ".join(f"--set {o}" for o in TINY_OVERRIDES if not o.startswith("train.max_steps"))
-    rc = main(["--arm", f"jax:{REPO}/configs/tiny.py {sets}", "--arm", f"torch:{REPO}/configs/tiny.py {sets} --threads 1",
+    rc = main(["--arm", f"jax:{REPO}/configs/tiny.py {ARM_SETS}",
+               "--arm", f"torch:{REPO}/configs/tiny.py {ARM_SETS} --threads 1",
                "--data", str(byte_data), "--tokenizer", "bytes", "--budget", "3", "--seeds", "1", "--out", str(out)])
     assert rc == 0
     res = json.loads((out / "results.json").read_text())

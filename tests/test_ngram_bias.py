@@ -8,6 +8,7 @@ import pytest
 from frontier_jax import reference
 from frontier_jax.config import NgramConfig
 from frontier_jax.ngram import bias as B
+from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram import tables as T
 
 CFG = NgramConfig(enabled=True, min_order=2, max_order=7, table_log2_size=12, confidence_buckets=8)
@@ -43,7 +44,7 @@ def test_hashes_bit_identical():
 def _snapshot(tmp_path, tokens, version=1):
     tables = T.NgramTables.from_config(CFG)
     tables.consume(tokens)
-    return T.load_snapshot(T.write_snapshot(tables, tmp_path, version, complete=True))
+    return S.load_snapshot(S.write_snapshot(tables, tmp_path, version, complete=True))
 
 
 def test_lookup_matches_numpy(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from frontier_jax.config import NgramConfig
 from frontier_jax.data.shards import write_shard
 from frontier_jax.ngram import analyze
+from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram import tables as T
 from frontier_jax.ngram.builder import NgramBuilder, assert_disjoint, shard_usage_text, split_shards_for_builder
 
@@ -53,10 +54,10 @@ def test_builder_publishes_snapshots_equal_to_in_process_tables(tmp_path):
         version, path = b.latest_snapshot()
         pid = b.pid
     assert _pid_gone(pid)
-    snap = T.load_snapshot(path)
+    snap = S.load_snapshot(path)
     assert snap.header["complete"] and snap.header["tokens_consumed"] == 100_000
     assert [s["file"] for s in snap.header["sources"]] == [str(f) for f in files]
-    assert version == 3 and [v for v, _ in T.list_snapshots(tmp_path / "out")] == [2, 3]  # keep=2
+    assert version == 3 and [v for v, _ in S.list_snapshots(tmp_path / "out")] == [2, 3]  # keep=2
     ref = T.NgramTables.from_config(CFG, chunk_tokens=20_000)
     for f in files:
         from frontier_jax.data.shards import read_shard
@@ -104,7 +105,7 @@ def test_analyze_sees_repeated_documents(tmp_path):
     write_shard(data / "d_val_000000.bin", np.concatenate(docs[:10]))  # val repeats train documents
     tables = T.NgramTables(2, 8, 18)
     tables.consume(train)
-    snap = T.write_snapshot(tables, tmp_path / "snaps", 1, complete=True)
+    snap = S.write_snapshot(tables, tmp_path / "snaps", 1, complete=True)
     rep = analyze.analyze_tables(snap, data, tokenizer="bytes", seq_len=256)
     o8 = rep["orders"][-1]
     assert o8["order"] == 8 and o8["coverage"] > 0.85 and o8["top1_acc"] > 0.99

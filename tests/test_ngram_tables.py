@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from frontier_jax.config import NgramConfig
+from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram import tables as T
 
 
@@ -126,16 +127,16 @@ def test_snapshot_roundtrip_is_atomic(tmp_path):
     tables = T.NgramTables(2, 4, 10)
     tables.consume(np.arange(500, dtype=np.uint16) % 37)
     tables.sources.append({"file": "a.bin", "start": 0, "stop": 500})
-    p = T.write_snapshot(tables, tmp_path, 3, complete=True)
-    snap = T.load_snapshot(p)
+    p = S.write_snapshot(tables, tmp_path, 3, complete=True)
+    snap = S.load_snapshot(p)
     assert snap.version == 3 and snap.min_order == 2 and snap.header["tokens_consumed"] == 500
     assert snap.header["sources"][0]["file"] == "a.bin" and snap.header["complete"]
     np.testing.assert_array_equal(snap.rows_OK4, tables.rows_OK4)
     assert not snap.rows_OK4.flags.writeable
     assert [p.name for p in tmp_path.iterdir()] == ["snap_000003"]
-    assert T.list_snapshots(tmp_path) == [(3, p)]
+    assert S.list_snapshots(tmp_path) == [(3, p)]
     with pytest.raises(FileExistsError):
-        T.write_snapshot(tables, tmp_path, 3, complete=True)
+        S.write_snapshot(tables, tmp_path, 3, complete=True)
     assert [p.name for p in tmp_path.iterdir()] == ["snap_000003"]
 
 

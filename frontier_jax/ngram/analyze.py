@@ -1,14 +1,22 @@
-"""Judge n-gram tables on the val split, alone or next to a network.
+"""Judge n-gram tables on the val split, alone or next to a trained network.
 
-    python -m frontier_jax.ngram.analyze --tables SNAPSHOT_DIR --data DATA_DIR [--tokenizer SPEC]
+    python -m frontier_jax.ngram.analyze --run RUN_DIR [--data DIR] [--tokenizer SPEC] [--tables SNAPSHOT]
+    python -m frontier_jax.ngram.analyze --tables SNAPSHOT_DIR --data DIR [--tokenizer SPEC]
 
-Val tokens are scored in non-overlapping windows of --seq-len inputs as the evaluator does, so a
-context never reaches before its window. The n-gram-only model backs off to the highest order whose
+--run: the run's config and latest checkpoint, and the snapshot its final evaluation used
+(<run>/ngram-p0/runtime.json, else the newest in <run>/ngram-p0/). Val bpb of the network with its
+learned bias and with the bias zeroed (the same forward), per order: coverage, top-1 accuracy, and
+contribution (bpb lost when only that order's bias is zeroed); the gain on the quarter of the
+documents with the most repeated context (share of positions hit at the highest order) vs the rest.
+For a run trained without the bias, the network's bpb and (with --tables) the tables' own report.
+
+--tables alone: the n-gram-only model on the val split, backing off to the highest order whose
 context is in the table: p(y) = lam [y == top] + (1 - lam) u(y), lam = count / (total + 1) (the same
 add-one shrink as the confidence buckets), u the add-one-smoothed unigram of the training tokens
 the tables saw; with no hit at any order p = u. That is a normalised distribution over the whole
-vocabulary. Exact bytes (bpb) come from `frontier_jax.data.tokenizer` when --tokenizer is given;
-without it only bits per token are reported.
+vocabulary. Val tokens are scored in non-overlapping windows of --seq-len inputs as the evaluator
+does, so a context never reaches before its window. Exact bytes (bpb) come from
+`frontier_jax.data.tokenizer` when a tokenizer is known; otherwise only bits per token are reported.
 """
 
 from __future__ import annotations
@@ -20,7 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
+from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram import tables as T
+
+LN2 = math.log(2)
 
 
 def window_predictions(rows_OK4: np.ndarray, min_order: int, x_N: np.ndarray, seq_len: int) -> dict:
@@ -98,7 +109,7 @@ def _val_tokens(data_dir, pattern: str, max_tokens: int) -> np.ndarray:
 
 def analyze_tables(snapshot_path, data_dir, tokenizer: str = "", seq_len: int = 1024, val_pattern: str = "*_val_*.bin", max_tokens: int = 0) -> dict:
     """The n-gram-only report on the val split (see the module docstring)."""
-    snap = T.load_snapshot(snapshot_path)
+    snap = S.load_snapshot(snapshot_path)
     stream = _val_tokens(data_dir, val_pattern, max_tokens)
     n_win = (stream.size - 1) // seq_len
     if n_win == 0:
@@ -134,18 +145,106 @@ def analyze_tables(snapshot_path, data_dir, tokenizer: str = "", seq_len: int = 
     return report
 
 
-def main(argv=None) -> None:
+def _bpb(nll_N, bytes_N) -> float:
+    return float(np.sum(nll_N) / LN2 / np.sum(bytes_N))
+
+
+def analyze_run(run_dir, data_dir=None, tokenizer=None, snapshot_path=None, max_tokens: int = 0) -> dict:
+    """The network report of a trained run (see the module docstring)."""
+    from frontier_jax.data.tokenizer import count_bytes, load_tokenizer
+    from frontier_jax.interop import read_run_config
+    from frontier_jax.ngram import network_eval as NE
+
+    run_dir = Path(run_dir)
+    cfg, _ = read_run_config(run_dir)
+    data_dir = data_dir or cfg.data.data_dir
+    tok = load_tokenizer(tokenizer or cfg.data.tokenizer)
+    seq_len = cfg.train.seq_len
+    stream = _val_tokens(data_dir, cfg.data.val_pattern, max_tokens)
+    x_WT, y_WT = NE.val_windows(stream, seq_len)
+    if x_WT.shape[0] == 0:
+        raise ValueError(f"{data_dir}: fewer than seq_len + 1 = {seq_len + 1} val tokens")
+    x_N, y_N = x_WT.reshape(-1), y_WT.reshape(-1)
+    bytes_N = count_bytes(tok.byte_tables(cfg.model.vocab_size), x_N, y_N)
+    snapshot_path = snapshot_path or (NE.run_snapshot(run_dir) if cfg.ngram.enabled else None)
+    if cfg.ngram.enabled and snapshot_path is None:
+        raise FileNotFoundError(f"{run_dir}: the run has the n-gram bias on but no published snapshot in ngram-p0/")
+    abl = NE.bias_ablation(run_dir, snapshot_path, x_WT, y_WT)
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    report = {"run": str(run_dir), "checkpoint_step": abl["step"], "ngram_enabled": cfg.ngram.enabled,
+              "val_tokens": int(y_N.size), "val_bytes": int(bytes_N.sum()), "seq_len": seq_len,
+              "summary_val_bpb": summary.get("val_bpb"), "bpb_network": _bpb(abl["network"], bytes_N)}
+    if snapshot_path is not None:
+        tables_report = analyze_tables(snapshot_path, data_dir, tokenizer or cfg.data.tokenizer, seq_len,
+                                       cfg.data.val_pattern, max_tokens)
+        report["tables"] = {k: tables_report[k] for k in ("snapshot", "snapshot_version", "tables_tokens", "ngram_bpb",
+                                                          "ngram_bits_per_token", "coverage_any_order")}
+    if not cfg.ngram.enabled:
+        if snapshot_path is not None:
+            report["orders"] = tables_report["orders"]
+        return report
+    snap = S.load_snapshot(snapshot_path)
+    pred = window_predictions(np.asarray(snap.rows_OK4), snap.min_order, x_N.astype(np.int64), seq_len)
+    nll_bias, nll_net = abl["with_bias"], abl["network"]
+    report["bpb_with_bias"] = _bpb(nll_bias, bytes_N)
+    report["gain_bpb"] = report["bpb_network"] - report["bpb_with_bias"]
+    contrib = order_contributions(nll_bias, abl["without_order"], bytes_N)
+    rows = []
+    for o, order in enumerate(range(snap.min_order, snap.min_order + pred["hit"].shape[1])):
+        h = pred["hit"][:, o]
+        acc = float((pred["top"][h, o] == y_N[h]).mean()) if h.any() else float("nan")
+        rows.append({"order": order, "coverage": float(h.mean()), "top1_acc": acc, "contribution_bpb": contrib[order],
+                     "bias": [round(float(v), 4) for v in abl["bias_OC"][o]]})
+    report["orders"] = rows
+    report["by_repetition"] = repetition_split(nll_net, nll_bias, pred["hit"], doc_ids(x_N, tok.bos_id), bytes_N)
+    return report
+
+
+def format_report(r: dict) -> str:
+    """A short human-readable table of `analyze_run`'s report."""
+    lines = [f"{r['run']} step {r['checkpoint_step']}: {r['val_tokens']:,} val tokens, {r['val_bytes']:,} bytes",
+             f"  network alone   {r['bpb_network']:.5f} bpb"]
+    if "bpb_with_bias" in r:
+        lines.append(f"  with n-gram bias {r['bpb_with_bias']:.5f} bpb  (gain {r['gain_bpb']:+.5f}; "
+                     f"run summary {r['summary_val_bpb']})")
+    if "tables" in r:
+        t = r["tables"]
+        lines.append(f"  tables v{t['snapshot_version']} ({t['tables_tokens']:,} tokens): n-gram alone "
+                     f"{t['ngram_bpb']} bpb, coverage {t['coverage_any_order']:.3f}")
+    if r.get("orders") and "contribution_bpb" in r["orders"][0]:
+        lines.append("  order coverage top1  contribution_bpb  bias[conf buckets]")
+        for o in r["orders"]:
+            lines.append(f"  {o['order']:5d} {o['coverage']:8.3f} {o['top1_acc']:5.3f} {o['contribution_bpb']:+17.5f}  "
+                         f"{' '.join(f'{v:+.2f}' for v in o['bias'])}")
+    for name, g in (r.get("by_repetition") or {}).items():
+        if g.get("docs"):
+            lines.append(f"  {name:9s} {g['docs']:4d} docs {int(g['bytes']):8,d} bytes: network {g['bpb_net']:.4f} "
+                         f"with bias {g['bpb_bias']:.4f} gain {g['gain']:+.4f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m frontier_jax.ngram.analyze", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tables", required=True, help="a published snapshot directory (snap_NNNNNN)")
-    ap.add_argument("--data", required=True, help="directory holding the val shards")
-    ap.add_argument("--tokenizer", default="", help="SentencePiece .model path or 'bytes' (for exact bpb)")
-    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--run", help="a run directory (config.json, checkpoints/, ngram-p0/)")
+    ap.add_argument("--tables", help="a published snapshot directory (snap_NNNNNN); with --run it replaces the run's")
+    ap.add_argument("--data", help="directory holding the val shards (default: the run's data.data_dir)")
+    ap.add_argument("--tokenizer", help="SentencePiece .model path or 'bytes' (default: the run's)")
+    ap.add_argument("--seq-len", type=int, default=1024, help="window length for --tables alone")
     ap.add_argument("--val-pattern", default="*_val_*.bin")
     ap.add_argument("--max-tokens", type=int, default=0, help="score at most this many val tokens (0: all)")
+    ap.add_argument("--json", action="store_true", help="print JSON only")
     args = ap.parse_args(argv)
-    report = analyze_tables(args.tables, args.data, args.tokenizer, args.seq_len, args.val_pattern, args.max_tokens)
+    if args.run:
+        report = analyze_run(args.run, args.data, args.tokenizer, args.tables, args.max_tokens)
+        print(json.dumps(report, indent=1) if args.json else format_report(report))
+        return 0
+    if not (args.tables and args.data):
+        ap.error("give --run RUN_DIR, or --tables SNAPSHOT --data DIR")
+    report = analyze_tables(args.tables, args.data, args.tokenizer or "", args.seq_len, args.val_pattern, args.max_tokens)
     print(json.dumps(report, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

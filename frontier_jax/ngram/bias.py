@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram import tables as T
 
 
@@ -46,7 +47,7 @@ def host_arrays(rows_OK4: np.ndarray, num_buckets: int) -> tuple[np.ndarray, np.
     return rows_OK4[..., T.FP].astype(np.uint32), rows_OK4[..., T.TOP].astype(np.uint16), conf_OK
 
 
-def tables_to_device(snapshot: T.Snapshot, num_buckets: int) -> DeviceTables:
+def tables_to_device(snapshot: S.Snapshot, num_buckets: int) -> DeviceTables:
     """Device pytree of a published snapshot (`tables.load_snapshot`)."""
     if num_buckets > 127:
         raise ValueError(f"confidence_buckets must be <= 127 (int8 on device), got {num_buckets}")

@@ -24,6 +24,7 @@ import traceback
 import weakref
 from pathlib import Path
 
+from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram import tables as T
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def cleanup_temp(out_dir) -> int:
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return 0
-    stale = [p for p in out_dir.iterdir() if p.name.startswith(T.TMP_PREFIX)]
+    stale = [p for p in out_dir.iterdir() if p.name.startswith(S.TMP_PREFIX)]
     for p in stale:
         shutil.rmtree(p, ignore_errors=True)
     return len(stale)
@@ -141,7 +142,7 @@ class NgramBuilder:
             raise RuntimeError(f"ngram builder failed: {msg.strip().splitlines()[-1]}")
 
     def latest_snapshot(self) -> tuple[int, Path] | None:
-        snaps = T.list_snapshots(self.out_dir)
+        snaps = S.list_snapshots(self.out_dir)
         return snaps[-1] if snaps else None
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -206,7 +207,7 @@ def _build(cfg, shard_files, out_dir, stop_event, parent_pid, chunk_tokens, keep
     from frontier_jax.data.shards import read_shard
 
     tables = T.NgramTables.from_config(cfg, chunk_tokens=chunk_tokens)
-    version = max((v for v, _ in T.list_snapshots(out_dir)), default=0)
+    version = max((v for v, _ in S.list_snapshots(out_dir)), default=0)
     next_snap = cfg.snapshot_every_tokens
     t0 = time.perf_counter()
 
@@ -214,8 +215,8 @@ def _build(cfg, shard_files, out_dir, stop_event, parent_pid, chunk_tokens, keep
         nonlocal version
         version += 1
         extra = {"build_seconds": round(time.perf_counter() - t0, 3)}
-        T.write_snapshot(tables, out_dir, version, complete, extra)
-        for _, old in T.list_snapshots(out_dir)[:-keep]:
+        S.write_snapshot(tables, out_dir, version, complete, extra)
+        for _, old in S.list_snapshots(out_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
 
     for path in shard_files:

@@ -2,14 +2,19 @@
 
 The builder reads only the last `ngram.builder_shards_from_end` training shards; the trainer's stream
 is built from the others, so the tables never hold tokens the network trains on (the run log states
-both lists). Snapshots swap in between steps as device arrays of fixed shapes: no recompilation, no
-stall (a snapshot is loaded only when its version changes, and at most every `poll_seconds`).
-With several processes, every process swaps to the newest version that all of them have published,
-so all hosts use the same tables at the same step.
+both lists, and <run>/ngram-p<i>/runtime.json records them with every swap). Snapshots swap in between
+steps as device arrays of fixed shapes: no recompilation (a snapshot is loaded only when its version
+changes, and at most every `poll_seconds`; the load time is logged). With several processes, every
+process swaps to the newest version that all of them have published, so all hosts use the same
+tables at the same step. A builder failure is written to the run log loudly and training continues
+on the last snapshot; with `ngram.strict` the run stops with the builder's error instead.
+`finish()` stops the builder at the end of the budget and swaps in the newest snapshot it published,
+so the final evaluation uses tables built within the budget, and runtime.json names that snapshot.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -18,9 +23,15 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from frontier_jax.config import NgramConfig
-from frontier_jax.ngram import tables as T
+from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram.bias import empty_tables, ngram_sparse_bias, tables_to_device
 from frontier_jax.ngram.builder import NgramBuilder, shard_usage_text, split_shards_for_builder
+
+RECORD_FILE = "runtime.json"
+
+
+class NgramBuilderFailed(RuntimeError):
+    """The builder process failed and `ngram.strict` is set."""
 
 
 def bias_fn(model, x_BT, tables):
@@ -32,10 +43,16 @@ def num_orders(cfg: NgramConfig) -> int:
     return cfg.max_order - cfg.min_order + 1
 
 
+def ngram_dir(run_dir, process_index: int = 0) -> Path:
+    """Where process `process_index` of a run keeps its snapshots and runtime.json."""
+    return Path(run_dir) / f"ngram-p{process_index}"
+
+
 class NgramRuntime:
     def __init__(self, cfg: NgramConfig, train_files, run_dir: Path, log, replicated, strict: bool = False,
                  poll_seconds: float = 2.0, poll_every_steps: int = 10):
-        self.cfg, self.log, self.replicated, self.strict = cfg, log, replicated, strict
+        self.cfg, self.log, self.replicated = cfg, log, replicated
+        self.strict = bool(strict or cfg.strict)
         try:
             self.trainer_files, self.builder_files = split_shards_for_builder(train_files, cfg)
         except ValueError as e:
@@ -43,17 +60,24 @@ class NgramRuntime:
 
             raise ConfigError(str(e)) from None
         log(shard_usage_text(self.trainer_files, self.builder_files))
-        self.out_dir = Path(run_dir) / f"ngram-p{jax.process_index()}"
-        self.builder = NgramBuilder(cfg, self.builder_files, self.out_dir)
+        self.out_dir = ngram_dir(run_dir, jax.process_index())
+        chunk = max(1024, min(1 << 20, int(cfg.snapshot_every_tokens)))  # snapshots fall between chunks
+        self.builder = NgramBuilder(cfg, self.builder_files, self.out_dir, chunk_tokens=chunk)
         self.tables = jax.device_put(empty_tables(cfg), replicated)
         self.version = -1
         self.poll_seconds, self.poll_every_steps = poll_seconds, poll_every_steps
         self._last_poll = 0.0
+        self._failure_logged = False
+        self._builder_pid = None
         self.swaps: list[dict] = []
+        self.final: dict | None = None
 
     def start(self) -> "NgramRuntime":
         self.builder.start()
-        self.log(f"ngram: builder process {self.builder.pid} started (niceness {self.cfg.builder_niceness})")
+        self._builder_pid = self.builder.pid
+        self.log(f"ngram: builder process {self.builder.pid} started (niceness {self.cfg.builder_niceness}) "
+                 f"-> {self.out_dir}")
+        self._record()
         return self
 
     def _agreed_version(self) -> int | None:
@@ -62,6 +86,18 @@ class NgramRuntime:
         if jax.process_count() > 1:
             mine = int(multihost_utils.process_allgather(np.array([mine])).min())
         return mine if mine >= 0 else None
+
+    def check_builder(self) -> str | None:
+        """The builder's failure (written to the run log once), or None; raises in strict mode."""
+        msg = self.builder.error()
+        if msg and not self._failure_logged:
+            self._failure_logged = True
+            where = "stopping (ngram.strict)" if self.strict else f"training continues on snapshot v{self.version}"
+            self.log("!" * 72 + f"\nNGRAM BUILDER FAILED; {where}:\n{msg.rstrip()}\n" + "!" * 72)
+            self._record()
+        if msg and self.strict:
+            raise NgramBuilderFailed(f"ngram builder failed (ngram.strict): {msg.strip().splitlines()[-1]}")
+        return msg
 
     def poll(self, step: int, force: bool = False) -> bool:
         """Swap in a newer snapshot if there is one; True when the tables changed."""
@@ -72,26 +108,52 @@ class NgramRuntime:
         elif not force and now - self._last_poll < self.poll_seconds:
             return False
         self._last_poll = now
-        if self.builder.error():
-            if self.strict:
-                self.builder.raise_if_failed()
-            # logged loudly once by the builder; training continues on the last snapshot
+        self.check_builder()
         version = self._agreed_version()
         if version is None or version <= self.version:
             return False
-        path = self.out_dir / T.snapshot_name(version)
+        path = self.out_dir / S.snapshot_name(version)
+        t0 = time.perf_counter()
         try:
-            snap = T.load_snapshot(path)
+            snap = S.load_snapshot(path)
+            tables = jax.block_until_ready(jax.device_put(tables_to_device(snap, self.cfg.confidence_buckets),
+                                                          self.replicated))
         except FileNotFoundError:  # replaced while we looked: take the next one at the next poll
             return False
-        self.tables = jax.device_put(tables_to_device(snap, self.cfg.confidence_buckets), self.replicated)
-        self.version = version
+        self.tables, self.version = tables, version
         info = {"step": step, "version": version, "tokens": snap.header.get("tokens_consumed", 0),
-                "complete": snap.header.get("complete")}
+                "complete": snap.header.get("complete"), "load_seconds": round(time.perf_counter() - t0, 4)}
         self.swaps.append(info)
         self.log(f"ngram: snapshot v{version} ({info['tokens']:,} tokens, complete={info['complete']}) "
-                 f"in use from step {step}")
+                 f"in use from step {step} (loaded in {info['load_seconds'] * 1e3:.0f} ms)")
+        self._record()
         return True
+
+    def finish(self, step: int) -> None:
+        """End of the budget: stop the builder, then use the newest snapshot it published."""
+        self.builder.stop()
+        self.check_builder()
+        self.poll(step, force=True)
+        self.final = {"step": step, "version": self.version,
+                      "snapshot": str(self.out_dir / S.snapshot_name(self.version)) if self.version >= 0 else None}
+        if self.version < 0:
+            self.log("ngram: WARNING no snapshot was published within the budget; the bias was never active")
+        else:
+            self.log(f"ngram: final evaluation uses snapshot v{self.version} ({self.swaps[-1]['tokens']:,} tokens)")
+        self._record()
 
     def stop(self) -> None:
         self.builder.stop()
+        self._record()
+
+    def _record(self) -> None:
+        record = {
+            "trainer_shards": [str(f) for f in self.trainer_files],
+            "builder_shards": [str(f) for f in self.builder_files],
+            "builder_pid": self._builder_pid, "strict": self.strict, "swaps": self.swaps, "final": self.final,
+            "builder_error": self.builder.error() if self._failure_logged else None,
+        }
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.out_dir / f".{RECORD_FILE}.tmp"
+        tmp.write_text(json.dumps(record, indent=1))
+        tmp.replace(self.out_dir / RECORD_FILE)

@@ -103,16 +103,62 @@ def _check_op(op, kind: str, what: str):
 # ----------------------------------------------------------------------------- data movement
 
 
-def dma_copy(dst, src, name=None):
-    """Any of HBM/SBUF to HBM/SBUF (not PSUM); same shape and dtype (the DMA does not cast)."""
-    _tile(dst, "dma_copy dst", ("sbuf",) + _m.HBM), _tile(src, "dma_copy src", ("sbuf",) + _m.HBM)
-    _same_shape(dst, src, "dma_copy")
-    if dst.dtype != src.dtype:
+class oob_mode:
+    error = "error"
+    skip = "skip"
+
+
+class dge_mode:
+    unknown = "unknown"
+    none = "none"
+    swdge = "swdge"
+    hwdge = "hwdge"
+
+
+def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, unique_indices=True,
+             name=None):
+    """Any of HBM/SBUF to HBM/SBUF (not PSUM); same shape and dtype (a plain copy does not cast).
+
+    Either side may be an HBM access pattern (`t.ap(...)`; with vector_offset: gather as src,
+    scatter as dst). dst_rmw_op=nl.add: dst = dst + src, computed in fp32 inside the DMA engine and
+    cast to dst's dtype. unique_indices=True promises that a scatter's rows are distinct: with
+    duplicates the hardware keeps one of the colliding writes (emulated: the last), so scatter-adds
+    with repeated rows must pass unique_indices=False (serialised read-modify-writes).
+    """
+    indirect = (_m.AccessPattern,)
+    if not isinstance(dst, indirect):
+        _tile(dst, "dma_copy dst", ("sbuf",) + _m.HBM)
+    if not isinstance(src, indirect):
+        _tile(src, "dma_copy src", ("sbuf",) + _m.HBM)
+    if isinstance(dst, indirect) and isinstance(src, indirect):
+        _m.fail("dma_copy: at most one side may be an access pattern", _m.NkiEmulatorError)
+    if dst.shape != src.shape:
+        _m.fail(f"dma_copy: shapes {src.shape} and {dst.shape} differ")
+    if dst_rmw_op is not None and (not isinstance(dst_rmw_op, Op) or dst_rmw_op.name != "add"):
+        _m.fail(f"dma_copy: dst_rmw_op must be nl.add, got {dst_rmw_op!r}")
+    if dst.dtype != src.dtype and dst_rmw_op is None:
         _m.fail(f"dma_copy: dtypes {src.dtype} -> {dst.dtype} differ (cast on an engine, e.g. nisa.tensor_copy)")
     m = _m.current()
     m.count_dma(math.prod(src.shape) * src.dtype.itemsize)
-    if m.compute:
-        dst.data[...] = src.data
+    if not m.compute:
+        return
+    value = src.base.data.reshape(-1)[src.flat_index()] if isinstance(src, indirect) else src.data
+    if isinstance(dst, indirect):
+        flat, idx = dst.base.data.reshape(-1), dst.flat_index()
+        if not dst.base.data.flags.c_contiguous:
+            _m.fail("dma_copy: scatter into a non-contiguous HBM tensor", _m.NkiEmulatorError)
+        if dst_rmw_op is None:
+            flat[idx] = value
+        elif unique_indices:  # colliding read-modify-writes: one wins, the others are lost
+            flat[idx] = (flat[idx].astype(np.float32) + value.astype(np.float32)).astype(flat.dtype)
+        else:
+            acc = flat.astype(np.float32)
+            np.add.at(acc, idx.reshape(-1), value.astype(np.float32).reshape(-1))
+            flat[...] = acc.astype(flat.dtype)
+    elif dst_rmw_op is not None:
+        dst.data[...] = (dst.data.astype(np.float32) + value.astype(np.float32)).astype(dst.dtype)
+    else:
+        dst.data[...] = value
 
 
 def tensor_copy(dst, src, engine=engine.vector, name=None):
@@ -128,6 +174,25 @@ def memset(dst, value, engine=engine.vector, name=None):
     if dst.mask is not None and dst.machine.compute:
         dst.mask[...] = False
     _write(dst, np.full(dst.shape, value, dtype=np.float32))
+
+
+def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
+    """dst[p, i1, i2, ...] = offset + channel_multiplier * p + sum_k pattern[k][0] * i_(k+1) on GpSimd;
+    pattern: one [step, count] pair per free axis of dst."""
+    _tile(dst, "iota dst")
+    pattern = [(int(a), int(n)) for a, n in pattern]
+    if tuple(n for _, n in pattern) != dst.shape[1:]:
+        _m.fail(f"iota: pattern counts {[n for _, n in pattern]} do not match dst free shape {dst.shape[1:]}")
+    _m.current().count_engine("gpsimd", dst)
+    if not dst.machine.compute:
+        return
+    val = np.full(dst.shape, float(offset), dtype=np.float64)
+    val += channel_multiplier * np.arange(dst.shape[0]).reshape((-1,) + (1,) * (dst.ndim - 1))
+    for axis, (step, n) in enumerate(pattern, start=1):
+        val += step * np.arange(n).reshape((n,) + (1,) * (dst.ndim - axis - 1))
+    if dst.mask is not None:
+        _m.fail("iota: dst must be in SBUF")
+    dst.data[...] = val.astype(dst.dtype)
 
 
 # ----------------------------------------------------------------------------- TensorE

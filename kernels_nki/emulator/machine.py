@@ -165,6 +165,55 @@ class Tensor:
     def __bool__(self):
         fail("a tensor has no truth value inside a kernel (no data-dependent Python control flow)", NkiEmulatorError)
 
+    def ap(self, pattern, offset=0, vector_offset=None, indirect_dim=0) -> AccessPattern:
+        """An HBM access pattern for nisa.dma_copy (gather/scatter when vector_offset is given)."""
+        return AccessPattern(self, pattern, offset, vector_offset, indirect_dim)
+
+
+class AccessPattern:
+    """`hbm_tensor.ap(pattern, offset, vector_offset=, indirect_dim=0)`: element (i0, i1, ...) of the view
+    is the base tensor's flat element offset + sum_k pattern[k][0] * i_k, in elements; pattern pairs are
+    [stride, count], the first pair the partition axis. With vector_offset (an SBUF int32 [count0, 1]
+    tile, read when the DMA runs) the index i0 is replaced by vector_offset[i0] (indirect DMA: a row
+    gather as a source, a row scatter as a destination). Only HBM bases, only indirect_dim 0.
+    """
+
+    def __init__(self, base: Tensor, pattern, offset, vector_offset, indirect_dim):
+        if not isinstance(base, Tensor) or base.buffer not in HBM:
+            fail(".ap() access patterns are for HBM tensors", NkiEmulatorError)
+        pattern = [(int(s), int(n)) for s, n in pattern]
+        if not pattern or any(n <= 0 for _, n in pattern):
+            fail(f".ap(): bad pattern {pattern}", NkiEmulatorError)
+        if indirect_dim != 0:
+            fail(".ap(): the emulator supports indirect_dim=0 only", NkiEmulatorError)
+        if vector_offset is not None:
+            if not isinstance(vector_offset, Tensor) or vector_offset.buffer != "sbuf":
+                fail(".ap(): vector_offset must be an SBUF tile", NkiEmulatorError)
+            if vector_offset.shape[0] != pattern[0][1] or math.prod(vector_offset.shape[1:]) != 1:
+                fail(f".ap(): vector_offset {vector_offset.shape} must be [{pattern[0][1]}, 1]", NkiEmulatorError)
+            if not np.issubdtype(vector_offset.dtype, np.integer):
+                fail(f".ap(): vector_offset must hold integers, got {vector_offset.dtype}", NkiEmulatorError)
+        self.base, self.pattern, self.offset, self.vector_offset = base, pattern, int(offset), vector_offset
+        self.buffer, self.machine = base.buffer, base.machine
+        self.shape = tuple(n for _, n in pattern)
+        self.dtype = base.dtype
+        self.ndim = len(self.shape)
+
+    def flat_index(self) -> np.ndarray:
+        """Flat element offsets into the base array (compute mode only); bounds-checked."""
+        idx = np.full(self.shape, self.offset, dtype=np.int64)
+        for axis, (stride, n) in enumerate(self.pattern):
+            if axis == 0 and self.vector_offset is not None:
+                steps = self.vector_offset.data.reshape(-1).astype(np.int64)
+            else:
+                steps = np.arange(n, dtype=np.int64)
+            idx += stride * steps.reshape((n,) + (1,) * (self.ndim - axis - 1))
+        size = self.base.data.size
+        if idx.min() < 0 or idx.max() >= size:
+            fail(f"indirect DMA out of bounds: offsets [{idx.min()}, {idx.max()}] for {size} elements "
+                 "(oob_mode.error)")
+        return idx
+
 
 def _normalise_index(index, shape) -> tuple:
     """Basic indexing only, bounds-checked (NumPy would silently clip an out-of-range slice)."""

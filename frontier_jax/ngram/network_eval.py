@@ -1,0 +1,109 @@
+"""Per-token val losses of a trained run's network with its learned n-gram bias, with the bias zeroed,
+and with one order's bias zeroed at a time (the same jitted forward for all: only bias_OC changes).
+
+Used by `frontier_jax.ngram.analyze --run`. Windows are the evaluator's: non-overlapping seq_len
+windows of the val split, so a context never reaches before its window (as in training's validation).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from frontier_jax.ngram import snapshot as S
+
+
+def restore_run(run_dir):
+    """(cfg, graphdef, params, step) of a run's latest checkpoint, n-gram bias parameter included."""
+    from frontier_jax import checkpoint, optim
+    from frontier_jax.config import model_hash
+    from frontier_jax.interop import read_run_config
+    from frontier_jax.model import GPT
+
+    cfg, dtype = read_run_config(run_dir)
+    orders = cfg.ngram.max_order - cfg.ngram.min_order + 1 if cfg.ngram.enabled else 0
+    model = nnx.eval_shape(lambda: GPT(cfg.model, rngs=nnx.Rngs(cfg.train.seed), compute_dtype=dtype,
+                                       num_bias_orders=orders, bias_buckets=cfg.ngram.confidence_buckets))
+    graphdef, aparams = nnx.split(model)
+    aopt = jax.eval_shape(optim.build_optimizer(cfg.optim).init, aparams)
+    state, meta = checkpoint.restore(Path(run_dir), {"params": aparams, "opt_state": aopt},
+                                     expect_model_hash=model_hash(cfg.model))
+    return cfg, graphdef, state["params"], int(meta["step"])
+
+
+def run_snapshot(run_dir, process_index: int = 0) -> Path | None:
+    """The snapshot the run's final evaluation used (runtime.json), else the newest published one."""
+    from frontier_jax.ngram.runtime import RECORD_FILE, ngram_dir
+
+    d = ngram_dir(run_dir, process_index)
+    rec = d / RECORD_FILE
+    if rec.is_file():
+        final = (json.loads(rec.read_text()).get("final") or {}).get("snapshot")
+        if final and Path(final).is_dir():
+            return Path(final)
+    snaps = S.list_snapshots(d)
+    return snaps[-1][1] if snaps else None
+
+
+def make_loss_fn(graphdef):
+    """jitted (params, x_BT, y_BT, tables | None, bias_OC | None) -> per-token nll [B, T] (nats)."""
+    from frontier_jax.ngram.bias import ngram_sparse_bias
+
+    @jax.jit
+    def loss_fn(params, x_BT, y_BT, tables, bias_OC):
+        model = nnx.merge(graphdef, params)
+        if tables is None:
+            return model(x_BT, y_BT)
+        return model(x_BT, y_BT, *ngram_sparse_bias(x_BT, tables, bias_OC))
+
+    return loss_fn
+
+
+def val_windows(val_tokens: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x_WT, y_WT) int32: the non-overlapping windows the evaluator scores."""
+    n = (val_tokens.size - 1) // seq_len
+    x = val_tokens[: n * seq_len].reshape(n, seq_len).astype(np.int32)
+    y = val_tokens[1 : n * seq_len + 1].reshape(n, seq_len).astype(np.int32)
+    return x, y
+
+
+def per_token_nll(loss_fn, params, x_WT, y_WT, batch_seqs: int, tables=None, bias_OC=None) -> np.ndarray:
+    """nll of every val target, flattened in window order [W * T] (float64); the last batch is padded."""
+    out = []
+    for a in range(0, x_WT.shape[0], batch_seqs):
+        x, y = x_WT[a : a + batch_seqs], y_WT[a : a + batch_seqs]
+        n = x.shape[0]
+        if n < batch_seqs:
+            pad = ((0, batch_seqs - n), (0, 0))
+            x, y = np.pad(x, pad), np.pad(y, pad)
+        out.append(np.asarray(loss_fn(params, x, y, tables, bias_OC), np.float64)[:n])
+    return np.concatenate(out).reshape(-1)
+
+
+def bias_ablation(run_dir, snapshot_path, x_WT, y_WT, batch_seqs: int | None = None) -> dict:
+    """nll arrays: 'with_bias', 'network' (bias zeroed), 'without_order' {order: nll}; plus the bias table."""
+    from frontier_jax.ngram.bias import tables_to_device
+
+    cfg, graphdef, params, step = restore_run(run_dir)
+    loss_fn = make_loss_fn(graphdef)
+    batch_seqs = batch_seqs or cfg.train.val_batch_seqs
+    out = {"cfg": cfg, "step": step}
+    if not cfg.ngram.enabled:
+        out["network"] = per_token_nll(loss_fn, params, x_WT, y_WT, batch_seqs)
+        return out
+    snap = S.load_snapshot(snapshot_path)
+    tables = tables_to_device(snap, cfg.ngram.confidence_buckets)
+    bias_OC = jnp.asarray(params["ngram_bias"][...], jnp.float32)
+    out["bias_OC"] = np.asarray(bias_OC)
+    out["with_bias"] = per_token_nll(loss_fn, params, x_WT, y_WT, batch_seqs, tables, bias_OC)
+    out["network"] = per_token_nll(loss_fn, params, x_WT, y_WT, batch_seqs, tables, jnp.zeros_like(bias_OC))
+    out["without_order"] = {}
+    for o in range(bias_OC.shape[0]):
+        out["without_order"][cfg.ngram.min_order + o] = per_token_nll(
+            loss_fn, params, x_WT, y_WT, batch_seqs, tables, bias_OC.at[o].set(0.0))
+    return out

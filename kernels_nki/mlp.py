@@ -1,0 +1,225 @@
+"""The relu^2 MLP y = relu(x W_fc)^2 W_proj, forward and backward as fused NKI kernels for trn1.
+
+Spec: frontier_jax.reference.mlp (weights already cast to x's dtype by frontier_jax.ops). Shapes:
+x [N, D], W_fc [D, F], W_proj [F, D]; tokens in blocks of 512 (the moving-tile maximum; the last
+block ragged and sliced), weights resident in SBUF for the whole call (3 x D x F x 2 bytes / 128
+per partition in the backward: 24 KiB at D=512, F=1024), all matmuls bf16 into fp32 PSUM.
+
+Forward, per token block: x^T by TensorE transposes (D/128 per 128 tokens); h^T = W_fc^T x^T
+directly in the [F, tokens] layout, so relu^2 (one VectorE op, relu(h) * h, reading PSUM) yields
+a^T, which is exactly the stationary operand of y = a W_proj: the hidden activation never leaves
+SBUF/PSUM and needs no transpose.
+
+Backward: RECOMPUTES h instead of storing it. Cost model at the baseline shapes (N=65536 tokens,
+D=512, F=1024, per 128 tokens, kernels_nki.emulator.cost): the store variant has to produce h in
+the token-major layout for the store and a^T for the projection, i.e. 8 more 128x128 transposes in
+the forward (fwd TensorE 159M MACs issued, useful/issued 0.84) and moves 256 KiB more per 128
+tokens (h out, h in); backward 293M issued. Recompute: fwd 142.6M issued (0.94), bwd 369M issued
+(one 67M-MAC matmul and 4 transposes more, 0.91). Both kernels are TensorE-bound, so the overlapped
+estimate is store 3.46 + 6.37 = 9.8 us vs recompute 3.10 + 8.01 = 11.1 us per 128 tokens: storing
+would be ~12% faster on these two kernels (about 1.3% of the step), but it fails the TensorE
+useful/issued >= 0.9 bar of the forward and keeps 128 MiB of h per layer per micro-batch (1.1 GiB
+at 9 layers) alive in HBM between forward and backward. We recompute.
+
+Backward per token block: x^T, dy^T by transposes; h (recomputed) and da = dy W_proj^T in the
+token-major layout; a = relu(h)^2 and dh' = relu(h) * da (dh = 2 dh': the 2 is applied exactly,
+on the fp32 results of dx and dW_fc); dW_proj += a^T dy and dW_fc += x^T dh' contract over the
+block's tokens (fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per block); dh'^T by
+transposes; dx = dh'^T-stationary x W_fc^T. W_proj^T and W_fc^T are built once per call.
+"""
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+NB = 512  # tokens per block (gemm_moving_fmax)
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def _transpose(dst, src, rows, cols):
+    """dst[0:cols, 0:rows] = src[0:rows, 0:cols]^T via TensorE (PSUM in src's dtype) and a ScalarE copy."""
+    t_ps = nl.ndarray((cols, rows), dtype=src.dtype, buffer=nl.psum)
+    nisa.nc_transpose(dst=t_ps, data=src[0:rows, 0:cols])
+    nisa.tensor_copy(dst=dst, src=t_ps, engine=nisa.engine.scalar)
+
+
+def _load_rows(w_RC, dt):
+    """A [R, C] HBM matrix as ceil(R/128) SBUF row tiles [128, C]."""
+    R, C = w_RC.shape
+    P = nl.tile_size.pmax
+    tiles = []
+    for i in nl.affine_range(_cdiv(R, P)):
+        r = min(P, R - i * P)
+        t = nl.ndarray((P, C), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[0:r], src=w_RC[i * P:i * P + r])
+        tiles.append(t)
+    return tiles
+
+
+def _transposed_rows(tiles, R, C, dt):
+    """Row tiles of a [R, C] matrix -> row tiles of its [C, R] transpose."""
+    P = nl.tile_size.pmax
+    out = [nl.ndarray((P, R), dtype=dt, buffer=nl.sbuf) for _ in range(_cdiv(C, P))]
+    for i in nl.affine_range(_cdiv(R, P)):
+        r = min(P, R - i * P)
+        for j in nl.affine_range(_cdiv(C, P)):
+            c = min(P, C - j * P)
+            _transpose(out[j][0:c, i * P:i * P + r], tiles[i][0:r, j * P:j * P + c], r, c)
+    return out
+
+
+def _load_block_T(x_ND, n0, nb, dt):
+    """Rows n0:n0+nb of x as 128-row tiles (token-major) and as D/128 tiles of x^T [D_k, nb]."""
+    N, D = x_ND.shape
+    P = nl.tile_size.pmax
+    rows_tiles, xT = [], [nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf) for _ in range(_cdiv(D, P))]
+    for s in nl.affine_range(_cdiv(nb, P)):
+        rows = min(P, nb - s * P)
+        x_PD = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_PD[0:rows], src=x_ND[n0 + s * P:n0 + s * P + rows])
+        for k in nl.affine_range(_cdiv(D, P)):
+            dk = min(P, D - k * P)
+            _transpose(xT[k][0:dk, s * P:s * P + rows], x_PD[0:rows, k * P:k * P + dk], rows, dk)
+        rows_tiles.append(x_PD)
+    return rows_tiles, xT
+
+
+@nki.jit
+def mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
+    """y_ND (x's dtype) = relu(x W_fc)^2 W_proj."""
+    N, D = x_ND.shape
+    F = w_fc_DF.shape[1]
+    P = nl.tile_size.pmax
+    dt = x_ND.dtype
+    y_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
+    wfc = _load_rows(w_fc_DF, dt)  # [D_k, F]
+    wproj = _load_rows(w_proj_FD, dt)  # [F_j, D]
+    for blk in nl.affine_range(_cdiv(N, NB)):
+        n0 = blk * NB
+        nb = min(NB, N - n0)
+        _, xT = _load_block_T(x_ND, n0, nb, dt)
+        aT = []
+        for j in nl.affine_range(_cdiv(F, P)):
+            fj = min(P, F - j * P)
+            h_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+            for k in nl.affine_range(_cdiv(D, P)):
+                dk = min(P, D - k * P)
+                nisa.nc_matmul(dst=h_ps[0:fj, 0:nb], stationary=wfc[k][0:dk, j * P:j * P + fj],
+                               moving=xT[k][0:dk, 0:nb])
+            a_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
+            nisa.scalar_tensor_tensor(dst=a_T[0:fj, 0:nb], data=h_ps[0:fj, 0:nb], op0=nl.maximum, operand0=0.0,
+                                      op1=nl.multiply, operand1=h_ps[0:fj, 0:nb])
+            aT.append(a_T)
+        for s in nl.affine_range(_cdiv(nb, P)):
+            rows = min(P, nb - s * P)
+            for c in nl.affine_range(_cdiv(D, NB)):
+                dc = min(NB, D - c * NB)
+                y_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+                for j in nl.affine_range(_cdiv(F, P)):
+                    fj = min(P, F - j * P)
+                    nisa.nc_matmul(dst=y_ps[0:rows, 0:dc], stationary=aT[j][0:fj, s * P:s * P + rows],
+                                   moving=wproj[j][0:fj, c * NB:c * NB + dc])
+                y_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=y_t[0:rows, 0:dc], src=y_ps[0:rows, 0:dc], engine=nisa.engine.scalar)
+                nisa.dma_copy(dst=y_ND[n0 + s * P:n0 + s * P + rows, c * NB:c * NB + dc], src=y_t[0:rows, 0:dc])
+    return y_ND
+
+
+@nki.jit
+def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, dy_ND):
+    """(dx_ND, dw_fc_DF, dw_proj_FD), all in x's dtype; h is recomputed (see the module docstring)."""
+    N, D = x_ND.shape
+    F = w_fc_DF.shape[1]
+    P = nl.tile_size.pmax
+    dt = x_ND.dtype
+    KD, KF = _cdiv(D, P), _cdiv(F, P)
+    dx_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
+    dwfc_DF = nl.ndarray((D, F), dtype=dt, buffer=nl.shared_hbm)
+    dwproj_FD = nl.ndarray((F, D), dtype=dt, buffer=nl.shared_hbm)
+    wfc = _load_rows(w_fc_DF, dt)  # [D_k, F]
+    wfcT = _transposed_rows(wfc, D, F, dt)  # [F_j, D]
+    wprojT = _transposed_rows(_load_rows(w_proj_FD, dt), F, D, dt)  # [D_k, F]
+    acc_fc = [nl.zeros((P, F), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KD)]
+    acc_proj = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KF)]
+    for blk in nl.affine_range(_cdiv(N, NB)):
+        n0 = blk * NB
+        nb = min(NB, N - n0)
+        S = _cdiv(nb, P)
+        x_s, xT = _load_block_T(x_ND, n0, nb, dt)
+        dy_s, dyT = _load_block_T(dy_ND, n0, nb, dt)
+        a_s, dh_s = [], []
+        dhT = [nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf) for _ in range(KF)]
+        for s in nl.affine_range(S):
+            rows = min(P, nb - s * P)
+            a_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
+            dh_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
+            for c in nl.affine_range(_cdiv(F, NB)):
+                fc = min(NB, F - c * NB)
+                h_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+                da_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+                for k in nl.affine_range(KD):
+                    dk = min(P, D - k * P)
+                    nisa.nc_matmul(dst=h_ps[0:rows, 0:fc], stationary=xT[k][0:dk, s * P:s * P + rows],
+                                   moving=wfc[k][0:dk, c * NB:c * NB + fc])
+                    nisa.nc_matmul(dst=da_ps[0:rows, 0:fc], stationary=dyT[k][0:dk, s * P:s * P + rows],
+                                   moving=wprojT[k][0:dk, c * NB:c * NB + fc])
+                h, cols = h_ps[0:rows, 0:fc], slice(c * NB, c * NB + fc)
+                nisa.scalar_tensor_tensor(dst=a_t[0:rows, cols], data=h, op0=nl.maximum, operand0=0.0,
+                                          op1=nl.multiply, operand1=h)
+                nisa.scalar_tensor_tensor(dst=dh_t[0:rows, cols], data=h, op0=nl.maximum, operand0=0.0,
+                                          op1=nl.multiply, operand1=da_ps[0:rows, 0:fc])
+            for j in nl.affine_range(KF):
+                fj = min(P, F - j * P)
+                _transpose(dhT[j][0:fj, s * P:s * P + rows], dh_t[0:rows, j * P:j * P + fj], rows, fj)
+            a_s.append(a_t)
+            dh_s.append(dh_t)
+        # weight gradients: contract over the block's tokens in PSUM, one fp32 SBUF add per block
+        for j in nl.affine_range(KF):
+            fj = min(P, F - j * P)
+            for c in nl.affine_range(_cdiv(D, NB)):
+                dc = min(NB, D - c * NB)
+                g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+                for s in nl.affine_range(S):
+                    rows = min(P, nb - s * P)
+                    nisa.nc_matmul(dst=g_ps[0:fj, 0:dc], stationary=a_s[s][0:rows, j * P:j * P + fj],
+                                   moving=dy_s[s][0:rows, c * NB:c * NB + dc])
+                acc = acc_proj[j][0:fj, c * NB:c * NB + dc]
+                nisa.tensor_tensor(dst=acc, data1=acc, data2=g_ps[0:fj, 0:dc], op=nl.add)
+        for k in nl.affine_range(KD):
+            dk = min(P, D - k * P)
+            for c in nl.affine_range(_cdiv(F, NB)):
+                fc = min(NB, F - c * NB)
+                g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+                for s in nl.affine_range(S):
+                    rows = min(P, nb - s * P)
+                    nisa.nc_matmul(dst=g_ps[0:dk, 0:fc], stationary=x_s[s][0:rows, k * P:k * P + dk],
+                                   moving=dh_s[s][0:rows, c * NB:c * NB + fc])
+                acc = acc_fc[k][0:dk, c * NB:c * NB + fc]
+                nisa.tensor_tensor(dst=acc, data1=acc, data2=g_ps[0:dk, 0:fc], op=nl.add)
+        # dx = 2 dh' W_fc^T, token-major
+        for s in nl.affine_range(S):
+            rows = min(P, nb - s * P)
+            for c in nl.affine_range(_cdiv(D, NB)):
+                dc = min(NB, D - c * NB)
+                dx_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+                for j in nl.affine_range(KF):
+                    fj = min(P, F - j * P)
+                    nisa.nc_matmul(dst=dx_ps[0:rows, 0:dc], stationary=dhT[j][0:fj, s * P:s * P + rows],
+                                   moving=wfcT[j][0:fj, c * NB:c * NB + dc])
+                dx_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
+                nisa.activation(dst=dx_t[0:rows, 0:dc], op=nl.copy, data=dx_ps[0:rows, 0:dc], scale=2.0)
+                nisa.dma_copy(dst=dx_ND[n0 + s * P:n0 + s * P + rows, c * NB:c * NB + dc], src=dx_t[0:rows, 0:dc])
+    for k in nl.affine_range(KD):
+        dk = min(P, D - k * P)
+        out = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
+        nisa.activation(dst=out[0:dk], op=nl.copy, data=acc_fc[k][0:dk], scale=2.0)
+        nisa.dma_copy(dst=dwfc_DF[k * P:k * P + dk], src=out[0:dk])
+    for j in nl.affine_range(KF):
+        fj = min(P, F - j * P)
+        out = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=out[0:fj], src=acc_proj[j][0:fj])
+        nisa.dma_copy(dst=dwproj_FD[j * P:j * P + fj], src=out[0:fj])
+    return dx_ND, dwfc_DF, dwproj_FD

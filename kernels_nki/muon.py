@@ -1,0 +1,150 @@
+"""Fused Muon update of one weight matrix as an NKI kernel for trn1 (NeuronCore-v2), NKI 0.3+ API.
+
+Spec: frontier_jax.fused_optim._muon_ref (= frontier_jax.optim.scale_by_muon -> scale by -lr -> apply):
+    buf' = mom * buf + g;  ge = g + mom * buf'                  (Nesterov)
+    X    = ge in PyTorch orientation [out, in], transposed if tall, cast to the NS dtype, / ||X||_F
+    5 x  A = X X^T;  B = b A + c A A;  X = a X + B X            (quintic Newton-Schulz)
+    p'   = p - lr * round_ns(X back in [in, out] * sqrt(max(1, out / in)))
+HBM traffic is the minimum: p, g, buf read once, p' and buf' written once (20 B per fp32 element)
+plus one [128, 2] fp32 tensor of runtime scalars (lr, momentum), every row identical. The
+Newton-Schulz iterate never leaves the chip: X [R, C] (R = min(in, out) <= C) is held twice, as
+R-row tiles (X, the moving operand of B X) and as C-row tiles (X^T, both operands of X X^T), both
+in the NS dtype; after each iteration X^T is rebuilt from X by TensorE transposes (R C 128 MACs,
+cheaper than a second B X product when R > 128). A and B are R-row tiles [P, R].
+
+Limits (checked by the emulator): R <= 512 per PSUM bank row in the transposes is chunked, so any
+R, C work; SBUF holds ~ (3 C + 3 R) * 2 B + 16 KiB of scratch per partition for R, C <= ~4096 in bf16.
+All baseline and frontier14 matrices (R <= 512, C <= 1024: ~25 KiB per partition) fit.
+"""
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+NS_A, NS_B, NS_C = 3.4445, -4.7750, 2.0315  # = frontier_jax.optim.NS_COEFFS
+NS_EPS = 1e-7  # = frontier_jax.optim.NS_EPS
+PSUM_N = 512  # fp32 columns of one PSUM bank (nl.tile_size.psum_fmax)
+
+
+def _row_tiles(n, P):
+    return [(r0, min(P, n - r0)) for r0 in range(0, n, P)]
+
+
+def _transpose(src, src_rows, src_cols, dtype, P):
+    """C-row tiles [P, src_rows] of the transpose of R-row tiles `src` (each [P, src_cols]); TensorE + PSUM."""
+    out = []
+    for j0, cj in _row_tiles(src_cols, P):
+        t = nl.ndarray((P, src_rows), dtype=dtype, buffer=nl.sbuf)
+        for n0 in range(0, src_rows, PSUM_N):
+            nw = min(PSUM_N, src_rows - n0)
+            pt = nl.ndarray((P, nw), dtype=nl.float32, buffer=nl.psum)
+            for i, (r0, ri) in enumerate(_row_tiles(src_rows, P)):
+                if n0 <= r0 < n0 + nw:
+                    nisa.nc_transpose(dst=pt[0:cj, r0 - n0:r0 - n0 + ri], data=src[i][0:ri, j0:j0 + cj])
+            nisa.tensor_copy(dst=t[0:cj, n0:n0 + nw], src=pt[0:cj, 0:nw])
+        out.append(t)
+    return out
+
+
+def _gram(operands, k_rows, M, N, P, combine):
+    """S^T @ T for operands (S, T) given as k-row tiles, in [<=128, <=512] PSUM blocks; `combine` stores each."""
+    for m, (r0, rm) in enumerate(_row_tiles(M, P)):
+        for n0 in range(0, N, PSUM_N):
+            nw = min(PSUM_N, N - n0)
+            pt = nl.ndarray((P, nw), dtype=nl.float32, buffer=nl.psum)
+            for k, (k0, rk) in enumerate(_row_tiles(k_rows, P)):
+                nisa.nc_matmul(dst=pt[0:rm, 0:nw], stationary=operands[0][k][0:rk, r0:r0 + rm],
+                               moving=operands[1][k][0:rk, n0:n0 + nw])
+            combine(m, r0, rm, n0, nw, pt)
+
+
+@nki.jit
+def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16"):
+    """(p', buf') of one [in, out] fp32 matrix; scal_P2 [128, 2] fp32 rows [lr, momentum]."""
+    I, O = p_IO.shape
+    P = nl.tile_size.pmax
+    dt = nl.bfloat16 if ns_dtype == "bfloat16" else nl.float32
+    wide = O <= I  # PyTorch [out, in] is not tall: X = ge^T, natural [in, out] tiles are X^T
+    R, C = (O, I) if wide else (I, O)
+    scale = max(1.0, O / I) ** 0.5
+    po_IO = nl.ndarray((I, O), dtype=p_IO.dtype, buffer=nl.shared_hbm)
+    bo_IO = nl.ndarray((I, O), dtype=buf_IO.dtype, buffer=nl.shared_hbm)
+    s_P2 = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=s_P2, src=scal_P2)
+    nlr_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=nlr_P1, data=s_P2[:, 0:1], op0=nl.multiply, operand0=-1.0)
+    mom_P1 = s_P2[:, 1:2]
+
+    # ---- momentum, Nesterov, cast to the NS dtype, per-partition sums of squares (natural [in, out] tiles)
+    nat = []
+    ss_P1 = nl.zeros((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    for i0, ri in _row_tiles(I, P):
+        g_t = nl.ndarray((P, O), dtype=g_IO.dtype, buffer=nl.sbuf)
+        b_t = nl.ndarray((P, O), dtype=buf_IO.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=g_t[0:ri], src=g_IO[i0:i0 + ri])
+        nisa.dma_copy(dst=b_t[0:ri], src=buf_IO[i0:i0 + ri])
+        nisa.scalar_tensor_tensor(dst=b_t[0:ri], data=b_t[0:ri], op0=nl.multiply, operand0=mom_P1[0:ri],
+                                  op1=nl.add, operand1=g_t[0:ri])
+        nisa.dma_copy(dst=bo_IO[i0:i0 + ri], src=b_t[0:ri])
+        x_t = nl.ndarray((P, O), dtype=dt, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=x_t[0:ri], data=b_t[0:ri], op0=nl.multiply, operand0=mom_P1[0:ri],
+                                  op1=nl.add, operand1=g_t[0:ri])
+        sq_t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=g_t[0:ri], op=nl.square, data=x_t[0:ri], reduce_op=nl.add,
+                               reduce_res=sq_t[0:ri])
+        nisa.tensor_tensor(dst=ss_P1[0:ri], data1=ss_P1[0:ri], data2=sq_t[0:ri], op=nl.add)
+        nat.append(x_t)
+
+    # ---- Frobenius norm on every partition (ones-matmul), rounded to the NS dtype as the reference does
+    ones_PP = nl.ones((P, P), dtype=nl.float32, buffer=nl.sbuf)
+    tot_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=tot_P1, stationary=ones_PP, moving=ss_P1)
+    nrm_P1 = nl.ndarray((P, 1), dtype=dt, buffer=nl.sbuf)
+    nisa.activation(dst=nrm_P1, op=nl.sqrt, data=tot_P1)
+    nisa.tensor_scalar(dst=nrm_P1, data=nrm_P1, op0=nl.add, operand0=NS_EPS)
+    rinv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=rinv_P1, data=nrm_P1)
+    for i, (i0, ri) in enumerate(_row_tiles(I, P)):
+        nisa.tensor_scalar(dst=nat[i][0:ri], data=nat[i][0:ri], op0=nl.multiply, operand0=rinv_P1[0:ri])
+
+    # ---- Newton-Schulz on chip: X as R-row tiles, X^T as C-row tiles
+    if wide:
+        xt, x = nat, _transpose(nat, C, R, dt, P)
+    else:
+        x, xt = nat, _transpose(nat, R, C, dt, P)
+    for it in range(ns_steps):
+        a_t = [nl.ndarray((P, R), dtype=dt, buffer=nl.sbuf) for _ in _row_tiles(R, P)]
+        b_t = [nl.ndarray((P, R), dtype=dt, buffer=nl.sbuf) for _ in _row_tiles(R, P)]
+        xn = [nl.ndarray((P, C), dtype=dt, buffer=nl.sbuf) for _ in _row_tiles(R, P)]
+
+        def store_a(m, r0, rm, n0, nw, pt):  # A = X X^T
+            nisa.tensor_copy(dst=a_t[m][0:rm, n0:n0 + nw], src=pt[0:rm, 0:nw])
+
+        def store_b(m, r0, rm, n0, nw, pt):  # B = b A + c (A A)
+            ba = nl.ndarray((P, nw), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=ba[0:rm], op=nl.copy, data=a_t[m][0:rm, n0:n0 + nw], scale=NS_B)
+            nisa.scalar_tensor_tensor(dst=b_t[m][0:rm, n0:n0 + nw], data=pt[0:rm, 0:nw], op0=nl.multiply,
+                                      operand0=NS_C, op1=nl.add, operand1=ba[0:rm])
+
+        def store_x(m, r0, rm, n0, nw, pt):  # X' = a X + B X
+            nisa.scalar_tensor_tensor(dst=xn[m][0:rm, n0:n0 + nw], data=x[m][0:rm, n0:n0 + nw], op0=nl.multiply,
+                                      operand0=NS_A, op1=nl.add, operand1=pt[0:rm, 0:nw])
+
+        _gram((xt, xt), C, R, R, P, store_a)
+        _gram((a_t, a_t), R, R, R, P, store_b)  # A, B symmetric: A[k, m]^T = A[m, k]
+        _gram((b_t, x), R, R, C, P, store_x)
+        x = xn
+        if it < ns_steps - 1 or wide:
+            xt = _transpose(x, R, C, dt, P)
+
+    # ---- shape scale, round to the NS dtype, p' = p - lr * u (natural [in, out] tiles)
+    out = xt if wide else x
+    for i, (i0, ri) in enumerate(_row_tiles(I, P)):
+        if scale != 1.0:
+            nisa.tensor_scalar(dst=out[i][0:ri], data=out[i][0:ri], op0=nl.multiply, operand0=scale)
+        p_t = nl.ndarray((P, O), dtype=p_IO.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=p_t[0:ri], src=p_IO[i0:i0 + ri])
+        nisa.scalar_tensor_tensor(dst=p_t[0:ri], data=out[i][0:ri], op0=nl.multiply, operand0=nlr_P1[0:ri],
+                                  op1=nl.add, operand1=p_t[0:ri])
+        nisa.dma_copy(dst=po_IO[i0:i0 + ri], src=p_t[0:ri])
+    return po_IO, bo_IO

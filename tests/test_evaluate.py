@@ -1,0 +1,113 @@
+"""python -m frontier_jax.evaluate: JSON output, equality with the training run's final val, sliding windows,
+errors, and the val byte count against the SentencePiece pieces (with ../shared/data)."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import TINY_OVERRIDES, tiny_config
+from frontier_jax.config import apply_overrides
+from frontier_jax.evaluate import evaluate_run, main, sliding_masked_batches
+
+
+def test_sliding_masks_score_every_target_once_and_pad_to_full_batches():
+    tokens = np.arange(1 + 64 * 5, dtype=np.int32)
+    seen = []
+    for x, y, mask in sliding_masked_batches(tokens, 64, 16, 4):
+        assert x.shape == y.shape == mask.shape == (4, 64)
+        seen += list(y[mask.astype(bool)])
+        assert np.all(y[mask.astype(bool)] == x[mask.astype(bool)] + 1)
+    assert sorted(seen) == list(range(1, tokens.size))
+
+
+@pytest.mark.slow
+def test_json_output_and_equality_with_the_training_summary(trained_run, capsys):
+    run_dir, summary = trained_run
+    assert main(["--run", str(run_dir), "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1
+    r = json.loads(out[0])
+    assert {"nll_sum_nats", "tokens", "bytes", "bpb", "stride", "run", "checkpoint_step"} <= set(r)
+    assert r["checkpoint_step"] == summary["steps"] and r["stride"] == 64
+    # Same forward, same windows, same batch shape: the exact same sums as the run's final validation.
+    assert r["nll_sum_nats"] == summary["val_nll_sum_nats"]
+    assert (r["tokens"], r["bytes"]) == (summary["val_tokens"], summary["val_bytes"])
+    assert r["bpb"] == summary["val_bpb"]
+
+
+@pytest.mark.slow
+def test_sliding_window_scores_the_same_targets_with_more_context(trained_run, capsys):
+    run_dir, summary = trained_run
+    r = evaluate_run(run_dir, stride=32)
+    assert (r["tokens"], r["bytes"]) == (summary["val_tokens"], summary["val_bytes"])
+    assert r["bpb"] <= summary["val_bpb"] + 1e-3
+    assert main(["--run", str(run_dir), "--stride", "32", "--batch-seqs", "8"]) == 0
+    assert "val_bpb" in capsys.readouterr().out
+
+
+def _err(argv, capsys) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+    return err
+
+
+def test_errors_missing_run_no_checkpoint_bad_stride_and_vocab(trained_run, tmp_path, capsys):
+    run_dir, _ = trained_run
+    assert str(tmp_path / "nope") in _err(["--run", str(tmp_path / "nope")], capsys)
+    empty = tmp_path / "no_ckpt"
+    empty.mkdir()
+    shutil.copy(run_dir / "config.json", empty / "config.json")
+    assert "no checkpoint" in _err(["--run", str(empty)], capsys)
+    assert "--stride 65" in _err(["--run", str(run_dir), "--stride", "65"], capsys)
+    wrong = tmp_path / "vocab"
+    wrong.mkdir()
+    cfg = json.loads((run_dir / "config.json").read_text())
+    cfg["model"]["vocab_size"] = 1024
+    (wrong / "config.json").write_text(json.dumps(cfg))
+    assert "does not match model.vocab_size" in _err(["--run", str(wrong)], capsys)
+
+
+@pytest.mark.shared_data
+@pytest.mark.slow
+def test_val_byte_count_matches_the_sentencepiece_pieces(sp1024_data, tmp_path):
+    """Untrained sp1024 model imported as a run; its evaluated byte count equals the rule applied by hand."""
+    import sentencepiece as spm
+
+    from frontier_jax.data.shards import list_shards
+    from frontier_jax.data.stream import load_val_tokens
+    from frontier_jax.interop import import_run, params_to_state_dict, save_npz
+    from frontier_jax.model import GPT
+
+    data_dir, model_path = sp1024_data
+    cfg = apply_overrides(tiny_config(data_dir, tokenizer=str(model_path)), ["model.vocab_size=1024"])
+    _, params = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype="float32"))
+    save_npz(tmp_path / "w.npz", params_to_state_dict(params))
+    import_run(tmp_path / "w.npz", cfg, tmp_path / "run")
+    r = evaluate_run(tmp_path / "run", batch_seqs=16)
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_path))
+    tokens = load_val_tokens(list_shards(data_dir, "*_val_*.bin"), cfg.train.seq_len)
+
+    def boundary(i):
+        return sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i)
+
+    expected = 0
+    for prev, tok in zip(tokens[:-1].tolist(), tokens[1:].tolist()):
+        if boundary(tok):
+            continue
+        if sp.is_byte(tok):
+            expected += 1
+            continue
+        piece = sp.id_to_piece(tok)
+        if piece.startswith("\u2581"):
+            expected += len(piece[1:].encode("utf-8")) + (0 if boundary(prev) else 1)
+        else:
+            expected += len(piece.encode("utf-8"))
+    assert r["tokens"] == tokens.size - 1
+    assert r["bytes"] == expected
+    assert 2.0 < r["bytes"] / r["tokens"] < 5.0  # sp1024 on FineWeb: about 2.4 bytes per token
+    assert abs(r["loss"] - np.log(1024)) < 0.1  # untrained: near uniform

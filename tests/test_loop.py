@@ -1,0 +1,77 @@
+"""The training loop end to end on synthetic byte data: run directory, NaN stop, kill-and-resume."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from frontier_jax import checkpoint, loop
+from frontier_jax.interop import restore_params
+
+
+def _train_rows(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["kind"] == "train"], [r for r in rows if r["kind"] == "val"]
+
+
+@pytest.mark.slow
+def test_run_end_to_end_writes_a_complete_run_directory(trained_run):
+    run_dir, summary = trained_run
+    assert summary["stop_reason"] == "max_steps" and summary["steps"] == 200
+    assert np.isfinite(summary["val_bpb"]) and 0 < summary["val_bpb"] < 8
+    assert summary["tokens"] == 200 * 512 and summary["mfu"] > 0
+    for name in ("config.json", "env.json", "kernels.json", "metrics.jsonl", "summary.json", "summary.txt",
+                 "curves.png", "train.log"):
+        assert (run_dir / name).is_file(), name
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["versions"]["jax"] == jax.__version__ and env["git"] and env["compute_dtype"] == "float32"
+    assert json.loads((run_dir / "config.json").read_text())["model"]["num_layers"] == 2
+    assert json.loads((run_dir / "summary.json").read_text())["val_bpb"] == summary["val_bpb"]
+    assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    train, val = _train_rows(run_dir)
+    assert [r["step"] for r in train] == list(range(1, 201))
+    assert val[-1]["final"] and val[-1]["bpb"] == summary["val_bpb"]
+    assert np.mean([r["loss"] for r in train[-10:]]) < train[0]["loss"] - 1.0  # it learned something
+    assert checkpoint.latest_step(run_dir) == 200
+    assert checkpoint.read_meta(run_dir)[1]["reason"] == "final"
+
+
+def test_an_existing_run_is_not_overwritten(trained_run):
+    with pytest.raises(loop.RunError, match="already holds a run"):
+        loop.run(tiny_config("/nonexistent"), trained_run[0], echo=False)
+
+
+@pytest.mark.slow
+def test_non_finite_loss_stops_cleanly_without_saving_the_diverged_state(byte_data, tmp_path):
+    cfg = tiny_config(byte_data, "optim.embed_lr=1e30", "train.checkpoint_every_steps=1")
+    summary = loop.run(cfg, tmp_path / "run", echo=False)
+    assert summary["stop_reason"] == "non-finite loss" and summary["steps"] < cfg.train.max_steps
+    assert "val_bpb" not in summary
+    train, _ = _train_rows(tmp_path / "run")
+    assert not np.isfinite(train[-1]["loss"]) or not np.isfinite(train[-1]["grad_norm"])
+    last = checkpoint.latest_step(tmp_path / "run")
+    assert last is not None and last < train[-1]["step"]  # the diverged step was never saved
+    _, _, params, _, _ = restore_params(tmp_path / "run")
+    assert all(np.isfinite(np.asarray(x, np.float32)).all() for x in jax.tree_util.tree_leaves(params))
+
+
+@pytest.mark.slow
+def test_kill_and_resume_reproduces_the_uninterrupted_trajectory(byte_data, tmp_path):
+    """Steps-mode warmdown and a step-count stop: the time-based warmdown depends on wall-clock, so it cannot
+    be bit-identical; everything else (data position, optimizer state, schedule) must be."""
+    sets = ("train.max_steps=8", "optim.warmdown_mode='steps'", "optim.warmdown_steps=4")
+    full = loop.run(tiny_config(byte_data, *sets), tmp_path / "full", echo=False)
+    part = loop.run(tiny_config(byte_data, *sets), tmp_path / "split", echo=False, stop_after_steps=3)
+    assert part["stop_reason"].startswith("signal") and part["steps"] == 3
+    assert checkpoint.read_meta(tmp_path / "split")[1]["reason"] == "interrupted"
+    resumed = loop.run(tiny_config(byte_data, *sets), tmp_path / "split", resume=True, echo=False)
+    assert resumed["steps"] == full["steps"] == 8
+    a, _ = _train_rows(tmp_path / "full")
+    b, _ = _train_rows(tmp_path / "split")
+    assert [r["step"] for r in b] == list(range(1, 9))
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert [r["grad_norm"] for r in a] == [r["grad_norm"] for r in b]
+    assert [r["lr_scale"] for r in a] == [r["lr_scale"] for r in b]
+    assert resumed["val_nll_sum_nats"] == full["val_nll_sum_nats"]

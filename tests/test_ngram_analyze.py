@@ -1,0 +1,96 @@
+"""The trained bias on constructed corpora, measured with `frontier_jax.ngram.analyze`.
+
+Text is random lowercase words (byte tokens), so a small network cannot predict much beyond letter
+frequencies, while a repeated document is fully predictable from an order-5+ byte context.
+  repeats: the builder's shard (the last train shard) holds documents E and D; the trainer's shard
+      holds E several times among fresh text (near-duplicates across the corpus, as on the web), so
+      the bias learns that long matching contexts are right; val is D, which the trainer never sees.
+      The bias must lower val bpb by a large margin vs the same run (same seed, same trainer tokens)
+      with the n-gram disabled.
+  no repeats: every document fresh. The bias must cost < 0.001 bpb after training. The comparison
+      is paired on the same trained network (bias as learned vs zeroed, `analyze`), because two tiny
+      runs differ by more than 0.001 bpb through training noise alone."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from frontier_jax import loop
+from frontier_jax.data.shards import write_shard
+from frontier_jax.ngram import analyze
+from frontier_jax.ngram import runtime as ngram_runtime
+
+from test_ngram_runtime import HookedRuntime  # noqa: E402 (waits for the builder before step 0)
+
+SETS = ["ngram.enabled=True", "ngram.table_log2_size=14", "ngram.min_order=2", "ngram.max_order=8",
+        "ngram.snapshot_every_tokens=1000000", "ngram.builder_niceness=0", "optim.ngram_lr=0.1",
+        "train.max_steps=200", "optim.warmdown_mode='steps'", "optim.warmdown_steps=50"]
+
+
+def random_docs(n: int, rng) -> list[np.ndarray]:
+    """Documents of random lowercase words as byte tokens (BOS=1 first, byte b -> b + 4)."""
+    docs = []
+    for _ in range(n):
+        words = [rng.integers(97, 123, size=int(rng.integers(2, 8))).astype(np.uint8).tobytes() for _ in range(int(rng.integers(30, 70)))]
+        docs.append(np.concatenate([[1], np.frombuffer(b" ".join(words), np.uint8).astype(np.int64) + 4]))
+    return docs
+
+
+def write_corpus(d, repeats: bool, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    E, D = (random_docs(20, rng), random_docs(20, rng)) if repeats else ([], [])
+    trainer = random_docs(60, rng) + (E * 3)
+    rng.shuffle(trainer)
+    builder = random_docs(25, rng) + E + D
+    rng.shuffle(builder)
+    val = D if repeats else random_docs(20, rng)
+    d.mkdir(parents=True)
+    write_shard(d / "c_train_000000.bin", np.concatenate(trainer).astype(np.uint16))
+    write_shard(d / "c_train_000001.bin", np.concatenate(builder).astype(np.uint16))
+    write_shard(d / "c_val_000000.bin", np.concatenate(val).astype(np.uint16))
+    trainer_only = d.parent / f"{d.name}_trainer_only"
+    trainer_only.mkdir()
+    for name in ("c_train_000000.bin", "c_val_000000.bin"):
+        (trainer_only / name).write_bytes((d / name).read_bytes())
+    return d, trainer_only
+
+
+def _train(data, out, *sets, monkeypatch):
+    monkeypatch.setattr(ngram_runtime, "NgramRuntime", HookedRuntime)
+    HookedRuntime.wait_at_step = 0
+    return loop.run(tiny_config(data, *sets), out, echo=False)
+
+
+@pytest.mark.slow
+def test_bias_wins_big_on_repeated_documents(tmp_path, monkeypatch, capsys):
+    data, trainer_only = write_corpus(tmp_path / "rep", repeats=True)
+    on = _train(data, tmp_path / "on", *SETS, monkeypatch=monkeypatch)
+    off = _train(trainer_only, tmp_path / "off", *SETS[6:], monkeypatch=monkeypatch)
+    r = analyze.analyze_run(tmp_path / "on")
+    print(analyze.format_report(r))
+    assert abs(r["bpb_with_bias"] - on["val_bpb"]) < 1e-4  # analyze reproduces the run's final evaluation
+    assert on["val_bpb"] < off["val_bpb"] - 1.0, (on["val_bpb"], off["val_bpb"])
+    assert r["gain_bpb"] > 1.0
+    high = r["orders"][-1]
+    assert high["coverage"] > 0.8 and high["top1_acc"] > 0.95
+    assert r["tables"]["ngram_bpb"] < r["bpb_network"]
+    # the CLI prints the same numbers
+    capsys.readouterr()
+    assert analyze.main(["--run", str(tmp_path / "on"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bpb_with_bias"] == pytest.approx(r["bpb_with_bias"], abs=1e-9)
+    off_r = analyze.analyze_run(tmp_path / "off")
+    assert abs(off_r["bpb_network"] - off["val_bpb"]) < 1e-4 and "bpb_with_bias" not in off_r
+
+
+@pytest.mark.slow
+def test_bias_costs_nothing_without_repeats(tmp_path, monkeypatch):
+    data, _ = write_corpus(tmp_path / "norep", repeats=False)
+    on = _train(data, tmp_path / "on", *SETS, monkeypatch=monkeypatch)
+    r = analyze.analyze_run(tmp_path / "on")
+    print(analyze.format_report(r))
+    assert abs(r["bpb_with_bias"] - on["val_bpb"]) < 1e-4
+    assert r["bpb_with_bias"] - r["bpb_network"] < 1e-3, r

@@ -1,0 +1,141 @@
+"""The n-gram bias inside the trainer: shard disjointness, snapshot swaps without recompiling, builder
+crash (logged / strict), shutdown leaving nothing behind. Runs are tiny (CPU, seconds each).
+
+Determinism: the builder process takes seconds to spawn, so the tests never rely on timing. A
+`HookedRuntime` (patched into the loop) waits for the builder to finish when the loop polls at a chosen
+step and polls without the 2 s rate limit, so the swap happens exactly at that step."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_config
+from frontier_jax import loop
+from frontier_jax.ngram import runtime as ngram_runtime
+from frontier_jax.ngram import snapshot as S
+
+NGRAM_SETS = ["ngram.enabled=True", "ngram.table_log2_size=12", "ngram.min_order=2", "ngram.max_order=6",
+              "ngram.snapshot_every_tokens=8000", "ngram.builder_niceness=0"]
+
+
+class HookedRuntime(ngram_runtime.NgramRuntime):
+    wait_at_step = 0
+    instances: list = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.poll_seconds = 0.0
+        HookedRuntime.instances.append(self)
+
+    def poll(self, step, force=False):
+        if step == self.wait_at_step and self.builder.alive():
+            assert self.builder.wait(120), "builder did not finish within 120 s"
+        return super().poll(step, force)
+
+
+@pytest.fixture
+def hooked(monkeypatch):
+    HookedRuntime.instances = []
+    HookedRuntime.wait_at_step = 0
+    monkeypatch.setattr(ngram_runtime, "NgramRuntime", HookedRuntime)
+    return HookedRuntime
+
+
+def _no_leftovers(rt) -> None:
+    assert not rt.builder.alive()
+    assert not [p for p in mp.active_children() if p.name == "ngram-builder"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(rt._builder_pid, 0)
+    assert not [p.name for p in rt.out_dir.iterdir() if p.name.startswith(S.TMP_PREFIX)]
+
+
+def test_run_with_bias_disjoint_shards_and_swap_without_recompiling(byte_data, tmp_path, hooked, monkeypatch):
+    traces = []
+
+    def counting_bias_fn(model, x_BT, tables):  # called once per trace of the train / eval step
+        traces.append(len(HookedRuntime.instances[0].swaps))
+        return ngram_runtime.__dict__["_orig_bias_fn"](model, x_BT, tables)
+
+    monkeypatch.setitem(ngram_runtime.__dict__, "_orig_bias_fn", ngram_runtime.bias_fn)
+    monkeypatch.setattr(ngram_runtime, "bias_fn", counting_bias_fn)
+    hooked.wait_at_step = 3
+    out = tmp_path / "run"
+    summary = loop.run(tiny_config(byte_data, *NGRAM_SETS), out, echo=False)
+    rt = HookedRuntime.instances[0]
+    # (a) which shards each side used, and disjointness (runtime object, run log, runtime.json, snapshot sources)
+    assert [f.name for f in rt.trainer_files] == ["synth_train_000000.bin"]
+    assert [f.name for f in rt.builder_files] == ["synth_train_000001.bin"]
+    log_text = (out / "train.log").read_text()
+    assert "trainer reads 1 shards (synth_train_000000.bin" in log_text
+    assert "builder reads 1 shards from the far end (synth_train_000001.bin); disjoint: yes" in log_text
+    record = json.loads((out / "ngram-p0" / "runtime.json").read_text())
+    assert not set(record["trainer_shards"]) & set(record["builder_shards"])
+    final = S.load_snapshot(record["final"]["snapshot"])
+    assert {Path(s["file"]).name for s in final.header["sources"]} == {"synth_train_000001.bin"}
+    assert final.header["complete"] and final.header["tokens_consumed"] == 30_000
+    # (b) the swap happened between steps 2 and 3, and nothing was traced again after it
+    assert rt.swaps[0]["step"] == 3 and rt.swaps[0]["complete"]
+    assert "in use from step 3" in log_text
+    assert traces == [0, 0], f"train/eval step traced {len(traces)} times (swaps seen at trace: {traces})"
+    assert summary["steps"] == 6 and summary["val_bpb"] > 0
+    _no_leftovers(rt)
+
+
+def _corrupt_builder_data(byte_data, tmp_path) -> Path:
+    d = tmp_path / "data"
+    d.mkdir()
+    shutil.copy(byte_data / "synth_train_000000.bin", d)
+    shutil.copy(byte_data / "synth_val_000000.bin", d)
+    (d / "synth_train_000001.bin").write_bytes(b"not a shard" * 100)
+    return d
+
+
+def test_builder_crash_is_logged_and_training_continues(byte_data, tmp_path, hooked):
+    hooked.wait_at_step = 1
+    out = tmp_path / "run"
+    summary = loop.run(tiny_config(_corrupt_builder_data(byte_data, tmp_path), *NGRAM_SETS), out, echo=False)
+    assert summary["steps"] == 6 and summary["val_bpb"] > 0
+    log_text = (out / "train.log").read_text()
+    assert "NGRAM BUILDER FAILED; training continues on snapshot v-1" in log_text
+    assert "bad magic" in log_text
+    assert "no snapshot was published within the budget" in log_text
+    record = json.loads((out / "ngram-p0" / "runtime.json").read_text())
+    assert "bad magic" in record["builder_error"]
+    _no_leftovers(HookedRuntime.instances[0])
+
+
+def test_builder_crash_stops_the_run_in_strict_mode(byte_data, tmp_path, hooked):
+    hooked.wait_at_step = 1
+    cfg = tiny_config(_corrupt_builder_data(byte_data, tmp_path), *NGRAM_SETS, "ngram.strict=True")
+    with pytest.raises(ngram_runtime.NgramBuilderFailed, match="ngram builder failed .*bad magic"):
+        loop.run(cfg, tmp_path / "run", echo=False)
+    assert "NGRAM BUILDER FAILED; stopping (ngram.strict)" in (tmp_path / "run" / "train.log").read_text()
+    _no_leftovers(HookedRuntime.instances[0])
+
+
+@pytest.mark.parametrize("how", ["sigint", "exception"])
+def test_interrupt_or_crash_leaves_no_builder_and_no_temp_dirs(byte_data, tmp_path, hooked, how):
+    hooked.wait_at_step = -1  # never wait: the builder is usually still starting or building when we stop
+
+    def on_step(step, row):
+        if step == 2:
+            if how == "sigint":
+                os.kill(os.getpid(), signal.SIGINT)
+            else:
+                raise RuntimeError("simulated trainer crash")
+
+    cfg = tiny_config(byte_data, *NGRAM_SETS, "train.max_steps=50")
+    if how == "sigint":
+        summary = loop.run(cfg, tmp_path / "run", echo=False, on_step=on_step)
+        assert summary["stop_reason"].startswith("signal")
+    else:
+        with pytest.raises(RuntimeError, match="simulated trainer crash"):
+            loop.run(cfg, tmp_path / "run", echo=False, on_step=on_step)
+    _no_leftovers(HookedRuntime.instances[0])
