@@ -16,7 +16,7 @@ the token-major layout for the store and a^T for the projection, i.e. 8 more 128
 the forward (fwd TensorE 159M MACs issued, useful/issued 0.84) and moves 256 KiB more per 128
 tokens (h out, h in); backward 293M issued. Recompute: fwd 142.6M issued (0.94), bwd 369M issued
 (one 67M-MAC matmul and 4 transposes more, 0.91). Both kernels are TensorE-bound, so the overlapped
-estimate is store 3.46 + 6.37 = 9.8 us vs recompute 3.10 + 8.01 = 11.1 us per 128 tokens: storing
+estimate is store 3.46 + 6.37 = 9.8 us vs recompute 3.10 + 8.03 = 11.1 us per 128 tokens: storing
 would be ~12% faster on these two kernels (about 1.3% of the step), but it fails the TensorE
 useful/issued >= 0.9 bar of the forward and keeps 128 MiB of h per layer per micro-batch (1.1 GiB
 at 9 layers) alive in HBM between forward and backward. We recompute.

@@ -17,6 +17,8 @@ R, C work; SBUF holds ~ (3 C + 3 R) * 2 B + 16 KiB of scratch per partition for 
 All baseline and frontier14 matrices (R <= 512, C <= 1024: ~25 KiB per partition) fit.
 """
 
+import struct
+
 import nki
 import nki.isa as nisa
 import nki.language as nl
@@ -24,6 +26,14 @@ import nki.language as nl
 NS_A, NS_B, NS_C = 3.4445, -4.7750, 2.0315  # = frontier_jax.optim.NS_COEFFS
 NS_EPS = 1e-7  # = frontier_jax.optim.NS_EPS
 PSUM_N = 512  # fp32 columns of one PSUM bank (nl.tile_size.psum_fmax)
+
+
+def _round_bf16(v):
+    """A Python float rounded to bfloat16 (nearest even): the reference multiplies bf16 arrays by
+    constants converted to bf16 first (JAX weak typing), so the kernel's constants must match."""
+    bits = struct.unpack("<I", struct.pack("<f", v))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 def _row_tiles(n, P):
@@ -67,6 +77,8 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16"):
     wide = O <= I  # PyTorch [out, in] is not tall: X = ge^T, natural [in, out] tiles are X^T
     R, C = (O, I) if wide else (I, O)
     scale = max(1.0, O / I) ** 0.5
+    cst = _round_bf16 if ns_dtype == "bfloat16" else float
+    ca, cb, cc, scale, eps = cst(NS_A), cst(NS_B), cst(NS_C), cst(scale), cst(NS_EPS)
     po_IO = nl.ndarray((I, O), dtype=p_IO.dtype, buffer=nl.shared_hbm)
     bo_IO = nl.ndarray((I, O), dtype=buf_IO.dtype, buffer=nl.shared_hbm)
     s_P2 = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)
@@ -101,11 +113,9 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16"):
     nisa.nc_matmul(dst=tot_P1, stationary=ones_PP, moving=ss_P1)
     nrm_P1 = nl.ndarray((P, 1), dtype=dt, buffer=nl.sbuf)
     nisa.activation(dst=nrm_P1, op=nl.sqrt, data=tot_P1)
-    nisa.tensor_scalar(dst=nrm_P1, data=nrm_P1, op0=nl.add, operand0=NS_EPS)
-    rinv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.reciprocal(dst=rinv_P1, data=nrm_P1)
-    for i, (i0, ri) in enumerate(_row_tiles(I, P)):
-        nisa.tensor_scalar(dst=nat[i][0:ri], data=nat[i][0:ri], op0=nl.multiply, operand0=rinv_P1[0:ri])
+    nisa.tensor_scalar(dst=nrm_P1, data=nrm_P1, op0=nl.add, operand0=eps)
+    for i, (i0, ri) in enumerate(_row_tiles(I, P)):  # a true division, rounded as the reference's x / n
+        nisa.tensor_scalar(dst=nat[i][0:ri], data=nat[i][0:ri], op0=nl.divide, operand0=nrm_P1[0:ri])
 
     # ---- Newton-Schulz on chip: X as R-row tiles, X^T as C-row tiles
     if wide:
@@ -120,15 +130,23 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16"):
         def store_a(m, r0, rm, n0, nw, pt):  # A = X X^T
             nisa.tensor_copy(dst=a_t[m][0:rm, n0:n0 + nw], src=pt[0:rm, 0:nw])
 
+        # Every product and term is rounded to the NS dtype as the reference (and the baseline's bf16
+        # torch code) rounds it: 5 bf16 iterations amplify rounding differences in small singular
+        # directions ~3.4x each, so matching the rounding points matters more than the extra passes.
         def store_b(m, r0, rm, n0, nw, pt):  # B = b A + c (A A)
-            ba = nl.ndarray((P, nw), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=ba[0:rm], op=nl.copy, data=a_t[m][0:rm, n0:n0 + nw], scale=NS_B)
-            nisa.scalar_tensor_tensor(dst=b_t[m][0:rm, n0:n0 + nw], data=pt[0:rm, 0:nw], op0=nl.multiply,
-                                      operand0=NS_C, op1=nl.add, operand1=ba[0:rm])
+            aa = nl.ndarray((P, nw), dtype=dt, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=aa[0:rm], src=pt[0:rm, 0:nw])
+            nisa.activation(dst=aa[0:rm], op=nl.copy, data=aa[0:rm], scale=cc)
+            ba = nl.ndarray((P, nw), dtype=dt, buffer=nl.sbuf)
+            nisa.activation(dst=ba[0:rm], op=nl.copy, data=a_t[m][0:rm, n0:n0 + nw], scale=cb)
+            nisa.tensor_tensor(dst=b_t[m][0:rm, n0:n0 + nw], data1=ba[0:rm], data2=aa[0:rm], op=nl.add)
 
         def store_x(m, r0, rm, n0, nw, pt):  # X' = a X + B X
-            nisa.scalar_tensor_tensor(dst=xn[m][0:rm, n0:n0 + nw], data=x[m][0:rm, n0:n0 + nw], op0=nl.multiply,
-                                      operand0=NS_A, op1=nl.add, operand1=pt[0:rm, 0:nw])
+            bx = nl.ndarray((P, nw), dtype=dt, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=bx[0:rm], src=pt[0:rm, 0:nw])
+            ax = nl.ndarray((P, nw), dtype=dt, buffer=nl.sbuf)
+            nisa.activation(dst=ax[0:rm], op=nl.copy, data=x[m][0:rm, n0:n0 + nw], scale=ca)
+            nisa.tensor_tensor(dst=xn[m][0:rm, n0:n0 + nw], data1=ax[0:rm], data2=bx[0:rm], op=nl.add)
 
         _gram((xt, xt), C, R, R, P, store_a)
         _gram((a_t, a_t), R, R, R, P, store_b)  # A, B symmetric: A[k, m]^T = A[m, k]

@@ -32,7 +32,7 @@ def _case(N, D, V, S, dtype, seed):
     x = rng.standard_normal((N, D)).astype(dtype)
     emb = (rng.standard_normal((V, D)) * 0.3).astype(dtype)
     tg = rng.integers(0, V, N).astype(np.int32)
-    ids = rng.integers(-1, V, (N, S)).astype(np.int32)  # -1: no prediction (adds nothing)
+    ids = rng.integers(0, V, (N, S)).astype(np.int32)  # a miss is a 0 value (ngram.bias), ids stay in [0, V)
     vals = (rng.standard_normal((N, S)) * 2).astype(np.float32)
     if S >= 3:
         ids[:, 1] = ids[:, 0]  # two sources voting for the same token

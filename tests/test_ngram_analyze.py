@@ -26,7 +26,7 @@ from frontier_jax.ngram import runtime as ngram_runtime
 
 from test_ngram_runtime import HookedRuntime  # noqa: E402 (waits for the builder before step 0)
 
-SETS = ["ngram.enabled=True", "ngram.table_log2_size=14", "ngram.min_order=2", "ngram.max_order=8",
+SETS = ["ngram.enabled=True", "ngram.table_log2_size=16", "ngram.min_order=2", "ngram.max_order=8",
         "ngram.snapshot_every_tokens=1000000", "ngram.builder_niceness=0", "optim.ngram_lr=0.1",
         "train.max_steps=200", "optim.warmdown_mode='steps'", "optim.warmdown_steps=50"]
 
@@ -76,7 +76,7 @@ def test_bias_wins_big_on_repeated_documents(tmp_path, monkeypatch, capsys):
     assert on["val_bpb"] < off["val_bpb"] - 1.0, (on["val_bpb"], off["val_bpb"])
     assert r["gain_bpb"] > 1.0
     high = r["orders"][-1]
-    assert high["coverage"] > 0.8 and high["top1_acc"] > 0.95
+    assert high["coverage"] > 0.7 and high["top1_acc"] > 0.95
     assert r["tables"]["ngram_bpb"] < r["bpb_network"]
     # the CLI prints the same numbers
     capsys.readouterr()
