@@ -1,4 +1,4 @@
-"""14 layers, otherwise the baseline; the n-gram logit bias on."""
+"""14 layers, otherwise the baseline; the n-gram logit bias and the fused optimizer kernels on."""
 
 import dataclasses
 
@@ -13,4 +13,5 @@ def get_config():
         name="frontier14",
         model=ModelConfig(num_layers=14),
         ngram=NgramConfig(enabled=True),
+        optim=dataclasses.replace(cfg.optim, fused=True),
     )

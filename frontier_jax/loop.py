@@ -81,7 +81,7 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, stop_after_steps
     global_micro, accum = split_batch(seqs_per_step, t.micro_batch_seqs, dp.num_devices, dp.process_count)
     if t.val_batch_seqs % dp.num_devices:
         raise ConfigError(f"train.val_batch_seqs={t.val_batch_seqs} is not a multiple of the {dp.num_devices} devices")
-    kernel_rows = ops.configure(t.kernels)
+    kernel_rows = ops.configure(t.kernels, unused=() if cfg.optim.fused else ops.FUSED_OPTIMIZER_OPS)
     env = report.environment()
     compute_dtype = resolve_compute_dtype(cfg.model)
     if resume:  # refuse another model's checkpoint before the run directory's config.json is rewritten

@@ -50,15 +50,17 @@ class KernelUnavailableError(RuntimeError):
     """`--kernels strict` and some op would not run its NKI kernel."""
 
 
-_state = {"mode": "auto", "platform": None, "rows": None, "emulated": frozenset()}
+_state = {"mode": "auto", "platform": None, "rows": None, "emulated": frozenset(), "unused": frozenset()}
 _neuron_registered: set[str] = set()
 
 
 # ----------------------------------------------------------------------------- kernel table
 
 
-def _resolve(op: str, mode: str, platform: str) -> KernelRow:
+def _resolve(op: str, mode: str, platform: str, unused: frozenset) -> KernelRow:
     spec = registry.KERNELS.get(op)
+    if op in unused:
+        return KernelRow(op, "unused", unused_reason(op))
     if op in _state["emulated"]:
         return KernelRow(op, "emulated", "NumPy emulator of the NKI kernel via jax.pure_callback (tests only)")
     if spec is None:
@@ -75,31 +77,42 @@ def _resolve(op: str, mode: str, platform: str) -> KernelRow:
     return KernelRow(op, "nki", f"{spec.module}.{spec.fwd}/{spec.bwd}")
 
 
-def configure(mode: str = "auto", platform: str | None = None) -> list[KernelRow]:
-    """Decide every op's implementation for this process; strict raises if any op misses its kernel."""
-    rows = _configure(mode, platform)
+FUSED_OPTIMIZER_OPS = frozenset({"adam_update", "muon_update"})
+
+
+def unused_reason(op: str) -> str:
+    return "optim.fused=False (the optax chain runs)" if op in FUSED_OPTIMIZER_OPS else "not used by this run"
+
+
+def configure(mode: str = "auto", platform: str | None = None, unused=()) -> list[KernelRow]:
+    """Decide every op's implementation for this process; strict raises if any op misses its kernel.
+
+    `unused`: ops this run never calls (e.g. the fused optimizer ops when optim.fused is off); they are
+    listed as such and do not count for strict mode.
+    """
+    rows = _configure(mode, platform, frozenset(unused))
     jax.clear_caches()
     return rows
 
 
-def _configure(mode: str, platform: str | None) -> list[KernelRow]:
+def _configure(mode: str, platform: str | None, unused: frozenset = frozenset()) -> list[KernelRow]:
     if mode not in MODES:
         raise ValueError(f"kernels mode must be one of {'|'.join(MODES)}, got {mode!r}")
     platform = platform or jax.default_backend()
-    rows = [_resolve(op, mode, platform) for op in OPS]
+    rows = [_resolve(op, mode, platform, unused) for op in OPS]
     if mode == "strict":
-        missing = [r for r in rows if r.impl != "nki"]
+        missing = [r for r in rows if r.impl not in ("nki", "unused")]
         if missing:
             raise KernelUnavailableError(
                 "strict kernels: no NKI kernel will run for " + ", ".join(f"{r.op} ({r.reason})" for r in missing))
-    _state.update(mode=mode, platform=platform, rows={r.op: r for r in rows})
+    _state.update(mode=mode, platform=platform, rows={r.op: r for r in rows}, unused=unused)
     return rows
 
 
 def kernel_table() -> list[KernelRow]:
     """The current table (configured with mode "auto" on first use)."""
     if _state["rows"] is None:
-        _configure(_state["mode"], _state["platform"])
+        _configure(_state["mode"], _state["platform"], _state["unused"])
     return [_state["rows"][op] for op in OPS]
 
 
@@ -118,7 +131,7 @@ def emulated(op_names):
             raise ValueError(f"{op} has no NKI kernel to emulate")
     saved = dict(_state)
     _state["emulated"] = names
-    configure(_state["mode"], _state["platform"])
+    configure(_state["mode"], _state["platform"], _state["unused"])
     try:
         yield kernel_table()
     finally:

@@ -200,8 +200,12 @@ def main(argv=None) -> int:
     ap.add_argument("--config", required=True, help="a configs/*.py file")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = ap.parse_args(argv)
-    rep = build_report(load_config(args.config))
-    print(json.dumps(rep, indent=1) if args.json else format_report(rep))
+    cfg = load_config(args.config)
+    rep = build_report(cfg)
+    from kernels_nki.report_optim import format_optimizer, optimizer_section
+
+    rep["optimizer"] = optimizer_section(cfg)
+    print(json.dumps(rep, indent=1) if args.json else format_report(rep) + "\n\n" + format_optimizer(rep["optimizer"]))
     return 0
 
 

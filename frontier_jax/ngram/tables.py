@@ -177,20 +177,24 @@ class NgramTables:
         a_P = np.full(pos_P.size, SEED_A, dtype=np.uint32)
         b_P = np.full(pos_P.size, SEED_B, dtype=np.uint32)
         rep_P = np.ones(pos_P.size, dtype=bool)
+        contiguous = True  # pos_P is still an arange: gathers are slices
         for n in range(1, self.max_order + 1):
             if pos_P.size and pos_P[0] < n - 1:  # too little context at the start of the stream
                 keep = pos_P >= n - 1
                 pos_P, a_P, b_P, rep_P = (np.compress(keep, z) for z in (pos_P, a_P, b_P, rep_P))
             if pos_P.size == 0:
                 return
-            v_P = np.take(v_N, pos_P - (n - 1))
+            lo, hi = int(pos_P[0]), int(pos_P[-1]) + 1
+            v_P = v_N[lo - n + 1 : hi - n + 1] if contiguous else np.take(v_N, pos_P - (n - 1))
             a_P = hash_step(a_P, v_P, MUL_A)
             b_P = hash_step(b_P, v_P, MUL_B)
             if n < self.min_order:
                 continue
-            keep, rep_P = self._update_order(n - self.min_order, a_P, b_P, np.take(x_N, pos_P + 1), rep_P)
+            y_P = x_N[lo + 1 : hi + 1] if contiguous else np.take(x_N, pos_P + 1)
+            keep, rep_P = self._update_order(n - self.min_order, a_P, b_P, y_P, rep_P)
             if keep is not None:
                 pos_P, a_P, b_P, rep_P = (np.compress(keep, z) for z in (pos_P, a_P, b_P, rep_P))
+                contiguous = False
 
     def _update_order(self, o, a_P, b_P, y_P, cand_P):
         """Merge one order's events; return (alive for the next order or None for all, repeats-in-chunk flags)."""
@@ -198,12 +202,13 @@ class NgramTables:
         F = fingerprint_bits(L)
         rows_K4 = self.rows_OK4[o]
         bucket_P, fp_P = bucket_and_fp(a_P, b_P, L)
-        c = np.flatnonzero(cand_P)
+        everyone = bool(cand_P.all())  # low orders: every context may repeat, no gathers needed
+        c = None if everyone else np.flatnonzero(cand_P)
         in_multi_P = np.zeros(y_P.size, dtype=bool)
-        if c.size:
-            bucket_C = np.take(bucket_P, c)
-            ctx_C = (bucket_C.astype(np.uint64) << np.uint64(F)) | np.take(fp_P, c)
-            keys = (ctx_C << np.uint64(16)) | np.take(y_P, c)
+        if everyone or c.size:
+            bucket_C = bucket_P if everyone else np.take(bucket_P, c)
+            ctx_C = (bucket_C.astype(np.uint64) << np.uint64(F)) | (fp_P if everyone else np.take(fp_P, c))
+            keys = (ctx_C << np.uint64(16)) | (y_P if everyone else np.take(y_P, c))
             keys.sort()
             new_run = np.empty(keys.size, dtype=bool)
             new_run[0] = True
@@ -219,7 +224,10 @@ class NgramTables:
             gtotal = np.add.reduceat(ucount, gstart)
             multi = gtotal >= 2
             mctx = np.compress(multi, np.take(uctx, gstart))
-            in_multi_P[c] = self._member(mctx, ctx_C, bucket_C, F)
+            if everyone:
+                in_multi_P = self._member(mctx, ctx_C, bucket_C, F)
+            else:
+                in_multi_P[c] = self._member(mctx, ctx_C, bucket_C, F)
             if mctx.size:
                 best = np.maximum.reduceat((ucount << np.uint64(16)) | (np.uint64(0xFFFF) - (ukeys & np.uint64(0xFFFF))), gstart)
                 self._merge_multi(o, rows_K4, mctx, np.compress(multi, gtotal), np.compress(multi, best), ukeys, ucount, F)
