@@ -59,7 +59,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformationExtraArgs, bias_fn
         else:
             updates, opt_state = tx.update(grads, opt_state, params, lr_scale=lr_scale, momentum=momentum)
             params = optax.apply_updates(params, updates)
-        gnorm = optax.global_norm(grads)
+        gnorm = optax.tree.norm(grads)
         return params, opt_state, {"loss": lsum / M, "grad_norm": gnorm}
 
     out_shardings = None if shardings is None else (shardings[0], shardings[1], replicated)

@@ -21,14 +21,18 @@ def test_report_on_tiny_config_json(capsys):
     rep = json.loads(capsys.readouterr().out)
     cfg = load_config(REPO / "configs" / "tiny.py")
     N = cfg.train.seq_len * cfg.train.micro_batch_seqs
-    assert rep["ops_without_kernel"] == ["causal_attention"]
-    assert rep["step"]["complete"] is False and "INCOMPLETE" in rep["step"]["note"]
+    assert rep["ops_without_kernel"] == []
+    assert rep["step"]["complete"] is True and rep["step"]["note"] == "all ops covered"
     assert 0 < rep["whole_step"]["mfu"] < 1 and rep["whole_step"]["step_s"] > rep["whole_step"]["kernel_s"] > 0
-    ops_ = ("rms_norm", "rope", "mlp", "embed", "head_loss")
+    ops_ = ("rms_norm", "rope", "causal_attention", "mlp", "embed", "head_loss")
     assert {(r["op"], r["which"]) for r in rep["kernels"]} == {(op, w) for op in ops_ for w in ("fwd", "bwd")}
     for r in rep["kernels"]:
-        if r["op"] in ("mlp", "head_loss"):
+        if r["op"] in ("mlp", "head_loss", "causal_attention"):
             assert r["pe_useful_over_issued"] > 0 and r["est_s"] > 0
+        if r["op"] == "causal_attention":  # counted on one sequence, times the micro-batch's sequences
+            assert r["inputs"][0][0][0] == 1 and r["dma_over_min"] == 1.0
+            per_micro = cfg.model.num_layers * cfg.train.micro_batch_seqs
+            assert r["calls_per_step"] == per_micro * rep["microbatches_per_core_per_step"]
         if r["op"] == "embed":
             assert r["dma_over_min"] <= 1.1
     rows = [r for r in rep["kernels"] if r["op"] == "rms_norm"]
@@ -40,11 +44,11 @@ def test_report_on_tiny_config_json(capsys):
     assert rep["step"]["kernel_s_per_step"] > 0
 
 
-def test_report_text_says_what_is_missing(capsys):
+def test_report_text_covers_every_op(capsys):
     report.main(["--config", str(REPO / "configs" / "tiny.py")])
     out = capsys.readouterr().out
-    assert "count-only emulation" in out and "INCOMPLETE" in out
-    assert "causal_attention no NKI kernel" in out and "estimated trn1 step" in out and "MFU" in out
+    assert "count-only emulation" in out and "INCOMPLETE" not in out and "no NKI kernel (runs" not in out
+    assert "all ops covered" in out and "causal_attention fwd" in out and "estimated trn1 step" in out and "MFU" in out
 
 
 def test_counted_work_equals_a_full_emulated_run_at_small_shapes():
