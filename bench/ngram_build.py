@@ -76,7 +76,8 @@ def bench_process(cfg: NgramConfig, tokens: np.ndarray, chunk: int) -> dict:
     return {"mode": "builder_process", "tokens": int(tokens.size), "seconds": round(dt, 2), "tokens_per_s": round(tokens.size / dt), "error": err}
 
 
-def interleaved_step_times(step_fn, make_builder, steps_per_block: int = 20, blocks: int = 6, warm_s: float = 4.0) -> dict:
+def interleaved_step_times(step_fn, make_builder, steps_per_block: int = 20, blocks: int = 6, warm_s: float = 4.0,
+                           after_start=None) -> dict:
     """Median step seconds without and with a running builder, alternating blocks in one run.
 
     step_fn() runs one training step and blocks until it is done; make_builder() returns an
@@ -88,6 +89,8 @@ def interleaved_step_times(step_fn, make_builder, steps_per_block: int = 20, blo
         mode = "with" if i % 2 else "without"
         builder = make_builder().start() if mode == "with" else None
         if builder is not None:
+            if after_start is not None:
+                after_start(builder)
             time.sleep(warm_s)
         try:
             for _ in range(steps_per_block):
@@ -128,8 +131,14 @@ def compare(cfg: NgramConfig, tokens: np.ndarray, chunk: int, old_path: str, rou
             "speedup_cpu": med["after"]["tokens_per_cpu_s"] / med["before"]["tokens_per_cpu_s"]}
 
 
-def bench_trainer(config_path: str, builder_tokens: int, steps_per_block: int, blocks: int) -> dict:
-    """Interleaved train-step times of `config_path` (n-gram bias on) without / with a builder process."""
+def bench_trainer(config_path: str, builder_tokens: int, steps_per_block: int, blocks: int, pin: bool = False) -> dict:
+    """Interleaved train-step times of `config_path` (n-gram bias on) without / with a builder process.
+
+    pin: the trainer on CPU 0 and the builder on CPU 1 (Linux affinity), i.e. the builder has its own core."""
+    import os
+
+    if pin:
+        os.sched_setaffinity(0, {0})
     import jax
     import jax.numpy as jnp
 
@@ -172,10 +181,12 @@ def bench_trainer(config_path: str, builder_tokens: int, steps_per_block: int, b
         def make_builder():
             return NgramBuilder(replace(ng, snapshot_every_tokens=10**12), [shard], Path(d) / "out")
 
-        out = interleaved_step_times(step_fn, make_builder, steps_per_block, blocks)
+        pin_builder = (lambda b: os.sched_setaffinity(b.pid, {1})) if pin else None
+        out = interleaved_step_times(step_fn, make_builder, steps_per_block, blocks, after_start=pin_builder)
     return {"config": config_path, "step_rows": rows, "seq_len": t.seq_len, "backend": jax.default_backend(),
             "builder_niceness": ng.builder_niceness, "ngram_orders": f"{ng.min_order}..{ng.max_order}",
-            "table_log2_size": ng.table_log2_size, **out}
+            "table_log2_size": ng.table_log2_size, "pinned": pin, "cpus": os.cpu_count(),
+            "loadavg_1m": os.getloadavg()[0], **out}
 
 
 def main() -> None:
@@ -191,11 +202,12 @@ def main() -> None:
     ap.add_argument("--warm-tokens", type=int, default=0, help="untimed tokens first (steady state once tables are full)")
     ap.add_argument("--trainer", action="store_true", help="step time with / without a running builder")
     ap.add_argument("--config", default="configs/tiny.py")
+    ap.add_argument("--pin", action="store_true", help="--trainer: trainer on CPU 0, builder on CPU 1")
     ap.add_argument("--steps-per-block", type=int, default=8)
     ap.add_argument("--blocks", type=int, default=6)
     args = ap.parse_args()
     if args.trainer:
-        print(json.dumps(bench_trainer(args.config, args.tokens, args.steps_per_block, args.blocks)))
+        print(json.dumps(bench_trainer(args.config, args.tokens, args.steps_per_block, args.blocks, args.pin)))
         return
     cfg = NgramConfig(enabled=True, min_order=args.min_order, max_order=args.max_order, table_log2_size=args.log2_size, builder_niceness=0)
     tokens = synthetic_tokens(args.tokens)

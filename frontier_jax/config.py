@@ -71,7 +71,9 @@ class OptimConfig:
     muon_momentum_warmup_start: float = 0.85
     muon_momentum_warmup_steps: int = 500
     muon_ns_steps: int = 5
-    # Newton-Schulz precision: the baseline runs it in bf16; "float32" exists for parity tests.
+    # Newton-Schulz precision: the baseline runs it in bf16; "float32" exists for parity tests; "auto":
+    # bfloat16 on accelerators, float32 on CPU (where bf16 dots are slower), resolved and logged at start-up
+    # (frontier_jax.optim.resolve_ns_dtype).
     muon_ns_dtype: str = "bfloat16"
     warmdown_steps: int = 1200
     # "time": the warmdown start is computed from measured wall-clock step time (the baseline);
@@ -80,8 +82,8 @@ class OptimConfig:
     fused: bool = False  # fused Adam/Muon updates, one primitive (NKI kernel) per parameter
 
     def __post_init__(self):
-        if self.muon_ns_dtype not in ("bfloat16", "float32"):
-            raise ConfigError(f"optim.muon_ns_dtype must be bfloat16|float32, got {self.muon_ns_dtype!r}")
+        if self.muon_ns_dtype not in ("auto", "bfloat16", "float32"):
+            raise ConfigError(f"optim.muon_ns_dtype must be auto|bfloat16|float32, got {self.muon_ns_dtype!r}")
         if self.warmdown_mode not in ("time", "steps"):
             raise ConfigError(f"optim.warmdown_mode must be time|steps, got {self.warmdown_mode!r}")
 

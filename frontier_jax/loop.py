@@ -92,12 +92,14 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, stop_after_steps
                 f"{ckpt_meta.get('model_hash')} != {model_hash(cfg.model)}; model {ckpt_meta.get('model')})")
     if main:
         report.write_json(out_dir / "config.json", to_dict(cfg))
-        report.write_json(out_dir / "env.json", {**env, "compute_dtype": str(compute_dtype)})
+        report.write_json(out_dir / "env.json", {**env, "compute_dtype": str(compute_dtype),
+                                                "muon_ns_dtype": optim.resolve_ns_dtype(cfg.optim)})
         report.write_json(out_dir / "kernels.json", {"dispatch": f"per device, {dp.num_devices} device(s)",
                                                      "ops": [dataclasses.asdict(r) for r in kernel_rows]})
     log(f"frontier_jax run {out_dir} | config {cfg.name} ({config_hash(cfg)}) | git {env['git']}")
     log(f"backend {env['backend']} | {dp.describe()}")
-    log(f"compute dtype {compute_dtype} (model.compute_dtype={cfg.model.compute_dtype})")
+    log(f"compute dtype {compute_dtype} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
+        f"{optim.resolve_ns_dtype(cfg.optim)} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
     log(ops.format_kernel_table(kernel_rows) + f"\n(each op dispatched per device on its shard of the batch)")
 
     # ---- data and tokenizer (all checks before any compute)

@@ -259,9 +259,7 @@ def rms_norm(x: jax.Array) -> jax.Array:
 
 
 # ----------------------------------------------------------------------------- rope, mlp, embed, head_loss
-# (NKI kernels part 2: kernels_nki/{rope,mlp,embedding,head_loss}.py; causal_attention has no kernel yet)
-
-causal_attention = ref.causal_attention
+# (NKI kernels part 2: kernels_nki/{rope,mlp,embedding,head_loss,attention}.py)
 
 
 def _ops2_primitives():
@@ -302,7 +300,23 @@ def _ops2_primitives():
         out = ((x.shape, x.dtype), (emb.shape, emb.dtype))
         return out + (((ids.shape, f32),) if ids.shape[1] else ())
 
+    def attn_fwd(q, k, v, *, kernel=False):
+        B, T, H, K = q.shape
+        s = jnp.einsum("btgrk,bsgk->bgrts", q.reshape(B, T, k.shape[2], H // k.shape[2], K), k,
+                       preferred_element_type=f32) * (1.0 / np.sqrt(K))
+        s = jnp.where(jnp.tril(jnp.ones((T, T), dtype=bool)), s, -jnp.inf)
+        return ref.causal_attention(q, k, v), jax.nn.logsumexp(s, axis=-1).reshape(B, H, T, 1)
+
+    def attn_bwd(q, k, v, o, lse, do, *, kernel=False):
+        return jax.vjp(ref.causal_attention, q, k, v)[1](do)
+
+    def attn_fwd_avals(q, k, v):
+        return (q.shape, q.dtype), ((q.shape[0], q.shape[2], q.shape[1], 1), f32)  # o, lse [B, H, T, 1]
+
     table = {
+        "causal_attention": ((attn_fwd, attn_fwd_avals),
+                             (attn_bwd, lambda q, k, v, o, lse, do: ((q.shape, q.dtype), (k.shape, k.dtype),
+                                                                     (v.shape, v.dtype))), ()),
         "rope": ((rope_fwd, lambda x, c, s: ((x.shape, x.dtype),)),
                  (rope_bwd, lambda dy, c, s: ((dy.shape, dy.dtype),)), ()),
         "mlp": ((mlp_fwd, lambda x, w1, w2: ((x.shape, x.dtype),)),
@@ -319,6 +333,26 @@ def _ops2_primitives():
 
 
 _ops2_primitives()
+
+
+@jax.custom_vjp
+def _attention(q_BTHK, k_BTGK, v_BTGK):
+    return _call("causal_attention", "fwd", q_BTHK, k_BTGK, v_BTGK)[0]
+
+
+def _attention_vjp_fwd(q_BTHK, k_BTGK, v_BTGK):
+    o_BTHK, lse_BHT1 = _call("causal_attention", "fwd", q_BTHK, k_BTGK, v_BTGK)
+    return o_BTHK, (q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1)
+
+
+_attention.defvjp(_attention_vjp_fwd, lambda res, do_BTHK: _call("causal_attention", "bwd", *res, do_BTHK))
+
+
+def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array) -> jax.Array:
+    """Causal GQA attention (reference.causal_attention); the forward saves o and the per-row log-sum-exp
+    [B, H, T, 1] for the backward (kernels_nki/attention.py recomputes the probabilities from them)."""
+    dt = q_BTHK.dtype
+    return _attention(q_BTHK, k_BTGK.astype(dt), v_BTGK.astype(dt))
 
 
 @jax.custom_vjp

@@ -12,6 +12,7 @@ optax.contrib.muon would route every 2-D leaf, the embedding included, to Muon: 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -113,7 +114,15 @@ def scale_by_scheduled_lr(base_lr: float) -> optax.GradientTransformationExtraAr
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
+def resolve_ns_dtype(cfg: OptimConfig, platform: str | None = None) -> str:
+    """optim.muon_ns_dtype with "auto" resolved: bfloat16 on accelerators (the baseline), float32 on CPU."""
+    if cfg.muon_ns_dtype != "auto":
+        return cfg.muon_ns_dtype
+    return "float32" if (platform or jax.default_backend()) == "cpu" else "bfloat16"
+
+
 def build_optimizer(cfg: OptimConfig) -> optax.GradientTransformationExtraArgs:
+    cfg = dataclasses.replace(cfg, muon_ns_dtype=resolve_ns_dtype(cfg))
     if cfg.fused:  # one kernel per parameter (frontier_jax.fused_optim); same groups and hyper-parameters
         from frontier_jax.fused_optim import build_fused_optimizer
 

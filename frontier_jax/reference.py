@@ -39,18 +39,32 @@ def rope(x_BTHK: jax.Array, cos_TK2: jax.Array, sin_TK2: jax.Array) -> jax.Array
     return jnp.concatenate([x1 * cos + x2 * sin, x2 * cos - x1 * sin], axis=-1)
 
 
-def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array) -> jax.Array:
-    """Causal softmax attention with GQA (G kv heads shared by H/G query heads), scale 1/sqrt(K)."""
+def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, block: int = 0) -> jax.Array:
+    """Causal softmax attention with GQA (G kv heads shared by H/G query heads), scale 1/sqrt(K).
+
+    `block` > 0 (dividing T) computes the same softmax block-causally: query block i attends to key
+    blocks 0..i only, so the score matmuls skip the fully masked upper blocks (about half the work at
+    T/block large); each row's softmax still runs over exactly its unmasked keys, so the result is the
+    dense masked formulation up to summation order. 0: one block (the dense masked form).
+    """
     B, T, H, K = q_BTHK.shape
     G = k_BTGK.shape[2]
-    q_BTGRK = q_BTHK.reshape(B, T, G, H // G, K)
-    s_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BTGK, preferred_element_type=jnp.float32)
-    s_BGRTS = s_BGRTS * (1.0 / np.sqrt(K))
-    mask_TS = jnp.tril(jnp.ones((T, T), dtype=bool))
-    s_BGRTS = jnp.where(mask_TS, s_BGRTS, -jnp.inf)
-    p_BGRTS = jax.nn.softmax(s_BGRTS, axis=-1).astype(v_BTGK.dtype)
-    o_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", p_BGRTS, v_BTGK)
-    return o_BTGRK.reshape(B, T, H, K)
+    C = block if block and T % block == 0 else T
+    # [B, G, R, T, K] / [B, G, S, K]: contraction over K with (B, G) batch dims and no further transposes.
+    q_BGRTK = q_BTHK.reshape(B, T, G, H // G, K).transpose(0, 2, 3, 1, 4)
+    k_BGSK, v_BGSK = k_BTGK.transpose(0, 2, 1, 3), v_BTGK.transpose(0, 2, 1, 3)
+    outs = []
+    for i in range(T // C):
+        S = (i + 1) * C  # keys visible to this query block
+        s_BGRCS = jnp.einsum("bgrck,bgsk->bgrcs", q_BGRTK[:, :, :, i * C:S], k_BGSK[:, :, :S],
+                             preferred_element_type=jnp.float32)
+        s_BGRCS = s_BGRCS * (1.0 / np.sqrt(K))
+        mask_CS = np.arange(S)[None, :] <= np.arange(i * C, S)[:, None]  # host constant
+        s_BGRCS = jnp.where(mask_CS, s_BGRCS, -jnp.inf)
+        p_BGRCS = jax.nn.softmax(s_BGRCS, axis=-1).astype(v_BTGK.dtype)
+        outs.append(jnp.einsum("bgrcs,bgsk->bgrck", p_BGRCS, v_BGSK[:, :, :S]))
+    o_BGRTK = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)
+    return o_BGRTK.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
 
 
 def mlp(x_ND: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array) -> jax.Array:

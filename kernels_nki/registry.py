@@ -55,8 +55,10 @@ def load_emulated(op: str) -> types.ModuleType:
 
     return emulator.load_kernel_module(KERNELS[op].module)
 
-# NKI kernels part 2 (frontier_jax.ops: rope, mlp, embed, head_loss); causal_attention has none yet.
+# NKI kernels part 2 (frontier_jax.ops: rope, mlp, embed, head_loss, causal_attention).
 KERNELS["rope"] = KernelSpec("rope", "kernels_nki.rope", "rope_fwd", "rope_bwd")
 KERNELS["mlp"] = KernelSpec("mlp", "kernels_nki.mlp", "mlp_fwd", "mlp_bwd")
 KERNELS["embed"] = KernelSpec("embed", "kernels_nki.embedding", "embed_fwd", "embed_bwd")
 KERNELS["head_loss"] = KernelSpec("head_loss", "kernels_nki.head_loss", "head_loss_fwd", "head_loss_bwd")
+KERNELS["causal_attention"] = KernelSpec("causal_attention", "kernels_nki.attention", "attention_fwd",
+                                         "attention_bwd")

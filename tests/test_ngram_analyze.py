@@ -94,3 +94,43 @@ def test_bias_costs_nothing_without_repeats(tmp_path, monkeypatch):
     print(analyze.format_report(r))
     assert abs(r["bpb_with_bias"] - on["val_bpb"]) < 1e-4
     assert r["bpb_with_bias"] - r["bpb_network"] < 1e-3, r
+
+
+def _tables_snapshot(data, tmp_path, log2_size=16):
+    from frontier_jax.config import NgramConfig
+    from frontier_jax.data.shards import read_shard
+    from frontier_jax.ngram import snapshot as S
+    from frontier_jax.ngram import tables as T
+
+    tables = T.NgramTables.from_config(NgramConfig(enabled=True, min_order=2, max_order=8, table_log2_size=log2_size))
+    tables.consume(np.asarray(read_shard(data / "c_train_000001.bin")))
+    return S.write_snapshot(tables, tmp_path / "snaps", 1, complete=True)
+
+
+def test_tables_alone_report_and_normalised_backoff(tmp_path, capsys):
+    """--tables without a network: repeated val text is far cheaper for the n-gram than fresh text."""
+    rep, _ = write_corpus(tmp_path / "rep", repeats=True)
+    fresh, _ = write_corpus(tmp_path / "fresh", repeats=False)
+    r_rep = analyze.analyze_tables(_tables_snapshot(rep, tmp_path / "a"), rep, "bytes", seq_len=64)
+    r_fresh = analyze.analyze_tables(_tables_snapshot(fresh, tmp_path / "b"), fresh, "bytes", seq_len=64)
+    assert r_rep["ngram_bpb"] < 0.5 * r_fresh["ngram_bpb"], (r_rep["ngram_bpb"], r_fresh["ngram_bpb"])
+    assert r_rep["orders"][-1]["coverage"] > 0.7 and r_rep["orders"][-1]["top1_acc"] > 0.95
+    assert r_fresh["orders"][-1]["coverage"] < 0.01
+    # the backoff model is a distribution over the whole vocabulary at every position
+    from frontier_jax.ngram import snapshot as S
+
+    snap = S.load_snapshot(r_rep["snapshot"])
+    from frontier_jax.data.shards import read_shard
+
+    x = np.asarray(read_shard(rep / "c_val_000000.bin"), np.int64)[:200]
+    pred = analyze.window_predictions(np.asarray(snap.rows_OK4), snap.min_order, x[:-1], 64)
+    V = 260
+    total = np.zeros(x.size - 1)
+    for y in range(V):
+        nll, _ = analyze.backoff_nll(pred, np.full(x.size - 1, y), snap.unigram_V, V)
+        total += np.exp(-nll)
+    np.testing.assert_allclose(total, 1.0, rtol=1e-9)
+    # the CLI on tables alone
+    assert analyze.main(["--tables", str(r_rep["snapshot"]), "--data", str(rep), "--tokenizer", "bytes",
+                         "--seq-len", "64"]) == 0
+    assert json.loads(capsys.readouterr().out)["ngram_bpb"] == pytest.approx(r_rep["ngram_bpb"])

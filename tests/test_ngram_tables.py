@@ -111,6 +111,7 @@ def test_tiny_table_degrades_gracefully(chunk):
     tables = T.NgramTables(2, 6, 4, chunk_tokens=chunk)  # 16 buckets per order: nearly everything collides
     tables.consume(tokens)
     assert tables.dropped_O.sum() > 0
+    assert (tables.occupied_O == (tables.rows_OK4[:, :, T.TOTAL] > 0).sum(axis=1)).all()
     hit, top, cnt, tot = T.lookup(tables.rows_OK4, 2, tokens)
     assert hit.any()
     for n in range(2, 7):

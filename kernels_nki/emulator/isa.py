@@ -13,6 +13,7 @@ import numpy as np
 
 from kernels_nki.emulator import machine as _m
 from kernels_nki.emulator.language import Op, add, tile_size
+from kernels_nki.emulator.language import equal as _equal
 
 
 class engine:
@@ -193,6 +194,29 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     if dst.mask is not None:
         _m.fail("iota: dst must be in SBUF")
     dst.data[...] = val.astype(dst.dtype)
+
+
+def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, name=None):
+    """dst = on_true_tile where cmp_op(offset + channel_multiplier * p + sum_k pattern[k][0] * i_(k+1), 0),
+    else on_false_value (a number), on GpSimd; pattern as in iota; dst and on_true_tile in SBUF (e.g. causal masks)."""
+    _tile(dst, "affine_select dst", ("sbuf",)), _tile(on_true_tile, "affine_select on_true_tile", ("sbuf",))
+    _same_shape(dst, on_true_tile, "affine_select")
+    cmp_op = cmp_op if cmp_op is not None else _equal
+    _check_op(cmp_op, "binary", "affine_select cmp_op")
+    pattern = [(int(a), int(n)) for a, n in pattern]
+    if tuple(n for _, n in pattern) != dst.shape[1:]:
+        _m.fail(f"affine_select: pattern counts {[n for _, n in pattern]} do not match dst free shape {dst.shape[1:]}")
+    if not isinstance(on_false_value, (int, float, np.floating, np.integer)):
+        _m.fail("affine_select: on_false_value must be a number", _m.NkiEmulatorError)
+    _m.current().count_engine("gpsimd", dst)
+    if not dst.machine.compute:
+        return
+    val = np.full(dst.shape, float(offset), dtype=np.float64)
+    val += channel_multiplier * np.arange(dst.shape[0]).reshape((-1,) + (1,) * (dst.ndim - 1))
+    for axis, (step, n) in enumerate(pattern, start=1):
+        val += step * np.arange(n).reshape((n,) + (1,) * (dst.ndim - axis - 1))
+    keep = cmp_op.fn(val, 0.0).astype(bool)
+    _write(dst, np.where(keep, _read(on_true_tile), np.float32(on_false_value)))
 
 
 # ----------------------------------------------------------------------------- TensorE

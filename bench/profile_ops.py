@@ -1,0 +1,203 @@
+"""Where the train step's time goes: each op family's forward+backward timed alone, at its real shape.
+
+    python bench/profile_ops.py [--cases tiny baseline-shaped] [--rounds 5] [--variants]
+
+Every op family is a separately jitted function of (inputs) -> scalar, differentiated with
+jax.value_and_grad, called at the shapes one train step uses and multiplied by how many times the
+step calls it (e.g. 2 rms_norms per block). All functions, the full forward+backward and the full
+step (optimizer included) are timed interleaved, `--rounds` rounds, median per function, so load on
+a shared CPU moves them together. `--variants` adds the alternatives (plain reference autodiff
+instead of the custom_vjp primitives, other attention formulations, Muon NS in bfloat16 vs float32).
+Also prints the compiled step's HLO cost analysis FLOPs against `model_flops_per_token`.
+A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from frontier_jax import ops, optim  # noqa: E402
+from frontier_jax import reference as ref  # noqa: E402
+from frontier_jax.config import apply_overrides, load_config  # noqa: E402
+from frontier_jax.model import GPT, _rope_tables, model_flops_per_token  # noqa: E402
+from frontier_jax.steps import make_train_step  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CASES = {  # name: (config, overrides, sequences per step)
+    "tiny": ("configs/tiny.py", [], 32),
+    "baseline-shaped": ("configs/baseline.py", ["train.seq_len=1024"], 8),
+}
+
+
+def _grad_fn(f, nargs: int):
+    """jit(value_and_grad) of sum(f(*args) * cotangent) w.r.t. the first `nargs` float arguments."""
+    def loss(*args):
+        out = f(*args[:-1])
+        return jnp.vdot(out.astype(jnp.float32), args[-1])
+
+    g = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(nargs))))
+    return g
+
+
+def _thunk(fn, *args):
+    return lambda: jax.block_until_ready(fn(*args))
+
+
+def _families(cfg, B: int, T: int, variants: bool, dtype=jnp.float32) -> dict:
+    """name -> (thunk, calls per step)."""
+    m = cfg.model
+    D, H, G, K, V, L = m.model_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.vocab_size, m.num_layers
+    F, N = m.mlp_mult * D, B * T
+    r = np.random.default_rng(0)
+    a = lambda *s: jnp.asarray(r.standard_normal(s).astype(np.float32) * 0.1, dtype)
+    ids = jnp.asarray(r.integers(0, V, N), jnp.int32)
+    cos, sin = _rope_tables(T, K, m.rope_base)
+    fams = {}
+
+    def add(name, f, args, calls, nargs=None):
+        out = jax.eval_shape(f, *args)
+        ct = a(*out.shape).astype(jnp.float32)
+        fams[name] = (_thunk(_grad_fn(f, len(args) if nargs is None else nargs), *args, ct), calls)
+
+    x_ND = a(N, D)
+    wq, wk, wv, wo = a(D, H * K), a(D, G * K), a(D, G * K), a(H * K, D)
+    add("dense qkv+out proj", lambda x, wq, wk, wv, wo: (x @ wq) @ wo + jnp.sum((x @ wk) * (x @ wv)),
+        (x_ND, wq, wk, wv, wo), L)
+    add("mlp (relu^2, 2 matmuls)", ops.mlp, (x_ND, a(D, F), a(F, D)), L)
+    q, k, v = a(B, T, H, K), a(B, T, G, K), a(B, T, G, K)
+    add("attention core", ops.causal_attention, (q, k, v), L)
+    add("rms_norm [N,D]", ops.rms_norm, (x_ND,), 2 * L + 2)
+    add("rms_norm q,k", lambda q, k: ops.rms_norm(q).sum(-1) + ops.rms_norm(k).sum((-1, -2))[..., None],
+        (q, k), L)
+    add("rope q,k", lambda q, k: ops.rope(q, cos, sin).sum(-1) + ops.rope(k, cos, sin).sum((-1, -2))[..., None],
+        (q, k), L)
+    emb = a(V, D)
+    add("head: tied logits+softcap+CE", lambda x, e: ops.head_loss(x, e, ids, m.logit_softcap), (x_ND, emb), 1)
+    add("embedding gather", lambda e: ops.embed(ids, e), (emb,), 1)
+    if variants:
+        add("  ref mlp (no custom_vjp)", ref.mlp, (x_ND, a(D, F), a(F, D)), L)
+        add("  ref rms_norm [N,D]", ref.rms_norm, (x_ND,), 2 * L + 2)
+        add("  ref head (no custom_vjp)", lambda x, e: ref.head_loss(x, e, ids, m.logit_softcap), (x_ND, emb), 1)
+        add("  ref embedding", lambda e: ref.embed(ids, e), (emb,), 1)
+        add("  ref rope q,k", lambda q, k: ref.rope(q, cos, sin).sum(-1) + ref.rope(k, cos, sin).sum((-1, -2))[..., None],
+            (q, k), L)
+        add("  jax.nn.dot_product_attention xla", _dpa, (q, k, v), L)
+    return fams
+
+
+def _dpa(q, k, v):
+    H, G = q.shape[2], k.shape[2]
+    k, v = jnp.repeat(k, H // G, axis=2), jnp.repeat(v, H // G, axis=2)
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+
+
+def _optimizer_thunks(cfg, params, variants: bool) -> dict:
+    out = {}
+    grads = jax.tree_util.tree_map(lambda p: jnp.full(p.shape, 1e-3, p.dtype), params)
+    dts = (cfg.optim.muon_ns_dtype,) + (tuple(d for d in ("bfloat16", "float32") if d != cfg.optim.muon_ns_dtype)
+                                        if variants else ())
+    for dt in dts:
+        tx = optim.build_optimizer(apply_overrides(cfg, [f"optim.muon_ns_dtype={dt!r}"]).optim)
+        st = tx.init(params)
+        upd = jax.jit(lambda g, s, p, tx=tx: tx.update(g, s, p, lr_scale=1.0, momentum=0.95))
+        name = "optimizer (Muon NS " + dt + " + Adam)" + ("" if dt == cfg.optim.muon_ns_dtype else " [variant]")
+        out[name] = (_thunk(upd, grads, st, params), 1)
+    return out
+
+
+def interleaved(thunks: dict, rounds: int) -> dict:
+    for f in thunks.values():  # compile + warm-up
+        f()
+        f()
+    times = {k: [] for k in thunks}
+    for _ in range(rounds):
+        for k, f in thunks.items():
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def profile_case(name: str, rounds: int, variants: bool, sets=()) -> None:
+    config, overrides, B = CASES[name]
+    cfg = apply_overrides(load_config(REPO / config), list(overrides) + list(sets))
+    T = cfg.train.seq_len
+    dtype = jnp.float32
+    graphdef, params = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=dtype))
+    tx = optim.build_optimizer(cfg.optim)
+    step = make_train_step(graphdef, tx, donate=False)
+    r = np.random.default_rng(0)
+    x = jnp.asarray(r.integers(0, cfg.model.vocab_size, (1, B, T)), jnp.int32)
+    y = jnp.roll(x, -1, axis=-1)
+    one, mom = jnp.float32(1.0), jnp.float32(0.95)
+    opt_state = tx.init(params)
+    lowered = step.lower(params, opt_state, x, y, one, mom, None)
+    compiled = lowered.compile()
+    hlo_flops = (compiled.cost_analysis() or {}).get("flops", float("nan"))
+    loss = lambda p: jnp.mean(nnx.merge(graphdef, p)(x[0], y[0]))
+    fwd_bwd = jax.jit(jax.value_and_grad(loss))
+    data = _data_feed_thunk(cfg, B, T)
+    thunks = {"FULL train step": (_thunk(step, params, opt_state, x, y, one, mom, None), 1),
+              "FULL fwd+bwd": (_thunk(fwd_bwd, params), 1)}
+    thunks.update(_families(cfg, B, T, variants, dtype))
+    thunks.update(_optimizer_thunks(cfg, params, variants))
+    thunks["data feed (numpy batch + device_put)"] = (data, 1)
+    med = interleaved({k: f for k, (f, _) in thunks.items()}, rounds)
+    step_s = med["FULL train step"]
+    fpt = model_flops_per_token(cfg.model, T)
+    m = cfg.model
+    print(f"\n== {name}: {m.num_layers}x{m.model_dim} seq {T}, {B} seqs = {B * T:,} tokens/step, float32, "
+          f"{rounds} interleaved rounds (median); ns_dtype={cfg.optim.muon_ns_dtype}")
+    print(f"   FLOPs/step: model_flops_per_token x tokens = {fpt * B * T / 1e9:.2f} G; "
+          f"HLO cost analysis of the compiled step = {hlo_flops / 1e9:.2f} G")
+    print(f"   {'op family (fwd+bwd)':42s} {'calls':>5s} {'ms/call':>9s} {'ms/step':>9s} {'% of step':>9s}")
+    accounted = 0.0
+    for k, (_, calls) in thunks.items():
+        tot = med[k] * calls
+        if not k.startswith(("FULL", " ")) and "variant" not in k:
+            accounted += tot
+        print(f"   {k:42s} {calls:5d} {med[k] * 1e3:9.2f} {tot * 1e3:9.2f} {tot / step_s:9.1%}")
+    print(f"   {'sum of families (excl. variants)':42s} {'':5s} {'':9s} {accounted * 1e3:9.2f} {accounted / step_s:9.1%}")
+    print(f"   step {step_s * 1e3:.1f} ms = {B * T / step_s:,.0f} tokens/s, {fpt * B * T / step_s / 1e9:.1f} GFLOP/s")
+
+
+def _data_feed_thunk(cfg, B, T):
+    r = np.random.default_rng(1)
+    toks = r.integers(0, cfg.model.vocab_size, 4 * B * (T + 1) + 1).astype(np.uint16)
+
+    def feed():
+        start = int(r.integers(0, toks.size - B * T - 2))
+        chunk = toks[start:start + B * T + 1].astype(np.int32)
+        xb, yb = chunk[:-1].reshape(1, B, T), chunk[1:].reshape(1, B, T)
+        return jax.block_until_ready((jax.device_put(xb), jax.device_put(yb)))
+
+    return feed
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--variants", action="store_true")
+    p.add_argument("--set", action="append", default=[], help="config override, e.g. optim.muon_ns_dtype=float32")
+    a = p.parse_args(argv)
+    ops.configure("auto")
+    print(f"jax {jax.__version__} ({jax.default_backend()})")
+    for name in a.cases:
+        profile_case(name, a.rounds, a.variants, a.set)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

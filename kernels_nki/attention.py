@@ -1,0 +1,291 @@
+"""Causal GQA attention (flash style), forward and backward as NKI kernels for trn1.
+
+Spec: frontier_jax.reference.causal_attention: o = softmax(q k^T / sqrt(K) + causal mask) v, softmax
+in fp32, G kv heads each shared by R = H/G query heads. Shapes: q [B, T, H, K], k/v [B, T, G, K]
+(the model's layout: rows of one head are strided in HBM, K contiguous elements each), K <= 128.
+
+Forward, per (batch, kv head): k as 128-key row tiles, k^T [K, T] (TensorE transposes, once per kv
+head and reused by its R query heads), v row tiles. Per query head and 128-query tile (the last
+ragged, sliced): q^T by one transpose; keys 0 .. t0+rows only, in chunks of 512 (one fp32 PSUM bank
+of scores): blocks above the diagonal are never issued, only the one diagonal 128x128 block is
+masked (a VectorE add of a [128, 128] 0/-1e30 bias built once per call by GpSimd affine_select).
+Per chunk: s = q k^T (stationary q^T [K, rows], moving k^T [K, 512]); online softmax in fp32 (row
+max on VectorE from PSUM; ScalarE exp(scale s - scale m) with the fused row sum writes p in the
+input dtype); p^T by TensorE transposes (128x128 each, then a ScalarE copy to SBUF); o += p v
+(stationary p^T [keys, rows], moving v [keys, K]) in PSUM; the fp32 SBUF accumulator and the row
+sum are rescaled by exp(scale (m_old - m_new)) (one VectorE op each). The T x T scores never leave
+PSUM/SBUF. Outputs: o [B, T, H, K] (input dtype) and lse [B, H, T, 1] (fp32, log-sum-exp of the
+scaled scores: the backward's residual).
+
+Backward, per (batch, kv head), recomputing p = exp(scale s - lse) chunk by chunk (no max, no sum):
+dp = dO v^T (stationary dO^T, moving v^T); ds = p (dp - Di), Di = rowsum(dO o) per query (VectorE,
+fp32); dv += p^T dO and dk += ds^T q contract over the query rows (stationary p / ds, moving dO / q)
+and accumulate in PSUM across all R query heads and query tiles of the kv head (T K / 65536 banks
+each); dq += ds k needs ds^T (TensorE transposes). dq and dk take the 1/sqrt(K) scale when leaving
+PSUM.
+
+TensorE useful/issued (kernels_nki.emulator counts, bf16, B=1, T=1024, H=8, G=4, K=64; the causal
+triangle, diagonal blocks included, counted as useful): forward 0.353, backward 0.484; estimated
+37.2 / 67.8 us per sequence, TensorE-bound. Not 0.9, for reasons inherent at head dim 64 on a
+128-row PE array: q k^T and dO v^T contract over K=64, so each uses half the PE rows; p^T (forward)
+and ds^T (backward) are one 128x128 transpose per block, issued with no useful MACs; and the q/k/v/dO
+transposes (once per 128-row tile) add ~10%. Per 128x128 block the forward issues 128+128+64
+MAC-columns (useful 64+64), the backward 128+128+64+64+64+128 (useful 5 x 64). Moving the p^T/ds^T
+transposes to VectorE (16 32x32 transposes per block) measures forward 0.545 / 24.1 us, backward
+0.600 / 54.7 us (still TensorE-bound, VectorE at 20 us), about 60 ms less per baseline step, but only
+if VectorE really streams the modelled 2.3e12 elements/s (cost.py's caveat: if that figure counts
+several FLOPs per element, 16 VectorE instructions per block cost more than one TensorE transpose),
+so we keep TensorE until a trn1 profile says otherwise.
+"""
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+KC = 512  # keys per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
+NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def _causal_bias():
+    """[128, 128] fp32: 0 where key j <= query p, NEG above the diagonal (GpSimd, once per call)."""
+    P = nl.tile_size.pmax
+    zero = nl.zeros((P, P), dtype=nl.float32, buffer=nl.sbuf)
+    bias = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=bias, pattern=[[-1, P]], offset=0, channel_multiplier=1, on_true_tile=zero,
+                       on_false_value=NEG, cmp_op=nl.greater_equal)
+    return bias
+
+
+def _transpose(dst, src, rows, cols):
+    """dst[0:cols, 0:rows] (SBUF) = src[0:rows, 0:cols]^T: TensorE into PSUM, ScalarE copy out."""
+    t_ps = nl.ndarray((cols, rows), dtype=src.dtype, buffer=nl.psum)
+    nisa.nc_transpose(dst=t_ps, data=src)
+    nisa.tensor_copy(dst=dst, src=t_ps, engine=nisa.engine.scalar)
+
+
+def _head_rows(x_BTXK, b, x, t0, rows, dt, transposed):
+    """Rows t0:t0+rows of head x of batch b as a [128, K] tile (and its [K, 128] transpose)."""
+    K = x_BTXK.shape[3]
+    P = nl.tile_size.pmax
+    t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[0:rows], src=x_BTXK[b, t0:t0 + rows, x])
+    if not transposed:
+        return t, None
+    tT = nl.ndarray((K, P), dtype=dt, buffer=nl.sbuf)
+    _transpose(tT[0:K, 0:rows], t[0:rows], rows, K)
+    return t, tT
+
+
+def _kv_head(x_BTGK, b, g, dt):
+    """All T rows of kv head g of batch b: 128-row tiles [keys, K] and the transpose [K, T]."""
+    B, T, G, K = x_BTGK.shape
+    P = nl.tile_size.pmax
+    xT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+    tiles = []
+    for i in nl.affine_range(_cdiv(T, P)):
+        r = min(P, T - i * P)
+        t, _ = _head_rows(x_BTGK, b, g, i * P, r, dt, False)
+        _transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K)
+        tiles.append(t)
+    return tiles, xT
+
+
+def _scores(qT, kT, t0, rows, c0, kc, bias):
+    """Raw scores q k^T of the query rows against keys c0:c0+kc in fp32 PSUM, the diagonal block masked."""
+    K = qT.shape[0]
+    P = nl.tile_size.pmax
+    s_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=s_ps[0:rows, 0:kc], stationary=qT[0:K, 0:rows], moving=kT[0:K, c0:c0 + kc])
+    if c0 + kc == t0 + rows:  # the chunk ends with the diagonal block (keys t0 .. t0+rows)
+        diag = s_ps[0:rows, t0 - c0:t0 - c0 + rows]
+        nisa.tensor_tensor(dst=diag, data1=diag, data2=bias[0:rows, 0:rows], op=nl.add)
+    return s_ps
+
+
+def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, dt):
+    """One key chunk of the online softmax; state = (m, l, acc) or None -> the new state."""
+    K = qT.shape[0]
+    P = nl.tile_size.pmax
+    s_ps = _scores(qT, kT, t0, rows, c0, kc, bias)
+    s = s_ps[0:rows, 0:kc]
+    m_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=m_P1[0:rows], op=nl.maximum, data=s, axis=1, keepdims=True)
+    if state is not None:
+        nisa.tensor_tensor(dst=m_P1[0:rows], data1=m_P1[0:rows], data2=state[0][0:rows], op=nl.maximum)
+    neg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=neg_P1[0:rows], data=m_P1[0:rows], op0=nl.multiply, operand0=-scale)
+    p_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
+    rs_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s, bias=neg_P1[0:rows], scale=scale,
+                           reduce_op=nl.add, reduce_res=rs_P1[0:rows])
+    o_ps = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum)
+    for j in nl.affine_range(_cdiv(kc, P)):
+        kr = min(P, kc - j * P)
+        pT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+        _transpose(pT[0:kr, 0:rows], p_t[0:rows, j * P:j * P + kr], rows, kr)
+        nisa.nc_matmul(dst=o_ps[0:rows, 0:K], stationary=pT[0:kr, 0:rows], moving=v_tiles[c0 // P + j][0:kr, 0:K])
+    acc_PK = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf) if state is None else state[2]
+    if state is None:
+        nisa.tensor_copy(dst=acc_PK[0:rows], src=o_ps[0:rows, 0:K])
+        return m_P1, rs_P1, acc_PK
+    m_old, l_P1, _ = state
+    corr_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=corr_P1[0:rows], op=nl.exp, data=m_old[0:rows], bias=neg_P1[0:rows], scale=scale)
+    nisa.scalar_tensor_tensor(dst=l_P1[0:rows], data=l_P1[0:rows], op0=nl.multiply, operand0=corr_P1[0:rows],
+                              op1=nl.add, operand1=rs_P1[0:rows])
+    nisa.scalar_tensor_tensor(dst=acc_PK[0:rows], data=acc_PK[0:rows], op0=nl.multiply, operand0=corr_P1[0:rows],
+                              op1=nl.add, operand1=o_ps[0:rows, 0:K])
+    return m_P1, l_P1, acc_PK
+
+
+@nki.jit
+def attention_fwd(q_BTHK, k_BTGK, v_BTGK):
+    """(o_BTHK in q's dtype, lse_BHT1 fp32): causal GQA attention and the log-sum-exp of each row."""
+    B, T, H, K = q_BTHK.shape
+    G = k_BTGK.shape[2]
+    R = H // G
+    P = nl.tile_size.pmax
+    dt = q_BTHK.dtype
+    scale = 1.0 / (K ** 0.5)
+    o_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
+    lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    bias = _causal_bias()
+    for b in nl.affine_range(B):
+        for g in nl.affine_range(G):
+            _, kT = _kv_head(k_BTGK, b, g, dt)
+            v_tiles, _ = _kv_head_rows(v_BTGK, b, g, dt)
+            for r in nl.affine_range(R):
+                h = g * R + r
+                for i in nl.affine_range(_cdiv(T, P)):
+                    t0 = i * P
+                    rows = min(P, T - t0)
+                    _, qT = _head_rows(q_BTHK, b, h, t0, rows, dt, True)
+                    state = None
+                    for c in nl.sequential_range(_cdiv(t0 + rows, KC)):
+                        c0 = c * KC
+                        state = _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, min(KC, t0 + rows - c0), bias, scale,
+                                           state, dt)
+                    m_P1, l_P1, acc_PK = state
+                    inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.reciprocal(dst=inv_P1[0:rows], data=l_P1[0:rows])
+                    o_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+                    nisa.tensor_scalar(dst=o_t[0:rows], data=acc_PK[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows])
+                    nisa.dma_copy(dst=o_BTHK[b, t0:t0 + rows, h], src=o_t[0:rows])
+                    lse_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=l_P1[0:rows])
+                    nisa.scalar_tensor_tensor(dst=lse_P1[0:rows], data=m_P1[0:rows], op0=nl.multiply, operand0=scale,
+                                              op1=nl.add, operand1=lse_P1[0:rows])
+                    nisa.dma_copy(dst=lse_BHT1[b, h, t0:t0 + rows], src=lse_P1[0:rows])
+    return o_BTHK, lse_BHT1
+
+
+def _kv_head_rows(x_BTGK, b, g, dt):
+    """All T rows of kv head g of batch b as 128-row tiles [keys, K] (no transpose)."""
+    T = x_BTGK.shape[1]
+    P = nl.tile_size.pmax
+    tiles = []
+    for i in nl.affine_range(_cdiv(T, P)):
+        t, _ = _head_rows(x_BTGK, b, g, i * P, min(P, T - i * P), dt, False)
+        tiles.append(t)
+    return tiles, None
+
+
+def _bwd_block(p_t, ds_t, do_t, q_t, k_tile, dq_ps, dk_acc, dv_acc, rows, j, kr, col, dt):
+    """The 128-key block j of a chunk: dv += p^T dO, dk += ds^T q (PSUM accumulators), dq += ds k."""
+    K = q_t.shape[1]
+    P = nl.tile_size.pmax
+    cols = slice(j * P, j * P + kr)
+    nisa.nc_matmul(dst=dv_acc[0:kr, col:col + K], stationary=p_t[0:rows, cols], moving=do_t[0:rows, 0:K])
+    nisa.nc_matmul(dst=dk_acc[0:kr, col:col + K], stationary=ds_t[0:rows, cols], moving=q_t[0:rows, 0:K])
+    dsT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+    _transpose(dsT[0:kr, 0:rows], ds_t[0:rows, cols], rows, kr)
+    nisa.nc_matmul(dst=dq_ps[0:rows, 0:K], stationary=dsT[0:kr, 0:rows], moving=k_tile[0:kr, 0:K])
+
+
+def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, di_P1, dq_ps, acc, t0, rows, c0, kc, bias, scale, dt):
+    K = qT.shape[0]
+    P = nl.tile_size.pmax
+    s_ps = _scores(qT, kT, t0, rows, c0, kc, bias)
+    p_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
+    nisa.activation(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s_ps[0:rows, 0:kc], bias=negl_P1[0:rows], scale=scale)
+    dp_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=dp_ps[0:rows, 0:kc], stationary=doT[0:K, 0:rows], moving=vT[0:K, c0:c0 + kc])
+    ds_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=ds_t[0:rows, 0:kc], data=dp_ps[0:rows, 0:kc], op0=nl.subtract,
+                              operand0=di_P1[0:rows], op1=nl.multiply, operand1=p_t[0:rows, 0:kc])
+    per_bank = KC // K
+    for j in nl.affine_range(_cdiv(kc, P)):
+        kt = c0 // P + j
+        dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
+        _bwd_block(p_t, ds_t, do_t, q_t, k_tiles[kt], dq_ps, dk_acc, dv_acc, rows, j, min(P, kc - j * P),
+                   (kt % per_bank) * K, dt)
+
+
+def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt):
+    """dq of one 128-query tile of head h, and its contributions to the kv head's dk/dv accumulators."""
+    K = q_BTHK.shape[3]
+    P = nl.tile_size.pmax
+    q_t, qT = _head_rows(q_BTHK, b, h, t0, rows, dt, True)
+    do_t, doT = _head_rows(do_BTHK, b, h, t0, rows, dt, True)
+    o_t, _ = _head_rows(o_BTHK, b, h, t0, rows, dt, False)
+    prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=prod[0:rows], data1=do_t[0:rows], data2=o_t[0:rows], op=nl.multiply)
+    di_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=di_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, keepdims=True)
+    negl_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=negl_P1[0:rows], src=lse_BHT1[b, h, t0:t0 + rows])
+    nisa.tensor_scalar(dst=negl_P1[0:rows], data=negl_P1[0:rows], op0=nl.multiply, operand0=-1.0)
+    dq_ps = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum)
+    for c in nl.affine_range(_cdiv(t0 + rows, KC)):
+        c0 = c * KC
+        _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, di_P1, dq_ps, acc, t0, rows, c0,
+                   min(KC, t0 + rows - c0), bias, scale, dt)
+    dq_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+    nisa.activation(dst=dq_t[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
+    nisa.dma_copy(dst=dq_BTHK[b, t0:t0 + rows, h], src=dq_t[0:rows])
+
+
+def _store_kv_grad(dst_BTGK, acc, b, g, T, K, scale, dt):
+    """Evacuate a kv head's PSUM accumulator (times scale) to dst_BTGK[b, :, g] in dt."""
+    P = nl.tile_size.pmax
+    per_bank = KC // K
+    for kt in nl.affine_range(_cdiv(T, P)):
+        kr = min(P, T - kt * P)
+        col = (kt % per_bank) * K
+        out = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+        nisa.activation(dst=out[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
+        nisa.dma_copy(dst=dst_BTGK[b, kt * P:kt * P + kr, g], src=out[0:kr])
+
+
+@nki.jit
+def attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK):
+    """(dq_BTHK, dk_BTGK, dv_BTGK) in the inputs' dtype; dk/dv summed over the R query heads of each kv head."""
+    B, T, H, K = q_BTHK.shape
+    G = k_BTGK.shape[2]
+    R = H // G
+    P = nl.tile_size.pmax
+    dt = q_BTHK.dtype
+    scale = 1.0 / (K ** 0.5)
+    dq_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
+    dk_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
+    dv_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
+    bias = _causal_bias()
+    banks = _cdiv(_cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
+    for b in nl.affine_range(B):
+        for g in nl.affine_range(G):
+            k_tiles, kT = _kv_head(k_BTGK, b, g, dt)
+            _, vT = _kv_head(v_BTGK, b, g, dt)
+            acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
+                   [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
+            for r in nl.affine_range(R):
+                for i in nl.affine_range(_cdiv(T, P)):
+                    t0 = i * P
+                    _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, g * R + r, t0, min(P, T - t0),
+                              kT, vT, k_tiles, acc, bias, scale, dt)
+            _store_kv_grad(dk_BTGK, acc[0], b, g, T, K, scale, dt)
+            _store_kv_grad(dv_BTGK, acc[1], b, g, T, K, 1.0, dt)
+    return dq_BTHK, dk_BTGK, dv_BTGK
