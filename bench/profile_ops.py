@@ -15,6 +15,7 @@ A benchmark, not a test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -40,14 +41,33 @@ CASES = {  # name: (config, overrides, sequences per step)
 }
 
 
-def _grad_fn(f, nargs: int):
-    """jit(value_and_grad) of sum(f(*args) * cotangent) w.r.t. the first `nargs` float arguments."""
-    def loss(*args):
-        out = f(*args[:-1])
-        return jnp.vdot(out.astype(jnp.float32), args[-1])
+@contextlib.contextmanager
+def before_paths(on: bool = True):
+    """The code paths before the speed work: custom_vjp primitives for reference ops, dense masked attention."""
+    if not on:
+        yield
+        return
+    saved = ref.attention_block
+    ref.attention_block = lambda T: T
+    try:
+        with ops.through_primitives():
+            yield
+    finally:
+        ref.attention_block = saved
 
-    g = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(nargs))))
-    return g
+
+def _compile(fn, *args, before=False):
+    """AOT-compiled now (so the path chosen at trace time sticks)."""
+    with before_paths(before):
+        return jax.jit(fn).lower(*args).compile()
+
+
+def _grad_fn(f, args, ct, before=False):
+    """Compiled value_and_grad of sum(f(*args) * cotangent) w.r.t. all `args`."""
+    def loss(*a):
+        return jnp.vdot(f(*a[:-1]).astype(jnp.float32), a[-1])
+
+    return _compile(jax.value_and_grad(loss, argnums=tuple(range(len(args)))), *args, ct, before=before)
 
 
 def _thunk(fn, *args):
@@ -65,10 +85,10 @@ def _families(cfg, B: int, T: int, variants: bool, dtype=jnp.float32) -> dict:
     cos, sin = _rope_tables(T, K, m.rope_base)
     fams = {}
 
-    def add(name, f, args, calls, nargs=None):
+    def add(name, f, args, calls, before=False):
         out = jax.eval_shape(f, *args)
         ct = a(*out.shape).astype(jnp.float32)
-        fams[name] = (_thunk(_grad_fn(f, len(args) if nargs is None else nargs), *args, ct), calls)
+        fams[name] = (_thunk(_grad_fn(f, args, ct, before), *args, ct), calls)
 
     x_ND = a(N, D)
     wq, wk, wv, wo = a(D, H * K), a(D, G * K), a(D, G * K), a(H * K, D)
@@ -85,14 +105,15 @@ def _families(cfg, B: int, T: int, variants: bool, dtype=jnp.float32) -> dict:
     emb = a(V, D)
     add("head: tied logits+softcap+CE", lambda x, e: ops.head_loss(x, e, ids, m.logit_softcap), (x_ND, emb), 1)
     add("embedding gather", lambda e: ops.embed(ids, e), (emb,), 1)
-    if variants:
-        add("  ref mlp (no custom_vjp)", ref.mlp, (x_ND, a(D, F), a(F, D)), L)
-        add("  ref rms_norm [N,D]", ref.rms_norm, (x_ND,), 2 * L + 2)
-        add("  ref head (no custom_vjp)", lambda x, e: ref.head_loss(x, e, ids, m.logit_softcap), (x_ND, emb), 1)
-        add("  ref embedding", lambda e: ref.embed(ids, e), (emb,), 1)
-        add("  ref rope q,k", lambda q, k: ref.rope(q, cos, sin).sum(-1) + ref.rope(k, cos, sin).sum((-1, -2))[..., None],
-            (q, k), L)
-        add("  jax.nn.dot_product_attention xla", _dpa, (q, k, v), L)
+    if variants:  # the same families on the paths before the speed work (primitives, dense attention)
+        add("  before: mlp via custom_vjp", ops.mlp, (x_ND, a(D, F), a(F, D)), L, True)
+        add("  before: attention dense via custom_vjp", ops.causal_attention, (q, k, v), L, True)
+        add("  before: rms_norm [N,D] via custom_vjp", ops.rms_norm, (x_ND,), 2 * L + 2, True)
+        add("  before: rope q,k via custom_vjp", lambda q, k: ops.rope(q, cos, sin).sum(-1)
+            + ops.rope(k, cos, sin).sum((-1, -2))[..., None], (q, k), L, True)
+        add("  before: head via custom_vjp", lambda x, e: ops.head_loss(x, e, ids, m.logit_softcap), (x_ND, emb), 1, True)
+        if T <= 256:
+            add("  jax.nn.dot_product_attention xla", _dpa, (q, k, v), L)
     return fams
 
 
@@ -142,14 +163,16 @@ def profile_case(name: str, rounds: int, variants: bool, sets=()) -> None:
     y = jnp.roll(x, -1, axis=-1)
     one, mom = jnp.float32(1.0), jnp.float32(0.95)
     opt_state = tx.init(params)
-    lowered = step.lower(params, opt_state, x, y, one, mom, None)
-    compiled = lowered.compile()
+    compiled = step.lower(params, opt_state, x, y, one, mom, None).compile()
     hlo_flops = (compiled.cost_analysis() or {}).get("flops", float("nan"))
     loss = lambda p: jnp.mean(nnx.merge(graphdef, p)(x[0], y[0]))
-    fwd_bwd = jax.jit(jax.value_and_grad(loss))
+    fwd_bwd = _compile(jax.value_and_grad(loss), params)
     data = _data_feed_thunk(cfg, B, T)
-    thunks = {"FULL train step": (_thunk(step, params, opt_state, x, y, one, mom, None), 1),
+    thunks = {"FULL train step": (_thunk(compiled, params, opt_state, x, y, one, mom, None), 1),
               "FULL fwd+bwd": (_thunk(fwd_bwd, params), 1)}
+    if variants:
+        thunks["FULL train step, before paths"] = (_thunk(_compile(
+            step, params, opt_state, x, y, one, mom, None, before=True), params, opt_state, x, y, one, mom, None), 1)
     thunks.update(_families(cfg, B, T, variants, dtype))
     thunks.update(_optimizer_thunks(cfg, params, variants))
     thunks["data feed (numpy batch + device_put)"] = (data, 1)

@@ -41,6 +41,21 @@ def sliding_masked_batches(tokens, seq_len: int, stride: int, batch_seqs: int):
         yield _pad(x_BT, y_BT, mask_BT, batch_seqs)
 
 
+def _ngram_bias(run_dir: Path, cfg):
+    """(bias_fn, device tables) of an n-gram run: the snapshot its final evaluation used; (None, None) otherwise."""
+    if not cfg.ngram.enabled:
+        return None, None
+    from frontier_jax.ngram import runtime as ngram_runtime
+    from frontier_jax.ngram.bias import tables_to_device
+    from frontier_jax.ngram.network_eval import run_snapshot
+    from frontier_jax.ngram.snapshot import load_snapshot
+
+    snap = run_snapshot(run_dir)
+    if snap is None:
+        raise DataError(f"{run_dir}/ngram-p0: no n-gram snapshot, but the run was trained with ngram.enabled")
+    return ngram_runtime.bias_fn, tables_to_device(load_snapshot(snap), cfg.ngram.confidence_buckets)
+
+
 def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs=None) -> dict:
     """Sums and bpb of a run's latest checkpoint on its val split (see the module docstring)."""
     from frontier_jax import ops, report
@@ -56,9 +71,6 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
         raise DataError(f"{run_dir}: run directory does not exist")
     t0 = time.perf_counter()
     cfg, _ = read_run_config(run_dir)  # inputs are checked before any array is restored
-    if cfg.ngram.enabled:
-        raise ConfigError(f"{run_dir}/config.json: ngram.enabled runs need the n-gram tables at evaluation; "
-                          "use the run's own final validation (summary.json)")
     data_dir = data_dir or cfg.data.data_dir
     tok_spec = tokenizer or cfg.data.tokenizer
     if not data_dir:
@@ -75,12 +87,13 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     tokens = load_val_tokens(list_shards(data_dir, cfg.data.val_pattern), T)
     ops.configure(cfg.train.kernels)
     cfg, graphdef, params, step, dtype = restore_params(run_dir)
-    eval_step = make_eval_step(graphdef, tok.byte_tables(cfg.model.vocab_size))
+    bias_fn, aux = _ngram_bias(run_dir, cfg)
+    eval_step = make_eval_step(graphdef, tok.byte_tables(cfg.model.vocab_size), bias_fn)
     if stride == T:
         batches = padded_val_batches(tokens, T, batch_seqs)
     else:
         batches = sliding_masked_batches(tokens, T, stride, batch_seqs)
-    sums = evaluate_batches(eval_step, params, batches)
+    sums = evaluate_batches(eval_step, params, batches, aux)
     return {
         **sums,
         "bpb": report.bpb(sums["nll_sum_nats"], sums["bytes"]),

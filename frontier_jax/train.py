@@ -90,6 +90,7 @@ def main(argv=None) -> int:
     from frontier_jax import loop
     from frontier_jax.checkpoint import CheckpointError
     from frontier_jax.ops import KernelUnavailableError
+    from frontier_jax.ngram.runtime import NgramBuilderFailed
     from frontier_jax.parallel import initialize
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -98,7 +99,7 @@ def main(argv=None) -> int:
         initialize(args.coordinator, args.num_processes, args.process_id,
                    cfg.parallel.heartbeat_timeout_seconds, auto=args.distributed_auto)
         summary = loop.run(cfg, out, resume=resume)
-    except (ConfigError, DataError, CheckpointError, loop.RunError, KernelUnavailableError) as e:
+    except (ConfigError, DataError, CheckpointError, loop.RunError, KernelUnavailableError, NgramBuilderFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     import jax

@@ -94,6 +94,12 @@ def test_bias_costs_nothing_without_repeats(tmp_path, monkeypatch):
     print(analyze.format_report(r))
     assert abs(r["bpb_with_bias"] - on["val_bpb"]) < 1e-4
     assert r["bpb_with_bias"] - r["bpb_network"] < 1e-3, r
+    # python -m frontier_jax.evaluate scores an n-gram run with the snapshot its final evaluation used
+    from frontier_jax.evaluate import evaluate_run
+
+    ev = evaluate_run(tmp_path / "on")
+    assert ev["nll_sum_nats"] == pytest.approx(on["val_nll_sum_nats"], rel=1e-6)
+    assert ev["bytes"] == on["val_bytes"]
 
 
 def _tables_snapshot(data, tmp_path, log2_size=16):

@@ -85,9 +85,9 @@ def test_builder_crash_is_reported_and_leaves_nothing(tmp_path):
 
 
 def test_stop_mid_build_leaves_nothing(tmp_path):
-    files = _shards(tmp_path, 1, 3_000_000)
+    files = _shards(tmp_path, 4, 4_000_000)  # 16M tokens: several seconds of work even at 3M tokens/s
     b = NgramBuilder(replace(CFG, snapshot_every_tokens=10**9), files, tmp_path / "out", chunk_tokens=50_000).start()
-    time.sleep(1.0)
+    time.sleep(0.5)
     assert b.alive()
     pid = b.pid
     t0 = time.perf_counter()

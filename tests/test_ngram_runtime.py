@@ -32,6 +32,7 @@ class HookedRuntime(ngram_runtime.NgramRuntime):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.poll_seconds = 0.0
+        self.background = False  # swap at the very poll that finds the snapshot
         HookedRuntime.instances.append(self)
 
     def poll(self, step, force=False):
@@ -88,19 +89,27 @@ def test_run_with_bias_disjoint_shards_and_swap_without_recompiling(byte_data, t
     _no_leftovers(rt)
 
 
-def _corrupt_builder_data(byte_data, tmp_path) -> Path:
+def _corrupt_builder_data(byte_data, tmp_path, monkeypatch) -> Path:
+    """A data copy whose builder shard is overwritten with garbage after the loop checked every header
+    (as if the disk failed under the builder): the builder crashes on its first read."""
     d = tmp_path / "data"
     d.mkdir()
-    shutil.copy(byte_data / "synth_train_000000.bin", d)
-    shutil.copy(byte_data / "synth_val_000000.bin", d)
-    (d / "synth_train_000001.bin").write_bytes(b"not a shard" * 100)
+    for name in ("synth_train_000000.bin", "synth_train_000001.bin", "synth_val_000000.bin"):
+        shutil.copy(byte_data / name, d)
+
+    class CorruptingRuntime(HookedRuntime):
+        def start(self):
+            self.builder_files[-1].write_bytes(b"not a shard" * 100)
+            return super().start()
+
+    monkeypatch.setattr(ngram_runtime, "NgramRuntime", CorruptingRuntime)
     return d
 
 
-def test_builder_crash_is_logged_and_training_continues(byte_data, tmp_path, hooked):
+def test_builder_crash_is_logged_and_training_continues(byte_data, tmp_path, hooked, monkeypatch):
     hooked.wait_at_step = 1
     out = tmp_path / "run"
-    summary = loop.run(tiny_config(_corrupt_builder_data(byte_data, tmp_path), *NGRAM_SETS), out, echo=False)
+    summary = loop.run(tiny_config(_corrupt_builder_data(byte_data, tmp_path, monkeypatch), *NGRAM_SETS), out, echo=False)
     assert summary["steps"] == 6 and summary["val_bpb"] > 0
     log_text = (out / "train.log").read_text()
     assert "NGRAM BUILDER FAILED; training continues on snapshot v-1" in log_text
@@ -111,9 +120,9 @@ def test_builder_crash_is_logged_and_training_continues(byte_data, tmp_path, hoo
     _no_leftovers(HookedRuntime.instances[0])
 
 
-def test_builder_crash_stops_the_run_in_strict_mode(byte_data, tmp_path, hooked):
+def test_builder_crash_stops_the_run_in_strict_mode(byte_data, tmp_path, hooked, monkeypatch):
     hooked.wait_at_step = 1
-    cfg = tiny_config(_corrupt_builder_data(byte_data, tmp_path), *NGRAM_SETS, "ngram.strict=True")
+    cfg = tiny_config(_corrupt_builder_data(byte_data, tmp_path, monkeypatch), *NGRAM_SETS, "ngram.strict=True")
     with pytest.raises(ngram_runtime.NgramBuilderFailed, match="ngram builder failed .*bad magic"):
         loop.run(cfg, tmp_path / "run", echo=False)
     assert "NGRAM BUILDER FAILED; stopping (ngram.strict)" in (tmp_path / "run" / "train.log").read_text()
@@ -139,3 +148,40 @@ def test_interrupt_or_crash_leaves_no_builder_and_no_temp_dirs(byte_data, tmp_pa
         with pytest.raises(RuntimeError, match="simulated trainer crash"):
             loop.run(cfg, tmp_path / "run", echo=False, on_step=on_step)
     _no_leftovers(HookedRuntime.instances[0])
+
+
+def test_background_preparation_swaps_at_a_later_poll(byte_data, tmp_path):
+    """Outside the loop: the first poll after a snapshot appears only submits it; a later poll swaps it."""
+    import time
+
+    import jax
+    import numpy as np
+
+    from frontier_jax.config import NgramConfig
+    from frontier_jax.data.shards import list_shards
+    from frontier_jax.ngram.bias import host_arrays
+
+    cfg = NgramConfig(enabled=True, table_log2_size=12, max_order=6, snapshot_every_tokens=10**9, builder_niceness=0)
+    lines = []
+    rt = ngram_runtime.NgramRuntime(cfg, list_shards(byte_data, "*_train_*.bin"), tmp_path, lines.append,
+                                    jax.devices()[0], poll_seconds=0.0)
+    assert rt.background
+    try:
+        rt.start()
+        assert rt.builder.wait(120)
+        assert rt.poll(0) is False and rt._pending is not None
+        deadline = time.monotonic() + 60
+        step = 1
+        while not rt.poll(step):
+            assert time.monotonic() < deadline, "background preparation did not finish"
+            time.sleep(0.05)
+            step += 1
+        snap = S.load_snapshot(S.list_snapshots(rt.out_dir)[-1][1])
+        for got, want in zip((rt.tables.fp_OK, rt.tables.top_OK, rt.tables.conf_OK),
+                             host_arrays(snap.rows_OK4, cfg.confidence_buckets)):
+            np.testing.assert_array_equal(np.asarray(got), want)
+        assert rt.swaps[-1]["background"] and rt.swaps[-1]["step"] == step
+        assert any("prepared background" in line for line in lines)
+    finally:
+        rt.stop()
+    _no_leftovers(rt)

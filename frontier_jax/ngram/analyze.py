@@ -7,7 +7,7 @@
 (<run>/ngram-p0/runtime.json, else the newest in <run>/ngram-p0/). Val bpb of the network with its
 learned bias and with the bias zeroed (the same forward), per order: coverage, top-1 accuracy, and
 contribution (bpb lost when only that order's bias is zeroed); the gain on the quarter of the
-documents with the most repeated context (share of positions hit at the highest order) vs the rest.
+documents with the most repeated context (mean longest matching order over its positions) vs the rest.
 For a run trained without the bias, the network's bpb and (with --tables) the tables' own report.
 
 --tables alone: the n-gram-only model on the val split, backing off to the highest order whose
@@ -75,9 +75,12 @@ def doc_ids(x_N: np.ndarray, bos_id: int) -> np.ndarray:
 
 def repetition_split(nll_net_N, nll_bias_N, hit_NO, doc_N, bytes_N, top_fraction: float = 0.25) -> dict:
     """Gain (network alone minus with bias, in bits per byte) on the documents with the most repeated
-    context (highest share of positions hit at the highest order, top `top_fraction` of documents) vs the rest."""
+    context vs the rest: documents ranked by the mean over their positions of the longest order hit
+    (0 for no hit), the top `top_fraction` of documents (all tied at the cut included) vs the others."""
     docs, inv = np.unique(doc_N, return_inverse=True)
-    share = np.bincount(inv, weights=hit_NO[:, -1]) / np.bincount(inv)
+    O = hit_NO.shape[1]
+    longest_N = np.where(hit_NO.any(axis=1), O - np.argmax(hit_NO[:, ::-1], axis=1), 0)
+    share = np.bincount(inv, weights=longest_N) / np.bincount(inv)
     cut = np.quantile(share, 1.0 - top_fraction)
     repeated = share[inv] >= cut if share.max() > share.min() else np.zeros(inv.size, bool)
     out = {}

@@ -3,10 +3,10 @@
 The builder reads only the last `ngram.builder_shards_from_end` training shards; the trainer's stream
 is built from the others, so the tables never hold tokens the network trains on (the run log states
 both lists, and <run>/ngram-p<i>/runtime.json records them with every swap). Snapshots swap in between
-steps as device arrays of fixed shapes: no recompilation (a snapshot is loaded only when its version
-changes, and at most every `poll_seconds`; the load time is logged). With several processes, every
-process swaps to the newest version that all of them have published, so all hosts use the same
-tables at the same step. A builder failure is written to the run log loudly and training continues
+steps as device arrays of fixed shapes: no recompilation (a snapshot is read only when its version
+changes, at most every `poll_seconds`, and prepared on a background thread; the times are logged).
+With several processes, every process swaps to the newest version that all of them have published,
+synchronously, so all hosts use the same tables at the same step. A builder failure is written to the run log loudly and training continues
 on the last snapshot; with `ngram.strict` the run stops with the builder's error instead.
 `finish()` stops the builder at the end of the budget and swaps in the newest snapshot it published,
 so the final evaluation uses tables built within the budget, and runtime.json names that snapshot.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jax
@@ -24,7 +25,7 @@ from jax.experimental import multihost_utils
 
 from frontier_jax.config import NgramConfig
 from frontier_jax.ngram import snapshot as S
-from frontier_jax.ngram.bias import empty_tables, ngram_sparse_bias, tables_to_device
+from frontier_jax.ngram.bias import DeviceTables, empty_tables, host_arrays, ngram_sparse_bias
 from frontier_jax.ngram.builder import NgramBuilder, shard_usage_text, split_shards_for_builder
 
 RECORD_FILE = "runtime.json"
@@ -49,10 +50,10 @@ def ngram_dir(run_dir, process_index: int = 0) -> Path:
 
 
 class NgramRuntime:
-    def __init__(self, cfg: NgramConfig, train_files, run_dir: Path, log, replicated, strict: bool = False,
+    def __init__(self, cfg: NgramConfig, train_files, run_dir: Path, log, replicated,
                  poll_seconds: float = 2.0, poll_every_steps: int = 10):
         self.cfg, self.log, self.replicated = cfg, log, replicated
-        self.strict = bool(strict or cfg.strict)
+        self.strict = cfg.strict
         try:
             self.trainer_files, self.builder_files = split_shards_for_builder(train_files, cfg)
         except ValueError as e:
@@ -69,6 +70,9 @@ class NgramRuntime:
         self._last_poll = 0.0
         self._failure_logged = False
         self._builder_pid = None
+        self.background = jax.process_count() == 1  # prepare snapshots on a thread (see poll)
+        self._pool = None
+        self._pending = None  # (version, future) being prepared
         self.swaps: list[dict] = []
         self.final: dict | None = None
 
@@ -100,7 +104,12 @@ class NgramRuntime:
         return msg
 
     def poll(self, step: int, force: bool = False) -> bool:
-        """Swap in a newer snapshot if there is one; True when the tables changed."""
+        """Swap in a newer snapshot if there is one; True when the tables changed.
+
+        Single process: a new snapshot is read and converted on a background thread (numpy, which
+        releases the GIL) and swapped in at the first poll after it is ready, so the loop never waits
+        for the disk or the conversion. Several processes (or force=True): synchronous, so every
+        process swaps the same version at the same step."""
         now = time.monotonic()
         if jax.process_count() > 1:  # every process must take the same decision (a collective follows)
             if not force and step % self.poll_every_steps:
@@ -109,23 +118,44 @@ class NgramRuntime:
             return False
         self._last_poll = now
         self.check_builder()
+        changed = False
+        if self._pending is not None and (force or self._pending[1].done()):
+            (version, future), self._pending = self._pending, None
+            changed = self._install(step, version, future)
+        if self._pending is not None:
+            return changed
         version = self._agreed_version()
         if version is None or version <= self.version:
-            return False
-        path = self.out_dir / S.snapshot_name(version)
+            return changed
+        if self.background and not force:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ngram-snapshot")
+            self._pending = (version, self._pool.submit(self._prepare, version))
+            return changed
+        return self._install(step, version, None) or changed
+
+    def _prepare(self, version: int):
+        """(header, host DeviceTables, seconds): read a snapshot and convert it, numpy only."""
         t0 = time.perf_counter()
+        snap = S.load_snapshot(self.out_dir / S.snapshot_name(version))
+        fp_OK, top_OK, conf_OK = host_arrays(snap.rows_OK4, self.cfg.confidence_buckets)
+        return snap.header, DeviceTables(fp_OK, top_OK, conf_OK, snap.min_order), time.perf_counter() - t0
+
+    def _install(self, step: int, version: int, future) -> bool:
         try:
-            snap = S.load_snapshot(path)
-            tables = jax.block_until_ready(jax.device_put(tables_to_device(snap, self.cfg.confidence_buckets),
-                                                          self.replicated))
+            header, host_tables, prepare_s = future.result() if future is not None else self._prepare(version)
         except FileNotFoundError:  # replaced while we looked: take the next one at the next poll
             return False
-        self.tables, self.version = tables, version
-        info = {"step": step, "version": version, "tokens": snap.header.get("tokens_consumed", 0),
-                "complete": snap.header.get("complete"), "load_seconds": round(time.perf_counter() - t0, 4)}
+        t0 = time.perf_counter()
+        self.tables = jax.block_until_ready(jax.device_put(host_tables, self.replicated))
+        self.version = version
+        info = {"step": step, "version": version, "tokens": header.get("tokens_consumed", 0),
+                "complete": header.get("complete"), "prepare_seconds": round(prepare_s, 4),
+                "background": future is not None, "swap_seconds": round(time.perf_counter() - t0, 4)}
         self.swaps.append(info)
-        self.log(f"ngram: snapshot v{version} ({info['tokens']:,} tokens, complete={info['complete']}) "
-                 f"in use from step {step} (loaded in {info['load_seconds'] * 1e3:.0f} ms)")
+        where = "background" if future is not None else "in the loop"
+        self.log(f"ngram: snapshot v{version} ({info['tokens']:,} tokens, complete={info['complete']}) in use from "
+                 f"step {step} (prepared {where} in {prepare_s * 1e3:.0f} ms, swap {info['swap_seconds'] * 1e3:.0f} ms)")
         self._record()
         return True
 
@@ -144,6 +174,9 @@ class NgramRuntime:
 
     def stop(self) -> None:
         self.builder.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool, self._pending = None, None
         self._record()
 
     def _record(self) -> None:
