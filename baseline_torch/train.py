@@ -27,11 +27,12 @@ from baseline_torch.optim import Optimizers
 from frontier_jax import optim as jax_optim
 from frontier_jax import report
 from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
-from frontier_jax.data.shards import DataError, list_shards
-from frontier_jax.data.stream import TrainLoader, load_val_tokens
-from frontier_jax.data.tokenizer import check_vocab, count_bytes, load_tokenizer
+from frontier_jax.data.shards import DataError
+from frontier_jax.data.stream import TrainLoader
+from frontier_jax.data.tokenizer import count_bytes
 from frontier_jax.parallel import split_batch
-from frontier_jax.run_support import RunError, RunLog, Signals, padded_val_batches, prepare_run_dir
+from frontier_jax.run_support import (RunError, RunLog, Signals, load_run_data, padded_val_batches,
+                                      prepare_run_dir, step_batch)
 from frontier_jax.model import model_flops_per_token, resolve_compute_dtype
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -146,13 +147,8 @@ def _run(cfg: Config, out_dir: Path, device: torch.device, compile_model: bool, 
     micro_seqs, accum = split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, 1, 1)
     env = environment(device)
     report.write_json(out_dir / "config.json", to_dict(cfg))
-    if not cfg.data.data_dir:
-        raise DataError("<data>: no data directory given (--data DIR or data.data_dir)")
-    tokenizer = load_tokenizer(cfg.data.tokenizer)
-    check_vocab(tokenizer, cfg.model.vocab_size, "model.vocab_size")
-    tables = tokenizer.byte_tables(cfg.model.vocab_size)
-    train_files = list_shards(cfg.data.data_dir, cfg.data.train_pattern)
-    val_tokens = load_val_tokens(list_shards(cfg.data.data_dir, cfg.data.val_pattern), t.seq_len)
+    data = load_run_data(cfg)
+    tokenizer, tables, train_files, val_tokens = data.tokenizer, data.tables, data.train_files, data.val_tokens
     loader = TrainLoader(train_files, t.seq_len)
 
     trainer = Trainer(cfg, device, compile_model)
@@ -172,8 +168,7 @@ def _run(cfg: Config, out_dir: Path, device: torch.device, compile_model: bool, 
     log(f"measured matmul peak: {peak / 1e9:.1f} GFLOP/s ({trainer.dtype})")
 
     def next_step_batch():
-        xs, ys = zip(*(loader.next_batch(micro_seqs) for _ in range(accum)))
-        return np.stack(xs), np.stack(ys)
+        return step_batch(loader, t.tokens_per_step // t.seq_len, accum, t.seq_len)
 
     def validate(max_tokens: int) -> dict:
         toks = val_tokens if not max_tokens else val_tokens[: min(val_tokens.size, max_tokens + 1)]

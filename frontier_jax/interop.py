@@ -30,6 +30,7 @@ from flax import nnx
 
 from frontier_jax.config import Config, ConfigError, apply_overrides, from_dict, load_config, model_hash, to_dict
 from frontier_jax.data.shards import DataError
+from frontier_jax.optim import path_names
 
 LINEAR_NAMES = ("c_q", "c_k", "c_v", "proj", "fc")  # stored [in, out] here, [out, in] in PyTorch
 META_PREFIX = "__"
@@ -37,16 +38,6 @@ META_PREFIX = "__"
 
 class InteropError(DataError):
     """An npz that does not fit the model (missing/extra key, wrong shape, unreadable)."""
-
-
-def _names(path) -> list[str]:
-    out = []
-    for k in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(k, attr):
-                out.append(str(getattr(k, attr)))
-                break
-    return [n for n in out if n != "value"]
 
 
 def torch_name(names: list[str]) -> tuple[str, bool]:
@@ -62,7 +53,7 @@ def params_to_state_dict(params) -> dict[str, np.ndarray]:
     """PyTorch-named numpy arrays of `params` (an nnx.State or pytree), in their own dtype and PyTorch layout."""
     sd = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        key, transposed = torch_name(_names(path))
+        key, transposed = torch_name(path_names(path))
         arr = np.asarray(jax.device_get(leaf))
         sd[key] = np.ascontiguousarray(arr.T) if transposed else arr
     return sd
@@ -73,7 +64,7 @@ def state_dict_to_params(sd: dict[str, np.ndarray], abstract_params, source: str
     flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_params)
     wanted = {}
     for path, leaf in flat:
-        key, transposed = torch_name(_names(path))
+        key, transposed = torch_name(path_names(path))
         wanted[key] = (leaf, transposed)
     given = {k for k in sd if not k.startswith(META_PREFIX)}
     missing = [k for k in wanted if k not in given]
@@ -84,7 +75,7 @@ def state_dict_to_params(sd: dict[str, np.ndarray], abstract_params, source: str
         raise InteropError(f"{source}: unexpected key {extra[0]!r} ({len(extra)} not in the model)")
     leaves = []
     for path, leaf in flat:
-        key, transposed = torch_name(_names(path))
+        key, transposed = torch_name(path_names(path))
         arr = np.asarray(sd[key])
         expect = tuple(leaf.shape[::-1]) if transposed else tuple(leaf.shape)
         if arr.shape != expect:

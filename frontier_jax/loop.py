@@ -23,13 +23,12 @@ from jax.experimental import multihost_utils
 
 from frontier_jax import checkpoint, ops, optim, report
 from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
-from frontier_jax.data.shards import DataError, list_shards, shard_token_count
-from frontier_jax.data.stream import TrainLoader, load_val_tokens
-from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
+from frontier_jax.data.stream import TrainLoader
 from frontier_jax.ngram import runtime as ngram_runtime
 from frontier_jax.model import GPT, count_params, model_flops_per_token, resolve_compute_dtype
 from frontier_jax.parallel import DataParallel, make_data_parallel, split_batch
-from frontier_jax.run_support import RunError, RunLog, Signals, padded_val_batches, prepare_run_dir
+from frontier_jax.run_support import (RunError, RunLog, Signals, load_run_data, padded_val_batches,
+                                      prepare_run_dir, step_batch)
 from frontier_jax.steps import evaluate_batches, make_eval_step, make_train_step
 
 __all__ = ["run", "init_state", "RunError"]
@@ -100,18 +99,11 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, stop_after_steps
     log(f"backend {env['backend']} | {dp.describe()}")
     log(f"compute dtype {compute_dtype} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
         f"{optim.resolve_ns_dtype(cfg.optim)} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
-    log(ops.format_kernel_table(kernel_rows) + f"\n(each op dispatched per device on its shard of the batch)")
+    log(ops.format_kernel_table(kernel_rows) + "\n(each op dispatched per device on its shard of the batch)")
 
     # ---- data and tokenizer (all checks before any compute)
-    if not cfg.data.data_dir:
-        raise DataError("<data>: no data directory given (--data DIR or data.data_dir)")
-    tokenizer = load_tokenizer(cfg.data.tokenizer)
-    check_vocab(tokenizer, cfg.model.vocab_size, "model.vocab_size")
-    tables = tokenizer.byte_tables(cfg.model.vocab_size)
-    train_files = list_shards(cfg.data.data_dir, cfg.data.train_pattern)
-    for f in train_files:  # headers of every shard now, not when the stream first reaches it hours later
-        shard_token_count(f)
-    val_tokens = load_val_tokens(list_shards(cfg.data.data_dir, cfg.data.val_pattern), t.seq_len)
+    data = load_run_data(cfg)
+    tokenizer, tables, train_files, val_tokens = data.tokenizer, data.tables, data.train_files, data.val_tokens
     ngram = None
     if cfg.ngram.enabled:
         ngram = ngram_runtime.NgramRuntime(cfg.ngram, train_files, out_dir, log, dp.replicated)
@@ -134,11 +126,8 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, stop_after_steps
     log(f"measured matmul peak: {peak / 1e9:.1f} GFLOP/s ({compute_dtype}, all devices)")
 
     def next_batch():
-        """One step's rows as [accum, rows / accum, T] per process (one chunk of tokens_per_step + 1,
-        so the data does not depend on how the step is split into devices and micro-batches)."""
-        x, y = loader.next_batch(seqs_per_step)
-        shape = (accum, x.shape[0] // accum, t.seq_len)
-        return dp.put_batch(x.reshape(shape), 1), dp.put_batch(y.reshape(shape), 1)
+        x, y = step_batch(loader, seqs_per_step, accum, t.seq_len)
+        return dp.put_batch(x, 1), dp.put_batch(y, 1)
 
     def validate(params_, max_tokens: int) -> dict:
         toks = val_tokens if not max_tokens else val_tokens[: min(val_tokens.size, max_tokens + 1)]

@@ -26,7 +26,8 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
 
 
-def _path_names(path) -> list[str]:
+def path_names(path) -> list[str]:
+    """Attribute names along a pytree path of an nnx.State ('value' leaves dropped)."""
     names = []
     for k in path:
         for attr in ("key", "name", "idx"):
@@ -48,7 +49,7 @@ def label_for(names: list[str], ndim: int) -> str:
 
 def param_labels(params):
     """Pytree of labels with the structure of `params` (an nnx.State or any pytree of arrays)."""
-    return jax.tree_util.tree_map_with_path(lambda p, x: label_for(_path_names(p), x.ndim), params)
+    return jax.tree_util.tree_map_with_path(lambda p, x: label_for(path_names(p), x.ndim), params)
 
 
 def newton_schulz(g_RC: jax.Array, steps: int, dtype) -> jax.Array:

@@ -4,6 +4,7 @@ run directory, and evaluation batches padded to a fixed shape (so evaluation com
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -94,3 +95,39 @@ def padded_val_batches(tokens: np.ndarray, seq_len: int, batch_seqs: int, proces
         mask = np.ones_like(x)
         pad = ((0, local - x.shape[0]), (0, 0))
         yield np.pad(x, pad), np.pad(y, pad), np.pad(mask, pad)
+
+
+@dataclasses.dataclass
+class RunData:
+    tokenizer: object
+    tables: object  # ByteTables of the exact bpb rule
+    train_files: list
+    val_tokens: np.ndarray
+
+
+def load_run_data(cfg) -> RunData:
+    """Tokenizer, byte tables, train shards and val tokens of a config, every check done up front:
+    a missing/empty directory, a tokenizer that does not match model.vocab_size, a bad shard header
+    (all of them now, not when the stream first reaches one hours later), a val split under one window."""
+    from frontier_jax.data.shards import DataError, list_shards, shard_token_count
+    from frontier_jax.data.stream import load_val_tokens
+    from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
+
+    if not cfg.data.data_dir:
+        raise DataError("<data>: no data directory given (--data DIR or data.data_dir)")
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+    check_vocab(tokenizer, cfg.model.vocab_size, "model.vocab_size")
+    train_files = list_shards(cfg.data.data_dir, cfg.data.train_pattern)
+    for f in train_files:
+        shard_token_count(f)
+    val_tokens = load_val_tokens(list_shards(cfg.data.data_dir, cfg.data.val_pattern), cfg.train.seq_len)
+    return RunData(tokenizer, tokenizer.byte_tables(cfg.model.vocab_size), train_files, val_tokens)
+
+
+def step_batch(loader, seqs_per_step: int, accum: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """One step's rows of this process as [accum, rows / accum, T]: a single chunk of tokens_per_step + 1
+    tokens, so the data never depends on how a step is split into devices and micro-batches (and the
+    JAX and PyTorch trainers read exactly the same tokens)."""
+    x, y = loader.next_batch(seqs_per_step)
+    shape = (accum, x.shape[0] // accum, seq_len)
+    return x.reshape(shape), y.reshape(shape)

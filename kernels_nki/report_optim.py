@@ -36,7 +36,7 @@ UNFUSED_ADAM_ACCESSES = 18
 
 def _unfused_muon_bytes(I: int, O: int, steps: int, ns_bytes: int) -> float:
     """HBM bytes of optim.scale_by_muon + lr + apply as separate passes (fp32 state, NS in ns_bytes)."""
-    R, C = min(I, O), max(I, O)
+    R = min(I, O)
     n, a = I * O, R * R
     pre = 3 * 4 * n + 3 * 4 * n  # buf EMA, Nesterov
     pre += (4 + ns_bytes) * n + ns_bytes * n + 2 * ns_bytes * n + 2 * ns_bytes * n  # cast, norm, divide, transpose

@@ -40,6 +40,17 @@ TINY_OVERRIDES = [
     "parallel.num_devices=1",
 ]
 
+# Kernel-vs-reference tolerances (nki.md 4, max mode: |a - b| <= tol + tol * max|b|).
+KERNEL_TOL = {"float32": 1e-5, "bfloat16": 2e-2}
+
+
+def assert_close_max(a, b, tol):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert not np.isnan(a).any()
+    err, bound = np.abs(a - b).max(), tol + tol * np.abs(b).max()
+    assert err <= bound, f"max |a-b| = {err:.3g} > {bound:.3g}"
+
+
 _WORDS = ("the of and to in is was for on that with as by at from his her it an were are which this be or "
           "had not but first one their its new after who they have two she been other when there all during "
           "into school time may years more most only over city some world would where later up such used many").split()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import TINY_OVERRIDES, tiny_config
+from conftest import tiny_config
 from frontier_jax.config import apply_overrides
 from frontier_jax.evaluate import evaluate_run, main, sliding_masked_batches
 

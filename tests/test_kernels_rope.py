@@ -8,19 +8,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from conftest import KERNEL_TOL as TOL
+from conftest import assert_close_max as _assert_close
 from frontier_jax import ops
 from frontier_jax import reference as ref
 from kernels_nki import emulator, registry
 
-TOL = {"float32": 1e-5, "bfloat16": 2e-2}
-
-
-def _assert_close(a, b, tol):
-    """Max-mode tolerance (nki.md 4): |a - b| <= tol + tol * max|b|."""
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    assert not np.isnan(a).any()
-    err, bound = np.abs(a - b).max(), tol + tol * np.abs(b).max()
-    assert err <= bound, f"max |a-b| = {err:.3g} > {bound:.3g}"
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from frontier_jax import reference
 from frontier_jax.config import NgramConfig

@@ -17,7 +17,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from frontier_jax.data.prepare import MANIFEST, prepare, read_manifest
+from frontier_jax.data.prepare import prepare, read_manifest
 from frontier_jax.data.shards import DataError, atomic_write_text
 from frontier_jax.data.tokenizer import SentencePieceTokenizer
 
