@@ -9,6 +9,8 @@ re-derived, so both implementations schedule identically.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from frontier_jax.config import OptimConfig
@@ -80,7 +82,11 @@ def split_params(model) -> dict[str, list[torch.nn.Parameter]]:
 class Optimizers:
     """The three optimizers, stepped together with the schedule's lr multiplier and Muon momentum."""
 
-    def __init__(self, model, cfg: OptimConfig):
+    def __init__(self, model, cfg: OptimConfig, platform: str = "cpu"):
+        """platform ("cpu" or "cuda") resolves optim.muon_ns_dtype="auto" as the JAX side does."""
+        from frontier_jax.optim import resolve_ns_dtype
+
+        cfg = dataclasses.replace(cfg, muon_ns_dtype=resolve_ns_dtype(cfg, platform))
         groups = split_params(model)
         self.cfg = cfg
         adam = lambda ps, lr: torch.optim.Adam([{"params": ps, "lr": lr, "base_lr": lr}], betas=(cfg.beta1, cfg.beta2),

@@ -91,7 +91,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.model = GPT(cfg.model, self.dtype).to(device)
         self.forward = torch.compile(self.model, dynamic=False, fullgraph=True) if compile_model else self.model
-        self.opt = Optimizers(self.model, cfg.optim)
+        self.opt = Optimizers(self.model, cfg.optim, device.type)
 
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16)
@@ -128,7 +128,7 @@ class Trainer:
 
     def reset(self, model_state: dict) -> None:
         self.model.load_state_dict(model_state)
-        self.opt = Optimizers(self.model, self.cfg.optim)
+        self.opt = Optimizers(self.model, self.cfg.optim, self.device.type)
 
 
 def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bool = False,

@@ -6,8 +6,9 @@ Every op family is a separately jitted function of (inputs) -> scalar, different
 jax.value_and_grad, called at the shapes one train step uses and multiplied by how many times the
 step calls it (e.g. 2 rms_norms per block). All functions, the full forward+backward and the full
 step (optimizer included) are timed interleaved, `--rounds` rounds, median per function, so load on
-a shared CPU moves them together. `--variants` adds the alternatives (plain reference autodiff
-instead of the custom_vjp primitives, other attention formulations, Muon NS in bfloat16 vs float32).
+a shared CPU moves them together. `--variants` adds, in the same interleaved run, the paths before the speed work (the custom_vjp
+primitives for reference ops, dense masked attention; `before_paths`), the full step on them, Muon NS
+in the other dtype, and jax.nn.dot_product_attention at short sequences.
 Also prints the compiled step's HLO cost analysis FLOPs against `model_flops_per_token`.
 A benchmark, not a test.
 """

@@ -7,7 +7,8 @@ def get_config() -> Config:
     return Config(
         name="tiny",
         model=ModelConfig(num_layers=4, model_dim=128, num_heads=4, num_kv_heads=2, mlp_mult=2),
-        optim=OptimConfig(warmdown_steps=60, muon_momentum_warmup_steps=50),
+        # muon_ns_dtype auto: fp32 Newton-Schulz on CPU (bf16 dots are slower there), bf16 on accelerators
+        optim=OptimConfig(warmdown_steps=60, muon_momentum_warmup_steps=50, muon_ns_dtype="auto"),
         train=TrainConfig(
             seq_len=256,
             tokens_per_step=8192,

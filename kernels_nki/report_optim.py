@@ -16,12 +16,14 @@ The step share divides by an estimated step = optimizer + model FLOPs at an assu
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from frontier_jax import optim
+from frontier_jax.optim import resolve_ns_dtype
 from frontier_jax.config import Config
 from frontier_jax.model import GPT, model_flops_per_token
 from kernels_nki import emulator, registry
@@ -58,7 +60,7 @@ def _param_specs(cfg: Config):
 
 
 def optimizer_section(cfg: Config) -> dict:
-    o = cfg.optim
+    o = dataclasses.replace(cfg.optim, muon_ns_dtype=resolve_ns_dtype(cfg.optim, "neuron"))  # the report is about trn1
     ns_bytes = 2 if o.muon_ns_dtype == "bfloat16" else 4
     kernels = {op: getattr(registry.load_emulated(op), registry.KERNELS[op].fwd) for op in ("adam_update", "muon_update")}
     calls = collections.Counter()

@@ -155,3 +155,68 @@ def test_confidence_bucket_range():
     cnt = np.array([1, 1, 2, 10, 99, 0])
     tot = np.array([1, 5, 2, 10, 100, 0])
     assert list(T.confidence_bucket(cnt, tot, 8)) == [4, 1, 5, 7, 7, 0]
+
+
+FILL = 4 * 8192
+
+
+def _near_duplicate_stream(copies, chunk=8192, doc_len=300, seed=5):
+    """First FILL tokens: fresh (fill a small table with single-count contexts). Then one chunk per copy:
+    the same document once, at a different offset, among fresh tokens (a near-duplicate page whose
+    copies fall in different chunks). Vocabulary 60000: every context outside the document is unique."""
+    rng = np.random.default_rng(seed)
+    doc = rng.integers(0, 60000, doc_len).astype(np.uint16)
+    parts = [rng.integers(0, 60000, FILL).astype(np.uint16)]
+    for _ in range(copies):
+        x = rng.integers(0, 60000, chunk).astype(np.uint16)
+        at = int(rng.integers(0, chunk - doc_len))
+        x[at : at + doc_len] = doc
+        parts.append(x)
+    return doc, np.concatenate(parts)
+
+
+def _doc_coverage(tables, doc, n):
+    """Fraction of the document's order-n positions whose context is held with the right top token."""
+    hit, top, _, tot = T.lookup(tables.rows_OK4, tables.min_order, doc)
+    o = n - tables.min_order
+    t = np.arange(n - 1, doc.size - 1)
+    return float(np.mean(hit[t, o] & (top[t, o] == doc[t + 1])))
+
+
+@pytest.mark.parametrize("admit_log2, copies, floor", [(0, 6, 0.6), (5, 60, 0.5)])
+def test_near_duplicates_across_chunks_displace_stale_singles(admit_log2, copies, floor):
+    doc, tokens = _near_duplicate_stream(copies)
+    tables = T.NgramTables(2, 8, 12, chunk_tokens=8192, admit_log2=admit_log2)
+    tables.consume(tokens[:FILL])
+    assert (2 * tables.occupied_O > 4096).all()  # past half full of single-count contexts: suffix rule active
+    assert tables.rows_OK4[:, :, T.TOTAL].max() == 1
+    tables.consume(tokens[FILL:])
+    for n in (6, 7, 8):
+        assert _doc_coverage(tables, doc, n) >= floor, n
+    # a held document context has been counted once per copy since it got in, never more
+    hit, top, cnt, tot = T.lookup(tables.rows_OK4, 2, doc)
+    assert (tot[hit] <= copies).all() and (cnt[hit] <= tot[hit]).all()
+    assert (tot[:, -1][hit[:, -1]] >= 2).mean() > 0.5  # most were seen again after they got in
+    # without admission of single-count contexts (the old policy for them) the document never gets in
+    old = T.NgramTables(2, 8, 12, chunk_tokens=8192, admit_log2=32)
+    old.consume(tokens)
+    assert max(_doc_coverage(old, doc, n) for n in (6, 7, 8)) < 0.05
+
+
+def test_top_seen_once_yields_to_later_continuation():
+    rng = np.random.default_rng(7)
+    ctx = rng.integers(100, 60000, 8).astype(np.uint16)
+    parts = [np.concatenate([ctx, [11], rng.integers(100, 60000, 500)])]  # ctx -> 11 once
+    parts += [np.concatenate([ctx, [22], rng.integers(100, 60000, 500)]) for _ in range(3)]  # then ctx -> 22, once per chunk
+    tokens = np.concatenate(parts).astype(np.uint16)
+    tables = T.NgramTables(4, 8, 16, chunk_tokens=509)
+    tables.consume(tokens)
+    hit, top, cnt, tot = T.lookup(tables.rows_OK4, 4, ctx)
+    assert hit[-1].all() and (top[-1] == 22).all() and (cnt[-1] == 3).all() and (tot[-1] == 4).all()
+
+
+def test_allowance_and_admission():
+    assert list(T.allowance(np.arange(1, 11))) == [0, 1, 3, 7, 15, 31, 63, 127, 256, 256]
+    a = T.admitted(np.arange(1 << 16), 5)
+    assert abs(a.mean() - 1 / 32) < 0.003 and T.admitted(np.arange(10), 0).all()
+    np.testing.assert_array_equal(a, T.admitted(np.arange(1 << 16), 5))
