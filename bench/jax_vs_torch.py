@@ -4,11 +4,13 @@
     python bench/jax_vs_torch.py --quick    # tiny.py only, fewer repetitions
 
 Every implementation runs the full training step (forward, backward, Muon + Adam update) in float32
-(NS in float32 too) on the same token batch. Warm-up steps (compilation included) are excluded; then
-the implementations are timed interleaved (J E C J E C ...), `--reps` rounds of `--steps` steps each,
-and the median round gives tokens/s. Prints tokens/s per implementation and the ratio JAX / best
-PyTorch. A benchmark, not a test: on a CPU shared with other work the numbers move; compare the
-ratios printed side by side, and rerun.
+(NS in float32 too) on the same token batch, each in its own worker process (spawned one after the
+other, so compilations never overlap, and so one framework's idle thread pool never spins on the cores
+while the other is timed). Warm-up steps (compilation included) are excluded; then the implementations
+are timed interleaved (J E C J E C ...), `--reps` rounds of `--steps` steps each, the worker timing
+only its own steps, and the median round gives tokens/s. Prints tokens/s per implementation and the
+ratio JAX / best PyTorch. A benchmark, not a test: on a CPU shared with other work the numbers move;
+compare the ratios printed side by side, and rerun.
 """
 
 from __future__ import annotations
@@ -77,25 +79,51 @@ def torch_runner(cfg, x_BT, y_BT, compiled: bool):
     return run
 
 
-def bench_case(name: str, cfg, batch: int, reps: int, steps: int, warmup: int, impls: list[str]) -> dict:
+def _worker(impl: str, cfg, x_BT, y_BT, warmup: int, threads: int | None, conn) -> None:
+    """One implementation in its own process: build, warm up, then run `n` steps per request."""
+    if impl.startswith("torch") and threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    makers = {"jax": lambda: jax_runner(cfg, x_BT, y_BT), "torch-eager": lambda: torch_runner(cfg, x_BT, y_BT, False),
+              "torch-compile": lambda: torch_runner(cfg, x_BT, y_BT, True)}
+    t0 = time.perf_counter()
+    run = makers[impl]()
+    run(warmup)  # compilation and first-touch excluded
+    conn.send(time.perf_counter() - t0)
+    while (n := conn.recv()) is not None:
+        t0 = time.perf_counter()
+        run(n)
+        conn.send(time.perf_counter() - t0)
+
+
+def bench_case(name: str, cfg, batch: int, reps: int, steps: int, warmup: int, impls: list[str],
+               threads: int | None = None) -> dict:
+    import multiprocessing as mp
+
     T = cfg.train.seq_len
     rng = np.random.default_rng(0)
     toks = rng.integers(0, cfg.model.vocab_size, size=(batch, T + 1)).astype(np.int32)
     x, y = toks[:, :-1], toks[:, 1:]
-    makers = {"jax": lambda: jax_runner(cfg, x, y), "torch-eager": lambda: torch_runner(cfg, x, y, False),
-              "torch-compile": lambda: torch_runner(cfg, x, y, True)}
-    runners, setup_s = {}, {}
-    for impl in impls:
-        t0 = time.perf_counter()
-        runners[impl] = makers[impl]()
-        runners[impl](warmup)  # compilation and first-touch excluded
-        setup_s[impl] = time.perf_counter() - t0
-    times = {impl: [] for impl in impls}
-    for _ in range(reps):  # interleaved rounds
-        for impl in impls:
-            t0 = time.perf_counter()
-            runners[impl](steps)
-            times[impl].append(time.perf_counter() - t0)
+    ctx = mp.get_context("spawn")
+    workers, setup_s = {}, {}
+    try:
+        for impl in impls:  # one at a time: no compilation overlaps another
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker, args=(impl, cfg, x, y, warmup, threads, child), daemon=True)
+            proc.start()
+            workers[impl] = (proc, parent)
+            setup_s[impl] = parent.recv()
+        times = {impl: [] for impl in impls}
+        for _ in range(reps):  # interleaved rounds
+            for impl in impls:
+                workers[impl][1].send(steps)
+                times[impl].append(workers[impl][1].recv())
+    finally:
+        for proc, conn in workers.values():
+            if proc.is_alive():
+                conn.send(None)
+                proc.join(30)
     tokens = batch * T * steps
     tok_s = {impl: tokens / statistics.median(ts) for impl, ts in times.items()}
     spread = {impl: (tokens / max(ts), tokens / min(ts)) for impl, ts in times.items()}
@@ -125,18 +153,16 @@ def main(argv=None) -> int:
     except ImportError:
         print("error: PyTorch is not installed (pip install -e .[torch])", file=sys.stderr)
         return 2
-    if a.threads:
-        torch.set_num_threads(a.threads)
     cases = a.cases or (["tiny"] if a.quick else list(CASES))
     reps = a.reps or (3 if a.quick else 5)
     impls = ["jax", "torch-eager"] + ([] if a.no_compile else ["torch-compile"])
     print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads)")
+          f"({a.threads or torch.get_num_threads()} threads); one worker process per implementation")
     for name in cases:
         config, sets, batch = CASES[name]
         cfg = apply_overrides(load_config(REPO / config), FP32 + sets)
         steps = 2 if name == "tiny" else 1
-        bench_case(name, cfg, batch, reps, steps, warmup=2, impls=impls)
+        bench_case(name, cfg, batch, reps, steps, warmup=2, impls=impls, threads=a.threads)
     return 0
 
 

@@ -99,8 +99,9 @@ def test_schedule_changes_do_not_recompile(model):
 
 def test_donation_updates_parameters_and_state_in_place(model):
     """memory_analysis of the compiled fused step: every parameter and optimizer-state byte of the output
-    aliases a donated input (only the metrics are fresh), and the temporaries grow by less than the
-    optimizer state when donating (on CPU XLA copies the donated parameters once, no state copy)."""
+    aliases a donated input (only the metrics are fresh), the temporaries grow by at most about one copy
+    of the parameters when donating (XLA:CPU copies the donated parameters once), and the optimised
+    program copies no optimizer-state buffer."""
     graphdef, params = model
     tx = optim.build_optimizer(OptimConfig(fused=True))
     state = tx.init(params)
@@ -112,7 +113,9 @@ def test_donation_updates_parameters_and_state_in_place(model):
     state_b, params_b = _nbytes(state), _nbytes(params)
     assert md.alias_size_in_bytes >= params_b + state_b and mk.alias_size_in_bytes == 0
     assert md.output_size_in_bytes - md.alias_size_in_bytes < 1024  # loss + grad norm only
-    assert md.temp_size_in_bytes - mk.temp_size_in_bytes < state_b
+    # donating adds temporaries of at most one copy of the parameters (XLA:CPU copies donated parameters
+    # that the step still reads after writing them) plus a little: never a second copy of the state
+    assert md.temp_size_in_bytes - mk.temp_size_in_bytes < params_b + state_b // 4
     hlo = donated.as_text()
     assert not any(" copy(%opt_state" in line for line in hlo.splitlines())
 
