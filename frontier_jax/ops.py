@@ -11,8 +11,8 @@ without a kernel calls its reference directly. A test-only third path, `emulated
 an op's forward and backward through `jax.pure_callback` into the NumPy emulator running the real
 kernel source.
 
-The kernel table (`kernel_table()`, one `KernelRow` per op: impl nki|reference|emulated and the
-reason) says which path every op takes in this process; `format_kernel_table` prints it at
+The kernel table (`frontier_jax.kernel_table`, re-exported here: `kernel_table()`, one `KernelRow` per
+op, impl nki|reference|emulated|unused and the reason) says which path every op takes in this process; `format_kernel_table` prints it at
 start-up and `dataclasses.asdict` makes each row JSON for the run directory. `configure("strict")`
 raises `KernelUnavailableError` naming every op that would not run its NKI kernel. Call
 `configure` before tracing the step: the choice is made at trace time (`configure` and `emulated`
@@ -21,8 +21,6 @@ clear JAX's caches so no stale trace survives a change).
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 
 import jax
@@ -32,138 +30,18 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from frontier_jax import reference as ref
+from frontier_jax.kernel_table import (
+    FUSED_OPTIMIZER_OPS, MODES, OPS, KernelRow, KernelUnavailableError, _direct, _impl, _state, configure,
+    emulated, format_kernel_table, kernel_table, through_primitives, unused_reason)
 from kernels_nki import registry
 
-OPS = ("rms_norm", "rope", "causal_attention", "mlp", "embed", "head_loss",
-       "adam_update", "muon_update")  # the last two: fused optimizer primitives in frontier_jax.fused_optim
-MODES = ("auto", "reference", "strict")
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelRow:
-    op: str
-    impl: str  # "nki" | "reference" | "emulated"
-    reason: str
-
-
-class KernelUnavailableError(RuntimeError):
-    """`--kernels strict` and some op would not run its NKI kernel."""
-
-
-_state = {"mode": "auto", "platform": None, "rows": None, "emulated": frozenset(), "unused": frozenset(),
-          "direct": True}
 _neuron_registered: set[str] = set()
 
-
-# ----------------------------------------------------------------------------- kernel table
-
-
-def _resolve(op: str, mode: str, platform: str, unused: frozenset) -> KernelRow:
-    spec = registry.KERNELS.get(op)
-    if op in unused:
-        return KernelRow(op, "unused", unused_reason(op))
-    if op in _state["emulated"]:
-        return KernelRow(op, "emulated", "NumPy emulator of the NKI kernel via jax.pure_callback (tests only)")
-    if spec is None:
-        return KernelRow(op, "reference", "no kernel")
-    if mode == "reference":
-        return KernelRow(op, "reference", "kernels=reference")
-    if platform != "neuron":
-        return KernelRow(op, "reference", f"platform {platform}")
-    try:
-        registry.load_nki(op)
-        _register_neuron_lowering(op)
-    except Exception as e:  # every failure becomes a visible row (and a strict-mode error)
-        return KernelRow(op, "reference", f"kernel unavailable: {type(e).__name__}: {e}")
-    return KernelRow(op, "nki", f"{spec.module}.{spec.fwd}/{spec.bwd}")
-
-
-FUSED_OPTIMIZER_OPS = frozenset({"adam_update", "muon_update"})
-
-
-def unused_reason(op: str) -> str:
-    return "optim.fused=False (the optax chain runs)" if op in FUSED_OPTIMIZER_OPS else "not used by this run"
-
-
-def configure(mode: str = "auto", platform: str | None = None, unused=()) -> list[KernelRow]:
-    """Decide every op's implementation for this process; strict raises if any op misses its kernel.
-
-    `unused`: ops this run never calls (e.g. the fused optimizer ops when optim.fused is off); they are
-    listed as such and do not count for strict mode.
-    """
-    rows = _configure(mode, platform, frozenset(unused))
-    jax.clear_caches()
-    return rows
-
-
-def _configure(mode: str, platform: str | None, unused: frozenset = frozenset()) -> list[KernelRow]:
-    if mode not in MODES:
-        raise ValueError(f"kernels mode must be one of {'|'.join(MODES)}, got {mode!r}")
-    platform = platform or jax.default_backend()
-    rows = [_resolve(op, mode, platform, unused) for op in OPS]
-    if mode == "strict":
-        missing = [r for r in rows if r.impl not in ("nki", "unused")]
-        if missing:
-            raise KernelUnavailableError(
-                "strict kernels: no NKI kernel will run for " + ", ".join(f"{r.op} ({r.reason})" for r in missing))
-    _state.update(mode=mode, platform=platform, rows={r.op: r for r in rows}, unused=unused)
-    return rows
-
-
-def kernel_table() -> list[KernelRow]:
-    """The current table (configured with mode "auto" on first use)."""
-    if _state["rows"] is None:
-        _configure(_state["mode"], _state["platform"], _state["unused"])
-    return [_state["rows"][op] for op in OPS]
-
-
-def format_kernel_table(rows: list[KernelRow]) -> str:
-    width = max(len(r.op) for r in rows)
-    lines = ["kernel table:"] + [f"  {r.op:<{width}}  {r.impl:<9}  {r.reason}" for r in rows]
-    return "\n".join(lines)
-
-
-@contextlib.contextmanager
-def emulated(op_names):
-    """Test-only: route these ops through the NumPy emulator of their NKI kernels (table: "emulated")."""
-    names = frozenset(op_names)
-    for op in names:
-        if op not in registry.KERNELS:
-            raise ValueError(f"{op} has no NKI kernel to emulate")
-    saved = dict(_state)
-    _state["emulated"] = names
-    configure(_state["mode"], _state["platform"], _state["unused"])
-    try:
-        yield kernel_table()
-    finally:
-        _state.update(saved)
-        jax.clear_caches()
-
-
-def _impl(op: str) -> str:
-    return kernel_table()[OPS.index(op)].impl
-
-
-def _direct(op: str) -> bool:
-    """An op whose row says "reference" calls its reference function directly, under plain JAX autodiff:
-    the custom_vjp would pin the kernel's residuals and recompute in the backward (mlp's hidden layer,
-    the attention forward), and on CPU that measured 10-70% slower per op (bench/README.md). The
-    primitives are bound when a kernel (or the emulator) runs, or inside `through_primitives()`."""
-    return _state["direct"] and _impl(op) == "reference"
-
-
-@contextlib.contextmanager
-def through_primitives():
-    """Tests / benchmarks: route reference ops through their custom_vjp primitives too (the Neuron wiring)."""
-    saved = _state["direct"]
-    _state["direct"] = False
-    jax.clear_caches()
-    try:
-        yield
-    finally:
-        _state["direct"] = saved
-        jax.clear_caches()
-
+__all__ = [  # the kernel table's API is re-exported here: callers use ops.configure, ops.kernel_table, ...
+    "FUSED_OPTIMIZER_OPS", "MODES", "OPS", "KernelRow", "KernelUnavailableError", "configure", "emulated",
+    "format_kernel_table", "kernel_table", "through_primitives", "unused_reason",
+    "rms_norm", "rope", "causal_attention", "mlp", "embed", "head_loss",
+]
 
 # ----------------------------------------------------------------------------- primitive machinery
 
@@ -224,6 +102,9 @@ def _call(op: str, which: str, *args, **params):
     if impl == "emulated":
         return tuple(_emulated_call(op, which, out_avals, *args, **params))
     return tuple(prim.bind(*args, kernel=impl == "nki", **params))
+
+
+_state["register_neuron"] = _register_neuron_lowering
 
 
 # ----------------------------------------------------------------------------- rms_norm
