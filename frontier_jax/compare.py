@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import re
 import shlex
 import shutil
@@ -140,20 +139,21 @@ def validate(arms: list[Arm], data: str | None, tokenizer: str | None) -> dict:
     return facts
 
 
-def build_command(arm: Arm, seed: int, run_dir: Path, a: argparse.Namespace) -> tuple[list[str], dict]:
-    env = dict(os.environ)
+def build_command(arm: Arm, seed: int, run_dir: Path, a: argparse.Namespace) -> list[str]:
+    """The arm's command line. A `cmd:` arm gets {seed} {budget} {data} {tokenizer} {out} substituted and
+    SEED, MAX_WALLCLOCK_SECONDS, DATA_PATH, TOKENIZER_PATH, RUN_ID added to the environment it inherits
+    (through `env`, so this process reads no environment variables)."""
     if arm.kind in KINDS:
-        cmd = [sys.executable, "-m", KINDS[arm.kind], "--config", arm.config, "--data", a.data, "--tokenizer",
-               a.tokenizer, "--budget", str(a.budget), "--seed", str(seed), "--out", str(run_dir), *arm.args]
-        return cmd, env
+        return [sys.executable, "-m", KINDS[arm.kind], "--config", arm.config, "--data", a.data, "--tokenizer",
+                a.tokenizer, "--budget", str(a.budget), "--seed", str(seed), "--out", str(run_dir), *arm.args]
     subs = {"seed": str(seed), "budget": str(a.budget), "data": a.data or "", "tokenizer": a.tokenizer or "",
             "out": str(run_dir)}
     command = arm.command
     for k, v in subs.items():
         command = command.replace("{" + k + "}", shlex.quote(v))
-    env.update(SEED=subs["seed"], MAX_WALLCLOCK_SECONDS=subs["budget"], DATA_PATH=subs["data"],
-               TOKENIZER_PATH=subs["tokenizer"], RUN_ID=run_dir.name)
-    return ["bash", "-c", command], env
+    extra = [f"SEED={subs['seed']}", f"MAX_WALLCLOCK_SECONDS={subs['budget']}", f"DATA_PATH={subs['data']}",
+             f"TOKENIZER_PATH={subs['tokenizer']}", f"RUN_ID={run_dir.name}"]
+    return ["env", *extra, "bash", "-c", command]
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -285,14 +285,14 @@ def _run_all(order, arms, a, out: Path, meta: dict, runs: list[dict], timeout: f
         run_dir = out / "runs" / f"{arm.label}-s{seed}"
         run_dir.mkdir(parents=True, exist_ok=True)
         console = run_dir / "console.log"
-        cmd, env = build_command(arm, seed, run_dir, a)
+        cmd = build_command(arm, seed, run_dir, a)
         print(f"[{n}/{len(order)}] {arm.label} seed {seed}: {shlex.join(cmd)}", flush=True)
         t0 = time.perf_counter()
         rc, interrupted = None, False
         with open(console, "w") as f:
             # Own session: a terminal Ctrl-C reaches only compare, which forwards exactly one SIGINT
             # (a second one would make the trainers abort without saving).
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 rc = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
