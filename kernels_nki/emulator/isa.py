@@ -187,13 +187,19 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     _m.current().count_engine("gpsimd", dst)
     if not dst.machine.compute:
         return
-    val = np.full(dst.shape, float(offset), dtype=np.float64)
-    val += channel_multiplier * np.arange(dst.shape[0]).reshape((-1,) + (1,) * (dst.ndim - 1))
-    for axis, (step, n) in enumerate(pattern, start=1):
-        val += step * np.arange(n).reshape((n,) + (1,) * (dst.ndim - axis - 1))
+    val = _affine_values(dst.shape, pattern, offset, channel_multiplier)
     if dst.mask is not None:
         _m.fail("iota: dst must be in SBUF")
     dst.data[...] = val.astype(dst.dtype)
+
+
+def _affine_values(shape, pattern, offset, channel_multiplier) -> np.ndarray:
+    """offset + channel_multiplier * p + sum_k pattern[k][0] * i_(k+1) over a tile of `shape` (iota, affine_select)."""
+    val = np.full(shape, float(offset), dtype=np.float64)
+    val += channel_multiplier * np.arange(shape[0]).reshape((-1,) + (1,) * (len(shape) - 1))
+    for axis, (step, n) in enumerate(pattern, start=1):
+        val += step * np.arange(n).reshape((n,) + (1,) * (len(shape) - axis - 1))
+    return val
 
 
 def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, name=None):
@@ -211,10 +217,7 @@ def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_fal
     _m.current().count_engine("gpsimd", dst)
     if not dst.machine.compute:
         return
-    val = np.full(dst.shape, float(offset), dtype=np.float64)
-    val += channel_multiplier * np.arange(dst.shape[0]).reshape((-1,) + (1,) * (dst.ndim - 1))
-    for axis, (step, n) in enumerate(pattern, start=1):
-        val += step * np.arange(n).reshape((n,) + (1,) * (dst.ndim - axis - 1))
+    val = _affine_values(dst.shape, pattern, offset, channel_multiplier)
     keep = cmp_op.fn(val, 0.0).astype(bool)
     _write(dst, np.where(keep, _read(on_true_tile), np.float32(on_false_value)))
 
