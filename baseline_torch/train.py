@@ -26,6 +26,7 @@ from baseline_torch.model import GPT, count_params, load_npz, save_npz
 from baseline_torch.optim import Optimizers
 from frontier_jax import optim as jax_optim
 from frontier_jax import report
+from frontier_jax.host import tune_allocator
 from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
 from frontier_jax.data.shards import DataError
 from frontier_jax.data.stream import TrainLoader
@@ -279,6 +280,7 @@ def main(argv=None) -> int:
     try:
         ns = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "threads"}, resume=None, kernels=None)
         cfg, out, _, _ = resolve(ns)
+        tune_allocator(cfg.train.allocator)  # the same process setting as the JAX trainer
         if not args.out:
             out = Path("runs") / f"{cfg.name}-torch-{time.strftime('%Y%m%d-%H%M%S')}"
         summary = run(cfg, out, args.device, args.compile, args.init_weights)

@@ -79,8 +79,11 @@ def torch_runner(cfg, x_BT, y_BT, compiled: bool):
     return run
 
 
-def _worker(impl: str, cfg, x_BT, y_BT, warmup: int, threads: int | None, conn) -> None:
+def _worker(impl: str, cfg, x_BT, y_BT, warmup: int, threads: int | None, allocator: str, conn) -> None:
     """One implementation in its own process: build, warm up, then run `n` steps per request."""
+    from frontier_jax.host import tune_allocator
+
+    tune_allocator(allocator)  # before any backend starts; the same setting for every implementation
     if impl.startswith("torch") and threads:
         import torch
 
@@ -98,7 +101,7 @@ def _worker(impl: str, cfg, x_BT, y_BT, warmup: int, threads: int | None, conn) 
 
 
 def bench_case(name: str, cfg, batch: int, reps: int, steps: int, warmup: int, impls: list[str],
-               threads: int | None = None) -> dict:
+               threads: int | None = None, allocator: str = "reuse") -> dict:
     import multiprocessing as mp
 
     T = cfg.train.seq_len
@@ -110,7 +113,7 @@ def bench_case(name: str, cfg, batch: int, reps: int, steps: int, warmup: int, i
     try:
         for impl in impls:  # one at a time: no compilation overlaps another
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(impl, cfg, x, y, warmup, threads, child), daemon=True)
+            proc = ctx.Process(target=_worker, args=(impl, cfg, x, y, warmup, threads, allocator, child), daemon=True)
             proc.start()
             workers[impl] = (proc, parent)
             setup_s[impl] = parent.recv()
@@ -128,7 +131,8 @@ def bench_case(name: str, cfg, batch: int, reps: int, steps: int, warmup: int, i
     tok_s = {impl: tokens / statistics.median(ts) for impl, ts in times.items()}
     spread = {impl: (tokens / max(ts), tokens / min(ts)) for impl, ts in times.items()}
     print(f"\n== {name}: {cfg.model.num_layers}x{cfg.model.model_dim}, seq {T}, batch {batch} seqs "
-          f"({batch * T:,} tokens/step), fp32, {reps} interleaved rounds of {steps} step(s), warm-up {warmup}")
+          f"({batch * T:,} tokens/step), fp32, {reps} interleaved rounds of {steps} step(s), warm-up {warmup}, "
+          f"allocator {allocator}")
     for impl in impls:
         lo, hi = spread[impl]
         print(f"  {impl:14s} {tok_s[impl]:>10,.0f} tokens/s  (range {lo:,.0f} .. {hi:,.0f}; "
@@ -147,6 +151,8 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, help="interleaved rounds (default 5; 3 with --quick)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--allocator", choices=("reuse", "system"), default="reuse",
+                   help="glibc allocator setting in every worker (frontier_jax.host; default reuse, as the trainer)")
     a = p.parse_args(argv)
     try:
         import torch
@@ -162,7 +168,7 @@ def main(argv=None) -> int:
         config, sets, batch = CASES[name]
         cfg = apply_overrides(load_config(REPO / config), FP32 + sets)
         steps = 2 if name == "tiny" else 1
-        bench_case(name, cfg, batch, reps, steps, warmup=2, impls=impls, threads=a.threads)
+        bench_case(name, cfg, batch, reps, steps, warmup=2, impls=impls, threads=a.threads, allocator=a.allocator)
     return 0
 
 

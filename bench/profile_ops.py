@@ -32,6 +32,7 @@ from flax import nnx  # noqa: E402
 from frontier_jax import ops, optim  # noqa: E402
 from frontier_jax import reference as ref  # noqa: E402
 from frontier_jax.config import apply_overrides, load_config  # noqa: E402
+from frontier_jax.host import tune_allocator  # noqa: E402
 from frontier_jax.model import GPT, _rope_tables, model_flops_per_token  # noqa: E402
 from frontier_jax.steps import make_train_step  # noqa: E402
 
@@ -216,6 +217,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", action="store_true")
     p.add_argument("--set", action="append", default=[], help="config override, e.g. optim.muon_ns_dtype=float32")
     a = p.parse_args(argv)
+    tune_allocator("reuse")  # as the trainer (frontier_jax.host), before the backend starts
     ops.configure("auto")
     print(f"jax {jax.__version__} ({jax.default_backend()})")
     for name in a.cases:

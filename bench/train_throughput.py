@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from frontier_jax import optim, report  # noqa: E402
 from frontier_jax.config import apply_overrides, load_config  # noqa: E402
+from frontier_jax.host import tune_allocator  # noqa: E402
 from frontier_jax.model import GPT, model_flops_per_token  # noqa: E402
 from frontier_jax.steps import make_train_step  # noqa: E402
 
@@ -76,6 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: the platform policy)")
     args = ap.parse_args(argv)
     reps = 3 if args.quick else args.reps
+    tune_allocator("reuse")  # as the trainer (frontier_jax.host), before the backend starts
     from frontier_jax.model import resolve_compute_dtype
 
     base_model = load_config(CONFIGS / "baseline.py").model

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from frontier_jax import checkpoint, ops, optim, report
+from frontier_jax import checkpoint, host, ops, optim, report
 from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
 from frontier_jax.data.stream import TrainLoader
 from frontier_jax.ngram import runtime as ngram_runtime
@@ -81,7 +81,7 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, stop_after_steps
     if t.val_batch_seqs % dp.num_devices:
         raise ConfigError(f"train.val_batch_seqs={t.val_batch_seqs} is not a multiple of the {dp.num_devices} devices")
     kernel_rows = ops.configure(t.kernels, unused=() if cfg.optim.fused else ops.FUSED_OPTIMIZER_OPS)
-    env = report.environment()
+    env = {**report.environment(), "host_allocator": host.tune_allocator(t.allocator)}
     compute_dtype = resolve_compute_dtype(cfg.model)
     if resume:  # refuse another model's checkpoint before the run directory's config.json is rewritten
         ckpt_step, ckpt_meta = checkpoint.read_meta(out_dir)
@@ -96,7 +96,7 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, stop_after_steps
         report.write_json(out_dir / "kernels.json", {"dispatch": f"per device, {dp.num_devices} device(s)",
                                                      "ops": [dataclasses.asdict(r) for r in kernel_rows]})
     log(f"frontier_jax run {out_dir} | config {cfg.name} ({config_hash(cfg)}) | git {env['git']}")
-    log(f"backend {env['backend']} | {dp.describe()}")
+    log(f"backend {env['backend']} | {dp.describe()} | allocator {host.describe(env['host_allocator'])}")
     log(f"compute dtype {compute_dtype} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
         f"{optim.resolve_ns_dtype(cfg.optim)} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
     log(ops.format_kernel_table(kernel_rows) + "\n(each op dispatched per device on its shard of the batch)")

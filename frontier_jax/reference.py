@@ -7,6 +7,8 @@ Nothing here reads the platform; `frontier_jax.ops` decides whether these or a k
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,33 +50,108 @@ def attention_block(T: int) -> int:
     return T
 
 
-def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, block: int | None = None) -> jax.Array:
-    """Causal softmax attention with GQA (G kv heads shared by H/G query heads), scale 1/sqrt(K).
+def _attention_layout(x_BTHK: jax.Array, G: int) -> jax.Array:
+    """[B, T, H, K] -> [B, G, R, T, K] (R = H/G query heads per kv head): contractions over K batch on (B, G)."""
+    B, T, H, K = x_BTHK.shape
+    return x_BTHK.reshape(B, T, G, H // G, K).transpose(0, 2, 3, 1, 4)
 
-    Computed block-causally: query block i attends to key blocks 0..i only, so the score matmuls skip
-    the fully masked upper blocks (about half the work for many blocks); each row's softmax still runs
-    over exactly its unmasked keys, so the result is the dense masked formulation up to summation
-    order. `block`: the block length (dividing T; None: `attention_block(T)`; 0 or T: dense masked).
+
+def _attention_blocks(T: int, block: int | None):
+    C = attention_block(T) if block is None else block
+    C = C if C and T % C == 0 else T
+    for i in range(T // C):  # query block [i*C, (i+1)*C) sees keys [0, (i+1)*C); mask is a host constant
+        yield i * C, (i + 1) * C, np.arange((i + 1) * C)[None, :] <= np.arange(i * C, (i + 1) * C)[:, None]
+
+
+def causal_attention_fwd(q_BTHK, k_BTGK, v_BTGK, block: int | None = None):
+    """(o [B, T, H, K], lse [B, H, T, 1] float32, probabilities per query block [B, G, R, C, S] float32).
+
+    Block-causal: query block i attends to key blocks 0..i only, so the score matmuls skip the fully
+    masked upper blocks; each row's softmax still runs over exactly its unmasked keys (the dense masked
+    formulation up to summation order). `block`: the block length (None: `attention_block(T)`; 0 or T:
+    dense masked).
     """
     B, T, H, K = q_BTHK.shape
     G = k_BTGK.shape[2]
-    C = attention_block(T) if block is None else block
-    C = C if C and T % C == 0 else T
-    # [B, G, R, T, K] / [B, G, S, K]: contraction over K with (B, G) batch dims and no further transposes.
-    q_BGRTK = q_BTHK.reshape(B, T, G, H // G, K).transpose(0, 2, 3, 1, 4)
+    q_BGRTK = _attention_layout(q_BTHK, G)
     k_BGSK, v_BGSK = k_BTGK.transpose(0, 2, 1, 3), v_BTGK.transpose(0, 2, 1, 3)
-    outs = []
-    for i in range(T // C):
-        S = (i + 1) * C  # keys visible to this query block
-        s_BGRCS = jnp.einsum("bgrck,bgsk->bgrcs", q_BGRTK[:, :, :, i * C:S], k_BGSK[:, :, :S],
-                             preferred_element_type=jnp.float32)
-        s_BGRCS = s_BGRCS * (1.0 / np.sqrt(K))
-        mask_CS = np.arange(S)[None, :] <= np.arange(i * C, S)[:, None]  # host constant
+    outs, lses, probs = [], [], []
+    for lo, S, mask_CS in _attention_blocks(T, block):
+        s_BGRCS = jnp.einsum("bgrck,bgsk->bgrcs", q_BGRTK[:, :, :, lo:S], k_BGSK[:, :, :S],
+                             preferred_element_type=jnp.float32) * (1.0 / np.sqrt(K))
         s_BGRCS = jnp.where(mask_CS, s_BGRCS, -jnp.inf)
-        p_BGRCS = jax.nn.softmax(s_BGRCS, axis=-1).astype(v_BTGK.dtype)
-        outs.append(jnp.einsum("bgrcs,bgsk->bgrck", p_BGRCS, v_BGSK[:, :, :S]))
-    o_BGRTK = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=3)
-    return o_BGRTK.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K)
+        m_BGRC1 = jnp.max(s_BGRCS, axis=-1, keepdims=True)
+        e_BGRCS = jnp.exp(s_BGRCS - m_BGRC1)
+        l_BGRC1 = jnp.sum(e_BGRCS, axis=-1, keepdims=True)
+        p_BGRCS = e_BGRCS / l_BGRC1
+        outs.append(jnp.einsum("bgrcs,bgsk->bgrck", p_BGRCS.astype(v_BTGK.dtype), v_BGSK[:, :, :S]))
+        lses.append(m_BGRC1 + jnp.log(l_BGRC1))
+        probs.append(p_BGRCS)
+    o_BGRTK = jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]
+    lse_BGRT1 = jnp.concatenate(lses, axis=3) if len(lses) > 1 else lses[0]
+    return (o_BGRTK.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K).astype(q_BTHK.dtype),
+            lse_BGRT1.reshape(B, H, T, 1), probs)
+
+
+def causal_attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, block: int | None = None, probs=None):
+    """(dq, dk, dv) of causal_attention, flash-style: dS = P * (dP - rowsum(dO * O)), per query block.
+
+    P comes from `probs` (the forward's, saved) or is recomputed as exp(S - lse). The key-side gradients
+    are formed transposed (dK^T = Q^T dS, dV^T = dO^T P, [K, S] per kv head) and accumulated over query
+    blocks in float32: on XLA:CPU that contraction runs without transposing the [C, S] blocks (measured
+    0.8x the time of plain autodiff at the baseline shape, bench/README.md).
+    """
+    B, T, H, K = q_BTHK.shape
+    G = k_BTGK.shape[2]
+    f32 = jnp.float32
+    q_BGRTK, do_BGRTK = _attention_layout(q_BTHK, G), _attention_layout(do_BTHK, G)
+    k_BGSK, v_BGSK = k_BTGK.transpose(0, 2, 1, 3), v_BTGK.transpose(0, 2, 1, 3)
+    delta_BGRT1 = jnp.sum(do_BGRTK.astype(f32) * _attention_layout(o_BTHK, G).astype(f32), axis=-1, keepdims=True)
+    lse_BGRT1 = lse_BHT1.reshape(B, G, H // G, T, 1)
+    scale = 1.0 / np.sqrt(K)
+    dkT_BGKS = jnp.zeros((B, G, K, T), f32)
+    dvT_BGKS = jnp.zeros((B, G, K, T), f32)
+    dqs = []
+    for i, (lo, S, mask_CS) in enumerate(_attention_blocks(T, block)):
+        q_BGRCK, do_BGRCK = q_BGRTK[:, :, :, lo:S], do_BGRTK[:, :, :, lo:S]
+        if probs is not None:
+            p_BGRCS = probs[i]
+        else:
+            s_BGRCS = jnp.einsum("bgrck,bgsk->bgrcs", q_BGRCK, k_BGSK[:, :, :S], preferred_element_type=f32) * scale
+            p_BGRCS = jnp.where(mask_CS, jnp.exp(s_BGRCS - lse_BGRT1[:, :, :, lo:S]), 0.0)
+        dvT_BGKS = dvT_BGKS.at[..., :S].add(
+            jnp.einsum("bgrck,bgrcs->bgks", do_BGRCK, p_BGRCS.astype(do_BTHK.dtype), preferred_element_type=f32))
+        dp_BGRCS = jnp.einsum("bgrck,bgsk->bgrcs", do_BGRCK, v_BGSK[:, :, :S], preferred_element_type=f32)
+        ds_BGRCS = (p_BGRCS * (dp_BGRCS - delta_BGRT1[:, :, :, lo:S]) * scale).astype(q_BTHK.dtype)
+        dqs.append(jnp.einsum("bgrcs,bgsk->bgrck", ds_BGRCS, k_BGSK[:, :, :S], preferred_element_type=f32))
+        dkT_BGKS = dkT_BGKS.at[..., :S].add(jnp.einsum("bgrck,bgrcs->bgks", q_BGRCK, ds_BGRCS, preferred_element_type=f32))
+    dq_BGRTK = jnp.concatenate(dqs, axis=3) if len(dqs) > 1 else dqs[0]
+    return (dq_BGRTK.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K).astype(q_BTHK.dtype),
+            dkT_BGKS.transpose(0, 3, 1, 2).astype(k_BTGK.dtype), dvT_BGKS.transpose(0, 3, 1, 2).astype(v_BTGK.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, block: int | None = None) -> jax.Array:
+    """Causal softmax attention with GQA (G kv heads shared by H/G query heads), scale 1/sqrt(K).
+
+    The forward and its gradient are `causal_attention_fwd` / `causal_attention_bwd` (block-causal; the
+    backward reuses the forward's probabilities). Equal to autodiff of the dense masked softmax up to
+    summation order (tests/test_speed_paths.py).
+    """
+    return causal_attention_fwd(q_BTHK, k_BTGK, v_BTGK, block)[0]
+
+
+def _causal_attention_vjp_fwd(q_BTHK, k_BTGK, v_BTGK, block):
+    o_BTHK, lse_BHT1, probs = causal_attention_fwd(q_BTHK, k_BTGK, v_BTGK, block)
+    return o_BTHK, (q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, probs)
+
+
+def _causal_attention_vjp_bwd(block, res, do_BTHK):
+    q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, probs = res
+    return causal_attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, block, probs)
+
+
+causal_attention.defvjp(_causal_attention_vjp_fwd, _causal_attention_vjp_bwd)
 
 
 def mlp(x_ND: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array) -> jax.Array:

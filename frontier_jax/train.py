@@ -87,7 +87,7 @@ or point --data at the competition's fineweb10B_sp1024 shards directly (see READ
 
 
 def main(argv=None) -> int:
-    from frontier_jax import loop
+    from frontier_jax import host, loop
     from frontier_jax.checkpoint import CheckpointError
     from frontier_jax.ops import KernelUnavailableError
     from frontier_jax.ngram.runtime import NgramBuilderFailed
@@ -96,6 +96,7 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         cfg, out, resume, demo = resolve(args)
+        host.tune_allocator(cfg.train.allocator)  # before any JAX backend exists
         initialize(args.coordinator, args.num_processes, args.process_id,
                    cfg.parallel.heartbeat_timeout_seconds, auto=args.distributed_auto)
         summary = loop.run(cfg, out, resume=resume)

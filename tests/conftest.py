@@ -9,9 +9,13 @@ import jax
 import numpy as np
 import pytest
 
+from frontier_jax import host
+
 # Simulated devices for the data-parallel tests; must happen before JAX initialises its backend.
 # Other tests pin parallel.num_devices=1 (TINY_OVERRIDES) to stay fast on two cores.
 jax.config.update("jax_num_cpu_devices", 4)
+# The trainer's allocator setting (frontier_jax.host), before the backend starts: as in a real run.
+host.tune_allocator("reuse")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
