@@ -101,7 +101,7 @@ def _worker(impl: str, cfg, x_BT, y_BT, warmup: int, threads: int | None, alloca
 
 
 def bench_case(name: str, cfg, batch: int, reps: int, steps: int, warmup: int, impls: list[str],
-               threads: int | None = None, allocator: str = "reuse") -> dict:
+               threads: int | None = None, allocator: str = "auto") -> dict:
     import multiprocessing as mp
 
     T = cfg.train.seq_len
@@ -151,8 +151,8 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, help="interleaved rounds (default 5; 3 with --quick)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
-    p.add_argument("--allocator", choices=("reuse", "system"), default="reuse",
-                   help="glibc allocator setting in every worker (frontier_jax.host; default reuse, as the trainer)")
+    p.add_argument("--allocator", choices=("auto", "reuse", "system"), default="auto",
+                   help="glibc allocator setting in every worker (frontier_jax.host; default auto, as the trainer)")
     a = p.parse_args(argv)
     try:
         import torch

@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", action="store_true")
     p.add_argument("--set", action="append", default=[], help="config override, e.g. optim.muon_ns_dtype=float32")
     a = p.parse_args(argv)
-    tune_allocator("reuse")  # as the trainer (frontier_jax.host), before the backend starts
+    tune_allocator("auto")  # as the trainer (frontier_jax.host), before the backend starts
     ops.configure("auto")
     print(f"jax {jax.__version__} ({jax.default_backend()})")
     for name in a.cases:

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: the platform policy)")
     args = ap.parse_args(argv)
     reps = 3 if args.quick else args.reps
-    tune_allocator("reuse")  # as the trainer (frontier_jax.host), before the backend starts
+    tune_allocator("auto")  # as the trainer (frontier_jax.host), before the backend starts
     from frontier_jax.model import resolve_compute_dtype
 
     base_model = load_config(CONFIGS / "baseline.py").model

@@ -113,12 +113,13 @@ class TrainConfig:
     kernels: str = "auto"  # auto | reference | strict (see frontier_jax.ops)
     # C allocator of the host process (frontier_jax.host): "reuse" keeps XLA's per-step temporary buffer
     # in the heap instead of mmap/munmap + page faults every step (CPU: 1.1-1.3x faster steps); "system"
-    # leaves glibc's defaults. Applied by the entry points before the JAX backend starts.
-    allocator: str = "reuse"
+    # leaves glibc's defaults; "auto": reuse when JAX runs on the CPU, system with an accelerator.
+    # Applied by the entry points before the JAX backend starts; the resolved choice goes to env.json.
+    allocator: str = "auto"
 
     def __post_init__(self):
-        if self.allocator not in ("reuse", "system"):
-            raise ConfigError(f"train.allocator must be reuse|system, got {self.allocator!r}")
+        if self.allocator not in ("auto", "reuse", "system"):
+            raise ConfigError(f"train.allocator must be auto|reuse|system, got {self.allocator!r}")
         if self.budget_seconds <= 0:
             raise ConfigError(f"train.budget_seconds must be > 0, got {self.budget_seconds}")
         if self.kernels not in ("auto", "reference", "strict"):

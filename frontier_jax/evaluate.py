@@ -112,7 +112,7 @@ def _tune_host(run_dir: str) -> None:
     try:
         allocator = from_dict(json.loads((Path(run_dir) / "config.json").read_text())).train.allocator
     except (OSError, ValueError, KeyError, TypeError):
-        allocator = "reuse"  # evaluate_run reports the bad run directory itself
+        allocator = "auto"  # evaluate_run reports the bad run directory itself
     tune_allocator(allocator)
 
 

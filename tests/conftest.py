@@ -15,7 +15,7 @@ from frontier_jax import host
 # Other tests pin parallel.num_devices=1 (TINY_OVERRIDES) to stay fast on two cores.
 jax.config.update("jax_num_cpu_devices", 4)
 # The trainer's allocator setting (frontier_jax.host), before the backend starts: as in a real run.
-host.tune_allocator("reuse")
+host.tune_allocator("auto")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
