@@ -9,7 +9,9 @@ other, so compilations never overlap, and so one framework's idle thread pool ne
 while the other is timed). Warm-up steps (compilation included) are excluded; then the implementations
 are timed interleaved (J E C J E C ...), `--reps` rounds of `--steps` steps each, the worker timing
 only its own steps, and the median round gives tokens/s. Prints tokens/s per implementation and the
-ratio JAX / best PyTorch. A benchmark, not a test: on a CPU shared with other work the numbers move;
+ratio JAX / best PyTorch. The JAX worker applies the trainer's allocator setting (`train.allocator`,
+frontier_jax.host: "auto" = reuse on CPU); the PyTorch workers keep glibc's defaults unless
+`--torch-allocator` says otherwise. A benchmark, not a test: on a CPU shared with other work the numbers move;
 compare the ratios printed side by side, and rerun.
 """
 
@@ -79,11 +81,12 @@ def torch_runner(cfg, x_BT, y_BT, compiled: bool):
     return run
 
 
-def _worker(impl: str, cfg, x_BT, y_BT, warmup: int, threads: int | None, allocator: str, conn) -> None:
+def _worker(impl: str, cfg, x_BT, y_BT, warmup: int, threads: int | None, allocator: str, torch_allocator: str,
+            conn) -> None:
     """One implementation in its own process: build, warm up, then run `n` steps per request."""
     from frontier_jax.host import tune_allocator
 
-    tune_allocator(allocator)  # before any backend starts; the same setting for every implementation
+    tune_allocator(allocator if impl == "jax" else torch_allocator)  # before any backend starts
     if impl.startswith("torch") and threads:
         import torch
 
@@ -101,7 +104,8 @@ def _worker(impl: str, cfg, x_BT, y_BT, warmup: int, threads: int | None, alloca
 
 
 def bench_case(name: str, cfg, batch: int, reps: int, steps: int, warmup: int, impls: list[str],
-               threads: int | None = None, allocator: str = "auto") -> dict:
+               threads: int | None = None, allocator: str = "auto",
+               torch_allocator: str = "system") -> dict:
     import multiprocessing as mp
 
     T = cfg.train.seq_len
@@ -113,7 +117,7 @@ def bench_case(name: str, cfg, batch: int, reps: int, steps: int, warmup: int, i
     try:
         for impl in impls:  # one at a time: no compilation overlaps another
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(impl, cfg, x, y, warmup, threads, allocator, child), daemon=True)
+            proc = ctx.Process(target=_worker, args=(impl, cfg, x, y, warmup, threads, allocator, torch_allocator, child), daemon=True)
             proc.start()
             workers[impl] = (proc, parent)
             setup_s[impl] = parent.recv()
@@ -132,7 +136,7 @@ def bench_case(name: str, cfg, batch: int, reps: int, steps: int, warmup: int, i
     spread = {impl: (tokens / max(ts), tokens / min(ts)) for impl, ts in times.items()}
     print(f"\n== {name}: {cfg.model.num_layers}x{cfg.model.model_dim}, seq {T}, batch {batch} seqs "
           f"({batch * T:,} tokens/step), fp32, {reps} interleaved rounds of {steps} step(s), warm-up {warmup}, "
-          f"allocator {allocator}")
+          f"allocator: jax {allocator}, torch {torch_allocator}")
     for impl in impls:
         lo, hi = spread[impl]
         print(f"  {impl:14s} {tok_s[impl]:>10,.0f} tokens/s  (range {lo:,.0f} .. {hi:,.0f}; "
@@ -152,7 +156,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--allocator", choices=("auto", "reuse", "system"), default="auto",
-                   help="glibc allocator setting in every worker (frontier_jax.host; default auto, as the trainer)")
+                   help="the JAX worker's glibc allocator setting (frontier_jax.host; default auto, as the trainer)")
+    p.add_argument("--torch-allocator", choices=("auto", "reuse", "system"), default="system",
+                   help="the PyTorch workers' setting (default system: PyTorch as its users run it)")
     a = p.parse_args(argv)
     try:
         import torch
@@ -168,7 +174,8 @@ def main(argv=None) -> int:
         config, sets, batch = CASES[name]
         cfg = apply_overrides(load_config(REPO / config), FP32 + sets)
         steps = 2 if name == "tiny" else 1
-        bench_case(name, cfg, batch, reps, steps, warmup=2, impls=impls, threads=a.threads, allocator=a.allocator)
+        bench_case(name, cfg, batch, reps, steps, warmup=2, impls=impls, threads=a.threads, allocator=a.allocator,
+                   torch_allocator=a.torch_allocator)
     return 0
 
 

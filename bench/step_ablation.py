@@ -1,0 +1,112 @@
+"""Wall-clock cost of op families inside the real train step, by ablation.
+
+    python bench/step_ablation.py [--cases tiny baseline-shaped] [--rounds 8]
+
+Three versions of the jitted train step (fp32, one micro-batch, the jax_vs_torch batch) are compiled in
+one process and timed interleaved (A B C A B C ..., median of rounds): the full step; the step with the
+attention core replaced by `q + repeat(k + v)` (the projections, QK-norm and RoPE stay live); the step
+with Muon + Adam replaced by plain SGD. Cost of a family = full minus the ablated step. Unlike timing
+an op alone, this includes what XLA fuses around it and the memory it keeps for the backward.
+The process applies the trainer's allocator setting first (frontier_jax.host). A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from frontier_jax.host import tune_allocator  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from frontier_jax import ops  # noqa: E402
+from frontier_jax import optim as jax_optim  # noqa: E402
+from frontier_jax.config import apply_overrides, load_config  # noqa: E402
+from frontier_jax.model import GPT  # noqa: E402
+from frontier_jax.steps import make_train_step  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+FP32 = ["model.compute_dtype='float32'", "optim.muon_ns_dtype='float32'"]
+CASES = {"tiny": ("configs/tiny.py", [], 8), "baseline-shaped": ("configs/baseline.py", ["train.seq_len=1024"], 4)}
+
+
+def _cheap_attention(q_BTHK, k_BTGK, v_BTGK):
+    return q_BTHK + jnp.repeat(k_BTGK + v_BTGK, q_BTHK.shape[2] // k_BTGK.shape[2], axis=2)
+
+
+def _sgd(lr: float = 0.01) -> optax.GradientTransformationExtraArgs:
+    inner = optax.sgd(lr)
+    return optax.GradientTransformationExtraArgs(inner.init, lambda u, s, p=None, **extra: inner.update(u, s, p))
+
+
+def build(cfg, variant: str, x, y):
+    """A warmed-up closure running one step of `variant` (full | no_attention | sgd_optimizer)."""
+    saved = ops.causal_attention
+    if variant == "no_attention":
+        ops.causal_attention = _cheap_attention  # read at trace time only
+    try:
+        graphdef, params = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=jnp.float32))
+        tx = _sgd() if variant == "sgd_optimizer" else jax_optim.build_optimizer(cfg.optim)
+        state = {"params": params, "opt": tx.init(params)}
+        step = make_train_step(graphdef, tx)
+        one, mom = jnp.float32(1.0), jnp.float32(0.9)
+
+        def run() -> None:
+            state["params"], state["opt"], m = step(state["params"], state["opt"], x, y, one, mom, None)
+            jax.block_until_ready(m["loss"])
+
+        run()
+        run()  # compiled and warm
+    finally:
+        ops.causal_attention = saved
+    return run
+
+
+def ablate(name: str, rounds: int) -> None:
+    config, sets, batch = CASES[name]
+    cfg = apply_overrides(load_config(REPO / config), FP32 + sets)
+    T = cfg.train.seq_len
+    toks = np.random.default_rng(0).integers(0, cfg.model.vocab_size, size=(1, batch, T + 1)).astype(np.int32)
+    x, y = jnp.asarray(toks[..., :-1]), jnp.asarray(toks[..., 1:])
+    variants = ("full", "no_attention", "sgd_optimizer")
+    runs = {v: build(cfg, v, x, y) for v in variants}
+    times = {v: [] for v in variants}
+    for _ in range(rounds):
+        for v in variants:
+            t0 = time.perf_counter()
+            runs[v]()
+            times[v].append(time.perf_counter() - t0)
+    ms = {v: 1e3 * statistics.median(t) for v, t in times.items()}
+    full = ms["full"]
+    print(f"\n== {name}: {cfg.model.num_layers}x{cfg.model.model_dim}, seq {T}, {batch * T:,} tokens/step, fp32, "
+          f"{rounds} interleaved rounds (median ms)")
+    print(f"  full train step                  {full:10.1f} ms")
+    print(f"  attention core fwd+bwd           {full - ms['no_attention']:10.1f} ms ({(full - ms['no_attention']) / full:.0%})")
+    print(f"  optimizer (Muon NS + Adam)       {full - ms['sgd_optimizer']:10.1f} ms ({(full - ms['sgd_optimizer']) / full:.0%})")
+    rest = ms["no_attention"] + ms["sgd_optimizer"] - full
+    print(f"  rest of the model                {rest:10.1f} ms ({rest / full:.0%})")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
+    p.add_argument("--rounds", type=int, default=8)
+    a = p.parse_args(argv)
+    info = tune_allocator("auto")  # as the trainer, before the backend starts
+    print(f"jax {jax.__version__} ({jax.default_backend()}), allocator {info['allocator']}")
+    for name in a.cases:
+        ablate(name, a.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
