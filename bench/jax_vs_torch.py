@@ -153,6 +153,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny.py only, 3 rounds")
     p.add_argument("--cases", nargs="+", choices=sorted(CASES), help="default: all (tiny only with --quick)")
     p.add_argument("--reps", type=int, help="interleaved rounds (default 5; 3 with --quick)")
+    p.add_argument("--steps", type=int, help="steps per implementation per round (default 8 for tiny, 1 for the "
+                   "baseline shape); longer rounds dilute the cost of switching processes")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--allocator", choices=("auto", "reuse", "system"), default="auto",
@@ -173,7 +175,7 @@ def main(argv=None) -> int:
     for name in cases:
         config, sets, batch = CASES[name]
         cfg = apply_overrides(load_config(REPO / config), FP32 + sets)
-        steps = 2 if name == "tiny" else 1
+        steps = a.steps or (8 if name == "tiny" else 1)
         bench_case(name, cfg, batch, reps, steps, warmup=2, impls=impls, threads=a.threads, allocator=a.allocator,
                    torch_allocator=a.torch_allocator)
     return 0
