@@ -246,6 +246,9 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     a = parse_args(sys.argv[1:] if argv is None else argv)
+    # Ctrl-C / SIGINT always interrupts (keeping finished runs), even when started from a shell that
+    # ignores SIGINT for background jobs: the trainers install their own handlers, compare does too.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if a.seeds < 1 or a.budget <= 0:
             raise CompareError("--seeds must be >= 1 and --budget > 0")
