@@ -43,10 +43,11 @@ CASES = {
 }
 
 
-def jax_runner(cfg, x_BT, y_BT):
+def jax_runner(cfg, x_BT, y_BT, tx=None):
+    """run(n): n fp32 train steps on (x, y); `tx` defaults to the config's Muon + Adam."""
     model = GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=jnp.float32)
     graphdef, params = nnx.split(model)
-    tx = jax_optim.build_optimizer(cfg.optim)
+    tx = tx or jax_optim.build_optimizer(cfg.optim)
     state = {"params": params, "opt": tx.init(params)}
     step = make_train_step(graphdef, tx)
     x, y = jnp.asarray(x_BT[None]), jnp.asarray(y_BT[None])

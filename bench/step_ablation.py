@@ -26,17 +26,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from flax import nnx  # noqa: E402
 
+from bench.jax_vs_torch import CASES, FP32, jax_runner  # noqa: E402  (same cases, batch and step)
 from frontier_jax import ops  # noqa: E402
-from frontier_jax import optim as jax_optim  # noqa: E402
 from frontier_jax.config import apply_overrides, load_config  # noqa: E402
-from frontier_jax.model import GPT  # noqa: E402
-from frontier_jax.steps import make_train_step  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-FP32 = ["model.compute_dtype='float32'", "optim.muon_ns_dtype='float32'"]
-CASES = {"tiny": ("configs/tiny.py", [], 8), "baseline-shaped": ("configs/baseline.py", ["train.seq_len=1024"], 4)}
 
 
 def _cheap_attention(q_BTHK, k_BTGK, v_BTGK):
@@ -48,35 +43,25 @@ def _sgd(lr: float = 0.01) -> optax.GradientTransformationExtraArgs:
     return optax.GradientTransformationExtraArgs(inner.init, lambda u, s, p=None, **extra: inner.update(u, s, p))
 
 
-def build(cfg, variant: str, x, y):
-    """A warmed-up closure running one step of `variant` (full | no_attention | sgd_optimizer)."""
+def build(cfg, variant: str, x_BT, y_BT):
+    """jax_vs_torch's step runner for `variant` (full | no_attention | sgd_optimizer), compiled and warm."""
     saved = ops.causal_attention
     if variant == "no_attention":
         ops.causal_attention = _cheap_attention  # read at trace time only
     try:
-        graphdef, params = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=jnp.float32))
-        tx = _sgd() if variant == "sgd_optimizer" else jax_optim.build_optimizer(cfg.optim)
-        state = {"params": params, "opt": tx.init(params)}
-        step = make_train_step(graphdef, tx)
-        one, mom = jnp.float32(1.0), jnp.float32(0.9)
-
-        def run() -> None:
-            state["params"], state["opt"], m = step(state["params"], state["opt"], x, y, one, mom, None)
-            jax.block_until_ready(m["loss"])
-
-        run()
-        run()  # compiled and warm
+        run = jax_runner(cfg, x_BT, y_BT, _sgd() if variant == "sgd_optimizer" else None)
+        run(2)
     finally:
         ops.causal_attention = saved
-    return run
+    return lambda: run(1)
 
 
 def ablate(name: str, rounds: int) -> None:
     config, sets, batch = CASES[name]
     cfg = apply_overrides(load_config(REPO / config), FP32 + sets)
     T = cfg.train.seq_len
-    toks = np.random.default_rng(0).integers(0, cfg.model.vocab_size, size=(1, batch, T + 1)).astype(np.int32)
-    x, y = jnp.asarray(toks[..., :-1]), jnp.asarray(toks[..., 1:])
+    toks = np.random.default_rng(0).integers(0, cfg.model.vocab_size, size=(batch, T + 1)).astype(np.int32)
+    x, y = toks[:, :-1], toks[:, 1:]
     variants = ("full", "no_attention", "sgd_optimizer")
     runs = {v: build(cfg, v, x, y) for v in variants}
     times = {v: [] for v in variants}

@@ -104,18 +104,6 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     }
 
 
-def _tune_host(run_dir: str) -> None:
-    """The run's allocator setting (frontier_jax.host), before the backend starts; default if unreadable."""
-    from frontier_jax.config import from_dict
-    from frontier_jax.host import tune_allocator
-
-    try:
-        allocator = from_dict(json.loads((Path(run_dir) / "config.json").read_text())).train.allocator
-    except (OSError, ValueError, KeyError, TypeError):
-        allocator = "auto"  # evaluate_run reports the bad run directory itself
-    tune_allocator(allocator)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m frontier_jax.evaluate", description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True, help="run directory (config.json + checkpoints/)")
@@ -129,7 +117,9 @@ def main(argv=None) -> int:
     from frontier_jax.ops import KernelUnavailableError
 
     try:
-        _tune_host(args.run)
+        from frontier_jax.host import tune_allocator
+
+        tune_allocator("auto")  # before the backend starts (frontier_jax.host)
         r = evaluate_run(args.run, args.data, args.tokenizer, args.stride, args.batch_seqs)
     except (ConfigError, DataError, RunError, KernelUnavailableError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -83,6 +83,7 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, stop_after_steps
     kernel_rows = ops.configure(t.kernels, unused=() if cfg.optim.fused else ops.FUSED_OPTIMIZER_OPS)
     env = {**report.environment(), "host_allocator": host.tune_allocator(t.allocator)}
     compute_dtype = resolve_compute_dtype(cfg.model)
+    ns_dtype = optim.resolve_ns_dtype(cfg.optim)
     if resume:  # refuse another model's checkpoint before the run directory's config.json is rewritten
         ckpt_step, ckpt_meta = checkpoint.read_meta(out_dir)
         if ckpt_meta.get("model_hash") != model_hash(cfg.model):
@@ -92,13 +93,13 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, stop_after_steps
     if main:
         report.write_json(out_dir / "config.json", to_dict(cfg))
         report.write_json(out_dir / "env.json", {**env, "compute_dtype": str(compute_dtype),
-                                                "muon_ns_dtype": optim.resolve_ns_dtype(cfg.optim)})
+                                                "muon_ns_dtype": ns_dtype})
         report.write_json(out_dir / "kernels.json", {"dispatch": f"per device, {dp.num_devices} device(s)",
                                                      "ops": [dataclasses.asdict(r) for r in kernel_rows]})
     log(f"frontier_jax run {out_dir} | config {cfg.name} ({config_hash(cfg)}) | git {env['git']}")
     log(f"backend {env['backend']} | {dp.describe()} | allocator {host.describe(env['host_allocator'])}")
     log(f"compute dtype {compute_dtype} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
-        f"{optim.resolve_ns_dtype(cfg.optim)} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
+        f"{ns_dtype} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
     log(ops.format_kernel_table(kernel_rows) + "\n(each op dispatched per device on its shard of the batch)")
 
     # ---- data and tokenizer (all checks before any compute)

@@ -50,6 +50,13 @@ def _cdiv(a, b):
     return (a + b - 1) // b
 
 
+def _dims(q_BTHK, k_BTGK):
+    """(B, T, H, K, G, R query heads per kv head, P partitions, dtype, softmax scale 1/sqrt(K))."""
+    B, T, H, K = q_BTHK.shape
+    G = k_BTGK.shape[2]
+    return B, T, H, K, G, H // G, nl.tile_size.pmax, q_BTHK.dtype, 1.0 / (K ** 0.5)
+
+
 def _causal_bias():
     """[128, 128] fp32: 0 where key j <= query p, NEG above the diagonal (GpSimd, once per call)."""
     P = nl.tile_size.pmax
@@ -145,12 +152,7 @@ def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, dt):
 @nki.jit
 def attention_fwd(q_BTHK, k_BTGK, v_BTGK):
     """(o_BTHK in q's dtype, lse_BHT1 fp32): causal GQA attention and the log-sum-exp of each row."""
-    B, T, H, K = q_BTHK.shape
-    G = k_BTGK.shape[2]
-    R = H // G
-    P = nl.tile_size.pmax
-    dt = q_BTHK.dtype
-    scale = 1.0 / (K ** 0.5)
+    B, T, H, K, G, R, P, dt, scale = _dims(q_BTHK, k_BTGK)
     o_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     bias = _causal_bias()
@@ -264,12 +266,7 @@ def _store_kv_grad(dst_BTGK, acc, b, g, T, K, scale, dt):
 @nki.jit
 def attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK):
     """(dq_BTHK, dk_BTGK, dv_BTGK) in the inputs' dtype; dk/dv summed over the R query heads of each kv head."""
-    B, T, H, K = q_BTHK.shape
-    G = k_BTGK.shape[2]
-    R = H // G
-    P = nl.tile_size.pmax
-    dt = q_BTHK.dtype
-    scale = 1.0 / (K ** 0.5)
+    B, T, H, K, G, R, P, dt, scale = _dims(q_BTHK, k_BTGK)
     dq_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     dk_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
     dv_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
