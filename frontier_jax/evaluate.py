@@ -62,6 +62,7 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     from frontier_jax.data.shards import list_shards
     from frontier_jax.data.stream import load_val_tokens
     from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
+    from frontier_jax.host import tune_allocator
     from frontier_jax.interop import read_run_config, restore_params
     from frontier_jax.run_support import padded_val_batches
     from frontier_jax.steps import evaluate_batches, make_eval_step
@@ -71,6 +72,7 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
         raise DataError(f"{run_dir}: run directory does not exist")
     t0 = time.perf_counter()
     cfg, _ = read_run_config(run_dir)  # inputs are checked before any array is restored
+    tune_allocator(cfg.train.allocator)  # as the run trained; before the JAX backend starts (frontier_jax.host)
     data_dir = data_dir or cfg.data.data_dir
     tok_spec = tokenizer or cfg.data.tokenizer
     if not data_dir:
@@ -117,9 +119,6 @@ def main(argv=None) -> int:
     from frontier_jax.ops import KernelUnavailableError
 
     try:
-        from frontier_jax.host import tune_allocator
-
-        tune_allocator("auto")  # before the backend starts (frontier_jax.host)
         r = evaluate_run(args.run, args.data, args.tokenizer, args.stride, args.batch_seqs)
     except (ConfigError, DataError, RunError, KernelUnavailableError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -63,6 +63,12 @@ def _attention_blocks(T: int, block: int | None):
         yield i * C, (i + 1) * C, np.arange((i + 1) * C)[None, :] <= np.arange(i * C, (i + 1) * C)[:, None]
 
 
+def _scores(q_BGRCK, k_BGSK, mask_CS, fill):
+    """Scaled float32 scores of one query block against its visible keys, `fill` above the diagonal."""
+    s_BGRCS = jnp.einsum("bgrck,bgsk->bgrcs", q_BGRCK, k_BGSK, preferred_element_type=jnp.float32)
+    return jnp.where(mask_CS, s_BGRCS * (1.0 / np.sqrt(q_BGRCK.shape[-1])), fill)
+
+
 def causal_attention_fwd(q_BTHK, k_BTGK, v_BTGK, block: int | None = None):
     """(o [B, T, H, K], lse [B, H, T, 1] float32, probabilities per query block [B, G, R, C, S] float32).
 
@@ -77,9 +83,7 @@ def causal_attention_fwd(q_BTHK, k_BTGK, v_BTGK, block: int | None = None):
     k_BGSK, v_BGSK = k_BTGK.transpose(0, 2, 1, 3), v_BTGK.transpose(0, 2, 1, 3)
     outs, lses, probs = [], [], []
     for lo, S, mask_CS in _attention_blocks(T, block):
-        s_BGRCS = jnp.einsum("bgrck,bgsk->bgrcs", q_BGRTK[:, :, :, lo:S], k_BGSK[:, :, :S],
-                             preferred_element_type=jnp.float32) * (1.0 / np.sqrt(K))
-        s_BGRCS = jnp.where(mask_CS, s_BGRCS, -jnp.inf)
+        s_BGRCS = _scores(q_BGRTK[:, :, :, lo:S], k_BGSK[:, :, :S], mask_CS, -jnp.inf)
         m_BGRC1 = jnp.max(s_BGRCS, axis=-1, keepdims=True)
         e_BGRCS = jnp.exp(s_BGRCS - m_BGRC1)
         l_BGRC1 = jnp.sum(e_BGRCS, axis=-1, keepdims=True)
@@ -117,8 +121,8 @@ def causal_attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, bloc
         if probs is not None:
             p_BGRCS = probs[i]
         else:
-            s_BGRCS = jnp.einsum("bgrck,bgsk->bgrcs", q_BGRCK, k_BGSK[:, :, :S], preferred_element_type=f32) * scale
-            p_BGRCS = jnp.where(mask_CS, jnp.exp(s_BGRCS - lse_BGRT1[:, :, :, lo:S]), 0.0)
+            s_BGRCS = _scores(q_BGRCK, k_BGSK[:, :, :S], mask_CS, -jnp.inf)
+            p_BGRCS = jnp.exp(s_BGRCS - lse_BGRT1[:, :, :, lo:S])  # exp(-inf) = 0 above the diagonal
         dvT_BGKS = dvT_BGKS.at[..., :S].add(
             jnp.einsum("bgrck,bgrcs->bgks", do_BGRCK, p_BGRCS.astype(do_BTHK.dtype), preferred_element_type=f32))
         dp_BGRCS = jnp.einsum("bgrck,bgsk->bgrcs", do_BGRCK, v_BGSK[:, :, :S], preferred_element_type=f32)
