@@ -9,6 +9,8 @@ The library reads no environment variables: everything a run does is in this obj
 
 from __future__ import annotations
 
+from frontier_jax.errors import BadInput
+
 import ast
 import dataclasses
 import hashlib
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInput):
     """A configuration that cannot run (bad key, bad type, impossible combination)."""
 
 

@@ -4,6 +4,8 @@ run directory, and evaluation batches padded to a fixed shape (so evaluation com
 
 from __future__ import annotations
 
+from frontier_jax.errors import BadInput
+
 import dataclasses
 import os
 import signal
@@ -12,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 
-class RunError(RuntimeError):
+class RunError(BadInput):
     """A run that cannot start or continue (message names the file/setting and the problem)."""
 
 

@@ -8,6 +8,8 @@ until its tokens are touched. Every problem raises `DataError` whose message sta
 
 from __future__ import annotations
 
+from frontier_jax.errors import BadInput
+
 import os
 import tempfile
 from pathlib import Path
@@ -21,7 +23,7 @@ HEADER_BYTES = HEADER_WORDS * 4
 _MAX_TOKEN = np.iinfo(np.uint16).max
 
 
-class DataError(ValueError):
+class DataError(BadInput):
     """Bad data or tokenizer input; the message starts with the offending file or directory."""
 
 
