@@ -68,10 +68,11 @@ def _causal_bias():
 
 
 def _transpose(dst, src, rows, cols):
-    """dst[0:cols, 0:rows] (SBUF) = src[0:rows, 0:cols]^T: TensorE into PSUM, ScalarE copy out."""
+    """dst[0:cols, 0:rows] (SBUF) = src[0:rows, 0:cols]^T: TensorE into PSUM, ScalarE copy out
+    (`activation(op=nl.copy)`: NeuronCore-v2 has no ScalarE tensor_copy, nki/api isa docs, tensor_copy)."""
     t_ps = nl.ndarray((cols, rows), dtype=src.dtype, buffer=nl.psum)
     nisa.nc_transpose(dst=t_ps, data=src)
-    nisa.tensor_copy(dst=dst, src=t_ps, engine=nisa.engine.scalar)
+    nisa.activation(dst=dst, op=nl.copy, data=t_ps)
 
 
 def _head_rows(x_BTXK, b, x, t0, rows, dt, transposed):
@@ -114,14 +115,15 @@ def _scores(qT, kT, t0, rows, c0, kc, bias):
 
 
 def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, dt):
-    """One key chunk of the online softmax; state = (m, l, acc) or None -> the new state."""
+    """One key chunk of the online softmax; state = (m, l, acc), () for the first chunk -> the new state.
+    (An empty tuple, not None: NKI 0.3 rejects `is` / `is not`, release-notes/components/nki.rst.)"""
     K = qT.shape[0]
     P = nl.tile_size.pmax
     s_ps = _scores(qT, kT, t0, rows, c0, kc, bias)
     s = s_ps[0:rows, 0:kc]
     m_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=m_P1[0:rows], op=nl.maximum, data=s, axis=1, keepdims=True)
-    if state is not None:
+    if state:
         nisa.tensor_tensor(dst=m_P1[0:rows], data1=m_P1[0:rows], data2=state[0][0:rows], op=nl.maximum)
     neg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=neg_P1[0:rows], data=m_P1[0:rows], op0=nl.multiply, operand0=-scale)
@@ -135,11 +137,11 @@ def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, dt):
         pT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
         _transpose(pT[0:kr, 0:rows], p_t[0:rows, j * P:j * P + kr], rows, kr)
         nisa.nc_matmul(dst=o_ps[0:rows, 0:K], stationary=pT[0:kr, 0:rows], moving=v_tiles[c0 // P + j][0:kr, 0:K])
-    acc_PK = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf) if state is None else state[2]
-    if state is None:
+    if not state:
+        acc_PK = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=acc_PK[0:rows], src=o_ps[0:rows, 0:K])
         return m_P1, rs_P1, acc_PK
-    m_old, l_P1, _ = state
+    m_old, l_P1, acc_PK = state
     corr_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=corr_P1[0:rows], op=nl.exp, data=m_old[0:rows], bias=neg_P1[0:rows], scale=scale)
     nisa.scalar_tensor_tensor(dst=l_P1[0:rows], data=l_P1[0:rows], op0=nl.multiply, operand0=corr_P1[0:rows],
@@ -166,7 +168,7 @@ def attention_fwd(q_BTHK, k_BTGK, v_BTGK):
                     t0 = i * P
                     rows = min(P, T - t0)
                     _, qT = _head_rows(q_BTHK, b, h, t0, rows, dt, True)
-                    state = None
+                    state = ()
                     for c in nl.sequential_range(_cdiv(t0 + rows, KC)):
                         c0 = c * KC
                         state = _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, min(KC, t0 + rows - c0), bias, scale,
