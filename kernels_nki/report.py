@@ -3,10 +3,13 @@
 For each kernel call shape of one training micro-batch (model.model_dim, heads, train.seq_len x
 train.micro_batch_seqs tokens per core): TensorE useful/issued MACs (n/a without matmuls),
 Vector/Scalar useful/issued lane-elements, DMA bytes against the minimum the op must move,
-estimated trn1 time and its bounding engine (`kernels_nki.emulator.cost`). Work is counted exactly
-by running the kernel source in the emulator's count-only mode (every instruction issued, checked
-and counted, no arithmetic), not sampled. The whole-step section multiplies by the calls per step
-and is marked incomplete while some op has no kernel.
+estimated time on `--target` (trn1 default, trn2) and its bounding engine
+(`kernels_nki.emulator.cost`). Work is counted exactly by running the kernel source in the
+emulator's count-only mode (every instruction issued, checked and counted, no arithmetic), not
+sampled. The whole step adds the projections, the element-wise glue and the optimizer
+(`report_step`, `report_optim`), says which share is counted and which estimated, and compares
+configs side by side (`--compare`, default configs/frontier14.py): tokens per 30 minutes on one chip.
+Reads model shapes from the config: imports no trainer module and no JAX.
 """
 
 from __future__ import annotations
@@ -20,10 +23,14 @@ import ml_dtypes
 import numpy as np
 
 from frontier_jax.config import Config, load_config
-from kernels_nki import emulator, registry
-from kernels_nki.emulator import cost
+from pathlib import Path
 
-CORES = 2  # trn1.2xlarge: one chip, 2 NeuronCore-v2, data parallel (nki.md 2 and design implication 7)
+from kernels_nki import emulator, registry, report_step
+from kernels_nki.emulator import cost
+from kernels_nki.report_optim import format_optimizer, optimizer_section
+from kernels_nki.report_step import CORES
+
+FRONTIER14 = Path(__file__).resolve().parents[1] / "configs" / "frontier14.py"
 OPS = ("rms_norm", "rope", "causal_attention", "mlp", "embed", "head_loss")  # = frontier_jax.ops.OPS
 
 
@@ -59,7 +66,7 @@ def kernel_calls(cfg: Config) -> list[KernelCall]:
         x = ((rows, width), dt.name)
         calls.append(KernelCall("rms_norm", "fwd", label, (x,), 2 * rows * width * s, count))
         calls.append(KernelCall("rms_norm", "bwd", label, (x, ((rows, 1), f32.name), x), 3 * rows * width * s, count))
-    return calls + part2_calls(cfg) + attention_calls(cfg)
+    return calls + model_op_calls(cfg) + attention_calls(cfg)
 
 
 def attention_calls(cfg: Config) -> list[KernelCall]:
@@ -77,14 +84,14 @@ def attention_calls(cfg: Config) -> list[KernelCall]:
             KernelCall("causal_attention", "bwd", label, (q, kv, kv, q, lse, q), bwd_min, L * B)]
 
 
-def part2_calls(cfg: Config) -> list[KernelCall]:
-    """rope / mlp / embed / head_loss calls of one micro-batch on one core (NKI kernels part 2)."""
+def model_op_calls(cfg: Config) -> list[KernelCall]:
+    """rope / mlp / embed / head_loss calls of one micro-batch on one core."""
     m, t = cfg.model, cfg.train
     B, T, D, K, L, V = t.micro_batch_seqs, t.seq_len, m.model_dim, m.head_dim, m.num_layers, m.vocab_size
     N, F = B * T, m.mlp_mult * m.model_dim
     dt = _compute_dtype(cfg)
     s, dn = dt.itemsize, dt.name
-    S = cfg.ngram.max_order - cfg.ngram.min_order + 1 if cfg.ngram.enabled else 0  # = ngram.runtime.num_orders
+    S = report_step.num_bias_orders(cfg)
     calls = []
     for label, heads in ((f"q [B={B}, T={T}, H={m.num_heads}, K={K}]", m.num_heads),
                          (f"k [B={B}, T={T}, G={m.num_kv_heads}, K={K}]", m.num_kv_heads)):
@@ -111,49 +118,60 @@ def part2_calls(cfg: Config) -> list[KernelCall]:
     return calls
 
 
-def measure(call: KernelCall) -> dict:
+def measure(call: KernelCall, target: str = cost.DEFAULT_TARGET) -> dict:
     spec = registry.KERNELS[call.op]
     kernel = getattr(registry.load_emulated(call.op), getattr(spec, call.which))
     c = emulator.count(kernel, *call.inputs, **dict(call.constants))
-    est = emulator.estimate(c)
+    return _row(call.op, call.which, call.label, c, target, call.min_bytes,
+                inputs=[[list(shape), dtype] for shape, dtype in call.inputs])
+
+
+def _row(op, which, label, c, target, min_bytes, inputs=None) -> dict:
+    est = emulator.estimate(c, target)
     ve = c.vector_elems_useful / c.vector_elems_issued if c.vector_elems_issued else None
     act = c.scalar_elems_useful / c.scalar_elems_issued if c.scalar_elems_issued else None
     return {
-        "op": call.op, "which": call.which, "shape": call.label,
-        "inputs": [[list(shape), dtype] for shape, dtype in call.inputs],
+        "op": op, "which": which, "shape": label, "inputs": inputs,
         "pe_useful_over_issued": emulator.pe_utilisation(c),
         "vector_useful_over_issued": ve, "scalar_useful_over_issued": act,
-        "dma_bytes": c.dma_bytes, "dma_min_bytes": call.min_bytes, "dma_over_min": c.dma_bytes / call.min_bytes,
+        "dma_bytes": c.dma_bytes, "dma_min_bytes": min_bytes, "dma_over_min": c.dma_bytes / min_bytes,
         "est_s": est.total_s, "serial_s": est.serial_s, "bound": est.bound, "engine_s": est.engine_s,
         "calls_per_step": None, "counters": c.as_dict(),
     }
 
 
-def build_report(cfg: Config) -> dict:
+def build_report(cfg: Config, target: str = cost.DEFAULT_TARGET) -> dict:
     t = cfg.train
     n_micro = t.tokens_per_step / (CORES * t.seq_len * t.micro_batch_seqs)
     rows = []
     for call in kernel_calls(cfg):
-        row = measure(call)
+        row = measure(call, target)
         row["calls_per_step"] = call.calls_per_microbatch * n_micro
         rows.append(row)
+    dt_bytes = _compute_dtype(cfg).itemsize
+    tiled = []
+    for label, c, per_micro in report_step.projection_calls(cfg, dt_bytes):
+        row = _row("projection", "tile", label, c, target, c.dma_bytes)
+        row["calls_per_step"] = per_micro * n_micro
+        tiled.append(row)
+    dma_rate = cost.target(target).dma_bytes_per_s
+    glue = [{"what": what, "bytes_per_step": b * n_micro, "est_s": b * n_micro / dma_rate}
+            for what, b in report_step.glue_passes(cfg, dt_bytes)]
     missing = [op for op in OPS if op not in registry.KERNELS]
-    step_s = sum(r["est_s"] * r["calls_per_step"] for r in rows)
-    whole = whole_step(cfg, step_s)
+    kernel_s = sum(r["est_s"] * r["calls_per_step"] for r in rows)
+    opt = optimizer_section(cfg, target)
+    totals = report_step.StepTotals(
+        counted_s=kernel_s, tiling_s=sum(r["est_s"] * r["calls_per_step"] for r in tiled),
+        traffic_s=sum(g["est_s"] for g in glue), optimizer_s=opt["step_s"], optimizer_counted=opt["fused"])
     return {
-        "whole_step": whole,
-        "config": cfg.name,
+        "config": cfg.name, "target": target,
         "method": "exact work counts from count-only emulation of the kernel source (no sampling)",
         "cores": CORES, "microbatches_per_core_per_step": n_micro,
-        "kernels": rows,
+        "kernels": rows, "projections": tiled, "glue": glue, "optimizer": opt,
         "ops_without_kernel": missing,
-        "step": {
-            "complete": not missing,
-            "kernel_s_per_step": step_s,
-            "covers": sorted({r["op"] for r in rows}),
-            "note": ("whole-step estimate INCOMPLETE: no NKI kernel yet for " + ", ".join(missing) +
-                     "; the time shown covers only the kernels listed, MFU n/a") if missing else "all ops covered",
-        },
+        "step": {"complete": not missing, "kernel_s_per_step": kernel_s, "covers": sorted({r["op"] for r in rows}),
+                 "note": ("INCOMPLETE: no NKI kernel yet for " + ", ".join(missing)) if missing else "all ops covered"},
+        "whole_step": report_step.whole_step(cfg, totals, target),
     }
 
 
@@ -161,66 +179,64 @@ def _fmt_ratio(x) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def format_report(rep: dict) -> str:
-    lines = [f"NKI kernel report: config {rep['config']} ({rep['method']})",
-             f"per core, {rep['cores']} cores, {rep['microbatches_per_core_per_step']:g} micro-batches per core per step",
-             "", f"{'op':<16} {'pass':<4} {'shape':<40} {'PE u/i':>6} {'VE u/i':>6} {'ACT u/i':>7} "
-                 f"{'DMA MB':>8} {'min MB':>8} {'x min':>5} {'est us':>9} {'bound':<6} {'calls/step':>10}"]
-    for r in rep["kernels"]:
-        lines.append(
-            f"{r['op']:<16} {r['which']:<4} {r['shape']:<40} {_fmt_ratio(r['pe_useful_over_issued']):>6} "
+def _fmt_row(r: dict) -> str:
+    return (f"{r['op']:<16} {r['which']:<4} {r['shape']:<40} {_fmt_ratio(r['pe_useful_over_issued']):>6} "
             f"{_fmt_ratio(r['vector_useful_over_issued']):>6} {_fmt_ratio(r['scalar_useful_over_issued']):>7} "
             f"{r['dma_bytes'] / 1e6:>8.2f} {r['dma_min_bytes'] / 1e6:>8.2f} {r['dma_over_min']:>5.2f} "
             f"{r['est_s'] * 1e6:>9.1f} {r['bound']:<6} {r['calls_per_step']:>10g}")
-    lines.append("")
-    for op in rep["ops_without_kernel"]:
-        lines.append(f"{op:<16} no NKI kernel (runs the pure-JAX reference)")
+
+
+def format_report(rep: dict) -> str:
+    lines = [f"NKI kernel report: config {rep['config']}, target {rep['target']} ({rep['method']})",
+             f"per core, {rep['cores']} cores, {rep['microbatches_per_core_per_step']:g} micro-batches per core per step",
+             "", f"{'op':<16} {'pass':<4} {'shape':<40} {'PE u/i':>6} {'VE u/i':>6} {'ACT u/i':>7} "
+                 f"{'DMA MB':>8} {'min MB':>8} {'x min':>5} {'est us':>9} {'bound':<6} {'calls/step':>10}"]
+    lines += [_fmt_row(r) for r in rep["kernels"]]
+    lines += [f"{op:<16} no NKI kernel (runs the pure-JAX reference)" for op in rep["ops_without_kernel"]]
+    lines += ["", "estimated from a 128-row tiling (no NKI kernel; XLA matmuls today):"]
+    lines += [_fmt_row(r) for r in rep["projections"]]
+    lines += ["", "element-wise glue between kernels (estimated: HBM passes at the DMA rate, per step):"]
+    lines += [f"  {g['what']:<40} {g['bytes_per_step'] / 1e9:>7.2f} GB {g['est_s'] * 1e3:>8.2f} ms" for g in rep["glue"]]
     st = rep["step"]
-    lines += ["", f"whole step: {st['kernel_s_per_step'] * 1e3:.2f} ms of kernel time per core "
-                  f"(covers {', '.join(st['covers'])})", st["note"]]
-    w = rep.get("whole_step")
-    if w:
-        lines += [f"estimated trn1 step: {w['step_s'] * 1e3:.1f} ms = kernels {w['kernel_s'] * 1e3:.1f} ms + "
-                  f"q/k/v/o projections {w['projection_s'] * 1e3:.1f} ms (XLA, no NKI kernel, at TensorE peak: "
-                  "optimistic); "
-                  f"MFU {w['mfu']:.1%} of {w['peak_flops_per_core'] / 1e12:.0f} TFLOP/s x {rep['cores']} cores "
-                  f"({w['model_flops_per_step'] / 1e12:.1f} TFLOP per step)", w["note"]]
+    lines += ["", f"kernels: {st['kernel_s_per_step'] * 1e3:.2f} ms per step per core (covers {', '.join(st['covers'])}); "
+                  f"{st['note']}"]
+    lines += report_step.format_whole_step(rep["whole_step"], rep["cores"])
     return "\n".join(lines)
 
 
-def whole_step(cfg: Config, kernel_s: float) -> dict:
-    """Step time per core = kernel time (causal attention included, from its kernel's counts) + the
-    matmul work that runs outside NKI kernels (the attention q/k/v/o projections, fwd + bwd = 3x fwd
-    MACs) at TensorE peak, and the MFU that implies. Elementwise glue outside the kernels and the
-    optimizer update (unless its kernels appear in the rows above) are not counted, so the time is a
-    lower bound."""
-    from frontier_jax.model import model_flops_per_token
-
-    m, t = cfg.model, cfg.train
-    D, H, G, K, L, T = m.model_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.num_layers, t.seq_len
-    tokens_per_core = t.tokens_per_step / CORES
-    proj_macs = 3 * L * (D * H * K + 2 * D * G * K + H * K * D) * tokens_per_core
-    proj_s = proj_macs / cost.TENSOR_MACS_PER_S
-    step_s = kernel_s + proj_s
-    flops = model_flops_per_token(m, T) * t.tokens_per_step
-    peak = 2 * cost.TENSOR_MACS_PER_S
-    return {"kernel_s": kernel_s, "projection_s": proj_s, "step_s": step_s,
-            "model_flops_per_step": flops, "peak_flops_per_core": peak, "mfu": flops / (CORES * step_s * peak),
-            "note": "step estimate: NKI kernels from exact counts (engines overlapped within a kernel, kernels "
-                    "serial); projections at peak; elementwise glue and optimizer not counted"}
+def format_comparison(reps: list[dict]) -> str:
+    lines = [f"side by side (target {reps[0]['target']}, per core):",
+             f"{'config':<12} {'layers':>6} {'step ms':>8} {'counted':>8} {'MFU':>6} {'steps/30min':>11} {'tokens/30min':>13}"]
+    for r in reps:
+        w = r["whole_step"]
+        lines.append(f"{r['config']:<12} {r['num_layers']:>6} {w['step_s'] * 1e3:>8.1f} {w['share_counted']:>8.1%} "
+                     f"{w['mfu']:>6.1%} {w['steps_per_30min']:>11,.0f} {w['tokens_per_30min'] / 1e9:>11.2f} B")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernels_nki.report", description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="a configs/*.py file")
+    ap.add_argument("--target", default=cost.DEFAULT_TARGET, choices=sorted(cost.TARGETS),
+                    help="trn1 (NeuronCore-v2, default) or trn2 (NeuronCore-v3)")
+    ap.add_argument("--compare", action="append", default=None,
+                    help="another configs/*.py to estimate side by side (repeatable; default configs/frontier14.py)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
-    rep = build_report(cfg)
-    from kernels_nki.report_optim import format_optimizer, optimizer_section
-
-    rep["optimizer"] = optimizer_section(cfg)
-    print(json.dumps(rep, indent=1) if args.json else format_report(rep) + "\n\n" + format_optimizer(rep["optimizer"]))
+    rep = build_report(cfg, args.target)
+    rep["num_layers"] = cfg.model.num_layers
+    others = args.compare if args.compare is not None else ([str(FRONTIER14)] if FRONTIER14.exists() else [])
+    side = [rep]
+    for path in others:
+        other = load_config(path)
+        if other.name != cfg.name:
+            side.append(dict(build_report(other, args.target), num_layers=other.model.num_layers))
+    rep["comparison"] = [{"config": r["config"], "num_layers": r["num_layers"], **r["whole_step"]} for r in side]
+    if args.json:
+        print(json.dumps(rep, indent=1))
+    else:
+        print(format_report(rep) + "\n\n" + format_optimizer(rep["optimizer"]) + "\n\n" + format_comparison(side))
     return 0
 
 

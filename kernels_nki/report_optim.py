@@ -1,7 +1,7 @@
 """Optimizer section of `python -m kernels_nki.report`: the fused Adam/Muon kernels at a config's shapes.
 
-For every parameter of the model (shapes and dtypes from the model itself, grouped as
-frontier_jax.optim labels them): the fused kernel's exact DMA bytes (count-only emulation) against
+For every parameter of the model (shapes and dtypes from the config, `report_step.param_specs`,
+grouped as frontier_jax.optim labels them): the fused kernel's exact DMA bytes (count-only emulation) against
 the minimum (Adam: p, g, m, v read once and p, m, v written once, 7 accesses per element; Muon:
 p, g, buf read, p, buf written, 20 B per fp32 element), and its estimated trn1 time
 (kernels_nki.emulator.cost). Per core: data parallel replicates the optimizer on both cores.
@@ -11,6 +11,7 @@ optax op is one HBM pass reading its inputs and writing its output (`UNFUSED_ADA
 `_unfused_muon_bytes`), at the cost model's DMA rate, plus the same Newton-Schulz TensorE time.
 XLA fusion on Neuron would merge some elementwise passes, so this is an upper bound on "before".
 The step share divides by an estimated step = optimizer + model FLOPs at an assumed MFU.
+Imports no JAX and no trainer module (only frontier_jax.config).
 """
 
 from __future__ import annotations
@@ -18,18 +19,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-import jax
-import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
-from frontier_jax import optim
-from frontier_jax.optim import resolve_ns_dtype
 from frontier_jax.config import Config
-from frontier_jax.model import GPT, model_flops_per_token
 from kernels_nki import emulator, registry
 from kernels_nki.emulator import cost
+from kernels_nki.report_step import CORES, model_flops_per_token, param_specs
 
-CORES = 2
 ASSUMED_MFU = (1.0, 0.4)  # model part of the step at the TensorE roofline and at 40% MFU
 # optax ops of scale_by_adam + scale_by_scheduled_lr + apply_updates, (reads + writes) per element:
 # mu EMA 3, nu EMA 3, mu bias-correct 2, nu bias-correct 2, mu/(sqrt(nu)+eps) 3, x(-lr) 2, p + u 3
@@ -49,27 +46,18 @@ def _unfused_muon_bytes(I: int, O: int, steps: int, ns_bytes: int) -> float:
     return pre + steps * it + post
 
 
-def _param_specs(cfg: Config):
-    """[(label, shape, dtype)] of the model's parameters (tied embedding in the compute dtype, bf16 on trn1)."""
-    dt = jnp.float32 if cfg.model.compute_dtype == "float32" else jnp.bfloat16
-    from flax import nnx
-
-    abstract = jax.eval_shape(lambda: nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=dt))[1])
-    labels = jax.tree_util.tree_leaves(optim.param_labels(abstract))
-    return [(lab, tuple(x.shape), np.dtype(x.dtype)) for lab, x in zip(labels, jax.tree_util.tree_leaves(abstract))]
-
-
-def optimizer_section(cfg: Config) -> dict:
-    o = dataclasses.replace(cfg.optim, muon_ns_dtype=resolve_ns_dtype(cfg.optim, "neuron"))  # the report is about trn1
+def optimizer_section(cfg: Config, target: str = cost.DEFAULT_TARGET) -> dict:
+    ns = "bfloat16" if cfg.optim.muon_ns_dtype == "auto" else cfg.optim.muon_ns_dtype  # auto: bf16 on accelerators
+    o = dataclasses.replace(cfg.optim, muon_ns_dtype=ns)
     ns_bytes = 2 if o.muon_ns_dtype == "bfloat16" else 4
     kernels = {op: getattr(registry.load_emulated(op), registry.KERNELS[op].fwd) for op in ("adam_update", "muon_update")}
     calls = collections.Counter()
-    for lab, shape, dt in _param_specs(cfg):
-        calls[("muon" if lab == "muon" else "adam", shape, dt.name)] += 1
+    for _, kind, shape, dtn in param_specs(cfg):
+        calls[(kind, shape, dtn)] += 1
     rows, tot = [], collections.defaultdict(float)
     for (kind, shape, dtn), k in sorted(calls.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         n = int(np.prod(shape))
-        dt = np.dtype(jnp.bfloat16) if dtn == "bfloat16" else np.dtype(dtn)
+        dt = np.dtype(ml_dtypes.bfloat16) if dtn == "bfloat16" else np.dtype(dtn)
         if kind == "adam":
             c = emulator.count(kernels["adam_update"], *[((n,), dtn)] * 4, ((128, 4), "float32"),
                                b1=o.beta1, b2=o.beta2, eps=o.adam_eps)
@@ -78,8 +66,8 @@ def optimizer_section(cfg: Config) -> dict:
             c = emulator.count(kernels["muon_update"], *[(shape, "float32")] * 3, ((128, 2), "float32"),
                                ns_steps=o.muon_ns_steps, ns_dtype=o.muon_ns_dtype)
             min_b, unfused_b = 20 * n, _unfused_muon_bytes(shape[0], shape[1], o.muon_ns_steps, ns_bytes)
-        est = emulator.estimate(c)
-        unfused_s = unfused_b / cost.DMA_BYTES_PER_S + est.engine_s["tensor"]
+        est = emulator.estimate(c, target)
+        unfused_s = unfused_b / cost.target(target).dma_bytes_per_s + est.engine_s["tensor"]
         rows.append({"optimizer": kind, "shape": list(shape), "dtype": dtn, "calls_per_step": k, "elements": n,
                      "dma_bytes": c.dma_bytes, "min_bytes": min_b, "dma_over_min": c.dma_bytes / min_b,
                      "est_s": est.total_s, "bound": est.bound, "unfused_bytes": unfused_b, "unfused_s": unfused_s})
@@ -87,7 +75,7 @@ def optimizer_section(cfg: Config) -> dict:
                          ("unfused_s", unfused_s), ("n", n)):
             tot[(kind, key)] += val * k
     t = cfg.train
-    flops = model_flops_per_token(cfg.model, t.seq_len) * t.tokens_per_step / CORES
+    flops = model_flops_per_token(cfg) * t.tokens_per_step / CORES
     summary = {}
     for kind in ("adam", "muon"):
         summary[kind] = {"elements": tot[(kind, "n")], "dma_bytes": tot[(kind, "dma")], "min_bytes": tot[(kind, "min")],
@@ -97,12 +85,14 @@ def optimizer_section(cfg: Config) -> dict:
     unfused_s = sum(summary[k]["unfused_s"] for k in summary)
     shares = {}
     for mfu in ASSUMED_MFU:
-        model_s = flops / (2 * cost.TENSOR_MACS_PER_S * mfu)
+        model_s = flops / (2 * cost.target(target).tensor_macs_per_s * mfu)
         shares[f"mfu_{mfu:g}"] = {"model_s": model_s, "share_before": unfused_s / (unfused_s + model_s),
                                   "share_after": fused_s / (fused_s + model_s)}
     return {"config": cfg.name, "per_core": True, "rows": rows, "summary": summary, "fused_s": fused_s,
-            "unfused_s": unfused_s, "step_share": shares,
-            "note": "ngram_bias (a few hundred scalars, Adam) is not counted" if cfg.ngram.enabled else ""}
+            "unfused_s": unfused_s, "step_share": shares, "fused": cfg.optim.fused,
+            "step_s": fused_s if cfg.optim.fused else unfused_s,
+            "note": "the config runs the fused kernels (counted)" if cfg.optim.fused else
+                    "the config runs the unfused optax chain: the step uses its traffic model (estimated)"}
 
 
 def format_optimizer(sec: dict) -> str:

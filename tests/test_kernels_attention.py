@@ -71,7 +71,8 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     assert bwd.pe_macs_useful == H * nb * unit * 5 * K
     assert bwd.pe_macs_issued == unit * (H * (nb * (2 * 128 + 3 * K + 128) + 2 * nt * 128) + G * 2 * nt * 128)
     assert emulator.pe_utilisation(fwd) > 0.35 and emulator.pe_utilisation(bwd) > 0.48  # see the module docstring
-    assert emulator.estimate(fwd).bound == emulator.estimate(bwd).bound == "tensor"
+    # at the documented engine rates (cost.py) the softmax's ScalarE work, not TensorE, bounds both passes
+    assert emulator.estimate(fwd).bound == emulator.estimate(bwd).bound == "scalar"
     assert fwd.psum_peak_banks <= 8 and bwd.psum_peak_banks <= 8
     # q, k, v in and o out once; lse out (fp32)
     assert fwd.dma_bytes == 2 * (2 * B * T * H * K + 2 * B * T * G * K) + 4 * B * H * T

@@ -4,26 +4,39 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+import pytest
 
 from frontier_jax.config import apply_overrides, load_config
-from kernels_nki import emulator, registry, report
+from kernels_nki import emulator, registry, report, report_step
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["model.num_layers=2", "model.num_kv_heads=1", "model.model_dim=96", "model.num_heads=3"]
 
 
+TINY = str(REPO / "configs" / "tiny.py")
+
+
 def test_report_on_tiny_config_json(capsys):
-    assert report.main(["--config", str(REPO / "configs" / "tiny.py"), "--json"]) == 0
+    assert report.main(["--config", TINY, "--compare", TINY, "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     cfg = load_config(REPO / "configs" / "tiny.py")
     N = cfg.train.seq_len * cfg.train.micro_batch_seqs
     assert rep["ops_without_kernel"] == []
     assert rep["step"]["complete"] is True and rep["step"]["note"] == "all ops covered"
-    assert 0 < rep["whole_step"]["mfu"] < 1 and rep["whole_step"]["step_s"] > rep["whole_step"]["kernel_s"] > 0
+    w = rep["whole_step"]
+    assert 0 < w["mfu"] < 1 and w["step_s"] > w["kernel_s"] > 0 and rep["target"] == "trn1"
+    assert w["step_s"] == pytest.approx(w["kernel_s"] + w["projection_s"] + w["glue_s"] + w["optimizer_s"])
+    assert w["share_counted"] + w["share_estimated"] == pytest.approx(1) and 0 < w["share_counted"] < 1
+    assert w["tokens_per_30min"] == pytest.approx(1800 / w["step_s"] * cfg.train.tokens_per_step)
+    assert {r["which"] for r in rep["projections"]} == {"tile"} and len(rep["projections"]) == 4
+    assert all(0 < r["pe_useful_over_issued"] <= 1 for r in rep["projections"])
+    assert rep["optimizer"]["step_s"] > 0 and [c["config"] for c in rep["comparison"]] == ["tiny"]
     ops_ = ("rms_norm", "rope", "causal_attention", "mlp", "embed", "head_loss")
     assert {(r["op"], r["which"]) for r in rep["kernels"]} == {(op, w) for op in ops_ for w in ("fwd", "bwd")}
     for r in rep["kernels"]:
@@ -40,15 +53,47 @@ def test_report_on_tiny_config_json(capsys):
     assert [N * cfg.model.num_heads, cfg.model.head_dim] in [r["inputs"][0][0] for r in rows]
     for r in rows:
         assert r["pe_useful_over_issued"] is None  # no matmul in RMSNorm
-        assert 1.0 <= r["dma_over_min"] < 1.05 and r["bound"] == "dma" and r["est_s"] > 0
+        assert 1.0 <= r["dma_over_min"] < 1.05 and r["bound"] != "tensor" and r["est_s"] > 0
     assert rep["step"]["kernel_s_per_step"] > 0
 
 
-def test_report_text_covers_every_op(capsys):
-    report.main(["--config", str(REPO / "configs" / "tiny.py")])
+def test_report_text_covers_every_op_and_compares_configs(capsys):
+    baseline_shaped_small = str(REPO / "configs" / "baseline.py")
+    report.main(["--config", TINY, "--compare", baseline_shaped_small, "--target", "trn2"])
     out = capsys.readouterr().out
     assert "count-only emulation" in out and "INCOMPLETE" not in out and "no NKI kernel (runs" not in out
-    assert "all ops covered" in out and "causal_attention fwd" in out and "estimated trn1 step" in out and "MFU" in out
+    assert "all ops covered" in out and "causal_attention fwd" in out and "target trn2" in out and "MFU" in out
+    assert "counted from kernels:" in out and "side by side (target trn2" in out
+    table = out.split("side by side")[1]
+    assert "tiny" in table and "baseline" in table and "tokens/30min" in table
+
+
+def test_report_imports_no_trainer_and_no_jax():
+    code = ("import sys, kernels_nki.report; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('jax', 'flax', 'optax') or m in ('frontier_jax.model', 'frontier_jax.optim', "
+            "'frontier_jax.fused_optim', 'frontier_jax.ops')); assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+@pytest.mark.parametrize("name", ["baseline.py", "frontier14.py", "tiny.py"])
+def test_shapes_from_the_config_equal_the_models(name):
+    import jax
+    from flax import nnx
+
+    from frontier_jax import model, optim
+
+    cfg = load_config(REPO / "configs" / name)
+    dt = jax.numpy.float32 if cfg.model.compute_dtype == "float32" else jax.numpy.bfloat16
+    orders = report_step.num_bias_orders(cfg)
+    abstract = jax.eval_shape(lambda: nnx.split(model.GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=dt,
+                                                          num_bias_orders=orders,
+                                                          bias_buckets=cfg.ngram.confidence_buckets))[1])
+    labels = jax.tree_util.tree_leaves(optim.param_labels(abstract))
+    want = sorted(("muon" if lab == "muon" else "adam", tuple(x.shape), np.dtype(x.dtype).name)
+                  for lab, x in zip(labels, jax.tree_util.tree_leaves(abstract)))
+    got = sorted((kind, shape, dtn) for _, kind, shape, dtn in report_step.param_specs(cfg))
+    assert got == want
+    assert report_step.model_flops_per_token(cfg) == model.model_flops_per_token(cfg.model, cfg.train.seq_len)
 
 
 def test_counted_work_equals_a_full_emulated_run_at_small_shapes():
