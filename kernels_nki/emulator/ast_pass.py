@@ -9,10 +9,13 @@ file:line, the rule id and its AWS source.
 from __future__ import annotations
 
 import ast
+import sys
 
 from kernels_nki.emulator import rules
 
 NKI_MODULES = ("nki", "nki.language", "nki.isa", "nki.typing")
+# Python libraries whose values are not NKI values (besides the standard library)
+LIBRARIES = ("numpy", "scipy", "torch", "jax", "ml_dtypes")
 
 
 def _is_jit(decorator: ast.expr) -> bool:
@@ -24,16 +27,28 @@ def _fail(rule_id: str, detail: str, filename: str, node: ast.AST):
     rules.violate(rule_id, detail, "trn1", location=f"{filename}:{node.lineno}")
 
 
+def _foreign(module: str, is_module_object: bool) -> bool:
+    """A module object from outside nki, or any name from the standard library or a numeric library; a
+    function imported from another kernel-helper file is NKI code the compiler inlines (language guide,
+    Composable Kernels), so it is allowed."""
+    top = module.split(".")[0]
+    if top == "nki":
+        return False
+    return is_module_object or top in sys.stdlib_module_names or top in LIBRARIES
+
+
 def _imports(tree: ast.Module, filename: str) -> dict[str, str]:
-    """Names bound at module level by imports -> the module they come from; neuronxcc imports are rejected."""
+    """Foreign names bound at module level by imports -> their module; neuronxcc imports are rejected."""
     names = {}
     for node in tree.body:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                names[(alias.asname or alias.name).split(".")[0]] = alias.name
+                if _foreign(alias.name, True):
+                    names[(alias.asname or alias.name).split(".")[0]] = alias.name
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:
-                names[alias.asname or alias.name] = node.module
+                if _foreign(node.module, False):
+                    names[alias.asname or alias.name] = node.module
         else:
             continue
         for mod in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]):
@@ -61,7 +76,7 @@ def kernel_functions(tree: ast.Module) -> list[ast.FunctionDef]:
 def check_source(source: str, filename: str) -> None:
     tree = ast.parse(source, filename)
     imported = _imports(tree, filename)
-    foreign = {name for name, mod in imported.items() if mod.split(".")[0] != "nki" and mod not in NKI_MODULES}
+    foreign = set(imported)
     for fn in kernel_functions(tree):
         if any(_is_jit(d) for d in fn.decorator_list) and (fn.args.kwonlyargs or fn.args.vararg):
             _fail("ast.kwonly_args", f"kernel {fn.name} has keyword-only or *args parameters", filename, fn)

@@ -136,6 +136,13 @@ def _outputs(result, machine: _m.Machine):
     return arrays if isinstance(result, tuple) else arrays[0]
 
 
+def _input(machine: _m.Machine, a):
+    """An array argument becomes an HBM tensor (a copy); Python values (ints, tuples, None) pass unchanged."""
+    if isinstance(a, np.ndarray) or (hasattr(a, "shape") and hasattr(a, "dtype")):
+        return machine.wrap_hbm(np.array(a, copy=True))
+    return a
+
+
 def _launch(kernel, machine: _m.Machine, inputs, constants):
     """Interface rules (list arguments, the launch grid), then the kernel body -> its result."""
     for v in list(inputs) + list(constants.values()):
@@ -156,7 +163,7 @@ def run(kernel, *arrays, compute: bool = True, target: str = "trn1", **constants
     kernel = _kernel(kernel)
     machine = _m.Machine(compute=compute, target=target)
     with _m.running(machine):
-        inputs = [machine.wrap_hbm(np.array(a, copy=True)) for a in arrays]
+        inputs = [_input(machine, a) for a in arrays]
         result = _launch(kernel, machine, inputs, constants)
         outputs = _outputs(result, machine)
     del inputs, result
