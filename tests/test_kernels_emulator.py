@@ -16,17 +16,26 @@ from kernels_nki.emulator import cost
 _counter = [0]
 
 
-def _kernel_module(tmp_path, monkeypatch, body: str):
-    """Write a kernel module (body of `@nki.jit def k(a): ...`), load it emulated; return (k, marked line)."""
+def write_kernel(tmp_path, monkeypatch, body: str, header: str = "", sig: str = "a", mark_jit: bool = False):
+    """Write a kernel module (`header` lines, then `@nki.jit def k(<sig>):` with `body`) importable by name.
+
+    Returns (module name, "path:line" of the line marked `# <-`, or of the @nki.jit line when mark_jit)."""
     _counter[0] += 1
     name = f"emu_case_{_counter[0]}"
-    src = "import nki\nimport nki.language as nl\nimport nki.isa as nisa\n\n\n@nki.jit\ndef k(a):\n"
+    src = f"import nki\nimport nki.language as nl\nimport nki.isa as nisa\n{header}\n\n"
+    src += f"@nki.jit{'  # <-' if mark_jit else ''}\ndef k({sig}):\n"
     src += textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + "\n"
     path = tmp_path / f"{name}.py"
     path.write_text(src)
     monkeypatch.syspath_prepend(str(tmp_path))
-    line = next(i + 1 for i, text in enumerate(src.splitlines()) if "# <-" in text) if "# <-" in src else None
-    return emulator.load_kernel_module(name).k, f"{path}:{line}"
+    line = next((i + 1 for i, text in enumerate(src.splitlines()) if "# <-" in text), None)
+    return name, f"{path}:{line}"
+
+
+def _kernel_module(tmp_path, monkeypatch, body: str, **kw):
+    """Write and load (AST pass, then execution against the emulated nki) a kernel module -> (k, marked line)."""
+    name, where = write_kernel(tmp_path, monkeypatch, body, **kw)
+    return emulator.load_kernel_module(name).k, where
 
 
 LIMIT_CASES = {
@@ -202,14 +211,16 @@ def test_never_installed_and_refuses_a_real_nki(monkeypatch):
 
 
 def test_count_only_mode_matches_a_full_run():
+    """On trn2 (rmsnorm's Python-number bias is a trn1-only violation; counting is target-independent)."""
     m = emulator.load_kernel_module("kernels_nki.rmsnorm")
     x = np.random.default_rng(2).standard_normal((300, 96)).astype(ml_dtypes.bfloat16)
-    (y, inv), full = emulator.run(m.rmsnorm_fwd, x)
-    assert emulator.count(m.rmsnorm_fwd, ((300, 96), "bfloat16")) == full
-    _, full_b = emulator.run(m.rmsnorm_bwd, x, inv, y)
-    counted = emulator.count(m.rmsnorm_bwd, (x.shape, x.dtype), (inv.shape, inv.dtype), (y.shape, y.dtype))
+    (y, inv), full = emulator.run(m.rmsnorm_fwd, x, target="trn2")
+    assert emulator.count(m.rmsnorm_fwd, ((300, 96), "bfloat16"), target="trn2") == full
+    _, full_b = emulator.run(m.rmsnorm_bwd, x, inv, y, target="trn2")
+    counted = emulator.count(m.rmsnorm_bwd, (x.shape, x.dtype), (inv.shape, inv.dtype), (y.shape, y.dtype),
+                             target="trn2")
     assert counted == full_b
     # per-call work scales exactly with the number of 128-row tiles
-    c1 = emulator.count(m.rmsnorm_fwd, ((128, 96), "bfloat16"))
-    c4 = emulator.count(m.rmsnorm_fwd, ((512, 96), "bfloat16"))
+    c1 = emulator.count(m.rmsnorm_fwd, ((128, 96), "bfloat16"), target="trn2")
+    c4 = emulator.count(m.rmsnorm_fwd, ((512, 96), "bfloat16"), target="trn2")
     assert c4.dma_bytes == 4 * c1.dma_bytes and c4.vector_elems_issued == 4 * c1.vector_elems_issued
