@@ -43,7 +43,18 @@ def _transpose(dst, src, rows, cols):
     """dst[0:cols, 0:rows] = src[0:rows, 0:cols]^T via TensorE (PSUM in src's dtype) and a ScalarE copy."""
     t_ps = nl.ndarray((cols, rows), dtype=src.dtype, buffer=nl.psum)
     nisa.nc_transpose(dst=t_ps, data=src[0:rows, 0:cols])
-    nisa.tensor_copy(dst=dst, src=t_ps, engine=nisa.engine.scalar)
+    nisa.activation(dst=dst, op=nl.copy, data=t_ps)
+
+
+def _relu_sq(dst, h_ps):
+    """dst = relu(h)^2 = relu(h) * h for an fp32 PSUM tile h; returns relu(h) (fp32 SBUF) for reuse.
+
+    relu on ScalarE into SBUF, then the product on VectorE: a VectorE instruction may read at most one
+    of its two tensor inputs from PSUM (isa docs tensor_tensor / scalar_tensor_tensor, "Memory types")."""
+    r = nl.ndarray(h_ps.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=r, op=nl.relu, data=h_ps)
+    nisa.tensor_tensor(dst=dst, data1=r, data2=h_ps, op=nl.multiply)
+    return r
 
 
 def _load_rows(w_RC, dt):
@@ -110,8 +121,7 @@ def mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
                 nisa.nc_matmul(dst=h_ps[0:fj, 0:nb], stationary=wfc[k][0:dk, j * P:j * P + fj],
                                moving=xT[k][0:dk, 0:nb])
             a_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-            nisa.scalar_tensor_tensor(dst=a_T[0:fj, 0:nb], data=h_ps[0:fj, 0:nb], op0=nl.maximum, operand0=0.0,
-                                      op1=nl.multiply, operand1=h_ps[0:fj, 0:nb])
+            _relu_sq(a_T[0:fj, 0:nb], h_ps[0:fj, 0:nb])
             aT.append(a_T)
         for s in nl.affine_range(_cdiv(nb, P)):
             rows = min(P, nb - s * P)
@@ -123,7 +133,7 @@ def mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
                     nisa.nc_matmul(dst=y_ps[0:rows, 0:dc], stationary=aT[j][0:fj, s * P:s * P + rows],
                                    moving=wproj[j][0:fj, c * NB:c * NB + dc])
                 y_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=y_t[0:rows, 0:dc], src=y_ps[0:rows, 0:dc], engine=nisa.engine.scalar)
+                nisa.activation(dst=y_t[0:rows, 0:dc], op=nl.copy, data=y_ps[0:rows, 0:dc])
                 nisa.dma_copy(dst=y_ND[n0 + s * P:n0 + s * P + rows, c * NB:c * NB + dc], src=y_t[0:rows, 0:dc])
     return y_ND
 
@@ -166,11 +176,9 @@ def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, dy_ND):
                                    moving=wfc[k][0:dk, c * NB:c * NB + fc])
                     nisa.nc_matmul(dst=da_ps[0:rows, 0:fc], stationary=dyT[k][0:dk, s * P:s * P + rows],
                                    moving=wprojT[k][0:dk, c * NB:c * NB + fc])
-                h, cols = h_ps[0:rows, 0:fc], slice(c * NB, c * NB + fc)
-                nisa.scalar_tensor_tensor(dst=a_t[0:rows, cols], data=h, op0=nl.maximum, operand0=0.0,
-                                          op1=nl.multiply, operand1=h)
-                nisa.scalar_tensor_tensor(dst=dh_t[0:rows, cols], data=h, op0=nl.maximum, operand0=0.0,
-                                          op1=nl.multiply, operand1=da_ps[0:rows, 0:fc])
+                cols = slice(c * NB, c * NB + fc)
+                r = _relu_sq(a_t[0:rows, cols], h_ps[0:rows, 0:fc])
+                nisa.tensor_tensor(dst=dh_t[0:rows, cols], data1=r, data2=da_ps[0:rows, 0:fc], op=nl.multiply)
             for j in nl.affine_range(KF):
                 fj = min(P, F - j * P)
                 _transpose(dhT[j][0:fj, s * P:s * P + rows], dh_t[0:rows, j * P:j * P + fj], rows, fj)
