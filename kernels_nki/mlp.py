@@ -6,9 +6,9 @@ block ragged and sliced), weights resident in SBUF for the whole call (3 x D x F
 per partition in the backward: 24 KiB at D=512, F=1024), all matmuls bf16 into fp32 PSUM.
 
 Forward, per token block: x^T by TensorE transposes (D/128 per 128 tokens); h^T = W_fc^T x^T
-directly in the [F, tokens] layout, so relu^2 (one VectorE op, relu(h) * h, reading PSUM) yields
-a^T, which is exactly the stationary operand of y = a W_proj: the hidden activation never leaves
-SBUF/PSUM and needs no transpose.
+directly in the [F, tokens] layout, so relu^2 (ScalarE relu(h) into SBUF, then one VectorE
+relu(h) * h reading h from PSUM) yields a^T, which is exactly the stationary operand of
+y = a W_proj: the hidden activation never leaves SBUF/PSUM and needs no transpose.
 
 Backward: RECOMPUTES h instead of storing it. Cost model at the baseline shapes (N=65536 tokens,
 D=512, F=1024, per 128 tokens, kernels_nki.emulator.cost): the store variant has to produce h in
@@ -22,10 +22,19 @@ useful/issued >= 0.9 bar of the forward and keeps 128 MiB of h per layer per mic
 at 9 layers) alive in HBM between forward and backward. We recompute.
 
 Backward per token block: x^T, dy^T by transposes; h (recomputed) and da = dy W_proj^T in the
-token-major layout; a = relu(h)^2 and dh' = relu(h) * da (dh = 2 dh': the 2 is applied exactly,
+token-major layout; r = relu(h) (ScalarE), a = r h and dh' = r da (VectorE) (dh = 2 dh': the 2 is applied exactly,
 on the fp32 results of dx and dW_fc); dW_proj += a^T dy and dW_fc += x^T dh' contract over the
 block's tokens (fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per block); dh'^T by
 transposes; dx = dh'^T-stationary x W_fc^T. W_proj^T and W_fc^T are built once per call.
+
+NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): TensorE transposes
+write PSUM in the input's dtype (nki/api/nki/isa/__init__.py, nc_transpose "Data types"); PSUM is
+evacuated by ScalarE `activation(op=nl.copy)` (tensor_copy on ScalarE is not supported on v2: isa
+docs tensor_copy) or VectorE; a VectorE instruction reads at most one tensor input from PSUM (isa
+docs tensor_tensor / scalar_tensor_tensor "Memory types"); matmuls are bf16 (or fp32) pairs into
+fp32 PSUM, stationary free <= 128, moving free <= 512 (isa docs nc_matmul; trn1 arch guide
+nki/guides/architecture/trainium_inferentia2_arch.rst "Tile Size"); every on-chip operand starts at
+partition 0 (arch guide, "Accessing SBUF/PSUM tensors using compute engines").
 """
 
 import nki
