@@ -1,20 +1,28 @@
-"""A NumPy emulator of the NKI subset the project's kernels use, with trn1 limits and work counters.
+"""A NumPy emulator of NKI (aws-neuron-sdk `nki`, 0.3+) that enforces AWS's documented rules per target.
 
 Public API:
-- `load_kernel_module(name)`: the kernel file executed against the emulated `nki` (never installed
-  in `sys.modules` beyond that load; refused if a real `nki` is importable).
-- `run(kernel, *arrays, **constants) -> (outputs, Counters)`; `count(kernel, *specs) -> Counters`
-  (count-only mode, cheap at full shapes).
+- `load_kernel_module(name)`: the kernel file, first checked by the AST pass (`ast_pass`: the NKI Python
+  subset), then executed against the emulated `nki` (never installed in `sys.modules` beyond that load;
+  refused if a real `nki` is importable).
+- `run(kernel, *arrays, target="trn1", compute=True, **constants) -> (outputs, Counters)`;
+  `count(kernel, *specs, target="trn1", **constants) -> Counters` (count-only mode, cheap at full shapes).
+  `target` is one of `TARGETS`: "trn1" (NeuronCore-v2, the default) or "trn2" (NeuronCore-v3); a caller with
+  a `--target` flag passes it straight through. Calling a kernel directly (`kernel(*arrays)`) runs on trn1.
+- `RULES` (`rules.RULES`): every rule the emulator enforces, one row each (id, what it checks, targets, AWS
+  source, reading); list them with `python -m kernels_nki.emulator.rules [--target trn2] [--markdown]`.
 - `estimate(counters) -> Estimate` (trn1 time per engine, bounding engine; constants in `cost`).
-- Errors: `NkiLimitError` (a hardware limit, message starts with the kernel's file:line),
-  `NkiEmulatorError` (API misuse), `EmulatorConflictError` (a real `nki` is present).
+- Errors: `NkiRuleError` (a rule of the table; message "file:line: [rule.id] detail (rule: ...; source:
+  ...)", with `.rule` and `.location`), a subclass of `NkiLimitError`; `NkiEmulatorError` (API misuse or
+  an unemulated feature), `EmulatorConflictError` (a real `nki` is present).
 """
 
 from kernels_nki.emulator.cost import Estimate, estimate, pe_utilisation
 from kernels_nki.emulator.loader import EmulatedKernel, EmulatorConflictError, count, load_kernel_module, run
-from kernels_nki.emulator.machine import Counters, NkiEmulatorError, NkiLimitError
+from kernels_nki.emulator.machine import Counters, NkiEmulatorError, NkiLimitError, NkiRuleError
+from kernels_nki.emulator.rules import RULES, RULES_BY_ID, TARGETS
 
 __all__ = [
     "Counters", "EmulatedKernel", "EmulatorConflictError", "Estimate", "NkiEmulatorError", "NkiLimitError",
-    "count", "estimate", "load_kernel_module", "pe_utilisation", "run",
+    "NkiRuleError", "RULES", "RULES_BY_ID", "TARGETS", "count", "estimate", "load_kernel_module",
+    "pe_utilisation", "run",
 ]

@@ -1,8 +1,9 @@
-"""NumPy stand-in for the subset of `nki.isa` (NKI 0.3+: explicit `dst` first) the project's kernels use.
+"""NumPy stand-in for `nki.isa` (NKI 0.3+: explicit `dst` first) as documented in aws-neuron-sdk
+nki/api/nki/isa/__init__.py.
 
-Every instruction checks the NeuronCore-v2 rules (../shared/specs/nki.md section 3) and raises with
-the kernel's file:line, counts its work on its engine, and (unless count-only) computes in float32
-and rounds on the write to the destination dtype (bf16 through ml_dtypes), as ScalarE/VectorE do.
+Every instruction checks its rows of `rules.RULES` (raising with the kernel's file:line, the rule id and
+its AWS source), counts its work on its engine, and (unless count-only) computes in float32 and rounds on
+the write to the destination dtype (bf16 through ml_dtypes), as the engines do.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import math
 import numpy as np
 
 from kernels_nki.emulator import machine as _m
-from kernels_nki.emulator.language import Op, add, tile_size
-from kernels_nki.emulator.language import equal as _equal
+from kernels_nki.emulator.language import Op, add, equal
+from kernels_nki.emulator.language import tile_size as _ts
+from kernels_nki.emulator.machine import rule
 
 
 class engine:
@@ -21,6 +23,7 @@ class engine:
     vector = "vector"
     scalar = "scalar"
     gpsimd = "gpsimd"
+    sync = "sync"
     unknown = None
 
 
@@ -37,73 +40,6 @@ class nc_version:
     gen4 = "gen4"
 
 
-def get_nc_version():
-    return nc_version.gen2  # the emulator models trn1 / NeuronCore-v2 only
-
-
-# ----------------------------------------------------------------------------- operand helpers
-
-
-def _tile(t, what: str, buffers=_m.ON_CHIP) -> _m.Tensor:
-    if not isinstance(t, _m.Tensor):
-        _m.fail(f"{what} must be a tile, got {type(t).__name__}", _m.NkiEmulatorError)
-    if t.buffer not in buffers:
-        if t.buffer in _m.HBM:
-            _m.fail(f"{what} is an HBM tensor: compute engines reach only SBUF/PSUM "
-                    "(move HBM data with nl.load / nl.store / nisa.dma_copy)")
-        _m.fail(f"{what} must be in {' or '.join(buffers)}, got {t.buffer}")
-    if t.buffer in _m.HBM:
-        return t
-    if t.ndim < 1 or t.shape[0] > _m.PMAX:
-        _m.fail(f"{what} {t.shape}: partition dimension exceeds {_m.PMAX}")
-    free = math.prod(t.shape[1:])
-    if t.buffer == "sbuf" and free > _m.FREE_MAX_SBUF:
-        _m.fail(f"{what} {t.shape}: free size {free} exceeds {_m.FREE_MAX_SBUF} elements per instruction")
-    return t
-
-
-def _same_shape(a: _m.Tensor, b: _m.Tensor, what: str):
-    if a.shape != b.shape:
-        _m.fail(f"{what}: shapes {a.shape} and {b.shape} differ (NKI binary ops do not broadcast)")
-
-
-def _read(t: _m.Tensor) -> np.ndarray:
-    return t.data.astype(np.float32)
-
-
-def _write(dst: _m.Tensor, value) -> None:
-    if dst.machine.compute:
-        dst.data[...] = np.asarray(value, dtype=np.float32).astype(dst.dtype)
-
-
-def _operand(x, partitions: int, what: str):
-    """A scalar operand: a Python number or a [P, 1] column broadcast along the free axes."""
-    if isinstance(x, (int, float, np.floating, np.integer)):
-        return float(x)
-    t = _tile(x, what)
-    if t.shape[0] != partitions or math.prod(t.shape[1:]) != 1:
-        _m.fail(f"{what} {t.shape} must be a number or a [{partitions}, 1] column")
-    return _read(t).reshape(partitions, 1) if t.machine.compute else 0.0
-
-
-def _expand(v, ndim: int):
-    if isinstance(v, np.ndarray):
-        return v.reshape(v.shape[0], *([1] * (ndim - 1)))
-    return v
-
-
-def _apply(op: Op, a, b, reverse: bool):
-    return op.fn(b, a) if reverse else op.fn(a, b)
-
-
-def _check_op(op, kind: str, what: str):
-    if not isinstance(op, Op) or op.kind != kind:
-        _m.fail(f"{what}: expected a {kind} nl op, got {op!r}", _m.NkiEmulatorError)
-
-
-# ----------------------------------------------------------------------------- data movement
-
-
 class oob_mode:
     error = "error"
     skip = "skip"
@@ -116,85 +52,221 @@ class dge_mode:
     hwdge = "hwdge"
 
 
-def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, unique_indices=True,
-             name=None):
-    """Any of HBM/SBUF to HBM/SBUF (not PSUM); same shape and dtype (a plain copy does not cast).
+class matmul_perf_mode:
+    none = "none"
+    double_row = "double_row"
 
-    Either side may be an HBM access pattern (`t.ap(...)`; with vector_offset: gather as src,
-    scatter as dst). dst_rmw_op=nl.add: dst = dst + src, computed in fp32 inside the DMA engine and
-    cast to dst's dtype. unique_indices=True promises that a scatter's rows are distinct: with
-    duplicates the hardware keeps one of the colliding writes (emulated: the last), so scatter-adds
-    with repeated rows must pass unique_indices=False (serialised read-modify-writes).
-    """
-    indirect = (_m.AccessPattern,)
-    if not isinstance(dst, indirect):
-        _tile(dst, "dma_copy dst", ("sbuf",) + _m.HBM)
-    if not isinstance(src, indirect):
-        _tile(src, "dma_copy src", ("sbuf",) + _m.HBM)
-    if isinstance(dst, indirect) and isinstance(src, indirect):
-        _m.fail("dma_copy: at most one side may be an access pattern", _m.NkiEmulatorError)
-    if dst.shape != src.shape:
-        _m.fail(f"dma_copy: shapes {src.shape} and {dst.shape} differ")
-    if dst_rmw_op is not None and (not isinstance(dst_rmw_op, Op) or dst_rmw_op.name != "add"):
-        _m.fail(f"dma_copy: dst_rmw_op must be nl.add, got {dst_rmw_op!r}")
-    if dst.dtype != src.dtype and dst_rmw_op is None:
-        _m.fail(f"dma_copy: dtypes {src.dtype} -> {dst.dtype} differ (cast on an engine, e.g. nisa.tensor_copy)")
+
+def get_nc_version():
+    """gen2 on trn1, gen3 on trn2 (the running kernel's target)."""
+    machine = getattr(_m._local, "machine", None)
+    return machine.spec.nc_version if machine is not None else nc_version.gen2
+
+
+# ----------------------------------------------------------------------------- operand helpers
+
+_PSTART = ((64, (0,)), (32, (0, 64)), (0, (0, 32, 64, 96)))
+
+
+def _tile(t, what: str, buffers=_m.ON_CHIP, rule_id: str = "engine.hbm") -> _m.Tensor:
+    """An instruction operand: a Tensor in `buffers`, on chip within the partition/access-pattern rules."""
+    if not isinstance(t, _m.Tensor):
+        _m.fail(f"{what} must be a tile, got {type(t).__name__}", _m.NkiEmulatorError)
+    if t.buffer not in buffers:
+        if t.buffer in _m.HBM:
+            rule("engine.hbm", f"{what} is an HBM tensor (move HBM data with nl.load / nl.store / nisa.dma_copy)")
+        rule(rule_id, f"{what} must be in {' or '.join(buffers)}, got {t.buffer}")
+    if t.buffer in _m.HBM:
+        return t
+    n = t.shape[0]
+    if n > _m.PMAX:
+        rule("partition.max", f"{what} {t.shape}: partition dimension exceeds {_m.PMAX}")
+    allowed = next(starts for above, starts in _PSTART if n > above)
+    if t.pstart not in allowed:
+        rule("partition.start", f"{what} spans {n} partitions from partition {t.pstart}; allowed starts {allowed}")
+    if t.ndim - 1 > _m.FREE_AXES_MAX or any(s > _m.FREE_AXIS_MAX for s in t.shape[1:]):
+        rule("free.access_pattern", f"{what} {t.shape}")
+    return t
+
+
+def _per_partition(t) -> tuple[int, int]:
+    return t.shape[0], math.prod(t.shape[1:])
+
+
+def _same_layout(a: _m.Tensor, b: _m.Tensor, what: str):
+    """Same partition size and elements per partition (shapes may differ; elements map in row-major order)."""
+    if _per_partition(a) != _per_partition(b):
+        rule("alu.no_broadcast", f"{what}: {a.shape} and {b.shape} differ in partitions or elements per partition")
+
+
+def _read(t: _m.Tensor, like: _m.Tensor | None = None) -> np.ndarray:
+    v = t.data.astype(np.float32)
+    return v.reshape(like.shape) if like is not None and like.shape != t.shape else v
+
+
+def _write(dst: _m.Tensor, value) -> None:
+    if dst.machine.compute:
+        dst.data[...] = np.asarray(value, dtype=np.float32).reshape(dst.shape).astype(dst.dtype)
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool)
+
+
+def _operand(x, partitions: int, what: str, rule_id: str):
+    """A scalar operand: a Python number or a float32 [P, 1] column broadcast along the free axes."""
+    if _number(x):
+        return float(x)
+    t = _tile(x, what)
+    if t.shape[0] != partitions or math.prod(t.shape[1:]) != 1:
+        rule(rule_id, f"{what} {t.shape} must be a number or a [{partitions}, 1] column")
+    return _read(t).reshape(partitions, 1) if t.machine.compute else 0.0
+
+
+def _expand(v, ndim: int):
+    if isinstance(v, np.ndarray):
+        return v.reshape(v.shape[0], *([1] * (ndim - 1)))
+    return v
+
+
+def _apply(op: Op, a, b, reverse: bool):
+    if op.kind == "unary":
+        return op.fn(a)
+    return op.fn(b, a) if reverse else op.fn(a, b)
+
+
+def _alu(op, what: str, unary_ok: bool = False):
+    if not isinstance(op, Op) or not op.alu or (op.kind == "unary" and not unary_ok):
+        rule("alu.op_table", f"{what}: {op!r} is not an ALU operator")
+
+
+def _engine_psum(eng, *tiles):
+    if eng == "gpsimd" and any(t.buffer == "psum" for t in tiles):
+        rule("gpsimd.psum", "an operand in PSUM on the GpSimd engine")
+
+
+def _not_both_psum(a, b, rule_id: str, what: str):
+    if a.buffer == "psum" and b.buffer == "psum":
+        rule(rule_id, f"{what}: both inputs are in PSUM")
+
+
+# ----------------------------------------------------------------------------- data movement
+
+
+def _dma_side(t, what: str):
+    if isinstance(t, _m.AccessPattern):
+        return t
+    if not isinstance(t, _m.Tensor):
+        _m.fail(f"{what} must be a tensor, got {type(t).__name__}", _m.NkiEmulatorError)
+    if t.buffer not in ("sbuf",) + _m.HBM:
+        rule("dma.buffers", f"{what} is in {t.buffer}")
+    return _tile(t, what, ("sbuf",) + _m.HBM, "dma.buffers")
+
+
+def _indirect(t, dge) -> bool:
+    if not isinstance(t, _m.AccessPattern):
+        return False
+    rule("dma.indirect", "a DMA with .ap(vector_offset=...)")
+    if dge not in (dge_mode.unknown, dge_mode.swdge):
+        rule("dma.indirect_dge", f"indirect DMA with dge_mode={dge}")
+    return True
+
+
+def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, engine=engine.unknown,
+             name=None, **removed):
+    """dst = src between HBM and SBUF (not PSUM); equal element counts (row-major order); a dtype change
+    casts through float32 in the DMA engine. Either side may be an indirect `.ap(vector_offset=)`."""
+    if removed:
+        gone = set(removed) & {"dst_rmw_op", "unique_indices"}
+        if gone:
+            rule("dma.removed_args", f"dma_copy({', '.join(sorted(gone))}=...)")
+        raise TypeError(f"dma_copy() got unexpected keyword arguments {sorted(removed)}")
+    dst, src = _dma_side(dst, "dma_copy dst"), _dma_side(src, "dma_copy src")
+    if dge_mode == "hwdge":
+        rule("dma.hwdge", "dma_copy(dge_mode=hwdge)")
+        if dst.dtype != src.dtype:
+            rule("dma.hwdge_dtype", f"{src.dtype} -> {dst.dtype}")
+    ind_dst, ind_src = _indirect(dst, dge_mode), _indirect(src, dge_mode)
+    if ind_dst and ind_src:
+        _m.fail("dma_copy: at most one side may be indirect", _m.NkiEmulatorError)
+    if dst.size != src.size:
+        rule("dma.elements", f"{src.shape} ({src.size} elements) -> {dst.shape} ({dst.size} elements)")
     m = _m.current()
-    m.count_dma(math.prod(src.shape) * src.dtype.itemsize)
+    m.count_dma(src.size * src.dtype.itemsize)
     if not m.compute:
         return
-    value = src.base.data.reshape(-1)[src.flat_index()] if isinstance(src, indirect) else src.data
-    if isinstance(dst, indirect):
-        flat, idx = dst.base.data.reshape(-1), dst.flat_index()
+    value = src.base.data.reshape(-1)[src.flat_index()] if ind_src else src.data
+    value = np.asarray(value)
+    if value.dtype != dst.dtype:
+        value = value.astype(np.float32).astype(dst.dtype)
+    if ind_dst:
         if not dst.base.data.flags.c_contiguous:
             _m.fail("dma_copy: scatter into a non-contiguous HBM tensor", _m.NkiEmulatorError)
-        if dst_rmw_op is None:
-            flat[idx] = value
-        elif unique_indices:  # colliding read-modify-writes: one wins, the others are lost
-            flat[idx] = (flat[idx].astype(np.float32) + value.astype(np.float32)).astype(flat.dtype)
-        else:
-            acc = flat.astype(np.float32)
-            np.add.at(acc, idx.reshape(-1), value.astype(np.float32).reshape(-1))
-            flat[...] = acc.astype(flat.dtype)
-    elif dst_rmw_op is not None:
-        dst.data[...] = (dst.data.astype(np.float32) + value.astype(np.float32)).astype(dst.dtype)
+        dst.base.data.reshape(-1)[dst.flat_index()] = value.reshape(dst.shape)
     else:
-        dst.data[...] = value
+        dst.data[...] = value.reshape(dst.shape)
 
 
-def tensor_copy(dst, src, engine=engine.vector, name=None):
+def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=oob_mode.error, name=None):
+    """dst = srcs[0] + srcs[1] + ... in the DMA engine (fp32). With an indirect dst (a scatter RMW): exactly two
+    sources, one of them the same access pattern as dst, the other SBUF data, and indices unique."""
+    srcs = list(srcs)
+    if reduce_op is not add or any(float(s) != 1.0 for s in (scales or ())) or not unique_indices:
+        rule("dma_compute.args", f"reduce_op={reduce_op!r}, scales={scales}, unique_indices={unique_indices}")
+    dst = _dma_side(dst, "dma_compute dst")
+    srcs = [_dma_side(s, "dma_compute src") for s in srcs]
+    for s in srcs:
+        _indirect(s, dge_mode.unknown)
+        if s.size != dst.size:
+            rule("dma.elements", f"dma_compute src {s.shape} vs dst {dst.shape}")
+    m = _m.current()
+    m.count_dma(sum(s.size * s.dtype.itemsize for s in srcs))
+    if isinstance(dst, _m.AccessPattern):
+        _indirect(dst, dge_mode.unknown)
+        data = [s for s in srcs if not isinstance(s, _m.AccessPattern)]
+        if len(srcs) != 2 or len(data) != 1 or data[0].buffer != "sbuf":
+            rule("dma_compute.args", "a scatter read-modify-write takes dst's access pattern and one SBUF source")
+        if not m.compute:
+            return
+        idx = dst.flat_index()
+        rows = dst.vector_offset.data.reshape(-1)
+        if len(np.unique(rows)) != len(rows):
+            rule("dma_compute.args", "scatter indices repeat (unique_indices=True is required and promised)")
+        flat = dst.base.data.reshape(-1)
+        flat[idx] = (flat[idx].astype(np.float32) + _read(data[0]).reshape(dst.shape)).astype(flat.dtype)
+        return
+    if not m.compute:
+        return
+    total = sum((s.base.data.reshape(-1)[s.flat_index()] if isinstance(s, _m.AccessPattern) else s.data)
+                .astype(np.float32).reshape(dst.shape) for s in srcs)
+    _write(dst, total)
+
+
+def tensor_copy(dst, src, engine=engine.unknown, name=None):
     _tile(dst, "tensor_copy dst"), _tile(src, "tensor_copy src")
-    _same_shape(dst, src, "tensor_copy")
+    if engine == "scalar":
+        rule("tensor_copy.scalar", "tensor_copy(engine=nisa.engine.scalar)")
+    _engine_psum(engine, dst, src)
+    _same_layout(dst, src, "tensor_copy")
     _m.current().count_engine(engine or "vector", src)
-    _write(dst, _read(src))
+    if dst.machine.compute:
+        dst.data[...] = src.data.reshape(dst.shape).astype(np.float32).astype(dst.dtype) \
+            if src.dtype != dst.dtype else src.data.reshape(dst.shape)
 
 
-def memset(dst, value, engine=engine.vector, name=None):
+def memset(dst, value, engine=engine.unknown, name=None):
     _tile(dst, "memset dst")
+    _engine_psum(engine, dst)
+    if not _m.is_float(dst.dtype) and isinstance(value, (float, np.floating)):
+        rule("memset.value", f"float value {value!r} into a {dst.dtype} tile")
     _m.current().count_engine(engine or "vector", dst)
     if dst.mask is not None and dst.machine.compute:
         dst.mask[...] = False
     _write(dst, np.full(dst.shape, value, dtype=np.float32))
 
 
-def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
-    """dst[p, i1, i2, ...] = offset + channel_multiplier * p + sum_k pattern[k][0] * i_(k+1) on GpSimd;
-    pattern: one [step, count] pair per free axis of dst."""
-    _tile(dst, "iota dst")
-    pattern = [(int(a), int(n)) for a, n in pattern]
-    if tuple(n for _, n in pattern) != dst.shape[1:]:
-        _m.fail(f"iota: pattern counts {[n for _, n in pattern]} do not match dst free shape {dst.shape[1:]}")
-    _m.current().count_engine("gpsimd", dst)
-    if not dst.machine.compute:
-        return
-    val = _affine_values(dst.shape, pattern, offset, channel_multiplier)
-    if dst.mask is not None:
-        _m.fail("iota: dst must be in SBUF")
-    dst.data[...] = val.astype(dst.dtype)
-
-
 def _affine_values(shape, pattern, offset, channel_multiplier) -> np.ndarray:
-    """offset + channel_multiplier * p + sum_k pattern[k][0] * i_(k+1) over a tile of `shape` (iota, affine_select)."""
+    """offset + channel_multiplier * p + sum_k pattern[k][0] * i_(k+1) over a tile of `shape`."""
     val = np.full(shape, float(offset), dtype=np.float64)
     val += channel_multiplier * np.arange(shape[0]).reshape((-1,) + (1,) * (len(shape) - 1))
     for axis, (step, n) in enumerate(pattern, start=1):
@@ -202,118 +274,173 @@ def _affine_values(shape, pattern, offset, channel_multiplier) -> np.ndarray:
     return val
 
 
-def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, name=None):
-    """dst = on_true_tile where cmp_op(offset + channel_multiplier * p + sum_k pattern[k][0] * i_(k+1), 0),
-    else on_false_value (a number), on GpSimd; pattern as in iota; dst and on_true_tile in SBUF (e.g. causal masks)."""
-    _tile(dst, "affine_select dst", ("sbuf",)), _tile(on_true_tile, "affine_select on_true_tile", ("sbuf",))
-    _same_shape(dst, on_true_tile, "affine_select")
-    cmp_op = cmp_op if cmp_op is not None else _equal
-    _check_op(cmp_op, "binary", "affine_select cmp_op")
+def _pattern(pattern, dst, what, rule_id):
     pattern = [(int(a), int(n)) for a, n in pattern]
-    if tuple(n for _, n in pattern) != dst.shape[1:]:
-        _m.fail(f"affine_select: pattern counts {[n for _, n in pattern]} do not match dst free shape {dst.shape[1:]}")
-    if not isinstance(on_false_value, (int, float, np.floating, np.integer)):
-        _m.fail("affine_select: on_false_value must be a number", _m.NkiEmulatorError)
+    if math.prod(n for _, n in pattern) != math.prod(dst.shape[1:]):
+        rule(rule_id, f"{what}: pattern counts {[n for _, n in pattern]} do not cover dst free shape {dst.shape[1:]}")
+    return pattern
+
+
+def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
+    """dst[p, i1, ...] = offset + channel_multiplier * p + sum_k pattern[k][0] * i_(k+1) on GpSimd."""
+    _tile(dst, "iota dst", ("sbuf",), "gpsimd.psum")
+    pattern = _pattern(pattern, dst, "iota", "gpsimd.psum")
+    _m.current().count_engine("gpsimd", dst)
+    if dst.machine.compute:
+        vals = _affine_values((dst.shape[0],) + tuple(n for _, n in pattern), pattern, offset, channel_multiplier)
+        dst.data[...] = vals.reshape(dst.shape).astype(dst.dtype)
+
+
+def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=equal, offset=0, name=None):
+    """dst = on_true_tile where cmp_op(offset + channel_multiplier * p + sum_k pattern[k][0] * i_(k+1), 0),
+    else on_false_value, on GpSimd (NKI 0.3 argument order; offset a keyword defaulting to 0)."""
+    _tile(dst, "affine_select dst", ("sbuf",), "affine_select.args")
+    _tile(on_true_tile, "affine_select on_true_tile", ("sbuf",), "affine_select.args")
+    _same_layout(dst, on_true_tile, "affine_select")
+    if not isinstance(cmp_op, Op) or cmp_op.kind != "binary":
+        rule("alu.op_table", f"affine_select cmp_op {cmp_op!r}")
+    pattern = _pattern(pattern, dst, "affine_select", "affine_select.args")
+    if not _number(on_false_value):
+        rule("affine_select.args", f"on_false_value {on_false_value!r} is not a number")
     _m.current().count_engine("gpsimd", dst)
     if not dst.machine.compute:
         return
-    val = _affine_values(dst.shape, pattern, offset, channel_multiplier)
-    keep = cmp_op.fn(val, 0.0).astype(bool)
-    _write(dst, np.where(keep, _read(on_true_tile), np.float32(on_false_value)))
+    val = _affine_values((dst.shape[0],) + tuple(n for _, n in pattern), pattern, offset, channel_multiplier)
+    keep = cmp_op.fn(val, 0.0).astype(bool).reshape(dst.shape)
+    _write(dst, np.where(keep, _read(on_true_tile, dst), np.float32(on_false_value)))
 
 
 # ----------------------------------------------------------------------------- TensorE
 
 
-def nc_matmul(dst, stationary, moving, accumulate=None, name=None):
+def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
+              accumulate=None, tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none, name=None):
     """dst[M, N] (fp32 PSUM) = stationary[K, M].T @ moving[K, N]; K on the partition axis.
 
-    accumulate=None: the first write to a PSUM element overwrites, later writes accumulate (the
-    hardware default); True: always accumulate; False: always overwrite.
+    accumulate=None: the first matmul write to a PSUM element overwrites, later ones accumulate (the
+    hardware default); True: accumulate (the element must hold a matmul result); False: overwrite.
+    The onezero flags are performance hints (the values are used as given); is_transpose only labels
+    the instruction on NeuronCore-v2; tile_position/tile_size select a row tile of the PE array.
     """
-    _tile(stationary, "nc_matmul stationary", ("sbuf",))
-    _tile(moving, "nc_matmul moving", ("sbuf",))
-    _tile(dst, "nc_matmul dst", ("psum",))
-    if stationary.ndim != 2 or moving.ndim != 2 or dst.ndim != 2:
-        _m.fail("nc_matmul operands must be 2-D tiles")
-    (k, mm), (k2, n) = stationary.shape, moving.shape
+    _tile(stationary, "nc_matmul stationary", ("sbuf",), "matmul.buffers")
+    _tile(moving, "nc_matmul moving", ("sbuf",), "matmul.buffers")
+    _tile(dst, "nc_matmul dst", ("psum",), "matmul.buffers")
+    if perf_mode not in (None, "none"):
+        rule("matmul.perf_mode", f"perf_mode={perf_mode}")
+    k, mm = stationary.shape[0], math.prod(stationary.shape[1:])
+    k2, n = moving.shape[0], math.prod(moving.shape[1:])
     if k != k2:
-        _m.fail(f"nc_matmul: contraction must be the partition axis of both operands, got {k} and {k2}")
-    if mm > tile_size.gemm_stationary_fmax:
-        _m.fail(f"nc_matmul: stationary free size {mm} exceeds {tile_size.gemm_stationary_fmax}")
-    if n > tile_size.gemm_moving_fmax:
-        _m.fail(f"nc_matmul: moving free size {n} exceeds {tile_size.gemm_moving_fmax}")
-    if dst.shape != (mm, n):
-        _m.fail(f"nc_matmul: dst {dst.shape} must be [{mm}, {n}]")
+        rule("matmul.contraction", f"partition sizes {k} (stationary) and {k2} (moving) differ")
+    if mm > _ts.gemm_stationary_fmax:
+        rule("matmul.stationary_fmax", f"stationary free size {mm} exceeds {_ts.gemm_stationary_fmax}")
+    if n > _ts.gemm_moving_fmax:
+        rule("matmul.moving_fmax", f"moving free size {n} exceeds {_ts.gemm_moving_fmax}")
+    if _per_partition(dst) != (mm, n):
+        rule("matmul.contraction", f"dst {dst.shape} must be [{mm}, {n}]")
     if dst.dtype != np.float32:
-        _m.fail(f"nc_matmul: dst must be float32 PSUM on NeuronCore-v2, got {dst.dtype}")
+        rule("matmul.dst_fp32", f"dst dtype {dst.dtype}")
+    _matmul_tiling(tile_position, tile_size, k, mm)
     fp32 = [stationary.dtype == np.float32, moving.dtype == np.float32]
-    if any(fp32) and not all(fp32):
-        _m.fail("nc_matmul: if one input is float32 the other must be too")
-    for t in (stationary, moving):
-        if not (np.issubdtype(t.dtype, np.floating) or t.dtype.name == "bfloat16"):
-            _m.fail(f"nc_matmul: TensorE takes floating inputs, got {t.dtype}")
+    if (any(fp32) and not all(fp32)) or not all(_m.is_float(t.dtype) for t in (stationary, moving)):
+        rule("matmul.dtypes", f"stationary {stationary.dtype}, moving {moving.dtype}")
     m = _m.current()
-    m.count_matmul(k, mm, n, fp32=all(fp32))
+    if accumulate is True and m.compute and not dst.mask.all():
+        rule("matmul.accumulate", "accumulate=True into PSUM not written by a matmul before")
+    m.count_matmul(k, mm, n, fp32=all(fp32), useful=not is_transpose)
     if not m.compute:
         return
-    prod = _read(stationary).T @ _read(moving)
+    prod = _read(stationary).reshape(k, mm).T @ _read(moving).reshape(k, n)
+    prod = prod.reshape(dst.shape)
     if accumulate is None:
-        written = dst.mask.copy()
-        out = np.where(written, _read(dst) + prod, prod)
-    elif accumulate:
-        out = _read(dst) + prod
+        out = np.where(dst.mask, _read(dst) + prod, prod)
     else:
-        out = prod
+        out = _read(dst) + prod if accumulate else prod
     _write(dst, out)
     dst.mask[...] = True
 
 
-def nc_transpose(dst, data, engine=engine.tensor, name=None):
-    """dst[F, P] = data[P, F].T: on TensorE (identity matmul into PSUM, up to 128 x 128) or VectorE (32 x 32)."""
-    _tile(data, "nc_transpose data")
-    p, f = data.shape if data.ndim == 2 else _m.fail("nc_transpose takes a 2-D tile")
-    if dst.shape != (f, p):
-        _m.fail(f"nc_transpose: dst {dst.shape} must be [{f}, {p}]")
+def _matmul_tiling(position, size, k, mm):
+    if not position and not size:
+        return
+    if not position or not size:
+        rule("matmul.tiling", "tile_position and tile_size must both be set")
+    (row, col), (rows, cols) = position, size
+    sizes = (64, 128) if _m.current().target == "trn1" else (32, 64, 128)
+    if rows not in sizes or cols not in sizes or row % rows or col % cols or row + rows > 128 or col + cols > 128:
+        rule("matmul.tiling", f"tile_position={tuple(position)}, tile_size={tuple(size)} on {_m.current().target}")
+    if k > rows or mm > cols:
+        rule("matmul.tiling", f"stationary [{k}, {mm}] exceeds tile_size {tuple(size)}")
+
+
+def nc_transpose(dst, data, engine=engine.unknown, name=None):
+    """dst[F, P] = data[P, F].T: TensorE (SBUF -> PSUM, up to 128 x 128) or VectorE (up to 32 x 32); free axes
+    of data are flattened. Unknown engine: VectorE when both sides fit 32 x 32 and dst is not PSUM-only use."""
+    _tile(data, "nc_transpose data"), _tile(dst, "nc_transpose dst")
+    p, f = _per_partition(data)
+    if _per_partition(dst) != (f, p):
+        rule("transpose.engine", f"dst {dst.shape} must be [{f}, {p}] for data {data.shape}")
+    if dst.dtype != data.dtype:
+        rule("transpose.dtype", f"data {data.dtype} -> dst {dst.dtype}")
+    if engine is None:
+        engine = "tensor" if dst.buffer == "psum" else "vector"
     m = _m.current()
     if engine == "vector":
-        _tile(dst, "nc_transpose dst")
         if p > 32 or f > 32:
-            _m.fail(f"nc_transpose on VectorE handles 32 x 32 blocks, got {data.shape}")
+            rule("transpose.engine", f"VectorE transpose of {data.shape} (limit 32 x 32)")
         m.count_engine("vector", data)
     else:
-        _tile(data, "nc_transpose data", ("sbuf",)), _tile(dst, "nc_transpose dst", ("psum",))
+        if data.buffer != "sbuf" or dst.buffer != "psum":
+            rule("transpose.engine", f"TensorE transpose {data.buffer} -> {dst.buffer} (must be sbuf -> psum)")
         if f > _m.PMAX:
-            _m.fail(f"nc_transpose: free size {f} exceeds {_m.PMAX}")
+            rule("transpose.engine", f"TensorE transpose of {data.shape} (limit 128 x 128)")
         m.count_matmul(p, f, p, fp32=data.dtype == np.float32, useful=False)
-    _write(dst, _read(data).T)
+    if m.compute:
+        dst.data[...] = data.data.reshape(p, f).T.reshape(dst.shape)
 
 
 # ----------------------------------------------------------------------------- ScalarE
 
 
+def _check_range(op: Op, x: np.ndarray):
+    if op.act_range is None:
+        return
+    lo, hi, symmetric = op.act_range
+    mag = np.abs(x) if symmetric else x
+    bad = ~np.isnan(x) & ((mag < lo) | (mag > hi))
+    if bad.any():
+        v = x[bad].reshape(-1)[0]
+        rule("activation.input_range", f"nl.{op.name} input {float(v)!r} outside [{lo!r}, {hi!r}]"
+             f"{' in magnitude' if symmetric else ''} ({int(bad.sum())} elements)")
+
+
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=reduce_cmd.idle, name=None):
-    """dst = op(data * scale + bias) on ScalarE; bias/scale: number or [P, 1] column.
-
-    With reduce_op=nl.add and reduce_cmd reset_reduce (or reduce), the free-axis row sums are
-    stored into (or added onto) the engine's reduce registers, which are then written to reduce_res.
-    """
+    """dst = op(data * scale + bias) on ScalarE; scale a number or a float32 [P, 1] column, bias an [P, 1]
+    column (a number too on NeuronCore-v3+). With reduce_op=nl.add and reduce_cmd reset_reduce (or reduce),
+    the free-axis row sums are stored into (or added onto) the engine's reduce registers, then written to
+    reduce_res."""
     _tile(dst, "activation dst"), _tile(data, "activation data")
-    _same_shape(dst, data, "activation")
-    _check_op(op, "unary", "activation op")
+    _same_layout(dst, data, "activation")
+    if not isinstance(op, Op) or not op.act:
+        rule("activation.op_table", f"{op!r} is not a Scalar Engine activation function")
     p = data.shape[0]
-    scale_v = _operand(scale, p, "activation scale")
-    bias_v = _operand(0.0 if bias is None else bias, p, "activation bias")
+    if isinstance(scale, _m.Tensor) and scale.dtype != np.float32:
+        rule("activation.operands", f"scale tile dtype {scale.dtype} (must be float32)")
+    scale_v = _operand(scale, p, "activation scale", "activation.operands")
+    if bias is not None and _number(bias):
+        rule("activation.bias_vector", f"bias={bias!r} is a Python number")
+    if bias is not None and op.name == "reciprocal":
+        rule("activation.reciprocal_bias", "activation(op=nl.reciprocal, bias=...)")
+    bias_v = _operand(0.0 if bias is None else bias, p, "activation bias", "activation.operands")
     if reduce_op is not None:
         if reduce_op is not add:
-            _m.fail(f"activation: reduce_op must be nl.add on NeuronCore-v2, got {reduce_op!r}")
+            rule("activation.reduce_add", f"reduce_op={reduce_op!r}")
         if reduce_cmd not in ("reset_reduce", "reduce"):
             _m.fail("activation: reduce_op needs reduce_cmd=reset_reduce or reduce", _m.NkiEmulatorError)
         if reduce_res is not None:
             _tile(reduce_res, "activation reduce_res")
             if reduce_res.shape[0] != p or math.prod(reduce_res.shape[1:]) != 1:
-                _m.fail(f"activation: reduce_res {reduce_res.shape} must be [{p}, 1]")
+                rule("activation.operands", f"reduce_res {reduce_res.shape} must be [{p}, 1]")
     m = _m.current()
     m.count_engine("scalar", data, extra_instructions=1 if reduce_op is not None else 0)
     if reduce_cmd == "reset":
@@ -321,7 +448,10 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     if not m.compute:
         return
     nd = data.ndim
-    out = op.fn(_read(data) * _expand(scale_v, nd) + _expand(bias_v, nd))
+    x = _read(data) * _expand(scale_v, nd) + _expand(bias_v, nd)
+    _check_range(op, x)
+    with np.errstate(all="ignore"):
+        out = op.fn(x)
     _write(dst, out)
     if reduce_op is not None:
         row = out.reshape(p, -1).sum(axis=1, dtype=np.float32)
@@ -339,27 +469,36 @@ def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0
 # ----------------------------------------------------------------------------- VectorE
 
 
-def tensor_tensor(dst, data1, data2, op, engine=engine.vector, name=None):
+def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
+    """dst = op(data1, data2): same partitions and elements per partition (row-major order)."""
     _tile(dst, "tensor_tensor dst"), _tile(data1, "tensor_tensor data1"), _tile(data2, "tensor_tensor data2")
-    _same_shape(data1, data2, "tensor_tensor")
-    _same_shape(dst, data1, "tensor_tensor dst")
-    _check_op(op, "binary", "tensor_tensor op")
+    _same_layout(data1, data2, "tensor_tensor")
+    _same_layout(dst, data1, "tensor_tensor dst")
+    _not_both_psum(data1, data2, "tensor_tensor.psum", "tensor_tensor")
+    _engine_psum(engine, dst, data1, data2)
+    _alu(op, "tensor_tensor op")
     _m.current().count_engine(engine or "vector", data1)
     if dst.machine.compute:
-        _write(dst, op.fn(_read(data1), _read(data2)))
+        _write(dst, op.fn(_read(data1), _read(data2, data1)).reshape(dst.shape))
 
 
 def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
-                  engine=engine.vector, name=None):
-    """dst = (data op0 operand0) op1 operand1; operands: numbers or [P, 1] columns."""
+                  engine=engine.unknown, name=None):
+    """dst = (data op0 operand0) op1 operand1; operands: numbers or float32 [P, 1] columns."""
     _tile(dst, "tensor_scalar dst"), _tile(data, "tensor_scalar data")
-    _same_shape(dst, data, "tensor_scalar")
-    _check_op(op0, "binary", "tensor_scalar op0")
+    _same_layout(dst, data, "tensor_scalar")
+    _engine_psum(engine, dst, data)
+    _alu(op0, "tensor_scalar op0", unary_ok=True)
     p, nd = data.shape[0], data.ndim
-    v0 = _expand(_operand(operand0, p, "tensor_scalar operand0"), nd)
+    for x, what in ((operand0, "operand0"), (operand1, "operand1")):
+        if isinstance(x, _m.Tensor) and x.dtype != np.float32:
+            rule("tensor_scalar.operands", f"{what} tile dtype {x.dtype} (must be float32)")
+        if x is not None and not _number(x) and not isinstance(x, _m.Tensor):
+            rule("tensor_scalar.operands", f"{what} {x!r} is neither a number nor a tile")
+    v0 = _expand(_operand(operand0, p, "tensor_scalar operand0", "tensor_scalar.operands"), nd)
     if op1 is not None:
-        _check_op(op1, "binary", "tensor_scalar op1")
-        v1 = _expand(_operand(operand1, p, "tensor_scalar operand1"), nd)
+        _alu(op1, "tensor_scalar op1", unary_ok=True)
+        v1 = _expand(_operand(operand1, p, "tensor_scalar operand1", "tensor_scalar.operands"), nd)
     _m.current().count_engine(engine or "vector", data)
     if not dst.machine.compute:
         return
@@ -373,27 +512,52 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     """dst = (data op0 operand0) op1 operand1; operand0 a number or [P, 1] column, operand1 a tile."""
     _tile(dst, "scalar_tensor_tensor dst"), _tile(data, "scalar_tensor_tensor data")
     _tile(operand1, "scalar_tensor_tensor operand1")
-    _same_shape(dst, data, "scalar_tensor_tensor")
-    _same_shape(data, operand1, "scalar_tensor_tensor operand1")
-    _check_op(op0, "binary", "scalar_tensor_tensor op0"), _check_op(op1, "binary", "scalar_tensor_tensor op1")
-    v0 = _expand(_operand(operand0, data.shape[0], "scalar_tensor_tensor operand0"), data.ndim)
+    _same_layout(dst, data, "scalar_tensor_tensor")
+    _same_layout(data, operand1, "scalar_tensor_tensor operand1")
+    _not_both_psum(data, operand1, "stt.psum", "scalar_tensor_tensor data and operand1")
+    _alu(op0, "scalar_tensor_tensor op0"), _alu(op1, "scalar_tensor_tensor op1")
+    v0 = _expand(_operand(operand0, data.shape[0], "scalar_tensor_tensor operand0", "tensor_scalar.operands"),
+                 data.ndim)
     _m.current().count_engine("vector", data)
     if dst.machine.compute:
-        _write(dst, _apply(op1, _apply(op0, _read(data), v0, reverse0), _read(operand1), reverse1))
+        _write(dst, _apply(op1, _apply(op0, _read(data), v0, reverse0), _read(operand1, data), reverse1))
+
+
+def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None):
+    """Per partition along the flattened free axis: r[i] = op1(op0(data0[i], r[i-1]), data1[i]), r[-1] = initial
+    (a number or an [P, 1] column)."""
+    _tile(dst, "tensor_tensor_scan dst"), _tile(data0, "tensor_tensor_scan data0")
+    _tile(data1, "tensor_tensor_scan data1")
+    _same_layout(data0, data1, "tensor_tensor_scan"), _same_layout(dst, data0, "tensor_tensor_scan dst")
+    _not_both_psum(data0, data1, "scan.psum", "tensor_tensor_scan")
+    _alu(op0, "tensor_tensor_scan op0"), _alu(op1, "tensor_tensor_scan op1")
+    p, f = _per_partition(data0)
+    init = _operand(initial, p, "tensor_tensor_scan initial", "tensor_scalar.operands")
+    _m.current().count_engine("vector", data0)
+    if not dst.machine.compute:
+        return
+    a, b = _read(data0).reshape(p, f), _read(data1).reshape(p, f)
+    out = np.empty((p, f), np.float32)
+    prev = np.broadcast_to(np.asarray(init, np.float32).reshape(-1, 1) if isinstance(init, np.ndarray)
+                           else np.float32(init), (p, 1)).reshape(p)
+    for i in range(f):
+        prev = _apply(op1, _apply(op0, a[:, i], prev, reverse0), b[:, i], reverse1).astype(np.float32)
+        out[:, i] = prev
+    _write(dst, out)
 
 
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
-    """Reduce `data` along free axes (never the partition axis 0) with op in add|maximum|minimum|multiply."""
+    """Reduce `data` along its last free axes (never the partition axis 0) with a legal reduction op."""
     _tile(dst, "tensor_reduce dst"), _tile(data, "tensor_reduce data")
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    if any(a <= 0 or a >= data.ndim for a in axes):
-        _m.fail(f"tensor_reduce: axis {axis} must name free axes (1..{data.ndim - 1}); "
-                "cross-partition reductions need a matmul or GpSimd")
+    axes = tuple(sorted(a + data.ndim if a < 0 else a for a in axes))
+    if not axes or axes[0] <= 0 or axes != tuple(range(axes[0], data.ndim)):
+        rule("reduce.axes", f"axis {axis} of a {data.ndim}-D tile (must be the last free axes)")
     if not isinstance(op, Op) or op.reduce is None:
-        _m.fail(f"tensor_reduce: op must be nl.add/maximum/minimum/multiply, got {op!r}", _m.NkiEmulatorError)
+        rule("reduce.op", f"{op!r} is not a legal reduction op")
     kept = tuple(1 if i in axes else s for i, s in enumerate(data.shape))
-    if dst.shape not in (kept, tuple(s for i, s in enumerate(data.shape) if i not in axes)):
-        _m.fail(f"tensor_reduce: dst {dst.shape} does not match the reduced shape {kept}")
+    if math.prod(dst.shape) != math.prod(kept) or dst.shape[0] != data.shape[0]:
+        rule("alu.no_broadcast", f"tensor_reduce: dst {dst.shape} does not match the reduced shape {kept}")
     _m.current().count_engine("vector", data)
     if dst.machine.compute:
         out = op.reduce.reduce(_read(data), axis=axes, keepdims=True)
@@ -402,7 +566,8 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
 
 def reciprocal(dst, data, name=None):
     _tile(dst, "reciprocal dst"), _tile(data, "reciprocal data")
-    _same_shape(dst, data, "reciprocal")
+    _same_layout(dst, data, "reciprocal")
     _m.current().count_engine("vector", data)
     if dst.machine.compute:
-        _write(dst, 1.0 / _read(data))
+        with np.errstate(divide="ignore"):
+            _write(dst, 1.0 / _read(data, dst))

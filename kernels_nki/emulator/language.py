@@ -19,15 +19,22 @@ from kernels_nki.emulator import machine as _m
 float32 = np.dtype(np.float32)
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float16 = np.dtype(np.float16)
+tfloat32 = float32  # stored as float32 (TensorE rounds it; the emulator computes in float32)
+float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3fn)
+float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
 int32 = np.dtype(np.int32)
+int16 = np.dtype(np.int16)
 int8 = np.dtype(np.int8)
+uint32 = np.dtype(np.uint32)
+uint16 = np.dtype(np.uint16)
 uint8 = np.dtype(np.uint8)
+bool_ = uint8
 
-sbuf = "sbuf"
-psum = "psum"
-hbm = "hbm"
-shared_hbm = "shared_hbm"
-private_hbm = "private_hbm"
+sbuf = _m.Buffer("sbuf")
+psum = _m.Buffer("psum")
+hbm = _m.Buffer("hbm")
+shared_hbm = _m.Buffer("shared_hbm")
+private_hbm = _m.Buffer("private_hbm")
 
 
 class tile_size:
@@ -36,6 +43,7 @@ class tile_size:
     gemm_stationary_fmax = 128
     gemm_moving_fmax = 512
     bn_stats_fmax = 512
+    psum_num_banks = 8
 
 
 # ----------------------------------------------------------------------------- op identifiers
@@ -50,10 +58,15 @@ def _silu(x):
 
 
 class Op:
-    """An ALU/activation function: `fn` on float32 NumPy arrays; `kind` unary|binary."""
+    """An ALU operator or activation function: `fn` on float32 NumPy arrays; `kind` unary|binary.
 
-    def __init__(self, name: str, kind: str, fn, reduce=None):
+    `alu`: in the ALU operator table; `act`: a Scalar Engine activation function, `act_range` its valid
+    input range (lo, hi, symmetric) when narrower than the reals; `reduce`: the NumPy ufunc of a legal
+    reduction op (nki/api/nki.api.shared.rst)."""
+
+    def __init__(self, name: str, kind: str, fn, reduce=None, alu=False, act=False, act_range=None):
         self.name, self.kind, self.fn, self.reduce = name, kind, fn, reduce
+        self.alu, self.act, self.act_range = alu, act, act_range
 
     def __repr__(self):
         return f"nl.{self.name}"
@@ -64,10 +77,17 @@ class Op:
         m = _m.current()
         if not isinstance(x, _m.Tensor):
             _m.fail(f"nl.{self.name}: first operand must be a tile", _m.NkiEmulatorError)
+        if not (self.alu or self.act):
+            _m.rule("alu.op_table", f"nl.{self.name} is not a supported operator")
         out = m.allocate(x.shape, dtype or x.dtype, sbuf)
         if self.kind == "unary":
-            isa.activation(out, self, x)
+            if self.act:
+                isa.activation(out, self, x)
+            else:
+                isa.tensor_scalar(out, x, self, 0.0)
         elif isinstance(y, _m.Tensor):
+            if y.shape != x.shape:
+                _m.rule("alu.no_broadcast", f"nl.{self.name} of {x.shape} and {y.shape}")
             isa.tensor_tensor(out, x, y, self)
         elif isinstance(y, (int, float)):
             isa.tensor_scalar(out, x, self, float(y))
@@ -76,32 +96,80 @@ class Op:
         return out
 
 
-exp = Op("exp", "unary", np.exp)
-log = Op("log", "unary", np.log)
-rsqrt = Op("rsqrt", "unary", lambda x: 1.0 / np.sqrt(x))
-sqrt = Op("sqrt", "unary", np.sqrt)
-square = Op("square", "unary", np.square)
-reciprocal = Op("reciprocal", "unary", lambda x: 1.0 / x)
-tanh = Op("tanh", "unary", np.tanh)
-sigmoid = Op("sigmoid", "unary", lambda x: 1.0 / (1.0 + np.exp(-x)))
-silu = Op("silu", "unary", _silu)
-relu = Op("relu", "unary", lambda x: np.maximum(x, 0.0))
-copy = Op("copy", "unary", lambda x: x)
-negative = Op("negative", "unary", np.negative)
-abs = Op("abs", "unary", np.abs)  # noqa: A001 (mirrors the nki.language name)
+def _unary(name, fn, alu=False, act=True, act_range=None):
+    return Op(name, "unary", fn, alu=alu, act=act, act_range=act_range)
 
-add = Op("add", "binary", np.add, reduce=np.add)
-subtract = Op("subtract", "binary", np.subtract)
-multiply = Op("multiply", "binary", np.multiply, reduce=np.multiply)
-divide = Op("divide", "binary", np.divide)
-maximum = Op("maximum", "binary", np.maximum, reduce=np.maximum)
-minimum = Op("minimum", "binary", np.minimum, reduce=np.minimum)
-equal = Op("equal", "binary", _cmp(np.equal))
-not_equal = Op("not_equal", "binary", _cmp(np.not_equal))
-greater = Op("greater", "binary", _cmp(np.greater))
-greater_equal = Op("greater_equal", "binary", _cmp(np.greater_equal))
-less = Op("less", "binary", _cmp(np.less))
-less_equal = Op("less_equal", "binary", _cmp(np.less_equal))
+
+def _binary(name, fn, reduce=None, alu=True):
+    return Op(name, "binary", fn, reduce=reduce, alu=alu)
+
+
+exp = _unary("exp", np.exp)
+log = _unary("log", np.log, act_range=(2.0 ** -64, 2.0 ** 64, False))
+rsqrt = _unary("rsqrt", lambda x: 1.0 / np.sqrt(x), alu=True, act_range=(2.0 ** -87, 2.0 ** 97, False))
+sqrt = _unary("sqrt", np.sqrt, act_range=(2.0 ** -116, 2.0 ** 118, False))
+square = _unary("square", np.square, alu=True)
+reciprocal = _unary("reciprocal", lambda x: 1.0 / x, alu=True, act_range=(2.0 ** -42, 2.0 ** 42, True))
+tanh = _unary("tanh", np.tanh)
+sigmoid = _unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)))
+silu = _unary("silu", _silu)
+relu = _unary("relu", lambda x: np.maximum(x, 0.0), alu=True)
+copy = _unary("copy", lambda x: x)
+sign = _unary("sign", np.sign)
+sin = _unary("sin", np.sin, act_range=(-math.pi, math.pi, False))
+arctan = _unary("arctan", np.arctan, act_range=(-math.pi / 2, math.pi / 2, False))
+softplus = _unary("softplus", lambda x: np.logaddexp(0.0, x))
+abs = _unary("abs", np.abs, alu=True)  # noqa: A001 (mirrors the nki.language name)
+negative = _unary("negative", np.negative, act=False)  # nl.* only: runs as a VectorE multiply by -1
+
+add = _binary("add", np.add, reduce=np.add)
+subtract = _binary("subtract", np.subtract)
+multiply = _binary("multiply", np.multiply, reduce=np.multiply)
+divide = _binary("divide", np.divide, alu=False)  # not an ALU operator (0.3 known issues)
+maximum = _binary("maximum", np.maximum, reduce=np.maximum)
+minimum = _binary("minimum", np.minimum, reduce=np.minimum)
+power = _binary("power", np.power)
+equal = _binary("equal", _cmp(np.equal))
+not_equal = _binary("not_equal", _cmp(np.not_equal))
+greater = _binary("greater", _cmp(np.greater))
+greater_equal = _binary("greater_equal", _cmp(np.greater_equal))
+less = _binary("less", _cmp(np.less))
+less_equal = _binary("less_equal", _cmp(np.less_equal))
+logical_and = _binary("logical_and", _cmp(np.logical_and), reduce=np.logical_and)
+logical_or = _binary("logical_or", _cmp(np.logical_or), reduce=np.logical_or)
+logical_xor = _binary("logical_xor", _cmp(np.logical_xor), reduce=np.logical_xor)
+
+
+def _negative_call(x, dtype=None):
+    from kernels_nki.emulator import isa
+
+    out = _m.current().allocate(x.shape, dtype or x.dtype, sbuf)
+    isa.tensor_scalar(out, x, multiply, -1.0)
+    return out
+
+
+def _copy_call(x, dtype=None):
+    """nl.copy: a copy of an SBUF/PSUM tile in SBUF on VectorE (tensor_copy), per NKI 0.6."""
+    from kernels_nki.emulator import isa
+
+    out = _m.current().allocate(x.shape, dtype or x.dtype, sbuf)
+    isa.tensor_copy(out, x, engine="vector")
+    return out
+
+
+class _CallAs(Op):
+    """An Op whose nl.* convenience call runs a fixed instruction sequence."""
+
+    def __init__(self, op: Op, call):
+        super().__init__(op.name, op.kind, op.fn, op.reduce, op.alu, op.act, op.act_range)
+        self._call = call
+
+    def __call__(self, x, y=None, dtype=None):
+        return self._call(x, dtype=dtype)
+
+
+negative = _CallAs(negative, _negative_call)
+copy = _CallAs(copy, _copy_call)
 
 
 def _reduce_convenience(op: Op, scale_by_count: bool):
@@ -130,8 +198,26 @@ mean = _reduce_convenience(add, True)
 # ----------------------------------------------------------------------------- creation, loops, indexing
 
 
-def ndarray(shape, dtype, buffer=sbuf, name=None):
+def ndarray(shape, dtype, buffer=sbuf, name=None, address=None):
     return _m.current().allocate(shape, dtype, buffer)
+
+
+def empty_like(x, dtype=None, buffer=None, name=None):
+    return ndarray(x.shape, dtype or x.dtype, buffer or x.buffer)
+
+
+def broadcast_to(x, shape, dtype=None):
+    """A new SBUF tile of `shape` (same rank as x; each dim equal or broadcast from 1) holding x's values
+    (one VectorE copy)."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != x.ndim or any(a not in (1, b) for a, b in zip(x.shape, shape)):
+        _m.rule("alu.no_broadcast", f"nl.broadcast_to {x.shape} -> {shape}")
+    m = _m.current()
+    out = m.allocate(shape, dtype or x.dtype, sbuf)
+    m.count_engine("vector", out)
+    if m.compute:
+        out.data[...] = np.broadcast_to(x.data.astype(np.float32), shape).astype(out.dtype)
+    return out
 
 
 def full(shape, fill_value, dtype, buffer=sbuf, name=None):
@@ -184,12 +270,10 @@ def program_ndim():
 
 
 def load(src, dtype=None, name=None):
-    """HBM -> a new SBUF tile of the same shape and dtype (one DMA)."""
+    """HBM -> a new SBUF tile of the same shape (one DMA; `dtype` casts in the DMA engine through float32)."""
     from kernels_nki.emulator import isa
 
-    if dtype is not None and _m.as_dtype(dtype) != src.dtype:
-        _m.fail("nl.load does not cast: load, then nisa.tensor_copy into a tile of the wanted dtype", _m.NkiEmulatorError)
-    tile = _m.current().allocate(src.shape, src.dtype, sbuf)
+    tile = _m.current().allocate(src.shape, src.dtype if dtype is None else dtype, sbuf)
     isa.dma_copy(tile, src)
     return tile
 
@@ -197,8 +281,6 @@ def load(src, dtype=None, name=None):
 def store(dst, value, name=None):
     from kernels_nki.emulator import isa
 
-    if value.buffer == psum:
-        _m.fail("nl.store cannot take a PSUM tile: copy it to SBUF first", _m.NkiEmulatorError)
-    if dst.buffer not in _m.HBM:
-        _m.fail(f"nl.store destination must be in HBM, got {dst.buffer}", _m.NkiEmulatorError)
+    if value.buffer == psum or dst.buffer not in _m.HBM:
+        _m.rule("dma.buffers", f"nl.store of a {value.buffer} tile into {dst.buffer}")
     isa.dma_copy(dst, value)

@@ -18,10 +18,11 @@ import types
 
 import numpy as np
 
-from kernels_nki.emulator import isa, language
+from kernels_nki.emulator import ast_pass, isa, language
 from kernels_nki.emulator import machine as _m
 
-_NAMES = ("nki", "nki.language", "nki.isa")
+
+_NAMES = ("nki", "nki.language", "nki.isa", "nki.typing")
 _lock = threading.Lock()
 _modules: dict[str, types.ModuleType] = {}
 
@@ -31,19 +32,18 @@ class EmulatorConflictError(RuntimeError):
 
 
 class EmulatedKernel:
-    """What `nki.jit` returns under the emulator: call it on NumPy arrays; `kernel[1]` is LNC 1."""
+    """What `nki.jit` returns under the emulator: call it on NumPy arrays; `kernel[lnc]` sets the launch grid
+    (checked against the target when it runs: trn1 has 1 logical NeuronCore, trn2 up to 2)."""
 
-    def __init__(self, fn):
-        self.fn = fn
+    def __init__(self, fn, lnc: int = 1):
+        self.fn, self.lnc = fn, lnc
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, lnc):
-        if lnc != 1:
-            raise _m.NkiLimitError(f"{self.fn.__name__}[{lnc}]: trn1 (NeuronCore-v2) has no logical NeuronCores > 1")
-        return self
+        return EmulatedKernel(self.fn, int(lnc[0] if isinstance(lnc, tuple) else lnc))
 
     def __call__(self, *args, **kwargs):
-        outputs, _ = run(self, *args, **kwargs)
+        outputs, _ = run(self, *args, **kwargs)  # target= selects the NeuronCore (default trn1)
         return outputs
 
 
@@ -61,6 +61,20 @@ def _fake_nki() -> types.ModuleType:
     mod.simulate = lambda kernel: kernel
     mod.language = language
     mod.isa = isa
+    mod.typing = _typing_module()
+    return mod
+
+
+class _TensorType:
+    """`nki.typing.tensor[shape]` / `tensor[shape, dtype]`: an annotation of a kernel tensor parameter."""
+
+    def __class_getitem__(cls, item):
+        return cls
+
+
+def _typing_module() -> types.ModuleType:
+    mod = types.ModuleType("nki.typing", "NumPy emulator of nki.typing (annotations only)")
+    mod.tensor = _TensorType
     return mod
 
 
@@ -84,12 +98,15 @@ def load_kernel_module(name: str) -> types.ModuleType:
         if spec is None or spec.origin is None:
             raise ImportError(f"kernel module {name} not found")
         with open(spec.origin, encoding="utf-8") as f:
-            code = compile(f.read(), spec.origin, "exec")
+            source = f.read()
+        ast_pass.check_source(source, spec.origin)
+        code = compile(source, spec.origin, "exec")
         module = types.ModuleType(name, f"{name} executed against the NKI emulator")
         module.__file__ = spec.origin
         module.__nki_emulated__ = True
         saved = {k: sys.modules.get(k) for k in _NAMES}
-        sys.modules.update({"nki": _fake_nki(), "nki.language": language, "nki.isa": isa})
+        fake = _fake_nki()
+        sys.modules.update({"nki": fake, "nki.language": language, "nki.isa": isa, "nki.typing": fake.typing})
         try:
             exec(code, module.__dict__)
         finally:
@@ -112,39 +129,60 @@ def _outputs(result, machine: _m.Machine):
     results = result if isinstance(result, tuple) else (result,)
     for t in results:
         if not isinstance(t, _m.Tensor) or t.buffer != "shared_hbm":
-            raise _m.NkiEmulatorError(
-                f"kernel outputs must be HBM tensors allocated with buffer=nl.shared_hbm, got {t!r}")
+            _m.rule("kernel.output_shared_hbm", f"kernel output {t!r}")
     if not machine.compute:
         return None
     arrays = tuple(np.array(t.data) for t in results)
     return arrays if isinstance(result, tuple) else arrays[0]
 
 
-def run(kernel, *arrays, compute: bool = True, **constants):
-    """Run an emulated kernel on NumPy arrays -> (outputs, Counters). Keyword args are compile-time constants."""
+def _input(machine: _m.Machine, a):
+    """An array argument becomes an HBM tensor (a copy); Python values (ints, tuples, None) pass unchanged."""
+    if isinstance(a, np.ndarray) or (hasattr(a, "shape") and hasattr(a, "dtype")):
+        return machine.wrap_hbm(np.array(a, copy=True))
+    return a
+
+
+def _launch(kernel, machine: _m.Machine, inputs, constants):
+    """Interface rules (list arguments, the launch grid), then the kernel body -> its result."""
+    for v in list(inputs) + list(constants.values()):
+        if isinstance(v, list):
+            _m.rule("kernel.list_args", f"{kernel.fn.__name__} gets a list argument (use a tuple)")
+    if kernel.lnc > machine.spec.max_lnc:
+        _m.rule("kernel.lnc", f"{kernel.fn.__name__}[{kernel.lnc}] on {machine.target} (at most "
+                f"{machine.spec.max_lnc} logical NeuronCore(s))")
+    if kernel.lnc > 1:
+        raise _m.NkiEmulatorError(f"{kernel.fn.__name__}[{kernel.lnc}]: LNC > 1 launches are not emulated")
+    return kernel.fn(*inputs, **constants)
+
+
+def run(kernel, *arrays, compute: bool = True, target: str = "trn1", **constants):
+    """Run an emulated kernel on NumPy arrays on `target` (one of TARGETS) -> (outputs, Counters).
+
+    Keyword args other than compute/target are the kernel's compile-time constants."""
     kernel = _kernel(kernel)
-    machine = _m.Machine(compute=compute)
+    machine = _m.Machine(compute=compute, target=target)
     with _m.running(machine):
-        inputs = [machine.wrap_hbm(np.array(a, copy=True)) for a in arrays]
-        result = kernel.fn(*inputs, **constants)
+        inputs = [_input(machine, a) for a in arrays]
+        result = _launch(kernel, machine, inputs, constants)
         outputs = _outputs(result, machine)
     del inputs, result
     return outputs, machine.counters
 
 
-def count(kernel, *specs, **constants):
+def count(kernel, *specs, target: str = "trn1", **constants):
     """Counters of one call on inputs described by (shape, dtype) pairs or ShapeDtypeStructs.
 
     Count-only mode: every instruction is issued, checked and counted; no arithmetic is done and the
     tensors take no memory, so this is exact and cheap at full training shapes.
     """
     kernel = _kernel(kernel)
-    machine = _m.Machine(compute=False)
+    machine = _m.Machine(compute=False, target=target)
     with _m.running(machine):
         inputs = []
         for spec in specs:
             shape, dtype = (spec.shape, spec.dtype) if hasattr(spec, "shape") else spec
             zero = np.zeros((), dtype=_m.as_dtype(dtype))
             inputs.append(machine.wrap_hbm(np.broadcast_to(zero, tuple(shape))))
-        _outputs(kernel.fn(*inputs, **constants), machine)
+        _outputs(_launch(kernel, machine, inputs, constants), machine)
     return machine.counters

@@ -1,8 +1,9 @@
-"""Emulated NeuronCore-v2 (trn1) state: tensors, on-chip memory budgets, work counters, error locations.
+"""Emulated NeuronCore state: tensors and their views, on-chip memory budgets, work counters, the target.
 
 One `Machine` exists per emulated kernel call (held in a thread-local, so `jax.pure_callback` threads
-do not share one). Tensors are NumPy arrays plus the buffer they live in. Limits come from
-../shared/specs/nki.md section 3 (SBUF 192 KiB and PSUM 8 x 2 KiB per partition, partition dim <= 128).
+do not share one) and carries its target (`trn1` = NeuronCore-v2, `trn2` = NeuronCore-v3; limits in
+`rules.TARGET_SPECS`). Tensors are NumPy views plus the buffer they live in and, on chip, the partition
+they start at. Every limit is a row of `rules.RULES` (AWS sources there) checked through `rule()`.
 Live on-chip memory is what the kernel can still reach: an allocation is released when its last
 Python reference (the tile or a view of it) dies, so a tile re-allocated in a loop is counted twice
 for a moment, as double buffering on the hardware would.
@@ -14,48 +15,41 @@ arithmetic is skipped: tensors are zero-stride NumPy views that cost no memory.
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
+import math
 import threading
 import weakref
-
-import math
 
 import ml_dtypes
 import numpy as np
 
+from kernels_nki.emulator import rules as _rules
+from kernels_nki.emulator.errors import NkiEmulatorError, NkiLimitError, NkiRuleError, fail, kernel_location
+
+__all__ = ["NkiEmulatorError", "NkiLimitError", "NkiRuleError", "fail", "kernel_location"]
+
 PMAX = 128  # partitions (nl.tile_size.pmax)
-SBUF_PARTITION_BYTES = 192 * 1024
-PSUM_BANKS = 8
-PSUM_BANK_BYTES = 2048
-FREE_MAX_SBUF = 64 * 1024  # VectorE/ScalarE free-size limit per operand (elements)
 MIN_II = 64  # ISA docs: an engine instruction costs max(MIN_II, N) cycles, MIN_II roughly 64
+FREE_AXES_MAX = 4  # arch guide: up to four-dimensional access pattern along the free axes
+FREE_AXIS_MAX = 65535  # uint16 size per free axis
 ON_CHIP = ("sbuf", "psum")
 HBM = ("hbm", "shared_hbm", "private_hbm")
-
-_EMULATOR_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-class NkiEmulatorError(RuntimeError):
-    """A kernel did something the emulator (or the NKI API) does not allow."""
+# trn1 values kept for callers (cost model, report); the running target's are in Machine.spec
+SBUF_PARTITION_BYTES = _rules.TARGET_SPECS["trn1"].sbuf_partition_bytes
+PSUM_BANKS = _rules.TARGET_SPECS["trn1"].psum_banks
+PSUM_BANK_BYTES = _rules.TARGET_SPECS["trn1"].psum_bank_bytes
 
 
-class NkiLimitError(NkiEmulatorError):
-    """A NeuronCore-v2 hardware limit was violated."""
+class Buffer(str):
+    """An nl buffer object (nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm, nl.private_hbm); compares as its name."""
+
+    def __repr__(self):
+        return f"nl.{str(self)}"
 
 
-def kernel_location() -> str:
-    """file:line of the innermost frame outside the emulator package (the kernel source line)."""
-    frame = sys._getframe(1)
-    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _EMULATOR_DIR:
-        frame = frame.f_back
-    if frame is None:
-        return "<unknown>"
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
-
-
-def fail(message: str, cls: type[NkiEmulatorError] = NkiLimitError):
-    raise cls(f"{kernel_location()}: {message}")
+def rule(rule_id: str, detail: str) -> None:
+    """Raise the rule's NkiRuleError at the kernel's line if it applies to the running target."""
+    machine = getattr(_local, "machine", None)
+    _rules.violate(rule_id, detail, machine.target if machine is not None else "trn1")
 
 
 def as_dtype(dtype) -> np.dtype:
@@ -66,6 +60,10 @@ def as_dtype(dtype) -> np.dtype:
     if getattr(dtype, "__name__", None) == "bfloat16" or str(dtype) == "bfloat16":
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(dtype)
+
+
+def is_float(dtype) -> bool:
+    return np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16
 
 
 @dataclasses.dataclass
@@ -112,22 +110,27 @@ class Counters:
 
 
 class _Allocation:
-    """Owns the on-chip bytes of one nl.ndarray; freed when the last tile/view referencing it dies."""
+    """Owns the on-chip bytes of one nl.ndarray; freed when the last tile/view referencing it dies.
 
-    __slots__ = ("__weakref__", "buffer", "psum_matmul_written")
+    `storage` is the whole allocation (what `.ap()` addresses); PSUM also tracks, per element, whether a
+    matmul has written it (the first matmul write overwrites, later ones accumulate)."""
 
-    def __init__(self, buffer: str):
-        self.buffer = buffer
-        self.psum_matmul_written = None  # PSUM only: per-element "already written by nc_matmul" mask
+    __slots__ = ("__weakref__", "buffer", "storage", "psum_matmul_written")
+
+    def __init__(self, buffer: str, storage=None):
+        self.buffer, self.storage = buffer, storage
+        self.psum_matmul_written = None
 
 
 class Tensor:
-    """A tile (SBUF/PSUM) or an HBM tensor. Dimension 0 of an on-chip tile is the partition dim."""
+    """A tile (SBUF/PSUM) or an HBM tensor. Dimension 0 of an on-chip tile is the partition dim, which
+    starts at partition `pstart` of the allocation."""
 
-    __slots__ = ("data", "buffer", "alloc", "machine", "mask")
+    __slots__ = ("data", "buffer", "alloc", "machine", "mask", "pstart")
 
-    def __init__(self, data: np.ndarray, buffer: str, alloc: _Allocation, machine: Machine, mask=None):
+    def __init__(self, data: np.ndarray, buffer: str, alloc: _Allocation, machine: Machine, mask=None, pstart=0):
         self.data, self.buffer, self.alloc, self.machine, self.mask = data, buffer, alloc, machine, mask
+        self.pstart = pstart
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -141,72 +144,108 @@ class Tensor:
     def ndim(self) -> int:
         return self.data.ndim
 
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def on_chip(self) -> bool:
+        return self.buffer in ON_CHIP
+
     def __repr__(self):
         return f"Tensor({self.buffer}, {self.shape}, {self.dtype})"
 
+    def _view(self, data, mask, pstart) -> Tensor:
+        return Tensor(data, self.buffer, self.alloc, self.machine, mask, pstart)
+
     def __getitem__(self, index) -> Tensor:
-        norm = _normalise_index(index, self.shape)
+        norm, pstep, p0 = _normalise_index(index, self.shape, self.on_chip)
+        if self.on_chip and pstep != 1:
+            rule("partition.no_stride", f"partition-axis step {pstep} on {self!r}")
+        data = self.data[norm]
         mask = self.mask[norm] if self.mask is not None else None
-        return Tensor(self.data[norm], self.buffer, self.alloc, self.machine, mask)
+        if self.on_chip and data.ndim < 2:  # on-chip views stay at least 2-D (the last free dim kept at 1)
+            data = data.reshape(data.shape + (1,) * (2 - data.ndim))
+            mask = mask.reshape(data.shape) if mask is not None else None
+        return self._view(data, mask, self.pstart + p0)
 
     def __setitem__(self, index, value):
         fail("item assignment on a tensor is not NKI: write through an instruction's dst", NkiEmulatorError)
 
     def reshape(self, shape) -> Tensor:
-        shape = tuple(int(s) for s in shape)
-        if self.buffer not in HBM:
-            fail(f"reshape of an on-chip {self.buffer} tile is not supported by the emulator", NkiEmulatorError)
-        if math.prod(shape) != self.data.size:
-            fail(f"cannot reshape {self.shape} to {shape}", NkiEmulatorError)
-        if self.machine.compute and not self.data.flags.c_contiguous:
-            fail("reshape of a non-contiguous HBM view", NkiEmulatorError)
-        return Tensor(self.data.reshape(shape), self.buffer, self.alloc, self.machine)
+        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        if math.prod(shape) != self.size:
+            rule("view.reshape", f"cannot reshape {self.shape} to {shape} (element counts differ)")
+        if self.on_chip and shape[0] != self.shape[0]:
+            rule("view.reshape", f"on-chip reshape {self.shape} -> {shape} changes the partition dim")
+        data = self.data.reshape(shape)
+        if self.machine.compute and data.size and not np.shares_memory(data, self.data):
+            rule("view.reshape", f"the layout of {self!r} (a non-contiguous view) cannot be reshaped to {shape}")
+        mask = self.mask.reshape(shape) if self.mask is not None else None
+        return self._view(data, mask, self.pstart)
 
     def __bool__(self):
         fail("a tensor has no truth value inside a kernel (no data-dependent Python control flow)", NkiEmulatorError)
 
-    def ap(self, pattern, offset=0, vector_offset=None, indirect_dim=0) -> AccessPattern:
-        """An HBM access pattern for nisa.dma_copy (gather/scatter when vector_offset is given)."""
-        return AccessPattern(self, pattern, offset, vector_offset, indirect_dim)
+    def ap(self, pattern, offset=0, vector_offset=None, indirect_dim=0, scalar_offset=None, dtype=None):
+        """An explicit access pattern over the tensor's storage: [stride, count] pairs in elements, the first
+        pair the partition axis on chip. With vector_offset (an SBUF int [count0, 1] tile, read when the DMA
+        runs) index i0 is replaced by vector_offset[i0]: indirect DMA (gather as src, scatter as dst)."""
+        pattern = [(int(s), int(n)) for s, n in pattern]
+        if not pattern or any(n <= 0 for _, n in pattern):
+            rule("view.ap", f"bad pattern {pattern}")
+        if scalar_offset is not None or dtype is not None or indirect_dim != 0:
+            fail(".ap(): scalar_offset, dtype and indirect_dim != 0 are not emulated", NkiEmulatorError)
+        if vector_offset is not None:
+            return AccessPattern(self, pattern, offset, vector_offset)
+        storage = self.alloc.storage
+        if self.on_chip:
+            free = math.prod(storage.shape[1:])
+            if pattern[0][0] != free:
+                rule("view.ap", f"partition stride {pattern[0][0]} must equal the storage's free size {free}")
+        shape = tuple(n for _, n in pattern)
+        hi = int(offset) + sum(s * (n - 1) for s, n in pattern if s > 0)
+        lo = int(offset) + sum(s * (n - 1) for s, n in pattern if s < 0)
+        if lo < 0 or hi >= storage.size:
+            rule("view.ap", f"pattern {pattern} at offset {offset} reaches outside {storage.size} elements")
+        if not self.machine.compute:
+            return self._view(np.broadcast_to(np.zeros((), self.dtype), shape), None, 0)
+        item = storage.itemsize
+        flat = storage.reshape(-1)
+        data = np.lib.stride_tricks.as_strided(flat[int(offset):], shape, tuple(s * item for s, _ in pattern))
+        mask = None
+        if self.alloc.psum_matmul_written is not None:
+            m = self.alloc.psum_matmul_written.reshape(-1)
+            mask = np.lib.stride_tricks.as_strided(m[int(offset):], shape, tuple(s * m.itemsize for s, _ in pattern))
+        pstart = int(offset) // max(1, math.prod(storage.shape[1:])) if self.on_chip else 0
+        return self._view(data, mask, pstart)
 
 
 class AccessPattern:
-    """`hbm_tensor.ap(pattern, offset, vector_offset=, indirect_dim=0)`: element (i0, i1, ...) of the view
-    is the base tensor's flat element offset + sum_k pattern[k][0] * i_k, in elements; pattern pairs are
-    [stride, count], the first pair the partition axis. With vector_offset (an SBUF int32 [count0, 1]
-    tile, read when the DMA runs) the index i0 is replaced by vector_offset[i0] (indirect DMA: a row
-    gather as a source, a row scatter as a destination). Only HBM bases, only indirect_dim 0.
-    """
+    """`tensor.ap(pattern, offset, vector_offset=idx)`: an indirect (gather/scatter) HBM access for DMA.
+    Element (i0, i1, ...) is the base's flat offset + pattern[0][0] * idx[i0] + sum_k>0 pattern[k][0] * i_k."""
 
-    def __init__(self, base: Tensor, pattern, offset, vector_offset, indirect_dim):
-        if not isinstance(base, Tensor) or base.buffer not in HBM:
-            fail(".ap() access patterns are for HBM tensors", NkiEmulatorError)
-        pattern = [(int(s), int(n)) for s, n in pattern]
-        if not pattern or any(n <= 0 for _, n in pattern):
-            fail(f".ap(): bad pattern {pattern}", NkiEmulatorError)
-        if indirect_dim != 0:
-            fail(".ap(): the emulator supports indirect_dim=0 only", NkiEmulatorError)
-        if vector_offset is not None:
-            if not isinstance(vector_offset, Tensor) or vector_offset.buffer != "sbuf":
-                fail(".ap(): vector_offset must be an SBUF tile", NkiEmulatorError)
-            if vector_offset.shape[0] != pattern[0][1] or math.prod(vector_offset.shape[1:]) != 1:
-                fail(f".ap(): vector_offset {vector_offset.shape} must be [{pattern[0][1]}, 1]", NkiEmulatorError)
-            if not np.issubdtype(vector_offset.dtype, np.integer):
-                fail(f".ap(): vector_offset must hold integers, got {vector_offset.dtype}", NkiEmulatorError)
+    def __init__(self, base: Tensor, pattern, offset, vector_offset):
+        if base.buffer not in HBM:
+            rule("engine.hbm", "an indirect .ap(vector_offset=) addresses an HBM tensor")
+        if not isinstance(vector_offset, Tensor) or vector_offset.buffer != "sbuf":
+            fail(".ap(): vector_offset must be an SBUF tile", NkiEmulatorError)
+        if vector_offset.shape[0] != pattern[0][1] or math.prod(vector_offset.shape[1:]) != 1:
+            fail(f".ap(): vector_offset {vector_offset.shape} must be [{pattern[0][1]}, 1]", NkiEmulatorError)
+        if not np.issubdtype(vector_offset.dtype, np.integer):
+            fail(f".ap(): vector_offset must hold integers, got {vector_offset.dtype}", NkiEmulatorError)
         self.base, self.pattern, self.offset, self.vector_offset = base, pattern, int(offset), vector_offset
         self.buffer, self.machine = base.buffer, base.machine
         self.shape = tuple(n for _, n in pattern)
         self.dtype = base.dtype
         self.ndim = len(self.shape)
+        self.size = math.prod(self.shape)
 
     def flat_index(self) -> np.ndarray:
         """Flat element offsets into the base array (compute mode only); bounds-checked."""
         idx = np.full(self.shape, self.offset, dtype=np.int64)
         for axis, (stride, n) in enumerate(self.pattern):
-            if axis == 0 and self.vector_offset is not None:
-                steps = self.vector_offset.data.reshape(-1).astype(np.int64)
-            else:
-                steps = np.arange(n, dtype=np.int64)
+            steps = self.vector_offset.data.reshape(-1).astype(np.int64) if axis == 0 else np.arange(n, dtype=np.int64)
             idx += stride * steps.reshape((n,) + (1,) * (self.ndim - axis - 1))
         size = self.base.data.size
         if idx.min() < 0 or idx.max() >= size:
@@ -215,38 +254,52 @@ class AccessPattern:
         return idx
 
 
-def _normalise_index(index, shape) -> tuple:
-    """Basic indexing only, bounds-checked (NumPy would silently clip an out-of-range slice)."""
+def _normalise_index(index, shape, on_chip: bool):
+    """NumPy basic indexing (ints, slices with steps, Ellipsis, nl.ds), bounds-checked (NumPy would clip a
+    slice silently). On chip an integer on the partition axis keeps it at size 1.
+    Returns (index, partition step, first partition)."""
     if not isinstance(index, tuple):
         index = (index,)
+    if any(ix is Ellipsis for ix in index):
+        at = next(i for i, ix in enumerate(index) if ix is Ellipsis)
+        index = index[:at] + (slice(None),) * (len(shape) - len(index) + 1) + index[at + 1:]
     if len(index) > len(shape):
         fail(f"index {index} has more axes than the tensor shape {shape}", NkiEmulatorError)
-    out = []
+    out, pstep, p0 = [], 1, 0
     for axis, (ix, dim) in enumerate(zip(index, shape)):
         if isinstance(ix, slice):
+            step = 1 if ix.step is None else int(ix.step)
+            if step <= 0:
+                fail(f"axis {axis}: slice step {step} must be positive", NkiEmulatorError)
             start = 0 if ix.start is None else int(ix.start)
             stop = dim if ix.stop is None else int(ix.stop)
-            if ix.step not in (None, 1):
-                fail(f"axis {axis}: strided slice {ix} is not supported", NkiEmulatorError)
+            start, stop = start + dim if start < 0 else start, stop + dim if stop < 0 else stop
             if not (0 <= start <= stop <= dim):
                 fail(f"axis {axis}: slice [{start}:{stop}] is out of bounds for size {dim}", NkiEmulatorError)
             if start == stop:
-                fail(f"axis {axis}: empty slice [{start}:{stop}]", NkiEmulatorError)
-            out.append(slice(start, stop))
+                rule("tensor.zero_size", f"axis {axis}: empty slice [{start}:{stop}]")
+            out.append(slice(start, stop, step))
+            if axis == 0:
+                pstep, p0 = step, start
         elif isinstance(ix, (int, np.integer)):
-            if not 0 <= int(ix) < dim:
+            i = int(ix) + dim if int(ix) < 0 else int(ix)
+            if not 0 <= i < dim:
                 fail(f"axis {axis}: index {int(ix)} is out of bounds for size {dim}", NkiEmulatorError)
-            out.append(int(ix))
+            out.append(slice(i, i + 1) if (axis == 0 and on_chip) else i)
+            if axis == 0:
+                p0 = i
         else:
             fail(f"axis {axis}: unsupported index {ix!r} (use slices, nl.ds or ints)", NkiEmulatorError)
-    return tuple(out)
+    return tuple(out), pstep, p0
 
 
 class Machine:
-    """Counters, live on-chip memory and ScalarE reduce registers of one emulated kernel call."""
+    """Counters, live on-chip memory and ScalarE reduce registers of one emulated kernel call on `target`."""
 
-    def __init__(self, compute: bool = True):
+    def __init__(self, compute: bool = True, target: str = "trn1"):
         self.compute = compute
+        self.target = target
+        self.spec = _rules.spec(target)
         self.counters = Counters()
         self.sbuf_live = 0
         self.psum_live_banks = 0
@@ -254,22 +307,25 @@ class Machine:
 
     # ---------------------------------------------------------------- allocation
 
-    def allocate(self, shape, dtype, buffer: str, fill=None) -> Tensor:
+    def allocate(self, shape, dtype, buffer, fill=None) -> Tensor:
         shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         dtype = as_dtype(dtype)
+        if not isinstance(buffer, Buffer):
+            rule("buffer.object", f"buffer {buffer!r} is not an nl buffer object")
         if buffer not in ON_CHIP + HBM:
             fail(f"unknown buffer {buffer!r}", NkiEmulatorError)
         if any(s <= 0 for s in shape):
-            fail(f"shape {shape} has a non-positive dimension", NkiEmulatorError)
+            rule("tensor.zero_size", f"shape {shape} has a non-positive dimension")
         alloc = _Allocation(buffer)
         if buffer in ON_CHIP:
             self._reserve(shape, dtype, buffer, alloc)
         if fill is None:  # fresh memory: NaN for floats so uninitialised reads show
-            fill = np.nan if np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16 else np.iinfo(dtype).min
+            fill = np.nan if is_float(dtype) else np.iinfo(dtype).min
         if self.compute:
             data = np.full(shape, fill, dtype=dtype)
         else:
             data = np.broadcast_to(np.zeros((), dtype=dtype), shape)
+        alloc.storage = data
         mask = None
         if buffer == "psum":
             alloc.psum_matmul_written = np.zeros(shape, dtype=bool) if self.compute else np.broadcast_to(np.zeros((), bool), shape)
@@ -277,24 +333,27 @@ class Machine:
         return Tensor(data, buffer, alloc, self, mask)
 
     def wrap_hbm(self, array: np.ndarray, buffer: str = "hbm") -> Tensor:
-        return Tensor(array, buffer, _Allocation(buffer), self)
+        if array.ndim and 0 in array.shape:
+            rule("tensor.zero_size", f"kernel input of shape {array.shape}")
+        return Tensor(array, Buffer(buffer), _Allocation(buffer, array), self)
 
     def _reserve(self, shape, dtype, buffer, alloc):
         if len(shape) < 1 or shape[0] > PMAX:
-            fail(f"{buffer} tile {shape}: partition dimension {shape[0]} exceeds {PMAX}")
+            rule("partition.max", f"{buffer} tile {shape}: partition dimension {shape[0]} exceeds {PMAX}")
         per_partition = math.prod(shape[1:]) * dtype.itemsize
+        spec = self.spec
         if buffer == "sbuf":
-            if self.sbuf_live + per_partition > SBUF_PARTITION_BYTES:
-                fail(f"SBUF overflow: allocating {per_partition} B/partition with {self.sbuf_live} B live "
-                     f"exceeds {SBUF_PARTITION_BYTES} B per partition")
+            if self.sbuf_live + per_partition > spec.sbuf_partition_bytes:
+                rule("sbuf.capacity", f"SBUF overflow: allocating {per_partition} B/partition with {self.sbuf_live} "
+                     f"B live exceeds {spec.sbuf_partition_bytes} B per partition on {self.target}")
             self.sbuf_live += per_partition
             self.counters.sbuf_peak_bytes = max(self.counters.sbuf_peak_bytes, self.sbuf_live)
             weakref.finalize(alloc, self._release_sbuf, per_partition)
         else:
-            banks = -(-per_partition // PSUM_BANK_BYTES)
-            if self.psum_live_banks + banks > PSUM_BANKS:
-                fail(f"PSUM overflow: allocating {banks} bank(s) ({per_partition} B/partition) with "
-                     f"{self.psum_live_banks} of {PSUM_BANKS} banks of {PSUM_BANK_BYTES} B live")
+            banks = -(-per_partition // spec.psum_bank_bytes)
+            if self.psum_live_banks + banks > spec.psum_banks:
+                rule("psum.capacity", f"PSUM overflow: allocating {banks} bank(s) ({per_partition} B/partition) with "
+                     f"{self.psum_live_banks} of {spec.psum_banks} banks of {spec.psum_bank_bytes} B live")
             self.psum_live_banks += banks
             self.counters.psum_peak_banks = max(self.counters.psum_peak_banks, self.psum_live_banks)
             weakref.finalize(alloc, self._release_psum, banks)

@@ -1,0 +1,38 @@
+"""The emulator's exceptions and how a kernel's source line is found (shared by every emulator module)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_EMULATOR_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class NkiEmulatorError(RuntimeError):
+    """A kernel did something the emulator (or the NKI API) does not allow."""
+
+
+class NkiLimitError(NkiEmulatorError):
+    """A documented NeuronCore or NKI rule was violated."""
+
+
+class NkiRuleError(NkiLimitError):
+    """A row of `kernels_nki.emulator.rules.RULES` was violated; `.rule` is that row, `.location` file:line."""
+
+    def __init__(self, message: str, rule, location: str):
+        super().__init__(message)
+        self.rule, self.location = rule, location
+
+
+def kernel_location() -> str:
+    """file:line of the innermost frame outside the emulator package (the kernel source line)."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _EMULATOR_DIR:
+        frame = frame.f_back
+    if frame is None:
+        return "<unknown>"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def fail(message: str, cls: type[NkiEmulatorError] = NkiLimitError):
+    raise cls(f"{kernel_location()}: {message}")

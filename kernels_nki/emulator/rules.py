@@ -1,0 +1,234 @@
+"""Every rule the NKI emulator enforces, as data: one row per rule, each with the AWS document behind it.
+
+A row names what it checks, the targets it applies to (`trn1` = NeuronCore-v2, the default; `trn2` =
+NeuronCore-v3) and its source: a path in aws-neuron/aws-neuron-sdk and the section or API it comes from.
+`reading` says how an ambiguous or silent document was read. Every check in the emulator goes through
+`violate(rule_id, detail, target)`, which raises `NkiRuleError` naming the kernel's file:line, the rule id
+and its source; a rule whose targets exclude the running target is skipped. Rows with `kind="ast"` are
+checked on the kernel source before it runs (`kernels_nki.emulator.ast_pass`).
+
+List the table: `python -m kernels_nki.emulator.rules [--target trn2] [--markdown]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from kernels_nki.emulator.errors import NkiRuleError, kernel_location
+
+TARGETS = ("trn1", "trn2")
+V2 = ("trn1",)
+ALL = TARGETS
+
+ISA = "nki/api/nki/isa/__init__.py"
+LANG = "nki/api/nki/language/__init__.py"
+SHARED = "nki/api/nki.api.shared.rst"
+ARCH1 = "nki/guides/architecture/trainium_inferentia2_arch.rst"
+ARCH2 = "nki/guides/architecture/trainium2_arch.rst"
+NOTES = "release-notes/components/nki.rst"
+DGE = "nki/deep-dives/nki-dge.rst"
+GUIDE = "nki/get-started/nki-language-guide.rst"
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetSpec:
+    """What differs between the emulated NeuronCores (sources in the rows that use these numbers)."""
+
+    name: str
+    nc_version: str  # nki.isa.get_nc_version()
+    sbuf_partition_bytes: int
+    psum_banks: int = 8
+    psum_bank_bytes: int = 2048
+    max_lnc: int = 1
+
+
+TARGET_SPECS = {
+    "trn1": TargetSpec("trn1", "gen2", 192 * 1024),
+    "trn2": TargetSpec("trn2", "gen3", 224 * 1024, max_lnc=2),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    id: str
+    checks: str
+    targets: tuple[str, ...]
+    source: str
+    kind: str = "runtime"  # "runtime": checked as the kernel runs; "ast": on its source before it runs
+    reading: str = ""
+
+
+R = Rule
+RULES: tuple[Rule, ...] = (
+    # ---------------------------------------------------------------- kernel source (AST pass)
+    R("ast.is_operator", "`is` / `is not` are not supported in kernel code; use == / !=", ALL,
+      f"{NOTES} NKI 0.3.0 Breaking Changes", "ast",
+      "Kernel code is every @nki.jit function of the file and every function of the file it calls. The notes "
+      "name no exception, so `x is None` is rejected too, although AWS's NKI Library writes it: the library is "
+      "read as relying on compiler tolerance, not on a documented allowance; write `x == None`."),
+    R("ast.kwonly_args", "no keyword-only separator `*` in a kernel signature", ALL,
+      f"{NOTES} NKI 0.3.0 Breaking Changes", "ast"),
+    R("ast.foreign_module", "kernel code calls only the nki namespaces (nki, nki.language, nki.isa, nki.typing), "
+      "not other Python modules (struct, numpy, math, ...)", ALL,
+      f"{GUIDE} introduction ('not all Python constructs and libraries are supported') and NKI Values", "ast",
+      "The guide lists the values a kernel may hold (None, bool, int32, float32, str, tensors, tuples, lists, "
+      "str-keyed dicts, NKIObject classes) and warns that libraries are not supported; a module call returns "
+      "none of these, so kernel code may not reference a module imported from outside nki."),
+    R("ast.neuronxcc_namespace", "kernels import nki, not the removed neuronxcc.nki namespace", ALL,
+      f"{NOTES} NKI 0.4.0 Breaking Changes (neuronxcc.nki.* raises a compilation error)", "ast"),
+    # ---------------------------------------------------------------- kernel interface
+    R("kernel.output_shared_hbm", "kernel outputs are HBM tensors allocated with buffer=nl.shared_hbm", ALL,
+      f"{NOTES} NKI 0.3.0 Breaking Changes"),
+    R("kernel.list_args", "kernel arguments are not Python lists (use tuples)", ALL,
+      f"{NOTES} NKI 0.3.0 Breaking Changes"),
+    R("kernel.lnc", "a kernel launched on more logical NeuronCores than the target has (trn1: 1, trn2: 2)", ALL,
+      f"{NOTES} NKI 0.4.0 (LNC2 is trn2 or later); nki/get-started/about/lnc.rst"),
+    R("buffer.object", "buffers are nl buffer objects (nl.sbuf, nl.psum, nl.shared_hbm, ...), not strings", ALL,
+      f"{NOTES} NKI 0.3.0 Breaking Changes"),
+    R("tensor.zero_size", "tensors (kernel inputs and allocations) have no zero-size dimension", ALL,
+      f"{LANG} NkiTensor / ndarray; {ARCH1} Accessing SBUF/PSUM tensors", "runtime",
+      "No AWS document defines a zero-size tensor or a zero-length access pattern; the emulator rejects one, "
+      "so a caller with nothing to compute skips the kernel."),
+    # ---------------------------------------------------------------- memory and access patterns
+    R("partition.max", "an SBUF/PSUM tile spans at most 128 partitions", ALL,
+      f"{ARCH1} Memory (128 partitions); {NOTES} NKI 0.6.0 Improvements (128-partition verification)"),
+    R("partition.start", "an engine operand of n partitions starts at partition 0 (n > 64), 0/64 (32 < n <= 64) "
+      "or 0/32/64/96 (n <= 32)", ALL, f"{ARCH1} Data Movement, Accessing SBUF/PSUM tensors using compute engines"),
+    R("partition.no_stride", "an SBUF/PSUM view has no stride on the partition axis", ALL,
+      f"{ARCH1} Accessing SBUF/PSUM tensors ('hardware does not allow P dimension striding')"),
+    R("free.access_pattern", "an SBUF/PSUM view has at most 4 free axes, each of at most 65535 elements", ALL,
+      f"{ARCH1} Accessing SBUF/PSUM tensors (four-dimensional access pattern, uint16 sizes)"),
+    R("sbuf.capacity", "live SBUF per partition fits the target (trn1 192 KiB, trn2 224 KiB)", ALL,
+      f"{ARCH1} NeuronCore-v2 memory (24 MiB = 128 x 192 KiB); {ARCH2} NeuronCore-v3 (28 MiB = 128 x 224 KiB)"),
+    R("psum.capacity", "live PSUM fits 8 banks of 2 KiB per partition (16 KiB)", ALL,
+      f"{ARCH1} Near-memory accumulation in PSUM; {ARCH2} ('PSUM capacity remains the same at 2MiB')"),
+    R("engine.hbm", "compute engines read and write only SBUF/PSUM; HBM is reached by DMA", ALL,
+      f"{ARCH1} Data Movement (HBM <-> SBUF by DMA engines)"),
+    R("gpsimd.psum", "GpSimd instructions (iota, affine_select, engine=gpsimd) do not touch PSUM", ALL,
+      f"{ISA} tensor_copy, iota, affine_select ('GpSimd Engine cannot access PSUM')"),
+    R("view.reshape", "reshape keeps the element count and, on chip, the partition dim; the layout allows a view", ALL,
+      f"{LANG} NkiTensor.reshape"),
+    R("view.ap", ".ap(): on chip the partition stride equals the storage's free size; the pattern stays in bounds",
+      ALL, f"{GUIDE} Access patterns (.ap()); {LANG} NkiTensor.ap"),
+    # ---------------------------------------------------------------- DMA
+    R("dma.buffers", "DMA (dma_copy, nl.load, nl.store) moves between HBM and SBUF; it does not read or write PSUM",
+      ALL, f"{ISA} dma_copy (Memory types); {NOTES} NKI 0.3.0 Breaking Changes (no PSUM reads)"),
+    R("dma.elements", "dma_copy src and dst hold the same number of elements", ALL, f"{ISA} dma_copy (Tile size)"),
+    R("dma.removed_args", "dma_copy has no dst_rmw_op / unique_indices (use dma_compute)", ALL,
+      f"{NOTES} NKI 0.3.0 Breaking Changes; nki/migration/index.rst"),
+    R("dma.hwdge", "dge_mode=hwdge needs NeuronCore-v3 or newer", V2, f"{DGE} Mode Selection Summary; {ISA} dma_copy"),
+    R("dma.hwdge_dtype", "dma_copy with dge_mode=hwdge does not cast (src and dst dtypes match)", ALL,
+      f"{NOTES} NKI 0.3.0 Breaking Changes"),
+    R("dma.indirect", "indirect DMA (.ap(vector_offset=...)) needs NeuronCore-v3 or newer", V2,
+      f"{DGE} Mode Selection Summary (swdge: 'indirect: v3+')"),
+    R("dma.indirect_dge", "indirect DMA runs with dge_mode unknown or swdge", ALL,
+      f"{DGE} How .ap() Affects DGE Mode"),
+    R("dma_compute.args", "dma_compute: unique_indices=True, scales all 1.0, sources in SBUF, reduce_op nl.add", ALL,
+      f"{ISA} dma_compute"),
+    # ---------------------------------------------------------------- TensorE
+    R("matmul.buffers", "nc_matmul reads stationary and moving from SBUF and writes dst in PSUM", ALL,
+      f"{ISA} nc_matmul (Memory types)"),
+    R("matmul.contraction", "nc_matmul contracts over the partition axis: stationary and moving have equal "
+      "partition sizes, dst is [stationary free, moving free]", ALL, f"{ISA} nc_matmul (Layout)"),
+    R("matmul.stationary_fmax", "nc_matmul stationary free size <= 128", ALL, f"{ISA} nc_matmul (Tile size)"),
+    R("matmul.moving_fmax", "nc_matmul moving free size <= 512 (one PSUM bank of fp32)", ALL,
+      f"{ISA} nc_matmul (Tile size: NeuronCore-v2 and -v3)"),
+    R("matmul.dst_fp32", "nc_matmul dst is float32 on NeuronCore-v2 and -v3", ALL, f"{ISA} nc_matmul (Data types)"),
+    R("matmul.dtypes", "nc_matmul inputs are float; if one is float32 the other is too", ALL,
+      f"{ISA} nc_matmul (Data types)"),
+    R("matmul.perf_mode", "nc_matmul perf_mode is off on NeuronCore-v2", V2, f"{ISA} nc_matmul (performance mode)"),
+    R("matmul.accumulate", "accumulate=True needs PSUM written by a matmul before (not memset/copy)", ALL,
+      f"{ISA} nc_matmul (accumulate; NeuronCore-v2/-v3 note)"),
+    R("matmul.tiling", "tile_position / tile_size: row tiles of 32/64/128 (32 on v3+), start a multiple of the size",
+      ALL, f"{ISA} nc_matmul (column tiling mode)"),
+    R("transpose.dtype", "nc_transpose dst dtype equals data dtype", ALL, f"{ISA} nc_transpose (Data types)"),
+    R("transpose.engine", "TensorE nc_transpose: SBUF -> PSUM, up to 128 x 128; VectorE: up to 32 x 32", ALL,
+      f"{ISA} nc_transpose (Memory types, Tile size)"),
+    # ---------------------------------------------------------------- ScalarE / VectorE
+    R("tensor_copy.scalar", "tensor_copy does not run on the Scalar Engine on NeuronCore-v2 "
+      "(use activation(op=nl.copy))", V2, f"{ISA} tensor_copy"),
+    R("activation.op_table", "activation op is one of the Scalar Engine functions", ALL,
+      f"{SHARED} Supported Activation Functions"),
+    R("activation.bias_vector", "activation bias is an [N, 1] tile, not a Python number, on NeuronCore-v2", V2,
+      f"{ISA} activation (Layout)"),
+    R("activation.reciprocal_bias", "activation(op=nl.reciprocal) takes no bias on NeuronCore-v2", V2,
+      f"{SHARED} NKI Engine Selection"),
+    R("activation.reduce_add", "activation reduce_op is nl.add on NeuronCore-v2", V2,
+      f"{ISA} activation, activation_reduce"),
+    R("activation.operands", "activation scale is a number or a float32 [N, 1] tile; bias an [N, 1] tile "
+      "(not tfloat32)", ALL, f"{ISA} activation (Data types, Layout)"),
+    R("activation.input_range", "Scalar Engine function inputs lie in the documented valid range "
+      "(log [2^-64, 2^64], sqrt [2^-116, 2^118], rsqrt [2^-87, 2^97], reciprocal +-[2^-42, 2^42], "
+      "sin [-pi, pi], arctan [-pi/2, pi/2])", ALL, f"{SHARED} Supported Activation Functions (Valid Input Range)",
+      "runtime",
+      "The doc says out-of-range inputs give invalid results; the emulator refuses them (an error at the "
+      "kernel line, in compute mode, ignoring NaN inputs) rather than inventing a value."),
+    R("alu.op_table", "ALU ops (tensor_tensor, tensor_scalar, scalar_tensor_tensor, scans, nl.* binary) are in the "
+      "operator table; nl.divide is not", ALL,
+      f"{SHARED} Supported Math Operators; {NOTES} NKI 0.3.0 Known Issues (nl.divide not supported)"),
+    R("alu.no_broadcast", "binary operands have the same partition size and elements per partition "
+      "(nl.* binary ops: the same shape; no broadcasting)", ALL,
+      f"{ISA} tensor_tensor; {NOTES} NKI 0.3.0 Known Issues (no broadcasting)"),
+    R("tensor_scalar.operands", "tensor_scalar operands are numbers or float32 [N, 1] tiles", ALL,
+      f"{ISA} tensor_scalar ('operand0 and operand1 (if used) must be float32')", "runtime",
+      "A Python number is a compile-time constant the compiler encodes as float32; tiles must be float32."),
+    R("tensor_tensor.psum", "tensor_tensor data1 and data2 are not both in PSUM", ALL, f"{ISA} tensor_tensor"),
+    R("stt.psum", "scalar_tensor_tensor data and operand1 are not both in PSUM", ALL, f"{ISA} scalar_tensor_tensor"),
+    R("scan.psum", "tensor_tensor_scan data0 and data1 are not both in PSUM", ALL, f"{ISA} tensor_tensor_scan"),
+    R("reduce.axes", "tensor_reduce reduces the last contiguous free axes (never the partition axis)", ALL,
+      f"{ISA} tensor_reduce"),
+    R("reduce.op", "tensor_reduce op is a legal reduction op (add, subtract, multiply, maximum, minimum, ...)", ALL,
+      f"{SHARED} Supported Math Operators (Legal Reduction op)"),
+    R("memset.value", "memset value matches dst's dtype (no float value into an integer tile)", ALL,
+      f"{NOTES} NKI 0.3.0 Breaking Changes"),
+    R("affine_select.args", "affine_select: dst and on_true_tile in SBUF, on_false_value a number, the pattern "
+      "matches dst's free shape (0.3 order: dst, pattern, channel_multiplier, on_true_tile, on_false_value, "
+      "cmp_op, offset)", ALL, f"{ISA} affine_select; {NOTES} NKI 0.3.0 Breaking Changes"),
+)
+
+RULES_BY_ID = {r.id: r for r in RULES}
+assert len(RULES_BY_ID) == len(RULES), "duplicate rule id"
+
+
+def spec(target: str) -> TargetSpec:
+    if target not in TARGET_SPECS:
+        raise ValueError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
+    return TARGET_SPECS[target]
+
+
+def message(rule: Rule, detail: str) -> str:
+    return f"[{rule.id}] {detail} (rule: {rule.checks}; source: aws-neuron-sdk {rule.source})"
+
+
+def violate(rule_id: str, detail: str, target: str, location: str | None = None) -> None:
+    """Raise NkiRuleError for `rule_id` at the kernel's line, unless the rule does not apply to `target`."""
+    rule = RULES_BY_ID[rule_id]
+    if target not in rule.targets:
+        return
+    where = location or kernel_location()
+    raise NkiRuleError(f"{where}: {message(rule, detail)}", rule, where)
+
+
+def table(target: str | None = None, markdown: bool = False) -> str:
+    rows = [r for r in RULES if target is None or target in r.targets]
+    if markdown:
+        lines = ["| id | checks | targets | source |", "|---|---|---|---|"]
+        lines += [f"| `{r.id}` | {r.checks} | {', '.join(r.targets)} | {r.source} |" for r in rows]
+    else:
+        lines = [f"{r.id:28s} [{','.join(r.targets)}] {r.checks}\n{'':28s} source: {r.source}"
+                 + (f"\n{'':28s} reading: {r.reading}" if r.reading else "") for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="List the NKI emulator's rules (one row per rule, with its AWS source).")
+    p.add_argument("--target", choices=TARGETS, help="only the rules that apply to this target")
+    p.add_argument("--markdown", action="store_true")
+    args = p.parse_args(argv)
+    print(table(args.target, args.markdown))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
