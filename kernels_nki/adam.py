@@ -13,6 +13,16 @@ Layout: the flat [N] parameter is viewed as [128, N // 128] (all partitions busy
 chunks of FREE_TILE elements; the N % 128 leftover elements form one [1, tail] tile. Math in fp32
 on VectorE/ScalarE, each state rounded once on the write to its own dtype (bf16 moments stay bf16).
 The kernel is DMA-bound: ~10 engine instructions per chunk against 7 transfers.
+
+NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): ScalarE sqrt is valid only
+on [2^-116, 2^118] (nki/api/nki.api.shared.rst, activation functions table), and v' is exactly 0
+wherever g and v are (e.g. the first step of a parameter with a zero gradient), so the sqrt computes
+sqrt(v' / bc2 + 2^-116): that leaves any v' / bc2 >= 2^-91 unchanged (2^-116 is below half its fp32
+ulp) and moves sqrt by at most 2^-58 ~ 3.5e-18, less than half an fp32 ulp of sqrt(.) + eps >= 1e-8;
+the upper end holds for |g| < 2^58. The bias is an [N, 1] tile (v2 takes no
+immediate bias: nki/api/nki/isa/__init__.py, activation "Layout"); `tensor_scalar` /
+`scalar_tensor_tensor` operands are fp32 immediates or [N, 1] fp32 columns (isa docs); the 1 / x is
+VectorE's precise reciprocal of a value >= eps (nki.api.shared.rst, engine selection).
 """
 
 import nki
@@ -20,9 +30,10 @@ import nki.isa as nisa
 import nki.language as nl
 
 FREE_TILE = 1024  # fp32 elements per partition per chunk: 4 KiB per tile, ~9 tiles live
+SQRT_MIN = 2.0 ** -116  # lower end of ScalarE sqrt's valid input range (nki/api/nki.api.shared.rst)
 
 
-def _adam_tile(p_RW, g_RW, m_RW, v_RW, po_RW, mo_RW, vo_RW, nlr, rbc1, rbc2, b1, b2, eps, weight_decay):
+def _adam_tile(p_RW, g_RW, m_RW, v_RW, po_RW, mo_RW, vo_RW, nlr, rbc1, rbc2, floor, b1, b2, eps, weight_decay):
     """One [R, W] chunk (R <= 128): load 4, compute, store 3. Scalars are [R, 1] columns."""
     R, W = p_RW.shape
     p_t = nl.ndarray((R, W), dtype=p_RW.dtype, buffer=nl.sbuf)
@@ -46,8 +57,9 @@ def _adam_tile(p_RW, g_RW, m_RW, v_RW, po_RW, mo_RW, vo_RW, nlr, rbc1, rbc2, b1,
     nisa.scalar_tensor_tensor(dst=v2, data=v_t, op0=nl.multiply, operand0=b2, op1=nl.add, operand1=sq_f)
     nisa.dma_copy(dst=mo_RW, src=m2)
     nisa.dma_copy(dst=vo_RW, src=v2)
-    # 1 / (sqrt(v' / bc2) + eps): sqrt with the bias correction as its scale on ScalarE
-    nisa.activation(dst=t_f, op=nl.sqrt, data=v2, scale=rbc2)
+    # 1 / (sqrt(v' / bc2) + eps): sqrt with the bias correction as its scale on ScalarE and SQRT_MIN as
+    # its bias, so that v' = 0 stays inside sqrt's valid input range (see the module docstring)
+    nisa.activation(dst=t_f, op=nl.sqrt, data=v2, scale=rbc2, bias=floor)
     nisa.tensor_scalar(dst=t_f, data=t_f, op0=nl.add, operand0=eps)
     nisa.reciprocal(dst=t_f, data=t_f)
     # u = m' / bc1 * that (+ wd p); p' = u * (-lr) + p
@@ -76,6 +88,8 @@ def adam_update(p_N, g_N, m_N, v_N, scal_P4, b1=0.9, b2=0.95, eps=1e-8, weight_d
     nisa.reciprocal(dst=rbc1_P1, data=s_P4[:, 1:2])
     rbc2_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.reciprocal(dst=rbc2_P1, data=s_P4[:, 2:3])
+    floor_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=floor_P1, value=SQRT_MIN)
     consts = (b1, b2, eps, weight_decay)
 
     F = N // P
@@ -84,9 +98,9 @@ def adam_update(p_N, g_N, m_N, v_N, scal_P4, b1=0.9, b2=0.95, eps=1e-8, weight_d
         for c in nl.affine_range((F + FREE_TILE - 1) // FREE_TILE):
             f0 = c * FREE_TILE
             w = min(FREE_TILE, F - f0)
-            _adam_tile(*[x[:, f0:f0 + w] for x in views], nlr_P1, rbc1_P1, rbc2_P1, *consts)
+            _adam_tile(*[x[:, f0:f0 + w] for x in views], nlr_P1, rbc1_P1, rbc2_P1, floor_P1, *consts)
     if P * F < N:
         tail = N - P * F
         views = [x[P * F:N].reshape((1, tail)) for x in (p_N, g_N, m_N, v_N, po_N, mo_N, vo_N)]
-        _adam_tile(*views, nlr_P1[0:1], rbc1_P1[0:1], rbc2_P1[0:1], *consts)  # tail < 128 elements
+        _adam_tile(*views, nlr_P1[0:1], rbc1_P1[0:1], rbc2_P1[0:1], floor_P1[0:1], *consts)  # tail < 128 elements
     return po_N, mo_N, vo_N

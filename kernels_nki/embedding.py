@@ -3,22 +3,56 @@
 Spec: frontier_jax.reference.embed (jnp.take(emb_VD, ids_N, axis=0)) and its gradient: demb[v] is
 the sum of dy[n] over every n with ids[n] == v, duplicates included.
 
-Both kernels move rows HBM -> HBM with indirect DMA (`tensor.ap(..., vector_offset=ids)`): only the
-ids pass through SBUF (128 per tile, the last tile ragged and sliced, never padded), so no DMA,
-engine or TensorE work is spent on padding rows or on one-hot matrices; at the baseline shapes the
-DMA bytes are within 1% of the minimum (rows in + rows out, see `python -m kernels_nki.report`).
-- forward: out[n] = emb[ids[n]], a gather as the DMA source.
-- backward: demb is zeroed (one SBUF zero tile DMA'd over its 128-row blocks), then every dy row is
-  added at its id with a read-modify-write DMA (`dst_rmw_op=nl.add`). Duplicate ids inside one DMA
-  are correct only with `unique_indices=False` (the hardware then serialises the colliding
-  read-modify-writes; with the default True colliding rows are lost, which the emulator reproduces).
-  The accumulator is float32 (the DMA adds in fp32 and rounds to the destination on every add, so a
-  bf16 destination would round once per duplicate); `frontier_jax.ops` casts it to emb's dtype.
+Design: both directions are one-hot matmuls on TensorE. NeuronCore-v2 (trn1) has no indirect DMA:
+`.ap(vector_offset=...)` gathers/scatters need software DGE, which supports indirect access only on
+NeuronCore-v3+ (aws-neuron-sdk nki/deep-dives/nki-dge.rst, "Mode Selection Summary"), and the
+read-modify-write scatter (`dma_copy(dst_rmw_op=...)`) was removed in NKI 0.3; its replacement
+`dma_compute` requires unique indices (release-notes/components/nki.rst, NKI 0.3.0 breaking changes;
+nki/api/nki/isa/__init__.py, dma_compute). With V = 1024 a one-hot matmul costs V x D MACs per
+token, which TensorE runs at ~0.75 ms per call at the baseline shapes (below); duplicates are summed
+exactly by PSUM accumulation, and no work is spent on padding (ragged tiles are sliced).
+
+- forward, per block of 512 tokens: the block's ids are DMA'd once into all partitions (an HBM
+  access pattern with partition stride 0: HBM tensors accept any `.ap()` pattern,
+  nki/get-started/nki-language-guide.rst "Low-level raw access pattern"); per 128-row vocabulary
+  chunk one VectorE `tensor_scalar(equal)` against a per-partition iota column gives onehot^T
+  [v, tokens] in emb's dtype; out[tokens, D] = sum over chunks of onehot^T-stationary x emb-rows
+  moving (nc_matmul accumulating in one fp32 PSUM bank, nki/api/nki/isa/__init__.py nc_matmul),
+  copied to SBUF in emb's dtype (exact: one 1.0 x row term per token) and stored.
+- backward: the tokens are the contraction axis, so the one-hot needs no transpose: per 128-token
+  tile, onehot[tokens, V] = (iota row == id column) (one VectorE op; ids cast to fp32 on VectorE,
+  exact below 2^24, because `tensor_scalar` operands must be float32, isa docs tensor_scalar), and
+  demb[v-chunk, D] += onehot[:, v-chunk]-stationary x dy-tile moving, accumulated in PSUM over every
+  token of the call (first write overwrites, later ones accumulate: isa docs nc_matmul
+  "Accumulation mode"). The [V, D] fp32 result is held in PSUM banks [128, 512] (8 banks = V 1024 x
+  D 512); larger V x D are processed in groups of 8 banks, re-reading dy once per group. The output
+  is float32; `frontier_jax.ops` casts it to emb's dtype.
+
+Engine rules relied on: every SBUF/PSUM operand starts at partition 0 (trn1 arch guide
+nki/guides/architecture/trainium_inferentia2_arch.rst, "Accessing SBUF/PSUM tensors": start_partition
+rules); iota writes SBUF on GpSimd (isa docs iota); TensorE reads SBUF and writes fp32 PSUM, both
+matmul inputs in the same precision class (bf16/bf16 or fp32/fp32; isa docs nc_matmul "Data types");
+PSUM is read only by VectorE/ScalarE (arch guide "Data Movement").
+
+Cost at the baseline shapes (N = 65536 tokens, V = 1024, D = 512, bf16; `python -m kernels_nki.report
+--config configs/baseline.py`): forward TensorE 34.4 G MACs issued, useful/issued 1.00, 747 us
+(TensorE-bound); DMA 98.6 MB (rows out 67.1 MB, ids broadcast 33.6 MB, emb 1.0 MB). Backward
+TensorE 34.4 G MACs, useful/issued 1.00, 747 us (TensorE-bound); DMA 69.5 MB (dy rows, ids, fp32
+demb once). The previous indirect-DMA design (not valid on trn1) moved 67.4 / 69.5 MB and was
+DMA-bound at 248 / 255 us: the trn1-valid design costs ~1 ms per step more (4 calls each).
 """
 
 import nki
 import nki.isa as nisa
 import nki.language as nl
+
+NB = 512  # tokens per forward block (gemm_moving_fmax of the id broadcast / one-hot tiles)
+DC = 512  # fp32 columns of one PSUM bank (nl.tile_size.psum_fmax)
+PSUM_BANKS = 8  # PSUM banks per partition on NeuronCore-v2 (trn1 arch guide, "Near-memory accumulation")
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
 
 
 @nki.jit
@@ -27,16 +61,44 @@ def embed_fwd(ids_N, emb_VD):
     N = ids_N.shape[0]
     V, D = emb_VD.shape
     P = nl.tile_size.pmax
-    out_ND = nl.ndarray((N, D), dtype=emb_VD.dtype, buffer=nl.shared_hbm)
-    ids_N1 = ids_N.reshape((N, 1))
-    for t in nl.affine_range((N + P - 1) // P):
-        r0 = t * P
-        rows = min(P, N - r0)
-        ids_P1 = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=ids_P1[0:rows], src=ids_N1[r0:r0 + rows])
-        nisa.dma_copy(dst=out_ND[r0:r0 + rows],
-                      src=emb_VD.ap(pattern=[[D, rows], [1, D]], offset=0, vector_offset=ids_P1[0:rows],
-                                    indirect_dim=0))
+    dt = emb_VD.dtype
+    KV = _cdiv(V, P)
+    out_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
+    # emb as V/128 row tiles (the moving operands) and vcol[p, k] = 128 k + p (the one-hot compare values)
+    emb_t = []
+    for k in nl.affine_range(KV):
+        vr = min(P, V - k * P)
+        e_t = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=e_t[0:vr], src=emb_VD[k * P:k * P + vr])
+        emb_t.append(e_t)
+    vcol_PK = nl.ndarray((P, KV), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.iota(dst=vcol_PK, pattern=[[P, KV]], offset=0, channel_multiplier=1)
+    PV = min(P, V)
+    for blk in nl.affine_range(_cdiv(N, NB)):
+        n0 = blk * NB
+        nb = min(NB, N - n0)
+        ids_PB = nl.ndarray((P, NB), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=ids_PB[0:PV, 0:nb], src=ids_N.ap(pattern=[[0, PV], [1, nb]], offset=n0))
+        ohT = []
+        for k in nl.affine_range(KV):
+            vr = min(P, V - k * P)
+            oh_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=oh_t[0:vr, 0:nb], data=ids_PB[0:vr, 0:nb], op0=nl.equal,
+                               operand0=vcol_PK[0:vr, k:k + 1])
+            ohT.append(oh_t)
+        for s in nl.affine_range(_cdiv(nb, P)):
+            rows = min(P, nb - s * P)
+            r0 = n0 + s * P
+            for c in nl.affine_range(_cdiv(D, DC)):
+                dc = min(DC, D - c * DC)
+                y_ps = nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.psum)
+                for k in nl.affine_range(KV):
+                    vr = min(P, V - k * P)
+                    nisa.nc_matmul(dst=y_ps[0:rows, 0:dc], stationary=ohT[k][0:vr, s * P:s * P + rows],
+                                   moving=emb_t[k][0:vr, c * DC:c * DC + dc])
+                y_t = nl.ndarray((P, DC), dtype=dt, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=y_t[0:rows, 0:dc], src=y_ps[0:rows, 0:dc])
+                nisa.dma_copy(dst=out_ND[r0:r0 + rows, c * DC:c * DC + dc], src=y_t[0:rows, 0:dc])
     return out_ND
 
 
@@ -46,20 +108,34 @@ def embed_bwd(ids_N, emb_VD, dy_ND):
     N = ids_N.shape[0]
     V, D = emb_VD.shape
     P = nl.tile_size.pmax
+    dt = dy_ND.dtype
     demb_VD = nl.ndarray((V, D), dtype=nl.float32, buffer=nl.shared_hbm)
-    zero_PD = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=zero_PD, value=0.0)
-    for v in nl.affine_range((V + P - 1) // P):
-        v0 = v * P
-        vr = min(P, V - v0)
-        nisa.dma_copy(dst=demb_VD[v0:v0 + vr], src=zero_PD[0:vr])
+    iota_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.iota(dst=iota_PV, pattern=[[1, V]], offset=0, channel_multiplier=0)
+    blocks = [(v0, min(P, V - v0), d0, min(DC, D - d0)) for v0 in range(0, V, P) for d0 in range(0, D, DC)]
     ids_N1 = ids_N.reshape((N, 1))
-    for t in nl.sequential_range((N + P - 1) // P):  # read-modify-writes of one array: keep them ordered
-        r0 = t * P
-        rows = min(P, N - r0)
-        ids_P1 = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=ids_P1[0:rows], src=ids_N1[r0:r0 + rows])
-        nisa.dma_copy(dst=demb_VD.ap(pattern=[[D, rows], [1, D]], offset=0, vector_offset=ids_P1[0:rows],
-                                     indirect_dim=0),
-                      src=dy_ND[r0:r0 + rows], dst_rmw_op=nl.add, unique_indices=False)
+    for g0 in range(0, len(blocks), PSUM_BANKS):
+        group = blocks[g0:g0 + PSUM_BANKS]
+        vlo = group[0][0]
+        vhi = group[-1][0] + group[-1][1]
+        acc = [nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.psum) for _ in group]
+        for t in nl.affine_range(_cdiv(N, P)):
+            r0 = t * P
+            rows = min(P, N - r0)
+            id_i = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=id_i[0:rows], src=ids_N1[r0:r0 + rows])
+            id_f = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=id_f[0:rows], src=id_i[0:rows])
+            dy_t = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
+            nisa.dma_copy(dst=dy_t[0:rows], src=dy_ND[r0:r0 + rows])
+            oh_t = nl.ndarray((P, V), dtype=dt, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=oh_t[0:rows, vlo:vhi], data=iota_PV[0:rows, vlo:vhi], op0=nl.equal,
+                               operand0=id_f[0:rows])
+            for b, (v0, vr, d0, dc) in enumerate(group):
+                nisa.nc_matmul(dst=acc[b][0:vr, 0:dc], stationary=oh_t[0:rows, v0:v0 + vr],
+                               moving=dy_t[0:rows, d0:d0 + dc])
+        for b, (v0, vr, d0, dc) in enumerate(group):
+            o_t = nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=o_t[0:vr, 0:dc], src=acc[b][0:vr, 0:dc])
+            nisa.dma_copy(dst=demb_VD[v0:v0 + vr, d0:d0 + dc], src=o_t[0:vr, 0:dc])
     return demb_VD

@@ -24,6 +24,19 @@ both kernels are TensorE-bound, VectorE has room, and on TensorE the x^T transpo
 128/V of the useful matmul work (useful/issued 0.89 at V=1024). SBUF per partition: emb^T and emb
 rows 2 x V x D x 2 / 128 bytes, the demb accumulators V x D x 4 / 128 (32 KiB in all at V=1024,
 D=512; V=8192 needs D <= 256).
+
+NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): PSUM is evacuated by
+ScalarE `activation(op=nl.copy)` or VectorE, never ScalarE `tensor_copy` (unsupported on v2:
+nki/api/nki/isa/__init__.py, tensor_copy); TensorE transposes write PSUM in their input's dtype and
+VectorE transposes are at most 32x32 (isa docs nc_transpose); the 32x32 blocks start on partitions
+0/32/64/96 and span <= 32 partitions, the cross-quadrant moves the trn1 arch guide allows
+(nki/guides/architecture/trainium_inferentia2_arch.rst, "Accessing SBUF/PSUM tensors" and
+"Cross-Partition Connectivity"); `activation`'s bias is always an [N, 1] fp32 tile (v2 takes no
+immediate bias: isa docs activation "Layout"); `tensor_scalar` operands are fp32 columns (ids and
+targets cast on VectorE first: isa docs tensor_scalar); exp has no range limit and log's input
+(the running sum, in [1, V]) is inside its documented range [2^-64, 2^64]
+(nki/api/nki.api.shared.rst, activation functions table); no `is` / `is not` in kernel code (NKI
+0.3 compiler: release-notes/components/nki.rst, 0.3.0 breaking changes).
 """
 
 import nki
@@ -51,7 +64,7 @@ def _emb_tiles(emb_VD, dt):
             dk = min(P, D - k * P)
             t_ps = nl.ndarray((dk, vr), dtype=dt, buffer=nl.psum)
             nisa.nc_transpose(dst=t_ps, data=e_t[0:vr, k * P:k * P + dk])
-            nisa.tensor_copy(dst=embT[k][0:dk, v * P:v * P + vr], src=t_ps, engine=nisa.engine.scalar)
+            nisa.activation(dst=embT[k][0:dk, v * P:v * P + vr], op=nl.copy, data=t_ps)
         rows.append(e_t)
     return rows, embT
 
@@ -136,7 +149,7 @@ def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, softcap=3
         ids_PS = _column(bias_ids_NS, r0, rows, nl.int32) if S else None
         vals_PS = _column(bias_vals_NS, r0, rows, nl.float32) if S else None
         tl_P1 = nl.zeros((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        m_P1, s_P1 = None, None
+        m_P1, s_P1 = tl_P1, tl_P1  # rebound by the first chunk (c == 0) before any read
         for c in nl.sequential_range(_cdiv(V, VC)):
             c0 = c * VC
             vc = min(VC, V - c0)
@@ -151,14 +164,14 @@ def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, softcap=3
             # online log-sum-exp
             mx_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_reduce(dst=mx_P1[0:rows], op=nl.maximum, data=l, axis=1, keepdims=True)
-            if m_P1 is not None:
+            if c > 0:
                 nisa.tensor_tensor(dst=mx_P1[0:rows], data1=mx_P1[0:rows], data2=m_P1[0:rows], op=nl.maximum)
             neg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=neg_P1[0:rows], data=mx_P1[0:rows], op0=nl.multiply, operand0=-1.0)
             cs_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation_reduce(dst=junk[0:rows, 0:vc], op=nl.exp, data=l, bias=neg_P1[0:rows],
                                    reduce_op=nl.add, reduce_res=cs_P1[0:rows])
-            if s_P1 is not None:
+            if c > 0:
                 corr_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.activation(dst=corr_P1[0:rows], op=nl.exp, data=m_P1[0:rows], bias=neg_P1[0:rows])
                 nisa.scalar_tensor_tensor(dst=cs_P1[0:rows], data=s_P1[0:rows], op0=nl.multiply,
@@ -234,7 +247,7 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
                     dzT_ps = nl.ndarray((vj, rows), dtype=dt, buffer=nl.psum)
                     nisa.nc_transpose(dst=dzT_ps, data=dz_PV[0:rows, v0:v0 + vj])
                     dzT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-                    nisa.tensor_copy(dst=dzT[0:vj, 0:rows], src=dzT_ps, engine=nisa.engine.scalar)
+                    nisa.activation(dst=dzT[0:vj, 0:rows], op=nl.copy, data=dzT_ps)
                     for d in nl.affine_range(_cdiv(D, VC)):
                         dc = min(VC, D - d * VC)
                         nisa.nc_matmul(dst=dx_ps[d][0:rows, 0:dc], stationary=dzT[0:vj, 0:rows],
@@ -242,7 +255,7 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
             for d in nl.affine_range(_cdiv(D, VC)):
                 dc = min(VC, D - d * VC)
                 dx_t = nl.ndarray((P, VC), dtype=dt, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=dx_t[0:rows, 0:dc], src=dx_ps[d][0:rows, 0:dc], engine=nisa.engine.scalar)
+                nisa.activation(dst=dx_t[0:rows, 0:dc], op=nl.copy, data=dx_ps[d][0:rows, 0:dc])
                 nisa.dma_copy(dst=dx_ND[r0:r0 + rows, d * VC:d * VC + dc], src=dx_t[0:rows, 0:dc])
             if S:
                 nisa.tensor_scalar(dst=dv_PS[0:rows], data=dv_PS[0:rows], op0=nl.multiply, operand0=g_P1[0:rows])

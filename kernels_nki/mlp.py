@@ -6,9 +6,9 @@ block ragged and sliced), weights resident in SBUF for the whole call (3 x D x F
 per partition in the backward: 24 KiB at D=512, F=1024), all matmuls bf16 into fp32 PSUM.
 
 Forward, per token block: x^T by TensorE transposes (D/128 per 128 tokens); h^T = W_fc^T x^T
-directly in the [F, tokens] layout, so relu^2 (one VectorE op, relu(h) * h, reading PSUM) yields
-a^T, which is exactly the stationary operand of y = a W_proj: the hidden activation never leaves
-SBUF/PSUM and needs no transpose.
+directly in the [F, tokens] layout, so relu^2 (ScalarE relu(h) into SBUF, then one VectorE
+relu(h) * h reading h from PSUM) yields a^T, which is exactly the stationary operand of
+y = a W_proj: the hidden activation never leaves SBUF/PSUM and needs no transpose.
 
 Backward: RECOMPUTES h instead of storing it. Cost model at the baseline shapes (N=65536 tokens,
 D=512, F=1024, per 128 tokens, kernels_nki.emulator.cost): the store variant has to produce h in
@@ -22,10 +22,19 @@ useful/issued >= 0.9 bar of the forward and keeps 128 MiB of h per layer per mic
 at 9 layers) alive in HBM between forward and backward. We recompute.
 
 Backward per token block: x^T, dy^T by transposes; h (recomputed) and da = dy W_proj^T in the
-token-major layout; a = relu(h)^2 and dh' = relu(h) * da (dh = 2 dh': the 2 is applied exactly,
+token-major layout; r = relu(h) (ScalarE), a = r h and dh' = r da (VectorE) (dh = 2 dh': the 2 is applied exactly,
 on the fp32 results of dx and dW_fc); dW_proj += a^T dy and dW_fc += x^T dh' contract over the
 block's tokens (fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per block); dh'^T by
 transposes; dx = dh'^T-stationary x W_fc^T. W_proj^T and W_fc^T are built once per call.
+
+NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): TensorE transposes
+write PSUM in the input's dtype (nki/api/nki/isa/__init__.py, nc_transpose "Data types"); PSUM is
+evacuated by ScalarE `activation(op=nl.copy)` (tensor_copy on ScalarE is not supported on v2: isa
+docs tensor_copy) or VectorE; a VectorE instruction reads at most one tensor input from PSUM (isa
+docs tensor_tensor / scalar_tensor_tensor "Memory types"); matmuls are bf16 (or fp32) pairs into
+fp32 PSUM, stationary free <= 128, moving free <= 512 (isa docs nc_matmul; trn1 arch guide
+nki/guides/architecture/trainium_inferentia2_arch.rst "Tile Size"); every on-chip operand starts at
+partition 0 (arch guide, "Accessing SBUF/PSUM tensors using compute engines").
 """
 
 import nki
@@ -43,7 +52,18 @@ def _transpose(dst, src, rows, cols):
     """dst[0:cols, 0:rows] = src[0:rows, 0:cols]^T via TensorE (PSUM in src's dtype) and a ScalarE copy."""
     t_ps = nl.ndarray((cols, rows), dtype=src.dtype, buffer=nl.psum)
     nisa.nc_transpose(dst=t_ps, data=src[0:rows, 0:cols])
-    nisa.tensor_copy(dst=dst, src=t_ps, engine=nisa.engine.scalar)
+    nisa.activation(dst=dst, op=nl.copy, data=t_ps)
+
+
+def _relu_sq(dst, h_ps):
+    """dst = relu(h)^2 = relu(h) * h for an fp32 PSUM tile h; returns relu(h) (fp32 SBUF) for reuse.
+
+    relu on ScalarE into SBUF, then the product on VectorE: a VectorE instruction may read at most one
+    of its two tensor inputs from PSUM (isa docs tensor_tensor / scalar_tensor_tensor, "Memory types")."""
+    r = nl.ndarray(h_ps.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=r, op=nl.relu, data=h_ps)
+    nisa.tensor_tensor(dst=dst, data1=r, data2=h_ps, op=nl.multiply)
+    return r
 
 
 def _load_rows(w_RC, dt):
@@ -110,8 +130,7 @@ def mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
                 nisa.nc_matmul(dst=h_ps[0:fj, 0:nb], stationary=wfc[k][0:dk, j * P:j * P + fj],
                                moving=xT[k][0:dk, 0:nb])
             a_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-            nisa.scalar_tensor_tensor(dst=a_T[0:fj, 0:nb], data=h_ps[0:fj, 0:nb], op0=nl.maximum, operand0=0.0,
-                                      op1=nl.multiply, operand1=h_ps[0:fj, 0:nb])
+            _relu_sq(a_T[0:fj, 0:nb], h_ps[0:fj, 0:nb])
             aT.append(a_T)
         for s in nl.affine_range(_cdiv(nb, P)):
             rows = min(P, nb - s * P)
@@ -123,7 +142,7 @@ def mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
                     nisa.nc_matmul(dst=y_ps[0:rows, 0:dc], stationary=aT[j][0:fj, s * P:s * P + rows],
                                    moving=wproj[j][0:fj, c * NB:c * NB + dc])
                 y_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=y_t[0:rows, 0:dc], src=y_ps[0:rows, 0:dc], engine=nisa.engine.scalar)
+                nisa.activation(dst=y_t[0:rows, 0:dc], op=nl.copy, data=y_ps[0:rows, 0:dc])
                 nisa.dma_copy(dst=y_ND[n0 + s * P:n0 + s * P + rows, c * NB:c * NB + dc], src=y_t[0:rows, 0:dc])
     return y_ND
 
@@ -166,11 +185,9 @@ def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, dy_ND):
                                    moving=wfc[k][0:dk, c * NB:c * NB + fc])
                     nisa.nc_matmul(dst=da_ps[0:rows, 0:fc], stationary=dyT[k][0:dk, s * P:s * P + rows],
                                    moving=wprojT[k][0:dk, c * NB:c * NB + fc])
-                h, cols = h_ps[0:rows, 0:fc], slice(c * NB, c * NB + fc)
-                nisa.scalar_tensor_tensor(dst=a_t[0:rows, cols], data=h, op0=nl.maximum, operand0=0.0,
-                                          op1=nl.multiply, operand1=h)
-                nisa.scalar_tensor_tensor(dst=dh_t[0:rows, cols], data=h, op0=nl.maximum, operand0=0.0,
-                                          op1=nl.multiply, operand1=da_ps[0:rows, 0:fc])
+                cols = slice(c * NB, c * NB + fc)
+                r = _relu_sq(a_t[0:rows, cols], h_ps[0:rows, 0:fc])
+                nisa.tensor_tensor(dst=dh_t[0:rows, cols], data1=r, data2=da_ps[0:rows, 0:fc], op=nl.multiply)
             for j in nl.affine_range(KF):
                 fj = min(P, F - j * P)
                 _transpose(dhT[j][0:fj, s * P:s * P + rows], dh_t[0:rows, j * P:j * P + fj], rows, fj)

@@ -15,9 +15,18 @@ cheaper than a second B X product when R > 128). A and B are R-row tiles [P, R].
 Limits (checked by the emulator): R <= 512 per PSUM bank row in the transposes is chunked, so any
 R, C work; SBUF holds ~ (3 C + 3 R) * 2 B + 16 KiB of scratch per partition for R, C <= ~4096 in bf16.
 All baseline and frontier14 matrices (R <= 512, C <= 1024: ~25 KiB per partition) fit.
-"""
 
-import struct
+NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): TensorE transposes write
+PSUM in their input's dtype (nki/api/nki/isa/__init__.py, nc_transpose "Data types"); no divide
+(not an ALU operator: nki/api/nki.api.shared.rst operator table; release-notes/components/nki.rst
+lists nl.divide as unsupported): x / n is x * reciprocal(n) on VectorE; `tensor_scalar` operands
+and `activation` scales are fp32 (isa docs tensor_scalar, activation), so the NS constants are fp32
+columns holding their NS-dtype-rounded values, rounded on chip by a dtype cast (a kernel may only
+use the NKI meta-programming subset at specialization time, nki/get-started/nki-language-guide.rst
+"Compilation Model" / "NKI Values": no host libraries such as struct); sqrt's input is clamped into
+its valid range [2^-116, 2^118] (nki.api.shared.rst, activation functions table), which changes
+only an all-zero gradient's norm (0, whose update stays 0).
+"""
 
 import nki
 import nki.isa as nisa
@@ -26,14 +35,23 @@ import nki.language as nl
 NS_A, NS_B, NS_C = 3.4445, -4.7750, 2.0315  # = frontier_jax.optim.NS_COEFFS
 NS_EPS = 1e-7  # = frontier_jax.optim.NS_EPS
 PSUM_N = 512  # fp32 columns of one PSUM bank (nl.tile_size.psum_fmax)
+SQRT_MIN, SQRT_MAX = 2.0 ** -116, 2.0 ** 118  # ScalarE sqrt's valid input range (nki.api.shared.rst)
 
 
-def _round_bf16(v):
-    """A Python float rounded to bfloat16 (nearest even): the reference multiplies bf16 arrays by
-    constants converted to bf16 first (JAX weak typing), so the kernel's constants must match."""
-    bits = struct.unpack("<I", struct.pack("<f", v))[0]
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return struct.unpack("<f", struct.pack("<I", bits))[0]
+def _constants(values, dt, P):
+    """The compile-time constants as an fp32 [P, len(values)] tile of their values rounded to the NS
+    dtype on chip (memset in fp32, one cast to dt and back), as JAX rounds weak-typed Python scalars
+    to a bf16 array's dtype before multiplying (the reference's a * X, b * A, c * AA, + eps, * scale).
+    fp32 tiles because `tensor_scalar` / `activation` scale operands must be float32 (isa docs)."""
+    n = len(values)
+    raw = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    for i in range(n):
+        nisa.memset(dst=raw[:, i:i + 1], value=values[i])
+    rounded = nl.ndarray((P, n), dtype=dt, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=rounded, src=raw)
+    out = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=out, src=rounded)
+    return out
 
 
 def _row_tiles(n, P):
@@ -47,7 +65,7 @@ def _transpose(src, src_rows, src_cols, dtype, P):
         t = nl.ndarray((P, src_rows), dtype=dtype, buffer=nl.sbuf)
         for n0 in range(0, src_rows, PSUM_N):
             nw = min(PSUM_N, src_rows - n0)
-            pt = nl.ndarray((P, nw), dtype=nl.float32, buffer=nl.psum)
+            pt = nl.ndarray((P, nw), dtype=dtype, buffer=nl.psum)  # transpose output dtype = input dtype
             for i, (r0, ri) in enumerate(_row_tiles(src_rows, P)):
                 if n0 <= r0 < n0 + nw:
                     nisa.nc_transpose(dst=pt[0:cj, r0 - n0:r0 - n0 + ri], data=src[i][0:ri, j0:j0 + cj])
@@ -77,8 +95,7 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16"):
     wide = O <= I  # PyTorch [out, in] is not tall: X = ge^T, natural [in, out] tiles are X^T
     R, C = (O, I) if wide else (I, O)
     scale = max(1.0, O / I) ** 0.5
-    cst = _round_bf16 if ns_dtype == "bfloat16" else float
-    ca, cb, cc, scale, eps = cst(NS_A), cst(NS_B), cst(NS_C), cst(scale), cst(NS_EPS)
+    k_P5 = _constants((NS_A, NS_B, NS_C, NS_EPS, scale), dt, P)  # columns: a, b, c, eps, scale
     po_IO = nl.ndarray((I, O), dtype=p_IO.dtype, buffer=nl.shared_hbm)
     bo_IO = nl.ndarray((I, O), dtype=buf_IO.dtype, buffer=nl.shared_hbm)
     s_P2 = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)
@@ -111,11 +128,19 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16"):
     ones_PP = nl.ones((P, P), dtype=nl.float32, buffer=nl.sbuf)
     tot_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=tot_P1, stationary=ones_PP, moving=ss_P1)
+    # clamped into sqrt's valid input range: only an all-zero matrix (tot = 0) is moved, and it stays 0
+    totc_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=totc_P1, data=tot_P1, op0=nl.maximum, operand0=SQRT_MIN, op1=nl.minimum,
+                       operand1=SQRT_MAX)
     nrm_P1 = nl.ndarray((P, 1), dtype=dt, buffer=nl.sbuf)
-    nisa.activation(dst=nrm_P1, op=nl.sqrt, data=tot_P1)
-    nisa.tensor_scalar(dst=nrm_P1, data=nrm_P1, op0=nl.add, operand0=eps)
-    for i, (i0, ri) in enumerate(_row_tiles(I, P)):  # a true division, rounded as the reference's x / n
-        nisa.tensor_scalar(dst=nat[i][0:ri], data=nat[i][0:ri], op0=nl.divide, operand0=nrm_P1[0:ri])
+    nisa.activation(dst=nrm_P1, op=nl.sqrt, data=totc_P1)
+    nisa.tensor_scalar(dst=nrm_P1, data=nrm_P1, op0=nl.add, operand0=k_P5[:, 3:4])
+    # x / n as x * (1 / n): the ISA has no divide (nki.api.shared.rst operator table; NKI release
+    # notes: nl.divide unsupported); VectorE's reciprocal is the precise one (nki.api.shared.rst)
+    rn_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=rn_P1, data=nrm_P1)
+    for i, (i0, ri) in enumerate(_row_tiles(I, P)):
+        nisa.tensor_scalar(dst=nat[i][0:ri], data=nat[i][0:ri], op0=nl.multiply, operand0=rn_P1[0:ri])
 
     # ---- Newton-Schulz on chip: X as R-row tiles, X^T as C-row tiles
     if wide:
@@ -136,16 +161,16 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16"):
         def store_b(m, r0, rm, n0, nw, pt):  # B = b A + c (A A)
             aa = nl.ndarray((P, nw), dtype=dt, buffer=nl.sbuf)
             nisa.tensor_copy(dst=aa[0:rm], src=pt[0:rm, 0:nw])
-            nisa.activation(dst=aa[0:rm], op=nl.copy, data=aa[0:rm], scale=cc)
+            nisa.activation(dst=aa[0:rm], op=nl.copy, data=aa[0:rm], scale=k_P5[0:rm, 2:3])
             ba = nl.ndarray((P, nw), dtype=dt, buffer=nl.sbuf)
-            nisa.activation(dst=ba[0:rm], op=nl.copy, data=a_t[m][0:rm, n0:n0 + nw], scale=cb)
+            nisa.activation(dst=ba[0:rm], op=nl.copy, data=a_t[m][0:rm, n0:n0 + nw], scale=k_P5[0:rm, 1:2])
             nisa.tensor_tensor(dst=b_t[m][0:rm, n0:n0 + nw], data1=ba[0:rm], data2=aa[0:rm], op=nl.add)
 
         def store_x(m, r0, rm, n0, nw, pt):  # X' = a X + B X
             bx = nl.ndarray((P, nw), dtype=dt, buffer=nl.sbuf)
             nisa.tensor_copy(dst=bx[0:rm], src=pt[0:rm, 0:nw])
             ax = nl.ndarray((P, nw), dtype=dt, buffer=nl.sbuf)
-            nisa.activation(dst=ax[0:rm], op=nl.copy, data=x[m][0:rm, n0:n0 + nw], scale=ca)
+            nisa.activation(dst=ax[0:rm], op=nl.copy, data=x[m][0:rm, n0:n0 + nw], scale=k_P5[0:rm, 0:1])
             nisa.tensor_tensor(dst=xn[m][0:rm, n0:n0 + nw], data1=ax[0:rm], data2=bx[0:rm], op=nl.add)
 
         _gram((xt, xt), C, R, R, P, store_a)
@@ -159,7 +184,7 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16"):
     out = xt if wide else x
     for i, (i0, ri) in enumerate(_row_tiles(I, P)):
         if scale != 1.0:
-            nisa.tensor_scalar(dst=out[i][0:ri], data=out[i][0:ri], op0=nl.multiply, operand0=scale)
+            nisa.tensor_scalar(dst=out[i][0:ri], data=out[i][0:ri], op0=nl.multiply, operand0=k_P5[0:ri, 4:5])
         p_t = nl.ndarray((P, O), dtype=p_IO.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=p_t[0:ri], src=p_IO[i0:i0 + ri])
         nisa.scalar_tensor_tensor(dst=p_t[0:ri], data=out[i][0:ri], op0=nl.multiply, operand0=nlr_P1[0:ri],

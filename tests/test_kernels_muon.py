@@ -57,6 +57,19 @@ def test_matches_reference(kernel, shape, ns_dtype):
     assert c.pe_macs_issued > 0 and c.psum_peak_banks <= 8
 
 
+@pytest.mark.parametrize("ns_dtype", ["float32", "bfloat16"])
+def test_zero_gradient_gives_zero_update(kernel, ns_dtype):
+    """g = buf = 0: the Frobenius norm is 0, outside ScalarE sqrt's valid input range; the kernel
+    clamps it into the range, and the update stays exactly 0 (p' = p), as in the reference."""
+    p, g, b, scal = _inputs((96, 200), seed=7)
+    g[:], b[:] = 0.0, 0.0
+    (p2, b2), _ = emulator.run(kernel, p, g, b, scal, ns_steps=5, ns_dtype=ns_dtype)
+    ref = fused_optim._muon_ref(p, g, b, scal, ns_steps=5, ns_dtype=ns_dtype)
+    np.testing.assert_array_equal(p2, p)
+    np.testing.assert_array_equal(p2, ref[0])
+    assert not b2.any()
+
+
 @pytest.mark.parametrize("shape", [(512, 512), (512, 256), (512, 1024), (1024, 512)])
 def test_baseline_matrices_stay_on_chip_with_minimum_hbm_bytes(kernel, shape):
     """Every baseline/frontier14 Muon matrix: the iterate fits SBUF (the emulator enforces it) and HBM sees

@@ -187,6 +187,9 @@ def count(kernel, *specs, target: str = "trn1", **constants):
     with _m.running(machine):
         inputs = []
         for spec in specs:
+            if spec is None:  # an optional tensor argument left out, as in run()
+                inputs.append(None)
+                continue
             shape, dtype = (spec.shape, spec.dtype) if hasattr(spec, "shape") else spec
             zero = np.zeros((), dtype=_m.as_dtype(dtype))
             inputs.append(machine.wrap_hbm(np.broadcast_to(zero, tuple(shape))))
