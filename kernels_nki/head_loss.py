@@ -122,6 +122,16 @@ def _chunk_logits(xT, embT, iota_PV, c0, vc, rows, D, softcap, ids_PS, vals_PS, 
     return t_t, l_t
 
 
+def _sources(bias_ids_NS, bias_vals_NS):
+    """S, the bias sources: 0 when the caller passes None for both (no zero-size tensors reach a
+    kernel: no AWS document defines one); `== None`, as the NKI 0.3 migration guide replaces `is None`."""
+    if bias_ids_NS == None:  # noqa: E711 (NKI 0.3 has no `is`: nki/migration/index.rst)
+        assert bias_vals_NS == None, "bias_ids_NS and bias_vals_NS are both None or both [N, S]"  # noqa: E711
+        return 0
+    assert bias_ids_NS.shape == bias_vals_NS.shape and bias_ids_NS.shape[1] > 0
+    return bias_ids_NS.shape[1]
+
+
 def _iota(V):
     P = nl.tile_size.pmax
     iota_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
@@ -130,11 +140,11 @@ def _iota(V):
 
 
 @nki.jit
-def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, softcap=30.0):
-    """(loss_N1, lse_N1), fp32. bias_ids_NS int32 / bias_vals_NS fp32 [N, S]; S = 0: no bias."""
+def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS=None, bias_vals_NS=None, softcap=30.0):
+    """(loss_N1, lse_N1), fp32. bias_ids_NS int32 / bias_vals_NS fp32 [N, S >= 1], or None: no bias."""
     N, D = x_ND.shape
     V = emb_VD.shape[0]
-    S = bias_ids_NS.shape[1]
+    S = _sources(bias_ids_NS, bias_vals_NS)
     P = nl.tile_size.pmax
     dt = x_ND.dtype
     loss_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -189,10 +199,10 @@ def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, softcap=3
 
 @nki.jit
 def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, dloss_N1, softcap=30.0):
-    """(dx_ND in x's dtype, demb_VD in emb's dtype[, dvals_NS fp32 when S > 0])."""
+    """(dx_ND in x's dtype, demb_VD in emb's dtype[, dvals_NS fp32 with a bias]); no bias: both None."""
     N, D = x_ND.shape
     V = emb_VD.shape[0]
-    S = bias_ids_NS.shape[1]
+    S = _sources(bias_ids_NS, bias_vals_NS)
     P = nl.tile_size.pmax
     dt = x_ND.dtype
     dx_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
