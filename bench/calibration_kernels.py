@@ -60,3 +60,44 @@ def matmul_schedule(lhsT, rhs, schedule="tiled", block_m=1, block_n=1):
                         nisa.nc_matmul(dst=acc, stationary=a, moving=b)
                     _out_tile(result, acc, r0, c0)
     return result
+
+
+@nki.jit
+def matmul_blocked_k(lhsT, rhs, block_m=16, block_n=2, block_k=8):
+    """All three dimensions blocked: per column block of block_n x 512, fp32 SBUF accumulators for every
+    output tile of the column; per block_k x 128 slice of the contraction, the rhs slice is loaded once,
+    then per row block the lhsT slice, the PSUM partial sums added into the accumulators (VectorE)."""
+    K, M = lhsT.shape
+    N = rhs.shape[1]
+    P, W = nl.tile_size.pmax, nl.tile_size.gemm_moving_fmax
+    BM, BN, BK = P * block_m, W * block_n, P * block_k
+    result = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.shared_hbm)
+    for n in nl.affine_range(N // BN):
+        acc = []
+        for i in range(M // P):
+            row = []
+            for j in range(block_n):
+                t = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.memset(dst=t, value=0.0)
+                row.append(t)
+            acc.append(row)
+        for kb in nl.sequential_range(K // BK):
+            rhs_tiles = _strip(rhs[kb * BK:(kb + 1) * BK], BK, n * BN, BN, rhs.dtype)
+            for mb in nl.affine_range(M // BM):
+                lhs_tiles = _strip(lhsT[kb * BK:(kb + 1) * BK], BK, mb * BM, BM, lhsT.dtype)
+                for j in nl.affine_range(block_n):
+                    for i in nl.affine_range(block_m):
+                        ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
+                        for k in nl.affine_range(block_k):
+                            nisa.nc_matmul(dst=ps, stationary=lhs_tiles[k][0:P, i * P:(i + 1) * P],
+                                           moving=rhs_tiles[k][0:P, j * W:(j + 1) * W])
+                        a = acc[mb * block_m + i][j]
+                        nisa.tensor_tensor(dst=a, data1=a, data2=ps, op=nl.add)
+                lhs_tiles = ()  # the slice's SBUF is free before the next one is loaded
+            rhs_tiles = ()
+        for i in nl.affine_range(M // P):
+            row = nl.ndarray((P, BN), dtype=nl.float32, buffer=nl.sbuf)
+            for j in nl.affine_range(block_n):
+                nisa.tensor_copy(dst=row[0:P, j * W:(j + 1) * W], src=acc[i][j])
+            nisa.dma_copy(dst=result[i * P:(i + 1) * P, n * BN:(n + 1) * BN], src=row)
+    return result

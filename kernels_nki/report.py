@@ -108,7 +108,8 @@ def model_op_calls(cfg: Config) -> list[KernelCall]:
     calls.append(KernelCall("embed", "fwd", f"[N={N}] rows of [V={V}, D={D}]", (ids, emb), 4 * N + N * D * s, 1))
     calls.append(KernelCall("embed", "bwd", f"[N={N}] rows of [V={V}, D={D}]", (ids, emb, ((N, D), dn)),
                             4 * N + N * D * s + V * D * 4, 1))
-    head = (((N, D), dn), emb, ((N, 1), "int32"), ((N, S), "int32"), ((N, S), "float32"))
+    bias = (((N, S), "int32"), ((N, S), "float32")) if S else (None, None)  # no bias: None (no [N, 0] tensor)
+    head = (((N, D), dn), emb, ((N, 1), "int32")) + bias
     label = f"[N={N}, D={D}, V={V}, S={S}]"
     io = N * D * s + V * D * s + 4 * N + 8 * N * S
     const = (("softcap", float(m.logit_softcap)),)
@@ -121,9 +122,9 @@ def model_op_calls(cfg: Config) -> list[KernelCall]:
 def measure(call: KernelCall, target: str = cost.DEFAULT_TARGET) -> dict:
     spec = registry.KERNELS[call.op]
     kernel = getattr(registry.load_emulated(call.op), getattr(spec, call.which))
-    c = emulator.count(kernel, *call.inputs, **dict(call.constants))
+    c = emulator.count(kernel, *call.inputs, target=target, **dict(call.constants))
     return _row(call.op, call.which, call.label, c, target, call.min_bytes,
-                inputs=[[list(shape), dtype] for shape, dtype in call.inputs])
+                inputs=[None if spec is None else [list(spec[0]), spec[1]] for spec in call.inputs])
 
 
 def _row(op, which, label, c, target, min_bytes, inputs=None) -> dict:

@@ -59,11 +59,11 @@ def optimizer_section(cfg: Config, target: str = cost.DEFAULT_TARGET) -> dict:
         n = int(np.prod(shape))
         dt = np.dtype(ml_dtypes.bfloat16) if dtn == "bfloat16" else np.dtype(dtn)
         if kind == "adam":
-            c = emulator.count(kernels["adam_update"], *[((n,), dtn)] * 4, ((128, 4), "float32"),
+            c = emulator.count(kernels["adam_update"], *[((n,), dtn)] * 4, ((128, 4), "float32"), target=target,
                                b1=o.beta1, b2=o.beta2, eps=o.adam_eps)
             min_b, unfused_b = 7 * n * dt.itemsize, UNFUSED_ADAM_ACCESSES * n * dt.itemsize
         else:
-            c = emulator.count(kernels["muon_update"], *[(shape, "float32")] * 3, ((128, 2), "float32"),
+            c = emulator.count(kernels["muon_update"], *[(shape, "float32")] * 3, ((128, 2), "float32"), target=target,
                                ns_steps=o.muon_ns_steps, ns_dtype=o.muon_ns_dtype)
             min_b, unfused_b = 20 * n, _unfused_muon_bytes(shape[0], shape[1], o.muon_ns_steps, ns_bytes)
         est = emulator.estimate(c, target)

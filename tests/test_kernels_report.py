@@ -103,9 +103,10 @@ def test_counted_work_equals_a_full_emulated_run_at_small_shapes():
     rng = np.random.default_rng(0)
     for call in report.kernel_calls(cfg):
         counted = report.measure(call)["counters"]
-        arrays = [rng.integers(0, cfg.model.vocab_size, shape).astype(np.int32) if dt == "int32" else
-                  rng.standard_normal(shape).astype(ml_dtypes.bfloat16 if dt == "bfloat16" else dt)
-                  for shape, dt in call.inputs]
+        arrays = [None if spec is None else
+                  rng.integers(0, cfg.model.vocab_size, spec[0]).astype(np.int32) if spec[1] == "int32" else
+                  rng.standard_normal(spec[0]).astype(ml_dtypes.bfloat16 if spec[1] == "bfloat16" else spec[1])
+                  for spec in call.inputs]
         if call.which == "bwd":
             arrays[1] = np.abs(arrays[1]).astype(arrays[1].dtype)
         kernel = getattr(registry.load_emulated(call.op), getattr(registry.KERNELS[call.op], call.which))
