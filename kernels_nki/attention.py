@@ -42,6 +42,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+BWD_VEC = 3  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
 KC = 512  # keys per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
 NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
 
@@ -67,12 +68,16 @@ def _causal_bias():
     return bias
 
 
-def _transpose(dst, src, rows, cols):
-    """dst[0:cols, 0:rows] (SBUF) = src[0:rows, 0:cols]^T: TensorE into PSUM, ScalarE copy out
-    (`activation(op=nl.copy)`: NeuronCore-v2 has no ScalarE tensor_copy, nki/api isa docs, tensor_copy)."""
+def _transpose(dst, src, rows, cols, on_vector=False):
+    """dst[0:cols, 0:rows] (SBUF) = src[0:rows, 0:cols]^T: TensorE into PSUM, then a ScalarE copy out
+    (`activation(op=nl.copy)`: NeuronCore-v2 has no ScalarE tensor_copy, nki/api isa docs, tensor_copy)
+    or, with on_vector, a VectorE one (GpSimd cannot read PSUM: same docs)."""
     t_ps = nl.ndarray((cols, rows), dtype=src.dtype, buffer=nl.psum)
     nisa.nc_transpose(dst=t_ps, data=src)
-    nisa.activation(dst=dst, op=nl.copy, data=t_ps)
+    if on_vector:
+        nisa.tensor_copy(dst=dst, src=t_ps, engine=nisa.engine.vector)
+    else:
+        nisa.activation(dst=dst, op=nl.copy, data=t_ps)
 
 
 def _head_rows(x_BTXK, b, x, t0, rows, dt, transposed):
@@ -102,12 +107,23 @@ def _kv_head(x_BTGK, b, g, dt):
     return tiles, xT
 
 
+def _half_matmul(dst, stationary, moving, half):
+    """nc_matmul; a contraction of <= 64 rows runs on one 64-row half of the PE array (row tiling mode,
+    NeuronCore-v2 or newer: nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode"), so that two such
+    matmuls on different halves (`half` 0 / 1) run in parallel."""
+    if stationary.shape[0] <= 64:
+        nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, tile_position=(half * 64, 0),
+                       tile_size=(64, 128))
+    else:
+        nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving)
+
+
 def _scores(qT, kT, t0, rows, c0, kc, bias):
     """Raw scores q k^T of the query rows against keys c0:c0+kc in fp32 PSUM, the diagonal block masked."""
     K = qT.shape[0]
     P = nl.tile_size.pmax
     s_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=s_ps[0:rows, 0:kc], stationary=qT[0:K, 0:rows], moving=kT[0:K, c0:c0 + kc])
+    _half_matmul(s_ps[0:rows, 0:kc], qT[0:K, 0:rows], kT[0:K, c0:c0 + kc], (t0 // P + c0 // KC) % 2)
     if c0 + kc == t0 + rows:  # the chunk ends with the diagonal block (keys t0 .. t0+rows)
         diag = s_ps[0:rows, t0 - c0:t0 - c0 + rows]
         nisa.tensor_tensor(dst=diag, data1=diag, data2=bias[0:rows, 0:rows], op=nl.add)
@@ -198,7 +214,7 @@ def _kv_head_rows(x_BTGK, b, g, dt):
     return tiles, None
 
 
-def _bwd_block(p_t, ds_t, do_t, q_t, k_tile, dq_ps, dk_acc, dv_acc, rows, j, kr, col, dt):
+def _bwd_block(p_t, ds_t, do_t, q_t, k_tile, dq_ps, dk_acc, dv_acc, rows, j, kr, col, dt, vec):
     """The 128-key block j of a chunk: dv += p^T dO, dk += ds^T q (PSUM accumulators), dq += ds k."""
     K = q_t.shape[1]
     P = nl.tile_size.pmax
@@ -206,7 +222,7 @@ def _bwd_block(p_t, ds_t, do_t, q_t, k_tile, dq_ps, dk_acc, dv_acc, rows, j, kr,
     nisa.nc_matmul(dst=dv_acc[0:kr, col:col + K], stationary=p_t[0:rows, cols], moving=do_t[0:rows, 0:K])
     nisa.nc_matmul(dst=dk_acc[0:kr, col:col + K], stationary=ds_t[0:rows, cols], moving=q_t[0:rows, 0:K])
     dsT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-    _transpose(dsT[0:kr, 0:rows], ds_t[0:rows, cols], rows, kr)
+    _transpose(dsT[0:kr, 0:rows], ds_t[0:rows, cols], rows, kr, on_vector=vec)
     nisa.nc_matmul(dst=dq_ps[0:rows, 0:K], stationary=dsT[0:kr, 0:rows], moving=k_tile[0:kr, 0:K])
 
 
@@ -217,7 +233,7 @@ def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, di_P1, dq_ps, acc, 
     p_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
     nisa.activation(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s_ps[0:rows, 0:kc], bias=negl_P1[0:rows], scale=scale)
     dp_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=dp_ps[0:rows, 0:kc], stationary=doT[0:K, 0:rows], moving=vT[0:K, c0:c0 + kc])
+    _half_matmul(dp_ps[0:rows, 0:kc], doT[0:K, 0:rows], vT[0:K, c0:c0 + kc], 1 - (t0 // P + c0 // KC) % 2)
     ds_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=ds_t[0:rows, 0:kc], data=dp_ps[0:rows, 0:kc], op0=nl.subtract,
                               operand0=di_P1[0:rows], op1=nl.multiply, operand1=p_t[0:rows, 0:kc])
@@ -226,7 +242,7 @@ def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, di_P1, dq_ps, acc, 
         kt = c0 // P + j
         dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
         _bwd_block(p_t, ds_t, do_t, q_t, k_tiles[kt], dq_ps, dk_acc, dv_acc, rows, j, min(P, kc - j * P),
-                   (kt % per_bank) * K, dt)
+                   (kt % per_bank) * K, dt, kt % BWD_VEC == 1)
 
 
 def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt):
