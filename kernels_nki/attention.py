@@ -24,18 +24,24 @@ and accumulate in PSUM across all R query heads and query tiles of the kv head (
 each); dq += ds k needs ds^T (TensorE transposes). dq and dk take the 1/sqrt(K) scale when leaving
 PSUM.
 
-TensorE useful/issued (kernels_nki.emulator counts, bf16, B=1, T=1024, H=8, G=4, K=64; the causal
-triangle, diagonal blocks included, counted as useful): forward 0.353, backward 0.484; estimated
-37.2 / 67.8 us per sequence, TensorE-bound. Not 0.9, for reasons inherent at head dim 64 on a
-128-row PE array: q k^T and dO v^T contract over K=64, so each uses half the PE rows; p^T (forward)
-and ds^T (backward) are one 128x128 transpose per block, issued with no useful MACs; and the q/k/v/dO
-transposes (once per 128-row tile) add ~10%. Per 128x128 block the forward issues 128+128+64
-MAC-columns (useful 64+64), the backward 128+128+64+64+64+128 (useful 5 x 64). Moving the p^T/ds^T
-transposes to VectorE (16 32x32 transposes per block) measures forward 0.545 / 24.1 us, backward
-0.600 / 54.7 us (still TensorE-bound, VectorE at 20 us), about 60 ms less per baseline step, but only
-if VectorE really streams the modelled 2.3e12 elements/s (cost.py's caveat: if that figure counts
-several FLOPs per element, 16 VectorE instructions per block cost more than one TensorE transpose),
-so we keep TensorE until a trn1 profile says otherwise.
+Engines (B=1, T=1024, H=8, G=4, K=64, bf16; kernels_nki.report, cost model at AWS's documented
+trn1 engine rates): forward 70.2 us per sequence, ScalarE-bound (ScalarE 70.2: exp 31 + p^T PSUM
+copies 35; VectorE 65.9: row max 33 + diagonal mask 7; TensorE 37.3); backward 68.0 us, TensorE-
+bound (ScalarE 67.3, VectorE 62.3: every BWD_VEC-th ds^T copy on VectorE balances the two).
+q k^T and dO v^T contract over K = 64 and run in row-tiling mode on alternating 64-row halves of the
+PE array, which NeuronCore-v2 runs in parallel (nc_matmul "Tiling mode").
+
+TensorE useful/issued (the causal triangle, diagonal blocks included, counted as useful; transposes
+useful 0): forward 0.353, backward 0.484 as the emulator counts today (a row-tiled matmul is charged
+the whole 128-row array); charged rows x cols x N, as tiling mode issues it, they are 0.429 and 0.600.
+The rest is transposes: per 128 x 128 block the forward issues 64 (q k^T, half array) + 128 (p^T) +
+64 (p v) columns, the backward 64 + 64 (q k^T, dO v^T) + 3 x 64 (p^T dO, ds^T q, ds k) + 128 (ds^T),
+plus one q^T / dO^T transpose per query tile. 0.85 needs p^T and ds^T off TensorE, and trn1 has no
+cheap place for them: VectorE transposes only within 32-partition groups (arch guide, "Cross-partition
+Data Movement"), is the forward's second-busiest engine already, and a DMA transpose moves 2-byte
+elements one descriptor each; computing the scores key-major instead needs the per-query max or lse
+along the free axis (an extra VectorE pass over every score, or a 65-row contraction that cannot use
+row tiling). The kernel's time is set by ScalarE/VectorE, not by TensorE's idle share.
 """
 
 import nki
