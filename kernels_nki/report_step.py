@@ -14,6 +14,7 @@ from the architecture the README describes (tests/test_kernels_report.py checks 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from frontier_jax.config import Config
 from kernels_nki.emulator import cost
@@ -117,6 +118,7 @@ def glue_passes(cfg: Config, dt_bytes: int) -> list[tuple[str, float]]:
     x = N * D * dt_bytes
     skips = min(L // 2, L - L // 2)
     H, K = m.num_heads, m.head_dim
+    n_params = sum(math.prod(shape) for _, _, shape, _ in param_specs(cfg))
     return [
         # fwd: a*x + b*x0 (2 in, 1 out); bwd: dx, dx0 from dy, x, x0 (3 in, 2 out) + the [2, D] reduction
         ("resid_mix", L * (3 + 5) * x),
@@ -124,7 +126,10 @@ def glue_passes(cfg: Config, dt_bytes: int) -> list[tuple[str, float]]:
         ("attn/mlp scaled residual adds", L * 2 * (3 + 3) * x),
         ("U-Net skip adds", skips * (3 + 5) * x),
         ("q gain (q * g per head)", L * (2 + 4) * N * H * K * dt_bytes),
-        ("embedding cast to the compute dtype", 2 * x),
+        # fp32 parameters read and cast to the compute dtype for the matmuls, once per micro-batch
+        ("parameter casts fp32 -> compute dtype", n_params * (4 + dt_bytes)),
+        # gradient accumulation over micro-batches: read the fp32 sum and the new gradient, write the sum
+        ("gradient accumulation (fp32)", n_params * 3 * 4),
     ]
 
 
@@ -150,7 +155,8 @@ def whole_step(cfg: Config, t: StepTotals, target: str) -> dict:
             "model_flops_per_step": flops, "peak_flops_per_core": peak, "mfu": flops / (CORES * step_s * peak),
             "steps_per_30min": steps, "tokens_per_30min": steps * cfg.train.tokens_per_step,
             "note": "kernels serial, engines overlapped within a kernel; projections costed from their "
-                    "128-row tiling, glue from its HBM passes (estimates)"}
+                    "128-row tiling, glue from its HBM passes (estimates); 30 minutes on 2 NeuronCores "
+                    "(one trn1 chip; a trn2 chip has 8)"}
 
 
 def format_whole_step(w: dict, cores: int) -> list[str]:
@@ -159,5 +165,5 @@ def format_whole_step(w: dict, cores: int) -> list[str]:
             f"(HBM passes) + optimizer {w['optimizer_s'] * 1e3:.1f} ms",
             f"counted from kernels: {w['share_counted']:.1%} of the step; estimated: {w['share_estimated']:.1%}",
             f"MFU {w['mfu']:.1%} of {w['peak_flops_per_core'] / 1e12:.0f} TFLOP/s x {cores} cores "
-            f"({w['model_flops_per_step'] / 1e12:.1f} TFLOP per step); 30 minutes on one chip: "
+            f"({w['model_flops_per_step'] / 1e12:.1f} TFLOP per step); 30 minutes on {cores} cores: "
             f"{w['steps_per_30min']:,.0f} steps = {w['tokens_per_30min'] / 1e9:.2f} B tokens", w["note"]]
