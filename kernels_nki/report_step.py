@@ -4,9 +4,8 @@ Reads only `frontier_jax.config` (and NumPy): the parameter list and the FLOP co
 from the architecture the README describes (tests/test_kernels_report.py checks both against
 `frontier_jax.model`). Per core and per training step:
 
-- counted: NKI kernels whose source runs in count-only emulation (report.py, report_optim.py).
-- estimated, tiling: the q/k/v/o projections (XLA matmuls today, no NKI kernel): the instructions a
-  128-row tiling issues (`projection_counters`), costed by the same cost model as the kernels.
+- counted: NKI kernels whose source runs in count-only emulation (report.py, report_optim.py),
+  the q/k/v/o projections included (kernels_nki/projection.py, not wired as an op yet).
 - estimated, traffic: the element-wise glue between kernels (`glue_passes`), each an HBM pass at the
   DMA rate (XLA fuses each line into one loop; reads + writes counted per element).
 """
@@ -18,7 +17,6 @@ import math
 
 from frontier_jax.config import Config
 from kernels_nki.emulator import cost
-from kernels_nki.emulator.machine import PMAX, Counters
 
 CORES = 2  # trn1.2xlarge: one chip, 2 NeuronCore-v2, data parallel
 BUDGET_S = 1800.0  # the contest's 30-minute training budget
@@ -59,58 +57,6 @@ def model_flops_per_token(cfg: Config) -> float:
     return 3.0 * (m.num_layers * per_layer + 2 * D * m.vocab_size)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def matmul_tiling(N: int, I: int, O: int, dt_bytes: int, transpose_in: bool) -> Counters:
-    """Counters of y[N, O] = x[N, I] @ w[I, O] on a 128-row tiling: per 128-token tile, I/128 TensorE
-    transposes of x when it arrives token-major (`transpose_in`) with their PSUM->SBUF copies,
-    ceil(I/128) x ceil(O/512) matmuls (stationary x^T [128, 128], moving w [128, <= 512]) accumulating
-    in PSUM, a PSUM->SBUF copy with the cast, x in and y out once, w loaded once."""
-    c = Counters()
-    nt, it, ot = _cdiv(N, PMAX), _cdiv(I, PMAX), _cdiv(O, 512)
-    for i in range(it):
-        ki = min(PMAX, I - i * PMAX)
-        for o in range(ot):
-            n = min(512, O - o * 512)
-            c.pe_instructions += nt
-            c.pe_macs_issued += nt * PMAX * PMAX * n
-            c.pe_macs_useful += N * ki * n
-        if transpose_in:
-            c.pe_instructions += nt
-            c.pe_macs_issued += nt * PMAX * PMAX * PMAX
-            c.scalar_instructions += nt
-            c.scalar_elems_issued += nt * PMAX * max(64, PMAX)
-            c.scalar_elems_useful += N * ki
-    for o in range(ot):
-        n = min(512, O - o * 512)
-        c.vector_instructions += nt
-        c.vector_elems_issued += nt * PMAX * max(64, n)
-        c.vector_elems_useful += N * n
-    c.dma_transfers = 2 * nt + it
-    c.dma_bytes = (N * I + N * O + I * O) * dt_bytes
-    return c
-
-
-def projection_calls(cfg: Config, dt_bytes: int) -> list[tuple[str, Counters, int]]:
-    """(label, counters of one call, calls per micro-batch): q/k/v as one fused [D, (H + 2G) K] matmul and
-    the output projection, forward (x w) and backward (dx = dy w^T, dw = x^T dy: token-major operands
-    already hold the contraction on partitions, so only dy^T is transposed)."""
-    m, t = cfg.model, cfg.train
-    N, D, L = t.seq_len * t.micro_batch_seqs, m.model_dim, m.num_layers
-    QKV, HK = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim, m.num_heads * m.head_dim
-    rows = []
-    for name, I, O in (("qkv", D, QKV), ("o", HK, D)):
-        fwd = matmul_tiling(N, I, O, dt_bytes, transpose_in=True)
-        dx = matmul_tiling(N, O, I, dt_bytes, transpose_in=True)  # dy^T transposed, w^T once (negligible)
-        dw = matmul_tiling(I, N, O, dt_bytes, transpose_in=False)  # contraction over tokens
-        dw.dma_bytes = (N * I + N * O) * dt_bytes + I * O * 4  # x, dy in; fp32 dw out
-        rows.append((f"{name} proj fwd [N={N}, {I}->{O}]", fwd, L))
-        rows.append((f"{name} proj bwd [N={N}, {I}->{O}]", dx + dw, L))
-    return rows
-
-
 def glue_passes(cfg: Config, dt_bytes: int) -> list[tuple[str, float]]:
     """(what, HBM bytes per micro-batch) of the element-wise work between kernels, forward and backward."""
     m, t = cfg.model, cfg.train
@@ -136,7 +82,6 @@ def glue_passes(cfg: Config, dt_bytes: int) -> list[tuple[str, float]]:
 @dataclasses.dataclass(frozen=True)
 class StepTotals:
     counted_s: float  # kernels from count-only emulation
-    tiling_s: float  # projections from their tiling
     traffic_s: float  # glue from its HBM traffic
     optimizer_s: float
     optimizer_counted: bool
@@ -144,25 +89,24 @@ class StepTotals:
 
 def whole_step(cfg: Config, t: StepTotals, target: str) -> dict:
     """Step time per core, its counted/estimated shares, MFU and tokens per 30 minutes on one chip."""
-    step_s = t.counted_s + t.tiling_s + t.traffic_s + t.optimizer_s
+    step_s = t.counted_s + t.traffic_s + t.optimizer_s
     counted = t.counted_s + (t.optimizer_s if t.optimizer_counted else 0.0)
     flops = model_flops_per_token(cfg) * cfg.train.tokens_per_step
     peak = 2 * cost.target(target).tensor_macs_per_s
     steps = BUDGET_S / step_s
-    return {"kernel_s": t.counted_s, "projection_s": t.tiling_s, "glue_s": t.traffic_s,
+    return {"kernel_s": t.counted_s, "glue_s": t.traffic_s,
             "optimizer_s": t.optimizer_s, "step_s": step_s,
             "share_counted": counted / step_s, "share_estimated": 1 - counted / step_s,
             "model_flops_per_step": flops, "peak_flops_per_core": peak, "mfu": flops / (CORES * step_s * peak),
             "steps_per_30min": steps, "tokens_per_30min": steps * cfg.train.tokens_per_step,
-            "note": "kernels serial, engines overlapped within a kernel; projections costed from their "
-                    "128-row tiling, glue from its HBM passes (estimates); 30 minutes on 2 NeuronCores "
-                    "(one trn1 chip; a trn2 chip has 8)"}
+            "note": "kernels serial, engines overlapped within a kernel; glue estimated from its HBM passes; "
+                    "30 minutes on 2 NeuronCores (one trn1 chip; a trn2 chip has 8)"}
 
 
 def format_whole_step(w: dict, cores: int) -> list[str]:
-    return [f"estimated step: {w['step_s'] * 1e3:.1f} ms per core = kernels {w['kernel_s'] * 1e3:.1f} + "
-            f"q/k/v/o projections {w['projection_s'] * 1e3:.1f} (tiling) + glue {w['glue_s'] * 1e3:.1f} "
-            f"(HBM passes) + optimizer {w['optimizer_s'] * 1e3:.1f} ms",
+    return [f"estimated step: {w['step_s'] * 1e3:.1f} ms per core = kernels {w['kernel_s'] * 1e3:.1f} "
+            f"(q/k/v/o projections included) + glue {w['glue_s'] * 1e3:.1f} (HBM passes) + optimizer "
+            f"{w['optimizer_s'] * 1e3:.1f} ms",
             f"counted from kernels: {w['share_counted']:.1%} of the step; estimated: {w['share_estimated']:.1%}",
             f"MFU {w['mfu']:.1%} of {w['peak_flops_per_core'] / 1e12:.0f} TFLOP/s x {cores} cores "
             f"({w['model_flops_per_step'] / 1e12:.1f} TFLOP per step); 30 minutes on {cores} cores: "
