@@ -16,17 +16,26 @@ from kernels_nki.emulator import cost
 _counter = [0]
 
 
-def _kernel_module(tmp_path, monkeypatch, body: str):
-    """Write a kernel module (body of `@nki.jit def k(a): ...`), load it emulated; return (k, marked line)."""
+def write_kernel(tmp_path, monkeypatch, body: str, header: str = "", sig: str = "a", mark_jit: bool = False):
+    """Write a kernel module (`header` lines, then `@nki.jit def k(<sig>):` with `body`) importable by name.
+
+    Returns (module name, "path:line" of the line marked `# <-`, or of the @nki.jit line when mark_jit)."""
     _counter[0] += 1
     name = f"emu_case_{_counter[0]}"
-    src = "import nki\nimport nki.language as nl\nimport nki.isa as nisa\n\n\n@nki.jit\ndef k(a):\n"
+    src = f"import nki\nimport nki.language as nl\nimport nki.isa as nisa\n{header}\n\n"
+    src += f"@nki.jit{'  # <-' if mark_jit else ''}\ndef k({sig}):\n"
     src += textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + "\n"
     path = tmp_path / f"{name}.py"
     path.write_text(src)
     monkeypatch.syspath_prepend(str(tmp_path))
-    line = next(i + 1 for i, text in enumerate(src.splitlines()) if "# <-" in text) if "# <-" in src else None
-    return emulator.load_kernel_module(name).k, f"{path}:{line}"
+    line = next((i + 1 for i, text in enumerate(src.splitlines()) if "# <-" in text), None)
+    return name, f"{path}:{line}"
+
+
+def _kernel_module(tmp_path, monkeypatch, body: str, **kw):
+    """Write and load (AST pass, then execution against the emulated nki) a kernel module -> (k, marked line)."""
+    name, where = write_kernel(tmp_path, monkeypatch, body, **kw)
+    return emulator.load_kernel_module(name).k, where
 
 
 LIMIT_CASES = {

@@ -79,7 +79,8 @@ def check_source(source: str, filename: str) -> None:
     foreign = set(imported)
     for fn in kernel_functions(tree):
         if any(_is_jit(d) for d in fn.decorator_list) and (fn.args.kwonlyargs or fn.args.vararg):
-            _fail("ast.kwonly_args", f"kernel {fn.name} has keyword-only or *args parameters", filename, fn)
+            _fail("ast.kwonly_args", f"kernel {fn.name} has keyword-only or *args parameters", filename,
+                  fn.decorator_list[0])
         for node in ast.walk(fn):
             if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
                 _fail("ast.is_operator", f"`is` / `is not` in {fn.name}", filename, node)

@@ -68,8 +68,9 @@ def get_nc_version():
 _PSTART = ((64, (0,)), (32, (0, 64)), (0, (0, 32, 64, 96)))
 
 
-def _tile(t, what: str, buffers=_m.ON_CHIP, rule_id: str = "engine.hbm") -> _m.Tensor:
-    """An instruction operand: a Tensor in `buffers`, on chip within the partition/access-pattern rules."""
+def _tile(t, what: str, buffers=_m.ON_CHIP, rule_id: str = "engine.hbm", engine_access: bool = True) -> _m.Tensor:
+    """An instruction operand: a Tensor in `buffers`, on chip within the partition/access-pattern rules
+    (start partition and free access pattern are compute-engine rules; DMA passes engine_access=False)."""
     if not isinstance(t, _m.Tensor):
         _m.fail(f"{what} must be a tile, got {type(t).__name__}", _m.NkiEmulatorError)
     if t.buffer not in buffers:
@@ -81,6 +82,8 @@ def _tile(t, what: str, buffers=_m.ON_CHIP, rule_id: str = "engine.hbm") -> _m.T
     n = t.shape[0]
     if n > _m.PMAX:
         rule("partition.max", f"{what} {t.shape}: partition dimension exceeds {_m.PMAX}")
+    if not engine_access:
+        return t
     allowed = next(starts for above, starts in _PSTART if n > above)
     if t.pstart not in allowed:
         rule("partition.start", f"{what} spans {n} partitions from partition {t.pstart}; allowed starts {allowed}")
@@ -160,7 +163,7 @@ def _dma_side(t, what: str):
         _m.fail(f"{what} must be a tensor, got {type(t).__name__}", _m.NkiEmulatorError)
     if t.buffer not in ("sbuf",) + _m.HBM:
         rule("dma.buffers", f"{what} is in {t.buffer}")
-    return _tile(t, what, ("sbuf",) + _m.HBM, "dma.buffers")
+    return _tile(t, what, ("sbuf",) + _m.HBM, "dma.buffers", engine_access=False)
 
 
 def _indirect(t, dge) -> bool:

@@ -123,7 +123,7 @@ abs = _unary("abs", np.abs, alu=True)  # noqa: A001 (mirrors the nki.language na
 negative = _unary("negative", np.negative, act=False)  # nl.* only: runs as a VectorE multiply by -1
 
 add = _binary("add", np.add, reduce=np.add)
-subtract = _binary("subtract", np.subtract)
+subtract = _binary("subtract", np.subtract, reduce=np.subtract)
 multiply = _binary("multiply", np.multiply, reduce=np.multiply)
 divide = _binary("divide", np.divide, alu=False)  # not an ALU operator (0.3 known issues)
 maximum = _binary("maximum", np.maximum, reduce=np.maximum)

@@ -125,11 +125,17 @@ def _kernel(kernel) -> EmulatedKernel:
     return kernel
 
 
-def _outputs(result, machine: _m.Machine):
+def _where(kernel) -> str:
+    """The kernel's def line: where interface rules (arguments, outputs, launch grid) are reported."""
+    code = kernel.fn.__code__
+    return f"{code.co_filename}:{code.co_firstlineno}"
+
+
+def _outputs(result, machine: _m.Machine, where: str):
     results = result if isinstance(result, tuple) else (result,)
     for t in results:
         if not isinstance(t, _m.Tensor) or t.buffer != "shared_hbm":
-            _m.rule("kernel.output_shared_hbm", f"kernel output {t!r}")
+            _m.rule("kernel.output_shared_hbm", f"kernel output {t!r}", where)
     if not machine.compute:
         return None
     arrays = tuple(np.array(t.data) for t in results)
@@ -147,10 +153,10 @@ def _launch(kernel, machine: _m.Machine, inputs, constants):
     """Interface rules (list arguments, the launch grid), then the kernel body -> its result."""
     for v in list(inputs) + list(constants.values()):
         if isinstance(v, list):
-            _m.rule("kernel.list_args", f"{kernel.fn.__name__} gets a list argument (use a tuple)")
+            _m.rule("kernel.list_args", f"{kernel.fn.__name__} gets a list argument (use a tuple)", _where(kernel))
     if kernel.lnc > machine.spec.max_lnc:
         _m.rule("kernel.lnc", f"{kernel.fn.__name__}[{kernel.lnc}] on {machine.target} (at most "
-                f"{machine.spec.max_lnc} logical NeuronCore(s))")
+                f"{machine.spec.max_lnc} logical NeuronCore(s))", _where(kernel))
     if kernel.lnc > 1:
         raise _m.NkiEmulatorError(f"{kernel.fn.__name__}[{kernel.lnc}]: LNC > 1 launches are not emulated")
     return kernel.fn(*inputs, **constants)
@@ -165,7 +171,7 @@ def run(kernel, *arrays, compute: bool = True, target: str = "trn1", **constants
     with _m.running(machine):
         inputs = [_input(machine, a) for a in arrays]
         result = _launch(kernel, machine, inputs, constants)
-        outputs = _outputs(result, machine)
+        outputs = _outputs(result, machine, _where(kernel))
     del inputs, result
     return outputs, machine.counters
 
@@ -187,5 +193,5 @@ def count(kernel, *specs, target: str = "trn1", **constants):
             shape, dtype = (spec.shape, spec.dtype) if hasattr(spec, "shape") else spec
             zero = np.zeros((), dtype=_m.as_dtype(dtype))
             inputs.append(machine.wrap_hbm(np.broadcast_to(zero, tuple(shape))))
-        _outputs(_launch(kernel, machine, inputs, constants), machine)
+        _outputs(_launch(kernel, machine, inputs, constants), machine, _where(kernel))
     return machine.counters

@@ -46,10 +46,10 @@ class Buffer(str):
         return f"nl.{str(self)}"
 
 
-def rule(rule_id: str, detail: str) -> None:
-    """Raise the rule's NkiRuleError at the kernel's line if it applies to the running target."""
+def rule(rule_id: str, detail: str, location: str | None = None) -> None:
+    """Raise the rule's NkiRuleError at the kernel's line (or `location`) if it applies to the running target."""
     machine = getattr(_local, "machine", None)
-    _rules.violate(rule_id, detail, machine.target if machine is not None else "trn1")
+    _rules.violate(rule_id, detail, machine.target if machine is not None else "trn1", location)
 
 
 def as_dtype(dtype) -> np.dtype:

@@ -1,0 +1,329 @@
+"""Every row of the emulator's rule table has a negative test (a tiny kernel breaking it is rejected with the
+rule id, its AWS source and the kernel's file:line) and a valid twin (passes and matches NumPy).
+
+A case: `bad` / `good` kernel bodies (`# <-` marks the line the error must name), optional per-twin
+`target`, `header`, `sig`, `args` (arguments built from the float32 input `a`), `launch` (e.g. an LNC grid);
+`bad_<key>` / `good_<key>` override a key for one twin;
+and `ref` (the NumPy value of the good kernel's output, from `a`). `mark_jit`: the error names the
+@nki.jit line (interface rules).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_kernels_emulator import write_kernel
+
+from kernels_nki import emulator
+from kernels_nki.emulator import rules
+
+A = np.random.default_rng(0).uniform(0.5, 2.0, (128, 64)).astype(np.float32)
+PERM = np.random.default_rng(1).permutation(128).astype(np.int32).reshape(128, 1)
+
+COPY = """
+out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+t = nl.load(a)
+nl.store(out, t)
+return out
+"""
+HEAD = "out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)\nt = nl.load(a)\n"
+TAIL = "nl.store(out, r)\nreturn out\n"
+
+
+def unary(line: str) -> str:
+    """A kernel computing r from the SBUF tile t (of a) with `line`, storing r into out."""
+    return HEAD + "r = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)\n" + line + "\n" + TAIL
+
+
+def via_psum(line: str) -> str:
+    """p is a PSUM copy of t; `line` computes r (SBUF) from p / t."""
+    return (HEAD + "p = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.psum)\n"
+            "nisa.tensor_copy(dst=p, src=t)\nr = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)\n"
+            + line + "\n" + TAIL)
+
+
+def matmul(line: str, out_shape="(64, 64)") -> str:
+    """s = a[0:128, 0:64] (bf16), m = a (bf16); `line` writes PSUM acc; r = acc."""
+    return (f"out = nl.ndarray({out_shape}, dtype=nl.float32, buffer=nl.shared_hbm)\n"
+            "s = nl.load(a[0:128, 0:64], dtype=nl.bfloat16)\nm = nl.load(a, dtype=nl.bfloat16)\n"
+            f"acc = nl.ndarray({out_shape}, dtype=nl.float32, buffer=nl.psum)\n" + line + "\n"
+            f"r = nl.ndarray({out_shape}, dtype=nl.float32, buffer=nl.sbuf)\n"
+            "nisa.tensor_copy(dst=r, src=acc)\n" + TAIL)
+
+
+def bf(x):
+    import ml_dtypes
+    return x.astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+GATHER = """
+out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+i = nl.load(idx)
+t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+nisa.dma_copy(dst=t, src=a.ap(pattern=[[64, 128], [1, 64]], vector_offset=i){mode})  # <-
+nl.store(out, t)
+return out
+"""
+
+CASES = {
+    # ------------------------------------------------------------------ AST pass
+    "ast.is_operator": dict(bad="if a is None:  # <-\n    a = a\n" + COPY, good="if a == None:\n    a = a\n" + COPY),
+    "ast.kwonly_args": dict(bad=COPY, bad_sig="a, *, scale=1.0", mark_jit=True, good=COPY, sig="a, scale=1.0"),
+    "ast.foreign_module": dict(header="import math", bad="n = math.prod(a.shape)  # <-\n" + COPY,
+                               good="n = a.shape[0] * a.shape[1]\n" + COPY),
+    "ast.neuronxcc_namespace": dict(bad_header="import neuronxcc.nki.language as nl2  # <-", bad=COPY,
+                                    header="import nki.language as nl2", good=COPY),
+    # ------------------------------------------------------------------ kernel interface
+    "kernel.output_shared_hbm": dict(mark_jit=True, bad=COPY.replace("nl.shared_hbm", "nl.hbm"), good=COPY),
+    "kernel.list_args": dict(mark_jit=True, sig="a, sizes", bad=COPY, bad_args=lambda a: (a, [1, 2]), good=COPY,
+                             args=lambda a: (a, (1, 2))),
+    "kernel.lnc": dict(mark_jit=True, bad=COPY, bad_launch=2, good=COPY, launch=1),
+    "buffer.object": dict(bad=HEAD + 'r = nl.ndarray(t.shape, dtype=nl.float32, buffer="sbuf")  # <-\n' + TAIL,
+                          good=unary("r = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)\n"
+                                     "nisa.tensor_copy(dst=r, src=t)")),
+    "tensor.zero_size": dict(bad=HEAD + "z = nl.ndarray((128, 0), dtype=nl.float32, buffer=nl.sbuf)  # <-\n"
+                             "r = t\n" + TAIL, good=unary("nisa.tensor_copy(dst=r, src=t)")),
+    # ------------------------------------------------------------------ memory and views
+    "partition.max": dict(bad="z = nl.ndarray((129, 4), dtype=nl.float32, buffer=nl.sbuf)  # <-\n" + COPY,
+                          good="z = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.sbuf)\n" + COPY),
+    "partition.start": dict(
+        bad=HEAD + "r = nl.ndarray((16, 64), dtype=nl.float32, buffer=nl.sbuf)\n"
+        "nisa.tensor_copy(dst=r, src=t[8:24])  # <-\n" + TAIL,
+        good="out = nl.ndarray((16, 64), dtype=a.dtype, buffer=nl.shared_hbm)\nt = nl.load(a)\n"
+        "r = nl.ndarray((16, 64), dtype=nl.float32, buffer=nl.sbuf)\nnisa.tensor_copy(dst=r, src=t[32:48])\n" + TAIL,
+        ref=lambda a: a[32:48]),
+    "partition.no_stride": dict(
+        bad=HEAD + "r = t[0:128:2]  # <-\n" + TAIL,
+        good="out = nl.ndarray((128, 32), dtype=a.dtype, buffer=nl.shared_hbm)\nt = nl.load(a)\n"
+        "r = nl.ndarray((128, 32), dtype=nl.float32, buffer=nl.sbuf)\nnisa.tensor_copy(dst=r, src=t[:, 0:64:2])\n"
+        + TAIL, ref=lambda a: a[:, ::2]),
+    "free.access_pattern": dict(
+        bad="z = nl.ndarray((1, 70000), dtype=nl.bfloat16, buffer=nl.sbuf)\nnisa.memset(dst=z, value=0.0)  # <-\n"
+        + COPY, good="z = nl.ndarray((1, 65535), dtype=nl.bfloat16, buffer=nl.sbuf)\nnisa.memset(dst=z, value=0.0)\n"
+        + COPY),
+    "sbuf.capacity": dict(
+        bad="b = nl.ndarray((128, 40 * 1024), dtype=nl.float32, buffer=nl.sbuf)\n"
+        "c = nl.ndarray((128, 9 * 1024), dtype=nl.float32, buffer=nl.sbuf)  # <-\n" + COPY,
+        good="b = nl.ndarray((128, 40 * 1024), dtype=nl.float32, buffer=nl.sbuf)\n"
+        "c = nl.ndarray((128, 9 * 1024), dtype=nl.float32, buffer=nl.sbuf)\n" + COPY, good_target="trn2"),
+    "psum.capacity": dict(
+        bad="ps = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for i in range(8)]\n"
+        "x = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)  # <-\n" + COPY,
+        good="ps = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for i in range(8)]\n" + COPY),
+    "engine.hbm": dict(bad=unary("nisa.tensor_copy(dst=r, src=a)  # <-"), good=unary("nisa.tensor_copy(dst=r, src=t)")),
+    "gpsimd.psum": dict(
+        bad=HEAD + "r = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.psum)\n"
+        "nisa.iota(dst=r, pattern=[[1, 64]], channel_multiplier=64)  # <-\n" + TAIL,
+        good=unary("nisa.iota(dst=r, pattern=[[1, 64]], channel_multiplier=64)"),
+        ref=lambda a: np.arange(a.size, dtype=np.float32).reshape(a.shape)),
+    "view.reshape": dict(bad=HEAD + "r = t.reshape((64, 128))  # <-\n" + TAIL,
+                         good=HEAD + "r = t.reshape((128, 8, 8))\n" + TAIL),
+    "view.ap": dict(
+        bad=HEAD + "r = t.ap([[32, 128], [1, 32]])  # <-\n" + TAIL,
+        good="out = nl.ndarray((128, 32), dtype=a.dtype, buffer=nl.shared_hbm)\nt = nl.load(a)\n"
+        "r = t.ap([[64, 128], [2, 32]])\n" + TAIL, ref=lambda a: a[:, ::2]),
+    # ------------------------------------------------------------------ DMA
+    "dma.buffers": dict(bad=via_psum("nisa.dma_copy(dst=out, src=p)  # <-\nr = t"),
+                        good=via_psum("nisa.tensor_copy(dst=r, src=p)")),
+    "dma.elements": dict(
+        bad=HEAD + "r = nl.ndarray((64, 128), dtype=nl.float32, buffer=nl.sbuf)\n"
+        "nisa.dma_copy(dst=r, src=a[0:64])  # <-\n" + TAIL,
+        good="out = nl.ndarray((64, 128), dtype=a.dtype, buffer=nl.shared_hbm)\n"
+        "r = nl.ndarray((64, 128), dtype=nl.float32, buffer=nl.sbuf)\nnisa.dma_copy(dst=r, src=a)\n" + TAIL,
+        ref=lambda a: a.reshape(64, 128)),
+    "dma.removed_args": dict(bad=unary("nisa.dma_copy(dst=r, src=a, dst_rmw_op=nl.add)  # <-"),
+                             good=unary("nisa.dma_copy(dst=r, src=a)")),
+    "dma.hwdge": dict(bad=unary("nisa.dma_copy(dst=r, src=a, dge_mode=nisa.dge_mode.hwdge)  # <-"),
+                      good=unary("nisa.dma_copy(dst=r, src=a, dge_mode=nisa.dge_mode.hwdge)"), good_target="trn2"),
+    "dma.hwdge_dtype": dict(
+        bad_target="trn2", bad=HEAD + "r = nl.ndarray(t.shape, dtype=nl.bfloat16, buffer=nl.sbuf)\n"
+        "nisa.dma_copy(dst=r, src=a, dge_mode=nisa.dge_mode.hwdge)  # <-\n" + TAIL,
+        good=HEAD + "r = nl.ndarray(t.shape, dtype=nl.bfloat16, buffer=nl.sbuf)\nnisa.dma_copy(dst=r, src=a)\n" + TAIL,
+        ref=bf),
+    "dma.indirect": dict(sig="a, idx", args=lambda a: (a, PERM), bad=GATHER.format(mode=""),
+                         good=GATHER.format(mode=""), good_target="trn2", ref=lambda a: a[PERM[:, 0]]),
+    "dma.indirect_dge": dict(sig="a, idx", args=lambda a: (a, PERM), target="trn2",
+                             bad=GATHER.format(mode=", dge_mode=nisa.dge_mode.none"),
+                             good=GATHER.format(mode=", dge_mode=nisa.dge_mode.swdge"), ref=lambda a: a[PERM[:, 0]]),
+    "dma_compute.args": dict(
+        bad=unary("nisa.dma_copy(dst=r, src=a)\nnisa.dma_compute(dst=r, srcs=[r, t], reduce_op=nl.multiply)  # <-"),
+        good=unary("nisa.dma_copy(dst=r, src=a)\nnisa.dma_compute(dst=r, srcs=[r, t], reduce_op=nl.add)"),
+        ref=lambda a: 2 * a),
+    # ------------------------------------------------------------------ TensorE
+    "matmul.buffers": dict(bad=matmul("acc = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.sbuf)\n"
+                                      "nisa.nc_matmul(acc, s, m[:, 0:64])  # <-"),
+                           good=matmul("nisa.nc_matmul(acc, s, m[:, 0:64])"), ref=lambda a: bf(a).T @ bf(a)),
+    "matmul.contraction": dict(bad=matmul("nisa.nc_matmul(acc, s[0:64], m[:, 0:64])  # <-"),
+                               good=matmul("nisa.nc_matmul(acc, s, m[:, 0:64])"), ref=lambda a: bf(a).T @ bf(a)),
+    "matmul.stationary_fmax": dict(
+        bad=matmul("w = nl.ndarray((128, 129), dtype=nl.bfloat16, buffer=nl.sbuf)\nnisa.memset(dst=w, value=0.0)\n"
+                   "nisa.nc_matmul(acc, w, m[:, 0:64])  # <-"),
+        good=matmul("nisa.nc_matmul(acc, s, m)"), ref=lambda a: bf(a).T @ bf(a)),
+    "matmul.moving_fmax": dict(
+        bad=matmul("w = nl.ndarray((128, 513), dtype=nl.bfloat16, buffer=nl.sbuf)\nnisa.memset(dst=w, value=0.0)\n"
+                   "acc = nl.ndarray((64, 513), dtype=nl.float32, buffer=nl.psum)\nnisa.nc_matmul(acc, s, w)  # <-"),
+        good=matmul("nisa.nc_matmul(acc, s, m)"), ref=lambda a: bf(a).T @ bf(a)),
+    "matmul.dst_fp32": dict(bad=matmul("acc = nl.ndarray((64, 64), dtype=nl.bfloat16, buffer=nl.psum)\n"
+                                       "nisa.nc_matmul(acc, s, m)  # <-"),
+                            good=matmul("nisa.nc_matmul(acc, s, m)"), ref=lambda a: bf(a).T @ bf(a)),
+    "matmul.dtypes": dict(bad=matmul("nisa.nc_matmul(acc, nl.load(a[:, 0:64]), m)  # <-"),
+                          good=matmul("nisa.nc_matmul(acc, nl.load(a[:, 0:64]), nl.load(a))"),
+                          ref=lambda a: a[:, :64].T @ a),
+    "matmul.perf_mode": dict(bad=matmul("nisa.nc_matmul(acc, s, m, perf_mode=nisa.matmul_perf_mode.double_row)  # <-"),
+                             good=matmul("nisa.nc_matmul(acc, s, m, perf_mode=nisa.matmul_perf_mode.none)"),
+                             ref=lambda a: bf(a).T @ bf(a)),
+    "matmul.accumulate": dict(
+        bad=matmul("nisa.memset(dst=acc, value=0.0)\nnisa.nc_matmul(acc, s, m, accumulate=True)  # <-"),
+        good=matmul("nisa.nc_matmul(acc, s, m, accumulate=False)\nnisa.nc_matmul(acc, s, m, accumulate=True)"),
+        ref=lambda a: 2 * bf(a).T @ bf(a)),
+    "matmul.tiling": dict(
+        bad=matmul("nisa.nc_matmul(acc, s[0:64], m[0:64], tile_position=(32, 0), tile_size=(64, 128))  # <-"),
+        good=matmul("nisa.nc_matmul(acc, s[64:128], m[64:128], tile_position=(64, 0), tile_size=(64, 128))"),
+        ref=lambda a: bf(a)[64:, :64].T @ bf(a)[64:]),
+    "transpose.dtype": dict(
+        bad=HEAD + "q = nl.load(a[0:64], dtype=nl.bfloat16)\np = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.psum)\n"
+        "nisa.nc_transpose(dst=p, data=q)  # <-\nr = t\n" + TAIL,
+        good="out = nl.ndarray((64, 64), dtype=a.dtype, buffer=nl.shared_hbm)\nq = nl.load(a[0:64])\n"
+        "p = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.psum)\nnisa.nc_transpose(dst=p, data=q)\n"
+        "r = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.sbuf)\nnisa.tensor_copy(dst=r, src=p)\n" + TAIL,
+        ref=lambda a: a[:64].T),
+    "transpose.engine": dict(
+        bad=HEAD + "r = nl.ndarray((64, 128), dtype=nl.float32, buffer=nl.sbuf)\n"
+        "nisa.nc_transpose(dst=r, data=t, engine=nisa.engine.vector)  # <-\n" + TAIL,
+        good="out = nl.ndarray((32, 32), dtype=a.dtype, buffer=nl.shared_hbm)\nq = nl.load(a[0:32, 0:32])\n"
+        "r = nl.ndarray((32, 32), dtype=nl.float32, buffer=nl.sbuf)\n"
+        "nisa.nc_transpose(dst=r, data=q, engine=nisa.engine.vector)\n" + TAIL, ref=lambda a: a[:32, :32].T),
+    # ------------------------------------------------------------------ ScalarE / VectorE
+    "tensor_copy.scalar": dict(bad=unary("nisa.tensor_copy(dst=r, src=t, engine=nisa.engine.scalar)  # <-"),
+                               good=unary("nisa.activation(dst=r, op=nl.copy, data=t)")),
+    "activation.op_table": dict(bad=unary("nisa.activation(dst=r, op=nl.negative, data=t)  # <-"),
+                                good=unary("nisa.activation(dst=r, op=nl.exp, data=t)"), ref=np.exp),
+    "activation.bias_vector": dict(
+        bad=unary("nisa.activation(dst=r, op=nl.exp, data=t, bias=1.0)  # <-"),
+        good=unary("b = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)\nnisa.memset(dst=b, value=1.0)\n"
+                   "nisa.activation(dst=r, op=nl.exp, data=t, bias=b)"), ref=lambda a: np.exp(a + 1)),
+    "activation.reciprocal_bias": dict(
+        bad=unary("b = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)\nnisa.memset(dst=b, value=1.0)\n"
+                  "nisa.activation(dst=r, op=nl.reciprocal, data=t, bias=b)  # <-"),
+        good=unary("b = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)\nnisa.memset(dst=b, value=1.0)\n"
+                   "nisa.activation(dst=r, op=nl.reciprocal, data=t, bias=b)"), good_target="trn2",
+        ref=lambda a: 1 / (a + 1)),
+    "activation.reduce_add": dict(
+        bad=unary("s = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)\n"
+                  "nisa.activation_reduce(dst=r, op=nl.copy, data=t, reduce_op=nl.maximum, reduce_res=s)  # <-"),
+        good="out = nl.ndarray((128, 1), dtype=a.dtype, buffer=nl.shared_hbm)\nt = nl.load(a)\n"
+        "y = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)\n"
+        "r = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)\n"
+        "nisa.activation_reduce(dst=y, op=nl.copy, data=t, reduce_op=nl.add, reduce_res=r)\n" + TAIL,
+        ref=lambda a: a.sum(axis=1, keepdims=True)),
+    "activation.operands": dict(
+        bad=unary("c = nl.load(a[:, 0:1], dtype=nl.bfloat16)\nnisa.activation(dst=r, op=nl.copy, data=t, scale=c)  # <-"),
+        good=unary("c = nl.load(a[:, 0:1])\nnisa.activation(dst=r, op=nl.copy, data=t, scale=c)"),
+        ref=lambda a: a * a[:, :1]),
+    "activation.input_range": dict(
+        bad=unary("z = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)\nnisa.memset(dst=z, value=0.0)\n"
+                  "nisa.activation(dst=r, op=nl.sqrt, data=z)  # <-"),
+        good=unary("nisa.activation(dst=r, op=nl.sqrt, data=t)"), ref=np.sqrt),
+    "alu.op_table": dict(bad=unary("nisa.tensor_tensor(dst=r, data1=t, data2=t, op=nl.divide)  # <-"),
+                         good=unary("nisa.tensor_tensor(dst=r, data1=t, data2=t, op=nl.multiply)"),
+                         ref=lambda a: a * a),
+    "alu.no_broadcast": dict(bad=HEAD + "r = nl.add(t, t[:, 0:1])  # <-\n" + TAIL,
+                             good=unary("nisa.tensor_scalar(dst=r, data=t, op0=nl.add, operand0=t[:, 0:1])"),
+                             ref=lambda a: a + a[:, :1]),
+    "tensor_scalar.operands": dict(
+        bad=unary("c = nl.load(a[:, 0:1], dtype=nl.bfloat16)\n"
+                  "nisa.tensor_scalar(dst=r, data=t, op0=nl.multiply, operand0=c)  # <-"),
+        good=unary("nisa.tensor_scalar(dst=r, data=t, op0=nl.multiply, operand0=t[:, 0:1], op1=nl.add, operand1=2)"),
+        ref=lambda a: a * a[:, :1] + 2),
+    "tensor_tensor.psum": dict(bad=via_psum("nisa.tensor_tensor(dst=r, data1=p, data2=p, op=nl.add)  # <-"),
+                               good=via_psum("nisa.tensor_tensor(dst=r, data1=p, data2=t, op=nl.add)"),
+                               ref=lambda a: 2 * a),
+    "stt.psum": dict(
+        bad=via_psum("nisa.scalar_tensor_tensor(dst=r, data=p, op0=nl.multiply, operand0=2.0, op1=nl.add, "
+                     "operand1=p)  # <-"),
+        good=via_psum("nisa.scalar_tensor_tensor(dst=r, data=p, op0=nl.multiply, operand0=2.0, op1=nl.add, "
+                      "operand1=t)"), ref=lambda a: 3 * a),
+    "scan.psum": dict(
+        bad=via_psum("nisa.tensor_tensor_scan(dst=r, data0=p, data1=p, initial=0.0, op0=nl.multiply, "
+                     "op1=nl.add)  # <-"),
+        good=via_psum("o = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)\nnisa.memset(dst=o, value=1.0)\n"
+                      "nisa.tensor_tensor_scan(dst=r, data0=o, data1=p, initial=0.0, op0=nl.multiply, op1=nl.add)"),
+        ref=lambda a: np.cumsum(a, axis=1)),
+    "reduce.axes": dict(
+        bad=HEAD + "r = nl.ndarray((1, 64), dtype=nl.float32, buffer=nl.sbuf)\n"
+        "nisa.tensor_reduce(dst=r, op=nl.add, data=t, axis=0)  # <-\n" + TAIL,
+        good="out = nl.ndarray((128, 1), dtype=a.dtype, buffer=nl.shared_hbm)\nt = nl.load(a)\n"
+        "r = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)\n"
+        "nisa.tensor_reduce(dst=r, op=nl.add, data=t, axis=1)\n" + TAIL, ref=lambda a: a.sum(1, keepdims=True)),
+    "reduce.op": dict(
+        bad=HEAD + "r = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)\n"
+        "nisa.tensor_reduce(dst=r, op=nl.equal, data=t, axis=1)  # <-\n" + TAIL,
+        good="out = nl.ndarray((128, 1), dtype=a.dtype, buffer=nl.shared_hbm)\nt = nl.load(a)\n"
+        "r = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)\n"
+        "nisa.tensor_reduce(dst=r, op=nl.maximum, data=t, axis=1)\n" + TAIL, ref=lambda a: a.max(1, keepdims=True)),
+    "memset.value": dict(
+        bad=unary("i = nl.ndarray(t.shape, dtype=nl.int32, buffer=nl.sbuf)\nnisa.memset(dst=i, value=2.5)  # <-"),
+        good=unary("i = nl.ndarray(t.shape, dtype=nl.int32, buffer=nl.sbuf)\nnisa.memset(dst=i, value=2)\n"
+                   "nisa.tensor_copy(dst=r, src=i)"), ref=lambda a: np.full_like(a, 2)),
+    "affine_select.args": dict(
+        bad=via_psum("nisa.affine_select(dst=r, pattern=[[-1, 64]], channel_multiplier=1, on_true_tile=p, "
+                     "on_false_value=0.0, cmp_op=nl.greater_equal)  # <-"),
+        good=unary("nisa.affine_select(r, [[-1, 64]], 1, t, -5.0, cmp_op=nl.greater_equal)"),
+        ref=lambda a: np.where(np.arange(128)[:, None] >= np.arange(64)[None, :], a, -5.0)),
+}
+
+
+def _build(tmp_path, monkeypatch, case: dict, which: str):
+    get = lambda key, default=None: case.get(f"{which}_{key}", case.get(key, default))  # noqa: E731
+    name, where = write_kernel(tmp_path, monkeypatch, case[which], header=get("header", ""), sig=get("sig", "a"),
+                               mark_jit=case.get("mark_jit", False))
+    args = get("args", lambda a: (a,))(A)
+    return name, where, args, get("target", "trn1"), get("launch", 1)
+
+
+def _run(name, args, target, launch):
+    k = emulator.load_kernel_module(name).k
+    return emulator.run(k[launch] if launch != 1 else k, *args, target=target)[0]
+
+
+def test_every_rule_has_a_negative_case_and_a_valid_twin():
+    assert set(CASES) == set(rules.RULES_BY_ID), (set(rules.RULES_BY_ID) ^ set(CASES))
+    for rule in rules.RULES:
+        assert rule.targets and set(rule.targets) <= set(rules.TARGETS) and rule.source.strip(), rule.id
+        assert rule.kind in ("runtime", "ast"), rule.id
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_violation_is_rejected_naming_rule_source_and_line(tmp_path, monkeypatch, rule_id):
+    name, where, args, target, launch = _build(tmp_path, monkeypatch, CASES[rule_id], "bad")
+    with pytest.raises(emulator.NkiRuleError) as info:
+        _run(name, args, target, launch)
+    err = info.value
+    assert err.rule.id == rule_id, str(err)
+    assert str(err).startswith(f"{where}: [{rule_id}]"), str(err)
+    assert err.rule.source in str(err)
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_valid_twin_passes_and_matches_numpy(tmp_path, monkeypatch, rule_id):
+    case = CASES[rule_id]
+    name, _, args, target, launch = _build(tmp_path, monkeypatch, case, "good")
+    out = _run(name, args, target, launch)
+    ref = case.get("ref", lambda a: a)(A.astype(np.float64))
+    np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=2e-2, atol=1e-3)
+
+
+def test_target_only_rules_are_skipped_on_other_targets():
+    """A trn1-only rule (NeuronCore-v2 limits) never fires on trn2."""
+    v2_only = [r for r in rules.RULES if r.targets == ("trn1",)]
+    assert {r.id for r in v2_only} >= {"tensor_copy.scalar", "activation.bias_vector", "dma.indirect", "dma.hwdge"}
+    for r in v2_only:
+        rules.violate(r.id, "probe", "trn2")  # returns without raising
+        with pytest.raises(emulator.NkiRuleError):
+            rules.violate(r.id, "probe", "trn1")
+
+
+def test_rule_listing_cli(capsys):
+    assert rules.main(["--target", "trn2", "--markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "`dma.indirect`" not in text and "`tensor_copy.scalar`" not in text and "`partition.start`" in text
