@@ -35,11 +35,15 @@ matmul inputs in the same precision class (bf16/bf16 or fp32/fp32; isa docs nc_m
 PSUM is read only by VectorE/ScalarE (arch guide "Data Movement").
 
 Cost at the baseline shapes (N = 65536 tokens, V = 1024, D = 512, bf16; `python -m kernels_nki.report
---config configs/baseline.py`): forward TensorE 34.4 G MACs issued, useful/issued 1.00, 747 us
-(TensorE-bound); DMA 98.6 MB (rows out 67.1 MB, ids broadcast 33.6 MB, emb 1.0 MB). Backward
-TensorE 34.4 G MACs, useful/issued 1.00, 747 us (TensorE-bound); DMA 69.5 MB (dy rows, ids, fp32
-demb once). The previous indirect-DMA design (not valid on trn1) moved 67.4 / 69.5 MB and was
-DMA-bound at 248 / 255 us: the trn1-valid design costs ~1 ms per step more (4 calls each).
+--config configs/baseline.py`, cost model of kernels_nki/emulator/cost.py): forward TensorE 34.36 G
+MACs issued, useful/issued 1.00, 747 us, TensorE-bound (DMA 101.7 MB = rows out 67.1 + ids on 128
+partitions 33.6 + emb 1.0: 374 us; VectorE 44 us). Backward TensorE 34.36 G MACs, useful/issued
+1.00, 747 us, TensorE-bound (DMA 69.5 MB = dy rows + ids + fp32 demb once: 255 us; VectorE 31 us).
+The previous indirect-DMA kernels (not valid on trn1) moved 67.4 / 69.5 MB and were DMA-bound at
+248 / 255 us: the trn1-valid design costs ~4 ms per step more per core (a forward and a backward
+call per micro-batch, 4 micro-batches per core: 681.9 -> 685.8 ms of kernel time, ~0.5%). Costing
+VectorE at 1.12 GHz x 128 elements per cycle (trn1 arch guide, engine data-path table) instead, the
+forward's one-hot compares take ~700 us, still just under TensorE's 749 us.
 """
 
 import nki
