@@ -13,18 +13,13 @@ import math
 import numpy as np
 
 from kernels_nki.emulator import machine as _m
+from kernels_nki.emulator.dma import dge_mode, dma_compute, dma_copy, oob_mode  # noqa: F401 (nki.isa names)
 from kernels_nki.emulator.language import Op, add, equal
 from kernels_nki.emulator.language import tile_size as _ts
 from kernels_nki.emulator.machine import rule
-
-
-class engine:
-    tensor = "tensor"
-    vector = "vector"
-    scalar = "scalar"
-    gpsimd = "gpsimd"
-    sync = "sync"
-    unknown = None
+from kernels_nki.emulator.operands import (  # noqa: F401 (engine is an nki.isa name)
+    _alu, _apply, _engine_psum, _expand, _not_both_psum, _number, _operand, _per_partition, _read, _same_layout,
+    _tile, _write, engine)
 
 
 class reduce_cmd:
@@ -40,18 +35,6 @@ class nc_version:
     gen4 = "gen4"
 
 
-class oob_mode:
-    error = "error"
-    skip = "skip"
-
-
-class dge_mode:
-    unknown = "unknown"
-    none = "none"
-    swdge = "swdge"
-    hwdge = "hwdge"
-
-
 class matmul_perf_mode:
     none = "none"
     double_row = "double_row"
@@ -63,187 +46,7 @@ def get_nc_version():
     return machine.spec.nc_version if machine is not None else nc_version.gen2
 
 
-# ----------------------------------------------------------------------------- operand helpers
-
-_PSTART = ((64, (0,)), (32, (0, 64)), (0, (0, 32, 64, 96)))
-
-
-def _tile(t, what: str, buffers=_m.ON_CHIP, rule_id: str = "engine.hbm", engine_access: bool = True) -> _m.Tensor:
-    """An instruction operand: a Tensor in `buffers`, on chip within the partition/access-pattern rules
-    (start partition and free access pattern are compute-engine rules; DMA passes engine_access=False)."""
-    if not isinstance(t, _m.Tensor):
-        _m.fail(f"{what} must be a tile, got {type(t).__name__}", _m.NkiEmulatorError)
-    if t.buffer not in buffers:
-        if t.buffer in _m.HBM:
-            rule("engine.hbm", f"{what} is an HBM tensor (move HBM data with nl.load / nl.store / nisa.dma_copy)")
-        rule(rule_id, f"{what} must be in {' or '.join(buffers)}, got {t.buffer}")
-    if t.buffer in _m.HBM:
-        return t
-    n = t.shape[0]
-    if n > _m.PMAX:
-        rule("partition.max", f"{what} {t.shape}: partition dimension exceeds {_m.PMAX}")
-    if not engine_access:
-        return t
-    allowed = next(starts for above, starts in _PSTART if n > above)
-    if t.pstart not in allowed:
-        rule("partition.start", f"{what} spans {n} partitions from partition {t.pstart}; allowed starts {allowed}")
-    if t.ndim - 1 > _m.FREE_AXES_MAX or any(s > _m.FREE_AXIS_MAX for s in t.shape[1:]):
-        rule("free.access_pattern", f"{what} {t.shape}")
-    return t
-
-
-def _per_partition(t) -> tuple[int, int]:
-    return t.shape[0], math.prod(t.shape[1:])
-
-
-def _same_layout(a: _m.Tensor, b: _m.Tensor, what: str):
-    """Same partition size and elements per partition (shapes may differ; elements map in row-major order)."""
-    if _per_partition(a) != _per_partition(b):
-        rule("alu.no_broadcast", f"{what}: {a.shape} and {b.shape} differ in partitions or elements per partition")
-
-
-def _read(t: _m.Tensor, like: _m.Tensor | None = None) -> np.ndarray:
-    v = t.data.astype(np.float32)
-    return v.reshape(like.shape) if like is not None and like.shape != t.shape else v
-
-
-def _write(dst: _m.Tensor, value) -> None:
-    if dst.machine.compute:
-        dst.data[...] = np.asarray(value, dtype=np.float32).reshape(dst.shape).astype(dst.dtype)
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool)
-
-
-def _operand(x, partitions: int, what: str, rule_id: str):
-    """A scalar operand: a Python number or a float32 [P, 1] column broadcast along the free axes."""
-    if _number(x):
-        return float(x)
-    t = _tile(x, what)
-    if t.shape[0] != partitions or math.prod(t.shape[1:]) != 1:
-        rule(rule_id, f"{what} {t.shape} must be a number or a [{partitions}, 1] column")
-    return _read(t).reshape(partitions, 1) if t.machine.compute else 0.0
-
-
-def _expand(v, ndim: int):
-    if isinstance(v, np.ndarray):
-        return v.reshape(v.shape[0], *([1] * (ndim - 1)))
-    return v
-
-
-def _apply(op: Op, a, b, reverse: bool):
-    if op.kind == "unary":
-        return op.fn(a)
-    return op.fn(b, a) if reverse else op.fn(a, b)
-
-
-def _alu(op, what: str, unary_ok: bool = False):
-    if not isinstance(op, Op) or not op.alu or (op.kind == "unary" and not unary_ok):
-        rule("alu.op_table", f"{what}: {op!r} is not an ALU operator")
-
-
-def _engine_psum(eng, *tiles):
-    if eng == "gpsimd" and any(t.buffer == "psum" for t in tiles):
-        rule("gpsimd.psum", "an operand in PSUM on the GpSimd engine")
-
-
-def _not_both_psum(a, b, rule_id: str, what: str):
-    if a.buffer == "psum" and b.buffer == "psum":
-        rule(rule_id, f"{what}: both inputs are in PSUM")
-
-
 # ----------------------------------------------------------------------------- data movement
-
-
-def _dma_side(t, what: str):
-    if isinstance(t, _m.AccessPattern):
-        return t
-    if not isinstance(t, _m.Tensor):
-        _m.fail(f"{what} must be a tensor, got {type(t).__name__}", _m.NkiEmulatorError)
-    if t.buffer not in ("sbuf",) + _m.HBM:
-        rule("dma.buffers", f"{what} is in {t.buffer}")
-    return _tile(t, what, ("sbuf",) + _m.HBM, "dma.buffers", engine_access=False)
-
-
-def _indirect(t, dge) -> bool:
-    if not isinstance(t, _m.AccessPattern):
-        return False
-    rule("dma.indirect", "a DMA with .ap(vector_offset=...)")
-    if dge not in (dge_mode.unknown, dge_mode.swdge):
-        rule("dma.indirect_dge", f"indirect DMA with dge_mode={dge}")
-    return True
-
-
-def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, engine=engine.unknown,
-             name=None, **removed):
-    """dst = src between HBM and SBUF (not PSUM); equal element counts (row-major order); a dtype change
-    casts through float32 in the DMA engine. Either side may be an indirect `.ap(vector_offset=)`."""
-    if removed:
-        gone = set(removed) & {"dst_rmw_op", "unique_indices"}
-        if gone:
-            rule("dma.removed_args", f"dma_copy({', '.join(sorted(gone))}=...)")
-        raise TypeError(f"dma_copy() got unexpected keyword arguments {sorted(removed)}")
-    dst, src = _dma_side(dst, "dma_copy dst"), _dma_side(src, "dma_copy src")
-    if dge_mode == "hwdge":
-        rule("dma.hwdge", "dma_copy(dge_mode=hwdge)")
-        if dst.dtype != src.dtype:
-            rule("dma.hwdge_dtype", f"{src.dtype} -> {dst.dtype}")
-    ind_dst, ind_src = _indirect(dst, dge_mode), _indirect(src, dge_mode)
-    if ind_dst and ind_src:
-        _m.fail("dma_copy: at most one side may be indirect", _m.NkiEmulatorError)
-    if dst.size != src.size:
-        rule("dma.elements", f"{src.shape} ({src.size} elements) -> {dst.shape} ({dst.size} elements)")
-    m = _m.current()
-    m.count_dma(src.size * src.dtype.itemsize)
-    if not m.compute:
-        return
-    value = src.base.data.reshape(-1)[src.flat_index()] if ind_src else src.data
-    value = np.asarray(value)
-    if value.dtype != dst.dtype:
-        value = value.astype(np.float32).astype(dst.dtype)
-    if ind_dst:
-        if not dst.base.data.flags.c_contiguous:
-            _m.fail("dma_copy: scatter into a non-contiguous HBM tensor", _m.NkiEmulatorError)
-        dst.base.data.reshape(-1)[dst.flat_index()] = value.reshape(dst.shape)
-    else:
-        dst.data[...] = value.reshape(dst.shape)
-
-
-def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=oob_mode.error, name=None):
-    """dst = srcs[0] + srcs[1] + ... in the DMA engine (fp32). With an indirect dst (a scatter RMW): exactly two
-    sources, one of them the same access pattern as dst, the other SBUF data, and indices unique."""
-    srcs = list(srcs)
-    if reduce_op is not add or any(float(s) != 1.0 for s in (scales or ())) or not unique_indices:
-        rule("dma_compute.args", f"reduce_op={reduce_op!r}, scales={scales}, unique_indices={unique_indices}")
-    dst = _dma_side(dst, "dma_compute dst")
-    srcs = [_dma_side(s, "dma_compute src") for s in srcs]
-    for s in srcs:
-        _indirect(s, dge_mode.unknown)
-        if s.size != dst.size:
-            rule("dma.elements", f"dma_compute src {s.shape} vs dst {dst.shape}")
-    m = _m.current()
-    m.count_dma(sum(s.size * s.dtype.itemsize for s in srcs))
-    if isinstance(dst, _m.AccessPattern):
-        _indirect(dst, dge_mode.unknown)
-        data = [s for s in srcs if not isinstance(s, _m.AccessPattern)]
-        if len(srcs) != 2 or len(data) != 1 or data[0].buffer != "sbuf":
-            rule("dma_compute.args", "a scatter read-modify-write takes dst's access pattern and one SBUF source")
-        if not m.compute:
-            return
-        idx = dst.flat_index()
-        rows = dst.vector_offset.data.reshape(-1)
-        if len(np.unique(rows)) != len(rows):
-            rule("dma_compute.args", "scatter indices repeat (unique_indices=True is required and promised)")
-        flat = dst.base.data.reshape(-1)
-        flat[idx] = (flat[idx].astype(np.float32) + _read(data[0]).reshape(dst.shape)).astype(flat.dtype)
-        return
-    if not m.compute:
-        return
-    total = sum((s.base.data.reshape(-1)[s.flat_index()] if isinstance(s, _m.AccessPattern) else s.data)
-                .astype(np.float32).reshape(dst.shape) for s in srcs)
-    _write(dst, total)
-
 
 def tensor_copy(dst, src, engine=engine.unknown, name=None):
     _tile(dst, "tensor_copy dst"), _tile(src, "tensor_copy src")
