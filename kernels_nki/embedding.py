@@ -32,14 +32,19 @@ Engine rules relied on: every SBUF/PSUM operand starts at partition 0 (trn1 arch
 nki/guides/architecture/trainium_inferentia2_arch.rst, "Accessing SBUF/PSUM tensors": start_partition
 rules); iota writes SBUF on GpSimd (isa docs iota); TensorE reads SBUF and writes fp32 PSUM, both
 matmul inputs in the same precision class (bf16/bf16 or fp32/fp32; isa docs nc_matmul "Data types");
-PSUM is read only by VectorE/ScalarE (arch guide "Data Movement").
+PSUM is evacuated by VectorE `tensor_copy`, named explicitly: GpSimd cannot read PSUM (arch guide
+"Data Movement") and ScalarE `tensor_copy` is unsupported on v2 (isa docs tensor_copy).
 
 Cost at the baseline shapes (N = 65536 tokens, V = 1024, D = 512, bf16; `python -m kernels_nki.report
---config configs/baseline.py`): forward TensorE 34.4 G MACs issued, useful/issued 1.00, 747 us
-(TensorE-bound); DMA 98.6 MB (rows out 67.1 MB, ids broadcast 33.6 MB, emb 1.0 MB). Backward
-TensorE 34.4 G MACs, useful/issued 1.00, 747 us (TensorE-bound); DMA 69.5 MB (dy rows, ids, fp32
-demb once). The previous indirect-DMA design (not valid on trn1) moved 67.4 / 69.5 MB and was
-DMA-bound at 248 / 255 us: the trn1-valid design costs ~1 ms per step more (4 calls each).
+--config configs/baseline.py`, cost model of kernels_nki/emulator/cost.py): forward TensorE 34.36 G
+MACs issued, useful/issued 1.00, 747 us, TensorE-bound (DMA 101.7 MB = rows out 67.1 + ids on 128
+partitions 33.6 + emb 1.0: 374 us; VectorE 44 us). Backward TensorE 34.36 G MACs, useful/issued
+1.00, 747 us, TensorE-bound (DMA 69.5 MB = dy rows + ids + fp32 demb once: 255 us; VectorE 31 us).
+The previous indirect-DMA kernels (not valid on trn1) moved 67.4 / 69.5 MB and were DMA-bound at
+248 / 255 us: the trn1-valid design costs ~4 ms per step more per core (a forward and a backward
+call per micro-batch, 4 micro-batches per core: 681.9 -> 685.8 ms of kernel time, ~0.5%). Costing
+VectorE at 1.12 GHz x 128 elements per cycle (trn1 arch guide, engine data-path table) instead, the
+forward's one-hot compares take ~700 us, still just under TensorE's 749 us.
 """
 
 import nki
@@ -97,7 +102,7 @@ def embed_fwd(ids_N, emb_VD):
                     nisa.nc_matmul(dst=y_ps[0:rows, 0:dc], stationary=ohT[k][0:vr, s * P:s * P + rows],
                                    moving=emb_t[k][0:vr, c * DC:c * DC + dc])
                 y_t = nl.ndarray((P, DC), dtype=dt, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=y_t[0:rows, 0:dc], src=y_ps[0:rows, 0:dc])
+                nisa.tensor_copy(dst=y_t[0:rows, 0:dc], src=y_ps[0:rows, 0:dc], engine=nisa.engine.vector)
                 nisa.dma_copy(dst=out_ND[r0:r0 + rows, c * DC:c * DC + dc], src=y_t[0:rows, 0:dc])
     return out_ND
 
@@ -136,6 +141,6 @@ def embed_bwd(ids_N, emb_VD, dy_ND):
                                moving=dy_t[0:rows, d0:d0 + dc])
         for b, (v0, vr, d0, dc) in enumerate(group):
             o_t = nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=o_t[0:vr, 0:dc], src=acc[b][0:vr, 0:dc])
+            nisa.tensor_copy(dst=o_t[0:vr, 0:dc], src=acc[b][0:vr, 0:dc], engine=nisa.engine.vector)
             nisa.dma_copy(dst=demb_VD[v0:v0 + vr, d0:d0 + dc], src=o_t[0:vr, 0:dc])
     return demb_VD

@@ -124,7 +124,10 @@ def _chunk_logits(xT, embT, iota_PV, c0, vc, rows, D, softcap, ids_PS, vals_PS, 
 
 def _sources(bias_ids_NS, bias_vals_NS):
     """S, the bias sources: 0 when the caller passes None for both (no zero-size tensors reach a
-    kernel: no AWS document defines one); `== None`, as the NKI 0.3 migration guide replaces `is None`."""
+    kernel: no AWS document defines one). `== None` replaces `is None` as the NKI 0.3 migration guide
+    says (nki/migration/index.rst, "Replace is / is not"); NkiTensor defines no `__eq__`
+    (nki/api/nki/language/__init__.py), and AWS's NKI Library tests optional tensor arguments the same
+    way (aws-neuron/nki-library, nkilib/experimental/conv/conv1d.py: `bias != None`)."""
     if bias_ids_NS == None:  # noqa: E711 (NKI 0.3 has no `is`: nki/migration/index.rst)
         assert bias_vals_NS == None, "bias_ids_NS and bias_vals_NS are both None or both [N, S]"  # noqa: E711
         return 0

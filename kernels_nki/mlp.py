@@ -22,8 +22,8 @@ useful/issued >= 0.9 bar of the forward and keeps 128 MiB of h per layer per mic
 at 9 layers) alive in HBM between forward and backward. We recompute.
 
 Backward per token block: x^T, dy^T by transposes; h (recomputed) and da = dy W_proj^T in the
-token-major layout; r = relu(h) (ScalarE), a = r h and dh' = r da (VectorE) (dh = 2 dh': the 2 is applied exactly,
-on the fp32 results of dx and dW_fc); dW_proj += a^T dy and dW_fc += x^T dh' contract over the
+token-major layout; r = relu(h) (ScalarE), a = r h and dh' = r da (VectorE) (dh = 2 dh': the 2 is
+applied exactly, on the fp32 results of dx and dW_fc); dW_proj += a^T dy and dW_fc += x^T dh' contract over the
 block's tokens (fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per block); dh'^T by
 transposes; dx = dh'^T-stationary x W_fc^T. W_proj^T and W_fc^T are built once per call.
 

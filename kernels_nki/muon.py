@@ -17,7 +17,9 @@ R, C work; SBUF holds ~ (3 C + 3 R) * 2 B + 16 KiB of scratch per partition for 
 All baseline and frontier14 matrices (R <= 512, C <= 1024: ~25 KiB per partition) fit.
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): TensorE transposes write
-PSUM in their input's dtype (nki/api/nki/isa/__init__.py, nc_transpose "Data types"); no divide
+PSUM in their input's dtype (nki/api/nki/isa/__init__.py, nc_transpose "Data types") and PSUM is
+read back by VectorE `tensor_copy`, named explicitly (GpSimd cannot read PSUM, ScalarE tensor_copy
+is unsupported on v2: isa docs tensor_copy); no divide
 (not an ALU operator: nki/api/nki.api.shared.rst operator table; release-notes/components/nki.rst
 lists nl.divide as unsupported): x / n is x * reciprocal(n) on VectorE; `tensor_scalar` operands
 and `activation` scales are fp32 (isa docs tensor_scalar, activation), so the NS constants are fp32
@@ -69,7 +71,7 @@ def _transpose(src, src_rows, src_cols, dtype, P):
             for i, (r0, ri) in enumerate(_row_tiles(src_rows, P)):
                 if n0 <= r0 < n0 + nw:
                     nisa.nc_transpose(dst=pt[0:cj, r0 - n0:r0 - n0 + ri], data=src[i][0:ri, j0:j0 + cj])
-            nisa.tensor_copy(dst=t[0:cj, n0:n0 + nw], src=pt[0:cj, 0:nw])
+            nisa.tensor_copy(dst=t[0:cj, n0:n0 + nw], src=pt[0:cj, 0:nw], engine=nisa.engine.vector)
         out.append(t)
     return out
 
@@ -153,14 +155,14 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16"):
         xn = [nl.ndarray((P, C), dtype=dt, buffer=nl.sbuf) for _ in _row_tiles(R, P)]
 
         def store_a(m, r0, rm, n0, nw, pt):  # A = X X^T
-            nisa.tensor_copy(dst=a_t[m][0:rm, n0:n0 + nw], src=pt[0:rm, 0:nw])
+            nisa.tensor_copy(dst=a_t[m][0:rm, n0:n0 + nw], src=pt[0:rm, 0:nw], engine=nisa.engine.vector)
 
         # Every product and term is rounded to the NS dtype as the reference (and the baseline's bf16
         # torch code) rounds it: 5 bf16 iterations amplify rounding differences in small singular
         # directions ~3.4x each, so matching the rounding points matters more than the extra passes.
         def store_b(m, r0, rm, n0, nw, pt):  # B = b A + c (A A)
             aa = nl.ndarray((P, nw), dtype=dt, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=aa[0:rm], src=pt[0:rm, 0:nw])
+            nisa.tensor_copy(dst=aa[0:rm], src=pt[0:rm, 0:nw], engine=nisa.engine.vector)
             nisa.activation(dst=aa[0:rm], op=nl.copy, data=aa[0:rm], scale=k_P5[0:rm, 2:3])
             ba = nl.ndarray((P, nw), dtype=dt, buffer=nl.sbuf)
             nisa.activation(dst=ba[0:rm], op=nl.copy, data=a_t[m][0:rm, n0:n0 + nw], scale=k_P5[0:rm, 1:2])
@@ -168,7 +170,7 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16"):
 
         def store_x(m, r0, rm, n0, nw, pt):  # X' = a X + B X
             bx = nl.ndarray((P, nw), dtype=dt, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=bx[0:rm], src=pt[0:rm, 0:nw])
+            nisa.tensor_copy(dst=bx[0:rm], src=pt[0:rm, 0:nw], engine=nisa.engine.vector)
             ax = nl.ndarray((P, nw), dtype=dt, buffer=nl.sbuf)
             nisa.activation(dst=ax[0:rm], op=nl.copy, data=x[m][0:rm, n0:n0 + nw], scale=k_P5[0:rm, 0:1])
             nisa.tensor_tensor(dst=xn[m][0:rm, n0:n0 + nw], data1=ax[0:rm], data2=bx[0:rm], op=nl.add)

@@ -11,6 +11,13 @@ the last ragged), (head, k) on the free axis. For each T tile the cos/sin rows a
 [P, H, K/2] tiles (one copy per head, so the elementwise ops need no broadcast) and reused for
 every sequence of the batch, so their traffic is 1/(2B) of x's. Six VectorE ops per tile
 (4 products, 2 fused multiply-adds); DMA-bound at the model's shapes.
+
+NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): VectorE `tensor_tensor` /
+`scalar_tensor_tensor` on SBUF tiles of equal shape with an fp32 immediate operand0 (no broadcast:
+nki/api/nki/isa/__init__.py, tensor_tensor and scalar_tensor_tensor; release-notes/components/nki.rst,
+"Binary operations do not support broadcasting"), free-axis strided views up to 3 free dims (trn1
+arch guide nki/guides/architecture/trainium_inferentia2_arch.rst, "Accessing SBUF/PSUM tensors"),
+every tile starting at partition 0 (same section), HBM reached only by `dma_copy`.
 """
 
 import nki

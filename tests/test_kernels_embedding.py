@@ -78,11 +78,11 @@ def test_op_routed_through_emulated_kernel_matches_reference(dtype):
 
 def test_emulated_iota_semantics():
     """iota fills offset + channel_multiplier * partition + step * index (the one-hot compare values)."""
-    from kernels_nki.emulator import isa, machine
+    from kernels_nki.emulator import isa, language, machine
 
     m = machine.Machine()
     with machine.running(m):
-        io = m.allocate((2, 5), np.float32, "sbuf")
+        io = m.allocate((2, 5), np.float32, language.sbuf)
         isa.iota(dst=io, pattern=[[2, 5]], offset=7, channel_multiplier=100)
         assert io.data.tolist() == [[7, 9, 11, 13, 15], [107, 109, 111, 113, 115]]
     assert m.counters.gpsimd_instructions == 1
