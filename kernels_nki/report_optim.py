@@ -3,7 +3,7 @@
 For every parameter of the model (shapes and dtypes from the config, `report_step.param_specs`,
 grouped as frontier_jax.optim labels them): the fused kernel's exact DMA bytes (count-only emulation) against
 the minimum (Adam: p, g, m, v read once and p, m, v written once, 7 accesses per element; Muon:
-p, g, buf read, p, buf written, 20 B per fp32 element), and its estimated trn1 time
+p, g, buf read, p, buf written, 20 B per fp32 element), and its estimated time on the target
 (kernels_nki.emulator.cost). Per core: data parallel replicates the optimizer on both cores.
 
 "Before" (the unfused optax chain lowered op by op) is a traffic model, not a measurement: every
@@ -89,7 +89,7 @@ def optimizer_section(cfg: Config, target: str = cost.DEFAULT_TARGET) -> dict:
         shares[f"mfu_{mfu:g}"] = {"model_s": model_s, "share_before": unfused_s / (unfused_s + model_s),
                                   "share_after": fused_s / (fused_s + model_s)}
     return {"config": cfg.name, "per_core": True, "rows": rows, "summary": summary, "fused_s": fused_s,
-            "unfused_s": unfused_s, "step_share": shares, "fused": cfg.optim.fused,
+            "unfused_s": unfused_s, "step_share": shares, "fused": cfg.optim.fused, "target": target,
             "step_s": fused_s if cfg.optim.fused else unfused_s,
             "note": "the config runs the fused kernels (counted)" if cfg.optim.fused else
                     "the config runs the unfused optax chain: the step uses its traffic model (estimated)"}
@@ -109,7 +109,7 @@ def format_optimizer(sec: dict) -> str:
                      f"{s['est_s'] * 1e3:.3f} ms/step fused vs {s['unfused_s'] * 1e3:.3f} ms unfused (traffic model)")
     lines.append(f"whole optimizer: {sec['fused_s'] * 1e3:.3f} ms/step fused, {sec['unfused_s'] * 1e3:.3f} ms unfused")
     for key, sh in sec["step_share"].items():
-        lines.append(f"share of a trn1 step (model at {key.replace('mfu_', 'MFU ')}: {sh['model_s'] * 1e3:.1f} ms): "
+        lines.append(f"share of a {sec['target']} step (model at {key.replace('mfu_', 'MFU ')}: {sh['model_s'] * 1e3:.1f} ms): "
                      f"{sh['share_before']:.1%} before fusing, {sh['share_after']:.1%} after")
     if sec["note"]:
         lines.append(sec["note"])
