@@ -158,7 +158,7 @@ def test_val_split_bytes_match_independent_count(prepared, sp1024):
     files = list_shards(out, "*_val_*.bin")
     tokens = load_val_tokens(files, seq)
     tables = sp1024.byte_tables()
-    lut = sum(int(count_bytes(tables, x, y).sum()) for x, y in val_batches(tokens, seq, 16))
+    lut = sum(int((count_bytes(tables, x, y) * m).sum()) for x, y, m in val_batches(tokens, seq, 16))
     assert lut == _independent_target_bytes(sp1024, tokens[:-1], tokens[1:])
     assert manifest["splits"]["val"]["documents"] == 50 and tokens[0] == 1
 
