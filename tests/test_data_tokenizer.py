@@ -182,3 +182,11 @@ def test_lut_bytes_equal_decoded_documents_and_are_close_to_raw(prepared, sp1024
     assert raw == sum(len(t.encode("utf-8")) for t in texts)
     assert abs(lut_total - normalised) <= 0.01 * normalised
     assert abs(lut_total - raw) <= 0.01 * raw and lut_total <= raw
+
+
+def test_an_empty_tokenizer_file_says_so(tmp_path):
+    """Not "no BOS id": an empty file is not a SentencePiece model at all."""
+    empty = tmp_path / "empty.model"
+    empty.write_bytes(b"")
+    with pytest.raises(DataError, match=re.escape(f"{empty}: empty file, not a SentencePiece model")):
+        load_tokenizer(str(empty))
