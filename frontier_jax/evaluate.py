@@ -85,7 +85,8 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
         "loss": sums["nll_sum_nats"] / max(sums["tokens"], 1),
         "stride": stride, "seq_len": T, "batch_seqs": batch_seqs,
         "run": str(run_dir), "checkpoint_step": step, "compute_dtype": str(dtype),
-        "data_dir": str(data_dir), "tokenizer": str(tok.path), "seconds": time.perf_counter() - t0,
+        "data_dir": str(data_dir), "tokenizer": str(tok.path), "data_provenance": data.provenance,
+        "seconds": time.perf_counter() - t0,
     }
 
 

@@ -121,7 +121,8 @@ def test_downloaded_shards_without_manifest_load_with_one_warning(prepared):
     (prepared / P.MANIFEST).unlink()
     ds, warnings = _load(prepared)
     assert len(warnings) == 1 and "\n" not in warnings[0] and "no manifest.json" in warnings[0]
-    assert "provenance unchecked" in ds.provenance
+    assert "WARNING: no manifest.json" in ds.provenance and "\n" not in ds.provenance
+    assert "WARNING: no manifest.json" in load_dataset(prepared, "bytes", 260, 64).provenance  # no warn callback
 
 
 def test_id_cache_skips_unchanged_shards_and_rereads_changed_ones(prepared):

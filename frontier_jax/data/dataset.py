@@ -10,7 +10,8 @@ after checking, before anything trains or is written:
   listed token counts), and the manifest's tokenizer sha256 must be the given tokenizer's (a
   tokenizer with the same vocabulary size that did not make the shards gives a wrong bpb). A
   directory with shards but no manifest and no marker -- the competition's downloaded
-  `fineweb_{train,val}_*.bin` -- is accepted with a one-line warning (its provenance is unknown);
+  `fineweb_{train,val}_*.bin` -- is accepted with a warning (its provenance is unknown) in the
+  one-line `Dataset.provenance` that the entry points log (and passed to `warn` when given);
 - every token id of every train and val shard is below the vocabulary size (an id beyond it gives
   `val_bpb: nan`, or a "non-finite loss" in training). The pass is vectorised over the memmapped
   shards in chunks; the maximum id of each shard is cached in `<data_dir>/.token_ids.json`, keyed by
@@ -21,7 +22,6 @@ after checking, before anything trains or is written:
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,13 +47,9 @@ class Dataset:
     provenance: str  # one line for the run log: what was checked
 
 
-def _stderr_warning(line: str) -> None:
-    print(f"warning: {line}", file=sys.stderr, flush=True)
-
-
 def load_dataset(data_dir, tokenizer_spec: str, vocab_size: int, seq_len: int, train_pattern: str = "*_train_*.bin",
                  val_pattern: str = "*_val_*.bin", vocab_where: str = "model.vocab_size",
-                 warn: Callable[[str], None] = _stderr_warning) -> Dataset:
+                 warn: Callable[[str], None] | None = None) -> Dataset:
     """Every start-up check of the module docstring; DataError (one line naming the file) on the first failure."""
     if not data_dir:
         raise DataError("<data>: no data directory given (--data DIR or data.data_dir)")
@@ -75,15 +71,17 @@ def load_dataset(data_dir, tokenizer_spec: str, vocab_size: int, seq_len: int, t
 
 
 def check_provenance(data_dir: Path, tokenizer, train_files: list[Path], val_files: list[Path], counts: dict,
-                     warn: Callable[[str], None]) -> str:
+                     warn: Callable[[str], None] | None = None) -> str:
     """What vouches for the shards (one phrase); DataError when the directory is incomplete or not the tokenizer's."""
     if (data_dir / INCOMPLETE).exists():
         raise DataError(f"{data_dir / INCOMPLETE}: data.prepare did not finish in this directory; "
                         "prepare it again (--overwrite)")
     if not (data_dir / MANIFEST).exists():
-        warn(f"{data_dir}: no {MANIFEST}, so the shards were not made by data.prepare (e.g. the competition's "
-             "downloaded shards): which tokenizer made them cannot be checked; token ids are still checked")
-        return f"no {MANIFEST} (provenance unchecked)"
+        line = (f"WARNING: no {MANIFEST}, so the shards were not made by data.prepare (e.g. the competition's "
+                "download) and the tokenizer that made them cannot be checked")
+        if warn:
+            warn(f"{data_dir}: {line}")
+        return line
     manifest = read_manifest(data_dir)
     where = data_dir / MANIFEST
     try:
