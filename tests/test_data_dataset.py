@@ -132,10 +132,12 @@ def test_id_cache_skips_unchanged_shards_and_rereads_changed_ones(prepared):
     f = prepared / "fineweb_train_000001.bin"
     tokens = np.asarray(read_shard(f)).copy()
     tokens[7] = 300
-    write_shard(f, tokens)  # a new file: new mtime, so the cached maximum is not trusted
-    os.utime(f, ns=(1, 1))
+    f.write_bytes(f.read_bytes()[:1024] + tokens.astype("<u2").tobytes())  # in place: same size and inode
+    os.utime(f, ns=(1, 1))  # a new mtime (whatever the file system's timestamp granularity)
     with pytest.raises(DataError, match="token id 300 at position 7"):
         _load(prepared, vocab=260, warn=lambda _: None, train_pattern="*_train_*.bin")
+    write_shard(f, np.asarray(read_shard(f)).clip(0, 259))  # atomic rewrite: a new inode
+    assert "1 of 4 shards read" in _load(prepared)[0].provenance
     cache = json.loads((prepared / ID_CACHE).read_text())
     assert set(cache) == {p.name for p in prepared.glob("*.bin")}
 

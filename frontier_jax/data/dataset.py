@@ -15,7 +15,7 @@ after checking, before anything trains or is written:
 - every token id of every train and val shard is below the vocabulary size (an id beyond it gives
   `val_bpb: nan`, or a "non-finite loss" in training). The pass is vectorised over the memmapped
   shards in chunks; the maximum id of each shard is cached in `<data_dir>/.token_ids.json`, keyed by
-  the shard's size and modification time, so a later start reads only shards that changed (the
+  the shard's size, modification time and inode, so a later start reads only shards that changed (the
   README's "Training" section gives the measured cost).
 """
 
@@ -120,7 +120,8 @@ def _max_id(path: Path) -> tuple[int, int]:
 def check_token_ids(data_dir: Path, files: list[Path], vocab_size: int) -> int:
     """DataError naming the shard and position of the first id >= vocab_size; returns how many shards were read.
 
-    A shard's maximum is taken from the cache when its size and mtime are unchanged; the cache is
+    A shard's maximum is taken from the cache when its size, mtime and inode are unchanged (a shard
+    rewritten atomically, or a copied directory, gets new inodes, so it is read again); the cache is
     rewritten (atomically) when a shard was read, and left alone where the directory is read-only.
     """
     cache_path = data_dir / ID_CACHE
@@ -132,10 +133,10 @@ def check_token_ids(data_dir: Path, files: list[Path], vocab_size: int) -> int:
     read = 0
     for f in files:
         st = f.stat()
-        key = [st.st_size, st.st_mtime_ns]
+        key = [st.st_size, st.st_mtime_ns, st.st_ino]
         hit = cache.get(f.name)
-        if isinstance(hit, list) and len(hit) == 3 and hit[:2] == key:
-            best, at = int(hit[2]), -1
+        if isinstance(hit, list) and len(hit) == 4 and hit[:3] == key:
+            best, at = int(hit[3]), -1
         else:
             (best, at), read = _max_id(f), read + 1
             cache[f.name] = [*key, best]
