@@ -42,6 +42,7 @@ import dataclasses
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
@@ -78,8 +79,6 @@ class KernelAdapter:
 
 def array_module(x):
     """numpy for NumPy arrays (the emulator's host callback), jax.numpy for JAX values (the lowering)."""
-    import jax.numpy as jnp
-
     return np if isinstance(x, np.ndarray) else jnp
 
 
