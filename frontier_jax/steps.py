@@ -31,8 +31,9 @@ def make_train_step(graphdef, tx: Optimizer, bias_fn: Callable | None = None,
     """step(params, opt_state, x_MBT, y_MBT, lr_scale, momentum, aux) -> (params, opt_state, metrics).
 
     M micro-batches are accumulated with lax.scan (gradients summed in float32, then averaged: the
-    baseline's loss * 1/grad_accum_steps), then one `tx.apply` (unfused or fused alike). `shardings` = (params, opt_state)
-    shardings pin the outputs (data parallel: replicated parameters, optionally ZeRO-1 state).
+    baseline's loss * 1/grad_accum_steps), then one `tx.apply` (unfused or fused alike). `shardings` =
+    (params, opt_state) shardings pin the outputs (data parallel: replicated parameters, optionally ZeRO-1
+    state).
     """
 
     def loss_fn(params, x_BT, y_BT, aux):

@@ -89,7 +89,8 @@ CASES = {
     "adam_update": (_adam, None),
     "muon_update": (_muon, None),
 }
-RUNS = [(case, which) for case in CASES for which in ("fwd", "bwd") if getattr(registry.KERNELS[case.split("/")[0]], which)]
+RUNS = [(case, which) for case in CASES for which in ("fwd", "bwd")
+        if getattr(registry.KERNELS[case.split("/")[0]], which)]
 
 
 def _arrays(case: str, which: str):
