@@ -42,7 +42,6 @@ import dataclasses
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
@@ -70,16 +69,11 @@ class KernelAdapter:
 
     args(which, arrays) -> the kernel's operands; outs(which, kernel_outputs, arrays) -> the
     primitive's outputs. `which` is "fwd" or "bwd"; arrays are JAX values under the Neuron lowering
-    and NumPy arrays under the emulator (use `array_module(x)` for either).
+    and NumPy arrays under the emulator.
     """
 
     args: Callable = lambda which, arrays: arrays
     outs: Callable = lambda which, outs, arrays: outs
-
-
-def array_module(x):
-    """numpy for NumPy arrays (the emulator's host callback), jax.numpy for JAX values (the lowering)."""
-    return np if isinstance(x, np.ndarray) else jnp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +130,8 @@ def kernel_call(spec: OpSpec, which: str, kernel: Callable, arrays, static: dict
     """Call `kernel` (an `@nki.jit` function, or its emulated twin) the documented way: operands through
     the adapter, compile-time constants as keyword arguments, outputs back through the adapter."""
     operands = tuple(spec.adapter.args(which, tuple(arrays)))
-    for i, a in enumerate(operands):
-        if 0 in tuple(a.shape):
+    for i, a in enumerate(operands):  # None: an optional operand the kernel takes as absent
+        if a is not None and 0 in tuple(a.shape):
             raise ZeroSizeOperandError(
                 f"{spec.name} {which}: kernel operand {i} has shape {tuple(a.shape)}; NKI tensors need positive "
                 "sizes (aws-neuron-sdk nki/api/nki/language/__init__.py, NkiTensor): adapt it in ops.py")

@@ -149,10 +149,8 @@ def read_run_config(run_dir) -> tuple[Config, jnp.dtype]:
 
 def abstract_state(cfg: Config, compute_dtype, tx):
     """(graphdef, abstract params, abstract opt_state) built as loop.init_state does, without allocating."""
-    from frontier_jax.model import GPT
-    orders = cfg.ngram.num_orders if cfg.ngram.enabled else 0
-    model = nnx.eval_shape(lambda: GPT(cfg.model, rngs=nnx.Rngs(cfg.train.seed), compute_dtype=compute_dtype,
-                                       num_bias_orders=orders, bias_buckets=cfg.ngram.confidence_buckets))
+    from frontier_jax.model import build
+    model = nnx.eval_shape(lambda: build(cfg, compute_dtype))
     graphdef, params = nnx.split(model)
     return graphdef, params, jax.eval_shape(tx.init, params)
 

@@ -152,9 +152,8 @@ def build(cfg: Config, compute_dtype=None) -> GPT:
     `cfg.train.seed`, with the n-gram bias parameter when `cfg.ngram.enabled`. Wrap it in
     `nnx.eval_shape(lambda: build(cfg, dtype))` for the abstract model (restoring a checkpoint)."""
     ng = cfg.ngram
-    orders = ng.max_order - ng.min_order + 1 if ng.enabled else 0
-    return GPT(cfg.model, rngs=nnx.Rngs(cfg.train.seed), compute_dtype=compute_dtype, num_bias_orders=orders,
-               bias_buckets=ng.confidence_buckets)
+    return GPT(cfg.model, rngs=nnx.Rngs(cfg.train.seed), compute_dtype=compute_dtype,
+               num_bias_orders=ng.num_orders if ng.enabled else 0, bias_buckets=ng.confidence_buckets)
 
 
 def count_params(model: nnx.Module) -> int:

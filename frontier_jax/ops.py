@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from frontier_jax import reference as ref
 from frontier_jax.dispatch import (
-    MODES, KernelAdapter, KernelRow, KernelUnavailableError, array_module, configure, declare, direct, emulated,
+    MODES, KernelAdapter, KernelRow, KernelUnavailableError, configure, declare, direct, emulated,
     format_kernel_table, kernel_table, through_primitives)
 
 __all__ = [
@@ -34,18 +34,10 @@ __all__ = [
 
 def _head_loss_kernel_args(which, arrays):
     """A run without a sparse bias has S = 0 sources; a zero-size kernel operand is invalid (see
-    frontier_jax.dispatch), so the kernel gets one source (token 0, value 0.0): l + 0.0 = l exactly."""
+    frontier_jax.dispatch), so the kernel gets None for both bias operands (its no-bias form, which
+    returns no d(bias values))."""
     x_ND, emb_VD, tg_N1, ids_NS, vals_NS, *rest = arrays
-    if ids_NS.shape[1]:
-        return arrays
-    xp = array_module(ids_NS)
-    N = ids_NS.shape[0]
-    return (x_ND, emb_VD, tg_N1, xp.zeros((N, 1), ids_NS.dtype), xp.zeros((N, 1), vals_NS.dtype), *rest)
-
-
-def _head_loss_kernel_outs(which, outs, arrays):
-    """The backward's d(bias values) of that stand-in source is dropped (the op has none)."""
-    return outs[:2] if which == "bwd" and not arrays[3].shape[1] else outs
+    return arrays if ids_NS.shape[1] else (x_ND, emb_VD, tg_N1, None, None, *rest)
 
 
 def _adam_kernel_args(which, arrays):
@@ -66,7 +58,7 @@ ATTENTION = declare("causal_attention", ref.attention_fwd, ref.attention_bwd)
 MLP = declare("mlp", ref.mlp_fwd, ref.mlp_bwd)
 EMBED = declare("embed", ref.embed_fwd, ref.embed_bwd)
 HEAD_LOSS = declare("head_loss", ref.head_loss_fwd, ref.head_loss_bwd, static=("softcap",),
-                    adapter=KernelAdapter(_head_loss_kernel_args, _head_loss_kernel_outs))
+                    adapter=KernelAdapter(_head_loss_kernel_args))
 ADAM = declare("adam_update", ref.adam_update, static=("b1", "b2", "eps", "weight_decay"),
                adapter=KernelAdapter(_adam_kernel_args, _adam_kernel_outs), unused_reason=_UNFUSED)
 MUON = declare("muon_update", ref.muon_update, static=("ns_steps", "ns_dtype"), unused_reason=_UNFUSED)

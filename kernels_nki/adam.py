@@ -1,6 +1,6 @@
 """Fused Adam(W) update of one parameter as an NKI kernel for trn1 (NeuronCore-v2), NKI 0.3+ API.
 
-Spec: frontier_jax.fused_optim._adam_ref (optax.scale_by_adam -> scale by -lr -> apply_updates, plus
+Spec: frontier_jax.reference.adam_update (optax.scale_by_adam -> scale by -lr -> apply_updates, plus
 optional decoupled weight decay as optax.add_decayed_weights before the learning rate):
     m' = (1 - b1) g + b1 m                v' = (1 - b2) g^2 + b2 v
     u  = (m' / bc1) / (sqrt(v' / bc2) + eps) + wd * p

@@ -1,6 +1,6 @@
 """Fused Muon update of one weight matrix as an NKI kernel for trn1 (NeuronCore-v2), NKI 0.3+ API.
 
-Spec: frontier_jax.fused_optim._muon_ref (= frontier_jax.optim.scale_by_muon -> scale by -lr -> apply):
+Spec: frontier_jax.reference.muon_update (reference.muon_direction -> scale by -lr -> apply):
     buf' = mom * buf + g;  ge = g + mom * buf'                  (Nesterov)
     X    = ge in PyTorch orientation [out, in], transposed if tall, cast to the NS dtype, / ||X||_F
     5 x  A = X X^T;  B = b A + c A A;  X = a X + B X            (quintic Newton-Schulz)
@@ -34,8 +34,8 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-NS_A, NS_B, NS_C = 3.4445, -4.7750, 2.0315  # = frontier_jax.optim.NS_COEFFS
-NS_EPS = 1e-7  # = frontier_jax.optim.NS_EPS
+NS_A, NS_B, NS_C = 3.4445, -4.7750, 2.0315  # = frontier_jax.reference.NS_COEFFS
+NS_EPS = 1e-7  # = frontier_jax.reference.NS_EPS
 PSUM_N = 512  # fp32 columns of one PSUM bank (nl.tile_size.psum_fmax)
 SQRT_MIN, SQRT_MAX = 2.0 ** -116, 2.0 ** 118  # ScalarE sqrt's valid input range (nki.api.shared.rst)
 

@@ -33,7 +33,7 @@ class FakeKernel:
         self.name, self.calls = fn.__name__, []
 
     def __call__(self, *operands, **static):
-        self.calls.append(([(tuple(a.shape), jnp.dtype(a.dtype)) for a in operands], static))
+        self.calls.append(([(tuple(a.shape), jnp.dtype(a.dtype)) for a in operands if a is not None], static))
         outs = tuple(jnp.zeros(s, d) for s, d in self.outputs[self.name](*operands, **static))
         return outs if len(outs) > 1 else outs[0]
 
@@ -104,21 +104,21 @@ def test_adapter_passes_flat_adam_operands_and_static_params(fake_nki):
 
 
 def test_adapter_never_hands_head_loss_a_zero_size_bias(fake_nki):
-    """No bias: S = 0 sources on the primitive, one stand-in source (id 0, value 0) for the kernel."""
+    """No bias: S = 0 sources on the primitive, None (the kernel's no-bias form) for the kernel."""
     FakeKernel.outputs["head_loss_fwd"] = lambda x, e, t, i, v, **k: [((x.shape[0], 1), jnp.float32)] * 2
-    FakeKernel.outputs["head_loss_bwd"] = lambda x, e, t, i, v, lse, g, **k: [
-        (x.shape, x.dtype), (e.shape, e.dtype), (i.shape, jnp.float32)]
+    FakeKernel.outputs["head_loss_bwd"] = lambda x, e, t, i, v, lse, g, **k: (
+        [(x.shape, x.dtype), (e.shape, e.dtype)] + ([] if i is None else [(i.shape, jnp.float32)]))
     N, D, V = 6, 8, 16
     x, emb = jnp.ones((N, D)), jnp.ones((V, D))
     tg, ids, vals = jnp.zeros((N, 1), jnp.int32), jnp.zeros((N, 0), jnp.int32), jnp.zeros((N, 0), jnp.float32)
     kernel, outs = _lowered("head_loss", "fwd", x, emb, tg, ids, vals, softcap=30.0)
     operands, static = kernel.calls[-1]
-    assert [s for s, _ in operands] == [(N, D), (V, D), (N, 1), (N, 1), (N, 1)] and static == {"softcap": 30.0}
+    assert [s for s, _ in operands] == [(N, D), (V, D), (N, 1)] and static == {"softcap": 30.0}
     assert [o.shape for o in outs] == [(N, 1), (N, 1)]
     lse = dloss = jnp.zeros((N, 1))
     kernel, outs = _lowered("head_loss", "bwd", x, emb, tg, ids, vals, lse, dloss, softcap=30.0)
-    assert [s for s, _ in kernel.calls[-1][0]][3:5] == [(N, 1), (N, 1)]
-    assert [o.shape for o in outs] == [(N, D), (V, D)]  # the stand-in source's gradient is dropped
+    assert [s for s, _ in kernel.calls[-1][0]] == [(N, D), (V, D), (N, 1), (N, 1), (N, 1)]  # no bias operands
+    assert [o.shape for o in outs] == [(N, D), (V, D)]
     with_bias = _lowered("head_loss", "bwd", x, emb, tg, jnp.zeros((N, 2), jnp.int32), jnp.zeros((N, 2)), lse,
                          dloss, softcap=30.0)[1]
     assert [o.shape for o in with_bias] == [(N, D), (V, D), (N, 2)]
@@ -132,7 +132,7 @@ def test_zero_size_operand_is_refused_before_any_kernel_runs():
 
 
 def test_emulated_head_loss_without_bias_equals_the_reference():
-    """The (N, 0) case end to end: the emulated kernel runs with the stand-in source, value and gradients
+    """The (N, 0) case end to end: the emulated kernel runs in its no-bias form, value and gradients
     equal the reference's."""
     r = np.random.default_rng(0)
     x = jnp.asarray(r.standard_normal((20, 16)), jnp.float32)

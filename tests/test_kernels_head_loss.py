@@ -76,9 +76,7 @@ def test_zero_size_bias_is_rejected_and_none_means_no_bias(kernels):
     assert np.isfinite(loss).all()
 
 
-@pytest.mark.parametrize("with_bias", [pytest.param(False, marks=pytest.mark.xfail(
-    strict=True, reason="frontier_jax.ops still passes a zero-size [N, 0] bias (emulator rule tensor.zero_size, "
-    "raised through jax.pure_callback); the kernel takes None")), True])
+@pytest.mark.parametrize("with_bias", [False, True])
 def test_op_routed_through_emulated_kernel_matches_reference(with_bias):
     x, emb, tg, ids, vals = _case(70, 32, 256, 3, np.float32, 1)
     x, emb, vals = jnp.asarray(x), jnp.asarray(emb), jnp.asarray(vals)

@@ -1,4 +1,4 @@
-"""The fused Muon NKI kernel under the NumPy emulator against its pure-JAX reference (fused_optim._muon_ref)."""
+"""The fused Muon NKI kernel under the NumPy emulator against its pure-JAX reference (reference.muon_update)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from frontier_jax import fused_optim, ops
+from frontier_jax import ops
+from frontier_jax import reference
 from kernels_nki import emulator
 
 TOL = {"float32": 1e-5, "bfloat16": 1e-2}
@@ -23,7 +24,7 @@ def kernel():
 def _inputs(shape, seed=0):
     rng = np.random.default_rng(seed)
     p, g, b = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
-    return p, g, b, np.asarray(fused_optim.scalars_PK(0.04 * 0.8, 0.9))
+    return p, g, b, np.asarray(ops.scalars_PK(0.04 * 0.8, 0.9))
 
 
 def _max_rel(a, b):
@@ -41,7 +42,7 @@ def _fro_rel(a, b):
 @pytest.mark.parametrize("ns_dtype", ["float32", "bfloat16"])
 def test_matches_reference(kernel, shape, ns_dtype):
     p, g, b, scal = _inputs(shape, seed=sum(shape))
-    ref = jax.jit(lambda *a: fused_optim._muon_ref(*a, ns_steps=5, ns_dtype=ns_dtype))
+    ref = jax.jit(lambda *a: reference.muon_update(*a, ns_steps=5, ns_dtype=ns_dtype))
     # p = 0: p' = -lr * update exposes the Newton-Schulz result itself (p + update would hide it under p)
     zero = np.zeros_like(p)
     (u2, b2), c = emulator.run(kernel, zero, g, b, scal, ns_steps=5, ns_dtype=ns_dtype)
@@ -64,7 +65,7 @@ def test_zero_gradient_gives_zero_update(kernel, ns_dtype):
     p, g, b, scal = _inputs((96, 200), seed=7)
     g[:], b[:] = 0.0, 0.0
     (p2, b2), _ = emulator.run(kernel, p, g, b, scal, ns_steps=5, ns_dtype=ns_dtype)
-    ref = fused_optim._muon_ref(p, g, b, scal, ns_steps=5, ns_dtype=ns_dtype)
+    ref = reference.muon_update(p, g, b, scal, ns_steps=5, ns_dtype=ns_dtype)
     np.testing.assert_array_equal(p2, p)
     np.testing.assert_array_equal(p2, ref[0])
     assert not b2.any()
@@ -85,10 +86,15 @@ def test_baseline_matrices_stay_on_chip_with_minimum_hbm_bytes(kernel, shape):
 def test_primitive_emulated_equals_reference_path():
     args = [jnp.asarray(a) for a in _inputs((64, 96), seed=3)]
     args[0] = jnp.zeros_like(args[0])  # p' = -lr * update
-    f = lambda *a: fused_optim.muon_update(*a, ns_steps=5, ns_dtype="float32")
+    f = lambda *a: ops.muon_update(*a, ns_steps=5, ns_dtype="float32")
     assert "frontier_muon_update" in str(jax.make_jaxpr(f)(*args))
     ref = jax.jit(f)(*args)
     with ops.emulated(["muon_update"]) as rows:
         assert {r.op: r.impl for r in rows}["muon_update"] == "emulated"
         emu = jax.jit(f)(*args)
     assert _max_rel(emu[0], ref[0]) <= 1e-5 and _max_rel(emu[1], ref[1]) <= 1e-6
+
+
+def test_kernel_constants_equal_the_reference():
+    m = emulator.load_kernel_module("kernels_nki.muon")
+    assert (m.NS_A, m.NS_B, m.NS_C) == reference.NS_COEFFS and m.NS_EPS == reference.NS_EPS

@@ -74,7 +74,7 @@ def test_report_text_covers_every_op_and_compares_configs(capsys):
 def test_report_imports_no_trainer_and_no_jax():
     code = ("import sys, kernels_nki.report; bad = sorted(m for m in sys.modules if m.split('.')[0] in "
             "('jax', 'flax', 'optax') or m in ('frontier_jax.model', 'frontier_jax.optim', "
-            "'frontier_jax.fused_optim', 'frontier_jax.ops')); assert not bad, bad")
+            "'frontier_jax.dispatch', 'frontier_jax.ops')); assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
