@@ -18,27 +18,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from frontier_jax.config import ConfigError
 from frontier_jax.data.shards import DataError
 
 
-def _pad(x_BT, y_BT, mask_BT, batch_seqs: int):
-    if x_BT.shape[0] < batch_seqs:
-        pad = ((0, batch_seqs - x_BT.shape[0]), (0, 0))
-        x_BT, y_BT, mask_BT = np.pad(x_BT, pad), np.pad(y_BT, pad), np.pad(mask_BT, pad)
-    return x_BT, y_BT, mask_BT
-
-
 def sliding_masked_batches(tokens, seq_len: int, stride: int, batch_seqs: int):
-    """(x, y, mask) int32 [batch_seqs, seq_len] from `data.stream.sliding_batches`, the last batch padded."""
-    from frontier_jax.data.stream import sliding_batches
+    """(x, y, mask) int32 [batch_seqs, seq_len] of the sliding windows: `data.stream.val_batches` with `stride`."""
+    from frontier_jax.data.stream import val_batches
 
-    t_T = np.arange(seq_len, dtype=np.int32)[None, :]
-    for x_BT, y_BT, from_B in sliding_batches(tokens, seq_len, stride, batch_seqs):
-        mask_BT = (t_T >= from_B[:, None]).astype(np.int32)
-        yield _pad(x_BT, y_BT, mask_BT, batch_seqs)
+    return val_batches(tokens, seq_len, batch_seqs, stride=stride)
 
 
 def _ngram_bias(run_dir: Path, cfg):
@@ -59,12 +47,10 @@ def _ngram_bias(run_dir: Path, cfg):
 def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs=None) -> dict:
     """Sums and bpb of a run's latest checkpoint on its val split (see the module docstring)."""
     from frontier_jax import ops, report
-    from frontier_jax.data.shards import list_shards
-    from frontier_jax.data.stream import load_val_tokens
-    from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
+    from frontier_jax.data.dataset import load_dataset
+    from frontier_jax.data.stream import val_batches
     from frontier_jax.host import tune_allocator
     from frontier_jax.interop import read_run_config, restore_params
-    from frontier_jax.run_support import padded_val_batches
     from frontier_jax.steps import evaluate_batches, make_eval_step
 
     run_dir = Path(run_dir)
@@ -84,17 +70,14 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     batch_seqs = int(batch_seqs or cfg.train.val_batch_seqs)
     if batch_seqs <= 0:
         raise ConfigError(f"--batch-seqs {batch_seqs}: must be positive")
-    tok = load_tokenizer(tok_spec)
-    check_vocab(tok, cfg.model.vocab_size, f"model.vocab_size of {run_dir}")
-    tokens = load_val_tokens(list_shards(data_dir, cfg.data.val_pattern), T)
+    data = load_dataset(data_dir, tok_spec, cfg.model.vocab_size, T, cfg.data.train_pattern, cfg.data.val_pattern,
+                        f"model.vocab_size of {run_dir}")
+    tok, tokens = data.tokenizer, data.val_tokens
     ops.configure(cfg.train.kernels)
     cfg, graphdef, params, step, dtype = restore_params(run_dir)
     bias_fn, aux = _ngram_bias(run_dir, cfg)
-    eval_step = make_eval_step(graphdef, tok.byte_tables(cfg.model.vocab_size), bias_fn)
-    if stride == T:
-        batches = padded_val_batches(tokens, T, batch_seqs)
-    else:
-        batches = sliding_masked_batches(tokens, T, stride, batch_seqs)
+    eval_step = make_eval_step(graphdef, data.tables, bias_fn)
+    batches = val_batches(tokens, T, batch_seqs, stride=None if stride == T else stride)
     sums = evaluate_batches(eval_step, params, batches, aux)
     return {
         **sums,
@@ -102,7 +85,8 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
         "loss": sums["nll_sum_nats"] / max(sums["tokens"], 1),
         "stride": stride, "seq_len": T, "batch_seqs": batch_seqs,
         "run": str(run_dir), "checkpoint_step": step, "compute_dtype": str(dtype),
-        "data_dir": str(data_dir), "tokenizer": str(tok.path), "seconds": time.perf_counter() - t0,
+        "data_dir": str(data_dir), "tokenizer": str(tok.path), "data_provenance": data.provenance,
+        "seconds": time.perf_counter() - t0,
     }
 
 

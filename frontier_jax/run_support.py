@@ -5,9 +5,6 @@ fixed shape (so evaluation compiles once).
 
 from __future__ import annotations
 
-from frontier_jax.errors import BadInput
-
-import dataclasses
 import fcntl
 import json
 import os
@@ -16,6 +13,8 @@ import signal
 from pathlib import Path
 
 import numpy as np
+
+from frontier_jax.errors import BadInput
 
 
 class RunError(BadInput):
@@ -180,52 +179,20 @@ class Signals:
 
 def padded_val_batches(tokens: np.ndarray, seq_len: int, batch_seqs: int, process_index: int = 0,
                        process_count: int = 1):
-    """(x, y, mask) int32 [batch_seqs / process_count, seq_len] for this process.
+    """(x, y, mask) of this process's non-overlapping windows: `frontier_jax.data.stream.val_batches`."""
+    from frontier_jax.data.stream import val_batches
 
-    The W non-overlapping windows are dealt to processes contiguously; every process yields the same
-    number of batches (short ones padded with mask 0), as evaluation runs in lockstep across processes.
-    """
-    if batch_seqs % process_count:
-        raise ValueError(f"val batch of {batch_seqs} sequences cannot be split over {process_count} processes")
-    local = batch_seqs // process_count
-    n = (tokens.shape[0] - 1) // seq_len
-    x_all = tokens[: n * seq_len].reshape(n, seq_len)
-    y_all = tokens[1 : n * seq_len + 1].reshape(n, seq_len)
-    lo, hi = process_index * n // process_count, (process_index + 1) * n // process_count
-    per_process = -(-n // process_count)
-    for start in range(0, per_process, local):
-        a, b = min(lo + start, hi), min(lo + start + local, hi)
-        x, y = x_all[a:b].astype(np.int32), y_all[a:b].astype(np.int32)
-        mask = np.ones_like(x)
-        pad = ((0, local - x.shape[0]), (0, 0))
-        yield np.pad(x, pad), np.pad(y, pad), np.pad(mask, pad)
+    return val_batches(tokens, seq_len, batch_seqs, process_index, process_count)
 
 
-@dataclasses.dataclass
-class RunData:
-    tokenizer: object
-    tables: object  # ByteTables of the exact bpb rule
-    train_files: list
-    val_tokens: np.ndarray
+def load_run_data(cfg):
+    """Tokenizer, byte tables, train shards and val tokens of a config, every check done up front
+    (`frontier_jax.data.dataset.load_dataset`: directory, vocabulary, shard headers, manifest and
+    tokenizer provenance, token ids, val length); the result's `provenance` is one line for the log."""
+    from frontier_jax.data.dataset import load_dataset
 
-
-def load_run_data(cfg) -> RunData:
-    """Tokenizer, byte tables, train shards and val tokens of a config, every check done up front:
-    a missing/empty directory, a tokenizer that does not match model.vocab_size, a bad shard header
-    (all of them now, not when the stream first reaches one hours later), a val split under one window."""
-    from frontier_jax.data.shards import DataError, list_shards, shard_token_count
-    from frontier_jax.data.stream import load_val_tokens
-    from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
-
-    if not cfg.data.data_dir:
-        raise DataError("<data>: no data directory given (--data DIR or data.data_dir)")
-    tokenizer = load_tokenizer(cfg.data.tokenizer)
-    check_vocab(tokenizer, cfg.model.vocab_size, "model.vocab_size")
-    train_files = list_shards(cfg.data.data_dir, cfg.data.train_pattern)
-    for f in train_files:
-        shard_token_count(f)
-    val_tokens = load_val_tokens(list_shards(cfg.data.data_dir, cfg.data.val_pattern), cfg.train.seq_len)
-    return RunData(tokenizer, tokenizer.byte_tables(cfg.model.vocab_size), train_files, val_tokens)
+    d = cfg.data
+    return load_dataset(d.data_dir, d.tokenizer, cfg.model.vocab_size, cfg.train.seq_len, d.train_pattern, d.val_pattern)
 
 
 def step_batch(loader, seqs_per_step: int, accum: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
