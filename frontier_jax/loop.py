@@ -113,7 +113,6 @@ def _claim(out_dir: Path, resume: bool, dp: DataParallel):
 def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, signals, stop_after_steps, on_step) -> dict:
     t = cfg.train
     dp = make_data_parallel(cfg.parallel.num_devices, cfg.parallel.zero1)
-    main = dp.is_main
     seqs_per_step = t.tokens_per_step // t.seq_len
     global_micro, accum = split_batch(seqs_per_step, t.micro_batch_seqs, dp.num_devices, dp.process_count)
     if t.val_batch_seqs % dp.num_devices:
@@ -125,7 +124,6 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, signals, stop_af
     tx = optim.build_optimizer(cfg.optim)
     # ---- data and tokenizer (all checks before the run directory is touched)
     data = load_run_data(cfg)
-    tokenizer, tables, train_files, val_tokens = data.tokenizer, data.tables, data.train_files, data.val_tokens
     if signals.received:
         return _stopped_before_training(out_dir, resume, signals, None, False)
     lock, created = _claim(out_dir, resume, dp)
@@ -190,6 +188,7 @@ def _train(cfg, out_dir, resume, log, signals, stop_after_steps, on_step, dp, da
     loader = TrainLoader(train_files, t.seq_len, dp.process_index, dp.process_count)
     log(f"data {cfg.data.data_dir}: {len(train_files)} train shards, {val_tokens.size - 1:,} val targets | "
         f"tokenizer {tokenizer.path}")
+    log(f"data provenance: {data.provenance}")
     log(f"step = {t.tokens_per_step:,} tokens = {accum} micro-batch(es) of {global_micro} x {t.seq_len}")
 
     # ---- model, optimizer, compiled steps
