@@ -28,7 +28,7 @@ examples:
   python -m frontier_jax.train --resume runs/baseline-20250101-120000 --budget 1200"""
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m frontier_jax.train", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="PATH", help="a configs/*.py file (default: configs/tiny.py for the demo, "
@@ -50,7 +50,11 @@ def parse_args(argv):
     g.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 .. N-1")
     g.add_argument("--distributed-auto", action="store_true",
                    help="let jax.distributed detect the cluster (Slurm, Kubernetes, ...)")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv):
+    return build_parser().parse_args(argv)
 
 
 def resolve(args):
