@@ -181,12 +181,16 @@ def restore(run_dir: Path, abstract_state, step: int | None = None, expect_model
     skipped = []
     for s in candidates:
         try:
-            return _restore_one(run_dir, s, abstract, expect_model_hash)
+            out = _restore_one(run_dir, s, abstract, expect_model_hash)
         except _OtherModel:
             raise
         except CheckpointError as e:
-            skipped.append(s)
+            skipped.append((s, str(e)))
+            continue
+        for _, why in skipped:  # logged only when an older one is used: otherwise the error says it all
             if log is not None:
-                log(f"skipped {e}")
-    raise CheckpointError(f"{run_dir}: no intact checkpoint (unreadable: steps {', '.join(map(str, skipped))}); "
-                          f"the run cannot be resumed or evaluated")
+                log(f"skipped {why}")
+        return out
+    steps_text = ", ".join(str(s) for s, _ in skipped)
+    raise CheckpointError(f"{run_dir}: no intact checkpoint (unreadable: steps {steps_text}; newest: "
+                          f"{skipped[0][1].split(': ', 1)[1]}); the run cannot be resumed or evaluated")
