@@ -13,8 +13,10 @@ read (a corrupt file) is skipped by `restore` with one line naming it, in favour
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -37,13 +39,18 @@ class _OtherModel(CheckpointError):
 
 @contextlib.contextmanager
 def _quiet():
-    """Orbax logs every failed read at ERROR through absl; the caller reports a failure in one line."""
+    """Orbax logs every failed read at ERROR through absl, and a failed read leaves coroutines whose
+    exceptions Python would print when they are collected: both are silenced here (collected before
+    leaving), as the caller reports the failure in one line."""
     absl = logging.getLogger("absl")
-    level = absl.level
+    level, hook = absl.level, sys.unraisablehook
     absl.setLevel(logging.CRITICAL)
+    sys.unraisablehook = lambda unraisable: None
     try:
         yield
     finally:
+        gc.collect()
+        sys.unraisablehook = hook
         absl.setLevel(level)
 
 
@@ -59,7 +66,7 @@ def _manager(run_dir: Path, keep: int = 2) -> ocp.CheckpointManager:
 def _first_line(e: BaseException) -> str:
     if isinstance(e, OSError):
         return describe_os_error(OSError(e.errno, e.strerror))  # the path is orbax's temporary one
-    text = str(e).strip().splitlines()
+    text = str(e).split(" See full TensorStore details")[0].strip().splitlines()
     return f"{type(e).__name__}: {text[0][:200] if text else ''}"
 
 
