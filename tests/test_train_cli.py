@@ -3,6 +3,8 @@ checkpoint and no run directory; one process per run directory (a lock); a faile
 leaves the run as it was; signals: during the warm-up exit 130 cleanly, mid-training a resumable
 checkpoint (a second SIGINT does not abort it)."""
 
+import errno
+import json
 import os
 import shutil
 import signal
@@ -113,35 +115,96 @@ def test_resume_of_a_directory_without_a_run(tmp_path, capsys):
     assert "not a run directory" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_sigint_mid_training_saves_a_resumable_checkpoint(byte_data, tmp_path):
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "frontier_jax.train", "--config", TINY, "--data", str(byte_data), "--tokenizer",
-           "bytes", "--out", str(out), *_sets("train.max_steps=100000")]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+def _start(cmd_args):
+    cmd = [sys.executable, "-m", "frontier_jax.train", *cmd_args]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _wait_for(proc, predicate, what: str, timeout: float = 240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    pytest.fail(f"no {what} within {timeout} s")
+
+
+@pytest.mark.slow
+def test_sigint_twice_mid_training_still_saves_a_resumable_checkpoint(byte_data, tmp_path):
+    out = tmp_path / "run"
+    proc = _start(["--config", TINY, "--data", str(byte_data), "--tokenizer", "bytes", "--out", str(out),
+                   *_sets("train.max_steps=100000")])
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            metrics = out / "metrics.jsonl"
-            if metrics.exists() and '"kind": "train"' in metrics.read_text():
-                break
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.2)
-        else:
-            pytest.fail("no training step within 240 s")
+        metrics = out / "metrics.jsonl"
+        _wait_for(proc, lambda: metrics.exists() and '"kind": "train"' in metrics.read_text(), "training step")
         proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=120)
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # ignored with a line: the checkpoint is still written
+        stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, output
-    assert "--resume" in output
+    assert proc.returncode == 130, stdout + stderr
+    assert "SIGINT: stopping after this step; checkpoint follows" in stderr
+    assert "SIGINT again: still stopping" in stderr and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith("interrupted: checkpoint step")
+    assert f"--resume {out}" in stderr
     step, meta = checkpoint.read_meta(out)
     assert step >= 1 and meta["reason"] == "interrupted" and meta["data"]["position_tokens"] > 0
     from frontier_jax.interop import restore_params
 
     assert restore_params(out)[3] == step  # restorable with the run's own config
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_compile_warm_up_exits_130_cleanly(byte_data, tmp_path):
+    out = tmp_path / "run"
+    proc = _start(["--config", TINY, "--data", str(byte_data), "--tokenizer", "bytes", "--out", str(out),
+                   *_sets("train.compile_warmup_steps=400")])
+    try:
+        seen = []
+        _wait_for(proc, lambda: seen.append(proc.stdout.readline()) or "compile warm-up:" in seen[-1], "warm-up")
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stdout + stderr
+    lines = stderr.strip().splitlines()
+    assert lines == ["SIGTERM: stopping before training starts; nothing to save",
+                     "interrupted before training started: nothing trained, no checkpoint written"], stderr
+    assert not out.exists()  # a new run directory with nothing trained is removed
+
+
+@pytest.mark.slow
+def test_disk_full_at_a_checkpoint_is_one_line_with_a_summary(byte_data, tmp_path, capsys, monkeypatch):
+    from orbax.checkpoint._src.handlers import json_checkpoint_handler
+
+    original, calls = json_checkpoint_handler.JsonCheckpointHandler._save_fn, []
+
+    async def full_on_second_save(self, x, directory):
+        calls.append(directory)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory))
+        return await original(self, x, directory)
+
+    monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", full_on_second_save)
+    out = tmp_path / "run"
+    assert _exit_code(["--config", TINY, "--data", str(byte_data), "--tokenizer", "bytes", "--out", str(out),
+                       *_sets("train.max_steps=6", "train.checkpoint_every_steps=2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {out.absolute()}/checkpoints/4: checkpoint not written (disk full (ENOSPC))")
+    assert "\n" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_reason"] == "checkpoint not written" and summary["steps"] == 4
+    assert summary["checkpoint_step"] == 2 and "disk full" in summary["error"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["2"]  # no temporary directory
+    monkeypatch.undo()
+    from frontier_jax.interop import restore_params
+
+    assert restore_params(out)[3] == 2  # the last checkpoint is intact
 
 
 def _copy_run(trained_run, dst):
