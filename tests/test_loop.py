@@ -38,9 +38,14 @@ def test_run_end_to_end_writes_a_complete_run_directory(trained_run):
     assert checkpoint.read_meta(run_dir)[1]["reason"] == "final"
 
 
-def test_an_existing_run_is_not_overwritten(trained_run):
+def test_an_existing_run_is_not_overwritten(trained_run, byte_data):
+    def files():  # all but the lock file, which a start takes (and writes its pid to) before it checks
+        return {p.name: p.stat().st_mtime_ns for p in trained_run[0].rglob("*") if p.name != ".lock"}
+
+    before = files()
     with pytest.raises(loop.RunError, match="already holds a run"):
-        loop.run(tiny_config("/nonexistent"), trained_run[0], echo=False)
+        loop.run(tiny_config(byte_data), trained_run[0], echo=False)
+    assert files() == before
 
 
 @pytest.mark.slow
