@@ -271,7 +271,7 @@ def _train(cfg, out_dir, resume, log, signals, stop_after_steps, on_step, dp, da
         """The checkpoint of the step before a non-finite loss holds the parameters that produced it:
         remove it (if this invocation wrote it), so the last checkpoint kept is the last finite one."""
         bad = at_step - 1
-        if bad > start_step and bad in checkpoint.steps(out_dir) and main:
+        if bad > start_step and bad in checkpoint.steps(out_dir):  # every process: orbax coordinates them
             checkpoint.discard(out_dir, bad)
             log(f"removed checkpoint step {bad}: its parameters gave the non-finite loss of step {at_step}")
         return "non-finite loss"
@@ -360,7 +360,7 @@ def _finish_run(cfg, out_dir, log, metrics_log, stop_reason, step, tokens, train
         "train_seconds": train_s, "tokens_per_second": tokens / train_s if train_s > 0 else None,
         "matmul_peak_flops": peak, "flops_per_token": flops_per_token,
         "final_train_loss": final_loss, "stop_reason": stop_reason, "run_dir": str(out_dir),
-        "checkpoint_step": checkpoint.latest_step(out_dir) if main else None,
+        "checkpoint_step": checkpoint.latest_step(out_dir),
     }
     if save_error is not None:
         summary["error"] = str(save_error)
