@@ -317,3 +317,14 @@ def test_help_text_reads_as_user_help(capsys):
     text = capsys.readouterr().out
     assert "loop.run" not in text and "Nothing else" not in text
     assert "exit codes" in text and "--resume" in text
+
+
+def test_the_run_records_absolute_data_paths(tmp_path, monkeypatch):
+    """A run evaluated from another directory finds its data: --data/--tokenizer are stored absolute."""
+    from frontier_jax.train import parse_args, resolve
+
+    monkeypatch.chdir(tmp_path)
+    cfg, out, resume, demo = resolve(parse_args(["--config", TINY, "--data", "shards", "--tokenizer", "sp.model"]))
+    assert cfg.data.data_dir == str(tmp_path / "shards") and cfg.data.tokenizer == str(tmp_path / "sp.model")
+    cfg, *_ = resolve(parse_args(["--config", TINY, "--data", "shards", "--tokenizer", "bytes"]))
+    assert cfg.data.tokenizer == "bytes"
