@@ -31,8 +31,8 @@ from frontier_jax.ngram import runtime as ngram_runtime
 from frontier_jax.model import GPT, count_params, model_flops_per_token, resolve_compute_dtype
 from frontier_jax.parallel import DataParallel, make_data_parallel, split_batch
 from frontier_jax.errors import BadInput, describe_os_error
-from frontier_jax.run_support import (RunError, RunLog, Signals, claim_run_dir, load_run_data, padded_val_batches,
-                                      step_batch, truncate_metrics)
+from frontier_jax.run_support import (RunError, RunLog, Signals, claim_run_dir, finished_summary, load_run_data,
+                                      padded_val_batches, step_batch, stopped_before_training, truncate_metrics)
 from frontier_jax.steps import evaluate_batches, make_eval_step, make_train_step
 
 __all__ = ["run", "init_state", "RunError"]
@@ -125,7 +125,7 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, signals, stop_af
     # ---- data and tokenizer (all checks before the run directory is touched)
     data = load_run_data(cfg)
     if signals.received:
-        return _stopped_before_training(out_dir, resume, signals, None, False)
+        return stopped_before_training(out_dir, resume, signals, None, False)
     lock, created = _claim(out_dir, resume, dp)
     try:
         restored = None
@@ -133,7 +133,7 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, signals, stop_af
             restored = _restore(cfg, tx, compute_dtype, dp, out_dir, log)
             meta = restored[2]
             if meta["step"] >= t.max_steps or meta["train_seconds"] >= t.budget_seconds:
-                return _already_finished(out_dir, meta, t)
+                return finished_summary(out_dir, meta, t)
         try:
             return _train(cfg, out_dir, resume, log, signals, stop_after_steps, on_step, dp, data, restored,
                           kernel_rows, env, compute_dtype, ns_dtype, tx, global_micro, accum, created)
@@ -144,23 +144,6 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, signals, stop_af
     finally:
         if lock:
             lock.release()
-
-
-def _already_finished(out_dir: Path, meta: dict, t) -> dict:
-    path = out_dir / "summary.json"
-    summary = json.loads(path.read_text()) if path.is_file() else {}
-    limit = "max_steps" if meta["step"] >= t.max_steps else "budget"
-    return {**summary, "stop_reason": "already finished", "steps": meta["step"], "run_dir": str(out_dir),
-            "note": f"{out_dir}: already finished at step {meta['step']} (train.{limit if limit == 'max_steps' else 'budget_seconds'} "
-                    f"reached); nothing to do: raise train.max_steps or --budget to continue"}
-
-
-def _stopped_before_training(out_dir: Path, resume: bool, signals, step, created: bool) -> dict:
-    """A signal before the first step: nothing trained, nothing to save; a new run directory is removed."""
-    if created:
-        shutil.rmtree(out_dir, ignore_errors=True)
-    return {"stop_reason": f"signal {signals.received} before training", "steps": step or 0, "run_dir": str(out_dir),
-            "checkpoint_step": step if resume else None}
 
 
 def _train(cfg, out_dir, resume, log, signals, stop_after_steps, on_step, dp, data, restored, kernel_rows, env,
@@ -238,10 +221,10 @@ def _train(cfg, out_dir, resume, log, signals, stop_after_steps, on_step, dp, da
                                           *scalars(1.0, optim.muon_momentum(cfg.optim, i)), aux())
         jax.block_until_ready(m)
         if stop_requested():
-            return _stopped_before_training(out_dir, resume, signals, resumed_step, created)
+            return stopped_before_training(out_dir, resume, signals, resumed_step, created)
     validate(params, t.val_batch_seqs * t.seq_len)  # compiles the eval step
     if stop_requested():
-        return _stopped_before_training(out_dir, resume, signals, resumed_step, created)
+        return stopped_before_training(out_dir, resume, signals, resumed_step, created)
     if restored:
         params, opt_state, meta = restored
         restored = None

@@ -145,6 +145,24 @@ def truncate_metrics(path: Path, step: int) -> int:
     return dropped
 
 
+def finished_summary(out_dir: Path, meta: dict, train_cfg) -> dict:
+    """What `--resume` of a finished run returns (its summary, stop_reason "already finished", a note)."""
+    path = out_dir / "summary.json"
+    summary = json.loads(path.read_text()) if path.is_file() else {}
+    limit = "max_steps" if meta["step"] >= train_cfg.max_steps else "budget_seconds"
+    return {**summary, "stop_reason": "already finished", "steps": meta["step"], "run_dir": str(out_dir),
+            "note": f"{out_dir}: already finished at step {meta['step']} (train.{limit} reached); nothing to do: "
+                    "raise train.max_steps or --budget to continue"}
+
+
+def stopped_before_training(out_dir: Path, resume: bool, signals, step, created: bool) -> dict:
+    """A signal before the first step: nothing trained, nothing to save; a new run directory is removed."""
+    if created:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return {"stop_reason": f"signal {signals.received} before training", "steps": step or 0, "run_dir": str(out_dir),
+            "checkpoint_step": step if resume else None}
+
+
 class Signals:
     """SIGINT/SIGTERM set a flag that the run checks between steps (and between its start-up phases).
 
