@@ -138,8 +138,10 @@ def _main(args) -> int:
         return EXIT_DIVERGED
     if reason.startswith("signal"):
         if main_process:
-            if summary.get("checkpoint_step") is None:
-                print("interrupted before training started: nothing trained, no checkpoint written", file=sys.stderr)
+            if reason.endswith("before training"):
+                print("interrupted before training started: nothing trained, " + (
+                      f"the run is as it was; continue with: python -m frontier_jax.train --resume {out}" if resume
+                      else "no checkpoint written"), file=sys.stderr)
             else:
                 print(f"interrupted: checkpoint step {summary['checkpoint_step']} saved; continue with: "
                       f"python -m frontier_jax.train --resume {out}", file=sys.stderr)
