@@ -27,9 +27,9 @@ from baseline_torch.optim import Optimizers
 from frontier_jax import optim as jax_optim
 from frontier_jax import report
 from frontier_jax.host import tune_allocator
-from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
-from frontier_jax.data.shards import DataError
+from frontier_jax.config import Config, config_hash, model_hash, to_dict
 from frontier_jax.data.stream import TrainLoader
+from frontier_jax.errors import BadInput, exit_on_error
 from frontier_jax.data.tokenizer import count_bytes
 from frontier_jax.parallel import split_batch
 from frontier_jax.run_support import (RunError, RunLog, Signals, load_run_data, padded_val_batches,
@@ -277,16 +277,16 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
-        ns = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "threads"}, resume=None, kernels=None)
-        cfg, out, _, _ = resolve(ns)
-        tune_allocator(cfg.train.allocator)  # the same process setting as the JAX trainer
-        if not args.out:
-            out = Path("runs") / f"{cfg.name}-torch-{time.strftime('%Y%m%d-%H%M%S')}"
-        summary = run(cfg, out, args.device, args.compile, args.init_weights)
-    except (ConfigError, DataError, RunError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    with exit_on_error():
+        try:
+            ns = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "threads"}, resume=None, kernels=None)
+            cfg, out, _, _ = resolve(ns)
+            tune_allocator(cfg.train.allocator)  # the same process setting as the JAX trainer
+            if not args.out:
+                out = Path("runs") / f"{cfg.name}-torch-{time.strftime('%Y%m%d-%H%M%S')}"
+            summary = run(cfg, out, args.device, args.compile, args.init_weights)
+        except ValueError as e:  # the torch side's own checks (e.g. --init-weights) raise plain ValueError
+            raise BadInput(str(e)) from None
     if summary.get("val_bpb") is not None:
         print(f"val_bpb: {summary['val_bpb']:.6f}")
     if summary["stop_reason"] == "non-finite loss":
