@@ -56,7 +56,7 @@ def tables_to_device(snapshot: S.Snapshot, num_buckets: int) -> DeviceTables:
 
 def empty_tables(cfg) -> DeviceTables:
     """All-missing tables with the shapes `cfg` (NgramConfig) fixes: for step 0 and compilation."""
-    O = cfg.max_order - cfg.min_order + 1
+    O = cfg.num_orders
     K = 1 << cfg.table_log2_size
     return _device_tables(
         np.zeros((O, K), np.uint32), np.zeros((O, K), np.uint16), np.full((O, K), -1, np.int8), cfg.min_order
@@ -65,7 +65,7 @@ def empty_tables(cfg) -> DeviceTables:
 
 def init_bias_OC(cfg) -> jax.Array:
     """Zero-initialised learned bias table [num_orders, confidence_buckets] (float32)."""
-    return jnp.zeros((cfg.max_order - cfg.min_order + 1, cfg.confidence_buckets), jnp.float32)
+    return jnp.zeros((cfg.num_orders, cfg.confidence_buckets), jnp.float32)
 
 
 def _hash_step(h, v, mul: int):
