@@ -14,6 +14,7 @@ import pytest
 
 from conftest import REPO, TINY_OVERRIDES
 from frontier_jax.compare import main
+from frontier_jax.errors import EXIT_BAD_INPUT
 
 
 # compare sets the budget for every arm, so an arm may not carry train.budget_seconds
@@ -65,10 +66,12 @@ def test_compare_cmd_arms_failures_reported_others_finish(tmp_path, capsys):
 ])
 def test_mismatched_input_refused_before_running(byte_data, tmp_path, capsys, arm_extra, message):
     out = tmp_path / "cmp"
-    rc = main(["--arm", f"jax:{REPO}/configs/tiny.py {ARM_SETS}", "--arm", arm_extra, "--data", str(byte_data),
-               "--tokenizer", "bytes", "--budget", "3", "--out", str(out)])
-    assert rc == 2
-    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["--arm", f"jax:{REPO}/configs/tiny.py {ARM_SETS}", "--arm", arm_extra, "--data", str(byte_data),
+              "--tokenizer", "bytes", "--budget", "3", "--out", str(out)])
+    assert exit_.value.code == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("error: ") and err.count("\n") == 1  # one line
     assert not out.exists()
 
 
@@ -78,9 +81,29 @@ def test_shards_from_another_tokenizer_refused(byte_data, tmp_path, capsys):
     data = tmp_path / "data"
     shutil.copytree(byte_data, data)
     (data / "manifest.json").write_text(json.dumps({"tokenizer": {"path": "other.model", "sha256": "0" * 64}}))
-    rc = main(["--arm", _py("print(1)"), "--arm", _py("print(2)"), "--data", str(data), "--tokenizer", "bytes",
-               "--budget", "3", "--out", str(tmp_path / "cmp")])
-    assert rc == 2 and "shards were made with tokenizer other.model" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["--arm", _py("print(1)"), "--arm", _py("print(2)"), "--data", str(data), "--tokenizer", "bytes",
+              "--budget", "3", "--out", str(tmp_path / "cmp")])
+    assert exit_.value.code == EXIT_BAD_INPUT
+    assert "shards were made with tokenizer other.model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["out is a file", "missing shards", "bad --seeds"])
+def test_other_bad_input_is_one_line_exit_2(byte_data, tmp_path, capsys, case):
+    """OSError (an unusable --out), DataError (no shards) and CompareError all leave through errors.exit_on_error."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    args = {"out is a file": ["--data", str(byte_data), "--out", str(blocker / "cmp")],
+            "missing shards": ["--data", str(tmp_path), "--out", str(tmp_path / "cmp")],
+            "bad --seeds": ["--data", str(byte_data), "--seeds", "0", "--out", str(tmp_path / "cmp")]}[case]
+    with pytest.raises(SystemExit) as exit_:
+        main(["--arm", f"jax:{REPO}/configs/tiny.py {ARM_SETS}", "--arm", f"torch:{REPO}/configs/tiny.py {ARM_SETS}",
+              "--tokenizer", "bytes", "--budget", "3", *args])
+    assert exit_.value.code == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert {"out is a file": str(blocker), "missing shards": str(tmp_path), "bad --seeds": "--seeds"}[case] in err
+    assert not (tmp_path / "cmp").exists()
 
 
 def test_interrupt_keeps_finished_runs(tmp_path):
