@@ -44,7 +44,7 @@ TINY_OVERRIDES = [
     "parallel.num_devices=1",
 ]
 
-# Kernel-vs-reference tolerances (nki.md 4, max mode: |a - b| <= tol + tol * max|b|).
+# Kernel-vs-reference tolerances, max mode: |a - b| <= tol + tol * max|b| (README, "Tests").
 KERNEL_TOL = {"float32": 1e-5, "bfloat16": 2e-2}
 
 
