@@ -1,7 +1,7 @@
 """Training-step throughput: JAX (jit) vs PyTorch eager vs torch.compile, same config, batch and dtype.
 
-    python bench/jax_vs_torch.py            # configs/tiny.py and a baseline-shaped 9x512 model, seq 1024
-    python bench/jax_vs_torch.py --quick    # tiny.py only, fewer repetitions
+    python bench/jax_vs_torch.py            # cases tiny-2k and baseline-shaped-4k (bench/common.py)
+    python bench/jax_vs_torch.py --quick    # tiny-2k only, fewer repetitions
 
 Every implementation runs the full training step (forward, backward, Muon + Adam update) in float32
 (NS in float32 too) on the same token batch, each in its own worker process (spawned one after the
@@ -27,20 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from bench.common import CASES, FP32, STEP_CASES, Case, random_batch  # noqa: E402
 from frontier_jax import optim as jax_optim  # noqa: E402
-from frontier_jax.config import apply_overrides, load_config  # noqa: E402
 from frontier_jax.model import GPT  # noqa: E402
 from frontier_jax.steps import make_train_step  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-FP32 = ["model.compute_dtype='float32'", "optim.muon_ns_dtype='float32'"]
-CASES = {
-    "tiny": ("configs/tiny.py", [], 8),  # (config, overrides, batch sequences)
-    "baseline-shaped": ("configs/baseline.py", ["train.seq_len=1024"], 4),
-}
 
 
 def jax_runner(cfg, x_BT, y_BT, tx=None):
@@ -104,15 +96,12 @@ def _worker(impl: str, cfg, x_BT, y_BT, warmup: int, threads: int | None, alloca
         conn.send(time.perf_counter() - t0)
 
 
-def bench_case(name: str, cfg, batch: int, reps: int, steps: int, warmup: int, impls: list[str],
+def bench_case(case: Case, cfg, reps: int, steps: int, warmup: int, impls: list[str],
                threads: int | None = None, allocator: str = "auto",
                torch_allocator: str = "system") -> dict:
     import multiprocessing as mp
 
-    T = cfg.train.seq_len
-    rng = np.random.default_rng(0)
-    toks = rng.integers(0, cfg.model.vocab_size, size=(batch, T + 1)).astype(np.int32)
-    x, y = toks[:, :-1], toks[:, 1:]
+    x, y = random_batch(case, cfg.model.vocab_size)
     ctx = mp.get_context("spawn")
     workers, setup_s = {}, {}
     try:
@@ -132,11 +121,10 @@ def bench_case(name: str, cfg, batch: int, reps: int, steps: int, warmup: int, i
             if proc.is_alive():
                 conn.send(None)
                 proc.join(30)
-    tokens = batch * T * steps
+    tokens = case.tokens * steps
     tok_s = {impl: tokens / statistics.median(ts) for impl, ts in times.items()}
     spread = {impl: (tokens / max(ts), tokens / min(ts)) for impl, ts in times.items()}
-    print(f"\n== {name}: {cfg.model.num_layers}x{cfg.model.model_dim}, seq {T}, batch {batch} seqs "
-          f"({batch * T:,} tokens/step), fp32, {reps} interleaved rounds of {steps} step(s), warm-up {warmup}, "
+    print(f"\n== {case.describe(cfg)}, fp32, {reps} interleaved rounds of {steps} step(s), warm-up {warmup}, "
           f"allocator: jax {allocator}, torch {torch_allocator}")
     for impl in impls:
         lo, hi = spread[impl]
@@ -151,11 +139,12 @@ def bench_case(name: str, cfg, batch: int, reps: int, steps: int, warmup: int, i
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="tiny.py only, 3 rounds")
-    p.add_argument("--cases", nargs="+", choices=sorted(CASES), help="default: all (tiny only with --quick)")
+    p.add_argument("--quick", action="store_true", help="tiny-2k only, 3 rounds")
+    p.add_argument("--cases", nargs="+", choices=sorted(CASES),
+                   help=f"default: {' '.join(STEP_CASES)} ({STEP_CASES[0]} only with --quick)")
     p.add_argument("--reps", type=int, help="interleaved rounds (default 5; 3 with --quick)")
-    p.add_argument("--steps", type=int, help="steps per implementation per round (default 8 for tiny, 1 for the "
-                   "baseline shape); longer rounds dilute the cost of switching processes")
+    p.add_argument("--steps", type=int, help="steps per implementation per round (default 8 for the tiny model, 1 "
+                   "for the baseline shape); longer rounds dilute the cost of switching processes")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--allocator", choices=("auto", "reuse", "system"), default="auto",
@@ -168,16 +157,16 @@ def main(argv=None) -> int:
     except ImportError:
         print("error: PyTorch is not installed (pip install -e .[torch])", file=sys.stderr)
         return 2
-    cases = a.cases or (["tiny"] if a.quick else list(CASES))
+    cases = a.cases or (STEP_CASES[:1] if a.quick else STEP_CASES)
     reps = a.reps or (3 if a.quick else 5)
     impls = ["jax", "torch-eager"] + ([] if a.no_compile else ["torch-compile"])
     print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__} "
           f"({a.threads or torch.get_num_threads()} threads); one worker process per implementation")
     for name in cases:
-        config, sets, batch = CASES[name]
-        cfg = apply_overrides(load_config(REPO / config), FP32 + sets)
-        steps = a.steps or (8 if name == "tiny" else 1)
-        bench_case(name, cfg, batch, reps, steps, warmup=2, impls=impls, threads=a.threads, allocator=a.allocator,
+        case = CASES[name]
+        cfg = case.load(*FP32)
+        steps = a.steps or (8 if case.config == "tiny.py" else 1)
+        bench_case(case, cfg, reps, steps, warmup=2, impls=impls, threads=a.threads, allocator=a.allocator,
                    torch_allocator=a.torch_allocator)
     return 0
 

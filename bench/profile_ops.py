@@ -1,6 +1,6 @@
 """Where the train step's time goes: each op family's forward+backward timed alone, at its real shape.
 
-    python bench/profile_ops.py [--cases tiny baseline-shaped] [--rounds 5] [--variants]
+    python bench/profile_ops.py [--cases tiny-8k baseline-shaped-8k] [--rounds 5] [--variants]
 
 Every op family is a separately jitted function of (inputs) -> scalar, differentiated with
 jax.value_and_grad, called at the shapes one train step uses and multiplied by how many times the
@@ -29,18 +29,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from bench.common import CASES, PROFILE_CASES, random_batch  # noqa: E402
 from frontier_jax import ops, optim  # noqa: E402
 from frontier_jax import reference as ref  # noqa: E402
-from frontier_jax.config import apply_overrides, load_config  # noqa: E402
+from frontier_jax.config import apply_overrides  # noqa: E402
 from frontier_jax.host import tune_allocator  # noqa: E402
 from frontier_jax.model import GPT, _rope_tables, model_flops_per_token  # noqa: E402
 from frontier_jax.steps import make_train_step  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-CASES = {  # name: (config, overrides, sequences per step)
-    "tiny": ("configs/tiny.py", [], 32),
-    "baseline-shaped": ("configs/baseline.py", ["train.seq_len=1024"], 8),
-}
 
 
 @contextlib.contextmanager
@@ -153,16 +148,14 @@ def interleaved(thunks: dict, rounds: int) -> dict:
 
 
 def profile_case(name: str, rounds: int, variants: bool, sets=()) -> None:
-    config, overrides, B = CASES[name]
-    cfg = apply_overrides(load_config(REPO / config), list(overrides) + list(sets))
-    T = cfg.train.seq_len
+    case = CASES[name]
+    cfg = case.load(*sets)
+    B, T = case.batch, case.seq_len
     dtype = jnp.float32
     graphdef, params = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=dtype))
     tx = optim.build_optimizer(cfg.optim)
     step = make_train_step(graphdef, tx, donate=False)
-    r = np.random.default_rng(0)
-    x = jnp.asarray(r.integers(0, cfg.model.vocab_size, (1, B, T)), jnp.int32)
-    y = jnp.roll(x, -1, axis=-1)
+    x, y = (jnp.asarray(a[None]) for a in random_batch(case, cfg.model.vocab_size))  # one micro-batch
     one, mom = jnp.float32(1.0), jnp.float32(0.95)
     opt_state = tx.init(params)
     compiled = step.lower(params, opt_state, x, y, one, mom, None).compile()
@@ -181,9 +174,8 @@ def profile_case(name: str, rounds: int, variants: bool, sets=()) -> None:
     med = interleaved({k: f for k, (f, _) in thunks.items()}, rounds)
     step_s = med["FULL train step"]
     fpt = model_flops_per_token(cfg.model, T)
-    m = cfg.model
-    print(f"\n== {name}: {m.num_layers}x{m.model_dim} seq {T}, {B} seqs = {B * T:,} tokens/step, float32, "
-          f"{rounds} interleaved rounds (median); ns_dtype={cfg.optim.muon_ns_dtype}")
+    print(f"\n== {case.describe(cfg)}, float32, {rounds} interleaved rounds (median); "
+          f"ns_dtype={cfg.optim.muon_ns_dtype}")
     print(f"   FLOPs/step: model_flops_per_token x tokens = {fpt * B * T / 1e9:.2f} G; "
           f"HLO cost analysis of the compiled step = {hlo_flops / 1e9:.2f} G")
     print(f"   {'op family (fwd+bwd)':42s} {'calls':>5s} {'ms/call':>9s} {'ms/step':>9s} {'% of step':>9s}")
@@ -212,7 +204,7 @@ def _data_feed_thunk(cfg, B, T):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
+    p.add_argument("--cases", nargs="+", choices=sorted(CASES), default=PROFILE_CASES)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--variants", action="store_true")
     p.add_argument("--set", action="append", default=[], help="config override, e.g. optim.muon_ns_dtype=float32")

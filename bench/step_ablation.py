@@ -1,8 +1,8 @@
 """Wall-clock cost of op families inside the real train step, by ablation.
 
-    python bench/step_ablation.py [--cases tiny baseline-shaped] [--rounds 8]
+    python bench/step_ablation.py [--cases tiny-2k baseline-shaped-4k] [--rounds 8]
 
-Three versions of the jitted train step (fp32, one micro-batch, the jax_vs_torch batch) are compiled in
+Three versions of the jitted train step (fp32, one micro-batch, a case of bench/common.py) are compiled in
 one process and timed interleaved (A B C A B C ..., median of rounds): the full step; the step with the
 attention core replaced by `q + repeat(k + v)` (the projections, QK-norm and RoPE stay live); the step
 with Muon + Adam replaced by plain SGD. Cost of a family = full minus the ablated step. Unlike timing
@@ -24,14 +24,11 @@ from frontier_jax.host import tune_allocator  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from bench.jax_vs_torch import CASES, FP32, jax_runner  # noqa: E402  (same cases, batch and step)
+from bench.common import CASES, FP32, STEP_CASES, random_batch  # noqa: E402
+from bench.jax_vs_torch import jax_runner  # noqa: E402  (the same step as jax_vs_torch)
 from frontier_jax import ops  # noqa: E402
-from frontier_jax.config import apply_overrides, load_config  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _cheap_attention(q_BTHK, k_BTGK, v_BTGK):
@@ -57,11 +54,9 @@ def build(cfg, variant: str, x_BT, y_BT):
 
 
 def ablate(name: str, rounds: int) -> None:
-    config, sets, batch = CASES[name]
-    cfg = apply_overrides(load_config(REPO / config), FP32 + sets)
-    T = cfg.train.seq_len
-    toks = np.random.default_rng(0).integers(0, cfg.model.vocab_size, size=(batch, T + 1)).astype(np.int32)
-    x, y = toks[:, :-1], toks[:, 1:]
+    case = CASES[name]
+    cfg = case.load(*FP32)
+    x, y = random_batch(case, cfg.model.vocab_size)
     variants = ("full", "no_attention", "sgd_optimizer")
     runs = {v: build(cfg, v, x, y) for v in variants}
     times = {v: [] for v in variants}
@@ -72,8 +67,7 @@ def ablate(name: str, rounds: int) -> None:
             times[v].append(time.perf_counter() - t0)
     ms = {v: 1e3 * statistics.median(t) for v, t in times.items()}
     full = ms["full"]
-    print(f"\n== {name}: {cfg.model.num_layers}x{cfg.model.model_dim}, seq {T}, {batch * T:,} tokens/step, fp32, "
-          f"{rounds} interleaved rounds (median ms)")
+    print(f"\n== {case.describe(cfg)}, fp32, {rounds} interleaved rounds (median ms)")
     print(f"  full train step                  {full:10.1f} ms")
     print(f"  attention core fwd+bwd           {full - ms['no_attention']:10.1f} ms ({(full - ms['no_attention']) / full:.0%})")
     print(f"  optimizer (Muon NS + Adam)       {full - ms['sgd_optimizer']:10.1f} ms ({(full - ms['sgd_optimizer']) / full:.0%})")
@@ -83,7 +77,7 @@ def ablate(name: str, rounds: int) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
+    p.add_argument("--cases", nargs="+", choices=sorted(CASES), default=STEP_CASES)
     p.add_argument("--rounds", type=int, default=8)
     a = p.parse_args(argv)
     info = tune_allocator("auto")  # as the trainer, before the backend starts

@@ -1,9 +1,9 @@
 """Forward+backward and optimizer update timed separately: JAX (AOT-compiled) vs torch.compile.
 
-    python bench/step_parts.py [--cases tiny baseline-shaped] [--reps 5] [--impls jax torch-compile]
+    python bench/step_parts.py [--cases tiny-2k baseline-shaped-4k] [--reps 5] [--impls jax torch-compile]
 
-Says which half of the train step a JAX-vs-PyTorch gap is in. Same cases, batch and fp32 policy as
-bench/jax_vs_torch.py; each implementation runs in its own spawned process (one after the other, so one
+Says which half of the train step a JAX-vs-PyTorch gap is in. Same cases (bench/common.py) and fp32
+policy as bench/jax_vs_torch.py; each implementation runs in its own spawned process (one after the other, so one
 framework's thread pool never spins while the other is timed), after two warm-up steps. JAX: the
 jitted value_and_grad of the mean loss, then the jitted Muon + Adam update (as the trainer's step,
 without the parameter write-back). PyTorch: forward+backward of the compiled module, then the
@@ -20,10 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-
-from bench.jax_vs_torch import CASES, FP32, REPO  # noqa: E402
-from frontier_jax.config import apply_overrides, load_config  # noqa: E402
+from bench.common import CASES, FP32, STEP_CASES, random_batch  # noqa: E402
 
 
 def _jax_halves(cfg, x_BT, y_BT):
@@ -86,19 +83,19 @@ def main(argv=None) -> int:
     import multiprocessing as mp
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
+    p.add_argument("--cases", nargs="+", choices=sorted(CASES), default=STEP_CASES)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--impls", nargs="+", choices=("jax", "torch-compile"), default=["jax", "torch-compile"])
     a = p.parse_args(argv)
     ctx = mp.get_context("spawn")
     for name in a.cases:
-        config, sets, batch = CASES[name]
-        cfg = apply_overrides(load_config(REPO / config), FP32 + sets)
-        toks = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (batch, cfg.train.seq_len + 1)).astype(np.int32)
-        print(f"== {name}: {batch} x {cfg.train.seq_len} tokens, fp32, {a.reps} timed repetitions (median / best, ms)")
+        case = CASES[name]
+        cfg = case.load(*FP32)
+        x, y = random_batch(case, cfg.model.vocab_size)
+        print(f"== {case.describe(cfg)}, fp32, {a.reps} timed repetitions (median / best, ms)")
         for impl in a.impls:
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(impl, cfg, toks[:, :-1], toks[:, 1:], a.reps, child))
+            proc = ctx.Process(target=_worker, args=(impl, cfg, x, y, a.reps, child))
             proc.start()
             times = parent.recv()
             proc.join()

@@ -1,10 +1,10 @@
-"""Throughput of the jitted train step: tokens/s and MFU for configs/tiny.py and a baseline-shaped model.
+"""Throughput of the jitted train step: tokens/s and MFU, cases tiny-8k and baseline-shaped-8k (bench/common.py).
 
-    python bench/train_throughput.py [--quick] [--reps N] [--dtype float32|bfloat16]
+    python bench/train_throughput.py [--quick] [--reps N] [--dtype float32|bfloat16] [--cases ...]
 
 MFU = tokens/s x model_flops_per_token (frontier_jax.model) / matmul peak measured on this device in
 the same dtype (frontier_jax.report.measure_matmul_peak). Compilation and one warm-up step are
-excluded; each repetition is one full optimizer step (all micro-batches), timed to completion.
+excluded; each repetition is one full optimizer step (one micro-batch), timed to completion.
 Synthetic random tokens: the step's cost does not depend on the data. A benchmark, not a test.
 """
 
@@ -18,38 +18,25 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import CASES, PROFILE_CASES, Case, random_batch  # noqa: E402
 from frontier_jax import optim, report  # noqa: E402
-from frontier_jax.config import apply_overrides, load_config  # noqa: E402
 from frontier_jax.host import tune_allocator  # noqa: E402
 from frontier_jax.model import GPT, model_flops_per_token  # noqa: E402
 from frontier_jax.steps import make_train_step  # noqa: E402
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-CASES = {
-    # name: (config file, overrides)
-    "tiny": ("tiny.py", []),
-    "baseline-shaped 9x512 seq1024": ("baseline.py", ["train.tokens_per_step=8192", "train.micro_batch_seqs=8"]),
-}
 
-
-def bench(cfg, dtype, reps: int, peak: float) -> dict:
+def bench(case: Case, cfg, dtype, reps: int, peak: float) -> dict:
     from flax import nnx
 
-    t = cfg.train
     tx = optim.build_optimizer(cfg.optim)
     model = GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=dtype)
     graphdef, params = nnx.split(model)
     opt_state = tx.init(params)
     step = make_train_step(graphdef, tx)
-    seqs = t.tokens_per_step // t.seq_len
-    micro = min(t.micro_batch_seqs, seqs)
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, cfg.model.vocab_size, (seqs // micro, micro, t.seq_len), dtype=np.int32)
-    y = np.roll(x, -1, axis=-1)
+    x, y = (a[None] for a in random_batch(case, cfg.model.vocab_size))  # one micro-batch
     one, mom = jnp.float32(1.0), jnp.float32(0.9)
     t0 = time.perf_counter()
     params, opt_state, m = step(params, opt_state, x, y, one, mom, None)  # compile + warm-up
@@ -61,12 +48,11 @@ def bench(cfg, dtype, reps: int, peak: float) -> dict:
         params, opt_state, m = step(params, opt_state, x, y, one, mom, None)
         jax.block_until_ready((params, m))
         times.append(time.perf_counter() - t0)
-    fpt = model_flops_per_token(cfg.model, t.seq_len)
+    fpt, n = model_flops_per_token(cfg.model, case.seq_len), case.tokens
     med, best = statistics.median(times), min(times)
-    return {"tokens_per_step": t.tokens_per_step, "accum": seqs // micro, "compile_s": compile_s,
-            "step_s_median": med, "step_s_min": best,
-            "tok_s_median": t.tokens_per_step / med, "tok_s_best": t.tokens_per_step / best,
-            "mfu_median": t.tokens_per_step / med * fpt / peak, "mfu_best": t.tokens_per_step / best * fpt / peak,
+    return {"compile_s": compile_s, "step_s_median": med, "step_s_min": best,
+            "tok_s_median": n / med, "tok_s_best": n / best,
+            "mfu_median": n / med * fpt / peak, "mfu_best": n / best * fpt / peak,
             "flops_per_token": fpt, "loss": float(m["loss"])}
 
 
@@ -75,22 +61,22 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 repetitions and a smaller peak probe")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), help="compute dtype (default: the platform policy)")
+    ap.add_argument("--cases", nargs="+", choices=sorted(CASES), default=PROFILE_CASES)
     args = ap.parse_args(argv)
     reps = 3 if args.quick else args.reps
     tune_allocator("auto")  # as the trainer (frontier_jax.host), before the backend starts
     from frontier_jax.model import resolve_compute_dtype
 
-    base_model = load_config(CONFIGS / "baseline.py").model
+    base_model = CASES["baseline-shaped-8k"].load().model
     dtype = jnp.dtype(args.dtype) if args.dtype else resolve_compute_dtype(base_model)
     peak = report.measure_matmul_peak(dtype, n=1024 if args.quick else 2048)
     print(f"backend {jax.default_backend()} ({jax.devices()[0].device_kind}), compute dtype {dtype}, "
           f"measured matmul peak {peak / 1e9:.1f} GFLOP/s; {reps} timed steps after compile+warm-up")
-    for name, (path, sets) in CASES.items():
-        cfg = apply_overrides(load_config(CONFIGS / path), sets)
-        r = bench(cfg, dtype, reps, peak)
-        m = cfg.model
-        print(f"{name:32s} {m.num_layers}x{m.model_dim} seq {cfg.train.seq_len}, {r['tokens_per_step']:,} tok/step "
-              f"({r['accum']} micro): {r['tok_s_median']:,.0f} tok/s median ({r['tok_s_best']:,.0f} best), "
+    for name in args.cases:
+        case = CASES[name]
+        cfg = case.load()
+        r = bench(case, cfg, dtype, reps, peak)
+        print(f"{case.describe(cfg)}: {r['tok_s_median']:,.0f} tok/s median ({r['tok_s_best']:,.0f} best), "
               f"MFU {r['mfu_median']:.1%} median ({r['mfu_best']:.1%} best), step {r['step_s_median'] * 1e3:.0f} ms, "
               f"compile {r['compile_s']:.1f} s")
     return 0

@@ -35,8 +35,9 @@ from pathlib import Path
 from frontier_jax.compare_report import render_markdown, render_plot
 from frontier_jax.compare_stats import describe, verdict
 from frontier_jax.config import ConfigError, apply_overrides, load_config
-from frontier_jax.data.shards import DataError, list_shards
+from frontier_jax.data.shards import list_shards
 from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
+from frontier_jax.errors import EXIT_INTERRUPTED, EXIT_OK, BadInput, exit_on_error
 from frontier_jax.report import atomic_write_text, write_json
 
 KINDS = {"jax": "frontier_jax.train", "torch": "baseline_torch.train"}
@@ -45,11 +46,10 @@ FORBIDDEN_SETS = ("data.", "train.budget_seconds", "train.seed")
 BPB_RE = re.compile(r"val_bpb:\s*([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)")
 OFFICIAL_VAL_RE = re.compile(r"step:(\d+)/\d+\s+val_loss:\S+\s+val_bpb:([0-9.]+)\s+train_time:(\d+)ms")
 LABEL_RE = re.compile(r"^([A-Za-z0-9_.+-]+)=(jax|torch|cmd):(.*)$", re.S)
-EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
 
 
-class CompareError(ValueError):
-    """Input that makes the comparison meaningless; refused before any run starts."""
+class CompareError(BadInput):
+    """Input that makes the comparison meaningless; refused before any run starts (exit 2)."""
 
 
 @dataclasses.dataclass
@@ -249,18 +249,20 @@ def main(argv=None) -> int:
     # Ctrl-C / SIGINT always interrupts (keeping finished runs), even when started from a shell that
     # ignores SIGINT for background jobs: the trainers install their own handlers, compare does too.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        if a.seeds < 1 or a.budget <= 0:
-            raise CompareError("--seeds must be >= 1 and --budget > 0")
-        arms = [parse_arm(s, i) for i, s in enumerate(a.arm)]
-        facts = validate(arms, a.data, a.tokenizer)
-        out = Path(a.out)
-        if (out / "results.json").exists():
-            raise CompareError(f"{out}: already holds a comparison; choose another --out")
-        (out / "runs").mkdir(parents=True, exist_ok=True)
-    except (CompareError, ConfigError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    with exit_on_error():  # bad input: one line, exit 2, before anything runs
+        return compare(a)
+
+
+def compare(a: argparse.Namespace) -> int:
+    """Validate, then run every (seed, arm); EXIT_INTERRUPTED (finished runs kept) on SIGINT, else 0."""
+    if a.seeds < 1 or a.budget <= 0:
+        raise CompareError("--seeds must be >= 1 and --budget > 0")
+    arms = [parse_arm(s, i) for i, s in enumerate(a.arm)]
+    facts = validate(arms, a.data, a.tokenizer)
+    out = Path(a.out)
+    if (out / "results.json").exists():
+        raise CompareError(f"{out}: already holds a comparison; choose another --out")
+    (out / "runs").mkdir(parents=True, exist_ok=True)
     timeout = a.timeout or 3 * a.budget + 600
     meta = {"data": a.data, "tokenizer": a.tokenizer, "budget_seconds": a.budget, "seeds": a.seeds,
             "seed_base": a.seed_base, "order": "interleaved", "started": time.strftime("%Y-%m-%d %H:%M:%S"), **facts}
@@ -277,7 +279,7 @@ def main(argv=None) -> int:
         return EXIT_INTERRUPTED
     print(render_markdown(results))
     print(f"wrote {out}/results.json, {out}/results.md, {out}/val_bpb.png")
-    return 0
+    return EXIT_OK
 
 
 def _run_all(order, arms, a, out: Path, meta: dict, runs: list[dict], timeout: float) -> dict | None:

@@ -1,9 +1,9 @@
 """Statistics of `python -m frontier_jax.compare`: per-arm summaries, Welch t intervals, verdicts in words.
 
 Difference convention: diff = mean(B) - mean(A) of final val bpb; lower bpb is better, so a negative
-diff means B is better. The 95% confidence interval is Welch's: se = sqrt(sA^2/nA + sB^2/nB) with the
-sample variances, Welch-Satterthwaite degrees of freedom, and the Student t quantile (computed here by
-integrating the t density; no scipy). With fewer than 2 successful runs in an arm there is no interval.
+diff means B is better. The 95% confidence interval is Welch's (`scipy.stats.ttest_ind` with
+`equal_var=False`: se = sqrt(sA^2/nA + sB^2/nB) with the sample variances, Welch-Satterthwaite degrees
+of freedom, the Student t quantile). With fewer than 2 successful runs in an arm there is no interval.
 Project rule: a |diff| below NOISE_BPB (0.0005 bpb) is noise-level whatever the interval says (two runs
 of the same file differ by about 0.0003).
 """
@@ -13,40 +13,19 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import stats
 
 NOISE_BPB = 0.0005
 MAX_RUNS = 1000
 
 
-def t_cdf(x: float, df: float) -> float:
-    """Student t cumulative distribution (df > 0; df = inf is the normal)."""
-    if math.isinf(df):
-        return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
-    ax = abs(x)
-    grid = np.linspace(0.0, ax, 4001)
-    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    pdf = np.exp(log_c - (df + 1) / 2 * np.log1p(grid * grid / df))
-    h = ax / 4000
-    area = h / 3 * (pdf[0] + pdf[-1] + 4 * pdf[1:-1:2].sum() + 2 * pdf[2:-1:2].sum())  # Simpson
-    return 0.5 + math.copysign(area, x)
-
-
-def t_quantile(p: float, df: float) -> float:
-    """Inverse of t_cdf for p in (0.5, 1), by bisection."""
-    if not 0.5 < p < 1.0:
-        raise ValueError(f"t_quantile: p must be in (0.5, 1), got {p}")
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        hi *= 2.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return 0.5 * (lo + hi)
+def _finite(values: list[float]) -> np.ndarray:
+    return np.asarray([x for x in values if x is not None and math.isfinite(x)], np.float64)
 
 
 def describe(values: list[float]) -> dict:
-    """n, mean, sample sd (None below 2 values), min, max."""
-    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], np.float64)
+    """n, mean, sample sd (None below 2 values), min, max; None and non-finite values are left out."""
+    v = _finite(values)
     if v.size == 0:
         return {"n": 0, "mean": None, "sd": None, "min": None, "max": None}
     return {"n": int(v.size), "mean": float(v.mean()), "sd": float(v.std(ddof=1)) if v.size > 1 else None,
@@ -55,21 +34,21 @@ def describe(values: list[float]) -> dict:
 
 def welch(a: list[float], b: list[float], level: float = 0.95) -> dict:
     """diff = mean(b) - mean(a) with its Welch t interval (ci None when an arm has < 2 values)."""
-    da, db = describe(a), describe(b)
-    out = {"n_a": da["n"], "n_b": db["n"], "diff": None, "ci": None, "df": None, "se": None, "level": level}
-    if not da["n"] or not db["n"]:
+    va, vb = _finite(a), _finite(b)
+    out = {"n_a": int(va.size), "n_b": int(vb.size), "diff": None, "ci": None, "df": None, "se": None,
+           "level": level}
+    if not va.size or not vb.size:
         return out
-    out["diff"] = db["mean"] - da["mean"]
-    if da["n"] < 2 or db["n"] < 2:
+    out["diff"] = float(vb.mean() - va.mean())
+    if va.size < 2 or vb.size < 2:
         return out
-    qa, qb = da["sd"] ** 2 / da["n"], db["sd"] ** 2 / db["n"]
-    se = math.sqrt(qa + qb)
-    if se == 0.0:
+    se = math.sqrt(vb.var(ddof=1) / vb.size + va.var(ddof=1) / va.size)
+    if se == 0.0:  # both arms constant: scipy's t statistic is undefined, the interval is the point
         out.update(ci=(out["diff"], out["diff"]), df=math.inf, se=0.0)
         return out
-    df = (qa + qb) ** 2 / (qa**2 / (da["n"] - 1) + qb**2 / (db["n"] - 1))
-    half = t_quantile(0.5 + level / 2, df) * se
-    out.update(ci=(out["diff"] - half, out["diff"] + half), df=df, se=se)
+    res = stats.ttest_ind(vb, va, equal_var=False)
+    ci = res.confidence_interval(level)
+    out.update(ci=(float(ci.low), float(ci.high)), df=float(res.df), se=se)
     return out
 
 
@@ -84,12 +63,10 @@ def runs_to_settle(sd_a: float, sd_b: float, diff: float, n_now: int, noise: flo
         return max(n_now, 2)
     if target <= 0.0:
         return None
-    va, vb = sd_a**2, sd_b**2
-    for n in range(max(n_now + 1, 2), MAX_RUNS + 1):
-        df = (n - 1) * var**2 / (va**2 + vb**2)  # Welch-Satterthwaite with n runs in each arm
-        if t_quantile(0.5 + level / 2, df) * math.sqrt(var / n) < target:
-            return n
-    return None
+    n = np.arange(max(n_now + 1, 2), MAX_RUNS + 1)
+    df = (n - 1) * var**2 / (sd_a**4 + sd_b**4)  # Welch-Satterthwaite with n runs in each arm
+    settled = np.flatnonzero(stats.t.ppf(0.5 + level / 2, df) * np.sqrt(var / n) < target)
+    return int(n[settled[0]]) if settled.size else None
 
 
 def verdict(a: list[float], b: list[float], name_a: str = "A", name_b: str = "B", noise: float = NOISE_BPB) -> dict:

@@ -6,6 +6,7 @@ line and flushed, so an interrupted run keeps every line it finished.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -84,12 +85,19 @@ def measure_matmul_peak(dtype=jnp.float32, n: int | None = None, reps: int = 5) 
     """FLOP/s of an n^3 matmul on the default device, best of `reps` (the MFU denominator).
 
     n defaults to 2048 on CPU and 8192 on accelerators (2048^3 is far too small to fill a GPU: on an
-    H200 it measured 117 TFLOP/s in bf16, a sixth of the device's rate).
+    H200 it measured 117 TFLOP/s in bf16, a sixth of the device's rate). Measured once per process for
+    each (backend, dtype, n, reps): a process that trains several times (the test session: about 3 s a
+    probe on two loaded cores) reuses the first measurement.
     """
+    backend = jax.default_backend()
     if n is None:
-        n = 2048 if jax.default_backend() == "cpu" else 8192
-    key = jax.random.PRNGKey(0)
-    a = jax.random.normal(key, (n, n), dtype)
+        n = 2048 if backend == "cpu" else 8192
+    return _matmul_peak(backend, jnp.dtype(dtype), n, reps)
+
+
+@functools.cache
+def _matmul_peak(backend: str, dtype: jnp.dtype, n: int, reps: int) -> float:
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
     b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
     f = jax.jit(lambda x, y: x @ y)
     f(a, b).block_until_ready()

@@ -1,11 +1,10 @@
-"""python -m frontier_jax.compare: statistics on synthetic numbers, crafted arms (fake external commands,
+"""python -m frontier_jax.compare: crafted arms (fake external commands,
 a crashing arm, an arm without a val_bpb line), refusal of mismatched input, interruption, and (slow) a
 real JAX vs PyTorch comparison on the synthetic byte data."""
 
 from __future__ import annotations
 
 import json
-import math
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 
 from conftest import REPO, TINY_OVERRIDES
 from frontier_jax.compare import main
-from frontier_jax.compare_stats import describe, runs_to_settle, t_quantile, verdict, welch
+from frontier_jax.errors import EXIT_BAD_INPUT
 
 
 # compare sets the budget for every arm, so an arm may not carry train.budget_seconds
@@ -26,48 +25,6 @@ ARM_SETS = " ".join(f"--set {o}" for o in TINY_OVERRIDES
 def _py(code: str) -> str:
     """A cmd arm running `python -c code` ({seed} etc. are substituted by compare)."""
     return f"cmd:{sys.executable} -c '{code}'"
-
-
-# ----------------------------------------------------------------------------- statistics
-
-
-def test_t_quantiles_match_tables():
-    for df, q in ((1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042), (math.inf, 1.960)):
-        assert abs(t_quantile(0.975, df) - q) < 2e-3, (df, t_quantile(0.975, df))
-
-
-def test_welch_interval_by_hand():
-    a, b = [1.30, 1.31, 1.32], [1.25, 1.26]
-    w = welch(a, b)
-    va, vb = 1e-4, 5e-5  # sample variances (ddof 1) of a and b
-    qa, qb = va / 3, vb / 2
-    df = (qa + qb) ** 2 / (qa**2 / 2 + qb**2 / 1)
-    assert w["diff"] == pytest.approx(1.255 - 1.31)
-    assert w["df"] == pytest.approx(df)
-    half = t_quantile(0.975, df) * math.sqrt(qa + qb)
-    assert w["ci"] == pytest.approx((w["diff"] - half, w["diff"] + half))
-    assert describe([1.0, None, float("nan"), 3.0]) == {"n": 2, "mean": 2.0, "sd": math.sqrt(2), "min": 1.0, "max": 3.0}
-
-
-def test_verdicts_in_words():
-    better = verdict([1.300, 1.3002, 1.3001], [1.290, 1.2901, 1.2902], "A", "B")
-    assert better["verdict"] == "better" and "B is better than A by 0.0100" in better["text"]
-    worse = verdict([1.290, 1.2901, 1.2902], [1.300, 1.3002, 1.3001])
-    assert worse["verdict"] == "worse" and worse["more_runs"] == 0
-    # distinguishable but below the 0.0005 bpb rule: still "within noise"
-    tiny = verdict([1.3000, 1.3000, 1.3000], [1.3002, 1.3002, 1.3002])
-    assert tiny["verdict"] == "within noise" and "below the 0.0005" in tiny["text"]
-    equal = verdict([1.3000, 1.3001, 1.3002], [1.3001, 1.3002, 1.3003])
-    assert equal["verdict"] == "within noise" and "equal within noise" in equal["text"]
-    # a real-looking gain with a wide interval: undecided, and a finite number of extra runs settles it
-    open_ = verdict([1.300, 1.302], [1.297, 1.2985])
-    assert open_["verdict"] == "undecided" and open_["ci"][0] < 0 < open_["ci"][1]
-    assert 0 < open_["more_runs"] < 1000 and "more run(s) per arm" in open_["text"]
-    need = open_["more_runs"] + 2
-    assert need == runs_to_settle(describe([1.300, 1.302])["sd"], describe([1.297, 1.2985])["sd"], open_["diff"], 2)
-    single = verdict([1.30], [1.29])
-    assert single["verdict"] == "undecided" and single["ci"] is None and single["more_runs"] == 1
-    assert verdict([], [1.2])["verdict"] == "no data"
 
 
 # ----------------------------------------------------------------------------- crafted arms
@@ -109,10 +66,12 @@ def test_compare_cmd_arms_failures_reported_others_finish(tmp_path, capsys):
 ])
 def test_mismatched_input_refused_before_running(byte_data, tmp_path, capsys, arm_extra, message):
     out = tmp_path / "cmp"
-    rc = main(["--arm", f"jax:{REPO}/configs/tiny.py {ARM_SETS}", "--arm", arm_extra, "--data", str(byte_data),
-               "--tokenizer", "bytes", "--budget", "3", "--out", str(out)])
-    assert rc == 2
-    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["--arm", f"jax:{REPO}/configs/tiny.py {ARM_SETS}", "--arm", arm_extra, "--data", str(byte_data),
+              "--tokenizer", "bytes", "--budget", "3", "--out", str(out)])
+    assert exit_.value.code == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("error: ") and err.count("\n") == 1  # one line
     assert not out.exists()
 
 
@@ -122,9 +81,29 @@ def test_shards_from_another_tokenizer_refused(byte_data, tmp_path, capsys):
     data = tmp_path / "data"
     shutil.copytree(byte_data, data)
     (data / "manifest.json").write_text(json.dumps({"tokenizer": {"path": "other.model", "sha256": "0" * 64}}))
-    rc = main(["--arm", _py("print(1)"), "--arm", _py("print(2)"), "--data", str(data), "--tokenizer", "bytes",
-               "--budget", "3", "--out", str(tmp_path / "cmp")])
-    assert rc == 2 and "shards were made with tokenizer other.model" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["--arm", _py("print(1)"), "--arm", _py("print(2)"), "--data", str(data), "--tokenizer", "bytes",
+              "--budget", "3", "--out", str(tmp_path / "cmp")])
+    assert exit_.value.code == EXIT_BAD_INPUT
+    assert "shards were made with tokenizer other.model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["out is a file", "missing shards", "bad --seeds"])
+def test_other_bad_input_is_one_line_exit_2(byte_data, tmp_path, capsys, case):
+    """OSError (an unusable --out), DataError (no shards) and CompareError all leave through errors.exit_on_error."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    args = {"out is a file": ["--data", str(byte_data), "--out", str(blocker / "cmp")],
+            "missing shards": ["--data", str(tmp_path), "--out", str(tmp_path / "cmp")],
+            "bad --seeds": ["--data", str(byte_data), "--seeds", "0", "--out", str(tmp_path / "cmp")]}[case]
+    with pytest.raises(SystemExit) as exit_:
+        main(["--arm", f"jax:{REPO}/configs/tiny.py {ARM_SETS}", "--arm", f"torch:{REPO}/configs/tiny.py {ARM_SETS}",
+              "--tokenizer", "bytes", "--budget", "3", *args])
+    assert exit_.value.code == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert {"out is a file": str(blocker), "missing shards": str(tmp_path), "bad --seeds": "--seeds"}[case] in err
+    assert not (tmp_path / "cmp").exists()
 
 
 def test_interrupt_keeps_finished_runs(tmp_path):
