@@ -64,9 +64,8 @@ class CausalSelfAttention(nnx.Module):
         v_BTGK = (x_BTD @ self.c_v[...].astype(cdt)).reshape(B, T, G, K)
         q_BTHK, k_BTGK = ops.rms_norm(q_BTHK), ops.rms_norm(k_BTGK)  # QK-norm
         cos_TK2, sin_TK2 = _rope_tables(T, K, self.rope_base)
-        q_BTHK = ops.rope(q_BTHK, cos_TK2, sin_TK2)
+        q_BTHK = ops.rope_gain(q_BTHK, cos_TK2, sin_TK2, self.q_gain[...])  # rope(q) * q_gain, one op
         k_BTGK = ops.rope(k_BTGK, cos_TK2, sin_TK2)
-        q_BTHK = q_BTHK * self.q_gain[...].astype(cdt)[None, None, :, None]
         o_BTHK = ops.causal_attention(q_BTHK, k_BTGK, v_BTGK)
         return o_BTHK.reshape(B, T, H * K) @ self.proj[...].astype(cdt)
 

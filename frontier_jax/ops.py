@@ -28,7 +28,7 @@ from frontier_jax.dispatch import (
 __all__ = [
     "FUSED_OPTIMIZER_OPS", "MODES", "OPS", "KernelRow", "KernelUnavailableError", "configure", "emulated",
     "format_kernel_table", "kernel_table", "through_primitives",
-    "rms_norm", "rope", "causal_attention", "mlp", "embed", "head_loss", "adam_update", "muon_update", "scalars_PK",
+    "rms_norm", "rope", "rope_gain", "causal_attention", "mlp", "embed", "head_loss", "adam_update", "muon_update", "scalars_PK",
 ]
 
 
@@ -54,6 +54,7 @@ _UNFUSED = "optim.fused=False (the optax chain runs)"
 # ----------------------------------------------------------------------------- the declarations (table order)
 RMS_NORM = declare("rms_norm", ref.rms_norm_fwd, ref.rms_norm_bwd)
 ROPE = declare("rope", ref.rope_fwd, ref.rope_bwd)
+ROPE_GAIN = declare("rope_gain", ref.rope_gain_fwd, ref.rope_gain_bwd)
 ATTENTION = declare("causal_attention", ref.attention_fwd, ref.attention_bwd)
 MLP = declare("mlp", ref.mlp_fwd, ref.mlp_bwd)
 EMBED = declare("embed", ref.embed_fwd, ref.embed_bwd)
@@ -63,7 +64,7 @@ ADAM = declare("adam_update", ref.adam_update, static=("b1", "b2", "eps", "weigh
                adapter=KernelAdapter(_adam_kernel_args, _adam_kernel_outs), unused_reason=_UNFUSED)
 MUON = declare("muon_update", ref.muon_update, static=("ns_steps", "ns_dtype"), unused_reason=_UNFUSED)
 
-OPS = tuple(s.name for s in (RMS_NORM, ROPE, ATTENTION, MLP, EMBED, HEAD_LOSS, ADAM, MUON))
+OPS = tuple(s.name for s in (RMS_NORM, ROPE, ROPE_GAIN, ATTENTION, MLP, EMBED, HEAD_LOSS, ADAM, MUON))
 FUSED_OPTIMIZER_OPS = frozenset({ADAM.name, MUON.name})
 
 
@@ -127,6 +128,31 @@ def rope(x_BTHK: jax.Array, cos_TK2, sin_TK2) -> jax.Array:
     if direct("rope"):
         return ref.rope(x_BTHK, jnp.asarray(cos_TK2), jnp.asarray(sin_TK2))
     return _rope(x_BTHK, jnp.asarray(cos_TK2).astype(x_BTHK.dtype), jnp.asarray(sin_TK2).astype(x_BTHK.dtype))
+
+
+@jax.custom_vjp
+def _rope_gain(x_BTHK, cos_TK2, sin_TK2, g_PH):
+    return ROPE_GAIN("fwd", x_BTHK, cos_TK2, sin_TK2, g_PH)[0]
+
+
+def _rope_gain_vjp_bwd(res, dy_BTHK):
+    x_BTHK, cos_TK2, sin_TK2, g_PH = res
+    dx_BTHK, dg_TH = ROPE_GAIN("bwd", x_BTHK, cos_TK2, sin_TK2, g_PH, dy_BTHK)
+    dg_PH = jnp.zeros_like(g_PH).at[0].set(jnp.sum(dg_TH, axis=0))  # g_PH is a broadcast: its rows' sum
+    return dx_BTHK, jnp.zeros_like(cos_TK2), jnp.zeros_like(sin_TK2), dg_PH
+
+
+_rope_gain.defvjp(lambda x, c, s, g: (_rope_gain(x, c, s, g), (x, c, s, g)), _rope_gain_vjp_bwd)
+
+
+def rope_gain(x_BTHK: jax.Array, cos_TK2, sin_TK2, gain_H: jax.Array) -> jax.Array:
+    """rope(x) * gain per head (reference.rope_gain), the query side of attention as one op: the kernel
+    folds the gain into its cos/sin tiles (kernels_nki/rope.py)."""
+    if direct("rope_gain"):
+        return ref.rope_gain(x_BTHK, jnp.asarray(cos_TK2), jnp.asarray(sin_TK2), gain_H)
+    dt = x_BTHK.dtype
+    g_PH = jnp.broadcast_to(gain_H.astype(dt).astype(jnp.float32)[None, :], (SCALAR_ROWS, gain_H.shape[0]))
+    return _rope_gain(x_BTHK, jnp.asarray(cos_TK2).astype(dt), jnp.asarray(sin_TK2).astype(dt), g_PH)
 
 
 @jax.custom_vjp

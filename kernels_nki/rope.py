@@ -25,38 +25,68 @@ import nki.isa as nisa
 import nki.language as nl
 
 
-def _rotate(x_BTHK, cos_TK2, sin_TK2, sign):
+def _tables(cos_TK2, sin_TK2, t0, rows, H, K2):
+    """cos/sin rows t0:t0+rows DMA'd into [P, H, K/2] tiles, one copy per head (no broadcast needed)."""
+    P = nl.tile_size.pmax
+    cos_PHK2 = nl.ndarray((P, H, K2), dtype=cos_TK2.dtype, buffer=nl.sbuf)
+    sin_PHK2 = nl.ndarray((P, H, K2), dtype=sin_TK2.dtype, buffer=nl.sbuf)
+    for h in nl.affine_range(H):
+        nisa.dma_copy(dst=cos_PHK2[0:rows, h], src=cos_TK2[t0:t0 + rows])
+        nisa.dma_copy(dst=sin_PHK2[0:rows, h], src=sin_TK2[t0:t0 + rows])
+    return cos_PHK2, sin_PHK2
+
+
+def _gained(tab_PHK2, g_PH, rows, H, K2):
+    """An fp32 copy of a [P, H, K/2] table with head h scaled by g[h]."""
+    P = nl.tile_size.pmax
+    out_PHK2 = nl.ndarray((P, H, K2), dtype=nl.float32, buffer=nl.sbuf)
+    for h in nl.affine_range(H):
+        nisa.tensor_scalar(dst=out_PHK2[0:rows, h], data=tab_PHK2[0:rows, h], op0=nl.multiply,
+                           operand0=g_PH[0:rows, h:h + 1])
+    return out_PHK2
+
+
+def _rotate_tile(y_PHK, x_PHK, c, s, sign, rows, K):
+    """y[0:rows] = (x1 c + sign x2 s, x2 c - sign x1 s): six VectorE ops (4 products, 2 fused mul-adds)."""
+    P = nl.tile_size.pmax
+    H, K2 = x_PHK.shape[1], K // 2
+    x1, x2 = x_PHK[0:rows, :, 0:K2], x_PHK[0:rows, :, K2:K]
+    a_PHK2 = nl.ndarray((P, H, K2), dtype=nl.float32, buffer=nl.sbuf)
+    b_PHK2 = nl.ndarray((P, H, K2), dtype=nl.float32, buffer=nl.sbuf)
+    # first half: x1 c + sign * x2 s
+    nisa.tensor_tensor(dst=a_PHK2[0:rows], data1=x1, data2=c, op=nl.multiply)
+    nisa.tensor_tensor(dst=b_PHK2[0:rows], data1=x2, data2=s, op=nl.multiply)
+    nisa.scalar_tensor_tensor(dst=y_PHK[0:rows, :, 0:K2], data=b_PHK2[0:rows], op0=nl.multiply,
+                              operand0=sign, op1=nl.add, operand1=a_PHK2[0:rows])
+    # second half: x2 c - sign * x1 s
+    nisa.tensor_tensor(dst=a_PHK2[0:rows], data1=x2, data2=c, op=nl.multiply)
+    nisa.tensor_tensor(dst=b_PHK2[0:rows], data1=x1, data2=s, op=nl.multiply)
+    nisa.scalar_tensor_tensor(dst=y_PHK[0:rows, :, K2:K], data=b_PHK2[0:rows], op0=nl.multiply,
+                              operand0=-sign, op1=nl.add, operand1=a_PHK2[0:rows])
+
+
+def _rotate(x_BTHK, cos_TK2, sin_TK2, sign, g_PH):
+    """rope(x) (sign 1) or its inverse (sign -1), each head scaled by g[h] unless g_PH is None."""
     B, T, H, K = x_BTHK.shape
     K2 = K // 2
     P = nl.tile_size.pmax
     dt = x_BTHK.dtype
     y_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
+    if g_PH != None:  # noqa: E711 (NKI 0.3 has no `is`: nki/migration/index.rst)
+        gain_PH = nl.ndarray((P, H), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=gain_PH, src=g_PH[0:P])
     for tt in nl.affine_range((T + P - 1) // P):
         t0 = tt * P
         rows = min(P, T - t0)
-        cos_PHK2 = nl.ndarray((P, H, K2), dtype=cos_TK2.dtype, buffer=nl.sbuf)
-        sin_PHK2 = nl.ndarray((P, H, K2), dtype=sin_TK2.dtype, buffer=nl.sbuf)
-        for h in nl.affine_range(H):
-            nisa.dma_copy(dst=cos_PHK2[0:rows, h], src=cos_TK2[t0:t0 + rows])
-            nisa.dma_copy(dst=sin_PHK2[0:rows, h], src=sin_TK2[t0:t0 + rows])
+        cos_PHK2, sin_PHK2 = _tables(cos_TK2, sin_TK2, t0, rows, H, K2)
+        if g_PH != None:  # noqa: E711
+            cos_PHK2, sin_PHK2 = _gained(cos_PHK2, gain_PH, rows, H, K2), _gained(sin_PHK2, gain_PH, rows, H, K2)
         c, s = cos_PHK2[0:rows], sin_PHK2[0:rows]
         for b in nl.affine_range(B):
             x_PHK = nl.ndarray((P, H, K), dtype=dt, buffer=nl.sbuf)
             nisa.dma_copy(dst=x_PHK[0:rows], src=x_BTHK[b, t0:t0 + rows])
-            x1, x2 = x_PHK[0:rows, :, 0:K2], x_PHK[0:rows, :, K2:K]
-            a_PHK2 = nl.ndarray((P, H, K2), dtype=nl.float32, buffer=nl.sbuf)
-            b_PHK2 = nl.ndarray((P, H, K2), dtype=nl.float32, buffer=nl.sbuf)
             y_PHK = nl.ndarray((P, H, K), dtype=dt, buffer=nl.sbuf)
-            # first half: x1 c + sign * x2 s
-            nisa.tensor_tensor(dst=a_PHK2[0:rows], data1=x1, data2=c, op=nl.multiply)
-            nisa.tensor_tensor(dst=b_PHK2[0:rows], data1=x2, data2=s, op=nl.multiply)
-            nisa.scalar_tensor_tensor(dst=y_PHK[0:rows, :, 0:K2], data=b_PHK2[0:rows], op0=nl.multiply,
-                                      operand0=sign, op1=nl.add, operand1=a_PHK2[0:rows])
-            # second half: x2 c - sign * x1 s
-            nisa.tensor_tensor(dst=a_PHK2[0:rows], data1=x2, data2=c, op=nl.multiply)
-            nisa.tensor_tensor(dst=b_PHK2[0:rows], data1=x1, data2=s, op=nl.multiply)
-            nisa.scalar_tensor_tensor(dst=y_PHK[0:rows, :, K2:K], data=b_PHK2[0:rows], op0=nl.multiply,
-                                      operand0=-sign, op1=nl.add, operand1=a_PHK2[0:rows])
+            _rotate_tile(y_PHK, x_PHK, c, s, sign, rows, K)
             nisa.dma_copy(dst=y_BTHK[b, t0:t0 + rows], src=y_PHK[0:rows])
     return y_BTHK
 
@@ -64,10 +94,56 @@ def _rotate(x_BTHK, cos_TK2, sin_TK2, sign):
 @nki.jit
 def rope_fwd(x_BTHK, cos_TK2, sin_TK2):
     """y_BTHK (x's dtype): the rotation; cos/sin [T, K/2] in x's dtype."""
-    return _rotate(x_BTHK, cos_TK2, sin_TK2, 1.0)
+    return _rotate(x_BTHK, cos_TK2, sin_TK2, 1.0, None)
 
 
 @nki.jit
 def rope_bwd(dy_BTHK, cos_TK2, sin_TK2):
     """dx_BTHK: the inverse rotation of dy (the rotation is orthogonal)."""
-    return _rotate(dy_BTHK, cos_TK2, sin_TK2, -1.0)
+    return _rotate(dy_BTHK, cos_TK2, sin_TK2, -1.0, None)
+
+
+@nki.jit
+def rope_gain_fwd(x_BTHK, cos_TK2, sin_TK2, g_PH):
+    """y_BTHK (x's dtype) = rope(x) * g[h]; g_PH [128, H] fp32, every row the same."""
+    return _rotate(x_BTHK, cos_TK2, sin_TK2, 1.0, g_PH)
+
+
+@nki.jit
+def rope_gain_bwd(x_BTHK, cos_TK2, sin_TK2, g_PH, dy_BTHK):
+    """(dx_BTHK in x's dtype = g[h] rope^-1(dy), dg_TH fp32 = sum over b, k of rope^-1(dy) x)."""
+    B, T, H, K = x_BTHK.shape
+    K2 = K // 2
+    P = nl.tile_size.pmax
+    dt = x_BTHK.dtype
+    dx_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
+    dg_TH = nl.ndarray((T, H), dtype=nl.float32, buffer=nl.shared_hbm)
+    gain_PH = nl.ndarray((P, H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=gain_PH, src=g_PH[0:P])
+    for tt in nl.affine_range((T + P - 1) // P):
+        t0 = tt * P
+        rows = min(P, T - t0)
+        cos_PHK2, sin_PHK2 = _tables(cos_TK2, sin_TK2, t0, rows, H, K2)
+        c, s = cos_PHK2[0:rows], sin_PHK2[0:rows]
+        acc_PH = nl.ndarray((P, H), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=acc_PH[0:rows], value=0.0)
+        for b in nl.sequential_range(B):  # acc_PH carries over b
+            dy_PHK = nl.ndarray((P, H, K), dtype=dt, buffer=nl.sbuf)
+            x_PHK = nl.ndarray((P, H, K), dtype=dt, buffer=nl.sbuf)
+            nisa.dma_copy(dst=dy_PHK[0:rows], src=dy_BTHK[b, t0:t0 + rows])
+            nisa.dma_copy(dst=x_PHK[0:rows], src=x_BTHK[b, t0:t0 + rows])
+            r_PHK = nl.ndarray((P, H, K), dtype=nl.float32, buffer=nl.sbuf)
+            _rotate_tile(r_PHK, dy_PHK, c, s, -1.0, rows, K)
+            dx_PHK = nl.ndarray((P, H, K), dtype=dt, buffer=nl.sbuf)
+            for h in nl.affine_range(H):
+                nisa.tensor_scalar(dst=dx_PHK[0:rows, h], data=r_PHK[0:rows, h], op0=nl.multiply,
+                                   operand0=gain_PH[0:rows, h:h + 1])
+            nisa.dma_copy(dst=dx_BTHK[b, t0:t0 + rows], src=dx_PHK[0:rows])
+            # the gain's gradient: sum over k of r x, accumulated over the batch per (t, h)
+            prod_PHK = nl.ndarray((P, H, K), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=prod_PHK[0:rows], data1=r_PHK[0:rows], data2=x_PHK[0:rows], op=nl.multiply)
+            part_PH = nl.ndarray((P, H), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_reduce(dst=part_PH[0:rows], op=nl.add, data=prod_PHK[0:rows], axis=2)
+            nisa.tensor_tensor(dst=acc_PH[0:rows], data1=acc_PH[0:rows], data2=part_PH[0:rows], op=nl.add)
+        nisa.dma_copy(dst=dg_TH[t0:t0 + rows], src=acc_PH[0:rows])
+    return dx_BTHK, dg_TH

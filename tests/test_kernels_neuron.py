@@ -38,6 +38,11 @@ def _rope(r):
     return (r.standard_normal((2, 150, 3, 64)).astype(f32), cos, sin), {}
 
 
+def _rope_gain(r):
+    (x, cos, sin), _ = _rope(r)
+    return (x, cos, sin, np.broadcast_to(r.standard_normal(3).astype(f32), (128, 3)).copy()), {}
+
+
 def _attention(r):
     B, T, H, G, K = 1, 200, 2, 1, 32
     return tuple(r.standard_normal(s).astype(f32) for s in ((B, T, H, K), (B, T, G, K), (B, T, G, K))), {}
@@ -81,6 +86,7 @@ def _muon(r):
 CASES = {
     "rms_norm": (_rms, slice(1, None)),
     "rope": (_rope, None),  # backward: (dy, cos, sin)
+    "rope_gain": (_rope_gain, slice(1, None)),  # backward: (x, cos, sin, g, dy)
     "causal_attention": (_attention, slice(0, None)),
     "mlp": (_mlp, slice(1, None)),
     "embed": (_embed, slice(1, None)),
