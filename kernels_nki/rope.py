@@ -135,9 +135,9 @@ def rope_gain_bwd(x_BTHK, cos_TK2, sin_TK2, g_PH, dy_BTHK):
             r_PHK = nl.ndarray((P, H, K), dtype=nl.float32, buffer=nl.sbuf)
             _rotate_tile(r_PHK, dy_PHK, c, s, -1.0, rows, K)
             dx_PHK = nl.ndarray((P, H, K), dtype=dt, buffer=nl.sbuf)
-            for h in nl.affine_range(H):
-                nisa.tensor_scalar(dst=dx_PHK[0:rows, h], data=r_PHK[0:rows, h], op0=nl.multiply,
-                                   operand0=gain_PH[0:rows, h:h + 1])
+            for h in nl.affine_range(H):  # on ScalarE (otherwise idle here): scale by the [P, 1] gain column
+                nisa.activation(dst=dx_PHK[0:rows, h], op=nl.copy, data=r_PHK[0:rows, h],
+                                scale=gain_PH[0:rows, h:h + 1])
             nisa.dma_copy(dst=dx_BTHK[b, t0:t0 + rows], src=dx_PHK[0:rows])
             # the gain's gradient: sum over k of r x, accumulated over the batch per (t, h)
             prod_PHK = nl.ndarray((P, H, K), dtype=nl.float32, buffer=nl.sbuf)
