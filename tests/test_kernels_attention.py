@@ -66,12 +66,13 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     unit, nb, nt = 128 * 128, _blocks(T), T // 128
     # per block, in 128 x 128 x N units: fwd s (N=128 on one 64-row tile: charged 64 rows, all useful),
     # p^T (128, transpose), p v (N=K); bwd s, dp (64-row tiles, N=128 each), p^T dO, ds^T q, ds k (N=K
-    # each), ds^T (128, transpose)
+    # each), ds^T (128, transpose); per query tile the q^T (and dO^T) transposes and the diagonal
+    # block's mask matmul (identity stationary: zero useful MACs), all N=128
     assert fwd.pe_macs_useful == H * nb * unit * 2 * K
-    assert fwd.pe_macs_issued == unit * (H * (nb * (K + 128 + K) + nt * 128) + G * nt * 128)
+    assert fwd.pe_macs_issued == unit * (H * (nb * (K + 128 + K) + 2 * nt * 128) + G * nt * 128)
     assert bwd.pe_macs_useful == H * nb * unit * 5 * K
-    assert bwd.pe_macs_issued == unit * (H * (nb * (2 * K + 3 * K + 128) + 2 * nt * 128) + G * 2 * nt * 128)
-    assert emulator.pe_utilisation(fwd) > 0.42 and emulator.pe_utilisation(bwd) > 0.59  # see the module docstring
+    assert bwd.pe_macs_issued == unit * (H * (nb * (2 * K + 3 * K + 128) + 3 * nt * 128) + G * 2 * nt * 128)
+    assert emulator.pe_utilisation(fwd) > 0.39 and emulator.pe_utilisation(bwd) > 0.56  # see the module docstring
     # at the documented engine rates (cost.py, two-input VectorE instructions at 2N) the softmax's
     # Vector/Scalar work, not TensorE, bounds both directions
     for c in (fwd, bwd):

@@ -208,6 +208,24 @@ def test_row_tiled_matmuls_are_charged_their_row_tile(tmp_path, monkeypatch):
     assert c.pe_macs_useful == 3 * 64 * 128 * 256
 
 
+def test_onezero_stationary_matmul_is_issued_not_useful(tmp_path, monkeypatch):
+    """A 0/1 stationary (is_stationary_onezero: a mask or selection) moves data, like a transpose."""
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        s = nl.load(a)
+        acc = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(acc, s, s, is_stationary_onezero=True)
+        res = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=res, src=acc)
+        nl.store(out, res)
+        return out
+    """)
+    eye = np.eye(128, dtype=ml_dtypes.bfloat16)
+    out, c = emulator.run(k, eye)
+    np.testing.assert_array_equal(out, np.eye(128, dtype=np.float32))
+    assert (c.pe_macs_issued, c.pe_macs_useful) == (128 * 128 * 128, 0)
+
+
 def test_two_input_vector_instructions_cost_2n(tmp_path, monkeypatch):
     """tensor_tensor / scalar_tensor_tensor read two tiles: ~2N cycles (arch guide, VectorE cost model);
     tensor_scalar reads one: N."""

@@ -125,8 +125,9 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
 
     accumulate=None: the first matmul write to a PSUM element overwrites, later ones accumulate (the
     hardware default); True: accumulate (the element must hold a matmul result); False: overwrite.
-    The onezero flags are performance hints (the values are used as given); is_transpose only labels
-    the instruction on NeuronCore-v2; tile_position/tile_size select a row tile of the PE array.
+    The onezero flags are performance hints (the values are used as given); a 0/1 stationary
+    (is_stationary_onezero) selects or moves data, so, like is_transpose (which only labels the
+    instruction on NeuronCore-v2), it is counted with zero useful MACs; tile_position/tile_size select a row tile of the PE array.
     """
     _tile(stationary, "nc_matmul stationary", ("sbuf",), "matmul.buffers")
     _tile(moving, "nc_matmul moving", ("sbuf",), "matmul.buffers")
@@ -152,7 +153,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     m = _m.current()
     if accumulate is True and m.compute and not dst.mask.all():
         rule("matmul.accumulate", "accumulate=True into PSUM not written by a matmul before")
-    m.count_matmul(k, mm, n, fp32=all(fp32), useful=not is_transpose, rows=rows)
+    m.count_matmul(k, mm, n, fp32=all(fp32), useful=not (is_transpose or is_stationary_onezero), rows=rows)
     if not m.compute:
         return
     prod = _read(stationary).reshape(k, mm).T @ _read(moving).reshape(k, n)
