@@ -86,6 +86,17 @@ def rope_gain_bwd(x_BTHK, cos_TK2, sin_TK2, g_PH, dy_BTHK):
     return dx, jnp.sum(dy_BTHK.astype(jnp.float32) * y, axis=(0, 3))
 
 
+def projection_fwd(x_NI, w_IO):
+    """y = x w in x's dtype (w already in it), fp32 accumulation."""
+    return (jnp.dot(x_NI, w_IO, preferred_element_type=jnp.float32).astype(x_NI.dtype),)
+
+
+def projection_bwd(x_NI, w_IO, dy_NO):
+    """(dx = dy w^T in x's dtype, dw = x^T dy in fp32, summed over the tokens)."""
+    dx = jnp.dot(dy_NO, w_IO.T, preferred_element_type=jnp.float32).astype(x_NI.dtype)
+    return dx, jnp.dot(x_NI.T, dy_NO, preferred_element_type=jnp.float32)
+
+
 def attention_block(T: int) -> int:
     """Query/key block length of the block-causal schedule: T split into 8, 4 or 2 blocks of >= 64
     positions (measured on CPU: 0.36x the dense masked time at T=1024, 0.66x at T=256), else T."""

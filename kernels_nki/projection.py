@@ -2,8 +2,8 @@
 
 Spec: y_NO = x_NI @ w_IO (x in the compute dtype, the weight cast to it, fp32 accumulation, y in x's
 dtype); backward dx_NI = dy_NO @ w_IO^T (x's dtype) and dw_IO = x_NI^T @ dy_NO (fp32, summed over all
-N tokens). Not wired as an op yet: kernels_nki.report costs it at the model's shapes (q/k/v fused as
-one [D, (H + 2G) K] weight, the output projection [H K, D]).
+N tokens). The `projection` op (frontier_jax.ops.qkv_projection: q/k/v fused as one [D, (H + 2G) K]
+weight; ops.out_projection: [H K, D]); dw leaves in fp32 and ops casts it to the weight's dtype.
 
 Forward, per 128-token tile: x arrives token-major, so its 128-column slices are transposed on
 TensorE (the contraction axis I must be on partitions) and copied out of PSUM, alternately by

@@ -32,6 +32,7 @@ KERNELS: dict[str, KernelSpec] = {s.op: s for s in (
     KernelSpec("mlp", "kernels_nki.mlp", "mlp_fwd", "mlp_bwd"),
     KernelSpec("embed", "kernels_nki.embedding", "embed_fwd", "embed_bwd"),
     KernelSpec("head_loss", "kernels_nki.head_loss", "head_loss_fwd", "head_loss_bwd"),
+    KernelSpec("projection", "kernels_nki.projection", "projection_fwd", "projection_bwd"),
     # the fused optimizer updates: one kernel each, no backward ("")
     KernelSpec("adam_update", "kernels_nki.adam", "adam_update", ""),
     KernelSpec("muon_update", "kernels_nki.muon", "muon_update", ""),

@@ -31,7 +31,7 @@ from kernels_nki.report_optim import format_optimizer, optimizer_section
 from kernels_nki.report_step import CORES
 
 FRONTIER14 = Path(__file__).resolve().parents[1] / "configs" / "frontier14.py"
-OPS = ("rms_norm", "rope", "rope_gain", "causal_attention", "mlp", "embed", "head_loss")  # the model ops of frontier_jax.ops.OPS (the optimizer updates are costed in report_optim)
+OPS = ("rms_norm", "rope", "rope_gain", "causal_attention", "mlp", "embed", "head_loss", "projection")  # the model ops of frontier_jax.ops.OPS (the optimizer updates are costed in report_optim)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +43,6 @@ class KernelCall:
     min_bytes: int  # what the op must move between HBM and the chip at the least
     calls_per_microbatch: int
     constants: tuple = ()  # ((name, value), ...): the kernel's compile-time keyword constants
-    module: str = ""  # a kernel module not (yet) in registry.KERNELS: its fwd/bwd are f"{op}_{which}"
 
 
 def _compute_dtype(cfg: Config) -> np.dtype:
@@ -71,8 +70,8 @@ def kernel_calls(cfg: Config) -> list[KernelCall]:
 
 
 def projection_calls(cfg: Config) -> list[KernelCall]:
-    """The attention's q/k/v (one fused [D, (H + 2G) K] weight) and output projections,
-    kernels_nki/projection.py (not wired as an op yet: XLA matmuls in the trainer today)."""
+    """The attention's q/k/v (one fused [D, (H + 2G) K] weight) and output projections: the projection
+    op (frontier_jax.ops.qkv_projection / out_projection, kernels_nki/projection.py)."""
     m, t = cfg.model, cfg.train
     N, D, L = t.seq_len * t.micro_batch_seqs, m.model_dim, m.num_layers
     dt = _compute_dtype(cfg)
@@ -83,9 +82,8 @@ def projection_calls(cfg: Config) -> list[KernelCall]:
         x, w, y = ((N, I), dn), ((I, O), dn), ((N, O), dn)
         io = (N * I + I * O + N * O) * s
         label = f"{name} [N={N}, {I}->{O}]"
-        calls.append(KernelCall("projection", "fwd", label, (x, w), io, L, module="kernels_nki.projection"))
-        calls.append(KernelCall("projection", "bwd", label, (x, w, y), io + N * I * s + I * O * 4, L,
-                                module="kernels_nki.projection"))
+        calls.append(KernelCall("projection", "fwd", label, (x, w), io, L))
+        calls.append(KernelCall("projection", "bwd", label, (x, w, y), io + N * I * s + I * O * 4, L))
     return calls
 
 
@@ -147,8 +145,6 @@ def model_op_calls(cfg: Config) -> list[KernelCall]:
 
 def kernel_of(call: KernelCall):
     """The emulated kernel function a call runs."""
-    if call.module:
-        return getattr(emulator.load_kernel_module(call.module), f"{call.op}_{call.which}")
     return getattr(registry.load_emulated(call.op), getattr(registry.KERNELS[call.op], call.which))
 
 

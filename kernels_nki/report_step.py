@@ -5,7 +5,7 @@ from the architecture the README describes (tests/test_kernels_report.py checks 
 `frontier_jax.model`). Per core and per training step:
 
 - counted: NKI kernels whose source runs in count-only emulation (report.py, report_optim.py),
-  the q/k/v/o projections included (kernels_nki/projection.py, not wired as an op yet).
+  the q/k/v/o projections included (the projection op, kernels_nki/projection.py).
 - estimated, traffic: the element-wise glue between kernels (`glue_passes`), each an HBM pass at the
   DMA rate (XLA fuses each line into one loop; reads + writes counted per element).
 """

@@ -43,6 +43,10 @@ def _rope_gain(r):
     return (x, cos, sin, np.broadcast_to(r.standard_normal(3).astype(f32), (128, 3)).copy()), {}
 
 
+def _projection(r):
+    return (r.standard_normal((200, 96)).astype(f32), (r.standard_normal((96, 80)) / np.sqrt(96)).astype(f32)), {}
+
+
 def _attention(r):
     B, T, H, G, K = 1, 200, 2, 1, 32
     return tuple(r.standard_normal(s).astype(f32) for s in ((B, T, H, K), (B, T, G, K), (B, T, G, K))), {}
@@ -92,6 +96,7 @@ CASES = {
     "embed": (_embed, slice(1, None)),
     "head_loss": (_head_loss(3), slice(1, None)),
     "head_loss/no-bias": (_head_loss(0), slice(1, None)),
+    "projection": (_projection, slice(1, None)),  # backward: (x, w, dy)
     "adam_update": (_adam, None),
     "muon_update": (_muon, None),
 }
