@@ -20,6 +20,8 @@ def kernels():
     ("float32", 200, 96, 80),  # ragged token tile, contraction and output smaller than a tile
     ("float32", 130, 256, 640),  # two contraction tiles, two PSUM banks of output (512 + 128)
     ("bfloat16", 256, 128, 192),
+    ("float32", 130, 512, 600),  # dw: 4 x 2 = 8 PSUM banks, one pass beside dx's pass
+    ("float32", 130, 640, 520),  # dw: 5 x 2 = 10 banks: one pass over x per 512-column slice
 ])
 def test_forward_and_backward_match_numpy(kernels, dtype, N, I, O):
     dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
@@ -48,6 +50,8 @@ def test_counts_at_the_models_qkv_shape(kernels):
     assert bwd.pe_macs_useful == 2 * N * I * O
     assert fwd.dma_bytes == 2 * (N * I + I * O + N * O)  # x, w in and y out once
     assert bwd.psum_peak_banks <= 8 and fwd.psum_peak_banks <= 8
+    # dw's 4 x 2 banks fit at once: x read once, dy twice (dx's pass and dw's); w once, dx and dw out
+    assert bwd.dma_bytes == 2 * (N * I + 2 * N * O + I * O + N * I) + 4 * I * O
 
 
 def test_ops_routed_through_emulated_kernel_match_reference():
