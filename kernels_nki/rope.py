@@ -10,14 +10,28 @@ does, before the call. Layout: tokens of one sequence on the partition axis (til
 the last ragged), (head, k) on the free axis. For each T tile the cos/sin rows are DMA'd once into
 [P, H, K/2] tiles (one copy per head, so the elementwise ops need no broadcast) and reused for
 every sequence of the batch, so their traffic is 1/(2B) of x's. Six VectorE ops per tile
-(4 products, 2 fused multiply-adds); DMA-bound at the model's shapes.
+(4 products, 2 fused multiply-adds).
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): VectorE `tensor_tensor` /
 `scalar_tensor_tensor` on SBUF tiles of equal shape with an fp32 immediate operand0 (no broadcast:
 nki/api/nki/isa/__init__.py, tensor_tensor and scalar_tensor_tensor; release-notes/components/nki.rst,
 "Binary operations do not support broadcasting"), free-axis strided views up to 3 free dims (trn1
 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst, "Accessing SBUF/PSUM tensors"),
-every tile starting at partition 0 (same section), HBM reached only by `dma_copy`.
+every tile starting at partition 0 (same section), HBM reached only by `dma_copy`; `tensor_scalar`'s
+operand and `activation`'s scale a [P, 1] fp32 column (nki/api/nki/isa/__init__.py, tensor_scalar,
+activation); `activation_reduce` sums the free axis (same file).
+
+`rope_gain_fwd` / `rope_gain_bwd` fuse the per-head query gain, y = rope(x) * g[h]
+(frontier_jax.reference.rope_gain), into the rotation. The forward scales fp32 copies of the cos/sin
+tiles by g[h] once per T tile (2 H small VectorE ops, amortised over the batch), so the gain costs no
+per-token work and no HBM pass. The backward rotates dy back (r = rope^-1(dy)), writes dx = r g[h]
+(ScalarE `activation` copy with the gain column as its scale) and accumulates the gain's gradient per
+(t, h), the sum over b, k of r x (= dy . rope(x), the rotation being orthogonal; the product on
+VectorE, its sum over k on ScalarE), returned as fp32 partials [T, H] that frontier_jax.ops sums over
+T. The gain comes broadcast over the partitions as [128, H] fp32 (the fused optimizers' convention for
+runtime scalars, frontier_jax.ops.scalars_PK). At the model's shapes every RoPE kernel is
+VectorE-bound (two-input instructions at ~2N cycles: 6N per element for the rotation, AWS's arch guide
+cost model), about 1.4x its DMA time; see `python -m kernels_nki.report`.
 """
 
 import nki
@@ -143,7 +157,9 @@ def rope_gain_bwd(x_BTHK, cos_TK2, sin_TK2, g_PH, dy_BTHK):
             prod_PHK = nl.ndarray((P, H, K), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=prod_PHK[0:rows], data1=r_PHK[0:rows], data2=x_PHK[0:rows], op=nl.multiply)
             part_PH = nl.ndarray((P, H), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_reduce(dst=part_PH[0:rows], op=nl.add, data=prod_PHK[0:rows], axis=2)
+            for h in nl.affine_range(H):  # the sums over k on ScalarE (VectorE bounds this kernel)
+                nisa.activation_reduce(dst=prod_PHK[0:rows, h], op=nl.copy, data=prod_PHK[0:rows, h],
+                                       reduce_op=nl.add, reduce_res=part_PH[0:rows, h:h + 1])
             nisa.tensor_tensor(dst=acc_PH[0:rows], data1=acc_PH[0:rows], data2=part_PH[0:rows], op=nl.add)
         nisa.dma_copy(dst=dg_TH[t0:t0 + rows], src=acc_PH[0:rows])
     return dx_BTHK, dg_TH
