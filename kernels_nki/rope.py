@@ -31,7 +31,7 @@ VectorE, its sum over k on ScalarE), returned as fp32 partials [T, H] that front
 T. The gain comes broadcast over the partitions as [128, H] fp32 (the fused optimizers' convention for
 runtime scalars, frontier_jax.ops.scalars_PK). At the model's shapes every RoPE kernel is
 VectorE-bound (two-input instructions at ~2N cycles: 6N per element for the rotation, AWS's arch guide
-cost model), about 1.4x its DMA time; see `python -m kernels_nki.report`.
+cost model), 2.8x its DMA time forward; see `python -m kernels_nki.report`.
 """
 
 import nki
