@@ -50,6 +50,14 @@ def _tables(cos_TK2, sin_TK2, t0, rows, H, K2):
     return cos_PHK2, sin_PHK2
 
 
+def _gain(g_PH):
+    """The [128, H] fp32 gain (every row the same) in SBUF, loaded once per call."""
+    P, H = nl.tile_size.pmax, g_PH.shape[1]
+    gain_PH = nl.ndarray((P, H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=gain_PH, src=g_PH[0:P])
+    return gain_PH
+
+
 def _gained(tab_PHK2, g_PH, rows, H, K2):
     """An fp32 copy of a [P, H, K/2] table with head h scaled by g[h]."""
     P = nl.tile_size.pmax
@@ -87,8 +95,7 @@ def _rotate(x_BTHK, cos_TK2, sin_TK2, sign, g_PH):
     dt = x_BTHK.dtype
     y_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     if g_PH != None:  # noqa: E711 (NKI 0.3 has no `is`: nki/migration/index.rst)
-        gain_PH = nl.ndarray((P, H), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=gain_PH, src=g_PH[0:P])
+        gain_PH = _gain(g_PH)
     for tt in nl.affine_range((T + P - 1) // P):
         t0 = tt * P
         rows = min(P, T - t0)
@@ -132,8 +139,7 @@ def rope_gain_bwd(x_BTHK, cos_TK2, sin_TK2, g_PH, dy_BTHK):
     dt = x_BTHK.dtype
     dx_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     dg_TH = nl.ndarray((T, H), dtype=nl.float32, buffer=nl.shared_hbm)
-    gain_PH = nl.ndarray((P, H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=gain_PH, src=g_PH[0:P])
+    gain_PH = _gain(g_PH)
     for tt in nl.affine_range((T + P - 1) // P):
         t0 = tt * P
         rows = min(P, T - t0)
