@@ -58,17 +58,14 @@ class CausalSelfAttention(nnx.Module):
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         B, T, D = x_BTD.shape
         H, G, K = self.num_heads, self.num_kv_heads, self.head_dim
-        cdt = x_BTD.dtype
-        q_BTHK = (x_BTD @ self.c_q[...].astype(cdt)).reshape(B, T, H, K)
-        k_BTGK = (x_BTD @ self.c_k[...].astype(cdt)).reshape(B, T, G, K)
-        v_BTGK = (x_BTD @ self.c_v[...].astype(cdt)).reshape(B, T, G, K)
+        q_BTO, k_BTO, v_BTO = ops.qkv_projection(x_BTD, self.c_q[...], self.c_k[...], self.c_v[...])
+        q_BTHK, k_BTGK, v_BTGK = q_BTO.reshape(B, T, H, K), k_BTO.reshape(B, T, G, K), v_BTO.reshape(B, T, G, K)
         q_BTHK, k_BTGK = ops.rms_norm(q_BTHK), ops.rms_norm(k_BTGK)  # QK-norm
         cos_TK2, sin_TK2 = _rope_tables(T, K, self.rope_base)
-        q_BTHK = ops.rope(q_BTHK, cos_TK2, sin_TK2)
+        q_BTHK = ops.rope_gain(q_BTHK, cos_TK2, sin_TK2, self.q_gain[...])  # rope(q) * q_gain, one op
         k_BTGK = ops.rope(k_BTGK, cos_TK2, sin_TK2)
-        q_BTHK = q_BTHK * self.q_gain[...].astype(cdt)[None, None, :, None]
         o_BTHK = ops.causal_attention(q_BTHK, k_BTGK, v_BTGK)
-        return o_BTHK.reshape(B, T, H * K) @ self.proj[...].astype(cdt)
+        return ops.out_projection(o_BTHK.reshape(B, T, H * K), self.proj[...])
 
 
 class MLP(nnx.Module):

@@ -28,7 +28,8 @@ from frontier_jax.dispatch import (
 __all__ = [
     "FUSED_OPTIMIZER_OPS", "MODES", "OPS", "KernelRow", "KernelUnavailableError", "configure", "emulated",
     "format_kernel_table", "kernel_table", "through_primitives",
-    "rms_norm", "rope", "causal_attention", "mlp", "embed", "head_loss", "adam_update", "muon_update", "scalars_PK",
+    "rms_norm", "rope", "rope_gain", "causal_attention", "mlp", "embed", "head_loss", "qkv_projection",
+    "out_projection", "adam_update", "muon_update", "scalars_PK",
 ]
 
 
@@ -54,16 +55,18 @@ _UNFUSED = "optim.fused=False (the optax chain runs)"
 # ----------------------------------------------------------------------------- the declarations (table order)
 RMS_NORM = declare("rms_norm", ref.rms_norm_fwd, ref.rms_norm_bwd)
 ROPE = declare("rope", ref.rope_fwd, ref.rope_bwd)
+ROPE_GAIN = declare("rope_gain", ref.rope_gain_fwd, ref.rope_gain_bwd)
 ATTENTION = declare("causal_attention", ref.attention_fwd, ref.attention_bwd)
 MLP = declare("mlp", ref.mlp_fwd, ref.mlp_bwd)
 EMBED = declare("embed", ref.embed_fwd, ref.embed_bwd)
 HEAD_LOSS = declare("head_loss", ref.head_loss_fwd, ref.head_loss_bwd, static=("softcap",),
                     adapter=KernelAdapter(_head_loss_kernel_args))
+PROJECTION = declare("projection", ref.projection_fwd, ref.projection_bwd)
 ADAM = declare("adam_update", ref.adam_update, static=("b1", "b2", "eps", "weight_decay"),
                adapter=KernelAdapter(_adam_kernel_args, _adam_kernel_outs), unused_reason=_UNFUSED)
 MUON = declare("muon_update", ref.muon_update, static=("ns_steps", "ns_dtype"), unused_reason=_UNFUSED)
 
-OPS = tuple(s.name for s in (RMS_NORM, ROPE, ATTENTION, MLP, EMBED, HEAD_LOSS, ADAM, MUON))
+OPS = tuple(s.name for s in (RMS_NORM, ROPE, ROPE_GAIN, ATTENTION, MLP, EMBED, HEAD_LOSS, PROJECTION, ADAM, MUON))
 FUSED_OPTIMIZER_OPS = frozenset({ADAM.name, MUON.name})
 
 
@@ -130,6 +133,31 @@ def rope(x_BTHK: jax.Array, cos_TK2, sin_TK2) -> jax.Array:
 
 
 @jax.custom_vjp
+def _rope_gain(x_BTHK, cos_TK2, sin_TK2, g_PH):
+    return ROPE_GAIN("fwd", x_BTHK, cos_TK2, sin_TK2, g_PH)[0]
+
+
+def _rope_gain_vjp_bwd(res, dy_BTHK):
+    x_BTHK, cos_TK2, sin_TK2, g_PH = res
+    dx_BTHK, dg_TH = ROPE_GAIN("bwd", x_BTHK, cos_TK2, sin_TK2, g_PH, dy_BTHK)
+    dg_PH = jnp.zeros_like(g_PH).at[0].set(jnp.sum(dg_TH, axis=0))  # g_PH is a broadcast: its rows' sum
+    return dx_BTHK, jnp.zeros_like(cos_TK2), jnp.zeros_like(sin_TK2), dg_PH
+
+
+_rope_gain.defvjp(lambda x, c, s, g: (_rope_gain(x, c, s, g), (x, c, s, g)), _rope_gain_vjp_bwd)
+
+
+def rope_gain(x_BTHK: jax.Array, cos_TK2, sin_TK2, gain_H: jax.Array) -> jax.Array:
+    """rope(x) * gain per head (reference.rope_gain), the query side of attention as one op: the kernel
+    folds the gain into its cos/sin tiles (kernels_nki/rope.py)."""
+    if direct("rope_gain"):
+        return ref.rope_gain(x_BTHK, jnp.asarray(cos_TK2), jnp.asarray(sin_TK2), gain_H)
+    dt = x_BTHK.dtype
+    g_PH = jnp.broadcast_to(gain_H.astype(dt).astype(jnp.float32)[None, :], (SCALAR_ROWS, gain_H.shape[0]))
+    return _rope_gain(x_BTHK, jnp.asarray(cos_TK2).astype(dt), jnp.asarray(sin_TK2).astype(dt), g_PH)
+
+
+@jax.custom_vjp
 def _mlp(x_ND, w_fc_DF, w_proj_FD):
     return MLP("fwd", x_ND, w_fc_DF, w_proj_FD)[0]
 
@@ -189,6 +217,44 @@ def head_loss(x_ND, emb_VD, targets_N, softcap, bias_ids_NS=None, bias_vals_NS=N
     loss_N1 = _head_loss(x_ND, emb_VD.astype(x_ND.dtype), targets_N.reshape(N, 1).astype(jnp.int32),
                          bias_ids_NS.astype(jnp.int32), bias_vals_NS.astype(jnp.float32), float(softcap))
     return loss_N1[:, 0]
+
+
+@jax.custom_vjp
+def _projection(x_NI, w_IO):
+    return PROJECTION("fwd", x_NI, w_IO)[0]
+
+
+def _projection_vjp_bwd(res, dy_NO):
+    dx_NI, dw_IO = PROJECTION("bwd", *res, dy_NO)  # dw summed over the tokens in fp32
+    return dx_NI, dw_IO.astype(res[1].dtype)
+
+
+_projection.defvjp(lambda x, w: (_projection(x, w), (x, w)), _projection_vjp_bwd)
+
+
+def _project(x, w_IO):
+    """x [..., I] @ w_IO [I, O] through the projection op (w already in x's dtype)."""
+    I = x.shape[-1]
+    return _projection(x.reshape(-1, I), w_IO).reshape(x.shape[:-1] + (w_IO.shape[1],))
+
+
+def qkv_projection(x, w_q, w_k, w_v):
+    """(x w_q, x w_k, x w_v), the weights cast to x's dtype at use. On a kernel the three run as one
+    [I, O_q + O_k + O_v] projection (kernels_nki/projection.py); the weights stay separate parameters
+    (Muon updates each matrix on its own) and each gets its slice of the fp32 dw."""
+    dt = x.dtype
+    if direct("projection"):
+        return x @ w_q.astype(dt), x @ w_k.astype(dt), x @ w_v.astype(dt)
+    y = _project(x, jnp.concatenate([w_q.astype(dt), w_k.astype(dt), w_v.astype(dt)], axis=1))
+    oq, ok = w_q.shape[1], w_k.shape[1]
+    return y[..., :oq], y[..., oq:oq + ok], y[..., oq + ok:]
+
+
+def out_projection(x, w_IO):
+    """x w (the attention's output projection), the weight cast to x's dtype at use."""
+    if direct("projection"):
+        return x @ w_IO.astype(x.dtype)
+    return _project(x, w_IO.astype(x.dtype))
 
 
 # ----------------------------------------------------------------------------- fused optimizer updates

@@ -67,6 +67,36 @@ def rope_bwd(dy_BTHK, cos_TK2, sin_TK2):
     return (rope(dy_BTHK, cos_TK2, -sin_TK2),)
 
 
+def rope_gain(x_BTHK: jax.Array, cos_TK2: jax.Array, sin_TK2: jax.Array, gain_H: jax.Array) -> jax.Array:
+    """The query side of the baseline: rope(x) * q_gain per head, the gain cast to x's dtype."""
+    return rope(x_BTHK, cos_TK2, sin_TK2) * gain_H.astype(x_BTHK.dtype)[None, None, :, None]
+
+
+def rope_gain_fwd(x_BTHK, cos_TK2, sin_TK2, g_PH):
+    """g_PH: the gain broadcast over 128 rows, fp32 (every row the same; row 0 is used)."""
+    return (rope_gain(x_BTHK, cos_TK2, sin_TK2, g_PH[0]),)
+
+
+def rope_gain_bwd(x_BTHK, cos_TK2, sin_TK2, g_PH, dy_BTHK):
+    """(dx, dg_TH): dx = g rope^-1(dy); the gain's gradient as fp32 partials per (t, h), summed over b, k
+    of dy . rope(x) (the caller sums over T)."""
+    g_H = g_PH[0].astype(x_BTHK.dtype)
+    dx = rope(dy_BTHK * g_H[None, None, :, None], cos_TK2, -sin_TK2)
+    y = rope(x_BTHK, cos_TK2, sin_TK2).astype(jnp.float32)
+    return dx, jnp.sum(dy_BTHK.astype(jnp.float32) * y, axis=(0, 3))
+
+
+def projection_fwd(x_NI, w_IO):
+    """y = x w in x's dtype (w already in it), fp32 accumulation."""
+    return (jnp.dot(x_NI, w_IO, preferred_element_type=jnp.float32).astype(x_NI.dtype),)
+
+
+def projection_bwd(x_NI, w_IO, dy_NO):
+    """(dx = dy w^T in x's dtype, dw = x^T dy in fp32, summed over the tokens)."""
+    dx = jnp.dot(dy_NO, w_IO.T, preferred_element_type=jnp.float32).astype(x_NI.dtype)
+    return dx, jnp.dot(x_NI.T, dy_NO, preferred_element_type=jnp.float32)
+
+
 def attention_block(T: int) -> int:
     """Query/key block length of the block-causal schedule: T split into 8, 4 or 2 blocks of >= 64
     positions (measured on CPU: 0.36x the dense masked time at T=1024, 0.66x at T=256), else T."""

@@ -25,30 +25,34 @@ each); dq += ds k needs ds^T (TensorE transposes). dq and dk take the 1/sqrt(K) 
 PSUM.
 
 Engines (B=1, T=1024, H=8, G=4, K=64, bf16; kernels_nki.report, cost model at AWS's documented
-trn1 engine rates): forward 70.2 us per sequence, ScalarE-bound (ScalarE 70.2: exp 31 + p^T PSUM
-copies 35; VectorE 65.9: row max 33 + diagonal mask 7; TensorE 37.3); backward 68.0 us, TensorE-
-bound (ScalarE 67.3, VectorE 62.3: every BWD_VEC-th ds^T copy on VectorE balances the two).
-q k^T and dO v^T contract over K = 64 and run in row-tiling mode on alternating 64-row halves of the
-PE array, which NeuronCore-v2 runs in parallel (nc_matmul "Tiling mode").
+trn1 engine rates, two-input VectorE instructions at ~2N cycles, row-tiled matmuls charged their row
+tile): forward 66.6 us per sequence, ScalarE-bound (ScalarE 66.6: exp 31 + p^T PSUM copies; VectorE
+65.1: row max 33 + every FWD_VEC-th p^T copy + the online-softmax rescales; TensorE 33.6); backward
+78.9 us, VectorE-bound (VectorE 78.9: ds = p (dp - Di) 66, two inputs; ScalarE 77.5: exp 26 + ds^T
+copies, every BWD_VEC-th on VectorE; TensorE 57.8). The diagonal block's causal mask is one more
+matmul into its PSUM scores (identity stationary, is_stationary_onezero, accumulate) on TensorE instead
+of a two-input VectorE add (14.6 us per direction before). q k^T and dO v^T contract over K = 64 and
+run in row-tiling mode on alternating 64-row halves of the PE array, which run in parallel
+(nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode").
 
 TensorE useful/issued (the causal triangle, diagonal blocks included, counted as useful; transposes
-useful 0): forward 0.353, backward 0.484 as the emulator counts today (a row-tiled matmul is charged
-the whole 128-row array); charged rows x cols x N, as tiling mode issues it, they are 0.429 and 0.600.
-The rest is transposes: per 128 x 128 block the forward issues 64 (q k^T, half array) + 128 (p^T) +
-64 (p v) columns, the backward 64 + 64 (q k^T, dO v^T) + 3 x 64 (p^T dO, ds^T q, ds k) + 128 (ds^T),
-plus one q^T / dO^T transpose per query tile. 0.85 needs p^T and ds^T off TensorE, and trn1 has no
-cheap place for them: VectorE transposes only within 32-partition groups (arch guide, "Cross-partition
-Data Movement"), is the forward's second-busiest engine already, and a DMA transpose moves 2-byte
-elements one descriptor each; computing the scores key-major instead needs the per-query max or lse
-along the free axis (an extra VectorE pass over every score, or a 65-row contraction that cannot use
-row tiling). The kernel's time is set by ScalarE/VectorE, not by TensorE's idle share.
+and the mask matmul useful 0): forward 0.391, backward 0.570. Per 128 x 128 block the forward issues
+64 (q k^T, one 64-row tile) + 128 (p^T) + 64 (p v) columns, the backward 64 + 64 (q k^T, dO v^T) +
+3 x 64 (p^T dO, ds^T q, ds k) + 128 (ds^T), plus per query tile one q^T / dO^T transpose and the mask
+matmul. 0.85 needs p^T and ds^T off TensorE, and trn1 has no cheap place for them: VectorE transposes
+only within 32-partition groups (arch guide, "Cross-partition Data Movement") and is a bounding
+engine already, and a DMA transpose moves 2-byte elements one descriptor each; computing the scores
+key-major instead needs the per-query max or lse along the free axis (an extra VectorE pass over
+every score, or a 65-row contraction that cannot use row tiling). TensorE is idle half the time; the
+kernel's time is set by ScalarE/VectorE.
 """
 
 import nki
 import nki.isa as nisa
 import nki.language as nl
 
-BWD_VEC = 3  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
+FWD_VEC = 6  # forward: every FWD_VEC-th key tile's p^T leaves PSUM on VectorE, the others on ScalarE
+BWD_VEC = 12  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
 KC = 512  # keys per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
 NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
 
@@ -64,14 +68,21 @@ def _dims(q_BTHK, k_BTGK):
     return B, T, H, K, G, H // G, nl.tile_size.pmax, q_BTHK.dtype, 1.0 / (K ** 0.5)
 
 
-def _causal_bias():
-    """[128, 128] fp32: 0 where key j <= query p, NEG above the diagonal (GpSimd, once per call)."""
+def _causal_bias(dt):
+    """(identity, bias), [128, 128] each in dt, built once per call on GpSimd: bias is 0 where key j <=
+    query p and NEG above the diagonal. The diagonal block's scores get the bias by one more matmul
+    into their PSUM tile (identity^T bias, accumulated), on TensorE, which has slack here, instead of a
+    two-input VectorE add (~2N cycles) on the busiest engine."""
     P = nl.tile_size.pmax
-    zero = nl.zeros((P, P), dtype=nl.float32, buffer=nl.sbuf)
-    bias = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+    zero = nl.zeros((P, P), dtype=dt, buffer=nl.sbuf)
+    one = nl.ones((P, P), dtype=dt, buffer=nl.sbuf)
+    bias = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
     nisa.affine_select(dst=bias, pattern=[[-1, P]], offset=0, channel_multiplier=1, on_true_tile=zero,
                        on_false_value=NEG, cmp_op=nl.greater_equal)
-    return bias
+    ident = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+    nisa.affine_select(dst=ident, pattern=[[-1, P]], offset=0, channel_multiplier=1, on_true_tile=one,
+                       on_false_value=0.0, cmp_op=nl.equal)
+    return ident, bias
 
 
 def _transpose(dst, src, rows, cols, on_vector=False):
@@ -130,9 +141,10 @@ def _scores(qT, kT, t0, rows, c0, kc, bias):
     P = nl.tile_size.pmax
     s_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
     _half_matmul(s_ps[0:rows, 0:kc], qT[0:K, 0:rows], kT[0:K, c0:c0 + kc], (t0 // P + c0 // KC) % 2)
-    if c0 + kc == t0 + rows:  # the chunk ends with the diagonal block (keys t0 .. t0+rows)
-        diag = s_ps[0:rows, t0 - c0:t0 - c0 + rows]
-        nisa.tensor_tensor(dst=diag, data1=diag, data2=bias[0:rows, 0:rows], op=nl.add)
+    if c0 + kc == t0 + rows:  # the chunk ends with the diagonal block (keys t0 .. t0+rows): += I^T bias
+        ident, mask = bias
+        nisa.nc_matmul(dst=s_ps[0:rows, t0 - c0:t0 - c0 + rows], stationary=ident[0:rows, 0:rows],
+                       moving=mask[0:rows, 0:rows], accumulate=True, is_stationary_onezero=True)
     return s_ps
 
 
@@ -157,7 +169,8 @@ def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, dt):
     for j in nl.affine_range(_cdiv(kc, P)):
         kr = min(P, kc - j * P)
         pT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-        _transpose(pT[0:kr, 0:rows], p_t[0:rows, j * P:j * P + kr], rows, kr)
+        _transpose(pT[0:kr, 0:rows], p_t[0:rows, j * P:j * P + kr], rows, kr,
+                   on_vector=(t0 // P + c0 // P + j) % FWD_VEC == FWD_VEC - 1)
         nisa.nc_matmul(dst=o_ps[0:rows, 0:K], stationary=pT[0:kr, 0:rows], moving=v_tiles[c0 // P + j][0:kr, 0:K])
     if not state:
         acc_PK = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
@@ -179,7 +192,7 @@ def attention_fwd(q_BTHK, k_BTGK, v_BTGK):
     B, T, H, K, G, R, P, dt, scale = _dims(q_BTHK, k_BTGK)
     o_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
-    bias = _causal_bias()
+    bias = _causal_bias(dt)
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
             _, kT = _kv_head(k_BTGK, b, g, dt)
@@ -248,7 +261,7 @@ def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, di_P1, dq_ps, acc, 
         kt = c0 // P + j
         dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
         _bwd_block(p_t, ds_t, do_t, q_t, k_tiles[kt], dq_ps, dk_acc, dv_acc, rows, j, min(P, kc - j * P),
-                   (kt % per_bank) * K, dt, kt % BWD_VEC == 1)
+                   (kt % per_bank) * K, dt, (t0 // P + kt) % BWD_VEC == BWD_VEC - 1)
 
 
 def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt):
@@ -264,7 +277,7 @@ def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT
     nisa.tensor_reduce(dst=di_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, keepdims=True)
     negl_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=negl_P1[0:rows], src=lse_BHT1[b, h, t0:t0 + rows])
-    nisa.tensor_scalar(dst=negl_P1[0:rows], data=negl_P1[0:rows], op0=nl.multiply, operand0=-1.0)
+    nisa.activation(dst=negl_P1[0:rows], op=nl.copy, data=negl_P1[0:rows], scale=-1.0)  # ScalarE: VectorE is busier
     dq_ps = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum)
     for c in nl.affine_range(_cdiv(t0 + rows, KC)):
         c0 = c * KC
@@ -294,7 +307,7 @@ def attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK):
     dq_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     dk_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
     dv_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
-    bias = _causal_bias()
+    bias = _causal_bias(dt)
     banks = _cdiv(_cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):

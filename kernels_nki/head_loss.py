@@ -19,19 +19,21 @@ dx = dz emb (dz^T by TensorE transposes as stationary, emb rows as moving, accum
 whole vocabulary in one PSUM bank); demb = dz^T x contracts over the tokens of a 512-token block in
 PSUM, then one VectorE add per block into fp32 SBUF accumulators, cast at the end.
 
-x^T uses VectorE 32x32 transposes (16 per 128x128 block, partition groups moved in steps of 32):
-both kernels are TensorE-bound, VectorE has room, and on TensorE the x^T transposes would cost
-128/V of the useful matmul work (useful/issued 0.89 at V=1024). SBUF per partition: emb^T and emb
+x^T uses TensorE transposes (D/128 per 128-token tile), copied out of PSUM by ScalarE. At AWS's
+documented engine rates (two-input VectorE instructions at ~2N cycles) both kernels are VectorE-bound
+(the online softmax / gradient passes over every logit), so the transposes go where there is room:
+VectorE 32x32 transposes (16 instructions per 128x128 block, each at the 64-cycle minimum) cost ~8x
+more engine time than a TensorE transpose plus its ScalarE copy, and made the forward 1.9x slower.
+The price is TensorE useful/issued: the x^T transposes are 128/V of the matmul columns (kernels_nki
+.report: 0.887 forward, 0.888 backward at V=1024, D=512, N=65536), below the issue-15 target of 0.9, for a
+shorter kernel. SBUF per partition: emb^T and emb
 rows 2 x V x D x 2 / 128 bytes, the demb accumulators V x D x 4 / 128 (32 KiB in all at V=1024,
 D=512; V=8192 needs D <= 256).
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): PSUM is evacuated by
 ScalarE `activation(op=nl.copy)` or VectorE, never ScalarE `tensor_copy` (unsupported on v2:
-nki/api/nki/isa/__init__.py, tensor_copy); TensorE transposes write PSUM in their input's dtype and
-VectorE transposes are at most 32x32 (isa docs nc_transpose); the 32x32 blocks start on partitions
-0/32/64/96 and span <= 32 partitions, the cross-quadrant moves the trn1 arch guide allows
-(nki/guides/architecture/trainium_inferentia2_arch.rst, "Accessing SBUF/PSUM tensors" and
-"Cross-Partition Connectivity"); `activation`'s bias is always an [N, 1] fp32 tile (v2 takes no
+nki/api/nki/isa/__init__.py, tensor_copy); TensorE transposes write PSUM in their input's dtype
+(isa docs nc_transpose); `activation`'s bias is always an [N, 1] fp32 tile (v2 takes no
 immediate bias: isa docs activation "Layout"); `tensor_scalar` operands are fp32 columns (ids and
 targets cast on VectorE first: isa docs tensor_scalar); exp has no range limit and log's input
 (the running sum, in [1, V]) is inside its documented range [2^-64, 2^64]
@@ -44,6 +46,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 VC = 512  # vocabulary chunk (one PSUM bank of fp32)
+XT_PE = 1000  # every XT_PE-th 128-column block of x^T is transposed on TensorE, the others by VectorE 32x32
 NB = 512  # tokens per demb block in the backward
 
 
@@ -70,22 +73,19 @@ def _emb_tiles(emb_VD, dt):
 
 
 def _x_tile(x_ND, r0, rows, dt):
-    """Token rows r0:r0+rows as a [P, D] tile and as D/128 tiles of x^T [d, rows] (VectorE 32x32 transposes)."""
+    """Token rows r0:r0+rows as a [P, D] tile and as D/128 tiles of x^T [d, rows] (TensorE transposes,
+    out of PSUM by ScalarE)."""
     N, D = x_ND.shape
-    P, B = nl.tile_size.pmax, 32
+    P = nl.tile_size.pmax
     x_PD = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_PD[0:rows], src=x_ND[r0:r0 + rows])
     xT = []
     for k in nl.affine_range(_cdiv(D, P)):
         dk = min(P, D - k * P)
+        t_ps = nl.ndarray((dk, rows), dtype=dt, buffer=nl.psum)
+        nisa.nc_transpose(dst=t_ps, data=x_PD[0:rows, k * P:k * P + dk])
         t = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-        for i in nl.affine_range(_cdiv(rows, B)):
-            ri = min(B, rows - i * B)
-            for j in nl.affine_range(_cdiv(dk, B)):
-                cj = min(B, dk - j * B)
-                nisa.nc_transpose(dst=t[j * B:j * B + cj, i * B:i * B + ri],
-                                  data=x_PD[i * B:i * B + ri, k * P + j * B:k * P + j * B + cj],
-                                  engine=nisa.engine.vector)
+        nisa.activation(dst=t[0:dk, 0:rows], op=nl.copy, data=t_ps)
         xT.append(t)
     return x_PD, xT
 

@@ -2,8 +2,8 @@
 
 Spec: y_NO = x_NI @ w_IO (x in the compute dtype, the weight cast to it, fp32 accumulation, y in x's
 dtype); backward dx_NI = dy_NO @ w_IO^T (x's dtype) and dw_IO = x_NI^T @ dy_NO (fp32, summed over all
-N tokens). Not wired as an op yet: kernels_nki.report costs it at the model's shapes (q/k/v fused as
-one [D, (H + 2G) K] weight, the output projection [H K, D]).
+N tokens). The `projection` op (frontier_jax.ops.qkv_projection: q/k/v fused as one [D, (H + 2G) K]
+weight; ops.out_projection: [H K, D]); dw leaves in fp32 and ops casts it to the weight's dtype.
 
 Forward, per 128-token tile: x arrives token-major, so its 128-column slices are transposed on
 TensorE (the contraction axis I must be on partitions) and copied out of PSUM, alternately by
@@ -11,9 +11,11 @@ ScalarE (`activation(op=nl.copy)`: NeuronCore-v2 has no ScalarE tensor_copy, nki
 VectorE; then per 512-column slice of w: y[tokens, 512] = sum over I slices of x^T (stationary
 [128, 128]) x w (moving [128, 512], SBUF-resident for the call), one PSUM bank, cast out and stored.
 Backward: dx the same way with dy^T (transposed per tile) against w^T (transposed once per call);
-dw contracts over tokens, which are already on partitions: per 512-column slice of w, I/128 PSUM
-banks accumulate x (stationary [tokens, 128]) x dy (moving [tokens, 512]) over every token tile,
-re-reading x once per slice (ceil(O / 512) passes).
+dw contracts over tokens, which are already on partitions: I/128 PSUM banks per 512-column slice of w
+accumulate x (stationary [tokens, 128]) x dy (moving [tokens, 512]) over every token tile. With as
+few PSUM banks as the output projection's (I/128 x O/512 = 4, plus dx's and a transpose's) dx and dw
+share one pass over the tokens (x and dy read once); with up to 8 (q/k/v: 4 x 2) dx takes one pass
+and every dw slice a second one (dy read twice, x once); beyond, one pass over x per slice.
 
 TensorE useful/issued is bounded by the transposes: the forward issues I/128 transposes of 128 columns
 per tile against I/128 x O columns of matmul, 1 - 128/(O + 128): 0.889 at O = 1024 (q/k/v), 0.8 at
@@ -26,6 +28,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 W = 512  # moving columns per matmul: one fp32 PSUM bank (gemm_moving_fmax)
+PSUM_BANKS = 8  # 2 MiB PSUM = 16 KiB per partition (trn1 arch guide, "Memory"), in 2 KiB banks of 512 fp32
 
 
 def _cdiv(a, b):
@@ -107,26 +110,36 @@ def _weight_transposed(w_IO, dt):
     return wT
 
 
-def _dw_slice(x_NI, dy_NO, dw_IO, o, dt):
-    """dw_IO[:, o*512 : o*512+512] = x^T dy over every token tile: I/128 PSUM banks, x re-read once."""
+def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, dx_NI=None, wT=None):
+    """dw_IO[:, o0*512 : o1*512] = x^T dy over every token tile, I/128 x (o1 - o0) PSUM banks, x and that
+    column range of dy read once. With dx_NI/wT it also computes dx = dy w^T in the same pass (dy read
+    once in all)."""
     N, I = x_NI.shape
     O = dy_NO.shape[1]
     P = nl.tile_size.pmax
-    w = min(W, O - o * W)
-    acc = [nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum) for _ in range(_cdiv(I, P))]
+    c0, c1 = o0 * W, min(O, o1 * W)
+    acc = [[nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum) for _ in range(o1 - o0)]
+           for _ in range(_cdiv(I, P))]
     for n in nl.affine_range(_cdiv(N, P)):
         rows = min(P, N - n * P)
         x_t = _rows(x_NI, n * P, rows, dt)
-        dy_t = nl.ndarray((P, W), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=dy_t[0:rows, 0:w], src=dy_NO[n * P:n * P + rows, o * W:o * W + w])
+        dy_t = nl.ndarray((P, c1 - c0), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=dy_t[0:rows], src=dy_NO[n * P:n * P + rows, c0:c1])
+        if dx_NI != None:  # noqa: E711 (NKI 0.3 has no `is`: nki/migration/index.rst)
+            _times(_transposed(dy_t, rows, O, dt), wT, O, dx_NI, n * P, rows, dt)
+        for o in nl.affine_range(o1 - o0):
+            w = min(W, c1 - c0 - o * W)
+            for i in nl.affine_range(_cdiv(I, P)):
+                k = min(P, I - i * P)
+                nisa.nc_matmul(dst=acc[i][o][0:k, 0:w], stationary=x_t[0:rows, i * P:i * P + k],
+                               moving=dy_t[0:rows, o * W:o * W + w])
+    for o in nl.affine_range(o1 - o0):
+        w = min(W, c1 - c0 - o * W)
         for i in nl.affine_range(_cdiv(I, P)):
             k = min(P, I - i * P)
-            nisa.nc_matmul(dst=acc[i][0:k, 0:w], stationary=x_t[0:rows, i * P:i * P + k], moving=dy_t[0:rows, 0:w])
-    for i in nl.affine_range(_cdiv(I, P)):
-        k = min(P, I - i * P)
-        out = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
-        _evacuate(out[0:k, 0:w], acc[i][0:k, 0:w], i % 2 == 0)
-        nisa.dma_copy(dst=dw_IO[i * P:i * P + k, o * W:o * W + w], src=out[0:k, 0:w])
+            out = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
+            _evacuate(out[0:k, 0:w], acc[i][o][0:k, 0:w], i % 2 == 0)
+            nisa.dma_copy(dst=dw_IO[i * P:i * P + k, c0 + o * W:c0 + o * W + w], src=out[0:k, 0:w])
 
 
 @nki.jit
@@ -155,10 +168,17 @@ def projection_bwd(x_NI, w_IO, dy_NO):
     dx_NI = nl.ndarray((N, I), dtype=dt, buffer=nl.shared_hbm)
     dw_IO = nl.ndarray((I, O), dtype=nl.float32, buffer=nl.shared_hbm)
     wT = _weight_transposed(w_IO, dt)
+    slices, banks = _cdiv(O, W), _cdiv(I, P) * _cdiv(O, W)  # dw's PSUM banks with every slice at once
+    if banks + 2 <= PSUM_BANKS:  # dx's bank and a transpose's fit beside them: one pass for dx and dw
+        _dw_pass(x_NI, dy_NO, dw_IO, 0, slices, dt, dx_NI, wT)
+        return dx_NI, dw_IO
     for n in nl.affine_range(_cdiv(N, P)):
         rows = min(P, N - n * P)
         dyT = _transposed(_rows(dy_NO, n * P, rows, dt), rows, O, dt)
         _times(dyT, wT, O, dx_NI, n * P, rows, dt)
-    for o in nl.affine_range(_cdiv(O, W)):
-        _dw_slice(x_NI, dy_NO, dw_IO, o, dt)
+    if banks <= PSUM_BANKS:  # every dw slice in one pass over x
+        _dw_pass(x_NI, dy_NO, dw_IO, 0, slices, dt)
+        return dx_NI, dw_IO
+    for o in nl.affine_range(slices):  # one pass over x per 512-column slice
+        _dw_pass(x_NI, dy_NO, dw_IO, o, o + 1, dt)
     return dx_NI, dw_IO

@@ -27,10 +27,12 @@ class KernelSpec:
 KERNELS: dict[str, KernelSpec] = {s.op: s for s in (
     KernelSpec("rms_norm", "kernels_nki.rmsnorm", "rmsnorm_fwd", "rmsnorm_bwd"),
     KernelSpec("rope", "kernels_nki.rope", "rope_fwd", "rope_bwd"),
+    KernelSpec("rope_gain", "kernels_nki.rope", "rope_gain_fwd", "rope_gain_bwd"),
     KernelSpec("causal_attention", "kernels_nki.attention", "attention_fwd", "attention_bwd"),
     KernelSpec("mlp", "kernels_nki.mlp", "mlp_fwd", "mlp_bwd"),
     KernelSpec("embed", "kernels_nki.embedding", "embed_fwd", "embed_bwd"),
     KernelSpec("head_loss", "kernels_nki.head_loss", "head_loss_fwd", "head_loss_bwd"),
+    KernelSpec("projection", "kernels_nki.projection", "projection_fwd", "projection_bwd"),
     # the fused optimizer updates: one kernel each, no backward ("")
     KernelSpec("adam_update", "kernels_nki.adam", "adam_update", ""),
     KernelSpec("muon_update", "kernels_nki.muon", "muon_update", ""),

@@ -31,7 +31,7 @@ from kernels_nki.report_optim import format_optimizer, optimizer_section
 from kernels_nki.report_step import CORES
 
 FRONTIER14 = Path(__file__).resolve().parents[1] / "configs" / "frontier14.py"
-OPS = ("rms_norm", "rope", "causal_attention", "mlp", "embed", "head_loss")  # the model ops of frontier_jax.ops.OPS (the optimizer updates are costed in report_optim)
+OPS = ("rms_norm", "rope", "rope_gain", "causal_attention", "mlp", "embed", "head_loss", "projection")  # the model ops of frontier_jax.ops.OPS (the optimizer updates are costed in report_optim)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +43,6 @@ class KernelCall:
     min_bytes: int  # what the op must move between HBM and the chip at the least
     calls_per_microbatch: int
     constants: tuple = ()  # ((name, value), ...): the kernel's compile-time keyword constants
-    module: str = ""  # a kernel module not (yet) in registry.KERNELS: its fwd/bwd are f"{op}_{which}"
 
 
 def _compute_dtype(cfg: Config) -> np.dtype:
@@ -71,8 +70,8 @@ def kernel_calls(cfg: Config) -> list[KernelCall]:
 
 
 def projection_calls(cfg: Config) -> list[KernelCall]:
-    """The attention's q/k/v (one fused [D, (H + 2G) K] weight) and output projections,
-    kernels_nki/projection.py (not wired as an op yet: XLA matmuls in the trainer today)."""
+    """The attention's q/k/v (one fused [D, (H + 2G) K] weight) and output projections: the projection
+    op (frontier_jax.ops.qkv_projection / out_projection, kernels_nki/projection.py)."""
     m, t = cfg.model, cfg.train
     N, D, L = t.seq_len * t.micro_batch_seqs, m.model_dim, m.num_layers
     dt = _compute_dtype(cfg)
@@ -83,9 +82,8 @@ def projection_calls(cfg: Config) -> list[KernelCall]:
         x, w, y = ((N, I), dn), ((I, O), dn), ((N, O), dn)
         io = (N * I + I * O + N * O) * s
         label = f"{name} [N={N}, {I}->{O}]"
-        calls.append(KernelCall("projection", "fwd", label, (x, w), io, L, module="kernels_nki.projection"))
-        calls.append(KernelCall("projection", "bwd", label, (x, w, y), io + N * I * s + I * O * 4, L,
-                                module="kernels_nki.projection"))
+        calls.append(KernelCall("projection", "fwd", label, (x, w), io, L))
+        calls.append(KernelCall("projection", "bwd", label, (x, w, y), io + N * I * s + I * O * 4, L))
     return calls
 
 
@@ -105,7 +103,7 @@ def attention_calls(cfg: Config) -> list[KernelCall]:
 
 
 def model_op_calls(cfg: Config) -> list[KernelCall]:
-    """rope / mlp / embed / head_loss calls of one micro-batch on one core."""
+    """rope / rope_gain / mlp / embed / head_loss calls of one micro-batch on one core."""
     m, t = cfg.model, cfg.train
     B, T, D, K, L, V = t.micro_batch_seqs, t.seq_len, m.model_dim, m.head_dim, m.num_layers, m.vocab_size
     N, F = B * T, m.mlp_mult * m.model_dim
@@ -113,11 +111,17 @@ def model_op_calls(cfg: Config) -> list[KernelCall]:
     s, dn = dt.itemsize, dt.name
     S = report_step.num_bias_orders(cfg)
     calls = []
-    for label, heads in ((f"q [B={B}, T={T}, H={m.num_heads}, K={K}]", m.num_heads),
-                         (f"k [B={B}, T={T}, G={m.num_kv_heads}, K={K}]", m.num_kv_heads)):
-        ins = (((B, T, heads, K), dn), ((T, K // 2), dn), ((T, K // 2), dn))
-        for which in ("fwd", "bwd"):
-            calls.append(KernelCall("rope", which, label, ins, 2 * N * heads * K * s + T * K * s, L))
+    H, G = m.num_heads, m.num_kv_heads
+    tabs = (((T, K // 2), dn), ((T, K // 2), dn))
+    # q: rope with the query gain fused (rope_gain; the backward also reads x and writes dg [T, H] fp32)
+    q, g = ((B, T, H, K), dn), ((128, H), "float32")
+    label = f"q [B={B}, T={T}, H={H}, K={K}]"
+    calls.append(KernelCall("rope_gain", "fwd", label, (q,) + tabs + (g,), 2 * N * H * K * s + T * K * s, L))
+    calls.append(KernelCall("rope_gain", "bwd", label, (q,) + tabs + (g, q),
+                            3 * N * H * K * s + T * K * s + 4 * T * H, L))
+    label = f"k [B={B}, T={T}, G={G}, K={K}]"
+    for which in ("fwd", "bwd"):
+        calls.append(KernelCall("rope", which, label, (((B, T, G, K), dn),) + tabs, 2 * N * G * K * s + T * K * s, L))
     w = (((D, F), dn), ((F, D), dn))
     label = f"[N={N}, D={D}, F={F}]"
     calls.append(KernelCall("mlp", "fwd", label, (((N, D), dn),) + w, 2 * N * D * s + 2 * D * F * s, L))
@@ -141,8 +145,6 @@ def model_op_calls(cfg: Config) -> list[KernelCall]:
 
 def kernel_of(call: KernelCall):
     """The emulated kernel function a call runs."""
-    if call.module:
-        return getattr(emulator.load_kernel_module(call.module), f"{call.op}_{call.which}")
     return getattr(registry.load_emulated(call.op), getattr(registry.KERNELS[call.op], call.which))
 
 

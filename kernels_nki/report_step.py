@@ -5,7 +5,7 @@ from the architecture the README describes (tests/test_kernels_report.py checks 
 `frontier_jax.model`). Per core and per training step:
 
 - counted: NKI kernels whose source runs in count-only emulation (report.py, report_optim.py),
-  the q/k/v/o projections included (kernels_nki/projection.py, not wired as an op yet).
+  the q/k/v/o projections included (the projection op, kernels_nki/projection.py).
 - estimated, traffic: the element-wise glue between kernels (`glue_passes`), each an HBM pass at the
   DMA rate (XLA fuses each line into one loop; reads + writes counted per element).
 """
@@ -63,7 +63,6 @@ def glue_passes(cfg: Config, dt_bytes: int) -> list[tuple[str, float]]:
     N, D, L = t.seq_len * t.micro_batch_seqs, m.model_dim, m.num_layers
     x = N * D * dt_bytes
     skips = min(L // 2, L - L // 2)
-    H, K = m.num_heads, m.head_dim
     n_params = sum(math.prod(shape) for _, _, shape, _ in param_specs(cfg))
     return [
         # fwd: a*x + b*x0 (2 in, 1 out); bwd: dx, dx0 from dy, x, x0 (3 in, 2 out) + the [2, D] reduction
@@ -71,7 +70,6 @@ def glue_passes(cfg: Config, dt_bytes: int) -> list[tuple[str, float]]:
         # x + s * f(x) twice per block; bwd: dx passes through, d f = s * dy, ds = sum(dy * f): 2 in, 1 out each
         ("attn/mlp scaled residual adds", L * 2 * (3 + 3) * x),
         ("U-Net skip adds", skips * (3 + 5) * x),
-        ("q gain (q * g per head)", L * (2 + 4) * N * H * K * dt_bytes),
         # fp32 parameters read and cast to the compute dtype for the matmuls, once per micro-batch
         ("parameter casts fp32 -> compute dtype", n_params * (4 + dt_bytes)),
         # gradient accumulation over micro-batches: read the fp32 sum and the new gradient, write the sum

@@ -9,9 +9,10 @@ shape [tokens x heads, head_dim].
 Per 128-row tile:
 - forward: 1 load, ScalarE square + row sum, ScalarE rsqrt on the [P, 1] column, VectorE scale,
   2 stores (y and the fp32 inverse RMS, the residual the backward reuses instead of recomputing).
-- backward: 3 loads, VectorE dy*x, row sum, two [P, 1] column ops and one fused x*c + dy pass,
-  ScalarE scale by inv; dx = inv * (dy - x * mean(dy*x) * inv^2).
-Both are DMA-bound at the model's shapes (see `python -m kernels_nki.report`).
+- backward: 3 loads, VectorE dy*x, its row sum on ScalarE, one [P, 1] column op on each engine, one
+  fused x*c + dy pass (VectorE), ScalarE scale by inv; dx = inv * (dy - x * mean(dy*x) * inv^2).
+The forward is DMA-bound at [tokens, D]; the backward VectorE-bound (two two-input passes at ~2N cycles
+each, arch guide cost model); see `python -m kernels_nki.report`.
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): `activation`'s bias is an
 [N, 1] tile (eps, memset once per call), not an immediate (v3+ only: nki/api/nki/isa/__init__.py,
@@ -70,17 +71,19 @@ def rmsnorm_bwd(x_ND, inv_N1, dy_ND):
         nisa.dma_copy(dst=x_PD[0:rows], src=x_ND[r0:r0 + rows])
         nisa.dma_copy(dst=dy_PD[0:rows], src=dy_ND[r0:r0 + rows])
         nisa.dma_copy(dst=inv_P1[0:rows], src=inv_N1[r0:r0 + rows])
-        # dot = sum(dy * x) per row (VectorE)
+        # dot = sum(dy * x) per row: the product on VectorE, the row sum on ScalarE (activation_reduce of
+        # a copy), which has slack here, instead of a third VectorE pass
         work_PD = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=work_PD[0:rows], data1=dy_PD[0:rows], data2=x_PD[0:rows], op=nl.multiply)
         dot_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=dot_P1[0:rows], op=nl.add, data=work_PD[0:rows], axis=1, keepdims=True)
-        # c = -dot / D * inv^2
-        inv2_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=inv2_P1[0:rows], data1=inv_P1[0:rows], data2=inv_P1[0:rows], op=nl.multiply)
+        nisa.activation_reduce(dst=work_PD[0:rows], op=nl.copy, data=work_PD[0:rows], reduce_op=nl.add,
+                               reduce_res=dot_P1[0:rows])
+        # c = -dot / D * inv^2: (dot * inv * -1/D) on VectorE, times inv on ScalarE (its [P, 1] scale)
+        t_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=t_P1[0:rows], data=dot_P1[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows],
+                           op1=nl.multiply, operand1=-1.0 / D)
         c_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=c_P1[0:rows], data=dot_P1[0:rows], op0=nl.multiply, operand0=-1.0 / D,
-                           op1=nl.multiply, operand1=inv2_P1[0:rows])
+        nisa.activation(dst=c_P1[0:rows], op=nl.copy, data=t_P1[0:rows], scale=inv_P1[0:rows])
         # dx = (x * c + dy) * inv: the fused pass on VectorE, the scale on ScalarE
         nisa.scalar_tensor_tensor(dst=work_PD[0:rows], data=x_PD[0:rows], op0=nl.multiply, operand0=c_P1[0:rows],
                                   op1=nl.add, operand1=dy_PD[0:rows])

@@ -64,18 +64,20 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     fwd = emulator.count(kernels.attention_fwd, q, kv, kv)
     bwd = emulator.count(kernels.attention_bwd, q, kv, kv, q, ((B, H, T, 1), "float32"), q)
     unit, nb, nt = 128 * 128, _blocks(T), T // 128
-    # per block, in 128 x 128 x N units: fwd s (N=128, useful K=64 rows), p^T (128, transpose), p v (N=K);
-    # bwd s, dp (128 each, useful 64 rows), p^T dO, ds^T q, ds k (N=K each), ds^T (128, transpose)
+    # per block, in 128 x 128 x N units: fwd s (N=128 on one 64-row tile: charged 64 rows, all useful),
+    # p^T (128, transpose), p v (N=K); bwd s, dp (64-row tiles, N=128 each), p^T dO, ds^T q, ds k (N=K
+    # each), ds^T (128, transpose); per query tile the q^T (and dO^T) transposes and the diagonal
+    # block's mask matmul (identity stationary: zero useful MACs), all N=128
     assert fwd.pe_macs_useful == H * nb * unit * 2 * K
-    assert fwd.pe_macs_issued == unit * (H * (nb * (128 + 128 + K) + nt * 128) + G * nt * 128)
+    assert fwd.pe_macs_issued == unit * (H * (nb * (K + 128 + K) + 2 * nt * 128) + G * nt * 128)
     assert bwd.pe_macs_useful == H * nb * unit * 5 * K
-    assert bwd.pe_macs_issued == unit * (H * (nb * (2 * 128 + 3 * K + 128) + 2 * nt * 128) + G * 2 * nt * 128)
-    assert emulator.pe_utilisation(fwd) > 0.35 and emulator.pe_utilisation(bwd) > 0.48  # see the module docstring
-    # at the documented engine rates (cost.py) the softmax's ScalarE work bounds the forward; the backward's
-    # ds^T copies are split between ScalarE and VectorE (BWD_VEC) so that TensorE bounds it
-    assert emulator.estimate(fwd).bound == "scalar" and emulator.estimate(bwd).bound == "tensor"
-    secs = emulator.estimate(bwd).engine_s
-    assert secs["scalar"] < secs["tensor"] and secs["vector"] < secs["tensor"]
+    assert bwd.pe_macs_issued == unit * (H * (nb * (2 * K + 3 * K + 128) + 3 * nt * 128) + G * 2 * nt * 128)
+    assert emulator.pe_utilisation(fwd) > 0.39 and emulator.pe_utilisation(bwd) > 0.56  # see the module docstring
+    # at the documented engine rates (cost.py, two-input VectorE instructions at 2N) the softmax's
+    # Vector/Scalar work, not TensorE, bounds both directions
+    for c in (fwd, bwd):
+        secs = emulator.estimate(c).engine_s
+        assert emulator.estimate(c).bound in ("vector", "scalar") and secs["tensor"] < secs["vector"]
     assert fwd.psum_peak_banks <= 8 and bwd.psum_peak_banks <= 8
     # q, k, v in and o out once; lse out (fp32)
     assert fwd.dma_bytes == 2 * (2 * B * T * H * K + 2 * B * T * G * K) + 4 * B * H * T

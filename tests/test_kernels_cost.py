@@ -40,7 +40,6 @@ def test_cost_model_matches_published_profiles():
         assert abs(r["predicted"]["tensor"] - r["published"]["tensor"]) <= cost_calibration.TENSOR_TOLERANCE
         # the profile's DMA activity includes per-transfer latency the model leaves out: never below it
         assert r["predicted"]["dma"] <= r["published"]["dma"] + 0.01
-    # VectorE (blocked_k's PSUM -> SBUF adds): two-input instructions take ~2N cycles (arch guide), the
-    # counters charge N, so the model shows about half the published activity
-    assert 0.4 <= rows[3]["predicted"]["vector"] / rows[3]["published"]["vector"] <= 0.6
+    # VectorE (blocked_k's PSUM + SBUF adds): two-input instructions charged ~2N cycles (arch guide)
+    assert 0.75 <= rows[3]["predicted"]["vector"] / rows[3]["published"]["vector"] <= 1.05
     assert rows[0]["est_s"] > rows[1]["est_s"] >= rows[2]["est_s"]  # each step of the tutorial is faster

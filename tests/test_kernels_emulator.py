@@ -183,6 +183,69 @@ def test_small_vector_op_counts_min_ii_and_idle_lanes(tmp_path, monkeypatch):
     assert c.dma_bytes == 2 * 50 * 4
 
 
+def test_row_tiled_matmuls_are_charged_their_row_tile(tmp_path, monkeypatch):
+    """Two K=64 matmuls on the two 64-row tiles run in parallel (nc_matmul "Tiling mode"): each is
+    charged 64 x 128 x N, together one full-array pass; the same matmuls untiled cost twice that."""
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        out = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.shared_hbm)
+        s = nl.load(a[0:64, 0:128])
+        m = nl.load(a[0:64, 0:256])
+        acc0 = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.psum)
+        acc1 = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(acc0, s, m, tile_position=(0, 0), tile_size=(64, 128))
+        nisa.nc_matmul(acc1, s, m, tile_position=(64, 0), tile_size=(64, 128))
+        nisa.nc_matmul(acc1, s, m)
+        res = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=res, src=acc1)
+        nl.store(out, res)
+        return out
+    """)
+    a = np.random.default_rng(3).standard_normal((64, 256)).astype(ml_dtypes.bfloat16)
+    out, c = emulator.run(k, a)
+    a32 = a.astype(np.float32)
+    np.testing.assert_allclose(out, 2 * a32[:, :128].T @ a32, rtol=1e-4, atol=1e-3)
+    assert c.pe_macs_issued == 2 * 64 * 128 * 256 + 128 * 128 * 256
+    assert c.pe_macs_useful == 3 * 64 * 128 * 256
+
+
+def test_onezero_stationary_matmul_is_issued_not_useful(tmp_path, monkeypatch):
+    """A 0/1 stationary (is_stationary_onezero: a mask or selection) moves data, like a transpose."""
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        s = nl.load(a)
+        acc = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(acc, s, s, is_stationary_onezero=True)
+        res = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=res, src=acc)
+        nl.store(out, res)
+        return out
+    """)
+    eye = np.eye(128, dtype=ml_dtypes.bfloat16)
+    out, c = emulator.run(k, eye)
+    np.testing.assert_array_equal(out, np.eye(128, dtype=np.float32))
+    assert (c.pe_macs_issued, c.pe_macs_useful) == (128 * 128 * 128, 0)
+
+
+def test_two_input_vector_instructions_cost_2n(tmp_path, monkeypatch):
+    """tensor_tensor / scalar_tensor_tensor read two tiles: ~2N cycles (arch guide, VectorE cost model);
+    tensor_scalar reads one: N."""
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a)
+        u = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=u, data1=t, data2=t, op=nl.add)
+        nisa.scalar_tensor_tensor(dst=u, data=u, op0=nl.multiply, operand0=0.5, op1=nl.add, operand1=t)
+        nisa.tensor_scalar(dst=u, data=u, op0=nl.multiply, operand0=2.0)
+        nl.store(out, u)
+        return out
+    """)
+    x = np.random.default_rng(4).standard_normal((128, 512)).astype(np.float32)
+    out, c = emulator.run(k, x)
+    np.testing.assert_allclose(out, 2 * (0.5 * (2 * x) + x), rtol=1e-6)
+    assert c.vector_instructions == 3 and c.vector_elems_issued == 128 * (2 * 512 + 2 * 512 + 512)
+    assert c.vector_elems_useful == 3 * 128 * 512
+
+
 def test_loop_reallocation_releases_memory(tmp_path, monkeypatch):
     k, _ = _kernel_module(tmp_path, monkeypatch, """
         for i in nl.affine_range(50):

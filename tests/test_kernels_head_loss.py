@@ -61,9 +61,13 @@ def test_counts_at_baseline_shapes_no_logits_in_hbm(kernels):
     ins = (((N, D), "bfloat16"), ((V, D), "bfloat16"), ((N, 1), "int32"), None, None)
     fwd = emulator.count(kernels.head_loss_fwd, *ins, softcap=30.0)
     bwd = emulator.count(kernels.head_loss_bwd, *ins, ((N, 1), "float32"), ((N, 1), "float32"), softcap=30.0)
-    assert emulator.pe_utilisation(fwd) >= 0.9 and emulator.pe_utilisation(bwd) >= 0.9
+    # x^T by TensorE transposes (VectorE, the bounding engine, has no room for them): 128 / V of the
+    # matmul columns are transposes, the emb^T ones amortised over the call (module docstring)
+    assert emulator.pe_utilisation(fwd) >= 0.85 and emulator.pe_utilisation(bwd) >= 0.85
     # compute-bound, never DMA-bound: the [N, V] logits stay on chip (VectorE at AWS's documented rates)
-    assert emulator.estimate(fwd).bound in ("tensor", "vector") and emulator.estimate(bwd).bound in ("tensor", "vector")
+    assert emulator.estimate(fwd).bound == "vector" and emulator.estimate(bwd).bound == "vector"
+    secs = emulator.estimate(fwd).engine_s
+    assert secs["tensor"] < secs["scalar"] < secs["vector"]
     assert fwd.dma_bytes == N * D * 2 + V * D * 2 + 4 * N + 8 * N  # x, emb, targets in; loss, lse out
 
 

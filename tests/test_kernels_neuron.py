@@ -38,6 +38,15 @@ def _rope(r):
     return (r.standard_normal((2, 150, 3, 64)).astype(f32), cos, sin), {}
 
 
+def _rope_gain(r):
+    (x, cos, sin), _ = _rope(r)
+    return (x, cos, sin, np.broadcast_to(r.standard_normal(3).astype(f32), (128, 3)).copy()), {}
+
+
+def _projection(r):
+    return (r.standard_normal((200, 96)).astype(f32), (r.standard_normal((96, 80)) / np.sqrt(96)).astype(f32)), {}
+
+
 def _attention(r):
     B, T, H, G, K = 1, 200, 2, 1, 32
     return tuple(r.standard_normal(s).astype(f32) for s in ((B, T, H, K), (B, T, G, K), (B, T, G, K))), {}
@@ -81,11 +90,13 @@ def _muon(r):
 CASES = {
     "rms_norm": (_rms, slice(1, None)),
     "rope": (_rope, None),  # backward: (dy, cos, sin)
+    "rope_gain": (_rope_gain, slice(1, None)),  # backward: (x, cos, sin, g, dy)
     "causal_attention": (_attention, slice(0, None)),
     "mlp": (_mlp, slice(1, None)),
     "embed": (_embed, slice(1, None)),
     "head_loss": (_head_loss(3), slice(1, None)),
     "head_loss/no-bias": (_head_loss(0), slice(1, None)),
+    "projection": (_projection, slice(1, None)),  # backward: (x, w, dy)
     "adam_update": (_adam, None),
     "muon_update": (_muon, None),
 }

@@ -40,7 +40,7 @@ def test_report_on_tiny_config_json(capsys):
     assert [shape for shape, _ in proj[0]["inputs"]] == [[N, m.model_dim], [m.model_dim, (m.num_heads + 2 *
                                                                              m.num_kv_heads) * m.head_dim]]
     assert rep["optimizer"]["step_s"] > 0 and [c["config"] for c in rep["comparison"]] == ["tiny"]
-    ops_ = ("rms_norm", "rope", "causal_attention", "mlp", "embed", "head_loss", "projection")
+    ops_ = ("rms_norm", "rope", "rope_gain", "causal_attention", "mlp", "embed", "head_loss", "projection")
     assert {(r["op"], r["which"]) for r in rep["kernels"]} == {(op, w) for op in ops_ for w in ("fwd", "bwd")}
     for r in rep["kernels"]:
         if r["op"] in ("mlp", "head_loss", "causal_attention"):

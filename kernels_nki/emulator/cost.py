@@ -14,14 +14,17 @@ tests/test_kernels_report.py::test_cost_model_matches_published_profiles).
   inputs cost 4x. NeuronCore-v3: 2.4 GHz (`trainium2_arch.rst`, "Compute Engine Specifications"),
   79 bf16 / 20 fp32 TFLOPS (same file, "Tensor Engine"), MM_INIT_LATENCY not published for v3: the
   v2 value is ASSUMED. Issued cycles = issued MACs / (128 x 128) (the counters charge the whole
-  array per moving column), floored at 64 cycles per instruction in aggregate.
+  array per moving column, or the row tile's rows x 128 per column for a matmul in row tiling mode,
+  whose tiles run in parallel: `nki/api/nki/isa/__init__.py`, `nc_matmul`, "Tiling mode"), floored
+  at 64 cycles per instruction in aggregate.
 - VectorE / ScalarE / GpSimdE (same table): 128 lanes, one element per lane per cycle, at 1.12 /
   1.4 / 1.4 GHz on NeuronCore-v2; NeuronCore-v3: VectorE 256 elements per cycle (512 for bf16/fp16:
   not modelled, so bf16 VectorE work on trn2 is over-estimated up to 2x) at 0.96 GHz, ScalarE 128
   at 1.2 GHz, GpSimdE 1.2 GHz (width not published: 128 ASSUMED). Issued lane-elements already carry
   the per-instruction floor (max(MIN_II, N) cycles, `nki/api/nki/isa` docs) and idle partitions.
-  NOT modelled: two-input VectorE instructions taking ~2N cycles ("Vector Engine / Performance
-  Consideration": tensor_tensor), the ~100-cycle static overhead of back-to-back dependent small
+  Two-input VectorE instructions (tensor_tensor, scalar_tensor_tensor, tensor_tensor_scan) are
+  charged 2N cycles ("Vector Engine / Performance Consideration", Cost Model: "roughly 2N cycles").
+  NOT modelled: the ~100-cycle static overhead of back-to-back dependent small
   instructions (`nki/deep-dives/nki_perf_guide.rst`, small-instruction section), and the shared
   SBUF port of VectorE/GpSimdE and PSUM port of VectorE/ScalarE (arch guide, "Data Movement").
   These make Vector/Scalar-heavy kernels slower than estimated.

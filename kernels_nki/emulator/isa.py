@@ -125,8 +125,9 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
 
     accumulate=None: the first matmul write to a PSUM element overwrites, later ones accumulate (the
     hardware default); True: accumulate (the element must hold a matmul result); False: overwrite.
-    The onezero flags are performance hints (the values are used as given); is_transpose only labels
-    the instruction on NeuronCore-v2; tile_position/tile_size select a row tile of the PE array.
+    The onezero flags are performance hints (the values are used as given); a 0/1 stationary
+    (is_stationary_onezero) selects or moves data, so, like is_transpose (which only labels the
+    instruction on NeuronCore-v2), it is counted with zero useful MACs; tile_position/tile_size select a row tile of the PE array.
     """
     _tile(stationary, "nc_matmul stationary", ("sbuf",), "matmul.buffers")
     _tile(moving, "nc_matmul moving", ("sbuf",), "matmul.buffers")
@@ -145,14 +146,14 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         rule("matmul.contraction", f"dst {dst.shape} must be [{mm}, {n}]")
     if dst.dtype != np.float32:
         rule("matmul.dst_fp32", f"dst dtype {dst.dtype}")
-    _matmul_tiling(tile_position, tile_size, k, mm)
+    rows = _matmul_tiling(tile_position, tile_size, k, mm)
     fp32 = [stationary.dtype == np.float32, moving.dtype == np.float32]
     if (any(fp32) and not all(fp32)) or not all(_m.is_float(t.dtype) for t in (stationary, moving)):
         rule("matmul.dtypes", f"stationary {stationary.dtype}, moving {moving.dtype}")
     m = _m.current()
     if accumulate is True and m.compute and not dst.mask.all():
         rule("matmul.accumulate", "accumulate=True into PSUM not written by a matmul before")
-    m.count_matmul(k, mm, n, fp32=all(fp32), useful=not is_transpose)
+    m.count_matmul(k, mm, n, fp32=all(fp32), useful=not (is_transpose or is_stationary_onezero), rows=rows)
     if not m.compute:
         return
     prod = _read(stationary).reshape(k, mm).T @ _read(moving).reshape(k, n)
@@ -165,9 +166,11 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     dst.mask[...] = True
 
 
-def _matmul_tiling(position, size, k, mm):
+def _matmul_tiling(position, size, k, mm) -> int:
+    """Checks tile_position/tile_size; returns the PE rows the matmul occupies (128 without tiling mode).
+    Column tiles are charged the full 128 columns (only row tiles' parallelism is modelled)."""
     if not position and not size:
-        return
+        return _m.PMAX
     if not position or not size:
         rule("matmul.tiling", "tile_position and tile_size must both be set")
     (row, col), (rows, cols) = position, size
@@ -176,6 +179,7 @@ def _matmul_tiling(position, size, k, mm):
         rule("matmul.tiling", f"tile_position={tuple(position)}, tile_size={tuple(size)} on {_m.current().target}")
     if k > rows or mm > cols:
         rule("matmul.tiling", f"stationary [{k}, {mm}] exceeds tile_size {tuple(size)}")
+    return int(rows)
 
 
 def nc_transpose(dst, data, engine=engine.unknown, name=None):
@@ -283,7 +287,7 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     _not_both_psum(data1, data2, "tensor_tensor.psum", "tensor_tensor")
     _engine_psum(engine, dst, data1, data2)
     _alu(op, "tensor_tensor op")
-    _m.current().count_engine(engine or "vector", data1)
+    _m.current().count_engine(engine or "vector", data1, inputs=2)
     if dst.machine.compute:
         _write(dst, op.fn(_read(data1), _read(data2, data1)).reshape(dst.shape))
 
@@ -324,7 +328,7 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     _alu(op0, "scalar_tensor_tensor op0"), _alu(op1, "scalar_tensor_tensor op1")
     v0 = _expand(_operand(operand0, data.shape[0], "scalar_tensor_tensor operand0", "tensor_scalar.operands"),
                  data.ndim)
-    _m.current().count_engine("vector", data)
+    _m.current().count_engine("vector", data, inputs=2)
     if dst.machine.compute:
         _write(dst, _apply(op1, _apply(op0, _read(data), v0, reverse0), _read(operand1, data), reverse1))
 
@@ -339,7 +343,7 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
     _alu(op0, "tensor_tensor_scan op0"), _alu(op1, "tensor_tensor_scan op1")
     p, f = _per_partition(data0)
     init = _operand(initial, p, "tensor_tensor_scan initial", "tensor_scalar.operands")
-    _m.current().count_engine("vector", data0)
+    _m.current().count_engine("vector", data0, inputs=2)
     if not dst.machine.compute:
         return
     a, b = _read(data0).reshape(p, f), _read(data1).reshape(p, f)

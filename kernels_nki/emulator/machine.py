@@ -71,9 +71,9 @@ class Counters:
     """Work issued by one or more kernel calls. `*_issued` includes padding; `*_useful` does not.
 
     TensorE: MACs. issued = 128 x 128 x N per nc_matmul (the whole PE array streams N moving columns
-    whatever K and M are); useful = K x M x N; transposes are issued with zero useful MACs.
-    Vector/Scalar/GpSimd: lane-elements. issued = 128 lanes x max(MIN_II, free size) per
-    instruction; useful = partitions x free size. DMA: bytes moved and transfers issued.
+    whatever K and M are; a row-tiled matmul: row tile size x 128 x N); useful = K x M x N; transposes
+    and 0/1-stationary matmuls (is_stationary_onezero: a mask or a selection) are issued with zero useful MACs. Vector/Scalar/GpSimd: lane-elements. issued = 128 lanes x
+    max(MIN_II, free size) per instruction (2 x free size for a two-input VectorE instruction); useful = partitions x free size. DMA: bytes moved and transfers issued.
     """
 
     pe_instructions: int = 0
@@ -366,12 +366,18 @@ class Machine:
 
     # ---------------------------------------------------------------- counting
 
-    def count_engine(self, engine: str, tile: Tensor, extra_instructions: int = 0):
-        """One Vector/Scalar/GpSimd instruction over `tile` (partition dim first)."""
+    def count_engine(self, engine: str, tile: Tensor, extra_instructions: int = 0, inputs: int = 1):
+        """One Vector/Scalar/GpSimd instruction over `tile` (partition dim first).
+
+        `inputs=2` (a VectorE instruction reading two tensors, e.g. tensor_tensor) costs ~2N cycles
+        (aws-neuron-sdk `nki/guides/architecture/trainium_inferentia2_arch.rst`, "Vector Engine /
+        Performance Consideration", Cost Model: "If there are two input tiles, the instruction can
+        execute in roughly 2N cycles"); ScalarE reads at most one tensor (same guide, "Scalar Engine")."""
         partitions = tile.shape[0] if tile.ndim else 1
         free = math.prod(tile.shape[1:]) if tile.ndim > 1 else 1
         c = self.counters
-        issued = PMAX * (max(MIN_II, free) + extra_instructions * MIN_II)
+        per_input = inputs if engine == "vector" else 1
+        issued = PMAX * (max(MIN_II, per_input * free) + extra_instructions * MIN_II)
         setattr(c, f"{engine}_instructions", getattr(c, f"{engine}_instructions") + 1)
         setattr(c, f"{engine}_elems_issued", getattr(c, f"{engine}_elems_issued") + issued)
         setattr(c, f"{engine}_elems_useful", getattr(c, f"{engine}_elems_useful") + partitions * free)
@@ -380,9 +386,13 @@ class Machine:
         self.counters.dma_transfers += 1
         self.counters.dma_bytes += int(nbytes)
 
-    def count_matmul(self, k: int, m: int, n: int, fp32: bool, useful: bool = True):
+    def count_matmul(self, k: int, m: int, n: int, fp32: bool, useful: bool = True, rows: int = PMAX):
+        """One nc_matmul. `rows`: the PE rows it occupies: 128, or the row tile size in tiling mode,
+        where matmuls on different row tiles run in parallel (aws-neuron-sdk `nki/api/nki/isa/__init__.py`,
+        `nc_matmul`, "Tiling mode": "allow multiple nc_matmul instructions with a stationary tile size
+        smaller than [128, 128] to run in parallel"), so a 64-row tile is charged 64 x 128 x N."""
         c = self.counters
-        issued = PMAX * PMAX * n
+        issued = rows * PMAX * n
         c.pe_instructions += 1
         c.pe_macs_issued += issued
         c.pe_macs_issued_fp32 += issued if fp32 else 0
