@@ -26,6 +26,7 @@ import ctypes.util
 import importlib.metadata
 import pkgutil
 import platform
+import sys
 
 ALLOCATORS = ("auto", "reuse", "system")
 # glibc <malloc.h> parameter numbers
@@ -37,6 +38,8 @@ _applied: dict | None = None
 
 def backend_started() -> bool:
     """True once JAX has created a backend (after which arena choices are already made)."""
+    if "jax" not in sys.modules:
+        return False
     try:
         from jax._src import xla_bridge
 
@@ -66,17 +69,22 @@ def resolve_allocator(mode: str, plugins: list[str], platforms: str | None) -> s
     return "system" if plugins else "reuse"
 
 
-def tune_allocator(mode: str) -> dict:
-    """Apply `mode` ("auto" | "reuse" | "system") once per process; returns what was done (for env.json)."""
+def tune_allocator(mode: str, platform_name: str | None = None) -> dict:
+    """Apply `mode` ("auto" | "reuse" | "system") once per process; returns what was done (for env.json).
+
+    platform_name: where the computation runs ("cpu", "cuda", ...) when the caller knows it (the
+    PyTorch baseline, which must not import JAX); None: JAX's `jax_platforms` setting decides."""
     global _applied
     if mode not in ALLOCATORS:
         raise ValueError(f"allocator must be one of {ALLOCATORS}, got {mode!r}")
     if _applied is not None:
         return _applied
-    import jax
+    if platform_name is None:
+        import jax
 
+        platform_name = jax.config.jax_platforms
     plugins = accelerator_plugins()
-    resolved = resolve_allocator(mode, plugins, jax.config.jax_platforms)
+    resolved = resolve_allocator(mode, plugins, platform_name)
     info = {"allocator": resolved, "requested": mode, "plugins": plugins, "applied": False,
             "libc": "-".join(platform.libc_ver()) or "unknown", "backend_started_before": backend_started()}
     if resolved == "reuse":
