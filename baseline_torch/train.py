@@ -153,24 +153,26 @@ class StepLog(policy.RunHook):
 
 def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bool = False,
         init_weights: str | None = None, echo: bool = True, allocator: dict | None = None) -> dict:
-    """Train `cfg` with PyTorch into `out_dir`; returns the summary dict (as frontier_jax.loop.run)."""
+    """Train `cfg` with PyTorch into `out_dir`; returns the summary dict (as frontier_jax.loop.run).
+    Every input (device, data, tokenizer, initial weights) is checked before anything is written."""
+    dev = resolve_device(device)
+    data = load_run_data(cfg)
+    trainer = Trainer(cfg, dev, TrainLoader(data.train_files, cfg.train.seq_len), data.val_tokens, data.tables,
+                      compile_model)
+    if init_weights:
+        load_npz(trainer.model, init_weights)
     out_dir = rundir.prepare_run_dir(out_dir, resume=False)
     log = RunLog(out_dir / rundir.LOG, echo)
     try:
-        return _run(cfg, out_dir, resolve_device(device), compile_model, init_weights, log, allocator)
+        return _run(cfg, out_dir, trainer, data, compile_model, log, allocator)
     finally:
         log.close()
 
 
-def _run(cfg: Config, out_dir: Path, device: torch.device, compile_model: bool, init_weights, log, allocator) -> dict:
-    t = cfg.train
+def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool, log, allocator) -> dict:
+    t, device = cfg.train, trainer.device
     env = environment(device)
     rundir.write_json(out_dir / rundir.CONFIG, to_dict(cfg))
-    data = load_run_data(cfg)
-    trainer = Trainer(cfg, device, TrainLoader(data.train_files, t.seq_len), data.val_tokens, data.tables,
-                      compile_model)
-    if init_weights:
-        load_npz(trainer.model, init_weights)
     rundir.write_json(out_dir / rundir.ENV, {**env, "compute_dtype": str(trainer.dtype).removeprefix("torch."),
                                               "torch_compile": compile_model, "host_allocator": allocator})
     log(f"baseline_torch run {out_dir} | config {cfg.name} ({config_hash(cfg)}) | git {env['git']}")
