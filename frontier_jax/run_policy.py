@@ -23,7 +23,8 @@ Order of events (README "Training"):
    e. a periodic checkpoint when due (`checkpoint_due`): the step's metrics are read first, and a
       diverged step is never saved; the save's time is not counted;
 4. the hooks' `on_end`; a final checkpoint ("final", or "interrupted" after a signal; none after a
-   non-finite loss, so the last good one stays); the final validation over the whole val split,
+   non-finite loss, so the last good one stays, and none when this step already has one: a periodic
+   save or the checkpoint the run resumed from); the final validation over the whole val split,
    unless interrupted or diverged; the summary.
 
 A signal during the warm-up raises `InterruptedBeforeTraining` (a KeyboardInterrupt: exit 130,
@@ -248,6 +249,7 @@ class RunState:
     start_step: int = 0  # the step this invocation started at (resume)
     final_loss: float = math.nan
     stop_reason: str | None = None
+    saved_step: int | None = None  # the newest step with a checkpoint (resumed from, or saved)
 
 
 class RunHook:
@@ -329,8 +331,11 @@ def run_budgeted(policy: Policy, hooks: Hooks, summary_base: dict) -> dict:
     try:
         with hooks.signals() as signals:  # handlers off again for the final save and validation
             warm_up(policy, hooks, signals)
-            state = (hooks.resume() if hooks.resume else None) or RunState()
+            resumed = hooks.resume() if hooks.resume else None
+            state = resumed or RunState()
             state.start_step = state.step
+            if resumed is not None:
+                state.saved_step = state.step  # the checkpoint it came from
             started = True
             for h in hooks.plugins:
                 h.on_start(state)
@@ -407,17 +412,22 @@ def _timed_loop(policy: Policy, hooks: Hooks, s: RunState, signals) -> None:
             if not math.isfinite(s.final_loss):  # never save a checkpoint of a diverged step
                 s.stop_reason = STOP_NONFINITE
                 break
-            hooks.save(s, "periodic")
+            _save(hooks, s, "periodic")
             t0 = time.perf_counter()
     s.train_seconds += time.perf_counter() - t0
+
+
+def _save(hooks: Hooks, s: RunState, reason: str) -> None:
+    hooks.save(s, reason)
+    s.saved_step = s.step
 
 
 def _finish(hooks: Hooks, s: RunState, summary_base: dict) -> dict:
     interrupted = is_interrupted(s.stop_reason)
     if s.stop_reason == STOP_NONFINITE:
         hooks.log(f"STOP: non-finite training loss at step {s.step}; no checkpoint written over the last good one")
-    elif hooks.save is not None:
-        hooks.save(s, "interrupted" if interrupted else "final")
+    elif hooks.save is not None and s.saved_step != s.step:  # a step already saved is not saved again
+        _save(hooks, s, "interrupted" if interrupted else "final")
     summary = {**summary_base, "steps": s.step, "tokens": s.tokens, "train_seconds": s.train_seconds,
                "tokens_per_second": s.tokens / s.train_seconds if s.train_seconds > 0 else None,
                "final_train_loss": s.final_loss, "stop_reason": s.stop_reason}
