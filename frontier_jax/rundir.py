@@ -25,6 +25,7 @@ import platform
 import signal
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -298,16 +299,18 @@ def _dtype(name: str) -> np.dtype:
 
 
 def load_npz(path) -> tuple[dict[str, np.ndarray], dict]:
-    """(state_dict with the recorded dtypes restored, meta)."""
+    """(state_dict with the recorded dtypes restored, meta); WeightsError (one line) when unreadable."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as z:
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise ValueError("a single .npy array, not an npz archive")
             raw = {k: z[k] for k in z.files}
+        dtypes = json.loads(str(raw.pop("__dtypes__"))) if "__dtypes__" in raw else {}
+        meta = json.loads(str(raw.pop("__meta__"))) if "__meta__" in raw else {}
+        sd = {k: (v.astype(_dtype(dtypes[k])) if dtypes.get(k) else v) for k, v in raw.items()}
     except FileNotFoundError:
         raise WeightsError(f"{path}: no such npz file") from None
-    except (OSError, ValueError) as e:
-        raise WeightsError(f"{path}: not a readable npz ({str(e).splitlines()[0][:120]})") from None
-    dtypes = json.loads(str(raw.pop("__dtypes__"))) if "__dtypes__" in raw else {}
-    meta = json.loads(str(raw.pop("__meta__"))) if "__meta__" in raw else {}
-    sd = {k: (v.astype(_dtype(dtypes[k])) if k in dtypes else v) for k, v in raw.items()}
+    except (OSError, ValueError, TypeError, AttributeError, EOFError, zipfile.BadZipFile) as e:
+        raise WeightsError(f"{path}: not a readable npz ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
     return sd, meta
