@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -154,22 +155,29 @@ class StepLog(policy.RunHook):
 def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bool = False,
         init_weights: str | None = None, echo: bool = True, allocator: dict | None = None) -> dict:
     """Train `cfg` with PyTorch into `out_dir`; returns the summary dict (as frontier_jax.loop.run).
-    Every input (device, data, tokenizer, initial weights) is checked before anything is written."""
-    dev = resolve_device(device)
-    data = load_run_data(cfg)
-    trainer = Trainer(cfg, dev, TrainLoader(data.train_files, cfg.train.seq_len), data.val_tokens, data.tables,
-                      compile_model)
-    if init_weights:
-        load_npz(trainer.model, init_weights)
-    out_dir = rundir.prepare_run_dir(out_dir, resume=False)
-    log = RunLog(out_dir / rundir.LOG, echo)
-    try:
-        return _run(cfg, out_dir, trainer, data, compile_model, log, allocator)
-    finally:
-        log.close()
+    Every input (device, data, tokenizer, initial weights) is checked before anything is written; a
+    signal before the first timed step leaves no run directory behind."""
+    with rundir.Signals() as signals:  # from the start, as the JAX trainer
+        dev = resolve_device(device)
+        data = load_run_data(cfg)
+        trainer = Trainer(cfg, dev, TrainLoader(data.train_files, cfg.train.seq_len), data.val_tokens, data.tables,
+                          compile_model)
+        if init_weights:
+            load_npz(trainer.model, init_weights)
+        created = not Path(out_dir).exists()
+        out_dir = rundir.prepare_run_dir(out_dir, resume=False)
+        log = RunLog(out_dir / rundir.LOG, echo)
+        try:
+            return _run(cfg, out_dir, trainer, data, compile_model, log, allocator, signals)
+        except policy.InterruptedBeforeTraining as e:
+            if created:
+                shutil.rmtree(out_dir, ignore_errors=True)
+            return {"stop_reason": e.reason, "steps": 0, "run_dir": str(out_dir)}
+        finally:
+            log.close()
 
 
-def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool, log, allocator) -> dict:
+def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool, log, allocator, signals) -> dict:
     t, device = cfg.train, trainer.device
     env = environment(device)
     rundir.write_json(out_dir / rundir.CONFIG, to_dict(cfg))
@@ -188,20 +196,23 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
     log(f"measured matmul peak: {peak / 1e9:.1f} GFLOP/s ({trainer.dtype})")
 
     metrics_log = rundir.MetricsLog(out_dir / rundir.METRICS)
+
+    def write_summary(summary: dict) -> None:
+        metrics_log.close()
+        if summary["stop_reason"] != policy.STOP_NONFINITE:  # a diverged model's weights are not written
+            save_npz(trainer.model, out_dir / rundir.WEIGHTS, {"model": to_dict(cfg)["model"],
+                                                                "step": summary["steps"], "source": "baseline_torch"})
+        rundir.write_summary(out_dir, summary)
+
     hooks = policy.Hooks(train_step=trainer.train_step, read_metrics=lambda m: m, eval_sums=trainer.eval_sums,
                          snapshot=trainer.snapshot, restore=trainer.restore, log=log, metrics=metrics_log.log,
-                         signals=rundir.Signals, plugins=[StepLog(log, t.log_every_steps)])
+                         signals=signals, write_summary=write_summary, plugins=[StepLog(log, t.log_every_steps)])
     base = {"config_name": cfg.name, "config_hash": config_hash(cfg), "implementation": "torch",
             "matmul_peak_flops": peak, "flops_per_token": flops_per_token, "run_dir": str(out_dir)}
     try:
-        summary = policy.run_budgeted(policy.Policy.from_config(cfg), hooks, base)
+        return policy.run_budgeted(policy.Policy.from_config(cfg), hooks, base)
     finally:
         metrics_log.close()
-    if summary["stop_reason"] != policy.STOP_NONFINITE:  # a diverged model's weights are not written
-        save_npz(trainer.model, out_dir / rundir.WEIGHTS, {"model": to_dict(cfg)["model"], "step": summary["steps"],
-                                                            "source": "baseline_torch"})
-    log("summary:\n" + rundir.write_summary(out_dir, summary))
-    return summary
 
 
 def parse_args(argv):
@@ -242,9 +253,11 @@ def main(argv=None) -> int:
     if summary.get("val_bpb") is not None:
         print(f"val_bpb: {summary['val_bpb']:.6f}")
     code = policy.exit_code(summary["stop_reason"])
-    if policy.is_interrupted(summary["stop_reason"]):
+    if summary["stop_reason"].endswith("before training"):
+        print("interrupted before training started: nothing trained, nothing written", file=sys.stderr)
+    elif policy.is_interrupted(summary["stop_reason"]):
         print(f"interrupted after {summary['steps']} steps; weights in {out}/{rundir.WEIGHTS} "
-              "(the torch baseline has no resume)")
+              "(the torch baseline has no resume)", file=sys.stderr)
     return code
 
 

@@ -5,14 +5,19 @@ loading JAX. A trainer (the JAX loop, `baseline_torch.train`) supplies its step,
 and its snapshot/restore as callables (`Hooks`) and calls `run_budgeted`; plug-ins (the n-gram
 runtime, a progress bar, a per-step log) attach as `RunHook`s, as levanter's `add_hook`.
 
-Order of events (README "Training"):
+Order of events (README "Training"); the caller has installed the signal handlers (rundir.Signals)
+before its set-up, so a signal is never lost:
 1. untimed compile warm-up: `warmup_steps` train steps (at least one, lr multiplier 1, Muon momentum
-   of steps 0, 1, ...) and one evaluation of `warmup_val_tokens`, then parameters, optimizer state and
-   data position are restored from a snapshot taken before it (as the baseline);
-2. an optional resume from a checkpoint (step, tokens and trained seconds carry on);
+   of steps 0, 1, ...), each waited for, and one evaluation of `warmup_val_tokens`; then `restore`
+   puts back the state from before it (fresh or resumed parameters and optimizer state, the data
+   position), as the baseline. A signal here (checked after each warm-up step and after the
+   evaluation, agreed across processes) raises `InterruptedBeforeTraining`: nothing trained, nothing
+   saved, exit 130;
+2. an optional resume (`Hooks.resume`: step, tokens and trained seconds carry on);
 3. the timed loop. Each iteration, in this order:
    a. the previous step's host metrics are read (the step was dispatched asynchronously) and logged;
-      a non-finite loss or gradient norm stops the run ("non-finite loss");
+      a non-finite loss or gradient norm stops the run ("non-finite loss"), and a checkpoint this
+      invocation wrote of the parameters that produced it (the step before) is discarded;
    b. the stop is decided, checked in this order: a signal (or `stop_after_steps` steps of this
       invocation, as a signal), then `max_steps`, then the time budget (`decide_stop`); with several
       processes `Hooks.agree` makes every process take process 0's clock and any process's signal;
@@ -21,15 +26,16 @@ Order of events (README "Training"):
    d. the schedules (`lr_scale`, `muon_momentum`) at the current step and elapsed time, the hooks'
       `before_step`, one train step;
    e. a periodic checkpoint when due (`checkpoint_due`): the step's metrics are read first, and a
-      diverged step is never saved; the save's time is not counted;
+      diverged step is never saved; the save's time is not counted; a save that fails (BadInput,
+      e.g. a full disk) stops the run ("checkpoint not written");
 4. the hooks' `on_end`; a final checkpoint ("final", or "interrupted" after a signal; none after a
-   non-finite loss, so the last good one stays, and none when this step already has one: a periodic
-   save or the checkpoint the run resumed from); the final validation over the whole val split,
-   unless interrupted or diverged; the summary.
+   non-finite loss, so the last finite one stays; saving a step that is already saved is the
+   trainer's no-op); the final validation over the whole val split unless interrupted, diverged or
+   unsaved; the summary, written by `Hooks.write_summary` and logged as a table; a failed save is
+   raised after that (one line, exit 2).
 
-A signal during the warm-up raises `InterruptedBeforeTraining` (a KeyboardInterrupt: exit 130,
-nothing trained, nothing saved). The PyTorch baseline used to check max_steps before and the budget
-after its step; both trainers now run this order.
+The PyTorch baseline used to check max_steps before and the budget after its step; both trainers
+now run this order.
 """
 
 from __future__ import annotations
@@ -42,14 +48,16 @@ from typing import Any
 
 import numpy as np
 
+from frontier_jax import rundir
 from frontier_jax.config import Config, ConfigError, ModelConfig, OptimConfig
-from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK
+from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, BadInput, describe_os_error
 
 # ----------------------------------------------------------------------------- stop reasons, exit codes
 
 STOP_BUDGET = "budget"
 STOP_MAX_STEPS = "max_steps"
 STOP_NONFINITE = "non-finite loss"
+STOP_SAVE_FAILED = "checkpoint not written"
 SIGNAL_PREFIX = "signal"
 STOP_REQUESTED = "stop requested"  # stop_after_steps (tests) behaves as a signal with this name
 
@@ -93,7 +101,12 @@ def checkpoint_due(step: int, every: int) -> bool:
 
 
 class InterruptedBeforeTraining(KeyboardInterrupt):
-    """A signal arrived during the compile warm-up: nothing was trained, nothing is saved (exit 130)."""
+    """A signal arrived before the first timed step: nothing was trained, nothing is saved (exit 130).
+    `reason` is the stop reason ("signal SIGINT before training")."""
+
+    def __init__(self, signal_name: str | None):
+        self.reason = f"{signal_reason(signal_name)} before training"
+        super().__init__(self.reason)
 
 
 # ----------------------------------------------------------------------------- schedules
@@ -279,12 +292,15 @@ class Hooks:
     read_metrics(handle) -> (loss, grad_norm) as floats (waits for the step).
     eval_sums(max_tokens) -> {"nll_sum_nats", "tokens", "bytes"} over at most max_tokens val targets (0: all).
     snapshot() -> token; restore(token): undo the warm-up (parameters, optimizer state, data position).
+    log(msg): the run log; metrics(**row): the metrics sink (one row per train step or validation).
+    signals: the installed handlers' state: `.received` names a signal that arrived (or is None);
+        `.stopping`, when present, is what the first signal prints (set here for the timed loop).
+    write_summary(summary): write the summary files (summary.json/txt, curves.png).
     resume() -> RunState or None: the checkpoint's step/tokens/train_seconds, restored into the trainer.
     save(state, reason): a checkpoint ("periodic", "final", "interrupted"); None: the trainer has none.
+    discard(step): remove checkpoint `step` (its parameters gave a non-finite loss).
     agree(local_stop, elapsed) -> (stop, elapsed): several processes agree (default: this one decides).
-    signals() -> a context manager whose value's `.received` names a signal that arrived (or is None);
-    entered for the warm-up and the timed loop (rundir.Signals: SIGINT/SIGTERM).
-    log(msg): the run log; metrics(row): the metrics sink (one dict per train step or validation).
+    summary_fields() -> dict: more summary entries, computed at the end (e.g. the newest checkpoint).
     """
 
     train_step: Callable[[float, float], Any]
@@ -294,29 +310,37 @@ class Hooks:
     restore: Callable[[Any], None]
     log: Callable[[str], None]
     metrics: Callable[..., None]
-    signals: Callable[[], Any]
+    signals: Any
+    write_summary: Callable[[dict], None]
     resume: Callable[[], RunState | None] | None = None
     save: Callable[[RunState, str], None] | None = None
+    discard: Callable[[int], None] | None = None
     agree: Callable[[bool, float], tuple[bool, float]] | None = None
+    summary_fields: Callable[[], dict] | None = None
     plugins: list[RunHook] = dataclasses.field(default_factory=list)
 
     def add_hook(self, hook: RunHook) -> None:
         self.plugins.append(hook)
 
+    def stop_agreed(self, local_stop: bool, elapsed: float) -> tuple[bool, float]:
+        return self.agree(local_stop, elapsed) if self.agree else (local_stop, elapsed)
 
-def warm_up(policy: Policy, hooks: Hooks, signals) -> float:
-    """The untimed compile warm-up, then reset; returns its seconds. A signal here stops everything."""
+
+def warm_up(policy: Policy, hooks: Hooks) -> float:
+    """The untimed compile warm-up, then reset; returns its seconds. A signal stops it between steps."""
+    hooks.log(f"compile warm-up: {policy.warmup_steps} step(s) and the eval step (untimed)")
     t0 = time.perf_counter()
     token = hooks.snapshot()
-    handle = None
+
+    def check_signal():
+        if hooks.stop_agreed(hooks.signals.received is not None, 0.0)[0]:
+            raise InterruptedBeforeTraining(hooks.signals.received)
+
     for i in range(policy.warmup_steps):
-        handle = hooks.train_step(1.0, muon_momentum(policy.optim, i))
-        if signals.received:
-            break
-    hooks.read_metrics(handle)
-    if signals.received:
-        raise InterruptedBeforeTraining(f"signal {signals.received} during the compile warm-up; nothing trained")
+        hooks.read_metrics(hooks.train_step(1.0, muon_momentum(policy.optim, i)))
+        check_signal()
     hooks.eval_sums(policy.warmup_val_tokens)  # compiles the eval step
+    check_signal()
     hooks.restore(token)
     seconds = time.perf_counter() - t0
     hooks.log(f"compile warm-up: {seconds:.1f} s (untimed; state reset)")
@@ -326,27 +350,26 @@ def warm_up(policy: Policy, hooks: Hooks, signals) -> float:
 def run_budgeted(policy: Policy, hooks: Hooks, summary_base: dict) -> dict:
     """Warm-up, resume, the timed loop and the finish (module docstring); returns the summary dict:
     `summary_base` (config name/hash, run dir, matmul peak, FLOPs per token, ...) plus steps, tokens,
-    train seconds, tokens/s, MFU, final train loss, stop reason and the final val sums/loss/bpb."""
-    started = False
+    train seconds, tokens/s, MFU, final train loss, stop reason, `summary_fields()` and the final val
+    sums/loss/bpb."""
+    warm_up(policy, hooks)
+    resumed = hooks.resume() if hooks.resume else None
+    state = resumed or RunState()
+    state.start_step = state.step
+    if resumed is not None:
+        state.saved_step = state.step  # the checkpoint it came from
+    if hasattr(hooks.signals, "stopping"):
+        hooks.signals.stopping = "stopping after this step" + ("; checkpoint follows" if hooks.save else "")
     try:
-        with hooks.signals() as signals:  # handlers off again for the final save and validation
-            warm_up(policy, hooks, signals)
-            resumed = hooks.resume() if hooks.resume else None
-            state = resumed or RunState()
-            state.start_step = state.step
-            if resumed is not None:
-                state.saved_step = state.step  # the checkpoint it came from
-            started = True
-            for h in hooks.plugins:
-                h.on_start(state)
-            _timed_loop(policy, hooks, state, signals)
+        for h in hooks.plugins:
+            h.on_start(state)
+        save_error = _timed_loop(policy, hooks, state)
         for h in hooks.plugins:
             h.on_end(state)
-        return _finish(hooks, state, summary_base)
+        return _finish(hooks, state, summary_base, save_error)
     finally:
-        if started:
-            for h in hooks.plugins:
-                h.close()
+        for h in hooks.plugins:
+            h.close()
 
 
 def _record(hooks: Hooks, state: RunState, pending: dict, metrics: tuple[float, float] | None = None) -> float:
@@ -372,20 +395,21 @@ def _validate(hooks: Hooks, state: RunState, max_tokens: int, final: bool = Fals
     return v
 
 
-def _timed_loop(policy: Policy, hooks: Hooks, s: RunState, signals) -> None:
-    agree = hooks.agree or (lambda stop, elapsed: (stop, elapsed))
+def _timed_loop(policy: Policy, hooks: Hooks, s: RunState) -> BadInput | None:
+    """Steps until a stop (s.stop_reason); returns the error of a periodic save that failed, if any."""
     pending = None
     t0 = time.perf_counter()
     while True:
         if pending is not None:  # host metrics of the previous step (dispatch stays one step ahead)
-            s.final_loss, pending = _record(hooks, s, pending), None
+            s.final_loss = _record(hooks, s, pending)
             if not math.isfinite(s.final_loss):
-                s.stop_reason = STOP_NONFINITE
+                _diverged(hooks, s, pending["step"])
                 break
-        received = signals.received or (
+            pending = None
+        received = hooks.signals.received or (
             STOP_REQUESTED if policy.stop_after_steps is not None and s.step - s.start_step >= policy.stop_after_steps
             else None)
-        stop_now, elapsed = agree(received is not None, s.train_seconds + time.perf_counter() - t0)
+        stop_now, elapsed = hooks.stop_agreed(received is not None, s.train_seconds + time.perf_counter() - t0)
         s.stop_reason = decide_stop((received or STOP_REQUESTED) if stop_now else None, s.step, policy.max_steps,
                                     elapsed, policy.budget_seconds)
         if s.stop_reason is not None:
@@ -408,13 +432,31 @@ def _timed_loop(policy: Policy, hooks: Hooks, s: RunState, signals) -> None:
         if hooks.save is not None and checkpoint_due(s.step, policy.checkpoint_every_steps):
             metrics = hooks.read_metrics(handle)  # waits for the step: its time counts
             s.train_seconds += time.perf_counter() - t0
-            s.final_loss, pending = _record(hooks, s, pending, metrics), None
+            s.final_loss = _record(hooks, s, pending, metrics)
+            t0 = time.perf_counter()
             if not math.isfinite(s.final_loss):  # never save a checkpoint of a diverged step
-                s.stop_reason = STOP_NONFINITE
+                _diverged(hooks, s, s.step)
                 break
-            _save(hooks, s, "periodic")
+            pending = None
+            try:
+                _save(hooks, s, "periodic")
+            except BadInput as e:
+                s.stop_reason = STOP_SAVE_FAILED
+                return e
             t0 = time.perf_counter()
     s.train_seconds += time.perf_counter() - t0
+    return None
+
+
+def _diverged(hooks: Hooks, s: RunState, at_step: int) -> None:
+    """Stop for a non-finite loss at `at_step`. The checkpoint of the step before holds the parameters
+    that produced it: discard it if this invocation wrote it, so the last one kept is the last finite one."""
+    s.stop_reason = STOP_NONFINITE
+    bad = at_step - 1
+    if hooks.discard is not None and s.saved_step == bad and bad > s.start_step:
+        hooks.discard(bad)
+        s.saved_step = None
+        hooks.log(f"removed checkpoint step {bad}: its parameters gave the non-finite loss of step {at_step}")
 
 
 def _save(hooks: Hooks, s: RunState, reason: str) -> None:
@@ -422,20 +464,36 @@ def _save(hooks: Hooks, s: RunState, reason: str) -> None:
     s.saved_step = s.step
 
 
-def _finish(hooks: Hooks, s: RunState, summary_base: dict) -> dict:
+def _finish(hooks: Hooks, s: RunState, summary_base: dict, save_error: BadInput | None) -> dict:
     interrupted = is_interrupted(s.stop_reason)
     if s.stop_reason == STOP_NONFINITE:
-        hooks.log(f"STOP: non-finite training loss at step {s.step}; no checkpoint written over the last good one")
-    elif hooks.save is not None and s.saved_step != s.step:  # a step already saved is not saved again
-        _save(hooks, s, "interrupted" if interrupted else "final")
+        hooks.log(f"STOP: non-finite training loss at step {s.step}; the last checkpoint kept is the last finite one")
+    elif hooks.save is not None and save_error is None:
+        try:
+            _save(hooks, s, "interrupted" if interrupted else "final")
+        except BadInput as e:
+            save_error, s.stop_reason = e, STOP_SAVE_FAILED
     summary = {**summary_base, "steps": s.step, "tokens": s.tokens, "train_seconds": s.train_seconds,
                "tokens_per_second": s.tokens / s.train_seconds if s.train_seconds > 0 else None,
-               "final_train_loss": s.final_loss, "stop_reason": s.stop_reason}
+               "final_train_loss": s.final_loss, "stop_reason": s.stop_reason,
+               **(hooks.summary_fields() if hooks.summary_fields else {})}
+    if save_error is not None:
+        summary["error"] = str(save_error)
+        hooks.log(f"STOP: {save_error}")
     peak, fpt = summary.get("matmul_peak_flops"), summary.get("flops_per_token")
     if summary["tokens_per_second"] and peak and fpt:
         summary["mfu"] = summary["tokens_per_second"] * fpt / peak
-    if not interrupted and s.stop_reason != STOP_NONFINITE:
+    if not interrupted and s.stop_reason not in (STOP_NONFINITE, STOP_SAVE_FAILED):
         v = _validate(hooks, s, 0, final=True)
         summary.update(val_loss=v["loss"], val_bpb=v["bpb"], val_nll_sum_nats=v["nll_sum_nats"],
                        val_tokens=v["tokens"], val_bytes=v["bytes"])
+    try:
+        hooks.write_summary(summary)
+    except OSError as e:
+        if save_error is None:
+            raise
+        hooks.log(f"summary not written either: {describe_os_error(e)}")
+    hooks.log("summary:\n" + rundir.format_table(rundir.summary_rows(summary)))
+    if save_error is not None:
+        raise save_error
     return summary

@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 from frontier_jax import run_policy as rp
 from frontier_jax.config import Config, ConfigError, ModelConfig, OptimConfig, TrainConfig
-from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK
+from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, BadInput
 
 
 def test_the_policy_modules_load_no_jax():
@@ -112,17 +112,9 @@ def fake_time(monkeypatch):
 
 
 class FakeSignals:
-    def __init__(self, fake):
-        self.fake = fake
+    def __init__(self):
         self.received = None
-
-    def __enter__(self):
-        self.fake.signals = self
-        self.fake.events.append("signals on")
-        return self
-
-    def __exit__(self, *exc):
-        self.fake.events.append("signals off")
+        self.stopping = "stopping before training starts; nothing to save"
 
 
 class Fake:
@@ -134,6 +126,7 @@ class Fake:
         self.clock, self.step_s, self.eval_s, self.save_s = clock, step_s, eval_s, save_s
         self.nan_at, self.signal_at, self.resume_state = set(nan_at), signal_at, resume
         self.trained, self.calls, self.events, self.rows, self.saves, self.evals, self.schedule = 0, 0, [], [], [], [], []
+        self.signals, self.summaries, self.discarded = FakeSignals(), [], []
 
     def train_step(self, lr, mom):
         self.clock.now += self.step_s
@@ -175,8 +168,9 @@ class Fake:
     def hooks(self, **kw):
         return rp.Hooks(train_step=self.train_step, read_metrics=self.read_metrics, eval_sums=self.eval_sums,
                         snapshot=self.snapshot, restore=self.restore, log=lambda msg: None,
-                        metrics=lambda **row: self.rows.append(row), signals=lambda: FakeSignals(self),
-                        resume=self.resume, save=self.save, **kw)
+                        metrics=lambda **row: self.rows.append(row), signals=self.signals,
+                        write_summary=self.summaries.append, resume=self.resume, save=self.save,
+                        discard=self.discarded.append, **kw)
 
 
 class Recorder(rp.RunHook):
@@ -218,10 +212,11 @@ def test_driver_order_of_events_to_max_steps(fake_time):
     s = rp.run_budgeted(policy(), hooks, BASE)
     # warm-up: 2 steps at lr 1 and the momentum of steps 0 and 1, one eval of a val batch, then reset
     assert fake.schedule[:2] == [(1.0, 0.85), (1.0, pytest.approx(0.85 + 0.1 / 4))] and fake.evals[0] == 4 * 8
-    assert fake.events[:3] == ["signals on", "snapshot", "restore after 2 warm-up steps"]
+    assert fake.events[:2] == ["snapshot", "restore after 2 warm-up steps"]
     # step 1's metrics are read at the next iteration's start, before its stop check and step 2
-    assert fake.events[3:7] == ["start at 0", "before 1", "after 1", "before 2"]
-    assert fake.events[-4:] == ["after 6", "signals off", "end max_steps", "close"]
+    assert fake.events[2:6] == ["start at 0", "before 1", "after 1", "before 2"]
+    assert fake.events[-3:] == ["after 6", "end max_steps", "close"]
+    assert fake.summaries == [s] and fake.signals.stopping == "stopping after this step; checkpoint follows"
     assert s["stop_reason"] == "max_steps" and s["steps"] == 6 and s["tokens"] == 6 * 32
     assert s["train_seconds"] == pytest.approx(6.0)  # warm-up and final evaluation not counted
     assert s["tokens_per_second"] == pytest.approx(32.0) and s["mfu"] == pytest.approx(32.0 * 10 / 1000)
@@ -246,6 +241,29 @@ def test_budget_stop_pauses_the_clock_for_validation_and_checkpoints(fake_time):
     assert fake.saves == [(3, "periodic"), (5, "final")]
 
 
+def test_a_failed_save_stops_the_run_writes_the_summary_and_is_raised(fake_time):
+    fake = Fake(fake_time)
+
+    def save(state, reason):
+        if state.step == 4:
+            raise BadInput("run/checkpoints/4: disk full")
+        fake.saves.append((state.step, reason))
+
+    hooks = fake.hooks()
+    hooks.save = save
+    with pytest.raises(BadInput, match="disk full"):
+        rp.run_budgeted(policy(max_steps=10, checkpoint_every_steps=2), hooks, BASE)
+    [s] = fake.summaries
+    assert s["stop_reason"] == rp.STOP_SAVE_FAILED and s["steps"] == 4 and "disk full" in s["error"]
+    assert fake.saves == [(2, "periodic")] and "val_bpb" not in s  # no final save, no final validation
+    fake = Fake(fake_time)
+    hooks = fake.hooks()
+    hooks.save = lambda state, reason: (_ for _ in ()).throw(BadInput("disk full"))
+    with pytest.raises(BadInput):
+        rp.run_budgeted(policy(max_steps=3), hooks, BASE)  # the final save
+    assert fake.summaries[0]["stop_reason"] == rp.STOP_SAVE_FAILED
+
+
 def test_non_finite_loss_stops_without_saving_the_diverged_step(fake_time):
     fake = Fake(fake_time, nan_at={3})
     s = rp.run_budgeted(policy(checkpoint_every_steps=3, max_steps=10), fake.hooks(), BASE)
@@ -256,6 +274,13 @@ def test_non_finite_loss_stops_without_saving_the_diverged_step(fake_time):
     s = rp.run_budgeted(policy(max_steps=10), fake.hooks(), BASE)
     assert s["stop_reason"] == rp.STOP_NONFINITE and s["steps"] == 4 and fake.trained == 4 and fake.saves == []
     assert rp.exit_code(s["stop_reason"]) == 3
+    # a periodic checkpoint of the step before holds the parameters that gave the non-finite loss
+    fake = Fake(fake_time, nan_at={5})
+    s = rp.run_budgeted(policy(max_steps=10, checkpoint_every_steps=2), fake.hooks(), BASE)
+    assert fake.saves == [(2, "periodic"), (4, "periodic")] and fake.discarded == [4]
+    fake = Fake(fake_time, nan_at={5}, resume=rp.RunState(step=4, tokens=128, train_seconds=4.0))
+    rp.run_budgeted(policy(max_steps=10, checkpoint_every_steps=2), fake.hooks(), BASE)
+    assert fake.discarded == []  # the checkpoint it resumed from was not written by this invocation
 
 
 def test_signal_stops_with_an_interrupted_checkpoint_and_no_final_validation(fake_time):
@@ -271,13 +296,13 @@ def test_signal_stops_with_an_interrupted_checkpoint_and_no_final_validation(fak
 def test_signal_during_warm_up_stops_before_anything_is_trained(fake_time):
     fake = Fake(fake_time, signal_at=1)
     hooks = fake.hooks()
-    rec = Recorder(fake.events)
-    hooks.add_hook(rec)
-    with pytest.raises(rp.InterruptedBeforeTraining):
+    hooks.add_hook(Recorder(fake.events))
+    with pytest.raises(rp.InterruptedBeforeTraining) as e:
         rp.run_budgeted(policy(), hooks, BASE)
-    assert fake.trained == 1 and fake.saves == [] and fake.rows == []
-    assert fake.events == ["signals on", "snapshot", "signals off"]  # no hook started, none closed
-    assert isinstance(rp.InterruptedBeforeTraining(), KeyboardInterrupt)
+    assert e.value.reason == "signal SIGTERM before training" and isinstance(e.value, KeyboardInterrupt)
+    assert fake.trained == 1 and fake.saves == [] and fake.rows == [] and fake.summaries == []
+    assert fake.events == ["snapshot"]  # no hook started, none closed
+    assert fake.signals.stopping.startswith("stopping before training")
 
 
 def test_resume_continues_counts_and_schedule_and_does_not_resave_its_step(fake_time):
@@ -287,25 +312,34 @@ def test_resume_continues_counts_and_schedule_and_does_not_resave_its_step(fake_
     assert fake.schedule[2:] == [(1.0, 0.95), (0.5, 0.95)]  # momentum warm-up done, last warmdown step
     assert [r["step"] for r in fake.rows if r["kind"] == "val"] == [6]  # not at the resumed step 4
     fake = Fake(fake_time, resume=rp.RunState(step=6, tokens=192, train_seconds=6.0))
-    s = rp.run_budgeted(policy(max_steps=6), fake.hooks(), BASE)  # a finished run resumed: nothing to do
-    assert s["steps"] == 6 and s["stop_reason"] == "max_steps" and fake.saves == []
+    s = rp.run_budgeted(policy(max_steps=6), fake.hooks(), BASE)  # a finished run resumed: nothing to train
+    assert s["steps"] == 6 and s["stop_reason"] == "max_steps" and fake.trained == 6
     fake = Fake(fake_time)
     s = rp.run_budgeted(policy(max_steps=6, checkpoint_every_steps=3), fake.hooks(), BASE)
-    assert fake.saves == [(3, "periodic"), (6, "periodic")]  # the final step already saved: no second save
+    # the final save of a step already saved is asked for too: it is the trainer's no-op
+    assert fake.saves == [(3, "periodic"), (6, "periodic"), (6, "final")]
 
 
 def test_agree_takes_the_clock_and_stop_of_process_zero(fake_time):
     fake = Fake(fake_time)
-    calls = []
+    warm, timed = [], []
+
+    class Started(rp.RunHook):
+        def on_start(self, state):
+            warm.extend(timed)
+            timed.clear()
 
     def agree(local_stop, elapsed):
-        calls.append((local_stop, elapsed))
-        return len(calls) == 3, 100.0 * len(calls)  # "process 0" says stop at the third check
+        timed.append((local_stop, elapsed))
+        return len(timed) == 3 and warm != [], 100.0 * len(timed)  # "process 0": stop at the third check
 
-    s = rp.run_budgeted(policy(max_steps=10, budget_seconds=1e9), fake.hooks(agree=agree), BASE)
+    hooks = fake.hooks(agree=agree)
+    hooks.add_hook(Started())
+    s = rp.run_budgeted(policy(max_steps=10, budget_seconds=1e9), hooks, BASE)
+    assert warm == [(False, 0.0)] * 3  # after each of the 2 warm-up steps and after the eval compile
     assert s["stop_reason"] == "signal stop requested" and s["steps"] == 2
     assert [r["lr_scale"] for r in fake.rows if r["kind"] == "train"] == [1.0, 1.0]
-    assert all(not local for local, _ in calls)
+    assert all(not local for local, _ in timed)
 
 
 def test_hooks_are_closed_on_an_exception(fake_time):
