@@ -1,24 +1,57 @@
-"""Orbax behind three functions: save, restore, latest_step.
+"""Orbax behind a few functions: save, restore (with fallback to the newest intact checkpoint), steps,
+discard.
 
 A checkpoint is `<run>/checkpoints/<step>/` holding `state` (parameters and optimizer state, orbax
 StandardSave) and `meta` (JSON: step, data position, elapsed training time, model hash, config).
-Orbax writes each step into a temporary directory and renames it when complete, so a crash or a full
-disk never leaves a half-written checkpoint that `latest_step` would pick up.
+Orbax writes each step into a temporary directory and renames it when complete, so a crash never
+leaves a half-written checkpoint that `latest_step` would pick up; a failed save (a full disk)
+removes its temporary directory and is reported in one line. Saving a step that is already saved
+is a no-op (a stop on a step that already has a periodic checkpoint). A checkpoint that cannot be
+read (a corrupt file) is skipped by `restore` with one line naming it, in favour of the next older.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
+import shutil
+import sys
+import time
 from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
 
 from frontier_jax.data.shards import DataError
+from frontier_jax.errors import describe_os_error
+
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's temporary directory marker (orbax/checkpoint/_src/path/atomicity_types.py)
 
 
 class CheckpointError(DataError):
-    """A checkpoint that cannot be used (missing, another model, unreadable)."""
+    """A checkpoint that cannot be used or written (missing, another model, unreadable, disk full)."""
+
+
+class _OtherModel(CheckpointError):
+    """Not a corrupt checkpoint: a different model. Never skipped in favour of an older one."""
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Orbax logs every failed read at ERROR through absl, and a failed read leaves coroutines whose
+    exceptions Python would print when they are collected: both are silenced here (collected before
+    leaving), as the caller reports the failure in one line."""
+    absl = logging.getLogger("absl")
+    level, hook = absl.level, sys.unraisablehook
+    absl.setLevel(logging.CRITICAL)
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        yield
+    finally:
+        gc.collect()
+        sys.unraisablehook = hook
+        absl.setLevel(level)
 
 
 def _manager(run_dir: Path, keep: int = 2) -> ocp.CheckpointManager:
@@ -30,47 +63,141 @@ def _manager(run_dir: Path, keep: int = 2) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(Path(run_dir).absolute() / "checkpoints", options=options)
 
 
-def save(run_dir: Path, step: int, state, meta: dict) -> Path:
-    """Save `state` (a pytree of arrays) and `meta` (JSON) as checkpoint `step`; returns its directory."""
-    logging.getLogger("absl").setLevel(logging.WARNING)
+def _first_line(e: BaseException) -> str:
+    if isinstance(e, OSError):
+        return describe_os_error(OSError(e.errno, e.strerror))  # the path is orbax's temporary one
+    text = str(e).split(" See full TensorStore details")[0].strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+
+
+def _is_environment_failure(e: BaseException) -> bool:
+    """An I/O failure of the file system (disk full, permissions), also as TensorStore reports it."""
+    if isinstance(e, OSError):
+        return True
+    text = str(e)
+    return any(s in text for s in ("No space left", "Permission denied", "Read-only file system", "Disk quota"))
+
+
+def steps(run_dir: Path) -> list[int]:
+    """The committed checkpoint steps of a run, oldest first (temporary directories are not listed)."""
+    if not (Path(run_dir) / "checkpoints").is_dir():
+        return []
     with _manager(run_dir) as mngr:
-        mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-                  force=True)
-        mngr.wait_until_finished()
-    return Path(run_dir) / "checkpoints" / str(step)
+        return sorted(mngr.all_steps())
 
 
 def latest_step(run_dir: Path) -> int | None:
-    ckpt = Path(run_dir) / "checkpoints"
-    if not ckpt.is_dir():
+    found = steps(run_dir)
+    return found[-1] if found else None
+
+
+def save(run_dir: Path, step: int, state, meta: dict) -> Path | None:
+    """Save `state` (a pytree of arrays) and `meta` (JSON) as checkpoint `step`; returns its directory, or
+    None when that step is already saved (the state of a step is the same whenever it is saved).
+
+    A write that fails on the file system (disk full, permissions) removes its temporary directory,
+    leaves the older checkpoints as they were and raises CheckpointError in one line.
+    """
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    if step in steps(run_dir):
         return None
+    try:
+        with _quiet(), _manager(run_dir) as mngr:
+            mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                    meta=ocp.args.JsonSave(meta)))
+            mngr.wait_until_finished()
+    except Exception as e:
+        _remove_temporary(ckpt_dir, step)
+        if _is_environment_failure(e):
+            raise CheckpointError(f"{ckpt_dir / str(step)}: checkpoint not written ({_first_line(e)}); "
+                                  f"the older checkpoints are intact") from None
+        raise
+    return ckpt_dir / str(step)
+
+
+def _remove_temporary(ckpt_dir: Path, step: int, settle_s: float = 0.3, wait_s: float = 10.0) -> None:
+    """Remove a failed save's temporary directory. The writes of its other items may still be in flight
+    when the first one fails: wait until nothing in it changes for `settle_s` (at most `wait_s`), so no
+    writer finds its files gone; their own failures, logged by orbax at ERROR, are silenced, as the
+    failure is reported in one line."""
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
+
+    def snapshot():
+        return {(str(f), f.stat().st_size) for f in ckpt_dir.glob(f"{step}{TMP_SUFFIX}*/**/*") if f.exists()}
+
+    deadline, last, quiet_since = time.monotonic() + wait_s, None, time.monotonic()
+    while time.monotonic() < deadline:
+        now = snapshot()
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= settle_s:
+            break
+        time.sleep(0.05)
+    for tmp in ckpt_dir.glob(f"{step}{TMP_SUFFIX}*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def discard(run_dir: Path, step: int) -> None:
+    """Delete checkpoint `step` (one whose parameters proved unusable, e.g. after a diverging update)."""
     with _manager(run_dir) as mngr:
-        return mngr.latest_step()
+        mngr.delete(step)
 
 
 def read_meta(run_dir: Path, step: int | None = None) -> tuple[int, dict]:
     step = latest_step(run_dir) if step is None else step
     if step is None:
         raise CheckpointError(f"{run_dir}: no checkpoint found (expected {run_dir}/checkpoints/<step>/)")
-    with _manager(run_dir) as mngr:
-        out = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    try:
+        with _quiet(), _manager(run_dir) as mngr:
+            out = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    except Exception as e:  # orbax and TensorStore raise many types (plain Exception included) for a bad file
+        raise CheckpointError(f"{run_dir}/checkpoints/{step}: unreadable checkpoint ({_first_line(e)})") from None
     return step, dict(out["meta"])
 
 
-def restore(run_dir: Path, abstract_state, step: int | None = None, expect_model_hash: str | None = None):
-    """Restore (state, meta). `abstract_state` gives shapes/dtypes (e.g. jax.eval_shape of the init).
-
-    A checkpoint whose model hash differs from `expect_model_hash` is refused before any array is read.
-    """
+def _restore_one(run_dir: Path, step: int, abstract, expect_model_hash: str | None):
     step, meta = read_meta(run_dir, step)
     if expect_model_hash is not None and meta.get("model_hash") != expect_model_hash:
-        raise CheckpointError(
+        raise _OtherModel(
             f"{run_dir}/checkpoints/{step}: checkpoint is from another model "
             f"(model hash {meta.get('model_hash')} != {expect_model_hash}; model {meta.get('model')})")
-    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, abstract_state)
     try:
-        with _manager(run_dir) as mngr:
+        with _quiet(), _manager(run_dir) as mngr:
             out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
-    except (ValueError, KeyError, FileNotFoundError) as e:
-        raise CheckpointError(f"{run_dir}/checkpoints/{step}: cannot restore: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # TensorStore reports a corrupt chunk as a plain Exception
+        raise CheckpointError(f"{run_dir}/checkpoints/{step}: unreadable checkpoint ({_first_line(e)})") from None
     return out["state"], meta
+
+
+def restore(run_dir: Path, abstract_state, step: int | None = None, expect_model_hash: str | None = None,
+            log=None):
+    """Restore (state, meta). `abstract_state` gives shapes/dtypes/shardings (e.g. jax.eval_shape of the init).
+
+    step None: the newest checkpoint that can be read; each unreadable newer one is skipped with one
+    line through `log` naming it. A checkpoint whose model hash differs from `expect_model_hash` is
+    refused before any array is read (never skipped). No readable checkpoint: CheckpointError.
+    """
+    run_dir = Path(run_dir)
+    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    if step is not None:
+        return _restore_one(run_dir, step, abstract, expect_model_hash)
+    candidates = steps(run_dir)[::-1]
+    if not candidates:
+        raise CheckpointError(f"{run_dir}: no checkpoint found (expected {run_dir}/checkpoints/<step>/)")
+    skipped = []
+    for s in candidates:
+        try:
+            out = _restore_one(run_dir, s, abstract, expect_model_hash)
+        except _OtherModel:
+            raise
+        except CheckpointError as e:
+            skipped.append((s, str(e)))
+            continue
+        for _, why in skipped:  # logged only when an older one is used: otherwise the error says it all
+            if log is not None:
+                log(f"skipped {why}")
+        return out
+    steps_text = ", ".join(str(s) for s, _ in skipped)
+    raise CheckpointError(f"{run_dir}: no intact checkpoint (unreadable: steps {steps_text}; newest: "
+                          f"{skipped[0][1].split(': ', 1)[1]}); the run cannot be resumed or evaluated")

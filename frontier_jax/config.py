@@ -12,10 +12,13 @@ from __future__ import annotations
 from frontier_jax.errors import BadInput
 
 import ast
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
 import json
+import math
+import traceback
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,16 +30,16 @@ class ConfigError(BadInput):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    vocab_size: int = 1024
-    num_layers: int = 9
-    model_dim: int = 512
-    num_heads: int = 8
-    num_kv_heads: int = 4
-    mlp_mult: int = 2
-    rope_base: float = 10000.0
-    logit_softcap: float = 30.0
-    qk_gain_init: float = 1.5
-    tied_embed_init_std: float = 0.005
+    vocab_size: int = 1024  # token ids 0..V-1; must equal the tokenizer's vocabulary (checked at start-up)
+    num_layers: int = 9  # transformer blocks (U-Net skips pair the first half with the second)
+    model_dim: int = 512  # D, the residual width
+    num_heads: int = 8  # H, query heads (head dim K = model_dim / num_heads, even for RoPE)
+    num_kv_heads: int = 4  # G, key/value heads (grouped-query attention; divides num_heads)
+    mlp_mult: int = 2  # MLP hidden width F = mlp_mult * model_dim (relu^2)
+    rope_base: float = 10000.0  # RoPE frequency base
+    logit_softcap: float = 30.0  # logits are softcap * tanh(logits / softcap)
+    qk_gain_init: float = 1.5  # initial per-head gain on the QK-normed queries
+    tied_embed_init_std: float = 0.005  # init std of the tied input/output embedding
     # "auto": bfloat16 matmuls on accelerators (as the baseline), float32 on CPU (where bf16 dots were
     # measured slower: ~120 vs ~178 GFLOP/s). "bfloat16" / "float32" force it. The resolved choice is
     # logged and written to the run directory (see frontier_jax.model.resolve_compute_dtype).
@@ -66,18 +69,18 @@ class OptimConfig:
     scalar_lr: float = 0.04  # Adam, vectors / scalars (scales, mixes, q gains, skip weights)
     embed_lr: float = 0.05  # Adam, tied embedding
     ngram_lr: float = 0.04  # Adam, the n-gram logit-bias table (when ngram.enabled)
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8
-    muon_momentum: float = 0.95
-    muon_momentum_warmup_start: float = 0.85
-    muon_momentum_warmup_steps: int = 500
-    muon_ns_steps: int = 5
+    beta1: float = 0.9  # Adam first-moment decay
+    beta2: float = 0.95  # Adam second-moment decay
+    adam_eps: float = 1e-8  # Adam denominator epsilon
+    muon_momentum: float = 0.95  # Muon Nesterov momentum after the warm-up
+    muon_momentum_warmup_start: float = 0.85  # Muon momentum at step 0, raised linearly ...
+    muon_momentum_warmup_steps: int = 500  # ... to muon_momentum over this many steps
+    muon_ns_steps: int = 5  # Newton-Schulz iterations of Muon's orthogonalisation
     # Newton-Schulz precision: the baseline runs it in bf16; "float32" exists for parity tests; "auto":
     # bfloat16 on accelerators, float32 on CPU (where bf16 dots are slower), resolved and logged at start-up
     # (frontier_jax.optim.resolve_ns_dtype).
     muon_ns_dtype: str = "bfloat16"
-    warmdown_steps: int = 1200
+    warmdown_steps: int = 1200  # the learning rate decays linearly to 0 over the last this-many steps
     # "time": the warmdown start is computed from measured wall-clock step time (the baseline);
     # "steps": from train.max_steps (deterministic; used by the kill-and-resume test).
     warmdown_mode: str = "time"
@@ -94,24 +97,24 @@ class OptimConfig:
 class DataConfig:
     data_dir: str = ""  # directory holding *_train_*.bin and *_val_*.bin shards
     tokenizer: str = ""  # a SentencePiece .model path, or "bytes" for the byte-level tokenizer
-    train_pattern: str = "*_train_*.bin"
-    val_pattern: str = "*_val_*.bin"
+    train_pattern: str = "*_train_*.bin"  # glob of the train shards in data_dir (read in name order)
+    val_pattern: str = "*_val_*.bin"  # glob of the val shards in data_dir (concatenated in name order)
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    seq_len: int = 1024
+    seq_len: int = 1024  # T, tokens per training and validation window
     tokens_per_step: int = 524_288  # global, across all devices and accumulation steps
     micro_batch_seqs: int = 64  # sequences per device per micro-batch (accumulation fills the rest)
     budget_seconds: float = 1800.0  # wall-clock training budget (warm-up and validation excluded)
-    max_steps: int = 20_000
+    max_steps: int = 20_000  # stop after this many steps even if budget remains
     compile_warmup_steps: int = 20  # untimed steps, then weights/optimizer/data are reset
     val_every_steps: int = 0  # 0: only the final validation
     val_max_tokens: int = 0  # periodic validation on at most this many tokens (0: full val)
-    val_batch_seqs: int = 64
+    val_batch_seqs: int = 64  # windows per validation batch (global; > 0)
     checkpoint_every_steps: int = 0  # 0: only final and on signals
-    log_every_steps: int = 1
-    seed: int = 1337
+    log_every_steps: int = 1  # a metrics.jsonl line every this many steps
+    seed: int = 1337  # parameter init seed
     kernels: str = "auto"  # auto | reference | strict (see frontier_jax.ops)
     # C allocator of the host process (frontier_jax.host): "reuse" keeps XLA's per-step temporary buffer
     # in the heap instead of mmap/munmap + page faults every step (CPU: 1.1-1.3x faster steps); "system"
@@ -132,25 +135,50 @@ class TrainConfig:
             raise ConfigError(f"train.tokens_per_step={self.tokens_per_step} is not a multiple of train.seq_len={self.seq_len}")
         if self.max_steps <= 0:
             raise ConfigError("train.max_steps must be positive")
+        if self.val_batch_seqs <= 0:
+            raise ConfigError(f"train.val_batch_seqs must be positive, got {self.val_batch_seqs}")
+
+
+MAX_TABLE_LOG2_SIZE = 30
+TABLE_ROW_BYTES = 16  # 4 uint32 words per bucket: frontier_jax.ngram.hashing.ROW_WORDS * 4 (tested equal)
 
 
 @dataclass(frozen=True, kw_only=True)
 class NgramConfig:
-    enabled: bool = False
-    min_order: int = 2  # tokens of context
-    max_order: int = 16
-    table_log2_size: int = 20  # buckets per order
+    enabled: bool = False  # the n-gram logit bias (tables built beside training, a learned bias per order)
+    min_order: int = 2  # lowest order, in tokens of context
+    max_order: int = 16  # highest order, in tokens of context
+    table_log2_size: int = 20  # log2 of the buckets per order (1..30)
     max_table_bytes: int = 2 << 30  # cap over all orders; exceeding it is a config error
-    confidence_buckets: int = 8
-    builder_processes: int = 1
-    builder_niceness: int = 10
+    confidence_buckets: int = 8  # C, the learned bias is per (order, confidence bucket of the table's top token)
+    builder_processes: int = 1  # host processes building the tables
+    builder_niceness: int = 10  # os.nice of the builder processes (training keeps priority)
     builder_shards_from_end: int = 1  # the builder reads this many shards from the far end of the stream
-    snapshot_every_tokens: int = 10_000_000
+    snapshot_every_tokens: int = 10_000_000  # the builder publishes a table snapshot every this many tokens
     strict: bool = False  # a builder failure stops the run (default: logged loudly, training goes on)
 
     def __post_init__(self):
-        if self.enabled and not (1 <= self.min_order <= self.max_order):
-            raise ConfigError("ngram.min_order must be >= 1 and <= ngram.max_order")
+        if not self.enabled:
+            return
+        if not 1 <= self.min_order <= self.max_order:
+            raise ConfigError(f"ngram.min_order={self.min_order} must be >= 1 and <= ngram.max_order={self.max_order}")
+        if not 1 <= self.table_log2_size <= MAX_TABLE_LOG2_SIZE:
+            raise ConfigError(f"ngram.table_log2_size must be in [1, {MAX_TABLE_LOG2_SIZE}], got {self.table_log2_size}")
+        if self.table_bytes > self.max_table_bytes:
+            raise ConfigError(f"ngram tables need {self.table_bytes} bytes ({self.num_orders} orders x "
+                              f"{self.table_bytes // self.num_orders}), over ngram.max_table_bytes={self.max_table_bytes}")
+        if self.confidence_buckets <= 0 or self.builder_processes <= 0 or self.snapshot_every_tokens <= 0:
+            raise ConfigError("ngram.confidence_buckets, ngram.builder_processes and ngram.snapshot_every_tokens must be positive")
+
+    @property
+    def num_orders(self) -> int:
+        """O, the orders min_order..max_order."""
+        return self.max_order - self.min_order + 1
+
+    @property
+    def table_bytes(self) -> int:
+        """Bytes of the tables over all orders: 2**table_log2_size rows of TABLE_ROW_BYTES per order."""
+        return self.num_orders * (1 << self.table_log2_size) * TABLE_ROW_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,13 +194,13 @@ class ParallelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class Config:
-    name: str = "baseline"
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    ngram: NgramConfig = field(default_factory=NgramConfig)
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    name: str = "baseline"  # the run's name (default run directory runs/<name>-<time>)
+    model: ModelConfig = field(default_factory=ModelConfig)  # the network's shape and init
+    optim: OptimConfig = field(default_factory=OptimConfig)  # Muon + Adam and the schedule
+    data: DataConfig = field(default_factory=DataConfig)  # where the shards and the tokenizer are
+    train: TrainConfig = field(default_factory=TrainConfig)  # batch, budget, validation, checkpoints
+    ngram: NgramConfig = field(default_factory=NgramConfig)  # the optional n-gram logit bias
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # data parallelism
 
 
 # ----------------------------------------------------------------------------- loading / overrides
@@ -184,35 +212,58 @@ def load_config(path: str | Path) -> Config:
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     spec = importlib.util.spec_from_file_location(f"_frontier_config_{path.stem}", path)
+    if spec is None:
+        raise ConfigError(f"{path}: not a Python config file (expected a .py module defining get_config())")
     module = importlib.util.module_from_spec(spec)
-    try:
+    with _config_errors(path, "loading"):
         spec.loader.exec_module(module)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
     if not hasattr(module, "get_config"):
         raise ConfigError(f"{path}: config file defines no get_config()")
-    cfg = module.get_config()
+    with _config_errors(path, "get_config()"):
+        cfg = module.get_config()
     if not isinstance(cfg, Config):
         raise ConfigError(f"{path}: get_config() returned {type(cfg).__name__}, expected frontier_jax.config.Config")
     return cfg
+
+
+@contextlib.contextmanager
+def _config_errors(path: Path, stage: str):
+    """Any exception of a config file's own code -> one-line ConfigError naming the file (and line)."""
+    try:
+        yield
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    except SyntaxError as e:
+        raise ConfigError(f"{path}:{e.lineno}: syntax error ({e.msg})") from None
+    except Exception as e:  # the file is the user's code: an import error, a typo, anything it raises
+        tb = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename) == path]
+        where = f"{path}:{tb[-1].lineno}" if tb else str(path)
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ConfigError(f"{where}: {stage} failed: {type(e).__name__}: {first}".rstrip(": ")) from None
+
+
+_FLOAT_WORDS = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf}
 
 
 def _parse_value(raw: str):
     try:
         return ast.literal_eval(raw)
     except (ValueError, SyntaxError):
-        return raw  # bare word: a string
+        return raw  # bare word: a string ("inf" too: _check_type turns it into a float for a float field)
 
 
-def _check_type(key: str, annotation, value):
+def _check_type(key: str, annotation, value, where: str = "--set "):
+    """`value` for a field of type `annotation` (int widened to float); ConfigError naming `where``key`."""
     hints = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
     allowed = hints.get(annotation)
     if allowed is None:
-        raise ConfigError(f"--set {key}: cannot override a field of type {annotation}")
+        raise ConfigError(f"{where}{key}: cannot override a field of type {annotation}")
+    if annotation is float and isinstance(value, str) and value.strip().lower() in _FLOAT_WORDS:
+        return _FLOAT_WORDS[value.strip().lower()]  # repr(math.inf) == "inf" is not a Python literal
     if annotation is not bool and isinstance(value, bool):
-        raise ConfigError(f"--set {key}={value!r}: expected {annotation.__name__}, got bool")
+        raise ConfigError(f"{where}{key}={value!r}: expected {annotation.__name__}, got bool")
     if not isinstance(value, allowed):
-        raise ConfigError(f"--set {key}={value!r}: expected {annotation.__name__}, got {type(value).__name__}")
+        raise ConfigError(f"{where}{key}={value!r}: expected {annotation.__name__}, got {type(value).__name__}")
     return float(value) if annotation is float else value
 
 
@@ -252,19 +303,34 @@ def to_dict(cfg) -> dict:
 
 
 def from_dict(d: dict) -> Config:
-    """Inverse of `to_dict` (used to reload a run's resolved config)."""
+    """Inverse of `to_dict` (used to reload a run's resolved config); values are type-checked as `--set`'s."""
 
-    def build(cls, data):
+    def build(cls, data, prefix):
+        if not isinstance(data, dict):
+            raise ConfigError(f"{prefix or 'config'}: expected an object, got {type(data).__name__}")
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for f in dataclasses.fields(cls):
             if f.name not in data:
                 continue
-            t = hints[f.name]
-            kwargs[f.name] = build(t, data[f.name]) if dataclasses.is_dataclass(t) else data[f.name]
+            t, key = hints[f.name], f"{prefix}{f.name}"
+            kwargs[f.name] = build(t, data[f.name], key + ".") if dataclasses.is_dataclass(t) else _check_type(key, t, data[f.name], "")
         return cls(**kwargs)
 
-    return build(Config, d)
+    return build(Config, d, "")
+
+
+def load_run_config(path) -> Config:
+    """The resolved config a run wrote (`<run>/config.json`); ConfigError naming the file if it is unreadable."""
+    path = Path(path)
+    try:
+        return from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: not a run directory (no config.json)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: unreadable run config (not JSON: {str(e).splitlines()[0]})") from None
+    except ConfigError as e:
+        raise ConfigError(f"{path}: bad run config ({e})") from None
 
 
 def config_hash(cfg: Config) -> str:

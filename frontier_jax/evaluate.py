@@ -1,8 +1,9 @@
 """Score a run's checkpoint on the full val split in exact bits per byte: `python -m frontier_jax.evaluate`.
 
-    python -m frontier_jax.evaluate --run DIR [--data DIR] [--tokenizer PATH] [--stride N] [--batch-seqs N] [--json]
+    python -m frontier_jax.evaluate --run DIR [--step N] [--data DIR] [--tokenizer PATH] [--stride N] [--batch-seqs N] [--json]
 
-The run's config.json and its latest checkpoint give the model; the forward is the training one
+The run's config.json and its newest intact checkpoint (a corrupt newer one is skipped with one line
+on stderr naming it; `--step N` picks one) give the model; the forward is the training one
 (`steps.make_eval_step` over `GPT.__call__`), jit-compiled once: the last batch is padded with
 masked rows. Default: the baseline protocol (spec baseline.md 2.5), non-overlapping `seq_len`
 windows over the whole val split, truncated to whole windows (+1 target token). With `--stride N` <
@@ -18,27 +19,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from frontier_jax.config import ConfigError
 from frontier_jax.data.shards import DataError
 
 
-def _pad(x_BT, y_BT, mask_BT, batch_seqs: int):
-    if x_BT.shape[0] < batch_seqs:
-        pad = ((0, batch_seqs - x_BT.shape[0]), (0, 0))
-        x_BT, y_BT, mask_BT = np.pad(x_BT, pad), np.pad(y_BT, pad), np.pad(mask_BT, pad)
-    return x_BT, y_BT, mask_BT
-
-
 def sliding_masked_batches(tokens, seq_len: int, stride: int, batch_seqs: int):
-    """(x, y, mask) int32 [batch_seqs, seq_len] from `data.stream.sliding_batches`, the last batch padded."""
-    from frontier_jax.data.stream import sliding_batches
+    """(x, y, mask) int32 [batch_seqs, seq_len] of the sliding windows: `data.stream.val_batches` with `stride`."""
+    from frontier_jax.data.stream import val_batches
 
-    t_T = np.arange(seq_len, dtype=np.int32)[None, :]
-    for x_BT, y_BT, from_B in sliding_batches(tokens, seq_len, stride, batch_seqs):
-        mask_BT = (t_T >= from_B[:, None]).astype(np.int32)
-        yield _pad(x_BT, y_BT, mask_BT, batch_seqs)
+    return val_batches(tokens, seq_len, batch_seqs, stride=stride)
 
 
 def _ngram_bias(run_dir: Path, cfg):
@@ -56,15 +45,27 @@ def _ngram_bias(run_dir: Path, cfg):
     return ngram_runtime.bias_fn, tables_to_device(load_snapshot(snap), cfg.ngram.confidence_buckets)
 
 
-def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs=None) -> dict:
-    """Sums and bpb of a run's latest checkpoint on its val split (see the module docstring)."""
+def restore_checkpoint(run_dir, step: int | None = None, log=None):
+    """(config, graphdef, params, step, compute dtype) of a run's checkpoint `step`, or of its newest intact
+    one (each unreadable newer one skipped with one line through `log`)."""
+    from frontier_jax import checkpoint, optim
+    from frontier_jax.config import model_hash
+    from frontier_jax.interop import abstract_state, read_run_config
+
+    cfg, dtype = read_run_config(run_dir)
+    graphdef, aparams, aopt = abstract_state(cfg, dtype, optim.build_optimizer(cfg.optim))
+    state, meta = checkpoint.restore(Path(run_dir), {"params": aparams, "opt_state": aopt}, step=step,
+                                     expect_model_hash=model_hash(cfg.model), log=log)
+    return cfg, graphdef, state["params"], int(meta["step"]) if step is None else step, dtype
+
+
+def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs=None, step=None, log=None) -> dict:
+    """Sums and bpb of a run's newest intact (or given) checkpoint on its val split (see the module docstring)."""
     from frontier_jax import ops, report
-    from frontier_jax.data.shards import list_shards
-    from frontier_jax.data.stream import load_val_tokens
-    from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
+    from frontier_jax.data.dataset import load_dataset
+    from frontier_jax.data.stream import val_batches
     from frontier_jax.host import tune_allocator
-    from frontier_jax.interop import read_run_config, restore_params
-    from frontier_jax.run_support import padded_val_batches
+    from frontier_jax.interop import read_run_config
     from frontier_jax.steps import evaluate_batches, make_eval_step
 
     run_dir = Path(run_dir)
@@ -84,17 +85,14 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     batch_seqs = int(batch_seqs or cfg.train.val_batch_seqs)
     if batch_seqs <= 0:
         raise ConfigError(f"--batch-seqs {batch_seqs}: must be positive")
-    tok = load_tokenizer(tok_spec)
-    check_vocab(tok, cfg.model.vocab_size, f"model.vocab_size of {run_dir}")
-    tokens = load_val_tokens(list_shards(data_dir, cfg.data.val_pattern), T)
+    data = load_dataset(data_dir, tok_spec, cfg.model.vocab_size, T, cfg.data.train_pattern, cfg.data.val_pattern,
+                        f"model.vocab_size of {run_dir}")
+    tok, tokens = data.tokenizer, data.val_tokens
     ops.configure(cfg.train.kernels)
-    cfg, graphdef, params, step, dtype = restore_params(run_dir)
+    cfg, graphdef, params, step, dtype = restore_checkpoint(run_dir, step, log)
     bias_fn, aux = _ngram_bias(run_dir, cfg)
-    eval_step = make_eval_step(graphdef, tok.byte_tables(cfg.model.vocab_size), bias_fn)
-    if stride == T:
-        batches = padded_val_batches(tokens, T, batch_seqs)
-    else:
-        batches = sliding_masked_batches(tokens, T, stride, batch_seqs)
+    eval_step = make_eval_step(graphdef, data.tables, bias_fn)
+    batches = val_batches(tokens, T, batch_seqs, stride=None if stride == T else stride)
     sums = evaluate_batches(eval_step, params, batches, aux)
     return {
         **sums,
@@ -102,27 +100,27 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
         "loss": sums["nll_sum_nats"] / max(sums["tokens"], 1),
         "stride": stride, "seq_len": T, "batch_seqs": batch_seqs,
         "run": str(run_dir), "checkpoint_step": step, "compute_dtype": str(dtype),
-        "data_dir": str(data_dir), "tokenizer": str(tok.path), "seconds": time.perf_counter() - t0,
+        "data_dir": str(data_dir), "tokenizer": str(tok.path), "data_provenance": data.provenance,
+        "seconds": time.perf_counter() - t0,
     }
 
 
 def main(argv=None) -> int:
+    """0 on success; bad input exits 2 with one line through `exit_on_error` (SystemExit)."""
+    from frontier_jax.errors import exit_on_error
+
     ap = argparse.ArgumentParser(prog="python -m frontier_jax.evaluate", description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True, help="run directory (config.json + checkpoints/)")
+    ap.add_argument("--step", type=int, help="checkpoint step to score (default: the newest intact one)")
     ap.add_argument("--data", help="shard directory (default: the run's data.data_dir)")
     ap.add_argument("--tokenizer", help="tokenizer (default: the run's data.tokenizer)")
     ap.add_argument("--stride", type=int, help="sliding-window stride (default seq_len: non-overlapping windows)")
     ap.add_argument("--batch-seqs", type=int, help="windows per eval batch (default train.val_batch_seqs)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    from frontier_jax.run_support import RunError
-    from frontier_jax.ops import KernelUnavailableError
-
-    try:
-        r = evaluate_run(args.run, args.data, args.tokenizer, args.stride, args.batch_seqs)
-    except (ConfigError, DataError, RunError, KernelUnavailableError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    with exit_on_error():
+        r = evaluate_run(args.run, args.data, args.tokenizer, args.stride, args.batch_seqs, args.step,
+                         log=lambda msg: print(msg, file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(r, sort_keys=True))
     else:

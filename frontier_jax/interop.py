@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import zipfile
 from pathlib import Path
 
 import jax
@@ -28,8 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from frontier_jax.config import Config, ConfigError, apply_overrides, from_dict, load_config, model_hash, to_dict
+from frontier_jax.config import Config, apply_overrides, load_config, load_run_config, model_hash, to_dict
 from frontier_jax.data.shards import DataError
+from frontier_jax.errors import exit_on_error
 from frontier_jax.optim import path_names
 
 LINEAR_NAMES = ("c_q", "c_k", "c_v", "proj", "fc")  # stored [in, out] here, [out, in] in PyTorch
@@ -80,6 +82,10 @@ def state_dict_to_params(sd: dict[str, np.ndarray], abstract_params, source: str
         expect = tuple(leaf.shape[::-1]) if transposed else tuple(leaf.shape)
         if arr.shape != expect:
             raise InteropError(f"{source}: key {key!r} has shape {list(arr.shape)}, the model expects {list(expect)}")
+        if not jnp.issubdtype(arr.dtype, jnp.floating):
+            raise InteropError(f"{source}: key {key!r} has dtype {arr.dtype}; parameters must be floating point")
+        if not np.isfinite(arr.astype(np.float32)).all():
+            raise InteropError(f"{source}: key {key!r} holds non-finite values (NaN or inf)")
         if transposed:
             arr = arr.T
         leaves.append(jnp.asarray(arr.astype(np.float32), dtype=leaf.dtype))
@@ -108,17 +114,16 @@ def load_npz(path) -> tuple[dict[str, np.ndarray], dict]:
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as z:
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise ValueError("a single .npy array, not an npz archive")
             raw = {k: z[k] for k in z.files}
+        dtypes = json.loads(str(raw.pop("__dtypes__"))) if "__dtypes__" in raw else {}
+        meta = json.loads(str(raw.pop("__meta__"))) if "__meta__" in raw else {}
+        sd = {k: v.astype(jnp.dtype(dtypes[k])) if dtypes.get(k) else v for k, v in raw.items()}
     except FileNotFoundError:
         raise InteropError(f"{path}: no such npz file") from None
-    except (OSError, ValueError) as e:
-        raise InteropError(f"{path}: not a readable npz ({str(e).splitlines()[0][:120]})") from None
-    dtypes = json.loads(str(raw.pop("__dtypes__"))) if "__dtypes__" in raw else {}
-    meta = json.loads(str(raw.pop("__meta__"))) if "__meta__" in raw else {}
-    sd = {}
-    for k, v in raw.items():
-        dt = dtypes.get(k)
-        sd[k] = v.astype(jnp.dtype(dt)) if dt else v
+    except (OSError, ValueError, TypeError, AttributeError, EOFError, zipfile.BadZipFile) as e:
+        raise InteropError(f"{path}: not a readable npz ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
     return sd, meta
 
 
@@ -130,24 +135,22 @@ def read_run_config(run_dir) -> tuple[Config, jnp.dtype]:
     from frontier_jax.model import resolve_compute_dtype
 
     run_dir = Path(run_dir)
-    cfg_path = run_dir / "config.json"
-    if not cfg_path.is_file():
+    if not (run_dir / "config.json").is_file():
         raise DataError(f"{run_dir}: not a run directory (no config.json)")
-    try:
-        cfg = from_dict(json.loads(cfg_path.read_text()))
-    except (json.JSONDecodeError, TypeError) as e:
-        raise DataError(f"{cfg_path}: unreadable run config ({e})") from None
+    cfg = load_run_config(run_dir / "config.json")
     env_path = run_dir / "env.json"
-    dtype = json.loads(env_path.read_text()).get("compute_dtype") if env_path.is_file() else None
-    return cfg, (jnp.dtype(dtype) if dtype else resolve_compute_dtype(cfg.model))
+    try:
+        dtype = json.loads(env_path.read_text()).get("compute_dtype") if env_path.is_file() else None
+        dtype = jnp.dtype(dtype) if dtype else resolve_compute_dtype(cfg.model)
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, TypeError) as e:
+        raise DataError(f"{env_path}: unreadable run environment ({str(e).splitlines()[0]})") from None
+    return cfg, dtype
 
 
 def abstract_state(cfg: Config, compute_dtype, tx):
     """(graphdef, abstract params, abstract opt_state) built as loop.init_state does, without allocating."""
     from frontier_jax.model import GPT
-    from frontier_jax.ngram import runtime as ngram_runtime
-
-    orders = ngram_runtime.num_orders(cfg.ngram) if cfg.ngram.enabled else 0
+    orders = cfg.ngram.num_orders if cfg.ngram.enabled else 0
     model = nnx.eval_shape(lambda: GPT(cfg.model, rngs=nnx.Rngs(cfg.train.seed), compute_dtype=compute_dtype,
                                        num_bias_orders=orders, bias_buckets=cfg.ngram.confidence_buckets))
     graphdef, params = nnx.split(model)
@@ -201,8 +204,6 @@ def import_run(npz, cfg: Config, out_dir) -> dict:
 
 
 def main(argv=None) -> int:
-    from frontier_jax.run_support import RunError
-
     ap = argparse.ArgumentParser(prog="python -m frontier_jax.interop", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export", help="a run's latest checkpoint -> npz in PyTorch state_dict layout")
@@ -214,7 +215,7 @@ def main(argv=None) -> int:
     im.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     im.add_argument("--out", required=True)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
+    with exit_on_error():
         if args.cmd == "export":
             r = export_run(args.run, args.out)
             print(f"exported {r['keys']} arrays ({r['params']:,} parameters) from step {r['step']} -> {r['out']}")
@@ -222,9 +223,6 @@ def main(argv=None) -> int:
             cfg = apply_overrides(load_config(args.config), args.set)
             r = import_run(args.npz, cfg, args.out)
             print(f"imported {r['keys']} arrays -> {r['out']} (checkpoint step 0, fresh optimizer state)")
-    except (ConfigError, DataError, RunError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     return 0
 
 

@@ -1,7 +1,8 @@
 """python -m frontier_jax.train: parse arguments -> config -> loop.run(). Nothing else.
 
 With no arguments it runs the embedded demo: a small corpus prepared offline from the Python
-standard library's bundled documentation, `configs/tiny.py`, a val bpb at the end.
+standard library's bundled documentation, `configs/tiny.py`, a val bpb at the end. Expected failures
+map to one line and an exit code through `frontier_jax.errors.exit_on_error`.
 """
 
 from __future__ import annotations
@@ -11,51 +12,69 @@ import sys
 import time
 from pathlib import Path
 
-from frontier_jax.config import ConfigError, apply_overrides, from_dict, load_config
-from frontier_jax.data.shards import DataError
+from frontier_jax.config import apply_overrides, load_config, load_run_config
+from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, exit_on_error
+from frontier_jax.run_support import RunError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_INTERRUPTED = 2, 3, 130
+
+DESCRIPTION = """Train a small language model for a time budget and report its validation bits per byte.
+With no arguments: a demo on a small offline corpus (configs/tiny.py)."""
+
+EPILOG = """exit codes: 0 done, 2 bad input (one line naming the file or setting), 3 the loss became
+non-finite, 130 interrupted (SIGINT/SIGTERM: a resumable checkpoint is saved after the current step).
+examples:
+  python -m frontier_jax.train --config configs/baseline.py --data data/sp1024 --tokenizer sp1024.model
+  python -m frontier_jax.train --resume runs/baseline-20250101-120000 --budget 1200"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m frontier_jax.train", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", metavar="PATH", help="a configs/*.py file (default: configs/tiny.py for the demo, "
+                                                    "or the run's own config with --resume)")
+    p.add_argument("--data", metavar="DIR", help="directory of *_train_*.bin / *_val_*.bin shards")
+    p.add_argument("--tokenizer", metavar="PATH", help="SentencePiece .model that made the shards, or 'bytes'")
+    p.add_argument("--budget", type=float, metavar="SECONDS", help="training time budget (train.budget_seconds)")
+    p.add_argument("--out", metavar="DIR", help="run directory to create (default runs/<config>-<time>)")
+    p.add_argument("--seed", type=int, metavar="N", help="initialisation seed (train.seed)")
+    p.add_argument("--kernels", choices=("auto", "reference", "strict"),
+                   help="NKI kernels: auto (where available), reference (pure JAX), strict (fail if any is missing)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config value, e.g. model.num_layers=4 (repeatable)")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its newest intact checkpoint "
+                                                   "(a finished run: raise train.max_steps or --budget)")
+    g = p.add_argument_group("multi-host (jax.distributed)")
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0's coordinator")
+    g.add_argument("--num-processes", type=int, metavar="N", help="number of processes in the job")
+    g.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 .. N-1")
+    g.add_argument("--distributed-auto", action="store_true",
+                   help="let jax.distributed detect the cluster (Slurm, Kubernetes, ...)")
+    return p
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m frontier_jax.train", description=__doc__.splitlines()[0])
-    p.add_argument("--config", help="a configs/*.py file (default: configs/tiny.py for the demo, "
-                                     "or the run's own config with --resume)")
-    p.add_argument("--data", help="directory of *_train_*.bin / *_val_*.bin shards")
-    p.add_argument("--tokenizer", help="SentencePiece .model matching the shards, or 'bytes'")
-    p.add_argument("--budget", type=float, help="training budget in seconds (train.budget_seconds)")
-    p.add_argument("--out", help="run directory (default runs/<config>-<time>)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--kernels", choices=("auto", "reference", "strict"))
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.num_layers=4")
-    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its latest checkpoint")
-    g = p.add_argument_group("multi-host (jax.distributed)")
-    g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0's coordinator")
-    g.add_argument("--num-processes", type=int)
-    g.add_argument("--process-id", type=int)
-    g.add_argument("--distributed-auto", action="store_true",
-                   help="let jax.distributed detect the cluster (Slurm, Kubernetes, ...)")
-    return p.parse_args(argv)
+    return build_parser().parse_args(argv)
 
 
 def resolve(args):
-    """(config, out_dir, resume, demo) from the parsed arguments."""
+    """(config, out_dir, resume, demo) from the parsed arguments; writes nothing but the demo's data."""
     demo = not (args.config or args.data or args.resume)
     if args.resume:
+        if args.out and Path(args.out).absolute() != Path(args.resume).absolute():
+            raise RunError(f"--out {args.out}: --resume continues the run in place ({args.resume}); drop --out")
         run_json = Path(args.resume) / "config.json"
         if not run_json.is_file():
-            raise DataError(f"{run_json}: not a run directory (no config.json)")
-        import json
-
-        cfg = load_config(args.config) if args.config else from_dict(json.loads(run_json.read_text()))
+            raise RunError(f"{run_json}: not a run directory (no config.json)")
+        cfg = load_config(args.config) if args.config else load_run_config(run_json)
     else:
         cfg = load_config(args.config or CONFIGS / "tiny.py")
     sets = list(args.set)
     if args.data:
-        sets.append(f"data.data_dir={args.data!r}")
+        sets.append(f"data.data_dir={str(Path(args.data).absolute())!r}")
     if args.tokenizer:
-        sets.append(f"data.tokenizer={args.tokenizer!r}")
+        tok = args.tokenizer if args.tokenizer == "bytes" else str(Path(args.tokenizer).absolute())
+        sets.append(f"data.tokenizer={tok!r}")
     if args.budget is not None:
         sets.append(f"train.budget_seconds={args.budget!r}")
     if args.seed is not None:
@@ -68,7 +87,8 @@ def resolve(args):
         print("DEMO: no --config/--data given; preparing a small offline corpus from the Python standard "
               "library's documentation and training configs/tiny.py on it.", flush=True)
         data_dir, tok = prepare_demo(Path("runs") / "demo-data")
-        sets = [f"data.data_dir={str(data_dir)!r}", f"data.tokenizer={str(tok)!r}"] + sets
+        sets = [f"data.data_dir={str(Path(data_dir).absolute())!r}",
+                f"data.tokenizer={str(Path(tok).absolute())!r}"] + sets
     cfg = apply_overrides(cfg, sets)
     if args.resume:
         out = Path(args.resume)
@@ -87,36 +107,46 @@ or point --data at the competition's fineweb10B_sp1024 shards directly (see READ
 
 
 def main(argv=None) -> int:
+    """Exit code (0, 3 or 130); bad input exits 2 through `exit_on_error` (SystemExit)."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    with exit_on_error():
+        return _main(args)
+
+
+def _main(args) -> int:
     from frontier_jax import host, loop
-    from frontier_jax.checkpoint import CheckpointError
-    from frontier_jax.ops import KernelUnavailableError
-    from frontier_jax.ngram.runtime import NgramBuilderFailed
     from frontier_jax.parallel import initialize
 
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        cfg, out, resume, demo = resolve(args)
-        host.tune_allocator(cfg.train.allocator)  # before any JAX backend exists
-        initialize(args.coordinator, args.num_processes, args.process_id,
-                   cfg.parallel.heartbeat_timeout_seconds, auto=args.distributed_auto)
-        summary = loop.run(cfg, out, resume=resume)
-    except (ConfigError, DataError, CheckpointError, loop.RunError, KernelUnavailableError, NgramBuilderFailed) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    cfg, out, resume, demo = resolve(args)
+    host.tune_allocator(cfg.train.allocator)  # before any JAX backend exists
+    initialize(args.coordinator, args.num_processes, args.process_id,
+               cfg.parallel.heartbeat_timeout_seconds, auto=args.distributed_auto)
+    summary = loop.run(cfg, out, resume=resume)
     import jax
 
     main_process = jax.process_index() == 0
+    reason = summary["stop_reason"]
+    if reason == "already finished":
+        if main_process:
+            print(summary["note"])
+        return EXIT_OK
     if summary.get("val_bpb") is not None and main_process:
         print(f"val_bpb: {summary['val_bpb']:.6f}")
     if demo:
         print(DEMO_EPILOGUE)
-    if summary["stop_reason"] == "non-finite loss":
-        return EXIT_NONFINITE
-    if summary["stop_reason"].startswith("signal"):
+    if reason == "non-finite loss":
+        return EXIT_DIVERGED
+    if reason.startswith("signal"):
         if main_process:
-            print(f"interrupted: checkpoint saved; continue with: python -m frontier_jax.train --resume {out}")
+            if reason.endswith("before training"):
+                print("interrupted before training started: nothing trained, " + (
+                      f"the run is as it was; continue with: python -m frontier_jax.train --resume {out}" if resume
+                      else "no checkpoint written"), file=sys.stderr)
+            else:
+                print(f"interrupted: checkpoint step {summary['checkpoint_step']} saved; continue with: "
+                      f"python -m frontier_jax.train --resume {out}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""Checkpoints: exact round trip (params, optimizer state, meta), refusal of another model, no partial checkpoint."""
+"""Checkpoints: exact round trip (params, optimizer state, meta), refusal of another model, no partial checkpoint,
+a full disk, a repeated step, corrupt checkpoints."""
+
+import errno
+import os
 
 import jax
 import jax.numpy as jnp
@@ -66,16 +70,72 @@ def test_another_models_checkpoint_is_refused(tmp_path):
     assert "\n" not in str(e.value) and str(tmp_path) in str(e.value)
 
 
-def test_a_failed_save_leaves_no_visible_partial_checkpoint(tmp_path):
+def test_a_failed_save_leaves_no_partial_checkpoint_and_no_temporary_directory(tmp_path):
     good = _state(0)
     checkpoint.save(tmp_path, 1, good, _meta(1))
-    bad_meta = {**_meta(2), "unserialisable": object()}  # fails while step 2 is being written
-    with pytest.raises(Exception):
+    bad_meta = {**_meta(2), "unserialisable": object()}  # a bug, not the file system: re-raised as it is
+    with pytest.raises(TypeError):
         checkpoint.save(tmp_path, 2, _state(1), bad_meta)
-    assert checkpoint.latest_step(tmp_path) == 1
-    visible = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
-    assert visible == ["1"]
-    assert any("tmp" in p.name for p in (tmp_path / "checkpoints").iterdir())  # step 2 was half-written, unseen
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]  # no temporary directory left
     restored, meta = checkpoint.restore(tmp_path, jax.eval_shape(lambda: good))
     _assert_identical(restored, good)
     assert meta["step"] == 1
+
+
+def test_disk_full_during_a_save_is_one_line_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    from orbax.checkpoint._src.handlers import json_checkpoint_handler
+
+    good = _state(0)
+    checkpoint.save(tmp_path, 1, good, _meta(1))
+
+    async def no_space(self, x, directory):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory))
+
+    monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", no_space)
+    with pytest.raises(checkpoint.CheckpointError, match="disk full") as e:
+        checkpoint.save(tmp_path, 2, _state(1), _meta(2))
+    assert "\n" not in str(e.value) and "checkpoints/2" in str(e.value)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]
+    monkeypatch.undo()
+    restored, meta = checkpoint.restore(tmp_path, jax.eval_shape(lambda: good))
+    _assert_identical(restored, good)
+
+
+def test_saving_an_already_saved_step_is_a_no_op(tmp_path):
+    """A stop on a step that already has a periodic checkpoint (orbax would raise StepAlreadyExistsError)."""
+    first = _state(0)
+    assert checkpoint.save(tmp_path, 2, first, _meta(2)) == tmp_path / "checkpoints" / "2"
+    assert checkpoint.save(tmp_path, 2, _state(1), {**_meta(2), "reason": "final"}) is None
+    restored, meta = checkpoint.restore(tmp_path, jax.eval_shape(lambda: first))
+    _assert_identical(restored, first)
+
+
+def _corrupt(run_dir, step):
+    for f in (run_dir / "checkpoints" / str(step) / "state").rglob("*"):
+        if f.is_file() and f.parent.name == "d":
+            f.write_bytes(b"garbage" * 8)
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_older_one_with_one_line(tmp_path):
+    good = _state(0)
+    checkpoint.save(tmp_path, 1, good, _meta(1))
+    checkpoint.save(tmp_path, 2, _state(1), _meta(2))
+    _corrupt(tmp_path, 2)
+    lines = []
+    restored, meta = checkpoint.restore(tmp_path, jax.eval_shape(lambda: good), log=lines.append)
+    _assert_identical(restored, good)
+    assert meta["step"] == 1
+    assert len(lines) == 1 and f"{tmp_path}/checkpoints/2: unreadable checkpoint" in lines[0] and "\n" not in lines[0]
+    with pytest.raises(checkpoint.CheckpointError, match="checkpoints/2: unreadable"):  # an explicit step: no fallback
+        checkpoint.restore(tmp_path, jax.eval_shape(lambda: good), step=2)
+    (tmp_path / "checkpoints" / "1" / "meta" / "metadata").write_text("{not json")
+    with pytest.raises(checkpoint.CheckpointError, match="no intact checkpoint") as e:
+        checkpoint.restore(tmp_path, jax.eval_shape(lambda: good))
+    assert "\n" not in str(e.value) and "steps 2, 1" in str(e.value)
+
+
+def test_discard_removes_one_step(tmp_path):
+    checkpoint.save(tmp_path, 1, _state(0), _meta(1))
+    checkpoint.save(tmp_path, 2, _state(0), _meta(2))
+    checkpoint.discard(tmp_path, 2)
+    assert checkpoint.steps(tmp_path) == [1]

@@ -1,5 +1,7 @@
 """Config files, `--set` overrides (types, unknown keys), checks in __post_init__, JSON round trip, hashes."""
 
+import re
+
 import pytest
 
 from conftest import REPO
@@ -92,3 +94,104 @@ def test_missing_config_file_and_missing_get_config(tmp_path):
     bad.write_text("x = 1\n")
     with pytest.raises(ConfigError, match="defines no get_config"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("source, fragment", [
+    ("def get_config(:\n", r"bad.py:1: syntax error"),
+    ("import no_such_module_xyz\n", r"bad.py:1: loading failed: ModuleNotFoundError: No module named 'no_such_module_xyz'"),
+    ("def get_config():\n    return 1 / 0\n", r"bad.py:2: get_config\(\) failed: ZeroDivisionError: division by zero"),
+    ("from frontier_jax.config import *\ndef get_config():\n    return Config(model=ModelConfig(num_heads=3))\n",
+     r"bad.py: model.model_dim=512 is not divisible"),
+])
+def test_a_broken_config_file_is_one_line_naming_the_file_and_exit_2(tmp_path, capsys, source, fragment):
+    """#7: syntax error, import error, a get_config() that raises -> ConfigError -> one stderr line, exit 2."""
+    from frontier_jax.errors import EXIT_BAD_INPUT, exit_on_error
+
+    bad = tmp_path / "bad.py"
+    bad.write_text(source)
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(bad)
+    with pytest.raises(SystemExit) as e, exit_on_error():
+        load_config(bad)
+    err = capsys.readouterr().err
+    assert e.value.code == EXIT_BAD_INPUT and err.count("\n") == 1 and str(bad) in err
+
+
+@pytest.mark.parametrize("item, fragment", [
+    ("train.val_batch_seqs=0", "train.val_batch_seqs must be positive"),
+    ("ngram.table_log2_size=40", r"ngram.table_log2_size must be in \[1, 30\], got 40"),
+    ("ngram.table_log2_size=0", r"must be in \[1, 30\]"),
+    ("ngram.max_table_bytes=1000", "over ngram.max_table_bytes=1000"),
+])
+def test_settings_that_failed_late_are_refused_at_config_validation(item, fragment):
+    """#11: refused when the config is built, not after the run has compiled and trained."""
+    with pytest.raises(ConfigError, match=fragment):
+        apply_overrides(Config(), ["ngram.enabled=True", item])
+
+
+@pytest.mark.parametrize("raw", ["inf", "Infinity", repr(float("inf"))])
+def test_an_infinite_budget_is_accepted(raw):
+    """#12: `--budget inf` becomes `--set train.budget_seconds=inf`; repr(inf) is not a Python literal."""
+    cfg = apply_overrides(Config(), [f"train.budget_seconds={raw}"])
+    assert cfg.train.budget_seconds == float("inf")
+    assert from_dict(to_dict(cfg)) == cfg
+    with pytest.raises(ConfigError, match="expected int"):
+        apply_overrides(Config(), ["train.max_steps=inf"])
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('{"model": {"num_layers": 4', "unreadable run config (not JSON"),
+    ("\xff\xfe", "unreadable run config"),
+    ('[1, 2]', "bad run config (config: expected an object, got list)"),
+    ('{"model": 5}', "bad run config (model.: expected an object, got int)"),
+    ('{"model": {"num_layers": "four"}}', "bad run config (model.num_layers='four': expected int, got str)"),
+    ('{"model": {"num_heads": 3}}', "bad run config (model.model_dim=512 is not divisible"),
+])
+def test_a_corrupt_run_config_is_a_config_error_naming_the_file(tmp_path, text, fragment):
+    """#11: `--resume`/evaluate of a run whose config.json is corrupt: one line naming the file."""
+    from frontier_jax.config import load_run_config
+
+    path = tmp_path / "config.json"
+    path.write_text(text, encoding="latin-1")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: {fragment}")):
+        load_run_config(path)
+
+
+def test_frontier14_keeps_every_baseline_field_it_does_not_name(monkeypatch):
+    """A field set in baseline.py is never dropped: frontier14 replaces only its own fields."""
+    import dataclasses
+
+    import configs.baseline as base_mod
+    import configs.frontier14 as f14_mod
+    from frontier_jax.config import NgramConfig, OptimConfig, TrainConfig
+
+    real = base_mod.get_config()
+    marked = dataclasses.replace(real, model=dataclasses.replace(real.model, rope_base=500.0, num_layers=3),
+                                 ngram=dataclasses.replace(real.ngram, max_order=7))
+    monkeypatch.setattr(f14_mod, "_baseline", lambda: marked)
+    f14 = f14_mod.get_config()
+    assert f14.model == dataclasses.replace(marked.model, num_layers=14)
+    assert f14.ngram == dataclasses.replace(marked.ngram, enabled=True) and f14.ngram.num_orders == 6
+    assert f14.optim == dataclasses.replace(OptimConfig(), fused=True) and f14.train == TrainConfig(budget_seconds=1800.0)
+    assert NgramConfig(min_order=3, max_order=5).num_orders == 3
+
+
+def test_every_config_field_has_a_comment():
+    """Each dataclass field line in config.py carries a comment, or follows a comment block."""
+    import dataclasses
+
+    from frontier_jax import config as C
+
+    lines = (REPO / "frontier_jax" / "config.py").read_text().splitlines()
+    for cls in (C.ModelConfig, C.OptimConfig, C.DataConfig, C.TrainConfig, C.NgramConfig, C.ParallelConfig, C.Config):
+        for f in dataclasses.fields(cls):
+            i = next(i for i, line in enumerate(lines) if line.startswith(f"    {f.name}: ") and
+                     any(lines[j].startswith(f"class {cls.__name__}") for j in range(max(0, i - 60), i)))
+            assert "#" in lines[i] or lines[i - 1].strip().startswith("#"), f"{cls.__name__}.{f.name} has no comment"
+
+
+def test_table_row_bytes_match_the_table_format():
+    from frontier_jax.config import TABLE_ROW_BYTES
+    from frontier_jax.ngram.hashing import ROW_WORDS
+
+    assert TABLE_ROW_BYTES == ROW_WORDS * 4

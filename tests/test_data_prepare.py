@@ -26,6 +26,13 @@ def _shared():
         pytest.skip(f"../shared/data not present: {SP_MODEL.name} and {DEV_JSONL.name} are needed under {SHARED}")
 
 
+def _exit_code(argv) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
 def _split_tokens(out: Path, split: str) -> np.ndarray:
     return np.concatenate([np.asarray(read_shard(f), np.int64) for f in list_shards(out, f"*_{split}_*.bin")])
 
@@ -100,7 +107,7 @@ def test_bad_jsonl_lines(tmp_path, capsys):
     with pytest.raises(DataError, match=re.escape(f"{src}:4: line has no string field 'text'")):
         prepare([src], tmp_path / "o1", tokenizer_spec="bytes", val_docs=1)
     src.write_text('{"text": "ok"}\n{"text": \n', encoding="utf-8")
-    assert main(["--input", str(src), "--out", str(tmp_path / "o2"), "--bytes", "--val-docs", "1"]) == 2
+    assert _exit_code(["--input", str(src), "--out", str(tmp_path / "o2"), "--bytes", "--val-docs", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {src}:2: bad JSON") and err.count("\n") == 1
     assert not (tmp_path / "o2" / "manifest.json").exists()
@@ -113,7 +120,7 @@ def test_refusals(tmp_path, capsys):
         prepare([empty], tmp_path / "o", tokenizer_spec="bytes")
     two = tmp_path / "two.jsonl"
     two.write_text('{"text": "a"}\n{"text": "b"}\n', encoding="utf-8")
-    assert main(["--input", str(two), "--out", str(tmp_path / "o"), "--bytes", "--val-docs", "2"]) == 2
+    assert _exit_code(["--input", str(two), "--out", str(tmp_path / "o"), "--bytes", "--val-docs", "2"]) == 2
     assert "val_docs 2 leaves no training documents (input has 2)" in capsys.readouterr().err
     with pytest.raises(DataError, match="input file does not exist"):
         prepare([tmp_path / "missing.jsonl"], tmp_path / "o", tokenizer_spec="bytes")
@@ -147,3 +154,24 @@ def test_prepare_demo_builds_and_reuses(tmp_path):
     (data_dir / m["splits"]["val"]["shards"][0]).unlink()
     prepare_demo(tmp_path / "demo")
     assert (data_dir / m["splits"]["val"]["shards"][0]).is_file()  # a damaged cache is rebuilt
+
+
+def test_unwritable_output_is_one_line_and_exit_2(tmp_path, capsys):
+    """#11: `data.prepare` to a path that cannot be created: one line naming it, exit 2, nothing written."""
+    src = tmp_path / "docs.jsonl"
+    src.write_text('{"text": "a"}\n{"text": "b"}\n', encoding="utf-8")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    assert _exit_code(["--input", str(src), "--out", str(blocker / "out"), "--bytes", "--val-docs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(blocker / "out") in err and "Not a directory" in err
+
+
+def test_prepare_demo_returns_absolute_paths(tmp_path, monkeypatch):
+    """A run records the demo's data paths; relative ones break `evaluate --run` from another directory."""
+    import frontier_jax.data.demo as demo
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(demo, "_cached", lambda out_dir: True)  # the paths only; building is tested above
+    data_dir, tok = demo.prepare_demo("runs/demo-data")
+    assert data_dir.is_absolute() and tok.is_absolute() and data_dir == tmp_path / "runs" / "demo-data"

@@ -13,9 +13,9 @@ from frontier_jax.data.stream import (
     TokenStream,
     TrainLoader,
     load_val_tokens,
-    sliding_batches,
     sliding_windows,
     val_batches,
+    window_starts,
 )
 
 SIZES = (7, 3, 11)  # three shards of different lengths, 21 tokens in all
@@ -146,17 +146,31 @@ def test_load_val_tokens_too_short(tmp_path):
 @pytest.mark.parametrize("n_windows, batch", [(7, 2), (10, 4), (2, 5)])
 def test_val_batches_cover_each_window_once(procs, n_windows, batch):
     seq = 4
-    tokens = np.arange(n_windows * seq + 1, dtype=np.int32)
-    seen = []
+    tokens = np.arange(n_windows * seq + 1 + 2, dtype=np.int32)  # a 2-token tail shorter than a window is dropped
+    seen, counts = [], set()
     for p in range(procs):
-        starts = []
-        for x, y in val_batches(tokens, seq, batch, p, procs):
-            assert x.dtype == y.dtype == np.int32 and 1 <= x.shape[0] <= batch and x.shape[1] == seq
-            assert (y == x + 1).all()  # y is x shifted by one token
-            starts += (x[:, 0] // seq).tolist()
+        starts, n = [], 0
+        for x, y, mask in val_batches(tokens, seq, batch * procs, p, procs):
+            assert x.dtype == y.dtype == mask.dtype == np.int32 and x.shape == y.shape == mask.shape == (batch, seq)
+            real = mask.any(axis=1)
+            assert (mask[real] == 1).all() and (mask[~real] == 0).all() and (x[~real] == 0).all()  # padding rows
+            assert (y[real] == x[real] + 1).all()  # y is x shifted by one token
+            starts += (x[real, 0] // seq).tolist()
+            n += 1
         assert starts == sorted(starts) and (not starts or starts[-1] - starts[0] == len(starts) - 1)  # contiguous
         seen += starts
+        counts.add(n)
     assert sorted(seen) == list(range(n_windows))
+    assert len(counts) == 1  # every process runs the same number of batches (lockstep)
+
+
+def test_val_batches_rejects_bad_batch_shapes():
+    with pytest.raises(ValueError, match="not a positive multiple of process_count 2"):
+        next(val_batches(np.arange(20), 4, 3, 0, 2))
+    with pytest.raises(ValueError, match="not a positive multiple"):
+        next(val_batches(np.arange(20), 4, 0))
+    with pytest.raises(ValueError, match="process_index 2 not in"):
+        next(val_batches(np.arange(20), 4, 2, 2, 2))
 
 
 @settings(max_examples=60, deadline=None)
@@ -190,10 +204,22 @@ def test_sliding_windows_first_window_and_stride_equal_seq():
         next(sliding_windows(tokens[:4], 4, 2))
 
 
-def test_sliding_batches_group_windows():
+@pytest.mark.parametrize("procs", [1, 2])
+def test_val_batches_with_stride_are_the_sliding_windows_masked(procs):
     tokens = np.arange(50)
     singles = list(sliding_windows(tokens, 8, 3))
-    batches = list(sliding_batches(tokens, 8, 3, 4))
-    assert [b[0].shape[0] for b in batches] == [4] * (len(singles) // 4) + ([len(singles) % 4] if len(singles) % 4 else [])
-    assert np.concatenate([b[0] for b in batches]).tolist() == [s[0].tolist() for s in singles]
-    assert np.concatenate([b[2] for b in batches]).tolist() == [s[2] for s in singles]
+    rows = []
+    for p in range(procs):
+        for x, y, mask in val_batches(tokens, 8, 4, p, procs, stride=3):
+            assert x.shape == (4 // procs, 8)
+            real = mask.any(axis=1)
+            rows += [(xi.tolist(), yi.tolist(), int(np.argmax(mi))) for xi, yi, mi in zip(x[real], y[real], mask[real])]
+    assert rows == [(x.tolist(), y.tolist(), f) for x, y, f in singles]  # mask[b, t] = t >= score_from[b]
+
+
+def test_window_starts_non_overlapping_matches_stride_equal_seq_on_whole_windows():
+    starts, frm = window_starts(4 * 5 + 1, 5)
+    assert starts.tolist() == [0, 5, 10, 15] and frm.tolist() == [0] * 4
+    s2, f2 = window_starts(4 * 5 + 1, 5, stride=5)
+    assert s2.tolist() == starts.tolist() and f2.tolist() == frm.tolist()
+    assert window_starts(3, 5)[0].size == 0  # fewer tokens than a window: no non-overlapping window

@@ -158,7 +158,7 @@ def test_val_split_bytes_match_independent_count(prepared, sp1024):
     files = list_shards(out, "*_val_*.bin")
     tokens = load_val_tokens(files, seq)
     tables = sp1024.byte_tables()
-    lut = sum(int(count_bytes(tables, x, y).sum()) for x, y in val_batches(tokens, seq, 16))
+    lut = sum(int((count_bytes(tables, x, y) * m).sum()) for x, y, m in val_batches(tokens, seq, 16))
     assert lut == _independent_target_bytes(sp1024, tokens[:-1], tokens[1:])
     assert manifest["splits"]["val"]["documents"] == 50 and tokens[0] == 1
 
@@ -182,3 +182,11 @@ def test_lut_bytes_equal_decoded_documents_and_are_close_to_raw(prepared, sp1024
     assert raw == sum(len(t.encode("utf-8")) for t in texts)
     assert abs(lut_total - normalised) <= 0.01 * normalised
     assert abs(lut_total - raw) <= 0.01 * raw and lut_total <= raw
+
+
+def test_an_empty_tokenizer_file_says_so(tmp_path):
+    """Not "no BOS id": an empty file is not a SentencePiece model at all."""
+    empty = tmp_path / "empty.model"
+    empty.write_bytes(b"")
+    with pytest.raises(DataError, match=re.escape(f"{empty}: empty file, not a SentencePiece model")):
+        load_tokenizer(str(empty))

@@ -49,7 +49,9 @@ def test_sliding_window_scores_the_same_targets_with_more_context(trained_run, c
 
 
 def _err(argv, capsys) -> str:
-    assert main(argv) == 2
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err
     return err
@@ -69,6 +71,27 @@ def test_errors_missing_run_no_checkpoint_bad_stride_and_vocab(trained_run, tmp_
     cfg["model"]["vocab_size"] = 1024
     (wrong / "config.json").write_text(json.dumps(cfg))
     assert "does not match model.vocab_size" in _err(["--run", str(wrong)], capsys)
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_with_one_line_or_chosen_by_step(trained_run, tmp_path, capsys):
+    """Fallback to the newest intact checkpoint, naming the skipped one on stderr; --step picks one; none
+    intact is one line (TensorStore's own report is hundreds of lines)."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_run[0], run)
+    shutil.copytree(run / "checkpoints" / "200", run / "checkpoints" / "150")  # an older intact checkpoint
+    meta = run / "checkpoints" / "150" / "meta" / "metadata"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "step": 150}))
+    for f in (run / "checkpoints" / "200" / "state").rglob("*"):
+        if f.is_file() and f.parent.name == "d":
+            f.write_bytes(b"garbage" * 8)
+    assert main(["--run", str(run), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["checkpoint_step"] == 150
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"skipped {run}/checkpoints/200: unreadable checkpoint"), err
+    assert "checkpoints/200: unreadable" in _err(["--run", str(run), "--step", "200"], capsys)
+    shutil.rmtree(run / "checkpoints" / "150")
+    assert "no intact checkpoint" in _err(["--run", str(run)], capsys)
 
 
 @pytest.mark.shared_data

@@ -90,7 +90,92 @@ def test_cli_export_then_import_restores_the_same_weights(trained_run, tmp_path,
         assert np.array_equal(np.asarray(a), np.asarray(b))
     capsys.readouterr()
     # Another model's config: refused with one line, nothing created.
-    assert main(["import", "--npz", str(npz), "--config", str(REPO / "configs" / "tiny.py"), *sets,
-                 "--set", "model.num_layers=3", "--out", str(tmp_path / "bad")]) == 2
+    assert _exit_code(["import", "--npz", str(npz), "--config", str(REPO / "configs" / "tiny.py"), *sets,
+                       "--set", "model.num_layers=3", "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {npz}: missing key 'blocks.2.") and not (tmp_path / "bad").exists()
+
+
+def _exit_code(argv) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.fixture(scope="module")
+def tiny_npz(tmp_path_factory):
+    """(npz path, state_dict) of the test-sized tiny model (TINY_OVERRIDES), as `export` writes it."""
+    from frontier_jax.config import apply_overrides, load_config
+
+    cfg = apply_overrides(load_config(REPO / "configs" / "tiny.py"), TINY_OVERRIDES)
+    _, p = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype="float32"))
+    sd = params_to_state_dict(p)
+    path = tmp_path_factory.mktemp("npz") / "tiny.npz"
+    save_npz(path, sd)
+    return path, sd
+
+
+def _import(npz, out):
+    sets = [a for o in TINY_OVERRIDES for a in ("--set", o)]
+    return _exit_code(["import", "--npz", str(npz), "--config", str(REPO / "configs" / "tiny.py"), *sets, "--out", str(out)])
+
+
+def _corrupt(path, sd):
+    path.write_bytes(b"PK\x03\x04" + b"\x00" * 100)
+
+
+def _truncated(path, sd):
+    save_npz(path, sd)
+    path.write_bytes(path.read_bytes()[:5000])
+
+
+def _int8(path, sd):
+    save_npz(path, {**sd, "tok_emb.weight": sd["tok_emb.weight"].astype(np.int8)})
+
+
+def _nan(path, sd):
+    bad = sd["blocks.0.attn.q_gain"].copy()
+    bad[0] = np.nan
+    save_npz(path, {**sd, "blocks.0.attn.q_gain": bad})
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (_corrupt, "not a readable npz (BadZipFile"),
+    (_truncated, "not a readable npz"),
+    (_int8, "key 'tok_emb.weight' has dtype int8; parameters must be floating point"),
+    (_nan, "key 'blocks.0.attn.q_gain' holds non-finite values"),
+])
+def test_import_of_a_bad_npz_is_one_line_exit_2_and_writes_nothing(tiny_npz, tmp_path, capsys, make, fragment):
+    """#11 and the smaller case: a corrupt npz, int8 arrays or NaN values are refused before anything is written."""
+    _, sd = tiny_npz
+    npz = tmp_path / "bad.npz"
+    make(npz, sd)
+    assert _import(npz, tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {npz}: ") and fragment in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_export_to_an_unwritable_path_is_one_line_exit_2(params, tmp_path, capsys, monkeypatch):
+    """#11: the output cannot be created (its parent is a file): one line naming it, exit 2, no temporary left."""
+    import frontier_jax.interop as interop
+    from frontier_jax.config import Config
+
+    monkeypatch.setattr(interop, "restore_params", lambda run_dir: (Config(model=CFG), None, params, 7, jnp.bfloat16))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert _exit_code(["export", "--run", str(tmp_path), "--out", str(blocker / "w.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(blocker) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_read_run_config_of_a_corrupt_config_json_is_a_config_error(tmp_path):
+    """#11: `--resume`/evaluate of a run with a corrupt config.json: ConfigError naming the file."""
+    from frontier_jax.config import ConfigError
+    from frontier_jax.interop import read_run_config
+
+    (tmp_path / "config.json").write_text('{"model": {"num_layers": ')
+    with pytest.raises(ConfigError, match=f"{tmp_path / 'config.json'}: unreadable run config"):
+        read_run_config(tmp_path)

@@ -38,23 +38,61 @@ def test_run_end_to_end_writes_a_complete_run_directory(trained_run):
     assert checkpoint.read_meta(run_dir)[1]["reason"] == "final"
 
 
-def test_an_existing_run_is_not_overwritten(trained_run):
+def test_an_existing_run_is_not_overwritten(trained_run, byte_data):
+    def files():  # all but the lock file, which a start takes (and writes its pid to) before it checks
+        return {p.name: p.stat().st_mtime_ns for p in trained_run[0].rglob("*") if p.name != ".lock"}
+
+    before = files()
     with pytest.raises(loop.RunError, match="already holds a run"):
-        loop.run(tiny_config("/nonexistent"), trained_run[0], echo=False)
+        loop.run(tiny_config(byte_data), trained_run[0], echo=False)
+    assert files() == before
 
 
 @pytest.mark.slow
-def test_non_finite_loss_stops_cleanly_without_saving_the_diverged_state(byte_data, tmp_path):
+def test_non_finite_loss_keeps_the_last_finite_checkpoint(byte_data, tmp_path):
+    """A checkpoint written right after a diverging update (finite but huge parameters) is not kept: the
+    checkpoint kept is one whose parameters gave a finite loss on the next step."""
     cfg = tiny_config(byte_data, "optim.embed_lr=1e30", "train.checkpoint_every_steps=1")
     summary = loop.run(cfg, tmp_path / "run", echo=False)
     assert summary["stop_reason"] == "non-finite loss" and summary["steps"] < cfg.train.max_steps
     assert "val_bpb" not in summary
     train, _ = _train_rows(tmp_path / "run")
-    assert not np.isfinite(train[-1]["loss"]) or not np.isfinite(train[-1]["grad_norm"])
-    last = checkpoint.latest_step(tmp_path / "run")
-    assert last is not None and last < train[-1]["step"]  # the diverged step was never saved
-    _, _, params, _, _ = restore_params(tmp_path / "run")
-    assert all(np.isfinite(np.asarray(x, np.float32)).all() for x in jax.tree_util.tree_leaves(params))
+    finite = {r["step"]: np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in train}
+    first_bad = min(s for s, ok in finite.items() if not ok)
+    kept = checkpoint.steps(tmp_path / "run")
+    assert all(s < first_bad - 1 for s in kept)  # checkpoint s is good only if step s + 1's loss was finite
+    if kept:
+        _, _, params, _, _ = restore_params(tmp_path / "run")
+        assert all(np.isfinite(np.asarray(x, np.float32)).all() for x in jax.tree_util.tree_leaves(params))
+
+
+@pytest.mark.slow
+def test_checkpoint_collisions_finished_resume_corrupt_fallback_and_metrics(byte_data, tmp_path):
+    """max_steps a multiple of checkpoint_every_steps (the final save meets a periodic one); resuming a
+    finished run; a corrupt newest checkpoint on resume (falls back, says so); a signal on a periodic
+    step; metrics.jsonl cut back to the restored step (no step twice)."""
+    sets = ("train.max_steps=4", "train.checkpoint_every_steps=2")
+    run_dir = tmp_path / "run"
+    first = loop.run(tiny_config(byte_data, *sets), run_dir, echo=False)
+    assert first["stop_reason"] == "max_steps" and np.isfinite(first["val_bpb"])
+    assert checkpoint.steps(run_dir) == [2, 4] and checkpoint.read_meta(run_dir)[1]["reason"] == "periodic"
+
+    done = loop.run(tiny_config(byte_data, *sets), run_dir, resume=True, echo=False)
+    assert done["stop_reason"] == "already finished" and "already finished at step 4" in done["note"]
+
+    for f in (run_dir / "checkpoints" / "4" / "state").rglob("*"):
+        if f.is_file() and f.parent.name == "d":
+            f.write_bytes(b"garbage" * 8)
+    more = ("train.max_steps=8", "train.checkpoint_every_steps=2")
+    part = loop.run(tiny_config(byte_data, *more), run_dir, resume=True, echo=False, stop_after_steps=2)
+    assert part["stop_reason"].startswith("signal") and part["steps"] == 4  # stopped on periodic step 4
+    log = (run_dir / "train.log").read_text()
+    assert f"skipped {run_dir}/checkpoints/4: unreadable checkpoint" in log
+    assert "resumed from step 2" in log and "dropped 3 metrics row(s)" in log  # train rows 3, 4 and the final val row
+    assert checkpoint.latest_step(run_dir) == 4 and part["checkpoint_step"] == 4
+    train, val = _train_rows(run_dir)
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+    assert [r["step"] for r in val] == []  # the final val of the cut-back steps went with them
 
 
 @pytest.mark.slow

@@ -140,3 +140,13 @@ def test_tables_alone_report_and_normalised_backoff(tmp_path, capsys):
     assert analyze.main(["--tables", str(r_rep["snapshot"]), "--data", str(rep), "--tokenizer", "bytes",
                          "--seq-len", "64"]) == 0
     assert json.loads(capsys.readouterr().out)["ngram_bpb"] == pytest.approx(r_rep["ngram_bpb"])
+
+
+@pytest.mark.parametrize("make", [lambda d: None, lambda d: (d / "config.json").write_text("{not json")])
+def test_run_that_is_not_a_run_directory_is_one_line_and_exit_2(tmp_path, capsys, make):
+    """#11: `ngram.analyze --run` on a directory without (or with a corrupt) config.json: one line, exit 2."""
+    make(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        analyze.main(["--run", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith(f"error: {tmp_path}")

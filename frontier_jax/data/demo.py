@@ -82,8 +82,11 @@ def _cached(out_dir: Path) -> bool:
 
 
 def prepare_demo(out_dir) -> tuple[Path, Path]:
-    """(data_dir, tokenizer_path) of the demo data under `out_dir`, built once and then reused."""
-    out_dir = Path(out_dir)
+    """(data_dir, tokenizer_path) of the demo data under `out_dir`, built once and then reused.
+
+    Both are absolute, so a run directory that records them works from any working directory.
+    """
+    out_dir = Path(out_dir).resolve()
     if not _cached(out_dir):
         docs_dir = out_dir / "corpus"
         docs_dir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,11 @@ settings) on the train documents only, never val, into OUT/tokenizer.model.
 
 `manifest.json` is written last (atomically), so its presence marks a complete directory. It records
 per split: documents, tokens (BOS included), bytes (UTF-8 of the raw text) and shard names; and the
-tokenizer (path -- relative to OUT when inside it --, sha256, vocab size).
+tokenizer (path -- relative to OUT when inside it --, sha256, vocab size). While shards are written,
+OUT holds the marker `.prepare-incomplete`; a failure removes what this run wrote (and the marker), and
+a killed run leaves the marker, so a cut-short directory is never taken for a prepared one: the
+loader (`frontier_jax.data.dataset`) refuses shards beside the marker and checks them against the
+manifest.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ from tqdm import tqdm
 
 from frontier_jax.data.shards import DataError, atomic_write_text, write_shard
 from frontier_jax.data.tokenizer import load_tokenizer, train_sentencepiece
+from frontier_jax.errors import exit_on_error
 
 MANIFEST = "manifest.json"
+INCOMPLETE = ".prepare-incomplete"  # present while (or if a killed) prepare writes into the directory
 MANIFEST_VERSION = 1
 DEFAULT_SHARD_TOKENS = 100_000_000
 _ENCODE_CHUNK = 256  # documents encoded per call (SentencePiece batches them across threads)
@@ -80,8 +86,8 @@ def count_documents(inputs: list[Path]) -> int:
 class _ShardWriter:
     """Packs token ids into fixed-size shards named <prefix>_<split>_%06d.bin."""
 
-    def __init__(self, out_dir: Path, prefix: str, split: str, shard_tokens: int):
-        self.out_dir, self.prefix, self.split = out_dir, prefix, split
+    def __init__(self, out_dir: Path, prefix: str, split: str, shard_tokens: int, written: list[Path]):
+        self.out_dir, self.prefix, self.split, self.written = out_dir, prefix, split, written
         self.buf = np.empty(shard_tokens, dtype=np.uint16)
         self.fill = 0
         self.names: list[str] = []
@@ -103,6 +109,7 @@ class _ShardWriter:
         if self.fill == 0:
             return
         name = f"{self.prefix}_{self.split}_{len(self.names):06d}.bin"
+        self.written.append(self.out_dir / name)
         write_shard(self.out_dir / name, self.buf[: self.fill])
         self.names.append(name)
         self.fill = 0
@@ -110,7 +117,7 @@ class _ShardWriter:
 
 def _existing_outputs(out_dir: Path, prefix: str) -> list[Path]:
     found = [p for split in ("train", "val") for p in out_dir.glob(f"{prefix}_{split}_*.bin")]
-    return sorted(found) + ([out_dir / MANIFEST] if (out_dir / MANIFEST).exists() else [])
+    return sorted(found) + [out_dir / n for n in (MANIFEST, INCOMPLETE) if (out_dir / n).exists()]
 
 
 def prepare(
@@ -145,19 +152,39 @@ def prepare(
         raise DataError(f"{inputs[0]}: input holds no documents")
     if val_docs >= n_docs:
         raise DataError(f"{inputs[0]}: val_docs {val_docs} leaves no training documents (input has {n_docs})")
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     stale = _existing_outputs(out_dir, prefix)
     if stale and not overwrite:
         raise DataError(f"{out_dir}: already holds {stale[0].name} (and {len(stale) - 1} more); use an empty directory or overwrite")
+    atomic_write_text(out_dir / INCOMPLETE, "data.prepare has not finished writing this directory\n")
     for p in stale:
-        p.unlink()
+        if p.name != INCOMPLETE:
+            p.unlink()
+    written: list[Path] = []
+    try:
+        manifest = _write_shards(inputs, out_dir, tokenizer_spec, train_tokenizer_vocab, val_docs, shard_tokens,
+                                 prefix, source, n_docs, written)
+    except BaseException:
+        for p in [*written, out_dir / MANIFEST, out_dir / INCOMPLETE]:
+            p.unlink(missing_ok=True)
+        if created and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
+    (out_dir / INCOMPLETE).unlink()
+    return manifest
 
+
+def _write_shards(inputs, out_dir: Path, tokenizer_spec, train_tokenizer_vocab, val_docs: int, shard_tokens: int,
+                  prefix: str, source, n_docs: int, written: list[Path]) -> dict:
+    """The body of `prepare`: every file it creates is appended to `written` (removed on failure)."""
     if train_tokenizer_vocab is not None:
         train_docs = (t for i, t in enumerate(iter_documents(inputs)) if i >= val_docs)
         tokenizer_spec = str(train_sentencepiece(train_docs, train_tokenizer_vocab, out_dir / "tokenizer"))
+        written.append(Path(tokenizer_spec))
     tok = load_tokenizer(tokenizer_spec)
 
-    writers = {s: _ShardWriter(out_dir, prefix, s, shard_tokens) for s in ("val", "train")}
+    writers = {s: _ShardWriter(out_dir, prefix, s, shard_tokens, written) for s in ("val", "train")}
     stats = {s: {"documents": 0, "tokens": 0, "bytes": 0} for s in writers}
 
     def flush_chunk(split: str, texts: list[str]) -> None:
@@ -199,7 +226,7 @@ def prepare(
         "splits": {"train": stats["train"], "val": stats["val"]},
         "source": source,
     }
-    atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")  # last: marks the directory complete
     return manifest
 
 
@@ -228,11 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overwrite", action="store_true", help="replace existing shards with this prefix")
     args = ap.parse_args(argv)
     spec = "bytes" if args.bytes else args.tokenizer
-    try:
+    with exit_on_error():
         m = prepare(args.input, args.out, spec, args.train_tokenizer, args.val_docs, args.shard_tokens, args.prefix, args.overwrite)
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     for split in ("train", "val"):
         s = m["splits"][split]
         print(f"{split}: {s['documents']} docs, {s['tokens']} tokens, {s['bytes']} bytes, {len(s['shards'])} shards")

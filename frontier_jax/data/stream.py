@@ -6,8 +6,9 @@ each process uses its own slice of it (`TrainLoader`), so the data position is j
 and a checkpoint stores it as a small JSON dict.
 
 Validation follows the baseline too: all val shards concatenated, truncated to a whole number of
-`seq_len` windows (+1 token for the last target), scored as non-overlapping windows
-(`val_batches`). `sliding_windows` / `sliding_batches` give the overlapping-window variant, where
+`seq_len` windows (+1 token for the last target), scored as non-overlapping windows. `val_batches`
+is the one validation batcher (training's periodic and final validation, `evaluate`, the PyTorch
+baseline): fixed-shape masked batches, non-overlapping or, with `stride`, sliding windows in which
 every target is still scored exactly once but with a longer context.
 """
 
@@ -136,77 +137,65 @@ def load_val_tokens(files: list[Path], seq_len: int) -> np.ndarray:
     return tokens[: usable + 1]
 
 
-def _windows(tokens: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    n = (tokens.shape[0] - 1) // seq_len
-    x = tokens[: n * seq_len].reshape(n, seq_len)
-    y = tokens[1 : n * seq_len + 1].reshape(n, seq_len)
-    return x, y
+def window_starts(n_tokens: int, seq_len: int, stride: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(start_W, score_from_W) int64 of the evaluation windows over a stream of `n_tokens` tokens.
 
-
-def val_batches(
-    tokens: np.ndarray, seq_len: int, batch_seqs: int, process_index: int = 0, process_count: int = 1
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Non-overlapping windows of this process, `batch_seqs` at a time (the last batch may be smaller).
-
-    Window i is x = tokens[i*T:(i+1)*T], y = tokens[i*T+1:(i+1)*T+1]. Of W windows, process p gets
-    the contiguous range [p*W//P, (p+1)*W//P): every window is scored by exactly one process.
+    Window w is x = tokens[s : s+T], y = tokens[s+1 : s+T+1] with s = start_W[w]; only targets
+    y[score_from_W[w]:] are scored. stride None: the baseline's non-overlapping windows, s = w*T, all
+    targets scored, a tail shorter than a window dropped. stride in [1, T]: sliding windows. Window 0
+    starts at 0 and scores all its targets; window k starts at k*stride and scores its last `stride`
+    targets (each with at least T - stride + 1 tokens of context); if targets remain after the last
+    full step, one final window ends exactly at the last token and scores only the not-yet-scored
+    tail. Every target is scored exactly once.
     """
-    if batch_seqs <= 0:
-        raise ValueError(f"val_batches: batch_seqs must be positive, got {batch_seqs}")
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"val_batches: process_index {process_index} not in [0, {process_count})")
-    x, y = _windows(np.asarray(tokens), seq_len)
-    w = x.shape[0]
-    lo, hi = process_index * w // process_count, (process_index + 1) * w // process_count
-    for start in range(lo, hi, batch_seqs):
-        stop = min(start + batch_seqs, hi)
-        yield x[start:stop].astype(np.int32), y[start:stop].astype(np.int32)
+    if stride is None:
+        n = max(n_tokens - 1, 0) // seq_len
+        return np.arange(n, dtype=np.int64) * seq_len, np.zeros(n, np.int64)
+    if not 0 < stride <= seq_len:
+        raise ValueError(f"sliding windows: stride must be in [1, seq_len={seq_len}], got {stride}")
+    if n_tokens < seq_len + 1:
+        raise ValueError(f"sliding windows: {n_tokens} tokens are fewer than one window of {seq_len + 1}")
+    steps = (n_tokens - 1 - seq_len) // stride
+    starts = np.arange(steps + 1, dtype=np.int64) * stride
+    score_from = np.full(steps + 1, seq_len - stride, np.int64)
+    score_from[0] = 0
+    scored_to = int(starts[-1]) + seq_len  # targets tokens[1 .. scored_to] are scored
+    if scored_to < n_tokens - 1:
+        last = n_tokens - 1 - seq_len
+        starts, score_from = np.append(starts, last), np.append(score_from, scored_to - last)
+    return starts, score_from
 
 
 def sliding_windows(tokens: np.ndarray, seq_len: int, stride: int) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
-    """Overlapping windows for sliding-window evaluation: (x, y, score_from), x and y int32 [seq_len].
-
-    Targets are tokens[1:]; target j of a window starting at s is tokens[s + 1 + j] with context
-    tokens[s : s + j + 1]. Score only y[score_from:]. Window 0 starts at 0 and scores all its targets;
-    window k starts at k*stride and scores its last `stride` targets (score_from = seq_len - stride),
-    each with at least seq_len - stride + 1 tokens of context. If targets remain after the last full
-    step, one final window ends exactly at the last token and scores only the not-yet-scored tail.
-    Every target is scored exactly once. stride == seq_len gives the non-overlapping windows.
-    """
+    """The windows of `window_starts(len(tokens), seq_len, stride)` one at a time: (x, y, score_from)."""
     tokens = np.asarray(tokens)
-    n = tokens.shape[0]
-    if not 0 < stride <= seq_len:
-        raise ValueError(f"sliding_windows: stride must be in [1, seq_len={seq_len}], got {stride}")
-    if n < seq_len + 1:
-        raise ValueError(f"sliding_windows: {n} tokens are fewer than one window of {seq_len + 1}")
-
-    def window(s: int) -> tuple[np.ndarray, np.ndarray]:
-        return tokens[s : s + seq_len].astype(np.int32), tokens[s + 1 : s + seq_len + 1].astype(np.int32)
-
-    x, y = window(0)
-    yield x, y, 0
-    scored_to, s = seq_len, stride  # targets tokens[1 .. scored_to] are scored
-    while s + seq_len <= n - 1:
-        x, y = window(s)
-        yield x, y, seq_len - stride
-        scored_to, s = s + seq_len, s + stride
-    if scored_to < n - 1:
-        s = n - 1 - seq_len
-        x, y = window(s)
-        yield x, y, scored_to - s
+    for s, f in zip(*window_starts(tokens.shape[0], seq_len, stride)):
+        yield tokens[s : s + seq_len].astype(np.int32), tokens[s + 1 : s + seq_len + 1].astype(np.int32), int(f)
 
 
-def sliding_batches(
-    tokens: np.ndarray, seq_len: int, stride: int, batch_seqs: int
-) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """`sliding_windows` grouped `batch_seqs` at a time: (x [b,T], y [b,T], score_from [b]) int32."""
-    if batch_seqs <= 0:
-        raise ValueError(f"sliding_batches: batch_seqs must be positive, got {batch_seqs}")
-    xs, ys, fs = [], [], []
-    for x, y, f in sliding_windows(tokens, seq_len, stride):
-        xs.append(x), ys.append(y), fs.append(f)
-        if len(xs) == batch_seqs:
-            yield np.stack(xs), np.stack(ys), np.asarray(fs, np.int32)
-            xs, ys, fs = [], [], []
-    if xs:
-        yield np.stack(xs), np.stack(ys), np.asarray(fs, np.int32)
+def val_batches(tokens: np.ndarray, seq_len: int, batch_seqs: int, process_index: int = 0, process_count: int = 1,
+                stride: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The one validation batcher: (x, y, mask) int32 [batch_seqs / process_count, seq_len] of this process.
+
+    Windows from `window_starts` (non-overlapping by default, sliding with `stride`); mask[b, t] = 1
+    where target t of row b is scored. The W windows are dealt to processes contiguously (process p
+    gets [p*W//P, (p+1)*W//P): every window is scored by exactly one process); every process yields
+    the same number of batches of one fixed shape, short ones padded with mask-0 rows, so evaluation
+    compiles once and runs in lockstep across processes.
+    """
+    if batch_seqs <= 0 or batch_seqs % process_count:
+        raise ValueError(f"val_batches: batch_seqs {batch_seqs} is not a positive multiple of process_count {process_count}")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"val_batches: process_index {process_index} not in [0, {process_count})")
+    tokens = np.asarray(tokens)
+    starts, score_from = window_starts(tokens.shape[0], seq_len, stride)
+    local, w = batch_seqs // process_count, starts.shape[0]
+    lo, hi = process_index * w // process_count, (process_index + 1) * w // process_count
+    t_T = np.arange(seq_len, dtype=np.int64)
+    for first in range(0, -(-w // process_count), local):
+        a, b = min(lo + first, hi), min(lo + first + local, hi)
+        idx_BT = starts[a:b, None] + t_T[None, :]
+        x, y = tokens[idx_BT].astype(np.int32), tokens[idx_BT + 1].astype(np.int32)
+        mask = (t_T[None, :] >= score_from[a:b, None]).astype(np.int32)
+        pad = ((0, local - (b - a)), (0, 0))
+        yield np.pad(x, pad), np.pad(y, pad), np.pad(mask, pad)

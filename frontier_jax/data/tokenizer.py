@@ -60,12 +60,16 @@ class SentencePieceTokenizer:
             raise DataError(f"{self.path}: tokenizer model file does not exist") from None
         except IsADirectoryError:
             raise DataError(f"{self.path}: is a directory, not a tokenizer model") from None
+        if not data:
+            raise DataError(f"{self.path}: empty file, not a SentencePiece model")
         try:
             self._sp = spm.SentencePieceProcessor(model_proto=data)
         except (RuntimeError, OSError, TypeError) as e:
             raise DataError(f"{self.path}: not a SentencePiece model ({str(e).splitlines()[0][:120]})") from None
         self.sha256 = hashlib.sha256(data).hexdigest()
         self.vocab_size = int(self._sp.vocab_size())
+        if self.vocab_size == 0:
+            raise DataError(f"{self.path}: not a SentencePiece model (no pieces)")
         self.bos_id = int(self._sp.bos_id())
         if self.bos_id < 0:
             raise DataError(f"{self.path}: SentencePiece model has no BOS id (bos_id=-1)")

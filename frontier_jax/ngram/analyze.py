@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from frontier_jax.data.shards import DataError
+from frontier_jax.errors import exit_on_error
 from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram import tables as T
 
@@ -116,7 +118,7 @@ def analyze_tables(snapshot_path, data_dir, tokenizer: str = "", seq_len: int = 
     stream = _val_tokens(data_dir, val_pattern, max_tokens)
     n_win = (stream.size - 1) // seq_len
     if n_win == 0:
-        raise ValueError(f"{data_dir}: fewer than seq_len + 1 = {seq_len + 1} val tokens")
+        raise DataError(f"{data_dir}: fewer than seq_len + 1 = {seq_len + 1} val tokens")
     x_N = stream[: n_win * seq_len].astype(np.int64)
     y_N = stream[1 : n_win * seq_len + 1].astype(np.int64)
     vocab = int(max(stream.max(), np.flatnonzero(snap.unigram_V).max(initial=0))) + 1
@@ -166,12 +168,12 @@ def analyze_run(run_dir, data_dir=None, tokenizer=None, snapshot_path=None, max_
     stream = _val_tokens(data_dir, cfg.data.val_pattern, max_tokens)
     x_WT, y_WT = NE.val_windows(stream, seq_len)
     if x_WT.shape[0] == 0:
-        raise ValueError(f"{data_dir}: fewer than seq_len + 1 = {seq_len + 1} val tokens")
+        raise DataError(f"{data_dir}: fewer than seq_len + 1 = {seq_len + 1} val tokens")
     x_N, y_N = x_WT.reshape(-1), y_WT.reshape(-1)
     bytes_N = count_bytes(tok.byte_tables(cfg.model.vocab_size), x_N, y_N)
     snapshot_path = snapshot_path or (NE.run_snapshot(run_dir) if cfg.ngram.enabled else None)
     if cfg.ngram.enabled and snapshot_path is None:
-        raise FileNotFoundError(f"{run_dir}: the run has the n-gram bias on but no published snapshot in ngram-p0/")
+        raise DataError(f"{run_dir}: the run has the n-gram bias on but no published snapshot in ngram-p0/")
     abl = NE.bias_ablation(run_dir, snapshot_path, x_WT, y_WT)
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -238,14 +240,16 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=0, help="score at most this many val tokens (0: all)")
     ap.add_argument("--json", action="store_true", help="print JSON only")
     args = ap.parse_args(argv)
-    if args.run:
-        report = analyze_run(args.run, args.data, args.tokenizer, args.tables, args.max_tokens)
-        print(json.dumps(report, indent=1) if args.json else format_report(report))
-        return 0
-    if not (args.tables and args.data):
+    if not (args.run or (args.tables and args.data)):
         ap.error("give --run RUN_DIR, or --tables SNAPSHOT --data DIR")
-    report = analyze_tables(args.tables, args.data, args.tokenizer or "", args.seq_len, args.val_pattern, args.max_tokens)
-    print(json.dumps(report, indent=1))
+    with exit_on_error():
+        if args.run:
+            report = analyze_run(args.run, args.data, args.tokenizer, args.tables, args.max_tokens)
+            print(json.dumps(report, indent=1) if args.json else format_report(report))
+        else:
+            report = analyze_tables(args.tables, args.data, args.tokenizer or "", args.seq_len, args.val_pattern,
+                                    args.max_tokens)
+            print(json.dumps(report, indent=1))
     return 0
 
 

@@ -19,21 +19,11 @@ from frontier_jax.ngram import snapshot as S
 
 
 def restore_run(run_dir):
-    """(cfg, graphdef, params, step) of a run's latest checkpoint, n-gram bias parameter included."""
-    from frontier_jax import checkpoint, optim
-    from frontier_jax.config import model_hash
-    from frontier_jax.interop import read_run_config
-    from frontier_jax.model import GPT
+    """(cfg, graphdef, params, step) of a run's newest intact checkpoint, n-gram bias parameter included."""
+    from frontier_jax.evaluate import restore_checkpoint
 
-    cfg, dtype = read_run_config(run_dir)
-    orders = cfg.ngram.max_order - cfg.ngram.min_order + 1 if cfg.ngram.enabled else 0
-    model = nnx.eval_shape(lambda: GPT(cfg.model, rngs=nnx.Rngs(cfg.train.seed), compute_dtype=dtype,
-                                       num_bias_orders=orders, bias_buckets=cfg.ngram.confidence_buckets))
-    graphdef, aparams = nnx.split(model)
-    aopt = jax.eval_shape(optim.build_optimizer(cfg.optim).init, aparams)
-    state, meta = checkpoint.restore(Path(run_dir), {"params": aparams, "opt_state": aopt},
-                                     expect_model_hash=model_hash(cfg.model))
-    return cfg, graphdef, state["params"], int(meta["step"])
+    cfg, graphdef, params, step, _ = restore_checkpoint(run_dir)
+    return cfg, graphdef, params, step
 
 
 def run_snapshot(run_dir, process_index: int = 0) -> Path | None:

@@ -24,6 +24,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from frontier_jax.config import NgramConfig
+from frontier_jax.errors import BadInput
 from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram.bias import DeviceTables, empty_tables, host_arrays, ngram_sparse_bias
 from frontier_jax.ngram.builder import NgramBuilder, shard_usage_text, split_shards_for_builder
@@ -31,7 +32,7 @@ from frontier_jax.ngram.builder import NgramBuilder, shard_usage_text, split_sha
 RECORD_FILE = "runtime.json"
 
 
-class NgramBuilderFailed(RuntimeError):
+class NgramBuilderFailed(BadInput):
     """The builder process failed and `ngram.strict` is set."""
 
 

@@ -115,7 +115,7 @@ def check_memory(cfg) -> list[int]:
         raise ValueError(f"ngram.table_log2_size must be in [1, 30], got {cfg.table_log2_size}")
     if not 1 <= cfg.min_order <= cfg.max_order:
         raise ValueError(f"ngram orders must satisfy 1 <= min_order <= max_order, got {cfg.min_order}..{cfg.max_order}")
-    per = [table_bytes_per_order(cfg.table_log2_size)] * (cfg.max_order - cfg.min_order + 1)
+    per = [table_bytes_per_order(cfg.table_log2_size)] * cfg.num_orders
     if sum(per) > cfg.max_table_bytes:
         raise ValueError(
             f"ngram tables need {sum(per)} bytes ({len(per)} orders x {per[0]}), over max_table_bytes={cfg.max_table_bytes}"

@@ -1,0 +1,152 @@
+"""The one data loader of training and evaluation: every start-up check on a shard directory.
+
+`load_dataset` returns the tokenizer, the bpb byte tables, the train shard files and the val tokens
+after checking, before anything trains or is written:
+
+- the directory exists and holds train and val shards; the tokenizer's vocabulary equals the model's;
+- every shard's header and size (all of them now, not when the stream reaches one hours later);
+- provenance: a directory made by `data.prepare` must have a complete `manifest.json` (no
+  `.prepare-incomplete` marker of a failed or killed preparation; exactly the listed shards, with the
+  listed token counts), and the manifest's tokenizer sha256 must be the given tokenizer's (a
+  tokenizer with the same vocabulary size that did not make the shards gives a wrong bpb). A
+  directory with shards but no manifest and no marker -- the competition's downloaded
+  `fineweb_{train,val}_*.bin` -- is accepted with a warning (its provenance is unknown) in the
+  one-line `Dataset.provenance` that the entry points log (and passed to `warn` when given);
+- every token id of every train and val shard is below the vocabulary size (an id beyond it gives
+  `val_bpb: nan`, or a "non-finite loss" in training). The pass is vectorised over the memmapped
+  shards in chunks; the maximum id of each shard is cached in `<data_dir>/.token_ids.json`, keyed by
+  the shard's size, modification time and inode, so a later start reads only shards that changed (the
+  README's "Training" section gives the measured cost).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from frontier_jax.data.prepare import INCOMPLETE, MANIFEST, read_manifest
+from frontier_jax.data.shards import DataError, atomic_write_text, list_shards, read_shard, shard_token_count
+from frontier_jax.data.stream import load_val_tokens
+from frontier_jax.data.tokenizer import ByteTables, check_vocab, load_tokenizer
+
+ID_CACHE = ".token_ids.json"
+_CHUNK_TOKENS = 1 << 24  # tokens per vectorised max (32 MiB of uint16)
+
+
+@dataclass
+class Dataset:
+    tokenizer: object
+    tables: ByteTables  # the exact bpb rule's per-token tables, padded to the model's vocabulary
+    train_files: list[Path]
+    val_tokens: np.ndarray  # int32, whole seq_len windows plus one token
+    provenance: str  # one line for the run log: what was checked
+
+
+def load_dataset(data_dir, tokenizer_spec: str, vocab_size: int, seq_len: int, train_pattern: str = "*_train_*.bin",
+                 val_pattern: str = "*_val_*.bin", vocab_where: str = "model.vocab_size",
+                 warn: Callable[[str], None] | None = None) -> Dataset:
+    """Every start-up check of the module docstring; DataError (one line naming the file) on the first failure."""
+    if not data_dir:
+        raise DataError("<data>: no data directory given (--data DIR or data.data_dir)")
+    data_dir = Path(data_dir)
+    tokenizer = load_tokenizer(tokenizer_spec)
+    check_vocab(tokenizer, vocab_size, vocab_where)
+    train_files = list_shards(data_dir, train_pattern)
+    val_files = list_shards(data_dir, val_pattern)
+    counts = {f: shard_token_count(f) for f in train_files + val_files}
+    source = check_provenance(data_dir, tokenizer, train_files, val_files, counts, warn)
+    t0 = time.perf_counter()
+    fresh = check_token_ids(data_dir, train_files + val_files, vocab_size)
+    id_seconds = time.perf_counter() - t0
+    val_tokens = load_val_tokens(val_files, seq_len)
+    n_train = sum(counts[f] for f in train_files)
+    line = (f"data: {data_dir}: {len(train_files)} train shards ({n_train:,} tokens), val {val_tokens.shape[0]:,} "
+            f"tokens; {source}; token ids < {vocab_size} ({fresh} of {len(counts)} shards read, {id_seconds:.2f} s)")
+    return Dataset(tokenizer, tokenizer.byte_tables(vocab_size), train_files, val_tokens, line)
+
+
+def check_provenance(data_dir: Path, tokenizer, train_files: list[Path], val_files: list[Path], counts: dict,
+                     warn: Callable[[str], None] | None = None) -> str:
+    """What vouches for the shards (one phrase); DataError when the directory is incomplete or not the tokenizer's."""
+    if (data_dir / INCOMPLETE).exists():
+        raise DataError(f"{data_dir / INCOMPLETE}: data.prepare did not finish in this directory; "
+                        "prepare it again (--overwrite)")
+    if not (data_dir / MANIFEST).exists():
+        line = (f"WARNING: no {MANIFEST}, so the shards were not made by data.prepare (e.g. the competition's "
+                "download) and the tokenizer that made them cannot be checked")
+        if warn:
+            warn(f"{data_dir}: {line}")
+        return line
+    manifest = read_manifest(data_dir)
+    where = data_dir / MANIFEST
+    try:
+        tok_entry = manifest["tokenizer"]
+        splits = {s: (manifest["splits"][s]["shards"], int(manifest["splits"][s]["tokens"])) for s in ("train", "val")}
+        sha = str(tok_entry["sha256"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise DataError(f"{where}: incomplete manifest (missing or bad entry {e})") from None
+    if sha != tokenizer.sha256:
+        raise DataError(f"{tokenizer.path}: not the tokenizer that made the shards in {data_dir} (its sha256 "
+                        f"{tokenizer.sha256[:12]}..., the manifest's {sha[:12]}... = {tok_entry.get('path')})")
+    for split, files in (("train", train_files), ("val", val_files)):
+        listed, tokens = splits[split]
+        found = [f.name for f in files]
+        if sorted(listed) != found:
+            extra = sorted(set(found) - set(listed))
+            what = f"{extra[0]} is not listed" if extra else f"{sorted(set(listed) - set(found))[0]} is missing"
+            raise DataError(f"{where}: {split} shards differ from the manifest ({what})")
+        if sum(counts[f] for f in files) != tokens:
+            raise DataError(f"{where}: {split} shards hold {sum(counts[f] for f in files)} tokens, the manifest {tokens}")
+    return f"{MANIFEST} complete, tokenizer sha256 {sha[:12]} matches"
+
+
+def _max_id(path: Path) -> tuple[int, int]:
+    """(max token id, index of its first occurrence) of a shard; (-1, -1) when empty."""
+    tokens = read_shard(path)
+    best, at = -1, -1
+    for lo in range(0, tokens.shape[0], _CHUNK_TOKENS):
+        chunk = tokens[lo : lo + _CHUNK_TOKENS]
+        m = int(chunk.max())
+        if m > best:
+            best, at = m, lo + int(np.argmax(chunk))
+    return best, at
+
+
+def check_token_ids(data_dir: Path, files: list[Path], vocab_size: int) -> int:
+    """DataError naming the shard and position of the first id >= vocab_size; returns how many shards were read.
+
+    A shard's maximum is taken from the cache when its size, mtime and inode are unchanged (a shard
+    rewritten atomically, or a copied directory, gets new inodes, so it is read again); the cache is
+    rewritten (atomically) when a shard was read, and left alone where the directory is read-only.
+    """
+    cache_path = data_dir / ID_CACHE
+    try:
+        cache = json.loads(cache_path.read_text(encoding="utf-8"))
+        cache = cache if isinstance(cache, dict) else {}
+    except (OSError, ValueError):
+        cache = {}
+    read = 0
+    for f in files:
+        st = f.stat()
+        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        hit = cache.get(f.name)
+        if isinstance(hit, list) and len(hit) == 4 and hit[:3] == key:
+            best, at = int(hit[3]), -1
+        else:
+            (best, at), read = _max_id(f), read + 1
+            cache[f.name] = [*key, best]
+        if best >= vocab_size:
+            at = _max_id(f)[1] if at < 0 else at
+            raise DataError(f"{f}: token id {best} at position {at} is not below the vocabulary size {vocab_size} "
+                            "(shards made with another tokenizer?)")
+    if read:
+        try:
+            atomic_write_text(cache_path, json.dumps(cache, sort_keys=True) + "\n")
+        except OSError:
+            pass  # a read-only data directory: the check runs again next time
+    return read
