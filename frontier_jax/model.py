@@ -1,4 +1,4 @@
-"""The baseline transformer (spec baseline.md 1.1) in Flax NNX.
+"""The baseline transformer (README, "The model and optimizer") in Flax NNX.
 
 Every hot op goes through `frontier_jax.ops` (kernel on Neuron, reference elsewhere). Attribute
 names follow the PyTorch baseline's `state_dict` so interop is a renaming plus a transpose:
@@ -19,7 +19,7 @@ from flax import nnx
 
 from frontier_jax import ops
 from frontier_jax import reference as ref
-from frontier_jax.config import ModelConfig
+from frontier_jax.config import Config, ModelConfig
 
 # Block parameters that are vectors/scalars (Adam), even when 2-D (resid_mix) - as the baseline's
 # CONTROL_TENSOR_NAME_PATTERNS.
@@ -145,6 +145,16 @@ class GPT(nnx.Module):
         loss_N = ops.head_loss(x_ND, self.tok_emb[...], targets_BT.reshape(B * T), self.cfg.logit_softcap,
                                bias_ids_BTS, bias_vals_BTS)
         return loss_N.reshape(B, T)
+
+
+def build(cfg: Config, compute_dtype=None) -> GPT:
+    """The model of a run: `cfg.model` in `compute_dtype` (None: the dtype policy), seeded by
+    `cfg.train.seed`, with the n-gram bias parameter when `cfg.ngram.enabled`. Wrap it in
+    `nnx.eval_shape(lambda: build(cfg, dtype))` for the abstract model (restoring a checkpoint)."""
+    ng = cfg.ngram
+    orders = ng.max_order - ng.min_order + 1 if ng.enabled else 0
+    return GPT(cfg.model, rngs=nnx.Rngs(cfg.train.seed), compute_dtype=compute_dtype, num_bias_orders=orders,
+               bias_buckets=ng.confidence_buckets)
 
 
 def count_params(model: nnx.Module) -> int:

@@ -1,29 +1,36 @@
-"""Optimizer (spec baseline.md 1.2-1.3): Muon on block matrices, Adam on the embedding and the rest.
+"""Optimizer: Muon on block matrices, Adam on the embedding and the rest (the baseline's split, README
+"The model and optimizer"), as an optax chain or fused (one kernel-backed update per parameter).
 
-Built from optax pieces: `optax.partition` over labels derived from parameter paths. The learning-rate
-multiplier (`lr_scale`) and Muon's momentum arrive as runtime scalars through optax's extra-args
-mechanism, so the time-based schedule never recompiles the step.
-
-Labels: "muon" (2-D matrices inside blocks), "embed" (the tied embedding, Adam at embed_lr),
-"scalar" (vectors, scalars and control tensors such as resid_mix and skip_weights, Adam at scalar_lr),
-"ngram" (the n-gram bias table [orders, confidence buckets], Adam at ngram_lr).
+Labels come from parameter paths: "muon" (2-D matrices inside blocks), "embed" (the tied embedding,
+Adam at embed_lr), "scalar" (vectors, scalars and control tensors such as resid_mix and skip_weights,
+Adam at scalar_lr), "ngram" (the n-gram bias table [orders, confidence buckets], Adam at ngram_lr).
 optax.contrib.muon would route every 2-D leaf, the embedding included, to Muon: not used here.
+
+`build_optimizer(cfg)` returns an `Optimizer`: optax's `init` / `update` (updates = p' - p, so it
+composes with optax code) and `apply(grads, state, params, *, lr_scale, momentum) -> (params', state')`,
+the one entry the train step calls whichever kind it is. Unfused (`optim.fused=False`): an
+`optax.partition` of optax pieces, `apply` = update + `optax.apply_updates`. Fused (`optim.fused=True`):
+each parameter is updated by one `ops.adam_update` / `ops.muon_update` (an NKI kernel on trn1, a
+pure-JAX reference computing what the optax chain computes elsewhere) that writes the parameter
+itself; going through update + apply_updates would cost one more HBM pass and round twice. The
+learning-rate multiplier (`lr_scale`) and Muon's momentum are runtime scalars (optax's extra args; in
+the fused kernels [128, K] fp32 operands, with Adam's bias corrections), so the schedule never
+recompiles. The Muon direction (Nesterov, Newton-Schulz, shape scale) is `reference.muon_direction`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from frontier_jax import ops
 from frontier_jax.config import OptimConfig
 from frontier_jax.model import CONTROL_PARAM_NAMES
-
-NS_COEFFS = (3.4445, -4.7750, 2.0315)
-NS_EPS = 1e-7
+from frontier_jax.reference import muon_direction, newton_schulz  # noqa: F401  (newton_schulz: optim's API)
 
 
 def path_names(path) -> list[str]:
@@ -52,51 +59,40 @@ def param_labels(params):
     return jax.tree_util.tree_map_with_path(lambda p, x: label_for(path_names(p), x.ndim), params)
 
 
-def newton_schulz(g_RC: jax.Array, steps: int, dtype) -> jax.Array:
-    """Orthogonalise a matrix in PyTorch [rows, cols] orientation exactly as the baseline's
-    zeropower_via_newtonschulz5: Frobenius-normalise, transpose if tall, 5 quintic iterations."""
-    a, b, c = NS_COEFFS
-    x = g_RC.astype(dtype)
-    x = x / (jnp.linalg.norm(x.astype(jnp.float32)).astype(dtype) + NS_EPS)
-    transposed = g_RC.shape[0] > g_RC.shape[1]
-    if transposed:
-        x = x.T
-    for _ in range(steps):
-        a_RR = x @ x.T
-        b_RR = b * a_RR + c * (a_RR @ a_RR)
-        x = a * x + b_RR @ x
-    return x.T if transposed else x
+class Optimizer(NamedTuple):
+    """optax's init/update plus `apply`, which returns the new parameters (see the module doc)."""
+
+    init: Callable
+    update: Callable
+    apply: Callable
+
+
+def _unzip(tree, out, n: int):
+    """A tree of n-tuples (structure of `tree`) -> n trees (an empty group gives n empty trees)."""
+    treedef = jax.tree_util.tree_structure(tree)
+    cols = list(zip(*treedef.flatten_up_to(out))) or [()] * n
+    return tuple(jax.tree_util.tree_unflatten(treedef, list(c)) for c in cols)
+
+
+# ----------------------------------------------------------------------------- the optax chain
 
 
 class MuonState(NamedTuple):
-    momentum_buffer: optax.Updates
+    momentum_buffer: optax.Updates  # fp32
 
 
 def scale_by_muon(ns_steps: int = 5, ns_dtype: str = "bfloat16") -> optax.GradientTransformationExtraArgs:
-    """Nesterov momentum + Newton-Schulz + sqrt(max(1, rows/cols)) scale; `momentum` is a runtime arg.
-
-    Parameters are stored [in, out]; the baseline's PyTorch weights are [out, in], so the matrix is
-    orthogonalised as g.T (rows = out) to reproduce its transposition choice and scale exactly.
-    The update is rounded to `ns_dtype` as the baseline's bf16 update buffer does.
-    """
-    dtype = jnp.dtype(ns_dtype)
+    """Muon's direction (reference.muon_direction) per matrix; `momentum` is a runtime arg."""
 
     def init_fn(params):
         return MuonState(jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
 
     def update_fn(updates, state, params=None, *, momentum, **extra):
         del params, extra
-        buf = jax.tree_util.tree_map(lambda m, g: momentum * m + g.astype(jnp.float32),
-                                     state.momentum_buffer, updates)
-
-        def one(g, m):
-            g = g.astype(jnp.float32) + momentum * m  # Nesterov
-            o_RC = newton_schulz(g.T, ns_steps, dtype)  # PyTorch orientation [out, in]
-            rows, cols = o_RC.shape
-            o_RC = o_RC * max(1.0, rows / cols) ** 0.5
-            return o_RC.T.astype(dtype).astype(jnp.float32)
-
-        return jax.tree_util.tree_map(one, updates, buf), MuonState(buf)
+        out = jax.tree_util.tree_map(lambda g, m: muon_direction(g, m, momentum, ns_steps, ns_dtype),
+                                     updates, state.momentum_buffer)
+        u, buf = _unzip(updates, out, 2)
+        return u, MuonState(buf)
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -122,15 +118,17 @@ def resolve_ns_dtype(cfg: OptimConfig, platform: str | None = None) -> str:
     return "float32" if (platform or jax.default_backend()) == "cpu" else "bfloat16"
 
 
-def build_optimizer(cfg: OptimConfig) -> optax.GradientTransformationExtraArgs:
+def build_optimizer(cfg: OptimConfig) -> Optimizer:
+    """Muon / Adam by label, unfused or fused (`optim.fused`): same groups, learning rates and hyper-parameters."""
     cfg = dataclasses.replace(cfg, muon_ns_dtype=resolve_ns_dtype(cfg))
-    if cfg.fused:  # one kernel per parameter (frontier_jax.fused_optim); same groups and hyper-parameters
-        from frontier_jax.fused_optim import build_fused_optimizer
-
-        return build_fused_optimizer(cfg)
+    if cfg.fused:
+        adam = lambda lr: fused_adam(lr, cfg.beta1, cfg.beta2, cfg.adam_eps)
+        return fused_partition({"muon": fused_muon(cfg.matrix_lr, cfg.muon_ns_steps, cfg.muon_ns_dtype),
+                                "embed": adam(cfg.embed_lr), "scalar": adam(cfg.scalar_lr),
+                                "ngram": adam(cfg.ngram_lr)}, param_labels)
     adam = lambda lr: optax.chain(optax.scale_by_adam(b1=cfg.beta1, b2=cfg.beta2, eps=cfg.adam_eps),
                                   scale_by_scheduled_lr(lr))
-    return optax.partition(
+    chain = optax.partition(
         {
             "muon": optax.chain(scale_by_muon(cfg.muon_ns_steps, cfg.muon_ns_dtype), scale_by_scheduled_lr(cfg.matrix_lr)),
             "embed": adam(cfg.embed_lr),
@@ -139,6 +137,108 @@ def build_optimizer(cfg: OptimConfig) -> optax.GradientTransformationExtraArgs:
         },
         param_labels,
     )
+
+    def apply(grads, state, params, **extra):
+        updates, state = chain.update(grads, state, params, **extra)
+        return optax.apply_updates(params, updates), state
+
+    return Optimizer(chain.init, chain.update, apply)
+
+
+# ----------------------------------------------------------------------------- fused transformations
+
+
+def _fused(init, apply) -> Optimizer:
+    def update(updates, state, params=None, **extra):
+        if params is None:
+            raise ValueError("fused optimizers update the parameters themselves: pass params")
+        new_params, state = apply(updates, state, params, **extra)
+        return jax.tree_util.tree_map(lambda n, p: n - p, new_params, params), state
+
+    return Optimizer(init, update, apply)
+
+
+class FusedAdamState(NamedTuple):
+    count: jax.Array  # int32 step count (bias correction), as optax.ScaleByAdamState
+    mu: optax.Updates
+    nu: optax.Updates
+
+
+def fused_adam(base_lr: float, b1: float = 0.9, b2: float = 0.95, eps: float = 1e-8,
+               weight_decay: float = 0.0) -> Optimizer:
+    """Adam(W): optax.scale_by_adam (moments in the parameter dtype) with lr = base_lr * lr_scale and
+    decoupled weight decay p' = p - lr (u + wd p); one `ops.adam_update` per parameter."""
+
+    def init(params):
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+        return FusedAdamState(jnp.zeros([], jnp.int32), zeros, jax.tree_util.tree_map(jnp.zeros_like, params))
+
+    def apply(grads, state, params, *, lr_scale, **extra):
+        count = optax.safe_increment(state.count)
+        scal = ops.scalars_PK(base_lr * lr_scale, 1 - b1 ** count, 1 - b2 ** count, 0.0)
+        out = jax.tree_util.tree_map(
+            lambda p, g, m, v: ops.adam_update(p, g, m, v, scal, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay),
+            params, grads, state.mu, state.nu)
+        p2, m2, v2 = _unzip(params, out, 3)
+        return p2, FusedAdamState(count, m2, v2)
+
+    return _fused(init, apply)
+
+
+class FusedMuonState(NamedTuple):
+    momentum_buffer: optax.Updates  # fp32, as MuonState
+
+
+def fused_muon(base_lr: float, ns_steps: int = 5, ns_dtype: str = "bfloat16") -> Optimizer:
+    """Muon (lr = base_lr * lr_scale, runtime `momentum`): one `ops.muon_update` per 2-D parameter."""
+
+    def init(params):
+        return FusedMuonState(jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+
+    def apply(grads, state, params, *, lr_scale, momentum, **extra):
+        scal = ops.scalars_PK(base_lr * lr_scale, momentum)
+        out = jax.tree_util.tree_map(
+            lambda p, g, b: ops.muon_update(p, g, b, scal, ns_steps=ns_steps, ns_dtype=ns_dtype),
+            params, grads, state.momentum_buffer)
+        p2, b2 = _unzip(params, out, 2)
+        return p2, FusedMuonState(b2)
+
+    return _fused(init, apply)
+
+
+def fused_partition(transforms: dict[str, Optimizer], param_labels) -> Optimizer:
+    """optax.partition for fused transformations: each group sees the tuple of its leaves (in tree
+    order), so the state is {label: group state over that tuple}."""
+
+    def split(tree, labels):
+        leaves = jax.tree_util.tree_leaves(tree)
+        return {k: tuple(x for x, lab in zip(leaves, labels) if lab == k) for k in transforms}
+
+    def labels_of(params):
+        labels = jax.tree_util.tree_leaves(param_labels(params) if callable(param_labels) else param_labels)
+        unknown = set(labels) - set(transforms)
+        if unknown:
+            raise ValueError(f"parameters labelled {sorted(unknown)} have no transformation")
+        return labels
+
+    def init(params):
+        groups = split(params, labels_of(params))
+        return {k: tx.init(groups[k]) for k, tx in transforms.items()}
+
+    def apply(grads, state, params, **extra):
+        labels = labels_of(params)
+        gp, gg = split(params, labels), split(grads, labels)
+        new_state, new_groups = {}, {}
+        for k, tx in transforms.items():
+            new_groups[k], new_state[k] = tx.apply(gg[k], state[k], gp[k], **extra)
+        its = {k: iter(v) for k, v in new_groups.items()}
+        leaves = [next(its[lab]) for lab in labels]
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(params), leaves), new_state
+
+    return _fused(init, apply)
+
+
+# ----------------------------------------------------------------------------- schedules
 
 
 def muon_momentum(cfg: OptimConfig, step: int) -> float:

@@ -1,8 +1,14 @@
 """Pure-JAX reference of every hot-path op: what runs on CPU/GPU, and the spec the NKI kernels must meet.
 
+Each kernel-backed op has a forward reference `<op>_fwd(*arrays, **static) -> tuple` (outputs, then the
+residuals its backward kernel takes) and, when differentiable, `<op>_bwd(inputs..., residuals...,
+cotangents...) -> tuple` (the input cotangents), with the kernels' calling convention;
+`frontier_jax.ops` declares them with `frontier_jax.dispatch`. The plain functions (`rms_norm`, `mlp`,
+...) are what the model runs directly when no kernel is chosen.
+
 Axis letters: B batch, T sequence, D model width, H query heads, G kv heads, K head dim, F MLP hidden,
-V vocabulary, N flattened tokens (B*T), S sparse-bias sources.
-Nothing here reads the platform; `frontier_jax.ops` decides whether these or a kernel run.
+V vocabulary, N flattened tokens (B*T), S sparse-bias sources, I/O a matrix's in/out sizes stored [in, out].
+Nothing here reads the platform; `frontier_jax.dispatch` decides whether these or a kernel run.
 """
 
 from __future__ import annotations
@@ -17,11 +23,22 @@ import numpy as np
 RMS_EPS = float(np.finfo(np.float32).eps)
 
 
+def rms_norm_fwd(x_ND: jax.Array):
+    """(y in x's dtype, inv_N1 = 1 / rms float32): weightless RMSNorm over the last axis in fp32."""
+    x32 = x_ND.astype(jnp.float32)
+    inv_N1 = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + RMS_EPS)
+    return (x32 * inv_N1).astype(x_ND.dtype), inv_N1
+
+
+def rms_norm_bwd(x_ND, inv_N1, dy_ND):
+    x32, dy32 = x_ND.astype(jnp.float32), dy_ND.astype(jnp.float32)
+    c_N1 = -jnp.mean(dy32 * x32, axis=-1, keepdims=True) * inv_N1 * inv_N1
+    return ((dy32 + x32 * c_N1) * inv_N1).astype(x_ND.dtype),
+
+
 def rms_norm(x_ND: jax.Array) -> jax.Array:
     """Weightless RMSNorm over the last axis, computed in fp32, returned in the input dtype."""
-    x32 = x_ND.astype(jnp.float32)
-    inv = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + RMS_EPS)
-    return (x32 * inv).astype(x_ND.dtype)
+    return rms_norm_fwd(x_ND)[0]
 
 
 def rope_tables(seq_len: int, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
@@ -39,6 +56,15 @@ def rope(x_BTHK: jax.Array, cos_TK2: jax.Array, sin_TK2: jax.Array) -> jax.Array
     sin = sin_TK2.astype(x_BTHK.dtype)[None, :, None, :]
     x1, x2 = x_BTHK[..., :half], x_BTHK[..., half:]
     return jnp.concatenate([x1 * cos + x2 * sin, x2 * cos - x1 * sin], axis=-1)
+
+
+def rope_fwd(x_BTHK, cos_TK2, sin_TK2):
+    return (rope(x_BTHK, cos_TK2, sin_TK2),)
+
+
+def rope_bwd(dy_BTHK, cos_TK2, sin_TK2):
+    """dx: the rotation by -angle (sin negated); cos/sin are constants (no cotangent)."""
+    return (rope(dy_BTHK, cos_TK2, -sin_TK2),)
 
 
 def attention_block(T: int) -> int:
@@ -158,14 +184,41 @@ def _causal_attention_vjp_bwd(block, res, do_BTHK):
 causal_attention.defvjp(_causal_attention_vjp_fwd, _causal_attention_vjp_bwd)
 
 
+def attention_fwd(q_BTHK, k_BTGK, v_BTGK):
+    """(o, lse [B, H, T, 1]): what the attention kernel saves; its backward recomputes the probabilities."""
+    return causal_attention_fwd(q_BTHK, k_BTGK, v_BTGK)[:2]
+
+
+def attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK):
+    return causal_attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK)
+
+
 def mlp(x_ND: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array) -> jax.Array:
     """relu(x W_fc)^2 W_proj; weights are cast to the activation dtype at use."""
     h_NF = jnp.maximum(x_ND @ w_fc_DF.astype(x_ND.dtype), 0)
     return (h_NF * h_NF) @ w_proj_FD.astype(x_ND.dtype)
 
 
+def mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
+    return (mlp(x_ND, w_fc_DF, w_proj_FD),)
+
+
+def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, dy_ND):
+    """(dx, dw_fc, dw_proj); the hidden layer is recomputed (kernels_nki/mlp.py says why)."""
+    return jax.vjp(mlp, x_ND, w_fc_DF, w_proj_FD)[1](dy_ND)
+
+
 def embed(ids_N: jax.Array, emb_VD: jax.Array) -> jax.Array:
     return jnp.take(emb_VD, ids_N, axis=0)
+
+
+def embed_fwd(ids_N, emb_VD):
+    return (embed(ids_N, emb_VD),)
+
+
+def embed_bwd(ids_N, emb_VD, dy_ND):
+    """d emb in float32: a scatter-add, duplicates summed."""
+    return (jnp.zeros(emb_VD.shape, jnp.float32).at[ids_N].add(dy_ND.astype(jnp.float32)),)
 
 
 def head_logits(x_ND: jax.Array, emb_VD: jax.Array, softcap: float) -> jax.Array:
@@ -197,3 +250,75 @@ def head_loss(
     lse_N = jax.nn.logsumexp(logits_NV, axis=-1)
     tgt_N = jnp.take_along_axis(logits_NV, targets_N[:, None].astype(jnp.int32), axis=-1)[:, 0]
     return lse_N - tgt_N
+
+
+def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, *, softcap):
+    """(loss_N1, lse_N1) float32; a bias of S = 0 sources is no bias."""
+    logits_NV = head_logits(x_ND, emb_VD, softcap)
+    if bias_ids_NS.shape[1]:
+        logits_NV = add_sparse_bias(logits_NV, bias_ids_NS, bias_vals_NS)
+    lse_N1 = jax.nn.logsumexp(logits_NV, axis=-1, keepdims=True)
+    return lse_N1 - jnp.take_along_axis(logits_NV, targets_N1, axis=-1), lse_N1
+
+
+def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, dloss_N1, *, softcap):
+    """(dx, demb[, dvals float32 when S > 0])."""
+    loss = lambda x, emb, vals: head_loss_fwd(x, emb, targets_N1, bias_ids_NS, vals, softcap=softcap)[0]
+    dx, demb, dvals = jax.vjp(loss, x_ND, emb_VD, bias_vals_NS)[1](dloss_N1)
+    return (dx, demb, dvals) if bias_ids_NS.shape[1] else (dx, demb)
+
+
+# ----------------------------------------------------------------------------- optimizer updates
+
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+NS_EPS = 1e-7
+
+
+def newton_schulz(g_RC: jax.Array, steps: int, dtype) -> jax.Array:
+    """Orthogonalise a matrix in PyTorch [rows, cols] orientation exactly as the baseline's
+    zeropower_via_newtonschulz5: Frobenius-normalise, transpose if tall, 5 quintic iterations."""
+    a, b, c = NS_COEFFS
+    x = g_RC.astype(dtype)
+    x = x / (jnp.linalg.norm(x.astype(jnp.float32)).astype(dtype) + NS_EPS)
+    transposed = g_RC.shape[0] > g_RC.shape[1]
+    if transposed:
+        x = x.T
+    for _ in range(steps):
+        a_RR = x @ x.T
+        b_RR = b * a_RR + c * (a_RR @ a_RR)
+        x = a * x + b_RR @ x
+    return x.T if transposed else x
+
+
+def muon_direction(g_IO, buf_IO, momentum, ns_steps: int, ns_dtype):
+    """(u_IO float32, buf') of Muon for one [in, out] matrix: buf' = momentum buf + g, Nesterov
+    g + momentum buf', Newton-Schulz on the PyTorch orientation [out, in] (so the transposition choice
+    and the scale sqrt(max(1, out/in)) are the baseline's), rounded to `ns_dtype` as its update buffer."""
+    dtype = jnp.dtype(ns_dtype)
+    g32 = g_IO.astype(jnp.float32)
+    buf_IO = momentum * buf_IO + g32
+    o_RC = newton_schulz((g32 + momentum * buf_IO).T, ns_steps, dtype)
+    rows, cols = o_RC.shape
+    o_RC = o_RC * max(1.0, rows / cols) ** 0.5
+    return o_RC.T.astype(dtype).astype(jnp.float32), buf_IO
+
+
+def adam_update(p, g, m, v, scal_P4, *, b1, b2, eps, weight_decay):
+    """(p', m', v'): optax.scale_by_adam (+ add_decayed_weights) -> x (-lr) -> apply_updates, op for op.
+    scal_P4 rows: [lr, 1 - b1^t, 1 - b2^t, unused] (runtime scalars)."""
+    lr, bc1, bc2 = scal_P4[0, 0], scal_P4[0, 1], scal_P4[0, 2]
+    m2 = (1 - b1) * g + b1 * m
+    v2 = (1 - b2) * (g ** 2) + b2 * v
+    u = (m2 / bc1.astype(m2.dtype)) / (jnp.sqrt(v2 / bc2.astype(v2.dtype)) + eps)
+    if weight_decay:
+        u = u + weight_decay * p
+    u = (-lr * u).astype(u.dtype)
+    return jnp.asarray(p + u).astype(p.dtype), m2.astype(m.dtype), v2.astype(v.dtype)
+
+
+def muon_update(p_IO, g_IO, buf_IO, scal_P2, *, ns_steps, ns_dtype):
+    """(p', buf'): optim.scale_by_muon -> x (-lr) -> apply_updates, op for op; scal_P2 rows [lr, momentum]."""
+    lr, mom = scal_P2[0, 0], scal_P2[0, 1]
+    u, buf_IO = muon_direction(g_IO, buf_IO, mom, ns_steps, ns_dtype)
+    u = (-lr * u).astype(u.dtype)
+    return jnp.asarray(p_IO + u).astype(p_IO.dtype), buf_IO

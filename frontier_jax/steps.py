@@ -17,6 +17,7 @@ import optax
 from flax import nnx
 
 from frontier_jax.data.tokenizer import ByteTables
+from frontier_jax.optim import Optimizer
 
 
 def _forward(graphdef, params, x_BT, y_BT, bias_fn, aux):
@@ -25,13 +26,14 @@ def _forward(graphdef, params, x_BT, y_BT, bias_fn, aux):
     return model(x_BT, y_BT, *bias)
 
 
-def make_train_step(graphdef, tx: optax.GradientTransformationExtraArgs, bias_fn: Callable | None = None,
+def make_train_step(graphdef, tx: Optimizer, bias_fn: Callable | None = None,
                     donate: bool = True, shardings=None, replicated=None):
     """step(params, opt_state, x_MBT, y_MBT, lr_scale, momentum, aux) -> (params, opt_state, metrics).
 
     M micro-batches are accumulated with lax.scan (gradients summed in float32, then averaged: the
-    baseline's loss * 1/grad_accum_steps), then one optimizer update. `shardings` = (params, opt_state)
-    shardings pin the outputs (data parallel: replicated parameters, optionally ZeRO-1 state).
+    baseline's loss * 1/grad_accum_steps), then one `tx.apply` (unfused or fused alike). `shardings` =
+    (params, opt_state) shardings pin the outputs (data parallel: replicated parameters, optionally ZeRO-1
+    state).
     """
 
     def loss_fn(params, x_BT, y_BT, aux):
@@ -54,11 +56,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformationExtraArgs, bias_fn
         else:
             (gsum, lsum), _ = jax.lax.scan(micro, (zeros, jnp.float32(0)), (x_MBT, y_MBT))
         grads = jax.tree_util.tree_map(lambda g, p: (g / M).astype(p.dtype), gsum, params)
-        if hasattr(tx, "fused_step"):  # frontier_jax.fused_optim: the kernels write the parameters
-            params, opt_state = tx.fused_step(grads, opt_state, params, lr_scale=lr_scale, momentum=momentum)
-        else:
-            updates, opt_state = tx.update(grads, opt_state, params, lr_scale=lr_scale, momentum=momentum)
-            params = optax.apply_updates(params, updates)
+        params, opt_state = tx.apply(grads, opt_state, params, lr_scale=lr_scale, momentum=momentum)
         gnorm = optax.tree.norm(grads)
         return params, opt_state, {"loss": lsum / M, "grad_norm": gnorm}
 

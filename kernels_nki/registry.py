@@ -1,8 +1,11 @@
 """Which op has an NKI kernel, where its forward/backward live, and how to load them.
 
-`frontier_jax.ops` reads `KERNELS` to build the kernel table; an op absent here runs its pure-JAX
-reference everywhere (and the table says so). `load_nki(op)` imports the kernel module against the
-real `nki` package (Neuron only); `load_emulated(op)` runs the same source under the NumPy emulator.
+An op is declared once in `frontier_jax.ops` (its references, static parameters and kernel adapter);
+its kernel is one row here. `frontier_jax.dispatch` reads `KERNELS` to build the kernel table: a
+declared op absent here runs its pure-JAX reference everywhere (and the table says "no kernel").
+`load_nki(op)` imports the kernel module against the real `nki` package (a Neuron DLAMI);
+`load_emulated(op)` runs the same source under the NumPy emulator. Each kernel takes the op's
+operands positionally and its static parameters as keyword arguments (compile-time constants).
 """
 
 from __future__ import annotations
@@ -21,14 +24,17 @@ class KernelSpec:
     bwd: str  # backward kernel: (inputs, residuals, cotangents) -> input cotangents
 
 
-KERNELS: dict[str, KernelSpec] = {
-    "rms_norm": KernelSpec("rms_norm", "kernels_nki.rmsnorm", "rmsnorm_fwd", "rmsnorm_bwd"),
-}
-
-
-# Fused optimizer updates (primitives in frontier_jax.fused_optim): one kernel each, no backward ("").
-KERNELS["adam_update"] = KernelSpec("adam_update", "kernels_nki.adam", "adam_update", "")
-KERNELS["muon_update"] = KernelSpec("muon_update", "kernels_nki.muon", "muon_update", "")
+KERNELS: dict[str, KernelSpec] = {s.op: s for s in (
+    KernelSpec("rms_norm", "kernels_nki.rmsnorm", "rmsnorm_fwd", "rmsnorm_bwd"),
+    KernelSpec("rope", "kernels_nki.rope", "rope_fwd", "rope_bwd"),
+    KernelSpec("causal_attention", "kernels_nki.attention", "attention_fwd", "attention_bwd"),
+    KernelSpec("mlp", "kernels_nki.mlp", "mlp_fwd", "mlp_bwd"),
+    KernelSpec("embed", "kernels_nki.embedding", "embed_fwd", "embed_bwd"),
+    KernelSpec("head_loss", "kernels_nki.head_loss", "head_loss_fwd", "head_loss_bwd"),
+    # the fused optimizer updates: one kernel each, no backward ("")
+    KernelSpec("adam_update", "kernels_nki.adam", "adam_update", ""),
+    KernelSpec("muon_update", "kernels_nki.muon", "muon_update", ""),
+)}
 
 
 class NkiUnavailableError(ImportError):
@@ -54,11 +60,3 @@ def load_emulated(op: str) -> types.ModuleType:
     from kernels_nki import emulator
 
     return emulator.load_kernel_module(KERNELS[op].module)
-
-# NKI kernels part 2 (frontier_jax.ops: rope, mlp, embed, head_loss, causal_attention).
-KERNELS["rope"] = KernelSpec("rope", "kernels_nki.rope", "rope_fwd", "rope_bwd")
-KERNELS["mlp"] = KernelSpec("mlp", "kernels_nki.mlp", "mlp_fwd", "mlp_bwd")
-KERNELS["embed"] = KernelSpec("embed", "kernels_nki.embedding", "embed_fwd", "embed_bwd")
-KERNELS["head_loss"] = KernelSpec("head_loss", "kernels_nki.head_loss", "head_loss_fwd", "head_loss_bwd")
-KERNELS["causal_attention"] = KernelSpec("causal_attention", "kernels_nki.attention", "attention_fwd",
-                                         "attention_bwd")

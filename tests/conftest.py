@@ -48,6 +48,37 @@ TINY_OVERRIDES = [
 KERNEL_TOL = {"float32": 1e-5, "bfloat16": 2e-2}
 
 
+def _neuron_skip_reason(device: bool) -> str | None:
+    """Why a `neuron` test cannot run here (None: it can). `nki.simulate` needs the Neuron SDK's `nki`
+    (PyPI's `nki` is a placeholder that raises ImportError); device=True also needs JAX on a Neuron device."""
+    import importlib
+
+    try:
+        nki = importlib.import_module("nki")
+    except ImportError as e:
+        return f"needs the Neuron SDK's nki package (README, Kernels: on a Neuron DLAMI): {e}"
+    if not hasattr(nki, "simulate"):
+        return f"nki {getattr(nki, '__version__', '?')} has no nki.simulate (README, Kernels)"
+    if device and jax.default_backend() != "neuron":
+        return f"needs a Neuron device (JAX backend is {jax.default_backend()})"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `neuron` (AWS's nki.simulate) or `neuron(device=True)` (Trainium hardware) are skipped
+    with the reason where they cannot run."""
+    reasons = {}
+    for item in items:
+        marker = item.get_closest_marker("neuron")
+        if marker is None:
+            continue
+        device = bool(marker.kwargs.get("device", False))
+        if device not in reasons:
+            reasons[device] = _neuron_skip_reason(device)
+        if reasons[device]:
+            item.add_marker(pytest.mark.skip(reason=reasons[device]))
+
+
 def assert_close_max(a, b, tol):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     assert not np.isnan(a).any()

@@ -1,4 +1,5 @@
-"""Fused Adam/Muon transformations vs the unfused optax chain (frontier_jax.optim), no recompiles, donation."""
+"""Fused Adam/Muon transformations (frontier_jax.optim, optim.fused=True) vs the unfused optax chain, no
+recompiles, donation, one `apply` for both kinds."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import optax
 import pytest
 from flax import nnx
 
-from frontier_jax import fused_optim, ops, optim
+from frontier_jax import ops, optim
 from frontier_jax.config import ModelConfig, OptimConfig
 from frontier_jax.model import GPT
 from frontier_jax.steps import make_train_step
@@ -43,7 +44,7 @@ def test_100_steps_equal_the_unfused_chain(model, ns_dtype):
     graphdef, params = model
     cfg = OptimConfig(muon_ns_dtype=ns_dtype, muon_momentum_warmup_steps=50, warmdown_steps=40, warmdown_mode="steps")
     tx_ref, tx_fused = optim.build_optimizer(cfg), optim.build_optimizer(dataclasses.replace(cfg, fused=True))
-    assert hasattr(tx_fused, "fused_step") and not hasattr(tx_ref, "fused_step")
+    assert isinstance(tx_ref, optim.Optimizer) and isinstance(tx_fused, optim.Optimizer)
     labels = jax.tree_util.tree_leaves(optim.param_labels(params))
 
     def loss(p, x, y):
@@ -53,7 +54,7 @@ def test_100_steps_equal_the_unfused_chain(model, ns_dtype):
     def both(p, s_ref, s_fused, x, y, lr, mom):
         g = jax.grad(loss)(p, x, y)
         u, s_ref = tx_ref.update(g, s_ref, p, lr_scale=lr, momentum=mom)
-        p_fused, s_fused = tx_fused.fused_step(g, s_fused, p, lr_scale=lr, momentum=mom)
+        p_fused, s_fused = tx_fused.apply(g, s_fused, p, lr_scale=lr, momentum=mom)
         return optax.apply_updates(p, u), p_fused, s_ref, s_fused
 
     data = np.random.default_rng(0).integers(0, MODEL.vocab_size, (100, 2, 33))
@@ -83,13 +84,13 @@ def test_schedule_changes_do_not_recompile(model):
     graphdef, params = model
     tx = optim.build_optimizer(OptimConfig(fused=True, muon_ns_dtype="float32"))
     traces = {"n": 0}
-    inner = tx.fused_step
+    inner = tx.apply
 
     def counted(*a, **k):
         traces["n"] += 1  # runs only while tracing: one trace per compilation
         return inner(*a, **k)
 
-    step = make_train_step(graphdef, tx._replace(fused_step=counted), donate=False)
+    step = make_train_step(graphdef, tx._replace(apply=counted), donate=False)
     x = jnp.zeros((1, 2, 16), jnp.int32)
     p, s = params, tx.init(params)
     for lr, mom in ((1.0, 0.85), (0.5, 0.9), (0.0, 0.95)):
@@ -125,11 +126,11 @@ def test_kernel_table_and_optax_protocol(model):
     for op in ("adam_update", "muon_update"):
         assert rows[op].impl == "reference" and rows[op].reason == f"platform {jax.default_backend()}"
     _, params = model
-    tx = fused_optim.build_fused_optimizer(OptimConfig(muon_ns_dtype="float32"))
+    tx = optim.build_optimizer(OptimConfig(fused=True, muon_ns_dtype="float32"))
     grads = jax.tree_util.tree_map(lambda q: jnp.full(q.shape, 0.01, q.dtype), params)
     state = tx.init(params)
     extra = dict(lr_scale=jnp.float32(1.0), momentum=jnp.float32(0.9))
-    new_p, _ = tx.fused_step(grads, state, params, **extra)
-    u, _ = tx.as_optax().update(grads, state, params, **extra)  # optax protocol: updates = p' - p
+    new_p, _ = tx.apply(grads, state, params, **extra)
+    u, _ = tx.update(grads, state, params, **extra)  # optax protocol: updates = p' - p
     for a, b in zip(jax.tree_util.tree_leaves(optax.apply_updates(params, u)), jax.tree_util.tree_leaves(new_p)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)

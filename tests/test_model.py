@@ -132,3 +132,21 @@ def test_flops_per_token_is_six_n_plus_attention(tiny_model):
                         if p[0] == "blocks" and x.ndim == 2 and p[-1] != "resid_mix")
     attn = L * 3 * 2 * 2 * TINY.num_heads * TINY.head_dim * (T / 2)
     assert model_flops_per_token(TINY, T) == pytest.approx(6 * (matrix_params + V * D) + attn)
+
+
+def test_build_is_the_run_model_with_its_ngram_bias():
+    """model.build(cfg, dtype): cfg.model seeded by cfg.train.seed, plus the n-gram bias [orders, buckets]
+    (zero) exactly when cfg.ngram.enabled."""
+    import dataclasses
+
+    from frontier_jax import model
+    from frontier_jax.config import Config, NgramConfig, TrainConfig
+
+    cfg = Config(model=TINY, train=TrainConfig(seed=3))
+    plain = nnx.state(nnx.eval_shape(lambda: model.build(cfg, "float32")), nnx.Param)
+    assert "ngram_bias" not in plain
+    ng = dataclasses.replace(cfg, ngram=NgramConfig(enabled=True, min_order=2, max_order=5, confidence_buckets=4))
+    built = model.build(ng, "float32")
+    assert built.ngram_bias[...].shape == (4, 4) and not np.any(np.asarray(built.ngram_bias[...]))
+    direct = GPT(TINY, rngs=nnx.Rngs(3), compute_dtype="float32")
+    np.testing.assert_array_equal(built.tok_emb[...], direct.tok_emb[...])

@@ -1,0 +1,294 @@
+"""The kernel-dispatch layer: each kernel-backed op is declared once, and this module decides, reports
+and wires which implementation it runs (its NKI kernel, its pure-JAX reference, or, in tests, the
+kernel source under the NumPy emulator).
+
+Declaring an op. `declare(name, fwd, bwd=None, static=(), adapter=None)` (called in
+`frontier_jax.ops`) takes the op's pure-JAX references (`frontier_jax.reference`: forward, and the
+backward for a differentiable op) and the names of its static parameters (compile-time constants
+such as head_loss's softcap). It builds one JAX primitive per direction (`frontier_<op>_fwd` /
+`_bwd`; a single `frontier_<op>` for an op without backward, the optimizer updates) whose abstract
+output shapes are those of the reference (`jax.eval_shape`) and whose default lowering, on every
+platform, is the reference. The kernel lives in `kernels_nki.registry.KERNELS[name]` (module and
+function names); `adapter` (a `KernelAdapter`) maps the primitive's operands to the kernel's
+calling convention and its outputs back, where the two differ.
+
+The Neuron lowering follows AWS's documented JAX integration (aws-neuron-sdk
+`nki/guides/framework_custom_op.rst`, "JAX" and "Using NKI in training graphs"; the tutorial
+`nki/guides/tutorials/average_pool2d.rst`, "JAX"): an `@nki.jit` function is called directly on JAX
+arrays inside the jitted program (`nki.jit` picks its JAX integration from the argument type, see
+`nki/api/nki/__init__.py`, `jit`), compile-time constants are passed as keyword arguments, the kernel
+allocates and returns its own outputs, and training pairs the forward and backward kernels in a
+`jax.custom_vjp` (done in `frontier_jax.ops`). The `jax_neuronx.nki_call` wrapper is gone since
+Neuron 2.23 (`about-neuron/announcements/neuron2.x/announce-no-support-jax-neuronx-nki-call.rst`).
+Here the kernel call is the primitive's `platform="neuron"` lowering (`mlir.lower_fun` traces it),
+registered lazily, only once the platform is known to be "neuron": registering a lowering for a
+platform JAX does not know raises. The primitive's `kernel` parameter says whether the kernel was
+chosen, so `--kernels reference` lowers to the reference on Neuron too. No operand handed to a
+kernel may be zero-size: a kernel argument becomes an `NkiTensor`, whose shape is "a tuple of
+positive integers" (`nki/api/nki/language/__init__.py`, `NkiTensor.__init__`); adapters pad such
+operands to a valid shape and `kernel_call` refuses any left.
+
+The kernel table (`kernel_table()`: one `KernelRow` per declared op, impl nki | reference | emulated
+| unused and the reason) says which path every op takes in this process; `format_kernel_table`
+prints it at start-up and `dataclasses.asdict` makes each row JSON. `configure("strict")` raises
+`KernelUnavailableError` naming every op that would not run its NKI kernel. Call `configure` before
+tracing: the choice is made at trace time (`configure` and `emulated` clear JAX's caches).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from frontier_jax.errors import BadInput
+from kernels_nki import registry
+
+MODES = ("auto", "reference", "strict")
+
+
+class KernelUnavailableError(BadInput):
+    """`--kernels strict` and some op would not run its NKI kernel."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelRow:
+    op: str
+    impl: str  # "nki" | "reference" | "emulated" | "unused"
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelAdapter:
+    """The kernel's calling convention where it differs from the primitive's (identity by default).
+
+    args(which, arrays) -> the kernel's operands; outs(which, kernel_outputs, arrays) -> the
+    primitive's outputs. `which` is "fwd" or "bwd"; arrays are JAX values under the Neuron lowering
+    and NumPy arrays under the emulator (use `array_module(x)` for either).
+    """
+
+    args: Callable = lambda which, arrays: arrays
+    outs: Callable = lambda which, outs, arrays: outs
+
+
+def array_module(x):
+    """numpy for NumPy arrays (the emulator's host callback), jax.numpy for JAX values (the lowering)."""
+    return np if isinstance(x, np.ndarray) else jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    name: str
+    refs: dict  # {"fwd": fn, "bwd": fn}: the pure-JAX references, (*arrays, **static) -> tuple
+    static: tuple[str, ...]
+    adapter: KernelAdapter
+    prims: dict  # {"fwd": Primitive, "bwd": Primitive}
+    unused_reason: str  # the table's reason when the run never calls it
+
+    def __call__(self, which: str, *arrays, **static) -> tuple:
+        """Run direction `which` ("fwd" | "bwd") with the implementation the table chose."""
+        impl = _impl(self.name)
+        if impl == "emulated":
+            return _emulated_call(self, which, arrays, static)
+        return tuple(self.prims[which].bind(*arrays, kernel=impl == "nki", **static))
+
+
+SPECS: dict[str, OpSpec] = {}  # declaration order = the kernel table's row order
+
+
+def declare(name: str, fwd: Callable, bwd: Callable | None = None, static: tuple[str, ...] = (),
+            adapter: KernelAdapter | None = None, unused_reason: str = "not used by this run") -> OpSpec:
+    """Declare a kernel-backed op: its references, static parameters and kernel adapter (module doc)."""
+    refs = {"fwd": fwd} if bwd is None else {"fwd": fwd, "bwd": bwd}
+    prims = {w: _primitive(f"frontier_{name}" + (f"_{w}" if bwd is not None else ""), ref, static)
+             for w, ref in refs.items()}
+    spec = OpSpec(name, refs, tuple(static), adapter or KernelAdapter(), prims, unused_reason)
+    SPECS[name] = spec
+    return spec
+
+
+def _primitive(name: str, ref: Callable, static: tuple[str, ...]) -> Primitive:
+    prim = Primitive(name)
+    prim.multiple_results = True
+    shapes = jax.jit(lambda *a, **s: tuple(ref(*a, **s)), static_argnames=static)
+    prim.def_abstract_eval(lambda *avals, kernel, **s: tuple(
+        jax.core.ShapedArray(o.shape, o.dtype) for o in shapes.eval_shape(*avals, **s)))
+    mlir.register_lowering(prim, mlir.lower_fun(lambda *a, kernel, **s: tuple(ref(*a, **s)), multiple_results=True))
+    eager = jax.jit(prim.bind, static_argnames=("kernel",) + tuple(static))
+    prim.def_impl(lambda *args, kernel, **s: eager(*args, kernel=kernel, **s))
+    return prim
+
+
+# ----------------------------------------------------------------------------- calling a kernel
+
+
+class ZeroSizeOperandError(ValueError):
+    """A kernel would receive a zero-size operand (an NkiTensor's shape is positive integers)."""
+
+
+def kernel_call(spec: OpSpec, which: str, kernel: Callable, arrays, static: dict) -> tuple:
+    """Call `kernel` (an `@nki.jit` function, or its emulated twin) the documented way: operands through
+    the adapter, compile-time constants as keyword arguments, outputs back through the adapter."""
+    operands = tuple(spec.adapter.args(which, tuple(arrays)))
+    for i, a in enumerate(operands):
+        if 0 in tuple(a.shape):
+            raise ZeroSizeOperandError(
+                f"{spec.name} {which}: kernel operand {i} has shape {tuple(a.shape)}; NKI tensors need positive "
+                "sizes (aws-neuron-sdk nki/api/nki/language/__init__.py, NkiTensor): adapt it in ops.py")
+    outs = kernel(*operands, **static)
+    outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+    return tuple(spec.adapter.outs(which, outs, tuple(arrays)))
+
+
+def _kernel_name(op: str, which: str) -> str:
+    return getattr(registry.KERNELS[op], which)
+
+
+_neuron_registered: set[str] = set()
+
+
+def _register_neuron_lowering(op: str) -> None:
+    """Add the platform="neuron" lowering of `op`'s primitives (see `neuron_rule`); raises if the kernel
+    module does not import against the real `nki` (checked on every configure)."""
+    module = registry.load_nki(op)
+    if op in _neuron_registered:
+        return
+    spec = SPECS[op]
+    for which, prim in spec.prims.items():
+        rule = neuron_rule(spec, which, getattr(module, _kernel_name(op, which)))
+        mlir.register_lowering(prim, mlir.lower_fun(rule, multiple_results=True), platform="neuron")
+    _neuron_registered.add(op)
+
+
+def neuron_rule(spec: OpSpec, which: str, nki_kernel: Callable) -> Callable:
+    """What the Neuron lowering of `spec.prims[which]` traces: the `@nki.jit` kernel called on the JAX
+    operands when the primitive's kernel=True, else the reference."""
+    ref = spec.refs[which]
+
+    def rule(*arrays, kernel, **static):
+        return kernel_call(spec, which, nki_kernel, arrays, static) if kernel else tuple(ref(*arrays, **static))
+
+    return rule
+
+
+def _emulated_call(spec: OpSpec, which: str, arrays, static: dict) -> tuple:
+    """The kernel source under the NumPy emulator, through jax.pure_callback (tests only)."""
+    structs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype)
+                    for a in jax.eval_shape(lambda *a: tuple(spec.refs[which](*a, **static)), *arrays))
+
+    def host(*host_arrays):
+        kernel = getattr(registry.load_emulated(spec.name), _kernel_name(spec.name, which))
+        outs = kernel_call(spec, which, kernel, [np.asarray(a) for a in host_arrays], static)
+        return tuple(np.asarray(o, dtype=s.dtype).reshape(s.shape) for o, s in zip(outs, structs))
+
+    return tuple(jax.pure_callback(host, structs, *arrays))
+
+
+# ----------------------------------------------------------------------------- the kernel table
+
+_state = {"mode": "auto", "platform": None, "rows": None, "emulated": frozenset(), "unused": frozenset(),
+          "direct": True}
+
+
+def _resolve(op: str, mode: str, platform: str, unused: frozenset) -> KernelRow:
+    if op in unused:
+        return KernelRow(op, "unused", SPECS[op].unused_reason)
+    if op in _state["emulated"]:
+        return KernelRow(op, "emulated", "NumPy emulator of the NKI kernel via jax.pure_callback (tests only)")
+    kspec = registry.KERNELS.get(op)
+    if kspec is None:
+        return KernelRow(op, "reference", "no kernel")
+    if mode == "reference":
+        return KernelRow(op, "reference", "kernels=reference")
+    if platform != "neuron":
+        return KernelRow(op, "reference", f"platform {platform}")
+    try:
+        _register_neuron_lowering(op)
+    except Exception as e:  # every failure becomes a visible row (and a strict-mode error)
+        return KernelRow(op, "reference", f"kernel unavailable: {type(e).__name__}: {e}")
+    return KernelRow(op, "nki", f"{kspec.module}." + "/".join(n for n in (kspec.fwd, kspec.bwd) if n))
+
+
+def configure(mode: str = "auto", platform: str | None = None, unused=()) -> list[KernelRow]:
+    """Decide every op's implementation for this process; strict raises if any op misses its kernel.
+
+    `unused`: ops this run never calls (e.g. the fused optimizer ops when optim.fused is off); they are
+    listed as such and do not count for strict mode.
+    """
+    rows = _configure(mode, platform, frozenset(unused))
+    jax.clear_caches()
+    return rows
+
+
+def _configure(mode: str, platform: str | None, unused: frozenset = frozenset()) -> list[KernelRow]:
+    if mode not in MODES:
+        raise BadInput(f"kernels mode must be one of {'|'.join(MODES)}, got {mode!r}")
+    platform = platform or jax.default_backend()
+    rows = [_resolve(op, mode, platform, unused) for op in SPECS]
+    if mode == "strict":
+        missing = [r for r in rows if r.impl not in ("nki", "unused")]
+        if missing:
+            raise KernelUnavailableError(
+                "strict kernels: no NKI kernel will run for " + ", ".join(f"{r.op} ({r.reason})" for r in missing))
+    _state.update(mode=mode, platform=platform, rows={r.op: r for r in rows}, unused=unused)
+    return rows
+
+
+def kernel_table() -> list[KernelRow]:
+    """The current table (configured with mode "auto" on first use)."""
+    if _state["rows"] is None or set(_state["rows"]) != set(SPECS):
+        _configure(_state["mode"], _state["platform"], _state["unused"])
+    return [_state["rows"][op] for op in SPECS]
+
+
+def format_kernel_table(rows: list[KernelRow]) -> str:
+    width = max(len(r.op) for r in rows)
+    return "\n".join(["kernel table:"] + [f"  {r.op:<{width}}  {r.impl:<9}  {r.reason}" for r in rows])
+
+
+@contextlib.contextmanager
+def emulated(op_names):
+    """Test-only: route these ops through the NumPy emulator of their NKI kernels (table: "emulated")."""
+    names = frozenset(op_names)
+    for op in names:
+        if op not in registry.KERNELS or op not in SPECS:
+            raise ValueError(f"{op} has no NKI kernel to emulate")
+    saved = dict(_state)
+    _state["emulated"] = names
+    configure(_state["mode"], _state["platform"], _state["unused"])
+    try:
+        yield kernel_table()
+    finally:
+        _state.update(saved)
+        jax.clear_caches()
+
+
+def _impl(op: str) -> str:
+    return next(r.impl for r in kernel_table() if r.op == op)
+
+
+def direct(op: str) -> bool:
+    """An op whose row says "reference" calls its reference function directly, under plain JAX autodiff:
+    the custom_vjp would pin the kernel's residuals and recompute in the backward (mlp's hidden layer,
+    the attention forward), and on CPU that measured 10-70% slower per op (bench/README.md). The
+    primitives are bound when a kernel (or the emulator) runs, or inside `through_primitives()`."""
+    return _state["direct"] and _impl(op) == "reference"
+
+
+@contextlib.contextmanager
+def through_primitives():
+    """Tests / benchmarks: route reference ops through their custom_vjp primitives too (the Neuron wiring)."""
+    saved = _state["direct"]
+    _state["direct"] = False
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        _state["direct"] = saved
+        jax.clear_caches()

@@ -1,0 +1,168 @@
+"""frontier_jax.dispatch without the Neuron SDK: the Neuron lowering is registered only on platform neuron,
+the kernel adapter hands the `@nki.jit` kernel the right operands, shapes and static parameters (a fake
+`nki` module stands in for the SDK), no kernel ever receives a zero-size operand, strict mode is bad input."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from frontier_jax import dispatch, ops
+from frontier_jax import reference as ref
+from frontier_jax.errors import BadInput
+from kernels_nki import registry
+
+
+@pytest.fixture(autouse=True)
+def _restore_auto():
+    yield
+    ops.configure("auto")
+
+
+class FakeKernel:
+    """What the fake `nki.jit` returns: records each call; returns zeros shaped by `outputs`."""
+
+    outputs = {}  # kernel name -> fn(*operands, **static) -> [(shape, dtype)]
+
+    def __init__(self, fn):
+        self.name, self.calls = fn.__name__, []
+
+    def __call__(self, *operands, **static):
+        self.calls.append(([(tuple(a.shape), jnp.dtype(a.dtype)) for a in operands], static))
+        outs = tuple(jnp.zeros(s, d) for s, d in self.outputs[self.name](*operands, **static))
+        return outs if len(outs) > 1 else outs[0]
+
+
+@pytest.fixture
+def fake_nki(monkeypatch):
+    """A fake Neuron SDK: `nki`, `nki.language`, `nki.isa` in sys.modules, kernel modules imported against
+    it (and removed again), the Neuron lowering registrations recorded instead of made."""
+    nki = types.ModuleType("nki")
+    nki.jit = lambda fn=None, **kw: FakeKernel(fn) if fn is not None else FakeKernel
+    for name in ("language", "isa"):
+        sub = types.ModuleType(f"nki.{name}")
+        sub.__getattr__ = lambda attr: types.SimpleNamespace()  # module-level constants of a kernel file
+        setattr(nki, name, sub)
+        monkeypatch.setitem(sys.modules, f"nki.{name}", sub)
+    monkeypatch.setitem(sys.modules, "nki", nki)
+    kernel_modules = {s.module for s in registry.KERNELS.values()}
+    for m in kernel_modules:
+        monkeypatch.delitem(sys.modules, m, raising=False)
+    registered = []
+    real = dispatch.mlir.register_lowering
+
+    def record(prim, rule, platform=None):
+        if platform == "neuron":
+            registered.append(prim.name)
+        else:
+            real(prim, rule, platform=platform)
+
+    monkeypatch.setattr(dispatch.mlir, "register_lowering", record)
+    monkeypatch.setattr(dispatch, "_neuron_registered", set())
+    yield registered
+    for m in kernel_modules:
+        sys.modules.pop(m, None)
+
+
+def test_neuron_lowering_is_registered_only_on_platform_neuron(fake_nki):
+    rows = ops.configure("auto", platform="cpu")
+    assert fake_nki == [] and all(r.impl == "reference" for r in rows)
+    rows = ops.configure("strict", platform="neuron")  # every kernel module imports: strict passes
+    assert all(r.impl == "nki" for r in rows)
+    assert {r.op: r.reason for r in rows}["rms_norm"] == "kernels_nki.rmsnorm.rmsnorm_fwd/rmsnorm_bwd"
+    assert sorted(fake_nki) == sorted(p.name for s in dispatch.SPECS.values() for p in s.prims.values())
+    ops.configure("auto", platform="neuron")  # registered once per process
+    assert len(fake_nki) == len(set(fake_nki))
+    assert ops.configure("reference", platform="neuron")[0].impl == "reference"
+
+
+def _lowered(op: str, which: str, *arrays, **static):
+    """Run what the Neuron lowering of `op` traces (kernel=True), with the fake kernel, as a jaxpr."""
+    spec = dispatch.SPECS[op]
+    module = registry.load_nki(op)
+    kernel = getattr(module, getattr(registry.KERNELS[op], which))
+    rule = dispatch.neuron_rule(spec, which, kernel)
+    outs = jax.jit(lambda *a: rule(*a, kernel=True, **static))(*arrays)
+    return kernel, outs
+
+
+def test_adapter_passes_flat_adam_operands_and_static_params(fake_nki):
+    FakeKernel.outputs["adam_update"] = lambda p, g, m, v, s, **k: [(p.shape, p.dtype), (m.shape, m.dtype),
+                                                                     (v.shape, v.dtype)]
+    p = jnp.ones((3, 5), jnp.float32)
+    scal = ops.scalars_PK(0.1, 0.5, 0.25, 0.0)
+    kernel, outs = _lowered("adam_update", "fwd", p, p, p, p, scal, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0)
+    operands, static = kernel.calls[-1]
+    assert operands == [((15,), jnp.float32)] * 4 + [((128, 4), jnp.float32)]
+    assert static == {"b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.0}
+    assert [o.shape for o in outs] == [(3, 5)] * 3  # reshaped back to the parameter's shape
+
+
+def test_adapter_never_hands_head_loss_a_zero_size_bias(fake_nki):
+    """No bias: S = 0 sources on the primitive, one stand-in source (id 0, value 0) for the kernel."""
+    FakeKernel.outputs["head_loss_fwd"] = lambda x, e, t, i, v, **k: [((x.shape[0], 1), jnp.float32)] * 2
+    FakeKernel.outputs["head_loss_bwd"] = lambda x, e, t, i, v, lse, g, **k: [
+        (x.shape, x.dtype), (e.shape, e.dtype), (i.shape, jnp.float32)]
+    N, D, V = 6, 8, 16
+    x, emb = jnp.ones((N, D)), jnp.ones((V, D))
+    tg, ids, vals = jnp.zeros((N, 1), jnp.int32), jnp.zeros((N, 0), jnp.int32), jnp.zeros((N, 0), jnp.float32)
+    kernel, outs = _lowered("head_loss", "fwd", x, emb, tg, ids, vals, softcap=30.0)
+    operands, static = kernel.calls[-1]
+    assert [s for s, _ in operands] == [(N, D), (V, D), (N, 1), (N, 1), (N, 1)] and static == {"softcap": 30.0}
+    assert [o.shape for o in outs] == [(N, 1), (N, 1)]
+    lse = dloss = jnp.zeros((N, 1))
+    kernel, outs = _lowered("head_loss", "bwd", x, emb, tg, ids, vals, lse, dloss, softcap=30.0)
+    assert [s for s, _ in kernel.calls[-1][0]][3:5] == [(N, 1), (N, 1)]
+    assert [o.shape for o in outs] == [(N, D), (V, D)]  # the stand-in source's gradient is dropped
+    with_bias = _lowered("head_loss", "bwd", x, emb, tg, jnp.zeros((N, 2), jnp.int32), jnp.zeros((N, 2)), lse,
+                         dloss, softcap=30.0)[1]
+    assert [o.shape for o in with_bias] == [(N, D), (V, D), (N, 2)]
+
+
+def test_zero_size_operand_is_refused_before_any_kernel_runs():
+    called = []
+    with pytest.raises(dispatch.ZeroSizeOperandError, match=r"rms_norm fwd: kernel operand 0 has shape \(0, 4\)"):
+        dispatch.kernel_call(dispatch.SPECS["rms_norm"], "fwd", lambda *a: called.append(a), [np.zeros((0, 4))], {})
+    assert called == []
+
+
+def test_emulated_head_loss_without_bias_equals_the_reference():
+    """The (N, 0) case end to end: the emulated kernel runs with the stand-in source, value and gradients
+    equal the reference's."""
+    r = np.random.default_rng(0)
+    x = jnp.asarray(r.standard_normal((20, 16)), jnp.float32)
+    emb = jnp.asarray(r.standard_normal((40, 16)) * 0.3, jnp.float32)
+    tg = jnp.asarray(r.integers(0, 40, 20), jnp.int32)
+    f = lambda head: jax.jit(jax.value_and_grad(lambda x, e: jnp.sum(head(x, e, tg, 30.0)), (0, 1)))
+    v_ref, g_ref = f(ref.head_loss)(x, emb)
+    with ops.emulated(["head_loss"]):
+        v_emu, g_emu = f(ops.head_loss)(x, emb)
+    np.testing.assert_allclose(v_emu, v_ref, rtol=1e-5)
+    for a, b in zip(g_emu, g_ref):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_abstract_shapes_come_from_the_reference():
+    x = jax.ShapeDtypeStruct((10, 4), jnp.bfloat16)
+    y, inv = jax.eval_shape(lambda x: dispatch.SPECS["rms_norm"].prims["fwd"].bind(x, kernel=False), x)
+    assert (y.shape, y.dtype, inv.shape, inv.dtype) == ((10, 4), jnp.bfloat16, (10, 1), jnp.float32)
+
+
+def test_strict_and_bad_mode_are_bad_input():
+    with pytest.raises(BadInput):
+        ops.configure("strict")
+    with pytest.raises(BadInput, match="auto|reference|strict"):
+        ops.configure("fast")
+    assert issubclass(ops.KernelUnavailableError, BadInput)
+
+
+def test_every_declared_op_has_a_kernel_row_and_every_kernel_an_op():
+    assert list(dispatch.SPECS) == list(ops.OPS) and set(registry.KERNELS) == set(ops.OPS)
+    for op, spec in dispatch.SPECS.items():
+        k = registry.KERNELS[op]
+        assert set(spec.prims) == ({"fwd", "bwd"} if k.bwd else {"fwd"})
