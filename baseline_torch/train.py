@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -32,8 +31,9 @@ from frontier_jax.data.tokenizer import count_bytes
 from frontier_jax.errors import exit_on_error
 from frontier_jax.host import describe as describe_allocator
 from frontier_jax.host import tune_allocator
+from frontier_jax.data.dataset import load_for_config
+from frontier_jax.data.stream import val_batches
 from frontier_jax.rundir import RunError, RunLog
-from frontier_jax.run_support import load_run_data, padded_val_batches, step_batch
 
 PACKAGES = ("torch", "numpy", "sentencepiece")
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -97,7 +97,7 @@ class Trainer:
     def train_step(self, lr_scale: float, momentum: float) -> tuple[float, float]:
         """One step on the loader's next batch; (loss, grad_norm) once it has finished."""
         t = self.cfg.train
-        x_MBT, y_MBT = step_batch(self.loader, self.seqs_per_step, self.accum, t.seq_len)
+        x_MBT, y_MBT = policy.step_batch(self.loader, self.seqs_per_step, self.accum, t.seq_len)
         M = x_MBT.shape[0]
         total = torch.zeros((), device=self.device)
         for m in range(M):
@@ -118,7 +118,7 @@ class Trainer:
         t = self.cfg.train
         toks = policy.val_window_tokens(self.val_tokens, max_tokens, t.seq_len)
         nll, ntoks, nbytes = 0.0, 0, 0
-        for x, y, mask in padded_val_batches(toks, t.seq_len, t.val_batch_seqs):
+        for x, y, mask in val_batches(toks, t.seq_len, t.val_batch_seqs):
             xt = torch.from_numpy(x).to(self.device, torch.long)
             yt = torch.from_numpy(y).to(self.device, torch.long)
             with self._autocast():
@@ -159,22 +159,23 @@ def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bo
     signal before the first timed step leaves no run directory behind."""
     with rundir.Signals() as signals:  # from the start, as the JAX trainer
         dev = resolve_device(device)
-        data = load_run_data(cfg)
+        data = load_for_config(cfg)
         trainer = Trainer(cfg, dev, TrainLoader(data.train_files, cfg.train.seq_len), data.val_tokens, data.tables,
                           compile_model)
         if init_weights:
             load_npz(trainer.model, init_weights)
-        created = not Path(out_dir).exists()
-        out_dir = rundir.prepare_run_dir(out_dir, resume=False)
+        out_dir = Path(out_dir).absolute()
+        if signals.received:
+            return rundir.stopped_before_training(out_dir, False, signals, None, False)
+        lock, created = rundir.claim_run_dir(out_dir, resume=False)  # one process per run directory
         log = RunLog(out_dir / rundir.LOG, echo)
         try:
             return _run(cfg, out_dir, trainer, data, compile_model, log, allocator, signals)
-        except policy.InterruptedBeforeTraining as e:
-            if created:
-                shutil.rmtree(out_dir, ignore_errors=True)
-            return {"stop_reason": e.reason, "steps": 0, "run_dir": str(out_dir)}
+        except policy.InterruptedBeforeTraining:
+            return rundir.stopped_before_training(out_dir, False, signals, None, created)
         finally:
             log.close()
+            lock.release()
 
 
 def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool, log, allocator, signals) -> dict:
@@ -189,6 +190,7 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
         + (f" | allocator {describe_allocator(allocator)}" if allocator else ""))
     log(f"data {cfg.data.data_dir}: {len(data.train_files)} train shards, {data.val_tokens.size - 1:,} val targets | "
         f"tokenizer {data.tokenizer.path}")
+    log(f"data provenance: {data.provenance}")
     log(f"step = {t.tokens_per_step:,} tokens = {trainer.accum} micro-batch(es) of {trainer.micro_seqs} x {t.seq_len}")
     log(f"model: {count_params(trainer.model):,} parameters, hash {model_hash(cfg.model)}")
     flops_per_token = policy.model_flops_per_token(cfg.model, t.seq_len)
@@ -233,8 +235,6 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
-    from frontier_jax.train import resolve
-
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
         with exit_on_error():
             ns = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "threads"}, resume=None,
                                     kernels=None)
-            cfg, out, _, _ = resolve(ns)
+            cfg, out, _, _ = rundir.resolve_run(ns)
             device = resolve_device(args.device)
             allocator = tune_allocator(cfg.train.allocator, device.type)  # the JAX trainer's process setting
             if not args.out:

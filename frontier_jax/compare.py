@@ -37,7 +37,7 @@ from frontier_jax.compare_stats import describe, verdict
 from frontier_jax.config import ConfigError, apply_overrides, load_config
 from frontier_jax.data.shards import DataError, list_shards
 from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
-from frontier_jax.report import atomic_write_text, write_json
+from frontier_jax.rundir import atomic_write_text, write_json
 
 KINDS = {"jax": "frontier_jax.train", "torch": "baseline_torch.train"}
 FORBIDDEN_ARGS = ("--data", "--tokenizer", "--budget", "--seed", "--out", "--resume")

@@ -38,13 +38,10 @@ _applied: dict | None = None
 
 def backend_started() -> bool:
     """True once JAX has created a backend (after which arena choices are already made)."""
-    if "jax" not in sys.modules:
-        return False
+    xla_bridge = sys.modules.get("jax._src.xla_bridge")  # not loaded: no backend can exist yet
     try:
-        from jax._src import xla_bridge
-
-        return bool(xla_bridge.backends_are_initialized())
-    except (ImportError, AttributeError):  # pragma: no cover - private API moved
+        return bool(xla_bridge and xla_bridge.backends_are_initialized())
+    except AttributeError:  # pragma: no cover - private API moved
         return False
 
 
@@ -73,15 +70,15 @@ def tune_allocator(mode: str, platform_name: str | None = None) -> dict:
     """Apply `mode` ("auto" | "reuse" | "system") once per process; returns what was done (for env.json).
 
     platform_name: where the computation runs ("cpu", "cuda", ...) when the caller knows it (the
-    PyTorch baseline, which must not import JAX); None: JAX's `jax_platforms` setting decides."""
+    PyTorch baseline); None: JAX's `jax_platforms` setting decides, when JAX is loaded (this module
+    never imports it: the PyTorch baseline must not load JAX)."""
     global _applied
     if mode not in ALLOCATORS:
         raise ValueError(f"allocator must be one of {ALLOCATORS}, got {mode!r}")
     if _applied is not None:
         return _applied
-    if platform_name is None:
-        import jax
-
+    jax = sys.modules.get("jax")
+    if platform_name is None and jax is not None:
         platform_name = jax.config.jax_platforms
     plugins = accelerator_plugins()
     resolved = resolve_allocator(mode, plugins, platform_name)

@@ -195,6 +195,15 @@ def split_batch(seqs_per_step: int, micro_batch_seqs: int, num_devices: int, pro
     return global_micro, seqs_per_step // global_micro
 
 
+def step_batch(loader, seqs_per_step: int, accum: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """One step's rows of this process as [accum, rows / accum, T]: a single chunk of tokens_per_step + 1
+    tokens, so the data never depends on how a step is split into devices and micro-batches (and the
+    JAX and PyTorch trainers read exactly the same tokens)."""
+    x, y = loader.next_batch(seqs_per_step)
+    shape = (accum, x.shape[0] // accum, seq_len)
+    return x.reshape(shape), y.reshape(shape)
+
+
 def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward = 3x forward) of this architecture, attention included.
 

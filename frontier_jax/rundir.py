@@ -18,19 +18,22 @@ by line and flushed, so an interrupted run keeps every line it finished.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from frontier_jax.config import Config, from_dict
+from frontier_jax.config import Config, apply_overrides, load_config, load_run_config
 from frontier_jax.data.shards import DataError, atomic_write_text  # noqa: F401 - the one atomic text writer
 from frontier_jax.errors import BadInput
 
@@ -54,27 +57,25 @@ class RunError(BadInput):
 # ----------------------------------------------------------------------------- preparing, log, signals
 
 
-def prepare_run_dir(out_dir: Path, resume: bool) -> Path:
-    """Create `out_dir` (or check it), refuse an existing run unless resuming; RunError if not writable."""
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".write_probe.{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise RunError(f"{out_dir}: output directory is not writable ({e.strerror or e})") from None
-    if not resume and (out_dir / METRICS).exists():
-        raise RunError(f"{out_dir}: already holds a run; use --resume {out_dir} or another --out")
-    return out_dir
-
-
 class RunLog:
-    """Prints and appends to <run>/train.log."""
+    """Prints and appends to <run>/train.log; lines logged before the run directory exists (`attach`) are
+    kept and written when it does, so nothing is written before the inputs are checked."""
 
-    def __init__(self, path: Path | None, echo: bool = True, enabled: bool = True):
-        self._f = open(path, "a") if path and enabled else None
+    def __init__(self, path: Path | None = None, echo: bool = True, enabled: bool = True):
+        self.enabled = enabled
         self.echo = echo and enabled
+        self._f = None
+        self._pending: list[str] = []
+        if path:
+            self.attach(path)
+
+    def attach(self, path: Path) -> None:
+        if not self.enabled:
+            return
+        self._f = open(path, "a")
+        self._f.write("".join(m + "\n" for m in self._pending))
+        self._f.flush()
+        self._pending = []
 
     def __call__(self, msg: str = "") -> None:
         if self.echo:
@@ -82,17 +83,129 @@ class RunLog:
         if self._f:
             self._f.write(msg + "\n")
             self._f.flush()
+        elif self.enabled:
+            self._pending.append(msg)
 
     def close(self) -> None:
         if self._f:
             self._f.close()
+            self._f = None
+
+
+class RunDirLock:
+    """One process owns a run directory: an exclusive `flock` on `<run>/.lock`, held until `release` or the
+    process's death (the kernel drops it, so a SIGKILLed run does not block its own `--resume`)."""
+
+    NAME = ".lock"
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / self.NAME
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self._fd)
+            raise RunError(f"{run_dir}: another process (pid {holder}) is running in this directory "
+                           f"({self.path} is locked); wait for it to end or choose another --out") from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor releases the flock
+            self._fd = None
+
+
+def check_writable(out_dir: Path) -> None:
+    """Refuse an output directory that cannot be created or written (one line)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".write_probe.{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise RunError(f"{out_dir}: output directory is not writable ({e.strerror or e})") from None
+
+
+def prepare_run_dir(out_dir: Path, resume: bool) -> Path:
+    out_dir = Path(out_dir)
+    check_writable(out_dir)
+    if not resume and (out_dir / METRICS).exists():
+        raise RunError(f"{out_dir}: already holds a run; use --resume {out_dir} or another --out")
+    return out_dir
+
+
+def claim_run_dir(out_dir: Path, resume: bool, take_lock: bool = True) -> tuple[RunDirLock | None, bool]:
+    """(lock, created) for a run directory, taken before anything is written to it: created (and
+    checked writable) unless resuming, locked, then checked under the lock that a new run does not land
+    on an existing one. `created`: the directory did not exist before (removed again by `abandon`)."""
+    out_dir = Path(out_dir)
+    created = not out_dir.exists()
+    if resume and created:
+        raise RunError(f"{out_dir}: not a run directory (it does not exist)")
+    check_writable(out_dir)
+    try:
+        lock = RunDirLock(out_dir) if take_lock else None
+    except RunError:
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    if not resume and (out_dir / METRICS).exists():
+        if lock:
+            lock.release()
+        raise RunError(f"{out_dir}: already holds a run; use --resume {out_dir} or another --out")
+    return lock, created
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Drop the rows of steps after `step` (logged after the checkpoint a resume restores, e.g. before a
+    SIGKILL) and any torn last line; returns how many rows were dropped. Rewritten atomically."""
+    if not path.is_file():
+        return 0
+    keep, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += bool(line.strip())
+            continue
+        if row.get("step", 0) > step:
+            dropped += 1
+        else:
+            keep.append(line)
+    if dropped:
+        atomic_write_text(path, "".join(r + "\n" for r in keep))
+    return dropped
+
+
+def finished_summary(out_dir: Path, meta: dict, train_cfg) -> dict:
+    """What `--resume` of a finished run returns (its summary, stop_reason "already finished", a note)."""
+    path = out_dir / SUMMARY_JSON
+    summary = json.loads(path.read_text()) if path.is_file() else {}
+    limit = "max_steps" if meta["step"] >= train_cfg.max_steps else "budget_seconds"
+    return {**summary, "stop_reason": "already finished", "steps": meta["step"], "run_dir": str(out_dir),
+            "note": f"{out_dir}: already finished at step {meta['step']} (train.{limit} reached); nothing to do: "
+                    "raise train.max_steps or --budget to continue"}
+
+
+def stopped_before_training(out_dir: Path, resume: bool, signals, step, created: bool) -> dict:
+    """A signal before the first step: nothing trained, nothing to save; a new run directory is removed."""
+    if created:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return {"stop_reason": f"signal {signals.received} before training", "steps": step or 0, "run_dir": str(out_dir),
+            "checkpoint_step": step if resume else None}
 
 
 class Signals:
-    """SIGINT/SIGTERM set a flag checked between steps; a second SIGINT aborts immediately."""
+    """SIGINT/SIGTERM set a flag that the run checks between steps (and between its start-up phases).
+
+    The first signal prints what will happen (`stopping`, set by the run for its current phase); later
+    ones are ignored with a line until that is done (SIGKILL still ends the process at once)."""
 
     def __init__(self):
         self.received: str | None = None
+        self.stopping = "stopping before training starts; nothing to save"
         self._old = {}
 
     def __enter__(self):
@@ -104,9 +217,12 @@ class Signals:
         return self
 
     def _handle(self, signum, frame):
-        if self.received and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        if self.received:
+            msg = f"{name} again: still {self.stopping} (SIGKILL would end it without that)"
+        else:
+            self.received, msg = name, f"{name}: {self.stopping}"
+        os.write(2, (msg + "\n").encode())  # not print: a handler may run in the middle of a print
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():
@@ -227,6 +343,52 @@ def plot_run(rows: list[dict], path: Path) -> None:
     os.replace(tmp, path)
 
 
+# ----------------------------------------------------------------------------- resolving a run from arguments
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def resolve_run(args):
+    """(config, out_dir, resume, demo) from an entry point's parsed arguments (--config, --data, --tokenizer,
+    --budget, --seed, --kernels, --set, --out, --resume); writes nothing but the demo's data."""
+    demo = not (args.config or args.data or args.resume)
+    if args.resume:
+        if args.out and Path(args.out).absolute() != Path(args.resume).absolute():
+            raise RunError(f"--out {args.out}: --resume continues the run in place ({args.resume}); drop --out")
+        run_json = Path(args.resume) / CONFIG
+        if not run_json.is_file():
+            raise RunError(f"{run_json}: not a run directory (no config.json)")
+        cfg = load_config(args.config) if args.config else load_run_config(run_json)
+    else:
+        cfg = load_config(args.config or CONFIGS / "tiny.py")
+    sets = list(args.set)
+    if args.data:
+        sets.append(f"data.data_dir={str(Path(args.data).absolute())!r}")
+    if args.tokenizer:
+        tok = args.tokenizer if args.tokenizer == "bytes" else str(Path(args.tokenizer).absolute())
+        sets.append(f"data.tokenizer={tok!r}")
+    if args.budget is not None:
+        sets.append(f"train.budget_seconds={args.budget!r}")
+    if args.seed is not None:
+        sets.append(f"train.seed={args.seed}")
+    if args.kernels:
+        sets.append(f"train.kernels={args.kernels!r}")
+    if demo:
+        from frontier_jax.data.demo import prepare_demo
+
+        print("DEMO: no --config/--data given; preparing a small offline corpus from the Python standard "
+              "library's documentation and training configs/tiny.py on it.", flush=True)
+        data_dir, tok = prepare_demo(Path("runs") / "demo-data")
+        sets = [f"data.data_dir={str(Path(data_dir).absolute())!r}",
+                f"data.tokenizer={str(Path(tok).absolute())!r}"] + sets
+    cfg = apply_overrides(cfg, sets)
+    if args.resume:
+        out = Path(args.resume)
+    else:
+        out = Path(args.out) if args.out else Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return cfg, out, bool(args.resume), demo
+
+
 # ----------------------------------------------------------------------------- reading
 
 
@@ -240,26 +402,26 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def read_config(run_dir) -> Config:
-    """The resolved config of a run directory; DataError (one line) when it is not a run or unreadable."""
+    """The resolved config of a run directory; one line (DataError / ConfigError) when it is not a run
+    or its config.json is unreadable."""
     run_dir = Path(run_dir)
-    path = run_dir / CONFIG
-    if not path.is_file():
+    if not (run_dir / CONFIG).is_file():
         raise DataError(f"{run_dir}: not a run directory (no {CONFIG})")
-    try:
-        return from_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, TypeError, ValueError) as e:
-        raise DataError(f"{path}: unreadable run config ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    return load_run_config(run_dir / CONFIG)
 
 
 def read_env(run_dir) -> dict:
-    """<run>/env.json ({} when absent); DataError when unreadable."""
+    """<run>/env.json ({} when absent); DataError (one line) when unreadable."""
     path = Path(run_dir) / ENV
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: unreadable ({e})") from None
+        env = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: unreadable run environment ({str(e).splitlines()[0]})") from None
+    if not isinstance(env, dict):
+        raise DataError(f"{path}: unreadable run environment (not a JSON object)")
+    return env
 
 
 # ----------------------------------------------------------------------------- weights.npz (interop format)

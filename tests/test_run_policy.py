@@ -47,39 +47,49 @@ def test_exit_codes():
     assert rp.exit_code(rp.STOP_BUDGET) == rp.exit_code(rp.STOP_MAX_STEPS) == EXIT_OK == 0
 
 
-def test_schedules_equal_the_jax_optimizer_on_a_grid():
-    optim = pytest.importorskip("frontier_jax.optim")
-    for cfg in (OptimConfig(), OptimConfig(warmdown_mode="steps", warmdown_steps=40), OptimConfig(warmdown_steps=0),
-                OptimConfig(warmdown_steps=7, muon_momentum_warmup_steps=0)):
-        for step in (0, 1, 5, 59, 60, 61, 99, 100, 150):
-            assert rp.muon_momentum(cfg, step) == optim.muon_momentum(cfg, step)
-            for elapsed in (0.0, 1.0, 50.0, 99.5, 100.0, 120.0):
-                args = (cfg, step, elapsed, 100.0, 100)
-                assert rp.lr_scale(*args) == optim.lr_scale(*args), args
-
-
-def test_dtype_policies_groups_geometry_and_flops_equal_the_jax_modules():
+def test_the_jax_modules_use_these_rules_written_once():
+    """optim, model and parallel take the schedules, groups, FLOPs and step geometry from here (one
+    implementation); the JAX dtype resolvers give the same names as the policy on every platform."""
     model = pytest.importorskip("frontier_jax.model")
     optim = pytest.importorskip("frontier_jax.optim")
     parallel = pytest.importorskip("frontier_jax.parallel")
+    assert optim.lr_scale is rp.lr_scale and optim.muon_momentum is rp.muon_momentum
+    assert optim.label_for is rp.param_label and model.CONTROL_PARAM_NAMES is rp.CONTROL_PARAM_NAMES
+    assert model.model_flops_per_token is rp.model_flops_per_token and parallel.split_batch is rp.split_batch
     for setting in ("auto", "float32", "bfloat16"):
         for platform in ("cpu", "gpu", "neuron"):
             assert rp.compute_dtype_name(ModelConfig(compute_dtype=setting), platform) == \
                 str(model.resolve_compute_dtype(ModelConfig(compute_dtype=setting), platform))
             oc = OptimConfig(muon_ns_dtype=setting)
             assert rp.ns_dtype_name(oc, platform) == optim.resolve_ns_dtype(oc, platform)
-    assert rp.CONTROL_PARAM_NAMES == model.CONTROL_PARAM_NAMES
-    for names, ndim in ((["tok_emb"], 2), (["ngram_bias"], 2), (["blocks", "0", "attn", "c_q"], 2),
-                        (["blocks", "0", "resid_mix"], 2), (["blocks", "0", "attn", "q_gain"], 1),
-                        (["skip_weights"], 2), (["blocks", "1", "mlp", "fc"], 1)):
-        assert rp.param_label(names, ndim) == optim.label_for(names, ndim)
-    for args in ((64, 64, 1), (512, 64, 1), (512, 64, 2), (512, 64, 32), (8, 4, 4), (8, 4, 2, 2)):
-        assert rp.split_batch(*args) == parallel.split_batch(*args)
+
+
+def test_schedule_values():
+    cfg = OptimConfig(warmdown_mode="steps", warmdown_steps=40, muon_momentum_warmup_steps=500)
+    assert [rp.lr_scale(cfg, s, 0.0, 1.0, 100) for s in (0, 59, 60, 80, 99, 100)] == [1.0, 1.0, 1.0, 0.5, 0.025, 1.0]
+    cfg = OptimConfig(warmdown_steps=10)  # time mode, 1 s per step: the last 10 s of the budget warm down
+    assert rp.lr_scale(cfg, 95, 95.0, 100.0, 10_000) == pytest.approx(0.5)
+    assert rp.lr_scale(cfg, 80, 80.0, 100.0, 10_000) == 1.0
+    assert rp.lr_scale(OptimConfig(warmdown_steps=0), 5, 99.0, 100.0, 10) == 1.0
+    assert [rp.muon_momentum(OptimConfig(), s) for s in (0, 250, 500, 5000)] == \
+        pytest.approx([0.85, 0.90, 0.95, 0.95])
+
+
+def test_groups_geometry_and_flops():
+    for names, ndim, label in ((["tok_emb"], 2, "embed"), (["ngram_bias"], 2, "ngram"),
+                               (["blocks", "0", "attn", "c_q"], 2, "muon"), (["blocks", "0", "resid_mix"], 2, "scalar"),
+                               (["blocks", "0", "attn", "q_gain"], 1, "scalar"), (["skip_weights"], 2, "scalar"),
+                               (["blocks", "1", "mlp", "fc"], 1, "scalar")):
+        assert rp.param_label(names, ndim) == label
+    assert [rp.split_batch(*a) for a in ((64, 64, 1), (512, 64, 1), (512, 64, 2), (512, 64, 32), (8, 4, 4))] == \
+        [(64, 1), (64, 8), (128, 4), (512, 1), (8, 1)]
     for args in ((8, 4, 3), (12, 8, 1)):
         with pytest.raises(ConfigError):
             rp.split_batch(*args)
-    for mc, t in ((ModelConfig(), 1024), (ModelConfig(num_layers=3, model_dim=64, num_heads=4, num_kv_heads=2), 64)):
-        assert rp.model_flops_per_token(mc, t) == model.model_flops_per_token(mc, t)
+    mc = ModelConfig(vocab_size=100, num_layers=1, model_dim=8, num_heads=2, num_kv_heads=1, mlp_mult=2)
+    # head dim 4; per layer q, k+v, o, MLP: 2 * (8*2*4 + 2*8*1*4 + 2*4*8 + 2*8*16) = 896; attention
+    # 2*2*2*4*(T/2) = 64 at T = 4; head 2*8*100 = 1600; forward + backward = 3x
+    assert rp.model_flops_per_token(mc, 4) == 3.0 * (896 + 64 + 1600)
 
 
 def test_val_result_and_windows():

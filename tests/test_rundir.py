@@ -13,6 +13,7 @@ import pytest
 from frontier_jax import rundir
 from frontier_jax.config import Config, ModelConfig, to_dict
 from frontier_jax.data.shards import DataError
+from frontier_jax.errors import BadInput
 
 
 def test_prepare_refuses_an_existing_run_unless_resuming(tmp_path):
@@ -87,7 +88,7 @@ def test_read_config_and_env_round_trip_and_refuse_what_is_not_a_run(tmp_path):
         rundir.read_config(tmp_path / "nothing")
     assert rundir.read_env(tmp_path / "nothing") == {}
     (tmp_path / rundir.CONFIG).write_text("{broken")
-    with pytest.raises(DataError, match="unreadable run config"):
+    with pytest.raises(BadInput, match="unreadable run config"):
         rundir.read_config(tmp_path)
 
 
