@@ -255,19 +255,20 @@ class JaxTrainer:
         self.loader.restore(data_state)
 
     def resume(self) -> policy.RunState | None:
-        meta = self.meta
-        if meta is None:
-            return None
-        step = meta["step"]
-        self.loader.restore(meta["data"])
-        dropped = truncate_metrics(self.out_dir / rundir.METRICS, step) if self.dp.is_main else 0
-        self.log(f"resumed from step {step} ({meta['train_seconds']:.1f} s trained, data position {meta['data']})"
-                 + (f"; dropped {dropped} metrics row(s) logged after that step" if dropped else ""))
-        return policy.RunState(step=step, tokens=meta["tokens"], train_seconds=meta["train_seconds"])
+        """After the warm-up: the resumed checkpoint's counters (metrics.jsonl cut back to its step), or
+        None; either way metrics.jsonl is opened here, as the run's first timed file."""
+        meta, state = self.meta, None
+        if meta is not None:
+            step = meta["step"]
+            self.loader.restore(meta["data"])
+            dropped = truncate_metrics(self.out_dir / rundir.METRICS, step) if self.dp.is_main else 0
+            self.log(f"resumed from step {step} ({meta['train_seconds']:.1f} s trained, data position {meta['data']})"
+                     + (f"; dropped {dropped} metrics row(s) logged after that step" if dropped else ""))
+            state = policy.RunState(step=step, tokens=meta["tokens"], train_seconds=meta["train_seconds"])
+        self.metrics_log = rundir.MetricsLog(self.out_dir / rundir.METRICS, enabled=self.dp.is_main)
+        return state
 
     def metrics(self, **row) -> None:
-        if self.metrics_log is None:  # opened after a resume has cut metrics.jsonl back to its step
-            self.metrics_log = rundir.MetricsLog(self.out_dir / rundir.METRICS, enabled=self.dp.is_main)
         self.metrics_log.log(**row)
 
     def save(self, s: policy.RunState, reason: str) -> None:
