@@ -1,10 +1,12 @@
-"""Muon + Adam exactly as the baseline (spec baseline.md 1.2), schedules shared with the JAX side.
+"""Muon + Adam exactly as the baseline (README "The model and optimizer"), groups and schedules shared
+with the JAX side.
 
-Groups: Muon for every 2-D matrix inside the blocks except control tensors; Adam (torch.optim.Adam,
-betas (beta1, beta2), eps adam_eps, no weight decay) for the tied embedding at embed_lr and for
-vectors/scalars/control tensors (+ skip_weights) at scalar_lr. The learning-rate multiplier and
-Muon's momentum come from `frontier_jax.optim.lr_scale` / `muon_momentum`, imported rather than
-re-derived, so both implementations schedule identically.
+Groups (`frontier_jax.run_policy.param_label`, the same rule as the JAX optimizer's labels): Muon for
+every 2-D matrix inside the blocks except control tensors; Adam (torch.optim.Adam, betas (beta1,
+beta2), eps adam_eps, no weight decay) for the tied embedding at embed_lr and for vectors/scalars/
+control tensors (+ skip_weights) at scalar_lr. The learning-rate multiplier and Muon's momentum come
+from `frontier_jax.run_policy.lr_scale` / `muon_momentum` (the driver passes them to `step`), so both
+implementations schedule identically.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import dataclasses
 import torch
 
 from frontier_jax.config import OptimConfig
-from frontier_jax.model import CONTROL_PARAM_NAMES
+from frontier_jax.run_policy import ns_dtype_name, param_label
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
@@ -70,10 +72,7 @@ def split_params(model) -> dict[str, list[torch.nn.Parameter]]:
     """{"muon": [...], "embed": [...], "scalar": [...]} as the baseline's groups."""
     muon, scalar = [], []
     for name, p in model.blocks.named_parameters():
-        if p.ndim == 2 and not any(c in name for c in CONTROL_PARAM_NAMES):
-            muon.append(p)
-        else:
-            scalar.append(p)
+        (muon if param_label(["blocks", *name.split(".")], p.ndim) == "muon" else scalar).append(p)
     if model.skip_weights.numel() > 0:
         scalar.append(model.skip_weights)
     return {"muon": muon, "embed": [model.tok_emb.weight], "scalar": scalar}
@@ -84,9 +83,7 @@ class Optimizers:
 
     def __init__(self, model, cfg: OptimConfig, platform: str = "cpu"):
         """platform ("cpu" or "cuda") resolves optim.muon_ns_dtype="auto" as the JAX side does."""
-        from frontier_jax.optim import resolve_ns_dtype
-
-        cfg = dataclasses.replace(cfg, muon_ns_dtype=resolve_ns_dtype(cfg, platform))
+        cfg = dataclasses.replace(cfg, muon_ns_dtype=ns_dtype_name(cfg, platform))
         groups = split_params(model)
         self.cfg = cfg
         adam = lambda ps, lr: torch.optim.Adam([{"params": ps, "lr": lr, "base_lr": lr}], betas=(cfg.beta1, cfg.beta2),

@@ -100,7 +100,11 @@ def save(run_dir: Path, step: int, state, meta: dict) -> Path | None:
     """
     logging.getLogger("absl").setLevel(logging.WARNING)
     ckpt_dir = Path(run_dir) / "checkpoints"
-    if step in steps(run_dir):
+    # Already saved: orbax renames a step's directory into place only once it is complete, and every
+    # process returns from a save only after all have finished it, so all see the same answer here.
+    # (Listing through `steps` would open a CheckpointManager, whose creation is a collective, on only
+    # the processes that already see `checkpoints/` - a race with the first save's mkdir.)
+    if (ckpt_dir / str(step)).is_dir():
         return None
     try:
         with _quiet(), _manager(run_dir) as mngr:

@@ -38,7 +38,7 @@ from frontier_jax.config import ConfigError, apply_overrides, load_config
 from frontier_jax.data.shards import list_shards
 from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
 from frontier_jax.errors import EXIT_INTERRUPTED, EXIT_OK, BadInput, exit_on_error
-from frontier_jax.report import atomic_write_text, write_json
+from frontier_jax.rundir import atomic_write_text, write_json
 
 KINDS = {"jax": "frontier_jax.train", "torch": "baseline_torch.train"}
 FORBIDDEN_ARGS = ("--data", "--tokenizer", "--budget", "--seed", "--out", "--resume")

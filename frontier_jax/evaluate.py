@@ -45,27 +45,14 @@ def _ngram_bias(run_dir: Path, cfg):
     return ngram_runtime.bias_fn, tables_to_device(load_snapshot(snap), cfg.ngram.confidence_buckets)
 
 
-def restore_checkpoint(run_dir, step: int | None = None, log=None):
-    """(config, graphdef, params, step, compute dtype) of a run's checkpoint `step`, or of its newest intact
-    one (each unreadable newer one skipped with one line through `log`)."""
-    from frontier_jax import checkpoint, optim
-    from frontier_jax.config import model_hash
-    from frontier_jax.interop import abstract_state, read_run_config
-
-    cfg, dtype = read_run_config(run_dir)
-    graphdef, aparams, aopt = abstract_state(cfg, dtype, optim.build_optimizer(cfg.optim))
-    state, meta = checkpoint.restore(Path(run_dir), {"params": aparams, "opt_state": aopt}, step=step,
-                                     expect_model_hash=model_hash(cfg.model), log=log)
-    return cfg, graphdef, state["params"], int(meta["step"]) if step is None else step, dtype
-
-
 def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs=None, step=None, log=None) -> dict:
     """Sums and bpb of a run's newest intact (or given) checkpoint on its val split (see the module docstring)."""
-    from frontier_jax import ops, report
+    from frontier_jax import ops
+    from frontier_jax.run_policy import bpb
     from frontier_jax.data.dataset import load_dataset
     from frontier_jax.data.stream import val_batches
     from frontier_jax.host import tune_allocator
-    from frontier_jax.interop import read_run_config
+    from frontier_jax.interop import read_run_config, restore_params
     from frontier_jax.steps import evaluate_batches, make_eval_step
 
     run_dir = Path(run_dir)
@@ -89,14 +76,14 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
                         f"model.vocab_size of {run_dir}")
     tok, tokens = data.tokenizer, data.val_tokens
     ops.configure(cfg.train.kernels)
-    cfg, graphdef, params, step, dtype = restore_checkpoint(run_dir, step, log)
+    cfg, graphdef, params, step, dtype = restore_params(run_dir, step, log)
     bias_fn, aux = _ngram_bias(run_dir, cfg)
     eval_step = make_eval_step(graphdef, data.tables, bias_fn)
     batches = val_batches(tokens, T, batch_seqs, stride=None if stride == T else stride)
     sums = evaluate_batches(eval_step, params, batches, aux)
     return {
         **sums,
-        "bpb": report.bpb(sums["nll_sum_nats"], sums["bytes"]),
+        "bpb": bpb(sums["nll_sum_nats"], sums["bytes"]),
         "loss": sums["nll_sum_nats"] / max(sums["tokens"], 1),
         "stride": stride, "seq_len": T, "batch_seqs": batch_seqs,
         "run": str(run_dir), "checkpoint_step": step, "compute_dtype": str(dtype),

@@ -26,6 +26,7 @@ import ctypes.util
 import importlib.metadata
 import pkgutil
 import platform
+import sys
 
 ALLOCATORS = ("auto", "reuse", "system")
 # glibc <malloc.h> parameter numbers
@@ -37,11 +38,10 @@ _applied: dict | None = None
 
 def backend_started() -> bool:
     """True once JAX has created a backend (after which arena choices are already made)."""
+    xla_bridge = sys.modules.get("jax._src.xla_bridge")  # not loaded: no backend can exist yet
     try:
-        from jax._src import xla_bridge
-
-        return bool(xla_bridge.backends_are_initialized())
-    except (ImportError, AttributeError):  # pragma: no cover - private API moved
+        return bool(xla_bridge and xla_bridge.backends_are_initialized())
+    except AttributeError:  # pragma: no cover - private API moved
         return False
 
 
@@ -66,17 +66,22 @@ def resolve_allocator(mode: str, plugins: list[str], platforms: str | None) -> s
     return "system" if plugins else "reuse"
 
 
-def tune_allocator(mode: str) -> dict:
-    """Apply `mode` ("auto" | "reuse" | "system") once per process; returns what was done (for env.json)."""
+def tune_allocator(mode: str, platform_name: str | None = None) -> dict:
+    """Apply `mode` ("auto" | "reuse" | "system") once per process; returns what was done (for env.json).
+
+    platform_name: where the computation runs ("cpu", "cuda", ...) when the caller knows it (the
+    PyTorch baseline); None: JAX's `jax_platforms` setting decides, when JAX is loaded (this module
+    never imports it: the PyTorch baseline must not load JAX)."""
     global _applied
     if mode not in ALLOCATORS:
         raise ValueError(f"allocator must be one of {ALLOCATORS}, got {mode!r}")
     if _applied is not None:
         return _applied
-    import jax
-
+    jax = sys.modules.get("jax")
+    if platform_name is None and jax is not None:
+        platform_name = jax.config.jax_platforms
     plugins = accelerator_plugins()
-    resolved = resolve_allocator(mode, plugins, jax.config.jax_platforms)
+    resolved = resolve_allocator(mode, plugins, platform_name)
     info = {"allocator": resolved, "requested": mode, "plugins": plugins, "applied": False,
             "libc": "-".join(platform.libc_ver()) or "unknown", "backend_started_before": backend_started()}
     if resolved == "reuse":

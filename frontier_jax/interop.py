@@ -19,9 +19,7 @@ optimizer state and the data stream at its beginning.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import zipfile
 from pathlib import Path
 
 import jax
@@ -29,17 +27,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from frontier_jax.config import Config, apply_overrides, load_config, load_run_config, model_hash, to_dict
+from frontier_jax import rundir
+from frontier_jax.config import Config, apply_overrides, load_config, model_hash, to_dict
 from frontier_jax.data.shards import DataError
 from frontier_jax.errors import exit_on_error
+from frontier_jax.rundir import load_npz, save_npz  # noqa: F401 - the npz format (numpy only), interop's API
 from frontier_jax.optim import path_names
 
 LINEAR_NAMES = ("c_q", "c_k", "c_v", "proj", "fc")  # stored [in, out] here, [out, in] in PyTorch
 META_PREFIX = "__"
 
 
-class InteropError(DataError):
-    """An npz that does not fit the model (missing/extra key, wrong shape, unreadable)."""
+InteropError = rundir.WeightsError  # an npz that does not fit the model or cannot be read
 
 
 def torch_name(names: list[str]) -> tuple[str, bool]:
@@ -92,41 +91,6 @@ def state_dict_to_params(sd: dict[str, np.ndarray], abstract_params, source: str
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def save_npz(path, sd: dict[str, np.ndarray], meta: dict | None = None) -> None:
-    """Write `sd` as float32 arrays plus `__dtypes__` (and `__meta__`) JSON entries, atomically."""
-    path = Path(path)
-    dtypes = {k: str(v.dtype) for k, v in sd.items()}
-    arrays = {k: np.asarray(v, dtype=np.float32) for k, v in sd.items()}
-    arrays["__dtypes__"] = np.array(json.dumps(dtypes, sort_keys=True))
-    arrays["__meta__"] = np.array(json.dumps(meta or {}, sort_keys=True))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.npz")
-    try:
-        np.savez(tmp, **arrays)
-        tmp.replace(path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def load_npz(path) -> tuple[dict[str, np.ndarray], dict]:
-    """(state_dict with the recorded dtypes restored, meta)."""
-    path = Path(path)
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if not isinstance(z, np.lib.npyio.NpzFile):
-                raise ValueError("a single .npy array, not an npz archive")
-            raw = {k: z[k] for k in z.files}
-        dtypes = json.loads(str(raw.pop("__dtypes__"))) if "__dtypes__" in raw else {}
-        meta = json.loads(str(raw.pop("__meta__"))) if "__meta__" in raw else {}
-        sd = {k: v.astype(jnp.dtype(dtypes[k])) if dtypes.get(k) else v for k, v in raw.items()}
-    except FileNotFoundError:
-        raise InteropError(f"{path}: no such npz file") from None
-    except (OSError, ValueError, TypeError, AttributeError, EOFError, zipfile.BadZipFile) as e:
-        raise InteropError(f"{path}: not a readable npz ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
-    return sd, meta
-
-
 # ----------------------------------------------------------------------------- run directories
 
 
@@ -134,39 +98,31 @@ def read_run_config(run_dir) -> tuple[Config, jnp.dtype]:
     """(resolved config, compute dtype the run trained in) of a run directory."""
     from frontier_jax.model import resolve_compute_dtype
 
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.json").is_file():
-        raise DataError(f"{run_dir}: not a run directory (no config.json)")
-    cfg = load_run_config(run_dir / "config.json")
-    env_path = run_dir / "env.json"
+    cfg = rundir.read_config(run_dir)
+    dtype = rundir.read_env(run_dir).get("compute_dtype")
     try:
-        dtype = json.loads(env_path.read_text()).get("compute_dtype") if env_path.is_file() else None
-        dtype = jnp.dtype(dtype) if dtype else resolve_compute_dtype(cfg.model)
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, TypeError) as e:
-        raise DataError(f"{env_path}: unreadable run environment ({str(e).splitlines()[0]})") from None
-    return cfg, dtype
+        return cfg, (jnp.dtype(dtype) if dtype else resolve_compute_dtype(cfg.model))
+    except TypeError as e:
+        raise DataError(f"{Path(run_dir) / rundir.ENV}: unreadable run environment ({e})") from None
 
 
 def abstract_state(cfg: Config, compute_dtype, tx):
     """(graphdef, abstract params, abstract opt_state) built as loop.init_state does, without allocating."""
     from frontier_jax.model import build
-    model = nnx.eval_shape(lambda: build(cfg, compute_dtype))
-    graphdef, params = nnx.split(model)
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: build(cfg, compute_dtype)))
     return graphdef, params, jax.eval_shape(tx.init, params)
 
 
-def restore_params(run_dir, step: int | None = None):
-    """(config, graphdef, params, step, compute dtype) from a run's latest (or given) checkpoint."""
+def restore_params(run_dir, step: int | None = None, log=None):
+    """(config, graphdef, params, step, compute dtype) of a run's checkpoint `step`, or of its newest intact
+    one (each unreadable newer one skipped with one line through `log`): the one way to restore a run."""
     from frontier_jax import checkpoint, optim
 
     cfg, dtype = read_run_config(run_dir)
     graphdef, aparams, aopt = abstract_state(cfg, dtype, optim.build_optimizer(cfg.optim))
-    step = checkpoint.latest_step(run_dir) if step is None else step
-    if step is None:
-        raise checkpoint.CheckpointError(f"{run_dir}: no checkpoint found (expected {run_dir}/checkpoints/<step>/)")
-    state, _ = checkpoint.restore(Path(run_dir), {"params": aparams, "opt_state": aopt}, step=step,
-                                  expect_model_hash=model_hash(cfg.model))
-    return cfg, graphdef, state["params"], step, dtype
+    state, meta = checkpoint.restore(Path(run_dir), {"params": aparams, "opt_state": aopt}, step=step,
+                                     expect_model_hash=model_hash(cfg.model), log=log)
+    return cfg, graphdef, state["params"], int(meta["step"]) if step is None else step, dtype
 
 
 def export_run(run_dir, out) -> dict:
@@ -180,20 +136,19 @@ def export_run(run_dir, out) -> dict:
 def import_run(npz, cfg: Config, out_dir) -> dict:
     """A new run directory holding the npz's parameters (fresh optimizer state) as checkpoint 0."""
     from frontier_jax import checkpoint, optim, report
-    from frontier_jax.run_support import prepare_run_dir
     from frontier_jax.model import resolve_compute_dtype
 
     out_dir = Path(out_dir)
-    if (out_dir / "config.json").exists():
+    if (out_dir / rundir.CONFIG).exists():
         raise DataError(f"{out_dir}: already holds a run; choose a new --out")
     sd, meta = load_npz(npz)
     dtype = resolve_compute_dtype(cfg.model)
     tx = optim.build_optimizer(cfg.optim)
     _, aparams, _ = abstract_state(cfg, dtype, tx)
     params = state_dict_to_params(sd, aparams, source=str(npz))  # checked before anything is written
-    prepare_run_dir(out_dir, resume=False)
-    report.write_json(out_dir / "config.json", to_dict(cfg))
-    report.write_json(out_dir / "env.json", {**report.environment(), "compute_dtype": str(dtype),
+    rundir.prepare_run_dir(out_dir, resume=False)
+    rundir.write_json(out_dir / rundir.CONFIG, to_dict(cfg))
+    rundir.write_json(out_dir / rundir.ENV, {**report.environment(), "compute_dtype": str(dtype),
                                              "imported_from": str(npz), "imported_meta": meta})
     ckpt_meta = {"step": 0, "train_seconds": 0.0, "tokens": 0, "data": {"shard": 0, "offset": 0, "position_tokens": 0},
                  "model_hash": model_hash(cfg.model), "model": to_dict(cfg)["model"], "reason": f"imported {npz}"}

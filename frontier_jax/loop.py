@@ -1,21 +1,22 @@
-"""The time-budgeted training loop (README "Training").
+"""The JAX trainer: the run policy's hooks (frontier_jax.run_policy) for a Flax NNX model on a device mesh.
 
-Order of events, as the baseline: set up; untimed compile warm-up steps on real data, after which
-parameters, optimizer state and data position are reset; then steps until the budget is spent (the
-stop is decided after each step; validation and checkpointing pause the clock); final full-val bpb.
-Before that, every input (config, data, the checkpoint a resume restores) is checked before the run
-directory is created, locked (one process per directory) or written. SIGINT/SIGTERM, from the start,
-finish the current step, save a resumable checkpoint and stop (before the first step: stop, nothing
-to save). With several processes, process 0's clock decides the schedule and the stop, and every
-process learns it each step."""
+`run_policy.run_budgeted` decides the order of events (untimed compile warm-up then reset, the timed
+loop and its stop order, validation cadence, checkpoints, the final validation, the summary). This
+module does what is JAX's: every input (config, data, the checkpoint a resume restores) is checked
+before the run directory is created, locked (one process per directory, `rundir.claim_run_dir`) or
+written; the state is created with its shardings; the jitted train and eval steps (dispatched one
+step ahead: a step's host metrics are read at the next iteration); snapshot/restore for the warm-up
+reset; orbax checkpoints and resume; the multi-process agreement (process 0's clock decides the
+schedule and the stop, any process's signal stops all at the same step). SIGINT/SIGTERM are handled
+from the start: before the first step a signal stops with nothing to save. The n-gram runtime is a
+run hook (`ngram_runtime.for_config`: a null hook when it is off), as are the progress bar and
+`on_step`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import shutil
-import time
 from pathlib import Path
 
 import jax
@@ -24,15 +25,17 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from frontier_jax import checkpoint, host, ops, optim, report
+from frontier_jax import checkpoint, host, ops, optim, report, rundir
+from frontier_jax import run_policy as policy
 from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
-from frontier_jax.data.stream import TrainLoader
+from frontier_jax.data.dataset import Dataset, load_for_config
+from frontier_jax.data.stream import TrainLoader, val_batches
+from frontier_jax.errors import BadInput
+from frontier_jax.model import build, count_params, resolve_compute_dtype
 from frontier_jax.ngram import runtime as ngram_runtime
-from frontier_jax.model import GPT, count_params, model_flops_per_token, resolve_compute_dtype
-from frontier_jax.parallel import DataParallel, make_data_parallel, split_batch
-from frontier_jax.errors import BadInput, describe_os_error
-from frontier_jax.run_support import (RunError, RunLog, Signals, claim_run_dir, finished_summary, load_run_data,
-                                      padded_val_batches, step_batch, stopped_before_training, truncate_metrics)
+from frontier_jax.parallel import DataParallel, make_data_parallel
+from frontier_jax.rundir import (RunError, RunLog, Signals, claim_run_dir, finished_summary, stopped_before_training,
+                                 truncate_metrics)
 from frontier_jax.steps import evaluate_batches, make_eval_step, make_train_step
 
 __all__ = ["run", "init_state", "RunError"]
@@ -40,11 +43,9 @@ __all__ = ["run", "init_state", "RunError"]
 
 def _initializer(cfg: Config, tx, compute_dtype, dp: DataParallel):
     """(graphdef, init() -> (params, opt_state), shardings of that pair)."""
-    orders = ngram_runtime.num_orders(cfg.ngram) if cfg.ngram.enabled else 0
 
     def make_model():
-        return GPT(cfg.model, rngs=nnx.Rngs(cfg.train.seed), compute_dtype=compute_dtype,
-                   num_bias_orders=orders, bias_buckets=cfg.ngram.confidence_buckets)
+        return build(cfg, compute_dtype)
 
     graphdef, _ = nnx.split(nnx.eval_shape(make_model))
 
@@ -110,35 +111,55 @@ def _claim(out_dir: Path, resume: bool, dp: DataParallel):
     return lock, created
 
 
-def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, signals, stop_after_steps, on_step) -> dict:
+@dataclasses.dataclass
+class Setup:
+    """What the set-up checked and built before the run directory is claimed."""
+
+    dp: DataParallel
+    global_micro: int
+    accum: int
+    kernel_rows: list
+    env: dict
+    compute_dtype: object
+    ns_dtype: str
+    tx: object
+    data: Dataset
+
+
+def _setup(cfg: Config) -> Setup:
     t = cfg.train
     dp = make_data_parallel(cfg.parallel.num_devices, cfg.parallel.zero1)
-    seqs_per_step = t.tokens_per_step // t.seq_len
-    global_micro, accum = split_batch(seqs_per_step, t.micro_batch_seqs, dp.num_devices, dp.process_count)
+    global_micro, accum = policy.split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, dp.num_devices,
+                                      dp.process_count)
     if t.val_batch_seqs % dp.num_devices:
         raise ConfigError(f"train.val_batch_seqs={t.val_batch_seqs} is not a multiple of the {dp.num_devices} devices")
     kernel_rows = ops.configure(t.kernels, unused=() if cfg.optim.fused else ops.FUSED_OPTIMIZER_OPS)
     env = {**report.environment(), "host_allocator": host.tune_allocator(t.allocator)}
-    compute_dtype = resolve_compute_dtype(cfg.model)
-    ns_dtype = optim.resolve_ns_dtype(cfg.optim)
-    tx = optim.build_optimizer(cfg.optim)
-    # ---- data and tokenizer (all checks before the run directory is touched)
-    data = load_run_data(cfg)
+    return Setup(dp, global_micro, accum, kernel_rows, env, resolve_compute_dtype(cfg.model),
+                 optim.resolve_ns_dtype(cfg.optim), optim.build_optimizer(cfg.optim),
+                 load_for_config(cfg))  # the data: all checks before the run directory is touched
+
+
+def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, signals, stop_after_steps, on_step) -> dict:
+    t = cfg.train
+    s = _setup(cfg)
     if signals.received:
         return stopped_before_training(out_dir, resume, signals, None, False)
-    lock, created = _claim(out_dir, resume, dp)
+    lock, created = _claim(out_dir, resume, s.dp)
     try:
         restored = None
         if resume:  # the checkpoint is read (and another model's refused) before anything is written
-            restored = _restore(cfg, tx, compute_dtype, dp, out_dir, log)
+            restored = _restore(cfg, s.tx, s.compute_dtype, s.dp, out_dir, log)
             meta = restored[2]
             if meta["step"] >= t.max_steps or meta["train_seconds"] >= t.budget_seconds:
                 return finished_summary(out_dir, meta, t)
         try:
-            return _train(cfg, out_dir, resume, log, signals, stop_after_steps, on_step, dp, data, restored,
-                          kernel_rows, env, compute_dtype, ns_dtype, tx, global_micro, accum, created)
+            trainer = JaxTrainer(cfg, out_dir, log, s, restored)
+            return trainer.run(signals, stop_after_steps, on_step)
+        except policy.InterruptedBeforeTraining:
+            return stopped_before_training(out_dir, resume, signals, restored and restored[2]["step"], created)
         except BadInput:
-            if created and not (out_dir / "metrics.jsonl").exists():  # nothing trained: leave no partial run
+            if created and not (out_dir / rundir.METRICS).exists():  # nothing trained: leave no partial run
                 shutil.rmtree(out_dir, ignore_errors=True)
             raise
     finally:
@@ -146,257 +167,172 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, signals, stop_af
             lock.release()
 
 
-def _train(cfg, out_dir, resume, log, signals, stop_after_steps, on_step, dp, data, restored, kernel_rows, env,
-           compute_dtype, ns_dtype, tx, global_micro, accum, created) -> dict:
-    t = cfg.train
-    main = dp.is_main
-    seqs_per_step = t.tokens_per_step // t.seq_len
-    tokenizer, tables, train_files, val_tokens = data.tokenizer, data.tables, data.train_files, data.val_tokens
-    log.attach(out_dir / "train.log")
-    if main:
-        report.write_json(out_dir / "config.json", to_dict(cfg))
-        report.write_json(out_dir / "env.json", {**env, "compute_dtype": str(compute_dtype),
-                                                "muon_ns_dtype": ns_dtype})
-        report.write_json(out_dir / "kernels.json", {"dispatch": f"per device, {dp.num_devices} device(s)",
-                                                     "ops": [dataclasses.asdict(r) for r in kernel_rows]})
-    log(f"frontier_jax run {out_dir} | config {cfg.name} ({config_hash(cfg)}) | git {env['git']}")
-    log(f"backend {env['backend']} | {dp.describe()} | allocator {host.describe(env['host_allocator'])}")
-    log(f"compute dtype {compute_dtype} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
-        f"{ns_dtype} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
-    log(ops.format_kernel_table(kernel_rows) + "\n(each op dispatched per device on its shard of the batch)")
-    ngram = None
-    if cfg.ngram.enabled:
-        ngram = ngram_runtime.NgramRuntime(cfg.ngram, train_files, out_dir, log, dp.replicated)
-        train_files = ngram.trainer_files
-    loader = TrainLoader(train_files, t.seq_len, dp.process_index, dp.process_count)
-    log(f"data {cfg.data.data_dir}: {len(train_files)} train shards, {val_tokens.size - 1:,} val targets | "
-        f"tokenizer {tokenizer.path}")
-    log(f"data provenance: {data.provenance}")
-    log(f"step = {t.tokens_per_step:,} tokens = {accum} micro-batch(es) of {global_micro} x {t.seq_len}")
+class JaxTrainer:
+    """The run directory's files and the run policy's hooks for one invocation of `run`."""
 
-    # ---- model, optimizer, compiled steps
-    graphdef, params, opt_state, shardings = init_state(cfg, tx, compute_dtype, dp)
-    log(f"model: {count_params(nnx.merge(graphdef, params)):,} parameters, hash {model_hash(cfg.model)}")
-    bias_fn = ngram_runtime.bias_fn if ngram else None
-    aux = lambda: ngram.tables if ngram else None  # noqa: E731 - current n-gram tables (or nothing)
-    train_step = make_train_step(graphdef, tx, bias_fn, shardings=shardings, replicated=dp.replicated)
-    eval_step = make_eval_step(graphdef, tables, bias_fn)
-    flops_per_token = model_flops_per_token(cfg.model, t.seq_len)
-    peak = report.measure_matmul_peak(compute_dtype) * dp.num_devices
-    log(f"measured matmul peak: {peak / 1e9:.1f} GFLOP/s ({compute_dtype}, all devices)")
+    def __init__(self, cfg: Config, out_dir: Path, log: RunLog, s: Setup, restored):
+        t, dp = cfg.train, s.dp
+        self.cfg, self.out_dir, self.log, self.dp, self.tx, self.compute_dtype = cfg, out_dir, log, dp, s.tx, s.compute_dtype
+        self.restored, self.meta = restored, restored[2] if restored else None
+        self.seqs_per_step, self.accum, self.metrics_log = t.tokens_per_step // t.seq_len, s.accum, None
+        log.attach(out_dir / rundir.LOG)
+        if dp.is_main:
+            rundir.write_json(out_dir / rundir.CONFIG, to_dict(cfg))
+            rundir.write_json(out_dir / rundir.ENV, {**s.env, "compute_dtype": str(s.compute_dtype),
+                                                     "muon_ns_dtype": s.ns_dtype})
+            rundir.write_json(out_dir / rundir.KERNELS, {"dispatch": f"per device, {dp.num_devices} device(s)",
+                                                         "ops": [dataclasses.asdict(r) for r in s.kernel_rows]})
+        env = s.env
+        log(f"frontier_jax run {out_dir} | config {cfg.name} ({config_hash(cfg)}) | git {env['git']}")
+        log(f"backend {env['backend']} | {dp.describe()} | allocator {host.describe(env['host_allocator'])}")
+        log(f"compute dtype {s.compute_dtype} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
+            f"{s.ns_dtype} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
+        log(ops.format_kernel_table(s.kernel_rows) + "\n(each op dispatched per device on its shard of the batch)")
+        data = s.data
+        self.val_tokens = data.val_tokens
+        self.ngram = ngram_runtime.for_config(cfg.ngram, data.train_files, out_dir, log, dp.replicated)
+        self.loader = TrainLoader(self.ngram.trainer_files, t.seq_len, dp.process_index, dp.process_count)
+        log(f"data {cfg.data.data_dir}: {len(self.ngram.trainer_files)} train shards, "
+            f"{data.val_tokens.size - 1:,} val targets | tokenizer {data.tokenizer.path}")
+        log(f"data provenance: {data.provenance}")
+        log(f"step = {t.tokens_per_step:,} tokens = {s.accum} micro-batch(es) of {s.global_micro} x {t.seq_len}")
 
-    def next_batch():
-        x, y = step_batch(loader, seqs_per_step, accum, t.seq_len)
-        return dp.put_batch(x, 1), dp.put_batch(y, 1)
+        # ---- model, optimizer, compiled steps
+        graphdef, self.params, self.opt_state, shardings = init_state(cfg, s.tx, s.compute_dtype, dp)
+        log(f"model: {count_params(nnx.merge(graphdef, self.params)):,} parameters, hash {model_hash(cfg.model)}")
+        self._train = make_train_step(graphdef, s.tx, self.ngram.bias_fn, shardings=shardings, replicated=dp.replicated)
+        self._eval = make_eval_step(graphdef, data.tables, self.ngram.bias_fn)
+        self.flops_per_token = policy.model_flops_per_token(cfg.model, t.seq_len)
+        self.peak = report.measure_matmul_peak(s.compute_dtype) * dp.num_devices
+        log(f"measured matmul peak: {self.peak / 1e9:.1f} GFLOP/s ({s.compute_dtype}, all devices)")
 
-    def validate(params_, max_tokens: int) -> dict:
-        toks = val_tokens if not max_tokens else val_tokens[: min(val_tokens.size, max_tokens + 1)]
-        toks = toks[: ((toks.size - 1) // t.seq_len) * t.seq_len + 1]
+    def run(self, signals, stop_after_steps: int | None, on_step) -> dict:
+        cfg, dp = self.cfg, self.dp
+        hooks = policy.Hooks(
+            train_step=self.train_step, read_metrics=self.read_metrics, eval_sums=self.eval_sums,
+            snapshot=self.loader.state, restore=self.restore, log=self.log, metrics=self.metrics, signals=signals,
+            write_summary=self.write_summary, resume=self.resume, save=self.save, discard=self.discard,
+            agree=self.agree, summary_fields=self.summary_fields)
+        hooks.add_hook(ProgressBar(cfg.train.budget_seconds, dp.is_main))
+        hooks.add_hook(self.ngram)  # starts with the timed budget: the builder's time counts against it
+        if on_step is not None:
+            hooks.add_hook(OnStep(on_step))
+        base = {"config_name": cfg.name, "config_hash": config_hash(cfg), "matmul_peak_flops": self.peak,
+                "flops_per_token": self.flops_per_token, "run_dir": str(self.out_dir)}
+        try:
+            return policy.run_budgeted(policy.Policy.from_config(cfg, stop_after_steps), hooks, base)
+        finally:
+            if self.metrics_log is not None:
+                self.metrics_log.close()
+
+    # ---- the run policy's hooks
+
+    def train_step(self, lr_scale: float, momentum: float):
+        x, y = policy.step_batch(self.loader, self.seqs_per_step, self.accum, self.cfg.train.seq_len)
+        lr, mom = (jax.device_put(jnp.float32(v), self.dp.replicated) for v in (lr_scale, momentum))
+        self.params, self.opt_state, m = self._train(self.params, self.opt_state, self.dp.put_batch(x, 1),
+                                                     self.dp.put_batch(y, 1), lr, mom, self.ngram.tables)
+        return m
+
+    @staticmethod
+    def read_metrics(m) -> tuple[float, float]:
+        return float(m["loss"]), float(m["grad_norm"])
+
+    def eval_sums(self, max_tokens: int) -> dict:
+        t, dp = self.cfg.train, self.dp
+        toks = policy.val_window_tokens(self.val_tokens, max_tokens, t.seq_len)
         batches = ((dp.put_batch(x), dp.put_batch(y), dp.put_batch(m)) for x, y, m in
-                   padded_val_batches(toks, t.seq_len, t.val_batch_seqs, dp.process_index, dp.process_count))
-        sums = evaluate_batches(eval_step, params_, batches, aux())
-        return {**sums, "loss": sums["nll_sum_nats"] / max(sums["tokens"], 1),
-                "bpb": report.bpb(sums["nll_sum_nats"], sums["bytes"])}
+                   val_batches(toks, t.seq_len, t.val_batch_seqs, dp.process_index, dp.process_count))
+        return evaluate_batches(self._eval, self.params, batches, self.ngram.tables)
 
-    def scalars(*values):
-        return tuple(jax.device_put(jnp.float32(v), dp.replicated) for v in values)
+    def restore(self, data_state: dict) -> None:
+        """Undo the warm-up: the restored (resume) or fresh parameters and optimizer state, the data position."""
+        if self.restored:
+            self.params, self.opt_state, _ = self.restored
+            self.restored = None
+        else:
+            _, self.params, self.opt_state, _ = init_state(self.cfg, self.tx, self.compute_dtype, self.dp)
+        self.loader.restore(data_state)
 
-    def stop_requested() -> bool:
-        return agree(signals.received is not None, 0.0)[0]
+    def resume(self) -> policy.RunState | None:
+        """After the warm-up: the resumed checkpoint's counters (metrics.jsonl cut back to its step), or
+        None; either way metrics.jsonl is opened here, as the run's first timed file."""
+        meta, state = self.meta, None
+        if meta is not None:
+            step = meta["step"]
+            self.loader.restore(meta["data"])
+            dropped = truncate_metrics(self.out_dir / rundir.METRICS, step) if self.dp.is_main else 0
+            self.log(f"resumed from step {step} ({meta['train_seconds']:.1f} s trained, data position {meta['data']})"
+                     + (f"; dropped {dropped} metrics row(s) logged after that step" if dropped else ""))
+            state = policy.RunState(step=step, tokens=meta["tokens"], train_seconds=meta["train_seconds"])
+        self.metrics_log = rundir.MetricsLog(self.out_dir / rundir.METRICS, enabled=self.dp.is_main)
+        return state
 
-    def agree(local_stop: bool, elapsed: float) -> tuple[bool, float]:
+    def metrics(self, **row) -> None:
+        self.metrics_log.log(**row)
+
+    def save(self, s: policy.RunState, reason: str) -> None:
+        meta = {"step": s.step, "train_seconds": s.train_seconds, "tokens": s.tokens, "data": self.loader.state(),
+                "model_hash": model_hash(self.cfg.model), "model": to_dict(self.cfg)["model"], "reason": reason}
+        path = checkpoint.save(self.out_dir, s.step, {"params": self.params, "opt_state": self.opt_state}, meta)
+        self.log(f"checkpoint step {s.step} -> {path} ({reason})" if path else
+                 f"checkpoint step {s.step}: already saved ({reason} save not needed)")
+
+    def discard(self, step: int) -> None:
+        checkpoint.discard(self.out_dir, step)  # every process: orbax coordinates them
+
+    def agree(self, local_stop: bool, elapsed: float) -> tuple[bool, float]:
         """Multi-process: any process's signal stops all; process 0's clock is everyone's clock."""
-        if dp.process_count == 1:
+        if self.dp.process_count == 1:
             return local_stop, elapsed
         g = multihost_utils.process_allgather(np.array([float(local_stop), elapsed]))
         return bool(g[:, 0].max()), float(g[0, 1])
 
-    # ---- compile warm-up (untimed), then reset everything it touched; a signal stops it between steps
-    resumed_step = restored[2]["step"] if restored else None
-    log(f"compile warm-up: {max(t.compile_warmup_steps, 1)} step(s) and the eval step (untimed)")
-    t_compile = time.perf_counter()
-    data0 = loader.state()
-    for i in range(max(t.compile_warmup_steps, 1)):
-        params, opt_state, m = train_step(params, opt_state, *next_batch(),
-                                          *scalars(1.0, optim.muon_momentum(cfg.optim, i)), aux())
-        jax.block_until_ready(m)
-        if stop_requested():
-            return stopped_before_training(out_dir, resume, signals, resumed_step, created)
-    validate(params, t.val_batch_seqs * t.seq_len)  # compiles the eval step
-    if stop_requested():
-        return stopped_before_training(out_dir, resume, signals, resumed_step, created)
-    if restored:
-        params, opt_state, meta = restored
-        restored = None
-    else:
-        _, params, opt_state, _ = init_state(cfg, tx, compute_dtype, dp)
-    loader.restore(data0)
-    log(f"compile warm-up: {time.perf_counter() - t_compile:.1f} s (untimed; state reset)")
+    def summary_fields(self) -> dict:
+        return {"checkpoint_step": checkpoint.latest_step(self.out_dir)}  # every process (orbax collectives)
 
-    step, train_s, tokens = 0, 0.0, 0
-    if resume:
-        step, train_s, tokens = meta["step"], meta["train_seconds"], meta["tokens"]
-        loader.restore(meta["data"])
-        dropped = truncate_metrics(out_dir / "metrics.jsonl", step) if main else 0
-        log(f"resumed from step {step} ({train_s:.1f} s trained, data position {meta['data']})"
-            + (f"; dropped {dropped} metrics row(s) logged after that step" if dropped else ""))
-    metrics_log = report.MetricsLog(out_dir / "metrics.jsonl", enabled=main)
-    signals.stopping = "stopping after this step; checkpoint follows"
-
-    def save(reason: str) -> None:
-        meta = {"step": step, "train_seconds": train_s, "tokens": tokens, "data": loader.state(),
-                "model_hash": model_hash(cfg.model), "model": to_dict(cfg)["model"], "reason": reason}
-        path = checkpoint.save(out_dir, step, {"params": params, "opt_state": opt_state}, meta)
-        log(f"checkpoint step {step} -> {path} ({reason})" if path else
-            f"checkpoint step {step}: already saved ({reason} save not needed)")
-
-    def diverged(at_step: int) -> str:
-        """The checkpoint of the step before a non-finite loss holds the parameters that produced it:
-        remove it (if this invocation wrote it), so the last checkpoint kept is the last finite one."""
-        bad = at_step - 1
-        if bad > start_step and bad in checkpoint.steps(out_dir):  # every process: orbax coordinates them
-            checkpoint.discard(out_dir, bad)
-            log(f"removed checkpoint step {bad}: its parameters gave the non-finite loss of step {at_step}")
-        return "non-finite loss"
-
-    stop_reason, final_loss, start_step, pending, save_error = None, math.nan, step, None, None
-    if ngram:  # starts with the timed budget: the builder's time counts against it
-        ngram.start()
-    try:
-        bar = _progress_bar(t.budget_seconds, train_s, main)
-        t0 = time.perf_counter()
-        while True:
-            if pending is not None:  # host metrics of the previous step (dispatch stays one step ahead)
-                final_loss = _finish_step(pending, metrics_log, log, on_step, bar)
-                if not math.isfinite(final_loss):
-                    stop_reason = diverged(pending["step"])
-                    break
-                pending = None
-            local_stop = signals.received is not None or (
-                stop_after_steps is not None and step - start_step >= stop_after_steps)
-            stop_now, elapsed = agree(local_stop, train_s + time.perf_counter() - t0)
-            if stop_now and stop_reason is None:
-                stop_reason = f"signal {signals.received or 'stop requested'}"
-            if step >= t.max_steps and stop_reason is None:
-                stop_reason = "max_steps"
-            if elapsed >= t.budget_seconds and stop_reason is None:
-                stop_reason = "budget"
-            if stop_reason is not None:
-                break
-            if t.val_every_steps and step > start_step and step % t.val_every_steps == 0:
-                train_s, v = elapsed, validate(params, t.val_max_tokens)
-                metrics_log.log(kind="val", step=step, tokens=tokens, train_seconds=train_s, loss=v["loss"],
-                                bpb=v["bpb"], val_tokens=v["tokens"])
-                log(f"step {step} val loss {v['loss']:.4f} bpb {v['bpb']:.4f} ({v['tokens']:,} tokens)")
-                t0 = time.perf_counter()
-                elapsed = train_s
-            scale = optim.lr_scale(cfg.optim, step, elapsed, t.budget_seconds, t.max_steps)
-            mom = optim.muon_momentum(cfg.optim, step)
-            if ngram:
-                ngram.poll(step)
-            params, opt_state, m = train_step(params, opt_state, *next_batch(), *scalars(scale, mom), aux())
-            step += 1
-            tokens += t.tokens_per_step
-            pending = dict(step=step, metrics=m, lr_scale=scale, momentum=mom, tokens=tokens,
-                           train_seconds=train_s + time.perf_counter() - t0)
-            if t.checkpoint_every_steps and step % t.checkpoint_every_steps == 0:
-                jax.block_until_ready(m)
-                train_s += time.perf_counter() - t0
-                final_loss = _finish_step(pending, metrics_log, log, on_step, bar)
-                t0 = time.perf_counter()
-                if not math.isfinite(final_loss):  # never save a checkpoint of a diverged step
-                    stop_reason = diverged(step)
-                    break
-                pending = None
-                try:
-                    save("periodic")
-                except checkpoint.CheckpointError as e:
-                    save_error, stop_reason = e, "checkpoint not written"
-                    break
-                t0 = time.perf_counter()
-        train_s += time.perf_counter() - t0
-        if bar is not None:
-            bar.close()
-        if ngram:  # the final evaluation uses the newest tables built within the budget
-            ngram.finish(step)  # stops the builder; the newest snapshot it published is used
-        return _finish_run(cfg, out_dir, log, metrics_log, stop_reason, step, tokens, train_s, final_loss,
-                           peak, flops_per_token, save, lambda: validate(params, 0), main, save_error)
-    finally:
-        if ngram:
-            ngram.stop()
+    def write_summary(self, summary: dict) -> None:
+        if self.metrics_log is not None:
+            self.metrics_log.close()
+        rundir.write_summary(self.out_dir, summary, write=self.dp.is_main)
 
 
-def _finish_run(cfg, out_dir, log, metrics_log, stop_reason, step, tokens, train_s, final_loss, peak,
-                flops_per_token, save, full_validation, main, save_error=None) -> dict:
-    """Final (or interrupted) checkpoint, final validation, summary. A checkpoint that cannot be written
-    (disk full) still gets a summary, if that can be written, and is then raised (one line, exit 2)."""
-    interrupted = stop_reason.startswith("signal")
-    if stop_reason == "non-finite loss":
-        log(f"STOP: non-finite training loss at step {step}; the last checkpoint kept is the last finite one")
-    elif save_error is None:
-        try:
-            save("interrupted" if interrupted else "final")
-        except checkpoint.CheckpointError as e:
-            save_error, stop_reason = e, "checkpoint not written"
-    summary = {
-        "config_name": cfg.name, "config_hash": config_hash(cfg), "steps": step, "tokens": tokens,
-        "train_seconds": train_s, "tokens_per_second": tokens / train_s if train_s > 0 else None,
-        "matmul_peak_flops": peak, "flops_per_token": flops_per_token,
-        "final_train_loss": final_loss, "stop_reason": stop_reason, "run_dir": str(out_dir),
-        "checkpoint_step": checkpoint.latest_step(out_dir),
-    }
-    if save_error is not None:
-        summary["error"] = str(save_error)
-        log(f"STOP: {save_error}")
-    if summary["tokens_per_second"]:
-        summary["mfu"] = summary["tokens_per_second"] * flops_per_token / peak
-    if not interrupted and stop_reason not in ("non-finite loss", "checkpoint not written"):
-        v = full_validation()
-        summary.update(val_loss=v["loss"], val_bpb=v["bpb"], val_nll_sum_nats=v["nll_sum_nats"],
-                       val_tokens=v["tokens"], val_bytes=v["bytes"])
-        metrics_log.log(kind="val", step=step, tokens=tokens, train_seconds=train_s, loss=v["loss"], bpb=v["bpb"],
-                        val_tokens=v["tokens"], final=True)
-    metrics_log.close()
-    table = report.format_table(report.summary_rows(summary))
-    if main:
-        try:
-            report.write_json(out_dir / "summary.json", summary)
-            report.atomic_write_text(out_dir / "summary.txt", table + "\n")
-            with open(out_dir / "metrics.jsonl") as f:
-                report.plot_run([json.loads(line) for line in f if line.strip()], out_dir / "curves.png")
-        except OSError as e:
-            if save_error is None:
-                raise
-            log(f"summary not written either: {describe_os_error(e)}")
-    log("summary:\n" + table)
-    if save_error is not None:
-        raise save_error
-    return summary
+class ProgressBar(policy.RunHook):
+    """tokens/s, loss and elapsed/budget on a terminal (process 0 only)."""
+
+    def __init__(self, budget_s: float, main: bool):
+        self.budget_s, self.main, self.bar = budget_s, main, None
+
+    def on_start(self, state: policy.RunState) -> None:
+        if self.main:
+            from tqdm.auto import tqdm
+
+            total = round(self.budget_s)
+            self.bar = tqdm(total=total, initial=min(round(state.train_seconds), total), unit="s", desc="train",
+                            disable=None, leave=False)
+
+    def after_step(self, state: policy.RunState, row: dict) -> None:
+        if self.bar is None or not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
+            return
+        self.bar.n = min(round(row["train_seconds"]), self.bar.total)
+        self.bar.set_postfix(step=row["step"], loss=f"{row['loss']:.3f}",
+                             tok_s=f"{row['tokens'] / max(row['train_seconds'], 1e-9):,.0f}", refresh=False)
+        self.bar.refresh()
+
+    def on_end(self, state: policy.RunState) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def close(self) -> None:
+        self.on_end(None)
 
 
-def _progress_bar(budget_s: float, train_s: float, main: bool):
-    if not main:
-        return None
-    from tqdm.auto import tqdm
+class OnStep(policy.RunHook):
+    """Calls fn(step, row) with each finished step's host metrics (tests, tools)."""
 
-    total = round(budget_s)
-    return tqdm(total=total, initial=min(round(train_s), total), unit="s", desc="train", disable=None, leave=False)
+    def __init__(self, fn):
+        self.fn = fn
 
-
-def _finish_step(p: dict, metrics_log, log, on_step, bar) -> float:
-    loss = float(p["metrics"]["loss"])
-    gnorm = float(p["metrics"]["grad_norm"])
-    row = dict(kind="train", step=p["step"], loss=loss, grad_norm=gnorm, lr_scale=p["lr_scale"],
-               momentum=p["momentum"], tokens=p["tokens"], train_seconds=p["train_seconds"])
-    metrics_log.log(**row)
-    if on_step is not None:
-        on_step(p["step"], row)
-    if not math.isfinite(loss) or not math.isfinite(gnorm):
-        log(f"non-finite values after step {p['step']}: loss={loss} grad_norm={gnorm} lr_scale={p['lr_scale']:.4g}")
-        return math.nan
-    if bar is not None:
-        bar.n = min(round(p["train_seconds"]), bar.total)
-        bar.set_postfix(step=p["step"], loss=f"{loss:.3f}",
-                        tok_s=f"{p['tokens'] / max(p['train_seconds'], 1e-9):,.0f}", refresh=False)
-        bar.refresh()
-    return loss
+    def after_step(self, state: policy.RunState, row: dict) -> None:
+        self.fn(row["step"], row)

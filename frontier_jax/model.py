@@ -20,18 +20,14 @@ from flax import nnx
 from frontier_jax import ops
 from frontier_jax import reference as ref
 from frontier_jax.config import Config, ModelConfig
-
-# Block parameters that are vectors/scalars (Adam), even when 2-D (resid_mix) - as the baseline's
-# CONTROL_TENSOR_NAME_PATTERNS.
-CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "ngram_bias")
+from frontier_jax.run_policy import CONTROL_PARAM_NAMES, compute_dtype_name  # noqa: F401 - model's API
+from frontier_jax.run_policy import model_flops_per_token  # noqa: F401 - model's API (pure Python)
 
 
 def resolve_compute_dtype(cfg: ModelConfig, platform: str | None = None) -> jnp.dtype:
-    """The explicit dtype policy: bf16 matmuls on accelerators (as the baseline), fp32 on CPU."""
-    if cfg.compute_dtype != "auto":
-        return jnp.dtype(cfg.compute_dtype)
-    platform = platform or jax.default_backend()
-    return jnp.dtype(jnp.float32 if platform == "cpu" else jnp.bfloat16)
+    """The explicit dtype policy (run_policy.compute_dtype_name): bf16 matmuls on accelerators (as the
+    baseline), fp32 on CPU; the platform defaults to JAX's backend."""
+    return jnp.dtype(compute_dtype_name(cfg, platform or jax.default_backend()))
 
 
 def _torch_linear_init(rngs: nnx.Rngs, fan_in: int, fan_out: int) -> jax.Array:
@@ -155,17 +151,3 @@ def build(cfg: Config, compute_dtype=None) -> GPT:
 
 def count_params(model: nnx.Module) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
-
-
-def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward = 3x forward) of this architecture, attention included.
-
-    Matmul FLOPs: 2 per MAC. Attention scores and values: causal, so on average T/2 keys per query
-    (counted as the full T*T/2 triangle: 2 * 2 * H * K * T/2 per token forward).
-    """
-    D, H, G, K = cfg.model_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    F, V, L = cfg.mlp_mult * D, cfg.vocab_size, cfg.num_layers
-    per_layer = 2 * (D * H * K + 2 * D * G * K + H * K * D + 2 * D * F)
-    attn = 2 * 2 * H * K * (seq_len / 2)
-    head = 2 * D * V
-    return 3.0 * (L * (per_layer + attn) + head)

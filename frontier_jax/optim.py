@@ -29,7 +29,8 @@ import optax
 
 from frontier_jax import ops
 from frontier_jax.config import OptimConfig
-from frontier_jax.model import CONTROL_PARAM_NAMES
+from frontier_jax.run_policy import lr_scale, muon_momentum, ns_dtype_name  # noqa: F401 - the schedules, optim's API
+from frontier_jax.run_policy import param_label as label_for
 from frontier_jax.reference import muon_direction, newton_schulz  # noqa: F401  (newton_schulz: optim's API)
 
 
@@ -42,16 +43,6 @@ def path_names(path) -> list[str]:
                 names.append(str(getattr(k, attr)))
                 break
     return [n for n in names if n != "value"]
-
-
-def label_for(names: list[str], ndim: int) -> str:
-    if names and names[0] == "tok_emb":
-        return "embed"
-    if names and names[0] == "ngram_bias":
-        return "ngram"
-    if names and names[0] == "blocks" and ndim == 2 and not any(n in CONTROL_PARAM_NAMES for n in names):
-        return "muon"
-    return "scalar"
 
 
 def param_labels(params):
@@ -113,9 +104,7 @@ def scale_by_scheduled_lr(base_lr: float) -> optax.GradientTransformationExtraAr
 
 def resolve_ns_dtype(cfg: OptimConfig, platform: str | None = None) -> str:
     """optim.muon_ns_dtype with "auto" resolved: bfloat16 on accelerators (the baseline), float32 on CPU."""
-    if cfg.muon_ns_dtype != "auto":
-        return cfg.muon_ns_dtype
-    return "float32" if (platform or jax.default_backend()) == "cpu" else "bfloat16"
+    return ns_dtype_name(cfg, platform or jax.default_backend())
 
 
 def build_optimizer(cfg: OptimConfig) -> Optimizer:
@@ -236,32 +225,3 @@ def fused_partition(transforms: dict[str, Optimizer], param_labels) -> Optimizer
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(params), leaves), new_state
 
     return _fused(init, apply)
-
-
-# ----------------------------------------------------------------------------- schedules
-
-
-def muon_momentum(cfg: OptimConfig, step: int) -> float:
-    """Linear warm-up of Muon's momentum from warmup_start to momentum over warmup_steps."""
-    if cfg.muon_momentum_warmup_steps <= 0:
-        return cfg.muon_momentum
-    frac = min(step / cfg.muon_momentum_warmup_steps, 1.0)
-    return (1 - frac) * cfg.muon_momentum_warmup_start + frac * cfg.muon_momentum
-
-
-def lr_scale(cfg: OptimConfig, step: int, elapsed_s: float, budget_s: float, max_steps: int) -> float:
-    """Constant, then linear warmdown to 0 over the last `warmdown_steps` steps (baseline lr_mul).
-
-    time mode: the warmdown length in seconds is warmdown_steps times the measured mean step time,
-    and it starts when the remaining budget drops below that. steps mode: by step count.
-    """
-    w = cfg.warmdown_steps
-    if w <= 0:
-        return 1.0
-    if cfg.warmdown_mode == "steps":
-        start = max(max_steps - w, 0)
-        return max((max_steps - step) / max(w, 1), 0.0) if start <= step < max_steps else 1.0
-    step_s = elapsed_s / max(step, 1)
-    warmdown_s = w * step_s
-    remaining_s = max(budget_s - elapsed_s, 0.0)
-    return remaining_s / max(warmdown_s, 1e-9) if remaining_s <= warmdown_s else 1.0

@@ -16,6 +16,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from frontier_jax.config import ConfigError
+from frontier_jax.run_policy import split_batch  # noqa: F401 - the step geometry (pure Python), parallel's API
 
 
 def initialize(coordinator: str | None, num_processes: int | None, process_id: int | None,
@@ -102,23 +103,3 @@ def make_data_parallel(num_devices: int = 0, zero1: bool = False) -> DataParalle
         raise ConfigError("multi-process runs use every device (parallel.num_devices must be 0)")
     mesh = jax.sharding.Mesh(np.asarray(devices[:n]), ("data",))
     return DataParallel(mesh, zero1)
-
-
-def split_batch(seqs_per_step: int, micro_batch_seqs: int, num_devices: int, process_count: int = 1):
-    """(global sequences per micro-batch, accumulation steps) keeping tokens per step fixed.
-
-    micro_batch_seqs is per device; it shrinks when the global step is smaller than one micro-batch
-    on every device. An impossible split is a ConfigError naming the numbers.
-    """
-    if seqs_per_step % num_devices:
-        raise ConfigError(f"{seqs_per_step} sequences per step cannot be split over {num_devices} devices "
-                          "(train.tokens_per_step / train.seq_len must be a multiple of the device count)")
-    per_device = seqs_per_step // num_devices
-    micro = min(micro_batch_seqs, per_device)
-    if per_device % micro:
-        raise ConfigError(f"{per_device} sequences per device per step is not a multiple of "
-                          f"train.micro_batch_seqs={micro}")
-    global_micro = micro * num_devices
-    if global_micro % process_count:
-        raise ConfigError(f"a micro-batch of {global_micro} sequences cannot be split over {process_count} processes")
-    return global_micro, seqs_per_step // global_micro

@@ -9,14 +9,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from pathlib import Path
 
-from frontier_jax.config import apply_overrides, load_config, load_run_config
 from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, exit_on_error
-from frontier_jax.run_support import RunError
-
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+from frontier_jax.rundir import resolve_run as resolve
 
 DESCRIPTION = """Train a small language model for a time budget and report its validation bits per byte.
 With no arguments: a demo on a small offline corpus (configs/tiny.py)."""
@@ -55,46 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv):
     return build_parser().parse_args(argv)
-
-
-def resolve(args):
-    """(config, out_dir, resume, demo) from the parsed arguments; writes nothing but the demo's data."""
-    demo = not (args.config or args.data or args.resume)
-    if args.resume:
-        if args.out and Path(args.out).absolute() != Path(args.resume).absolute():
-            raise RunError(f"--out {args.out}: --resume continues the run in place ({args.resume}); drop --out")
-        run_json = Path(args.resume) / "config.json"
-        if not run_json.is_file():
-            raise RunError(f"{run_json}: not a run directory (no config.json)")
-        cfg = load_config(args.config) if args.config else load_run_config(run_json)
-    else:
-        cfg = load_config(args.config or CONFIGS / "tiny.py")
-    sets = list(args.set)
-    if args.data:
-        sets.append(f"data.data_dir={str(Path(args.data).absolute())!r}")
-    if args.tokenizer:
-        tok = args.tokenizer if args.tokenizer == "bytes" else str(Path(args.tokenizer).absolute())
-        sets.append(f"data.tokenizer={tok!r}")
-    if args.budget is not None:
-        sets.append(f"train.budget_seconds={args.budget!r}")
-    if args.seed is not None:
-        sets.append(f"train.seed={args.seed}")
-    if args.kernels:
-        sets.append(f"train.kernels={args.kernels!r}")
-    if demo:
-        from frontier_jax.data.demo import prepare_demo
-
-        print("DEMO: no --config/--data given; preparing a small offline corpus from the Python standard "
-              "library's documentation and training configs/tiny.py on it.", flush=True)
-        data_dir, tok = prepare_demo(Path("runs") / "demo-data")
-        sets = [f"data.data_dir={str(Path(data_dir).absolute())!r}",
-                f"data.tokenizer={str(Path(tok).absolute())!r}"] + sets
-    cfg = apply_overrides(cfg, sets)
-    if args.resume:
-        out = Path(args.resume)
-    else:
-        out = Path(args.out) if args.out else Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return cfg, out, bool(args.resume), demo
 
 
 DEMO_EPILOGUE = """

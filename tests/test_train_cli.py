@@ -264,7 +264,7 @@ def test_resume_with_every_checkpoint_corrupt_is_one_line(trained_run, tmp_path,
 
 
 def test_a_second_training_on_a_locked_directory_is_refused(trained_run, byte_data, tmp_path, capsys):
-    from frontier_jax.run_support import RunDirLock
+    from frontier_jax.rundir import RunDirLock
 
     run = _copy_run(trained_run, tmp_path / "run")
     holder = RunDirLock(run)  # another process's lock, as far as the trainer can tell (flock is per open file)
@@ -285,9 +285,9 @@ def test_a_second_training_on_a_locked_directory_is_refused(trained_run, byte_da
 
 
 def test_a_killed_owner_does_not_block_its_own_resume(tmp_path):
-    from frontier_jax.run_support import RunDirLock
+    from frontier_jax.rundir import RunDirLock
 
-    code = "import sys, time; from frontier_jax.run_support import RunDirLock; l = RunDirLock(sys.argv[1]); " \
+    code = "import sys, time; from frontier_jax.rundir import RunDirLock; l = RunDirLock(sys.argv[1]); " \
            "print('locked', flush=True); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:

@@ -70,6 +70,13 @@ def load_dataset(data_dir, tokenizer_spec: str, vocab_size: int, seq_len: int, t
     return Dataset(tokenizer, tokenizer.byte_tables(vocab_size), train_files, val_tokens, line)
 
 
+def load_for_config(cfg) -> Dataset:
+    """`load_dataset` of what a config names (data.data_dir, data.tokenizer, the patterns, model.vocab_size,
+    train.seq_len): the one call both trainers make at start-up."""
+    d = cfg.data
+    return load_dataset(d.data_dir, d.tokenizer, cfg.model.vocab_size, cfg.train.seq_len, d.train_pattern, d.val_pattern)
+
+
 def check_provenance(data_dir: Path, tokenizer, train_files: list[Path], val_files: list[Path], counts: dict,
                      warn: Callable[[str], None] | None = None) -> str:
     """What vouches for the shards (one phrase); DataError when the directory is incomplete or not the tokenizer's."""

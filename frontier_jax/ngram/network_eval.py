@@ -20,9 +20,9 @@ from frontier_jax.ngram import snapshot as S
 
 def restore_run(run_dir):
     """(cfg, graphdef, params, step) of a run's newest intact checkpoint, n-gram bias parameter included."""
-    from frontier_jax.evaluate import restore_checkpoint
+    from frontier_jax.interop import restore_params
 
-    cfg, graphdef, params, step, _ = restore_checkpoint(run_dir)
+    cfg, graphdef, params, step, _ = restore_params(run_dir)
     return cfg, graphdef, params, step
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from frontier_jax.config import NgramConfig
+from frontier_jax.run_policy import RunHook
 from frontier_jax.errors import BadInput
 from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram.bias import DeviceTables, empty_tables, host_arrays, ngram_sparse_bias
@@ -50,7 +51,34 @@ def ngram_dir(run_dir, process_index: int = 0) -> Path:
     return Path(run_dir) / f"ngram-p{process_index}"
 
 
-class NgramRuntime:
+class NullNgram(RunHook):
+    """The n-gram runtime when `ngram.enabled` is off: no tables, no bias, every train shard the trainer's."""
+
+    tables = None
+    bias_fn = None
+
+    def __init__(self, train_files):
+        self.trainer_files = list(train_files)
+
+
+def for_config(cfg: NgramConfig, train_files, run_dir: Path, log, replicated) -> "NgramRuntime | NullNgram":
+    """The run hook of the n-gram runtime (the null one when `ngram.enabled` is off)."""
+    if not cfg.enabled:
+        return NullNgram(train_files)
+    return NgramRuntime(cfg, train_files, run_dir, log, replicated)
+
+
+class NgramRuntime(RunHook):
+    """The builder process and the tables the trainer uses, as a run hook (frontier_jax.run_policy): the
+    builder starts with the timed budget (its time counts against it), new snapshots are swapped in
+    before steps, it stops at the end of the budget (the final evaluation uses the newest snapshot it
+    published), and it is stopped whatever happens."""
+
+    @property
+    def bias_fn(self):
+        """The model's sparse logit bias (the module's `bias_fn`, looked up when the steps are built)."""
+        return bias_fn
+
     def __init__(self, cfg: NgramConfig, train_files, run_dir: Path, log, replicated,
                  poll_seconds: float = 2.0, poll_every_steps: int = 10):
         self.cfg, self.log, self.replicated = cfg, log, replicated
@@ -172,6 +200,18 @@ class NgramRuntime:
         else:
             self.log(f"ngram: final evaluation uses snapshot v{self.version} ({self.swaps[-1]['tokens']:,} tokens)")
         self._record()
+
+    def on_start(self, state) -> None:
+        self.start()
+
+    def before_step(self, state) -> None:
+        self.poll(state.step)
+
+    def on_end(self, state) -> None:
+        self.finish(state.step)
+
+    def close(self) -> None:
+        self.stop()
 
     def stop(self) -> None:
         self.builder.stop()

@@ -1,0 +1,508 @@
+"""The run policy both trainers share: one budgeted-run driver, its stop rules, schedules and summary.
+
+It imports no JAX (numpy at most), so the PyTorch baseline runs exactly the same semantics without
+loading JAX. A trainer (the JAX loop, `baseline_torch.train`) supplies its step, its evaluation sums
+and its snapshot/restore as callables (`Hooks`) and calls `run_budgeted`; plug-ins (the n-gram
+runtime, a progress bar, a per-step log) attach as `RunHook`s, as levanter's `add_hook`.
+
+Order of events (README "Training"); the caller has installed the signal handlers (rundir.Signals)
+before its set-up, so a signal is never lost:
+1. untimed compile warm-up: `warmup_steps` train steps (at least one, lr multiplier 1, Muon momentum
+   of steps 0, 1, ...), each waited for, and one evaluation of `warmup_val_tokens`; then `restore`
+   puts back the state from before it (fresh or resumed parameters and optimizer state, the data
+   position), as the baseline. A signal here (checked after each warm-up step and after the
+   evaluation, agreed across processes) raises `InterruptedBeforeTraining`: nothing trained, nothing
+   saved, exit 130;
+2. an optional resume (`Hooks.resume`: step, tokens and trained seconds carry on);
+3. the timed loop. Each iteration, in this order:
+   a. the previous step's host metrics are read (the step was dispatched asynchronously) and logged;
+      a non-finite loss or gradient norm stops the run ("non-finite loss"), and a checkpoint this
+      invocation wrote of the parameters that produced it (the step before) is discarded;
+   b. the stop is decided, checked in this order: a signal (or `stop_after_steps` steps of this
+      invocation, as a signal), then `max_steps`, then the time budget (`decide_stop`); with several
+      processes `Hooks.agree` makes every process take process 0's clock and any process's signal;
+   c. a periodic validation when due (`val_due`: every `val_every_steps` steps, never at the first
+      step of an invocation); its time is not counted;
+   d. the schedules (`lr_scale`, `muon_momentum`) at the current step and elapsed time, the hooks'
+      `before_step`, one train step;
+   e. a periodic checkpoint when due (`checkpoint_due`): the step's metrics are read first, and a
+      diverged step is never saved; the save's time is not counted; a save that fails (BadInput,
+      e.g. a full disk) stops the run ("checkpoint not written");
+4. the hooks' `on_end`; a final checkpoint ("final", or "interrupted" after a signal; none after a
+   non-finite loss, so the last finite one stays; saving a step that is already saved is the
+   trainer's no-op); the final validation over the whole val split unless interrupted, diverged or
+   unsaved; the summary, written by `Hooks.write_summary` and logged as a table; a failed save is
+   raised after that (one line, exit 2).
+
+The PyTorch baseline used to check max_steps before and the budget after its step; both trainers
+now run this order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from frontier_jax import rundir
+from frontier_jax.config import Config, ConfigError, ModelConfig, OptimConfig
+from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, BadInput, describe_os_error
+
+# ----------------------------------------------------------------------------- stop reasons, exit codes
+
+STOP_BUDGET = "budget"
+STOP_MAX_STEPS = "max_steps"
+STOP_NONFINITE = "non-finite loss"
+STOP_SAVE_FAILED = "checkpoint not written"
+SIGNAL_PREFIX = "signal"
+STOP_REQUESTED = "stop requested"  # stop_after_steps (tests) behaves as a signal with this name
+
+
+def signal_reason(name: str | None) -> str:
+    return f"{SIGNAL_PREFIX} {name or STOP_REQUESTED}"
+
+
+def is_interrupted(stop_reason: str) -> bool:
+    return stop_reason.startswith(SIGNAL_PREFIX)
+
+
+def exit_code(stop_reason: str) -> int:
+    """The entry points' exit status for a finished run: 3 diverged, 130 interrupted, else 0."""
+    if stop_reason == STOP_NONFINITE:
+        return EXIT_DIVERGED
+    return EXIT_INTERRUPTED if is_interrupted(stop_reason) else EXIT_OK
+
+
+def decide_stop(signalled: str | None, step: int, max_steps: int, elapsed_s: float, budget_s: float) -> str | None:
+    """The stop reason before the next step, or None: a signal first, then max_steps, then the budget.
+
+    `signalled` is the signal's name ("" or None when none arrived; STOP_REQUESTED for stop_after_steps)."""
+    if signalled:
+        return signal_reason(signalled)
+    if step >= max_steps:
+        return STOP_MAX_STEPS
+    if elapsed_s >= budget_s:
+        return STOP_BUDGET
+    return None
+
+
+def val_due(step: int, start_step: int, every: int) -> bool:
+    """Periodic validation before step `step`+1: every `every` steps (0: never), not at an invocation's start."""
+    return bool(every) and step > start_step and step % every == 0
+
+
+def checkpoint_due(step: int, every: int) -> bool:
+    """Periodic checkpoint after step `step` (0: never)."""
+    return bool(every) and step % every == 0
+
+
+class InterruptedBeforeTraining(KeyboardInterrupt):
+    """A signal arrived before the first timed step: nothing was trained, nothing is saved (exit 130).
+    `reason` is the stop reason ("signal SIGINT before training")."""
+
+    def __init__(self, signal_name: str | None):
+        self.reason = f"{signal_reason(signal_name)} before training"
+        super().__init__(self.reason)
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+def muon_momentum(cfg: OptimConfig, step: int) -> float:
+    """Linear warm-up of Muon's momentum from warmup_start to momentum over warmup_steps."""
+    if cfg.muon_momentum_warmup_steps <= 0:
+        return cfg.muon_momentum
+    frac = min(step / cfg.muon_momentum_warmup_steps, 1.0)
+    return (1 - frac) * cfg.muon_momentum_warmup_start + frac * cfg.muon_momentum
+
+
+def lr_scale(cfg: OptimConfig, step: int, elapsed_s: float, budget_s: float, max_steps: int) -> float:
+    """Constant, then linear warmdown to 0 over the last `warmdown_steps` steps (baseline lr_mul).
+
+    time mode: the warmdown length in seconds is warmdown_steps times the measured mean step time,
+    and it starts when the remaining budget drops below that. steps mode: by step count.
+    """
+    w = cfg.warmdown_steps
+    if w <= 0:
+        return 1.0
+    if cfg.warmdown_mode == "steps":
+        start = max(max_steps - w, 0)
+        return max((max_steps - step) / max(w, 1), 0.0) if start <= step < max_steps else 1.0
+    step_s = elapsed_s / max(step, 1)
+    warmdown_s = w * step_s
+    remaining_s = max(budget_s - elapsed_s, 0.0)
+    return remaining_s / max(warmdown_s, 1e-9) if remaining_s <= warmdown_s else 1.0
+
+
+# ----------------------------------------------------------------------------- dtype policies, optimizer groups
+
+
+def compute_dtype_name(cfg: ModelConfig, platform: str) -> str:
+    """model.compute_dtype with "auto" resolved: bfloat16 matmuls on accelerators (the baseline), float32 on CPU."""
+    if cfg.compute_dtype != "auto":
+        return cfg.compute_dtype
+    return "float32" if platform == "cpu" else "bfloat16"
+
+
+def ns_dtype_name(cfg: OptimConfig, platform: str) -> str:
+    """optim.muon_ns_dtype with "auto" resolved: bfloat16 on accelerators (the baseline), float32 on CPU."""
+    if cfg.muon_ns_dtype != "auto":
+        return cfg.muon_ns_dtype
+    return "float32" if platform == "cpu" else "bfloat16"
+
+
+# Block parameters that are vectors/scalars (Adam), even when 2-D (resid_mix): the baseline's
+# CONTROL_TENSOR_NAME_PATTERNS.
+CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "ngram_bias")
+
+
+def param_label(names: list[str], ndim: int) -> str:
+    """The optimizer group of a parameter from its path names: "muon" (2-D matrices inside blocks),
+    "embed" (tok_emb), "ngram" (the n-gram bias table) or "scalar" (everything else, Adam)."""
+    if names and names[0] == "tok_emb":
+        return "embed"
+    if names and names[0] == "ngram_bias":
+        return "ngram"
+    if names and names[0] == "blocks" and ndim == 2 and not any(n in CONTROL_PARAM_NAMES for n in names):
+        return "muon"
+    return "scalar"
+
+
+# ----------------------------------------------------------------------------- step geometry, FLOPs, bpb
+
+
+def split_batch(seqs_per_step: int, micro_batch_seqs: int, num_devices: int, process_count: int = 1):
+    """(global sequences per micro-batch, accumulation steps) keeping tokens per step fixed.
+
+    micro_batch_seqs is per device; it shrinks when the global step is smaller than one micro-batch
+    on every device. An impossible split is a ConfigError naming the numbers.
+    """
+    if seqs_per_step % num_devices:
+        raise ConfigError(f"{seqs_per_step} sequences per step cannot be split over {num_devices} devices "
+                          "(train.tokens_per_step / train.seq_len must be a multiple of the device count)")
+    per_device = seqs_per_step // num_devices
+    micro = min(micro_batch_seqs, per_device)
+    if per_device % micro:
+        raise ConfigError(f"{per_device} sequences per device per step is not a multiple of "
+                          f"train.micro_batch_seqs={micro}")
+    global_micro = micro * num_devices
+    if global_micro % process_count:
+        raise ConfigError(f"a micro-batch of {global_micro} sequences cannot be split over {process_count} processes")
+    return global_micro, seqs_per_step // global_micro
+
+
+def step_batch(loader, seqs_per_step: int, accum: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """One step's rows of this process as [accum, rows / accum, T]: a single chunk of tokens_per_step + 1
+    tokens, so the data never depends on how a step is split into devices and micro-batches (and the
+    JAX and PyTorch trainers read exactly the same tokens)."""
+    x, y = loader.next_batch(seqs_per_step)
+    shape = (accum, x.shape[0] // accum, seq_len)
+    return x.reshape(shape), y.reshape(shape)
+
+
+def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward = 3x forward) of this architecture, attention included.
+
+    Matmul FLOPs: 2 per MAC. Attention scores and values: causal, so on average T/2 keys per query
+    (counted as the full T*T/2 triangle: 2 * 2 * H * K * T/2 per token forward).
+    """
+    D, H, G, K = cfg.model_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    F, V, L = cfg.mlp_mult * D, cfg.vocab_size, cfg.num_layers
+    per_layer = 2 * (D * H * K + 2 * D * G * K + H * K * D + 2 * D * F)
+    attn = 2 * 2 * H * K * (seq_len / 2)
+    head = 2 * D * V
+    return 3.0 * (L * (per_layer + attn) + head)
+
+
+def bpb(nll_nats: float, n_bytes: int) -> float:
+    return float(nll_nats / np.log(2.0) / max(n_bytes, 1))
+
+
+def val_result(sums: dict) -> dict:
+    """Evaluation sums (nll_sum_nats, tokens, bytes) plus the mean loss per token and bits per byte."""
+    return {**sums, "loss": sums["nll_sum_nats"] / max(sums["tokens"], 1), "bpb": bpb(sums["nll_sum_nats"], sums["bytes"])}
+
+
+def val_window_tokens(tokens: np.ndarray, max_tokens: int, seq_len: int) -> np.ndarray:
+    """The val tokens a validation of at most `max_tokens` targets scores (0: all), cut to whole windows."""
+    toks = tokens if not max_tokens else tokens[: min(tokens.size, max_tokens + 1)]
+    return toks[: ((toks.size - 1) // seq_len) * seq_len + 1]
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """What the driver needs from a config (train.* and the schedules' optim.*)."""
+
+    budget_seconds: float
+    max_steps: int
+    tokens_per_step: int
+    val_every_steps: int
+    val_max_tokens: int
+    warmup_steps: int
+    warmup_val_tokens: int
+    checkpoint_every_steps: int
+    optim: OptimConfig
+    stop_after_steps: int | None = None  # tests: behave as if a signal arrived after this many steps
+
+    @classmethod
+    def from_config(cls, cfg: Config, stop_after_steps: int | None = None) -> Policy:
+        t = cfg.train
+        return cls(budget_seconds=t.budget_seconds, max_steps=t.max_steps, tokens_per_step=t.tokens_per_step,
+                   val_every_steps=t.val_every_steps, val_max_tokens=t.val_max_tokens,
+                   warmup_steps=max(t.compile_warmup_steps, 1), warmup_val_tokens=t.val_batch_seqs * t.seq_len,
+                   checkpoint_every_steps=t.checkpoint_every_steps, optim=cfg.optim,
+                   stop_after_steps=stop_after_steps)
+
+
+@dataclasses.dataclass
+class RunState:
+    """Where a run stands: what a checkpoint records and what the summary reports."""
+
+    step: int = 0
+    tokens: int = 0
+    train_seconds: float = 0.0
+    start_step: int = 0  # the step this invocation started at (resume)
+    final_loss: float = math.nan
+    stop_reason: str | None = None
+    saved_step: int | None = None  # the newest step with a checkpoint (resumed from, or saved)
+
+
+class RunHook:
+    """A plug-in of the run (no-op by default): the n-gram runtime, a progress bar, a per-step log."""
+
+    def on_start(self, state: RunState) -> None:
+        """The timed part begins (after warm-up and resume)."""
+
+    def before_step(self, state: RunState) -> None:
+        """Just before the train step that will make step `state.step + 1`."""
+
+    def after_step(self, state: RunState, row: dict) -> None:
+        """A finished step's metrics row (kind=train), in step order."""
+
+    def on_end(self, state: RunState) -> None:
+        """The timed loop ended (state.stop_reason set); before the final checkpoint and validation."""
+
+    def close(self) -> None:
+        """Always called at the end, also on an exception after `on_start`."""
+
+
+@dataclasses.dataclass
+class Hooks:
+    """What a trainer supplies.
+
+    train_step(lr_scale, momentum) -> handle: one step on the next batch (may return before it finishes).
+    read_metrics(handle) -> (loss, grad_norm) as floats (waits for the step).
+    eval_sums(max_tokens) -> {"nll_sum_nats", "tokens", "bytes"} over at most max_tokens val targets (0: all).
+    snapshot() -> token; restore(token): undo the warm-up (parameters, optimizer state, data position).
+    log(msg): the run log; metrics(**row): the metrics sink (one row per train step or validation).
+    signals: the installed handlers' state: `.received` names a signal that arrived (or is None);
+        `.stopping`, when present, is what the first signal prints (set here for the timed loop).
+    write_summary(summary): write the summary files (summary.json/txt, curves.png).
+    resume() -> RunState or None: the checkpoint's step/tokens/train_seconds, restored into the trainer.
+    save(state, reason): a checkpoint ("periodic", "final", "interrupted"); None: the trainer has none.
+    discard(step): remove checkpoint `step` (its parameters gave a non-finite loss).
+    agree(local_stop, elapsed) -> (stop, elapsed): several processes agree (default: this one decides).
+    summary_fields() -> dict: more summary entries, computed at the end (e.g. the newest checkpoint).
+    """
+
+    train_step: Callable[[float, float], Any]
+    read_metrics: Callable[[Any], tuple[float, float]]
+    eval_sums: Callable[[int], dict]
+    snapshot: Callable[[], Any]
+    restore: Callable[[Any], None]
+    log: Callable[[str], None]
+    metrics: Callable[..., None]
+    signals: Any
+    write_summary: Callable[[dict], None]
+    resume: Callable[[], RunState | None] | None = None
+    save: Callable[[RunState, str], None] | None = None
+    discard: Callable[[int], None] | None = None
+    agree: Callable[[bool, float], tuple[bool, float]] | None = None
+    summary_fields: Callable[[], dict] | None = None
+    plugins: list[RunHook] = dataclasses.field(default_factory=list)
+
+    def add_hook(self, hook: RunHook) -> None:
+        self.plugins.append(hook)
+
+    def stop_agreed(self, local_stop: bool, elapsed: float) -> tuple[bool, float]:
+        return self.agree(local_stop, elapsed) if self.agree else (local_stop, elapsed)
+
+
+def warm_up(policy: Policy, hooks: Hooks) -> float:
+    """The untimed compile warm-up, then reset; returns its seconds. A signal stops it between steps."""
+    hooks.log(f"compile warm-up: {policy.warmup_steps} step(s) and the eval step (untimed)")
+    t0 = time.perf_counter()
+    token = hooks.snapshot()
+
+    def check_signal():
+        if hooks.stop_agreed(hooks.signals.received is not None, 0.0)[0]:
+            raise InterruptedBeforeTraining(hooks.signals.received)
+
+    for i in range(policy.warmup_steps):
+        hooks.read_metrics(hooks.train_step(1.0, muon_momentum(policy.optim, i)))
+        check_signal()
+    hooks.eval_sums(policy.warmup_val_tokens)  # compiles the eval step
+    check_signal()
+    hooks.restore(token)
+    seconds = time.perf_counter() - t0
+    hooks.log(f"compile warm-up: {seconds:.1f} s (untimed; state reset)")
+    return seconds
+
+
+def run_budgeted(policy: Policy, hooks: Hooks, summary_base: dict) -> dict:
+    """Warm-up, resume, the timed loop and the finish (module docstring); returns the summary dict:
+    `summary_base` (config name/hash, run dir, matmul peak, FLOPs per token, ...) plus steps, tokens,
+    train seconds, tokens/s, MFU, final train loss, stop reason, `summary_fields()` and the final val
+    sums/loss/bpb."""
+    warm_up(policy, hooks)
+    resumed = hooks.resume() if hooks.resume else None
+    state = resumed or RunState()
+    state.start_step = state.step
+    if resumed is not None:
+        state.saved_step = state.step  # the checkpoint it came from
+    if hasattr(hooks.signals, "stopping"):
+        hooks.signals.stopping = "stopping after this step" + ("; checkpoint follows" if hooks.save else "")
+    try:
+        for h in hooks.plugins:
+            h.on_start(state)
+        save_error = _timed_loop(policy, hooks, state)
+        for h in hooks.plugins:
+            h.on_end(state)
+        return _finish(hooks, state, summary_base, save_error)
+    finally:
+        for h in hooks.plugins:
+            h.close()
+
+
+def _record(hooks: Hooks, state: RunState, pending: dict, metrics: tuple[float, float] | None = None) -> float:
+    """Log a dispatched step's metrics row (read now unless given) and run the hooks; the loss, or nan
+    when the loss or the gradient norm is not finite."""
+    loss, gnorm = metrics if metrics is not None else hooks.read_metrics(pending["handle"])
+    row = dict(kind="train", step=pending["step"], loss=loss, grad_norm=gnorm, lr_scale=pending["lr_scale"],
+               momentum=pending["momentum"], tokens=pending["tokens"], train_seconds=pending["train_seconds"])
+    hooks.metrics(**row)
+    for h in hooks.plugins:
+        h.after_step(state, row)
+    if not math.isfinite(loss) or not math.isfinite(gnorm):
+        hooks.log(f"non-finite values after step {row['step']}: loss={loss} grad_norm={gnorm} "
+                  f"lr_scale={row['lr_scale']:.4g}")
+        return math.nan
+    return loss
+
+
+def _validate(hooks: Hooks, state: RunState, max_tokens: int, final: bool = False) -> dict:
+    v = val_result(hooks.eval_sums(max_tokens))
+    hooks.metrics(kind="val", step=state.step, tokens=state.tokens, train_seconds=state.train_seconds,
+                  loss=v["loss"], bpb=v["bpb"], val_tokens=v["tokens"], **({"final": True} if final else {}))
+    return v
+
+
+def _timed_loop(policy: Policy, hooks: Hooks, s: RunState) -> BadInput | None:
+    """Steps until a stop (s.stop_reason); returns the error of a periodic save that failed, if any."""
+    pending = None
+    t0 = time.perf_counter()
+    while True:
+        if pending is not None:  # host metrics of the previous step (dispatch stays one step ahead)
+            s.final_loss = _record(hooks, s, pending)
+            if not math.isfinite(s.final_loss):
+                _diverged(hooks, s, pending["step"])
+                break
+            pending = None
+        received = hooks.signals.received or (
+            STOP_REQUESTED if policy.stop_after_steps is not None and s.step - s.start_step >= policy.stop_after_steps
+            else None)
+        stop_now, elapsed = hooks.stop_agreed(received is not None, s.train_seconds + time.perf_counter() - t0)
+        s.stop_reason = decide_stop((received or STOP_REQUESTED) if stop_now else None, s.step, policy.max_steps,
+                                    elapsed, policy.budget_seconds)
+        if s.stop_reason is not None:
+            break
+        if val_due(s.step, s.start_step, policy.val_every_steps):
+            s.train_seconds = elapsed
+            v = _validate(hooks, s, policy.val_max_tokens)
+            hooks.log(f"step {s.step} val loss {v['loss']:.4f} bpb {v['bpb']:.4f} ({v['tokens']:,} tokens)")
+            t0 = time.perf_counter()
+            elapsed = s.train_seconds
+        scale = lr_scale(policy.optim, s.step, elapsed, policy.budget_seconds, policy.max_steps)
+        mom = muon_momentum(policy.optim, s.step)
+        for h in hooks.plugins:
+            h.before_step(s)
+        handle = hooks.train_step(scale, mom)
+        s.step += 1
+        s.tokens += policy.tokens_per_step
+        pending = dict(step=s.step, handle=handle, lr_scale=scale, momentum=mom, tokens=s.tokens,
+                       train_seconds=s.train_seconds + time.perf_counter() - t0)
+        if hooks.save is not None and checkpoint_due(s.step, policy.checkpoint_every_steps):
+            metrics = hooks.read_metrics(handle)  # waits for the step: its time counts
+            s.train_seconds += time.perf_counter() - t0
+            s.final_loss = _record(hooks, s, pending, metrics)
+            t0 = time.perf_counter()
+            if not math.isfinite(s.final_loss):  # never save a checkpoint of a diverged step
+                _diverged(hooks, s, s.step)
+                break
+            pending = None
+            try:
+                _save(hooks, s, "periodic")
+            except BadInput as e:
+                s.stop_reason = STOP_SAVE_FAILED
+                return e
+            t0 = time.perf_counter()
+    s.train_seconds += time.perf_counter() - t0
+    return None
+
+
+def _diverged(hooks: Hooks, s: RunState, at_step: int) -> None:
+    """Stop for a non-finite loss at `at_step`. The checkpoint of the step before holds the parameters
+    that produced it: discard it if this invocation wrote it, so the last one kept is the last finite one."""
+    s.stop_reason = STOP_NONFINITE
+    bad = at_step - 1
+    if hooks.discard is not None and s.saved_step == bad and bad > s.start_step:
+        hooks.discard(bad)
+        s.saved_step = None
+        hooks.log(f"removed checkpoint step {bad}: its parameters gave the non-finite loss of step {at_step}")
+
+
+def _save(hooks: Hooks, s: RunState, reason: str) -> None:
+    hooks.save(s, reason)
+    s.saved_step = s.step
+
+
+def _finish(hooks: Hooks, s: RunState, summary_base: dict, save_error: BadInput | None) -> dict:
+    interrupted = is_interrupted(s.stop_reason)
+    if s.stop_reason == STOP_NONFINITE:
+        hooks.log(f"STOP: non-finite training loss at step {s.step}; the last checkpoint kept is the last finite one")
+    elif hooks.save is not None and save_error is None:
+        try:
+            _save(hooks, s, "interrupted" if interrupted else "final")
+        except BadInput as e:
+            save_error, s.stop_reason = e, STOP_SAVE_FAILED
+    summary = {**summary_base, "steps": s.step, "tokens": s.tokens, "train_seconds": s.train_seconds,
+               "tokens_per_second": s.tokens / s.train_seconds if s.train_seconds > 0 else None,
+               "final_train_loss": s.final_loss, "stop_reason": s.stop_reason,
+               **(hooks.summary_fields() if hooks.summary_fields else {})}
+    if save_error is not None:
+        summary["error"] = str(save_error)
+        hooks.log(f"STOP: {save_error}")
+    peak, fpt = summary.get("matmul_peak_flops"), summary.get("flops_per_token")
+    if summary["tokens_per_second"] and peak and fpt:
+        summary["mfu"] = summary["tokens_per_second"] * fpt / peak
+    if not interrupted and s.stop_reason not in (STOP_NONFINITE, STOP_SAVE_FAILED):
+        v = _validate(hooks, s, 0, final=True)
+        summary.update(val_loss=v["loss"], val_bpb=v["bpb"], val_nll_sum_nats=v["nll_sum_nats"],
+                       val_tokens=v["tokens"], val_bytes=v["bytes"])
+    try:
+        hooks.write_summary(summary)
+    except OSError as e:
+        if save_error is None:
+            raise
+        hooks.log(f"summary not written either: {describe_os_error(e)}")
+    hooks.log("summary:\n" + rundir.format_table(rundir.summary_rows(summary)))
+    if save_error is not None:
+        raise save_error
+    return summary

@@ -1,0 +1,478 @@
+"""The run directory: its file names, preparing it, the run log, signals, metrics, summary, reading it back.
+
+It imports no JAX (numpy, and matplotlib for the plot), so both trainers write the same layout:
+
+    config.json    the resolved config (frontier_jax.config.to_dict)
+    env.json       versions, git hash, devices, resolved dtypes, host allocator
+    kernels.json   the kernel table (JAX trainer)
+    train.log      everything the run printed
+    metrics.jsonl  one JSON object per train step (kind=train) or validation (kind=val)
+    summary.json   the run policy's summary (frontier_jax.run_policy); summary.txt the same as a table
+    curves.png     train loss and val bpb against training time and tokens
+    checkpoints/   orbax checkpoints, one directory per step (JAX trainer)
+    weights.npz    the weights in the interop format (PyTorch baseline)
+
+Every file is written to a temporary name and renamed into place; the metrics log is appended line
+by line and flushed, so an interrupted run keeps every line it finished.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from frontier_jax.config import Config, apply_overrides, load_config, load_run_config
+from frontier_jax.data.shards import DataError, atomic_write_text  # noqa: F401 - the one atomic text writer
+from frontier_jax.errors import BadInput
+
+CONFIG = "config.json"
+ENV = "env.json"
+KERNELS = "kernels.json"
+LOG = "train.log"
+METRICS = "metrics.jsonl"
+SUMMARY_JSON = "summary.json"
+SUMMARY_TXT = "summary.txt"
+CURVES = "curves.png"
+CHECKPOINTS = "checkpoints"
+WEIGHTS = "weights.npz"
+
+
+
+class RunError(BadInput):
+    """A run that cannot start or continue (message names the file/setting and the problem)."""
+
+
+# ----------------------------------------------------------------------------- preparing, log, signals
+
+
+class RunLog:
+    """Prints and appends to <run>/train.log; lines logged before the run directory exists (`attach`) are
+    kept and written when it does, so nothing is written before the inputs are checked."""
+
+    def __init__(self, path: Path | None = None, echo: bool = True, enabled: bool = True):
+        self.enabled = enabled
+        self.echo = echo and enabled
+        self._f = None
+        self._pending: list[str] = []
+        if path:
+            self.attach(path)
+
+    def attach(self, path: Path) -> None:
+        if not self.enabled:
+            return
+        self._f = open(path, "a")
+        self._f.write("".join(m + "\n" for m in self._pending))
+        self._f.flush()
+        self._pending = []
+
+    def __call__(self, msg: str = "") -> None:
+        if self.echo:
+            print(msg, flush=True)
+        if self._f:
+            self._f.write(msg + "\n")
+            self._f.flush()
+        elif self.enabled:
+            self._pending.append(msg)
+
+    def close(self) -> None:
+        if self._f:
+            self._f.close()
+            self._f = None
+
+
+class RunDirLock:
+    """One process owns a run directory: an exclusive `flock` on `<run>/.lock`, held until `release` or the
+    process's death (the kernel drops it, so a SIGKILLed run does not block its own `--resume`)."""
+
+    NAME = ".lock"
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / self.NAME
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self._fd)
+            raise RunError(f"{run_dir}: another process (pid {holder}) is running in this directory "
+                           f"({self.path} is locked); wait for it to end or choose another --out") from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor releases the flock
+            self._fd = None
+
+
+def check_writable(out_dir: Path) -> None:
+    """Refuse an output directory that cannot be created or written (one line)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".write_probe.{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise RunError(f"{out_dir}: output directory is not writable ({e.strerror or e})") from None
+
+
+def prepare_run_dir(out_dir: Path, resume: bool) -> Path:
+    out_dir = Path(out_dir)
+    check_writable(out_dir)
+    if not resume and (out_dir / METRICS).exists():
+        raise RunError(f"{out_dir}: already holds a run; use --resume {out_dir} or another --out")
+    return out_dir
+
+
+def claim_run_dir(out_dir: Path, resume: bool, take_lock: bool = True) -> tuple[RunDirLock | None, bool]:
+    """(lock, created) for a run directory, taken before anything is written to it: created (and
+    checked writable) unless resuming, locked, then checked under the lock that a new run does not land
+    on an existing one. `created`: the directory did not exist before (removed again by `abandon`)."""
+    out_dir = Path(out_dir)
+    created = not out_dir.exists()
+    if resume and created:
+        raise RunError(f"{out_dir}: not a run directory (it does not exist)")
+    check_writable(out_dir)
+    try:
+        lock = RunDirLock(out_dir) if take_lock else None
+    except RunError:
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    if not resume and (out_dir / METRICS).exists():
+        if lock:
+            lock.release()
+        raise RunError(f"{out_dir}: already holds a run; use --resume {out_dir} or another --out")
+    return lock, created
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Drop the rows of steps after `step` (logged after the checkpoint a resume restores, e.g. before a
+    SIGKILL) and any torn last line; returns how many rows were dropped. Rewritten atomically."""
+    if not path.is_file():
+        return 0
+    keep, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += bool(line.strip())
+            continue
+        if row.get("step", 0) > step:
+            dropped += 1
+        else:
+            keep.append(line)
+    if dropped:
+        atomic_write_text(path, "".join(r + "\n" for r in keep))
+    return dropped
+
+
+def finished_summary(out_dir: Path, meta: dict, train_cfg) -> dict:
+    """What `--resume` of a finished run returns (its summary, stop_reason "already finished", a note)."""
+    path = out_dir / SUMMARY_JSON
+    summary = json.loads(path.read_text()) if path.is_file() else {}
+    limit = "max_steps" if meta["step"] >= train_cfg.max_steps else "budget_seconds"
+    return {**summary, "stop_reason": "already finished", "steps": meta["step"], "run_dir": str(out_dir),
+            "note": f"{out_dir}: already finished at step {meta['step']} (train.{limit} reached); nothing to do: "
+                    "raise train.max_steps or --budget to continue"}
+
+
+def stopped_before_training(out_dir: Path, resume: bool, signals, step, created: bool) -> dict:
+    """A signal before the first step: nothing trained, nothing to save; a new run directory is removed."""
+    if created:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return {"stop_reason": f"signal {signals.received} before training", "steps": step or 0, "run_dir": str(out_dir),
+            "checkpoint_step": step if resume else None}
+
+
+class Signals:
+    """SIGINT/SIGTERM set a flag that the run checks between steps (and between its start-up phases).
+
+    The first signal prints what will happen (`stopping`, set by the run for its current phase); later
+    ones are ignored with a line until that is done (SIGKILL still ends the process at once)."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self.stopping = "stopping before training starts; nothing to save"
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not in the main thread: no handlers
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.received:
+            msg = f"{name} again: still {self.stopping} (SIGKILL would end it without that)"
+        else:
+            self.received, msg = name, f"{name}: {self.stopping}"
+        os.write(2, (msg + "\n").encode())  # not print: a handler may run in the middle of a print
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def git_hash() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if out.returncode:
+        return "unknown"
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def environment(packages: tuple[str, ...]) -> dict:
+    """Python, platform, the given packages' versions (None when absent) and the git hash, for env.json."""
+    versions = {}
+    for name in packages:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"python": sys.version.split()[0], "platform": platform.platform(), "versions": versions, "git": git_hash()}
+
+
+class MetricsLog:
+    """Append-only JSONL sink (one object per line)."""
+
+    def __init__(self, path: Path, enabled: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled
+        self.rows: list[dict] = []
+        self._f = open(self.path, "a") if enabled else None
+
+    def log(self, **row) -> None:
+        self.rows.append(row)
+        if self._f:
+            self._f.write(json.dumps(row, default=float) + "\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        if self._f:
+            self._f.close()
+            self._f = None
+
+
+def format_table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+
+
+def summary_rows(summary: dict) -> list[tuple[str, str]]:
+    def f(key, fmt="{}"):
+        v = summary.get(key)
+        return "-" if v is None else fmt.format(v)
+
+    return [
+        ("config", f"{summary.get('config_name')} ({summary.get('config_hash')})"),
+        ("steps", f("steps")),
+        ("tokens", f("tokens", "{:,}")),
+        ("train time", f("train_seconds", "{:.1f} s")),
+        ("tokens/s", f("tokens_per_second", "{:,.0f}")),
+        ("matmul peak", f("matmul_peak_flops", "{:.3g} FLOP/s")),
+        ("MFU", f("mfu", "{:.1%}")),
+        ("final train loss", f("final_train_loss", "{:.4f}")),
+        ("val loss", f("val_loss", "{:.4f}")),
+        ("val bpb", f("val_bpb", "{:.4f}")),
+        ("stopped by", f("stop_reason")),
+    ]
+
+
+def write_summary(run_dir: Path, summary: dict, write: bool = True) -> str:
+    """summary.json, summary.txt and curves.png (from the whole metrics.jsonl, resumed parts included);
+    returns the summary table. write=False (not the main process): only the table."""
+    table = format_table(summary_rows(summary))
+    if write:
+        run_dir = Path(run_dir)
+        write_json(run_dir / SUMMARY_JSON, summary)
+        atomic_write_text(run_dir / SUMMARY_TXT, table + "\n")
+        plot_run(read_metrics(run_dir), run_dir / CURVES)
+    return table
+
+
+def plot_run(rows: list[dict], path: Path) -> None:
+    """PNG: train loss and val bpb against wall-clock time and against tokens."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in rows if r.get("kind") == "train"]
+    val = [r for r in rows if r.get("kind") == "val"]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    for col, xkey, xlabel in ((0, "train_seconds", "training time (s)"), (1, "tokens", "tokens")):
+        ax = axes[0][col]
+        ax.plot([r[xkey] for r in train], [r["loss"] for r in train], lw=0.8)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("train loss (nats/token)")
+        ax = axes[1][col]
+        ax.plot([r[xkey] for r in val], [r["bpb"] for r in val], "o-")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("val bits/byte")
+    fig.tight_layout()
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- resolving a run from arguments
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def resolve_run(args):
+    """(config, out_dir, resume, demo) from an entry point's parsed arguments (--config, --data, --tokenizer,
+    --budget, --seed, --kernels, --set, --out, --resume); writes nothing but the demo's data."""
+    demo = not (args.config or args.data or args.resume)
+    if args.resume:
+        if args.out and Path(args.out).absolute() != Path(args.resume).absolute():
+            raise RunError(f"--out {args.out}: --resume continues the run in place ({args.resume}); drop --out")
+        run_json = Path(args.resume) / CONFIG
+        if not run_json.is_file():
+            raise RunError(f"{run_json}: not a run directory (no config.json)")
+        cfg = load_config(args.config) if args.config else load_run_config(run_json)
+    else:
+        cfg = load_config(args.config or CONFIGS / "tiny.py")
+    sets = list(args.set)
+    if args.data:
+        sets.append(f"data.data_dir={str(Path(args.data).absolute())!r}")
+    if args.tokenizer:
+        tok = args.tokenizer if args.tokenizer == "bytes" else str(Path(args.tokenizer).absolute())
+        sets.append(f"data.tokenizer={tok!r}")
+    if args.budget is not None:
+        sets.append(f"train.budget_seconds={args.budget!r}")
+    if args.seed is not None:
+        sets.append(f"train.seed={args.seed}")
+    if args.kernels:
+        sets.append(f"train.kernels={args.kernels!r}")
+    if demo:
+        from frontier_jax.data.demo import prepare_demo
+
+        print("DEMO: no --config/--data given; preparing a small offline corpus from the Python standard "
+              "library's documentation and training configs/tiny.py on it.", flush=True)
+        data_dir, tok = prepare_demo(Path("runs") / "demo-data")
+        sets = [f"data.data_dir={str(Path(data_dir).absolute())!r}",
+                f"data.tokenizer={str(Path(tok).absolute())!r}"] + sets
+    cfg = apply_overrides(cfg, sets)
+    if args.resume:
+        out = Path(args.resume)
+    else:
+        out = Path(args.out) if args.out else Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return cfg, out, bool(args.resume), demo
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The rows of <run>/metrics.jsonl ([] when there is none)."""
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_config(run_dir) -> Config:
+    """The resolved config of a run directory; one line (DataError / ConfigError) when it is not a run
+    or its config.json is unreadable."""
+    run_dir = Path(run_dir)
+    if not (run_dir / CONFIG).is_file():
+        raise DataError(f"{run_dir}: not a run directory (no {CONFIG})")
+    return load_run_config(run_dir / CONFIG)
+
+
+def read_env(run_dir) -> dict:
+    """<run>/env.json ({} when absent); DataError (one line) when unreadable."""
+    path = Path(run_dir) / ENV
+    if not path.is_file():
+        return {}
+    try:
+        env = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: unreadable run environment ({str(e).splitlines()[0]})") from None
+    if not isinstance(env, dict):
+        raise DataError(f"{path}: unreadable run environment (not a JSON object)")
+    return env
+
+
+# ----------------------------------------------------------------------------- weights.npz (interop format)
+
+
+class WeightsError(DataError):
+    """An npz that cannot be read, or does not fit the model."""
+
+
+def save_npz(path, sd: dict[str, np.ndarray], meta: dict | None = None) -> None:
+    """Write `sd` as float32 arrays plus `__dtypes__` (and `__meta__`) JSON entries, atomically.
+
+    Keys are the PyTorch baseline's state_dict names; float32 holds bf16 values exactly, and the
+    original dtype of each key is recorded so `load_npz` restores it."""
+    path = Path(path)
+    dtypes = {k: str(v.dtype) for k, v in sd.items()}
+    arrays = {k: np.asarray(v, dtype=np.float32) for k, v in sd.items()}
+    arrays["__dtypes__"] = np.array(json.dumps(dtypes, sort_keys=True))
+    arrays["__meta__"] = np.array(json.dumps(meta or {}, sort_keys=True))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.npz")
+    try:
+        np.savez(tmp, **arrays)
+        tmp.replace(path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _dtype(name: str) -> np.dtype:
+    try:
+        return np.dtype(name)
+    except TypeError:  # bfloat16 and friends
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+def load_npz(path) -> tuple[dict[str, np.ndarray], dict]:
+    """(state_dict with the recorded dtypes restored, meta); WeightsError (one line) when unreadable."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise ValueError("a single .npy array, not an npz archive")
+            raw = {k: z[k] for k in z.files}
+        dtypes = json.loads(str(raw.pop("__dtypes__"))) if "__dtypes__" in raw else {}
+        meta = json.loads(str(raw.pop("__meta__"))) if "__meta__" in raw else {}
+        sd = {k: (v.astype(_dtype(dtypes[k])) if dtypes.get(k) else v) for k, v in raw.items()}
+    except FileNotFoundError:
+        raise WeightsError(f"{path}: no such npz file") from None
+    except (OSError, ValueError, TypeError, AttributeError, EOFError, zipfile.BadZipFile) as e:
+        raise WeightsError(f"{path}: not a readable npz ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+    return sd, meta

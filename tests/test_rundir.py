@@ -1,0 +1,115 @@
+"""The run directory module: preparing it, the log, signals, metrics, the summary files, reading a run
+back, and the weights .npz (bf16 kept)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from frontier_jax import rundir
+from frontier_jax.config import Config, ModelConfig, to_dict
+from frontier_jax.data.shards import DataError
+from frontier_jax.errors import BadInput
+
+
+def test_prepare_refuses_an_existing_run_unless_resuming(tmp_path):
+    out = rundir.prepare_run_dir(tmp_path / "a" / "run", resume=False)
+    assert out.is_dir() and not list(out.iterdir())  # the write probe is gone
+    (out / rundir.METRICS).write_text("")
+    with pytest.raises(rundir.RunError, match="already holds a run"):
+        rundir.prepare_run_dir(out, resume=False)
+    assert rundir.prepare_run_dir(out, resume=True) == out
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write into a read-only directory")
+def test_prepare_names_an_unwritable_directory(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        with pytest.raises(rundir.RunError, match="not writable"):
+            rundir.prepare_run_dir(ro / "run", resume=False)
+    finally:
+        ro.chmod(0o700)
+
+
+def test_log_appends_and_a_disabled_log_writes_nothing(tmp_path, capsys):
+    log = rundir.RunLog(tmp_path / rundir.LOG, echo=True)
+    log("one")
+    log.close()
+    log = rundir.RunLog(tmp_path / rundir.LOG, echo=False)
+    log("two")
+    log.close()
+    assert (tmp_path / rundir.LOG).read_text() == "one\ntwo\n" and capsys.readouterr().out == "one\n"
+    rundir.RunLog(tmp_path / "other.log", enabled=False)("x")
+    assert not (tmp_path / "other.log").exists()
+
+
+def test_signals_set_a_flag_and_restore_the_handlers():
+    before = signal.getsignal(signal.SIGTERM)
+    with rundir.Signals() as s:
+        assert s.received is None
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert s.received == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_metrics_summary_and_plot(tmp_path):
+    m = rundir.MetricsLog(tmp_path / rundir.METRICS)
+    for step in (1, 2):
+        m.log(kind="train", step=step, loss=3.0 - step, tokens=10 * step, train_seconds=float(step))
+    m.log(kind="val", step=2, loss=1.5, bpb=2.0, tokens=20, train_seconds=2.0, final=True)
+    m.close()
+    rows = rundir.read_metrics(tmp_path)
+    assert [r["kind"] for r in rows] == ["train", "train", "val"] and rows == m.rows
+    summary = {"config_name": "t", "config_hash": "abc", "steps": 2, "tokens": 20, "val_bpb": 2.0,
+               "stop_reason": "max_steps", "mfu": 0.25}
+    table = rundir.write_summary(tmp_path, summary)
+    assert json.loads((tmp_path / rundir.SUMMARY_JSON).read_text()) == summary
+    assert (tmp_path / rundir.SUMMARY_TXT).read_text() == table + "\n"
+    assert "25.0%" in table and "max_steps" in table and "val bpb" in table
+    assert (tmp_path / rundir.CURVES).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [p for p in tmp_path.iterdir() if "tmp" in p.name]
+    other = tmp_path / "other"
+    other.mkdir()
+    assert rundir.write_summary(other, summary, write=False) == table and not list(other.iterdir())
+
+
+def test_read_config_and_env_round_trip_and_refuse_what_is_not_a_run(tmp_path):
+    cfg = Config(name="x", model=ModelConfig(num_layers=3))
+    rundir.write_json(tmp_path / rundir.CONFIG, to_dict(cfg))
+    rundir.write_json(tmp_path / rundir.ENV, {"compute_dtype": "float32"})
+    assert rundir.read_config(tmp_path) == cfg and rundir.read_env(tmp_path) == {"compute_dtype": "float32"}
+    with pytest.raises(DataError, match="not a run directory"):
+        rundir.read_config(tmp_path / "nothing")
+    assert rundir.read_env(tmp_path / "nothing") == {}
+    (tmp_path / rundir.CONFIG).write_text("{broken")
+    with pytest.raises(BadInput, match="unreadable run config"):
+        rundir.read_config(tmp_path)
+
+
+def test_weights_npz_round_trip_keeps_dtypes_and_meta(tmp_path):
+    import ml_dtypes
+
+    sd = {"tok_emb.weight": np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16),
+          "skip_weights": np.ones((1, 3), np.float32)}
+    rundir.save_npz(tmp_path / rundir.WEIGHTS, sd, {"step": 3})
+    back, meta = rundir.load_npz(tmp_path / rundir.WEIGHTS)
+    assert meta == {"step": 3} and set(back) == set(sd)
+    for k in sd:
+        assert back[k].dtype == sd[k].dtype and np.array_equal(back[k].astype(np.float32), sd[k].astype(np.float32))
+    with pytest.raises(rundir.WeightsError, match="no such npz"):
+        rundir.load_npz(tmp_path / "missing.npz")
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(rundir.WeightsError, match="not a readable npz"):
+        rundir.load_npz(tmp_path / "bad.npz")
+
+
+def test_environment_lists_versions_and_git():
+    env = rundir.environment(("numpy", "no-such-package-xyz"))
+    assert env["versions"]["numpy"] == np.__version__ and env["versions"]["no-such-package-xyz"] is None
+    assert env["python"] and env["git"]

@@ -1,0 +1,55 @@
+"""baseline_torch.train: it loads no JAX (importing it, nor training with it), follows the shared run
+policy (stop reason, exit code, metrics rows) and refuses bad input before writing anything."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch", reason="the PyTorch baseline needs the optional extra: pip install -e .[torch]")
+
+from conftest import REPO, TINY_OVERRIDES  # noqa: E402
+
+NO_JAX = ("bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'optax', 'orbax')]; "
+          "assert not bad, bad")
+
+
+def test_importing_the_torch_trainer_loads_no_jax():
+    subprocess.run([sys.executable, "-c", "import baseline_torch.train, sys; " + NO_JAX], cwd=REPO, check=True,
+                   timeout=120)
+
+
+@pytest.mark.slow
+def test_a_whole_torch_run_loads_no_jax_and_follows_the_run_policy(byte_data, tmp_path):
+    out = tmp_path / "run"
+    sets = [s for o in TINY_OVERRIDES for s in ("--set", o)]
+    argv = ["--config", "configs/tiny.py", "--data", str(byte_data), "--tokenizer", "bytes", "--out", str(out),
+            "--threads", "1", "--device", "cpu", *sets, "--set", "train.max_steps=3", "--set", "train.val_every_steps=2"]
+    code = f"import sys; from baseline_torch.train import main; rc = main({argv!r}); {NO_JAX}; sys.exit(rc)"
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1].startswith("val_bpb: ")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_steps" and summary["steps"] == 3 and summary["implementation"] == "torch"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"]) for r in rows] == [("train", 1), ("train", 2), ("val", 2), ("train", 3), ("val", 3)]
+    assert rows[-1]["final"] is True and "final" not in rows[2]
+    log = (out / "train.log").read_text()
+    assert "compile warm-up" in log and "step 3 loss" in log and "step 2 val loss" in log
+    env = json.loads((out / "env.json").read_text())
+    assert env["backend"] == "torch-cpu" and env["host_allocator"]["requested"] == "auto"
+
+
+def test_bad_initial_weights_are_refused_in_one_line_before_anything_is_written(byte_data, tmp_path, capsys):
+    from baseline_torch.train import main
+
+    out = tmp_path / "run"
+    sets = [s for o in TINY_OVERRIDES for s in ("--set", o)]
+    rc = main(["--config", "configs/tiny.py", "--data", str(byte_data), "--tokenizer", "bytes", "--out", str(out),
+               "--threads", "1", "--device", "cpu", "--init-weights", str(tmp_path / "missing.npz"), *sets])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "missing.npz" in err
+    assert not out.exists()
