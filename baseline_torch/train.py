@@ -193,9 +193,10 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
     log(f"data provenance: {data.provenance}")
     log(f"step = {t.tokens_per_step:,} tokens = {trainer.accum} micro-batch(es) of {trainer.micro_seqs} x {t.seq_len}")
     log(f"model: {count_params(trainer.model):,} parameters, hash {model_hash(cfg.model)}")
-    flops_per_token = policy.model_flops_per_token(cfg.model, t.seq_len)
-    peak = measure_matmul_peak(device, trainer.dtype)
-    log(f"measured matmul peak: {peak / 1e9:.1f} GFLOP/s ({trainer.dtype})")
+    flops_per_token = cfg.model.flops_per_token(t.seq_len)
+    peak = measure_matmul_peak(device, trainer.dtype) if t.measure_peak else None
+    log(f"measured matmul peak: {peak / 1e9:.1f} GFLOP/s ({trainer.dtype})" if peak
+        else "matmul peak not measured (train.measure_peak=False): no MFU")
 
     metrics_log = rundir.MetricsLog(out_dir / rundir.METRICS)
 

@@ -9,7 +9,7 @@ step (optimizer included) are timed interleaved, `--rounds` rounds, median per f
 a shared CPU moves them together. `--variants` adds, in the same interleaved run, the paths before the speed work (the custom_vjp
 primitives for reference ops, dense masked attention; `before_paths`), the full step on them, Muon NS
 in the other dtype, and jax.nn.dot_product_attention at short sequences.
-Also prints the compiled step's HLO cost analysis FLOPs against `model_flops_per_token`.
+Also prints the compiled step's HLO cost analysis FLOPs against `ModelConfig.flops_per_token`.
 A benchmark, not a test.
 """
 
@@ -34,7 +34,7 @@ from frontier_jax import ops, optim  # noqa: E402
 from frontier_jax import reference as ref  # noqa: E402
 from frontier_jax.config import apply_overrides  # noqa: E402
 from frontier_jax.host import tune_allocator  # noqa: E402
-from frontier_jax.model import GPT, _rope_tables, model_flops_per_token  # noqa: E402
+from frontier_jax.model import GPT, _rope_tables  # noqa: E402
 from frontier_jax.steps import make_train_step  # noqa: E402
 
 
@@ -173,10 +173,10 @@ def profile_case(name: str, rounds: int, variants: bool, sets=()) -> None:
     thunks["data feed (numpy batch + device_put)"] = (data, 1)
     med = interleaved({k: f for k, (f, _) in thunks.items()}, rounds)
     step_s = med["FULL train step"]
-    fpt = model_flops_per_token(cfg.model, T)
+    fpt = cfg.model.flops_per_token(T)
     print(f"\n== {case.describe(cfg)}, float32, {rounds} interleaved rounds (median); "
           f"ns_dtype={cfg.optim.muon_ns_dtype}")
-    print(f"   FLOPs/step: model_flops_per_token x tokens = {fpt * B * T / 1e9:.2f} G; "
+    print(f"   FLOPs/step: flops_per_token x tokens = {fpt * B * T / 1e9:.2f} G; "
           f"HLO cost analysis of the compiled step = {hlo_flops / 1e9:.2f} G")
     print(f"   {'op family (fwd+bwd)':42s} {'calls':>5s} {'ms/call':>9s} {'ms/step':>9s} {'% of step':>9s}")
     accounted = 0.0

@@ -2,7 +2,7 @@
 
     python bench/train_throughput.py [--quick] [--reps N] [--dtype float32|bfloat16] [--cases ...]
 
-MFU = tokens/s x model_flops_per_token (frontier_jax.model) / matmul peak measured on this device in
+MFU = tokens/s x ModelConfig.flops_per_token (frontier_jax.config) / matmul peak measured on this device in
 the same dtype (frontier_jax.report.measure_matmul_peak). Compilation and one warm-up step are
 excluded; each repetition is one full optimizer step (one micro-batch), timed to completion.
 Synthetic random tokens: the step's cost does not depend on the data. A benchmark, not a test.
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import CASES, PROFILE_CASES, Case, random_batch  # noqa: E402
 from frontier_jax import optim, report  # noqa: E402
 from frontier_jax.host import tune_allocator  # noqa: E402
-from frontier_jax.model import GPT, model_flops_per_token  # noqa: E402
+from frontier_jax.model import GPT  # noqa: E402
 from frontier_jax.steps import make_train_step  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def bench(case: Case, cfg, dtype, reps: int, peak: float) -> dict:
         params, opt_state, m = step(params, opt_state, x, y, one, mom, None)
         jax.block_until_ready((params, m))
         times.append(time.perf_counter() - t0)
-    fpt, n = model_flops_per_token(cfg.model, case.seq_len), case.tokens
+    fpt, n = cfg.model.flops_per_token(case.seq_len), case.tokens
     med, best = statistics.median(times), min(times)
     return {"compile_s": compile_s, "step_s_median": med, "step_s_min": best,
             "tok_s_median": n / med, "tok_s_best": n / best,

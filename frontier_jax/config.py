@@ -62,6 +62,19 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.model_dim // self.num_heads
 
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward + backward = 3x forward) of this architecture, attention included
+        (the MFU numerator of both trainers and of kernels_nki.report).
+
+        Matmul FLOPs: 2 per MAC. Attention scores and values: causal, so on average T/2 keys per query
+        (counted as the full T*T/2 triangle: 2 * 2 * H * K * T/2 per token forward).
+        """
+        D, H, G, K = self.model_dim, self.num_heads, self.num_kv_heads, self.head_dim
+        F, V, L = self.mlp_mult * D, self.vocab_size, self.num_layers
+        per_layer = 2 * (D * H * K + 2 * D * G * K + H * K * D + 2 * D * F)
+        attn = 2 * 2 * H * K * (seq_len / 2)
+        return 3.0 * (L * (per_layer + attn) + 2 * D * V)
+
 
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
@@ -121,6 +134,9 @@ class TrainConfig:
     # leaves glibc's defaults; "auto": reuse when JAX runs on the CPU, system with an accelerator.
     # Applied by the entry points before the JAX backend starts; the resolved choice goes to env.json.
     allocator: str = "auto"
+    # Probe the device's matmul peak at start-up (the MFU denominator; seconds on a CPU). False: no probe,
+    # and the summary has no MFU (the test suite's tiny runs).
+    measure_peak: bool = True
 
     def __post_init__(self):
         if self.allocator not in ("auto", "reuse", "system"):
@@ -174,6 +190,11 @@ class NgramConfig:
     def num_orders(self) -> int:
         """O, the orders min_order..max_order."""
         return self.max_order - self.min_order + 1
+
+    @property
+    def bias_orders(self) -> int:
+        """Rows of the model's learned n-gram bias: num_orders when enabled, else 0."""
+        return self.num_orders if self.enabled else 0
 
     @property
     def table_bytes(self) -> int:

@@ -23,13 +23,6 @@ from frontier_jax.config import ConfigError
 from frontier_jax.data.shards import DataError
 
 
-def sliding_masked_batches(tokens, seq_len: int, stride: int, batch_seqs: int):
-    """(x, y, mask) int32 [batch_seqs, seq_len] of the sliding windows: `data.stream.val_batches` with `stride`."""
-    from frontier_jax.data.stream import val_batches
-
-    return val_batches(tokens, seq_len, batch_seqs, stride=stride)
-
-
 def _ngram_bias(run_dir: Path, cfg):
     """(bias_fn, device tables) of an n-gram run: the snapshot its final evaluation used; (None, None) otherwise."""
     if not cfg.ngram.enabled:

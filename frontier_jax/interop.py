@@ -31,7 +31,7 @@ from frontier_jax import rundir
 from frontier_jax.config import Config, apply_overrides, load_config, model_hash, to_dict
 from frontier_jax.data.shards import DataError
 from frontier_jax.errors import exit_on_error
-from frontier_jax.rundir import load_npz, save_npz  # noqa: F401 - the npz format (numpy only), interop's API
+from frontier_jax.rundir import load_npz, save_npz
 from frontier_jax.optim import path_names
 
 LINEAR_NAMES = ("c_q", "c_k", "c_v", "proj", "fc")  # stored [in, out] here, [out, in] in PyTorch

@@ -16,6 +16,7 @@ run hook (`ngram_runtime.for_config`: a null hook when it is off), as are the pr
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 from pathlib import Path
 
@@ -202,9 +203,10 @@ class JaxTrainer:
         log(f"model: {count_params(nnx.merge(graphdef, self.params)):,} parameters, hash {model_hash(cfg.model)}")
         self._train = make_train_step(graphdef, s.tx, self.ngram.bias_fn, shardings=shardings, replicated=dp.replicated)
         self._eval = make_eval_step(graphdef, data.tables, self.ngram.bias_fn)
-        self.flops_per_token = policy.model_flops_per_token(cfg.model, t.seq_len)
-        self.peak = report.measure_matmul_peak(s.compute_dtype) * dp.num_devices
-        log(f"measured matmul peak: {self.peak / 1e9:.1f} GFLOP/s ({s.compute_dtype}, all devices)")
+        self.flops_per_token = cfg.model.flops_per_token(t.seq_len)
+        self.peak = report.measure_matmul_peak(s.compute_dtype) * dp.num_devices if t.measure_peak else None
+        log(f"measured matmul peak: {self.peak / 1e9:.1f} GFLOP/s ({s.compute_dtype}, all devices)" if self.peak
+            else "matmul peak not measured (train.measure_peak=False): no MFU")
 
     def run(self, signals, stop_after_steps: int | None, on_step) -> dict:
         cfg, dp = self.cfg, self.dp
@@ -307,14 +309,14 @@ class ProgressBar(policy.RunHook):
         if self.main:
             from tqdm.auto import tqdm
 
-            total = round(self.budget_s)
-            self.bar = tqdm(total=total, initial=min(round(state.train_seconds), total), unit="s", desc="train",
-                            disable=None, leave=False)
+            total = round(self.budget_s) if math.isfinite(self.budget_s) else None  # --budget inf: no total
+            self.bar = tqdm(total=total, initial=round(state.train_seconds), unit="s", desc="train", disable=None,
+                            leave=False)
 
     def after_step(self, state: policy.RunState, row: dict) -> None:
         if self.bar is None or not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
             return
-        self.bar.n = min(round(row["train_seconds"]), self.bar.total)
+        self.bar.n = round(row["train_seconds"]) if self.bar.total is None else min(round(row["train_seconds"]), self.bar.total)
         self.bar.set_postfix(step=row["step"], loss=f"{row['loss']:.3f}",
                              tok_s=f"{row['tokens'] / max(row['train_seconds'], 1e-9):,.0f}", refresh=False)
         self.bar.refresh()

@@ -20,8 +20,7 @@ from flax import nnx
 from frontier_jax import ops
 from frontier_jax import reference as ref
 from frontier_jax.config import Config, ModelConfig
-from frontier_jax.run_policy import CONTROL_PARAM_NAMES, compute_dtype_name  # noqa: F401 - model's API
-from frontier_jax.run_policy import model_flops_per_token  # noqa: F401 - model's API (pure Python)
+from frontier_jax.run_policy import compute_dtype_name
 
 
 def resolve_compute_dtype(cfg: ModelConfig, platform: str | None = None) -> jnp.dtype:
@@ -146,7 +145,7 @@ def build(cfg: Config, compute_dtype=None) -> GPT:
     `nnx.eval_shape(lambda: build(cfg, dtype))` for the abstract model (restoring a checkpoint)."""
     ng = cfg.ngram
     return GPT(cfg.model, rngs=nnx.Rngs(cfg.train.seed), compute_dtype=compute_dtype,
-               num_bias_orders=ng.num_orders if ng.enabled else 0, bias_buckets=ng.confidence_buckets)
+               num_bias_orders=ng.bias_orders, bias_buckets=ng.confidence_buckets)
 
 
 def count_params(model: nnx.Module) -> int:

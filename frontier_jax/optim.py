@@ -29,9 +29,9 @@ import optax
 
 from frontier_jax import ops
 from frontier_jax.config import OptimConfig
-from frontier_jax.run_policy import lr_scale, muon_momentum, ns_dtype_name  # noqa: F401 - the schedules, optim's API
+from frontier_jax.run_policy import ns_dtype_name
 from frontier_jax.run_policy import param_label as label_for
-from frontier_jax.reference import muon_direction, newton_schulz  # noqa: F401  (newton_schulz: optim's API)
+from frontier_jax.reference import muon_direction
 
 
 def path_names(path) -> list[str]:

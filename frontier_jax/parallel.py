@@ -16,7 +16,6 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from frontier_jax.config import ConfigError
-from frontier_jax.run_policy import split_batch  # noqa: F401 - the step geometry (pure Python), parallel's API
 
 
 def initialize(coordinator: str | None, num_processes: int | None, process_id: int | None,

@@ -204,20 +204,6 @@ def step_batch(loader, seqs_per_step: int, accum: int, seq_len: int) -> tuple[np
     return x.reshape(shape), y.reshape(shape)
 
 
-def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward = 3x forward) of this architecture, attention included.
-
-    Matmul FLOPs: 2 per MAC. Attention scores and values: causal, so on average T/2 keys per query
-    (counted as the full T*T/2 triangle: 2 * 2 * H * K * T/2 per token forward).
-    """
-    D, H, G, K = cfg.model_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    F, V, L = cfg.mlp_mult * D, cfg.vocab_size, cfg.num_layers
-    per_layer = 2 * (D * H * K + 2 * D * G * K + H * K * D + 2 * D * F)
-    attn = 2 * 2 * H * K * (seq_len / 2)
-    head = 2 * D * V
-    return 3.0 * (L * (per_layer + attn) + head)
-
-
 def bpb(nll_nats: float, n_bytes: int) -> float:
     return float(nll_nats / np.log(2.0) / max(n_bytes, 1))
 

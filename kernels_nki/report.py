@@ -109,7 +109,7 @@ def model_op_calls(cfg: Config) -> list[KernelCall]:
     N, F = B * T, m.mlp_mult * m.model_dim
     dt = _compute_dtype(cfg)
     s, dn = dt.itemsize, dt.name
-    S = report_step.num_bias_orders(cfg)
+    S = cfg.ngram.bias_orders
     calls = []
     H, G = m.num_heads, m.num_kv_heads
     tabs = (((T, K // 2), dn), ((T, K // 2), dn))

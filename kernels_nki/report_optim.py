@@ -25,7 +25,7 @@ import numpy as np
 from frontier_jax.config import Config
 from kernels_nki import emulator, registry
 from kernels_nki.emulator import cost
-from kernels_nki.report_step import CORES, model_flops_per_token, param_specs
+from kernels_nki.report_step import CORES, param_specs
 
 ASSUMED_MFU = (1.0, 0.4)  # model part of the step at the TensorE roofline and at 40% MFU
 # optax ops of scale_by_adam + scale_by_scheduled_lr + apply_updates, (reads + writes) per element:
@@ -75,7 +75,7 @@ def optimizer_section(cfg: Config, target: str = cost.DEFAULT_TARGET) -> dict:
                          ("unfused_s", unfused_s), ("n", n)):
             tot[(kind, key)] += val * k
     t = cfg.train
-    flops = model_flops_per_token(cfg) * t.tokens_per_step / CORES
+    flops = cfg.model.flops_per_token(t.seq_len) * t.tokens_per_step / CORES
     summary = {}
     for kind in ("adam", "muon"):
         summary[kind] = {"elements": tot[(kind, "n")], "dma_bytes": tot[(kind, "dma")], "min_bytes": tot[(kind, "min")],

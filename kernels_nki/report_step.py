@@ -23,11 +23,6 @@ BUDGET_S = 1800.0  # the contest's 30-minute training budget
 CONTROL = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "ngram_bias")  # Adam, not Muon
 
 
-def num_bias_orders(cfg: Config) -> int:
-    n = cfg.ngram
-    return n.max_order - n.min_order + 1 if n.enabled else 0
-
-
 def param_specs(cfg: Config) -> list[tuple[str, str, tuple[int, ...], str]]:
     """[(path, optimizer "muon" | "adam", shape, dtype)] of the model's parameters (model.py's GPT)."""
     m = cfg.model
@@ -44,17 +39,9 @@ def param_specs(cfg: Config) -> list[tuple[str, str, tuple[int, ...], str]]:
             control = name.split(".")[-1] in CONTROL
             specs.append((f"blocks.{i}.{name}", "muon" if len(shape) == 2 and not control else "adam", shape,
                           "float32"))
-    if num_bias_orders(cfg):
-        specs.append(("ngram_bias", "adam", (num_bias_orders(cfg), cfg.ngram.confidence_buckets), "float32"))
+    if cfg.ngram.bias_orders:
+        specs.append(("ngram_bias", "adam", (cfg.ngram.bias_orders, cfg.ngram.confidence_buckets), "float32"))
     return specs
-
-
-def model_flops_per_token(cfg: Config) -> float:
-    """Training FLOPs per token (3x forward), attention's causal triangle as T/2 keys per query."""
-    m, T = cfg.model, cfg.train.seq_len
-    D, H, G, K, F = m.model_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.mlp_mult * m.model_dim
-    per_layer = 2 * (D * H * K + 2 * D * G * K + H * K * D + 2 * D * F) + 2 * 2 * H * K * (T / 2)
-    return 3.0 * (m.num_layers * per_layer + 2 * D * m.vocab_size)
 
 
 def glue_passes(cfg: Config, dt_bytes: int) -> list[tuple[str, float]]:
@@ -89,7 +76,7 @@ def whole_step(cfg: Config, t: StepTotals, target: str) -> dict:
     """Step time per core, its counted/estimated shares, MFU and tokens per 30 minutes on one chip."""
     step_s = t.counted_s + t.traffic_s + t.optimizer_s
     counted = t.counted_s + (t.optimizer_s if t.optimizer_counted else 0.0)
-    flops = model_flops_per_token(cfg) * cfg.train.tokens_per_step
+    flops = cfg.model.flops_per_token(cfg.train.seq_len) * cfg.train.tokens_per_step
     peak = 2 * cost.target(target).tensor_macs_per_s
     steps = BUDGET_S / step_s
     return {"kernel_s": t.counted_s, "glue_s": t.traffic_s,

@@ -58,6 +58,7 @@ TINY_OVERRIDES = [
     "optim.warmdown_steps=4",
     "optim.muon_momentum_warmup_steps=4",
     "parallel.num_devices=1",
+    "train.measure_peak=False",  # no start-up matmul probe (seconds per run); tests of MFU turn it back on
 ]
 
 # Kernel-vs-reference tolerances, max mode: |a - b| <= tol + tol * max|b| (README, "Tests").
@@ -181,6 +182,7 @@ def trained_run(byte_data, tmp_path_factory) -> tuple[Path, dict]:
     from frontier_jax import loop
 
     out = tmp_path_factory.mktemp("trained") / "run"
-    cfg = tiny_config(byte_data, "train.max_steps=200", "optim.warmdown_mode='steps'", "optim.warmdown_steps=50")
+    cfg = tiny_config(byte_data, "train.max_steps=200", "optim.warmdown_mode='steps'", "optim.warmdown_steps=50",
+                      "train.measure_peak=True")
     summary = loop.run(cfg, out, echo=False)
     return out, summary

@@ -10,13 +10,14 @@ from flax import nnx
 
 from conftest import tiny_config
 from frontier_jax.config import apply_overrides
-from frontier_jax.evaluate import evaluate_run, main, sliding_masked_batches
+from frontier_jax.data.stream import val_batches
+from frontier_jax.evaluate import evaluate_run, main
 
 
 def test_sliding_masks_score_every_target_once_and_pad_to_full_batches():
     tokens = np.arange(1 + 64 * 5, dtype=np.int32)
     seen = []
-    for x, y, mask in sliding_masked_batches(tokens, 64, 16, 4):
+    for x, y, mask in val_batches(tokens, 64, 4, stride=16):
         assert x.shape == y.shape == mask.shape == (4, 64)
         seen += list(y[mask.astype(bool)])
         assert np.all(y[mask.astype(bool)] == x[mask.astype(bool)] + 1)

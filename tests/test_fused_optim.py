@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from frontier_jax import ops, optim
+from frontier_jax import run_policy as policy
 from frontier_jax.config import ModelConfig, OptimConfig
 from frontier_jax.model import GPT
 from frontier_jax.steps import make_train_step
@@ -62,7 +63,7 @@ def test_100_steps_equal_the_unfused_chain(model, ns_dtype):
     worst = {"muon": 0.0, "adam": 0.0}
     for i in range(100):
         x, y = jnp.asarray(data[i, :, :-1]), jnp.asarray(data[i, :, 1:])
-        lr, mom = optim.lr_scale(cfg, i, 0.0, 1.0, 100), optim.muon_momentum(cfg, i)
+        lr, mom = policy.lr_scale(cfg, i, 0.0, 1.0, 100), policy.muon_momentum(cfg, i)
         p_new, p_fused, s_ref, s_fused = both(p, s_ref, s_fused, x, y, jnp.float32(lr), jnp.float32(mom))
         for lab, a, b in zip(labels, jax.tree_util.tree_leaves(p_fused), jax.tree_util.tree_leaves(p_new)):
             kind = "muon" if lab == "muon" else "adam"

@@ -70,8 +70,9 @@ def test_non_finite_loss_keeps_the_last_finite_checkpoint(byte_data, tmp_path):
 def test_checkpoint_collisions_finished_resume_corrupt_fallback_and_metrics(byte_data, tmp_path):
     """max_steps a multiple of checkpoint_every_steps (the final save meets a periodic one); resuming a
     finished run; a corrupt newest checkpoint on resume (falls back, says so); a signal on a periodic
-    step; metrics.jsonl cut back to the restored step (no step twice)."""
-    sets = ("train.max_steps=4", "train.checkpoint_every_steps=2")
+    step; metrics.jsonl cut back to the restored step (no step twice). The first run has an infinite
+    budget (`--budget inf`, #12: the progress bar has no total then)."""
+    sets = ("train.max_steps=4", "train.checkpoint_every_steps=2", "train.budget_seconds=inf")
     run_dir = tmp_path / "run"
     first = loop.run(tiny_config(byte_data, *sets), run_dir, echo=False)
     assert first["stop_reason"] == "max_steps" and np.isfinite(first["val_bpb"])

@@ -9,7 +9,7 @@ from flax import nnx
 from frontier_jax import ops
 from frontier_jax import reference as ref
 from frontier_jax.config import ModelConfig
-from frontier_jax.model import GPT, count_params, model_flops_per_token, resolve_compute_dtype
+from frontier_jax.model import GPT, count_params, resolve_compute_dtype
 
 TINY = ModelConfig(vocab_size=96, num_layers=3, model_dim=32, num_heads=4, num_kv_heads=2)
 
@@ -131,7 +131,7 @@ def test_flops_per_token_is_six_n_plus_attention(tiny_model):
     matrix_params = sum(int(np.prod(x.shape)) for p, x in nnx.to_flat_state(nnx.state(m, nnx.Param))
                         if p[0] == "blocks" and x.ndim == 2 and p[-1] != "resid_mix")
     attn = L * 3 * 2 * 2 * TINY.num_heads * TINY.head_dim * (T / 2)
-    assert model_flops_per_token(TINY, T) == pytest.approx(6 * (matrix_params + V * D) + attn)
+    assert TINY.flops_per_token(T) == pytest.approx(6 * (matrix_params + V * D) + attn)
 
 
 def test_build_is_the_run_model_with_its_ngram_bias():

@@ -7,6 +7,8 @@ import pytest
 from flax import nnx
 
 from frontier_jax import optim
+from frontier_jax import reference
+from frontier_jax import run_policy as policy
 from frontier_jax.config import ModelConfig, OptimConfig
 from frontier_jax.model import GPT
 from frontier_jax.steps import make_train_step
@@ -40,7 +42,7 @@ def test_label_map_is_exactly_the_baseline_split(split_model):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_newton_schulz_orthogonalises(shape, dtype):
     g = jax.random.normal(jax.random.PRNGKey(sum(shape)), shape)
-    o = optim.newton_schulz(g, 5, jnp.dtype(dtype))
+    o = reference.newton_schulz(g, 5, jnp.dtype(dtype))
     assert o.shape == shape and o.dtype == jnp.dtype(dtype)
     s = np.linalg.svd(np.asarray(o, np.float32), compute_uv=False)
     assert s.max() < 1.5, s
@@ -54,8 +56,8 @@ def test_newton_schulz_orthogonalises(shape, dtype):
 
 def test_newton_schulz_tall_is_the_transpose_of_wide():
     g = jax.random.normal(jax.random.PRNGKey(7), (96, 32))
-    tall = optim.newton_schulz(g, 5, jnp.float32)
-    wide = optim.newton_schulz(g.T, 5, jnp.float32)
+    tall = reference.newton_schulz(g, 5, jnp.float32)
+    wide = reference.newton_schulz(g.T, 5, jnp.float32)
     np.testing.assert_allclose(np.asarray(tall), np.asarray(wide).T, atol=1e-5)
 
 
@@ -64,9 +66,9 @@ def test_muon_update_uses_pytorch_orientation_and_scale():
     tx = optim.scale_by_muon(ns_steps=5, ns_dtype="float32")
     g = {"fc": jax.random.normal(jax.random.PRNGKey(0), (32, 64)), "proj": jax.random.normal(jax.random.PRNGKey(1), (64, 32))}
     u, _ = tx.update(g, tx.init(g), momentum=0.0)
-    np.testing.assert_allclose(np.asarray(u["fc"]), np.asarray(optim.newton_schulz(g["fc"].T, 5, jnp.float32)).T * np.sqrt(2),
+    np.testing.assert_allclose(np.asarray(u["fc"]), np.asarray(reference.newton_schulz(g["fc"].T, 5, jnp.float32)).T * np.sqrt(2),
                                atol=1e-6)
-    np.testing.assert_allclose(np.asarray(u["proj"]), np.asarray(optim.newton_schulz(g["proj"].T, 5, jnp.float32)).T, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(u["proj"]), np.asarray(reference.newton_schulz(g["proj"].T, 5, jnp.float32)).T, atol=1e-6)
 
 
 def test_groups_get_their_own_learning_rate(split_model):
@@ -90,28 +92,28 @@ def test_groups_get_their_own_learning_rate(split_model):
 
 def test_schedule_steps_mode_at_hand_computed_points():
     cfg = OptimConfig(warmdown_steps=20, warmdown_mode="steps")
-    f = lambda step: optim.lr_scale(cfg, step, 0.0, 1.0, 100)
+    f = lambda step: policy.lr_scale(cfg, step, 0.0, 1.0, 100)
     assert [f(s) for s in (0, 50, 79, 80, 90, 99)] == pytest.approx([1.0, 1.0, 1.0, 1.0, 0.5, 0.05])
 
 
 def test_schedule_time_mode_at_hand_computed_points():
     cfg = OptimConfig(warmdown_steps=10, warmdown_mode="time")
     # 1 s/step measured, budget 100 s: warmdown spans the last 10 s.
-    f = lambda step, elapsed: optim.lr_scale(cfg, step, elapsed, 100.0, 10_000)
+    f = lambda step, elapsed: policy.lr_scale(cfg, step, elapsed, 100.0, 10_000)
     assert f(50, 50.0) == 1.0 and f(89, 89.0) == 1.0
     assert f(90, 90.0) == pytest.approx(1.0) and f(95, 95.0) == pytest.approx(0.5) and f(100, 100.0) == 0.0
     # 2 s/step: 10 steps are 20 s, so at 85 s (15 s left) the scale is 0.75.
     assert f(40, 85.0) == pytest.approx(15 / (10 * 85 / 40))
-    assert optim.lr_scale(OptimConfig(warmdown_steps=0), 5, 99.0, 100.0, 10) == 1.0
+    assert policy.lr_scale(OptimConfig(warmdown_steps=0), 5, 99.0, 100.0, 10) == 1.0
 
 
 def test_momentum_warmup_endpoints():
     cfg = OptimConfig()
-    assert optim.muon_momentum(cfg, 0) == pytest.approx(0.85)
-    assert optim.muon_momentum(cfg, 250) == pytest.approx(0.90)
-    assert optim.muon_momentum(cfg, 500) == pytest.approx(0.95)
-    assert optim.muon_momentum(cfg, 5000) == pytest.approx(0.95)
-    assert optim.muon_momentum(OptimConfig(muon_momentum_warmup_steps=0), 0) == 0.95
+    assert policy.muon_momentum(cfg, 0) == pytest.approx(0.85)
+    assert policy.muon_momentum(cfg, 250) == pytest.approx(0.90)
+    assert policy.muon_momentum(cfg, 500) == pytest.approx(0.95)
+    assert policy.muon_momentum(cfg, 5000) == pytest.approx(0.95)
+    assert policy.muon_momentum(OptimConfig(muon_momentum_warmup_steps=0), 0) == 0.95
 
 
 def test_loss_falls_on_a_repeating_corpus(split_model):
@@ -128,7 +130,7 @@ def test_loss_falls_on_a_repeating_corpus(split_model):
         starts = (np.arange(4) * 7 + i * 5) % (corpus.size - 33)
         x = np.stack([corpus[s:s + 32] for s in starts])[None]
         y = np.stack([corpus[s + 1:s + 33] for s in starts])[None]
-        params, opt_state, m = step(params, opt_state, x, y, jnp.float32(1.0), jnp.float32(optim.muon_momentum(cfg, i)), None)
+        params, opt_state, m = step(params, opt_state, x, y, jnp.float32(1.0), jnp.float32(policy.muon_momentum(cfg, i)), None)
         losses.append(float(m["loss"]))
     assert np.isfinite(losses).all()
     assert losses[0] > np.log(CFG.vocab_size) - 0.3

@@ -18,7 +18,8 @@ import pytest
 from conftest import REPO, TINY_OVERRIDES, tiny_config
 from frontier_jax import checkpoint, loop
 from frontier_jax.config import ConfigError
-from frontier_jax.parallel import make_data_parallel, split_batch
+from frontier_jax.parallel import make_data_parallel
+from frontier_jax.run_policy import split_batch
 
 
 def _losses(run_dir: Path) -> list[float]:

@@ -24,7 +24,9 @@ from baseline_torch.model import load_state_numpy, state_dict_numpy  # noqa: E40
 from baseline_torch.optim import Optimizers  # noqa: E402
 from conftest import TINY_OVERRIDES  # noqa: E402
 from frontier_jax import interop  # noqa: E402
+from frontier_jax import rundir  # noqa: E402
 from frontier_jax import optim as jax_optim  # noqa: E402
+from frontier_jax import run_policy as policy  # noqa: E402
 from frontier_jax.config import ModelConfig, OptimConfig  # noqa: E402
 from frontier_jax.model import GPT as JaxGPT  # noqa: E402
 from frontier_jax.steps import make_train_step  # noqa: E402
@@ -136,7 +138,7 @@ def test_one_optimizer_step_same_parameters(jax_step):
     assert groups == {"muon": 6 * MC.num_layers, "embed": 1, "scalar": 4 * MC.num_layers + 1}
 
     x, y = _batch(1, micro=2)  # two micro-batches: gradient accumulation on both sides
-    mom = jax_optim.muon_momentum(OC, 0)
+    mom = policy.muon_momentum(OC, 0)
     params, opt_state, m = step(params, opt_state, jnp.asarray(x), jnp.asarray(y), jnp.float32(1.0),
                                 jnp.float32(mom), None)
     tloss = _torch_train_step(tmodel, topt, x, y, 1.0, mom)
@@ -162,8 +164,8 @@ def test_twenty_steps_losses_agree(jax_step):
     jl, tl = [], []
     for i in range(20):
         x, y = _batch(100 + i % 4, micro=2)  # a few batches repeated, so the loss goes down
-        scale = jax_optim.lr_scale(OptimConfig(warmdown_mode="steps", warmdown_steps=5), i, 0.0, 1.0, 20)
-        mom = jax_optim.muon_momentum(OC, i)
+        scale = policy.lr_scale(OptimConfig(warmdown_mode="steps", warmdown_steps=5), i, 0.0, 1.0, 20)
+        mom = policy.muon_momentum(OC, i)
         params, opt_state, m = step(params, opt_state, jnp.asarray(x), jnp.asarray(y), jnp.float32(scale),
                                     jnp.float32(mom), None)
         jl.append(float(m["loss"]))
@@ -176,13 +178,13 @@ def test_twenty_steps_losses_agree(jax_step):
 def test_npz_round_trip_between_implementations(tmp_path):
     graphdef, params = _jax_model()
     sd = _randomised_state_dict(params)
-    interop.save_npz(tmp_path / "w.npz", sd)
+    rundir.save_npz(tmp_path / "w.npz", sd)
     from baseline_torch.model import load_npz, save_npz
 
     tmodel = TorchGPT(MC, torch.float32)
     load_npz(tmodel, tmp_path / "w.npz")
     save_npz(tmodel, tmp_path / "back.npz")
-    back, _ = interop.load_npz(tmp_path / "back.npz")
+    back, _ = rundir.load_npz(tmp_path / "back.npz")
     assert set(back) == set(sd)
     assert all(np.array_equal(back[k], sd[k]) for k in sd)
     bad = dict(sd)

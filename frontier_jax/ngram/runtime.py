@@ -42,10 +42,6 @@ def bias_fn(model, x_BT, tables):
     return ngram_sparse_bias(x_BT, tables, model.ngram_bias[...])
 
 
-def num_orders(cfg: NgramConfig) -> int:
-    return cfg.max_order - cfg.min_order + 1
-
-
 def ngram_dir(run_dir, process_index: int = 0) -> Path:
     """Where process `process_index` of a run keeps its snapshots and runtime.json."""
     return Path(run_dir) / f"ngram-p{process_index}"
