@@ -7,7 +7,8 @@ cotangents...) -> tuple` (the input cotangents), with the kernels' calling conve
 ...) are what the model runs directly when no kernel is chosen.
 
 Axis letters: B batch, T sequence, D model width, H query heads, G kv heads, K head dim, F MLP hidden,
-V vocabulary, N flattened tokens (B*T), S sparse-bias sources, I/O a matrix's in/out sizes stored [in, out].
+V vocabulary, N flattened tokens (B*T), S sparse-bias sources, I/O a matrix's in/out sizes stored [in, out];
+in attention blocks: C query positions of a block, J key positions, R query heads per kv head (H / G).
 Nothing here reads the platform; `frontier_jax.dispatch` decides whether these or a kernel run.
 """
 
@@ -119,14 +120,14 @@ def _attention_blocks(T: int, block: int | None):
         yield i * C, (i + 1) * C, np.arange((i + 1) * C)[None, :] <= np.arange(i * C, (i + 1) * C)[:, None]
 
 
-def _scores(q_BGRCK, k_BGSK, mask_CS, fill):
+def _scores(q_BGRCK, k_BGJK, mask_CJ, fill):
     """Scaled float32 scores of one query block against its visible keys, `fill` above the diagonal."""
-    s_BGRCS = jnp.einsum("bgrck,bgsk->bgrcs", q_BGRCK, k_BGSK, preferred_element_type=jnp.float32)
-    return jnp.where(mask_CS, s_BGRCS * (1.0 / np.sqrt(q_BGRCK.shape[-1])), fill)
+    s_BGRCJ = jnp.einsum("bgrck,bgsk->bgrcs", q_BGRCK, k_BGJK, preferred_element_type=jnp.float32)
+    return jnp.where(mask_CJ, s_BGRCJ * (1.0 / np.sqrt(q_BGRCK.shape[-1])), fill)
 
 
 def causal_attention_fwd(q_BTHK, k_BTGK, v_BTGK, block: int | None = None):
-    """(o [B, T, H, K], lse [B, H, T, 1] float32, probabilities per query block [B, G, R, C, S] float32).
+    """(o [B, T, H, K], lse [B, H, T, 1] float32, probabilities per query block [B, G, R, C, J] float32).
 
     Block-causal: query block i attends to key blocks 0..i only, so the score matmuls skip the fully
     masked upper blocks; each row's softmax still runs over exactly its unmasked keys (the dense masked
@@ -136,17 +137,17 @@ def causal_attention_fwd(q_BTHK, k_BTGK, v_BTGK, block: int | None = None):
     B, T, H, K = q_BTHK.shape
     G = k_BTGK.shape[2]
     q_BGRTK = _attention_layout(q_BTHK, G)
-    k_BGSK, v_BGSK = k_BTGK.transpose(0, 2, 1, 3), v_BTGK.transpose(0, 2, 1, 3)
+    k_BGJK, v_BGJK = k_BTGK.transpose(0, 2, 1, 3), v_BTGK.transpose(0, 2, 1, 3)
     outs, lses, probs = [], [], []
-    for lo, S, mask_CS in _attention_blocks(T, block):
-        s_BGRCS = _scores(q_BGRTK[:, :, :, lo:S], k_BGSK[:, :, :S], mask_CS, -jnp.inf)
-        m_BGRC1 = jnp.max(s_BGRCS, axis=-1, keepdims=True)
-        e_BGRCS = jnp.exp(s_BGRCS - m_BGRC1)
-        l_BGRC1 = jnp.sum(e_BGRCS, axis=-1, keepdims=True)
-        p_BGRCS = e_BGRCS / l_BGRC1
-        outs.append(jnp.einsum("bgrcs,bgsk->bgrck", p_BGRCS.astype(v_BTGK.dtype), v_BGSK[:, :, :S]))
+    for lo, hi, mask_CJ in _attention_blocks(T, block):
+        s_BGRCJ = _scores(q_BGRTK[:, :, :, lo:hi], k_BGJK[:, :, :hi], mask_CJ, -jnp.inf)
+        m_BGRC1 = jnp.max(s_BGRCJ, axis=-1, keepdims=True)
+        e_BGRCJ = jnp.exp(s_BGRCJ - m_BGRC1)
+        l_BGRC1 = jnp.sum(e_BGRCJ, axis=-1, keepdims=True)
+        p_BGRCJ = e_BGRCJ / l_BGRC1
+        outs.append(jnp.einsum("bgrcs,bgsk->bgrck", p_BGRCJ.astype(v_BTGK.dtype), v_BGJK[:, :, :hi]))
         lses.append(m_BGRC1 + jnp.log(l_BGRC1))
-        probs.append(p_BGRCS)
+        probs.append(p_BGRCJ)
     o_BGRTK = jnp.concatenate(outs, axis=3) if len(outs) > 1 else outs[0]
     lse_BGRT1 = jnp.concatenate(lses, axis=3) if len(lses) > 1 else lses[0]
     return (o_BGRTK.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K).astype(q_BTHK.dtype),
@@ -156,38 +157,38 @@ def causal_attention_fwd(q_BTHK, k_BTGK, v_BTGK, block: int | None = None):
 def causal_attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, block: int | None = None, probs=None):
     """(dq, dk, dv) of causal_attention, flash-style: dS = P * (dP - rowsum(dO * O)), per query block.
 
-    P comes from `probs` (the forward's, saved) or is recomputed as exp(S - lse). The key-side gradients
-    are formed transposed (dK^T = Q^T dS, dV^T = dO^T P, [K, S] per kv head) and accumulated over query
-    blocks in float32: on XLA:CPU that contraction runs without transposing the [C, S] blocks (measured
+    P comes from `probs` (the forward's, saved) or is recomputed as exp(scores - lse). The key-side gradients
+    are formed transposed (dK^T = Q^T dS, dV^T = dO^T P, [K, J] per kv head) and accumulated over query
+    blocks in float32: on XLA:CPU that contraction runs without transposing the [C, J] blocks (measured
     0.8x the time of plain autodiff at the baseline shape, bench/README.md).
     """
     B, T, H, K = q_BTHK.shape
     G = k_BTGK.shape[2]
     f32 = jnp.float32
     q_BGRTK, do_BGRTK = _attention_layout(q_BTHK, G), _attention_layout(do_BTHK, G)
-    k_BGSK, v_BGSK = k_BTGK.transpose(0, 2, 1, 3), v_BTGK.transpose(0, 2, 1, 3)
+    k_BGJK, v_BGJK = k_BTGK.transpose(0, 2, 1, 3), v_BTGK.transpose(0, 2, 1, 3)
     delta_BGRT1 = jnp.sum(do_BGRTK.astype(f32) * _attention_layout(o_BTHK, G).astype(f32), axis=-1, keepdims=True)
     lse_BGRT1 = lse_BHT1.reshape(B, G, H // G, T, 1)
     scale = 1.0 / np.sqrt(K)
-    dkT_BGKS = jnp.zeros((B, G, K, T), f32)
-    dvT_BGKS = jnp.zeros((B, G, K, T), f32)
+    dkT_BGKJ = jnp.zeros((B, G, K, T), f32)
+    dvT_BGKJ = jnp.zeros((B, G, K, T), f32)
     dqs = []
-    for i, (lo, S, mask_CS) in enumerate(_attention_blocks(T, block)):
-        q_BGRCK, do_BGRCK = q_BGRTK[:, :, :, lo:S], do_BGRTK[:, :, :, lo:S]
+    for i, (lo, hi, mask_CJ) in enumerate(_attention_blocks(T, block)):
+        q_BGRCK, do_BGRCK = q_BGRTK[:, :, :, lo:hi], do_BGRTK[:, :, :, lo:hi]
         if probs is not None:
-            p_BGRCS = probs[i]
+            p_BGRCJ = probs[i]
         else:
-            s_BGRCS = _scores(q_BGRCK, k_BGSK[:, :, :S], mask_CS, -jnp.inf)
-            p_BGRCS = jnp.exp(s_BGRCS - lse_BGRT1[:, :, :, lo:S])  # exp(-inf) = 0 above the diagonal
-        dvT_BGKS = dvT_BGKS.at[..., :S].add(
-            jnp.einsum("bgrck,bgrcs->bgks", do_BGRCK, p_BGRCS.astype(do_BTHK.dtype), preferred_element_type=f32))
-        dp_BGRCS = jnp.einsum("bgrck,bgsk->bgrcs", do_BGRCK, v_BGSK[:, :, :S], preferred_element_type=f32)
-        ds_BGRCS = (p_BGRCS * (dp_BGRCS - delta_BGRT1[:, :, :, lo:S]) * scale).astype(q_BTHK.dtype)
-        dqs.append(jnp.einsum("bgrcs,bgsk->bgrck", ds_BGRCS, k_BGSK[:, :, :S], preferred_element_type=f32))
-        dkT_BGKS = dkT_BGKS.at[..., :S].add(jnp.einsum("bgrck,bgrcs->bgks", q_BGRCK, ds_BGRCS, preferred_element_type=f32))
+            s_BGRCJ = _scores(q_BGRCK, k_BGJK[:, :, :hi], mask_CJ, -jnp.inf)
+            p_BGRCJ = jnp.exp(s_BGRCJ - lse_BGRT1[:, :, :, lo:hi])  # exp(-inf) = 0 above the diagonal
+        dvT_BGKJ = dvT_BGKJ.at[..., :hi].add(
+            jnp.einsum("bgrck,bgrcs->bgks", do_BGRCK, p_BGRCJ.astype(do_BTHK.dtype), preferred_element_type=f32))
+        dp_BGRCJ = jnp.einsum("bgrck,bgsk->bgrcs", do_BGRCK, v_BGJK[:, :, :hi], preferred_element_type=f32)
+        ds_BGRCJ = (p_BGRCJ * (dp_BGRCJ - delta_BGRT1[:, :, :, lo:hi]) * scale).astype(q_BTHK.dtype)
+        dqs.append(jnp.einsum("bgrcs,bgsk->bgrck", ds_BGRCJ, k_BGJK[:, :, :hi], preferred_element_type=f32))
+        dkT_BGKJ = dkT_BGKJ.at[..., :hi].add(jnp.einsum("bgrck,bgrcs->bgks", q_BGRCK, ds_BGRCJ, preferred_element_type=f32))
     dq_BGRTK = jnp.concatenate(dqs, axis=3) if len(dqs) > 1 else dqs[0]
     return (dq_BGRTK.transpose(0, 3, 1, 2, 4).reshape(B, T, H, K).astype(q_BTHK.dtype),
-            dkT_BGKS.transpose(0, 3, 1, 2).astype(k_BTGK.dtype), dvT_BGKS.transpose(0, 3, 1, 2).astype(v_BTGK.dtype))
+            dkT_BGKJ.transpose(0, 3, 1, 2).astype(k_BTGK.dtype), dvT_BGKJ.transpose(0, 3, 1, 2).astype(v_BTGK.dtype))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

@@ -57,7 +57,7 @@ def test_sp1024_tables_crafted_cases(sp1024):
     # "▁the" after BOS / pad / eos is not charged the space; after a real token (byte piece too) it is
     assert count_bytes(t, x, y).tolist() == [3, 4, 4, 3, 3, 1]
     assert count_bytes(t, np.array([[in_]]), np.array([[1]])).tolist() == [[0]]  # a BOS target carries 0
-    # the spec's census of this model: 325 leading-space pieces, 256 byte pieces
+    # a census of this model: 325 leading-space pieces, 256 byte pieces
     assert int(t.has_leading_space.sum()) == 325
 
 

@@ -1,6 +1,6 @@
 """Tokenizers (SentencePiece and byte-level) and the per-token byte tables of the exact bpb rule.
 
-The bpb rule (baseline spec 2.4, parameter-golf `build_sentencepiece_luts` / `eval_val`): for a
+The bpb rule (README, "Design opinions: Exact bpb"; parameter-golf `build_sentencepiece_luts` / `eval_val`): for a
 scored target `y` with preceding input token `x`,
 
     bytes(y) = base_bytes[y] + (has_leading_space[y] and not is_boundary[x])
@@ -175,7 +175,7 @@ def _sentences(texts: Iterable[str], max_chars: int):
 
 
 def train_sentencepiece(text_iter: Iterable[str], vocab_size: int, out_prefix, max_chars: int = 20_000_000) -> Path:
-    """Train a SentencePiece BPE model with the baseline settings (spec 2.1); write `<out_prefix>.model`.
+    """Train a SentencePiece BPE model with the baseline settings (README, "Running on real data"); write `<out_prefix>.model`.
 
     Documents are fed line by line, at most `max_chars` characters in all (the first ones, no
     shuffling, single thread: deterministic). The model is written atomically; the path is returned.
