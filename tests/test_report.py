@@ -1,5 +1,5 @@
 """frontier_jax.report: the matmul peak (MFU denominator) is a positive FLOP rate measured once per process
-and setting; bits per byte from summed nats and bytes."""
+and setting."""
 
 from __future__ import annotations
 
@@ -21,7 +21,3 @@ def test_matmul_peak_measured_once_per_setting():
     report.measure_matmul_peak(jnp.float32, n=64, reps=2)  # another size is measured anew
     assert report._matmul_peak.cache_info().misses == 2
 
-
-def test_bpb_from_sums():
-    assert report.bpb(8 * math.log(2.0), 4) == 2.0  # 8 bits over 4 bytes
-    assert report.bpb(0.0, 0) == 0.0  # no bytes: no division by zero

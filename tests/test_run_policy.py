@@ -370,3 +370,7 @@ def test_policy_from_config_keeps_one_warm_up_step_at_least():
                                                        tokens_per_step=64)))
     assert p.warmup_steps == 1 and p.warmup_val_tokens == 32 and p.stop_after_steps is None
 
+
+def test_bpb_from_sums():
+    assert rp.bpb(8 * math.log(2.0), 4) == 2.0  # 8 bits over 4 bytes
+    assert rp.bpb(0.0, 0) == 0.0  # no bytes: no division by zero
