@@ -11,7 +11,7 @@ after checking, before anything trains or is written:
   tokenizer with the same vocabulary size that did not make the shards gives a wrong bpb). A
   directory with shards but no manifest and no marker -- the competition's downloaded
   `fineweb_{train,val}_*.bin` -- is accepted with a warning (its provenance is unknown) in the
-  one-line `Dataset.provenance` that the entry points log (and passed to `warn` when given);
+  one-line `Dataset.provenance` that the entry points log;
 - every token id of every train and val shard is below the vocabulary size (an id beyond it gives
   `val_bpb: nan`, or a "non-finite loss" in training). The pass is vectorised over the memmapped
   shards in chunks; the maximum id of each shard is cached in `<data_dir>/.token_ids.json`, keyed by
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +47,7 @@ class Dataset:
 
 
 def load_dataset(data_dir, tokenizer_spec: str, vocab_size: int, seq_len: int, train_pattern: str = "*_train_*.bin",
-                 val_pattern: str = "*_val_*.bin", vocab_where: str = "model.vocab_size",
-                 warn: Callable[[str], None] | None = None) -> Dataset:
+                 val_pattern: str = "*_val_*.bin", vocab_where: str = "model.vocab_size") -> Dataset:
     """Every start-up check of the module docstring; DataError (one line naming the file) on the first failure."""
     if not data_dir:
         raise DataError("<data>: no data directory given (--data DIR or data.data_dir)")
@@ -59,7 +57,7 @@ def load_dataset(data_dir, tokenizer_spec: str, vocab_size: int, seq_len: int, t
     train_files = list_shards(data_dir, train_pattern)
     val_files = list_shards(data_dir, val_pattern)
     counts = {f: shard_token_count(f) for f in train_files + val_files}
-    source = check_provenance(data_dir, tokenizer, train_files, val_files, counts, warn)
+    source = check_provenance(data_dir, tokenizer, train_files, val_files, counts)
     t0 = time.perf_counter()
     fresh = check_token_ids(data_dir, train_files + val_files, vocab_size)
     id_seconds = time.perf_counter() - t0
@@ -77,18 +75,14 @@ def load_for_config(cfg) -> Dataset:
     return load_dataset(d.data_dir, d.tokenizer, cfg.model.vocab_size, cfg.train.seq_len, d.train_pattern, d.val_pattern)
 
 
-def check_provenance(data_dir: Path, tokenizer, train_files: list[Path], val_files: list[Path], counts: dict,
-                     warn: Callable[[str], None] | None = None) -> str:
+def check_provenance(data_dir: Path, tokenizer, train_files: list[Path], val_files: list[Path], counts: dict) -> str:
     """What vouches for the shards (one phrase); DataError when the directory is incomplete or not the tokenizer's."""
     if (data_dir / INCOMPLETE).exists():
         raise DataError(f"{data_dir / INCOMPLETE}: data.prepare did not finish in this directory; "
                         "prepare it again (--overwrite)")
     if not (data_dir / MANIFEST).exists():
-        line = (f"WARNING: no {MANIFEST}, so the shards were not made by data.prepare (e.g. the competition's "
+        return (f"WARNING: no {MANIFEST}, so the shards were not made by data.prepare (e.g. the competition's "
                 "download) and the tokenizer that made them cannot be checked")
-        if warn:
-            warn(f"{data_dir}: {line}")
-        return line
     manifest = read_manifest(data_dir)
     where = data_dir / MANIFEST
     try:

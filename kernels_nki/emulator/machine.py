@@ -101,10 +101,6 @@ class Counters:
             out[f.name] = max(a, b) if f.name.endswith("_peak_bytes") or f.name.endswith("_peak_banks") else a + b
         return Counters(**out)
 
-    def scaled(self, k: int) -> Counters:
-        """The counters of k identical calls (peaks unchanged)."""
-        return Counters(**{f.name: getattr(self, f.name) * (1 if "_peak_" in f.name else k) for f in dataclasses.fields(self)})
-
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
