@@ -127,8 +127,17 @@ def _remove_temporary(ckpt_dir: Path, step: int, settle_s: float = 0.3, wait_s: 
     failure is reported in one line."""
     logging.getLogger("absl").setLevel(logging.CRITICAL)
 
+    def size(f: Path) -> int:
+        try:
+            return f.stat().st_size
+        except FileNotFoundError:  # a writer's transient file (e.g. TensorStore's ocdbt lock) just went away
+            return -1
+
     def snapshot():
-        return {(str(f), f.stat().st_size) for f in ckpt_dir.glob(f"{step}{TMP_SUFFIX}*/**/*") if f.exists()}
+        try:
+            return {(str(f), size(f)) for f in ckpt_dir.glob(f"{step}{TMP_SUFFIX}*/**/*")}
+        except FileNotFoundError:  # a directory went away while it was listed: still changing
+            return None
 
     deadline, last, quiet_since = time.monotonic() + wait_s, None, time.monotonic()
     while time.monotonic() < deadline:

@@ -139,3 +139,24 @@ def test_discard_removes_one_step(tmp_path):
     checkpoint.save(tmp_path, 2, _state(0), _meta(2))
     checkpoint.discard(tmp_path, 2)
     assert checkpoint.steps(tmp_path) == [1]
+
+
+def test_cleanup_after_a_failed_save_tolerates_a_writers_vanishing_files(tmp_path, monkeypatch):
+    """A writer still in flight deletes its transient files (TensorStore's ocdbt lock) while the failed
+    save's temporary directory is watched: that is not a second failure (seen once under load in CI)."""
+    tmp = tmp_path / "checkpoints" / f"4{checkpoint.TMP_SUFFIX}" / "state"
+    tmp.mkdir(parents=True)
+    (tmp / "manifest.ocdbt.__lock").write_bytes(b"")
+    real_stat, seen = type(tmp).stat, []
+
+    def stat(self, *a, **k):
+        if self.name == "manifest.ocdbt.__lock":
+            seen.append(self)
+            if len(seen) > 1:  # there when first looked at, gone at the next look
+                self.unlink(missing_ok=True)
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(self))
+        return real_stat(self, *a, **k)
+
+    monkeypatch.setattr(type(tmp), "stat", stat)
+    checkpoint._remove_temporary(tmp_path / "checkpoints", 4, settle_s=0.1, wait_s=2.0)
+    assert list((tmp_path / "checkpoints").iterdir()) == []
