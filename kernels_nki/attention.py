@@ -51,8 +51,8 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-FWD_VEC = 6  # forward: every FWD_VEC-th key tile's p^T leaves PSUM on VectorE, the others on ScalarE
-BWD_VEC = 12  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
+FWD_VEC = 2  # forward: every FWD_VEC-th key tile's p^T leaves PSUM on VectorE, the others on ScalarE
+BWD_VEC = 4  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
 KC = 512  # keys per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
 NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
 
@@ -70,9 +70,10 @@ def _dims(q_BTHK, k_BTGK):
 
 def _causal_bias(dt):
     """(identity, bias), [128, 128] each in dt, built once per call on GpSimd: bias is 0 where key j <=
-    query p and NEG above the diagonal. The diagonal block's scores get the bias by one more matmul
-    into their PSUM tile (identity^T bias, accumulated), on TensorE, which has slack here, instead of a
-    two-input VectorE add (~2N cycles) on the busiest engine."""
+    query p and NEG above the diagonal. The forward's diagonal block gets the bias by one more matmul
+    into its PSUM scores (identity^T bias, accumulated) on TensorE, which has slack there, so that the
+    fused exp + row sum never sees the masked scores; the identity is also the moving side of every
+    transpose (`_transpose`)."""
     P = nl.tile_size.pmax
     zero = nl.zeros((P, P), dtype=dt, buffer=nl.sbuf)
     one = nl.ones((P, P), dtype=dt, buffer=nl.sbuf)
@@ -85,20 +86,31 @@ def _causal_bias(dt):
     return ident, bias
 
 
-def _transpose(dst, src, rows, cols, on_vector=False):
-    """dst[0:cols, 0:rows] (SBUF) = src[0:rows, 0:cols]^T: TensorE into PSUM, then a ScalarE copy out
-    (`activation(op=nl.copy)`: NeuronCore-v2 has no ScalarE tensor_copy, nki/api isa docs, tensor_copy)
-    or, with on_vector, a VectorE one (GpSimd cannot read PSUM: same docs)."""
-    t_ps = nl.ndarray((cols, rows), dtype=src.dtype, buffer=nl.psum)
-    nisa.nc_transpose(dst=t_ps, data=src)
+def _transpose(dst, src, rows, cols, ident, on_vector=False):
+    """dst[0:cols, 0:rows] (SBUF) = src[0:rows, 0:cols]^T on TensorE in row tiling mode: each <= 64-row
+    half of src is a stationary [64, cols] multiplied by a 64 x 64 identity (`nc_matmul(is_transpose=True)`,
+    the documented form of a TensorE transpose, nki/api/nki/isa/__init__.py nc_transpose / nc_matmul
+    "Transpose mode"), on its own 64-row tile of the PE array ("Tiling mode", NeuronCore-v2 or newer), so
+    the two halves run in parallel and a 128 x 128 transpose streams 64 identity columns, not 128. The
+    fp32 PSUM result leaves on ScalarE (`activation(op=nl.copy)`: NeuronCore-v2 has no ScalarE
+    tensor_copy, isa docs tensor_copy) or, with on_vector, on VectorE (GpSimd cannot read PSUM)."""
+    P = nl.tile_size.pmax
+    H = P // 2
+    t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+    for h in nl.affine_range(_cdiv(rows, H)):
+        r = min(H, rows - h * H)
+        nisa.nc_matmul(dst=t_ps[0:cols, h * H:h * H + r], stationary=src[h * H:h * H + r, 0:cols],
+                       moving=ident[h * H:h * H + r, h * H:h * H + r], is_transpose=True,
+                       tile_position=(h * H, 0), tile_size=(H, P))
     if on_vector:
-        nisa.tensor_copy(dst=dst, src=t_ps, engine=nisa.engine.vector)
+        nisa.tensor_copy(dst=dst, src=t_ps[0:cols, 0:rows], engine=nisa.engine.vector)
     else:
-        nisa.activation(dst=dst, op=nl.copy, data=t_ps)
+        nisa.activation(dst=dst, op=nl.copy, data=t_ps[0:cols, 0:rows])
 
 
-def _head_rows(x_BTXK, b, x, t0, rows, dt, transposed):
-    """Rows t0:t0+rows of head x of batch b as a [128, K] tile (and its [K, 128] transpose)."""
+def _head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False):
+    """Rows t0:t0+rows of head x of batch b as a [128, K] tile (and its [K, 128] transpose, leaving PSUM on
+    VectorE with `vec`, else ScalarE)."""
     K = x_BTXK.shape[3]
     P = nl.tile_size.pmax
     t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
@@ -106,11 +118,11 @@ def _head_rows(x_BTXK, b, x, t0, rows, dt, transposed):
     if not transposed:
         return t, None
     tT = nl.ndarray((K, P), dtype=dt, buffer=nl.sbuf)
-    _transpose(tT[0:K, 0:rows], t[0:rows], rows, K)
+    _transpose(tT[0:K, 0:rows], t[0:rows], rows, K, ident, on_vector=vec)
     return t, tT
 
 
-def _kv_head(x_BTGK, b, g, dt):
+def _kv_head(x_BTGK, b, g, dt, ident):
     """All T rows of kv head g of batch b: 128-row tiles [keys, K] and the transpose [K, T]."""
     B, T, G, K = x_BTGK.shape
     P = nl.tile_size.pmax
@@ -118,8 +130,8 @@ def _kv_head(x_BTGK, b, g, dt):
     tiles = []
     for i in nl.affine_range(_cdiv(T, P)):
         r = min(P, T - i * P)
-        t, _ = _head_rows(x_BTGK, b, g, i * P, r, dt, False)
-        _transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K)
+        t, _ = _head_rows(x_BTGK, b, g, i * P, r, dt, ident, False)
+        _transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K, ident)
         tiles.append(t)
     return tiles, xT
 
@@ -135,32 +147,37 @@ def _half_matmul(dst, stationary, moving, half):
         nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving)
 
 
-def _scores(qT, kT, t0, rows, c0, kc, bias):
-    """Raw scores q k^T of the query rows against keys c0:c0+kc in fp32 PSUM, the diagonal block masked."""
+def _scores(qT, kT, t0, rows, c0, kc, bias, masked):
+    """Raw scores q k^T of the query rows against keys c0:c0+kc in fp32 PSUM; with `masked` (the forward)
+    the diagonal block gets the causal bias by a 0/1-stationary matmul (the backward masks p instead)."""
     K = qT.shape[0]
     P = nl.tile_size.pmax
     s_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
     _half_matmul(s_ps[0:rows, 0:kc], qT[0:K, 0:rows], kT[0:K, c0:c0 + kc], (t0 // P + c0 // KC) % 2)
-    if c0 + kc == t0 + rows:  # the chunk ends with the diagonal block (keys t0 .. t0+rows): += I^T bias
+    if masked and c0 + kc == t0 + rows:  # the chunk ends with the diagonal block (keys t0 .. t0+rows): += I^T bias
         ident, mask = bias
         nisa.nc_matmul(dst=s_ps[0:rows, t0 - c0:t0 - c0 + rows], stationary=ident[0:rows, 0:rows],
                        moving=mask[0:rows, 0:rows], accumulate=True, is_stationary_onezero=True)
     return s_ps
 
 
-def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, dt):
-    """One key chunk of the online softmax; state = (m, l, acc), () for the first chunk -> the new state.
-    (An empty tuple, not None: NKI 0.3 rejects `is` / `is not`, release-notes/components/nki.rst.)"""
+def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, last, dt):
+    """One key chunk of the online softmax; state = (m, l, acc), () for the first chunk -> the new state
+    (acc: the PSUM p v itself when the first chunk is also the `last`, else an fp32 SBUF accumulator).
+    (An empty tuple, not None: NKI 0.3 rejects `is` / `is not`, release-notes/components/nki.rst.)
+    The [128, 1] statistics updates run on GpSimd, idle otherwise (SBUF operands only)."""
     K = qT.shape[0]
     P = nl.tile_size.pmax
-    s_ps = _scores(qT, kT, t0, rows, c0, kc, bias)
+    s_ps = _scores(qT, kT, t0, rows, c0, kc, bias, True)
     s = s_ps[0:rows, 0:kc]
     m_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=m_P1[0:rows], op=nl.maximum, data=s, axis=1, keepdims=True)
     if state:
-        nisa.tensor_tensor(dst=m_P1[0:rows], data1=m_P1[0:rows], data2=state[0][0:rows], op=nl.maximum)
+        nisa.tensor_tensor(dst=m_P1[0:rows], data1=m_P1[0:rows], data2=state[0][0:rows], op=nl.maximum,
+                           engine=nisa.engine.gpsimd)
     neg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=neg_P1[0:rows], data=m_P1[0:rows], op0=nl.multiply, operand0=-scale)
+    nisa.tensor_scalar(dst=neg_P1[0:rows], data=m_P1[0:rows], op0=nl.multiply, operand0=-scale,
+                       engine=nisa.engine.gpsimd)
     p_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
     rs_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation_reduce(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s, bias=neg_P1[0:rows], scale=scale,
@@ -169,18 +186,20 @@ def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, dt):
     for j in nl.affine_range(_cdiv(kc, P)):
         kr = min(P, kc - j * P)
         pT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-        _transpose(pT[0:kr, 0:rows], p_t[0:rows, j * P:j * P + kr], rows, kr,
+        _transpose(pT[0:kr, 0:rows], p_t[0:rows, j * P:j * P + kr], rows, kr, bias[0],
                    on_vector=(t0 // P + c0 // P + j) % FWD_VEC == FWD_VEC - 1)
         nisa.nc_matmul(dst=o_ps[0:rows, 0:K], stationary=pT[0:kr, 0:rows], moving=v_tiles[c0 // P + j][0:kr, 0:K])
     if not state:
+        if last:
+            return m_P1, rs_P1, o_ps
         acc_PK = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=acc_PK[0:rows], src=o_ps[0:rows, 0:K])
         return m_P1, rs_P1, acc_PK
     m_old, l_P1, acc_PK = state
     corr_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=corr_P1[0:rows], op=nl.exp, data=m_old[0:rows], bias=neg_P1[0:rows], scale=scale)
-    nisa.scalar_tensor_tensor(dst=l_P1[0:rows], data=l_P1[0:rows], op0=nl.multiply, operand0=corr_P1[0:rows],
-                              op1=nl.add, operand1=rs_P1[0:rows])
+    nisa.tensor_scalar(dst=l_P1[0:rows], data=l_P1[0:rows], op0=nl.multiply, operand0=corr_P1[0:rows],
+                       op1=nl.add, operand1=rs_P1[0:rows], engine=nisa.engine.gpsimd)
     nisa.scalar_tensor_tensor(dst=acc_PK[0:rows], data=acc_PK[0:rows], op0=nl.multiply, operand0=corr_P1[0:rows],
                               op1=nl.add, operand1=o_ps[0:rows, 0:K])
     return m_P1, l_P1, acc_PK
@@ -195,29 +214,32 @@ def attention_fwd(q_BTHK, k_BTGK, v_BTGK):
     bias = _causal_bias(dt)
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
-            _, kT = _kv_head(k_BTGK, b, g, dt)
+            _, kT = _kv_head(k_BTGK, b, g, dt, bias[0])
             v_tiles, _ = _kv_head_rows(v_BTGK, b, g, dt)
             for r in nl.affine_range(R):
                 h = g * R + r
                 for i in nl.affine_range(_cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
-                    _, qT = _head_rows(q_BTHK, b, h, t0, rows, dt, True)
+                    _, qT = _head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True)
                     state = ()
-                    for c in nl.sequential_range(_cdiv(t0 + rows, KC)):
+                    chunks = _cdiv(t0 + rows, KC)
+                    for c in nl.sequential_range(chunks):
                         c0 = c * KC
                         state = _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, min(KC, t0 + rows - c0), bias, scale,
-                                           state, dt)
+                                           state, c == chunks - 1, dt)
                     m_P1, l_P1, acc_PK = state
                     inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.reciprocal(dst=inv_P1[0:rows], data=l_P1[0:rows])
                     o_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-                    nisa.tensor_scalar(dst=o_t[0:rows], data=acc_PK[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows])
+                    nisa.tensor_scalar(dst=o_t[0:rows], data=acc_PK[0:rows, 0:K], op0=nl.multiply,
+                                       operand0=inv_P1[0:rows],
+                                       engine=nisa.engine.gpsimd if chunks > 1 else nisa.engine.vector)
                     nisa.dma_copy(dst=o_BTHK[b, t0:t0 + rows, h], src=o_t[0:rows])
                     lse_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=l_P1[0:rows])
-                    nisa.scalar_tensor_tensor(dst=lse_P1[0:rows], data=m_P1[0:rows], op0=nl.multiply, operand0=scale,
-                                              op1=nl.add, operand1=lse_P1[0:rows])
+                    nisa.tensor_scalar(dst=lse_P1[0:rows], data=m_P1[0:rows], op0=nl.multiply, operand0=scale,
+                                       op1=nl.add, operand1=lse_P1[0:rows], engine=nisa.engine.gpsimd)
                     nisa.dma_copy(dst=lse_BHT1[b, h, t0:t0 + rows], src=lse_P1[0:rows])
     return o_BTHK, lse_BHT1
 
@@ -228,12 +250,12 @@ def _kv_head_rows(x_BTGK, b, g, dt):
     P = nl.tile_size.pmax
     tiles = []
     for i in nl.affine_range(_cdiv(T, P)):
-        t, _ = _head_rows(x_BTGK, b, g, i * P, min(P, T - i * P), dt, False)
+        t, _ = _head_rows(x_BTGK, b, g, i * P, min(P, T - i * P), dt, None, False)
         tiles.append(t)
     return tiles, None
 
 
-def _bwd_block(p_t, ds_t, do_t, q_t, k_tile, dq_ps, dk_acc, dv_acc, rows, j, kr, col, dt, vec):
+def _bwd_block(p_t, ds_t, do_t, q_t, k_tile, dq_ps, dk_acc, dv_acc, rows, j, kr, col, ident, dt, vec):
     """The 128-key block j of a chunk: dv += p^T dO, dk += ds^T q (PSUM accumulators), dq += ds k."""
     K = q_t.shape[1]
     P = nl.tile_size.pmax
@@ -241,47 +263,57 @@ def _bwd_block(p_t, ds_t, do_t, q_t, k_tile, dq_ps, dk_acc, dv_acc, rows, j, kr,
     nisa.nc_matmul(dst=dv_acc[0:kr, col:col + K], stationary=p_t[0:rows, cols], moving=do_t[0:rows, 0:K])
     nisa.nc_matmul(dst=dk_acc[0:kr, col:col + K], stationary=ds_t[0:rows, cols], moving=q_t[0:rows, 0:K])
     dsT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-    _transpose(dsT[0:kr, 0:rows], ds_t[0:rows, cols], rows, kr, on_vector=vec)
+    _transpose(dsT[0:kr, 0:rows], ds_t[0:rows, cols], rows, kr, ident, on_vector=vec)
     nisa.nc_matmul(dst=dq_ps[0:rows, 0:K], stationary=dsT[0:kr, 0:rows], moving=k_tile[0:kr, 0:K])
 
 
-def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, di_P1, dq_ps, acc, t0, rows, c0, kc, bias, scale, dt):
+def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0, kc, bias, scale, dt):
     K = qT.shape[0]
     P = nl.tile_size.pmax
-    s_ps = _scores(qT, kT, t0, rows, c0, kc, bias)
+    s_ps = _scores(qT, kT, t0, rows, c0, kc, bias, False)
     p_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
     nisa.activation(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s_ps[0:rows, 0:kc], bias=negl_P1[0:rows], scale=scale)
+    if c0 + kc == t0 + rows:  # the diagonal block: p = 0 where key > query (GpSimd, SBUF in place)
+        d = p_t[0:rows, t0 - c0:t0 - c0 + rows]
+        nisa.affine_select(dst=d, pattern=[[-1, rows]], offset=0, channel_multiplier=1, on_true_tile=d,
+                           on_false_value=0.0, cmp_op=nl.greater_equal)
     dp_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
     _half_matmul(dp_ps[0:rows, 0:kc], doT[0:K, 0:rows], vT[0:K, c0:c0 + kc], 1 - (t0 // P + c0 // KC) % 2)
+    # ds = p (dp - Di): dp - Di leaves PSUM on VectorE (one input, N cycles), the product with p runs on
+    # GpSimd (both operands in SBUF): the two-input VectorE form would cost ~2N on the busiest engine
+    t_f = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=t_f[0:rows, 0:kc], data=dp_ps[0:rows, 0:kc], op0=nl.add, operand0=negdi_P1[0:rows])
     ds_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=ds_t[0:rows, 0:kc], data=dp_ps[0:rows, 0:kc], op0=nl.subtract,
-                              operand0=di_P1[0:rows], op1=nl.multiply, operand1=p_t[0:rows, 0:kc])
+    nisa.tensor_tensor(dst=ds_t[0:rows, 0:kc], data1=t_f[0:rows, 0:kc], data2=p_t[0:rows, 0:kc], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)
     per_bank = KC // K
     for j in nl.affine_range(_cdiv(kc, P)):
         kt = c0 // P + j
         dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
         _bwd_block(p_t, ds_t, do_t, q_t, k_tiles[kt], dq_ps, dk_acc, dv_acc, rows, j, min(P, kc - j * P),
-                   (kt % per_bank) * K, dt, (t0 // P + kt) % BWD_VEC == BWD_VEC - 1)
+                   (kt % per_bank) * K, bias[0], dt, (t0 // P + kt) % BWD_VEC == BWD_VEC - 1)
 
 
 def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt):
     """dq of one 128-query tile of head h, and its contributions to the kv head's dk/dv accumulators."""
     K = q_BTHK.shape[3]
     P = nl.tile_size.pmax
-    q_t, qT = _head_rows(q_BTHK, b, h, t0, rows, dt, True)
-    do_t, doT = _head_rows(do_BTHK, b, h, t0, rows, dt, True)
-    o_t, _ = _head_rows(o_BTHK, b, h, t0, rows, dt, False)
+    q_t, qT = _head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, vec=True)
+    do_t, doT = _head_rows(do_BTHK, b, h, t0, rows, dt, bias[0], True, vec=True)
+    o_t, _ = _head_rows(o_BTHK, b, h, t0, rows, dt, None, False)
     prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=prod[0:rows], data1=do_t[0:rows], data2=o_t[0:rows], op=nl.multiply)
-    di_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=di_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, keepdims=True)
+    nisa.tensor_tensor(dst=prod[0:rows], data1=do_t[0:rows], data2=o_t[0:rows], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)
+    negdi_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # -Di = -rowsum(dO o)
+    nisa.tensor_reduce(dst=negdi_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, negate=True, keepdims=True)
     negl_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=negl_P1[0:rows], src=lse_BHT1[b, h, t0:t0 + rows])
-    nisa.activation(dst=negl_P1[0:rows], op=nl.copy, data=negl_P1[0:rows], scale=-1.0)  # ScalarE: VectorE is busier
+    nisa.tensor_scalar(dst=negl_P1[0:rows], data=negl_P1[0:rows], op0=nl.multiply, operand0=-1.0,
+                       engine=nisa.engine.gpsimd)
     dq_ps = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum)
     for c in nl.affine_range(_cdiv(t0 + rows, KC)):
         c0 = c * KC
-        _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, di_P1, dq_ps, acc, t0, rows, c0,
+        _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0,
                    min(KC, t0 + rows - c0), bias, scale, dt)
     dq_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
     nisa.activation(dst=dq_t[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
@@ -311,8 +343,8 @@ def attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK):
     banks = _cdiv(_cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
-            k_tiles, kT = _kv_head(k_BTGK, b, g, dt)
-            _, vT = _kv_head(v_BTGK, b, g, dt)
+            k_tiles, kT = _kv_head(k_BTGK, b, g, dt, bias[0])
+            _, vT = _kv_head(v_BTGK, b, g, dt, bias[0])
             acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
                    [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
             for r in nl.affine_range(R):
