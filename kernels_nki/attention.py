@@ -4,48 +4,62 @@ Spec: frontier_jax.reference.causal_attention: o = softmax(q k^T / sqrt(K) + cau
 in fp32, G kv heads each shared by R = H/G query heads. Shapes: q [B, T, H, K], k/v [B, T, G, K]
 (the model's layout: rows of one head are strided in HBM, K contiguous elements each), K <= 128.
 
-Forward, per (batch, kv head): k as 128-key row tiles, k^T [K, T] (TensorE transposes, once per kv
-head and reused by its R query heads), v row tiles. Per query head and 128-query tile (the last
-ragged, sliced): q^T by one transpose; keys 0 .. t0+rows only, in chunks of 512 (one fp32 PSUM bank
-of scores): blocks above the diagonal are never issued, only the one diagonal 128x128 block is
-masked (a VectorE add of a [128, 128] 0/-1e30 bias built once per call by GpSimd affine_select).
-Per chunk: s = q k^T (stationary q^T [K, rows], moving k^T [K, 512]); online softmax in fp32 (row
-max on VectorE from PSUM; ScalarE exp(scale s - scale m) with the fused row sum writes p in the
-input dtype); p^T by TensorE transposes (128x128 each, then a ScalarE copy to SBUF); o += p v
-(stationary p^T [keys, rows], moving v [keys, K]) in PSUM; the fp32 SBUF accumulator and the row
-sum are rescaled by exp(scale (m_old - m_new)) (one VectorE op each). The T x T scores never leave
-PSUM/SBUF. Outputs: o [B, T, H, K] (input dtype) and lse [B, H, T, 1] (fp32, log-sum-exp of the
-scaled scores: the backward's residual).
+Forward, per (batch, kv head): k as 128-key row tiles, k^T [K, T] (transposed once per kv head and
+reused by its R query heads), v row tiles. Per query head and 128-query tile (the last ragged,
+sliced): q^T by one transpose; keys 0 .. t0+rows only, in chunks of 512 (one fp32 PSUM bank of
+scores): blocks above the diagonal are never issued, only the diagonal 128x128 block is masked (one
+more matmul into its PSUM scores: identity stationary, is_stationary_onezero, against a [128, 128]
+0/-1e30 bias built once per call by GpSimd affine_select, so the fused exp + row sum never sees a
+masked score). Per chunk: s = q k^T (stationary q^T [K, rows], moving k^T [K, 512]); online softmax
+in fp32 (row max on VectorE from PSUM; ScalarE exp(scale s - scale m) with the fused row sum writes p
+in the input dtype); p^T by TensorE transposes; o += p v (stationary p^T [keys, rows], moving v
+[keys, K]) in PSUM; a later chunk rescales the fp32 SBUF accumulator and the row sum by exp(scale
+(m_old - m_new)). The [128, 1] statistics (max merge, -scale m, the row-sum update, the lse) run on
+GpSimd, idle otherwise. The T x T scores never leave PSUM/SBUF. Outputs: o [B, T, H, K] (input dtype)
+and lse [B, H, T, 1] (fp32, log-sum-exp of the scaled scores: the backward's residual).
 
-Backward, per (batch, kv head), recomputing p = exp(scale s - lse) chunk by chunk (no max, no sum):
-dp = dO v^T (stationary dO^T, moving v^T); ds = p (dp - Di), Di = rowsum(dO o) per query (VectorE,
-fp32); dv += p^T dO and dk += ds^T q contract over the query rows (stationary p / ds, moving dO / q)
-and accumulate in PSUM across all R query heads and query tiles of the kv head (T K / 65536 banks
-each); dq += ds k needs ds^T (TensorE transposes). dq and dk take the 1/sqrt(K) scale when leaving
-PSUM.
+Backward, per (batch, kv head), recomputing p = exp(scale s - lse) chunk by chunk (no max, no sum),
+the diagonal block's p zeroed above the diagonal by GpSimd affine_select (SBUF, in place): dp = dO v^T
+(stationary dO^T, moving v^T); ds = p (dp - Di), Di = rowsum(dO o) per query: dp - Di leaves PSUM on
+VectorE (one input, N cycles) and the product with p runs on GpSimd (both in SBUF) instead of one
+two-input VectorE pass (~2N cycles); dv += p^T dO and dk += ds^T q contract over the query rows
+(stationary p / ds, moving dO / q) and accumulate in PSUM across all R query heads and query tiles of
+the kv head (T K / 65536 banks each); dq += ds k needs ds^T (a transpose). dq and dk take the
+1/sqrt(K) scale when leaving PSUM.
 
-Engines (B=1, T=1024, H=8, G=4, K=64, bf16; kernels_nki.report, cost model at AWS's documented
-trn1 engine rates, two-input VectorE instructions at ~2N cycles, row-tiled matmuls charged their row
-tile): forward 66.6 us per sequence, ScalarE-bound (ScalarE 66.6: exp 31 + p^T PSUM copies; VectorE
-65.1: row max 33 + every FWD_VEC-th p^T copy + the online-softmax rescales; TensorE 33.6); backward
-78.9 us, VectorE-bound (VectorE 78.9: ds = p (dp - Di) 66, two inputs; ScalarE 77.5: exp 26 + ds^T
-copies, every BWD_VEC-th on VectorE; TensorE 57.8). The diagonal block's causal mask is one more
-matmul into its PSUM scores (identity stationary, is_stationary_onezero, accumulate) on TensorE instead
-of a two-input VectorE add (14.6 us per direction before). q k^T and dO v^T contract over K = 64 and
-run in row-tiling mode on alternating 64-row halves of the PE array, which run in parallel
-(nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode").
+TensorE: q k^T and dO v^T contract over K = 64 and run in row tiling mode on alternating 64-row
+halves of the PE array, which run in parallel (nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
+2 x 64-row tiles on NeuronCore-v2). Every transpose (`_transpose`) is the documented TensorE form,
+nc_matmul(is_transpose=True) against an identity ("Transpose mode"), split into two <= 64-row halves
+on the two row tiles: a [128, 128] transpose streams 64 identity columns per tile instead of 128.
+
+Engines (B=1, T=1024, H=8, G=4, K=64, bf16; kernels_nki.report, cost model at AWS's documented trn1
+engine rates, two-input VectorE instructions at ~2N cycles, row-tiled matmuls charged their row tile):
+forward 58.7 us per sequence (VectorE 58.7: row max 33 + every FWD_VEC-th transpose copy 15 + the
+reciprocal and first-chunk copies; ScalarE 58.5: exp 31 + the other transpose copies 23; TensorE
+27.8; GpSimd 11.9); backward 58.7 us (VectorE 58.7: dp - Di 33 + every BWD_VEC-th ds^T copy and the
+q^T / dO^T copies 22; ScalarE 58.5: exp 26 + the other ds^T copies 26; TensorE 46.1; GpSimd 38.2:
+the ds product 26 and the masks 6). Before this layout (full-array transposes,
+the mask matmul in the backward, ds as one two-input VectorE pass): 66.6 / 78.9 us.
 
 TensorE useful/issued (the causal triangle, diagonal blocks included, counted as useful; transposes
-and the mask matmul useful 0): forward 0.391, backward 0.570. Per 128 x 128 block the forward issues
-64 (q k^T, one 64-row tile) + 128 (p^T) + 64 (p v) columns, the backward 64 + 64 (q k^T, dO v^T) +
-3 x 64 (p^T dO, ds^T q, ds k) + 128 (ds^T), plus per query tile one q^T / dO^T transpose and the mask
-matmul. 0.85 needs p^T and ds^T off TensorE, and trn1 has no cheap place for them: VectorE transposes
-only within 32-partition groups (arch guide, "Cross-partition Data Movement") and is a bounding
-engine already, and a DMA transpose moves 2-byte elements one descriptor each; computing the scores
-key-major instead needs the per-query max or lse along the free axis (an extra VectorE pass over
-every score, or a 65-row contraction that cannot use row tiling). TensorE is idle half the time; the
-kernel's time is set by ScalarE/VectorE.
+and the mask matmul useful 0): forward 0.529, backward 0.750. Per 128 x 128 block the forward issues
+64 (q k^T, one 64-row tile) + 64 (p^T, two 64-row tiles of 64 columns) + 64 (p v) column-units, the
+backward 64 + 64 (q k^T, dO v^T) + 3 x 64 (p^T dO, ds^T q, ds k) + 64 (ds^T); per query tile one q^T
+(and dO^T) transpose, and in the forward the mask matmul (128). Ceilings on trn1 at K = 64, whatever
+the engine split: the backward needs ds with queries on partitions (dk, dv contract over queries) and
+with keys on partitions (dq contracts over keys); NeuronCore-v2 makes the second layout only by a
+TensorE transpose (VectorE transposes only 32 x 32 blocks, arch guide "Cross-partition Data
+Movement"; DMA transpose is a NeuronCore-v3 feature, nki/guides/architecture/trainium2_arch.rst), or
+by recomputing s^T, dp^T and ds^T in the other layout, which doubles the ScalarE / VectorE work that
+bounds the kernel. So the backward issues at least 5 useful + 1 transpose unit per block: <= 5/6 =
+0.83 before the per-tile transposes. The forward's exact form needs p^T (the p v contraction is over
+keys) and a per-query max; a key-major forward (s^T, p^T = exp(s^T - c), row sums from a ones column
+of v) would skip the p^T transposes and the max, but its shift c must be constant per column (one
+query), which is exact only while scale max|q| max|k| stays within the fp32 / Scalar-Engine log range
+(about 22 here), so it is not used.
 """
+
 
 import nki
 import nki.isa as nisa
