@@ -28,7 +28,7 @@ from frontier_jax.dispatch import (
 __all__ = [
     "FUSED_OPTIMIZER_OPS", "MODES", "OPS", "KernelRow", "KernelUnavailableError", "configure", "emulated",
     "format_kernel_table", "kernel_table", "through_primitives",
-    "rms_norm", "rope", "rope_gain", "causal_attention", "mlp", "embed", "head_loss", "qkv_projection",
+    "rms_norm", "rope", "rope_gain", "causal_attention", "qk_attention", "mlp", "embed", "head_loss", "qkv_projection",
     "out_projection", "adam_update", "muon_update", "scalars_PK",
 ]
 
@@ -57,6 +57,7 @@ RMS_NORM = declare("rms_norm", ref.rms_norm_fwd, ref.rms_norm_bwd)
 ROPE = declare("rope", ref.rope_fwd, ref.rope_bwd)
 ROPE_GAIN = declare("rope_gain", ref.rope_gain_fwd, ref.rope_gain_bwd)
 ATTENTION = declare("causal_attention", ref.attention_fwd, ref.attention_bwd)
+QK_ATTENTION = declare("qk_attention", ref.qk_attention_fwd, ref.qk_attention_bwd)
 MLP = declare("mlp", ref.mlp_fwd, ref.mlp_bwd)
 EMBED = declare("embed", ref.embed_fwd, ref.embed_bwd)
 HEAD_LOSS = declare("head_loss", ref.head_loss_fwd, ref.head_loss_bwd, static=("softcap",),
@@ -66,7 +67,7 @@ ADAM = declare("adam_update", ref.adam_update, static=("b1", "b2", "eps", "weigh
                adapter=KernelAdapter(_adam_kernel_args, _adam_kernel_outs), unused_reason=_UNFUSED)
 MUON = declare("muon_update", ref.muon_update, static=("ns_steps", "ns_dtype"), unused_reason=_UNFUSED)
 
-OPS = tuple(s.name for s in (RMS_NORM, ROPE, ROPE_GAIN, ATTENTION, MLP, EMBED, HEAD_LOSS, PROJECTION, ADAM, MUON))
+OPS = tuple(s.name for s in (RMS_NORM, ROPE, ROPE_GAIN, ATTENTION, QK_ATTENTION, MLP, EMBED, HEAD_LOSS, PROJECTION, ADAM, MUON))
 FUSED_OPTIMIZER_OPS = frozenset({ADAM.name, MUON.name})
 
 
@@ -114,6 +115,39 @@ def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array) ->
         return ref.causal_attention(q_BTHK, k_BTGK, v_BTGK)
     dt = q_BTHK.dtype
     return _attention(q_BTHK, k_BTGK.astype(dt), v_BTGK.astype(dt))
+
+
+@jax.custom_vjp
+def _qk_attention(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
+    return QK_ATTENTION("fwd", q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH)[0]
+
+
+def _qk_attention_vjp_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
+    o_BTHK, lse_BHT1 = QK_ATTENTION("fwd", q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH)
+    return o_BTHK, (q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse_BHT1)
+
+
+def _qk_attention_vjp_bwd(res, do_BTHK):
+    dq, dk, dv, dg_BH1 = QK_ATTENTION("bwd", *res, do_BTHK)
+    cos_TK2, sin_TK2, g_PH = res[3:6]
+    dg_PH = jnp.zeros_like(g_PH).at[0].set(jnp.sum(dg_BH1[..., 0], axis=0))  # g_PH is a broadcast: its rows' sum
+    return dq, dk, dv, jnp.zeros_like(cos_TK2), jnp.zeros_like(sin_TK2), dg_PH
+
+
+_qk_attention.defvjp(_qk_attention_vjp_fwd, _qk_attention_vjp_bwd)
+
+
+def qk_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, cos_TK2, sin_TK2,
+                 gain_H: jax.Array) -> jax.Array:
+    """The model's attention on the raw projections (reference.qk_attention): QK-norm, RoPE, the query
+    gain and causal GQA attention as one op, so that q and k are normed and rotated on chip inside the
+    attention kernel (kernels_nki/attention.py) instead of by three HBM-bound kernels."""
+    if direct("qk_attention"):
+        return ref.qk_attention(q_BTHK, k_BTGK, v_BTGK, jnp.asarray(cos_TK2), jnp.asarray(sin_TK2), gain_H)
+    dt = q_BTHK.dtype
+    rounded = lambda t: jnp.asarray(t).astype(dt).astype(jnp.float32)  # the reference casts cos/sin to dt
+    g_PH = jnp.broadcast_to(gain_H.astype(dt).astype(jnp.float32)[None, :], (SCALAR_ROWS, gain_H.shape[0]))
+    return _qk_attention(q_BTHK, k_BTGK.astype(dt), v_BTGK.astype(dt), rounded(cos_TK2), rounded(sin_TK2), g_PH)
 
 
 @jax.custom_vjp

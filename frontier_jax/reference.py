@@ -224,6 +224,32 @@ def attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK):
     return causal_attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK)
 
 
+def qk_attention(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, gain_H) -> jax.Array:
+    """The model's attention after its projections: QK-norm, RoPE, the query gain, causal GQA attention."""
+    q_BTHK = rope_gain(rms_norm(q_BTHK), cos_TK2, sin_TK2, gain_H)
+    return causal_attention(q_BTHK, rope(rms_norm(k_BTGK), cos_TK2, sin_TK2), v_BTGK)
+
+
+def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
+    """(o, lse [B, H, T, 1]) of `qk_attention` on raw q/k (g_PH: the gain broadcast over 128 rows, fp32);
+    what the fused kernel saves: its backward recomputes the normed, rotated q/k and the probabilities."""
+    q_BTHK = rope_gain(rms_norm(q_BTHK), cos_TK2, sin_TK2, g_PH[0])
+    return attention_fwd(q_BTHK, rope(rms_norm(k_BTGK), cos_TK2, sin_TK2), v_BTGK)
+
+
+def qk_attention_bwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse_BHT1, do_BTHK):
+    """(dq, dk, dv, dg_BH1): through attention, RoPE (+ gain) and QK-norm; dg per (batch, head), fp32."""
+    qn_BTHK, qinv = rms_norm_fwd(q_BTHK)
+    kn_BTGK, kinv = rms_norm_fwd(k_BTGK)
+    qg_BTHK = rope_gain(qn_BTHK, cos_TK2, sin_TK2, g_PH[0])
+    dqg, dkr, dv = attention_bwd(qg_BTHK, rope(kn_BTGK, cos_TK2, sin_TK2), v_BTGK, o_BTHK, lse_BHT1, do_BTHK)
+    dqn = rope_gain_bwd(qn_BTHK, cos_TK2, sin_TK2, g_PH, dqg)[0]
+    qr = rope(qn_BTHK, cos_TK2, sin_TK2).astype(jnp.float32)
+    dg_BH1 = jnp.sum(dqg.astype(jnp.float32) * qr, axis=(1, 3))[..., None]
+    dkn = rope_bwd(dkr, cos_TK2, sin_TK2)[0]
+    return rms_norm_bwd(q_BTHK, qinv, dqn)[0], rms_norm_bwd(k_BTGK, kinv, dkn)[0], dv, dg_BH1
+
+
 def mlp(x_ND: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array) -> jax.Array:
     """relu(x W_fc)^2 W_proj; weights are cast to the activation dtype at use."""
     h_NF = jnp.maximum(x_ND @ w_fc_DF.astype(x_ND.dtype), 0)

@@ -69,6 +69,7 @@ FWD_VEC = 2  # forward: every FWD_VEC-th key tile's p^T leaves PSUM on VectorE, 
 BWD_VEC = 4  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
 KC = 512  # keys per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
 NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
+EPS = 1.1920928955078125e-07  # QK-norm epsilon: float32 machine epsilon == frontier_jax.reference.RMS_EPS
 
 
 def _cdiv(a, b):
@@ -122,32 +123,147 @@ def _transpose(dst, src, rows, cols, ident, on_vector=False):
         nisa.activation(dst=dst, op=nl.copy, data=t_ps[0:cols, 0:rows])
 
 
-def _head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False):
+def _head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=()):
     """Rows t0:t0+rows of head x of batch b as a [128, K] tile (and its [K, 128] transpose, leaving PSUM on
-    VectorE with `vec`, else ScalarE)."""
+    VectorE with `vec`, else ScalarE); with `prep` = (cos/sin tile pair, eps, gain) the tile is replaced by
+    rope(qk_norm(rows)) [* gain] (`_prep_tile`) first. -> (tile, transpose or None, (xn, inv) or ())."""
     K = x_BTXK.shape[3]
     P = nl.tile_size.pmax
     t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
     nisa.dma_copy(dst=t[0:rows], src=x_BTXK[b, t0:t0 + rows, x])
+    norm = ()
+    if prep:
+        t, xn, inv = _prep_tile(t, rows, prep[0], prep[1], prep[2], dt)
+        norm = (xn, inv)
     if not transposed:
-        return t, None
+        return t, None, norm
     tT = nl.ndarray((K, P), dtype=dt, buffer=nl.sbuf)
     _transpose(tT[0:K, 0:rows], t[0:rows], rows, K, ident, on_vector=vec)
-    return t, tT
+    return t, tT, norm
 
 
-def _kv_head(x_BTGK, b, g, dt, ident):
-    """All T rows of kv head g of batch b: 128-row tiles [keys, K] and the transpose [K, T]."""
+def _kv_head(x_BTGK, b, g, dt, ident, rope=()):
+    """All T rows of kv head g of batch b: 128-row tiles [keys, K], the transpose [K, T] and, with `rope`
+    = (cos/sin tiles, eps), the tiles rotated after their QK-norm and each tile's (xn, inv)."""
     B, T, G, K = x_BTGK.shape
     P = nl.tile_size.pmax
     xT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+    tiles, norms = [], []
+    for i in nl.affine_range(_cdiv(T, P)):
+        r = min(P, T - i * P)
+        prep = (rope[0][i], rope[1], ()) if rope else ()
+        t, _, norm = _head_rows(x_BTGK, b, g, i * P, r, dt, None, False, prep=prep)
+        _transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K, ident)
+        tiles.append(t)
+        norms.append(norm)
+    return tiles, xT, norms
+
+
+def _rope_tiles(cos_TK2, sin_TK2):
+    """cos/sin [T, K/2] (fp32 in HBM) as 128-row SBUF tile pairs, loaded once per call."""
+    T, K2 = cos_TK2.shape
+    P = nl.tile_size.pmax
     tiles = []
     for i in nl.affine_range(_cdiv(T, P)):
         r = min(P, T - i * P)
-        t, _ = _head_rows(x_BTGK, b, g, i * P, r, dt, ident, False)
-        _transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K, ident)
-        tiles.append(t)
-    return tiles, xT
+        c = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
+        s = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=c[0:r], src=cos_TK2[i * P:i * P + r])
+        nisa.dma_copy(dst=s[0:r], src=sin_TK2[i * P:i * P + r])
+        tiles.append((c, s))
+    return tiles
+
+
+def _rotate(dst, x_f, rows, cs, inverse):
+    """dst[0:rows] = the half-split rotation of x_f (fp32 [P, K]) by the rows' angles, cs = (cos, sin)
+    [P, K/2]: (x1 cos + x2 sin, x2 cos - x1 sin) as reference.rope, or by minus the angles (`inverse`,
+    the backward). Six GpSimd instructions on SBUF."""
+    K = x_f.shape[1]
+    K2 = K // 2
+    P = nl.tile_size.pmax
+    c, s = cs
+    x1, x2 = x_f[0:rows, 0:K2], x_f[0:rows, K2:K]
+    a = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
+    e = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
+    gp = nisa.engine.gpsimd
+    nisa.tensor_tensor(dst=a[0:rows], data1=x1, data2=c[0:rows], op=nl.multiply, engine=gp)
+    nisa.tensor_tensor(dst=e[0:rows], data1=x2, data2=s[0:rows], op=nl.multiply, engine=gp)
+    nisa.tensor_tensor(dst=dst[0:rows, 0:K2], data1=a[0:rows], data2=e[0:rows],
+                       op=nl.subtract if inverse else nl.add, engine=gp)
+    nisa.tensor_tensor(dst=a[0:rows], data1=x2, data2=c[0:rows], op=nl.multiply, engine=gp)
+    nisa.tensor_tensor(dst=e[0:rows], data1=x1, data2=s[0:rows], op=nl.multiply, engine=gp)
+    nisa.tensor_tensor(dst=dst[0:rows, K2:K], data1=a[0:rows], data2=e[0:rows],
+                       op=nl.add if inverse else nl.subtract, engine=gp)
+
+
+def _prep_tile(x_t, rows, cs, eps_P1, gain, dt):
+    """(y [P, K] in dt = rope(qk_norm(x)) [* gain], xn = x inv fp32, inv = rsqrt(mean(x^2) + eps) fp32 [P, 1])
+    of a raw [rows, K] tile, fp32 math (reference.rms_norm, reference.rope / rope_gain); gain: () or
+    (g_P1,). The square on GpSimd, its row sum on VectorE, rsqrt on ScalarE (its [P, 1] bias tile)."""
+    K = x_t.shape[1]
+    P = nl.tile_size.pmax
+    sq = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=sq[0:rows], data1=x_t[0:rows], data2=x_t[0:rows], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)
+    ss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=ss_P1[0:rows], op=nl.add, data=sq[0:rows], axis=1, keepdims=True)
+    inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=inv_P1[0:rows], op=nl.rsqrt, data=ss_P1[0:rows], scale=1.0 / K, bias=eps_P1[0:rows])
+    xn = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=xn[0:rows], data=x_t[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows],
+                       engine=nisa.engine.gpsimd)
+    src = xn
+    if gain:
+        src = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=src[0:rows], data=xn[0:rows], op0=nl.multiply, operand0=gain[0][0:rows],
+                           engine=nisa.engine.gpsimd)
+    y = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+    _rotate(y, src, rows, cs, False)
+    return y, xn, inv_P1
+
+
+def _prep_grad(dst, d_f, rows, cs, norm, gain, dg_P1):
+    """dst[0:rows] = the gradient through `_prep_tile` of d_f (fp32 [P, K], w.r.t. its output rows): w =
+    rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K) (reference.rms_norm_bwd after
+    rope_gain_bwd); with a gain, dg_P1 += dot, the gain's gradient per row (d . rope(xn) = w . xn, the
+    rotation being orthogonal)."""
+    K = d_f.shape[1]
+    P = nl.tile_size.pmax
+    xn, inv_P1 = norm
+    gp = nisa.engine.gpsimd
+    w = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    _rotate(w, d_f, rows, cs, True)
+    prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=prod[0:rows], data1=w[0:rows], data2=xn[0:rows], op=nl.multiply, engine=gp)
+    dot_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=dot_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, keepdims=True)
+    if gain:
+        nisa.tensor_tensor(dst=dg_P1[0:rows], data1=dg_P1[0:rows], data2=dot_P1[0:rows], op=nl.add, engine=gp)
+    c_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=c_P1[0:rows], data=dot_P1[0:rows], op0=nl.multiply, operand0=-1.0 / K, engine=gp)
+    nisa.tensor_scalar(dst=prod[0:rows], data=xn[0:rows], op0=nl.multiply, operand0=c_P1[0:rows], engine=gp)
+    nisa.tensor_tensor(dst=w[0:rows], data1=w[0:rows], data2=prod[0:rows], op=nl.add, engine=gp)
+    if gain:
+        nisa.tensor_scalar(dst=dst[0:rows], data=w[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows],
+                           op1=nl.multiply, operand1=gain[0][0:rows], engine=gp)
+    else:
+        nisa.tensor_scalar(dst=dst[0:rows], data=w[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows], engine=gp)
+
+
+def _rope_setup(cos_TK2, sin_TK2):
+    """(cos/sin tiles, eps [P, 1] fp32): what the QK-norm + RoPE prep needs, built once per call."""
+    P = nl.tile_size.pmax
+    eps_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # v2: activation's bias is a tile
+    nisa.memset(dst=eps_P1, value=EPS)
+    return _rope_tiles(cos_TK2, sin_TK2), eps_P1
+
+
+def _gain(g_PH, h):
+    """The query gain of head h as an fp32 [P, 1] column (g_PH: the gain broadcast over 128 rows)."""
+    P = nl.tile_size.pmax
+    g_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=g_P1, src=g_PH[0:P, h:h + 1])
+    return (g_P1,)
 
 
 def _half_matmul(dst, stationary, moving, half):
@@ -219,23 +335,25 @@ def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, last, dt):
     return m_P1, l_P1, acc_PK
 
 
-@nki.jit
-def attention_fwd(q_BTHK, k_BTGK, v_BTGK):
-    """(o_BTHK in q's dtype, lse_BHT1 fp32): causal GQA attention and the log-sum-exp of each row."""
+def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
+    """The forward of both kernels; rope: () or (cos_TK2, sin_TK2, g_PH) for QK-norm + RoPE + gain."""
     B, T, H, K, G, R, P, dt, scale = _dims(q_BTHK, k_BTGK)
     o_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     bias = _causal_bias(dt)
+    setup = _rope_setup(rope[0], rope[1]) if rope else ()
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
-            _, kT = _kv_head(k_BTGK, b, g, dt, bias[0])
+            _, kT, _ = _kv_head(k_BTGK, b, g, dt, bias[0], setup)
             v_tiles, _ = _kv_head_rows(v_BTGK, b, g, dt)
             for r in nl.affine_range(R):
                 h = g * R + r
+                gain = _gain(rope[2], h) if rope else ()
                 for i in nl.affine_range(_cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
-                    _, qT = _head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True)
+                    prep = (setup[0][i], setup[1], gain) if rope else ()
+                    _, qT, _ = _head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, prep=prep)
                     state = ()
                     chunks = _cdiv(t0 + rows, KC)
                     for c in nl.sequential_range(chunks):
@@ -258,13 +376,27 @@ def attention_fwd(q_BTHK, k_BTGK, v_BTGK):
     return o_BTHK, lse_BHT1
 
 
+@nki.jit
+def attention_fwd(q_BTHK, k_BTGK, v_BTGK):
+    """(o_BTHK in q's dtype, lse_BHT1 fp32): causal GQA attention and the log-sum-exp of each row."""
+    return _fwd(q_BTHK, k_BTGK, v_BTGK, ())
+
+
+@nki.jit
+def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
+    """(o_BTHK, lse_BHT1) of attention over rope(qk_norm(q)) * gain and rope(qk_norm(k)): q and k arrive
+    raw (the projection's output); cos/sin [T, K/2] fp32 (values rounded to q's dtype by the caller, as
+    the reference casts them), g_PH the query gain broadcast over 128 rows, fp32."""
+    return _fwd(q_BTHK, k_BTGK, v_BTGK, (cos_TK2, sin_TK2, g_PH))
+
+
 def _kv_head_rows(x_BTGK, b, g, dt):
     """All T rows of kv head g of batch b as 128-row tiles [keys, K] (no transpose)."""
     T = x_BTGK.shape[1]
     P = nl.tile_size.pmax
     tiles = []
     for i in nl.affine_range(_cdiv(T, P)):
-        t, _ = _head_rows(x_BTGK, b, g, i * P, min(P, T - i * P), dt, None, False)
+        t, _, _ = _head_rows(x_BTGK, b, g, i * P, min(P, T - i * P), dt, None, False)
         tiles.append(t)
     return tiles, None
 
@@ -308,13 +440,15 @@ def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, ac
                    (kt % per_bank) * K, bias[0], dt, (t0 // P + kt) % BWD_VEC == BWD_VEC - 1)
 
 
-def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt):
-    """dq of one 128-query tile of head h, and its contributions to the kv head's dk/dv accumulators."""
+def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt,
+              prep=(), dg_P1=None):
+    """dq of one 128-query tile of head h, and its contributions to the kv head's dk/dv accumulators; with
+    `prep` (as `_head_rows`) q is rotated after its QK-norm and dq is taken back through both."""
     K = q_BTHK.shape[3]
     P = nl.tile_size.pmax
-    q_t, qT = _head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, vec=True)
-    do_t, doT = _head_rows(do_BTHK, b, h, t0, rows, dt, bias[0], True, vec=True)
-    o_t, _ = _head_rows(o_BTHK, b, h, t0, rows, dt, None, False)
+    q_t, qT, norm = _head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, vec=True, prep=prep)
+    do_t, doT, _ = _head_rows(do_BTHK, b, h, t0, rows, dt, bias[0], True, vec=True)
+    o_t, _, _ = _head_rows(o_BTHK, b, h, t0, rows, dt, None, False)
     prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=prod[0:rows], data1=do_t[0:rows], data2=o_t[0:rows], op=nl.multiply,
                        engine=nisa.engine.gpsimd)
@@ -330,42 +464,89 @@ def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT
         _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0,
                    min(KC, t0 + rows - c0), bias, scale, dt)
     dq_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-    nisa.activation(dst=dq_t[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
+    if prep:
+        d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=d_f[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
+        _prep_grad(dq_t, d_f, rows, prep[0], norm, prep[2], dg_P1)
+    else:
+        nisa.activation(dst=dq_t[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
     nisa.dma_copy(dst=dq_BTHK[b, t0:t0 + rows, h], src=dq_t[0:rows])
 
 
-def _store_kv_grad(dst_BTGK, acc, b, g, T, K, scale, dt):
-    """Evacuate a kv head's PSUM accumulator (times scale) to dst_BTGK[b, :, g] in dt."""
+def _store_kv_grad(dst_BTGK, acc, b, g, T, K, scale, dt, rope=(), norms=()):
+    """Evacuate a kv head's PSUM accumulator (times scale) to dst_BTGK[b, :, g] in dt; with `rope` (as
+    `_kv_head`) through the rotation and QK-norm of the keys (their per-tile `norms`)."""
     P = nl.tile_size.pmax
     per_bank = KC // K
     for kt in nl.affine_range(_cdiv(T, P)):
         kr = min(P, T - kt * P)
         col = (kt % per_bank) * K
         out = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-        nisa.activation(dst=out[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
+        if rope:
+            d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=d_f[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
+            _prep_grad(out, d_f, kr, rope[0][kt], norms[kt], (), None)
+        else:
+            nisa.activation(dst=out[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
         nisa.dma_copy(dst=dst_BTGK[b, kt * P:kt * P + kr, g], src=out[0:kr])
+
+
+def _store_gain_grad(dg_BH1, dg_P1, b, h):
+    """dg_BH1[b, h] = the sum over partitions of dg_P1 (fp32): one matmul against a ones column."""
+    P = nl.tile_size.pmax
+    ones_P1 = nl.ones((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    s_ps = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=s_ps, stationary=dg_P1, moving=ones_P1)
+    s_11 = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=s_11, src=s_ps, engine=nisa.engine.vector)
+    nisa.dma_copy(dst=dg_BH1[b, h:h + 1], src=s_11)
+
+
+def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
+    """The backward of both kernels; rope as `_fwd`. -> (dq, dk, dv) and, with rope, dg_BH1."""
+    B, T, H, K, G, R, P, dt, scale = _dims(q_BTHK, k_BTGK)
+    dq_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
+    dk_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
+    dv_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
+    dg_BH1 = nl.ndarray((B, H, 1), dtype=nl.float32, buffer=nl.shared_hbm) if rope else None
+    bias = _causal_bias(dt)
+    setup = _rope_setup(rope[0], rope[1]) if rope else ()
+    banks = _cdiv(_cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
+    for b in nl.affine_range(B):
+        for g in nl.affine_range(G):
+            k_tiles, kT, k_norms = _kv_head(k_BTGK, b, g, dt, bias[0], setup)
+            _, vT, _ = _kv_head(v_BTGK, b, g, dt, bias[0])
+            acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
+                   [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
+            for r in nl.affine_range(R):
+                h = g * R + r
+                gain = _gain(rope[2], h) if rope else ()
+                dg_P1 = None
+                if rope:
+                    dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
+                for i in nl.affine_range(_cdiv(T, P)):
+                    t0 = i * P
+                    prep = (setup[0][i], setup[1], gain) if rope else ()
+                    _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, min(P, T - t0),
+                              kT, vT, k_tiles, acc, bias, scale, dt, prep, dg_P1)
+                if rope:
+                    _store_gain_grad(dg_BH1, dg_P1, b, h)
+            _store_kv_grad(dk_BTGK, acc[0], b, g, T, K, scale, dt, setup, k_norms)
+            _store_kv_grad(dv_BTGK, acc[1], b, g, T, K, 1.0, dt)
+    if rope:
+        return dq_BTHK, dk_BTGK, dv_BTGK, dg_BH1
+    return dq_BTHK, dk_BTGK, dv_BTGK
 
 
 @nki.jit
 def attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK):
     """(dq_BTHK, dk_BTGK, dv_BTGK) in the inputs' dtype; dk/dv summed over the R query heads of each kv head."""
-    B, T, H, K, G, R, P, dt, scale = _dims(q_BTHK, k_BTGK)
-    dq_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
-    dk_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
-    dv_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
-    bias = _causal_bias(dt)
-    banks = _cdiv(_cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
-    for b in nl.affine_range(B):
-        for g in nl.affine_range(G):
-            k_tiles, kT = _kv_head(k_BTGK, b, g, dt, bias[0])
-            _, vT = _kv_head(v_BTGK, b, g, dt, bias[0])
-            acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
-                   [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
-            for r in nl.affine_range(R):
-                for i in nl.affine_range(_cdiv(T, P)):
-                    t0 = i * P
-                    _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, g * R + r, t0, min(P, T - t0),
-                              kT, vT, k_tiles, acc, bias, scale, dt)
-            _store_kv_grad(dk_BTGK, acc[0], b, g, T, K, scale, dt)
-            _store_kv_grad(dv_BTGK, acc[1], b, g, T, K, 1.0, dt)
-    return dq_BTHK, dk_BTGK, dv_BTGK
+    return _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, ())
+
+
+@nki.jit
+def qk_attention_bwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse_BHT1, do_BTHK):
+    """(dq, dk, dv, dg_BH1): the gradients of qk_attention_fwd w.r.t. the raw q and k, v, and the query
+    gain per (batch, head), fp32 (the caller sums over the batch)."""
+    return _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, (cos_TK2, sin_TK2, g_PH))

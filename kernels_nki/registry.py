@@ -29,6 +29,7 @@ KERNELS: dict[str, KernelSpec] = {s.op: s for s in (
     KernelSpec("rope", "kernels_nki.rope", "rope_fwd", "rope_bwd"),
     KernelSpec("rope_gain", "kernels_nki.rope", "rope_gain_fwd", "rope_gain_bwd"),
     KernelSpec("causal_attention", "kernels_nki.attention", "attention_fwd", "attention_bwd"),
+    KernelSpec("qk_attention", "kernels_nki.attention", "qk_attention_fwd", "qk_attention_bwd"),
     KernelSpec("mlp", "kernels_nki.mlp", "mlp_fwd", "mlp_bwd"),
     KernelSpec("embed", "kernels_nki.embedding", "embed_fwd", "embed_bwd"),
     KernelSpec("head_loss", "kernels_nki.head_loss", "head_loss_fwd", "head_loss_bwd"),
