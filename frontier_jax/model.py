@@ -55,11 +55,9 @@ class CausalSelfAttention(nnx.Module):
         H, G, K = self.num_heads, self.num_kv_heads, self.head_dim
         q_BTO, k_BTO, v_BTO = ops.qkv_projection(x_BTD, self.c_q[...], self.c_k[...], self.c_v[...])
         q_BTHK, k_BTGK, v_BTGK = q_BTO.reshape(B, T, H, K), k_BTO.reshape(B, T, G, K), v_BTO.reshape(B, T, G, K)
-        q_BTHK, k_BTGK = ops.rms_norm(q_BTHK), ops.rms_norm(k_BTGK)  # QK-norm
         cos_TK2, sin_TK2 = _rope_tables(T, K, self.rope_base)
-        q_BTHK = ops.rope_gain(q_BTHK, cos_TK2, sin_TK2, self.q_gain[...])  # rope(q) * q_gain, one op
-        k_BTGK = ops.rope(k_BTGK, cos_TK2, sin_TK2)
-        o_BTHK = ops.causal_attention(q_BTHK, k_BTGK, v_BTGK)
+        # QK-norm, RoPE, rope(q) * q_gain and causal attention: one op (q and k normed and rotated on chip)
+        o_BTHK = ops.qk_attention(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, self.q_gain[...])
         return ops.out_projection(o_BTHK.reshape(B, T, H * K), self.proj[...])
 
 

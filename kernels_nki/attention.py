@@ -65,8 +65,9 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-FWD_VEC = 2  # forward: every FWD_VEC-th key tile's p^T leaves PSUM on VectorE, the others on ScalarE
+FWD_VEC = 3  # forward: every FWD_VEC-th key tile's p^T leaves PSUM on VectorE, the others on ScalarE
 BWD_VEC = 4  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
+BWD_VEC_QK = 0  # the same for qk_attention's backward (0: all on ScalarE; VectorE takes dq/dk's rotations)
 KC = 512  # keys per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
 NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
 EPS = 1.1920928955078125e-07  # QK-norm epsilon: float32 machine epsilon == frontier_jax.reference.RMS_EPS
@@ -133,7 +134,7 @@ def _head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=()
     nisa.dma_copy(dst=t[0:rows], src=x_BTXK[b, t0:t0 + rows, x])
     norm = ()
     if prep:
-        t, xn, inv = _prep_tile(t, rows, prep[0], prep[1], prep[2], dt)
+        t, xn, inv = _prep_tile(t, rows, prep[0], prep[1], prep[2], dt, prep[3])
         norm = (xn, inv)
     if not transposed:
         return t, None, norm
@@ -144,14 +145,15 @@ def _head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=()
 
 def _kv_head(x_BTGK, b, g, dt, ident, rope=()):
     """All T rows of kv head g of batch b: 128-row tiles [keys, K], the transpose [K, T] and, with `rope`
-    = (cos/sin tiles, eps), the tiles rotated after their QK-norm and each tile's (xn, inv)."""
+    = (cos/sin tiles, eps, on_scalar) (`_rope_setup`), the tiles rotated after their QK-norm and each
+    tile's (xn, inv)."""
     B, T, G, K = x_BTGK.shape
     P = nl.tile_size.pmax
     xT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
     tiles, norms = [], []
     for i in nl.affine_range(_cdiv(T, P)):
         r = min(P, T - i * P)
-        prep = (rope[0][i], rope[1], ()) if rope else ()
+        prep = (rope[0][i], rope[1], (), rope[2]) if rope else ()
         t, _, norm = _head_rows(x_BTGK, b, g, i * P, r, dt, None, False, prep=prep)
         _transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K, ident)
         tiles.append(t)
@@ -160,65 +162,73 @@ def _kv_head(x_BTGK, b, g, dt, ident, rope=()):
 
 
 def _rope_tiles(cos_TK2, sin_TK2):
-    """cos/sin [T, K/2] (fp32 in HBM) as 128-row SBUF tile pairs, loaded once per call."""
+    """Per 128-position tile (cos2 = [cos, cos] [P, K], sin, -sin [P, K/2]) in fp32 SBUF, built once per call
+    from cos/sin [T, K/2] (fp32 in HBM): the tables `_rotate` multiplies by."""
     T, K2 = cos_TK2.shape
     P = nl.tile_size.pmax
     tiles = []
     for i in nl.affine_range(_cdiv(T, P)):
         r = min(P, T - i * P)
-        c = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
+        c2 = nl.ndarray((P, 2 * K2), dtype=nl.float32, buffer=nl.sbuf)
         s = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=c[0:r], src=cos_TK2[i * P:i * P + r])
+        ns = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=c2[0:r, 0:K2], src=cos_TK2[i * P:i * P + r])
+        nisa.tensor_copy(dst=c2[0:r, K2:2 * K2], src=c2[0:r, 0:K2], engine=nisa.engine.gpsimd)
         nisa.dma_copy(dst=s[0:r], src=sin_TK2[i * P:i * P + r])
-        tiles.append((c, s))
+        nisa.tensor_scalar(dst=ns[0:r], data=s[0:r], op0=nl.multiply, operand0=-1.0, engine=nisa.engine.gpsimd)
+        tiles.append((c2, s, ns))
     return tiles
 
 
-def _rotate(dst, x_f, rows, cs, inverse):
-    """dst[0:rows] = the half-split rotation of x_f (fp32 [P, K]) by the rows' angles, cs = (cos, sin)
-    [P, K/2]: (x1 cos + x2 sin, x2 cos - x1 sin) as reference.rope, or by minus the angles (`inverse`,
-    the backward). Six GpSimd instructions on SBUF."""
+def _rotate(dst, x_f, rows, cs, inverse, engine):
+    """dst[0:rows] = the half-split rotation of x_f (fp32 [P, K]) by the rows' angles: (x1 cos + x2 sin,
+    x2 cos - x1 sin) as reference.rope, or by minus the angles (`inverse`, the backward), as x [cos, cos] +
+    [x2 (+-sin), x1 (-+sin)]: four instructions on `engine` (SBUF operands only)."""
     K = x_f.shape[1]
     K2 = K // 2
     P = nl.tile_size.pmax
-    c, s = cs
-    x1, x2 = x_f[0:rows, 0:K2], x_f[0:rows, K2:K]
-    a = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
-    e = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
-    gp = nisa.engine.gpsimd
-    nisa.tensor_tensor(dst=a[0:rows], data1=x1, data2=c[0:rows], op=nl.multiply, engine=gp)
-    nisa.tensor_tensor(dst=e[0:rows], data1=x2, data2=s[0:rows], op=nl.multiply, engine=gp)
-    nisa.tensor_tensor(dst=dst[0:rows, 0:K2], data1=a[0:rows], data2=e[0:rows],
-                       op=nl.subtract if inverse else nl.add, engine=gp)
-    nisa.tensor_tensor(dst=a[0:rows], data1=x2, data2=c[0:rows], op=nl.multiply, engine=gp)
-    nisa.tensor_tensor(dst=e[0:rows], data1=x1, data2=s[0:rows], op=nl.multiply, engine=gp)
-    nisa.tensor_tensor(dst=dst[0:rows, K2:K], data1=a[0:rows], data2=e[0:rows],
-                       op=nl.add if inverse else nl.subtract, engine=gp)
+    c2, s, ns = cs
+    a = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    e = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=a[0:rows], data1=x_f[0:rows], data2=c2[0:rows], op=nl.multiply, engine=engine)
+    nisa.tensor_tensor(dst=e[0:rows, 0:K2], data1=x_f[0:rows, K2:K], data2=(ns if inverse else s)[0:rows],
+                       op=nl.multiply, engine=engine)
+    nisa.tensor_tensor(dst=e[0:rows, K2:K], data1=x_f[0:rows, 0:K2], data2=(s if inverse else ns)[0:rows],
+                       op=nl.multiply, engine=engine)
+    nisa.tensor_tensor(dst=dst[0:rows], data1=a[0:rows], data2=e[0:rows], op=nl.add, engine=engine)
 
 
-def _prep_tile(x_t, rows, cs, eps_P1, gain, dt):
+def _prep_tile(x_t, rows, cs, eps_P1, gain, dt, on_scalar):
     """(y [P, K] in dt = rope(qk_norm(x)) [* gain], xn = x inv fp32, inv = rsqrt(mean(x^2) + eps) fp32 [P, 1])
     of a raw [rows, K] tile, fp32 math (reference.rms_norm, reference.rope / rope_gain); gain: () or
-    (g_P1,). The square on GpSimd, its row sum on VectorE, rsqrt on ScalarE (its [P, 1] bias tile)."""
+    (g_P1,). The rotation runs on GpSimd; the norm on ScalarE (`on_scalar`: the squares' row sum, rsqrt
+    with its [P, 1] bias tile, the scaling by its [P, 1] scale), else the squares and scalings on GpSimd
+    and the row sum on VectorE (the forward, where ScalarE is the busiest engine)."""
     K = x_t.shape[1]
     P = nl.tile_size.pmax
+    gp = nisa.engine.gpsimd
     sq = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=sq[0:rows], data1=x_t[0:rows], data2=x_t[0:rows], op=nl.multiply,
-                       engine=nisa.engine.gpsimd)
     ss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=ss_P1[0:rows], op=nl.add, data=sq[0:rows], axis=1, keepdims=True)
     inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=inv_P1[0:rows], op=nl.rsqrt, data=ss_P1[0:rows], scale=1.0 / K, bias=eps_P1[0:rows])
     xn = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=xn[0:rows], data=x_t[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows],
-                       engine=nisa.engine.gpsimd)
+    if on_scalar:
+        nisa.activation_reduce(dst=sq[0:rows], op=nl.square, data=x_t[0:rows], reduce_op=nl.add,
+                               reduce_res=ss_P1[0:rows])
+        nisa.activation(dst=inv_P1[0:rows], op=nl.rsqrt, data=ss_P1[0:rows], scale=1.0 / K, bias=eps_P1[0:rows])
+        nisa.activation(dst=xn[0:rows], op=nl.copy, data=x_t[0:rows], scale=inv_P1[0:rows])
+    else:
+        nisa.tensor_tensor(dst=sq[0:rows], data1=x_t[0:rows], data2=x_t[0:rows], op=nl.multiply, engine=gp)
+        nisa.tensor_reduce(dst=ss_P1[0:rows], op=nl.add, data=sq[0:rows], axis=1, keepdims=True)
+        nisa.tensor_scalar(dst=ss_P1[0:rows], data=ss_P1[0:rows], op0=nl.multiply, operand0=1.0 / K,
+                           op1=nl.add, operand1=eps_P1[0:rows], engine=gp)
+        nisa.tensor_scalar(dst=inv_P1[0:rows], data=ss_P1[0:rows], op0=nl.rsqrt, operand0=0.0, engine=gp)
+        nisa.tensor_scalar(dst=xn[0:rows], data=x_t[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows], engine=gp)
     src = xn
     if gain:
         src = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=src[0:rows], data=xn[0:rows], op0=nl.multiply, operand0=gain[0][0:rows],
-                           engine=nisa.engine.gpsimd)
+        nisa.tensor_scalar(dst=src[0:rows], data=xn[0:rows], op0=nl.multiply, operand0=gain[0][0:rows], engine=gp)
     y = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-    _rotate(y, src, rows, cs, False)
+    _rotate(y, src, rows, cs, False, gp)
     return y, xn, inv_P1
 
 
@@ -232,7 +242,7 @@ def _prep_grad(dst, d_f, rows, cs, norm, gain, dg_P1):
     xn, inv_P1 = norm
     gp = nisa.engine.gpsimd
     w = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    _rotate(w, d_f, rows, cs, True)
+    _rotate(w, d_f, rows, cs, True, nisa.engine.vector)
     prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=prod[0:rows], data1=w[0:rows], data2=xn[0:rows], op=nl.multiply, engine=gp)
     dot_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -250,12 +260,12 @@ def _prep_grad(dst, d_f, rows, cs, norm, gain, dg_P1):
         nisa.tensor_scalar(dst=dst[0:rows], data=w[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows], engine=gp)
 
 
-def _rope_setup(cos_TK2, sin_TK2):
-    """(cos/sin tiles, eps [P, 1] fp32): what the QK-norm + RoPE prep needs, built once per call."""
+def _rope_setup(cos_TK2, sin_TK2, on_scalar):
+    """(cos/sin tiles, eps [P, 1] fp32, on_scalar): what the QK-norm + RoPE prep needs, once per call."""
     P = nl.tile_size.pmax
     eps_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # v2: activation's bias is a tile
     nisa.memset(dst=eps_P1, value=EPS)
-    return _rope_tiles(cos_TK2, sin_TK2), eps_P1
+    return _rope_tiles(cos_TK2, sin_TK2), eps_P1, on_scalar
 
 
 def _gain(g_PH, h):
@@ -341,7 +351,7 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
     o_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     bias = _causal_bias(dt)
-    setup = _rope_setup(rope[0], rope[1]) if rope else ()
+    setup = _rope_setup(rope[0], rope[1], False) if rope else ()
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
             _, kT, _ = _kv_head(k_BTGK, b, g, dt, bias[0], setup)
@@ -352,7 +362,7 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
                 for i in nl.affine_range(_cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
-                    prep = (setup[0][i], setup[1], gain) if rope else ()
+                    prep = (setup[0][i], setup[1], gain, False) if rope else ()
                     _, qT, _ = _head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, prep=prep)
                     state = ()
                     chunks = _cdiv(t0 + rows, KC)
@@ -413,7 +423,8 @@ def _bwd_block(p_t, ds_t, do_t, q_t, k_tile, dq_ps, dk_acc, dv_acc, rows, j, kr,
     nisa.nc_matmul(dst=dq_ps[0:rows, 0:K], stationary=dsT[0:kr, 0:rows], moving=k_tile[0:kr, 0:K])
 
 
-def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0, kc, bias, scale, dt):
+def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0, kc, bias, scale, dt,
+               vec_every):
     K = qT.shape[0]
     P = nl.tile_size.pmax
     s_ps = _scores(qT, kT, t0, rows, c0, kc, bias, False)
@@ -437,11 +448,11 @@ def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, ac
         kt = c0 // P + j
         dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
         _bwd_block(p_t, ds_t, do_t, q_t, k_tiles[kt], dq_ps, dk_acc, dv_acc, rows, j, min(P, kc - j * P),
-                   (kt % per_bank) * K, bias[0], dt, (t0 // P + kt) % BWD_VEC == BWD_VEC - 1)
+                   (kt % per_bank) * K, bias[0], dt, vec_every > 0 and (t0 // P + kt) % vec_every == vec_every - 1)
 
 
 def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt,
-              prep=(), dg_P1=None):
+              vec_every, prep=(), dg_P1=None):
     """dq of one 128-query tile of head h, and its contributions to the kv head's dk/dv accumulators; with
     `prep` (as `_head_rows`) q is rotated after its QK-norm and dq is taken back through both."""
     K = q_BTHK.shape[3]
@@ -462,7 +473,7 @@ def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT
     for c in nl.affine_range(_cdiv(t0 + rows, KC)):
         c0 = c * KC
         _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0,
-                   min(KC, t0 + rows - c0), bias, scale, dt)
+                   min(KC, t0 + rows - c0), bias, scale, dt, vec_every)
     dq_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
     if prep:
         d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
@@ -510,7 +521,8 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     dv_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
     dg_BH1 = nl.ndarray((B, H, 1), dtype=nl.float32, buffer=nl.shared_hbm) if rope else None
     bias = _causal_bias(dt)
-    setup = _rope_setup(rope[0], rope[1]) if rope else ()
+    setup = _rope_setup(rope[0], rope[1], True) if rope else ()
+    vec_every = BWD_VEC_QK if rope else BWD_VEC
     banks = _cdiv(_cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
@@ -527,9 +539,9 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
                     nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
                 for i in nl.affine_range(_cdiv(T, P)):
                     t0 = i * P
-                    prep = (setup[0][i], setup[1], gain) if rope else ()
+                    prep = (setup[0][i], setup[1], gain, True) if rope else ()
                     _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, min(P, T - t0),
-                              kT, vT, k_tiles, acc, bias, scale, dt, prep, dg_P1)
+                              kT, vT, k_tiles, acc, bias, scale, dt, vec_every, prep, dg_P1)
                 if rope:
                     _store_gain_grad(dg_BH1, dg_P1, b, h)
             _store_kv_grad(dk_BTGK, acc[0], b, g, T, K, scale, dt, setup, k_norms)

@@ -31,7 +31,9 @@ from kernels_nki.report_optim import format_optimizer, optimizer_section
 from kernels_nki.report_step import CORES
 
 FRONTIER14 = Path(__file__).resolve().parents[1] / "configs" / "frontier14.py"
-OPS = ("rms_norm", "rope", "rope_gain", "causal_attention", "mlp", "embed", "head_loss", "projection")  # the model ops of frontier_jax.ops.OPS (the optimizer updates are costed in report_optim)
+# the ops the model runs (frontier_jax.model; rope, rope_gain and causal_attention are inside qk_attention;
+# the optimizer updates are costed in report_optim)
+OPS = ("rms_norm", "qk_attention", "mlp", "embed", "head_loss", "projection")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,15 +55,13 @@ def _compute_dtype(cfg: Config) -> np.dtype:
 def kernel_calls(cfg: Config) -> list[KernelCall]:
     """Every kernel call of one micro-batch on one core, with the shapes the model passes."""
     m, t = cfg.model, cfg.train
-    N, D, K, L = t.seq_len * t.micro_batch_seqs, m.model_dim, m.head_dim, m.num_layers
+    N, D, L = t.seq_len * t.micro_batch_seqs, m.model_dim, m.num_layers
     dt = _compute_dtype(cfg)
     s, f32 = dt.itemsize, np.dtype(np.float32)
     calls = []
-    # weightless RMSNorm: embedding output, 2 pre-norms per block, final norm; QK-norm per layer
+    # weightless RMSNorm: embedding output, 2 pre-norms per block, final norm (the QK-norm is in qk_attention)
     for label, rows, width, count in (
         (f"[N={N}, D={D}] embed/pre/final norms", N, D, 2 * L + 2),
-        (f"[N*H={N * m.num_heads}, K={K}] q-norm", N * m.num_heads, K, L),
-        (f"[N*G={N * m.num_kv_heads}, K={K}] k-norm", N * m.num_kv_heads, K, L),
     ):
         x = ((rows, width), dt.name)
         calls.append(KernelCall("rms_norm", "fwd", label, (x,), 2 * rows * width * s, count))
@@ -88,40 +88,32 @@ def projection_calls(cfg: Config) -> list[KernelCall]:
 
 
 def attention_calls(cfg: Config) -> list[KernelCall]:
-    """causal_attention fwd/bwd, counted on one sequence (B=1) and multiplied by the micro-batch's B:
-    exact, since the kernel's work is the same for every sequence, and B times cheaper to count."""
+    """qk_attention fwd/bwd (QK-norm, RoPE, the query gain and attention in one kernel), counted on one
+    sequence (B=1) and multiplied by the micro-batch's B: exact, since the kernel's work is the same for
+    every sequence, and B times cheaper to count."""
     m, t = cfg.model, cfg.train
     B, T, H, G, K, L = t.micro_batch_seqs, t.seq_len, m.num_heads, m.num_kv_heads, m.head_dim, m.num_layers
     dt = _compute_dtype(cfg)
     s, dn = dt.itemsize, dt.name
     q, kv, lse = ((1, T, H, K), dn), ((1, T, G, K), dn), ((1, H, T, 1), "float32")
+    tabs, g = (((T, K // 2), "float32"),) * 2, ((128, H), "float32")  # cos/sin; the gain over 128 rows
     label = f"[B=1 (x{B}), T={T}, H={H}, G={G}, K={K}]"
-    fwd_min = (2 * H + 2 * G) * T * K * s + 4 * H * T  # q, k, v in; o, lse out
-    bwd_min = (4 * H + 4 * G) * T * K * s + 4 * H * T  # q, k, v, o, dO, lse in; dq, dk, dv out
-    return [KernelCall("causal_attention", "fwd", label, (q, kv, kv), fwd_min, L * B),
-            KernelCall("causal_attention", "bwd", label, (q, kv, kv, q, lse, q), bwd_min, L * B)]
+    consts = 4 * T * K + 4 * 128 * H  # the cos/sin tables and the gain, fp32
+    fwd_min = (2 * H + 2 * G) * T * K * s + 4 * H * T + consts  # q, k, v in; o, lse out
+    bwd_min = (4 * H + 4 * G) * T * K * s + 4 * H * T + consts + 4 * H  # q, k, v, o, dO, lse in; dq, dk, dv, dg out
+    return [KernelCall("qk_attention", "fwd", label, (q, kv, kv) + tabs + (g,), fwd_min, L * B),
+            KernelCall("qk_attention", "bwd", label, (q, kv, kv) + tabs + (g, q, lse, q), bwd_min, L * B)]
 
 
 def model_op_calls(cfg: Config) -> list[KernelCall]:
-    """rope / rope_gain / mlp / embed / head_loss calls of one micro-batch on one core."""
+    """mlp / embed / head_loss calls of one micro-batch on one core."""
     m, t = cfg.model, cfg.train
-    B, T, D, K, L, V = t.micro_batch_seqs, t.seq_len, m.model_dim, m.head_dim, m.num_layers, m.vocab_size
+    B, T, D, L, V = t.micro_batch_seqs, t.seq_len, m.model_dim, m.num_layers, m.vocab_size
     N, F = B * T, m.mlp_mult * m.model_dim
     dt = _compute_dtype(cfg)
     s, dn = dt.itemsize, dt.name
     S = cfg.ngram.bias_orders
     calls = []
-    H, G = m.num_heads, m.num_kv_heads
-    tabs = (((T, K // 2), dn), ((T, K // 2), dn))
-    # q: rope with the query gain fused (rope_gain; the backward also reads x and writes dg [T, H] fp32)
-    q, g = ((B, T, H, K), dn), ((128, H), "float32")
-    label = f"q [B={B}, T={T}, H={H}, K={K}]"
-    calls.append(KernelCall("rope_gain", "fwd", label, (q,) + tabs + (g,), 2 * N * H * K * s + T * K * s, L))
-    calls.append(KernelCall("rope_gain", "bwd", label, (q,) + tabs + (g, q),
-                            3 * N * H * K * s + T * K * s + 4 * T * H, L))
-    label = f"k [B={B}, T={T}, G={G}, K={K}]"
-    for which in ("fwd", "bwd"):
-        calls.append(KernelCall("rope", which, label, (((B, T, G, K), dn),) + tabs, 2 * N * G * K * s + T * K * s, L))
     w = (((D, F), dn), ((F, D), dn))
     label = f"[N={N}, D={D}, F={F}]"
     calls.append(KernelCall("mlp", "fwd", label, (((N, D), dn),) + w, 2 * N * D * s + 2 * D * F * s, L))

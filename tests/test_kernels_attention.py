@@ -140,3 +140,107 @@ def test_transposes_run_as_two_parallel_64_row_tiles(kernels, monkeypatch):
     kernels.attention_bwd(q, k, v, o, lse, do)
     assert seen and all(rows <= 64 and mov == (rows, rows) and size == (64, 128) for rows, mov, _, size in seen)
     assert {pos for _, _, pos, _ in seen} == {(0, 0), (64, 0)}
+
+
+# ----------------------------------------------------------------------------- qk_attention (QK-norm + RoPE + gain fused)
+
+
+@pytest.fixture(scope="module")
+def qk_kernels():
+    return registry.load_emulated("qk_attention")
+
+
+def _qk_case(B, T, H, G, K, dtype, seed, gain_scale=1.0):
+    """Raw q/k at a scale the QK-norm removes, cos/sin rounded to the dtype (as ops.qk_attention passes
+    them) and the gain broadcast over 128 rows, rounded likewise."""
+    q, k, v, do = _case(B, T, H, G, K, dtype, seed)
+    q, k = (q.astype(np.float32) * 3).astype(dtype), (k.astype(np.float32) * 0.5 + 0.2).astype(dtype)
+    jdt = jnp.bfloat16 if dtype == np.dtype(ml_dtypes.bfloat16) else jnp.float32
+    rounded = lambda a: np.asarray(jnp.asarray(a).astype(jdt).astype(jnp.float32))
+    cos, sin = (rounded(t) for t in ref.rope_tables(T, K, 10000.0))
+    gain = np.random.default_rng(seed).uniform(0.5, 2.0, H) * gain_scale
+    g_PH = np.broadcast_to(rounded(gain.astype(np.float32))[None], (128, H)).copy()
+    return q, k, v, do, cos, sin, g_PH
+
+
+@pytest.mark.parametrize("dtype,B,T,H,G,K,gain_scale", [
+    ("float32", 1, 200, 2, 1, 32, 1.0),  # GQA ratio 2, ragged last tile
+    ("float32", 2, 130, 2, 2, 16, 1.0),  # ratio 1, a 2-row last tile, batch > 1
+    ("float32", 1, 600, 1, 1, 32, 4.0),  # two key chunks (the online rescaling), large gains: peaky rows
+    ("bfloat16", 1, 200, 4, 2, 64, 1.0),  # the model's head dim
+])
+def test_qk_attention_matches_reference(qk_kernels, dtype, B, T, H, G, K, gain_scale):
+    """The fused kernel (QK-norm, RoPE, gain, attention) against reference.qk_attention_fwd / _bwd: o, the
+    lse residual, dq / dk through the norm and rotation, dv, and the gain's gradient per (batch, head)."""
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
+    q, k, v, do, cos, sin, g_PH = _qk_case(B, T, H, G, K, np_dtype, T + H + K, gain_scale)
+    f32 = lambda a: jnp.asarray(a.astype(np.float32))
+    o_ref, lse_ref = ref.qk_attention_fwd(f32(q), f32(k), f32(v), cos, sin, g_PH)
+    o, lse = qk_kernels.qk_attention_fwd(q, k, v, cos, sin, g_PH)
+    assert o.dtype == np_dtype and lse.shape == (B, H, T, 1)
+    _assert_close(o, o_ref, TOL[dtype])
+    _assert_close(lse, lse_ref, TOL[dtype])
+    got = qk_kernels.qk_attention_bwd(q, k, v, cos, sin, g_PH, o, lse, do)
+    want = ref.qk_attention_bwd(f32(q), f32(k), f32(v), cos, sin, g_PH, o_ref, lse_ref, f32(do))
+    assert [a.shape for a in got] == [q.shape, k.shape, v.shape, (B, H, 1)] and got[3].dtype == np.float32
+    for a, b in zip(got, want):
+        _assert_close(a, b, TOL[dtype])
+
+
+def test_qk_attention_reference_is_the_model_composition():
+    """reference.qk_attention_fwd / _bwd are the forward and autodiff of QK-norm -> RoPE (* gain) ->
+    attention as the model composed them from separate ops, so the fused op changes no number on CPU."""
+    q, k, v, do, cos, sin, g_PH = _qk_case(2, 40, 4, 2, 16, np.dtype(np.float32), 7)
+    q, k, v, do = (jnp.asarray(a) for a in (q, k, v, do))
+    gain = jnp.asarray(g_PH[0])
+
+    def composed(q, k, v, gain):
+        qg = ref.rope_gain(ref.rms_norm(q), cos, sin, gain)
+        return ref.causal_attention(qg, ref.rope(ref.rms_norm(k), cos, sin), v)
+
+    o, vjp = jax.vjp(composed, q, k, v, gain)
+    o_fused, lse = ref.qk_attention_fwd(q, k, v, cos, sin, g_PH)
+    np.testing.assert_allclose(o_fused, o, rtol=1e-6, atol=1e-6)
+    dq, dk, dv, dg = vjp(do)
+    got = ref.qk_attention_bwd(q, k, v, cos, sin, g_PH, o_fused, lse, do)
+    for a, b in zip(got[:3], (dq, dk, dv)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[3][..., 0].sum(axis=0), dg, rtol=1e-5, atol=1e-5)
+
+
+def test_qk_attention_op_routed_through_emulated_kernel_matches_reference():
+    """ops.qk_attention under the emulated kernel: values and gradients w.r.t. q, k, v and the gain equal
+    the direct (reference) path, as the model calls it."""
+    q, k, v, _, cos, sin, g_PH = _qk_case(2, 40, 4, 2, 16, np.dtype(np.float32), 3)
+    q, k, v, gain = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(g_PH[0])
+    cos32, sin32 = ref.rope_tables(40, 16, 10000.0)
+    loss = lambda q, k, v, g: jnp.sum(jnp.sin(ops.qk_attention(q, k, v, cos32, sin32, g)))
+    f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+    v_ref, g_ref = f(q, k, v, gain)
+    with ops.through_primitives():
+        jaxpr = str(jax.make_jaxpr(jax.grad(loss))(q, k, v, gain))
+    assert "frontier_qk_attention_fwd[" in jaxpr and "frontier_qk_attention_bwd[" in jaxpr
+    with ops.emulated(["qk_attention"]):
+        v_emu, g_emu = f(q, k, v, gain)
+    _assert_close(v_emu, v_ref, 1e-5)
+    for a, b in zip(g_emu, g_ref):
+        _assert_close(a, b, 1e-5)
+
+
+def test_qk_attention_counts_at_seq_1024(qk_kernels, kernels):
+    """At the model's shapes the fused prep adds no TensorE work beyond one [128, 1] sum per head (the
+    gain's gradient), reads each of q, k, v, dO, o once, and keeps the kernel Vector/Scalar/GpSimd-bound."""
+    B, T, H, G, K = 1, 1024, 8, 4, 64
+    q, kv, lse = ((B, T, H, K), "bfloat16"), ((B, T, G, K), "bfloat16"), ((B, H, T, 1), "float32")
+    tabs, g = (((T, K // 2), "float32"),) * 2, ((128, H), "float32")
+    fwd = emulator.count(qk_kernels.qk_attention_fwd, q, kv, kv, *tabs, g)
+    bwd = emulator.count(qk_kernels.qk_attention_bwd, q, kv, kv, *tabs, g, q, lse, q)
+    plain_fwd = emulator.count(kernels.attention_fwd, q, kv, kv)
+    plain_bwd = emulator.count(kernels.attention_bwd, q, kv, kv, q, lse, q)
+    assert fwd.pe_macs_issued == plain_fwd.pe_macs_issued and fwd.pe_macs_useful == plain_fwd.pe_macs_useful
+    assert bwd.pe_macs_issued - plain_bwd.pe_macs_issued == H * 128 * 128 * 1  # the dg sums: [128,1] x [128,1]
+    consts = 4 * T * K + 4 * 128 * H
+    assert fwd.dma_bytes == plain_fwd.dma_bytes + consts
+    assert bwd.dma_bytes == plain_bwd.dma_bytes + consts + 4 * H
+    for c in (fwd, bwd):
+        assert emulator.estimate(c).bound in ("vector", "scalar", "gpsimd")

@@ -52,6 +52,13 @@ def _attention(r):
     return tuple(r.standard_normal(s).astype(f32) for s in ((B, T, H, K), (B, T, G, K), (B, T, G, K))), {}
 
 
+def _qk_attention(r):
+    (q, k, v), _ = _attention(r)
+    cos, sin = ref.rope_tables(q.shape[1], q.shape[3], 10000.0)
+    g_PH = np.broadcast_to(1.5 + 0.3 * r.standard_normal(q.shape[2]).astype(f32), (128, q.shape[2])).copy()
+    return (q * 2, k, v, cos, sin, g_PH), {}
+
+
 def _mlp(r):
     N, D, F = 300, 64, 128
     return (r.standard_normal((N, D)).astype(f32), (r.standard_normal((D, F)) / np.sqrt(D)).astype(f32),
@@ -92,6 +99,7 @@ CASES = {
     "rope": (_rope, None),  # backward: (dy, cos, sin)
     "rope_gain": (_rope_gain, slice(1, None)),  # backward: (x, cos, sin, g, dy)
     "causal_attention": (_attention, slice(0, None)),
+    "qk_attention": (_qk_attention, slice(0, None)),  # backward: (q, k, v, cos, sin, g, o, lse, do)
     "mlp": (_mlp, slice(1, None)),
     "embed": (_embed, slice(1, None)),
     "head_loss": (_head_loss(3), slice(1, None)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,12 +41,12 @@ def test_report_on_tiny_config_json(capsys):
     assert [shape for shape, _ in proj[0]["inputs"]] == [[N, m.model_dim], [m.model_dim, (m.num_heads + 2 *
                                                                              m.num_kv_heads) * m.head_dim]]
     assert rep["optimizer"]["step_s"] > 0 and [c["config"] for c in rep["comparison"]] == ["tiny"]
-    ops_ = ("rms_norm", "rope", "rope_gain", "causal_attention", "mlp", "embed", "head_loss", "projection")
+    ops_ = ("rms_norm", "qk_attention", "mlp", "embed", "head_loss", "projection")  # what the model runs
     assert {(r["op"], r["which"]) for r in rep["kernels"]} == {(op, w) for op in ops_ for w in ("fwd", "bwd")}
     for r in rep["kernels"]:
-        if r["op"] in ("mlp", "head_loss", "causal_attention"):
+        if r["op"] in ("mlp", "head_loss", "qk_attention"):
             assert r["pe_useful_over_issued"] > 0 and r["est_s"] > 0
-        if r["op"] == "causal_attention":  # counted on one sequence, times the micro-batch's sequences
+        if r["op"] == "qk_attention":  # counted on one sequence, times the micro-batch's sequences
             assert r["inputs"][0][0][0] == 1 and r["dma_over_min"] == 1.0
             per_micro = cfg.model.num_layers * cfg.train.micro_batch_seqs
             assert r["calls_per_step"] == per_micro * rep["microbatches_per_core_per_step"]
@@ -53,7 +54,6 @@ def test_report_on_tiny_config_json(capsys):
             assert r["dma_over_min"] >= 1.0  # the minimum is a lower bound (trn1 one-hot design)
     rows = [r for r in rep["kernels"] if r["op"] == "rms_norm"]
     assert [N, cfg.model.model_dim] in [r["inputs"][0][0] for r in rows]
-    assert [N * cfg.model.num_heads, cfg.model.head_dim] in [r["inputs"][0][0] for r in rows]
     for r in rows:
         assert r["pe_useful_over_issued"] is None  # no matmul in RMSNorm
         assert 1.0 <= r["dma_over_min"] < 1.05 and r["bound"] != "tensor" and r["est_s"] > 0
@@ -65,7 +65,7 @@ def test_report_text_covers_every_op_and_compares_configs(capsys):
     report.main(["--config", TINY, "--compare", baseline_shaped_small, "--target", "trn2"])
     out = capsys.readouterr().out
     assert "count-only emulation" in out and "INCOMPLETE" not in out and "no NKI kernel (runs" not in out
-    assert "all ops covered" in out and "causal_attention fwd" in out and "target trn2" in out and "MFU" in out
+    assert "all ops covered" in out and re.search(r"qk_attention +fwd", out) and "target trn2" in out and "MFU" in out
     assert "counted from kernels:" in out and "side by side (target trn2" in out
     table = out.split("side by side")[1]
     assert "tiny" in table and "baseline" in table and "tokens/30min" in table
