@@ -1,8 +1,24 @@
-"""Causal GQA attention (flash style), forward and backward as NKI kernels for trn1.
+"""Causal GQA attention (flash style), forward and backward as NKI kernels for trn1, plain
+(`attention_fwd` / `_bwd`: the causal_attention op) and with the model's QK-norm, RoPE and query gain
+fused in (`qk_attention_fwd` / `_bwd`: the qk_attention op, what the model runs).
 
 Spec: frontier_jax.reference.causal_attention: o = softmax(q k^T / sqrt(K) + causal mask) v, softmax
 in fp32, G kv heads each shared by R = H/G query heads. Shapes: q [B, T, H, K], k/v [B, T, G, K]
 (the model's layout: rows of one head are strided in HBM, K contiguous elements each), K <= 128.
+reference.qk_attention: the same on rope(rms_norm(q)) * gain and rope(rms_norm(k)) (weightless
+RMSNorm over K, eps = fp32 epsilon; half-split RoPE; cos/sin [T, K/2] fp32 holding values rounded to
+q's dtype, as the reference casts them; the gain broadcast over 128 rows, fp32).
+
+QK-norm + RoPE (+ gain), fused (`_prep_tile`): each raw q / k row tile, once loaded, is normed and
+rotated in SBUF before its transpose, in fp32 (rounded once to the input dtype): row sums of squares,
+rsqrt (ScalarE, [P, 1] eps bias tile), the scaling, the gain (GpSimd) and the rotation as x [cos, cos]
++ [x2 sin, -x1 sin] (four GpSimd instructions; `_rotate`). The backward recomputes them (no residual
+beyond o and lse) and takes dq (per query tile, out of PSUM) and dk (per kv tile, when its accumulator
+leaves PSUM) back through them (`_prep_grad`): w = rope^-1(d), dot = rowsum(w xn), dx = gain inv (w -
+xn dot / K); the gain's gradient is rowsum(w xn) summed over the rows (one [128, 1] x [128, 1] matmul
+per head). This replaces four HBM-bound kernel calls per layer (QK-norm of q and k, rope_gain, rope:
+263 ms of a baseline step at the documented rates) by on-chip work, mostly on engines attention
+leaves idle.
 
 Forward, per (batch, kv head): k as 128-key row tiles, k^T [K, T] (transposed once per kv head and
 reused by its R query heads), v row tiles. Per query head and 128-query tile (the last ragged,
@@ -35,12 +51,17 @@ on the two row tiles: a [128, 128] transpose streams 64 identity columns per til
 
 Engines (B=1, T=1024, H=8, G=4, K=64, bf16; kernels_nki.report, cost model at AWS's documented trn1
 engine rates, two-input VectorE instructions at ~2N cycles, row-tiled matmuls charged their row tile):
-forward 58.7 us per sequence (VectorE 58.7: row max 33 + every FWD_VEC-th transpose copy 15 + the
-reciprocal and first-chunk copies; ScalarE 58.5: exp 31 + the other transpose copies 23; TensorE
-27.8; GpSimd 11.9); backward 58.7 us (VectorE 58.7: dp - Di 33 + every BWD_VEC-th ds^T copy and the
+plain forward 61.4 us per sequence (ScalarE 61.4: exp 31 + two of three transpose copies; VectorE
+55.1: row max 33 + every FWD_VEC-th copy + the reciprocal and first-chunk copies; TensorE 27.8;
+GpSimd 11.9); plain backward 58.7 us (VectorE 58.7: dp - Di 33 + every BWD_VEC-th ds^T copy and the
 q^T / dO^T copies 22; ScalarE 58.5: exp 26 + the other ds^T copies 26; TensorE 46.1; GpSimd 38.2:
-the ds product 26 and the masks 6). Before this layout (full-array transposes,
-the mask matmul in the backward, ds as one two-input VectorE pass): 66.6 / 78.9 us.
+the ds product 26 and the masks 6). Fused: forward 61.4 us (ScalarE 61.4, VectorE 60.6, GpSimd 50.7:
+the prep's scalings and rotations), backward 90.5 us (GpSimd 90.5, ScalarE 81.9: the prep's norm,
+VectorE 79.8: dq's rotation back; all ds^T copies on ScalarE, BWD_VEC_QK), against 61.4 + 58.7 us
+plus, before, the separate QK-norm (q, k), rope_gain and rope calls' 2,957 + 4,360 us per layer and
+micro-batch of 64 sequences; the fusion adds 0 (forward) + 31.8 (backward) us per sequence, 2.0 ms. Before
+this layout (full-array transposes, the mask matmul in the backward, ds as one two-input VectorE
+pass): plain 66.6 / 78.9 us.
 
 TensorE useful/issued (the causal triangle, diagonal blocks included, counted as useful; transposes
 and the mask matmul useful 0): forward 0.529, backward 0.750. Per 128 x 128 block the forward issues
@@ -232,7 +253,7 @@ def _prep_tile(x_t, rows, cs, eps_P1, gain, dt, on_scalar):
     return y, xn, inv_P1
 
 
-def _prep_grad(dst, d_f, rows, cs, norm, gain, dg_P1):
+def _prep_grad(dst, d_f, rows, cs, norm, gain, dg_P1, rot_engine):
     """dst[0:rows] = the gradient through `_prep_tile` of d_f (fp32 [P, K], w.r.t. its output rows): w =
     rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K) (reference.rms_norm_bwd after
     rope_gain_bwd); with a gain, dg_P1 += dot, the gain's gradient per row (d . rope(xn) = w . xn, the
@@ -242,7 +263,7 @@ def _prep_grad(dst, d_f, rows, cs, norm, gain, dg_P1):
     xn, inv_P1 = norm
     gp = nisa.engine.gpsimd
     w = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    _rotate(w, d_f, rows, cs, True, nisa.engine.vector)
+    _rotate(w, d_f, rows, cs, True, rot_engine)
     prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=prod[0:rows], data1=w[0:rows], data2=xn[0:rows], op=nl.multiply, engine=gp)
     dot_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -478,7 +499,7 @@ def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT
     if prep:
         d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=d_f[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
-        _prep_grad(dq_t, d_f, rows, prep[0], norm, prep[2], dg_P1)
+        _prep_grad(dq_t, d_f, rows, prep[0], norm, prep[2], dg_P1, nisa.engine.vector)
     else:
         nisa.activation(dst=dq_t[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
     nisa.dma_copy(dst=dq_BTHK[b, t0:t0 + rows, h], src=dq_t[0:rows])
@@ -496,7 +517,7 @@ def _store_kv_grad(dst_BTGK, acc, b, g, T, K, scale, dt, rope=(), norms=()):
         if rope:
             d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=d_f[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
-            _prep_grad(out, d_f, kr, rope[0][kt], norms[kt], (), None)
+            _prep_grad(out, d_f, kr, rope[0][kt], norms[kt], (), None, nisa.engine.gpsimd)
         else:
             nisa.activation(dst=out[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
         nisa.dma_copy(dst=dst_BTGK[b, kt * P:kt * P + kr, g], src=out[0:kr])
