@@ -3,42 +3,64 @@
 Spec: frontier_jax.reference.head_loss: l = softcap * tanh(x emb^T / softcap) (+ an optional sparse
 bias: one (token id, value) pair per position and source), loss = logsumexp(l) - l[target], fp32.
 
-Layout: 128 tokens per tile on the partition axis (the last tile ragged, sliced), the vocabulary in
-chunks of 512 on the free axis. emb^T [D, V] is built once per call by TensorE transposes and stays
-in SBUF; z = x emb^T for one chunk is D/128 bf16 matmuls into one fp32 PSUM bank (stationary x^T
-[D_k, tokens], moving emb^T [D_k, 512]). The full [tokens, V] logits never reach HBM: per chunk,
-ScalarE computes tanh and the softcap scale, VectorE adds the sparse bias (an iota == id mask
-times the value, 2 ops per source), picks the target logit (mask, row sum) and the chunk max, and
-ScalarE's exp with a fused row sum feeds an online log-sum-exp (running max m, running sum
-s <- s * exp(m_old - m_new) + sum(exp(l - m_new))). Outputs: loss [N, 1] and lse [N, 1] (fp32; the
-lse is the backward's residual).
+Layout: 128 tokens per tile on the partition axis (the last tile ragged, sliced), the vocabulary on
+the free axis. emb^T [D, V] is built once per call by TensorE transposes and stays in SBUF; per chunk
+of 512 vocabulary entries z = x emb^T is D/128 bf16 matmuls into one fp32 PSUM bank (stationary x^T
+[D_k, tokens], moving emb^T [D_k, 512]) and ScalarE writes t = tanh(z / softcap) for the whole
+vocabulary into one fp32 [P, V] SBUF tile. The [tokens, V] logits never reach HBM.
 
-Backward (per token, recomputing the chunk's logits): dl = g * (exp(l - lse) - onehot(target)),
-dz = dl * (1 - tanh^2); d bias_vals[n, s] = dl[n, ids[n, s]] (the n-gram bias values are learned);
-dx = dz emb (dz^T by TensorE transposes as stationary, emb rows as moving, accumulated over the
-whole vocabulary in one PSUM bank); demb = dz^T x contracts over the tokens of a 512-token block in
-PSUM, then one VectorE add per block into fp32 SBUF accumulators, cast at the end.
+Forward, per tile: t at the target (and at the S bias ids) by one GpSimd `nc_n_gather` (per-partition
+indices, SBUF only) instead of a masked pass over V; one ScalarE `activation_reduce` exp(softcap t - m)
+with its row sum (softcap folded into the scale). No max pass: |l| <= softcap off the bias ids, so a
+fixed shift keeps the sum inside log's valid range [2^-64, 2^64] whenever (V + S) e^softcap <= 2^64
+(nki/api/nki.api.shared.rst, activation functions table; softcap 30 at V = 1024 qualifies): m = 0
+without a bias, m = max(0, max_s L_s) with one (L_s the biased logit at id_s); beyond that range
+m = the row's max logit (a VectorE max over t). The bias enters sparsely: per token and source, B_s
+= the summed values of the sources naming id_s and mult_s = how many name it (S compares of [P, S]
+rows, VectorE), and the sum gains sum_s (exp(L_s - m) - exp(softcap t_s - m)) / mult_s (each id
+once). Precision of that correction: the unbiased sum carries the biased ids' terms before they are
+replaced, so a bias of -b on the ids that hold most of the probability mass costs up to ~e^b ulps of
+the sum (a test checks -6 on the leading logit against the dense fp32 reference).
+Outputs: loss [N, 1] and lse [N, 1] (fp32; the lse is the backward's residual).
 
-x^T uses TensorE transposes (D/128 per 128-token tile), copied out of PSUM by ScalarE. At AWS's
-documented engine rates (two-input VectorE instructions at ~2N cycles) both kernels are VectorE-bound
-(the online softmax / gradient passes over every logit), so the transposes go where there is room:
-VectorE 32x32 transposes (16 instructions per 128x128 block, each at the 64-cycle minimum) cost ~8x
-more engine time than a TensorE transpose plus its ScalarE copy, and made the forward 1.9x slower.
-The price is TensorE useful/issued: the x^T transposes are 128/V of the matmul columns (kernels_nki
-.report: 0.887 forward, 0.888 backward at V=1024, D=512, N=65536), below the issue-15 target of 0.9, for a
-shorter kernel. SBUF per partition: emb^T and emb
-rows 2 x V x D x 2 / 128 bytes, the demb accumulators V x D x 4 / 128 (32 KiB in all at V=1024,
-D=512; V=8192 needs D <= 256).
+Backward (per tile, recomputing t): dl = exp(softcap t - lse) - onehot(target), dz = g (1 - t^2) dl:
+exp and t^2 on ScalarE, the one-hot compare against an iota row on VectorE (`tensor_scalar`), p -
+onehot on GpSimd, (t^2 - 1)(p - onehot) on VectorE (one two-input pass), -g r on ScalarE into the bf16
+dz tile. With a bias, each source adds its sparse correction (t_s^2 - 1)(p_b - p_0) / mult_s at id_s
+(a VectorE compare times the [P, 1] coefficient, a GpSimd add: 1N each per source) and d bias_vals =
+g (p_b[id_s] - [id_s == target]) comes from the gathered values. dx = dz emb (dz^T by TensorE
+transposes, out of PSUM by ScalarE, as stationary; emb rows as moving; accumulated over the vocabulary
+in one PSUM bank); demb = dz^T x contracts over the tokens of a block (DZ_BYTES of dz tiles, 2048
+tokens at V = 1024) in PSUM, then one VectorE add per block into fp32 SBUF accumulators.
+
+x^T: of every 8 128 x 128 blocks, XT_VE_FWD = 2 (forward) / XT_VE_BWD = 3 (backward) are transposed by
+VectorE 32 x 32 transposes (16 instructions at the 64-cycle minimum each), the rest by TensorE with a
+VectorE (forward) / ScalarE (backward) PSUM copy. TensorE transposes are issued work with no useful
+MACs (x^T is 128/V of the forward's matmul columns, x^T and dz^T 3 x 128/V of the backward's), so
+moving part of x^T to VectorE, which has the room once the target pick is a gather, lifts TensorE
+useful/issued to the issue-15 target: `python -m kernels_nki.report --config configs/baseline.py`
+(N = 65536, D = 512, V = 1024, S = 0, trn1): forward 821 us, TensorE-bound, u/i 0.913 (VectorE 731,
+ScalarE 799, GpSimd 374 us); backward 2494 us, TensorE-bound, u/i 0.901 (VectorE 2461, ScalarE 2183,
+GpSimd 375 us). Was 2165 / 3343 us VectorE-bound at u/i 0.887 / 0.888. frontier14 (S = 15 n-gram
+sources): forward 1990, backward 10830 us, VectorE-bound (the backward's 2 x S dense passes per
+logit); was 23259 / 46438 us. NOT in the cost model: GpSimd's cost per instruction (no AWS rule of
+thumb: the gather is charged one pass over t, an assumption, kernels_nki/emulator/gather.py), and the
+SBUF port VectorE and GpSimd share (trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch
+.rst, "Data Movement / Performance Consideration"): serialised they take 2836 us in the backward, 14%
+above its TensorE time. SBUF per partition: emb^T and emb rows 2 x V x D x 2 / 128 bytes, the demb
+accumulators V x D x 4 / 128 (32 KiB in all at V=1024, D=512; V=8192 needs D <= 256).
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): PSUM is evacuated by
 ScalarE `activation(op=nl.copy)` or VectorE, never ScalarE `tensor_copy` (unsupported on v2:
-nki/api/nki/isa/__init__.py, tensor_copy); TensorE transposes write PSUM in their input's dtype
-(isa docs nc_transpose); `activation`'s bias is always an [N, 1] fp32 tile (v2 takes no
+nki/api/nki/isa/__init__.py, tensor_copy) and never GpSimd (no PSUM access: isa docs tensor_copy,
+nc_n_gather); TensorE transposes write PSUM in their input's dtype, VectorE transposes are at most
+32 x 32 (isa docs nc_transpose); `activation`'s bias is always an [N, 1] fp32 tile (v2 takes no
 immediate bias: isa docs activation "Layout"); `tensor_scalar` operands are fp32 columns (ids and
-targets cast on VectorE first: isa docs tensor_scalar); exp has no range limit and log's input
-(the running sum, in [1, V]) is inside its documented range [2^-64, 2^64]
-(nki/api/nki.api.shared.rst, activation functions table); no `is` / `is not` in kernel code (NKI
-0.3 compiler: release-notes/components/nki.rst, 0.3.0 breaking changes).
+targets cast on VectorE first: isa docs tensor_scalar); `nc_n_gather` indices are uint32 (isa docs
+nc_n_gather); `tensor_tensor` runs on GpSimd when asked (isa docs tensor_tensor, `engine`); no
+`nl.divide` (1 / mult by VectorE `reciprocal`); exp has no range limit and log's input is inside its
+documented range (above); no `is` / `is not` in kernel code (NKI 0.3 compiler:
+release-notes/components/nki.rst, 0.3.0 breaking changes).
 """
 
 import nki
