@@ -235,6 +235,10 @@ CASES = {
                   "nisa.tensor_scalar(dst=r, data=t, op0=nl.multiply, operand0=c)  # <-"),
         good=unary("nisa.tensor_scalar(dst=r, data=t, op0=nl.multiply, operand0=t[:, 0:1], op1=nl.add, operand1=2)"),
         ref=lambda a: a * a[:, :1] + 2),
+    "tensor_scalar.gpsimd": dict(
+        bad=unary("nisa.tensor_scalar(dst=r, data=t, op0=nl.multiply, operand0=2.0, engine=nisa.engine.gpsimd)  # <-"),
+        good=unary("nisa.tensor_scalar(dst=r, data=t, op0=nl.rsqrt, operand0=0.0, engine=nisa.engine.gpsimd)"),
+        ref=lambda a: 1.0 / np.sqrt(a)),
     "tensor_tensor.psum": dict(bad=via_psum("nisa.tensor_tensor(dst=r, data1=p, data2=p, op=nl.add)  # <-"),
                                good=via_psum("nisa.tensor_tensor(dst=r, data1=p, data2=t, op=nl.add)"),
                                ref=lambda a: 2 * a),

@@ -300,6 +300,8 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     _same_layout(dst, data, "tensor_scalar")
     _engine_psum(engine, dst, data)
     _alu(op0, "tensor_scalar op0", unary_ok=True)
+    if engine == "gpsimd" and "rsqrt" not in (op0.name, getattr(op1, "name", None)):
+        rule("tensor_scalar.gpsimd", f"tensor_scalar(engine=gpsimd, op0={op0!r}, op1={op1!r})")
     p, nd = data.shape[0], data.ndim
     for x, what in ((operand0, "operand0"), (operand1, "operand1")):
         if isinstance(x, _m.Tensor) and x.dtype != np.float32:
