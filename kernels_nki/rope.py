@@ -11,7 +11,7 @@ does, before the call.
 Layout: tokens of one sequence on the partition axis (tiles of 128 along T, the last ragged) and,
 on the free axis, a chunk of `nb` sequences x all heads x K: one DMA per chunk brings x[b0:b0+nb,
 t0:t0+128] in as a [P, nb, H, K] tile (an HBM access pattern with the sequence axis inside the
-token axis; nb * H * K * 2 bytes per partition, 8-16 KiB at the model's shapes). For a fixed
+token axis; nb * H * K * 2 bytes per partition, 12-32 KiB at the model's shapes). For a fixed
 k < K/2 the view x[:, :, :, k] ([P, nb, H]) meets cos[t, k] and sin[t, k] only as per-partition
 columns, so every product is an instruction with a [P, 1] operand instead of a two-tensor one:
 - a = x1[k] cos[k] on ScalarE (`activation` copy, the cos column its scale: one pass),
@@ -36,12 +36,13 @@ and returned as fp32 partials [T, H] that frontier_jax.ops sums over T.
 Engine time per element at the model's shapes (`python -m kernels_nki.report`, cost model of
 kernels_nki/emulator/cost.py): rope and rope_gain forward ScalarE 1 (rope_gain 2) pass, VectorE one
 two-input pass; rope_gain backward ScalarE 3, VectorE 1 two-input, GpSimd 1; every RoPE kernel is
-DMA-bound (trn1: rope k 248 us, rope_gain q 497 us forward, 741 us backward). NOT in the cost model:
+DMA-bound (trn1: rope k 247 us, rope_gain q 494 us forward, 741 us backward; were 702, 1412
+and 1902 us VectorE-bound). NOT in the cost model:
 the views x[:, :, :, k] step K elements (128 B) along the minor free axis, above the 16 B at which
 SBUF gives an engine its full bandwidth (trn1 arch guide, "Data Movement / Performance
 Consideration": about half the bandwidth beyond 16 B), so the strided passes may run up to ~2x
 longer on hardware; and VectorE and GpSimd share one SBUF port (same section), so the backward's
-GpSimd product and VectorE pass serialise (their sum, 655 us for rope_gain q, is still under its DMA
+GpSimd product and VectorE pass serialise (their sum, 657 us for rope_gain q, is still under its DMA
 time).
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): `activation`'s scale is
