@@ -183,7 +183,7 @@ _rope_gain.defvjp(lambda x, c, s, g: (_rope_gain(x, c, s, g), (x, c, s, g)), _ro
 
 def rope_gain(x_BTHK: jax.Array, cos_TK2, sin_TK2, gain_H: jax.Array) -> jax.Array:
     """rope(x) * gain per head (reference.rope_gain), the query side of attention as one op: the kernel
-    folds the gain into its cos/sin tiles (kernels_nki/rope.py)."""
+    applies the gain on chip, no extra HBM pass (kernels_nki/rope.py)."""
     if direct("rope_gain"):
         return ref.rope_gain(x_BTHK, jnp.asarray(cos_TK2), jnp.asarray(sin_TK2), gain_H)
     dt = x_BTHK.dtype

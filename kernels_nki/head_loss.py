@@ -3,42 +3,64 @@
 Spec: frontier_jax.reference.head_loss: l = softcap * tanh(x emb^T / softcap) (+ an optional sparse
 bias: one (token id, value) pair per position and source), loss = logsumexp(l) - l[target], fp32.
 
-Layout: 128 tokens per tile on the partition axis (the last tile ragged, sliced), the vocabulary in
-chunks of 512 on the free axis. emb^T [D, V] is built once per call by TensorE transposes and stays
-in SBUF; z = x emb^T for one chunk is D/128 bf16 matmuls into one fp32 PSUM bank (stationary x^T
-[D_k, tokens], moving emb^T [D_k, 512]). The full [tokens, V] logits never reach HBM: per chunk,
-ScalarE computes tanh and the softcap scale, VectorE adds the sparse bias (an iota == id mask
-times the value, 2 ops per source), picks the target logit (mask, row sum) and the chunk max, and
-ScalarE's exp with a fused row sum feeds an online log-sum-exp (running max m, running sum
-s <- s * exp(m_old - m_new) + sum(exp(l - m_new))). Outputs: loss [N, 1] and lse [N, 1] (fp32; the
-lse is the backward's residual).
+Layout: 128 tokens per tile on the partition axis (the last tile ragged, sliced), the vocabulary on
+the free axis. emb^T [D, V] is built once per call by TensorE transposes and stays in SBUF; per chunk
+of 512 vocabulary entries z = x emb^T is D/128 bf16 matmuls into one fp32 PSUM bank (stationary x^T
+[D_k, tokens], moving emb^T [D_k, 512]) and ScalarE writes t = tanh(z / softcap) for the whole
+vocabulary into one fp32 [P, V] SBUF tile. The [tokens, V] logits never reach HBM.
 
-Backward (per token, recomputing the chunk's logits): dl = g * (exp(l - lse) - onehot(target)),
-dz = dl * (1 - tanh^2); d bias_vals[n, s] = dl[n, ids[n, s]] (the n-gram bias values are learned);
-dx = dz emb (dz^T by TensorE transposes as stationary, emb rows as moving, accumulated over the
-whole vocabulary in one PSUM bank); demb = dz^T x contracts over the tokens of a 512-token block in
-PSUM, then one VectorE add per block into fp32 SBUF accumulators, cast at the end.
+Forward, per tile: t at the target (and at the S bias ids) by one GpSimd `nc_n_gather` (per-partition
+indices, SBUF only) instead of a masked pass over V; one ScalarE `activation_reduce` exp(softcap t - m)
+with its row sum (softcap folded into the scale). No max pass: |l| <= softcap off the bias ids, so a
+fixed shift keeps the sum inside log's valid range [2^-64, 2^64] whenever (V + S) e^softcap <= 2^64
+(nki/api/nki.api.shared.rst, activation functions table; softcap 30 at V = 1024 qualifies): m = 0
+without a bias, m = max(0, max_s L_s) with one (L_s the biased logit at id_s); beyond that range
+m = the row's max logit (a VectorE max over t). The bias enters sparsely: per token and source, B_s
+= the summed values of the sources naming id_s and mult_s = how many name it (S compares of [P, S]
+rows, VectorE), and the sum gains sum_s (exp(L_s - m) - exp(softcap t_s - m)) / mult_s (each id
+once). Precision of that correction: the unbiased sum carries the biased ids' terms before they are
+replaced, so a bias of -b on the ids that hold most of the probability mass costs up to ~e^b ulps of
+the sum (a test checks -6 on the leading logit against the dense fp32 reference).
+Outputs: loss [N, 1] and lse [N, 1] (fp32; the lse is the backward's residual).
 
-x^T uses TensorE transposes (D/128 per 128-token tile), copied out of PSUM by ScalarE. At AWS's
-documented engine rates (two-input VectorE instructions at ~2N cycles) both kernels are VectorE-bound
-(the online softmax / gradient passes over every logit), so the transposes go where there is room:
-VectorE 32x32 transposes (16 instructions per 128x128 block, each at the 64-cycle minimum) cost ~8x
-more engine time than a TensorE transpose plus its ScalarE copy, and made the forward 1.9x slower.
-The price is TensorE useful/issued: the x^T transposes are 128/V of the matmul columns (kernels_nki
-.report: 0.887 forward, 0.888 backward at V=1024, D=512, N=65536), below the issue-15 target of 0.9, for a
-shorter kernel. SBUF per partition: emb^T and emb
-rows 2 x V x D x 2 / 128 bytes, the demb accumulators V x D x 4 / 128 (32 KiB in all at V=1024,
-D=512; V=8192 needs D <= 256).
+Backward (per tile, recomputing t): dl = exp(softcap t - lse) - onehot(target), dz = g (1 - t^2) dl:
+exp and t^2 on ScalarE, the one-hot compare against an iota row on VectorE (`tensor_scalar`), p -
+onehot on GpSimd, (t^2 - 1)(p - onehot) on VectorE (one two-input pass), -g r on ScalarE into the bf16
+dz tile. With a bias, each source adds its sparse correction (t_s^2 - 1)(p_b - p_0) / mult_s at id_s
+(a VectorE compare times the [P, 1] coefficient, a GpSimd add: 1N each per source) and d bias_vals =
+g (p_b[id_s] - [id_s == target]) comes from the gathered values. dx = dz emb (dz^T by TensorE
+transposes, out of PSUM by ScalarE, as stationary; emb rows as moving; accumulated over the vocabulary
+in one PSUM bank); demb = dz^T x contracts over the tokens of a block (DZ_BYTES of dz tiles, 2048
+tokens at V = 1024) in PSUM, then one VectorE add per block into fp32 SBUF accumulators.
+
+x^T: of every 8 128 x 128 blocks, XT_VE_FWD = 2 (forward) / XT_VE_BWD = 3 (backward) are transposed by
+VectorE 32 x 32 transposes (16 instructions at the 64-cycle minimum each), the rest by TensorE with a
+VectorE (forward) / ScalarE (backward) PSUM copy. TensorE transposes are issued work with no useful
+MACs (x^T is 128/V of the forward's matmul columns, x^T and dz^T 3 x 128/V of the backward's), so
+moving part of x^T to VectorE, which has the room once the target pick is a gather, lifts TensorE
+useful/issued to the issue-15 target: `python -m kernels_nki.report --config configs/baseline.py`
+(N = 65536, D = 512, V = 1024, S = 0, trn1): forward 821 us, TensorE-bound, u/i 0.913 (VectorE 731,
+ScalarE 799, GpSimd 374 us); backward 2494 us, TensorE-bound, u/i 0.901 (VectorE 2461, ScalarE 2183,
+GpSimd 375 us). Was 2165 / 3343 us VectorE-bound at u/i 0.887 / 0.888. frontier14 (S = 15 n-gram
+sources): forward 1990, backward 10830 us, VectorE-bound (the backward's 2 x S dense passes per
+logit); was 23259 / 46438 us. NOT in the cost model: GpSimd's cost per instruction (no AWS rule of
+thumb: the gather is charged one pass over t, an assumption, kernels_nki/emulator/gather.py), and the
+SBUF port VectorE and GpSimd share (trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch
+.rst, "Data Movement / Performance Consideration"): serialised they take 2836 us in the backward, 14%
+above its TensorE time. SBUF per partition: emb^T and emb rows 2 x V x D x 2 / 128 bytes, the demb
+accumulators V x D x 4 / 128 (32 KiB in all at V=1024, D=512; V=8192 needs D <= 256).
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): PSUM is evacuated by
 ScalarE `activation(op=nl.copy)` or VectorE, never ScalarE `tensor_copy` (unsupported on v2:
-nki/api/nki/isa/__init__.py, tensor_copy); TensorE transposes write PSUM in their input's dtype
-(isa docs nc_transpose); `activation`'s bias is always an [N, 1] fp32 tile (v2 takes no
+nki/api/nki/isa/__init__.py, tensor_copy) and never GpSimd (no PSUM access: isa docs tensor_copy,
+nc_n_gather); TensorE transposes write PSUM in their input's dtype, VectorE transposes are at most
+32 x 32 (isa docs nc_transpose); `activation`'s bias is always an [N, 1] fp32 tile (v2 takes no
 immediate bias: isa docs activation "Layout"); `tensor_scalar` operands are fp32 columns (ids and
-targets cast on VectorE first: isa docs tensor_scalar); exp has no range limit and log's input
-(the running sum, in [1, V]) is inside its documented range [2^-64, 2^64]
-(nki/api/nki.api.shared.rst, activation functions table); no `is` / `is not` in kernel code (NKI
-0.3 compiler: release-notes/components/nki.rst, 0.3.0 breaking changes).
+targets cast on VectorE first: isa docs tensor_scalar); `nc_n_gather` indices are uint32 (isa docs
+nc_n_gather); `tensor_tensor` runs on GpSimd when asked (isa docs tensor_tensor, `engine`); no
+`nl.divide` (1 / mult by VectorE `reciprocal`); exp has no range limit and log's input is inside its
+documented range (above); no `is` / `is not` in kernel code (NKI 0.3 compiler:
+release-notes/components/nki.rst, 0.3.0 breaking changes).
 """
 
 import nki
@@ -46,8 +68,13 @@ import nki.isa as nisa
 import nki.language as nl
 
 VC = 512  # vocabulary chunk (one PSUM bank of fp32)
-XT_PE = 1000  # every XT_PE-th 128-column block of x^T is transposed on TensorE, the others by VectorE 32x32
-NB = 512  # tokens per demb block in the backward
+DZ_BYTES = 32 * 1024  # SBUF bytes per partition for one demb block's dz tiles (backward)
+LOG_MAX = 2.0 ** 64  # log's valid input range on ScalarE is [2^-64, 2^64] (nki/api/nki.api.shared.rst)
+E = 2.718281828459045
+# x^T blocks (128 x 128) transposed by VectorE 32 x 32 transposes instead of TensorE: (n, m) = n of every
+# m blocks, so that TensorE's useful/issued stays >= 0.9 (module docstring)
+XT_VE_FWD = (2, 8)
+XT_VE_BWD = (3, 8)
 
 
 def _cdiv(a, b):
@@ -72,20 +99,38 @@ def _emb_tiles(emb_VD, dt):
     return rows, embT
 
 
-def _x_tile(x_ND, r0, rows, dt):
-    """Token rows r0:r0+rows as a [P, D] tile and as D/128 tiles of x^T [d, rows] (TensorE transposes,
-    out of PSUM by ScalarE)."""
+def _transpose_ve(dst, src, p, f):
+    """dst[0:f, 0:p] = src[0:p, 0:f]^T (p, f <= 128) by VectorE 32 x 32 transposes, SBUF to SBUF."""
+    for i in nl.affine_range(_cdiv(p, 32)):
+        pi = min(32, p - i * 32)
+        for j in nl.affine_range(_cdiv(f, 32)):
+            fj = min(32, f - j * 32)
+            nisa.nc_transpose(dst=dst[j * 32:j * 32 + fj, i * 32:i * 32 + pi],
+                              data=src[i * 32:i * 32 + pi, j * 32:j * 32 + fj], engine=nisa.engine.vector)
+
+
+def _x_tile(x_ND, r0, rows, dt, g, ve, copy_on_vector):
+    """Token rows r0:r0+rows as a [P, D] tile and as D/128 tiles of x^T [d, rows]. Block k of token tile g
+    is transposed by VectorE when (g * D/128 + k) % ve[1] < ve[0], otherwise by TensorE, copied out of
+    PSUM by VectorE (copy_on_vector) or ScalarE."""
     N, D = x_ND.shape
     P = nl.tile_size.pmax
+    KT = _cdiv(D, P)
     x_PD = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_PD[0:rows], src=x_ND[r0:r0 + rows])
     xT = []
-    for k in nl.affine_range(_cdiv(D, P)):
+    for k in nl.affine_range(KT):
         dk = min(P, D - k * P)
-        t_ps = nl.ndarray((dk, rows), dtype=dt, buffer=nl.psum)
-        nisa.nc_transpose(dst=t_ps, data=x_PD[0:rows, k * P:k * P + dk])
         t = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-        nisa.activation(dst=t[0:dk, 0:rows], op=nl.copy, data=t_ps)
+        if (g * KT + k) % ve[1] < ve[0]:
+            _transpose_ve(t, x_PD[0:rows, k * P:k * P + dk], rows, dk)
+        else:
+            t_ps = nl.ndarray((dk, rows), dtype=dt, buffer=nl.psum)
+            nisa.nc_transpose(dst=t_ps, data=x_PD[0:rows, k * P:k * P + dk])
+            if copy_on_vector:
+                nisa.tensor_copy(dst=t[0:dk, 0:rows], src=t_ps, engine=nisa.engine.vector)
+            else:
+                nisa.activation(dst=t[0:dk, 0:rows], op=nl.copy, data=t_ps)
         xT.append(t)
     return x_PD, xT
 
@@ -103,23 +148,60 @@ def _column(src_N1, r0, rows, dtype):
     return out
 
 
-def _chunk_logits(xT, embT, iota_PV, c0, vc, rows, D, softcap, ids_PS, vals_PS, S):
-    """(tanh(z / softcap), l = softcap * tanh + bias), both fp32 [P, VC] SBUF, for vocab c0:c0+vc."""
+def _token_columns(targets_N1, ids_NS, r0, rows, S):
+    """(cols [P, 1+S] fp32, idx [P, 1+S] uint32): the target then the S bias ids of each token, as fp32
+    (for `tensor_scalar` operands, which are fp32: isa docs tensor_scalar) and as uint32 gather indices
+    (nc_n_gather's index dtype); int -> fp32 -> uint32 on VectorE, exact below 2^24."""
+    P = nl.tile_size.pmax
+    raw = nl.ndarray((P, 1 + S), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=raw[0:rows, 0:1], src=targets_N1[r0:r0 + rows])
+    if S:
+        nisa.dma_copy(dst=raw[0:rows, 1:1 + S], src=ids_NS[r0:r0 + rows])
+    cols = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=cols[0:rows], src=raw[0:rows])
+    idx = nl.ndarray((P, 1 + S), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=idx[0:rows], src=raw[0:rows])
+    return cols, idx
+
+
+def _tanh_chunk(t_PV, xT, embT, c0, vc, rows, D, softcap):
+    """t_PV[:, c0:c0+vc] = tanh(x emb^T / softcap) for vocab c0:c0+vc (fp32): D/128 matmuls into one PSUM
+    bank, tanh on ScalarE straight out of PSUM."""
     P = nl.tile_size.pmax
     z_ps = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum)
     for k in nl.affine_range(_cdiv(D, P)):
         dk = min(P, D - k * P)
         nisa.nc_matmul(dst=z_ps[0:rows, 0:vc], stationary=xT[k][0:dk, 0:rows], moving=embT[k][0:dk, c0:c0 + vc])
-    t_t = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=t_t[0:rows, 0:vc], op=nl.tanh, data=z_ps[0:rows, 0:vc], scale=1.0 / softcap)
-    l_t = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=l_t[0:rows, 0:vc], op=nl.copy, data=t_t[0:rows, 0:vc], scale=softcap)
+    nisa.activation(dst=t_PV[0:rows, c0:c0 + vc], op=nl.tanh, data=z_ps[0:rows, 0:vc], scale=1.0 / softcap)
+
+
+def _bias_stats(cols, vals_PS, tg, rows, S, softcap):
+    """Per bias source s, fp32 [P, S]: B_s = the summed values of the sources naming id_s (duplicates add
+    up), mult_s = how many sources name id_s, L_s = softcap t[id_s] + B_s (the biased logit at id_s);
+    and b_tgt [P, 1], the bias on the target. tg [P, 1 + S]: t gathered at (target, ids)."""
+    P = nl.tile_size.pmax
+    ids = cols[0:rows, 1:1 + S]
+    same = nl.ndarray((P, S, S), dtype=nl.float32, buffer=nl.sbuf)
+    summed = nl.ndarray((P, S, S), dtype=nl.float32, buffer=nl.sbuf)
     for s in nl.affine_range(S):
-        b_t = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=b_t[0:rows, 0:vc], data=iota_PV[0:rows, c0:c0 + vc], op0=nl.equal,
-                           operand0=ids_PS[0:rows, s:s + 1], op1=nl.multiply, operand1=vals_PS[0:rows, s:s + 1])
-        nisa.tensor_tensor(dst=l_t[0:rows, 0:vc], data1=l_t[0:rows, 0:vc], data2=b_t[0:rows, 0:vc], op=nl.add)
-    return t_t, l_t
+        nisa.tensor_scalar(dst=same[0:rows, s], data=ids, op0=nl.equal, operand0=cols[0:rows, 1 + s:2 + s])
+        nisa.scalar_tensor_tensor(dst=summed[0:rows, s], data=ids, op0=nl.equal, operand0=cols[0:rows, 1 + s:2 + s],
+                                  op1=nl.multiply, operand1=vals_PS[0:rows])
+    B = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+    mult = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=B[0:rows], op=nl.add, data=summed[0:rows], axis=2)
+    nisa.tensor_reduce(dst=mult[0:rows], op=nl.add, data=same[0:rows], axis=2)
+    L = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=L[0:rows], data=tg[0:rows, 1:1 + S], op0=nl.multiply, operand0=softcap,
+                              op1=nl.add, operand1=B[0:rows])
+    hit = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=hit[0:rows], data=ids, op0=nl.equal, operand0=cols[0:rows, 0:1], op1=nl.multiply,
+                              operand1=vals_PS[0:rows])
+    b_tgt = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=b_tgt[0:rows], op=nl.add, data=hit[0:rows], axis=1, keepdims=True)
+    rmult = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=rmult[0:rows], data=mult[0:rows])
+    return L, rmult, b_tgt
 
 
 def _sources(bias_ids_NS, bias_vals_NS):
@@ -135,11 +217,40 @@ def _sources(bias_ids_NS, bias_vals_NS):
     return bias_ids_NS.shape[1]
 
 
+def _fixed_shift(V, S, softcap):
+    """True when exp(l) needs no max shift: |l| <= softcap off the bias ids, so with a shift m >= 0 the sum
+    of exp(l - m) lies in [2^-64, 2^64], log's valid range, whenever (V + S) e^softcap <= 2^64 (and V > S)."""
+    return (V + S) * E ** softcap <= LOG_MAX and V > S
+
+
 def _iota(V):
     P = nl.tile_size.pmax
     iota_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.iota(dst=iota_PV, pattern=[[1, V]], offset=0, channel_multiplier=0)
     return iota_PV
+
+
+def _shift(t_PV, L, rows, V, S, softcap, fixed):
+    """The shift m [P, 1] of the log-sum-exp, or None for none (m = 0): max(0, max_s L_s) with a bias,
+    max(softcap max t, max_s L_s) when the fixed shift is out of range; both are logits (or 0 <= a
+    logit bound), so the shifted sum stays inside log's range."""
+    P = nl.tile_size.pmax
+    if S == 0 and fixed:
+        return None
+    m = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    if S:
+        nisa.tensor_reduce(dst=m[0:rows], op=nl.maximum, data=L[0:rows], axis=1, keepdims=True)
+        if fixed:
+            nisa.tensor_scalar(dst=m[0:rows], data=m[0:rows], op0=nl.maximum, operand0=0.0)
+    if not fixed:
+        mt = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=mt[0:rows], op=nl.maximum, data=t_PV[0:rows, 0:V], axis=1, keepdims=True)
+        if S:
+            nisa.scalar_tensor_tensor(dst=m[0:rows], data=mt[0:rows], op0=nl.multiply, operand0=softcap,
+                                      op1=nl.maximum, operand1=m[0:rows])
+        else:
+            nisa.tensor_scalar(dst=m[0:rows], data=mt[0:rows], op0=nl.multiply, operand0=softcap)
+    return m
 
 
 @nki.jit
@@ -150,54 +261,106 @@ def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS=None, bias_vals_NS=None,
     S = _sources(bias_ids_NS, bias_vals_NS)
     P = nl.tile_size.pmax
     dt = x_ND.dtype
+    fixed = _fixed_shift(V, S, softcap)
     loss_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     lse_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     _, embT = _emb_tiles(emb_VD, dt)
-    iota_PV = _iota(V)
     for t in nl.affine_range(_cdiv(N, P)):
         r0 = t * P
         rows = min(P, N - r0)
-        _, xT = _x_tile(x_ND, r0, rows, dt)
-        tgt_P1 = _column(targets_N1, r0, rows, nl.int32)
-        ids_PS = _column(bias_ids_NS, r0, rows, nl.int32) if S else None
-        vals_PS = _column(bias_vals_NS, r0, rows, nl.float32) if S else None
-        tl_P1 = nl.zeros((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        m_P1, s_P1 = tl_P1, tl_P1  # rebound by the first chunk (c == 0) before any read
-        for c in nl.sequential_range(_cdiv(V, VC)):
-            c0 = c * VC
-            vc = min(VC, V - c0)
-            _, l_t = _chunk_logits(xT, embT, iota_PV, c0, vc, rows, D, softcap, ids_PS, vals_PS, S)
-            l = l_t[0:rows, 0:vc]
-            junk = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.sbuf)
-            part_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.scalar_tensor_tensor(dst=junk[0:rows, 0:vc], data=iota_PV[0:rows, c0:c0 + vc], op0=nl.equal,
-                                      operand0=tgt_P1[0:rows], op1=nl.multiply, operand1=l)
-            nisa.tensor_reduce(dst=part_P1[0:rows], op=nl.add, data=junk[0:rows, 0:vc], axis=1, keepdims=True)
-            nisa.tensor_tensor(dst=tl_P1[0:rows], data1=tl_P1[0:rows], data2=part_P1[0:rows], op=nl.add)
-            # online log-sum-exp
-            mx_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_reduce(dst=mx_P1[0:rows], op=nl.maximum, data=l, axis=1, keepdims=True)
-            if c > 0:
-                nisa.tensor_tensor(dst=mx_P1[0:rows], data1=mx_P1[0:rows], data2=m_P1[0:rows], op=nl.maximum)
-            neg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=neg_P1[0:rows], data=mx_P1[0:rows], op0=nl.multiply, operand0=-1.0)
-            cs_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation_reduce(dst=junk[0:rows, 0:vc], op=nl.exp, data=l, bias=neg_P1[0:rows],
-                                   reduce_op=nl.add, reduce_res=cs_P1[0:rows])
-            if c > 0:
-                corr_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation(dst=corr_P1[0:rows], op=nl.exp, data=m_P1[0:rows], bias=neg_P1[0:rows])
-                nisa.scalar_tensor_tensor(dst=cs_P1[0:rows], data=s_P1[0:rows], op0=nl.multiply,
-                                          operand0=corr_P1[0:rows], op1=nl.add, operand1=cs_P1[0:rows])
-            m_P1, s_P1 = mx_P1, cs_P1
+        _, xT = _x_tile(x_ND, r0, rows, dt, t, XT_VE_FWD, True)
+        cols, idx = _token_columns(targets_N1, bias_ids_NS, r0, rows, S)
+        t_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
+        for c in nl.affine_range(_cdiv(V, VC)):
+            _tanh_chunk(t_PV, xT, embT, c * VC, min(VC, V - c * VC), rows, D, softcap)
+        # t at the target (and the bias ids): one GpSimd gather per tile
+        tg = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.nc_n_gather(dst=tg[0:rows], data=t_PV[0:rows], indices=idx[0:rows])
+        L, rmult, b_tgt = _bias_stats(cols, _column(bias_vals_NS, r0, rows, nl.float32), tg, rows, S, softcap) \
+            if S else (None, None, None)
+        m = _shift(t_PV, L, rows, V, S, softcap, fixed)
+        negm = None
+        if m != None:  # noqa: E711
+            negm = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=negm[0:rows], data=m[0:rows], op0=nl.multiply, operand0=-1.0)
+        # sum of exp(softcap t - m) over the vocabulary: one ScalarE pass (in place; t is not read again)
+        se = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=t_PV[0:rows], op=nl.exp, data=t_PV[0:rows], scale=softcap,
+                               bias=negm[0:rows] if m != None else None, reduce_op=nl.add,  # noqa: E711
+                               reduce_res=se[0:rows])
+        if S:  # the bias ids: + (exp(L_s - m) - exp(softcap t_s - m)) / mult_s per source (each id once)
+            e1 = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+            e0 = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=e1[0:rows], op=nl.exp, data=L[0:rows], bias=negm[0:rows])
+            nisa.activation(dst=e0[0:rows], op=nl.exp, data=tg[0:rows, 1:1 + S], scale=softcap, bias=negm[0:rows])
+            nisa.tensor_tensor(dst=e1[0:rows], data1=e1[0:rows], data2=e0[0:rows], op=nl.subtract)
+            nisa.tensor_tensor(dst=e1[0:rows], data1=e1[0:rows], data2=rmult[0:rows], op=nl.multiply)
+            corr = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_reduce(dst=corr[0:rows], op=nl.add, data=e1[0:rows], axis=1, keepdims=True)
+            nisa.tensor_tensor(dst=se[0:rows], data1=se[0:rows], data2=corr[0:rows], op=nl.add)
         lse_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=s_P1[0:rows])
-        nisa.tensor_tensor(dst=lse_P1[0:rows], data1=lse_P1[0:rows], data2=m_P1[0:rows], op=nl.add)
+        nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=se[0:rows])
+        if m != None:  # noqa: E711
+            nisa.tensor_tensor(dst=lse_P1[0:rows], data1=lse_P1[0:rows], data2=m[0:rows], op=nl.add)
+        # loss = lse - (softcap t_target + bias on the target)
         loss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=loss_P1[0:rows], data1=lse_P1[0:rows], data2=tl_P1[0:rows], op=nl.subtract)
+        nisa.scalar_tensor_tensor(dst=loss_P1[0:rows], data=tg[0:rows, 0:1], op0=nl.multiply, operand0=-softcap,
+                                  op1=nl.add, operand1=lse_P1[0:rows])
+        if S:
+            nisa.tensor_tensor(dst=loss_P1[0:rows], data1=loss_P1[0:rows], data2=b_tgt[0:rows], op=nl.subtract)
         nisa.dma_copy(dst=loss_N1[r0:r0 + rows], src=loss_P1[0:rows])
         nisa.dma_copy(dst=lse_N1[r0:r0 + rows], src=lse_P1[0:rows])
     return loss_N1, lse_N1
+
+
+def _bias_grad(cols, vals_PS, tg, neg_lse, g_P1, rows, S, softcap, dvals_NS, r0):
+    """With a bias: stores d bias_vals = g (p[id_s] - [id_s == target]) (the biased softmax p), and
+    returns corr [P, S], what each source adds to r = (t^2 - 1) dl at id_s on top of the unbiased
+    softmax: (t_s^2 - 1)(p[id_s] - exp(softcap t_s - lse)) / mult_s (a duplicated id gets its share once
+    per source naming it)."""
+    P = nl.tile_size.pmax
+    L, rmult, _ = _bias_stats(cols, vals_PS, tg, rows, S, softcap)
+    pb = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+    p0 = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=pb[0:rows], op=nl.exp, data=L[0:rows], bias=neg_lse[0:rows])
+    nisa.activation(dst=p0[0:rows], op=nl.exp, data=tg[0:rows, 1:1 + S], scale=softcap, bias=neg_lse[0:rows])
+    dv = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=dv[0:rows], data=cols[0:rows, 1:1 + S], op0=nl.equal, operand0=cols[0:rows, 0:1],
+                              op1=nl.subtract, operand1=pb[0:rows], reverse1=True)
+    nisa.tensor_scalar(dst=dv[0:rows], data=dv[0:rows], op0=nl.multiply, operand0=g_P1[0:rows])
+    nisa.dma_copy(dst=dvals_NS[r0:r0 + rows], src=dv[0:rows])
+    corr = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=pb[0:rows], data1=pb[0:rows], data2=p0[0:rows], op=nl.subtract)
+    nisa.tensor_tensor(dst=pb[0:rows], data1=pb[0:rows], data2=rmult[0:rows], op=nl.multiply)
+    nisa.activation(dst=corr[0:rows], op=nl.square, data=tg[0:rows, 1:1 + S])
+    nisa.scalar_tensor_tensor(dst=corr[0:rows], data=corr[0:rows], op0=nl.subtract, operand0=1.0, op1=nl.multiply,
+                              operand1=pb[0:rows])
+    return corr
+
+
+def _dz_chunk(dz_PV, t_PV, iota_PV, cols, corr, neg_lse, neg_g, c0, vc, rows, S, softcap):
+    """dz[:, c0:c0+vc] = g (1 - t^2) dl, dl = softmax - onehot(target): exp and t^2 on ScalarE, the one-hot
+    compare on VectorE, p - onehot on GpSimd, (t^2 - 1)(p - onehot) on VectorE (one two-input pass), the
+    bias ids' corrections (a compare on VectorE and an add on GpSimd per source), -g r on ScalarE."""
+    P = nl.tile_size.pmax
+    p = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=p[0:rows, 0:vc], op=nl.exp, data=t_PV[0:rows, c0:c0 + vc], scale=softcap,
+                    bias=neg_lse[0:rows])
+    hot = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=hot[0:rows, 0:vc], data=iota_PV[0:rows, c0:c0 + vc], op0=nl.equal,
+                       operand0=cols[0:rows, 0:1])
+    nisa.tensor_tensor(dst=p[0:rows, 0:vc], data1=p[0:rows, 0:vc], data2=hot[0:rows, 0:vc], op=nl.subtract,
+                       engine=nisa.engine.gpsimd)
+    r = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=r[0:rows, 0:vc], op=nl.square, data=t_PV[0:rows, c0:c0 + vc])
+    nisa.scalar_tensor_tensor(dst=r[0:rows, 0:vc], data=r[0:rows, 0:vc], op0=nl.subtract, operand0=1.0,
+                              op1=nl.multiply, operand1=p[0:rows, 0:vc])
+    for s in nl.affine_range(S):
+        nisa.tensor_scalar(dst=hot[0:rows, 0:vc], data=iota_PV[0:rows, c0:c0 + vc], op0=nl.equal,
+                           operand0=cols[0:rows, 1 + s:2 + s], op1=nl.multiply, operand1=corr[0:rows, s:s + 1])
+        nisa.tensor_tensor(dst=r[0:rows, 0:vc], data1=r[0:rows, 0:vc], data2=hot[0:rows, 0:vc], op=nl.add,
+                           engine=nisa.engine.gpsimd)
+    nisa.activation(dst=dz_PV[0:rows, c0:c0 + vc], op=nl.copy, data=r[0:rows, 0:vc], scale=neg_g[0:rows])
 
 
 @nki.jit
@@ -208,52 +371,42 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
     S = _sources(bias_ids_NS, bias_vals_NS)
     P = nl.tile_size.pmax
     dt = x_ND.dtype
+    TPB = max(1, DZ_BYTES // (V * (4 if dt == nl.float32 else 2)))  # token tiles per demb block
     dx_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     demb_VD = nl.ndarray((V, D), dtype=emb_VD.dtype, buffer=nl.shared_hbm)
     dvals_NS = nl.ndarray((N, S), dtype=nl.float32, buffer=nl.shared_hbm) if S else None
     emb_rows, embT = _emb_tiles(emb_VD, dt)
     iota_PV = _iota(V)
     acc = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(_cdiv(V, P))]
-    for blk in nl.affine_range(_cdiv(N, NB)):
+    for blk in nl.affine_range(_cdiv(N, TPB * P)):
         x_s, dz_s, rows_s = [], [], []
-        for st in nl.affine_range(_cdiv(min(NB, N - blk * NB), P)):
-            r0 = blk * NB + st * P
+        for st in nl.affine_range(_cdiv(min(TPB * P, N - blk * TPB * P), P)):
+            gt = blk * TPB + st
+            r0 = gt * P
             rows = min(P, N - r0)
-            x_PD, xT = _x_tile(x_ND, r0, rows, dt)
-            tgt_P1 = _column(targets_N1, r0, rows, nl.int32)
-            ids_PS = _column(bias_ids_NS, r0, rows, nl.int32) if S else None
-            vals_PS = _column(bias_vals_NS, r0, rows, nl.float32) if S else None
-            neg_P1 = _column(lse_N1, r0, rows, nl.float32)
-            nisa.tensor_scalar(dst=neg_P1[0:rows], data=neg_P1[0:rows], op0=nl.multiply, operand0=-1.0)
+            x_PD, xT = _x_tile(x_ND, r0, rows, dt, gt, XT_VE_BWD, False)
+            cols, idx = _token_columns(targets_N1, bias_ids_NS, r0, rows, S)
+            neg_lse = _column(lse_N1, r0, rows, nl.float32)
+            nisa.tensor_scalar(dst=neg_lse[0:rows], data=neg_lse[0:rows], op0=nl.multiply, operand0=-1.0)
             g_P1 = _column(dloss_N1, r0, rows, nl.float32)
-            dv_PS = nl.zeros((P, S), dtype=nl.float32, buffer=nl.sbuf) if S else None
+            neg_g = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=neg_g[0:rows], data=g_P1[0:rows], op0=nl.multiply, operand0=-1.0)
+            t_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
+            for c in nl.affine_range(_cdiv(V, VC)):
+                _tanh_chunk(t_PV, xT, embT, c * VC, min(VC, V - c * VC), rows, D, softcap)
+            corr = None
+            if S:
+                tg = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.nc_n_gather(dst=tg[0:rows], data=t_PV[0:rows], indices=idx[0:rows])
+                corr = _bias_grad(cols, _column(bias_vals_NS, r0, rows, nl.float32), tg, neg_lse, g_P1, rows, S,
+                                  softcap, dvals_NS, r0)
             dz_PV = nl.ndarray((P, V), dtype=dt, buffer=nl.sbuf)
             dx_ps = [nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum) for _ in range(_cdiv(D, VC))]
             for c in nl.affine_range(_cdiv(V, VC)):
                 c0 = c * VC
                 vc = min(VC, V - c0)
-                t_t, l_t = _chunk_logits(xT, embT, iota_PV, c0, vc, rows, D, softcap, ids_PS, vals_PS, S)
-                # dl = exp(l - lse) - onehot(target) (g applied below), in place of l
-                nisa.activation(dst=l_t[0:rows, 0:vc], op=nl.exp, data=l_t[0:rows, 0:vc], bias=neg_P1[0:rows])
-                nisa.scalar_tensor_tensor(dst=l_t[0:rows, 0:vc], data=iota_PV[0:rows, c0:c0 + vc], op0=nl.equal,
-                                          operand0=tgt_P1[0:rows], op1=nl.subtract, operand1=l_t[0:rows, 0:vc],
-                                          reverse1=True)
-                for s in nl.affine_range(S):
-                    junk = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.sbuf)
-                    part_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.scalar_tensor_tensor(dst=junk[0:rows, 0:vc], data=iota_PV[0:rows, c0:c0 + vc],
-                                              op0=nl.equal, operand0=ids_PS[0:rows, s:s + 1], op1=nl.multiply,
-                                              operand1=l_t[0:rows, 0:vc])
-                    nisa.tensor_reduce(dst=part_P1[0:rows], op=nl.add, data=junk[0:rows, 0:vc], axis=1, keepdims=True)
-                    nisa.tensor_tensor(dst=dv_PS[0:rows, s:s + 1], data1=dv_PS[0:rows, s:s + 1],
-                                       data2=part_P1[0:rows], op=nl.add)
-                # dz = g * (1 - tanh^2) * dl
-                nisa.activation(dst=t_t[0:rows, 0:vc], op=nl.square, data=t_t[0:rows, 0:vc])
-                nisa.scalar_tensor_tensor(dst=t_t[0:rows, 0:vc], data=t_t[0:rows, 0:vc], op0=nl.subtract,
-                                          operand0=1.0, reverse0=True, op1=nl.multiply, operand1=l_t[0:rows, 0:vc])
-                nisa.tensor_scalar(dst=dz_PV[0:rows, c0:c0 + vc], data=t_t[0:rows, 0:vc], op0=nl.multiply,
-                                   operand0=g_P1[0:rows])
-                # dx += dz emb over this chunk's 128-row vocab tiles
+                _dz_chunk(dz_PV, t_PV, iota_PV, cols, corr, neg_lse, neg_g, c0, vc, rows, S, softcap)
+                # dx += dz emb over this chunk's 128-row vocab tiles (dz^T by TensorE, out of PSUM by ScalarE)
                 for j in nl.affine_range(_cdiv(vc, P)):
                     v0 = c0 + j * P
                     vj = min(P, V - v0)
@@ -270,13 +423,10 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
                 dx_t = nl.ndarray((P, VC), dtype=dt, buffer=nl.sbuf)
                 nisa.activation(dst=dx_t[0:rows, 0:dc], op=nl.copy, data=dx_ps[d][0:rows, 0:dc])
                 nisa.dma_copy(dst=dx_ND[r0:r0 + rows, d * VC:d * VC + dc], src=dx_t[0:rows, 0:dc])
-            if S:
-                nisa.tensor_scalar(dst=dv_PS[0:rows], data=dv_PS[0:rows], op0=nl.multiply, operand0=g_P1[0:rows])
-                nisa.dma_copy(dst=dvals_NS[r0:r0 + rows], src=dv_PS[0:rows])
             x_s.append(x_PD)
             dz_s.append(dz_PV)
             rows_s.append(rows)
-        # demb += dz^T x over the block's tokens
+        # demb += dz^T x over the block's tokens (PSUM accumulation), one VectorE add per block into fp32 SBUF
         for v in nl.affine_range(_cdiv(V, P)):
             vr = min(P, V - v * P)
             for d in nl.affine_range(_cdiv(D, VC)):
@@ -290,7 +440,7 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
     for v in nl.affine_range(_cdiv(V, P)):
         vr = min(P, V - v * P)
         out = nl.ndarray((P, D), dtype=emb_VD.dtype, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=out[0:vr], src=acc[v][0:vr])
+        nisa.activation(dst=out[0:vr], op=nl.copy, data=acc[v][0:vr])
         nisa.dma_copy(dst=demb_VD[v * P:v * P + vr], src=out[0:vr])
     if S:
         return dx_ND, demb_VD, dvals_NS

@@ -6,48 +6,118 @@ with sin negated: dx = (dy1 cos - dy2 sin, dy2 cos + dy1 sin).
 
 cos/sin [T, K/2] are host constants computed once per sequence length
 (`frontier_jax.model._rope_tables`); `frontier_jax.ops` casts them to x's dtype, as the reference
-does, before the call. Layout: tokens of one sequence on the partition axis (tiles of 128 along T,
-the last ragged), (head, k) on the free axis. For each T tile the cos/sin rows are DMA'd once into
-[P, H, K/2] tiles (one copy per head, so the elementwise ops need no broadcast) and reused for
-every sequence of the batch, so their traffic is 1/(2B) of x's. Six VectorE ops per tile
-(4 products, 2 fused multiply-adds).
+does, before the call.
 
-NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): VectorE `tensor_tensor` /
-`scalar_tensor_tensor` on SBUF tiles of equal shape with an fp32 immediate operand0 (no broadcast:
-nki/api/nki/isa/__init__.py, tensor_tensor and scalar_tensor_tensor; release-notes/components/nki.rst,
-"Binary operations do not support broadcasting"), free-axis strided views up to 3 free dims (trn1
-arch guide nki/guides/architecture/trainium_inferentia2_arch.rst, "Accessing SBUF/PSUM tensors"),
-every tile starting at partition 0 (same section), HBM reached only by `dma_copy`; `tensor_scalar`'s
-operand and `activation`'s scale a [P, 1] fp32 column (nki/api/nki/isa/__init__.py, tensor_scalar,
-activation); `activation_reduce` sums the free axis (same file).
+Layout: tokens of one sequence on the partition axis (tiles of 128 along T, the last ragged) and,
+on the free axis, a chunk of `nb` sequences x all heads x K: one DMA per chunk brings x[b0:b0+nb,
+t0:t0+128] in as a [P, nb, H, K] tile (an HBM access pattern with the sequence axis inside the
+token axis; nb * H * K * 2 bytes per partition, 12-32 KiB at the model's shapes). For a fixed
+k < K/2 the view x[:, :, :, k] ([P, nb, H]) meets cos[t, k] and sin[t, k] only as per-partition
+columns, so every product is an instruction with a [P, 1] operand instead of a two-tensor one:
+- a = x1[k] cos[k] on ScalarE (`activation` copy, the cos column its scale: one pass),
+- y1[k] = x2[k] (sign sin[k]) + a on VectorE (`scalar_tensor_tensor`: the sin column its scalar
+  operand, a its tensor operand: one two-input pass, ~2N cycles),
+and the same for y2 (b = x2 cos on ScalarE, y2 = x1 (-sign sin) + b on VectorE). Per element: one
+ScalarE and one two-input VectorE pass, against three two-input VectorE passes (6N cycles) for
+the [P, H, K] full-table layout this replaced. The cos/sin rows of a T tile are DMA'd once and
+turned into fp32 [P, K/2] columns (cos, sin, -sin) once per T tile, reused for the whole batch.
 
 `rope_gain_fwd` / `rope_gain_bwd` fuse the per-head query gain, y = rope(x) * g[h]
-(frontier_jax.reference.rope_gain), into the rotation. The forward scales fp32 copies of the cos/sin
-tiles by g[h] once per T tile (2 H small VectorE ops, amortised over the batch), so the gain costs no
-per-token work and no HBM pass. The backward rotates dy back (r = rope^-1(dy)), writes dx = r g[h]
-(ScalarE `activation` copy with the gain column as its scale) and accumulates the gain's gradient per
-(t, h), the sum over b, k of r x (= dy . rope(x), the rotation being orthogonal; the product on
-VectorE, its sum over k on ScalarE), returned as fp32 partials [T, H] that frontier_jax.ops sums over
-T. The gain comes broadcast over the partitions as [128, H] fp32 (the fused optimizers' convention for
-runtime scalars, frontier_jax.ops.scalars_PK). At the model's shapes every RoPE kernel is
-VectorE-bound (two-input instructions at ~2N cycles: 6N per element for the rotation, AWS's arch guide
-cost model), 2.8x its DMA time forward; see `python -m kernels_nki.report`.
+(frontier_jax.reference.rope_gain), into the rotation. g comes broadcast over the partitions as
+[128, H] fp32 (the fused optimizers' convention for runtime scalars, frontier_jax.ops.scalars_PK),
+so g[h] is a per-partition column: the forward first scales x by g[h] on ScalarE (one `activation`
+per head over the contiguous [P, nb, K] view), then rotates. The backward rotates dy back
+(r = rope^-1(dy), fp32), writes dx = r g[h] (ScalarE, per head) and the gain's gradient per (t, h),
+the sum over b, k of r x (= dy . rope(x), the rotation being orthogonal): the product r x on GpSimd
+(`tensor_tensor`, SBUF only: GpSimd cannot reach PSUM), its sum over (b, k) on ScalarE
+(`activation_reduce`, per head), one partial per (t, h, chunk), summed over the chunks on VectorE
+and returned as fp32 partials [T, H] that frontier_jax.ops sums over T.
+
+Engine time per element at the model's shapes (`python -m kernels_nki.report`, cost model of
+kernels_nki/emulator/cost.py): rope and rope_gain forward ScalarE 1 (rope_gain 2) pass, VectorE one
+two-input pass; rope_gain backward ScalarE 3, VectorE 1 two-input, GpSimd 1; every RoPE kernel is
+DMA-bound (trn1: rope k 247 us, rope_gain q 494 us forward, 741 us backward; were 702, 1412
+and 1902 us VectorE-bound). NOT in the cost model:
+the views x[:, :, :, k] step K elements (128 B) along the minor free axis, above the 16 B at which
+SBUF gives an engine its full bandwidth (trn1 arch guide, "Data Movement / Performance
+Consideration": about half the bandwidth beyond 16 B), so the strided passes may run up to ~2x
+longer on hardware; and VectorE and GpSimd share one SBUF port (same section), so the backward's
+GpSimd product and VectorE pass serialise (their sum, 657 us for rope_gain q, is still under its DMA
+time).
+
+NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): `activation`'s scale is
+an fp32 immediate or [P, 1] fp32 tile and it reads one tensor (nki/api/nki/isa/__init__.py,
+activation; trn1 arch guide "Scalar Engine"); `scalar_tensor_tensor` takes a scalar/[P, 1] operand0
+and an equally shaped tensor operand1 (isa docs scalar_tensor_tensor); `tensor_tensor` runs on
+GpSimd when asked (isa docs tensor_tensor, `engine`) and GpSimd touches no PSUM (isa docs
+tensor_copy / iota); free-axis views up to 4 free dims (arch guide, "Accessing SBUF/PSUM tensors");
+every tile starts at partition 0 (same section); HBM is reached only by `dma_copy`, with raw
+`.ap()` access patterns on HBM tensors (nki/get-started/nki-language-guide.rst, "Low-level raw
+access pattern"); `activation_reduce` sums the whole free extent (isa docs activation_reduce).
 """
 
 import nki
 import nki.isa as nisa
 import nki.language as nl
 
+CHUNK_BYTES = 64 * 1024  # SBUF bytes per partition a chunk of sequences may use (of 192 KiB on trn1)
 
-def _tables(cos_TK2, sin_TK2, t0, rows, H, K2):
-    """cos/sin rows t0:t0+rows DMA'd into [P, H, K/2] tiles, one copy per head (no broadcast needed)."""
+
+def _chunk(B, H, K, dt, tiles, fp32_tiles):
+    """Sequences per chunk: as many as fit CHUNK_BYTES per partition (at least 1, at most B) with
+    `tiles` [P, nb, H, K] tiles of x's dtype and `fp32_tiles` fp32 ones live."""
+    size = 4 if dt == nl.float32 else 2
+    return max(1, min(B, CHUNK_BYTES // (H * K * (tiles * size + fp32_tiles * 4))))
+
+
+def _columns(cos_TK2, sin_TK2, t0, rows, sign):
+    """fp32 [P, K/2] columns of T rows t0:t0+rows: (cos, sign sin, -sign sin), once per T tile."""
+    P, K2 = nl.tile_size.pmax, cos_TK2.shape[1]
+    raw_c = nl.ndarray((P, K2), dtype=cos_TK2.dtype, buffer=nl.sbuf)
+    raw_s = nl.ndarray((P, K2), dtype=sin_TK2.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=raw_c[0:rows], src=cos_TK2[t0:t0 + rows])
+    nisa.dma_copy(dst=raw_s[0:rows], src=sin_TK2[t0:t0 + rows])
+    c = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
+    ps = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
+    ns = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=c[0:rows], src=raw_c[0:rows])
+    nisa.tensor_scalar(dst=ps[0:rows], data=raw_s[0:rows], op0=nl.multiply, operand0=sign)
+    nisa.tensor_scalar(dst=ns[0:rows], data=raw_s[0:rows], op0=nl.multiply, operand0=-sign)
+    return c, ps, ns
+
+
+def _load(src_BTHK, b0, nb, nbj, t0, rows, dtype):
+    """src[b0:b0+nbj, t0:t0+rows] as an SBUF tile [P, nb, H, K] (tokens on partitions), one DMA."""
+    B, T, H, K = src_BTHK.shape
     P = nl.tile_size.pmax
-    cos_PHK2 = nl.ndarray((P, H, K2), dtype=cos_TK2.dtype, buffer=nl.sbuf)
-    sin_PHK2 = nl.ndarray((P, H, K2), dtype=sin_TK2.dtype, buffer=nl.sbuf)
-    for h in nl.affine_range(H):
-        nisa.dma_copy(dst=cos_PHK2[0:rows, h], src=cos_TK2[t0:t0 + rows])
-        nisa.dma_copy(dst=sin_PHK2[0:rows, h], src=sin_TK2[t0:t0 + rows])
-    return cos_PHK2, sin_PHK2
+    t = nl.ndarray((P, nb, H, K), dtype=dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[0:rows, 0:nbj], src=_hbm_view(src_BTHK, b0, nbj, t0, rows))
+    return t
+
+
+def _hbm_view(a_BTHK, b0, nbj, t0, rows):
+    """a[b0:b0+nbj, t0:t0+rows] ordered (token, sequence, head, k): the token axis outermost."""
+    B, T, H, K = a_BTHK.shape
+    return a_BTHK.ap(pattern=[[H * K, rows], [T * H * K, nbj], [1, H * K]], offset=(b0 * T + t0) * H * K)
+
+
+def _rotate_chunk(y, x, cols, rows, nbj):
+    """y[0:rows, 0:nbj] = the rotation of x (any dtypes): per k < K/2 two ScalarE products with the
+    cos column and two VectorE multiply-adds with the +-sin columns."""
+    P = nl.tile_size.pmax
+    _, nb, H, K = x.shape
+    K2 = K // 2
+    c, ps, ns = cols
+    for k in nl.affine_range(K2):
+        x1, x2 = x[0:rows, 0:nbj, :, k], x[0:rows, 0:nbj, :, K2 + k]
+        a = nl.ndarray((P, nb, H), dtype=nl.float32, buffer=nl.sbuf)
+        b = nl.ndarray((P, nb, H), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=a[0:rows, 0:nbj], op=nl.copy, data=x1, scale=c[0:rows, k:k + 1])
+        nisa.activation(dst=b[0:rows, 0:nbj], op=nl.copy, data=x2, scale=c[0:rows, k:k + 1])
+        nisa.scalar_tensor_tensor(dst=y[0:rows, 0:nbj, :, k], data=x2, op0=nl.multiply, operand0=ps[0:rows, k:k + 1],
+                                  op1=nl.add, operand1=a[0:rows, 0:nbj])
+        nisa.scalar_tensor_tensor(dst=y[0:rows, 0:nbj, :, K2 + k], data=x1, op0=nl.multiply,
+                                  operand0=ns[0:rows, k:k + 1], op1=nl.add, operand1=b[0:rows, 0:nbj])
 
 
 def _gain(g_PH):
@@ -58,57 +128,39 @@ def _gain(g_PH):
     return gain_PH
 
 
-def _gained(tab_PHK2, g_PH, rows, H, K2):
-    """An fp32 copy of a [P, H, K/2] table with head h scaled by g[h]."""
-    P = nl.tile_size.pmax
-    out_PHK2 = nl.ndarray((P, H, K2), dtype=nl.float32, buffer=nl.sbuf)
+def _scale_heads(dst, src, gain_PH, rows, nbj):
+    """dst[:, :, h] = src[:, :, h] * g[h] on ScalarE, one `activation` per head ([P, nb, K] views)."""
+    H = src.shape[2]
     for h in nl.affine_range(H):
-        nisa.tensor_scalar(dst=out_PHK2[0:rows, h], data=tab_PHK2[0:rows, h], op0=nl.multiply,
-                           operand0=g_PH[0:rows, h:h + 1])
-    return out_PHK2
-
-
-def _rotate_tile(y_PHK, x_PHK, c, s, sign, rows, K):
-    """y[0:rows] = (x1 c + sign x2 s, x2 c - sign x1 s): six VectorE ops (4 products, 2 fused mul-adds)."""
-    P = nl.tile_size.pmax
-    H, K2 = x_PHK.shape[1], K // 2
-    x1, x2 = x_PHK[0:rows, :, 0:K2], x_PHK[0:rows, :, K2:K]
-    a_PHK2 = nl.ndarray((P, H, K2), dtype=nl.float32, buffer=nl.sbuf)
-    b_PHK2 = nl.ndarray((P, H, K2), dtype=nl.float32, buffer=nl.sbuf)
-    # first half: x1 c + sign * x2 s
-    nisa.tensor_tensor(dst=a_PHK2[0:rows], data1=x1, data2=c, op=nl.multiply)
-    nisa.tensor_tensor(dst=b_PHK2[0:rows], data1=x2, data2=s, op=nl.multiply)
-    nisa.scalar_tensor_tensor(dst=y_PHK[0:rows, :, 0:K2], data=b_PHK2[0:rows], op0=nl.multiply,
-                              operand0=sign, op1=nl.add, operand1=a_PHK2[0:rows])
-    # second half: x2 c - sign * x1 s
-    nisa.tensor_tensor(dst=a_PHK2[0:rows], data1=x2, data2=c, op=nl.multiply)
-    nisa.tensor_tensor(dst=b_PHK2[0:rows], data1=x1, data2=s, op=nl.multiply)
-    nisa.scalar_tensor_tensor(dst=y_PHK[0:rows, :, K2:K], data=b_PHK2[0:rows], op0=nl.multiply,
-                              operand0=-sign, op1=nl.add, operand1=a_PHK2[0:rows])
+        nisa.activation(dst=dst[0:rows, 0:nbj, h], op=nl.copy, data=src[0:rows, 0:nbj, h],
+                        scale=gain_PH[0:rows, h:h + 1])
 
 
 def _rotate(x_BTHK, cos_TK2, sin_TK2, sign, g_PH):
     """rope(x) (sign 1) or its inverse (sign -1), each head scaled by g[h] unless g_PH is None."""
     B, T, H, K = x_BTHK.shape
-    K2 = K // 2
     P = nl.tile_size.pmax
     dt = x_BTHK.dtype
+    gained = g_PH != None  # noqa: E711 (NKI 0.3 has no `is`: nki/migration/index.rst)
+    nb = _chunk(B, H, K, dt, 2, 1 if gained else 0)  # x, y (and x g in fp32)
     y_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
-    if g_PH != None:  # noqa: E711 (NKI 0.3 has no `is`: nki/migration/index.rst)
+    if gained:
         gain_PH = _gain(g_PH)
     for tt in nl.affine_range((T + P - 1) // P):
         t0 = tt * P
         rows = min(P, T - t0)
-        cos_PHK2, sin_PHK2 = _tables(cos_TK2, sin_TK2, t0, rows, H, K2)
-        if g_PH != None:  # noqa: E711
-            cos_PHK2, sin_PHK2 = _gained(cos_PHK2, gain_PH, rows, H, K2), _gained(sin_PHK2, gain_PH, rows, H, K2)
-        c, s = cos_PHK2[0:rows], sin_PHK2[0:rows]
-        for b in nl.affine_range(B):
-            x_PHK = nl.ndarray((P, H, K), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=x_PHK[0:rows], src=x_BTHK[b, t0:t0 + rows])
-            y_PHK = nl.ndarray((P, H, K), dtype=dt, buffer=nl.sbuf)
-            _rotate_tile(y_PHK, x_PHK, c, s, sign, rows, K)
-            nisa.dma_copy(dst=y_BTHK[b, t0:t0 + rows], src=y_PHK[0:rows])
+        cols = _columns(cos_TK2, sin_TK2, t0, rows, sign)
+        for bc in nl.affine_range((B + nb - 1) // nb):
+            b0 = bc * nb
+            nbj = min(nb, B - b0)
+            x = _load(x_BTHK, b0, nb, nbj, t0, rows, dt)
+            if gained:  # x g[h] in fp32 first (one ScalarE pass), then the rotation of that
+                xg = nl.ndarray((P, nb, H, K), dtype=nl.float32, buffer=nl.sbuf)
+                _scale_heads(xg, x, gain_PH, rows, nbj)
+                x = xg
+            y = nl.ndarray((P, nb, H, K), dtype=dt, buffer=nl.sbuf)
+            _rotate_chunk(y, x, cols, rows, nbj)
+            nisa.dma_copy(dst=_hbm_view(y_BTHK, b0, nbj, t0, rows), src=y[0:rows, 0:nbj])
     return y_BTHK
 
 
@@ -134,38 +186,35 @@ def rope_gain_fwd(x_BTHK, cos_TK2, sin_TK2, g_PH):
 def rope_gain_bwd(x_BTHK, cos_TK2, sin_TK2, g_PH, dy_BTHK):
     """(dx_BTHK in x's dtype = g[h] rope^-1(dy), dg_TH fp32 = sum over b, k of rope^-1(dy) x)."""
     B, T, H, K = x_BTHK.shape
-    K2 = K // 2
     P = nl.tile_size.pmax
     dt = x_BTHK.dtype
+    nb = _chunk(B, H, K, dt, 3, 1)  # dy, x, dx and r in fp32
+    nchunks = (B + nb - 1) // nb
     dx_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     dg_TH = nl.ndarray((T, H), dtype=nl.float32, buffer=nl.shared_hbm)
     gain_PH = _gain(g_PH)
     for tt in nl.affine_range((T + P - 1) // P):
         t0 = tt * P
         rows = min(P, T - t0)
-        cos_PHK2, sin_PHK2 = _tables(cos_TK2, sin_TK2, t0, rows, H, K2)
-        c, s = cos_PHK2[0:rows], sin_PHK2[0:rows]
+        cols = _columns(cos_TK2, sin_TK2, t0, rows, -1.0)
+        part_PHC = nl.ndarray((P, H, nchunks), dtype=nl.float32, buffer=nl.sbuf)  # one partial per chunk
+        for bc in nl.affine_range(nchunks):
+            b0 = bc * nb
+            nbj = min(nb, B - b0)
+            dy = _load(dy_BTHK, b0, nb, nbj, t0, rows, dt)
+            x = _load(x_BTHK, b0, nb, nbj, t0, rows, dt)
+            r = nl.ndarray((P, nb, H, K), dtype=nl.float32, buffer=nl.sbuf)
+            _rotate_chunk(r, dy, cols, rows, nbj)
+            dx = nl.ndarray((P, nb, H, K), dtype=dt, buffer=nl.sbuf)
+            _scale_heads(dx, r, gain_PH, rows, nbj)
+            nisa.dma_copy(dst=_hbm_view(dx_BTHK, b0, nbj, t0, rows), src=dx[0:rows, 0:nbj])
+            # the gain's gradient: r x on GpSimd (in place of r), its sum over (b, k) per head on ScalarE
+            nisa.tensor_tensor(dst=r[0:rows, 0:nbj], data1=r[0:rows, 0:nbj], data2=x[0:rows, 0:nbj], op=nl.multiply,
+                               engine=nisa.engine.gpsimd)
+            for h in nl.affine_range(H):
+                nisa.activation_reduce(dst=r[0:rows, 0:nbj, h], op=nl.copy, data=r[0:rows, 0:nbj, h],
+                                       reduce_op=nl.add, reduce_res=part_PHC[0:rows, h, bc:bc + 1])
         acc_PH = nl.ndarray((P, H), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.memset(dst=acc_PH[0:rows], value=0.0)
-        for b in nl.sequential_range(B):  # acc_PH carries over b
-            dy_PHK = nl.ndarray((P, H, K), dtype=dt, buffer=nl.sbuf)
-            x_PHK = nl.ndarray((P, H, K), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=dy_PHK[0:rows], src=dy_BTHK[b, t0:t0 + rows])
-            nisa.dma_copy(dst=x_PHK[0:rows], src=x_BTHK[b, t0:t0 + rows])
-            r_PHK = nl.ndarray((P, H, K), dtype=nl.float32, buffer=nl.sbuf)
-            _rotate_tile(r_PHK, dy_PHK, c, s, -1.0, rows, K)
-            dx_PHK = nl.ndarray((P, H, K), dtype=dt, buffer=nl.sbuf)
-            for h in nl.affine_range(H):  # on ScalarE (otherwise idle here): scale by the [P, 1] gain column
-                nisa.activation(dst=dx_PHK[0:rows, h], op=nl.copy, data=r_PHK[0:rows, h],
-                                scale=gain_PH[0:rows, h:h + 1])
-            nisa.dma_copy(dst=dx_BTHK[b, t0:t0 + rows], src=dx_PHK[0:rows])
-            # the gain's gradient: sum over k of r x, accumulated over the batch per (t, h)
-            prod_PHK = nl.ndarray((P, H, K), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=prod_PHK[0:rows], data1=r_PHK[0:rows], data2=x_PHK[0:rows], op=nl.multiply)
-            part_PH = nl.ndarray((P, H), dtype=nl.float32, buffer=nl.sbuf)
-            for h in nl.affine_range(H):  # the sums over k on ScalarE (VectorE bounds this kernel)
-                nisa.activation_reduce(dst=prod_PHK[0:rows, h], op=nl.copy, data=prod_PHK[0:rows, h],
-                                       reduce_op=nl.add, reduce_res=part_PH[0:rows, h:h + 1])
-            nisa.tensor_tensor(dst=acc_PH[0:rows], data1=acc_PH[0:rows], data2=part_PH[0:rows], op=nl.add)
+        nisa.tensor_reduce(dst=acc_PH[0:rows], op=nl.add, data=part_PHC[0:rows], axis=2)
         nisa.dma_copy(dst=dg_TH[t0:t0 + rows], src=acc_PH[0:rows])
     return dx_BTHK, dg_TH

@@ -235,6 +235,10 @@ CASES = {
                   "nisa.tensor_scalar(dst=r, data=t, op0=nl.multiply, operand0=c)  # <-"),
         good=unary("nisa.tensor_scalar(dst=r, data=t, op0=nl.multiply, operand0=t[:, 0:1], op1=nl.add, operand1=2)"),
         ref=lambda a: a * a[:, :1] + 2),
+    "tensor_scalar.gpsimd": dict(
+        bad=unary("nisa.tensor_scalar(dst=r, data=t, op0=nl.multiply, operand0=2.0, engine=nisa.engine.gpsimd)  # <-"),
+        good=unary("nisa.tensor_scalar(dst=r, data=t, op0=nl.rsqrt, operand0=0.0, engine=nisa.engine.gpsimd)"),
+        ref=lambda a: 1.0 / np.sqrt(a)),
     "tensor_tensor.psum": dict(bad=via_psum("nisa.tensor_tensor(dst=r, data1=p, data2=p, op=nl.add)  # <-"),
                                good=via_psum("nisa.tensor_tensor(dst=r, data1=p, data2=t, op=nl.add)"),
                                ref=lambda a: 2 * a),
@@ -265,6 +269,12 @@ CASES = {
         bad=unary("i = nl.ndarray(t.shape, dtype=nl.int32, buffer=nl.sbuf)\nnisa.memset(dst=i, value=2.5)  # <-"),
         good=unary("i = nl.ndarray(t.shape, dtype=nl.int32, buffer=nl.sbuf)\nnisa.memset(dst=i, value=2)\n"
                    "nisa.tensor_copy(dst=r, src=i)"), ref=lambda a: np.full_like(a, 2)),
+    "gather.args": dict(  # nc_n_gather: column j of each partition gathers element 63 - j (uint32 indices)
+        bad=unary("i = nl.ndarray((128, 64), dtype=nl.int32, buffer=nl.sbuf)\n"
+                  "nisa.iota(dst=i, pattern=[[-1, 64]], offset=63)\nnisa.nc_n_gather(dst=r, data=t, indices=i)  # <-"),
+        good=unary("i = nl.ndarray((128, 64), dtype=nl.uint32, buffer=nl.sbuf)\n"
+                   "nisa.iota(dst=i, pattern=[[-1, 64]], offset=63)\nnisa.nc_n_gather(dst=r, data=t, indices=i)"),
+        ref=lambda a: a[:, ::-1]),
     "affine_select.args": dict(
         bad=via_psum("nisa.affine_select(dst=r, pattern=[[-1, 64]], channel_multiplier=1, on_true_tile=p, "
                      "on_false_value=0.0, cmp_op=nl.greater_equal)  # <-"),

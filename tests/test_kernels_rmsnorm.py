@@ -13,8 +13,10 @@ from frontier_jax import reference as ref
 from kernels_nki import emulator, registry
 
 TOL = {"float32": 1e-5, "bfloat16": 2e-2}
-# [N, D] block shapes and the QK-norm [N * heads, 64] shape; N not a multiple of 128 included
-SHAPES = [(128, 512), (300, 512), (1, 256), (257, 64), (1000, 64)]
+# [N, D] block shapes and the QK-norm [N * heads, 64] shape; N not a multiple of 128 included; 700 x 512
+# and 4500 x 64 reach the full tiles of 128 x R rows (R = 4 / 32 rows per partition), then 128 x R' rows
+# and a ragged last tile
+SHAPES = [(128, 512), (300, 512), (1, 256), (257, 64), (1000, 64), (700, 512), (4500, 64)]
 
 
 def _assert_close(a, b, tol):
@@ -80,3 +82,16 @@ def test_op_routed_through_emulated_kernel_matches_reference(dtype):
     tol = TOL["bfloat16" if dtype == jnp.bfloat16 else "float32"]
     _assert_close(y_emu, y_ref, tol)
     _assert_close(g_emu, g_ref, tol)
+
+
+@pytest.mark.parametrize("D", [64, 512])
+def test_backward_engine_split(kernels, D):
+    """Backward per element: the dy * x product once on GpSimd, one two-input VectorE pass (dx = dy inv + x e);
+    VectorE's other work is 3 [P, R] instructions per tile of 128 x R rows (R = 2048 // D)."""
+    R = 2048 // D
+    N = 2 * 128 * R  # two full tiles
+    x = ((N, D), "bfloat16")
+    c = emulator.count(kernels.rmsnorm_bwd, x, ((N, 1), "float32"), x)
+    assert c.gpsimd_elems_issued == N * D
+    assert c.vector_elems_issued == 2 * N * D + 2 * 3 * 128 * max(64, 2 * R)
+    assert c.scalar_elems_issued == N * D + N * (max(64, D) + 64)  # x e, and the row sums of dy * x

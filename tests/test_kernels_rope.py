@@ -42,8 +42,42 @@ def test_cos_sin_loaded_once_per_sequence_tile(kernels):
     """cos/sin rows are fetched once per T tile and reused across the batch: DMA = x in + y out + tables."""
     B, T, H, K = 8, 200, 4, 64
     c = emulator.count(kernels.rope_fwd, ((B, T, H, K), "bfloat16"), ((T, K // 2), "bfloat16"), ((T, K // 2), "bfloat16"))
-    assert c.dma_bytes == 2 * B * T * H * K * 2 + 2 * H * T * (K // 2) * 2
+    assert c.dma_bytes == 2 * B * T * H * K * 2 + 2 * T * (K // 2) * 2
     assert c.pe_macs_issued == 0
+
+
+def test_rotation_is_one_scalar_and_one_two_input_vector_pass(kernels):
+    """Per element: one ScalarE product (cos column as the scale) and one two-input VectorE multiply-add
+    (sin column as the scalar operand); the rest is the fp32 cos/+-sin columns, 3 small VectorE
+    instructions per T tile. 16 sequences x 4 heads: 64-element instructions, at the MIN_II floor."""
+    B, T, H, K = 16, 256, 4, 64
+    c = emulator.count(kernels.rope_fwd, ((B, T, H, K), "bfloat16"), ((T, K // 2), "bfloat16"), ((T, K // 2), "bfloat16"))
+    n, tiles = B * T * H * K, T // 128
+    assert c.scalar_elems_issued == n
+    assert c.vector_elems_issued == 2 * n + tiles * 3 * 128 * 64
+    assert c.gpsimd_elems_issued == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_several_sequence_chunks_last_ragged(kernels, dtype):
+    """B above the chunk size (32 sequences for rope at H*K = 512, 16 / 12 for rope_gain fwd / bwd):
+    every chunk, the ragged last one included, matches the reference, and dg sums over all chunks."""
+    shape = (33, 5, 8, 64)
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
+    rng = np.random.default_rng(11)
+    x, dy = (rng.standard_normal(shape).astype(np_dtype) for _ in range(2))
+    g = rng.standard_normal(shape[2]).astype(np.float32)
+    cos, sin = ref.rope_tables(shape[1], shape[3], 10000.0)
+    c, s = cos.astype(np_dtype), sin.astype(np_dtype)
+    x32, dy32, c32, s32 = (a.astype(np.float32) for a in (x, dy, c, s))
+    _assert_close(kernels.rope_fwd(x, c, s), ref.rope(x32, c32, s32), TOL[dtype])
+    _assert_close(kernels.rope_bwd(dy, c, s), ref.rope(dy32, c32, -s32), TOL[dtype])
+    g_PH = np.broadcast_to(g, (128, shape[2])).copy()
+    _assert_close(kernels.rope_gain_fwd(x, c, s, g_PH), ref.rope_gain(x32, c32, s32, g), TOL[dtype])
+    dx, dg_TH = kernels.rope_gain_bwd(x, c, s, g_PH, dy)
+    dx_ref, dg_ref = ref.rope_gain_bwd(x32, c32, s32, g_PH, dy32)
+    _assert_close(dx, dx_ref, TOL[dtype])
+    _assert_close(dg_TH, dg_ref, TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16])  # fp32 is covered kernel-level above
@@ -87,16 +121,20 @@ def test_gain_forward_and_backward_match_reference(kernels, shape, dtype):
     _assert_close(dg_TH, dg_decl, TOL[dtype])
 
 
-def test_gain_costs_no_per_token_work_forward(kernels):
-    """The forward folds the gain into the cos/sin tiles: per token the same VectorE work and DMA as rope
-    (the gain is loaded once; the tables are scaled once per T tile)."""
+def test_gain_costs_one_scalar_pass_forward_and_gpsimd_product_backward(kernels):
+    """The forward scales x by g[h] in one ScalarE pass (no VectorE work, no extra HBM pass but the
+    [128, H] gain); the backward's r * x product runs on GpSimd, once per element."""
     B, T, H, K = 8, 256, 4, 64
-    x, tab = ((B, T, H, K), "bfloat16"), ((T, K // 2), "bfloat16")
+    x, tab, g = ((B, T, H, K), "bfloat16"), ((T, K // 2), "bfloat16"), ((128, H), "float32")
+    n = B * T * H * K
     plain = emulator.count(kernels.rope_fwd, x, tab, tab)
-    gained = emulator.count(kernels.rope_gain_fwd, x, tab, tab, ((128, H), "float32"))
+    gained = emulator.count(kernels.rope_gain_fwd, x, tab, tab, g)
     assert gained.dma_bytes == plain.dma_bytes + 128 * H * 4
-    tiles = T // 128
-    assert gained.vector_instructions == plain.vector_instructions + tiles * 2 * H
+    assert gained.vector_elems_issued == plain.vector_elems_issued
+    assert gained.scalar_elems_issued == plain.scalar_elems_issued + n
+    bwd = emulator.count(kernels.rope_gain_bwd, x, tab, tab, g, x)
+    assert bwd.gpsimd_elems_issued == n and bwd.gpsimd_instructions == T // 128  # one chunk of 8 sequences
+    assert bwd.vector_elems_issued < plain.vector_elems_issued + (T // 128) * 128 * 64 * 2
 
 
 def test_gain_op_routed_through_emulated_kernel_matches_reference():

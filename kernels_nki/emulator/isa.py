@@ -14,6 +14,7 @@ import numpy as np
 
 from kernels_nki.emulator import machine as _m
 from kernels_nki.emulator.dma import dge_mode, dma_compute, dma_copy, oob_mode  # noqa: F401 (nki.isa names)
+from kernels_nki.emulator.gather import nc_n_gather  # noqa: F401 (an nki.isa name)
 from kernels_nki.emulator.language import Op, add, equal
 from kernels_nki.emulator.language import tile_size as _ts
 from kernels_nki.emulator.machine import rule
@@ -299,6 +300,8 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     _same_layout(dst, data, "tensor_scalar")
     _engine_psum(engine, dst, data)
     _alu(op0, "tensor_scalar op0", unary_ok=True)
+    if engine == "gpsimd" and "rsqrt" not in (op0.name, getattr(op1, "name", None)):
+        rule("tensor_scalar.gpsimd", f"tensor_scalar(engine=gpsimd, op0={op0!r}, op1={op1!r})")
     p, nd = data.shape[0], data.ndim
     for x, what in ((operand0, "operand0"), (operand1, "operand1")):
         if isinstance(x, _m.Tensor) and x.dtype != np.float32:

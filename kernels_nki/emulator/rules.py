@@ -173,6 +173,9 @@ RULES: tuple[Rule, ...] = (
     R("tensor_scalar.operands", "tensor_scalar operands are numbers or float32 [N, 1] tiles", ALL,
       f"{ISA} tensor_scalar ('operand0 and operand1 (if used) must be float32')", "runtime",
       "A Python number is a compile-time constant the compiler encodes as float32; tiles must be float32."),
+    R("tensor_scalar.gpsimd", "tensor_scalar runs on GpSimd only for rsqrt", ALL,
+      f"{ISA} tensor_scalar (engine: 'nki.isa.engine.gpsimd (only allowed for rsqrt)')", "runtime",
+      "Read as: one of the instruction's operators is nl.rsqrt."),
     R("tensor_tensor.psum", "tensor_tensor data1 and data2 are not both in PSUM", ALL, f"{ISA} tensor_tensor"),
     R("stt.psum", "scalar_tensor_tensor data and operand1 are not both in PSUM", ALL, f"{ISA} scalar_tensor_tensor"),
     R("scan.psum", "tensor_tensor_scan data0 and data1 are not both in PSUM", ALL, f"{ISA} tensor_tensor_scan"),
@@ -182,6 +185,12 @@ RULES: tuple[Rule, ...] = (
       f"{SHARED} Supported Math Operators (Legal Reduction op)"),
     R("memset.value", "memset value matches dst's dtype (no float value into an integer tile)", ALL,
       f"{NOTES} NKI 0.3.0 Breaking Changes"),
+    R("gather.args", "nc_n_gather: data, indices, dst in SBUF; indices uint32; dst in data's dtype with as many "
+      "elements per partition as indices; equal partitions; indices within data's flattened free size", ALL,
+      f"{ISA} nc_n_gather", "runtime",
+      "The document carries no NeuronCore-version note (range_select, by contrast, says 'NeuronCore-v3 and "
+      "newer'); it replaced nl.gather_flattened (release-notes/components/nki.rst), so it is read as "
+      "available on NeuronCore-v2."),
     R("affine_select.args", "affine_select: dst and on_true_tile in SBUF, on_false_value a number, the pattern "
       "matches dst's free shape (0.3 order: dst, pattern, channel_multiplier, on_true_tile, on_false_value, "
       "cmp_op, offset)", ALL, f"{ISA} affine_select; {NOTES} NKI 0.3.0 Breaking Changes"),
