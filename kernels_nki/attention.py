@@ -50,18 +50,19 @@ nc_matmul(is_transpose=True) against an identity ("Transpose mode"), split into 
 on the two row tiles: a [128, 128] transpose streams 64 identity columns per tile instead of 128.
 
 Engines (B=1, T=1024, H=8, G=4, K=64, bf16; kernels_nki.report, cost model at AWS's documented trn1
-engine rates, two-input VectorE instructions at ~2N cycles, row-tiled matmuls charged their row tile):
-plain forward 61.4 us per sequence (ScalarE 61.4: exp 31 + two of three transpose copies; VectorE
-55.1: row max 33 + every FWD_VEC-th copy + the reciprocal and first-chunk copies; TensorE 27.8;
-GpSimd 11.9); plain backward 58.7 us (VectorE 58.7: dp - Di 33 + every BWD_VEC-th ds^T copy and the
-q^T / dO^T copies 22; ScalarE 58.5: exp 26 + the other ds^T copies 26; TensorE 46.1; GpSimd 38.2:
-the ds product 26 and the masks 6). Fused: forward 61.4 us (ScalarE 61.4, VectorE 60.6, GpSimd 50.7:
-the prep's scalings and rotations), backward 90.5 us (GpSimd 90.5, ScalarE 81.9: the prep's norm,
-VectorE 79.8: dq's rotation back; all ds^T copies on ScalarE, BWD_VEC_QK), against 61.4 + 58.7 us
-plus, before, the separate QK-norm (q, k), rope_gain and rope calls' 2,957 + 4,360 us per layer and
-micro-batch of 64 sequences; the fusion adds 0 (forward) + 31.8 (backward) us per sequence, 2.0 ms. Before
-this layout (full-array transposes, the mask matmul in the backward, ds as one two-input VectorE
-pass): plain 66.6 / 78.9 us.
+engine rates, two-input VectorE instructions at ~2N cycles, row-tiled matmuls charged their row tile;
+GpSimd runs tensor_tensor and rsqrt-only tensor_scalar, so [P, 1] statistics stay on VectorE):
+plain forward 64.4 us per sequence (ScalarE 64.4: exp 31 + two of three transpose copies; VectorE
+64.2: row max 33 + every FWD_VEC-th copy + the [P, 1] statistics; TensorE 27.8); plain backward 61.4
+us (ScalarE 61.4: exp 26 + three of four ds^T copies + the lse negation; VectorE 58.7: dp - Di 33 +
+the other ds^T copies and the q^T / dO^T copies; TensorE 46.1; GpSimd 35.3: the ds product 26 and the
+masks 6). Fused: forward 69.9 us (ScalarE 69.9, VectorE 69.3: + the QK-norm's row sums and
+scalings; GpSimd 28.3: the squares and rotations), backward 87.2 us (GpSimd 87.2: + the rotations and
+products of the prep and its gradient; ScalarE 86.7: + the norm's scalings; VectorE 83.9), against
+64.4 + 61.4 us plus, before, the separate QK-norm (q, k), rope_gain and rope calls per layer and
+micro-batch of 64 sequences; the fusion adds 5.5 (forward) + 25.8 (backward) us per sequence, 2.0 ms
+per layer and micro-batch. Before this layout (full-array transposes, the mask matmul in the
+backward, ds as one two-input VectorE pass): plain 66.6 / 78.9 us.
 
 TensorE useful/issued (the causal triangle, diagonal blocks included, counted as useful; transposes
 and the mask matmul useful 0): forward 0.529, backward 0.750. Per 128 x 128 block the forward issues
@@ -87,8 +88,9 @@ import nki.isa as nisa
 import nki.language as nl
 
 FWD_VEC = 3  # forward: every FWD_VEC-th key tile's p^T leaves PSUM on VectorE, the others on ScalarE
+FWD_VEC_QK = 6  # the same for qk_attention's forward (VectorE also takes the QK-norm's row sums and scalings)
 BWD_VEC = 4  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
-BWD_VEC_QK = 0  # the same for qk_attention's backward (0: all on ScalarE; VectorE takes dq/dk's rotations)
+BWD_VEC_QK = 4  # the same for qk_attention's backward
 KC = 512  # keys per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
 NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
 EPS = 1.1920928955078125e-07  # QK-norm epsilon: float32 machine epsilon == frontier_jax.reference.RMS_EPS
@@ -155,7 +157,7 @@ def _head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=()
     nisa.dma_copy(dst=t[0:rows], src=x_BTXK[b, t0:t0 + rows, x])
     norm = ()
     if prep:
-        t, xn, inv = _prep_tile(t, rows, prep[0], prep[1], prep[2], dt, prep[3])
+        t, xn, inv = _prep_tile(t, rows, prep[0], prep[1], dt, prep[2])
         norm = (xn, inv)
     if not transposed:
         return t, None, norm
@@ -174,7 +176,7 @@ def _kv_head(x_BTGK, b, g, dt, ident, rope=()):
     tiles, norms = [], []
     for i in nl.affine_range(_cdiv(T, P)):
         r = min(P, T - i * P)
-        prep = (rope[0][i], rope[1], (), rope[2]) if rope else ()
+        prep = (rope[0][i], (), rope[1]) if rope else ()
         t, _, norm = _head_rows(x_BTGK, b, g, i * P, r, dt, None, False, prep=prep)
         _transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K, ident)
         tiles.append(t)
@@ -196,7 +198,7 @@ def _rope_tiles(cos_TK2, sin_TK2):
         nisa.dma_copy(dst=c2[0:r, 0:K2], src=cos_TK2[i * P:i * P + r])
         nisa.tensor_copy(dst=c2[0:r, K2:2 * K2], src=c2[0:r, 0:K2], engine=nisa.engine.gpsimd)
         nisa.dma_copy(dst=s[0:r], src=sin_TK2[i * P:i * P + r])
-        nisa.tensor_scalar(dst=ns[0:r], data=s[0:r], op0=nl.multiply, operand0=-1.0, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=ns[0:r], op=nl.copy, data=s[0:r], scale=-1.0)
         tiles.append((c2, s, ns))
     return tiles
 
@@ -219,45 +221,64 @@ def _rotate(dst, x_f, rows, cs, inverse, engine):
     nisa.tensor_tensor(dst=dst[0:rows], data1=a[0:rows], data2=e[0:rows], op=nl.add, engine=engine)
 
 
-def _prep_tile(x_t, rows, cs, eps_P1, gain, dt, on_scalar):
-    """(y [P, K] in dt = rope(qk_norm(x)) [* gain], xn = x inv fp32, inv = rsqrt(mean(x^2) + eps) fp32 [P, 1])
-    of a raw [rows, K] tile, fp32 math (reference.rms_norm, reference.rope / rope_gain); gain: () or
-    (g_P1,). The rotation runs on GpSimd; the norm on ScalarE (`on_scalar`: the squares' row sum, rsqrt
-    with its [P, 1] bias tile, the scaling by its [P, 1] scale), else the squares and scalings on GpSimd
-    and the row sum on VectorE (the forward, where ScalarE is the busiest engine)."""
+def _prep_tile(x_t, rows, cs, gain, dt, on_scalar):
+    """(y [P, K] in dt = rope(qk_norm(x)) [* gain], xn fp32, inv = rsqrt(mean(x^2) + eps) fp32 [P, 1]) of a
+    raw [rows, K] tile, fp32 math (reference.rms_norm, reference.rope / rope_gain); gain: () or (g_P1,)
+    with g_P1 = gain * sqrt(K) (`_gain`). inv = sqrt(K) rsqrt(sum(x^2) + K eps): one GpSimd tensor_scalar
+    (add, then rsqrt: GpSimd tensor_scalar is documented for rsqrt only, nki/api/nki/isa/__init__.py
+    tensor_scalar `engine`), its sqrt(K) folded into the [P, 1] scale columns (VectorE). `on_scalar` (the
+    backward): the squares' row sum and the scalings on ScalarE, and xn = x inv exactly (what
+    `_prep_grad` needs); else (the forward, where ScalarE is the busiest engine) the squares on GpSimd,
+    their row sum and the scaling on VectorE, and xn = x inv gain. The rotation runs on GpSimd."""
     K = x_t.shape[1]
     P = nl.tile_size.pmax
     gp = nisa.engine.gpsimd
     sq = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
     ss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    xn = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
     if on_scalar:
         nisa.activation_reduce(dst=sq[0:rows], op=nl.square, data=x_t[0:rows], reduce_op=nl.add,
                                reduce_res=ss_P1[0:rows])
-        nisa.activation(dst=inv_P1[0:rows], op=nl.rsqrt, data=ss_P1[0:rows], scale=1.0 / K, bias=eps_P1[0:rows])
-        nisa.activation(dst=xn[0:rows], op=nl.copy, data=x_t[0:rows], scale=inv_P1[0:rows])
     else:
         nisa.tensor_tensor(dst=sq[0:rows], data1=x_t[0:rows], data2=x_t[0:rows], op=nl.multiply, engine=gp)
         nisa.tensor_reduce(dst=ss_P1[0:rows], op=nl.add, data=sq[0:rows], axis=1, keepdims=True)
-        nisa.tensor_scalar(dst=ss_P1[0:rows], data=ss_P1[0:rows], op0=nl.multiply, operand0=1.0 / K,
-                           op1=nl.add, operand1=eps_P1[0:rows], engine=gp)
-        nisa.tensor_scalar(dst=inv_P1[0:rows], data=ss_P1[0:rows], op0=nl.rsqrt, operand0=0.0, engine=gp)
-        nisa.tensor_scalar(dst=xn[0:rows], data=x_t[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows], engine=gp)
-    src = xn
+    r_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # rsqrt(sum x^2 + K eps) = inv / sqrt(K)
+    nisa.tensor_scalar(dst=r_P1[0:rows], data=ss_P1[0:rows], op0=nl.add, operand0=K * EPS, op1=nl.rsqrt,
+                       operand1=0.0, engine=gp)
+    xs = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    g_sqrt_k = gain[0][0:rows] if gain else K ** 0.5
+    if not on_scalar:  # the forward: x r (gain sqrt(K)) in one VectorE instruction; no inv, no xn
+        nisa.tensor_scalar(dst=xs[0:rows], data=x_t[0:rows], op0=nl.multiply, operand0=r_P1[0:rows],
+                           op1=nl.multiply, operand1=g_sqrt_k)
+        y = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+        _rotate(y, xs, rows, cs, False, gp)
+        return y, (), ()
+    inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=inv_P1[0:rows], data=r_P1[0:rows], op0=nl.multiply, operand0=K ** 0.5)
+    scale_P1 = inv_P1
     if gain:
-        src = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=src[0:rows], data=xn[0:rows], op0=nl.multiply, operand0=gain[0][0:rows], engine=gp)
+        scale_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=scale_P1[0:rows], data=r_P1[0:rows], op0=nl.multiply, operand0=gain[0][0:rows])
+    _scale_rows(xs, x_t, rows, scale_P1)
+    xn = xs
+    if gain:
+        xn = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        _scale_rows(xn, x_t, rows, inv_P1)
     y = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-    _rotate(y, src, rows, cs, False, gp)
+    _rotate(y, xs, rows, cs, False, gp)
     return y, xn, inv_P1
+
+
+def _scale_rows(dst, x, rows, s_P1):
+    """dst[0:rows] = x[0:rows] * s (an fp32 [P, 1] column) on ScalarE (its activation scale)."""
+    nisa.activation(dst=dst[0:rows], op=nl.copy, data=x[0:rows], scale=s_P1[0:rows])
 
 
 def _prep_grad(dst, d_f, rows, cs, norm, gain, dg_P1, rot_engine):
     """dst[0:rows] = the gradient through `_prep_tile` of d_f (fp32 [P, K], w.r.t. its output rows): w =
     rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K) (reference.rms_norm_bwd after
     rope_gain_bwd); with a gain, dg_P1 += dot, the gain's gradient per row (d . rope(xn) = w . xn, the
-    rotation being orthogonal)."""
+    rotation being orthogonal). Products and sums of tiles on GpSimd, row sums and [P, 1] columns on
+    VectorE, scalings on ScalarE."""
     K = d_f.shape[1]
     P = nl.tile_size.pmax
     xn, inv_P1 = norm
@@ -271,29 +292,29 @@ def _prep_grad(dst, d_f, rows, cs, norm, gain, dg_P1, rot_engine):
     if gain:
         nisa.tensor_tensor(dst=dg_P1[0:rows], data1=dg_P1[0:rows], data2=dot_P1[0:rows], op=nl.add, engine=gp)
     c_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=c_P1[0:rows], data=dot_P1[0:rows], op0=nl.multiply, operand0=-1.0 / K, engine=gp)
-    nisa.tensor_scalar(dst=prod[0:rows], data=xn[0:rows], op0=nl.multiply, operand0=c_P1[0:rows], engine=gp)
+    nisa.tensor_scalar(dst=c_P1[0:rows], data=dot_P1[0:rows], op0=nl.multiply, operand0=-1.0 / K)
+    _scale_rows(prod, xn, rows, c_P1)
     nisa.tensor_tensor(dst=w[0:rows], data1=w[0:rows], data2=prod[0:rows], op=nl.add, engine=gp)
+    s_P1 = inv_P1
     if gain:
-        nisa.tensor_scalar(dst=dst[0:rows], data=w[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows],
-                           op1=nl.multiply, operand1=gain[0][0:rows], engine=gp)
-    else:
-        nisa.tensor_scalar(dst=dst[0:rows], data=w[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows], engine=gp)
+        s_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=s_P1[0:rows], data=inv_P1[0:rows], op0=nl.multiply, operand0=gain[0][0:rows],
+                           op1=nl.multiply, operand1=K ** -0.5)
+    _scale_rows(dst, w, rows, s_P1)
 
 
 def _rope_setup(cos_TK2, sin_TK2, on_scalar):
-    """(cos/sin tiles, eps [P, 1] fp32, on_scalar): what the QK-norm + RoPE prep needs, once per call."""
-    P = nl.tile_size.pmax
-    eps_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # v2: activation's bias is a tile
-    nisa.memset(dst=eps_P1, value=EPS)
-    return _rope_tiles(cos_TK2, sin_TK2), eps_P1, on_scalar
+    """(cos/sin tiles, on_scalar): what the QK-norm + RoPE prep needs, built once per call."""
+    return _rope_tiles(cos_TK2, sin_TK2), on_scalar
 
 
-def _gain(g_PH, h):
-    """The query gain of head h as an fp32 [P, 1] column (g_PH: the gain broadcast over 128 rows)."""
+def _gain(g_PH, h, K):
+    """(g_P1,): the query gain of head h times sqrt(K) as an fp32 [P, 1] column (g_PH: the gain broadcast
+    over 128 rows; sqrt(K) undoes `_prep_tile`'s rsqrt(sum x^2 + K eps) = inv / sqrt(K))."""
     P = nl.tile_size.pmax
     g_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=g_P1, src=g_PH[0:P, h:h + 1])
+    nisa.tensor_scalar(dst=g_P1, data=g_P1, op0=nl.multiply, operand0=K ** 0.5)
     return (g_P1,)
 
 
@@ -322,7 +343,7 @@ def _scores(qT, kT, t0, rows, c0, kc, bias, masked):
     return s_ps
 
 
-def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, last, dt):
+def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, last, dt, vec_every):
     """One key chunk of the online softmax; state = (m, l, acc), () for the first chunk -> the new state
     (acc: the PSUM p v itself when the first chunk is also the `last`, else an fp32 SBUF accumulator).
     (An empty tuple, not None: NKI 0.3 rejects `is` / `is not`, release-notes/components/nki.rst.)
@@ -337,8 +358,7 @@ def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, last, dt):
         nisa.tensor_tensor(dst=m_P1[0:rows], data1=m_P1[0:rows], data2=state[0][0:rows], op=nl.maximum,
                            engine=nisa.engine.gpsimd)
     neg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=neg_P1[0:rows], data=m_P1[0:rows], op0=nl.multiply, operand0=-scale,
-                       engine=nisa.engine.gpsimd)
+    nisa.tensor_scalar(dst=neg_P1[0:rows], data=m_P1[0:rows], op0=nl.multiply, operand0=-scale)
     p_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
     rs_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation_reduce(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s, bias=neg_P1[0:rows], scale=scale,
@@ -348,7 +368,7 @@ def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, last, dt):
         kr = min(P, kc - j * P)
         pT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
         _transpose(pT[0:kr, 0:rows], p_t[0:rows, j * P:j * P + kr], rows, kr, bias[0],
-                   on_vector=(t0 // P + c0 // P + j) % FWD_VEC == FWD_VEC - 1)
+                   on_vector=(t0 // P + c0 // P + j) % vec_every == vec_every - 1)
         nisa.nc_matmul(dst=o_ps[0:rows, 0:K], stationary=pT[0:kr, 0:rows], moving=v_tiles[c0 // P + j][0:kr, 0:K])
     if not state:
         if last:
@@ -360,7 +380,7 @@ def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, last, dt):
     corr_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=corr_P1[0:rows], op=nl.exp, data=m_old[0:rows], bias=neg_P1[0:rows], scale=scale)
     nisa.tensor_scalar(dst=l_P1[0:rows], data=l_P1[0:rows], op0=nl.multiply, operand0=corr_P1[0:rows],
-                       op1=nl.add, operand1=rs_P1[0:rows], engine=nisa.engine.gpsimd)
+                       op1=nl.add, operand1=rs_P1[0:rows])
     nisa.scalar_tensor_tensor(dst=acc_PK[0:rows], data=acc_PK[0:rows], op0=nl.multiply, operand0=corr_P1[0:rows],
                               op1=nl.add, operand1=o_ps[0:rows, 0:K])
     return m_P1, l_P1, acc_PK
@@ -379,30 +399,29 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
             v_tiles, _ = _kv_head_rows(v_BTGK, b, g, dt)
             for r in nl.affine_range(R):
                 h = g * R + r
-                gain = _gain(rope[2], h) if rope else ()
+                gain = _gain(rope[2], h, K) if rope else ()
                 for i in nl.affine_range(_cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
-                    prep = (setup[0][i], setup[1], gain, False) if rope else ()
+                    prep = (setup[0][i], gain, False) if rope else ()
                     _, qT, _ = _head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, prep=prep)
                     state = ()
                     chunks = _cdiv(t0 + rows, KC)
                     for c in nl.sequential_range(chunks):
                         c0 = c * KC
                         state = _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, min(KC, t0 + rows - c0), bias, scale,
-                                           state, c == chunks - 1, dt)
+                                           state, c == chunks - 1, dt, FWD_VEC_QK if rope else FWD_VEC)
                     m_P1, l_P1, acc_PK = state
                     inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.reciprocal(dst=inv_P1[0:rows], data=l_P1[0:rows])
                     o_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
                     nisa.tensor_scalar(dst=o_t[0:rows], data=acc_PK[0:rows, 0:K], op0=nl.multiply,
-                                       operand0=inv_P1[0:rows],
-                                       engine=nisa.engine.gpsimd if chunks > 1 else nisa.engine.vector)
+                                       operand0=inv_P1[0:rows])
                     nisa.dma_copy(dst=o_BTHK[b, t0:t0 + rows, h], src=o_t[0:rows])
                     lse_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=l_P1[0:rows])
-                    nisa.tensor_scalar(dst=lse_P1[0:rows], data=m_P1[0:rows], op0=nl.multiply, operand0=scale,
-                                       op1=nl.add, operand1=lse_P1[0:rows], engine=nisa.engine.gpsimd)
+                    nisa.activation(dst=lse_P1[0:rows], op=nl.copy, data=m_P1[0:rows], scale=scale,
+                                    bias=lse_P1[0:rows])
                     nisa.dma_copy(dst=lse_BHT1[b, h, t0:t0 + rows], src=lse_P1[0:rows])
     return o_BTHK, lse_BHT1
 
@@ -488,8 +507,7 @@ def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT
     nisa.tensor_reduce(dst=negdi_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, negate=True, keepdims=True)
     negl_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=negl_P1[0:rows], src=lse_BHT1[b, h, t0:t0 + rows])
-    nisa.tensor_scalar(dst=negl_P1[0:rows], data=negl_P1[0:rows], op0=nl.multiply, operand0=-1.0,
-                       engine=nisa.engine.gpsimd)
+    nisa.activation(dst=negl_P1[0:rows], op=nl.copy, data=negl_P1[0:rows], scale=-1.0)
     dq_ps = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum)
     for c in nl.affine_range(_cdiv(t0 + rows, KC)):
         c0 = c * KC
@@ -499,7 +517,7 @@ def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT
     if prep:
         d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=d_f[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
-        _prep_grad(dq_t, d_f, rows, prep[0], norm, prep[2], dg_P1, nisa.engine.vector)
+        _prep_grad(dq_t, d_f, rows, prep[0], norm, prep[1], dg_P1, nisa.engine.gpsimd)
     else:
         nisa.activation(dst=dq_t[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
     nisa.dma_copy(dst=dq_BTHK[b, t0:t0 + rows, h], src=dq_t[0:rows])
@@ -553,14 +571,14 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
                    [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
             for r in nl.affine_range(R):
                 h = g * R + r
-                gain = _gain(rope[2], h) if rope else ()
+                gain = _gain(rope[2], h, K) if rope else ()
                 dg_P1 = None
                 if rope:
                     dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
                 for i in nl.affine_range(_cdiv(T, P)):
                     t0 = i * P
-                    prep = (setup[0][i], setup[1], gain, True) if rope else ()
+                    prep = (setup[0][i], gain, True) if rope else ()
                     _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, min(P, T - t0),
                               kT, vT, k_tiles, acc, bias, scale, dt, vec_every, prep, dg_P1)
                 if rope:
