@@ -31,7 +31,8 @@ from kernels_nki.report_optim import format_optimizer, optimizer_section
 from kernels_nki.report_step import CORES
 
 FRONTIER14 = Path(__file__).resolve().parents[1] / "configs" / "frontier14.py"
-OPS = ("rms_norm", "rope", "rope_gain", "causal_attention", "mlp", "embed", "head_loss", "projection")  # the model ops of frontier_jax.ops.OPS (the optimizer updates are costed in report_optim)
+OPS = ("rms_norm", "rope", "rope_gain", "causal_attention", "norm_mlp", "embed", "head_loss", "projection",
+       "norm_projection")  # the model ops of frontier_jax.ops.OPS (the optimizer updates are costed in report_optim)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +58,10 @@ def kernel_calls(cfg: Config) -> list[KernelCall]:
     dt = _compute_dtype(cfg)
     s, f32 = dt.itemsize, np.dtype(np.float32)
     calls = []
-    # weightless RMSNorm: embedding output, 2 pre-norms per block, final norm; QK-norm per layer
+    # weightless RMSNorm: embedding output and final norm (the blocks' pre-norms run inside norm_projection
+    # and norm_mlp); QK-norm per layer
     for label, rows, width, count in (
-        (f"[N={N}, D={D}] embed/pre/final norms", N, D, 2 * L + 2),
+        (f"[N={N}, D={D}] embed/final norms", N, D, 2),
         (f"[N*H={N * m.num_heads}, K={K}] q-norm", N * m.num_heads, K, L),
         (f"[N*G={N * m.num_kv_heads}, K={K}] k-norm", N * m.num_kv_heads, K, L),
     ):
@@ -70,20 +72,22 @@ def kernel_calls(cfg: Config) -> list[KernelCall]:
 
 
 def projection_calls(cfg: Config) -> list[KernelCall]:
-    """The attention's q/k/v (one fused [D, (H + 2G) K] weight) and output projections: the projection
-    op (frontier_jax.ops.qkv_projection / out_projection, kernels_nki/projection.py)."""
+    """The attention's q/k/v (one fused [D, (H + 2G) K] weight, the pre-attention RMSNorm fused in: the
+    norm_projection op, frontier_jax.ops.norm_qkv_projection) and output projection (the projection op,
+    ops.out_projection); both kernels in kernels_nki/projection.py."""
     m, t = cfg.model, cfg.train
     N, D, L = t.seq_len * t.micro_batch_seqs, m.model_dim, m.num_layers
     dt = _compute_dtype(cfg)
     s, dn = dt.itemsize, dt.name
     calls = []
-    for name, I, O in (("q/k/v", D, (m.num_heads + 2 * m.num_kv_heads) * m.head_dim),
-                       ("out", m.num_heads * m.head_dim, D)):
+    for op, name, I, O in (("norm_projection", "q/k/v", D, (m.num_heads + 2 * m.num_kv_heads) * m.head_dim),
+                           ("projection", "out", m.num_heads * m.head_dim, D)):
         x, w, y = ((N, I), dn), ((I, O), dn), ((N, O), dn)
         io = (N * I + I * O + N * O) * s
+        inv = ((((N, 1), "float32"),), 4 * N) if op == "norm_projection" else ((), 0)  # the norm's residual
         label = f"{name} [N={N}, {I}->{O}]"
-        calls.append(KernelCall("projection", "fwd", label, (x, w), io, L))
-        calls.append(KernelCall("projection", "bwd", label, (x, w, y), io + N * I * s + I * O * 4, L))
+        calls.append(KernelCall(op, "fwd", label, (x, w), io + inv[1], L))
+        calls.append(KernelCall(op, "bwd", label, (x, w) + inv[0] + (y,), io + inv[1] + N * I * s + I * O * 4, L))
     return calls
 
 
@@ -103,7 +107,7 @@ def attention_calls(cfg: Config) -> list[KernelCall]:
 
 
 def model_op_calls(cfg: Config) -> list[KernelCall]:
-    """rope / rope_gain / mlp / embed / head_loss calls of one micro-batch on one core."""
+    """rope / rope_gain / norm_mlp / embed / head_loss calls of one micro-batch on one core."""
     m, t = cfg.model, cfg.train
     B, T, D, K, L, V = t.micro_batch_seqs, t.seq_len, m.model_dim, m.head_dim, m.num_layers, m.vocab_size
     N, F = B * T, m.mlp_mult * m.model_dim
@@ -122,11 +126,12 @@ def model_op_calls(cfg: Config) -> list[KernelCall]:
     label = f"k [B={B}, T={T}, G={G}, K={K}]"
     for which in ("fwd", "bwd"):
         calls.append(KernelCall("rope", which, label, (((B, T, G, K), dn),) + tabs, 2 * N * G * K * s + T * K * s, L))
+    # the MLP with its pre-norm fused in (norm_mlp): x in, y and the norm's inv [N, 1] fp32 out
     w = (((D, F), dn), ((F, D), dn))
     label = f"[N={N}, D={D}, F={F}]"
-    calls.append(KernelCall("mlp", "fwd", label, (((N, D), dn),) + w, 2 * N * D * s + 2 * D * F * s, L))
-    calls.append(KernelCall("mlp", "bwd", label, (((N, D), dn),) + w + (((N, D), dn),),
-                            3 * N * D * s + 4 * D * F * s, L))
+    calls.append(KernelCall("norm_mlp", "fwd", label, (((N, D), dn),) + w, 2 * N * D * s + 2 * D * F * s + 4 * N, L))
+    calls.append(KernelCall("norm_mlp", "bwd", label, (((N, D), dn),) + w + (((N, 1), "float32"), ((N, D), dn)),
+                            3 * N * D * s + 4 * D * F * s + 4 * N, L))
     ids, emb = ((N,), "int32"), ((V, D), dn)
     # embed: rows gathered/scattered + ids; the backward also writes its fp32 [V, D] output once
     calls.append(KernelCall("embed", "fwd", f"[N={N}] rows of [V={V}, D={D}]", (ids, emb), 4 * N + N * D * s, 1))
