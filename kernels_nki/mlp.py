@@ -1,40 +1,63 @@
-"""The relu^2 MLP y = relu(x W_fc)^2 W_proj, forward and backward as fused NKI kernels for trn1.
+"""The block's pre-MLP RMSNorm and the relu^2 MLP, y = relu(rms_norm(x) W_fc)^2 W_proj, forward and backward
+as fused NKI kernels for trn1 (the `norm_mlp` op).
 
-Spec: frontier_jax.reference.mlp (weights already cast to x's dtype by frontier_jax.ops). Shapes:
-x [N, D], W_fc [D, F], W_proj [F, D]; tokens in blocks of 512 (the moving-tile maximum; the last
-block ragged and sliced), weights resident in SBUF for the whole call (3 x D x F x 2 bytes / 128
-per partition in the backward: 24 KiB at D=512, F=1024), all matmuls bf16 into fp32 PSUM.
+Spec: frontier_jax.reference.norm_mlp_fwd / norm_mlp_bwd (rms_norm then mlp; weights already cast to
+x's dtype by frontier_jax.ops; the forward also returns inv_N1 = rsqrt(mean(x^2) + eps), fp32, eps =
+float32 epsilon, the backward's residual). Shapes: x [N, D], W_fc [D, F], W_proj [F, D]; tokens in
+blocks of 512 (the moving-tile maximum; the last block ragged and sliced), weights resident in SBUF
+for the whole call (3 x D x F x 2 bytes / 128 per partition in the backward: 24 KiB at D=512,
+F=1024), all matmuls bf16 into fp32 PSUM. The normalised activation never exists in HBM: per 128-token
+tile the norm costs ScalarE passes over the x tile already in SBUF (forward: the squares' row sum, an
+rsqrt on the [P, 1] column and xn = inv x in fp32, cast to x's dtype as the reference; backward:
+xn = inv x from the stored inv) instead of rms_norm's own HBM round trip.
 
-Forward, per token block: x^T by TensorE transposes (D/128 per 128 tokens); h^T = W_fc^T x^T
+Forward, per token block: xn^T by TensorE transposes (D/128 per 128 tokens); h^T = W_fc^T xn^T
 directly in the [F, tokens] layout, so relu^2 (ScalarE relu(h) into SBUF, then one VectorE
 relu(h) * h reading h from PSUM) yields a^T, which is exactly the stationary operand of
 y = a W_proj: the hidden activation never leaves SBUF/PSUM and needs no transpose.
+Transposes: each 128-token transpose runs as two matmuls of 64 tokens against the identity in the two
+64-row tiles of the PE array, which run in parallel (the documented TensorE transpose in row tiling
+mode; kernels_nki/projection.py has the details and the AWS sources), into fp32 PSUM.
 
 Backward: RECOMPUTES h instead of storing it. Cost model at the baseline shapes (N=65536 tokens,
-D=512, F=1024, per 128 tokens, kernels_nki.emulator.cost): the store variant has to produce h in
-the token-major layout for the store and a^T for the projection, i.e. 8 more 128x128 transposes in
-the forward (fwd TensorE 159M MACs issued, useful/issued 0.84) and moves 256 KiB more per 128
-tokens (h out, h in); backward 293M issued. Recompute: fwd 142.6M issued (0.94), bwd 369M issued
-(one 67M-MAC matmul and 4 transposes more, 0.91). Both kernels are TensorE-bound, so the overlapped
-estimate is store 3.46 + 6.37 = 9.8 us vs recompute 3.10 + 8.03 = 11.1 us per 128 tokens: storing
-would be ~12% faster on these two kernels (about 1.3% of the step), but it fails the TensorE
-useful/issued >= 0.9 bar of the forward and keeps 128 MiB of h per layer per micro-batch (1.1 GiB
-at 9 layers) alive in HBM between forward and backward. We recompute.
+D=512, F=1024, per 128 tokens, kernels_nki.emulator.cost), measured on the unfused kernel with
+full-array transposes: the store variant has to produce h in the token-major layout for the store and
+a^T for the projection, i.e. 8 more 128x128 transposes in the forward (fwd TensorE 159M MACs issued,
+useful/issued 0.84) and moves 256 KiB more per 128 tokens (h out, h in); backward 293M issued.
+Recompute: fwd 142.6M issued (0.94), bwd 369M issued (one 67M-MAC matmul and 4 transposes more,
+0.91). Both kernels are TensorE-bound, so the overlapped estimate was store 3.46 + 6.37 = 9.8 us vs
+recompute 3.10 + 8.03 = 11.1 us per 128 tokens: storing would be ~12% faster on these two kernels
+(about 1.3% of the step) but keeps 128 MiB of h per layer per micro-batch (1.1 GiB at 9 layers)
+alive in HBM between forward and backward, and its forward was below the TensorE useful/issued 0.9
+bar (with half-cost row-tiled transposes it would be above it: not re-measured). We recompute.
 
-Backward per token block: x^T, dy^T by transposes; h (recomputed) and da = dy W_proj^T in the
-token-major layout; r = relu(h) (ScalarE), a = r h and dh' = r da (VectorE) (dh = 2 dh': the 2 is
-applied exactly, on the fp32 results of dx and dW_fc); dW_proj += a^T dy and dW_fc += x^T dh' contract over the
-block's tokens (fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per block); dh'^T by
-transposes; dx = dh'^T-stationary x W_fc^T. W_proj^T and W_fc^T are built once per call.
+Backward per token block: xn^T, dy^T by transposes; h (recomputed) and da = dy W_proj^T in the
+token-major layout; r = relu(h) and a = r^2 (ScalarE), dh' = r da (VectorE) (dh = 2 dh': the 2 is
+applied exactly, on the fp32 results of dx and dW_fc); dW_proj += a^T dy and dW_fc += xn^T dh'
+contract over the block's tokens (fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per
+block); dh'^T by transposes; g/2 = dh'^T-stationary x W_fc^T in PSUM (token-major), then the norm's
+backward on it: dx = 2 inv (g/2 + x c), c = -mean((g/2) x) inv^2 (VectorE (g/2) x and x c + g/2, each
+reading g from PSUM; ScalarE the row sum and the 2 inv scale). W_proj^T and W_fc^T are built once
+per call.
 
-NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): TensorE transposes
-write PSUM in the input's dtype (nki/api/nki/isa/__init__.py, nc_transpose "Data types"); PSUM is
+Engines at the baseline shapes (bf16, `python -m kernels_nki.report`, AWS's documented trn1 rates):
+forward 1544.8 us per call, TensorE-bound (ScalarE 1170.3, VectorE 936.4, DMA 502.1), TensorE
+useful/issued 0.970; backward 3933.6 us TensorE-bound (VectorE 3843.8, ScalarE 2091.9, DMA 756.6),
+0.952. Unfused, rms_norm + mlp took 494.4 + 1591.6 (forward) and 965.5 + 4122.3 us (backward).
+
+NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): a TensorE transpose is a
+matmul with the data stationary and an identity moving (nki/api/nki/isa/__init__.py, nc_transpose;
+nc_matmul "Transpose mode"), here written as nc_matmul(is_transpose=True) into fp32 PSUM in row
+tiling mode (nc_matmul "Tiling mode": 64-row tiles on NeuronCore-v2, stationary <= 64 rows); PSUM is
 evacuated by ScalarE `activation(op=nl.copy)` (tensor_copy on ScalarE is not supported on v2: isa
 docs tensor_copy) or VectorE; a VectorE instruction reads at most one tensor input from PSUM (isa
 docs tensor_tensor / scalar_tensor_tensor "Memory types"); matmuls are bf16 (or fp32) pairs into
 fp32 PSUM, stationary free <= 128, moving free <= 512 (isa docs nc_matmul; trn1 arch guide
-nki/guides/architecture/trainium_inferentia2_arch.rst "Tile Size"); every on-chip operand starts at
-partition 0 (arch guide, "Accessing SBUF/PSUM tensors using compute engines").
+nki/guides/architecture/trainium_inferentia2_arch.rst "Tile Size"); activation's bias is an [N, 1]
+tile and its scale an fp32 [N, 1] tile (isa docs activation); rsqrt's input mean(x^2) + eps >= eps is
+in its valid range (nki/api/nki.api.shared.rst); operands of more than 64 partitions start at
+partition 0, of 33-64 at 0 or 64 (a transpose's second half starts at 64; arch guide, "Accessing
+SBUF/PSUM tensors using compute engines").
 """
 
 import nki

@@ -56,8 +56,8 @@ nc_matmul; trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst
 VectorE instruction reads at most one PSUM input (isa docs tensor_tensor / scalar_tensor_tensor
 "Memory types"); activation's bias is an [N, 1] tile and its scale an fp32 [N, 1] tile (isa docs
 activation); rsqrt's input mean(x^2) + eps >= eps is in its valid range (nki/api/nki.api.shared.rst);
-operands of more than 64 partitions start at partition 0, of 64 at 0 or 64 (arch guide, "Accessing
-SBUF/PSUM tensors using compute engines").
+operands of more than 64 partitions start at partition 0, of 33-64 at 0 or 64 (a transpose's second
+half starts at 64; arch guide, "Accessing SBUF/PSUM tensors using compute engines").
 """
 
 import nki
