@@ -301,6 +301,15 @@ def norm_projection_fwd(x_NI, w_IO):
     return y_NO, inv_N1
 
 
+def _bwd_setup(x_NI, w_IO):
+    """A backward's outputs (dx_NI in x's dtype, dw_IO fp32), the transposes' identity and w^T tiles."""
+    N, I = x_NI.shape
+    dx_NI = nl.ndarray((N, I), dtype=x_NI.dtype, buffer=nl.shared_hbm)
+    dw_IO = nl.ndarray((I, w_IO.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    ident = _identity(x_NI.dtype)
+    return dx_NI, dw_IO, ident, _weight_transposed(w_IO, x_NI.dtype, ident)
+
+
 @nki.jit
 def projection_bwd(x_NI, w_IO, dy_NO):
     """(dx_NI in x's dtype, dw_IO fp32)."""
@@ -308,10 +317,7 @@ def projection_bwd(x_NI, w_IO, dy_NO):
     O = w_IO.shape[1]
     P = nl.tile_size.pmax
     dt = x_NI.dtype
-    dx_NI = nl.ndarray((N, I), dtype=dt, buffer=nl.shared_hbm)
-    dw_IO = nl.ndarray((I, O), dtype=nl.float32, buffer=nl.shared_hbm)
-    ident = _identity(dt)
-    wT = _weight_transposed(w_IO, dt, ident)
+    dx_NI, dw_IO, ident, wT = _bwd_setup(x_NI, w_IO)
     slices, banks = _cdiv(O, W), _cdiv(I, P) * _cdiv(O, W)  # dw's PSUM banks with every slice at once
     if banks + 2 <= PSUM_BANKS:  # dx's bank and a transpose's fit beside them: one pass for dx and dw
         _dw_pass(x_NI, dy_NO, dw_IO, 0, slices, dt, ident, dx_NI, wT)
@@ -337,10 +343,7 @@ def norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO):
     O = w_IO.shape[1]
     P = nl.tile_size.pmax
     dt = x_NI.dtype
-    dx_NI = nl.ndarray((N, I), dtype=dt, buffer=nl.shared_hbm)
-    dw_IO = nl.ndarray((I, O), dtype=nl.float32, buffer=nl.shared_hbm)
-    ident = _identity(dt)
-    wT = _weight_transposed(w_IO, dt, ident)
+    dx_NI, dw_IO, ident, wT = _bwd_setup(x_NI, w_IO)
     acc = [nl.zeros((P, O), dtype=nl.float32, buffer=nl.sbuf) for _ in range(_cdiv(I, P))]
     for blk in nl.affine_range(_cdiv(N, P * BLOCK)):
         n0 = blk * P * BLOCK
