@@ -72,9 +72,7 @@ class MLP(nnx.Module):
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         """The MLP of rms_norm(x): the pre-MLP norm is fused into it."""
-        B, T, D = x_BTD.shape
-        y_ND = ops.norm_mlp(x_BTD.reshape(B * T, D), self.fc[...], self.proj[...])
-        return y_ND.reshape(B, T, D)
+        return ops.norm_mlp(x_BTD, self.fc[...], self.proj[...])
 
 
 class Block(nnx.Module):

@@ -172,12 +172,13 @@ def _norm_mlp_vjp_fwd(x_ND, w_fc_DF, w_proj_FD):
 _norm_mlp.defvjp(_norm_mlp_vjp_fwd, lambda res, dy: NORM_MLP("bwd", *res, dy))
 
 
-def norm_mlp(x_ND: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array) -> jax.Array:
-    """relu(rms_norm(x) W_fc)^2 W_proj (reference.norm_mlp): the block's pre-MLP RMSNorm fused into the MLP
-    (kernels_nki/mlp.py); the weights are cast to x's dtype at use."""
+def norm_mlp(x: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array) -> jax.Array:
+    """relu(rms_norm(x) W_fc)^2 W_proj (reference.norm_mlp) for x of any leading shape [..., D]: the block's
+    pre-MLP RMSNorm fused into the MLP (kernels_nki/mlp.py); the weights are cast to x's dtype at use."""
+    D = x.shape[-1]
     if direct("norm_mlp"):
-        return ref.norm_mlp(x_ND, w_fc_DF, w_proj_FD)
-    return _norm_mlp(x_ND, w_fc_DF.astype(x_ND.dtype), w_proj_FD.astype(x_ND.dtype))
+        return ref.norm_mlp(x, w_fc_DF, w_proj_FD)
+    return _norm_mlp(x.reshape(-1, D), w_fc_DF.astype(x.dtype), w_proj_FD.astype(x.dtype)).reshape(x.shape)
 
 
 @jax.custom_vjp

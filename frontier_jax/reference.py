@@ -257,9 +257,11 @@ def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, dy_ND):
     return jax.vjp(mlp, x_ND, w_fc_DF, w_proj_FD)[1](dy_ND)
 
 
-def norm_mlp(x_ND, w_fc_DF, w_proj_FD):
-    """mlp(rms_norm(x)): the block's pre-MLP RMSNorm and the MLP as one op."""
-    return mlp(rms_norm(x_ND), w_fc_DF, w_proj_FD)
+def norm_mlp(x, w_fc_DF, w_proj_FD):
+    """mlp(rms_norm(x)) for x of any leading shape [..., D]: the block's pre-MLP RMSNorm and the MLP as one
+    op; the norm on x's own shape and the MLP on [N, D], as the unfused model ran them (the same program)."""
+    D = x.shape[-1]
+    return mlp(rms_norm(x).reshape(-1, D), w_fc_DF, w_proj_FD).reshape(x.shape)
 
 
 def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
