@@ -75,15 +75,15 @@ def _cdiv(a, b):
     return (a + b - 1) // b
 
 
-def _evacuate(dst, src, on_vector, scale=None):
-    """PSUM -> SBUF with the cast to dst's dtype (times a per-row fp32 [P, 1] `scale` if given), on VectorE
-    or ScalarE (spreading the two engines' load)."""
-    if on_vector:
-        if scale != None:  # noqa: E711 (NKI 0.3 has no `is`: nki/migration/index.rst)
-            nisa.tensor_scalar(dst=dst, data=src, op0=nl.multiply, operand0=scale)
-        else:
-            nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.vector)
-    elif scale != None:  # noqa: E711
+def _evacuate(dst, src, on_vector, scale=None, scaled=False):
+    """PSUM -> SBUF with the cast to dst's dtype (with `scaled`, times the per-row fp32 [P, 1] `scale`), on
+    VectorE or ScalarE (spreading the two engines' load). A Python flag, not a comparison of a tile with
+    None, says whether to scale."""
+    if on_vector and scaled:
+        nisa.tensor_scalar(dst=dst, data=src, op0=nl.multiply, operand0=scale)
+    elif on_vector:
+        nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.vector)
+    elif scaled:
         nisa.activation(dst=dst, op=nl.copy, data=src, scale=scale)
     else:
         nisa.activation(dst=dst, op=nl.copy, data=src)
@@ -179,16 +179,15 @@ def _products(lhsT, rhs, K, O, rows):
     return out
 
 
-def _times(lhsT, rhs, K, dst_NO, r0, rows, dt, scale=None):
-    """dst_NO[r0:r0+rows] = lhsT^T @ rhs (`_products`), times the per-row fp32 [P, 1] `scale` if given
+def _times(lhsT, rhs, K, dst_NO, r0, rows, dt, scale=None, scaled=False):
+    """dst_NO[r0:r0+rows] = lhsT^T @ rhs (`_products`), with `scaled` times the per-row fp32 [P, 1] `scale`
     when leaving PSUM."""
     P = nl.tile_size.pmax
     O = dst_NO.shape[1]
-    s = None if scale == None else scale[0:rows]  # noqa: E711
     for o, ps in enumerate(_products(lhsT, rhs, K, O, rows)):
         w = min(W, O - o * W)
         y = nl.ndarray((P, W), dtype=dt, buffer=nl.sbuf)
-        _evacuate(y[0:rows, 0:w], ps[0:rows, 0:w], o % 2 == 0, s)
+        _evacuate(y[0:rows, 0:w], ps[0:rows, 0:w], o % 2 == 0, scale[0:rows] if scaled else None, scaled)
         nisa.dma_copy(dst=dst_NO[r0:r0 + rows, o * W:o * W + w], src=y[0:rows, 0:w])
 
 
@@ -232,8 +231,8 @@ def _norm_bwd(g, x_t, inv, rows, dt):
     return dx
 
 
-def _forward(x_NI, w_IO, y_NO, inv_N1):
-    """y = x w per 128-token tile; with inv_N1, y = rms_norm(x) w = inv (x w), inv stored as well."""
+def _forward(x_NI, w_IO, y_NO, inv_N1, norm):
+    """y = x w per 128-token tile; with `norm`, y = rms_norm(x) w = inv (x w), inv stored in inv_N1."""
     N, I = x_NI.shape
     P = nl.tile_size.pmax
     dt = x_NI.dtype
@@ -245,10 +244,10 @@ def _forward(x_NI, w_IO, y_NO, inv_N1):
         rows = min(P, N - n * P)
         x_t = _rows(x_NI, n * P, rows, dt)
         inv = None
-        if inv_N1 != None:  # noqa: E711
+        if norm:
             inv = _inv_rms(x_t, rows, eps)
             nisa.dma_copy(dst=inv_N1[n * P:n * P + rows], src=inv[0:rows])
-        _times(_transposed(x_t, rows, I, dt, ident), w, I, y_NO, n * P, rows, dt, inv)
+        _times(_transposed(x_t, rows, I, dt, ident), w, I, y_NO, n * P, rows, dt, inv, norm)
 
 
 def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, ident, dx_NI=None, wT=None):
@@ -287,7 +286,7 @@ def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, ident, dx_NI=None, wT=None):
 def projection_fwd(x_NI, w_IO):
     """y_NO = x_NI @ w_IO in x's dtype."""
     y_NO = nl.ndarray((x_NI.shape[0], w_IO.shape[1]), dtype=x_NI.dtype, buffer=nl.shared_hbm)
-    _forward(x_NI, w_IO, y_NO, None)
+    _forward(x_NI, w_IO, y_NO, None, False)
     return y_NO
 
 
@@ -297,7 +296,7 @@ def norm_projection_fwd(x_NI, w_IO):
     N = x_NI.shape[0]
     y_NO = nl.ndarray((N, w_IO.shape[1]), dtype=x_NI.dtype, buffer=nl.shared_hbm)
     inv_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
-    _forward(x_NI, w_IO, y_NO, inv_N1)
+    _forward(x_NI, w_IO, y_NO, inv_N1, True)
     return y_NO, inv_N1
 
 
