@@ -89,12 +89,15 @@ def _families(cfg, B: int, T: int, variants: bool, dtype=jnp.float32) -> dict:
 
     x_ND = a(N, D)
     wq, wk, wv, wo = a(D, H * K), a(D, G * K), a(D, G * K), a(H * K, D)
-    add("dense qkv+out proj", lambda x, wq, wk, wv, wo: (x @ wq) @ wo + jnp.sum((x @ wk) * (x @ wv)),
-        (x_ND, wq, wk, wv, wo), L)
-    add("mlp (relu^2, 2 matmuls)", ops.mlp, (x_ND, a(D, F), a(F, D)), L)
+    def qkv_out(x, wq, wk, wv, wo):  # the pre-attention rms_norm runs inside norm_qkv_projection
+        q, k, v = ops.norm_qkv_projection(x, wq, wk, wv)
+        return q @ wo + jnp.sum(k * v)
+
+    add("norm + dense qkv+out proj", qkv_out, (x_ND, wq, wk, wv, wo), L)
+    add("norm + mlp (relu^2, 2 matmuls)", ops.norm_mlp, (x_ND, a(D, F), a(F, D)), L)
     q, k, v = a(B, T, H, K), a(B, T, G, K), a(B, T, G, K)
     add("attention core", ops.causal_attention, (q, k, v), L)
-    add("rms_norm [N,D]", ops.rms_norm, (x_ND,), 2 * L + 2)
+    add("rms_norm [N,D] (embed, final)", ops.rms_norm, (x_ND,), 2)
     add("rms_norm q,k", lambda q, k: ops.rms_norm(q).sum(-1) + ops.rms_norm(k).sum((-1, -2))[..., None],
         (q, k), L)
     add("rope q,k", lambda q, k: ops.rope(q, cos, sin).sum(-1) + ops.rope(k, cos, sin).sum((-1, -2))[..., None],
@@ -103,9 +106,9 @@ def _families(cfg, B: int, T: int, variants: bool, dtype=jnp.float32) -> dict:
     add("head: tied logits+softcap+CE", lambda x, e: ops.head_loss(x, e, ids, m.logit_softcap), (x_ND, emb), 1)
     add("embedding gather", lambda e: ops.embed(ids, e), (emb,), 1)
     if variants:  # the same families on the paths before the speed work (primitives, dense attention)
-        add("  before: mlp via custom_vjp", ops.mlp, (x_ND, a(D, F), a(F, D)), L, True)
+        add("  before: norm + mlp via custom_vjp", ops.norm_mlp, (x_ND, a(D, F), a(F, D)), L, True)
         add("  before: attention dense via custom_vjp", ops.causal_attention, (q, k, v), L, True)
-        add("  before: rms_norm [N,D] via custom_vjp", ops.rms_norm, (x_ND,), 2 * L + 2, True)
+        add("  before: rms_norm [N,D] via custom_vjp", ops.rms_norm, (x_ND,), 2, True)
         add("  before: rope q,k via custom_vjp", lambda q, k: ops.rope(q, cos, sin).sum(-1)
             + ops.rope(k, cos, sin).sum((-1, -2))[..., None], (q, k), L, True)
         add("  before: head via custom_vjp", lambda x, e: ops.head_loss(x, e, ids, m.logit_softcap), (x_ND, emb), 1, True)

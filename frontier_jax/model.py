@@ -51,9 +51,10 @@ class CausalSelfAttention(nnx.Module):
         self.q_gain = nnx.Param(jnp.full((H,), cfg.qk_gain_init, jnp.float32))
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        """Attention of rms_norm(x): the pre-attention norm is fused into the q/k/v projection."""
         B, T, D = x_BTD.shape
         H, G, K = self.num_heads, self.num_kv_heads, self.head_dim
-        q_BTO, k_BTO, v_BTO = ops.qkv_projection(x_BTD, self.c_q[...], self.c_k[...], self.c_v[...])
+        q_BTO, k_BTO, v_BTO = ops.norm_qkv_projection(x_BTD, self.c_q[...], self.c_k[...], self.c_v[...])
         q_BTHK, k_BTGK, v_BTGK = q_BTO.reshape(B, T, H, K), k_BTO.reshape(B, T, G, K), v_BTO.reshape(B, T, G, K)
         cos_TK2, sin_TK2 = _rope_tables(T, K, self.rope_base)
         # QK-norm, RoPE, rope(q) * q_gain and causal attention: one op (q and k normed and rotated on chip)
@@ -68,9 +69,8 @@ class MLP(nnx.Module):
         self.proj = nnx.Param(jnp.zeros((F, D), jnp.float32))  # zero-init output projection
 
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        B, T, D = x_BTD.shape
-        y_ND = ops.mlp(x_BTD.reshape(B * T, D), self.fc[...], self.proj[...])
-        return y_ND.reshape(B, T, D)
+        """The MLP of rms_norm(x): the pre-MLP norm is fused into it."""
+        return ops.norm_mlp(x_BTD, self.fc[...], self.proj[...])
 
 
 class Block(nnx.Module):
@@ -86,8 +86,8 @@ class Block(nnx.Module):
         cdt = x_BTD.dtype
         mix_2D = self.resid_mix[...].astype(cdt)
         x_BTD = mix_2D[0] * x_BTD + mix_2D[1] * x0_BTD
-        x_BTD = x_BTD + self.attn_scale[...].astype(cdt) * self.attn(ops.rms_norm(x_BTD))
-        x_BTD = x_BTD + self.mlp_scale[...].astype(cdt) * self.mlp(ops.rms_norm(x_BTD))
+        x_BTD = x_BTD + self.attn_scale[...].astype(cdt) * self.attn(x_BTD)  # pre-norms fused into attn/mlp
+        x_BTD = x_BTD + self.mlp_scale[...].astype(cdt) * self.mlp(x_BTD)
         return x_BTD
 
 

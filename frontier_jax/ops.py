@@ -28,7 +28,8 @@ from frontier_jax.dispatch import (
 __all__ = [
     "FUSED_OPTIMIZER_OPS", "MODES", "OPS", "KernelRow", "KernelUnavailableError", "configure", "emulated",
     "format_kernel_table", "kernel_table", "through_primitives",
-    "rms_norm", "rope", "rope_gain", "causal_attention", "qk_attention", "mlp", "embed", "head_loss", "qkv_projection",
+    "rms_norm", "rope", "rope_gain", "causal_attention", "qk_attention", "norm_mlp", "embed", "head_loss",
+    "norm_qkv_projection",
     "out_projection", "adam_update", "muon_update", "scalars_PK",
 ]
 
@@ -58,16 +59,18 @@ ROPE = declare("rope", ref.rope_fwd, ref.rope_bwd)
 ROPE_GAIN = declare("rope_gain", ref.rope_gain_fwd, ref.rope_gain_bwd)
 ATTENTION = declare("causal_attention", ref.attention_fwd, ref.attention_bwd)
 QK_ATTENTION = declare("qk_attention", ref.qk_attention_fwd, ref.qk_attention_bwd)
-MLP = declare("mlp", ref.mlp_fwd, ref.mlp_bwd)
+NORM_MLP = declare("norm_mlp", ref.norm_mlp_fwd, ref.norm_mlp_bwd)
 EMBED = declare("embed", ref.embed_fwd, ref.embed_bwd)
 HEAD_LOSS = declare("head_loss", ref.head_loss_fwd, ref.head_loss_bwd, static=("softcap",),
                     adapter=KernelAdapter(_head_loss_kernel_args))
 PROJECTION = declare("projection", ref.projection_fwd, ref.projection_bwd)
+NORM_PROJECTION = declare("norm_projection", ref.norm_projection_fwd, ref.norm_projection_bwd)
 ADAM = declare("adam_update", ref.adam_update, static=("b1", "b2", "eps", "weight_decay"),
                adapter=KernelAdapter(_adam_kernel_args, _adam_kernel_outs), unused_reason=_UNFUSED)
 MUON = declare("muon_update", ref.muon_update, static=("ns_steps", "ns_dtype"), unused_reason=_UNFUSED)
 
-OPS = tuple(s.name for s in (RMS_NORM, ROPE, ROPE_GAIN, ATTENTION, QK_ATTENTION, MLP, EMBED, HEAD_LOSS, PROJECTION, ADAM, MUON))
+OPS = tuple(s.name for s in (RMS_NORM, ROPE, ROPE_GAIN, ATTENTION, QK_ATTENTION, NORM_MLP, EMBED, HEAD_LOSS,
+                             PROJECTION, NORM_PROJECTION, ADAM, MUON))
 FUSED_OPTIMIZER_OPS = frozenset({ADAM.name, MUON.name})
 
 
@@ -192,19 +195,25 @@ def rope_gain(x_BTHK: jax.Array, cos_TK2, sin_TK2, gain_H: jax.Array) -> jax.Arr
 
 
 @jax.custom_vjp
-def _mlp(x_ND, w_fc_DF, w_proj_FD):
-    return MLP("fwd", x_ND, w_fc_DF, w_proj_FD)[0]
+def _norm_mlp(x_ND, w_fc_DF, w_proj_FD):
+    return NORM_MLP("fwd", x_ND, w_fc_DF, w_proj_FD)[0]
 
 
-_mlp.defvjp(lambda x, w1, w2: (_mlp(x, w1, w2), (x, w1, w2)),  # h is recomputed: see kernels_nki/mlp.py
-            lambda res, dy: MLP("bwd", *res, dy))
+def _norm_mlp_vjp_fwd(x_ND, w_fc_DF, w_proj_FD):
+    y_ND, inv_N1 = NORM_MLP("fwd", x_ND, w_fc_DF, w_proj_FD)
+    return y_ND, (x_ND, w_fc_DF, w_proj_FD, inv_N1)  # h is recomputed: see kernels_nki/mlp.py
 
 
-def mlp(x_ND: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array) -> jax.Array:
-    """relu(x W_fc)^2 W_proj (reference.mlp); the weights are cast to x's dtype at use."""
-    if direct("mlp"):
-        return ref.mlp(x_ND, w_fc_DF, w_proj_FD)
-    return _mlp(x_ND, w_fc_DF.astype(x_ND.dtype), w_proj_FD.astype(x_ND.dtype))
+_norm_mlp.defvjp(_norm_mlp_vjp_fwd, lambda res, dy: NORM_MLP("bwd", *res, dy))
+
+
+def norm_mlp(x: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array) -> jax.Array:
+    """relu(rms_norm(x) W_fc)^2 W_proj (reference.norm_mlp) for x of any leading shape [..., D]: the block's
+    pre-MLP RMSNorm fused into the MLP (kernels_nki/mlp.py); the weights are cast to x's dtype at use."""
+    D = x.shape[-1]
+    if direct("norm_mlp"):
+        return ref.norm_mlp(x, w_fc_DF, w_proj_FD)
+    return _norm_mlp(x.reshape(-1, D), w_fc_DF.astype(x.dtype), w_proj_FD.astype(x.dtype)).reshape(x.shape)
 
 
 @jax.custom_vjp
@@ -266,20 +275,40 @@ def _projection_vjp_bwd(res, dy_NO):
 _projection.defvjp(lambda x, w: (_projection(x, w), (x, w)), _projection_vjp_bwd)
 
 
-def _project(x, w_IO):
-    """x [..., I] @ w_IO [I, O] through the projection op (w already in x's dtype)."""
+@jax.custom_vjp
+def _norm_projection(x_NI, w_IO):
+    return NORM_PROJECTION("fwd", x_NI, w_IO)[0]
+
+
+def _norm_projection_vjp_fwd(x_NI, w_IO):
+    y_NO, inv_N1 = NORM_PROJECTION("fwd", x_NI, w_IO)
+    return y_NO, (x_NI, w_IO, inv_N1)
+
+
+def _norm_projection_vjp_bwd(res, dy_NO):
+    dx_NI, dw_IO = NORM_PROJECTION("bwd", *res, dy_NO)  # dw summed over the tokens in fp32
+    return dx_NI, dw_IO.astype(res[1].dtype)
+
+
+_norm_projection.defvjp(_norm_projection_vjp_fwd, _norm_projection_vjp_bwd)
+
+
+def _project(fn, x, w_IO):
+    """x [..., I] through the 2-D op `fn(x_NI, w_IO)` (w already in x's dtype)."""
     I = x.shape[-1]
-    return _projection(x.reshape(-1, I), w_IO).reshape(x.shape[:-1] + (w_IO.shape[1],))
+    return fn(x.reshape(-1, I), w_IO).reshape(x.shape[:-1] + (w_IO.shape[1],))
 
 
-def qkv_projection(x, w_q, w_k, w_v):
-    """(x w_q, x w_k, x w_v), the weights cast to x's dtype at use. On a kernel the three run as one
-    [I, O_q + O_k + O_v] projection (kernels_nki/projection.py); the weights stay separate parameters
-    (Muon updates each matrix on its own) and each gets its slice of the fp32 dw."""
+def norm_qkv_projection(x, w_q, w_k, w_v):
+    """(xn w_q, xn w_k, xn w_v) with xn = rms_norm(x): the block's pre-attention RMSNorm fused into the
+    q/k/v projection, the weights cast to x's dtype at use. On a kernel the three run as one
+    [I, O_q + O_k + O_v] `norm_projection` (kernels_nki/projection.py); the weights stay separate
+    parameters (Muon updates each matrix on its own) and each gets its slice of the fp32 dw."""
     dt = x.dtype
-    if direct("projection"):
-        return x @ w_q.astype(dt), x @ w_k.astype(dt), x @ w_v.astype(dt)
-    y = _project(x, jnp.concatenate([w_q.astype(dt), w_k.astype(dt), w_v.astype(dt)], axis=1))
+    if direct("norm_projection"):
+        xn = ref.rms_norm(x)
+        return xn @ w_q.astype(dt), xn @ w_k.astype(dt), xn @ w_v.astype(dt)
+    y = _project(_norm_projection, x, jnp.concatenate([w_q.astype(dt), w_k.astype(dt), w_v.astype(dt)], axis=1))
     oq, ok = w_q.shape[1], w_k.shape[1]
     return y[..., :oq], y[..., oq:oq + ok], y[..., oq + ok:]
 
@@ -288,7 +317,7 @@ def out_projection(x, w_IO):
     """x w (the attention's output projection), the weight cast to x's dtype at use."""
     if direct("projection"):
         return x @ w_IO.astype(x.dtype)
-    return _project(x, w_IO.astype(x.dtype))
+    return _project(_projection, x, w_IO.astype(x.dtype))
 
 
 # ----------------------------------------------------------------------------- fused optimizer updates

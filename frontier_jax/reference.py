@@ -98,6 +98,24 @@ def projection_bwd(x_NI, w_IO, dy_NO):
     return dx, jnp.dot(x_NI.T, dy_NO, preferred_element_type=jnp.float32)
 
 
+def _normed(x_ND, inv_N1):
+    """rms_norm(x) from the forward's inv: exactly rms_norm_fwd's y."""
+    return (x_ND.astype(jnp.float32) * inv_N1).astype(x_ND.dtype)
+
+
+def norm_projection_fwd(x_NI, w_IO):
+    """(y = rms_norm(x) w in x's dtype, inv_N1): the block's pre-attention RMSNorm and the q/k/v
+    projection as one op, composed of the two references (what the model computed unfused)."""
+    xn_NI, inv_N1 = rms_norm_fwd(x_NI)
+    return projection_fwd(xn_NI, w_IO)[0], inv_N1
+
+
+def norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO):
+    """(dx in x's dtype, dw in fp32): the projection's backward at rms_norm(x), then the norm's."""
+    dxn_NI, dw_IO = projection_bwd(_normed(x_NI, inv_N1), w_IO, dy_NO)
+    return rms_norm_bwd(x_NI, inv_N1, dxn_NI)[0], dw_IO
+
+
 def attention_block(T: int) -> int:
     """Query/key block length of the block-causal schedule: T split into 8, 4 or 2 blocks of >= 64
     positions (measured on CPU: 0.36x the dense masked time at T=1024, 0.66x at T=256), else T."""
@@ -263,6 +281,25 @@ def mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
 def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, dy_ND):
     """(dx, dw_fc, dw_proj); the hidden layer is recomputed (kernels_nki/mlp.py says why)."""
     return jax.vjp(mlp, x_ND, w_fc_DF, w_proj_FD)[1](dy_ND)
+
+
+def norm_mlp(x, w_fc_DF, w_proj_FD):
+    """mlp(rms_norm(x)) for x of any leading shape [..., D]: the block's pre-MLP RMSNorm and the MLP as one
+    op; the norm on x's own shape and the MLP on [N, D], as the unfused model ran them (the same program)."""
+    D = x.shape[-1]
+    return mlp(rms_norm(x).reshape(-1, D), w_fc_DF, w_proj_FD).reshape(x.shape)
+
+
+def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
+    """(y in x's dtype, inv_N1), composed of the two references (what the model computed unfused)."""
+    xn_ND, inv_N1 = rms_norm_fwd(x_ND)
+    return mlp_fwd(xn_ND, w_fc_DF, w_proj_FD)[0], inv_N1
+
+
+def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
+    """(dx, dw_fc, dw_proj): the MLP's backward at rms_norm(x) (hidden layer recomputed), then the norm's."""
+    dxn_ND, dw_fc_DF, dw_proj_FD = mlp_bwd(_normed(x_ND, inv_N1), w_fc_DF, w_proj_FD, dy_ND)
+    return rms_norm_bwd(x_ND, inv_N1, dxn_ND)[0], dw_fc_DF, dw_proj_FD
 
 
 def embed(ids_N: jax.Array, emb_VD: jax.Array) -> jax.Array:

@@ -1,40 +1,63 @@
-"""The relu^2 MLP y = relu(x W_fc)^2 W_proj, forward and backward as fused NKI kernels for trn1.
+"""The block's pre-MLP RMSNorm and the relu^2 MLP, y = relu(rms_norm(x) W_fc)^2 W_proj, forward and backward
+as fused NKI kernels for trn1 (the `norm_mlp` op).
 
-Spec: frontier_jax.reference.mlp (weights already cast to x's dtype by frontier_jax.ops). Shapes:
-x [N, D], W_fc [D, F], W_proj [F, D]; tokens in blocks of 512 (the moving-tile maximum; the last
-block ragged and sliced), weights resident in SBUF for the whole call (3 x D x F x 2 bytes / 128
-per partition in the backward: 24 KiB at D=512, F=1024), all matmuls bf16 into fp32 PSUM.
+Spec: frontier_jax.reference.norm_mlp_fwd / norm_mlp_bwd (rms_norm then mlp; weights already cast to
+x's dtype by frontier_jax.ops; the forward also returns inv_N1 = rsqrt(mean(x^2) + eps), fp32, eps =
+float32 epsilon, the backward's residual). Shapes: x [N, D], W_fc [D, F], W_proj [F, D]; tokens in
+blocks of 512 (the moving-tile maximum; the last block ragged and sliced), weights resident in SBUF
+for the whole call (3 x D x F x 2 bytes / 128 per partition in the backward: 24 KiB at D=512,
+F=1024), all matmuls bf16 into fp32 PSUM. The normalised activation never exists in HBM: per 128-token
+tile the norm costs ScalarE passes over the x tile already in SBUF (forward: the squares' row sum, an
+rsqrt on the [P, 1] column and xn = inv x in fp32, cast to x's dtype as the reference; backward:
+xn = inv x from the stored inv) instead of rms_norm's own HBM round trip.
 
-Forward, per token block: x^T by TensorE transposes (D/128 per 128 tokens); h^T = W_fc^T x^T
+Forward, per token block: xn^T by TensorE transposes (D/128 per 128 tokens); h^T = W_fc^T xn^T
 directly in the [F, tokens] layout, so relu^2 (ScalarE relu(h) into SBUF, then one VectorE
 relu(h) * h reading h from PSUM) yields a^T, which is exactly the stationary operand of
 y = a W_proj: the hidden activation never leaves SBUF/PSUM and needs no transpose.
+Transposes: each 128-token transpose runs as two matmuls of 64 tokens against the identity in the two
+64-row tiles of the PE array, which run in parallel (the documented TensorE transpose in row tiling
+mode; kernels_nki/projection.py has the details and the AWS sources), into fp32 PSUM.
 
 Backward: RECOMPUTES h instead of storing it. Cost model at the baseline shapes (N=65536 tokens,
-D=512, F=1024, per 128 tokens, kernels_nki.emulator.cost): the store variant has to produce h in
-the token-major layout for the store and a^T for the projection, i.e. 8 more 128x128 transposes in
-the forward (fwd TensorE 159M MACs issued, useful/issued 0.84) and moves 256 KiB more per 128
-tokens (h out, h in); backward 293M issued. Recompute: fwd 142.6M issued (0.94), bwd 369M issued
-(one 67M-MAC matmul and 4 transposes more, 0.91). Both kernels are TensorE-bound, so the overlapped
-estimate is store 3.46 + 6.37 = 9.8 us vs recompute 3.10 + 8.03 = 11.1 us per 128 tokens: storing
-would be ~12% faster on these two kernels (about 1.3% of the step), but it fails the TensorE
-useful/issued >= 0.9 bar of the forward and keeps 128 MiB of h per layer per micro-batch (1.1 GiB
-at 9 layers) alive in HBM between forward and backward. We recompute.
+D=512, F=1024, per 128 tokens, kernels_nki.emulator.cost), measured on the unfused kernel with
+full-array transposes: the store variant has to produce h in the token-major layout for the store and
+a^T for the projection, i.e. 8 more 128x128 transposes in the forward (fwd TensorE 159M MACs issued,
+useful/issued 0.84) and moves 256 KiB more per 128 tokens (h out, h in); backward 293M issued.
+Recompute: fwd 142.6M issued (0.94), bwd 369M issued (one 67M-MAC matmul and 4 transposes more,
+0.91). Both kernels are TensorE-bound, so the overlapped estimate was store 3.46 + 6.37 = 9.8 us vs
+recompute 3.10 + 8.03 = 11.1 us per 128 tokens: storing would be ~12% faster on these two kernels
+(about 1.3% of the step) but keeps 128 MiB of h per layer per micro-batch (1.1 GiB at 9 layers)
+alive in HBM between forward and backward, and its forward was below the TensorE useful/issued 0.9
+bar (with half-cost row-tiled transposes it would be above it: not re-measured). We recompute.
 
-Backward per token block: x^T, dy^T by transposes; h (recomputed) and da = dy W_proj^T in the
-token-major layout; r = relu(h) (ScalarE), a = r h and dh' = r da (VectorE) (dh = 2 dh': the 2 is
-applied exactly, on the fp32 results of dx and dW_fc); dW_proj += a^T dy and dW_fc += x^T dh' contract over the
-block's tokens (fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per block); dh'^T by
-transposes; dx = dh'^T-stationary x W_fc^T. W_proj^T and W_fc^T are built once per call.
+Backward per token block: xn^T, dy^T by transposes; h (recomputed) and da = dy W_proj^T in the
+token-major layout; r = relu(h) and a = r^2 (ScalarE), dh' = r da (VectorE) (dh = 2 dh': the 2 is
+applied exactly, on the fp32 results of dx and dW_fc); dW_proj += a^T dy and dW_fc += xn^T dh'
+contract over the block's tokens (fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per
+block); dh'^T by transposes; g/2 = dh'^T-stationary x W_fc^T in PSUM (token-major), then the norm's
+backward on it: dx = 2 inv (g/2 + x c), c = -mean((g/2) x) inv^2 (VectorE (g/2) x and x c + g/2, each
+reading g from PSUM; ScalarE the row sum and the 2 inv scale). W_proj^T and W_fc^T are built once
+per call.
 
-NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): TensorE transposes
-write PSUM in the input's dtype (nki/api/nki/isa/__init__.py, nc_transpose "Data types"); PSUM is
+Engines at the baseline shapes (bf16, `python -m kernels_nki.report`, AWS's documented trn1 rates):
+forward 1544.8 us per call, TensorE-bound (ScalarE 1170.3, VectorE 936.4, DMA 502.1), TensorE
+useful/issued 0.970; backward 3933.6 us TensorE-bound (VectorE 3843.8, ScalarE 2091.9, DMA 756.6),
+0.952. Unfused, rms_norm + mlp took 494.4 + 1591.6 (forward) and 965.5 + 4122.3 us (backward).
+
+NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): a TensorE transpose is a
+matmul with the data stationary and an identity moving (nki/api/nki/isa/__init__.py, nc_transpose;
+nc_matmul "Transpose mode"), here written as nc_matmul(is_transpose=True) into fp32 PSUM in row
+tiling mode (nc_matmul "Tiling mode": 64-row tiles on NeuronCore-v2, stationary <= 64 rows); PSUM is
 evacuated by ScalarE `activation(op=nl.copy)` (tensor_copy on ScalarE is not supported on v2: isa
 docs tensor_copy) or VectorE; a VectorE instruction reads at most one tensor input from PSUM (isa
 docs tensor_tensor / scalar_tensor_tensor "Memory types"); matmuls are bf16 (or fp32) pairs into
 fp32 PSUM, stationary free <= 128, moving free <= 512 (isa docs nc_matmul; trn1 arch guide
-nki/guides/architecture/trainium_inferentia2_arch.rst "Tile Size"); every on-chip operand starts at
-partition 0 (arch guide, "Accessing SBUF/PSUM tensors using compute engines").
+nki/guides/architecture/trainium_inferentia2_arch.rst "Tile Size"); activation's bias is an [N, 1]
+tile and its scale an fp32 [N, 1] tile (isa docs activation); rsqrt's input mean(x^2) + eps >= eps is
+in its valid range (nki/api/nki.api.shared.rst); operands of more than 64 partitions start at
+partition 0, of 33-64 at 0 or 64 (a transpose's second half starts at 64; arch guide, "Accessing
+SBUF/PSUM tensors using compute engines").
 """
 
 import nki
@@ -42,16 +65,36 @@ import nki.isa as nisa
 import nki.language as nl
 
 NB = 512  # tokens per block (gemm_moving_fmax)
+HALF = 64  # a row tile of the PE array in row tiling mode on NeuronCore-v2 (isa docs nc_matmul, "Tiling mode")
+EPS = 1.1920928955078125e-07  # float32 machine epsilon == frontier_jax.reference.RMS_EPS
 
 
 def _cdiv(a, b):
     return (a + b - 1) // b
 
 
-def _transpose(dst, src, rows, cols):
-    """dst[0:cols, 0:rows] = src[0:rows, 0:cols]^T via TensorE (PSUM in src's dtype) and a ScalarE copy."""
-    t_ps = nl.ndarray((cols, rows), dtype=src.dtype, buffer=nl.psum)
-    nisa.nc_transpose(dst=t_ps, data=src[0:rows, 0:cols])
+def _identity(dt):
+    """[128, 128] identity in dt (GpSimd, once per call): the moving operand of the transposes."""
+    P = nl.tile_size.pmax
+    one = nl.ones((P, P), dtype=dt, buffer=nl.sbuf)
+    ident = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+    nisa.affine_select(dst=ident, pattern=[[-1, P]], offset=0, channel_multiplier=1, on_true_tile=one,
+                       on_false_value=0.0, cmp_op=nl.equal)
+    return ident
+
+
+def _transpose(dst, src, rows, cols, ident):
+    """dst[0:cols, 0:rows] = src[0:rows, 0:cols]^T: TensorE as two 64-row halves in the two row tiles of the
+    PE array, run in parallel (each a matmul against the identity, the documented TensorE transpose;
+    kernels_nki/projection.py cites the docs), into fp32 PSUM, then a ScalarE copy out."""
+    t_ps = nl.ndarray((cols, rows), dtype=nl.float32, buffer=nl.psum)
+    for h in range(2):
+        r0 = h * HALF
+        rh = min(HALF, rows - r0)
+        if rh > 0:
+            nisa.nc_matmul(dst=t_ps[:, r0:r0 + rh], stationary=src[r0:r0 + rh, 0:cols],
+                           moving=ident[r0:r0 + rh, r0:r0 + rh], is_transpose=True, tile_position=(r0, 0),
+                           tile_size=(HALF, nl.tile_size.pmax))
     nisa.activation(dst=dst, op=nl.copy, data=t_ps)
 
 
@@ -79,7 +122,7 @@ def _load_rows(w_RC, dt):
     return tiles
 
 
-def _transposed_rows(tiles, R, C, dt):
+def _transposed_rows(tiles, R, C, dt, ident):
     """Row tiles of a [R, C] matrix -> row tiles of its [C, R] transpose."""
     P = nl.tile_size.pmax
     out = [nl.ndarray((P, R), dtype=dt, buffer=nl.sbuf) for _ in range(_cdiv(C, P))]
@@ -87,40 +130,72 @@ def _transposed_rows(tiles, R, C, dt):
         r = min(P, R - i * P)
         for j in nl.affine_range(_cdiv(C, P)):
             c = min(P, C - j * P)
-            _transpose(out[j][0:c, i * P:i * P + r], tiles[i][0:r, j * P:j * P + c], r, c)
+            _transpose(out[j][0:c, i * P:i * P + r], tiles[i][0:r, j * P:j * P + c], r, c, ident)
     return out
 
 
-def _load_block_T(x_ND, n0, nb, dt):
-    """Rows n0:n0+nb of x as 128-row tiles (token-major) and as D/128 tiles of x^T [D_k, nb]."""
-    N, D = x_ND.shape
+def _block_rows(src_NX, n0, nb, dt):
+    """Rows n0:n0+nb of src as 128-row SBUF tiles (token-major)."""
     P = nl.tile_size.pmax
-    rows_tiles, xT = [], [nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf) for _ in range(_cdiv(D, P))]
+    tiles = []
     for s in nl.affine_range(_cdiv(nb, P)):
         rows = min(P, nb - s * P)
-        x_PD = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_PD[0:rows], src=x_ND[n0 + s * P:n0 + s * P + rows])
+        t = nl.ndarray((P, src_NX.shape[1]), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[0:rows], src=src_NX[n0 + s * P:n0 + s * P + rows])
+        tiles.append(t)
+    return tiles
+
+
+def _block_T(tiles, nb, dt, ident):
+    """The block's 128-row tiles [tokens, D] -> D/128 tiles of the transpose [D_k, nb]."""
+    P = nl.tile_size.pmax
+    D = tiles[0].shape[1]
+    xT = [nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf) for _ in range(_cdiv(D, P))]
+    for s in nl.affine_range(_cdiv(nb, P)):
+        rows = min(P, nb - s * P)
         for k in nl.affine_range(_cdiv(D, P)):
             dk = min(P, D - k * P)
-            _transpose(xT[k][0:dk, s * P:s * P + rows], x_PD[0:rows, k * P:k * P + dk], rows, dk)
-        rows_tiles.append(x_PD)
-    return rows_tiles, xT
+            _transpose(xT[k][0:dk, s * P:s * P + rows], tiles[s][0:rows, k * P:k * P + dk], rows, dk, ident)
+    return xT
+
+
+def _scaled(x_t, inv, rows, dt):
+    """rms_norm(x) of a row tile: x * inv per row (ScalarE, fp32 math, cast to dt as the reference)."""
+    xn = nl.ndarray(x_t.shape, dtype=dt, buffer=nl.sbuf)
+    nisa.activation(dst=xn[0:rows], op=nl.copy, data=x_t[0:rows], scale=inv[0:rows])
+    return xn
 
 
 @nki.jit
-def mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
-    """y_ND (x's dtype) = relu(x W_fc)^2 W_proj."""
+def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
+    """(y_ND (x's dtype) = relu(rms_norm(x) W_fc)^2 W_proj, inv_N1 = rsqrt(mean(x^2) + eps) fp32)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
     dt = x_ND.dtype
     y_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
+    inv_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    ident = _identity(dt)
+    eps = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # v2: activation's bias is a tile
+    nisa.memset(dst=eps, value=EPS)
     wfc = _load_rows(w_fc_DF, dt)  # [D_k, F]
     wproj = _load_rows(w_proj_FD, dt)  # [F_j, D]
     for blk in nl.affine_range(_cdiv(N, NB)):
         n0 = blk * NB
         nb = min(NB, N - n0)
-        _, xT = _load_block_T(x_ND, n0, nb, dt)
+        xn_s = []
+        for s, x_t in enumerate(_block_rows(x_ND, n0, nb, dt)):
+            rows = min(P, nb - s * P)
+            # inv = rsqrt(mean(x^2) + eps): ScalarE squares with their row sum, then rsqrt on the column
+            sq = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)  # discarded: only the row sum is kept
+            ss = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation_reduce(dst=sq[0:rows], op=nl.square, data=x_t[0:rows], reduce_op=nl.add,
+                                   reduce_res=ss[0:rows])
+            inv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=inv[0:rows], op=nl.rsqrt, data=ss[0:rows], scale=1.0 / D, bias=eps[0:rows])
+            nisa.dma_copy(dst=inv_N1[n0 + s * P:n0 + s * P + rows], src=inv[0:rows])
+            xn_s.append(_scaled(x_t, inv, rows, dt))
+        xT = _block_T(xn_s, nb, dt, ident)
         aT = []
         for j in nl.affine_range(_cdiv(F, P)):
             fj = min(P, F - j * P)
@@ -144,11 +219,39 @@ def mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
                 y_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
                 nisa.activation(dst=y_t[0:rows, 0:dc], op=nl.copy, data=y_ps[0:rows, 0:dc])
                 nisa.dma_copy(dst=y_ND[n0 + s * P:n0 + s * P + rows, c * NB:c * NB + dc], src=y_t[0:rows, 0:dc])
-    return y_ND
+    return y_ND, inv_N1
+
+
+def _norm_dx(g, x_t, inv, rows, dt):
+    """dx [P, D] in dt of the norm for one row tile, given g/2 (g: the gradient of rms_norm(x)) as fp32 PSUM
+    chunks of 512 columns: dx = 2 inv (g/2 + x c), c = -mean((g/2) x) inv^2. VectorE: (g/2) x and
+    x c + g/2 (one PSUM input each); ScalarE: the row sum and the 2 inv scale."""
+    P = nl.tile_size.pmax
+    D = x_t.shape[1]
+    work = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
+    for c in nl.affine_range(len(g)):
+        dc = min(NB, D - c * NB)
+        nisa.tensor_tensor(dst=work[0:rows, c * NB:c * NB + dc], data1=g[c][0:rows, 0:dc],
+                           data2=x_t[0:rows, c * NB:c * NB + dc], op=nl.multiply)
+    dot = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=work[0:rows], op=nl.copy, data=work[0:rows], reduce_op=nl.add, reduce_res=dot[0:rows])
+    cc = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # c = (dot * -1/D * inv) * inv
+    nisa.tensor_scalar(dst=cc[0:rows], data=dot[0:rows], op0=nl.multiply, operand0=-1.0 / D, op1=nl.multiply,
+                       operand1=inv[0:rows])
+    nisa.tensor_scalar(dst=cc[0:rows], data=cc[0:rows], op0=nl.multiply, operand0=inv[0:rows])
+    two_inv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=two_inv[0:rows], data=inv[0:rows], op0=nl.multiply, operand0=2.0)
+    for c in nl.affine_range(len(g)):
+        dc = min(NB, D - c * NB)
+        nisa.scalar_tensor_tensor(dst=work[0:rows, c * NB:c * NB + dc], data=x_t[0:rows, c * NB:c * NB + dc],
+                                  op0=nl.multiply, operand0=cc[0:rows], op1=nl.add, operand1=g[c][0:rows, 0:dc])
+    dx = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
+    nisa.activation(dst=dx[0:rows], op=nl.copy, data=work[0:rows], scale=two_inv[0:rows])
+    return dx
 
 
 @nki.jit
-def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, dy_ND):
+def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
     """(dx_ND, dw_fc_DF, dw_proj_FD), all in x's dtype; h is recomputed (see the module docstring)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
@@ -158,17 +261,22 @@ def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, dy_ND):
     dx_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     dwfc_DF = nl.ndarray((D, F), dtype=dt, buffer=nl.shared_hbm)
     dwproj_FD = nl.ndarray((F, D), dtype=dt, buffer=nl.shared_hbm)
+    ident = _identity(dt)
     wfc = _load_rows(w_fc_DF, dt)  # [D_k, F]
-    wfcT = _transposed_rows(wfc, D, F, dt)  # [F_j, D]
-    wprojT = _transposed_rows(_load_rows(w_proj_FD, dt), F, D, dt)  # [D_k, F]
+    wfcT = _transposed_rows(wfc, D, F, dt, ident)  # [F_j, D]
+    wprojT = _transposed_rows(_load_rows(w_proj_FD, dt), F, D, dt, ident)  # [D_k, F]
     acc_fc = [nl.zeros((P, F), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KD)]
     acc_proj = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KF)]
     for blk in nl.affine_range(_cdiv(N, NB)):
         n0 = blk * NB
         nb = min(NB, N - n0)
         S = _cdiv(nb, P)
-        x_s, xT = _load_block_T(x_ND, n0, nb, dt)
-        dy_s, dyT = _load_block_T(dy_ND, n0, nb, dt)
+        x_s = _block_rows(x_ND, n0, nb, dt)
+        inv_s = _block_rows(inv_N1, n0, nb, nl.float32)
+        xn_s = [_scaled(x_s[s], inv_s[s], min(P, nb - s * P), dt) for s in range(S)]  # rms_norm(x)
+        xT = _block_T(xn_s, nb, dt, ident)
+        dy_s = _block_rows(dy_ND, n0, nb, dt)
+        dyT = _block_T(dy_s, nb, dt, ident)
         a_s, dh_s = [], []
         dhT = [nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf) for _ in range(KF)]
         for s in nl.affine_range(S):
@@ -186,11 +294,14 @@ def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, dy_ND):
                     nisa.nc_matmul(dst=da_ps[0:rows, 0:fc], stationary=dyT[k][0:dk, s * P:s * P + rows],
                                    moving=wprojT[k][0:dk, c * NB:c * NB + fc])
                 cols = slice(c * NB, c * NB + fc)
-                r = _relu_sq(a_t[0:rows, cols], h_ps[0:rows, 0:fc])
-                nisa.tensor_tensor(dst=dh_t[0:rows, cols], data1=r, data2=da_ps[0:rows, 0:fc], op=nl.multiply)
+                r = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.sbuf)  # relu(h), ScalarE
+                nisa.activation(dst=r[0:rows, 0:fc], op=nl.relu, data=h_ps[0:rows, 0:fc])
+                nisa.activation(dst=a_t[0:rows, cols], op=nl.square, data=r[0:rows, 0:fc])  # a = relu(h)^2
+                nisa.tensor_tensor(dst=dh_t[0:rows, cols], data1=r[0:rows, 0:fc], data2=da_ps[0:rows, 0:fc],
+                                   op=nl.multiply)
             for j in nl.affine_range(KF):
                 fj = min(P, F - j * P)
-                _transpose(dhT[j][0:fj, s * P:s * P + rows], dh_t[0:rows, j * P:j * P + fj], rows, fj)
+                _transpose(dhT[j][0:fj, s * P:s * P + rows], dh_t[0:rows, j * P:j * P + fj], rows, fj, ident)
             a_s.append(a_t)
             dh_s.append(dh_t)
         # weight gradients: contract over the block's tokens in PSUM, one fp32 SBUF add per block
@@ -212,13 +323,14 @@ def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, dy_ND):
                 g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
                 for s in nl.affine_range(S):
                     rows = min(P, nb - s * P)
-                    nisa.nc_matmul(dst=g_ps[0:dk, 0:fc], stationary=x_s[s][0:rows, k * P:k * P + dk],
+                    nisa.nc_matmul(dst=g_ps[0:dk, 0:fc], stationary=xn_s[s][0:rows, k * P:k * P + dk],
                                    moving=dh_s[s][0:rows, c * NB:c * NB + fc])
                 acc = acc_fc[k][0:dk, c * NB:c * NB + fc]
                 nisa.tensor_tensor(dst=acc, data1=acc, data2=g_ps[0:dk, 0:fc], op=nl.add)
-        # dx = 2 dh' W_fc^T, token-major
+        # dx: g/2 = dh' W_fc^T token-major in PSUM, then the norm's backward (the 2 folded into its scale)
         for s in nl.affine_range(S):
             rows = min(P, nb - s * P)
+            g = []
             for c in nl.affine_range(_cdiv(D, NB)):
                 dc = min(NB, D - c * NB)
                 dx_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
@@ -226,9 +338,9 @@ def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, dy_ND):
                     fj = min(P, F - j * P)
                     nisa.nc_matmul(dst=dx_ps[0:rows, 0:dc], stationary=dhT[j][0:fj, s * P:s * P + rows],
                                    moving=wfcT[j][0:fj, c * NB:c * NB + dc])
-                dx_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-                nisa.activation(dst=dx_t[0:rows, 0:dc], op=nl.copy, data=dx_ps[0:rows, 0:dc], scale=2.0)
-                nisa.dma_copy(dst=dx_ND[n0 + s * P:n0 + s * P + rows, c * NB:c * NB + dc], src=dx_t[0:rows, 0:dc])
+                g.append(dx_ps)
+            dx_t = _norm_dx(g, x_s[s], inv_s[s], rows, dt)
+            nisa.dma_copy(dst=dx_ND[n0 + s * P:n0 + s * P + rows], src=dx_t[0:rows])
     for k in nl.affine_range(KD):
         dk = min(P, D - k * P)
         out = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)

@@ -1,26 +1,63 @@
-"""Token-major projections y = x w (the attention's fused q/k/v and output projections) as NKI kernels, trn1.
+"""Token-major projections as NKI kernels, trn1: y = x w (the attention's output projection) and
+y = rms_norm(x) w (the block's pre-attention RMSNorm fused into the q/k/v projection).
 
-Spec: y_NO = x_NI @ w_IO (x in the compute dtype, the weight cast to it, fp32 accumulation, y in x's
-dtype); backward dx_NI = dy_NO @ w_IO^T (x's dtype) and dw_IO = x_NI^T @ dy_NO (fp32, summed over all
-N tokens). The `projection` op (frontier_jax.ops.qkv_projection: q/k/v fused as one [D, (H + 2G) K]
-weight; ops.out_projection: [H K, D]); dw leaves in fp32 and ops casts it to the weight's dtype.
+Spec: `projection`: y_NO = x_NI @ w_IO (x in the compute dtype, the weight cast to it, fp32 accumulation,
+y in x's dtype); backward dx_NI = dy_NO @ w_IO^T (x's dtype), dw_IO = x_NI^T @ dy_NO (fp32, summed over
+all N tokens). `norm_projection` (frontier_jax.reference.norm_projection_fwd / _bwd): y = rms_norm(x) w,
+with inv_N1 = rsqrt(mean(x^2) + eps) (fp32, eps = float32 epsilon) as the residual; backward g = dy w^T,
+dx = inv (g + x c) with c = -mean(g x) inv^2 (fp32 math), dw = rms_norm(x)^T dy. ops.out_projection
+runs `projection`, ops.norm_qkv_projection runs `norm_projection` with q/k/v fused as one [D, (H + 2G) K]
+weight; dw leaves in fp32 and ops casts it to the weight's dtype.
 
-Forward, per 128-token tile: x arrives token-major, so its 128-column slices are transposed on
-TensorE (the contraction axis I must be on partitions) and copied out of PSUM, alternately by
-ScalarE (`activation(op=nl.copy)`: NeuronCore-v2 has no ScalarE tensor_copy, nki/api isa docs) and
-VectorE; then per 512-column slice of w: y[tokens, 512] = sum over I slices of x^T (stationary
-[128, 128]) x w (moving [128, 512], SBUF-resident for the call), one PSUM bank, cast out and stored.
-Backward: dx the same way with dy^T (transposed per tile) against w^T (transposed once per call);
-dw contracts over tokens, which are already on partitions: I/128 PSUM banks per 512-column slice of w
-accumulate x (stationary [tokens, 128]) x dy (moving [tokens, 512]) over every token tile. With as
-few PSUM banks as the output projection's (I/128 x O/512 = 4, plus dx's and a transpose's) dx and dw
-share one pass over the tokens (x and dy read once); with up to 8 (q/k/v: 4 x 2) dx takes one pass
-and every dw slice a second one (dy read twice, x once); beyond, one pass over x per slice.
+The norm is a per-token scale: rms_norm(x) w = inv (x w), so the forward multiplies the output rows by
+inv as they leave PSUM (the evacuation happens anyway: ScalarE `activation(scale=inv)` or VectorE
+`tensor_scalar`), and inv comes from the x tile already in SBUF (one ScalarE square + row-sum pass and
+an rsqrt on the [P, 1] column, as kernels_nki/rmsnorm.py). The normalised activation never exists in HBM.
 
-TensorE useful/issued is bounded by the transposes: the forward issues I/128 transposes of 128 columns
-per tile against I/128 x O columns of matmul, 1 - 128/(O + 128): 0.889 at O = 1024 (q/k/v), 0.8 at
-O = 512 (output). Reaching 0.9 needs x^T from the producer (a norm kernel writing feature-major
-tiles, or the pre-attention RMSNorm fused here), not a choice inside this kernel.
+Forward, per 128-token tile: x arrives token-major, so its 128-column slices are transposed (the
+contraction axis I must be on partitions) and copied out of PSUM, alternately by VectorE and ScalarE
+(`activation(op=nl.copy)`: NeuronCore-v2 has no ScalarE tensor_copy, nki/api isa docs); then per
+512-column slice of w: y[tokens, 512] = sum over I slices of x^T (stationary [128, 128]) x w (moving
+[128, 512], SBUF-resident for the call), one PSUM bank, scaled/cast out and stored.
+Transposes: TensorE transposes a tile as a matmul with the tile stationary and an identity moving
+(isa docs nc_transpose; nc_matmul "Transpose mode": is_transpose=True labels it). Each 128-token
+transpose is issued as two matmuls of 64 tokens in the two 64-row tiles of the PE array (nc_matmul
+"Tiling mode": row tiles of 64 on NeuronCore-v2, matmuls on different row tiles run in parallel), the
+identity's matching 64 x 64 block as the moving operand: 64 x 128 x 64 MACs issued per half (counted,
+0 useful) instead of 128 x 128 x 128 for a full-array transpose. The result is fp32 in PSUM (exact: a
+bf16 value times 1).
+
+Backward (`projection`): dx the same way with dy^T (transposed per tile) against w^T (transposed once
+per call); dw contracts over tokens, which are already on partitions: I/128 PSUM banks per 512-column
+slice of w accumulate x (stationary [tokens, 128]) x dy (moving [tokens, 512]) over every token tile.
+With as few PSUM banks as the output projection's (I/128 x O/512 = 4, plus dx's and a transpose's) dx
+and dw share one pass over the tokens (x and dy read once); with up to 8 dx takes one pass and every dw
+slice a second one (dy read twice, x once); beyond, one pass over x per slice.
+Backward (`norm_projection`), one pass over the tokens: per tile g = dy w^T in PSUM (token-major, dy^T
+by transposes), the norm's backward on it (VectorE g x and x c + g, each reading g from PSUM; ScalarE
+the row sum and the inv scale), dx stored; rms_norm(x) = inv x (ScalarE) kept for dw. dw = rms_norm(x)^T
+dy accumulates over BLOCK = 16 token tiles in one PSUM bank per [128, 512] slice, then one VectorE add
+into fp32 SBUF accumulators ([I/128] x [128, O] fp32: 16 KiB per partition at the baseline), stored once.
+This reads x and dy once, where the unfused pair read dy twice and x, dy again in rms_norm's backward.
+
+Engines at the baseline shapes (N = 65536 tokens, D = 512, (H + 2G) K = 1024, bf16; `python -m
+kernels_nki.report`, AWS's documented trn1 rates): q/k/v norm_projection forward 795.8 us per call,
+TensorE-bound (DMA 745.0, ScalarE 514.9, VectorE 351.3), backward 1592.3 us TensorE-bound (VectorE
+1468.5, DMA 999.4, ScalarE 773.9); before the fusion rms_norm + projection took 494.4 + 842.6 and
+965.5 + 1686.7 us. Output projection: forward 495.4 us DMA-bound (TensorE 421.3), backward 796.2 us
+TensorE-bound. TensorE useful/issued: 0.941 everywhere except the output projection's forward, 0.889:
+per tile it issues I/128 transposes (2 x 64 x 128 x 64 MACs each) against I/128 x O/512 matmuls of
+128 x 128 x 512, 1 - 64/(O + 64) at O = 512. Above that needs o^T from its producer (the attention
+kernel writing its output feature-major), not a choice inside this kernel.
+
+NeuronCore-v2 (trn1) rules followed (AWS docs, aws-neuron-sdk): matmuls bf16 (or fp32) pairs into fp32
+PSUM, stationary free <= 128 (<= the row tile's 64 rows in tiling mode), moving free <= 512 (isa docs
+nc_matmul; trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst "Tile Size"); a
+VectorE instruction reads at most one PSUM input (isa docs tensor_tensor / scalar_tensor_tensor
+"Memory types"); activation's bias is an [N, 1] tile and its scale an fp32 [N, 1] tile (isa docs
+activation); rsqrt's input mean(x^2) + eps >= eps is in its valid range (nki/api/nki.api.shared.rst);
+operands of more than 64 partitions start at partition 0, of 33-64 at 0 or 64 (a transpose's second
+half starts at 64; arch guide, "Accessing SBUF/PSUM tensors using compute engines").
 """
 
 import nki
@@ -29,30 +66,63 @@ import nki.language as nl
 
 W = 512  # moving columns per matmul: one fp32 PSUM bank (gemm_moving_fmax)
 PSUM_BANKS = 8  # 2 MiB PSUM = 16 KiB per partition (trn1 arch guide, "Memory"), in 2 KiB banks of 512 fp32
+HALF = 64  # a row tile of the PE array in row tiling mode on NeuronCore-v2 (isa docs nc_matmul, "Tiling mode")
+BLOCK = 16  # norm_projection_bwd: token tiles whose dw partials accumulate in PSUM before the fp32 SBUF add
+EPS = 1.1920928955078125e-07  # float32 machine epsilon == frontier_jax.reference.RMS_EPS
 
 
 def _cdiv(a, b):
     return (a + b - 1) // b
 
 
-def _evacuate(dst, src, on_vector):
-    """PSUM -> SBUF with the cast to dst's dtype, on VectorE or ScalarE (spreading the two engines' load)."""
-    if on_vector:
+def _evacuate(dst, src, on_vector, scale=None, scaled=False):
+    """PSUM -> SBUF with the cast to dst's dtype (with `scaled`, times the per-row fp32 [P, 1] `scale`), on
+    VectorE or ScalarE (spreading the two engines' load). A Python flag, not a comparison of a tile with
+    None, says whether to scale."""
+    if on_vector and scaled:
+        nisa.tensor_scalar(dst=dst, data=src, op0=nl.multiply, operand0=scale)
+    elif on_vector:
         nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.vector)
+    elif scaled:
+        nisa.activation(dst=dst, op=nl.copy, data=src, scale=scale)
     else:
         nisa.activation(dst=dst, op=nl.copy, data=src)
 
 
-def _transposed(t, rows, cols, dt):
-    """[cols/128 tiles of [128, 128]]: t[0:rows, 0:cols] transposed in 128-column slices (TensorE)."""
+def _identity(dt):
+    """[128, 128] identity in dt (GpSimd, once per call): the moving operand of the transposes."""
+    P = nl.tile_size.pmax
+    one = nl.ones((P, P), dtype=dt, buffer=nl.sbuf)
+    ident = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+    nisa.affine_select(dst=ident, pattern=[[-1, P]], offset=0, channel_multiplier=1, on_true_tile=one,
+                       on_false_value=0.0, cmp_op=nl.equal)
+    return ident
+
+
+def _transpose(dst_ps, src, rows, ident):
+    """dst_ps[0:cols, 0:rows] (fp32 PSUM) = src[0:rows, 0:cols]^T on TensorE as two row-tiled halves: rows
+    r0:r0+64 are the stationary operand of a matmul against the identity (how TensorE transposes: isa docs
+    nc_transpose / nc_matmul "Transpose mode", is_transpose labels it), in the 64-row tile at r0 of the
+    PE array, so the two halves run in parallel (nc_matmul "Tiling mode", NeuronCore-v2 or newer)."""
+    for h in range(2):
+        r0 = h * HALF
+        rh = min(HALF, rows - r0)
+        if rh > 0:
+            nisa.nc_matmul(dst=dst_ps[:, r0:r0 + rh], stationary=src[r0:r0 + rh], moving=ident[r0:r0 + rh, r0:r0 + rh],
+                           is_transpose=True, tile_position=(r0, 0), tile_size=(HALF, nl.tile_size.pmax))
+
+
+def _transposed(t, rows, cols, dt, ident, first_on_vector=True):
+    """[cols/128 tiles of [128, 128]]: t[0:rows, 0:cols] transposed in 128-column slices (TensorE), copied out
+    of PSUM alternately by VectorE and ScalarE."""
     P = nl.tile_size.pmax
     out = []
     for i in nl.affine_range(_cdiv(cols, P)):
         k = min(P, cols - i * P)
-        t_ps = nl.ndarray((P, P), dtype=dt, buffer=nl.psum)
-        nisa.nc_transpose(dst=t_ps[0:k, 0:rows], data=t[0:rows, i * P:i * P + k])
+        t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+        _transpose(t_ps[0:k, 0:rows], t[0:rows, i * P:i * P + k], rows, ident)
         tT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-        _evacuate(tT[0:k, 0:rows], t_ps[0:k, 0:rows], i % 2 == 1)
+        _evacuate(tT[0:k, 0:rows], t_ps[0:k, 0:rows], (i % 2 == 0) == first_on_vector)
         out.append(tT)
     return out
 
@@ -63,22 +133,6 @@ def _rows(src_NX, r0, rows, dt):
     t = nl.ndarray((P, src_NX.shape[1]), dtype=dt, buffer=nl.sbuf)
     nisa.dma_copy(dst=t[0:rows], src=src_NX[r0:r0 + rows])
     return t
-
-
-def _times(lhsT, rhs, K, dst_NO, r0, rows, dt):
-    """dst_NO[r0:r0+rows] = lhsT^T @ rhs over a K-long contraction: lhsT as [128, rows] tiles, rhs as
-    [128, O] tiles (slice i holds contraction rows i*128 ...)."""
-    P = nl.tile_size.pmax
-    O = dst_NO.shape[1]
-    for o in nl.affine_range(_cdiv(O, W)):
-        w = min(W, O - o * W)
-        ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
-        for i in nl.affine_range(_cdiv(K, P)):
-            k = min(P, K - i * P)
-            nisa.nc_matmul(dst=ps[0:rows, 0:w], stationary=lhsT[i][0:k, 0:rows], moving=rhs[i][0:k, o * W:o * W + w])
-        y = nl.ndarray((P, W), dtype=dt, buffer=nl.sbuf)
-        _evacuate(y[0:rows, 0:w], ps[0:rows, 0:w], o % 2 == 0)
-        nisa.dma_copy(dst=dst_NO[r0:r0 + rows, o * W:o * W + w], src=y[0:rows, 0:w])
 
 
 def _weight_tiles(w_IO, dt):
@@ -94,7 +148,7 @@ def _weight_tiles(w_IO, dt):
     return tiles
 
 
-def _weight_transposed(w_IO, dt):
+def _weight_transposed(w_IO, dt, ident):
     """w_IO^T as O/128 SBUF tiles [128, I] (TensorE transposes, once per call)."""
     P = nl.tile_size.pmax
     I, O = w_IO.shape
@@ -104,13 +158,99 @@ def _weight_transposed(w_IO, dt):
         w_t = _rows(w_IO, i * P, k, dt)
         for j in nl.affine_range(_cdiv(O, P)):
             ko = min(P, O - j * P)
-            t_ps = nl.ndarray((P, P), dtype=dt, buffer=nl.psum)
-            nisa.nc_transpose(dst=t_ps[0:ko, 0:k], data=w_t[0:k, j * P:j * P + ko])
+            t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+            _transpose(t_ps[0:ko, 0:k], w_t[0:k, j * P:j * P + ko], k, ident)
             _evacuate(wT[j][0:ko, i * P:i * P + k], t_ps[0:ko, 0:k], j % 2 == 1)
     return wT
 
 
-def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, dx_NI=None, wT=None):
+def _products(lhsT, rhs, K, O, rows):
+    """lhsT^T @ rhs over a K-long contraction as O/512 fp32 PSUM tiles [rows, 512]: lhsT as [128, rows]
+    tiles, rhs as [128, O] tiles (slice i holds contraction rows i*128 ...)."""
+    P = nl.tile_size.pmax
+    out = []
+    for o in nl.affine_range(_cdiv(O, W)):
+        w = min(W, O - o * W)
+        ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
+        for i in nl.affine_range(_cdiv(K, P)):
+            k = min(P, K - i * P)
+            nisa.nc_matmul(dst=ps[0:rows, 0:w], stationary=lhsT[i][0:k, 0:rows], moving=rhs[i][0:k, o * W:o * W + w])
+        out.append(ps)
+    return out
+
+
+def _times(lhsT, rhs, K, dst_NO, r0, rows, dt, scale=None, scaled=False):
+    """dst_NO[r0:r0+rows] = lhsT^T @ rhs (`_products`), with `scaled` times the per-row fp32 [P, 1] `scale`
+    when leaving PSUM."""
+    P = nl.tile_size.pmax
+    O = dst_NO.shape[1]
+    for o, ps in enumerate(_products(lhsT, rhs, K, O, rows)):
+        w = min(W, O - o * W)
+        y = nl.ndarray((P, W), dtype=dt, buffer=nl.sbuf)
+        _evacuate(y[0:rows, 0:w], ps[0:rows, 0:w], o % 2 == 0, scale[0:rows] if scaled else None, scaled)
+        nisa.dma_copy(dst=dst_NO[r0:r0 + rows, o * W:o * W + w], src=y[0:rows, 0:w])
+
+
+def _inv_rms(x_t, rows, eps_P1):
+    """[P, 1] fp32 inv = rsqrt(mean(x^2) + eps) per row of x_t (ScalarE: the squares with their row sum,
+    then rsqrt on the column; as kernels_nki/rmsnorm.py)."""
+    P = nl.tile_size.pmax
+    D = x_t.shape[1]
+    sq = nl.ndarray((P, D), dtype=x_t.dtype, buffer=nl.sbuf)  # discarded: only the row sum is kept
+    ss = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=sq[0:rows], op=nl.square, data=x_t[0:rows], reduce_op=nl.add, reduce_res=ss[0:rows])
+    inv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=inv[0:rows], op=nl.rsqrt, data=ss[0:rows], scale=1.0 / D, bias=eps_P1[0:rows])
+    return inv
+
+
+def _norm_bwd(g, x_t, inv, rows, dt):
+    """The RMSNorm backward of one row tile, [P, D] in dt: dx = inv (g + x c), c = -mean(g x) inv^2, with g
+    (the gradient of the normalised rows) as fp32 PSUM tiles of 512 columns. VectorE: g x and x c + g (one
+    PSUM input each); ScalarE: the row sum and the final scale."""
+    P = nl.tile_size.pmax
+    D = x_t.shape[1]
+    work = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
+    for c in nl.affine_range(len(g)):
+        cw = min(W, D - c * W)
+        nisa.tensor_tensor(dst=work[0:rows, c * W:c * W + cw], data1=g[c][0:rows, 0:cw],
+                           data2=x_t[0:rows, c * W:c * W + cw], op=nl.multiply)
+    dot = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=work[0:rows], op=nl.copy, data=work[0:rows], reduce_op=nl.add, reduce_res=dot[0:rows])
+    t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=t[0:rows], data=dot[0:rows], op0=nl.multiply, operand0=inv[0:rows], op1=nl.multiply,
+                       operand1=-1.0 / D)
+    cc = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=cc[0:rows], data=t[0:rows], op0=nl.multiply, operand0=inv[0:rows])
+    for c in nl.affine_range(len(g)):
+        cw = min(W, D - c * W)
+        nisa.scalar_tensor_tensor(dst=work[0:rows, c * W:c * W + cw], data=x_t[0:rows, c * W:c * W + cw],
+                                  op0=nl.multiply, operand0=cc[0:rows], op1=nl.add, operand1=g[c][0:rows, 0:cw])
+    dx = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
+    nisa.activation(dst=dx[0:rows], op=nl.copy, data=work[0:rows], scale=inv[0:rows])
+    return dx
+
+
+def _forward(x_NI, w_IO, y_NO, inv_N1, norm):
+    """y = x w per 128-token tile; with `norm`, y = rms_norm(x) w = inv (x w), inv stored in inv_N1."""
+    N, I = x_NI.shape
+    P = nl.tile_size.pmax
+    dt = x_NI.dtype
+    w = _weight_tiles(w_IO, dt)
+    ident = _identity(dt)
+    eps = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # v2: activation's bias is a tile
+    nisa.memset(dst=eps, value=EPS)
+    for n in nl.affine_range(_cdiv(N, P)):
+        rows = min(P, N - n * P)
+        x_t = _rows(x_NI, n * P, rows, dt)
+        inv = None
+        if norm:
+            inv = _inv_rms(x_t, rows, eps)
+            nisa.dma_copy(dst=inv_N1[n * P:n * P + rows], src=inv[0:rows])
+        _times(_transposed(x_t, rows, I, dt, ident), w, I, y_NO, n * P, rows, dt, inv, norm)
+
+
+def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, ident, dx_NI=None, wT=None):
     """dw_IO[:, o0*512 : o1*512] = x^T dy over every token tile, I/128 x (o1 - o0) PSUM banks, x and that
     column range of dy read once. With dx_NI/wT it also computes dx = dy w^T in the same pass (dy read
     once in all)."""
@@ -125,8 +265,8 @@ def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, dx_NI=None, wT=None):
         x_t = _rows(x_NI, n * P, rows, dt)
         dy_t = nl.ndarray((P, c1 - c0), dtype=dt, buffer=nl.sbuf)
         nisa.dma_copy(dst=dy_t[0:rows], src=dy_NO[n * P:n * P + rows, c0:c1])
-        if dx_NI != None:  # noqa: E711 (NKI 0.3 has no `is`: nki/migration/index.rst)
-            _times(_transposed(dy_t, rows, O, dt), wT, O, dx_NI, n * P, rows, dt)
+        if dx_NI != None:  # noqa: E711
+            _times(_transposed(dy_t, rows, O, dt, ident), wT, O, dx_NI, n * P, rows, dt)
         for o in nl.affine_range(o1 - o0):
             w = min(W, c1 - c0 - o * W)
             for i in nl.affine_range(_cdiv(I, P)):
@@ -145,17 +285,28 @@ def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, dx_NI=None, wT=None):
 @nki.jit
 def projection_fwd(x_NI, w_IO):
     """y_NO = x_NI @ w_IO in x's dtype."""
-    N, I = x_NI.shape
-    O = w_IO.shape[1]
-    P = nl.tile_size.pmax
-    dt = x_NI.dtype
-    y_NO = nl.ndarray((N, O), dtype=dt, buffer=nl.shared_hbm)
-    w = _weight_tiles(w_IO, dt)
-    for n in nl.affine_range(_cdiv(N, P)):
-        rows = min(P, N - n * P)
-        xT = _transposed(_rows(x_NI, n * P, rows, dt), rows, I, dt)
-        _times(xT, w, I, y_NO, n * P, rows, dt)
+    y_NO = nl.ndarray((x_NI.shape[0], w_IO.shape[1]), dtype=x_NI.dtype, buffer=nl.shared_hbm)
+    _forward(x_NI, w_IO, y_NO, None, False)
     return y_NO
+
+
+@nki.jit
+def norm_projection_fwd(x_NI, w_IO):
+    """(y_NO = rms_norm(x) @ w_IO in x's dtype, inv_N1 = rsqrt(mean(x^2) + eps) fp32)."""
+    N = x_NI.shape[0]
+    y_NO = nl.ndarray((N, w_IO.shape[1]), dtype=x_NI.dtype, buffer=nl.shared_hbm)
+    inv_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    _forward(x_NI, w_IO, y_NO, inv_N1, True)
+    return y_NO, inv_N1
+
+
+def _bwd_setup(x_NI, w_IO):
+    """A backward's outputs (dx_NI in x's dtype, dw_IO fp32), the transposes' identity and w^T tiles."""
+    N, I = x_NI.shape
+    dx_NI = nl.ndarray((N, I), dtype=x_NI.dtype, buffer=nl.shared_hbm)
+    dw_IO = nl.ndarray((I, w_IO.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    ident = _identity(x_NI.dtype)
+    return dx_NI, dw_IO, ident, _weight_transposed(w_IO, x_NI.dtype, ident)
 
 
 @nki.jit
@@ -165,20 +316,61 @@ def projection_bwd(x_NI, w_IO, dy_NO):
     O = w_IO.shape[1]
     P = nl.tile_size.pmax
     dt = x_NI.dtype
-    dx_NI = nl.ndarray((N, I), dtype=dt, buffer=nl.shared_hbm)
-    dw_IO = nl.ndarray((I, O), dtype=nl.float32, buffer=nl.shared_hbm)
-    wT = _weight_transposed(w_IO, dt)
+    dx_NI, dw_IO, ident, wT = _bwd_setup(x_NI, w_IO)
     slices, banks = _cdiv(O, W), _cdiv(I, P) * _cdiv(O, W)  # dw's PSUM banks with every slice at once
     if banks + 2 <= PSUM_BANKS:  # dx's bank and a transpose's fit beside them: one pass for dx and dw
-        _dw_pass(x_NI, dy_NO, dw_IO, 0, slices, dt, dx_NI, wT)
+        _dw_pass(x_NI, dy_NO, dw_IO, 0, slices, dt, ident, dx_NI, wT)
         return dx_NI, dw_IO
     for n in nl.affine_range(_cdiv(N, P)):
         rows = min(P, N - n * P)
-        dyT = _transposed(_rows(dy_NO, n * P, rows, dt), rows, O, dt)
+        dyT = _transposed(_rows(dy_NO, n * P, rows, dt), rows, O, dt, ident)
         _times(dyT, wT, O, dx_NI, n * P, rows, dt)
     if banks <= PSUM_BANKS:  # every dw slice in one pass over x
-        _dw_pass(x_NI, dy_NO, dw_IO, 0, slices, dt)
+        _dw_pass(x_NI, dy_NO, dw_IO, 0, slices, dt, ident)
         return dx_NI, dw_IO
     for o in nl.affine_range(slices):  # one pass over x per 512-column slice
-        _dw_pass(x_NI, dy_NO, dw_IO, o, o + 1, dt)
+        _dw_pass(x_NI, dy_NO, dw_IO, o, o + 1, dt, ident)
+    return dx_NI, dw_IO
+
+
+@nki.jit
+def norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO):
+    """(dx_NI in x's dtype, dw_IO fp32) of y = rms_norm(x) w: g = dy w^T, dx = the norm's backward of g,
+    dw = (inv x)^T dy. One pass over the tokens; dw partials of BLOCK token tiles accumulate in one PSUM
+    bank per [128, 512] slice, then one VectorE add into fp32 SBUF accumulators."""
+    N, I = x_NI.shape
+    O = w_IO.shape[1]
+    P = nl.tile_size.pmax
+    dt = x_NI.dtype
+    dx_NI, dw_IO, ident, wT = _bwd_setup(x_NI, w_IO)
+    acc = [nl.zeros((P, O), dtype=nl.float32, buffer=nl.sbuf) for _ in range(_cdiv(I, P))]
+    for blk in nl.affine_range(_cdiv(N, P * BLOCK)):
+        n0 = blk * P * BLOCK
+        S = min(BLOCK, _cdiv(N - n0, P))
+        xn_s, dy_s = [], []
+        for s in nl.affine_range(S):
+            r0 = n0 + s * P
+            rows = min(P, N - r0)
+            x_t, dy_t = _rows(x_NI, r0, rows, dt), _rows(dy_NO, r0, rows, dt)
+            inv = _rows(inv_N1, r0, rows, nl.float32)
+            g = _products(_transposed(dy_t, rows, O, dt, ident, False), wT, O, I, rows)
+            nisa.dma_copy(dst=dx_NI[r0:r0 + rows], src=_norm_bwd(g, x_t, inv, rows, dt)[0:rows])
+            xn = nl.ndarray((P, I), dtype=dt, buffer=nl.sbuf)  # rms_norm(x), dw's stationary operand
+            nisa.activation(dst=xn[0:rows], op=nl.copy, data=x_t[0:rows], scale=inv[0:rows])
+            xn_s.append(xn)
+            dy_s.append(dy_t)
+        for i in nl.affine_range(_cdiv(I, P)):
+            k = min(P, I - i * P)
+            for o in nl.affine_range(_cdiv(O, W)):
+                w = min(W, O - o * W)
+                g_ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
+                for s in nl.affine_range(S):
+                    rows = min(P, N - n0 - s * P)
+                    nisa.nc_matmul(dst=g_ps[0:k, 0:w], stationary=xn_s[s][0:rows, i * P:i * P + k],
+                                   moving=dy_s[s][0:rows, o * W:o * W + w])
+                a = acc[i][0:k, o * W:o * W + w]
+                nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:k, 0:w], op=nl.add)
+    for i in nl.affine_range(_cdiv(I, P)):
+        k = min(P, I - i * P)
+        nisa.dma_copy(dst=dw_IO[i * P:i * P + k], src=acc[i][0:k])
     return dx_NI, dw_IO

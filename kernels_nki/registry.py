@@ -30,10 +30,11 @@ KERNELS: dict[str, KernelSpec] = {s.op: s for s in (
     KernelSpec("rope_gain", "kernels_nki.rope", "rope_gain_fwd", "rope_gain_bwd"),
     KernelSpec("causal_attention", "kernels_nki.attention", "attention_fwd", "attention_bwd"),
     KernelSpec("qk_attention", "kernels_nki.attention", "qk_attention_fwd", "qk_attention_bwd"),
-    KernelSpec("mlp", "kernels_nki.mlp", "mlp_fwd", "mlp_bwd"),
+    KernelSpec("norm_mlp", "kernels_nki.mlp", "norm_mlp_fwd", "norm_mlp_bwd"),
     KernelSpec("embed", "kernels_nki.embedding", "embed_fwd", "embed_bwd"),
     KernelSpec("head_loss", "kernels_nki.head_loss", "head_loss_fwd", "head_loss_bwd"),
     KernelSpec("projection", "kernels_nki.projection", "projection_fwd", "projection_bwd"),
+    KernelSpec("norm_projection", "kernels_nki.projection", "norm_projection_fwd", "norm_projection_bwd"),
     # the fused optimizer updates: one kernel each, no backward ("")
     KernelSpec("adam_update", "kernels_nki.adam", "adam_update", ""),
     KernelSpec("muon_update", "kernels_nki.muon", "muon_update", ""),

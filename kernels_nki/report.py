@@ -31,9 +31,10 @@ from kernels_nki.report_optim import format_optimizer, optimizer_section
 from kernels_nki.report_step import CORES
 
 FRONTIER14 = Path(__file__).resolve().parents[1] / "configs" / "frontier14.py"
-# the ops the model runs (frontier_jax.model; rope, rope_gain and causal_attention are inside qk_attention;
-# the optimizer updates are costed in report_optim)
-OPS = ("rms_norm", "qk_attention", "mlp", "embed", "head_loss", "projection")
+# the ops the model runs (frontier_jax.model; rope, rope_gain, causal_attention and the QK-norm are inside
+# qk_attention, the blocks' pre-norms inside norm_projection / norm_mlp; the optimizer updates are costed in
+# report_optim)
+OPS = ("rms_norm", "qk_attention", "norm_mlp", "embed", "head_loss", "projection", "norm_projection")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,13 +56,14 @@ def _compute_dtype(cfg: Config) -> np.dtype:
 def kernel_calls(cfg: Config) -> list[KernelCall]:
     """Every kernel call of one micro-batch on one core, with the shapes the model passes."""
     m, t = cfg.model, cfg.train
-    N, D, L = t.seq_len * t.micro_batch_seqs, m.model_dim, m.num_layers
+    N, D = t.seq_len * t.micro_batch_seqs, m.model_dim
     dt = _compute_dtype(cfg)
     s, f32 = dt.itemsize, np.dtype(np.float32)
     calls = []
-    # weightless RMSNorm: embedding output, 2 pre-norms per block, final norm (the QK-norm is in qk_attention)
+    # weightless RMSNorm: embedding output and final norm (the blocks' pre-norms run inside norm_projection
+    # and norm_mlp, the QK-norm inside qk_attention)
     for label, rows, width, count in (
-        (f"[N={N}, D={D}] embed/pre/final norms", N, D, 2 * L + 2),
+        (f"[N={N}, D={D}] embed/final norms", N, D, 2),
     ):
         x = ((rows, width), dt.name)
         calls.append(KernelCall("rms_norm", "fwd", label, (x,), 2 * rows * width * s, count))
@@ -70,20 +72,22 @@ def kernel_calls(cfg: Config) -> list[KernelCall]:
 
 
 def projection_calls(cfg: Config) -> list[KernelCall]:
-    """The attention's q/k/v (one fused [D, (H + 2G) K] weight) and output projections: the projection
-    op (frontier_jax.ops.qkv_projection / out_projection, kernels_nki/projection.py)."""
+    """The attention's q/k/v (one fused [D, (H + 2G) K] weight, the pre-attention RMSNorm fused in: the
+    norm_projection op, frontier_jax.ops.norm_qkv_projection) and output projection (the projection op,
+    ops.out_projection); both kernels in kernels_nki/projection.py."""
     m, t = cfg.model, cfg.train
     N, D, L = t.seq_len * t.micro_batch_seqs, m.model_dim, m.num_layers
     dt = _compute_dtype(cfg)
     s, dn = dt.itemsize, dt.name
     calls = []
-    for name, I, O in (("q/k/v", D, (m.num_heads + 2 * m.num_kv_heads) * m.head_dim),
-                       ("out", m.num_heads * m.head_dim, D)):
+    for op, name, I, O in (("norm_projection", "q/k/v", D, (m.num_heads + 2 * m.num_kv_heads) * m.head_dim),
+                           ("projection", "out", m.num_heads * m.head_dim, D)):
         x, w, y = ((N, I), dn), ((I, O), dn), ((N, O), dn)
         io = (N * I + I * O + N * O) * s
+        inv = ((((N, 1), "float32"),), 4 * N) if op == "norm_projection" else ((), 0)  # the norm's residual
         label = f"{name} [N={N}, {I}->{O}]"
-        calls.append(KernelCall("projection", "fwd", label, (x, w), io, L))
-        calls.append(KernelCall("projection", "bwd", label, (x, w, y), io + N * I * s + I * O * 4, L))
+        calls.append(KernelCall(op, "fwd", label, (x, w), io + inv[1], L))
+        calls.append(KernelCall(op, "bwd", label, (x, w) + inv[0] + (y,), io + inv[1] + N * I * s + I * O * 4, L))
     return calls
 
 
@@ -106,7 +110,7 @@ def attention_calls(cfg: Config) -> list[KernelCall]:
 
 
 def model_op_calls(cfg: Config) -> list[KernelCall]:
-    """mlp / embed / head_loss calls of one micro-batch on one core."""
+    """norm_mlp / embed / head_loss calls of one micro-batch on one core."""
     m, t = cfg.model, cfg.train
     B, T, D, L, V = t.micro_batch_seqs, t.seq_len, m.model_dim, m.num_layers, m.vocab_size
     N, F = B * T, m.mlp_mult * m.model_dim
@@ -114,11 +118,12 @@ def model_op_calls(cfg: Config) -> list[KernelCall]:
     s, dn = dt.itemsize, dt.name
     S = cfg.ngram.bias_orders
     calls = []
+    # the MLP with its pre-norm fused in (norm_mlp): x in, y and the norm's inv [N, 1] fp32 out
     w = (((D, F), dn), ((F, D), dn))
     label = f"[N={N}, D={D}, F={F}]"
-    calls.append(KernelCall("mlp", "fwd", label, (((N, D), dn),) + w, 2 * N * D * s + 2 * D * F * s, L))
-    calls.append(KernelCall("mlp", "bwd", label, (((N, D), dn),) + w + (((N, D), dn),),
-                            3 * N * D * s + 4 * D * F * s, L))
+    calls.append(KernelCall("norm_mlp", "fwd", label, (((N, D), dn),) + w, 2 * N * D * s + 2 * D * F * s + 4 * N, L))
+    calls.append(KernelCall("norm_mlp", "bwd", label, (((N, D), dn),) + w + (((N, 1), "float32"), ((N, D), dn)),
+                            3 * N * D * s + 4 * D * F * s + 4 * N, L))
     ids, emb = ((N,), "int32"), ((V, D), dn)
     # embed: rows gathered/scattered + ids; the backward also writes its fp32 [V, D] output once
     calls.append(KernelCall("embed", "fwd", f"[N={N}] rows of [V={V}, D={D}]", (ids, emb), 4 * N + N * D * s, 1))

@@ -5,7 +5,8 @@ from the architecture the README describes (tests/test_kernels_report.py checks 
 `frontier_jax.model`). Per core and per training step:
 
 - counted: NKI kernels whose source runs in count-only emulation (report.py, report_optim.py),
-  the q/k/v/o projections included (the projection op, kernels_nki/projection.py).
+  the q/k/v/o projections included (the norm_projection and projection ops, kernels_nki/projection.py;
+  the blocks' pre-norms run inside norm_projection and norm_mlp).
 - estimated, traffic: the element-wise glue between kernels (`glue_passes`), each an HBM pass at the
   DMA rate (XLA fuses each line into one loop; reads + writes counted per element).
 """

@@ -47,6 +47,11 @@ def _projection(r):
     return (r.standard_normal((200, 96)).astype(f32), (r.standard_normal((96, 80)) / np.sqrt(96)).astype(f32)), {}
 
 
+def _norm_projection(r):
+    (x, w), _ = _projection(r)
+    return (x * 3 + 0.5, w), {}
+
+
 def _attention(r):
     B, T, H, G, K = 1, 200, 2, 1, 32
     return tuple(r.standard_normal(s).astype(f32) for s in ((B, T, H, K), (B, T, G, K), (B, T, G, K))), {}
@@ -100,11 +105,12 @@ CASES = {
     "rope_gain": (_rope_gain, slice(1, None)),  # backward: (x, cos, sin, g, dy)
     "causal_attention": (_attention, slice(0, None)),
     "qk_attention": (_qk_attention, slice(0, None)),  # backward: (q, k, v, cos, sin, g, o, lse, do)
-    "mlp": (_mlp, slice(1, None)),
+    "norm_mlp": (_mlp, slice(1, None)),  # backward: (x, w_fc, w_proj, inv, dy)
     "embed": (_embed, slice(1, None)),
     "head_loss": (_head_loss(3), slice(1, None)),
     "head_loss/no-bias": (_head_loss(0), slice(1, None)),
     "projection": (_projection, slice(1, None)),  # backward: (x, w, dy)
+    "norm_projection": (_norm_projection, slice(1, None)),  # backward: (x, w, inv, dy)
     "adam_update": (_adam, None),
     "muon_update": (_muon, None),
 }

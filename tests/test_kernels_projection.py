@@ -1,4 +1,5 @@
-"""The projection NKI kernels (kernels_nki/projection.py) under the emulator against NumPy."""
+"""The projection NKI kernels (kernels_nki/projection.py) under the emulator: `projection` against NumPy,
+`norm_projection` (the pre-attention RMSNorm fused in) against frontier_jax.reference."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from conftest import KERNEL_TOL as TOL
 from conftest import assert_close_max as _assert_close
+from frontier_jax import reference as ref
 from kernels_nki import emulator
 
 
@@ -37,16 +39,41 @@ def test_forward_and_backward_match_numpy(kernels, dtype, N, I, O):
     _assert_close(dw, x32.T @ dy32, TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype,N,I,O", [
+    ("float32", 200, 96, 80),  # ragged token tile (second row-tiled transpose half of 72 rows)
+    ("float32", 2100, 128, 192),  # 17 token tiles: a second dw block of one ragged tile
+    ("float32", 72, 640, 600),  # a tile of one transpose half; two 512-column chunks of g and of y
+    ("bfloat16", 300, 256, 640),
+])
+def test_norm_projection_matches_reference(kernels, dtype, N, I, O):
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
+    rng = np.random.default_rng(N + I + O)
+    x = (rng.standard_normal((N, I)) * 3 + 0.5).astype(dt)
+    w, dy = (rng.standard_normal(s).astype(dt) for s in ((I, O), (N, O)))
+    f32 = lambda a: np.asarray(a, np.float32)
+    y_ref, inv_ref = ref.norm_projection_fwd(f32(x), f32(w))
+    y, inv = kernels.norm_projection_fwd(x, w)
+    assert y.shape == (N, O) and y.dtype == dt and inv.shape == (N, 1) and inv.dtype == np.float32
+    _assert_close(y, y_ref, TOL[dtype])
+    _assert_close(inv, inv_ref, 1e-5)
+    dx, dw = kernels.norm_projection_bwd(x, w, inv, dy)
+    assert dx.shape == (N, I) and dx.dtype == dt and dw.shape == (I, O) and dw.dtype == np.float32
+    dx_ref, dw_ref = ref.norm_projection_bwd(f32(x), f32(w), inv_ref, f32(dy))
+    _assert_close(dx, dx_ref, TOL[dtype])
+    _assert_close(dw, dw_ref, TOL[dtype])
+
+
 def test_counts_at_the_models_qkv_shape(kernels):
     N, I, O = 4096, 512, 1024  # baseline: D = 512 -> (H + 2G) K = 1024
     x, w, dy = ((N, I), "bfloat16"), ((I, O), "bfloat16"), ((N, O), "bfloat16")
     fwd = emulator.count(kernels.projection_fwd, x, w)
     bwd = emulator.count(kernels.projection_bwd, x, w, dy)
     nt = N // 128
-    # forward: per token tile I/128 transposes (128 columns) and (I/128) x O columns of matmul
+    # forward: per token tile I/128 transposes, each two row-tiled halves of 64 x 128 x 64 MACs (= 64
+    # columns of the whole array), and (I/128) x O columns of matmul
     assert fwd.pe_macs_useful == N * I * O
-    assert fwd.pe_macs_issued == 128 * 128 * nt * (I // 128) * (128 + O)
-    assert emulator.pe_utilisation(fwd) == pytest.approx(O / (O + 128))
+    assert fwd.pe_macs_issued == 128 * 128 * nt * (I // 128) * (64 + O)
+    assert emulator.pe_utilisation(fwd) == pytest.approx(O / (O + 64))
     assert bwd.pe_macs_useful == 2 * N * I * O
     assert fwd.dma_bytes == 2 * (N * I + I * O + N * O)  # x, w in and y out once
     assert bwd.psum_peak_banks <= 8 and fwd.psum_peak_banks <= 8
@@ -54,9 +81,26 @@ def test_counts_at_the_models_qkv_shape(kernels):
     assert bwd.dma_bytes == 2 * (N * I + 2 * N * O + I * O + N * I) + 4 * I * O
 
 
+def test_norm_projection_counts_at_the_models_qkv_shape(kernels):
+    """The fused q/k/v kernel: TensorE useful/issued >= 0.9 both ways, TensorE-bound, and each of x, dy, w
+    moved once (plus the norm's inv [N, 1] fp32): no pass of its own for the norm. (At N = 4096 the
+    forward is DMA-bound: the weight's load is not yet amortised.)"""
+    N, I, O = 16384, 512, 1024
+    x, w, dy, inv = ((N, I), "bfloat16"), ((I, O), "bfloat16"), ((N, O), "bfloat16"), ((N, 1), "float32")
+    fwd = emulator.count(kernels.norm_projection_fwd, x, w)
+    bwd = emulator.count(kernels.norm_projection_bwd, x, w, inv, dy)
+    assert fwd.pe_macs_useful == N * I * O and bwd.pe_macs_useful == 2 * N * I * O
+    assert emulator.pe_utilisation(fwd) >= 0.9 and emulator.pe_utilisation(bwd) >= 0.9
+    assert emulator.estimate(fwd).bound == emulator.estimate(bwd).bound == "tensor"
+    assert fwd.dma_bytes == 2 * (N * I + I * O + N * O) + 4 * N
+    assert bwd.dma_bytes == 2 * (2 * N * I + I * O + N * O) + 4 * N + 4 * I * O
+    assert bwd.psum_peak_banks <= 8 and fwd.psum_peak_banks <= 8
+
+
 def test_ops_routed_through_emulated_kernel_match_reference():
-    """qkv_projection (one fused weight on the kernel, three parameters) and out_projection: values and
-    the weights' gradients (fp32 dw from the kernel, per weight) against the plain matmuls."""
+    """norm_qkv_projection (one fused weight on the kernel, three parameters) and out_projection: values,
+    x's gradient and the weights' gradients (fp32 dw from the kernel, per weight) against the reference
+    path (rms_norm, then plain matmuls)."""
     import jax
     import jax.numpy as jnp
 
@@ -73,10 +117,10 @@ def test_ops_routed_through_emulated_kernel_match_reference():
             return jnp.sum(proj_out(q * v.repeat(2, -1) + kk.repeat(2, -1), wo).astype(jnp.float32) ** 2)
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4)))(x, wq, wk, wv, wo)
 
-    plain_qkv = lambda x, wq, wk, wv: tuple(x @ w.astype(x.dtype) for w in (wq, wk, wv))
+    plain_qkv = lambda x, wq, wk, wv: tuple(ref.rms_norm(x) @ w.astype(x.dtype) for w in (wq, wk, wv))
     want = f(plain_qkv, lambda x, w: x @ w.astype(x.dtype))
-    with ops.emulated(["projection"]):
-        got = f(ops.qkv_projection, ops.out_projection)
+    with ops.emulated(["projection", "norm_projection"]):
+        got = f(ops.norm_qkv_projection, ops.out_projection)
     _assert_close(got[0], want[0], TOL["bfloat16"])
     for g, w in zip(got[1], want[1]):
         assert g.dtype == w.dtype and g.shape == w.shape

@@ -35,16 +35,17 @@ def test_report_on_tiny_config_json(capsys):
     assert w["step_s"] == pytest.approx(w["kernel_s"] + w["glue_s"] + w["optimizer_s"])
     assert w["share_counted"] + w["share_estimated"] == pytest.approx(1) and 0 < w["share_counted"] < 1
     assert w["tokens_per_30min"] == pytest.approx(1800 / w["step_s"] * cfg.train.tokens_per_step)
-    proj = [r for r in rep["kernels"] if r["op"] == "projection"]
+    proj = [r for r in rep["kernels"] if r["op"] in ("norm_projection", "projection")]
     assert len(proj) == 4 and all(0 < r["pe_useful_over_issued"] <= 1 for r in proj)
+    assert [r["op"] for r in proj] == ["norm_projection"] * 2 + ["projection"] * 2  # q/k/v with the pre-norm
     m = cfg.model
     assert [shape for shape, _ in proj[0]["inputs"]] == [[N, m.model_dim], [m.model_dim, (m.num_heads + 2 *
                                                                              m.num_kv_heads) * m.head_dim]]
     assert rep["optimizer"]["step_s"] > 0 and [c["config"] for c in rep["comparison"]] == ["tiny"]
-    ops_ = ("rms_norm", "qk_attention", "mlp", "embed", "head_loss", "projection")  # what the model runs
+    ops_ = ("rms_norm", "qk_attention", "norm_mlp", "embed", "head_loss", "projection", "norm_projection")
     assert {(r["op"], r["which"]) for r in rep["kernels"]} == {(op, w) for op in ops_ for w in ("fwd", "bwd")}
     for r in rep["kernels"]:
-        if r["op"] in ("mlp", "head_loss", "qk_attention"):
+        if r["op"] in ("norm_mlp", "head_loss", "qk_attention"):
             assert r["pe_useful_over_issued"] > 0 and r["est_s"] > 0
         if r["op"] == "qk_attention":  # counted on one sequence, times the micro-batch's sequences
             assert r["inputs"][0][0][0] == 1 and r["dma_over_min"] == 1.0
@@ -52,8 +53,13 @@ def test_report_on_tiny_config_json(capsys):
             assert r["calls_per_step"] == per_micro * rep["microbatches_per_core_per_step"]
         if r["op"] == "embed":
             assert r["dma_over_min"] >= 1.0  # the minimum is a lower bound (trn1 one-hot design)
+        if r["op"] in ("norm_mlp", "norm_projection"):  # once per block and micro-batch, the pre-norm inside
+            assert r["calls_per_step"] == cfg.model.num_layers * rep["microbatches_per_core_per_step"]
     rows = [r for r in rep["kernels"] if r["op"] == "rms_norm"]
     assert [N, cfg.model.model_dim] in [r["inputs"][0][0] for r in rows]
+    # the [N, D] norms left outside kernels: the embedding's and the final one (the pre-norms are fused)
+    assert {r["calls_per_step"] for r in rows if r["inputs"][0][0] == [N, cfg.model.model_dim]} == {
+        2 * rep["microbatches_per_core_per_step"]}
     for r in rows:
         assert r["pe_useful_over_issued"] is None  # no matmul in RMSNorm
         assert 1.0 <= r["dma_over_min"] < 1.05 and r["bound"] != "tensor" and r["est_s"] > 0
