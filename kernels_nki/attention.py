@@ -10,15 +10,17 @@ RMSNorm over K, eps = fp32 epsilon; half-split RoPE; cos/sin [T, K/2] fp32 holdi
 q's dtype, as the reference casts them; the gain broadcast over 128 rows, fp32).
 
 QK-norm + RoPE (+ gain), fused (`_prep_tile`): each raw q / k row tile, once loaded, is normed and
-rotated in SBUF before its transpose, in fp32 (rounded once to the input dtype): row sums of squares,
-rsqrt (ScalarE, [P, 1] eps bias tile), the scaling, the gain (GpSimd) and the rotation as x [cos, cos]
-+ [x2 sin, -x1 sin] (four GpSimd instructions; `_rotate`). The backward recomputes them (no residual
-beyond o and lse) and takes dq (per query tile, out of PSUM) and dk (per kv tile, when its accumulator
-leaves PSUM) back through them (`_prep_grad`): w = rope^-1(d), dot = rowsum(w xn), dx = gain inv (w -
-xn dot / K); the gain's gradient is rowsum(w xn) summed over the rows (one [128, 1] x [128, 1] matmul
-per head). This replaces four HBM-bound kernel calls per layer (QK-norm of q and k, rope_gain, rope:
-263 ms of a baseline step at the documented rates) by on-chip work, mostly on engines attention
-leaves idle.
+rotated in SBUF before its transpose, in fp32 (rounded once to the input dtype): the row sums of
+squares, rsqrt(sum + K eps) (one GpSimd tensor_scalar: GpSimd tensor_scalar is documented for rsqrt
+only), the scaling by it times sqrt(K) (times the gain: `_gain` folds sqrt(K) in) and the rotation as
+x [cos, cos] + [x2 sin, -x1 sin] (four GpSimd tensor_tensor instructions; `_rotate`). The backward
+recomputes them (no residual beyond o and lse) and takes dq (per query tile, out of PSUM) and dk (per
+kv tile, when its accumulator leaves PSUM) back through them (`_prep_grad`): w = rope^-1(d), dot =
+rowsum(w xn), dx = gain inv (w - xn dot / K); the gain's gradient is rowsum(w xn) summed over the rows
+(one [128, 1] x [128, 1] matmul per head). This replaces four HBM-bound kernel calls per layer and
+micro-batch (QK-norm of q and k, rope_gain, rope: 3.60 ms, DMA-bound each; 129.7 ms of a baseline
+step at the documented rates) by 2.00 ms of on-chip work (72.1 ms per step), mostly on engines
+attention leaves idle.
 
 Forward, per (batch, kv head): k as 128-key row tiles, k^T [K, T] (transposed once per kv head and
 reused by its R query heads), v row tiles. Per query head and 128-query tile (the last ragged,
@@ -59,9 +61,7 @@ the other ds^T copies and the q^T / dO^T copies; TensorE 46.1; GpSimd 35.3: the 
 masks 6). Fused: forward 69.9 us (ScalarE 69.9, VectorE 69.3: + the QK-norm's row sums and
 scalings; GpSimd 28.3: the squares and rotations), backward 87.2 us (GpSimd 87.2: + the rotations and
 products of the prep and its gradient; ScalarE 86.7: + the norm's scalings; VectorE 83.9), against
-64.4 + 61.4 us plus, before, the separate QK-norm (q, k), rope_gain and rope calls per layer and
-micro-batch of 64 sequences; the fusion adds 5.5 (forward) + 25.8 (backward) us per sequence, 2.0 ms
-per layer and micro-batch. Before this layout (full-array transposes, the mask matmul in the
+64.4 + 61.4 us for the plain kernels: the fusion adds 5.5 (forward) + 25.8 (backward) us per sequence. Before this layout (full-array transposes, the mask matmul in the
 backward, ds as one two-input VectorE pass): plain 66.6 / 78.9 us.
 
 TensorE useful/issued (the causal triangle, diagonal blocks included, counted as useful; transposes
