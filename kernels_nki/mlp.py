@@ -168,7 +168,7 @@ def _scaled(x_t, inv, rows, dt):
 
 @nki.jit
 def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
-    """(y_ND (x's dtype) = relu(rms_norm(x) W_fc)^2 W_proj, inv_N1 = rsqrt(mean(x^2) + eps) fp32)."""
+    """(y_ND (x's dtype) = x + relu(rms_norm(x) W_fc)^2 W_proj, inv_N1 = rsqrt(mean(x^2) + eps) fp32)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
@@ -184,7 +184,8 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
         n0 = blk * NB
         nb = min(NB, N - n0)
         xn_s = []
-        for s, x_t in enumerate(_block_rows(x_ND, n0, nb, dt)):
+        x_s = _block_rows(x_ND, n0, nb, dt)  # kept for the residual add
+        for s, x_t in enumerate(x_s):
             rows = min(P, nb - s * P)
             # inv = rsqrt(mean(x^2) + eps): ScalarE squares with their row sum, then rsqrt on the column
             sq = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)  # discarded: only the row sum is kept
@@ -216,16 +217,18 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
                     fj = min(P, F - j * P)
                     nisa.nc_matmul(dst=y_ps[0:rows, 0:dc], stationary=aT[j][0:fj, s * P:s * P + rows],
                                    moving=wproj[j][0:fj, c * NB:c * NB + dc])
-                y_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-                nisa.activation(dst=y_t[0:rows, 0:dc], op=nl.copy, data=y_ps[0:rows, 0:dc])
+                y_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)  # y = x + a W_proj, leaving PSUM
+                nisa.tensor_tensor(dst=y_t[0:rows, 0:dc], data1=y_ps[0:rows, 0:dc],
+                                   data2=x_s[s][0:rows, c * NB:c * NB + dc], op=nl.add)
                 nisa.dma_copy(dst=y_ND[n0 + s * P:n0 + s * P + rows, c * NB:c * NB + dc], src=y_t[0:rows, 0:dc])
     return y_ND, inv_N1
 
 
-def _norm_dx(g, x_t, inv, rows, dt):
-    """dx [P, D] in dt of the norm for one row tile, given g/2 (g: the gradient of rms_norm(x)) as fp32 PSUM
-    chunks of 512 columns: dx = 2 inv (g/2 + x c), c = -mean((g/2) x) inv^2. VectorE: (g/2) x and
-    x c + g/2 (one PSUM input each); ScalarE: the row sum and the 2 inv scale."""
+def _norm_dx(g, x_t, inv, dy_t, rows, dt):
+    """dx [P, D] in dt for one row tile: dy (the residual's pass-through) plus the norm's backward, given g/2
+    (g: the gradient of rms_norm(x)) as fp32 PSUM chunks of 512 columns: dx = dy + 2 inv (g/2 + x c),
+    c = -mean((g/2) x) inv^2. VectorE: (g/2) x and x c + g/2 (one PSUM input each); ScalarE: the row sum
+    and the 2 inv scale; GpSimd (SBUF only, idle otherwise): the add of dy."""
     P = nl.tile_size.pmax
     D = x_t.shape[1]
     work = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
@@ -245,14 +248,16 @@ def _norm_dx(g, x_t, inv, rows, dt):
         dc = min(NB, D - c * NB)
         nisa.scalar_tensor_tensor(dst=work[0:rows, c * NB:c * NB + dc], data=x_t[0:rows, c * NB:c * NB + dc],
                                   op0=nl.multiply, operand0=cc[0:rows], op1=nl.add, operand1=g[c][0:rows, 0:dc])
+    nisa.activation(dst=work[0:rows], op=nl.copy, data=work[0:rows], scale=two_inv[0:rows])
     dx = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
-    nisa.activation(dst=dx[0:rows], op=nl.copy, data=work[0:rows], scale=two_inv[0:rows])
+    nisa.tensor_tensor(dst=dx[0:rows], data1=work[0:rows], data2=dy_t[0:rows], op=nl.add, engine=nisa.engine.gpsimd)
     return dx
 
 
 @nki.jit
 def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
-    """(dx_ND, dw_fc_DF, dw_proj_FD), all in x's dtype; h is recomputed (see the module docstring)."""
+    """(dx_ND = dy + the MLP's and norm's backward, dw_fc_DF in x's dtype, dw_proj_FD fp32); h is recomputed
+    (see the module docstring)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
@@ -260,7 +265,7 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
     KD, KF = _cdiv(D, P), _cdiv(F, P)
     dx_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     dwfc_DF = nl.ndarray((D, F), dtype=dt, buffer=nl.shared_hbm)
-    dwproj_FD = nl.ndarray((F, D), dtype=dt, buffer=nl.shared_hbm)
+    dwproj_FD = nl.ndarray((F, D), dtype=nl.float32, buffer=nl.shared_hbm)  # fp32: ops.py derives ds from it
     ident = _identity(dt)
     wfc = _load_rows(w_fc_DF, dt)  # [D_k, F]
     wfcT = _transposed_rows(wfc, D, F, dt, ident)  # [F_j, D]
@@ -339,7 +344,7 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
                     nisa.nc_matmul(dst=dx_ps[0:rows, 0:dc], stationary=dhT[j][0:fj, s * P:s * P + rows],
                                    moving=wfcT[j][0:fj, c * NB:c * NB + dc])
                 g.append(dx_ps)
-            dx_t = _norm_dx(g, x_s[s], inv_s[s], rows, dt)
+            dx_t = _norm_dx(g, x_s[s], inv_s[s], dy_s[s], rows, dt)
             nisa.dma_copy(dst=dx_ND[n0 + s * P:n0 + s * P + rows], src=dx_t[0:rows])
     for k in nl.affine_range(KD):
         dk = min(P, D - k * P)
@@ -348,7 +353,5 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
         nisa.dma_copy(dst=dwfc_DF[k * P:k * P + dk], src=out[0:dk])
     for j in nl.affine_range(KF):
         fj = min(P, F - j * P)
-        out = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=out[0:fj], src=acc_proj[j][0:fj])
-        nisa.dma_copy(dst=dwproj_FD[j * P:j * P + fj], src=out[0:fj])
+        nisa.dma_copy(dst=dwproj_FD[j * P:j * P + fj], src=acc_proj[j][0:fj])
     return dx_ND, dwfc_DF, dwproj_FD

@@ -283,10 +283,25 @@ def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, ident, dx_NI=None, wT=None):
 
 
 @nki.jit
-def projection_fwd(x_NI, w_IO):
-    """y_NO = x_NI @ w_IO in x's dtype."""
-    y_NO = nl.ndarray((x_NI.shape[0], w_IO.shape[1]), dtype=x_NI.dtype, buffer=nl.shared_hbm)
-    _forward(x_NI, w_IO, y_NO, None, False)
+def projection_fwd(x_NI, w_IO, r_NO):
+    """y_NO = r_NO + x_NI @ w_IO in x's dtype: the residual tile is added as each [rows, 512] product
+    leaves PSUM (one VectorE tensor_tensor, its one PSUM input the product), so x w never reaches HBM."""
+    N, I = x_NI.shape
+    O = w_IO.shape[1]
+    P = nl.tile_size.pmax
+    dt = x_NI.dtype
+    y_NO = nl.ndarray((N, O), dtype=dt, buffer=nl.shared_hbm)
+    w = _weight_tiles(w_IO, dt)
+    ident = _identity(dt)
+    for n in nl.affine_range(_cdiv(N, P)):
+        rows = min(P, N - n * P)
+        x_t, r_t = _rows(x_NI, n * P, rows, dt), _rows(r_NO, n * P, rows, dt)
+        for o, ps in enumerate(_products(_transposed(x_t, rows, I, dt, ident, False), w, I, O, rows)):
+            c = min(W, O - o * W)
+            y = nl.ndarray((P, W), dtype=dt, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=y[0:rows, 0:c], data1=ps[0:rows, 0:c], data2=r_t[0:rows, o * W:o * W + c],
+                               op=nl.add)
+            nisa.dma_copy(dst=y_NO[n * P:n * P + rows, o * W:o * W + c], src=y[0:rows, 0:c])
     return y_NO
 
 
