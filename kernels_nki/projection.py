@@ -49,8 +49,8 @@ kernels_nki.report`, AWS's documented trn1 rates): q/k/v norm_projection forward
 TensorE-bound (DMA 745.0, ScalarE 514.9, VectorE 351.3), backward 1592.3 us TensorE-bound (VectorE
 1468.5, DMA 999.4, ScalarE 773.9); before the fusion rms_norm + projection took 494.4 + 842.6 and
 965.5 + 1686.7 us. Output projection with the residual add: forward 742.1 us DMA-bound (x, w, r in and y out once; TensorE
-421.3, VectorE 585.3: the add as y leaves PSUM; without the residual 495.4 us, plus 3 HBM passes of
-glue for the add, 741 us), backward 796.2 us TensorE-bound (unchanged). TensorE useful/issued: 0.941 everywhere except the output projection's forward, 0.889:
+421.3, VectorE 585.3: the add as y leaves PSUM; before, 495.4 us plus 741 us of glue for the scaled
+add's 3 HBM passes), backward 796.2 us TensorE-bound (unchanged). TensorE useful/issued: 0.941 everywhere except the output projection's forward, 0.889:
 per tile it issues I/128 transposes (2 x 64 x 128 x 64 MACs each) against I/128 x O/512 matmuls of
 128 x 128 x 512, 1 - 64/(O + 64) at O = 512. Above that needs o^T from its producer (the attention
 kernel writing its output feature-major), not a choice inside this kernel.
