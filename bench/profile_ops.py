@@ -94,7 +94,7 @@ def _families(cfg, B: int, T: int, variants: bool, dtype=jnp.float32) -> dict:
         return q @ wo + jnp.sum(k * v)
 
     add("norm + dense qkv+out proj", qkv_out, (x_ND, wq, wk, wv, wo), L)
-    add("norm + mlp (relu^2, 2 matmuls)", ops.norm_mlp, (x_ND, a(D, F), a(F, D)), L)
+    add("norm + mlp (relu^2, 2 matmuls)", ops.norm_mlp, (x_ND, a(D, F), a(F, D), a(D)), L)
     q, k, v = a(B, T, H, K), a(B, T, G, K), a(B, T, G, K)
     add("attention core", ops.causal_attention, (q, k, v), L)
     add("rms_norm [N,D] (embed, final)", ops.rms_norm, (x_ND,), 2)
@@ -106,7 +106,7 @@ def _families(cfg, B: int, T: int, variants: bool, dtype=jnp.float32) -> dict:
     add("head: tied logits+softcap+CE", lambda x, e: ops.head_loss(x, e, ids, m.logit_softcap), (x_ND, emb), 1)
     add("embedding gather", lambda e: ops.embed(ids, e), (emb,), 1)
     if variants:  # the same families on the paths before the speed work (primitives, dense attention)
-        add("  before: norm + mlp via custom_vjp", ops.norm_mlp, (x_ND, a(D, F), a(F, D)), L, True)
+        add("  before: norm + mlp via custom_vjp", ops.norm_mlp, (x_ND, a(D, F), a(F, D), a(D)), L, True)
         add("  before: attention dense via custom_vjp", ops.causal_attention, (q, k, v), L, True)
         add("  before: rms_norm [N,D] via custom_vjp", ops.rms_norm, (x_ND,), 2, True)
         add("  before: rope q,k via custom_vjp", lambda q, k: ops.rope(q, cos, sin).sum(-1)

@@ -50,8 +50,9 @@ class CausalSelfAttention(nnx.Module):
         self.proj = nnx.Param(jnp.zeros((H * K, D), jnp.float32))  # zero-init output projection
         self.q_gain = nnx.Param(jnp.full((H,), cfg.qk_gain_init, jnp.float32))
 
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        """Attention of rms_norm(x): the pre-attention norm is fused into the q/k/v projection."""
+    def __call__(self, x_BTD: jax.Array, scale_D: jax.Array) -> jax.Array:
+        """x + scale * attention(rms_norm(x)): the pre-attention norm is fused into the q/k/v projection, the
+        scaled residual add into the output projection."""
         B, T, D = x_BTD.shape
         H, G, K = self.num_heads, self.num_kv_heads, self.head_dim
         q_BTO, k_BTO, v_BTO = ops.norm_qkv_projection(x_BTD, self.c_q[...], self.c_k[...], self.c_v[...])
@@ -59,7 +60,7 @@ class CausalSelfAttention(nnx.Module):
         cos_TK2, sin_TK2 = _rope_tables(T, K, self.rope_base)
         # QK-norm, RoPE, rope(q) * q_gain and causal attention: one op (q and k normed and rotated on chip)
         o_BTHK = ops.qk_attention(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, self.q_gain[...])
-        return ops.out_projection(o_BTHK.reshape(B, T, H * K), self.proj[...])
+        return ops.out_projection(o_BTHK.reshape(B, T, H * K), self.proj[...], x_BTD, scale_D)
 
 
 class MLP(nnx.Module):
@@ -68,9 +69,9 @@ class MLP(nnx.Module):
         self.fc = nnx.Param(_torch_linear_init(rngs, D, F))
         self.proj = nnx.Param(jnp.zeros((F, D), jnp.float32))  # zero-init output projection
 
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
-        """The MLP of rms_norm(x): the pre-MLP norm is fused into it."""
-        return ops.norm_mlp(x_BTD, self.fc[...], self.proj[...])
+    def __call__(self, x_BTD: jax.Array, scale_D: jax.Array) -> jax.Array:
+        """x + scale * mlp(rms_norm(x)): the pre-MLP norm and the scaled residual add are fused into it."""
+        return ops.norm_mlp(x_BTD, self.fc[...], self.proj[...], scale_D)
 
 
 class Block(nnx.Module):
@@ -86,8 +87,8 @@ class Block(nnx.Module):
         cdt = x_BTD.dtype
         mix_2D = self.resid_mix[...].astype(cdt)
         x_BTD = mix_2D[0] * x_BTD + mix_2D[1] * x0_BTD
-        x_BTD = x_BTD + self.attn_scale[...].astype(cdt) * self.attn(x_BTD)  # pre-norms fused into attn/mlp
-        x_BTD = x_BTD + self.mlp_scale[...].astype(cdt) * self.mlp(x_BTD)
+        x_BTD = self.attn(x_BTD, self.attn_scale[...])  # x + s * f(x): pre-norms, scaled residual adds fused in
+        x_BTD = self.mlp(x_BTD, self.mlp_scale[...])
         return x_BTD
 
 

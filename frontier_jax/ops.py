@@ -59,11 +59,11 @@ ROPE = declare("rope", ref.rope_fwd, ref.rope_bwd)
 ROPE_GAIN = declare("rope_gain", ref.rope_gain_fwd, ref.rope_gain_bwd)
 ATTENTION = declare("causal_attention", ref.attention_fwd, ref.attention_bwd)
 QK_ATTENTION = declare("qk_attention", ref.qk_attention_fwd, ref.qk_attention_bwd)
-NORM_MLP = declare("norm_mlp", ref.norm_mlp_fwd, ref.norm_mlp_bwd)
+NORM_MLP = declare("norm_mlp", ref.resid_norm_mlp_fwd, ref.resid_norm_mlp_bwd)
 EMBED = declare("embed", ref.embed_fwd, ref.embed_bwd)
 HEAD_LOSS = declare("head_loss", ref.head_loss_fwd, ref.head_loss_bwd, static=("softcap",),
                     adapter=KernelAdapter(_head_loss_kernel_args))
-PROJECTION = declare("projection", ref.projection_fwd, ref.projection_bwd)
+PROJECTION = declare("projection", ref.resid_projection_fwd, ref.projection_bwd)  # bwd: (x, w, dy)
 NORM_PROJECTION = declare("norm_projection", ref.norm_projection_fwd, ref.norm_projection_bwd)
 ADAM = declare("adam_update", ref.adam_update, static=("b1", "b2", "eps", "weight_decay"),
                adapter=KernelAdapter(_adam_kernel_args, _adam_kernel_outs), unused_reason=_UNFUSED)
@@ -194,26 +194,49 @@ def rope_gain(x_BTHK: jax.Array, cos_TK2, sin_TK2, gain_H: jax.Array) -> jax.Arr
     return _rope_gain(x_BTHK, jnp.asarray(cos_TK2).astype(dt), jnp.asarray(sin_TK2).astype(dt), g_PH)
 
 
+def _fold(w, s_O, dt):
+    """w diag(s) in dt: a residual branch's per-channel scale folded into its last weight's columns (fp32
+    product, one rounding), so that the kernel's epilogue is a plain add: x + s * (a w) = x + a (w diag s)."""
+    return (w.astype(jnp.float32) * s_O.astype(jnp.float32)).astype(dt)
+
+
+def _unfold(dwf, w, s_O):
+    """(dw, ds) from the fp32 gradient of the folded weight dwf = a^T dy (the kernel's, summed over the tokens):
+    dw = dwf s and ds = sum over rows of w * dwf, which equals sum over tokens of dy * (a w) in fp32 without
+    a pass over the tokens."""
+    dwf, s32 = dwf.astype(jnp.float32), s_O.astype(jnp.float32)
+    return (dwf * s32).astype(w.dtype), jnp.sum(dwf * w.astype(jnp.float32), axis=0).astype(s_O.dtype)
+
+
 @jax.custom_vjp
-def _norm_mlp(x_ND, w_fc_DF, w_proj_FD):
-    return NORM_MLP("fwd", x_ND, w_fc_DF, w_proj_FD)[0]
+def _norm_mlp(x_ND, w_fc_DF, w_proj_FD, s_D):
+    return _norm_mlp_vjp_fwd(x_ND, w_fc_DF, w_proj_FD, s_D)[0]
 
 
-def _norm_mlp_vjp_fwd(x_ND, w_fc_DF, w_proj_FD):
-    y_ND, inv_N1 = NORM_MLP("fwd", x_ND, w_fc_DF, w_proj_FD)
-    return y_ND, (x_ND, w_fc_DF, w_proj_FD, inv_N1)  # h is recomputed: see kernels_nki/mlp.py
+def _norm_mlp_vjp_fwd(x_ND, w_fc_DF, w_proj_FD, s_D):
+    wfc, wpf = w_fc_DF.astype(x_ND.dtype), _fold(w_proj_FD, s_D, x_ND.dtype)
+    y_ND, inv_N1 = NORM_MLP("fwd", x_ND, wfc, wpf)
+    return y_ND, (x_ND, wfc, wpf, inv_N1, w_fc_DF, w_proj_FD, s_D)  # h is recomputed: see kernels_nki/mlp.py
 
 
-_norm_mlp.defvjp(_norm_mlp_vjp_fwd, lambda res, dy: NORM_MLP("bwd", *res, dy))
+def _norm_mlp_vjp_bwd(res, dy_ND):
+    x_ND, wfc, wpf, inv_N1, w_fc_DF, w_proj_FD, s_D = res
+    dx_ND, dwfc, dwpf = NORM_MLP("bwd", x_ND, wfc, wpf, inv_N1, dy_ND)  # dx includes dy (the residual)
+    return (dx_ND, dwfc.astype(w_fc_DF.dtype), *_unfold(dwpf, w_proj_FD, s_D))
 
 
-def norm_mlp(x: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array) -> jax.Array:
-    """relu(rms_norm(x) W_fc)^2 W_proj (reference.norm_mlp) for x of any leading shape [..., D]: the block's
-    pre-MLP RMSNorm fused into the MLP (kernels_nki/mlp.py); the weights are cast to x's dtype at use."""
+_norm_mlp.defvjp(_norm_mlp_vjp_fwd, _norm_mlp_vjp_bwd)
+
+
+def norm_mlp(x: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array, scale_D: jax.Array) -> jax.Array:
+    """x + scale * relu(rms_norm(x) W_fc)^2 W_proj for x of any leading shape [..., D]: the block's MLP branch
+    with its pre-norm and its scaled residual add (kernels_nki/mlp.py). The reference path computes what
+    the unfused block did (weights and scale cast to x's dtype at use, the product and add in x's dtype);
+    the kernel path folds the scale into W_proj's columns (`_fold`) and adds x as y leaves PSUM."""
     D = x.shape[-1]
     if direct("norm_mlp"):
-        return ref.norm_mlp(x, w_fc_DF, w_proj_FD)
-    return _norm_mlp(x.reshape(-1, D), w_fc_DF.astype(x.dtype), w_proj_FD.astype(x.dtype)).reshape(x.shape)
+        return x + scale_D.astype(x.dtype) * ref.norm_mlp(x, w_fc_DF, w_proj_FD)
+    return _norm_mlp(x.reshape(-1, D), w_fc_DF, w_proj_FD, scale_D).reshape(x.shape)
 
 
 @jax.custom_vjp
@@ -263,16 +286,22 @@ def head_loss(x_ND, emb_VD, targets_N, softcap, bias_ids_NS=None, bias_vals_NS=N
 
 
 @jax.custom_vjp
-def _projection(x_NI, w_IO):
-    return PROJECTION("fwd", x_NI, w_IO)[0]
+def _resid_projection(x_NI, w_IO, s_O, r_NO):
+    return _resid_projection_vjp_fwd(x_NI, w_IO, s_O, r_NO)[0]
 
 
-def _projection_vjp_bwd(res, dy_NO):
-    dx_NI, dw_IO = PROJECTION("bwd", *res, dy_NO)  # dw summed over the tokens in fp32
-    return dx_NI, dw_IO.astype(res[1].dtype)
+def _resid_projection_vjp_fwd(x_NI, w_IO, s_O, r_NO):
+    wf = _fold(w_IO, s_O, x_NI.dtype)
+    return PROJECTION("fwd", x_NI, wf, r_NO)[0], (x_NI, wf, w_IO, s_O)
 
 
-_projection.defvjp(lambda x, w: (_projection(x, w), (x, w)), _projection_vjp_bwd)
+def _resid_projection_vjp_bwd(res, dy_NO):
+    x_NI, wf, w_IO, s_O = res
+    dx_NI, dwf = PROJECTION("bwd", x_NI, wf, dy_NO)  # dwf summed over the tokens in fp32
+    return (dx_NI, *_unfold(dwf, w_IO, s_O), dy_NO)  # the residual's cotangent is dy itself: no pass
+
+
+_resid_projection.defvjp(_resid_projection_vjp_fwd, _resid_projection_vjp_bwd)
 
 
 @jax.custom_vjp
@@ -313,11 +342,15 @@ def norm_qkv_projection(x, w_q, w_k, w_v):
     return y[..., :oq], y[..., oq:oq + ok], y[..., oq + ok:]
 
 
-def out_projection(x, w_IO):
-    """x w (the attention's output projection), the weight cast to x's dtype at use."""
+def out_projection(x, w_IO, resid, scale_O):
+    """resid + scale * (x w): the attention's output projection with the block's scaled residual add. The
+    reference path computes what the unfused block did (w and scale cast to x's dtype at use, the product
+    and add in x's dtype); the kernel path folds the scale into w's columns (`_fold`) and adds the residual
+    as y leaves PSUM (kernels_nki/projection.py)."""
     if direct("projection"):
-        return x @ w_IO.astype(x.dtype)
-    return _project(_projection, x, w_IO.astype(x.dtype))
+        return resid + scale_O.astype(resid.dtype) * (x @ w_IO.astype(x.dtype))
+    I, O = x.shape[-1], w_IO.shape[1]
+    return _resid_projection(x.reshape(-1, I), w_IO, scale_O, resid.reshape(-1, O)).reshape(resid.shape)
 
 
 # ----------------------------------------------------------------------------- fused optimizer updates

@@ -98,6 +98,13 @@ def projection_bwd(x_NI, w_IO, dy_NO):
     return dx, jnp.dot(x_NI.T, dy_NO, preferred_element_type=jnp.float32)
 
 
+def resid_projection_fwd(x_NI, w_IO, r_NO):
+    """(y = r + x w in r's dtype,): the attention's output projection with the block's residual add, the
+    per-channel scale folded into w's columns (frontier_jax.ops.out_projection); composed of
+    projection_fwd. The backward is projection_bwd's (dr = dy passes through)."""
+    return (r_NO + projection_fwd(x_NI, w_IO)[0],)
+
+
 def _normed(x_ND, inv_N1):
     """rms_norm(x) from the forward's inv: exactly rms_norm_fwd's y."""
     return (x_ND.astype(jnp.float32) * inv_N1).astype(x_ND.dtype)
@@ -300,6 +307,19 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
     """(dx, dw_fc, dw_proj): the MLP's backward at rms_norm(x) (hidden layer recomputed), then the norm's."""
     dxn_ND, dw_fc_DF, dw_proj_FD = mlp_bwd(_normed(x_ND, inv_N1), w_fc_DF, w_proj_FD, dy_ND)
     return rms_norm_bwd(x_ND, inv_N1, dxn_ND)[0], dw_fc_DF, dw_proj_FD
+
+
+def resid_norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
+    """(y = x + mlp(rms_norm(x)) in x's dtype, inv_N1): the block's MLP with its residual add, the
+    per-channel scale folded into W_proj's columns (frontier_jax.ops.norm_mlp); composed of norm_mlp_fwd."""
+    y_ND, inv_N1 = norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD)
+    return x_ND + y_ND, inv_N1
+
+
+def resid_norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
+    """(dx = dy + norm_mlp_bwd's dx in x's dtype, dw_fc in x's dtype, dw_proj in fp32)."""
+    dx_ND, dw_fc_DF, dw_proj_FD = norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND)
+    return dy_ND + dx_ND, dw_fc_DF, dw_proj_FD.astype(jnp.float32)
 
 
 def embed(ids_N: jax.Array, emb_VD: jax.Array) -> jax.Array:

@@ -1,15 +1,19 @@
-"""The block's pre-MLP RMSNorm and the relu^2 MLP, y = relu(rms_norm(x) W_fc)^2 W_proj, forward and backward
-as fused NKI kernels for trn1 (the `norm_mlp` op).
+"""The block's MLP branch with its pre-norm and residual add, y = x + relu(rms_norm(x) W_fc)^2 W_proj, forward
+and backward as fused NKI kernels for trn1 (the `norm_mlp` op).
 
-Spec: frontier_jax.reference.norm_mlp_fwd / norm_mlp_bwd (rms_norm then mlp; weights already cast to
-x's dtype by frontier_jax.ops; the forward also returns inv_N1 = rsqrt(mean(x^2) + eps), fp32, eps =
-float32 epsilon, the backward's residual). Shapes: x [N, D], W_fc [D, F], W_proj [F, D]; tokens in
-blocks of 512 (the moving-tile maximum; the last block ragged and sliced), weights resident in SBUF
-for the whole call (3 x D x F x 2 bytes / 128 per partition in the backward: 24 KiB at D=512,
-F=1024), all matmuls bf16 into fp32 PSUM. The normalised activation never exists in HBM: per 128-token
-tile the norm costs ScalarE passes over the x tile already in SBUF (forward: the squares' row sum, an
-rsqrt on the [P, 1] column and xn = inv x in fp32, cast to x's dtype as the reference; backward:
-xn = inv x from the stored inv) instead of rms_norm's own HBM round trip.
+Spec: frontier_jax.reference.resid_norm_mlp_fwd / resid_norm_mlp_bwd (x + mlp(rms_norm(x)); weights
+already cast to x's dtype by frontier_jax.ops, which folds the block's residual scale s into W_proj's
+columns, x + s mlp = x + relu(.)^2 (W_proj diag s), and derives dW_proj and ds from the kernel's fp32
+dW_proj; the forward also returns inv_N1 = rsqrt(mean(x^2) + eps), fp32, eps = float32 epsilon, the
+backward's residual; the backward's dx includes dy, the residual's pass-through). The residual add
+costs no HBM traffic: the forward adds the x tile it loaded for the norm as y leaves PSUM (VectorE,
+instead of a ScalarE copy), the backward adds the dy tile it loaded anyway to dx (GpSimd, SBUF only).
+Shapes: x [N, D], W_fc [D, F], W_proj [F, D]; tokens in blocks of 512 (the moving-tile maximum; the last block
+ragged and sliced), weights resident in SBUF for the whole call (3 x D x F x 2 bytes / 128 per partition in
+the backward: 24 KiB at D=512, F=1024), all matmuls bf16 into fp32 PSUM. The normalised activation never
+exists in HBM: per 128-token tile the norm costs ScalarE passes over the x tile already in SBUF (forward: the
+squares' row sum, an rsqrt on the [P, 1] column and xn = inv x in fp32, cast to x's dtype as the reference;
+backward: xn = inv x from the stored inv) instead of rms_norm's own HBM round trip.
 
 Forward, per token block: xn^T by TensorE transposes (D/128 per 128 tokens); h^T = W_fc^T xn^T
 directly in the [F, tokens] layout, so relu^2 (ScalarE relu(h) into SBUF, then one VectorE
@@ -41,9 +45,11 @@ reading g from PSUM; ScalarE the row sum and the 2 inv scale). W_proj^T and W_fc
 per call.
 
 Engines at the baseline shapes (bf16, `python -m kernels_nki.report`, AWS's documented trn1 rates):
-forward 1544.8 us per call, TensorE-bound (ScalarE 1170.3, VectorE 936.4, DMA 502.1), TensorE
-useful/issued 0.970; backward 3933.6 us TensorE-bound (VectorE 3843.8, ScalarE 2091.9, DMA 756.6),
-0.952. Unfused, rms_norm + mlp took 494.4 + 1591.6 (forward) and 965.5 + 4122.3 us (backward).
+forward 1544.8 us per call, TensorE-bound (VectorE 1404.5, ScalarE 983.0, DMA 502.1), TensorE
+useful/issued 0.970; backward 3933.6 us TensorE-bound (VectorE 3840.1, ScalarE 2091.9, DMA 760.4,
+GpSimd 187.3), 0.952: the same times as without the residual add (which cost 6 HBM passes of glue,
+~1.5 ms per call pair). Unfused, rms_norm + mlp took 494.4 + 1591.6 (forward) and 965.5 + 4122.3 us
+(backward).
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): a TensorE transpose is a
 matmul with the data stationary and an identity moving (nki/api/nki/isa/__init__.py, nc_transpose;
@@ -51,7 +57,8 @@ nc_matmul "Transpose mode"), here written as nc_matmul(is_transpose=True) into f
 tiling mode (nc_matmul "Tiling mode": 64-row tiles on NeuronCore-v2, stationary <= 64 rows); PSUM is
 evacuated by ScalarE `activation(op=nl.copy)` (tensor_copy on ScalarE is not supported on v2: isa
 docs tensor_copy) or VectorE; a VectorE instruction reads at most one tensor input from PSUM (isa
-docs tensor_tensor / scalar_tensor_tensor "Memory types"); matmuls are bf16 (or fp32) pairs into
+docs tensor_tensor / scalar_tensor_tensor "Memory types"); GpSimd runs tensor_tensor on SBUF operands only
+(isa docs tensor_tensor: "Vector Engine or GpSimd Engine", "GpSimd Engine cannot access PSUM"); matmuls are bf16 (or fp32) pairs into
 fp32 PSUM, stationary free <= 128, moving free <= 512 (isa docs nc_matmul; trn1 arch guide
 nki/guides/architecture/trainium_inferentia2_arch.rst "Tile Size"); activation's bias is an [N, 1]
 tile and its scale an fp32 [N, 1] tile (isa docs activation); rsqrt's input mean(x^2) + eps >= eps is
@@ -168,7 +175,7 @@ def _scaled(x_t, inv, rows, dt):
 
 @nki.jit
 def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
-    """(y_ND (x's dtype) = relu(rms_norm(x) W_fc)^2 W_proj, inv_N1 = rsqrt(mean(x^2) + eps) fp32)."""
+    """(y_ND (x's dtype) = x + relu(rms_norm(x) W_fc)^2 W_proj, inv_N1 = rsqrt(mean(x^2) + eps) fp32)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
@@ -184,7 +191,8 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
         n0 = blk * NB
         nb = min(NB, N - n0)
         xn_s = []
-        for s, x_t in enumerate(_block_rows(x_ND, n0, nb, dt)):
+        x_s = _block_rows(x_ND, n0, nb, dt)  # kept for the residual add
+        for s, x_t in enumerate(x_s):
             rows = min(P, nb - s * P)
             # inv = rsqrt(mean(x^2) + eps): ScalarE squares with their row sum, then rsqrt on the column
             sq = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)  # discarded: only the row sum is kept
@@ -216,16 +224,18 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
                     fj = min(P, F - j * P)
                     nisa.nc_matmul(dst=y_ps[0:rows, 0:dc], stationary=aT[j][0:fj, s * P:s * P + rows],
                                    moving=wproj[j][0:fj, c * NB:c * NB + dc])
-                y_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-                nisa.activation(dst=y_t[0:rows, 0:dc], op=nl.copy, data=y_ps[0:rows, 0:dc])
+                y_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)  # y = x + a W_proj, leaving PSUM
+                nisa.tensor_tensor(dst=y_t[0:rows, 0:dc], data1=y_ps[0:rows, 0:dc],
+                                   data2=x_s[s][0:rows, c * NB:c * NB + dc], op=nl.add)
                 nisa.dma_copy(dst=y_ND[n0 + s * P:n0 + s * P + rows, c * NB:c * NB + dc], src=y_t[0:rows, 0:dc])
     return y_ND, inv_N1
 
 
-def _norm_dx(g, x_t, inv, rows, dt):
-    """dx [P, D] in dt of the norm for one row tile, given g/2 (g: the gradient of rms_norm(x)) as fp32 PSUM
-    chunks of 512 columns: dx = 2 inv (g/2 + x c), c = -mean((g/2) x) inv^2. VectorE: (g/2) x and
-    x c + g/2 (one PSUM input each); ScalarE: the row sum and the 2 inv scale."""
+def _norm_dx(g, x_t, inv, dy_t, rows, dt):
+    """dx [P, D] in dt for one row tile: dy (the residual's pass-through) plus the norm's backward, given g/2
+    (g: the gradient of rms_norm(x)) as fp32 PSUM chunks of 512 columns: dx = dy + 2 inv (g/2 + x c),
+    c = -mean((g/2) x) inv^2. VectorE: (g/2) x and x c + g/2 (one PSUM input each); ScalarE: the row sum
+    and the 2 inv scale; GpSimd (SBUF only, idle otherwise): the add of dy."""
     P = nl.tile_size.pmax
     D = x_t.shape[1]
     work = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
@@ -245,14 +255,17 @@ def _norm_dx(g, x_t, inv, rows, dt):
         dc = min(NB, D - c * NB)
         nisa.scalar_tensor_tensor(dst=work[0:rows, c * NB:c * NB + dc], data=x_t[0:rows, c * NB:c * NB + dc],
                                   op0=nl.multiply, operand0=cc[0:rows], op1=nl.add, operand1=g[c][0:rows, 0:dc])
+    nisa.activation(dst=work[0:rows], op=nl.copy, data=work[0:rows], scale=two_inv[0:rows])
     dx = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
-    nisa.activation(dst=dx[0:rows], op=nl.copy, data=work[0:rows], scale=two_inv[0:rows])
+    nisa.tensor_tensor(dst=dx[0:rows], data1=work[0:rows], data2=dy_t[0:rows], op=nl.add,
+                       engine=nisa.engine.gpsimd)
     return dx
 
 
 @nki.jit
 def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
-    """(dx_ND, dw_fc_DF, dw_proj_FD), all in x's dtype; h is recomputed (see the module docstring)."""
+    """(dx_ND = dy + the MLP's and norm's backward, dw_fc_DF in x's dtype, dw_proj_FD fp32); h is recomputed
+    (see the module docstring)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
@@ -260,7 +273,7 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
     KD, KF = _cdiv(D, P), _cdiv(F, P)
     dx_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     dwfc_DF = nl.ndarray((D, F), dtype=dt, buffer=nl.shared_hbm)
-    dwproj_FD = nl.ndarray((F, D), dtype=dt, buffer=nl.shared_hbm)
+    dwproj_FD = nl.ndarray((F, D), dtype=nl.float32, buffer=nl.shared_hbm)  # fp32: ops.py derives ds from it
     ident = _identity(dt)
     wfc = _load_rows(w_fc_DF, dt)  # [D_k, F]
     wfcT = _transposed_rows(wfc, D, F, dt, ident)  # [F_j, D]
@@ -339,7 +352,7 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
                     nisa.nc_matmul(dst=dx_ps[0:rows, 0:dc], stationary=dhT[j][0:fj, s * P:s * P + rows],
                                    moving=wfcT[j][0:fj, c * NB:c * NB + dc])
                 g.append(dx_ps)
-            dx_t = _norm_dx(g, x_s[s], inv_s[s], rows, dt)
+            dx_t = _norm_dx(g, x_s[s], inv_s[s], dy_s[s], rows, dt)
             nisa.dma_copy(dst=dx_ND[n0 + s * P:n0 + s * P + rows], src=dx_t[0:rows])
     for k in nl.affine_range(KD):
         dk = min(P, D - k * P)
@@ -348,7 +361,5 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
         nisa.dma_copy(dst=dwfc_DF[k * P:k * P + dk], src=out[0:dk])
     for j in nl.affine_range(KF):
         fj = min(P, F - j * P)
-        out = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=out[0:fj], src=acc_proj[j][0:fj])
-        nisa.dma_copy(dst=dwproj_FD[j * P:j * P + fj], src=out[0:fj])
+        nisa.dma_copy(dst=dwproj_FD[j * P:j * P + fj], src=acc_proj[j][0:fj])
     return dx_ND, dwfc_DF, dwproj_FD

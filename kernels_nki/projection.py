@@ -1,9 +1,13 @@
-"""Token-major projections as NKI kernels, trn1: y = x w (the attention's output projection) and
-y = rms_norm(x) w (the block's pre-attention RMSNorm fused into the q/k/v projection).
+"""Token-major projections as NKI kernels, trn1: y = r + x w (the attention's output projection with the
+block's residual add) and y = rms_norm(x) w (the block's pre-attention RMSNorm fused into the q/k/v
+projection).
 
-Spec: `projection`: y_NO = x_NI @ w_IO (x in the compute dtype, the weight cast to it, fp32 accumulation,
-y in x's dtype); backward dx_NI = dy_NO @ w_IO^T (x's dtype), dw_IO = x_NI^T @ dy_NO (fp32, summed over
-all N tokens). `norm_projection` (frontier_jax.reference.norm_projection_fwd / _bwd): y = rms_norm(x) w,
+Spec: `projection` (frontier_jax.reference.resid_projection_fwd / projection_bwd): y_NO = r_NO + x_NI @ w_IO
+(x, r in the compute dtype, the weight cast to it, fp32 accumulation and add, y in x's dtype); backward
+dx_NI = dy_NO @ w_IO^T (x's dtype), dw_IO = x_NI^T @ dy_NO (fp32, summed over all N tokens); r's gradient
+is dy itself (ops.py passes it through: no operand, no pass). ops.out_projection folds the block's
+residual scale s into w's columns (x + s (o w) = x + o (w diag s)) and derives dw and ds from the fp32
+dw of the folded weight, so the kernel needs no reduction over the tokens for ds. `norm_projection` (frontier_jax.reference.norm_projection_fwd / _bwd): y = rms_norm(x) w,
 with inv_N1 = rsqrt(mean(x^2) + eps) (fp32, eps = float32 epsilon) as the residual; backward g = dy w^T,
 dx = inv (g + x c) with c = -mean(g x) inv^2 (fp32 math), dw = rms_norm(x)^T dy. ops.out_projection
 runs `projection`, ops.norm_qkv_projection runs `norm_projection` with q/k/v fused as one [D, (H + 2G) K]
@@ -44,8 +48,9 @@ Engines at the baseline shapes (N = 65536 tokens, D = 512, (H + 2G) K = 1024, bf
 kernels_nki.report`, AWS's documented trn1 rates): q/k/v norm_projection forward 795.8 us per call,
 TensorE-bound (DMA 745.0, ScalarE 514.9, VectorE 351.3), backward 1592.3 us TensorE-bound (VectorE
 1468.5, DMA 999.4, ScalarE 773.9); before the fusion rms_norm + projection took 494.4 + 842.6 and
-965.5 + 1686.7 us. Output projection: forward 495.4 us DMA-bound (TensorE 421.3), backward 796.2 us
-TensorE-bound. TensorE useful/issued: 0.941 everywhere except the output projection's forward, 0.889:
+965.5 + 1686.7 us. Output projection with the residual add: forward 742.1 us DMA-bound (x, w, r in and y out once; TensorE
+421.3, VectorE 585.3: the add as y leaves PSUM; before, 495.4 us plus 741 us of glue for the scaled
+add's 3 HBM passes), backward 796.2 us TensorE-bound (unchanged). TensorE useful/issued: 0.941 everywhere except the output projection's forward, 0.889:
 per tile it issues I/128 transposes (2 x 64 x 128 x 64 MACs each) against I/128 x O/512 matmuls of
 128 x 128 x 512, 1 - 64/(O + 64) at O = 512. Above that needs o^T from its producer (the attention
 kernel writing its output feature-major), not a choice inside this kernel.
@@ -283,10 +288,25 @@ def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, ident, dx_NI=None, wT=None):
 
 
 @nki.jit
-def projection_fwd(x_NI, w_IO):
-    """y_NO = x_NI @ w_IO in x's dtype."""
-    y_NO = nl.ndarray((x_NI.shape[0], w_IO.shape[1]), dtype=x_NI.dtype, buffer=nl.shared_hbm)
-    _forward(x_NI, w_IO, y_NO, None, False)
+def projection_fwd(x_NI, w_IO, r_NO):
+    """y_NO = r_NO + x_NI @ w_IO in x's dtype: the residual tile is added as each [rows, 512] product
+    leaves PSUM (one VectorE tensor_tensor, its one PSUM input the product), so x w never reaches HBM."""
+    N, I = x_NI.shape
+    O = w_IO.shape[1]
+    P = nl.tile_size.pmax
+    dt = x_NI.dtype
+    y_NO = nl.ndarray((N, O), dtype=dt, buffer=nl.shared_hbm)
+    w = _weight_tiles(w_IO, dt)
+    ident = _identity(dt)
+    for n in nl.affine_range(_cdiv(N, P)):
+        rows = min(P, N - n * P)
+        x_t, r_t = _rows(x_NI, n * P, rows, dt), _rows(r_NO, n * P, rows, dt)
+        for o, ps in enumerate(_products(_transposed(x_t, rows, I, dt, ident, False), w, I, O, rows)):
+            c = min(W, O - o * W)
+            y = nl.ndarray((P, W), dtype=dt, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=y[0:rows, 0:c], data1=ps[0:rows, 0:c], data2=r_t[0:rows, o * W:o * W + c],
+                               op=nl.add)
+            nisa.dma_copy(dst=y_NO[n * P:n * P + rows, o * W:o * W + c], src=y[0:rows, 0:c])
     return y_NO
 
 

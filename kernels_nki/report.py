@@ -73,8 +73,9 @@ def kernel_calls(cfg: Config) -> list[KernelCall]:
 
 def projection_calls(cfg: Config) -> list[KernelCall]:
     """The attention's q/k/v (one fused [D, (H + 2G) K] weight, the pre-attention RMSNorm fused in: the
-    norm_projection op, frontier_jax.ops.norm_qkv_projection) and output projection (the projection op,
-    ops.out_projection); both kernels in kernels_nki/projection.py."""
+    norm_projection op, frontier_jax.ops.norm_qkv_projection) and output projection with the block's scaled
+    residual add (the projection op, ops.out_projection: the forward reads the residual [N, D] too); both
+    kernels in kernels_nki/projection.py."""
     m, t = cfg.model, cfg.train
     N, D, L = t.seq_len * t.micro_batch_seqs, m.model_dim, m.num_layers
     dt = _compute_dtype(cfg)
@@ -85,8 +86,9 @@ def projection_calls(cfg: Config) -> list[KernelCall]:
         x, w, y = ((N, I), dn), ((I, O), dn), ((N, O), dn)
         io = (N * I + I * O + N * O) * s
         inv = ((((N, 1), "float32"),), 4 * N) if op == "norm_projection" else ((), 0)  # the norm's residual
+        resid = ((), 0) if op == "norm_projection" else ((y,), N * O * s)  # the block's residual stream
         label = f"{name} [N={N}, {I}->{O}]"
-        calls.append(KernelCall(op, "fwd", label, (x, w), io + inv[1], L))
+        calls.append(KernelCall(op, "fwd", label, (x, w) + resid[0], io + inv[1] + resid[1], L))
         calls.append(KernelCall(op, "bwd", label, (x, w) + inv[0] + (y,), io + inv[1] + N * I * s + I * O * 4, L))
     return calls
 
@@ -118,12 +120,13 @@ def model_op_calls(cfg: Config) -> list[KernelCall]:
     s, dn = dt.itemsize, dt.name
     S = cfg.ngram.bias_orders
     calls = []
-    # the MLP with its pre-norm fused in (norm_mlp): x in, y and the norm's inv [N, 1] fp32 out
+    # the MLP with its pre-norm and scaled residual add fused in (norm_mlp): x in, y = x + s mlp and the norm's
+    # inv [N, 1] fp32 out; backward: x, dy in, dx (with dy passed through) out, dW_proj in fp32
     w = (((D, F), dn), ((F, D), dn))
     label = f"[N={N}, D={D}, F={F}]"
     calls.append(KernelCall("norm_mlp", "fwd", label, (((N, D), dn),) + w, 2 * N * D * s + 2 * D * F * s + 4 * N, L))
     calls.append(KernelCall("norm_mlp", "bwd", label, (((N, D), dn),) + w + (((N, 1), "float32"), ((N, D), dn)),
-                            3 * N * D * s + 4 * D * F * s + 4 * N, L))
+                            3 * N * D * s + 3 * D * F * s + 4 * D * F + 4 * N, L))
     ids, emb = ((N,), "int32"), ((V, D), dn)
     # embed: rows gathered/scattered + ids; the backward also writes its fp32 [V, D] output once
     calls.append(KernelCall("embed", "fwd", f"[N={N}] rows of [V={V}, D={D}]", (ids, emb), 4 * N + N * D * s, 1))

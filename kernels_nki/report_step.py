@@ -6,7 +6,8 @@ from the architecture the README describes (tests/test_kernels_report.py checks 
 
 - counted: NKI kernels whose source runs in count-only emulation (report.py, report_optim.py),
   the q/k/v/o projections included (the norm_projection and projection ops, kernels_nki/projection.py;
-  the blocks' pre-norms run inside norm_projection and norm_mlp).
+  the blocks' pre-norms run inside norm_projection and norm_mlp, and their scaled residual adds
+  x + s f(x) inside the output projection and norm_mlp).
 - estimated, traffic: the element-wise glue between kernels (`glue_passes`), each an HBM pass at the
   DMA rate (XLA fuses each line into one loop; reads + writes counted per element).
 """
@@ -48,15 +49,18 @@ def param_specs(cfg: Config) -> list[tuple[str, str, tuple[int, ...], str]]:
 def glue_passes(cfg: Config, dt_bytes: int) -> list[tuple[str, float]]:
     """(what, HBM bytes per micro-batch) of the element-wise work between kernels, forward and backward."""
     m, t = cfg.model, cfg.train
-    N, D, L = t.seq_len * t.micro_batch_seqs, m.model_dim, m.num_layers
+    N, D, L, F = t.seq_len * t.micro_batch_seqs, m.model_dim, m.num_layers, m.mlp_mult * m.model_dim
     x = N * D * dt_bytes
     skips = min(L // 2, L - L // 2)
     n_params = sum(math.prod(shape) for _, _, shape, _ in param_specs(cfg))
     return [
         # fwd: a*x + b*x0 (2 in, 1 out); bwd: dx, dx0 from dy, x, x0 (3 in, 2 out) + the [2, D] reduction
         ("resid_mix", L * (3 + 5) * x),
-        # x + s * f(x) twice per block; bwd: dx passes through, d f = s * dy, ds = sum(dy * f): 2 in, 1 out each
-        ("attn/mlp scaled residual adds", L * 2 * (3 + 3) * x),
+        # x + s * f(x) runs in the kernels (s folded into W_o / W_proj); left: autodiff's dx = dy + the q/k/v
+        # input's dx on the attention side (2 in, 1 out; the MLP's norm_mlp backward adds dy itself), and per
+        # weight dW = dW' s, ds = colsum(W dW') from the fp32 dW' and W (read 2, write 1, fp32)
+        ("attention residual gradient add", L * 3 * x),
+        ("residual scales: dW = dW' s, ds", L * (m.num_heads * m.head_dim * D + F * D) * 3 * 4),
         ("U-Net skip adds", skips * (3 + 5) * x),
         # fp32 parameters read and cast to the compute dtype for the matmuls, once per micro-batch
         ("parameter casts fp32 -> compute dtype", n_params * (4 + dt_bytes)),

@@ -43,13 +43,14 @@ def _rope_gain(r):
     return (x, cos, sin, np.broadcast_to(r.standard_normal(3).astype(f32), (128, 3)).copy()), {}
 
 
-def _projection(r):
-    return (r.standard_normal((200, 96)).astype(f32), (r.standard_normal((96, 80)) / np.sqrt(96)).astype(f32)), {}
-
-
 def _norm_projection(r):
-    (x, w), _ = _projection(r)
-    return (x * 3 + 0.5, w), {}
+    return (r.standard_normal((200, 96)).astype(f32) * 3 + 0.5,
+            (r.standard_normal((96, 80)) / np.sqrt(96)).astype(f32)), {}
+
+
+def _projection(r):
+    (x, w), _ = _norm_projection(r)
+    return (x, w, r.standard_normal((200, 80)).astype(f32)), {}  # the residual
 
 
 def _attention(r):
@@ -109,7 +110,7 @@ CASES = {
     "embed": (_embed, slice(1, None)),
     "head_loss": (_head_loss(3), slice(1, None)),
     "head_loss/no-bias": (_head_loss(0), slice(1, None)),
-    "projection": (_projection, slice(1, None)),  # backward: (x, w, dy)
+    "projection": (_projection, slice(1, None)),  # backward: (x, w, dy): the residual's cotangent is dy
     "norm_projection": (_norm_projection, slice(1, None)),  # backward: (x, w, inv, dy)
     "adam_update": (_adam, None),
     "muon_update": (_muon, None),
@@ -130,6 +131,8 @@ def _arrays(case: str, which: str):
     cot = r.standard_normal(outs[0].shape).astype(outs[0].dtype)
     if op == "rope":
         return op, (cot, *inputs[1:]), static
+    if op == "projection":  # the residual r is no backward operand (ops.py passes dy through as dr)
+        return op, (*inputs[:2], cot), static
     return op, (*inputs, *outs[saved], cot), static
 
 

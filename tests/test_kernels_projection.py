@@ -1,5 +1,6 @@
-"""The projection NKI kernels (kernels_nki/projection.py) under the emulator: `projection` against NumPy,
-`norm_projection` (the pre-attention RMSNorm fused in) against frontier_jax.reference."""
+"""The projection NKI kernels (kernels_nki/projection.py) under the emulator: `projection` (with the residual
+add of the attention's output projection) against NumPy, `norm_projection` (the pre-attention RMSNorm fused
+in) against frontier_jax.reference."""
 
 from __future__ import annotations
 
@@ -28,11 +29,12 @@ def kernels():
 def test_forward_and_backward_match_numpy(kernels, dtype, N, I, O):
     dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
     rng = np.random.default_rng(N + I + O)
-    x, w, dy = (rng.standard_normal(s).astype(dt) for s in ((N, I), (I, O), (N, O)))
-    x32, w32, dy32 = (a.astype(np.float32) for a in (x, w, dy))
-    y = kernels.projection_fwd(x, w)
+    x, w, r, dy = (rng.standard_normal(s).astype(dt) for s in ((N, I), (I, O), (N, O), (N, O)))
+    x32, w32, r32, dy32 = (a.astype(np.float32) for a in (x, w, r, dy))
+    y = kernels.projection_fwd(x, w, r)
     assert y.shape == (N, O) and y.dtype == dt
-    _assert_close(y, x32 @ w32, TOL[dtype])
+    _assert_close(y, r32 + x32 @ w32, TOL[dtype])
+    _assert_close(y, ref.resid_projection_fwd(x32, w32, r32)[0], TOL[dtype])
     dx, dw = kernels.projection_bwd(x, w, dy)
     assert dx.shape == (N, I) and dx.dtype == dt and dw.shape == (I, O) and dw.dtype == np.float32
     _assert_close(dx, dy32 @ w32.T, TOL[dtype])
@@ -66,7 +68,7 @@ def test_norm_projection_matches_reference(kernels, dtype, N, I, O):
 def test_counts_at_the_models_qkv_shape(kernels):
     N, I, O = 4096, 512, 1024  # baseline: D = 512 -> (H + 2G) K = 1024
     x, w, dy = ((N, I), "bfloat16"), ((I, O), "bfloat16"), ((N, O), "bfloat16")
-    fwd = emulator.count(kernels.projection_fwd, x, w)
+    fwd = emulator.count(kernels.projection_fwd, x, w, dy)
     bwd = emulator.count(kernels.projection_bwd, x, w, dy)
     nt = N // 128
     # forward: per token tile I/128 transposes, each two row-tiled halves of 64 x 128 x 64 MACs (= 64
@@ -75,7 +77,7 @@ def test_counts_at_the_models_qkv_shape(kernels):
     assert fwd.pe_macs_issued == 128 * 128 * nt * (I // 128) * (64 + O)
     assert emulator.pe_utilisation(fwd) == pytest.approx(O / (O + 64))
     assert bwd.pe_macs_useful == 2 * N * I * O
-    assert fwd.dma_bytes == 2 * (N * I + I * O + N * O)  # x, w in and y out once
+    assert fwd.dma_bytes == 2 * (N * I + I * O + 2 * N * O)  # x, w, the residual in and y out once
     assert bwd.psum_peak_banks <= 8 and fwd.psum_peak_banks <= 8
     # dw's 4 x 2 banks fit at once: x read once, dy twice (dx's pass and dw's); w once, dx and dw out
     assert bwd.dma_bytes == 2 * (N * I + 2 * N * O + I * O + N * I) + 4 * I * O
@@ -98,9 +100,10 @@ def test_norm_projection_counts_at_the_models_qkv_shape(kernels):
 
 
 def test_ops_routed_through_emulated_kernel_match_reference():
-    """norm_qkv_projection (one fused weight on the kernel, three parameters) and out_projection: values,
-    x's gradient and the weights' gradients (fp32 dw from the kernel, per weight) against the reference
-    path (rms_norm, then plain matmuls)."""
+    """norm_qkv_projection (one fused weight on the kernel, three parameters) and out_projection with its
+    scaled residual add (resid + s (o w): s folded into w's columns on the kernel path): values, x's
+    gradient (through both branches), the weights' gradients (fp32 dw from the kernel, per weight) and
+    the scale's against the reference path (rms_norm, then plain matmuls, scale and add in bf16)."""
     import jax
     import jax.numpy as jnp
 
@@ -110,15 +113,16 @@ def test_ops_routed_through_emulated_kernel_match_reference():
     x = jax.random.normal(k[0], (2, 100, 64), jnp.float32).astype(jnp.bfloat16)
     wq, wk, wv = (jax.random.normal(k[i], (64, o), jnp.float32) / 8 for i, o in ((1, 64), (2, 32), (3, 32)))
     wo = jax.random.normal(k[4], (64, 64), jnp.float32) / 8
+    s = 1 + jax.random.normal(k[5], (64,), jnp.float32) / 4
 
     def f(proj_qkv, proj_out):
-        def loss(x, wq, wk, wv, wo):
+        def loss(x, wq, wk, wv, wo, s):
             q, kk, v = proj_qkv(x, wq, wk, wv)
-            return jnp.sum(proj_out(q * v.repeat(2, -1) + kk.repeat(2, -1), wo).astype(jnp.float32) ** 2)
-        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4)))(x, wq, wk, wv, wo)
+            return jnp.sum(proj_out(q * v.repeat(2, -1) + kk.repeat(2, -1), wo, x, s).astype(jnp.float32) ** 2)
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4, 5)))(x, wq, wk, wv, wo, s)
 
     plain_qkv = lambda x, wq, wk, wv: tuple(ref.rms_norm(x) @ w.astype(x.dtype) for w in (wq, wk, wv))
-    want = f(plain_qkv, lambda x, w: x @ w.astype(x.dtype))
+    want = f(plain_qkv, lambda o, w, r, s: r + s.astype(r.dtype) * (o @ w.astype(o.dtype)))
     with ops.emulated(["projection", "norm_projection"]):
         got = f(ops.norm_qkv_projection, ops.out_projection)
     _assert_close(got[0], want[0], TOL["bfloat16"])

@@ -41,6 +41,15 @@ def test_report_on_tiny_config_json(capsys):
     m = cfg.model
     assert [shape for shape, _ in proj[0]["inputs"]] == [[N, m.model_dim], [m.model_dim, (m.num_heads + 2 *
                                                                              m.num_kv_heads) * m.head_dim]]
+    # the output projection's forward reads the block's residual stream and adds it (x + s (o W))
+    HK = m.num_heads * m.head_dim
+    assert [shape for shape, _ in proj[2]["inputs"]] == [[N, HK], [HK, m.model_dim], [N, m.model_dim]]
+    # the scaled residual adds run in the kernels: the glue keeps the attention side's gradient add and the
+    # [I, O]-sized scale work, nothing of the forward
+    glue = {g["what"]: g["bytes_per_step"] for g in rep["glue"]}
+    assert not any("scaled residual" in what for what in glue)
+    x_bytes = N * m.model_dim * report._compute_dtype(cfg).itemsize * rep["microbatches_per_core_per_step"]
+    assert glue["attention residual gradient add"] == pytest.approx(m.num_layers * 3 * x_bytes)
     assert rep["optimizer"]["step_s"] > 0 and [c["config"] for c in rep["comparison"]] == ["tiny"]
     ops_ = ("rms_norm", "qk_attention", "norm_mlp", "embed", "head_loss", "projection", "norm_projection")
     assert {(r["op"], r["which"]) for r in rep["kernels"]} == {(op, w) for op in ops_ for w in ("fwd", "bwd")}
