@@ -149,7 +149,7 @@ def test_tiny_model_three_steps_emulated_rms_norm_matches_reference(_fast_compil
     _assert_same_training(run_ref, run_emu)
 
 
-@pytest.mark.parametrize("op", ["rope", "norm_mlp", "embed", "head_loss", "norm_projection"])
+@pytest.mark.parametrize("op", ["rope", "norm_mlp", "embed", "head_loss", "norm_projection", "mix_norm_projection"])
 def test_model_ops_bind_their_primitives(op):
     """Each op is a custom_vjp over frontier_<op>_fwd/_bwd; on CPU the primitives lower to the reference."""
     from frontier_jax.model import _rope_tables
@@ -161,6 +161,9 @@ def test_model_ops_bind_their_primitives(op):
         "norm_mlp": lambda x: ops.norm_mlp(x, jnp.ones((16, 24)) / 8, jnp.ones((24, 16)) / 8),
         "norm_projection": lambda x: jnp.concatenate(ops.norm_qkv_projection(
             x, jnp.ones((16, 8)) / 8, jnp.ones((16, 4)) / 4, jnp.ones((16, 4)) / 2), axis=-1),
+        "mix_norm_projection": lambda x: jnp.concatenate(ops.mix_norm_qkv_projection(
+            x, jnp.cos(x), jnp.ones((2, 16)) / 2, jnp.ones((16, 8)) / 8, jnp.ones((16, 4)) / 4, jnp.ones((16, 4)) / 2,
+            jnp.sin(x), jnp.full((16,), 0.7)), axis=-1),
         "embed": lambda x: ops.embed(jnp.arange(40) % 7, x),
         "head_loss": lambda x: ops.head_loss(x, jnp.ones((32, 16)) / 4, jnp.arange(40) % 32, 30.0),
     }
