@@ -1,5 +1,6 @@
-"""Token-major projections as NKI kernels, trn1: y = x w (the attention's output projection) and
-y = rms_norm(x) w (the block's pre-attention RMSNorm fused into the q/k/v projection).
+"""Token-major projections as NKI kernels, trn1: y = x w (the attention's output projection),
+y = rms_norm(x) w (the block's pre-attention RMSNorm fused into the q/k/v projection) and the same with the
+block's resid_mix (and a decoder block's U-Net skip add) in front (`mix_norm_projection`, below).
 
 Spec: `projection`: y_NO = x_NI @ w_IO (x in the compute dtype, the weight cast to it, fp32 accumulation,
 y in x's dtype); backward dx_NI = dy_NO @ w_IO^T (x's dtype), dw_IO = x_NI^T @ dy_NO (fp32, summed over
@@ -49,6 +50,30 @@ TensorE-bound. TensorE useful/issued: 0.941 everywhere except the output project
 per tile it issues I/128 transposes (2 x 64 x 128 x 64 MACs each) against I/128 x O/512 matmuls of
 128 x 128 x 512, 1 - 64/(O + 64) at O = 512. Above that needs o^T from its producer (the attention
 kernel writing its output feature-major), not a choice inside this kernel.
+
+`mix_norm_projection` (frontier_jax.reference.mix_norm_projection_fwd / _bwd; ops.mix_norm_qkv_projection,
+what the model calls): x = m0 x_in' + m1 x0 with x_in' = x_in (+ sw skip), m = resid_mix and sw the skip
+weight (fp32 operands holding values of x's dtype, broadcast to every partition once per call by a DMA
+whose HBM access pattern has partition stride 0), then norm_projection of x; x is written once (the
+residual stream the block continues with). The mix is 3 (5 with a skip) element-wise ops per tile on
+GpSimd (`tensor_tensor(engine=gpsimd)`, isa docs tensor_tensor; GpSimd reads SBUF only, and nothing else
+here uses it), each product and sum rounded to x's dtype as the model rounds them. The backward takes dy
+and dxo, the gradient of the written x (the residual path), recomputes x the same way (x_in, x0 are read
+for the weights' gradients anyway; reading x would cost a DMA pass more), forms dx = inv (g + x c) + dxo
+(the add folded into the VectorE op that applies inv, where norm_projection uses a ScalarE scale; dy^T's
+PSUM copies all go to ScalarE to make room), then on GpSimd dx_in = m0 dx, dx0 = m1 dx (and dskip = sw
+dx_in) and the products dx x_in', dx x0 (and dx_in skip). Their sums over the tokens (the partition
+axis) are TensorE's: per 128-column slice one matmul with the product stationary and a ones column
+moving (`is_moving_onezero`, isa docs nc_matmul), [128, 1] into one fp32 PSUM bank that accumulates over
+every tile of the call, copied out once as dmix [2, I] and dsw [1, I]. Costs (`python -m
+kernels_nki.report`, baseline shapes): forward 1240.4 us per call without a skip, 1488.1 with one,
+DMA-bound (x_in, x0, skip in and x out on top of norm_projection's traffic; TensorE 795.8); backward
+1741.5 / 2236.0 us, DMA-bound (TensorE 1593.8 / 1594.5, VectorE 1703, GpSimd 1311 / 2060), against
+norm_projection's 795.8 + 1592.3 us plus ~740 us forward and ~1230 us backward of resid_mix passes per
+call (and as much again for a skip add) at the DMA rate. The one-column matmuls add almost no MACs, so
+TensorE useful/issued stays 0.941, but each costs at least the 64-cycle matmul initiation interval, which
+the cost model floors only in aggregate: 8 (12 with a skip) per tile, at most 94 (140) us per call more,
+still under the DMA time.
 
 NeuronCore-v2 (trn1) rules followed (AWS docs, aws-neuron-sdk): matmuls bf16 (or fp32) pairs into fp32
 PSUM, stationary free <= 128 (<= the row tile's 64 rows in tiling mode), moving free <= 512 (isa docs
