@@ -266,9 +266,10 @@ def _sb(cols, dt):
     return nl.ndarray((nl.tile_size.pmax, cols), dtype=dt, buffer=nl.sbuf)
 
 
-def _gp(dst, a, b, op):
-    """dst = op(a, b) element-wise on GpSimd (SBUF operands only: isa docs, 'GpSimd Engine cannot access PSUM')."""
-    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=nisa.engine.gpsimd)
+def _gp(dst, a, b, op, on_vector=False):
+    """dst = op(a, b) element-wise on GpSimd (SBUF operands only: isa docs, 'GpSimd Engine cannot access PSUM'),
+    or with `on_vector` on VectorE."""
+    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=nisa.engine.vector if on_vector else nisa.engine.gpsimd)
 
 
 def _broadcast(v_KI, k, dt):
@@ -296,7 +297,7 @@ def _mixed(x_NI, mix, r0, rows, dt):
     if skip_NI != None:  # noqa: E711
         sk, t, xs2 = _rows(skip_NI, r0, rows, dt), _sb(I, dt), _sb(I, dt)
         _gp(t[0:rows], sk[0:rows], sw[0:rows], nl.multiply)
-        _gp(xs2[0:rows], xs[0:rows], t[0:rows], nl.add)
+        _gp(xs2[0:rows], xs[0:rows], t[0:rows], nl.add, True)  # VectorE: GpSimd has the most work with a skip
         xs = xs2
     a, b, x = _sb(I, dt), _sb(I, dt), _sb(I, dt)
     _gp(a[0:rows], xs[0:rows], m0[0:rows], nl.multiply)
