@@ -57,7 +57,8 @@ weight (fp32 operands holding values of x's dtype, broadcast to every partition 
 whose HBM access pattern has partition stride 0), then norm_projection of x; x is written once (the
 residual stream the block continues with). The mix is 3 (5 with a skip) element-wise ops per tile on
 GpSimd (`tensor_tensor(engine=gpsimd)`, isa docs tensor_tensor; GpSimd reads SBUF only, and nothing else
-here uses it), each product and sum rounded to x's dtype as the model rounds them. The backward takes dy
+here uses it; the skip's add goes to VectorE), each product and sum rounded to x's dtype as the model
+rounds them. The backward takes dy
 and dxo, the gradient of the written x (the residual path), recomputes x the same way (x_in, x0 are read
 for the weights' gradients anyway; reading x would cost a DMA pass more), forms dx = inv (g + x c) + dxo
 (the add folded into the VectorE op that applies inv, where norm_projection uses a ScalarE scale; dy^T's
@@ -68,7 +69,7 @@ moving (`is_moving_onezero`, isa docs nc_matmul), [128, 1] into one fp32 PSUM ba
 every tile of the call, copied out once as dmix [2, I] and dsw [1, I]. Costs (`python -m
 kernels_nki.report`, baseline shapes): forward 1240.4 us per call without a skip, 1488.1 with one,
 DMA-bound (x_in, x0, skip in and x out on top of norm_projection's traffic; TensorE 795.8); backward
-1741.5 / 2236.0 us, DMA-bound (TensorE 1593.8 / 1594.5, VectorE 1703, GpSimd 1311 / 2060), against
+1741.5 / 2236.0 us, DMA-bound (TensorE 1593.8 / 1594.5, VectorE 1703 / 2171, GpSimd 1311 / 1873), against
 norm_projection's 795.8 + 1592.3 us plus ~740 us forward and ~1230 us backward of resid_mix passes per
 call (and as much again for a skip add) at the DMA rate. The one-column matmuls add almost no MACs, so
 TensorE useful/issued stays 0.941, but each costs at least the 64-cycle matmul initiation interval, which
