@@ -50,12 +50,15 @@ class CausalSelfAttention(nnx.Module):
         self.proj = nnx.Param(jnp.zeros((H * K, D), jnp.float32))  # zero-init output projection
         self.q_gain = nnx.Param(jnp.full((H,), cfg.qk_gain_init, jnp.float32))
 
-    def __call__(self, x_BTD: jax.Array, scale_D: jax.Array) -> jax.Array:
-        """x + scale * attention(rms_norm(x)): the pre-attention norm is fused into the q/k/v projection, the
-        scaled residual add into the output projection."""
+    def __call__(self, x_BTD: jax.Array, x0_BTD: jax.Array, mix_2D: jax.Array, scale_D: jax.Array, skip_BTD=None,
+                 skip_w_D=None) -> jax.Array:
+        """x + scale * attention(rms_norm(x)) with x = mix[0] * (x_in [+ skip_w * skip]) + mix[1] * x0, the
+        block's residual stream: the resid_mix (and a decoder block's U-Net skip add) and the pre-attention
+        norm are fused into the q/k/v projection, the scaled residual add into the output projection."""
         B, T, D = x_BTD.shape
         H, G, K = self.num_heads, self.num_kv_heads, self.head_dim
-        q_BTO, k_BTO, v_BTO = ops.norm_qkv_projection(x_BTD, self.c_q[...], self.c_k[...], self.c_v[...])
+        x_BTD, q_BTO, k_BTO, v_BTO = ops.mix_norm_qkv_projection(
+            x_BTD, x0_BTD, mix_2D, self.c_q[...], self.c_k[...], self.c_v[...], skip_BTD, skip_w_D)
         q_BTHK, k_BTGK, v_BTGK = q_BTO.reshape(B, T, H, K), k_BTO.reshape(B, T, G, K), v_BTO.reshape(B, T, G, K)
         cos_TK2, sin_TK2 = _rope_tables(T, K, self.rope_base)
         # QK-norm, RoPE, rope(q) * q_gain and causal attention: one op (q and k normed and rotated on chip)
@@ -83,11 +86,9 @@ class Block(nnx.Module):
         self.mlp_scale = nnx.Param(jnp.ones((D,), jnp.float32))
         self.resid_mix = nnx.Param(jnp.stack([jnp.ones((D,)), jnp.zeros((D,))]).astype(jnp.float32))
 
-    def __call__(self, x_BTD: jax.Array, x0_BTD: jax.Array) -> jax.Array:
-        cdt = x_BTD.dtype
-        mix_2D = self.resid_mix[...].astype(cdt)
-        x_BTD = mix_2D[0] * x_BTD + mix_2D[1] * x0_BTD
-        x_BTD = self.attn(x_BTD, self.attn_scale[...])  # x + s * f(x): pre-norms, scaled residual adds fused in
+    def __call__(self, x_BTD: jax.Array, x0_BTD: jax.Array, skip_BTD=None, skip_w_D=None) -> jax.Array:
+        # resid_mix (+ skip add), pre-norms and the scaled residual adds fused into the kernels
+        x_BTD = self.attn(x_BTD, x0_BTD, self.resid_mix[...], self.attn_scale[...], skip_BTD, skip_w_D)
         x_BTD = self.mlp(x_BTD, self.mlp_scale[...])
         return x_BTD
 
@@ -122,9 +123,8 @@ class GPT(nnx.Module):
             x_BTD = self.blocks[i](x_BTD, x0_BTD)
             skips.append(x_BTD)
         for i in range(self.num_decoder_layers):
-            if skips:
-                x_BTD = x_BTD + self.skip_weights[i].astype(x_BTD.dtype) * skips.pop()
-            x_BTD = self.blocks[self.num_encoder_layers + i](x_BTD, x0_BTD)
+            skip = (skips.pop(), self.skip_weights[i]) if skips else ()  # the skip add runs inside the block
+            x_BTD = self.blocks[self.num_encoder_layers + i](x_BTD, x0_BTD, *skip)
         return ops.rms_norm(x_BTD)
 
     def __call__(self, inputs_BT: jax.Array, targets_BT: jax.Array, bias_ids_BTS=None, bias_vals_BTS=None):

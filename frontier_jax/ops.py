@@ -29,7 +29,7 @@ __all__ = [
     "FUSED_OPTIMIZER_OPS", "MODES", "OPS", "KernelRow", "KernelUnavailableError", "configure", "emulated",
     "format_kernel_table", "kernel_table", "through_primitives",
     "rms_norm", "rope", "rope_gain", "causal_attention", "qk_attention", "norm_mlp", "embed", "head_loss",
-    "norm_qkv_projection",
+    "norm_qkv_projection", "mix_norm_qkv_projection",
     "out_projection", "adam_update", "muon_update", "scalars_PK",
 ]
 
@@ -40,6 +40,13 @@ def _head_loss_kernel_args(which, arrays):
     returns no d(bias values))."""
     x_ND, emb_VD, tg_N1, ids_NS, vals_NS, *rest = arrays
     return arrays if ids_NS.shape[1] else (x_ND, emb_VD, tg_N1, None, None, *rest)
+
+
+def _mix_kernel_args(which, arrays):
+    """No skip (a decoder block without one, every encoder block) is a skip of width 0 in the primitive; the
+    kernel gets None for skip_NI and sw_1I instead (no zero-size operand: frontier_jax.dispatch)."""
+    x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, *rest = arrays
+    return arrays if skip_NI.shape[1] else (x_NI, x0_NI, mix_2I, w_IO, None, None, *rest)
 
 
 def _adam_kernel_args(which, arrays):
@@ -65,12 +72,14 @@ HEAD_LOSS = declare("head_loss", ref.head_loss_fwd, ref.head_loss_bwd, static=("
                     adapter=KernelAdapter(_head_loss_kernel_args))
 PROJECTION = declare("projection", ref.resid_projection_fwd, ref.projection_bwd)  # bwd: (x, w, dy)
 NORM_PROJECTION = declare("norm_projection", ref.norm_projection_fwd, ref.norm_projection_bwd)
+MIX_NORM_PROJECTION = declare("mix_norm_projection", ref.mix_norm_projection_fwd, ref.mix_norm_projection_bwd,
+                              adapter=KernelAdapter(_mix_kernel_args))
 ADAM = declare("adam_update", ref.adam_update, static=("b1", "b2", "eps", "weight_decay"),
                adapter=KernelAdapter(_adam_kernel_args, _adam_kernel_outs), unused_reason=_UNFUSED)
 MUON = declare("muon_update", ref.muon_update, static=("ns_steps", "ns_dtype"), unused_reason=_UNFUSED)
 
 OPS = tuple(s.name for s in (RMS_NORM, ROPE, ROPE_GAIN, ATTENTION, QK_ATTENTION, NORM_MLP, EMBED, HEAD_LOSS,
-                             PROJECTION, NORM_PROJECTION, ADAM, MUON))
+                             PROJECTION, NORM_PROJECTION, MIX_NORM_PROJECTION, ADAM, MUON))
 FUSED_OPTIMIZER_OPS = frozenset({ADAM.name, MUON.name})
 
 
@@ -340,6 +349,55 @@ def norm_qkv_projection(x, w_q, w_k, w_v):
     y = _project(_norm_projection, x, jnp.concatenate([w_q.astype(dt), w_k.astype(dt), w_v.astype(dt)], axis=1))
     oq, ok = w_q.shape[1], w_k.shape[1]
     return y[..., :oq], y[..., oq:oq + ok], y[..., oq + ok:]
+
+
+@jax.custom_vjp
+def _mix_norm_projection(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I):
+    return MIX_NORM_PROJECTION("fwd", x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I)[:2]
+
+
+def _mix_norm_projection_vjp_fwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I):
+    x_mixed, y_NO, inv_N1 = MIX_NORM_PROJECTION("fwd", x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I)
+    return (x_mixed, y_NO), (x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, inv_N1)  # the kernel recomputes x
+
+
+def _mix_norm_projection_vjp_bwd(res, cotangents):
+    dxo_NI, dy_NO = cotangents
+    dx, dx0, dmix, dw, *skip = MIX_NORM_PROJECTION("bwd", *res, dxo_NI, dy_NO)  # dmix, dw: fp32 token sums
+    dskip, dsw = skip or (jnp.zeros_like(res[4]), jnp.zeros_like(res[5]))
+    return dx, dx0, dmix, dw.astype(res[3].dtype), dskip, dsw
+
+
+_mix_norm_projection.defvjp(_mix_norm_projection_vjp_fwd, _mix_norm_projection_vjp_bwd)
+
+
+def mix_norm_qkv_projection(x_in, x0, mix_2D, w_q, w_k, w_v, skip=None, skip_w=None):
+    """(x, q, k, v) with x = mix[0] * x_in' + mix[1] * x0, x_in' = x_in + skip_w * skip (a decoder block's U-Net
+    skip add; none when skip is None), and q/k/v = norm_qkv_projection(x, ...): the block's residual mix
+    fused into its q/k/v projection; x is the residual stream the block continues with. The weights are
+    cast to x_in's dtype at use, as the unfused model did (reference.resid_mix). On a kernel it is one
+    `mix_norm_projection` call (kernels_nki/projection.py) that writes x once and returns the gradients
+    of the mix and skip weights as fp32 sums over the tokens."""
+    dt = x_in.dtype
+    if direct("mix_norm_projection"):  # exactly the unfused model's expressions, under plain autodiff
+        if skip is not None:
+            x_in = x_in + skip_w.astype(dt) * skip
+        mix = mix_2D.astype(dt)
+        x = mix[0] * x_in + mix[1] * x0
+        xn = ref.rms_norm(x)
+        return x, xn @ w_q.astype(dt), xn @ w_k.astype(dt), xn @ w_v.astype(dt)
+    D = x_in.shape[-1]
+    rows = lambda t: t.reshape(-1, D)
+    rounded = lambda t: t.astype(dt).astype(jnp.float32)  # the weights' values in x's dtype, fp32 for the kernel
+    if skip is None:  # width 0: no skip (the kernel adapter above passes None)
+        skip_NI, sw_1I = jnp.zeros((rows(x_in).shape[0], 0), dt), jnp.zeros((1, 0), jnp.float32)
+    else:
+        skip_NI, sw_1I = rows(skip), rounded(skip_w).reshape(1, D)
+    w = jnp.concatenate([w_q.astype(dt), w_k.astype(dt), w_v.astype(dt)], axis=1)
+    x_NI, y_NO = _mix_norm_projection(rows(x_in), rows(x0), rounded(mix_2D), w, skip_NI, sw_1I)
+    y = y_NO.reshape(x_in.shape[:-1] + (w.shape[1],))
+    oq, ok = w_q.shape[1], w_k.shape[1]
+    return x_NI.reshape(x_in.shape), y[..., :oq], y[..., oq:oq + ok], y[..., oq + ok:]
 
 
 def out_projection(x, w_IO, resid, scale_O):

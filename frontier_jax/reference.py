@@ -123,6 +123,41 @@ def norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO):
     return rms_norm_bwd(x_NI, inv_N1, dxn_NI)[0], dw_IO
 
 
+def resid_mix(x_NI, x0_NI, mix_2I, skip_NI, sw_1I):
+    """The block's residual stream in x's dtype: mix[0] * x_in' + mix[1] * x0 with x_in' = x_in + sw * skip
+    (a decoder block's U-Net skip add; a skip of width 0 is none), the weights cast to x's dtype and every
+    product and sum in it, as the model computes them."""
+    dt = x_NI.dtype
+    if skip_NI.shape[1]:
+        x_NI = x_NI + sw_1I[0].astype(dt) * skip_NI
+    m = mix_2I.astype(dt)
+    return m[0] * x_NI + m[1] * x0_NI
+
+
+def mix_norm_projection_fwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I):
+    """(x = resid_mix(...), y = rms_norm(x) w, inv_N1): the block's residual mix (and skip add) and the
+    pre-attention RMSNorm with the q/k/v projection as one op, composed of the references."""
+    x = resid_mix(x_NI, x0_NI, mix_2I, skip_NI, sw_1I)
+    return (x, *norm_projection_fwd(x, w_IO))
+
+
+def mix_norm_projection_bwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, inv_N1, dxo_NI, dy_NO):
+    """(dx_in, dx0 in x's dtype, dmix [2, I] fp32, dw fp32[, dskip in x's dtype, dsw [1, I] fp32 with a skip]):
+    x's gradient is dxo (the written x's, the residual path) plus norm_projection_bwd's; the mix's backward
+    as autodiff takes it, with the weights' gradients summed over the tokens in fp32."""
+    dt, f32 = x_NI.dtype, lambda a: a.astype(jnp.float32)
+    x = resid_mix(x_NI, x0_NI, mix_2I, skip_NI, sw_1I)
+    dxn, dw = norm_projection_bwd(x, w_IO, inv_N1, dy_NO)
+    dx = dxo_NI + dxn
+    m = mix_2I.astype(dt)
+    skip = skip_NI.shape[1] > 0
+    xs = x_NI + sw_1I[0].astype(dt) * skip_NI if skip else x_NI
+    dxs = m[0] * dx
+    dmix = jnp.stack([jnp.sum(f32(dx) * f32(xs), axis=0), jnp.sum(f32(dx) * f32(x0_NI), axis=0)])
+    outs = (dxs, m[1] * dx, dmix, dw)
+    return outs + (sw_1I[0].astype(dt) * dxs, jnp.sum(f32(dxs) * f32(skip_NI), axis=0)[None]) if skip else outs
+
+
 def attention_block(T: int) -> int:
     """Query/key block length of the block-causal schedule: T split into 8, 4 or 2 blocks of >= 64
     positions (measured on CPU: 0.36x the dense masked time at T=1024, 0.66x at T=256), else T."""

@@ -1,6 +1,7 @@
 """Token-major projections as NKI kernels, trn1: y = r + x w (the attention's output projection with the
-block's residual add) and y = rms_norm(x) w (the block's pre-attention RMSNorm fused into the q/k/v
-projection).
+block's residual add), y = rms_norm(x) w (the block's pre-attention RMSNorm fused into the q/k/v
+projection) and the same with the block's resid_mix (and a decoder block's U-Net skip add) in front
+(`mix_norm_projection`, below).
 
 Spec: `projection` (frontier_jax.reference.resid_projection_fwd / projection_bwd): y_NO = r_NO + x_NI @ w_IO
 (x, r in the compute dtype, the weight cast to it, fp32 accumulation and add, y in x's dtype); backward
@@ -54,6 +55,31 @@ add's 3 HBM passes), backward 796.2 us TensorE-bound (unchanged). TensorE useful
 per tile it issues I/128 transposes (2 x 64 x 128 x 64 MACs each) against I/128 x O/512 matmuls of
 128 x 128 x 512, 1 - 64/(O + 64) at O = 512. Above that needs o^T from its producer (the attention
 kernel writing its output feature-major), not a choice inside this kernel.
+
+`mix_norm_projection` (frontier_jax.reference.mix_norm_projection_fwd / _bwd; ops.mix_norm_qkv_projection,
+what the model calls): x = m0 x_in' + m1 x0 with x_in' = x_in (+ sw skip), m = resid_mix and sw the skip
+weight (fp32 operands holding values of x's dtype, broadcast to every partition once per call by a DMA
+whose HBM access pattern has partition stride 0), then norm_projection of x; x is written once (the
+residual stream the block continues with). The mix is 3 (5 with a skip) element-wise ops per tile on
+GpSimd (`tensor_tensor(engine=gpsimd)`, isa docs tensor_tensor; GpSimd reads SBUF only, and nothing else
+here uses it; the skip's add goes to VectorE), each product and sum rounded to x's dtype as the model
+rounds them. The backward takes dy
+and dxo, the gradient of the written x (the residual path), recomputes x the same way (x_in, x0 are read
+for the weights' gradients anyway; reading x would cost a DMA pass more), forms dx = inv (g + x c) + dxo
+(the add folded into the VectorE op that applies inv, where norm_projection uses a ScalarE scale; dy^T's
+PSUM copies all go to ScalarE to make room), then on GpSimd dx_in = m0 dx, dx0 = m1 dx (and dskip = sw
+dx_in) and the products dx x_in', dx x0 (and dx_in skip). Their sums over the tokens (the partition
+axis) are TensorE's: per 128-column slice one matmul with the product stationary and a ones column
+moving (`is_moving_onezero`, isa docs nc_matmul), [128, 1] into one fp32 PSUM bank that accumulates over
+every tile of the call, copied out once as dmix [2, I] and dsw [1, I]. Costs (`python -m
+kernels_nki.report`, baseline shapes): forward 1240.4 us per call without a skip, 1488.1 with one,
+DMA-bound (x_in, x0, skip in and x out on top of norm_projection's traffic; TensorE 795.8); backward
+1741.5 / 2236.0 us, DMA-bound (TensorE 1593.8 / 1594.5, VectorE 1703 / 2171, GpSimd 1311 / 1873), against
+norm_projection's 795.8 + 1592.3 us plus ~740 us forward and ~1230 us backward of resid_mix passes per
+call (and as much again for a skip add) at the DMA rate. The one-column matmuls add almost no MACs, so
+TensorE useful/issued stays 0.941, but each costs at least the 64-cycle matmul initiation interval, which
+the cost model floors only in aggregate: 8 (12 with a skip) per tile, at most 94 (140) us per call more,
+still under the DMA time.
 
 NeuronCore-v2 (trn1) rules followed (AWS docs, aws-neuron-sdk): matmuls bf16 (or fp32) pairs into fp32
 PSUM, stationary free <= 128 (<= the row tile's 64 rows in tiling mode), moving free <= 512 (isa docs
@@ -117,9 +143,9 @@ def _transpose(dst_ps, src, rows, ident):
                            is_transpose=True, tile_position=(r0, 0), tile_size=(HALF, nl.tile_size.pmax))
 
 
-def _transposed(t, rows, cols, dt, ident, first_on_vector=True):
+def _transposed(t, rows, cols, dt, ident, first_on_vector=True, on_scalar=False):
     """[cols/128 tiles of [128, 128]]: t[0:rows, 0:cols] transposed in 128-column slices (TensorE), copied out
-    of PSUM alternately by VectorE and ScalarE."""
+    of PSUM alternately by VectorE and ScalarE (with `on_scalar`, all by ScalarE)."""
     P = nl.tile_size.pmax
     out = []
     for i in nl.affine_range(_cdiv(cols, P)):
@@ -127,7 +153,7 @@ def _transposed(t, rows, cols, dt, ident, first_on_vector=True):
         t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
         _transpose(t_ps[0:k, 0:rows], t[0:rows, i * P:i * P + k], rows, ident)
         tT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-        _evacuate(tT[0:k, 0:rows], t_ps[0:k, 0:rows], (i % 2 == 0) == first_on_vector)
+        _evacuate(tT[0:k, 0:rows], t_ps[0:k, 0:rows], (i % 2 == 0) == first_on_vector and not on_scalar)
         out.append(tT)
     return out
 
@@ -209,10 +235,11 @@ def _inv_rms(x_t, rows, eps_P1):
     return inv
 
 
-def _norm_bwd(g, x_t, inv, rows, dt):
+def _norm_bwd(g, x_t, inv, rows, dt, dxo=None):
     """The RMSNorm backward of one row tile, [P, D] in dt: dx = inv (g + x c), c = -mean(g x) inv^2, with g
     (the gradient of the normalised rows) as fp32 PSUM tiles of 512 columns. VectorE: g x and x c + g (one
-    PSUM input each); ScalarE: the row sum and the final scale."""
+    PSUM input each); ScalarE: the row sum and the final scale. With `dxo` (the gradient x receives along
+    the residual path, a [P, D] tile) dx = inv (g + x c) + dxo, the scale and the add as one VectorE op."""
     P = nl.tile_size.pmax
     D = x_t.shape[1]
     work = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
@@ -232,12 +259,106 @@ def _norm_bwd(g, x_t, inv, rows, dt):
         nisa.scalar_tensor_tensor(dst=work[0:rows, c * W:c * W + cw], data=x_t[0:rows, c * W:c * W + cw],
                                   op0=nl.multiply, operand0=cc[0:rows], op1=nl.add, operand1=g[c][0:rows, 0:cw])
     dx = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
-    nisa.activation(dst=dx[0:rows], op=nl.copy, data=work[0:rows], scale=inv[0:rows])
+    if dxo != None:  # noqa: E711 (NKI has no `is`: nki/migration/index.rst)
+        nisa.scalar_tensor_tensor(dst=dx[0:rows], data=work[0:rows], op0=nl.multiply, operand0=inv[0:rows],
+                                  op1=nl.add, operand1=dxo[0:rows])
+    else:
+        nisa.activation(dst=dx[0:rows], op=nl.copy, data=work[0:rows], scale=inv[0:rows])
     return dx
 
 
-def _forward(x_NI, w_IO, y_NO, inv_N1, norm):
-    """y = x w per 128-token tile; with `norm`, y = rms_norm(x) w = inv (x w), inv stored in inv_N1."""
+def _sb(cols, dt):
+    """A fresh [128, cols] SBUF tile in dt."""
+    return nl.ndarray((nl.tile_size.pmax, cols), dtype=dt, buffer=nl.sbuf)
+
+
+def _gp(dst, a, b, op, on_vector=False):
+    """dst = op(a, b) element-wise on GpSimd (SBUF operands only: isa docs, 'GpSimd Engine cannot access PSUM'),
+    or with `on_vector` on VectorE."""
+    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=nisa.engine.vector if on_vector else nisa.engine.gpsimd)
+
+
+def _broadcast(v_KI, k, dt):
+    """Row k of v_KI on every partition, a [128, I] tile in dt: one DMA whose HBM access pattern has partition
+    stride 0 (nki/get-started/nki-language-guide.rst, "Low-level raw access pattern")."""
+    P = nl.tile_size.pmax
+    I = v_KI.shape[1]
+    t = _sb(I, dt)
+    nisa.dma_copy(dst=t, src=v_KI.ap(pattern=[[0, P], [1, I]], offset=k * I))
+    return t
+
+
+def _mix_setup(x0_NI, mix_2I, skip_NI, sw_1I, dt):
+    """The mixing's operands for `_mixed`: (x0, skip or None, m0, m1, sw or None), the weights broadcast."""
+    sw = _broadcast(sw_1I, 0, dt) if skip_NI != None else None  # noqa: E711
+    return x0_NI, skip_NI, _broadcast(mix_2I, 0, dt), _broadcast(mix_2I, 1, dt), sw
+
+
+def _mixed(x_NI, mix, r0, rows, dt):
+    """(x_in', x0, skip or None, x) as [128, I] tiles of rows r0..r0+rows: x = m0 x_in' + m1 x0 with x_in' = x_in
+    (+ sw skip), each product and sum rounded to dt as the model rounds them; on GpSimd."""
+    x0_NI, skip_NI, m0, m1, sw = mix
+    I = x_NI.shape[1]
+    xs, x0, sk = _rows(x_NI, r0, rows, dt), _rows(x0_NI, r0, rows, dt), None
+    if skip_NI != None:  # noqa: E711
+        sk, t, xs2 = _rows(skip_NI, r0, rows, dt), _sb(I, dt), _sb(I, dt)
+        _gp(t[0:rows], sk[0:rows], sw[0:rows], nl.multiply)
+        _gp(xs2[0:rows], xs[0:rows], t[0:rows], nl.add, True)  # VectorE: GpSimd has the most work with a skip
+        xs = xs2
+    a, b, x = _sb(I, dt), _sb(I, dt), _sb(I, dt)
+    _gp(a[0:rows], xs[0:rows], m0[0:rows], nl.multiply)
+    _gp(b[0:rows], x0[0:rows], m1[0:rows], nl.multiply)
+    _gp(x[0:rows], a[0:rows], b[0:rows], nl.add)
+    return xs, x0, sk, x
+
+
+def _mix_bwd(dx, xs, x0, sk, mix, r0, rows, outs, red, ones, dt):
+    """The mixing's backward of one row tile from dx, x's whole gradient: dx_in = m0 dx, dx0 = m1 dx (and
+    dskip = sw dx_in) stored (GpSimd); the products dx x_in', dx x0 (and dx_in skip) summed over the tile's
+    tokens into `red` ([128, 2 or 3 x I/128] fp32 PSUM, one column per product and 128-column slice): the tokens
+    are the contraction axis, so each slice is one matmul with the product stationary and a ones column
+    moving, accumulating in PSUM over every tile of the call."""
+    P = nl.tile_size.pmax
+    x0_NI, skip_NI, m0, m1, sw = mix
+    I = dx.shape[1]
+    nb = _cdiv(I, P)
+    dxi, dx0 = _sb(I, dt), _sb(I, dt)
+    _gp(dxi[0:rows], dx[0:rows], m0[0:rows], nl.multiply)
+    _gp(dx0[0:rows], dx[0:rows], m1[0:rows], nl.multiply)
+    nisa.dma_copy(dst=outs[0][r0:r0 + rows], src=dxi[0:rows])
+    nisa.dma_copy(dst=outs[1][r0:r0 + rows], src=dx0[0:rows])
+    pairs = [(dx, xs), (dx, x0)]
+    if sk != None:  # noqa: E711
+        dsk = _sb(I, dt)
+        _gp(dsk[0:rows], dxi[0:rows], sw[0:rows], nl.multiply)
+        nisa.dma_copy(dst=outs[2][r0:r0 + rows], src=dsk[0:rows])
+        pairs.append((dxi, sk))
+    for j in range(len(pairs)):
+        prod = _sb(I, dt)
+        _gp(prod[0:rows], pairs[j][0][0:rows], pairs[j][1][0:rows], nl.multiply)
+        for c in nl.affine_range(nb):
+            k = min(P, I - c * P)
+            nisa.nc_matmul(dst=red[0:k, j * nb + c:j * nb + c + 1], stationary=prod[0:rows, c * P:c * P + k],
+                           moving=ones[0:rows, 0:1], is_moving_onezero=True)
+
+
+def _store_sums(red, j0, dst_KI):
+    """dst_KI[j] (fp32) = the token sums in `red`'s columns (j0 + j) x I/128 ...: column c of a product holds
+    its entries c*128 .. on partitions, so each goes out as a [k, 1] HBM access pattern."""
+    P = nl.tile_size.pmax
+    K, I = dst_KI.shape
+    nb = _cdiv(I, P)
+    for j in range(K):
+        for c in nl.affine_range(nb):
+            k, col = min(P, I - c * P), (j0 + j) * nb + c
+            t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=t[0:k], src=red[0:k, col:col + 1], engine=nisa.engine.vector)
+            nisa.dma_copy(dst=dst_KI.ap(pattern=[[1, k], [1, 1]], offset=j * I + c * P), src=t[0:k])
+
+
+def _forward(x_NI, w_IO, y_NO, inv_N1, norm, mixing=None):
+    """y = x w per 128-token tile; with `norm`, y = rms_norm(x) w = inv (x w), inv stored in inv_N1. With
+    `mixing` = (`_mix_setup`'s operands, xo_NI), x is the mixed stream, stored in xo_NI."""
     N, I = x_NI.shape
     P = nl.tile_size.pmax
     dt = x_NI.dtype
@@ -247,7 +368,11 @@ def _forward(x_NI, w_IO, y_NO, inv_N1, norm):
     nisa.memset(dst=eps, value=EPS)
     for n in nl.affine_range(_cdiv(N, P)):
         rows = min(P, N - n * P)
-        x_t = _rows(x_NI, n * P, rows, dt)
+        if mixing != None:  # noqa: E711
+            x_t = _mixed(x_NI, mixing[0], n * P, rows, dt)[3]
+            nisa.dma_copy(dst=mixing[1][n * P:n * P + rows], src=x_t[0:rows])
+        else:
+            x_t = _rows(x_NI, n * P, rows, dt)
         inv = None
         if norm:
             inv = _inv_rms(x_t, rows, eps)
@@ -353,17 +478,16 @@ def projection_bwd(x_NI, w_IO, dy_NO):
     return dx_NI, dw_IO
 
 
-@nki.jit
-def norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO):
-    """(dx_NI in x's dtype, dw_IO fp32) of y = rms_norm(x) w: g = dy w^T, dx = the norm's backward of g,
-    dw = (inv x)^T dy. One pass over the tokens; dw partials of BLOCK token tiles accumulate in one PSUM
-    bank per [128, 512] slice, then one VectorE add into fp32 SBUF accumulators."""
+def _norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO, dx_NI, dw_IO, ident, wT, mixing=None):
+    """norm_projection's backward body (see norm_projection_bwd); with `mixing` = (`_mix_setup`'s operands,
+    dxo_NI, (dx_NI, dx0_NI, dskip_NI), red), x is recomputed from the block's inputs, the residual path's
+    gradient dxo is added to dx, and the mixing's backward (`_mix_bwd`) runs on the result."""
     N, I = x_NI.shape
     O = w_IO.shape[1]
     P = nl.tile_size.pmax
     dt = x_NI.dtype
-    dx_NI, dw_IO, ident, wT = _bwd_setup(x_NI, w_IO)
     acc = [nl.zeros((P, O), dtype=nl.float32, buffer=nl.sbuf) for _ in range(_cdiv(I, P))]
+    ones = nl.ones((P, 1), dtype=dt, buffer=nl.sbuf) if mixing != None else None  # noqa: E711 (red's moving column)
     for blk in nl.affine_range(_cdiv(N, P * BLOCK)):
         n0 = blk * P * BLOCK
         S = min(BLOCK, _cdiv(N - n0, P))
@@ -371,10 +495,18 @@ def norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO):
         for s in nl.affine_range(S):
             r0 = n0 + s * P
             rows = min(P, N - r0)
-            x_t, dy_t = _rows(x_NI, r0, rows, dt), _rows(dy_NO, r0, rows, dt)
-            inv = _rows(inv_N1, r0, rows, nl.float32)
-            g = _products(_transposed(dy_t, rows, O, dt, ident, False), wT, O, I, rows)
-            nisa.dma_copy(dst=dx_NI[r0:r0 + rows], src=_norm_bwd(g, x_t, inv, rows, dt)[0:rows])
+            dy_t, inv = _rows(dy_NO, r0, rows, dt), _rows(inv_N1, r0, rows, nl.float32)
+            if mixing != None:  # noqa: E711
+                xs, x0, sk, x_t = _mixed(x_NI, mixing[0], r0, rows, dt)
+                dxo = _rows(mixing[1], r0, rows, dt)
+            else:
+                x_t, dxo = _rows(x_NI, r0, rows, dt), None
+            g = _products(_transposed(dy_t, rows, O, dt, ident, False, mixing != None), wT, O, I, rows)  # noqa: E711
+            dx = _norm_bwd(g, x_t, inv, rows, dt, dxo)
+            if mixing != None:  # noqa: E711
+                _mix_bwd(dx, xs, x0, sk, mixing[0], r0, rows, mixing[2], mixing[3], ones, dt)
+            else:
+                nisa.dma_copy(dst=dx_NI[r0:r0 + rows], src=dx[0:rows])
             xn = nl.ndarray((P, I), dtype=dt, buffer=nl.sbuf)  # rms_norm(x), dw's stationary operand
             nisa.activation(dst=xn[0:rows], op=nl.copy, data=x_t[0:rows], scale=inv[0:rows])
             xn_s.append(xn)
@@ -393,4 +525,51 @@ def norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO):
     for i in nl.affine_range(_cdiv(I, P)):
         k = min(P, I - i * P)
         nisa.dma_copy(dst=dw_IO[i * P:i * P + k], src=acc[i][0:k])
+
+
+@nki.jit
+def norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO):
+    """(dx_NI in x's dtype, dw_IO fp32) of y = rms_norm(x) w: g = dy w^T, dx = the norm's backward of g,
+    dw = (inv x)^T dy. One pass over the tokens; dw partials of BLOCK token tiles accumulate in one PSUM
+    bank per [128, 512] slice, then one VectorE add into fp32 SBUF accumulators."""
+    dx_NI, dw_IO, ident, wT = _bwd_setup(x_NI, w_IO)
+    _norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO, dx_NI, dw_IO, ident, wT)
     return dx_NI, dw_IO
+
+
+@nki.jit
+def mix_norm_projection_fwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI=None, sw_1I=None):
+    """(x = mix[0] x_in' + mix[1] x0 with x_in' = x_in (+ sw skip) in x_in's dtype, y_NO = rms_norm(x) w_IO,
+    inv_N1 fp32): the block's residual mix (and a decoder block's U-Net skip add) before the q/k/v
+    projection; mix_2I and sw_1I fp32 (values of x's dtype), skip_NI and sw_1I both None for no skip."""
+    N, I = x_NI.shape
+    dt = x_NI.dtype
+    xo_NI = nl.ndarray((N, I), dtype=dt, buffer=nl.shared_hbm)
+    y_NO = nl.ndarray((N, w_IO.shape[1]), dtype=dt, buffer=nl.shared_hbm)
+    inv_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    _forward(x_NI, w_IO, y_NO, inv_N1, True, (_mix_setup(x0_NI, mix_2I, skip_NI, sw_1I, dt), xo_NI))
+    return xo_NI, y_NO, inv_N1
+
+
+@nki.jit
+def mix_norm_projection_bwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, inv_N1, dxo_NI, dy_NO):
+    """(dx_NI, dx0_NI in x's dtype, dmix_2I fp32, dw_IO fp32[, dskip_NI in x's dtype, dsw_1I fp32]) given dy (the
+    projection's gradient) and dxo (the written x's): dx = dxo + the norm projection's backward, then the
+    mixing's; dmix and dsw are fp32 sums over the tokens (PSUM), the skip's outputs only with a skip."""
+    N, I = x_NI.shape
+    P = nl.tile_size.pmax
+    dt = x_NI.dtype
+    dx_NI, dw_IO, ident, wT = _bwd_setup(x_NI, w_IO)
+    skip = skip_NI != None  # noqa: E711
+    dx0_NI = nl.ndarray((N, I), dtype=dt, buffer=nl.shared_hbm)
+    dmix_2I = nl.ndarray((2, I), dtype=nl.float32, buffer=nl.shared_hbm)
+    dskip_NI = nl.ndarray((N, I), dtype=dt, buffer=nl.shared_hbm) if skip else None
+    dsw_1I = nl.ndarray((1, I), dtype=nl.float32, buffer=nl.shared_hbm) if skip else None
+    red = nl.ndarray((P, (3 if skip else 2) * _cdiv(I, P)), dtype=nl.float32, buffer=nl.psum)
+    mixing = (_mix_setup(x0_NI, mix_2I, skip_NI, sw_1I, dt), dxo_NI, (dx_NI, dx0_NI, dskip_NI), red)
+    _norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO, dx_NI, dw_IO, ident, wT, mixing)
+    _store_sums(red, 0, dmix_2I)
+    if skip:
+        _store_sums(red, 2, dsw_1I)
+        return dx_NI, dx0_NI, dmix_2I, dw_IO, dskip_NI, dsw_1I
+    return dx_NI, dx0_NI, dmix_2I, dw_IO

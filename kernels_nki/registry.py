@@ -35,6 +35,7 @@ KERNELS: dict[str, KernelSpec] = {s.op: s for s in (
     KernelSpec("head_loss", "kernels_nki.head_loss", "head_loss_fwd", "head_loss_bwd"),
     KernelSpec("projection", "kernels_nki.projection", "projection_fwd", "projection_bwd"),
     KernelSpec("norm_projection", "kernels_nki.projection", "norm_projection_fwd", "norm_projection_bwd"),
+    KernelSpec("mix_norm_projection", "kernels_nki.projection", "mix_norm_projection_fwd", "mix_norm_projection_bwd"),
     # the fused optimizer updates: one kernel each, no backward ("")
     KernelSpec("adam_update", "kernels_nki.adam", "adam_update", ""),
     KernelSpec("muon_update", "kernels_nki.muon", "muon_update", ""),

@@ -32,9 +32,9 @@ from kernels_nki.report_step import CORES
 
 FRONTIER14 = Path(__file__).resolve().parents[1] / "configs" / "frontier14.py"
 # the ops the model runs (frontier_jax.model; rope, rope_gain, causal_attention and the QK-norm are inside
-# qk_attention, the blocks' pre-norms inside norm_projection / norm_mlp; the optimizer updates are costed in
-# report_optim)
-OPS = ("rms_norm", "qk_attention", "norm_mlp", "embed", "head_loss", "projection", "norm_projection")
+# qk_attention, the blocks' pre-norms inside mix_norm_projection / norm_mlp, resid_mix and the U-Net skip adds
+# inside mix_norm_projection; the optimizer updates are costed in report_optim)
+OPS = ("rms_norm", "qk_attention", "norm_mlp", "embed", "head_loss", "projection", "mix_norm_projection")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,24 +72,39 @@ def kernel_calls(cfg: Config) -> list[KernelCall]:
 
 
 def projection_calls(cfg: Config) -> list[KernelCall]:
-    """The attention's q/k/v (one fused [D, (H + 2G) K] weight, the pre-attention RMSNorm fused in: the
-    norm_projection op, frontier_jax.ops.norm_qkv_projection) and output projection with the block's scaled
-    residual add (the projection op, ops.out_projection: the forward reads the residual [N, D] too); both
-    kernels in kernels_nki/projection.py."""
+    """The attention's q/k/v (one fused [D, (H + 2G) K] weight with the block's resid_mix, the pre-attention
+    RMSNorm and, in the decoder blocks that take a U-Net skip, the skip add fused in: the mix_norm_projection
+    op, frontier_jax.ops.mix_norm_qkv_projection) and output projection with the block's scaled residual add
+    (the projection op, ops.out_projection: the forward reads the residual [N, D] too); both kernels in
+    kernels_nki/projection.py."""
     m, t = cfg.model, cfg.train
     N, D, L = t.seq_len * t.micro_batch_seqs, m.model_dim, m.num_layers
     dt = _compute_dtype(cfg)
     s, dn = dt.itemsize, dt.name
+    skips = min(L // 2, L - L // 2)  # decoder blocks that add a skip (model.GPT.hidden)
+    O = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
+    x, w, y, inv, mix, sw = ((N, D), dn), ((D, O), dn), ((N, O), dn), ((N, 1), "float32"), ((2, D), "float32"), \
+        ((1, D), "float32")
+    nd, io = N * D * s, (D * O + N * O) * s + 4 * N + 8 * D  # io: w, y or dy, inv, mix (fp32)
     calls = []
-    for op, name, I, O in (("norm_projection", "q/k/v", D, (m.num_heads + 2 * m.num_kv_heads) * m.head_dim),
-                           ("projection", "out", m.num_heads * m.head_dim, D)):
-        x, w, y = ((N, I), dn), ((I, O), dn), ((N, O), dn)
-        io = (N * I + I * O + N * O) * s
-        inv = ((((N, 1), "float32"),), 4 * N) if op == "norm_projection" else ((), 0)  # the norm's residual
-        resid = ((), 0) if op == "norm_projection" else ((y,), N * O * s)  # the block's residual stream
-        label = f"{name} [N={N}, {I}->{O}]"
-        calls.append(KernelCall(op, "fwd", label, (x, w) + resid[0], io + inv[1] + resid[1], L))
-        calls.append(KernelCall(op, "bwd", label, (x, w) + inv[0] + (y,), io + inv[1] + N * I * s + I * O * 4, L))
+    for name, skip, count in (("q/k/v", False, L - skips), ("q/k/v+skip", True, skips)):
+        if not count:
+            continue
+        label = f"{name} [N={N}, {D}->{O}]"
+        extra = nd + 4 * D if skip else 0  # the skip in and its weight; the backward writes dskip, dsw too
+        # fwd: x_in, x0 in, x out; bwd: x_in, x0, dx out (the written x's gradient) in, dx_in, dx0 out; dmix, dw
+        calls.append(KernelCall("mix_norm_projection", "fwd", label, (x, x, mix, w) + ((x, sw) if skip else ()),
+                                3 * nd + io + extra, count))
+        calls.append(KernelCall("mix_norm_projection", "bwd", label,
+                                (x, x, mix, w) + ((x, sw) if skip else (None, None)) + (inv, x, y),
+                                5 * nd + io + 8 * D + D * O * 4 + 2 * extra, count))
+    I = m.num_heads * m.head_dim
+    x, w, y = ((N, I), dn), ((I, D), dn), ((N, D), dn)
+    io = (N * I + I * D + N * D) * s
+    label = f"out [N={N}, {I}->{D}]"
+    # the forward reads the block's residual stream and adds it (x + s (o W), s folded into W)
+    calls.append(KernelCall("projection", "fwd", label, (x, w, y), io + N * D * s, L))
+    calls.append(KernelCall("projection", "bwd", label, (x, w, y), io + N * I * s + I * D * 4, L))
     return calls
 
 
@@ -202,7 +217,7 @@ def _fmt_ratio(x) -> str:
 
 
 def _fmt_row(r: dict) -> str:
-    return (f"{r['op']:<16} {r['which']:<4} {r['shape']:<40} {_fmt_ratio(r['pe_useful_over_issued']):>6} "
+    return (f"{r['op']:<19} {r['which']:<4} {r['shape']:<40} {_fmt_ratio(r['pe_useful_over_issued']):>6} "
             f"{_fmt_ratio(r['vector_useful_over_issued']):>6} {_fmt_ratio(r['scalar_useful_over_issued']):>7} "
             f"{r['dma_bytes'] / 1e6:>8.2f} {r['dma_min_bytes'] / 1e6:>8.2f} {r['dma_over_min']:>5.2f} "
             f"{r['est_s'] * 1e6:>9.1f} {r['bound']:<6} {r['calls_per_step']:>10g}")
@@ -211,10 +226,10 @@ def _fmt_row(r: dict) -> str:
 def format_report(rep: dict) -> str:
     lines = [f"NKI kernel report: config {rep['config']}, target {rep['target']} ({rep['method']})",
              f"per core, {rep['cores']} cores, {rep['microbatches_per_core_per_step']:g} micro-batches per core per step",
-             "", f"{'op':<16} {'pass':<4} {'shape':<40} {'PE u/i':>6} {'VE u/i':>6} {'ACT u/i':>7} "
+             "", f"{'op':<19} {'pass':<4} {'shape':<40} {'PE u/i':>6} {'VE u/i':>6} {'ACT u/i':>7} "
                  f"{'DMA MB':>8} {'min MB':>8} {'x min':>5} {'est us':>9} {'bound':<6} {'calls/step':>10}"]
     lines += [_fmt_row(r) for r in rep["kernels"]]
-    lines += [f"{op:<16} no NKI kernel (runs the pure-JAX reference)" for op in rep["ops_without_kernel"]]
+    lines += [f"{op:<19} no NKI kernel (runs the pure-JAX reference)" for op in rep["ops_without_kernel"]]
     lines += ["", "element-wise glue between kernels (estimated: HBM passes at the DMA rate, per step):"]
     lines += [f"  {g['what']:<40} {g['bytes_per_step'] / 1e9:>7.2f} GB {g['est_s'] * 1e3:>8.2f} ms" for g in rep["glue"]]
     st = rep["step"]

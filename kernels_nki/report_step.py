@@ -5,9 +5,10 @@ from the architecture the README describes (tests/test_kernels_report.py checks 
 `frontier_jax.model`). Per core and per training step:
 
 - counted: NKI kernels whose source runs in count-only emulation (report.py, report_optim.py),
-  the q/k/v/o projections included (the norm_projection and projection ops, kernels_nki/projection.py;
-  the blocks' pre-norms run inside norm_projection and norm_mlp, and their scaled residual adds
-  x + s f(x) inside the output projection and norm_mlp).
+  the q/k/v/o projections included (the mix_norm_projection and projection ops, kernels_nki/projection.py;
+  the blocks' pre-norms run inside mix_norm_projection and norm_mlp, resid_mix and the U-Net skip adds
+  inside mix_norm_projection, the scaled residual adds x + s f(x) inside the output projection and
+  norm_mlp).
 - estimated, traffic: the element-wise glue between kernels (`glue_passes`), each an HBM pass at the
   DMA rate (XLA fuses each line into one loop; reads + writes counted per element).
 """
@@ -54,14 +55,17 @@ def glue_passes(cfg: Config, dt_bytes: int) -> list[tuple[str, float]]:
     skips = min(L // 2, L - L // 2)
     n_params = sum(math.prod(shape) for _, _, shape, _ in param_specs(cfg))
     return [
-        # fwd: a*x + b*x0 (2 in, 1 out); bwd: dx, dx0 from dy, x, x0 (3 in, 2 out) + the [2, D] reduction
-        ("resid_mix", L * (3 + 5) * x),
-        # x + s * f(x) runs in the kernels (s folded into W_o / W_proj); left: autodiff's dx = dy + the q/k/v
-        # input's dx on the attention side (2 in, 1 out; the MLP's norm_mlp backward adds dy itself), and per
-        # weight dW = dW' s, ds = colsum(W dW') from the fp32 dW' and W (read 2, write 1, fp32)
-        ("attention residual gradient add", L * 3 * x),
+        # resid_mix and the skip adds run inside mix_norm_projection; what is left of them are the gradient sums
+        # autodiff forms: x0 feeds every block (and is block 0's input), each kernel returns its share of dx0,
+        # summed by one XLA loop (L + 1 in, 1 out); an encoder output's gradient is its next block's dx_in plus
+        # the skip's dskip (2 in, 1 out)
+        ("x0 gradient sum (blocks' dx0)", (L + 2) * x),
+        # x + s * f(x) runs in the kernels (s folded into W_o / W_proj; the output projection passes dy through
+        # as the residual's gradient, which mix_norm_projection's backward adds on chip, and norm_mlp's
+        # backward adds dy itself); left: per weight dW = dW' s, ds = colsum(W dW') from the fp32 dW' and W
+        # (read 2, write 1, fp32)
         ("residual scales: dW = dW' s, ds", L * (m.num_heads * m.head_dim * D + F * D) * 3 * 4),
-        ("U-Net skip adds", skips * (3 + 5) * x),
+        ("U-Net skip gradient adds", skips * 3 * x),
         # fp32 parameters read and cast to the compute dtype for the matmuls, once per micro-batch
         ("parameter casts fp32 -> compute dtype", n_params * (4 + dt_bytes)),
         # gradient accumulation over micro-batches: read the fp32 sum and the new gradient, write the sum

@@ -53,6 +53,16 @@ def _projection(r):
     return (x, w, r.standard_normal((200, 80)).astype(f32)), {}  # the residual
 
 
+def _mix_norm_projection(skip):
+    def make(r):
+        (x, w), _ = _norm_projection(r)
+        N, I = x.shape
+        mix = (1 + r.standard_normal((2, I)) / 2).astype(f32)
+        return (x, r.standard_normal((N, I)).astype(f32), mix, w, r.standard_normal((N, I if skip else 0)).astype(f32),
+                (1 + r.standard_normal((1, I if skip else 0)) / 2).astype(f32)), {}
+    return make
+
+
 def _attention(r):
     B, T, H, G, K = 1, 200, 2, 1, 32
     return tuple(r.standard_normal(s).astype(f32) for s in ((B, T, H, K), (B, T, G, K), (B, T, G, K))), {}
@@ -98,8 +108,9 @@ def _muon(r):
     return (p, g, b, np.asarray(ops.scalars_PK(0.04 * 0.8, 0.9))), {"ns_steps": 5, "ns_dtype": "float32"}
 
 
-# op -> (forward inputs, index of the forward outputs the backward takes as residuals); the backward's
-# operands are the forward's inputs, those residuals and one cotangent shaped like the first output.
+# op -> (forward inputs, index of the forward outputs the backward takes as residuals[, the outputs with a
+# cotangent, default the first]); the backward's operands are the forward's inputs, those residuals and one
+# cotangent shaped like each output with one.
 CASES = {
     "rms_norm": (_rms, slice(1, None)),
     "rope": (_rope, None),  # backward: (dy, cos, sin)
@@ -112,6 +123,9 @@ CASES = {
     "head_loss/no-bias": (_head_loss(0), slice(1, None)),
     "projection": (_projection, slice(1, None)),  # backward: (x, w, dy): the residual's cotangent is dy
     "norm_projection": (_norm_projection, slice(1, None)),  # backward: (x, w, inv, dy)
+    # backward: (x_in, x0, mix, w, skip, sw, inv, dx of x, dy); no skip: width 0, the kernel gets None
+    "mix_norm_projection": (_mix_norm_projection(False), slice(2, None), (0, 1)),
+    "mix_norm_projection/skip": (_mix_norm_projection(True), slice(2, None), (0, 1)),
     "adam_update": (_adam, None),
     "muon_update": (_muon, None),
 }
@@ -122,18 +136,18 @@ RUNS = [(case, which) for case in CASES for which in ("fwd", "bwd")
 def _arrays(case: str, which: str):
     op = case.split("/")[0]
     spec = dispatch.SPECS[op]
-    make, saved = CASES[case]
+    make, saved, with_cot = (*CASES[case], (0,))[:3]
     r = np.random.default_rng(len(case))
     inputs, static = make(r)
     if which == "fwd":
         return op, inputs, static
     outs = [np.asarray(o) for o in jax.jit(lambda *a: spec.refs["fwd"](*a, **static))(*inputs)]
-    cot = r.standard_normal(outs[0].shape).astype(outs[0].dtype)
+    cots = tuple(r.standard_normal(outs[i].shape).astype(outs[i].dtype) for i in with_cot)
     if op == "rope":
-        return op, (cot, *inputs[1:]), static
+        return op, (*cots, *inputs[1:]), static
     if op == "projection":  # the residual r is no backward operand (ops.py passes dy through as dr)
-        return op, (*inputs[:2], cot), static
-    return op, (*inputs, *outs[saved], cot), static
+        return op, (*inputs[:2], *cots), static
+    return op, (*inputs, *outs[saved], *cots), static
 
 
 def _reference(op, which, arrays, static):

@@ -99,6 +99,73 @@ def test_norm_projection_counts_at_the_models_qkv_shape(kernels):
     assert bwd.psum_peak_banks <= 8 and fwd.psum_peak_banks <= 8
 
 
+def _mix_inputs(dtype, N, I, O, skip, seed):
+    """mix_norm_projection's operands (x_in, x0, mix, w, skip, sw; skip and sw of width 0 for none, as the
+    primitive takes them) and cotangents (dx of the written x, dy); the weights hold values of dt in fp32."""
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
+    r = np.random.default_rng(seed)
+    x_in, x0, dxo = ((r.standard_normal((N, I)) * 2 + 0.3).astype(dt) for _ in range(3))
+    mix = (1 + r.standard_normal((2, I)) / 2).astype(dt).astype(np.float32)
+    w = (r.standard_normal((I, O)) / np.sqrt(I)).astype(dt)
+    sk = r.standard_normal((N, I if skip else 0)).astype(dt)
+    sw = (1 + r.standard_normal((1, I if skip else 0)) / 2).astype(dt).astype(np.float32)
+    return (x_in, x0, mix, w, sk, sw), (dxo, r.standard_normal((N, O)).astype(dt))
+
+
+@pytest.mark.parametrize("dtype,N,I,O,skip", [
+    ("float32", 200, 96, 80, False),  # ragged token tile, contraction and output smaller than a tile
+    ("float32", 200, 96, 80, True),
+    ("float32", 2100, 128, 192, True),  # 17 token tiles: a second dw block of one ragged tile
+    ("float32", 72, 640, 600, False),  # a tile of one transpose half; I = 640: a ragged 128-column sum slice
+    ("bfloat16", 300, 256, 640, False),
+    ("bfloat16", 300, 256, 640, True),
+])
+def test_mix_norm_projection_matches_reference(kernels, dtype, N, I, O, skip):
+    """The resid_mix (and skip add) fused into the q/k/v kernel: x, y, inv and every gradient (dx_in, dx0,
+    the fp32 token sums dmix / dsw, dw, dskip) against frontier_jax.reference on the same values in fp32."""
+    (x_in, x0, mix, w, sk, sw), (dxo, dy) = _mix_inputs(dtype, N, I, O, skip, N + I + O)
+    dt = x_in.dtype
+    f32 = lambda a: np.asarray(a, np.float32)
+    want = ref.mix_norm_projection_fwd(f32(x_in), f32(x0), mix, f32(w), f32(sk), sw)
+    opt = (sk, sw) if skip else ()
+    got = kernels.mix_norm_projection_fwd(x_in, x0, mix, w, *opt)
+    assert [(g.shape, g.dtype) for g in got] == [((N, I), dt), ((N, O), dt), ((N, 1), np.float32)]
+    for g, w_ in zip(got, want):
+        _assert_close(g, w_, TOL[dtype])
+    got_b = kernels.mix_norm_projection_bwd(x_in, x0, mix, w, sk if skip else None, sw if skip else None, got[2],
+                                            dxo, dy)
+    want_b = ref.mix_norm_projection_bwd(f32(x_in), f32(x0), mix, f32(w), f32(sk), sw, want[2], f32(dxo), f32(dy))
+    shapes = [((N, I), dt), ((N, I), dt), ((2, I), np.float32), ((I, O), np.float32)]
+    assert [(g.shape, g.dtype) for g in got_b] == shapes + ([((N, I), dt), ((1, I), np.float32)] if skip else [])
+    for g, w_ in zip(got_b, want_b):
+        _assert_close(g, w_, TOL[dtype])
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_mix_norm_projection_counts_at_the_models_qkv_shape(kernels, skip):
+    """Each operand moved once (the forward's x_in, x0, w in and x, y, inv out; the backward's x_in, x0, dx of x,
+    dy, w, inv in and dx_in, dx0, dmix, dw out; a skip adds skip and its weight in and dskip, dsw out), no pass
+    for the mix of its own: the backward recomputes x on chip instead of reading it. TensorE work as
+    norm_projection's plus one one-column matmul per 128 columns of each token sum, useful/issued >= 0.9."""
+    N, I, O = 16384, 512, 1024
+    x, w, dy, inv = ((N, I), "bfloat16"), ((I, O), "bfloat16"), ((N, O), "bfloat16"), ((N, 1), "float32")
+    mix, sw = ((2, I), "float32"), ((1, I), "float32")
+    opt = (x, sw) if skip else (None, None)
+    fwd = emulator.count(kernels.mix_norm_projection_fwd, x, x, mix, w, *(opt if skip else ()))
+    bwd = emulator.count(kernels.mix_norm_projection_bwd, x, x, mix, w, *opt, inv, x, dy)
+    plain = emulator.count(kernels.norm_projection_bwd, x, w, inv, dy)
+    sums = 3 if skip else 2
+    assert fwd.pe_macs_useful == N * I * O
+    assert bwd.pe_macs_useful == 2 * N * I * O + sums * N * I  # the token sums: a ones column per slice
+    assert bwd.pe_instructions == plain.pe_instructions + sums * (I // 128) * (N // 128)
+    assert emulator.pe_utilisation(fwd) >= 0.9 and emulator.pe_utilisation(bwd) >= 0.9
+    nd, bcast = 2 * N * I, (2 + skip) * 128 * I * 4  # the fp32 weights go to every partition (stride-0 DMA)
+    assert fwd.dma_bytes == (3 + skip) * nd + 2 * (I * O + N * O) + 4 * N + bcast
+    assert bwd.dma_bytes == (5 + 2 * skip) * nd + 2 * (I * O + N * O) + 4 * N + bcast + 4 * I * O + 4 * I * (2 + skip)
+    assert bwd.psum_peak_banks <= 8 and fwd.psum_peak_banks <= 8
+    assert emulator.estimate(fwd).bound == emulator.estimate(bwd).bound == "dma"  # at N = 16384 too
+
+
 def test_ops_routed_through_emulated_kernel_match_reference():
     """norm_qkv_projection (one fused weight on the kernel, three parameters) and out_projection with its
     scaled residual add (resid + s (o w): s folded into w's columns on the kernel path): values, x's
@@ -129,3 +196,37 @@ def test_ops_routed_through_emulated_kernel_match_reference():
     for g, w in zip(got[1], want[1]):
         assert g.dtype == w.dtype and g.shape == w.shape
         _assert_close(g, w, TOL["bfloat16"])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mix_op_through_emulated_kernel_matches_direct_path(dtype):
+    """ops.mix_norm_qkv_projection with and without a skip, through the emulated kernel: x, q, k, v and the
+    gradients of x_in, x0, skip, resid_mix, skip_w and the three weights against the direct (reference) path,
+    which is the unfused model's code."""
+    import jax
+    import jax.numpy as jnp
+
+    from frontier_jax import ops
+
+    dt = jnp.dtype(dtype)
+    k = jax.random.split(jax.random.key(1), 9)
+    x_in, x0, skip = (jax.random.normal(k[i], (2, 100, 64), jnp.float32).astype(dt) for i in range(3))
+    mix = jnp.stack([1 + jax.random.normal(k[3], (64,)) / 4, jax.random.normal(k[4], (64,)) / 4])
+    sw = 1 + jax.random.normal(k[5], (64,)) / 4
+    wq, wk, wv = (jax.random.normal(k[6 + i], (64, o), jnp.float32) / 8 for i, o in enumerate((64, 32, 32)))
+
+    def f(with_skip):
+        def loss(x_in, x0, skip, mix, sw, wq, wk, wv):
+            x, q, kk, v = ops.mix_norm_qkv_projection(x_in, x0, mix, wq, wk, wv, *((skip, sw) if with_skip else ()))
+            y = x[..., :32] * (q[..., :32] + kk) + v * q[..., 32:] + x[..., 32:] ** 2
+            return jnp.sum(y.astype(jnp.float32) ** 2)
+        return jax.jit(jax.value_and_grad(loss, argnums=tuple(range(8))))(x_in, x0, skip, mix, sw, wq, wk, wv)
+
+    for with_skip in (False, True):
+        want = f(with_skip)
+        with ops.emulated(["mix_norm_projection"]):
+            got = f(with_skip)
+        _assert_close(got[0], want[0], TOL[dtype])
+        for g, w in zip(got[1], want[1]):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            _assert_close(g, w, TOL[dtype])

@@ -35,23 +35,28 @@ def test_report_on_tiny_config_json(capsys):
     assert w["step_s"] == pytest.approx(w["kernel_s"] + w["glue_s"] + w["optimizer_s"])
     assert w["share_counted"] + w["share_estimated"] == pytest.approx(1) and 0 < w["share_counted"] < 1
     assert w["tokens_per_30min"] == pytest.approx(1800 / w["step_s"] * cfg.train.tokens_per_step)
-    proj = [r for r in rep["kernels"] if r["op"] in ("norm_projection", "projection")]
-    assert len(proj) == 4 and all(0 < r["pe_useful_over_issued"] <= 1 for r in proj)
-    assert [r["op"] for r in proj] == ["norm_projection"] * 2 + ["projection"] * 2  # q/k/v with the pre-norm
+    proj = [r for r in rep["kernels"] if r["op"] in ("mix_norm_projection", "projection")]
+    assert len(proj) == 6 and all(0 < r["pe_useful_over_issued"] <= 1 for r in proj)
+    # q/k/v with resid_mix and the pre-norm: encoder-side blocks, then the decoder blocks with a skip add
+    assert [r["op"] for r in proj] == ["mix_norm_projection"] * 4 + ["projection"] * 2
     m = cfg.model
-    assert [shape for shape, _ in proj[0]["inputs"]] == [[N, m.model_dim], [m.model_dim, (m.num_heads + 2 *
-                                                                             m.num_kv_heads) * m.head_dim]]
+    D, O = m.model_dim, (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
+    assert [None if a is None else a[0] for a in proj[1]["inputs"]] == [
+        [N, D], [N, D], [2, D], [D, O], None, None, [N, 1], [N, D], [N, O]]  # no skip: None, never [N, 0]
+    assert [a[0] for a in proj[2]["inputs"]] == [[N, D], [N, D], [2, D], [D, O], [N, D], [1, D]]
+    L, micro = m.num_layers, rep["microbatches_per_core_per_step"]
+    skips = min(L // 2, L - L // 2)
+    assert [r["calls_per_step"] for r in proj[:4]] == [(L - skips) * micro] * 2 + [skips * micro] * 2
     # the output projection's forward reads the block's residual stream and adds it (x + s (o W))
     HK = m.num_heads * m.head_dim
-    assert [shape for shape, _ in proj[2]["inputs"]] == [[N, HK], [HK, m.model_dim], [N, m.model_dim]]
-    # the scaled residual adds run in the kernels: the glue keeps the attention side's gradient add and the
-    # [I, O]-sized scale work, nothing of the forward
-    glue = {g["what"]: g["bytes_per_step"] for g in rep["glue"]}
-    assert not any("scaled residual" in what for what in glue)
-    x_bytes = N * m.model_dim * report._compute_dtype(cfg).itemsize * rep["microbatches_per_core_per_step"]
-    assert glue["attention residual gradient add"] == pytest.approx(m.num_layers * 3 * x_bytes)
+    assert [shape for shape, _ in proj[4]["inputs"]] == [[N, HK], [HK, m.model_dim], [N, m.model_dim]]
+    # the scaled residual adds and resid_mix run in the kernels, and so does the attention side's residual
+    # gradient add (mix_norm_projection's backward): the glue keeps gradient sums and the [I, O] scale work
+    glue = {g["what"] for g in rep["glue"]}
+    assert not glue & {"resid_mix", "attn/mlp scaled residual adds", "U-Net skip adds", "attention residual gradient add"}
+    assert {"x0 gradient sum (blocks' dx0)", "residual scales: dW = dW' s, ds", "U-Net skip gradient adds"} <= glue
     assert rep["optimizer"]["step_s"] > 0 and [c["config"] for c in rep["comparison"]] == ["tiny"]
-    ops_ = ("rms_norm", "qk_attention", "norm_mlp", "embed", "head_loss", "projection", "norm_projection")
+    ops_ = ("rms_norm", "qk_attention", "norm_mlp", "embed", "head_loss", "projection", "mix_norm_projection")
     assert {(r["op"], r["which"]) for r in rep["kernels"]} == {(op, w) for op in ops_ for w in ("fwd", "bwd")}
     for r in rep["kernels"]:
         if r["op"] in ("norm_mlp", "head_loss", "qk_attention"):
@@ -62,7 +67,7 @@ def test_report_on_tiny_config_json(capsys):
             assert r["calls_per_step"] == per_micro * rep["microbatches_per_core_per_step"]
         if r["op"] == "embed":
             assert r["dma_over_min"] >= 1.0  # the minimum is a lower bound (trn1 one-hot design)
-        if r["op"] in ("norm_mlp", "norm_projection"):  # once per block and micro-batch, the pre-norm inside
+        if r["op"] == "norm_mlp":  # once per block and micro-batch, the pre-norm inside
             assert r["calls_per_step"] == cfg.model.num_layers * rep["microbatches_per_core_per_step"]
     rows = [r for r in rep["kernels"] if r["op"] == "rms_norm"]
     assert [N, cfg.model.model_dim] in [r["inputs"][0][0] for r in rows]
@@ -73,6 +78,17 @@ def test_report_on_tiny_config_json(capsys):
         assert r["pe_useful_over_issued"] is None  # no matmul in RMSNorm
         assert 1.0 <= r["dma_over_min"] < 1.05 and r["bound"] != "tensor" and r["est_s"] > 0
     assert rep["step"]["kernel_s_per_step"] > 0
+
+
+def test_glue_left_by_the_fused_resid_mix_and_skip_adds():
+    """resid_mix and the skip adds run in mix_norm_projection: the glue keeps only the gradient sums autodiff
+    forms (the blocks' dx0 shares, an encoder output's two gradients), each a whole [N, D] pass."""
+    cfg = load_config(REPO / "configs" / "baseline.py")
+    N, D, L = cfg.train.seq_len * cfg.train.micro_batch_seqs, cfg.model.model_dim, cfg.model.num_layers
+    glue = dict(report_step.glue_passes(cfg, 2))
+    assert "resid_mix" not in glue and "U-Net skip adds" not in glue
+    assert glue["x0 gradient sum (blocks' dx0)"] == (L + 2) * N * D * 2
+    assert glue["U-Net skip gradient adds"] == min(L // 2, L - L // 2) * 3 * N * D * 2
 
 
 def test_report_text_covers_every_op_and_compares_configs(capsys):

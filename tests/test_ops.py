@@ -149,7 +149,8 @@ def test_tiny_model_three_steps_emulated_rms_norm_matches_reference(_fast_compil
     _assert_same_training(run_ref, run_emu)
 
 
-@pytest.mark.parametrize("op", ["rope", "norm_mlp", "embed", "head_loss", "norm_projection", "projection"])
+@pytest.mark.parametrize("op", ["rope", "norm_mlp", "embed", "head_loss", "norm_projection", "mix_norm_projection",
+                                "projection"])
 def test_model_ops_bind_their_primitives(op):
     """Each op is a custom_vjp over frontier_<op>_fwd/_bwd; on CPU the primitives lower to the reference."""
     from frontier_jax.model import _rope_tables
@@ -162,6 +163,9 @@ def test_model_ops_bind_their_primitives(op):
         "projection": lambda x: ops.out_projection(x ** 2, jnp.ones((16, 16)) / 8, x, 1.5 - x[1] / 4),
         "norm_projection": lambda x: jnp.concatenate(ops.norm_qkv_projection(
             x, jnp.ones((16, 8)) / 8, jnp.ones((16, 4)) / 4, jnp.ones((16, 4)) / 2), axis=-1),
+        "mix_norm_projection": lambda x: jnp.concatenate(ops.mix_norm_qkv_projection(
+            x, jnp.cos(x), jnp.ones((2, 16)) / 2, jnp.ones((16, 8)) / 8, jnp.ones((16, 4)) / 4, jnp.ones((16, 4)) / 2,
+            jnp.sin(x), jnp.full((16,), 0.7)), axis=-1),
         "embed": lambda x: ops.embed(jnp.arange(40) % 7, x),
         "head_loss": lambda x: ops.head_loss(x, jnp.ones((32, 16)) / 4, jnp.arange(40) % 32, 30.0),
     }
@@ -186,3 +190,32 @@ def test_tiny_model_three_steps_every_op_emulated_matches_reference(_fast_compil
         assert [r.op for r in rows if r.impl == "emulated"] == list(ops.OPS)
         run_emu = _train_three_steps(cfg)
     _assert_same_training(run_ref, run_emu)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mix_norm_qkv_projection_direct_path_is_the_unfused_model(dtype):
+    """On the reference path ops.mix_norm_qkv_projection computes exactly what the unfused block did (the skip
+    add, resid_mix in the compute dtype, then norm_qkv_projection): values and gradients bit for bit."""
+    dt = jnp.dtype(dtype)
+    k = jax.random.split(jax.random.key(3), 8)
+    x_in, x0, skip = (jax.random.normal(k[i], (2, 24, 32)).astype(dt) for i in range(3))
+    mix, sw = 1 + jax.random.normal(k[3], (2, 32)) / 4, 1 + jax.random.normal(k[4], (32,)) / 4
+    wq, wk, wv = (jax.random.normal(k[5 + i], (32, o)) / 6 for i, o in enumerate((32, 16, 16)))
+
+    def unfused(x_in, x0, mix, wq, wk, wv, skip=None, sw=None):
+        if skip is not None:
+            x_in = x_in + sw.astype(x_in.dtype) * skip
+        m = mix.astype(x_in.dtype)
+        x = m[0] * x_in + m[1] * x0
+        return (x, *ops.norm_qkv_projection(x, wq, wk, wv))
+
+    def run(fn, *skip):
+        loss = lambda *a: sum(jnp.sum(jnp.sin(t.astype(jnp.float32))) for t in fn(*a))
+        return jax.jit(jax.value_and_grad(loss, argnums=tuple(range(6 + len(skip)))))(x_in, x0, mix, wq, wk, wv, *skip)
+
+    ops.configure("auto")
+    assert ops.kernel_table()[ops.OPS.index("mix_norm_projection")].impl == "reference"
+    for skip in ((), (skip, sw)):
+        got, want = run(ops.mix_norm_qkv_projection, *skip), run(unfused, *skip)
+        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            assert g.dtype == w.dtype and np.array_equal(np.asarray(g), np.asarray(w))
