@@ -17,24 +17,28 @@ x [cos, cos] + [x2 sin, -x1 sin] (four GpSimd tensor_tensor instructions; `_rota
 recomputes them (no residual beyond o and lse) and takes dq (per query tile, out of PSUM) and dk (per
 kv tile, when its accumulator leaves PSUM) back through them (`_prep_grad`): w = rope^-1(d), dot =
 rowsum(w xn), dx = gain inv (w - xn dot / K); the gain's gradient is rowsum(w xn) summed over the rows
-(one [128, 1] x [128, 1] matmul per head). This replaces four HBM-bound kernel calls per layer and
-micro-batch (QK-norm of q and k, rope_gain, rope: 3.60 ms, DMA-bound each; 129.7 ms of a baseline
-step at the documented rates) by 2.00 ms of on-chip work (72.1 ms per step), mostly on engines
-attention leaves idle.
+(one [128, 1] x [128, 1] matmul per head). This replaces four DMA-bound kernel calls per layer and
+micro-batch (QK-norm of q and k, rope_gain, rope) by on-chip work (numbers: README, Kernels).
 
 Forward, per (batch, kv head): k as 128-key row tiles, k^T [K, T] (transposed once per kv head and
-reused by its R query heads), v row tiles. Per query head and 128-query tile (the last ragged,
-sliced): q^T by one transpose; keys 0 .. t0+rows only, in chunks of 512 (one fp32 PSUM bank of
-scores): blocks above the diagonal are never issued, only the diagonal 128x128 block is masked (one
-more matmul into its PSUM scores: identity stationary, is_stationary_onezero, against a [128, 128]
-0/-1e30 bias built once per call by GpSimd affine_select, so the fused exp + row sum never sees a
-masked score). Per chunk: s = q k^T (stationary q^T [K, rows], moving k^T [K, 512]); online softmax
-in fp32 (row max on VectorE from PSUM; ScalarE exp(scale s - scale m) with the fused row sum writes p
-in the input dtype); p^T by TensorE transposes; o += p v (stationary p^T [keys, rows], moving v
-[keys, K]) in PSUM; a later chunk rescales the fp32 SBUF accumulator and the row sum by exp(scale
-(m_old - m_new)). The [128, 1] statistics (max merge, -scale m, the row-sum update, the lse) run on
-GpSimd, idle otherwise. The T x T scores never leave PSUM/SBUF. Outputs: o [B, T, H, K] (input dtype)
-and lse [B, H, T, 1] (fp32, log-sum-exp of the scaled scores: the backward's residual).
+reused by its R query heads), v as [keys, K + 1] tiles with a ones column. Per query head and 128-query
+tile (the last ragged, sliced): q^T by one transpose; keys 0 .. t0+rows only, in chunks of 512 (one fp32
+PSUM bank of scores): blocks above the diagonal are never issued. Per chunk (`_fwd_chunk`): s = q k^T
+query-major (stationary q^T [K, rows], moving k^T [K, 512]), its diagonal block masked by one more
+matmul into its PSUM scores (identity stationary, is_stationary_onezero, against a [128, 128] 0/-1e30
+bias built once per call by GpSimd affine_select); the exact running row max m on VectorE from PSUM;
+then per 128-key block p^T directly in key-major layout: s^T = k q^T again (a second row-tiled matmul,
+named "recompute": the emulator counts it not useful) plus -m as one K = 1 matmul accumulated into the
+same PSUM tile (ones stationary, -m as a [1, rows] row: the [rows, 1] column, rounded to the input
+dtype, transposed once per chunk), ScalarE exp(scale (s - m)) straight out of PSUM, the diagonal
+block's p^T zeroed above the diagonal by GpSimd affine_select; o' += p [v | 1] (stationary p^T [keys,
+rows], moving [v | 1] [keys, K + 1]) in PSUM, whose last column is the row sum l. A later chunk
+rescales the fp32 SBUF accumulator by exp(scale (m_old - m_new)) (one instruction for o and l). So the
+forward has no p^T transposes and no PSUM copies of them: a p^T transpose costs a TensorE transpose
+plus a 128-column PSUM copy on ScalarE / VectorE, the engines that bound the kernel, while the
+recomputed s^T and the shift cost TensorE, which has room. Out: o = o' / l, lse = scale m + log l. The
+T x T scores never leave PSUM/SBUF. Outputs: o [B, T, H, K] (input dtype) and lse [B, H, T, 1] (fp32,
+log-sum-exp of the scaled scores: the backward's residual).
 
 Backward, per (batch, kv head), recomputing p = exp(scale s - lse) chunk by chunk (no max, no sum),
 the diagonal block's p zeroed above the diagonal by GpSimd affine_select (SBUF, in place): dp = dO v^T
@@ -51,35 +55,10 @@ halves of the PE array, which run in parallel (nki/api/nki/isa/__init__.py nc_ma
 nc_matmul(is_transpose=True) against an identity ("Transpose mode"), split into two <= 64-row halves
 on the two row tiles: a [128, 128] transpose streams 64 identity columns per tile instead of 128.
 
-Engines (B=1, T=1024, H=8, G=4, K=64, bf16; kernels_nki.report, cost model at AWS's documented trn1
-engine rates, two-input VectorE instructions at ~2N cycles, row-tiled matmuls charged their row tile;
-GpSimd runs tensor_tensor and rsqrt-only tensor_scalar, so [P, 1] statistics stay on VectorE):
-plain forward 64.4 us per sequence (ScalarE 64.4: exp 31 + two of three transpose copies; VectorE
-64.2: row max 33 + every FWD_VEC-th copy + the [P, 1] statistics; TensorE 27.8); plain backward 61.4
-us (ScalarE 61.4: exp 26 + three of four ds^T copies + the lse negation; VectorE 58.7: dp - Di 33 +
-the other ds^T copies and the q^T / dO^T copies; TensorE 46.1; GpSimd 35.3: the ds product 26 and the
-masks 6). Fused: forward 69.9 us (ScalarE 69.9, VectorE 69.3: + the QK-norm's row sums and
-scalings; GpSimd 28.3: the squares and rotations), backward 87.2 us (GpSimd 87.2: + the rotations and
-products of the prep and its gradient; ScalarE 86.7: + the norm's scalings; VectorE 83.9), against
-64.4 + 61.4 us for the plain kernels: the fusion adds 5.5 (forward) + 25.8 (backward) us per sequence. Before this layout (full-array transposes, the mask matmul in the
-backward, ds as one two-input VectorE pass): plain 66.6 / 78.9 us.
-
-TensorE useful/issued (the causal triangle, diagonal blocks included, counted as useful; transposes
-and the mask matmul useful 0): forward 0.529, backward 0.750. Per 128 x 128 block the forward issues
-64 (q k^T, one 64-row tile) + 64 (p^T, two 64-row tiles of 64 columns) + 64 (p v) column-units, the
-backward 64 + 64 (q k^T, dO v^T) + 3 x 64 (p^T dO, ds^T q, ds k) + 64 (ds^T); per query tile one q^T
-(and dO^T) transpose, and in the forward the mask matmul (128). Ceilings on trn1 at K = 64, whatever
-the engine split: the backward needs ds with queries on partitions (dk, dv contract over queries) and
-with keys on partitions (dq contracts over keys); NeuronCore-v2 makes the second layout only by a
-TensorE transpose (VectorE transposes only 32 x 32 blocks, arch guide "Cross-partition Data
-Movement"; DMA transpose is a NeuronCore-v3 feature, nki/guides/architecture/trainium2_arch.rst), or
-by recomputing s^T, dp^T and ds^T in the other layout, which doubles the ScalarE / VectorE work that
-bounds the kernel. So the backward issues at least 5 useful + 1 transpose unit per block: <= 5/6 =
-0.83 before the per-tile transposes. The forward's exact form needs p^T (the p v contraction is over
-keys) and a per-query max; a key-major forward (s^T, p^T = exp(s^T - c), row sums from a ones column
-of v) would skip the p^T transposes and the max, but its shift c must be constant per column (one
-query), which is exact only while scale max|q| max|k| stays within the fp32 / Scalar-Engine log range
-(about 22 here), so it is not used.
+Engine times and TensorE useful/issued at the baseline shapes (B=1, T=1024, H=8, G=4, K=64, bf16, AWS's
+documented trn1 rates): bench/README.md, "Attention kernels on trn1". In short: plain forward 55.2 us
+per sequence, backward 61.4 us; fused 59.3 / 87.2 us; TensorE useful/issued 0.393 / 0.750, with the
+trn1 ceilings at K = 64 (the backward at most 5/6, the forward 2/3 with p^T transposes) derived there.
 """
 
 
@@ -87,8 +66,6 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-FWD_VEC = 3  # forward: every FWD_VEC-th key tile's p^T leaves PSUM on VectorE, the others on ScalarE
-FWD_VEC_QK = 6  # the same for qk_attention's forward (VectorE also takes the QK-norm's row sums and scalings)
 BWD_VEC = 4  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
 BWD_VEC_QK = 4  # the same for qk_attention's backward
 KC = 512  # keys per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
@@ -108,7 +85,7 @@ def _dims(q_BTHK, k_BTGK):
 
 
 def _causal_bias(dt):
-    """(identity, bias), [128, 128] each in dt, built once per call on GpSimd: bias is 0 where key j <=
+    """(identity, bias, ones), [128, 128] each in dt, built once per call on GpSimd: bias is 0 where key j <=
     query p and NEG above the diagonal. The forward's diagonal block gets the bias by one more matmul
     into its PSUM scores (identity^T bias, accumulated) on TensorE, which has slack there, so that the
     fused exp + row sum never sees the masked scores; the identity is also the moving side of every
@@ -122,7 +99,7 @@ def _causal_bias(dt):
     ident = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
     nisa.affine_select(dst=ident, pattern=[[-1, P]], offset=0, channel_multiplier=1, on_true_tile=one,
                        on_false_value=0.0, cmp_op=nl.equal)
-    return ident, bias
+    return ident, bias, one
 
 
 def _transpose(dst, src, rows, cols, ident, on_vector=False):
@@ -149,7 +126,7 @@ def _transpose(dst, src, rows, cols, ident, on_vector=False):
 
 def _head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=()):
     """Rows t0:t0+rows of head x of batch b as a [128, K] tile (and its [K, 128] transpose, leaving PSUM on
-    VectorE with `vec`, else ScalarE); with `prep` = (cos/sin tile pair, eps, gain) the tile is replaced by
+    VectorE with `vec`, else ScalarE); with `prep` = (cos/sin tiles, gain, on_scalar) the tile is replaced by
     rope(qk_norm(rows)) [* gain] (`_prep_tile`) first. -> (tile, transpose or None, (xn, inv) or ())."""
     K = x_BTXK.shape[3]
     P = nl.tile_size.pmax
@@ -168,8 +145,8 @@ def _head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=()
 
 def _kv_head(x_BTGK, b, g, dt, ident, rope=()):
     """All T rows of kv head g of batch b: 128-row tiles [keys, K], the transpose [K, T] and, with `rope`
-    = (cos/sin tiles, eps, on_scalar) (`_rope_setup`), the tiles rotated after their QK-norm and each
-    tile's (xn, inv)."""
+    = (cos/sin tiles, on_scalar as `_prep_tile`), the tiles rotated after their QK-norm and each tile's
+    (xn, inv)."""
     B, T, G, K = x_BTGK.shape
     P = nl.tile_size.pmax
     xT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
@@ -303,11 +280,6 @@ def _prep_grad(dst, d_f, rows, cs, norm, gain, dg_P1, rot_engine):
     _scale_rows(dst, w, rows, s_P1)
 
 
-def _rope_setup(cos_TK2, sin_TK2, on_scalar):
-    """(cos/sin tiles, on_scalar): what the QK-norm + RoPE prep needs, built once per call."""
-    return _rope_tiles(cos_TK2, sin_TK2), on_scalar
-
-
 def _gain(g_PH, h, K):
     """(g_P1,): the query gain of head h times sqrt(K) as an fp32 [P, 1] column (g_PH: the gain broadcast
     over 128 rows; sqrt(K) undoes `_prep_tile`'s rsqrt(sum x^2 + K eps) = inv / sqrt(K))."""
@@ -318,15 +290,16 @@ def _gain(g_PH, h, K):
     return (g_P1,)
 
 
-def _half_matmul(dst, stationary, moving, half):
+def _half_matmul(dst, stationary, moving, half, name=None):
     """nc_matmul; a contraction of <= 64 rows runs on one 64-row half of the PE array (row tiling mode,
     NeuronCore-v2 or newer: nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode"), so that two such
-    matmuls on different halves (`half` 0 / 1) run in parallel."""
+    matmuls on different halves (`half` 0 / 1) run in parallel. `name`: the instruction's name (a
+    "recompute..." name marks a product computed a second time: kernels_nki.emulator counts it not useful)."""
     if stationary.shape[0] <= 64:
         nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, tile_position=(half * 64, 0),
-                       tile_size=(64, 128))
+                       tile_size=(64, 128), name=name)
     else:
-        nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving)
+        nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, name=name)
 
 
 def _scores(qT, kT, t0, rows, c0, kc, bias, masked):
@@ -337,53 +310,86 @@ def _scores(qT, kT, t0, rows, c0, kc, bias, masked):
     s_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
     _half_matmul(s_ps[0:rows, 0:kc], qT[0:K, 0:rows], kT[0:K, c0:c0 + kc], (t0 // P + c0 // KC) % 2)
     if masked and c0 + kc == t0 + rows:  # the chunk ends with the diagonal block (keys t0 .. t0+rows): += I^T bias
-        ident, mask = bias
+        ident, mask = bias[0], bias[1]
         nisa.nc_matmul(dst=s_ps[0:rows, t0 - c0:t0 - c0 + rows], stationary=ident[0:rows, 0:rows],
                        moving=mask[0:rows, 0:rows], accumulate=True, is_stationary_onezero=True)
     return s_ps
 
 
-def _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, kc, bias, scale, state, last, dt, vec_every):
-    """One key chunk of the online softmax; state = (m, l, acc), () for the first chunk -> the new state
-    (acc: the PSUM p v itself when the first chunk is also the `last`, else an fp32 SBUF accumulator).
-    (An empty tuple, not None: NKI 0.3 rejects `is` / `is not`, release-notes/components/nki.rst.)
-    The [128, 1] statistics updates run on GpSimd, idle otherwise (SBUF operands only)."""
+def _fwd_chunk(qT, kT, v_aug, t0, rows, c0, kc, bias, scale, state, last, dt):
+    """One key chunk of the online softmax; state = (m, acc), () for the first chunk -> the new state. m:
+    the fp32 value of the shift in use (the running row max of the raw scores, rounded to dt); acc: o' =
+    p [v | 1] (the row sums in its last column), the PSUM tile itself when the first chunk is also the
+    `last`, else an fp32 SBUF accumulator. (An empty tuple, not None: NKI 0.3 rejects `is` / `is not`,
+    release-notes/components/nki.rst.)
+
+    The exact row max comes from the query-major scores s (VectorE, diagonal block masked); p^T is then
+    made directly in key-major layout: s^T (keys on partitions, a second row-tiled q k^T) plus -m as one
+    K = 1 matmul accumulated into the same PSUM tile (ones stationary, the shifts as a [1, rows] row:
+    the [rows, 1] column transposed once per chunk), exp on ScalarE, the diagonal block zeroed above the
+    diagonal by GpSimd affine_select. So no p^T transposes and no PSUM copies of them."""
     K = qT.shape[0]
     P = nl.tile_size.pmax
+    ident = bias[0]
     s_ps = _scores(qT, kT, t0, rows, c0, kc, bias, True)
-    s = s_ps[0:rows, 0:kc]
     m_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=m_P1[0:rows], op=nl.maximum, data=s, axis=1, keepdims=True)
+    nisa.tensor_reduce(dst=m_P1[0:rows], op=nl.maximum, data=s_ps[0:rows, 0:kc], axis=1, keepdims=True)
     if state:
         nisa.tensor_tensor(dst=m_P1[0:rows], data1=m_P1[0:rows], data2=state[0][0:rows], op=nl.maximum,
                            engine=nisa.engine.gpsimd)
-    neg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=neg_P1[0:rows], data=m_P1[0:rows], op0=nl.multiply, operand0=-scale)
-    p_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
-    rs_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation_reduce(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s, bias=neg_P1[0:rows], scale=scale,
-                           reduce_op=nl.add, reduce_res=rs_P1[0:rows])
-    o_ps = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum)
+    negm = nl.ndarray((P, 1), dtype=dt, buffer=nl.sbuf)  # -m rounded to dt: the shift the matmul adds
+    nisa.activation(dst=negm[0:rows], op=nl.copy, data=m_P1[0:rows], scale=-1.0)
+    negm_f = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=negm_f[0:rows], src=negm[0:rows], engine=nisa.engine.gpsimd)
+    negm_row = nl.ndarray((1, P), dtype=dt, buffer=nl.sbuf)
+    _transpose(negm_row[0:1, 0:rows], negm[0:rows], rows, 1, ident)
+    ones_row = bias[2]  # [0:1] of the [128, 128] ones tile: the K = 1 stationary
+    o_ps = nl.ndarray((P, K + 1), dtype=nl.float32, buffer=nl.psum)
     for j in nl.affine_range(_cdiv(kc, P)):
         kr = min(P, kc - j * P)
+        k0 = c0 + j * P
+        half = (t0 // P + k0 // P) % 2
+        sT_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+        _half_matmul(sT_ps[0:kr, 0:rows], kT[0:K, k0:k0 + kr], qT[0:K, 0:rows], half, name="recompute s^T")
+        nisa.nc_matmul(dst=sT_ps[0:kr, 0:rows], stationary=ones_row[0:1, 0:kr], moving=negm_row[0:1, 0:rows],
+                       accumulate=True, is_stationary_onezero=True, tile_position=((1 - half) * 64, 0),
+                       tile_size=(64, 128))
         pT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-        _transpose(pT[0:kr, 0:rows], p_t[0:rows, j * P:j * P + kr], rows, kr, bias[0],
-                   on_vector=(t0 // P + c0 // P + j) % vec_every == vec_every - 1)
-        nisa.nc_matmul(dst=o_ps[0:rows, 0:K], stationary=pT[0:kr, 0:rows], moving=v_tiles[c0 // P + j][0:kr, 0:K])
+        nisa.activation(dst=pT[0:kr, 0:rows], op=nl.exp, data=sT_ps[0:kr, 0:rows], scale=scale)
+        if k0 == t0:  # the diagonal block: p^T[key, query] = 0 where key > query
+            nisa.affine_select(dst=pT[0:kr, 0:rows], pattern=[[1, rows]], offset=0, channel_multiplier=-1,
+                               on_true_tile=pT[0:kr, 0:rows], on_false_value=0.0, cmp_op=nl.greater_equal)
+        nisa.nc_matmul(dst=o_ps[0:rows, 0:K + 1], stationary=pT[0:kr, 0:rows], moving=v_aug[k0 // P][0:kr, 0:K + 1])
     if not state:
         if last:
-            return m_P1, rs_P1, o_ps
-        acc_PK = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=acc_PK[0:rows], src=o_ps[0:rows, 0:K])
-        return m_P1, rs_P1, acc_PK
-    m_old, l_P1, acc_PK = state
+            return negm_f, o_ps
+        acc = nl.ndarray((P, K + 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=acc[0:rows], src=o_ps[0:rows, 0:K + 1])
+        return negm_f, acc
+    negm_old, acc = state
+    # corr = exp(scale (m_old - m_new)); acc = acc corr + o'
+    b_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=b_P1[0:rows], data=negm_f[0:rows], op0=nl.multiply, operand0=scale)
     corr_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=corr_P1[0:rows], op=nl.exp, data=m_old[0:rows], bias=neg_P1[0:rows], scale=scale)
-    nisa.tensor_scalar(dst=l_P1[0:rows], data=l_P1[0:rows], op0=nl.multiply, operand0=corr_P1[0:rows],
-                       op1=nl.add, operand1=rs_P1[0:rows])
-    nisa.scalar_tensor_tensor(dst=acc_PK[0:rows], data=acc_PK[0:rows], op0=nl.multiply, operand0=corr_P1[0:rows],
-                              op1=nl.add, operand1=o_ps[0:rows, 0:K])
-    return m_P1, l_P1, acc_PK
+    nisa.activation(dst=corr_P1[0:rows], op=nl.exp, data=negm_old[0:rows], bias=b_P1[0:rows], scale=-scale)
+    nisa.scalar_tensor_tensor(dst=acc[0:rows], data=acc[0:rows], op0=nl.multiply, operand0=corr_P1[0:rows],
+                              op1=nl.add, operand1=o_ps[0:rows, 0:K + 1])
+    return negm_f, acc
+
+
+def _v_aug(x_BTGK, b, g, dt):
+    """All T rows of value head g of batch b as 128-row tiles [keys, K + 1]: v and a ones column (GpSimd
+    memset), so that p [v | 1] carries the softmax's row sums in its last column."""
+    T, K = x_BTGK.shape[1], x_BTGK.shape[3]
+    P = nl.tile_size.pmax
+    tiles = []
+    for i in nl.affine_range(_cdiv(T, P)):
+        r = min(P, T - i * P)
+        t = nl.ndarray((P, K + 1), dtype=dt, buffer=nl.sbuf)
+        nisa.memset(dst=t[0:r, K:K + 1], value=1.0, engine=nisa.engine.gpsimd)
+        nisa.dma_copy(dst=t[0:r, 0:K], src=x_BTGK[b, i * P:i * P + r, g])
+        tiles.append(t)
+    return tiles
 
 
 def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
@@ -392,11 +398,11 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
     o_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     bias = _causal_bias(dt)
-    setup = _rope_setup(rope[0], rope[1], False) if rope else ()
+    setup = (_rope_tiles(rope[0], rope[1]), False) if rope else ()  # see _kv_head
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
             _, kT, _ = _kv_head(k_BTGK, b, g, dt, bias[0], setup)
-            v_tiles, _ = _kv_head_rows(v_BTGK, b, g, dt)
+            v_aug = _v_aug(v_BTGK, b, g, dt)
             for r in nl.affine_range(R):
                 h = g * R + r
                 gain = _gain(rope[2], h, K) if rope else ()
@@ -404,23 +410,23 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
                     t0 = i * P
                     rows = min(P, T - t0)
                     prep = (setup[0][i], gain, False) if rope else ()
-                    _, qT, _ = _head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, prep=prep)
+                    _, qT, _ = _head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, vec=not rope, prep=prep)
                     state = ()
                     chunks = _cdiv(t0 + rows, KC)
                     for c in nl.sequential_range(chunks):
                         c0 = c * KC
-                        state = _fwd_chunk(qT, kT, v_tiles, t0, rows, c0, min(KC, t0 + rows - c0), bias, scale,
-                                           state, c == chunks - 1, dt, FWD_VEC_QK if rope else FWD_VEC)
-                    m_P1, l_P1, acc_PK = state
+                        state = _fwd_chunk(qT, kT, v_aug, t0, rows, c0, min(KC, t0 + rows - c0), bias, scale,
+                                           state, c == chunks - 1, dt)
+                    negm_f, acc = state
                     inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.reciprocal(dst=inv_P1[0:rows], data=l_P1[0:rows])
+                    nisa.reciprocal(dst=inv_P1[0:rows], data=acc[0:rows, K:K + 1])
                     o_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-                    nisa.tensor_scalar(dst=o_t[0:rows], data=acc_PK[0:rows, 0:K], op0=nl.multiply,
+                    nisa.tensor_scalar(dst=o_t[0:rows], data=acc[0:rows, 0:K], op0=nl.multiply,
                                        operand0=inv_P1[0:rows])
                     nisa.dma_copy(dst=o_BTHK[b, t0:t0 + rows, h], src=o_t[0:rows])
-                    lse_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=l_P1[0:rows])
-                    nisa.activation(dst=lse_P1[0:rows], op=nl.copy, data=m_P1[0:rows], scale=scale,
+                    lse_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # scale m + log(l)
+                    nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=acc[0:rows, K:K + 1])
+                    nisa.activation(dst=lse_P1[0:rows], op=nl.copy, data=negm_f[0:rows], scale=-scale,
                                     bias=lse_P1[0:rows])
                     nisa.dma_copy(dst=lse_BHT1[b, h, t0:t0 + rows], src=lse_P1[0:rows])
     return o_BTHK, lse_BHT1
@@ -438,17 +444,6 @@ def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
     raw (the projection's output); cos/sin [T, K/2] fp32 (values rounded to q's dtype by the caller, as
     the reference casts them), g_PH the query gain broadcast over 128 rows, fp32."""
     return _fwd(q_BTHK, k_BTGK, v_BTGK, (cos_TK2, sin_TK2, g_PH))
-
-
-def _kv_head_rows(x_BTGK, b, g, dt):
-    """All T rows of kv head g of batch b as 128-row tiles [keys, K] (no transpose)."""
-    T = x_BTGK.shape[1]
-    P = nl.tile_size.pmax
-    tiles = []
-    for i in nl.affine_range(_cdiv(T, P)):
-        t, _, _ = _head_rows(x_BTGK, b, g, i * P, min(P, T - i * P), dt, None, False)
-        tiles.append(t)
-    return tiles, None
 
 
 def _bwd_block(p_t, ds_t, do_t, q_t, k_tile, dq_ps, dk_acc, dv_acc, rows, j, kr, col, ident, dt, vec):
@@ -560,7 +555,7 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     dv_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
     dg_BH1 = nl.ndarray((B, H, 1), dtype=nl.float32, buffer=nl.shared_hbm) if rope else None
     bias = _causal_bias(dt)
-    setup = _rope_setup(rope[0], rope[1], True) if rope else ()
+    setup = (_rope_tiles(rope[0], rope[1]), True) if rope else ()
     vec_every = BWD_VEC_QK if rope else BWD_VEC
     banks = _cdiv(_cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
     for b in nl.affine_range(B):

@@ -64,16 +64,20 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     fwd = emulator.count(kernels.attention_fwd, q, kv, kv)
     bwd = emulator.count(kernels.attention_bwd, q, kv, kv, q, ((B, H, T, 1), "float32"), q)
     unit, nb, nt = 128 * 128, _blocks(T), T // 128
-    # per block, in 128 x 128 x N units: fwd s (N=128 on one 64-row tile: charged 64 rows, all useful),
-    # p^T (two 64-row tiles, N=64 each: 64, transpose), p v (N=K); bwd s, dp (64-row tiles, N=128 each),
-    # p^T dO, ds^T q, ds k (N=K each), ds^T (64, transpose); per query tile the q^T (and dO^T) transposes
-    # (64 each) and, forward only, the diagonal block's mask matmul (identity stationary: zero useful
-    # MACs, N=128); per kv head tile the k^T (and v^T) transposes
-    assert fwd.pe_macs_useful == H * nb * unit * 2 * K
-    assert fwd.pe_macs_issued == unit * (H * (nb * (K + 64 + K) + nt * (64 + 128)) + G * nt * 64)
+    # per block, in 128 x 128 x N units: fwd s (N=128 on one 64-row tile: charged 64 rows, all useful), s^T
+    # again in key-major layout (a 64-row tile, named "recompute": not useful), the -max shift added into it
+    # (a K=1 matmul on a 64-row tile, 0/1 stationary: not useful), p^T [v | 1] (N=K+1, the ones column
+    # giving the row sums); bwd s, dp (64-row tiles, N=128 each), p^T dO, ds^T q, ds k (N=K each), ds^T
+    # (two 64-row tiles of N=64: 64, transpose); per query tile the q^T (and dO^T) transposes (64 each)
+    # and, forward only, the diagonal block's mask matmul (identity stationary: zero useful MACs, N=128)
+    # and per key chunk the [rows, 1] -> [1, rows] transpose of the shifts (64); per kv head tile the k^T
+    # (and v^T) transposes
+    chunks = sum(-(-(i + 1) * 128 // 512) for i in range(nt))
+    assert fwd.pe_macs_useful == H * nb * unit * (2 * K + 1)
+    assert fwd.pe_macs_issued == unit * (H * (nb * (K + K + 64 + K + 1) + nt * (64 + 128) + chunks * 64) + G * nt * 64)
     assert bwd.pe_macs_useful == H * nb * unit * 5 * K
     assert bwd.pe_macs_issued == unit * (H * (nb * (2 * K + 3 * K + 64) + nt * 2 * 64) + G * 2 * nt * 64)
-    assert emulator.pe_utilisation(fwd) > 0.52 and emulator.pe_utilisation(bwd) > 0.74  # see the module docstring
+    assert emulator.pe_utilisation(fwd) > 0.39 and emulator.pe_utilisation(bwd) > 0.74  # see the module docstring
     # at the documented engine rates (cost.py, two-input VectorE instructions at 2N) the softmax's
     # Vector/Scalar work, not TensorE, bounds both directions
     for c in (fwd, bwd):

@@ -120,6 +120,9 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
 # ----------------------------------------------------------------------------- TensorE
 
 
+RECOMPUTE = "recompute"  # nc_matmul name prefix: a second computation of a product, counted not useful
+
+
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
               accumulate=None, tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none, name=None):
     """dst[M, N] (fp32 PSUM) = stationary[K, M].T @ moving[K, N]; K on the partition axis.
@@ -128,7 +131,10 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     hardware default); True: accumulate (the element must hold a matmul result); False: overwrite.
     The onezero flags are performance hints (the values are used as given); a 0/1 stationary
     (is_stationary_onezero) selects or moves data, so, like is_transpose (which only labels the
-    instruction on NeuronCore-v2), it is counted with zero useful MACs; tile_position/tile_size select a row tile of the PE array.
+    instruction on NeuronCore-v2), it is counted with zero useful MACs, and so is a matmul whose `name`
+    (the instruction's name, a documented nc_matmul parameter) starts with RECOMPUTE: a product the kernel
+    already computed once, issued again in another layout; tile_position/tile_size select a row tile of
+    the PE array.
     """
     _tile(stationary, "nc_matmul stationary", ("sbuf",), "matmul.buffers")
     _tile(moving, "nc_matmul moving", ("sbuf",), "matmul.buffers")
@@ -154,7 +160,9 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     m = _m.current()
     if accumulate is True and m.compute and not dst.mask.all():
         rule("matmul.accumulate", "accumulate=True into PSUM not written by a matmul before")
-    m.count_matmul(k, mm, n, fp32=all(fp32), useful=not (is_transpose or is_stationary_onezero), rows=rows)
+    recompute = str(name or "").startswith(RECOMPUTE)
+    m.count_matmul(k, mm, n, fp32=all(fp32), useful=not (is_transpose or is_stationary_onezero or recompute),
+                   rows=rows)
     if not m.compute:
         return
     prod = _read(stationary).reshape(k, mm).T @ _read(moving).reshape(k, n)

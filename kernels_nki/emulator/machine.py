@@ -72,7 +72,8 @@ class Counters:
 
     TensorE: MACs. issued = 128 x 128 x N per nc_matmul (the whole PE array streams N moving columns
     whatever K and M are; a row-tiled matmul: row tile size x 128 x N); useful = K x M x N; transposes
-    and 0/1-stationary matmuls (is_stationary_onezero: a mask or a selection) are issued with zero useful MACs. Vector/Scalar/GpSimd: lane-elements. issued = 128 lanes x
+    and 0/1-stationary matmuls (is_stationary_onezero: a mask or a selection) and recomputations (an nc_matmul
+    named 'recompute...': the same product again, in another layout) are issued with zero useful MACs. Vector/Scalar/GpSimd: lane-elements. issued = 128 lanes x
     max(MIN_II, free size) per instruction (2 x free size for a two-input VectorE instruction); useful = partitions x free size. DMA: bytes moved and transfers issued.
     """
 
