@@ -226,6 +226,26 @@ def test_onezero_stationary_matmul_is_issued_not_useful(tmp_path, monkeypatch):
     assert (c.pe_macs_issued, c.pe_macs_useful) == (128 * 128 * 128, 0)
 
 
+def test_recomputed_product_is_issued_not_useful(tmp_path, monkeypatch):
+    """A matmul named "recompute..." (nc_matmul's documented `name`) computes a product the kernel already
+    computed, in another layout: it runs and is issued, with zero useful MACs; other names count."""
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        s = nl.load(a)
+        acc = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(acc, s, s, name="recompute s^T")
+        nisa.nc_matmul(acc, s, s, name="scores")
+        res = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=res, src=acc)
+        nl.store(out, res)
+        return out
+    """)
+    a = np.random.default_rng(0).standard_normal((128, 128)).astype(np.float32)
+    out, c = emulator.run(k, a)
+    np.testing.assert_allclose(out, 2 * a.T @ a, rtol=1e-5, atol=1e-4)
+    assert (c.pe_macs_issued, c.pe_macs_useful) == (2 * 128 * 128 * 128, 128 * 128 * 128)
+
+
 def test_two_input_vector_instructions_cost_2n(tmp_path, monkeypatch):
     """tensor_tensor / scalar_tensor_tensor read two tiles: ~2N cycles (arch guide, VectorE cost model);
     tensor_scalar reads one: N."""
