@@ -135,8 +135,10 @@ def _qk_attention(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
 
 
 def _qk_attention_vjp_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
-    o_BTHK, lse_BHT1 = QK_ATTENTION("fwd", q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH)
-    return o_BTHK, (q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse_BHT1)
+    """Residuals: the inputs, o, lse and the forward's normed, rotated q / k with their inverse RMS (the
+    kernel's backward reads them instead of recomputing the norm and the rotation)."""
+    o_BTHK, *saved = QK_ATTENTION("fwd", q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH)
+    return o_BTHK, (q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, *saved)
 
 
 def _qk_attention_vjp_bwd(res, do_BTHK):

@@ -291,18 +291,21 @@ def qk_attention(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, gain_H) -> jax.Array:
 
 
 def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
-    """(o, lse [B, H, T, 1]) of `qk_attention` on raw q/k (g_PH: the gain broadcast over 128 rows, fp32);
-    what the fused kernel saves: its backward recomputes the normed, rotated q/k and the probabilities."""
-    q_BTHK = rope_gain(rms_norm(q_BTHK), cos_TK2, sin_TK2, g_PH[0])
-    return attention_fwd(q_BTHK, rope(rms_norm(k_BTGK), cos_TK2, sin_TK2), v_BTGK)
-
-
-def qk_attention_bwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse_BHT1, do_BTHK):
-    """(dq, dk, dv, dg_BH1): through attention, RoPE (+ gain) and QK-norm; dg per (batch, head), fp32."""
+    """(o, lse [B, H, T, 1], qg, qinv [B, T, H, 1], kr, kinv [B, T, G, 1]) of `qk_attention` on raw q/k (g_PH:
+    the gain broadcast over 128 rows, fp32): what the fused kernel saves for its backward, the normed,
+    rotated q (times the gain) and k and each row's inverse RMS (fp32); the probabilities are recomputed."""
     qn_BTHK, qinv = rms_norm_fwd(q_BTHK)
     kn_BTGK, kinv = rms_norm_fwd(k_BTGK)
     qg_BTHK = rope_gain(qn_BTHK, cos_TK2, sin_TK2, g_PH[0])
-    dqg, dkr, dv = attention_bwd(qg_BTHK, rope(kn_BTGK, cos_TK2, sin_TK2), v_BTGK, o_BTHK, lse_BHT1, do_BTHK)
+    kr_BTGK = rope(kn_BTGK, cos_TK2, sin_TK2)
+    return (*attention_fwd(qg_BTHK, kr_BTGK, v_BTGK), qg_BTHK, qinv, kr_BTGK, kinv)
+
+
+def qk_attention_bwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse_BHT1, qg_BTHK, qinv, kr_BTGK,
+                     kinv, do_BTHK):
+    """(dq, dk, dv, dg_BH1): through attention, RoPE (+ gain) and QK-norm; dg per (batch, head), fp32."""
+    qn_BTHK = (q_BTHK.astype(jnp.float32) * qinv).astype(q_BTHK.dtype)  # = rms_norm_fwd(q)[0]
+    dqg, dkr, dv = attention_bwd(qg_BTHK, kr_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK)
     dqn = rope_gain_bwd(qn_BTHK, cos_TK2, sin_TK2, g_PH, dqg)[0]
     qr = rope(qn_BTHK, cos_TK2, sin_TK2).astype(jnp.float32)
     dg_BH1 = jnp.sum(dqg.astype(jnp.float32) * qr, axis=(1, 3))[..., None]

@@ -13,9 +13,10 @@ QK-norm + RoPE (+ gain), fused (`_prep_tile`): each raw q / k row tile, once loa
 rotated in SBUF before its transpose, in fp32 (rounded once to the input dtype): the row sums of
 squares, rsqrt(sum + K eps) (one GpSimd tensor_scalar: GpSimd tensor_scalar is documented for rsqrt
 only), the scaling by it times sqrt(K) (times the gain: `_gain` folds sqrt(K) in) and the rotation as
-x [cos, cos] + [x2 sin, -x1 sin] (four GpSimd tensor_tensor instructions; `_rotate`). The backward
-recomputes them (no residual beyond o and lse) and takes dq (per query tile, out of PSUM) and dk (per
-kv tile, when its accumulator leaves PSUM) back through them (`_prep_grad`): w = rope^-1(d), dot =
+x [cos, cos] + [x2 sin, -x1 sin] (four GpSimd tensor_tensor instructions; `_rotate`). The forward
+writes the normed, rotated q / k and each row's inverse RMS (`_saved`); the backward reads them (and
+forms xn = x inv from the raw rows) instead of recomputing, and takes dq (per query tile, out of PSUM)
+and dk (per kv tile, when its accumulator leaves PSUM) back through them (`_prep_grad`): w = rope^-1(d), dot =
 rowsum(w xn), dx = gain inv (w - xn dot / K); the gain's gradient is rowsum(w xn) summed over the rows
 (one [128, 1] x [128, 1] matmul per head). This replaces four DMA-bound kernel calls per layer and
 micro-batch (QK-norm of q and k, rope_gain, rope) by on-chip work (numbers: README, Kernels).
@@ -33,12 +34,10 @@ same PSUM tile (ones stationary, -m as a [1, rows] row: the [rows, 1] column, ro
 dtype, transposed once per chunk), ScalarE exp(scale (s - m)) straight out of PSUM, the diagonal
 block's p^T zeroed above the diagonal by GpSimd affine_select; o' += p [v | 1] (stationary p^T [keys,
 rows], moving [v | 1] [keys, K + 1]) in PSUM, whose last column is the row sum l. A later chunk
-rescales the fp32 SBUF accumulator by exp(scale (m_old - m_new)) (one instruction for o and l). So the
-forward has no p^T transposes and no PSUM copies of them: a p^T transpose costs a TensorE transpose
-plus a 128-column PSUM copy on ScalarE / VectorE, the engines that bound the kernel, while the
-recomputed s^T and the shift cost TensorE, which has room. Out: o = o' / l, lse = scale m + log l. The
-T x T scores never leave PSUM/SBUF. Outputs: o [B, T, H, K] (input dtype) and lse [B, H, T, 1] (fp32,
-log-sum-exp of the scaled scores: the backward's residual).
+rescales the fp32 SBUF accumulator by exp(scale (m_old - m_new)) (one instruction for o and l). No p^T
+transposes, nor their PSUM copies on the ScalarE / VectorE that bound the kernel: the recomputed s^T
+and the shift cost TensorE, which has room. Out: o = o' / l (input dtype), lse = scale m + log l [B, H,
+T, 1] fp32 (the backward's residual); the T x T scores never leave PSUM/SBUF.
 
 Backward, per (batch, kv head), recomputing p = exp(scale s - lse) chunk by chunk (no max, no sum),
 the diagonal block's p zeroed above the diagonal by GpSimd affine_select (SBUF, in place): dp = dO v^T
@@ -57,7 +56,7 @@ on the two row tiles: a [128, 128] transpose streams 64 identity columns per til
 
 Engine times and TensorE useful/issued at the baseline shapes (B=1, T=1024, H=8, G=4, K=64, bf16, AWS's
 documented trn1 rates): bench/README.md, "Attention kernels on trn1". In short: plain forward 55.2 us
-per sequence, backward 61.4 us; fused 59.3 / 87.2 us; TensorE useful/issued 0.393 / 0.750, with the
+per sequence, backward 61.4 us; fused 60.3 / 75.0 us; TensorE useful/issued 0.393 / 0.750, with the
 trn1 ceilings at K = 64 (the backward at most 5/6, the forward 2/3 with p^T transposes) derived there.
 """
 
@@ -67,7 +66,6 @@ import nki.isa as nisa
 import nki.language as nl
 
 BWD_VEC = 4  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
-BWD_VEC_QK = 4  # the same for qk_attention's backward
 KC = 512  # keys per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
 NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
 EPS = 1.1920928955078125e-07  # QK-norm epsilon: float32 machine epsilon == frontier_jax.reference.RMS_EPS
@@ -85,11 +83,9 @@ def _dims(q_BTHK, k_BTGK):
 
 
 def _causal_bias(dt):
-    """(identity, bias, ones), [128, 128] each in dt, built once per call on GpSimd: bias is 0 where key j <=
-    query p and NEG above the diagonal. The forward's diagonal block gets the bias by one more matmul
-    into its PSUM scores (identity^T bias, accumulated) on TensorE, which has slack there, so that the
-    fused exp + row sum never sees the masked scores; the identity is also the moving side of every
-    transpose (`_transpose`)."""
+    """(identity, bias, ones), [128, 128] each in dt, built once per call: bias is 0 where key j <= query p,
+    NEG above (the forward's row max sees it via identity^T bias accumulated into the scores); the identity
+    is also the moving side of every transpose (`_transpose`), ones[0:1] the shift matmul's stationary."""
     P = nl.tile_size.pmax
     zero = nl.zeros((P, P), dtype=dt, buffer=nl.sbuf)
     one = nl.ones((P, P), dtype=dt, buffer=nl.sbuf)
@@ -124,18 +120,27 @@ def _transpose(dst, src, rows, cols, ident, on_vector=False):
         nisa.activation(dst=dst, op=nl.copy, data=t_ps[0:cols, 0:rows])
 
 
-def _head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=()):
+def _head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=(), saved=()):
     """Rows t0:t0+rows of head x of batch b as a [128, K] tile (and its [K, 128] transpose, leaving PSUM on
-    VectorE with `vec`, else ScalarE); with `prep` = (cos/sin tiles, gain, on_scalar) the tile is replaced by
-    rope(qk_norm(rows)) [* gain] (`_prep_tile`) first. -> (tile, transpose or None, (xn, inv) or ())."""
+    VectorE with `vec`, else ScalarE). With `prep` = (cos/sin tiles, gain) the tile is replaced by
+    rope(qk_norm(rows)) [* gain] (`_prep_tile`; norm = its inv); with `saved` = (y_BTXK, inv_BTX1), the
+    forward's outputs, by y's rows (norm = (xn, inv) for `_prep_grad`, xn = x inv on ScalarE).
+    -> (tile, transpose or None, norm or ())."""
     K = x_BTXK.shape[3]
     P = nl.tile_size.pmax
     t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
     nisa.dma_copy(dst=t[0:rows], src=x_BTXK[b, t0:t0 + rows, x])
     norm = ()
     if prep:
-        t, xn, inv = _prep_tile(t, rows, prep[0], prep[1], dt, prep[2])
-        norm = (xn, inv)
+        t, norm = _prep_tile(t, rows, prep[0], prep[1], dt)
+    if saved:
+        y = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=y[0:rows], src=saved[0][b, t0:t0 + rows, x])
+        inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=inv_P1[0:rows], src=saved[1][b, t0:t0 + rows, x])
+        xn = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        _scale_rows(xn, t, rows, inv_P1)
+        t, norm = y, (xn, inv_P1)
     if not transposed:
         return t, None, norm
     tT = nl.ndarray((K, P), dtype=dt, buffer=nl.sbuf)
@@ -143,18 +148,18 @@ def _head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=()
     return t, tT, norm
 
 
-def _kv_head(x_BTGK, b, g, dt, ident, rope=()):
-    """All T rows of kv head g of batch b: 128-row tiles [keys, K], the transpose [K, T] and, with `rope`
-    = (cos/sin tiles, on_scalar as `_prep_tile`), the tiles rotated after their QK-norm and each tile's
-    (xn, inv)."""
+def _kv_head(x_BTGK, b, g, dt, ident, tables=(), saved=()):
+    """All T rows of kv head g of batch b: 128-row tiles [keys, K], the transpose [K, T] and each tile's norm
+    (`_head_rows`): with `tables` (cos/sin tiles) the forward's rotated, normed rows; with `saved`
+    (kr_BTGK, kinv_BTG1) the backward's."""
     B, T, G, K = x_BTGK.shape
     P = nl.tile_size.pmax
     xT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
     tiles, norms = [], []
     for i in nl.affine_range(_cdiv(T, P)):
         r = min(P, T - i * P)
-        prep = (rope[0][i], (), rope[1]) if rope else ()
-        t, _, norm = _head_rows(x_BTGK, b, g, i * P, r, dt, None, False, prep=prep)
+        prep = (tables[i], ()) if tables else ()
+        t, _, norm = _head_rows(x_BTGK, b, g, i * P, r, dt, None, False, prep=prep, saved=saved)
         _transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K, ident)
         tiles.append(t)
         norms.append(norm)
@@ -198,51 +203,32 @@ def _rotate(dst, x_f, rows, cs, inverse, engine):
     nisa.tensor_tensor(dst=dst[0:rows], data1=a[0:rows], data2=e[0:rows], op=nl.add, engine=engine)
 
 
-def _prep_tile(x_t, rows, cs, gain, dt, on_scalar):
-    """(y [P, K] in dt = rope(qk_norm(x)) [* gain], xn fp32, inv = rsqrt(mean(x^2) + eps) fp32 [P, 1]) of a
-    raw [rows, K] tile, fp32 math (reference.rms_norm, reference.rope / rope_gain); gain: () or (g_P1,)
-    with g_P1 = gain * sqrt(K) (`_gain`). inv = sqrt(K) rsqrt(sum(x^2) + K eps): one GpSimd tensor_scalar
-    (add, then rsqrt: GpSimd tensor_scalar is documented for rsqrt only, nki/api/nki/isa/__init__.py
-    tensor_scalar `engine`), its sqrt(K) folded into the [P, 1] scale columns (VectorE). `on_scalar` (the
-    backward): the squares' row sum and the scalings on ScalarE, and xn = x inv exactly (what
-    `_prep_grad` needs); else (the forward, where ScalarE is the busiest engine) the squares on GpSimd,
-    their row sum and the scaling on VectorE, and xn = x inv gain. The rotation runs on GpSimd."""
+def _prep_tile(x_t, rows, cs, gain, dt):
+    """(y [P, K] in dt = rope(qk_norm(x)) [* gain], inv = rsqrt(mean(x^2) + eps) fp32 [P, 1]) of a raw
+    [rows, K] tile, fp32 math (reference.rms_norm, reference.rope / rope_gain); gain: () or (g_P1,) with
+    g_P1 = gain * sqrt(K) (`_gain`). The squares and the rotation on GpSimd, the row sum and the scaling
+    on VectorE; r = rsqrt(sum(x^2) + K eps) = inv / sqrt(K) by one GpSimd tensor_scalar (add, then rsqrt:
+    GpSimd tensor_scalar is documented for rsqrt only, nki/api/nki/isa/__init__.py tensor_scalar
+    `engine`), x r (gain) sqrt(K) by one VectorE tensor_scalar, inv (a residual for the backward) on
+    ScalarE."""
     K = x_t.shape[1]
     P = nl.tile_size.pmax
     gp = nisa.engine.gpsimd
     sq = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=sq[0:rows], data1=x_t[0:rows], data2=x_t[0:rows], op=nl.multiply, engine=gp)
     ss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    if on_scalar:
-        nisa.activation_reduce(dst=sq[0:rows], op=nl.square, data=x_t[0:rows], reduce_op=nl.add,
-                               reduce_res=ss_P1[0:rows])
-    else:
-        nisa.tensor_tensor(dst=sq[0:rows], data1=x_t[0:rows], data2=x_t[0:rows], op=nl.multiply, engine=gp)
-        nisa.tensor_reduce(dst=ss_P1[0:rows], op=nl.add, data=sq[0:rows], axis=1, keepdims=True)
-    r_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # rsqrt(sum x^2 + K eps) = inv / sqrt(K)
+    nisa.tensor_reduce(dst=ss_P1[0:rows], op=nl.add, data=sq[0:rows], axis=1, keepdims=True)
+    r_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=r_P1[0:rows], data=ss_P1[0:rows], op0=nl.add, operand0=K * EPS, op1=nl.rsqrt,
                        operand1=0.0, engine=gp)
-    xs = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    g_sqrt_k = gain[0][0:rows] if gain else K ** 0.5
-    if not on_scalar:  # the forward: x r (gain sqrt(K)) in one VectorE instruction; no inv, no xn
-        nisa.tensor_scalar(dst=xs[0:rows], data=x_t[0:rows], op0=nl.multiply, operand0=r_P1[0:rows],
-                           op1=nl.multiply, operand1=g_sqrt_k)
-        y = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-        _rotate(y, xs, rows, cs, False, gp)
-        return y, (), ()
     inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=inv_P1[0:rows], data=r_P1[0:rows], op0=nl.multiply, operand0=K ** 0.5)
-    scale_P1 = inv_P1
-    if gain:
-        scale_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=scale_P1[0:rows], data=r_P1[0:rows], op0=nl.multiply, operand0=gain[0][0:rows])
-    _scale_rows(xs, x_t, rows, scale_P1)
-    xn = xs
-    if gain:
-        xn = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-        _scale_rows(xn, x_t, rows, inv_P1)
+    nisa.activation(dst=inv_P1[0:rows], op=nl.copy, data=r_P1[0:rows], scale=K ** 0.5)
+    xs = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=xs[0:rows], data=x_t[0:rows], op0=nl.multiply, operand0=r_P1[0:rows],
+                       op1=nl.multiply, operand1=gain[0][0:rows] if gain else K ** 0.5)
     y = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
     _rotate(y, xs, rows, cs, False, gp)
-    return y, xn, inv_P1
+    return y, inv_P1
 
 
 def _scale_rows(dst, x, rows, s_P1):
@@ -317,17 +303,10 @@ def _scores(qT, kT, t0, rows, c0, kc, bias, masked):
 
 
 def _fwd_chunk(qT, kT, v_aug, t0, rows, c0, kc, bias, scale, state, last, dt):
-    """One key chunk of the online softmax; state = (m, acc), () for the first chunk -> the new state. m:
-    the fp32 value of the shift in use (the running row max of the raw scores, rounded to dt); acc: o' =
-    p [v | 1] (the row sums in its last column), the PSUM tile itself when the first chunk is also the
-    `last`, else an fp32 SBUF accumulator. (An empty tuple, not None: NKI 0.3 rejects `is` / `is not`,
-    release-notes/components/nki.rst.)
-
-    The exact row max comes from the query-major scores s (VectorE, diagonal block masked); p^T is then
-    made directly in key-major layout: s^T (keys on partitions, a second row-tiled q k^T) plus -m as one
-    K = 1 matmul accumulated into the same PSUM tile (ones stationary, the shifts as a [1, rows] row:
-    the [rows, 1] column transposed once per chunk), exp on ScalarE, the diagonal block zeroed above the
-    diagonal by GpSimd affine_select. So no p^T transposes and no PSUM copies of them."""
+    """One key chunk of the online softmax (the module docstring, Forward); state = (-m, acc), () for the
+    first chunk -> the new state: -m the fp32 value of the shift in use (minus the running row max of the
+    raw scores, rounded to dt); acc = p [v | 1] so far, the PSUM tile itself when the first chunk is also
+    the `last`, else an fp32 SBUF accumulator. (An empty tuple, not None: NKI 0.3 rejects `is`.)"""
     K = qT.shape[0]
     P = nl.tile_size.pmax
     ident = bias[0]
@@ -393,15 +372,19 @@ def _v_aug(x_BTGK, b, g, dt):
 
 
 def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
-    """The forward of both kernels; rope: () or (cos_TK2, sin_TK2, g_PH) for QK-norm + RoPE + gain."""
+    """The forward of both kernels; rope: () or (cos_TK2, sin_TK2, g_PH) for QK-norm + RoPE + gain, which
+    also writes the normed, rotated q / k and their inverse RMS (`_saved`) for the backward."""
     B, T, H, K, G, R, P, dt, scale = _dims(q_BTHK, k_BTGK)
     o_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    saved = _saved(B, T, H, G, K, dt) if rope else ()
     bias = _causal_bias(dt)
-    setup = (_rope_tiles(rope[0], rope[1]), False) if rope else ()  # see _kv_head
+    tables = _rope_tiles(rope[0], rope[1]) if rope else ()
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
-            _, kT, _ = _kv_head(k_BTGK, b, g, dt, bias[0], setup)
+            k_tiles, kT, k_norms = _kv_head(k_BTGK, b, g, dt, bias[0], tables)
+            for i in nl.affine_range(_cdiv(T, P) if rope else 0):
+                _store_rows(saved[2], saved[3], k_tiles[i], k_norms[i], b, g, i * P, min(P, T - i * P))
             v_aug = _v_aug(v_BTGK, b, g, dt)
             for r in nl.affine_range(R):
                 h = g * R + r
@@ -409,8 +392,10 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
                 for i in nl.affine_range(_cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
-                    prep = (setup[0][i], gain, False) if rope else ()
-                    _, qT, _ = _head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, vec=not rope, prep=prep)
+                    prep = (tables[i], gain) if rope else ()
+                    q_t, qT, q_inv = _head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, vec=not rope, prep=prep)
+                    if rope:
+                        _store_rows(saved[0], saved[1], q_t, q_inv, b, h, t0, rows)
                     state = ()
                     chunks = _cdiv(t0 + rows, KC)
                     for c in nl.sequential_range(chunks):
@@ -429,7 +414,21 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
                     nisa.activation(dst=lse_P1[0:rows], op=nl.copy, data=negm_f[0:rows], scale=-scale,
                                     bias=lse_P1[0:rows])
                     nisa.dma_copy(dst=lse_BHT1[b, h, t0:t0 + rows], src=lse_P1[0:rows])
-    return o_BTHK, lse_BHT1
+    return (o_BTHK, lse_BHT1) + saved
+
+
+def _saved(B, T, H, G, K, dt):
+    """(qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1): the fused forward's extra outputs, the backward's inputs:
+    rope(qk_norm(q)) * gain and rope(qk_norm(k)) in dt, and each row's inverse RMS, fp32."""
+    return (nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm),
+            nl.ndarray((B, T, H, 1), dtype=nl.float32, buffer=nl.shared_hbm),
+            nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm),
+            nl.ndarray((B, T, G, 1), dtype=nl.float32, buffer=nl.shared_hbm))
+
+
+def _store_rows(y_BTXK, inv_BTX1, y_t, inv_P1, b, x, t0, rows):
+    nisa.dma_copy(dst=y_BTXK[b, t0:t0 + rows, x], src=y_t[0:rows])
+    nisa.dma_copy(dst=inv_BTX1[b, t0:t0 + rows, x], src=inv_P1[0:rows])
 
 
 @nki.jit
@@ -440,9 +439,10 @@ def attention_fwd(q_BTHK, k_BTGK, v_BTGK):
 
 @nki.jit
 def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
-    """(o_BTHK, lse_BHT1) of attention over rope(qk_norm(q)) * gain and rope(qk_norm(k)): q and k arrive
-    raw (the projection's output); cos/sin [T, K/2] fp32 (values rounded to q's dtype by the caller, as
-    the reference casts them), g_PH the query gain broadcast over 128 rows, fp32."""
+    """(o_BTHK, lse_BHT1, qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1) of attention over rope(qk_norm(q)) * gain
+    and rope(qk_norm(k)): q and k arrive raw (the projection's output); cos/sin [T, K/2] fp32 (values
+    rounded to q's dtype by the caller, as the reference casts them), g_PH the query gain broadcast over
+    128 rows, fp32; qg / kr and the inverse RMS of each row are the backward's residuals."""
     return _fwd(q_BTHK, k_BTGK, v_BTGK, (cos_TK2, sin_TK2, g_PH))
 
 
@@ -458,8 +458,7 @@ def _bwd_block(p_t, ds_t, do_t, q_t, k_tile, dq_ps, dk_acc, dv_acc, rows, j, kr,
     nisa.nc_matmul(dst=dq_ps[0:rows, 0:K], stationary=dsT[0:kr, 0:rows], moving=k_tile[0:kr, 0:K])
 
 
-def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0, kc, bias, scale, dt,
-               vec_every):
+def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0, kc, bias, scale, dt):
     K = qT.shape[0]
     P = nl.tile_size.pmax
     s_ps = _scores(qT, kT, t0, rows, c0, kc, bias, False)
@@ -483,16 +482,17 @@ def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, ac
         kt = c0 // P + j
         dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
         _bwd_block(p_t, ds_t, do_t, q_t, k_tiles[kt], dq_ps, dk_acc, dv_acc, rows, j, min(P, kc - j * P),
-                   (kt % per_bank) * K, bias[0], dt, vec_every > 0 and (t0 // P + kt) % vec_every == vec_every - 1)
+                   (kt % per_bank) * K, bias[0], dt, (t0 // P + kt) % BWD_VEC == BWD_VEC - 1)
 
 
 def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt,
-              vec_every, prep=(), dg_P1=None):
+              qk=(), dg_P1=None):
     """dq of one 128-query tile of head h, and its contributions to the kv head's dk/dv accumulators; with
-    `prep` (as `_head_rows`) q is rotated after its QK-norm and dq is taken back through both."""
+    qk = (cos/sin tiles, gain, (qg_BTHK, qinv_BTH1)) q is the forward's normed, rotated rows and dq is taken
+    back through the rotation and the norm."""
     K = q_BTHK.shape[3]
     P = nl.tile_size.pmax
-    q_t, qT, norm = _head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, vec=True, prep=prep)
+    q_t, qT, norm = _head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, vec=True, saved=qk[2] if qk else ())
     do_t, doT, _ = _head_rows(do_BTHK, b, h, t0, rows, dt, bias[0], True, vec=True)
     o_t, _, _ = _head_rows(o_BTHK, b, h, t0, rows, dt, None, False)
     prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
@@ -507,30 +507,30 @@ def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT
     for c in nl.affine_range(_cdiv(t0 + rows, KC)):
         c0 = c * KC
         _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0,
-                   min(KC, t0 + rows - c0), bias, scale, dt, vec_every)
+                   min(KC, t0 + rows - c0), bias, scale, dt)
     dq_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-    if prep:
+    if qk:
         d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=d_f[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
-        _prep_grad(dq_t, d_f, rows, prep[0], norm, prep[1], dg_P1, nisa.engine.gpsimd)
+        _prep_grad(dq_t, d_f, rows, qk[0], norm, qk[1], dg_P1, nisa.engine.gpsimd)
     else:
         nisa.activation(dst=dq_t[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
     nisa.dma_copy(dst=dq_BTHK[b, t0:t0 + rows, h], src=dq_t[0:rows])
 
 
-def _store_kv_grad(dst_BTGK, acc, b, g, T, K, scale, dt, rope=(), norms=()):
-    """Evacuate a kv head's PSUM accumulator (times scale) to dst_BTGK[b, :, g] in dt; with `rope` (as
-    `_kv_head`) through the rotation and QK-norm of the keys (their per-tile `norms`)."""
+def _store_kv_grad(dst_BTGK, acc, b, g, T, K, scale, dt, tables=(), norms=()):
+    """Evacuate a kv head's PSUM accumulator (times scale) to dst_BTGK[b, :, g] in dt; with `tables` (cos/sin
+    tiles) through the rotation and QK-norm of the keys (their per-tile `norms`)."""
     P = nl.tile_size.pmax
     per_bank = KC // K
     for kt in nl.affine_range(_cdiv(T, P)):
         kr = min(P, T - kt * P)
         col = (kt % per_bank) * K
         out = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-        if rope:
+        if tables:
             d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=d_f[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
-            _prep_grad(out, d_f, kr, rope[0][kt], norms[kt], (), None, nisa.engine.gpsimd)
+            _prep_grad(out, d_f, kr, tables[kt], norms[kt], (), None, nisa.engine.gpsimd)
         else:
             nisa.activation(dst=out[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
         nisa.dma_copy(dst=dst_BTGK[b, kt * P:kt * P + kr, g], src=out[0:kr])
@@ -548,19 +548,19 @@ def _store_gain_grad(dg_BH1, dg_P1, b, h):
 
 
 def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
-    """The backward of both kernels; rope as `_fwd`. -> (dq, dk, dv) and, with rope, dg_BH1."""
+    """The backward of both kernels; rope: () or (cos_TK2, sin_TK2, g_PH, qg, qinv, kr, kinv) (the fused
+    forward's inputs and saved outputs). -> (dq, dk, dv) and, with rope, dg_BH1."""
     B, T, H, K, G, R, P, dt, scale = _dims(q_BTHK, k_BTGK)
     dq_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     dk_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
     dv_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
     dg_BH1 = nl.ndarray((B, H, 1), dtype=nl.float32, buffer=nl.shared_hbm) if rope else None
     bias = _causal_bias(dt)
-    setup = (_rope_tiles(rope[0], rope[1]), True) if rope else ()
-    vec_every = BWD_VEC_QK if rope else BWD_VEC
+    tables = _rope_tiles(rope[0], rope[1]) if rope else ()
     banks = _cdiv(_cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
-            k_tiles, kT, k_norms = _kv_head(k_BTGK, b, g, dt, bias[0], setup)
+            k_tiles, kT, k_norms = _kv_head(k_BTGK, b, g, dt, bias[0], saved=rope[5:7] if rope else ())
             _, vT, _ = _kv_head(v_BTGK, b, g, dt, bias[0])
             acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
                    [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
@@ -573,12 +573,12 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
                     nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
                 for i in nl.affine_range(_cdiv(T, P)):
                     t0 = i * P
-                    prep = (setup[0][i], gain, True) if rope else ()
+                    qk = (tables[i], gain, rope[3:5]) if rope else ()
                     _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, min(P, T - t0),
-                              kT, vT, k_tiles, acc, bias, scale, dt, vec_every, prep, dg_P1)
+                              kT, vT, k_tiles, acc, bias, scale, dt, qk, dg_P1)
                 if rope:
                     _store_gain_grad(dg_BH1, dg_P1, b, h)
-            _store_kv_grad(dk_BTGK, acc[0], b, g, T, K, scale, dt, setup, k_norms)
+            _store_kv_grad(dk_BTGK, acc[0], b, g, T, K, scale, dt, tables, k_norms)
             _store_kv_grad(dv_BTGK, acc[1], b, g, T, K, 1.0, dt)
     if rope:
         return dq_BTHK, dk_BTGK, dv_BTGK, dg_BH1
@@ -592,7 +592,9 @@ def attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK):
 
 
 @nki.jit
-def qk_attention_bwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse_BHT1, do_BTHK):
+def qk_attention_bwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse_BHT1, qg_BTHK, qinv_BTH1,
+                     kr_BTGK, kinv_BTG1, do_BTHK):
     """(dq, dk, dv, dg_BH1): the gradients of qk_attention_fwd w.r.t. the raw q and k, v, and the query
     gain per (batch, head), fp32 (the caller sums over the batch)."""
-    return _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, (cos_TK2, sin_TK2, g_PH))
+    return _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK,
+                (cos_TK2, sin_TK2, g_PH, qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1))

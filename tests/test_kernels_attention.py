@@ -175,17 +175,20 @@ def _qk_case(B, T, H, G, K, dtype, seed, gain_scale=1.0):
 ])
 def test_qk_attention_matches_reference(qk_kernels, dtype, B, T, H, G, K, gain_scale):
     """The fused kernel (QK-norm, RoPE, gain, attention) against reference.qk_attention_fwd / _bwd: o, the
-    lse residual, dq / dk through the norm and rotation, dv, and the gain's gradient per (batch, head)."""
+    residuals (lse, the normed, rotated q / k and their inverse RMS), dq / dk through the norm and
+    rotation, dv, and the gain's gradient per (batch, head)."""
     np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
     q, k, v, do, cos, sin, g_PH = _qk_case(B, T, H, G, K, np_dtype, T + H + K, gain_scale)
     f32 = lambda a: jnp.asarray(a.astype(np.float32))
-    o_ref, lse_ref = ref.qk_attention_fwd(f32(q), f32(k), f32(v), cos, sin, g_PH)
-    o, lse = qk_kernels.qk_attention_fwd(q, k, v, cos, sin, g_PH)
-    assert o.dtype == np_dtype and lse.shape == (B, H, T, 1)
-    _assert_close(o, o_ref, TOL[dtype])
-    _assert_close(lse, lse_ref, TOL[dtype])
-    got = qk_kernels.qk_attention_bwd(q, k, v, cos, sin, g_PH, o, lse, do)
-    want = ref.qk_attention_bwd(f32(q), f32(k), f32(v), cos, sin, g_PH, o_ref, lse_ref, f32(do))
+    want_fwd = ref.qk_attention_fwd(f32(q), f32(k), f32(v), cos, sin, g_PH)
+    got_fwd = qk_kernels.qk_attention_fwd(q, k, v, cos, sin, g_PH)
+    o, lse, qg, qinv, kr, kinv = got_fwd
+    assert o.dtype == qg.dtype == kr.dtype == np_dtype and lse.shape == (B, H, T, 1)
+    assert qinv.shape == (B, T, H, 1) and kinv.shape == (B, T, G, 1) and qinv.dtype == np.float32
+    for a, b in zip(got_fwd, want_fwd):
+        _assert_close(a, b, TOL[dtype])
+    got = qk_kernels.qk_attention_bwd(q, k, v, cos, sin, g_PH, *got_fwd, do)
+    want = ref.qk_attention_bwd(f32(q), f32(k), f32(v), cos, sin, g_PH, *want_fwd, f32(do))
     assert [a.shape for a in got] == [q.shape, k.shape, v.shape, (B, H, 1)] and got[3].dtype == np.float32
     for a, b in zip(got, want):
         _assert_close(a, b, TOL[dtype])
@@ -203,10 +206,10 @@ def test_qk_attention_reference_is_the_model_composition():
         return ref.causal_attention(qg, ref.rope(ref.rms_norm(k), cos, sin), v)
 
     o, vjp = jax.vjp(composed, q, k, v, gain)
-    o_fused, lse = ref.qk_attention_fwd(q, k, v, cos, sin, g_PH)
-    np.testing.assert_allclose(o_fused, o, rtol=1e-6, atol=1e-6)
+    saved = ref.qk_attention_fwd(q, k, v, cos, sin, g_PH)
+    np.testing.assert_allclose(saved[0], o, rtol=1e-6, atol=1e-6)
     dq, dk, dv, dg = vjp(do)
-    got = ref.qk_attention_bwd(q, k, v, cos, sin, g_PH, o_fused, lse, do)
+    got = ref.qk_attention_bwd(q, k, v, cos, sin, g_PH, *saved, do)
     for a, b in zip(got[:3], (dq, dk, dv)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got[3][..., 0].sum(axis=0), dg, rtol=1e-5, atol=1e-5)
@@ -233,18 +236,21 @@ def test_qk_attention_op_routed_through_emulated_kernel_matches_reference():
 
 def test_qk_attention_counts_at_seq_1024(qk_kernels, kernels):
     """At the model's shapes the fused prep adds no TensorE work beyond one [128, 1] sum per head (the
-    gain's gradient), reads each of q, k, v, dO, o once, and keeps the kernel Vector/Scalar/GpSimd-bound."""
+    gain's gradient); the forward writes the normed, rotated q / k and their inverse RMS once, the
+    backward reads them once (and q, k, v, dO, o once); the kernel stays Vector/Scalar/GpSimd-bound."""
     B, T, H, G, K = 1, 1024, 8, 4, 64
     q, kv, lse = ((B, T, H, K), "bfloat16"), ((B, T, G, K), "bfloat16"), ((B, H, T, 1), "float32")
     tabs, g = (((T, K // 2), "float32"),) * 2, ((128, H), "float32")
+    qinv, kinv = ((B, T, H, 1), "float32"), ((B, T, G, 1), "float32")
     fwd = emulator.count(qk_kernels.qk_attention_fwd, q, kv, kv, *tabs, g)
-    bwd = emulator.count(qk_kernels.qk_attention_bwd, q, kv, kv, *tabs, g, q, lse, q)
+    bwd = emulator.count(qk_kernels.qk_attention_bwd, q, kv, kv, *tabs, g, q, lse, q, qinv, kv, kinv, q)
     plain_fwd = emulator.count(kernels.attention_fwd, q, kv, kv)
     plain_bwd = emulator.count(kernels.attention_bwd, q, kv, kv, q, lse, q)
     assert fwd.pe_macs_issued == plain_fwd.pe_macs_issued and fwd.pe_macs_useful == plain_fwd.pe_macs_useful
     assert bwd.pe_macs_issued - plain_bwd.pe_macs_issued == H * 128 * 128 * 1  # the dg sums: [128,1] x [128,1]
     consts = 4 * T * K + 4 * 128 * H
-    assert fwd.dma_bytes == plain_fwd.dma_bytes + consts
-    assert bwd.dma_bytes == plain_bwd.dma_bytes + consts + 4 * H
+    saved = 2 * T * (H + G) * K + 4 * T * (H + G)  # qg, kr (bf16) and the inverse RMS (fp32)
+    assert fwd.dma_bytes == plain_fwd.dma_bytes + consts + saved
+    assert bwd.dma_bytes == plain_bwd.dma_bytes + consts + saved + 4 * H
     for c in (fwd, bwd):
         assert emulator.estimate(c).bound in ("vector", "scalar", "gpsimd")
