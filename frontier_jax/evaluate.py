@@ -68,7 +68,7 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     data = load_dataset(data_dir, tok_spec, cfg.model.vocab_size, T, cfg.data.train_pattern, cfg.data.val_pattern,
                         f"model.vocab_size of {run_dir}")
     tok, tokens = data.tokenizer, data.val_tokens
-    ops.configure(cfg.train.kernels)
+    ops.configure(cfg.train.kernels, unused=ops.STANDALONE_OPS)
     cfg, graphdef, params, step, dtype = restore_params(run_dir, step, log)
     bias_fn, aux = _ngram_bias(run_dir, cfg)
     eval_step = make_eval_step(graphdef, data.tables, bias_fn)

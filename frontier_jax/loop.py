@@ -134,7 +134,7 @@ def _setup(cfg: Config) -> Setup:
                                       dp.process_count)
     if t.val_batch_seqs % dp.num_devices:
         raise ConfigError(f"train.val_batch_seqs={t.val_batch_seqs} is not a multiple of the {dp.num_devices} devices")
-    kernel_rows = ops.configure(t.kernels, unused=() if cfg.optim.fused else ops.FUSED_OPTIMIZER_OPS)
+    kernel_rows = ops.configure(t.kernels, unused=ops.unused_ops(cfg.optim.fused))
     env = {**report.environment(), "host_allocator": host.tune_allocator(t.allocator)}
     return Setup(dp, global_micro, accum, kernel_rows, env, resolve_compute_dtype(cfg.model),
                  optim.resolve_ns_dtype(cfg.optim), optim.build_optimizer(cfg.optim),

@@ -26,7 +26,8 @@ from frontier_jax.dispatch import (
     format_kernel_table, kernel_table, through_primitives)
 
 __all__ = [
-    "FUSED_OPTIMIZER_OPS", "MODES", "OPS", "KernelRow", "KernelUnavailableError", "configure", "emulated",
+    "FUSED_OPTIMIZER_OPS", "STANDALONE_OPS", "unused_ops", "MODES", "OPS", "KernelRow", "KernelUnavailableError",
+    "configure", "emulated",
     "format_kernel_table", "kernel_table", "through_primitives",
     "rms_norm", "rope", "rope_gain", "causal_attention", "qk_attention", "norm_mlp", "embed", "head_loss",
     "norm_qkv_projection", "mix_norm_qkv_projection",
@@ -59,19 +60,21 @@ def _adam_kernel_outs(which, outs, arrays):
 
 
 _UNFUSED = "optim.fused=False (the optax chain runs)"
+_IN = "the model calls it fused, inside {}"  # a standalone op whose work the model runs in a fused op
 
 # ----------------------------------------------------------------------------- the declarations (table order)
 RMS_NORM = declare("rms_norm", ref.rms_norm_fwd, ref.rms_norm_bwd)
-ROPE = declare("rope", ref.rope_fwd, ref.rope_bwd)
-ROPE_GAIN = declare("rope_gain", ref.rope_gain_fwd, ref.rope_gain_bwd)
-ATTENTION = declare("causal_attention", ref.attention_fwd, ref.attention_bwd)
+ROPE = declare("rope", ref.rope_fwd, ref.rope_bwd, unused_reason=_IN.format("qk_attention"))
+ROPE_GAIN = declare("rope_gain", ref.rope_gain_fwd, ref.rope_gain_bwd, unused_reason=_IN.format("qk_attention"))
+ATTENTION = declare("causal_attention", ref.attention_fwd, ref.attention_bwd, unused_reason=_IN.format("qk_attention"))
 QK_ATTENTION = declare("qk_attention", ref.qk_attention_fwd, ref.qk_attention_bwd)
 NORM_MLP = declare("norm_mlp", ref.resid_norm_mlp_fwd, ref.resid_norm_mlp_bwd)
 EMBED = declare("embed", ref.embed_fwd, ref.embed_bwd)
 HEAD_LOSS = declare("head_loss", ref.head_loss_fwd, ref.head_loss_bwd, static=("softcap",),
                     adapter=KernelAdapter(_head_loss_kernel_args))
 PROJECTION = declare("projection", ref.resid_projection_fwd, ref.projection_bwd)  # bwd: (x, w, dy)
-NORM_PROJECTION = declare("norm_projection", ref.norm_projection_fwd, ref.norm_projection_bwd)
+NORM_PROJECTION = declare("norm_projection", ref.norm_projection_fwd, ref.norm_projection_bwd,
+                          unused_reason=_IN.format("mix_norm_projection"))
 MIX_NORM_PROJECTION = declare("mix_norm_projection", ref.mix_norm_projection_fwd, ref.mix_norm_projection_bwd,
                               adapter=KernelAdapter(_mix_kernel_args))
 ADAM = declare("adam_update", ref.adam_update, static=("b1", "b2", "eps", "weight_decay"),
@@ -81,6 +84,14 @@ MUON = declare("muon_update", ref.muon_update, static=("ns_steps", "ns_dtype"), 
 OPS = tuple(s.name for s in (RMS_NORM, ROPE, ROPE_GAIN, ATTENTION, QK_ATTENTION, NORM_MLP, EMBED, HEAD_LOSS,
                              PROJECTION, NORM_PROJECTION, MIX_NORM_PROJECTION, ADAM, MUON))
 FUSED_OPTIMIZER_OPS = frozenset({ADAM.name, MUON.name})
+# standalone ops the model (frontier_jax.model) does not call: their work runs inside a fused op
+STANDALONE_OPS = frozenset({ROPE.name, ROPE_GAIN.name, ATTENTION.name, NORM_PROJECTION.name})
+
+
+def unused_ops(fused_optimizer: bool) -> frozenset:
+    """What a training run never calls: the standalone ops, and the fused updates when optim.fused is off
+    (the kernel table marks them "unused" with the reason, and strict mode does not require them)."""
+    return STANDALONE_OPS | (frozenset() if fused_optimizer else FUSED_OPTIMIZER_OPS)
 
 
 # ----------------------------------------------------------------------------- model ops

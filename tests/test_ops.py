@@ -36,6 +36,20 @@ def test_default_table_on_cpu_is_reference_for_every_op_with_reason():
     assert all(f"{r.op}" in text and r.reason in text for r in rows)
 
 
+def test_a_training_run_marks_the_ops_it_never_calls_unused_with_the_reason():
+    """The model calls the fused ops only: rope, rope_gain, causal_attention and norm_projection run inside
+    qk_attention / mix_norm_projection, so a run's kernel table marks them unused (as the fused optimizer
+    updates when optim.fused is off), and strict mode does not require their kernels."""
+    rows = {r.op: r for r in ops.configure("auto", unused=ops.unused_ops(False))}
+    assert {op for op, r in rows.items() if r.impl == "unused"} == ops.STANDALONE_OPS | ops.FUSED_OPTIMIZER_OPS
+    assert rows["rope"].reason == "the model calls it fused, inside qk_attention"
+    assert rows["norm_projection"].reason == "the model calls it fused, inside mix_norm_projection"
+    assert rows["qk_attention"].impl == "reference" and ops.unused_ops(True) == ops.STANDALONE_OPS
+    with pytest.raises(ops.KernelUnavailableError) as info:
+        ops.configure("strict", unused=ops.unused_ops(True))
+    assert "rope " not in str(info.value) and "qk_attention (platform" in str(info.value)
+
+
 def test_strict_refuses_naming_every_op():
     with pytest.raises(ops.KernelUnavailableError) as info:
         ops.configure("strict")
