@@ -169,10 +169,19 @@ def qk_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, cos_TK
     attention kernel (kernels_nki/attention.py) instead of by three HBM-bound kernels."""
     if direct("qk_attention"):
         return ref.qk_attention(q_BTHK, k_BTGK, v_BTGK, jnp.asarray(cos_TK2), jnp.asarray(sin_TK2), gain_H)
-    dt = q_BTHK.dtype
-    rounded = lambda t: jnp.asarray(t).astype(dt).astype(jnp.float32)  # the reference casts cos/sin to dt
-    g_PH = jnp.broadcast_to(gain_H.astype(dt).astype(jnp.float32)[None, :], (SCALAR_ROWS, gain_H.shape[0]))
-    return _qk_attention(q_BTHK, k_BTGK.astype(dt), v_BTGK.astype(dt), rounded(cos_TK2), rounded(sin_TK2), g_PH)
+    dt = q_BTHK.dtype  # the reference casts cos/sin and the gain to dt
+    return _qk_attention(q_BTHK, k_BTGK.astype(dt), v_BTGK.astype(dt), _in_dtype(cos_TK2, dt),
+                         _in_dtype(sin_TK2, dt), _gain_PH(gain_H, dt))
+
+
+def _in_dtype(t, dt) -> jax.Array:
+    """t's values rounded to dt (as the reference casts them), held in fp32: how the kernels take them."""
+    return jnp.asarray(t).astype(dt).astype(jnp.float32)
+
+
+def _gain_PH(gain_H, dt) -> jax.Array:
+    """A per-head gain as the kernels take it: rounded to dt, fp32, broadcast over the 128 partitions."""
+    return jnp.broadcast_to(_in_dtype(gain_H, dt)[None, :], (SCALAR_ROWS, gain_H.shape[0]))
 
 
 @jax.custom_vjp
@@ -212,8 +221,7 @@ def rope_gain(x_BTHK: jax.Array, cos_TK2, sin_TK2, gain_H: jax.Array) -> jax.Arr
     if direct("rope_gain"):
         return ref.rope_gain(x_BTHK, jnp.asarray(cos_TK2), jnp.asarray(sin_TK2), gain_H)
     dt = x_BTHK.dtype
-    g_PH = jnp.broadcast_to(gain_H.astype(dt).astype(jnp.float32)[None, :], (SCALAR_ROWS, gain_H.shape[0]))
-    return _rope_gain(x_BTHK, jnp.asarray(cos_TK2).astype(dt), jnp.asarray(sin_TK2).astype(dt), g_PH)
+    return _rope_gain(x_BTHK, jnp.asarray(cos_TK2).astype(dt), jnp.asarray(sin_TK2).astype(dt), _gain_PH(gain_H, dt))
 
 
 def _fold(w, s_O, dt):
@@ -344,10 +352,16 @@ def _norm_projection_vjp_bwd(res, dy_NO):
 _norm_projection.defvjp(_norm_projection_vjp_fwd, _norm_projection_vjp_bwd)
 
 
-def _project(fn, x, w_IO):
-    """x [..., I] through the 2-D op `fn(x_NI, w_IO)` (w already in x's dtype)."""
-    I = x.shape[-1]
-    return fn(x.reshape(-1, I), w_IO).reshape(x.shape[:-1] + (w_IO.shape[1],))
+def _qkv_reference(x, w_q, w_k, w_v):
+    """(xn w_q, xn w_k, xn w_v), xn = rms_norm(x), the weights cast to x's dtype: the unfused model's."""
+    xn, dt = ref.rms_norm(x), x.dtype
+    return xn @ w_q.astype(dt), xn @ w_k.astype(dt), xn @ w_v.astype(dt)
+
+
+def _split_qkv(y, w_q, w_k, w_v):
+    """y [..., O_q + O_k + O_v] of the fused [I, O_q + O_k + O_v] weight -> (q, k, v)."""
+    oq, ok = w_q.shape[1], w_k.shape[1]
+    return y[..., :oq], y[..., oq:oq + ok], y[..., oq + ok:]
 
 
 def norm_qkv_projection(x, w_q, w_k, w_v):
@@ -355,13 +369,11 @@ def norm_qkv_projection(x, w_q, w_k, w_v):
     q/k/v projection, the weights cast to x's dtype at use. On a kernel the three run as one
     [I, O_q + O_k + O_v] `norm_projection` (kernels_nki/projection.py); the weights stay separate
     parameters (Muon updates each matrix on its own) and each gets its slice of the fp32 dw."""
-    dt = x.dtype
     if direct("norm_projection"):
-        xn = ref.rms_norm(x)
-        return xn @ w_q.astype(dt), xn @ w_k.astype(dt), xn @ w_v.astype(dt)
-    y = _project(_norm_projection, x, jnp.concatenate([w_q.astype(dt), w_k.astype(dt), w_v.astype(dt)], axis=1))
-    oq, ok = w_q.shape[1], w_k.shape[1]
-    return y[..., :oq], y[..., oq:oq + ok], y[..., oq + ok:]
+        return _qkv_reference(x, w_q, w_k, w_v)
+    dt, I = x.dtype, x.shape[-1]
+    w = jnp.concatenate([w_q.astype(dt), w_k.astype(dt), w_v.astype(dt)], axis=1)
+    return _split_qkv(_norm_projection(x.reshape(-1, I), w).reshape(x.shape[:-1] + (w.shape[1],)), w_q, w_k, w_v)
 
 
 @jax.custom_vjp
@@ -397,20 +409,16 @@ def mix_norm_qkv_projection(x_in, x0, mix_2D, w_q, w_k, w_v, skip=None, skip_w=N
             x_in = x_in + skip_w.astype(dt) * skip
         mix = mix_2D.astype(dt)
         x = mix[0] * x_in + mix[1] * x0
-        xn = ref.rms_norm(x)
-        return x, xn @ w_q.astype(dt), xn @ w_k.astype(dt), xn @ w_v.astype(dt)
+        return (x, *_qkv_reference(x, w_q, w_k, w_v))
     D = x_in.shape[-1]
     rows = lambda t: t.reshape(-1, D)
-    rounded = lambda t: t.astype(dt).astype(jnp.float32)  # the weights' values in x's dtype, fp32 for the kernel
     if skip is None:  # width 0: no skip (the kernel adapter above passes None)
         skip_NI, sw_1I = jnp.zeros((rows(x_in).shape[0], 0), dt), jnp.zeros((1, 0), jnp.float32)
     else:
-        skip_NI, sw_1I = rows(skip), rounded(skip_w).reshape(1, D)
+        skip_NI, sw_1I = rows(skip), _in_dtype(skip_w, dt).reshape(1, D)
     w = jnp.concatenate([w_q.astype(dt), w_k.astype(dt), w_v.astype(dt)], axis=1)
-    x_NI, y_NO = _mix_norm_projection(rows(x_in), rows(x0), rounded(mix_2D), w, skip_NI, sw_1I)
-    y = y_NO.reshape(x_in.shape[:-1] + (w.shape[1],))
-    oq, ok = w_q.shape[1], w_k.shape[1]
-    return x_NI.reshape(x_in.shape), y[..., :oq], y[..., oq:oq + ok], y[..., oq + ok:]
+    x_NI, y_NO = _mix_norm_projection(rows(x_in), rows(x0), _in_dtype(mix_2D, dt), w, skip_NI, sw_1I)
+    return (x_NI.reshape(x_in.shape), *_split_qkv(y_NO.reshape(x_in.shape[:-1] + (w.shape[1],)), w_q, w_k, w_v))
 
 
 def out_projection(x, w_IO, resid, scale_O):

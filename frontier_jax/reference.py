@@ -127,11 +127,13 @@ def resid_mix(x_NI, x0_NI, mix_2I, skip_NI, sw_1I):
     """The block's residual stream in x's dtype: mix[0] * x_in' + mix[1] * x0 with x_in' = x_in + sw * skip
     (a decoder block's U-Net skip add; a skip of width 0 is none), the weights cast to x's dtype and every
     product and sum in it, as the model computes them."""
-    dt = x_NI.dtype
-    if skip_NI.shape[1]:
-        x_NI = x_NI + sw_1I[0].astype(dt) * skip_NI
-    m = mix_2I.astype(dt)
-    return m[0] * x_NI + m[1] * x0_NI
+    m = mix_2I.astype(x_NI.dtype)
+    return m[0] * _skip_added(x_NI, skip_NI, sw_1I) + m[1] * x0_NI
+
+
+def _skip_added(x_NI, skip_NI, sw_1I):
+    """x + sw * skip in x's dtype (a decoder block's U-Net skip add); x itself for a skip of width 0."""
+    return x_NI + sw_1I[0].astype(x_NI.dtype) * skip_NI if skip_NI.shape[1] else x_NI
 
 
 def mix_norm_projection_fwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I):
@@ -151,7 +153,7 @@ def mix_norm_projection_bwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, inv_N1, d
     dx = dxo_NI + dxn
     m = mix_2I.astype(dt)
     skip = skip_NI.shape[1] > 0
-    xs = x_NI + sw_1I[0].astype(dt) * skip_NI if skip else x_NI
+    xs = _skip_added(x_NI, skip_NI, sw_1I)
     dxs = m[0] * dx
     dmix = jnp.stack([jnp.sum(f32(dx) * f32(xs), axis=0), jnp.sum(f32(dx) * f32(x0_NI), axis=0)])
     outs = (dxs, m[1] * dx, dmix, dw)
@@ -304,7 +306,7 @@ def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
 def qk_attention_bwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse_BHT1, qg_BTHK, qinv, kr_BTGK,
                      kinv, do_BTHK):
     """(dq, dk, dv, dg_BH1): through attention, RoPE (+ gain) and QK-norm; dg per (batch, head), fp32."""
-    qn_BTHK = (q_BTHK.astype(jnp.float32) * qinv).astype(q_BTHK.dtype)  # = rms_norm_fwd(q)[0]
+    qn_BTHK = _normed(q_BTHK, qinv)
     dqg, dkr, dv = attention_bwd(qg_BTHK, kr_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK)
     dqn = rope_gain_bwd(qn_BTHK, cos_TK2, sin_TK2, g_PH, dqg)[0]
     qr = rope(qn_BTHK, cos_TK2, sin_TK2).astype(jnp.float32)

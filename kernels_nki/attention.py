@@ -50,12 +50,11 @@ the kv head (T K / 65536 banks each); dq += ds k needs ds^T (a transpose). dq an
 
 TensorE: q k^T and dO v^T contract over K = 64 and run in row tiling mode on alternating 64-row
 halves of the PE array, which run in parallel (nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
-2 x 64-row tiles on NeuronCore-v2). Every transpose (`_transpose`) is the documented TensorE form,
-nc_matmul(is_transpose=True) against an identity ("Transpose mode"), split into two <= 64-row halves
-on the two row tiles: a [128, 128] transpose streams 64 identity columns per tile instead of 128.
+2 x 64-row tiles on NeuronCore-v2). Every transpose is `kernels_nki.tiles.transpose`: two <= 64-row
+halves on the two row tiles, a [128, 128] transpose streaming 64 identity columns per tile, not 128.
 
 Engine times and TensorE useful/issued at the baseline shapes (B=1, T=1024, H=8, G=4, K=64, bf16, AWS's
-documented trn1 rates): bench/README.md, "Attention kernels on trn1". In short: plain forward 55.2 us
+documented trn1 rates): bench/README.md, "Attention kernels on trn1". In short: plain forward 55.3 us
 per sequence, backward 61.4 us; fused 60.3 / 75.0 us; TensorE useful/issued 0.393 / 0.750, with the
 trn1 ceilings at K = 64 (the backward at most 5/6, the forward 2/3 with p^T transposes) derived there.
 """
@@ -65,14 +64,11 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.tiles import EPS, cdiv, identity, transpose
+
 BWD_VEC = 4  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
 KC = 512  # keys per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
 NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
-EPS = 1.1920928955078125e-07  # QK-norm epsilon: float32 machine epsilon == frontier_jax.reference.RMS_EPS
-
-
-def _cdiv(a, b):
-    return (a + b - 1) // b
 
 
 def _dims(q_BTHK, k_BTGK):
@@ -85,39 +81,14 @@ def _dims(q_BTHK, k_BTGK):
 def _causal_bias(dt):
     """(identity, bias, ones), [128, 128] each in dt, built once per call: bias is 0 where key j <= query p,
     NEG above (the forward's row max sees it via identity^T bias accumulated into the scores); the identity
-    is also the moving side of every transpose (`_transpose`), ones[0:1] the shift matmul's stationary."""
+    is also the moving side of every transpose (`kernels_nki.tiles.transpose`), ones[0:1] the shift matmul's stationary."""
     P = nl.tile_size.pmax
     zero = nl.zeros((P, P), dtype=dt, buffer=nl.sbuf)
     one = nl.ones((P, P), dtype=dt, buffer=nl.sbuf)
     bias = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
     nisa.affine_select(dst=bias, pattern=[[-1, P]], offset=0, channel_multiplier=1, on_true_tile=zero,
                        on_false_value=NEG, cmp_op=nl.greater_equal)
-    ident = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-    nisa.affine_select(dst=ident, pattern=[[-1, P]], offset=0, channel_multiplier=1, on_true_tile=one,
-                       on_false_value=0.0, cmp_op=nl.equal)
-    return ident, bias, one
-
-
-def _transpose(dst, src, rows, cols, ident, on_vector=False):
-    """dst[0:cols, 0:rows] (SBUF) = src[0:rows, 0:cols]^T on TensorE in row tiling mode: each <= 64-row
-    half of src is a stationary [64, cols] multiplied by a 64 x 64 identity (`nc_matmul(is_transpose=True)`,
-    the documented form of a TensorE transpose, nki/api/nki/isa/__init__.py nc_transpose / nc_matmul
-    "Transpose mode"), on its own 64-row tile of the PE array ("Tiling mode", NeuronCore-v2 or newer), so
-    the two halves run in parallel and a 128 x 128 transpose streams 64 identity columns, not 128. The
-    fp32 PSUM result leaves on ScalarE (`activation(op=nl.copy)`: NeuronCore-v2 has no ScalarE
-    tensor_copy, isa docs tensor_copy) or, with on_vector, on VectorE (GpSimd cannot read PSUM)."""
-    P = nl.tile_size.pmax
-    H = P // 2
-    t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
-    for h in nl.affine_range(_cdiv(rows, H)):
-        r = min(H, rows - h * H)
-        nisa.nc_matmul(dst=t_ps[0:cols, h * H:h * H + r], stationary=src[h * H:h * H + r, 0:cols],
-                       moving=ident[h * H:h * H + r, h * H:h * H + r], is_transpose=True,
-                       tile_position=(h * H, 0), tile_size=(H, P))
-    if on_vector:
-        nisa.tensor_copy(dst=dst, src=t_ps[0:cols, 0:rows], engine=nisa.engine.vector)
-    else:
-        nisa.activation(dst=dst, op=nl.copy, data=t_ps[0:cols, 0:rows])
+    return identity(dt), bias, one
 
 
 def _head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=(), saved=()):
@@ -144,7 +115,7 @@ def _head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=()
     if not transposed:
         return t, None, norm
     tT = nl.ndarray((K, P), dtype=dt, buffer=nl.sbuf)
-    _transpose(tT[0:K, 0:rows], t[0:rows], rows, K, ident, on_vector=vec)
+    transpose(tT[0:K, 0:rows], t[0:rows], rows, K, ident, on_vector=vec)
     return t, tT, norm
 
 
@@ -156,11 +127,11 @@ def _kv_head(x_BTGK, b, g, dt, ident, tables=(), saved=()):
     P = nl.tile_size.pmax
     xT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
     tiles, norms = [], []
-    for i in nl.affine_range(_cdiv(T, P)):
+    for i in nl.affine_range(cdiv(T, P)):
         r = min(P, T - i * P)
         prep = (tables[i], ()) if tables else ()
         t, _, norm = _head_rows(x_BTGK, b, g, i * P, r, dt, None, False, prep=prep, saved=saved)
-        _transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K, ident)
+        transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K, ident)
         tiles.append(t)
         norms.append(norm)
     return tiles, xT, norms
@@ -172,7 +143,7 @@ def _rope_tiles(cos_TK2, sin_TK2):
     T, K2 = cos_TK2.shape
     P = nl.tile_size.pmax
     tiles = []
-    for i in nl.affine_range(_cdiv(T, P)):
+    for i in nl.affine_range(cdiv(T, P)):
         r = min(P, T - i * P)
         c2 = nl.ndarray((P, 2 * K2), dtype=nl.float32, buffer=nl.sbuf)
         s = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
@@ -321,10 +292,10 @@ def _fwd_chunk(qT, kT, v_aug, t0, rows, c0, kc, bias, scale, state, last, dt):
     negm_f = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=negm_f[0:rows], src=negm[0:rows], engine=nisa.engine.gpsimd)
     negm_row = nl.ndarray((1, P), dtype=dt, buffer=nl.sbuf)
-    _transpose(negm_row[0:1, 0:rows], negm[0:rows], rows, 1, ident)
+    transpose(negm_row[0:1, 0:rows], negm[0:rows], rows, 1, ident)
     ones_row = bias[2]  # [0:1] of the [128, 128] ones tile: the K = 1 stationary
     o_ps = nl.ndarray((P, K + 1), dtype=nl.float32, buffer=nl.psum)
-    for j in nl.affine_range(_cdiv(kc, P)):
+    for j in nl.affine_range(cdiv(kc, P)):
         kr = min(P, kc - j * P)
         k0 = c0 + j * P
         half = (t0 // P + k0 // P) % 2
@@ -362,7 +333,7 @@ def _v_aug(x_BTGK, b, g, dt):
     T, K = x_BTGK.shape[1], x_BTGK.shape[3]
     P = nl.tile_size.pmax
     tiles = []
-    for i in nl.affine_range(_cdiv(T, P)):
+    for i in nl.affine_range(cdiv(T, P)):
         r = min(P, T - i * P)
         t = nl.ndarray((P, K + 1), dtype=dt, buffer=nl.sbuf)
         nisa.memset(dst=t[0:r, K:K + 1], value=1.0, engine=nisa.engine.gpsimd)
@@ -383,13 +354,14 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
             k_tiles, kT, k_norms = _kv_head(k_BTGK, b, g, dt, bias[0], tables)
-            for i in nl.affine_range(_cdiv(T, P) if rope else 0):
-                _store_rows(saved[2], saved[3], k_tiles[i], k_norms[i], b, g, i * P, min(P, T - i * P))
+            if rope:
+                for i in nl.affine_range(cdiv(T, P)):
+                    _store_rows(saved[2], saved[3], k_tiles[i], k_norms[i], b, g, i * P, min(P, T - i * P))
             v_aug = _v_aug(v_BTGK, b, g, dt)
             for r in nl.affine_range(R):
                 h = g * R + r
                 gain = _gain(rope[2], h, K) if rope else ()
-                for i in nl.affine_range(_cdiv(T, P)):
+                for i in nl.affine_range(cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
                     prep = (tables[i], gain) if rope else ()
@@ -397,7 +369,7 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
                     if rope:
                         _store_rows(saved[0], saved[1], q_t, q_inv, b, h, t0, rows)
                     state = ()
-                    chunks = _cdiv(t0 + rows, KC)
+                    chunks = cdiv(t0 + rows, KC)
                     for c in nl.sequential_range(chunks):
                         c0 = c * KC
                         state = _fwd_chunk(qT, kT, v_aug, t0, rows, c0, min(KC, t0 + rows - c0), bias, scale,
@@ -454,7 +426,7 @@ def _bwd_block(p_t, ds_t, do_t, q_t, k_tile, dq_ps, dk_acc, dv_acc, rows, j, kr,
     nisa.nc_matmul(dst=dv_acc[0:kr, col:col + K], stationary=p_t[0:rows, cols], moving=do_t[0:rows, 0:K])
     nisa.nc_matmul(dst=dk_acc[0:kr, col:col + K], stationary=ds_t[0:rows, cols], moving=q_t[0:rows, 0:K])
     dsT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-    _transpose(dsT[0:kr, 0:rows], ds_t[0:rows, cols], rows, kr, ident, on_vector=vec)
+    transpose(dsT[0:kr, 0:rows], ds_t[0:rows, cols], rows, kr, ident, on_vector=vec)
     nisa.nc_matmul(dst=dq_ps[0:rows, 0:K], stationary=dsT[0:kr, 0:rows], moving=k_tile[0:kr, 0:K])
 
 
@@ -478,7 +450,7 @@ def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, ac
     nisa.tensor_tensor(dst=ds_t[0:rows, 0:kc], data1=t_f[0:rows, 0:kc], data2=p_t[0:rows, 0:kc], op=nl.multiply,
                        engine=nisa.engine.gpsimd)
     per_bank = KC // K
-    for j in nl.affine_range(_cdiv(kc, P)):
+    for j in nl.affine_range(cdiv(kc, P)):
         kt = c0 // P + j
         dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
         _bwd_block(p_t, ds_t, do_t, q_t, k_tiles[kt], dq_ps, dk_acc, dv_acc, rows, j, min(P, kc - j * P),
@@ -504,7 +476,7 @@ def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT
     nisa.dma_copy(dst=negl_P1[0:rows], src=lse_BHT1[b, h, t0:t0 + rows])
     nisa.activation(dst=negl_P1[0:rows], op=nl.copy, data=negl_P1[0:rows], scale=-1.0)
     dq_ps = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum)
-    for c in nl.affine_range(_cdiv(t0 + rows, KC)):
+    for c in nl.affine_range(cdiv(t0 + rows, KC)):
         c0 = c * KC
         _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0,
                    min(KC, t0 + rows - c0), bias, scale, dt)
@@ -523,7 +495,7 @@ def _store_kv_grad(dst_BTGK, acc, b, g, T, K, scale, dt, tables=(), norms=()):
     tiles) through the rotation and QK-norm of the keys (their per-tile `norms`)."""
     P = nl.tile_size.pmax
     per_bank = KC // K
-    for kt in nl.affine_range(_cdiv(T, P)):
+    for kt in nl.affine_range(cdiv(T, P)):
         kr = min(P, T - kt * P)
         col = (kt % per_bank) * K
         out = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
@@ -557,7 +529,7 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     dg_BH1 = nl.ndarray((B, H, 1), dtype=nl.float32, buffer=nl.shared_hbm) if rope else None
     bias = _causal_bias(dt)
     tables = _rope_tiles(rope[0], rope[1]) if rope else ()
-    banks = _cdiv(_cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
+    banks = cdiv(cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
             k_tiles, kT, k_norms = _kv_head(k_BTGK, b, g, dt, bias[0], saved=rope[5:7] if rope else ())
@@ -571,7 +543,7 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
                 if rope:
                     dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
-                for i in nl.affine_range(_cdiv(T, P)):
+                for i in nl.affine_range(cdiv(T, P)):
                     t0 = i * P
                     qk = (tables[i], gain, rope[3:5]) if rope else ()
                     _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, min(P, T - t0),

@@ -51,13 +51,11 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.tiles import cdiv
+
 NB = 512  # tokens per forward block (gemm_moving_fmax of the id broadcast / one-hot tiles)
 DC = 512  # fp32 columns of one PSUM bank (nl.tile_size.psum_fmax)
 PSUM_BANKS = 8  # PSUM banks per partition on NeuronCore-v2 (trn1 arch guide, "Near-memory accumulation")
-
-
-def _cdiv(a, b):
-    return (a + b - 1) // b
 
 
 @nki.jit
@@ -67,7 +65,7 @@ def embed_fwd(ids_N, emb_VD):
     V, D = emb_VD.shape
     P = nl.tile_size.pmax
     dt = emb_VD.dtype
-    KV = _cdiv(V, P)
+    KV = cdiv(V, P)
     out_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     # emb as V/128 row tiles (the moving operands) and vcol[p, k] = 128 k + p (the one-hot compare values)
     emb_t = []
@@ -79,7 +77,7 @@ def embed_fwd(ids_N, emb_VD):
     vcol_PK = nl.ndarray((P, KV), dtype=nl.float32, buffer=nl.sbuf)
     nisa.iota(dst=vcol_PK, pattern=[[P, KV]], offset=0, channel_multiplier=1)
     PV = min(P, V)
-    for blk in nl.affine_range(_cdiv(N, NB)):
+    for blk in nl.affine_range(cdiv(N, NB)):
         n0 = blk * NB
         nb = min(NB, N - n0)
         ids_PB = nl.ndarray((P, NB), dtype=nl.int32, buffer=nl.sbuf)
@@ -91,10 +89,10 @@ def embed_fwd(ids_N, emb_VD):
             nisa.tensor_scalar(dst=oh_t[0:vr, 0:nb], data=ids_PB[0:vr, 0:nb], op0=nl.equal,
                                operand0=vcol_PK[0:vr, k:k + 1])
             ohT.append(oh_t)
-        for s in nl.affine_range(_cdiv(nb, P)):
+        for s in nl.affine_range(cdiv(nb, P)):
             rows = min(P, nb - s * P)
             r0 = n0 + s * P
-            for c in nl.affine_range(_cdiv(D, DC)):
+            for c in nl.affine_range(cdiv(D, DC)):
                 dc = min(DC, D - c * DC)
                 y_ps = nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.psum)
                 for k in nl.affine_range(KV):
@@ -124,7 +122,7 @@ def embed_bwd(ids_N, emb_VD, dy_ND):
         vlo = group[0][0]
         vhi = group[-1][0] + group[-1][1]
         acc = [nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.psum) for _ in group]
-        for t in nl.affine_range(_cdiv(N, P)):
+        for t in nl.affine_range(cdiv(N, P)):
             r0 = t * P
             rows = min(P, N - r0)
             id_i = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)

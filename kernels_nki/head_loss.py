@@ -67,6 +67,8 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.tiles import cdiv
+
 VC = 512  # vocabulary chunk (one PSUM bank of fp32)
 DZ_BYTES = 32 * 1024  # SBUF bytes per partition for one demb block's dz tiles (backward)
 LOG_MAX = 2.0 ** 64  # log's valid input range on ScalarE is [2^-64, 2^64] (nki/api/nki.api.shared.rst)
@@ -77,20 +79,16 @@ XT_VE_FWD = (2, 8)
 XT_VE_BWD = (3, 8)
 
 
-def _cdiv(a, b):
-    return (a + b - 1) // b
-
-
 def _emb_tiles(emb_VD, dt):
     """emb as V/128 row tiles [v, D] and emb^T as D/128 tiles [d, V] (TensorE transposes, once per call)."""
     V, D = emb_VD.shape
     P = nl.tile_size.pmax
-    rows, embT = [], [nl.ndarray((P, V), dtype=dt, buffer=nl.sbuf) for _ in range(_cdiv(D, P))]
-    for v in nl.affine_range(_cdiv(V, P)):
+    rows, embT = [], [nl.ndarray((P, V), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(D, P))]
+    for v in nl.affine_range(cdiv(V, P)):
         vr = min(P, V - v * P)
         e_t = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
         nisa.dma_copy(dst=e_t[0:vr], src=emb_VD[v * P:v * P + vr])
-        for k in nl.affine_range(_cdiv(D, P)):
+        for k in nl.affine_range(cdiv(D, P)):
             dk = min(P, D - k * P)
             t_ps = nl.ndarray((dk, vr), dtype=dt, buffer=nl.psum)
             nisa.nc_transpose(dst=t_ps, data=e_t[0:vr, k * P:k * P + dk])
@@ -101,9 +99,9 @@ def _emb_tiles(emb_VD, dt):
 
 def _transpose_ve(dst, src, p, f):
     """dst[0:f, 0:p] = src[0:p, 0:f]^T (p, f <= 128) by VectorE 32 x 32 transposes, SBUF to SBUF."""
-    for i in nl.affine_range(_cdiv(p, 32)):
+    for i in nl.affine_range(cdiv(p, 32)):
         pi = min(32, p - i * 32)
-        for j in nl.affine_range(_cdiv(f, 32)):
+        for j in nl.affine_range(cdiv(f, 32)):
             fj = min(32, f - j * 32)
             nisa.nc_transpose(dst=dst[j * 32:j * 32 + fj, i * 32:i * 32 + pi],
                               data=src[i * 32:i * 32 + pi, j * 32:j * 32 + fj], engine=nisa.engine.vector)
@@ -115,7 +113,7 @@ def _x_tile(x_ND, r0, rows, dt, g, ve, copy_on_vector):
     PSUM by VectorE (copy_on_vector) or ScalarE."""
     N, D = x_ND.shape
     P = nl.tile_size.pmax
-    KT = _cdiv(D, P)
+    KT = cdiv(D, P)
     x_PD = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_PD[0:rows], src=x_ND[r0:r0 + rows])
     xT = []
@@ -169,7 +167,7 @@ def _tanh_chunk(t_PV, xT, embT, c0, vc, rows, D, softcap):
     bank, tanh on ScalarE straight out of PSUM."""
     P = nl.tile_size.pmax
     z_ps = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum)
-    for k in nl.affine_range(_cdiv(D, P)):
+    for k in nl.affine_range(cdiv(D, P)):
         dk = min(P, D - k * P)
         nisa.nc_matmul(dst=z_ps[0:rows, 0:vc], stationary=xT[k][0:dk, 0:rows], moving=embT[k][0:dk, c0:c0 + vc])
     nisa.activation(dst=t_PV[0:rows, c0:c0 + vc], op=nl.tanh, data=z_ps[0:rows, 0:vc], scale=1.0 / softcap)
@@ -265,13 +263,13 @@ def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS=None, bias_vals_NS=None,
     loss_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     lse_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     _, embT = _emb_tiles(emb_VD, dt)
-    for t in nl.affine_range(_cdiv(N, P)):
+    for t in nl.affine_range(cdiv(N, P)):
         r0 = t * P
         rows = min(P, N - r0)
         _, xT = _x_tile(x_ND, r0, rows, dt, t, XT_VE_FWD, True)
         cols, idx = _token_columns(targets_N1, bias_ids_NS, r0, rows, S)
         t_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
-        for c in nl.affine_range(_cdiv(V, VC)):
+        for c in nl.affine_range(cdiv(V, VC)):
             _tanh_chunk(t_PV, xT, embT, c * VC, min(VC, V - c * VC), rows, D, softcap)
         # t at the target (and the bias ids): one GpSimd gather per tile
         tg = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
@@ -377,10 +375,10 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
     dvals_NS = nl.ndarray((N, S), dtype=nl.float32, buffer=nl.shared_hbm) if S else None
     emb_rows, embT = _emb_tiles(emb_VD, dt)
     iota_PV = _iota(V)
-    acc = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(_cdiv(V, P))]
-    for blk in nl.affine_range(_cdiv(N, TPB * P)):
+    acc = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(cdiv(V, P))]
+    for blk in nl.affine_range(cdiv(N, TPB * P)):
         x_s, dz_s, rows_s = [], [], []
-        for st in nl.affine_range(_cdiv(min(TPB * P, N - blk * TPB * P), P)):
+        for st in nl.affine_range(cdiv(min(TPB * P, N - blk * TPB * P), P)):
             gt = blk * TPB + st
             r0 = gt * P
             rows = min(P, N - r0)
@@ -392,7 +390,7 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
             neg_g = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=neg_g[0:rows], data=g_P1[0:rows], op0=nl.multiply, operand0=-1.0)
             t_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
-            for c in nl.affine_range(_cdiv(V, VC)):
+            for c in nl.affine_range(cdiv(V, VC)):
                 _tanh_chunk(t_PV, xT, embT, c * VC, min(VC, V - c * VC), rows, D, softcap)
             corr = None
             if S:
@@ -401,24 +399,24 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
                 corr = _bias_grad(cols, _column(bias_vals_NS, r0, rows, nl.float32), tg, neg_lse, g_P1, rows, S,
                                   softcap, dvals_NS, r0)
             dz_PV = nl.ndarray((P, V), dtype=dt, buffer=nl.sbuf)
-            dx_ps = [nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum) for _ in range(_cdiv(D, VC))]
-            for c in nl.affine_range(_cdiv(V, VC)):
+            dx_ps = [nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum) for _ in range(cdiv(D, VC))]
+            for c in nl.affine_range(cdiv(V, VC)):
                 c0 = c * VC
                 vc = min(VC, V - c0)
                 _dz_chunk(dz_PV, t_PV, iota_PV, cols, corr, neg_lse, neg_g, c0, vc, rows, S, softcap)
                 # dx += dz emb over this chunk's 128-row vocab tiles (dz^T by TensorE, out of PSUM by ScalarE)
-                for j in nl.affine_range(_cdiv(vc, P)):
+                for j in nl.affine_range(cdiv(vc, P)):
                     v0 = c0 + j * P
                     vj = min(P, V - v0)
                     dzT_ps = nl.ndarray((vj, rows), dtype=dt, buffer=nl.psum)
                     nisa.nc_transpose(dst=dzT_ps, data=dz_PV[0:rows, v0:v0 + vj])
                     dzT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
                     nisa.activation(dst=dzT[0:vj, 0:rows], op=nl.copy, data=dzT_ps)
-                    for d in nl.affine_range(_cdiv(D, VC)):
+                    for d in nl.affine_range(cdiv(D, VC)):
                         dc = min(VC, D - d * VC)
                         nisa.nc_matmul(dst=dx_ps[d][0:rows, 0:dc], stationary=dzT[0:vj, 0:rows],
                                        moving=emb_rows[v0 // P][0:vj, d * VC:d * VC + dc])
-            for d in nl.affine_range(_cdiv(D, VC)):
+            for d in nl.affine_range(cdiv(D, VC)):
                 dc = min(VC, D - d * VC)
                 dx_t = nl.ndarray((P, VC), dtype=dt, buffer=nl.sbuf)
                 nisa.activation(dst=dx_t[0:rows, 0:dc], op=nl.copy, data=dx_ps[d][0:rows, 0:dc])
@@ -427,9 +425,9 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
             dz_s.append(dz_PV)
             rows_s.append(rows)
         # demb += dz^T x over the block's tokens (PSUM accumulation), one VectorE add per block into fp32 SBUF
-        for v in nl.affine_range(_cdiv(V, P)):
+        for v in nl.affine_range(cdiv(V, P)):
             vr = min(P, V - v * P)
-            for d in nl.affine_range(_cdiv(D, VC)):
+            for d in nl.affine_range(cdiv(D, VC)):
                 dc = min(VC, D - d * VC)
                 g_ps = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum)
                 for st in nl.affine_range(len(rows_s)):
@@ -437,7 +435,7 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
                                    moving=x_s[st][0:rows_s[st], d * VC:d * VC + dc])
                 a = acc[v][0:vr, d * VC:d * VC + dc]
                 nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:vr, 0:dc], op=nl.add)
-    for v in nl.affine_range(_cdiv(V, P)):
+    for v in nl.affine_range(cdiv(V, P)):
         vr = min(P, V - v * P)
         out = nl.ndarray((P, D), dtype=emb_VD.dtype, buffer=nl.sbuf)
         nisa.activation(dst=out[0:vr], op=nl.copy, data=acc[v][0:vr])

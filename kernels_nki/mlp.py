@@ -71,38 +71,9 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.tiles import EPS, cdiv, identity, norm_grad_rows, transpose
+
 NB = 512  # tokens per block (gemm_moving_fmax)
-HALF = 64  # a row tile of the PE array in row tiling mode on NeuronCore-v2 (isa docs nc_matmul, "Tiling mode")
-EPS = 1.1920928955078125e-07  # float32 machine epsilon == frontier_jax.reference.RMS_EPS
-
-
-def _cdiv(a, b):
-    return (a + b - 1) // b
-
-
-def _identity(dt):
-    """[128, 128] identity in dt (GpSimd, once per call): the moving operand of the transposes."""
-    P = nl.tile_size.pmax
-    one = nl.ones((P, P), dtype=dt, buffer=nl.sbuf)
-    ident = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-    nisa.affine_select(dst=ident, pattern=[[-1, P]], offset=0, channel_multiplier=1, on_true_tile=one,
-                       on_false_value=0.0, cmp_op=nl.equal)
-    return ident
-
-
-def _transpose(dst, src, rows, cols, ident):
-    """dst[0:cols, 0:rows] = src[0:rows, 0:cols]^T: TensorE as two 64-row halves in the two row tiles of the
-    PE array, run in parallel (each a matmul against the identity, the documented TensorE transpose;
-    kernels_nki/projection.py cites the docs), into fp32 PSUM, then a ScalarE copy out."""
-    t_ps = nl.ndarray((cols, rows), dtype=nl.float32, buffer=nl.psum)
-    for h in range(2):
-        r0 = h * HALF
-        rh = min(HALF, rows - r0)
-        if rh > 0:
-            nisa.nc_matmul(dst=t_ps[:, r0:r0 + rh], stationary=src[r0:r0 + rh, 0:cols],
-                           moving=ident[r0:r0 + rh, r0:r0 + rh], is_transpose=True, tile_position=(r0, 0),
-                           tile_size=(HALF, nl.tile_size.pmax))
-    nisa.activation(dst=dst, op=nl.copy, data=t_ps)
 
 
 def _relu_sq(dst, h_ps):
@@ -121,7 +92,7 @@ def _load_rows(w_RC, dt):
     R, C = w_RC.shape
     P = nl.tile_size.pmax
     tiles = []
-    for i in nl.affine_range(_cdiv(R, P)):
+    for i in nl.affine_range(cdiv(R, P)):
         r = min(P, R - i * P)
         t = nl.ndarray((P, C), dtype=dt, buffer=nl.sbuf)
         nisa.dma_copy(dst=t[0:r], src=w_RC[i * P:i * P + r])
@@ -132,12 +103,12 @@ def _load_rows(w_RC, dt):
 def _transposed_rows(tiles, R, C, dt, ident):
     """Row tiles of a [R, C] matrix -> row tiles of its [C, R] transpose."""
     P = nl.tile_size.pmax
-    out = [nl.ndarray((P, R), dtype=dt, buffer=nl.sbuf) for _ in range(_cdiv(C, P))]
-    for i in nl.affine_range(_cdiv(R, P)):
+    out = [nl.ndarray((P, R), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(C, P))]
+    for i in nl.affine_range(cdiv(R, P)):
         r = min(P, R - i * P)
-        for j in nl.affine_range(_cdiv(C, P)):
+        for j in nl.affine_range(cdiv(C, P)):
             c = min(P, C - j * P)
-            _transpose(out[j][0:c, i * P:i * P + r], tiles[i][0:r, j * P:j * P + c], r, c, ident)
+            transpose(out[j][0:c, i * P:i * P + r], tiles[i][0:r, j * P:j * P + c], r, c, ident)
     return out
 
 
@@ -145,7 +116,7 @@ def _block_rows(src_NX, n0, nb, dt):
     """Rows n0:n0+nb of src as 128-row SBUF tiles (token-major)."""
     P = nl.tile_size.pmax
     tiles = []
-    for s in nl.affine_range(_cdiv(nb, P)):
+    for s in nl.affine_range(cdiv(nb, P)):
         rows = min(P, nb - s * P)
         t = nl.ndarray((P, src_NX.shape[1]), dtype=dt, buffer=nl.sbuf)
         nisa.dma_copy(dst=t[0:rows], src=src_NX[n0 + s * P:n0 + s * P + rows])
@@ -157,12 +128,12 @@ def _block_T(tiles, nb, dt, ident):
     """The block's 128-row tiles [tokens, D] -> D/128 tiles of the transpose [D_k, nb]."""
     P = nl.tile_size.pmax
     D = tiles[0].shape[1]
-    xT = [nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf) for _ in range(_cdiv(D, P))]
-    for s in nl.affine_range(_cdiv(nb, P)):
+    xT = [nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(D, P))]
+    for s in nl.affine_range(cdiv(nb, P)):
         rows = min(P, nb - s * P)
-        for k in nl.affine_range(_cdiv(D, P)):
+        for k in nl.affine_range(cdiv(D, P)):
             dk = min(P, D - k * P)
-            _transpose(xT[k][0:dk, s * P:s * P + rows], tiles[s][0:rows, k * P:k * P + dk], rows, dk, ident)
+            transpose(xT[k][0:dk, s * P:s * P + rows], tiles[s][0:rows, k * P:k * P + dk], rows, dk, ident)
     return xT
 
 
@@ -182,12 +153,12 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
     dt = x_ND.dtype
     y_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     inv_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
-    ident = _identity(dt)
+    ident = identity(dt)
     eps = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # v2: activation's bias is a tile
     nisa.memset(dst=eps, value=EPS)
     wfc = _load_rows(w_fc_DF, dt)  # [D_k, F]
     wproj = _load_rows(w_proj_FD, dt)  # [F_j, D]
-    for blk in nl.affine_range(_cdiv(N, NB)):
+    for blk in nl.affine_range(cdiv(N, NB)):
         n0 = blk * NB
         nb = min(NB, N - n0)
         xn_s = []
@@ -205,22 +176,22 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
             xn_s.append(_scaled(x_t, inv, rows, dt))
         xT = _block_T(xn_s, nb, dt, ident)
         aT = []
-        for j in nl.affine_range(_cdiv(F, P)):
+        for j in nl.affine_range(cdiv(F, P)):
             fj = min(P, F - j * P)
             h_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-            for k in nl.affine_range(_cdiv(D, P)):
+            for k in nl.affine_range(cdiv(D, P)):
                 dk = min(P, D - k * P)
                 nisa.nc_matmul(dst=h_ps[0:fj, 0:nb], stationary=wfc[k][0:dk, j * P:j * P + fj],
                                moving=xT[k][0:dk, 0:nb])
             a_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
             _relu_sq(a_T[0:fj, 0:nb], h_ps[0:fj, 0:nb])
             aT.append(a_T)
-        for s in nl.affine_range(_cdiv(nb, P)):
+        for s in nl.affine_range(cdiv(nb, P)):
             rows = min(P, nb - s * P)
-            for c in nl.affine_range(_cdiv(D, NB)):
+            for c in nl.affine_range(cdiv(D, NB)):
                 dc = min(NB, D - c * NB)
                 y_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for j in nl.affine_range(_cdiv(F, P)):
+                for j in nl.affine_range(cdiv(F, P)):
                     fj = min(P, F - j * P)
                     nisa.nc_matmul(dst=y_ps[0:rows, 0:dc], stationary=aT[j][0:fj, s * P:s * P + rows],
                                    moving=wproj[j][0:fj, c * NB:c * NB + dc])
@@ -233,30 +204,15 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
 
 def _norm_dx(g, x_t, inv, dy_t, rows, dt):
     """dx [P, D] in dt for one row tile: dy (the residual's pass-through) plus the norm's backward, given g/2
-    (g: the gradient of rms_norm(x)) as fp32 PSUM chunks of 512 columns: dx = dy + 2 inv (g/2 + x c),
-    c = -mean((g/2) x) inv^2. VectorE: (g/2) x and x c + g/2 (one PSUM input each); ScalarE: the row sum
-    and the 2 inv scale; GpSimd (SBUF only, idle otherwise): the add of dy."""
+    (g: the gradient of rms_norm(x)) as fp32 PSUM chunks of 512 columns: dx = dy + 2 inv (g/2 + x c)
+    (`kernels_nki.tiles.norm_grad_rows`); the 2 inv scale on ScalarE, the add of dy on GpSimd (SBUF only,
+    idle otherwise)."""
     P = nl.tile_size.pmax
-    D = x_t.shape[1]
-    work = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
-    for c in nl.affine_range(len(g)):
-        dc = min(NB, D - c * NB)
-        nisa.tensor_tensor(dst=work[0:rows, c * NB:c * NB + dc], data1=g[c][0:rows, 0:dc],
-                           data2=x_t[0:rows, c * NB:c * NB + dc], op=nl.multiply)
-    dot = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation_reduce(dst=work[0:rows], op=nl.copy, data=work[0:rows], reduce_op=nl.add, reduce_res=dot[0:rows])
-    cc = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # c = (dot * -1/D * inv) * inv
-    nisa.tensor_scalar(dst=cc[0:rows], data=dot[0:rows], op0=nl.multiply, operand0=-1.0 / D, op1=nl.multiply,
-                       operand1=inv[0:rows])
-    nisa.tensor_scalar(dst=cc[0:rows], data=cc[0:rows], op0=nl.multiply, operand0=inv[0:rows])
+    work = norm_grad_rows(g, x_t, inv, rows, NB)
     two_inv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=two_inv[0:rows], data=inv[0:rows], op0=nl.multiply, operand0=2.0)
-    for c in nl.affine_range(len(g)):
-        dc = min(NB, D - c * NB)
-        nisa.scalar_tensor_tensor(dst=work[0:rows, c * NB:c * NB + dc], data=x_t[0:rows, c * NB:c * NB + dc],
-                                  op0=nl.multiply, operand0=cc[0:rows], op1=nl.add, operand1=g[c][0:rows, 0:dc])
     nisa.activation(dst=work[0:rows], op=nl.copy, data=work[0:rows], scale=two_inv[0:rows])
-    dx = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
+    dx = nl.ndarray((P, x_t.shape[1]), dtype=dt, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=dx[0:rows], data1=work[0:rows], data2=dy_t[0:rows], op=nl.add,
                        engine=nisa.engine.gpsimd)
     return dx
@@ -270,20 +226,20 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
     dt = x_ND.dtype
-    KD, KF = _cdiv(D, P), _cdiv(F, P)
+    KD, KF = cdiv(D, P), cdiv(F, P)
     dx_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     dwfc_DF = nl.ndarray((D, F), dtype=dt, buffer=nl.shared_hbm)
     dwproj_FD = nl.ndarray((F, D), dtype=nl.float32, buffer=nl.shared_hbm)  # fp32: ops.py derives ds from it
-    ident = _identity(dt)
+    ident = identity(dt)
     wfc = _load_rows(w_fc_DF, dt)  # [D_k, F]
     wfcT = _transposed_rows(wfc, D, F, dt, ident)  # [F_j, D]
     wprojT = _transposed_rows(_load_rows(w_proj_FD, dt), F, D, dt, ident)  # [D_k, F]
     acc_fc = [nl.zeros((P, F), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KD)]
     acc_proj = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KF)]
-    for blk in nl.affine_range(_cdiv(N, NB)):
+    for blk in nl.affine_range(cdiv(N, NB)):
         n0 = blk * NB
         nb = min(NB, N - n0)
-        S = _cdiv(nb, P)
+        S = cdiv(nb, P)
         x_s = _block_rows(x_ND, n0, nb, dt)
         inv_s = _block_rows(inv_N1, n0, nb, nl.float32)
         xn_s = [_scaled(x_s[s], inv_s[s], min(P, nb - s * P), dt) for s in range(S)]  # rms_norm(x)
@@ -296,7 +252,7 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
             rows = min(P, nb - s * P)
             a_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
             dh_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
-            for c in nl.affine_range(_cdiv(F, NB)):
+            for c in nl.affine_range(cdiv(F, NB)):
                 fc = min(NB, F - c * NB)
                 h_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
                 da_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
@@ -314,13 +270,13 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
                                    op=nl.multiply)
             for j in nl.affine_range(KF):
                 fj = min(P, F - j * P)
-                _transpose(dhT[j][0:fj, s * P:s * P + rows], dh_t[0:rows, j * P:j * P + fj], rows, fj, ident)
+                transpose(dhT[j][0:fj, s * P:s * P + rows], dh_t[0:rows, j * P:j * P + fj], rows, fj, ident)
             a_s.append(a_t)
             dh_s.append(dh_t)
         # weight gradients: contract over the block's tokens in PSUM, one fp32 SBUF add per block
         for j in nl.affine_range(KF):
             fj = min(P, F - j * P)
-            for c in nl.affine_range(_cdiv(D, NB)):
+            for c in nl.affine_range(cdiv(D, NB)):
                 dc = min(NB, D - c * NB)
                 g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
                 for s in nl.affine_range(S):
@@ -331,7 +287,7 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
                 nisa.tensor_tensor(dst=acc, data1=acc, data2=g_ps[0:fj, 0:dc], op=nl.add)
         for k in nl.affine_range(KD):
             dk = min(P, D - k * P)
-            for c in nl.affine_range(_cdiv(F, NB)):
+            for c in nl.affine_range(cdiv(F, NB)):
                 fc = min(NB, F - c * NB)
                 g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
                 for s in nl.affine_range(S):
@@ -344,7 +300,7 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
         for s in nl.affine_range(S):
             rows = min(P, nb - s * P)
             g = []
-            for c in nl.affine_range(_cdiv(D, NB)):
+            for c in nl.affine_range(cdiv(D, NB)):
                 dc = min(NB, D - c * NB)
                 dx_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
                 for j in nl.affine_range(KF):

@@ -95,15 +95,11 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.tiles import EPS, cdiv, identity, norm_grad_rows, transpose_to_psum
+
 W = 512  # moving columns per matmul: one fp32 PSUM bank (gemm_moving_fmax)
 PSUM_BANKS = 8  # 2 MiB PSUM = 16 KiB per partition (trn1 arch guide, "Memory"), in 2 KiB banks of 512 fp32
-HALF = 64  # a row tile of the PE array in row tiling mode on NeuronCore-v2 (isa docs nc_matmul, "Tiling mode")
 BLOCK = 16  # norm_projection_bwd: token tiles whose dw partials accumulate in PSUM before the fp32 SBUF add
-EPS = 1.1920928955078125e-07  # float32 machine epsilon == frontier_jax.reference.RMS_EPS
-
-
-def _cdiv(a, b):
-    return (a + b - 1) // b
 
 
 def _evacuate(dst, src, on_vector, scale=None, scaled=False):
@@ -120,38 +116,15 @@ def _evacuate(dst, src, on_vector, scale=None, scaled=False):
         nisa.activation(dst=dst, op=nl.copy, data=src)
 
 
-def _identity(dt):
-    """[128, 128] identity in dt (GpSimd, once per call): the moving operand of the transposes."""
-    P = nl.tile_size.pmax
-    one = nl.ones((P, P), dtype=dt, buffer=nl.sbuf)
-    ident = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-    nisa.affine_select(dst=ident, pattern=[[-1, P]], offset=0, channel_multiplier=1, on_true_tile=one,
-                       on_false_value=0.0, cmp_op=nl.equal)
-    return ident
-
-
-def _transpose(dst_ps, src, rows, ident):
-    """dst_ps[0:cols, 0:rows] (fp32 PSUM) = src[0:rows, 0:cols]^T on TensorE as two row-tiled halves: rows
-    r0:r0+64 are the stationary operand of a matmul against the identity (how TensorE transposes: isa docs
-    nc_transpose / nc_matmul "Transpose mode", is_transpose labels it), in the 64-row tile at r0 of the
-    PE array, so the two halves run in parallel (nc_matmul "Tiling mode", NeuronCore-v2 or newer)."""
-    for h in range(2):
-        r0 = h * HALF
-        rh = min(HALF, rows - r0)
-        if rh > 0:
-            nisa.nc_matmul(dst=dst_ps[:, r0:r0 + rh], stationary=src[r0:r0 + rh], moving=ident[r0:r0 + rh, r0:r0 + rh],
-                           is_transpose=True, tile_position=(r0, 0), tile_size=(HALF, nl.tile_size.pmax))
-
-
 def _transposed(t, rows, cols, dt, ident, first_on_vector=True, on_scalar=False):
     """[cols/128 tiles of [128, 128]]: t[0:rows, 0:cols] transposed in 128-column slices (TensorE), copied out
     of PSUM alternately by VectorE and ScalarE (with `on_scalar`, all by ScalarE)."""
     P = nl.tile_size.pmax
     out = []
-    for i in nl.affine_range(_cdiv(cols, P)):
+    for i in nl.affine_range(cdiv(cols, P)):
         k = min(P, cols - i * P)
         t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
-        _transpose(t_ps[0:k, 0:rows], t[0:rows, i * P:i * P + k], rows, ident)
+        transpose_to_psum(t_ps[0:k, 0:rows], t[0:rows, i * P:i * P + k], rows, ident)
         tT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
         _evacuate(tT[0:k, 0:rows], t_ps[0:k, 0:rows], (i % 2 == 0) == first_on_vector and not on_scalar)
         out.append(tT)
@@ -171,7 +144,7 @@ def _weight_tiles(w_IO, dt):
     P = nl.tile_size.pmax
     I, O = w_IO.shape
     tiles = []
-    for i in nl.affine_range(_cdiv(I, P)):
+    for i in nl.affine_range(cdiv(I, P)):
         k = min(P, I - i * P)
         t = nl.ndarray((k, O), dtype=dt, buffer=nl.sbuf)
         nisa.dma_copy(dst=t, src=w_IO[i * P:i * P + k])
@@ -183,14 +156,14 @@ def _weight_transposed(w_IO, dt, ident):
     """w_IO^T as O/128 SBUF tiles [128, I] (TensorE transposes, once per call)."""
     P = nl.tile_size.pmax
     I, O = w_IO.shape
-    wT = [nl.ndarray((P, I), dtype=dt, buffer=nl.sbuf) for _ in range(_cdiv(O, P))]
-    for i in nl.affine_range(_cdiv(I, P)):
+    wT = [nl.ndarray((P, I), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(O, P))]
+    for i in nl.affine_range(cdiv(I, P)):
         k = min(P, I - i * P)
         w_t = _rows(w_IO, i * P, k, dt)
-        for j in nl.affine_range(_cdiv(O, P)):
+        for j in nl.affine_range(cdiv(O, P)):
             ko = min(P, O - j * P)
             t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
-            _transpose(t_ps[0:ko, 0:k], w_t[0:k, j * P:j * P + ko], k, ident)
+            transpose_to_psum(t_ps[0:ko, 0:k], w_t[0:k, j * P:j * P + ko], k, ident)
             _evacuate(wT[j][0:ko, i * P:i * P + k], t_ps[0:ko, 0:k], j % 2 == 1)
     return wT
 
@@ -200,10 +173,10 @@ def _products(lhsT, rhs, K, O, rows):
     tiles, rhs as [128, O] tiles (slice i holds contraction rows i*128 ...)."""
     P = nl.tile_size.pmax
     out = []
-    for o in nl.affine_range(_cdiv(O, W)):
+    for o in nl.affine_range(cdiv(O, W)):
         w = min(W, O - o * W)
         ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
-        for i in nl.affine_range(_cdiv(K, P)):
+        for i in nl.affine_range(cdiv(K, P)):
             k = min(P, K - i * P)
             nisa.nc_matmul(dst=ps[0:rows, 0:w], stationary=lhsT[i][0:k, 0:rows], moving=rhs[i][0:k, o * W:o * W + w])
         out.append(ps)
@@ -236,29 +209,12 @@ def _inv_rms(x_t, rows, eps_P1):
 
 
 def _norm_bwd(g, x_t, inv, rows, dt, dxo=None):
-    """The RMSNorm backward of one row tile, [P, D] in dt: dx = inv (g + x c), c = -mean(g x) inv^2, with g
-    (the gradient of the normalised rows) as fp32 PSUM tiles of 512 columns. VectorE: g x and x c + g (one
-    PSUM input each); ScalarE: the row sum and the final scale. With `dxo` (the gradient x receives along
-    the residual path, a [P, D] tile) dx = inv (g + x c) + dxo, the scale and the add as one VectorE op."""
+    """The RMSNorm backward of one row tile, [P, D] in dt: dx = inv (g + x c) (`kernels_nki.tiles.norm_grad_rows`:
+    g as fp32 PSUM tiles of 512 columns), the final scale on ScalarE; with `dxo` (the gradient x receives
+    along the residual path, a [P, D] tile) dx = inv (g + x c) + dxo, the scale and the add as one VectorE op."""
     P = nl.tile_size.pmax
-    D = x_t.shape[1]
-    work = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
-    for c in nl.affine_range(len(g)):
-        cw = min(W, D - c * W)
-        nisa.tensor_tensor(dst=work[0:rows, c * W:c * W + cw], data1=g[c][0:rows, 0:cw],
-                           data2=x_t[0:rows, c * W:c * W + cw], op=nl.multiply)
-    dot = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation_reduce(dst=work[0:rows], op=nl.copy, data=work[0:rows], reduce_op=nl.add, reduce_res=dot[0:rows])
-    t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=t[0:rows], data=dot[0:rows], op0=nl.multiply, operand0=inv[0:rows], op1=nl.multiply,
-                       operand1=-1.0 / D)
-    cc = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=cc[0:rows], data=t[0:rows], op0=nl.multiply, operand0=inv[0:rows])
-    for c in nl.affine_range(len(g)):
-        cw = min(W, D - c * W)
-        nisa.scalar_tensor_tensor(dst=work[0:rows, c * W:c * W + cw], data=x_t[0:rows, c * W:c * W + cw],
-                                  op0=nl.multiply, operand0=cc[0:rows], op1=nl.add, operand1=g[c][0:rows, 0:cw])
-    dx = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
+    work = norm_grad_rows(g, x_t, inv, rows, W)
+    dx = nl.ndarray((P, x_t.shape[1]), dtype=dt, buffer=nl.sbuf)
     if dxo != None:  # noqa: E711 (NKI has no `is`: nki/migration/index.rst)
         nisa.scalar_tensor_tensor(dst=dx[0:rows], data=work[0:rows], op0=nl.multiply, operand0=inv[0:rows],
                                   op1=nl.add, operand1=dxo[0:rows])
@@ -321,7 +277,7 @@ def _mix_bwd(dx, xs, x0, sk, mix, r0, rows, outs, red, ones, dt):
     P = nl.tile_size.pmax
     x0_NI, skip_NI, m0, m1, sw = mix
     I = dx.shape[1]
-    nb = _cdiv(I, P)
+    nb = cdiv(I, P)
     dxi, dx0 = _sb(I, dt), _sb(I, dt)
     _gp(dxi[0:rows], dx[0:rows], m0[0:rows], nl.multiply)
     _gp(dx0[0:rows], dx[0:rows], m1[0:rows], nl.multiply)
@@ -347,7 +303,7 @@ def _store_sums(red, j0, dst_KI):
     its entries c*128 .. on partitions, so each goes out as a [k, 1] HBM access pattern."""
     P = nl.tile_size.pmax
     K, I = dst_KI.shape
-    nb = _cdiv(I, P)
+    nb = cdiv(I, P)
     for j in range(K):
         for c in nl.affine_range(nb):
             k, col = min(P, I - c * P), (j0 + j) * nb + c
@@ -363,10 +319,10 @@ def _forward(x_NI, w_IO, y_NO, inv_N1, norm, mixing=None):
     P = nl.tile_size.pmax
     dt = x_NI.dtype
     w = _weight_tiles(w_IO, dt)
-    ident = _identity(dt)
+    ident = identity(dt)
     eps = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # v2: activation's bias is a tile
     nisa.memset(dst=eps, value=EPS)
-    for n in nl.affine_range(_cdiv(N, P)):
+    for n in nl.affine_range(cdiv(N, P)):
         rows = min(P, N - n * P)
         if mixing != None:  # noqa: E711
             x_t = _mixed(x_NI, mixing[0], n * P, rows, dt)[3]
@@ -389,8 +345,8 @@ def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, ident, dx_NI=None, wT=None):
     P = nl.tile_size.pmax
     c0, c1 = o0 * W, min(O, o1 * W)
     acc = [[nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum) for _ in range(o1 - o0)]
-           for _ in range(_cdiv(I, P))]
-    for n in nl.affine_range(_cdiv(N, P)):
+           for _ in range(cdiv(I, P))]
+    for n in nl.affine_range(cdiv(N, P)):
         rows = min(P, N - n * P)
         x_t = _rows(x_NI, n * P, rows, dt)
         dy_t = nl.ndarray((P, c1 - c0), dtype=dt, buffer=nl.sbuf)
@@ -399,13 +355,13 @@ def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, ident, dx_NI=None, wT=None):
             _times(_transposed(dy_t, rows, O, dt, ident), wT, O, dx_NI, n * P, rows, dt)
         for o in nl.affine_range(o1 - o0):
             w = min(W, c1 - c0 - o * W)
-            for i in nl.affine_range(_cdiv(I, P)):
+            for i in nl.affine_range(cdiv(I, P)):
                 k = min(P, I - i * P)
                 nisa.nc_matmul(dst=acc[i][o][0:k, 0:w], stationary=x_t[0:rows, i * P:i * P + k],
                                moving=dy_t[0:rows, o * W:o * W + w])
     for o in nl.affine_range(o1 - o0):
         w = min(W, c1 - c0 - o * W)
-        for i in nl.affine_range(_cdiv(I, P)):
+        for i in nl.affine_range(cdiv(I, P)):
             k = min(P, I - i * P)
             out = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
             _evacuate(out[0:k, 0:w], acc[i][o][0:k, 0:w], i % 2 == 0)
@@ -422,8 +378,8 @@ def projection_fwd(x_NI, w_IO, r_NO):
     dt = x_NI.dtype
     y_NO = nl.ndarray((N, O), dtype=dt, buffer=nl.shared_hbm)
     w = _weight_tiles(w_IO, dt)
-    ident = _identity(dt)
-    for n in nl.affine_range(_cdiv(N, P)):
+    ident = identity(dt)
+    for n in nl.affine_range(cdiv(N, P)):
         rows = min(P, N - n * P)
         x_t, r_t = _rows(x_NI, n * P, rows, dt), _rows(r_NO, n * P, rows, dt)
         for o, ps in enumerate(_products(_transposed(x_t, rows, I, dt, ident, False), w, I, O, rows)):
@@ -450,7 +406,7 @@ def _bwd_setup(x_NI, w_IO):
     N, I = x_NI.shape
     dx_NI = nl.ndarray((N, I), dtype=x_NI.dtype, buffer=nl.shared_hbm)
     dw_IO = nl.ndarray((I, w_IO.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
-    ident = _identity(x_NI.dtype)
+    ident = identity(x_NI.dtype)
     return dx_NI, dw_IO, ident, _weight_transposed(w_IO, x_NI.dtype, ident)
 
 
@@ -462,11 +418,11 @@ def projection_bwd(x_NI, w_IO, dy_NO):
     P = nl.tile_size.pmax
     dt = x_NI.dtype
     dx_NI, dw_IO, ident, wT = _bwd_setup(x_NI, w_IO)
-    slices, banks = _cdiv(O, W), _cdiv(I, P) * _cdiv(O, W)  # dw's PSUM banks with every slice at once
+    slices, banks = cdiv(O, W), cdiv(I, P) * cdiv(O, W)  # dw's PSUM banks with every slice at once
     if banks + 2 <= PSUM_BANKS:  # dx's bank and a transpose's fit beside them: one pass for dx and dw
         _dw_pass(x_NI, dy_NO, dw_IO, 0, slices, dt, ident, dx_NI, wT)
         return dx_NI, dw_IO
-    for n in nl.affine_range(_cdiv(N, P)):
+    for n in nl.affine_range(cdiv(N, P)):
         rows = min(P, N - n * P)
         dyT = _transposed(_rows(dy_NO, n * P, rows, dt), rows, O, dt, ident)
         _times(dyT, wT, O, dx_NI, n * P, rows, dt)
@@ -486,11 +442,11 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO, dx_NI, dw_IO, ident, wT, mix
     O = w_IO.shape[1]
     P = nl.tile_size.pmax
     dt = x_NI.dtype
-    acc = [nl.zeros((P, O), dtype=nl.float32, buffer=nl.sbuf) for _ in range(_cdiv(I, P))]
+    acc = [nl.zeros((P, O), dtype=nl.float32, buffer=nl.sbuf) for _ in range(cdiv(I, P))]
     ones = nl.ones((P, 1), dtype=dt, buffer=nl.sbuf) if mixing != None else None  # noqa: E711 (red's moving column)
-    for blk in nl.affine_range(_cdiv(N, P * BLOCK)):
+    for blk in nl.affine_range(cdiv(N, P * BLOCK)):
         n0 = blk * P * BLOCK
-        S = min(BLOCK, _cdiv(N - n0, P))
+        S = min(BLOCK, cdiv(N - n0, P))
         xn_s, dy_s = [], []
         for s in nl.affine_range(S):
             r0 = n0 + s * P
@@ -511,9 +467,9 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO, dx_NI, dw_IO, ident, wT, mix
             nisa.activation(dst=xn[0:rows], op=nl.copy, data=x_t[0:rows], scale=inv[0:rows])
             xn_s.append(xn)
             dy_s.append(dy_t)
-        for i in nl.affine_range(_cdiv(I, P)):
+        for i in nl.affine_range(cdiv(I, P)):
             k = min(P, I - i * P)
-            for o in nl.affine_range(_cdiv(O, W)):
+            for o in nl.affine_range(cdiv(O, W)):
                 w = min(W, O - o * W)
                 g_ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
                 for s in nl.affine_range(S):
@@ -522,7 +478,7 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO, dx_NI, dw_IO, ident, wT, mix
                                    moving=dy_s[s][0:rows, o * W:o * W + w])
                 a = acc[i][0:k, o * W:o * W + w]
                 nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:k, 0:w], op=nl.add)
-    for i in nl.affine_range(_cdiv(I, P)):
+    for i in nl.affine_range(cdiv(I, P)):
         k = min(P, I - i * P)
         nisa.dma_copy(dst=dw_IO[i * P:i * P + k], src=acc[i][0:k])
 
@@ -565,7 +521,7 @@ def mix_norm_projection_bwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, inv_N1, d
     dmix_2I = nl.ndarray((2, I), dtype=nl.float32, buffer=nl.shared_hbm)
     dskip_NI = nl.ndarray((N, I), dtype=dt, buffer=nl.shared_hbm) if skip else None
     dsw_1I = nl.ndarray((1, I), dtype=nl.float32, buffer=nl.shared_hbm) if skip else None
-    red = nl.ndarray((P, (3 if skip else 2) * _cdiv(I, P)), dtype=nl.float32, buffer=nl.psum)
+    red = nl.ndarray((P, (3 if skip else 2) * cdiv(I, P)), dtype=nl.float32, buffer=nl.psum)
     mixing = (_mix_setup(x0_NI, mix_2I, skip_NI, sw_1I, dt), dxo_NI, (dx_NI, dx0_NI, dskip_NI), red)
     _norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO, dx_NI, dw_IO, ident, wT, mixing)
     _store_sums(red, 0, dmix_2I)

@@ -38,7 +38,8 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-EPS = 1.1920928955078125e-07  # float32 machine epsilon == frontier_jax.reference.RMS_EPS
+from kernels_nki.tiles import EPS
+
 ROW_ELEMS = 2048  # elements per partition of a full tile: R = ROW_ELEMS // D rows per partition
 
 

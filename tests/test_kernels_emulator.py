@@ -307,3 +307,27 @@ def test_count_only_mode_matches_a_full_run():
     for field in ("dma_bytes", "vector_elems_issued", "scalar_elems_issued"):
         a, b, d = (getattr(c, field) for c in (c1, c2, c4))
         assert d - b == 2 * (b - a) and b > a, field
+
+
+def test_kernel_helper_modules_load_against_the_emulator_and_leave_no_trace():
+    """A kernel file may import functions from a kernel-helper file (`from kernels_nki.tiles import ...`):
+    the loader runs that file against the emulated nki too, binds it only while the kernel file's body
+    runs, and the AST pass checks every function of a helper file as kernel code."""
+    from kernels_nki.emulator import ast_pass, isa, loader
+
+    before = sys.modules.get("kernels_nki.tiles")
+    attention = emulator.load_kernel_module("kernels_nki.attention")
+    assert sys.modules.get("kernels_nki.tiles") is before and "nki" not in sys.modules
+    helper = loader._modules["kernels_nki.tiles"]
+    assert attention.transpose is helper.transpose and helper.transpose.__globals__["nisa"] is isa
+    source = textwrap.dedent("""
+        import nki.language as nl
+        def half(x):
+            if x is None:
+                return x
+            return nl.zeros((1, 1), dtype=nl.float32)
+    """)
+    with pytest.raises(emulator.NkiRuleError, match="ast.is_operator"):
+        ast_pass.check_source(source, "helper.py")
+    tree = ast_pass.check_source("from kernels_nki.tiles import cdiv\nimport nki\n", "kernel.py")
+    assert ast_pass.helper_modules(tree) == ["kernels_nki.tiles"]

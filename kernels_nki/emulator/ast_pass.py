@@ -1,7 +1,8 @@
 """The NKI Python subset, checked on a kernel file's source before it runs (the `kind="ast"` rows of RULES).
 
 Kernel code is every `@nki.jit` function of the file plus every function of the same file that kernel code
-calls by name (the NKI compiler inlines them at specialization). Module-level code that only runs in
+calls by name (the NKI compiler inlines them at specialization); in a kernel-helper file (one without
+`@nki.jit`, imported by kernel files: `helper_modules`) every function is kernel code. Module-level code that only runs in
 Python (imports, constants computed at import) is not kernel code. A violation raises NkiRuleError with
 file:line, the rule id and its AWS source.
 """
@@ -57,10 +58,18 @@ def _imports(tree: ast.Module, filename: str) -> dict[str, str]:
     return {k: v for k, v in names.items() if v != "__future__"}
 
 
+def helper_modules(tree: ast.Module) -> list[str]:
+    """The project's kernel-helper modules a kernel file imports from (`from kernels_nki.<m> import ...`):
+    the emulator's loader runs them against the emulated nki too."""
+    return [n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module
+            and n.module.split(".")[0] == "kernels_nki"]
+
+
 def kernel_functions(tree: ast.Module) -> list[ast.FunctionDef]:
-    """The @nki.jit functions and the module functions they reach by name, transitively."""
+    """The @nki.jit functions and the module functions they reach by name, transitively (every function,
+    in a helper file without @nki.jit)."""
     funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    todo = [f for f in funcs.values() if any(_is_jit(d) for d in f.decorator_list)]
+    todo = [f for f in funcs.values() if any(_is_jit(d) for d in f.decorator_list)] or list(funcs.values())
     seen = {f.name for f in todo}
     out = []
     while todo:
@@ -73,7 +82,8 @@ def kernel_functions(tree: ast.Module) -> list[ast.FunctionDef]:
     return sorted(out, key=lambda f: f.lineno)
 
 
-def check_source(source: str, filename: str) -> None:
+def check_source(source: str, filename: str) -> ast.Module:
+    """Checks the file's kernel code; returns its syntax tree."""
     tree = ast.parse(source, filename)
     imported = _imports(tree, filename)
     foreign = set(imported)
@@ -86,3 +96,4 @@ def check_source(source: str, filename: str) -> None:
                 _fail("ast.is_operator", f"`is` / `is not` in {fn.name}", filename, node)
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in foreign:
                 _fail("ast.foreign_module", f"{fn.name} uses {node.id} (module {imported[node.id]})", filename, node)
+    return tree

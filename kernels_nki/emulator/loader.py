@@ -86,37 +86,44 @@ def real_nki_present() -> bool:
 
 
 def load_kernel_module(name: str) -> types.ModuleType:
-    """The kernel module `name` (e.g. "kernels_nki.rmsnorm") executed against the emulated nki (cached)."""
+    """The kernel module `name` (e.g. "kernels_nki.rmsnorm") executed against the emulated nki (cached).
+    The project's kernel-helper modules it imports from (`from kernels_nki.tiles import ...`) are loaded the
+    same way first and stand in sys.modules under their names only while its body runs."""
     with _lock:
         if real_nki_present():
             raise EmulatorConflictError(
                 "a real `nki` package is importable: the NumPy emulator refuses to stand in for it "
                 "(use nki.simulate with the real package)")
-        if name in _modules:
-            return _modules[name]
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            raise ImportError(f"kernel module {name} not found")
-        with open(spec.origin, encoding="utf-8") as f:
-            source = f.read()
-        ast_pass.check_source(source, spec.origin)
-        code = compile(source, spec.origin, "exec")
-        module = types.ModuleType(name, f"{name} executed against the NKI emulator")
-        module.__file__ = spec.origin
-        module.__nki_emulated__ = True
-        saved = {k: sys.modules.get(k) for k in _NAMES}
-        fake = _fake_nki()
-        sys.modules.update({"nki": fake, "nki.language": language, "nki.isa": isa, "nki.typing": fake.typing})
-        try:
-            exec(code, module.__dict__)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    sys.modules.pop(k, None)
-                else:
-                    sys.modules[k] = v
-        _modules[name] = module
-        return module
+        return _load(name)
+
+
+def _load(name: str) -> types.ModuleType:
+    if name in _modules:
+        return _modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"kernel module {name} not found")
+    with open(spec.origin, encoding="utf-8") as f:
+        source = f.read()
+    tree = ast_pass.check_source(source, spec.origin)
+    helpers = {h: _load(h) for h in ast_pass.helper_modules(tree)}
+    code = compile(source, spec.origin, "exec")
+    module = types.ModuleType(name, f"{name} executed against the NKI emulator")
+    module.__file__ = spec.origin
+    module.__nki_emulated__ = True
+    saved = {k: sys.modules.get(k) for k in (*_NAMES, *helpers)}
+    fake = _fake_nki()
+    sys.modules.update({"nki": fake, "nki.language": language, "nki.isa": isa, "nki.typing": fake.typing}, **helpers)
+    try:
+        exec(code, module.__dict__)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    _modules[name] = module
+    return module
 
 
 def _kernel(kernel) -> EmulatedKernel:

@@ -1,0 +1,81 @@
+"""Kernel helpers shared by the kernel files (a kernel-helper file: no @nki.jit; the NKI compiler inlines
+functions a kernel calls, whichever file holds them; under the emulator `kernels_nki.emulator.loader`
+loads this file against the emulated nki for the kernel files that import from it).
+
+- `cdiv`, `EPS` (the RMSNorm epsilon, float32 machine epsilon == frontier_jax.reference.RMS_EPS).
+- `identity(dt)`: the [128, 128] identity, the moving operand of every TensorE transpose.
+- `transpose_to_psum` / `transpose`: a TensorE transpose as two <= 64-row halves, each on its own 64-row
+  tile of the PE array so that the two run in parallel and a [128, 128] transpose streams 64 identity
+  columns per tile instead of 128 (aws-neuron-sdk nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
+  2 x 64-row tiles on NeuronCore-v2; "Transpose mode" / nc_transpose: TensorE transposes by a matmul
+  against the identity, is_transpose labels it; the result is fp32 PSUM, as nc_matmul requires on
+  NeuronCore-v2).
+"""
+
+import nki.isa as nisa
+import nki.language as nl
+
+EPS = 1.1920928955078125e-07  # float32 machine epsilon == frontier_jax.reference.RMS_EPS
+HALF = 64  # a row tile of the PE array in row tiling mode on NeuronCore-v2
+
+
+def cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def identity(dt):
+    """[128, 128] identity in dt, built once per call on GpSimd (affine_select)."""
+    P = nl.tile_size.pmax
+    one = nl.ones((P, P), dtype=dt, buffer=nl.sbuf)
+    ident = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+    nisa.affine_select(dst=ident, pattern=[[-1, P]], offset=0, channel_multiplier=1, on_true_tile=one,
+                       on_false_value=0.0, cmp_op=nl.equal)
+    return ident
+
+
+def transpose_to_psum(dst_ps, src, rows, ident):
+    """dst_ps[0:cols, 0:rows] (fp32 PSUM) = src[0:rows, 0:cols]^T: rows r0:r0+64 are the stationary operand
+    of a matmul against the identity in the 64-row tile at r0 of the PE array."""
+    for h in range(cdiv(rows, HALF)):
+        r0 = h * HALF
+        rh = min(HALF, rows - r0)
+        nisa.nc_matmul(dst=dst_ps[:, r0:r0 + rh], stationary=src[r0:r0 + rh], moving=ident[r0:r0 + rh, r0:r0 + rh],
+                       is_transpose=True, tile_position=(r0, 0), tile_size=(HALF, nl.tile_size.pmax))
+
+
+def transpose(dst, src, rows, cols, ident, on_vector=False):
+    """dst[0:cols, 0:rows] (SBUF) = src[0:rows, 0:cols]^T (`transpose_to_psum`), leaving PSUM on ScalarE
+    (`activation(op=nl.copy)`: NeuronCore-v2 has no ScalarE tensor_copy, isa docs tensor_copy) or, with
+    on_vector, on VectorE (GpSimd cannot read PSUM: same docs)."""
+    P = nl.tile_size.pmax
+    t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+    transpose_to_psum(t_ps[0:cols, 0:rows], src[0:rows, 0:cols], rows, ident)
+    if on_vector:
+        nisa.tensor_copy(dst=dst, src=t_ps[0:cols, 0:rows], engine=nisa.engine.vector)
+    else:
+        nisa.activation(dst=dst, op=nl.copy, data=t_ps[0:cols, 0:rows])
+
+
+def norm_grad_rows(g, x_t, inv, rows, width):
+    """work [P, D] fp32 = g + x c, c = -mean(g x) inv^2: the RMSNorm backward of one row tile before its final
+    scale (dx = inv work), with g (the gradient w.r.t. the normalised rows) as fp32 PSUM tiles of `width`
+    columns and inv the forward's [P, 1] inverse RMS. VectorE: g x and x c + g (one PSUM input each);
+    ScalarE: the row sum."""
+    P = nl.tile_size.pmax
+    D = x_t.shape[1]
+    work = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
+    for c in nl.affine_range(len(g)):
+        cw = min(width, D - c * width)
+        nisa.tensor_tensor(dst=work[0:rows, c * width:c * width + cw], data1=g[c][0:rows, 0:cw],
+                           data2=x_t[0:rows, c * width:c * width + cw], op=nl.multiply)
+    dot = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=work[0:rows], op=nl.copy, data=work[0:rows], reduce_op=nl.add, reduce_res=dot[0:rows])
+    cc = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # c = (dot * -1/D * inv) * inv
+    nisa.tensor_scalar(dst=cc[0:rows], data=dot[0:rows], op0=nl.multiply, operand0=-1.0 / D, op1=nl.multiply,
+                       operand1=inv[0:rows])
+    nisa.tensor_scalar(dst=cc[0:rows], data=cc[0:rows], op0=nl.multiply, operand0=inv[0:rows])
+    for c in nl.affine_range(len(g)):
+        cw = min(width, D - c * width)
+        nisa.scalar_tensor_tensor(dst=work[0:rows, c * width:c * width + cw], data=x_t[0:rows, c * width:c * width + cw],
+                                  op0=nl.multiply, operand0=cc[0:rows], op1=nl.add, operand1=g[c][0:rows, 0:cw])
+    return work
