@@ -67,7 +67,7 @@ RMS_NORM = declare("rms_norm", ref.rms_norm_fwd, ref.rms_norm_bwd)
 ROPE = declare("rope", ref.rope_fwd, ref.rope_bwd, unused_reason=_IN.format("qk_attention"))
 ROPE_GAIN = declare("rope_gain", ref.rope_gain_fwd, ref.rope_gain_bwd, unused_reason=_IN.format("qk_attention"))
 ATTENTION = declare("causal_attention", ref.attention_fwd, ref.attention_bwd, unused_reason=_IN.format("qk_attention"))
-QK_ATTENTION = declare("qk_attention", ref.qk_attention_fwd, ref.qk_attention_bwd)
+QK_ATTENTION = declare("qk_attention", ref.qk_attention_fwd, ref.qk_attention_bwd, static=("exact_max",))
 NORM_MLP = declare("norm_mlp", ref.resid_norm_mlp_fwd, ref.resid_norm_mlp_bwd)
 EMBED = declare("embed", ref.embed_fwd, ref.embed_bwd)
 HEAD_LOSS = declare("head_loss", ref.head_loss_fwd, ref.head_loss_bwd, static=("softcap",),
@@ -140,15 +140,39 @@ def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array) ->
     return _attention(q_BTHK, k_BTGK.astype(dt), v_BTGK.astype(dt))
 
 
+# The fused attention forward's bounded softmax shift (kernels_nki/attention.py, module docstring): valid
+# for sequences of at most SHIFT_MAX_T while every head's score bound B_h = sqrt(K) |g_h| (1 + 2^-5) is at
+# most SHIFT_LIMIT; otherwise the kernel's exact running-max forward runs instead.
+SHIFT_LIMIT = 39.0
+SHIFT_MAX_T = 4096
+SHIFT_MARGIN = 1.0 + 2.0 ** -5
+
+
+def bounded_shift_ok(g_PH: jax.Array, head_dim: int) -> jax.Array:
+    """Whether the bounded-shift forward is exact for these gains (a traced bool; T is checked statically)."""
+    return jnp.max(jnp.abs(g_PH)) * (head_dim ** 0.5) * SHIFT_MARGIN <= SHIFT_LIMIT
+
+
+def _qk_attention_forward(*arrays) -> tuple:
+    """QK_ATTENTION's forward with the kernel's softmax shift chosen per call (lax.cond on the gains; both
+    branches have the reference's outputs, so on CPU either computes the same)."""
+    _, T, _, K = arrays[0].shape
+    if T > SHIFT_MAX_T:
+        return QK_ATTENTION("fwd", *arrays, exact_max=True)
+    return jax.lax.cond(bounded_shift_ok(arrays[5], K),
+                        lambda *a: QK_ATTENTION("fwd", *a, exact_max=False),
+                        lambda *a: QK_ATTENTION("fwd", *a, exact_max=True), *arrays)
+
+
 @jax.custom_vjp
 def _qk_attention(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
-    return QK_ATTENTION("fwd", q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH)[0]
+    return _qk_attention_forward(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH)[0]
 
 
 def _qk_attention_vjp_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
     """Residuals: the inputs, o, lse and the forward's normed, rotated q / k with their inverse RMS (the
     kernel's backward reads them instead of recomputing the norm and the rotation)."""
-    o_BTHK, *saved = QK_ATTENTION("fwd", q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH)
+    o_BTHK, *saved = _qk_attention_forward(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH)
     return o_BTHK, (q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, *saved)
 
 

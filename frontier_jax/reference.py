@@ -292,10 +292,13 @@ def qk_attention(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, gain_H) -> jax.Array:
     return causal_attention(q_BTHK, rope(rms_norm(k_BTGK), cos_TK2, sin_TK2), v_BTGK)
 
 
-def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
+def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=True):
     """(o, lse [B, H, T, 1], qg, qinv [B, T, H, 1], kr, kinv [B, T, G, 1]) of `qk_attention` on raw q/k (g_PH:
     the gain broadcast over 128 rows, fp32): what the fused kernel saves for its backward, the normed,
-    rotated q (times the gain) and k and each row's inverse RMS (fp32); the probabilities are recomputed."""
+    rotated q (times the gain) and k and each row's inverse RMS (fp32); the probabilities are recomputed.
+    exact_max: which softmax shift the kernel uses (kernels_nki/attention.py); o and lse do not depend on
+    it (softmax is shift-invariant), so the reference ignores it."""
+    del exact_max
     qn_BTHK, qinv = rms_norm_fwd(q_BTHK)
     kn_BTGK, kinv = rms_norm_fwd(k_BTGK)
     qg_BTHK = rope_gain(qn_BTHK, cos_TK2, sin_TK2, g_PH[0])

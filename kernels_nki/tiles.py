@@ -6,7 +6,7 @@ loads this file against the emulated nki for the kernel files that import from i
 - `identity(dt)`: the [128, 128] identity, the moving operand of every TensorE transpose.
 - `transpose_to_psum` / `transpose`: a TensorE transpose as two <= 64-row halves, each on its own 64-row
   tile of the PE array so that the two run in parallel and a [128, 128] transpose streams 64 identity
-  columns per tile instead of 128 (aws-neuron-sdk nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
+  columns per tile instead of 128 (and a <= 64-column source uses a 64-column tile too) (aws-neuron-sdk nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
   2 x 64-row tiles on NeuronCore-v2; "Transpose mode" / nc_transpose: TensorE transposes by a matmul
   against the identity, is_transpose labels it; the result is fp32 PSUM, as nc_matmul requires on
   NeuronCore-v2).
@@ -35,12 +35,16 @@ def identity(dt):
 
 def transpose_to_psum(dst_ps, src, rows, ident):
     """dst_ps[0:cols, 0:rows] (fp32 PSUM) = src[0:rows, 0:cols]^T: rows r0:r0+64 are the stationary operand
-    of a matmul against the identity in the 64-row tile at r0 of the PE array."""
+    of a matmul against the identity in the 64-row tile at r0 of the PE array; src of <= 64 columns also
+    fits a 64-column tile (column tiling, the same "Tiling mode"; the tile at column 0, since the result
+    lands on PSUM partitions 0 .. cols), so each half costs 64 x 64 PEs instead of 64 x 128."""
+    cols = src.shape[1]
+    ctile = HALF if cols <= HALF else nl.tile_size.pmax
     for h in range(cdiv(rows, HALF)):
         r0 = h * HALF
         rh = min(HALF, rows - r0)
         nisa.nc_matmul(dst=dst_ps[:, r0:r0 + rh], stationary=src[r0:r0 + rh], moving=ident[r0:r0 + rh, r0:r0 + rh],
-                       is_transpose=True, tile_position=(r0, 0), tile_size=(HALF, nl.tile_size.pmax))
+                       is_transpose=True, tile_position=(r0, 0), tile_size=(HALF, ctile))
 
 
 def transpose(dst, src, rows, cols, ident, on_vector=False):

@@ -68,16 +68,16 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     # again in key-major layout (a 64-row tile, named "recompute": not useful), the -max shift added into it
     # (a K=1 matmul on a 64-row tile, 0/1 stationary: not useful), p^T [v | 1] (N=K+1, the ones column
     # giving the row sums); bwd s, dp (64-row tiles, N=128 each), p^T dO, ds^T q, ds k (N=K each), ds^T
-    # (two 64-row tiles of N=64: 64, transpose); per query tile the q^T (and dO^T) transposes (64 each)
-    # and, forward only, the diagonal block's mask matmul (identity stationary: zero useful MACs, N=128)
-    # and per key chunk the [rows, 1] -> [1, rows] transpose of the shifts (64); per kv head tile the k^T
-    # (and v^T) transposes
+    # (two 64-row tiles of N=64: 64, transpose); per query tile the q^T (and dO^T) transposes (32 each: two
+    # 64 x 64 tiles of N=64, the data being 64 columns wide) and, forward only, the diagonal block's mask
+    # matmul (identity stationary: zero useful MACs, N=128) and per key chunk the [rows, 1] -> [1, rows]
+    # transpose of the shifts (32); per kv head tile the k^T (and v^T) transposes (32)
     chunks = sum(-(-(i + 1) * 128 // 512) for i in range(nt))
     assert fwd.pe_macs_useful == H * nb * unit * (2 * K + 1)
-    assert fwd.pe_macs_issued == unit * (H * (nb * (K + K + 64 + K + 1) + nt * (64 + 128) + chunks * 64) + G * nt * 64)
+    assert fwd.pe_macs_issued == unit * (H * (nb * (K + K + 64 + K + 1) + nt * (32 + 128) + chunks * 32) + G * nt * 32)
     assert bwd.pe_macs_useful == H * nb * unit * 5 * K
-    assert bwd.pe_macs_issued == unit * (H * (nb * (2 * K + 3 * K + 64) + nt * 2 * 64) + G * 2 * nt * 64)
-    assert emulator.pe_utilisation(fwd) > 0.39 and emulator.pe_utilisation(bwd) > 0.74  # see the module docstring
+    assert bwd.pe_macs_issued == unit * (H * (nb * (2 * K + 3 * K + 64) + nt * 2 * 32) + G * 2 * nt * 32)
+    assert emulator.pe_utilisation(fwd) > 0.40 and emulator.pe_utilisation(bwd) > 0.78  # see the module docstring
     # at the documented engine rates (cost.py, two-input VectorE instructions at 2N) the softmax's
     # Vector/Scalar work, not TensorE, bounds both directions
     for c in (fwd, bwd):
@@ -120,7 +120,9 @@ def test_head_dim_64_contractions_run_on_half_the_pe_array(kernels, monkeypatch)
     emulator.count(kernels.attention_fwd, q, kv, kv)
     emulator.count(kernels.attention_bwd, q, kv, kv, q, ((B, H, T, 1), "float32"), q)
     tiled = [pos for k, pos, size in seen if size]
-    assert all(size == (64, 128) for k, _, size in seen if k <= 64)
+    # K = 64 contractions: a 64-row tile (64-column too when the stationary is <= 64 wide: transposes of
+    # [rows, K] tiles)
+    assert all(size in ((64, 128), (64, 64)) for k, _, size in seen if k <= 64)
     assert all(not size for k, _, size in seen if k > 64)
     assert {pos for pos in tiled} == {(0, 0), (64, 0)} and len(tiled) > 0
 
@@ -128,7 +130,8 @@ def test_head_dim_64_contractions_run_on_half_the_pe_array(kernels, monkeypatch)
 def test_transposes_run_as_two_parallel_64_row_tiles(kernels, monkeypatch):
     """Every TensorE transpose is nc_matmul(is_transpose=True) of a <= 64-row half against a 64 x 64
     identity on its own row tile: a 128-row transpose streams 64 identity columns per tile, both tiles in
-    parallel (nc_matmul "Tiling mode" / "Transpose mode")."""
+    parallel (nc_matmul "Tiling mode" / "Transpose mode"); data <= 64 columns wide (here K = 32) also takes
+    a 64-column tile only, at column 0 (its result lands on PSUM partitions 0 .. K)."""
     from kernels_nki.emulator import isa
 
     seen, real = [], isa.nc_matmul
@@ -142,7 +145,8 @@ def test_transposes_run_as_two_parallel_64_row_tiles(kernels, monkeypatch):
     q, k, v, do = _case(1, 200, 2, 1, 32, np.float32, 5)
     o, lse = kernels.attention_fwd(q, k, v)
     kernels.attention_bwd(q, k, v, o, lse, do)
-    assert seen and all(rows <= 64 and mov == (rows, rows) and size == (64, 128) for rows, mov, _, size in seen)
+    assert seen and all(rows <= 64 and mov == (rows, rows) for rows, mov, _, size in seen)
+    assert {size for *_, size in seen} == {(64, 64), (64, 128)}  # [rows, K] tiles and [128, 128] ds blocks
     assert {pos for _, _, pos, _ in seen} == {(0, 0), (64, 0)}
 
 
@@ -167,21 +171,24 @@ def _qk_case(B, T, H, G, K, dtype, seed, gain_scale=1.0):
     return q, k, v, do, cos, sin, g_PH
 
 
-@pytest.mark.parametrize("dtype,B,T,H,G,K,gain_scale", [
-    ("float32", 1, 200, 2, 1, 32, 1.0),  # GQA ratio 2, ragged last tile
-    ("float32", 2, 130, 2, 2, 16, 1.0),  # ratio 1, a 2-row last tile, batch > 1
-    ("float32", 1, 600, 1, 1, 32, 4.0),  # two key chunks (the online rescaling), large gains: peaky rows
-    ("bfloat16", 1, 200, 4, 2, 64, 1.0),  # the model's head dim
+@pytest.mark.parametrize("dtype,B,T,H,G,K,gain_scale,exact_max", [
+    ("float32", 1, 200, 2, 1, 32, 1.0, False),  # GQA ratio 2, ragged last tile
+    ("float32", 2, 130, 2, 2, 16, 1.0, False),  # ratio 1, a 2-row last tile, batch > 1
+    ("float32", 1, 600, 1, 1, 32, 1.0, False),  # two query chunks
+    ("float32", 1, 600, 1, 1, 32, 4.0, True),  # exact max: two key chunks (the online rescaling), peaky rows
+    ("float32", 1, 200, 2, 1, 32, 1.0, True),
+    ("bfloat16", 1, 200, 4, 2, 64, 1.0, False),  # the model's head dim
 ])
-def test_qk_attention_matches_reference(qk_kernels, dtype, B, T, H, G, K, gain_scale):
-    """The fused kernel (QK-norm, RoPE, gain, attention) against reference.qk_attention_fwd / _bwd: o, the
-    residuals (lse, the normed, rotated q / k and their inverse RMS), dq / dk through the norm and
-    rotation, dv, and the gain's gradient per (batch, head)."""
+def test_qk_attention_matches_reference(qk_kernels, dtype, B, T, H, G, K, gain_scale, exact_max):
+    """The fused kernel (QK-norm, RoPE, gain, attention), with either softmax shift, against
+    reference.qk_attention_fwd / _bwd: o, the residuals (lse, the normed, rotated q / k and their inverse
+    RMS), dq / dk through the norm and rotation, dv, and the gain's gradient per (batch, head)."""
     np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
     q, k, v, do, cos, sin, g_PH = _qk_case(B, T, H, G, K, np_dtype, T + H + K, gain_scale)
+    assert bool(ops.bounded_shift_ok(jnp.asarray(g_PH), K)) or exact_max
     f32 = lambda a: jnp.asarray(a.astype(np.float32))
     want_fwd = ref.qk_attention_fwd(f32(q), f32(k), f32(v), cos, sin, g_PH)
-    got_fwd = qk_kernels.qk_attention_fwd(q, k, v, cos, sin, g_PH)
+    got_fwd = qk_kernels.qk_attention_fwd(q, k, v, cos, sin, g_PH, exact_max=exact_max)
     o, lse, qg, qinv, kr, kinv = got_fwd
     assert o.dtype == qg.dtype == kr.dtype == np_dtype and lse.shape == (B, H, T, 1)
     assert qinv.shape == (B, T, H, 1) and kinv.shape == (B, T, G, 1) and qinv.dtype == np.float32
@@ -192,6 +199,63 @@ def test_qk_attention_matches_reference(qk_kernels, dtype, B, T, H, G, K, gain_s
     assert [a.shape for a in got] == [q.shape, k.shape, v.shape, (B, H, 1)] and got[3].dtype == np.float32
     for a, b in zip(got, want):
         _assert_close(a, b, TOL[dtype])
+
+
+def test_bounded_shift_is_exact_at_its_limit_on_the_worst_rows(qk_kernels):
+    """The bounded forward's worst case: every key anti-aligned with every query (each score = -B_h, the
+    lower end of the bound) at the largest gains ops allows (B_h = SHIFT_LIMIT): each row's sum is ~
+    e^(35 - 2 B_h) = e^-43, inside ScalarE's log range (the emulator checks it), and o / lse equal the
+    reference's (uniform rows)."""
+    B, T, H, G, K = 1, 300, 2, 1, 64
+    rng = np.random.default_rng(11)
+    u = rng.standard_normal(K).astype(np.float32)
+    q = np.broadcast_to(u, (B, T, H, K)).copy()
+    cos, sin = (np.asarray(t) for t in ref.rope_tables(T, K, 10000.0))
+    cos, sin = np.ones_like(cos), np.zeros_like(sin)  # no rotation: k = -q stays anti-aligned at every offset
+    k = -q[:, :, :G]
+    v = rng.standard_normal((B, T, G, K)).astype(np.float32)
+    g = ops.SHIFT_LIMIT / (K ** 0.5 * ops.SHIFT_MARGIN)
+    g_PH = np.full((128, H), g, np.float32)
+    assert bool(ops.bounded_shift_ok(jnp.asarray(g_PH), K))
+    assert not bool(ops.bounded_shift_ok(jnp.asarray(g_PH * 1.01), K))
+    got = qk_kernels.qk_attention_fwd(q, k, v, cos, sin, g_PH)
+    want = ref.qk_attention_fwd(*(jnp.asarray(a) for a in (q, k, v, cos, sin, g_PH)))
+    assert np.all(np.isfinite(got[0])) and np.all(np.isfinite(got[1]))
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-4)  # lse ~ -39 + log(t + 1)
+    _assert_close(got[0], want[0], 1e-5)
+
+
+def test_kernel_and_ops_agree_on_the_bound():
+    """The kernel's shift and ops' limits: the same margin on the bound, and at the limits the row sum l in
+    [e^(S - 2 B), T e^S] stays inside ScalarE's log range [2^-64, 2^64] (S = SHIFT_OFFSET)."""
+    kernels = registry.load_emulated("qk_attention")
+    assert kernels.BOUND_MARGIN == ops.SHIFT_MARGIN
+    lo, hi = -64 * np.log(2), 64 * np.log(2)
+    assert kernels.SHIFT_OFFSET - 2 * ops.SHIFT_LIMIT >= lo
+    assert np.log(ops.SHIFT_MAX_T) + kernels.SHIFT_OFFSET <= hi
+
+
+def test_qk_attention_op_picks_the_exact_forward_beyond_the_limit(monkeypatch):
+    """ops.qk_attention under the emulated kernel runs the bounded forward for ordinary gains and the
+    exact-max one (exact_max=True) once a gain exceeds the limit; both give the reference's values."""
+    kernels = registry.load_emulated("qk_attention")
+    seen, real = [], kernels.qk_attention_fwd
+
+    def spy(*a, exact_max):
+        seen.append(exact_max)
+        return real(*a, exact_max=exact_max)
+
+    monkeypatch.setattr(kernels, "qk_attention_fwd", spy)
+    q, k, v, _, cos, sin, g_PH = _qk_case(1, 40, 2, 1, 16, np.dtype(np.float32), 5)
+    cos32, sin32 = ref.rope_tables(40, 16, 10000.0)
+    limit = ops.SHIFT_LIMIT / (16 ** 0.5 * ops.SHIFT_MARGIN)
+    for gain, exact in ((jnp.asarray([1.0, -2.0]), False), (jnp.asarray([1.0, -1.05 * limit]), True)):
+        want = ref.qk_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), cos32, sin32, gain)
+        seen.clear()
+        with ops.emulated(["qk_attention"]):
+            got = jax.jit(ops.qk_attention)(q, k, v, cos32, sin32, gain)
+        assert seen == [exact]
+        _assert_close(got, want, 1e-5)
 
 
 def test_qk_attention_reference_is_the_model_composition():
@@ -237,12 +301,21 @@ def test_qk_attention_op_routed_through_emulated_kernel_matches_reference():
 def test_qk_attention_counts_at_seq_1024(qk_kernels, kernels):
     """At the model's shapes the fused prep adds no TensorE work beyond one [128, 1] sum per head (the
     gain's gradient); the forward writes the normed, rotated q / k and their inverse RMS once, the
-    backward reads them once (and q, k, v, dO, o once); the kernel stays Vector/Scalar/GpSimd-bound."""
+    backward reads them once (and q, k, v, dO, o once); the kernel stays Vector/Scalar/GpSimd-bound.
+    The bounded forward issues s^T once per block (useful) and p^T [v | 1], nothing else but the q^T / k^T
+    transposes: TensorE useful/issued > 0.9, and it is the faster forward."""
     B, T, H, G, K = 1, 1024, 8, 4, 64
     q, kv, lse = ((B, T, H, K), "bfloat16"), ((B, T, G, K), "bfloat16"), ((B, H, T, 1), "float32")
     tabs, g = (((T, K // 2), "float32"),) * 2, ((128, H), "float32")
     qinv, kinv = ((B, T, H, 1), "float32"), ((B, T, G, 1), "float32")
-    fwd = emulator.count(qk_kernels.qk_attention_fwd, q, kv, kv, *tabs, g)
+    bounded = emulator.count(qk_kernels.qk_attention_fwd, q, kv, kv, *tabs, g)
+    unit, nb, nt = 128 * 128, _blocks(T), T // 128
+    assert bounded.pe_macs_useful == H * nb * unit * (2 * K + 1)
+    assert bounded.pe_macs_issued == unit * (H * (nb * (K + K + 1) + nt * 32) + G * nt * 32)
+    assert emulator.pe_utilisation(bounded) > 0.9
+    fwd = emulator.count(qk_kernels.qk_attention_fwd, q, kv, kv, *tabs, g, exact_max=True)
+    assert emulator.estimate(bounded).total_s < 0.6 * emulator.estimate(fwd).total_s
+    assert bounded.dma_bytes == fwd.dma_bytes
     bwd = emulator.count(qk_kernels.qk_attention_bwd, q, kv, kv, *tabs, g, q, lse, q, qinv, kv, kinv, q)
     plain_fwd = emulator.count(kernels.attention_fwd, q, kv, kv)
     plain_bwd = emulator.count(kernels.attention_bwd, q, kv, kv, q, lse, q)

@@ -208,6 +208,29 @@ def test_row_tiled_matmuls_are_charged_their_row_tile(tmp_path, monkeypatch):
     assert c.pe_macs_useful == 3 * 64 * 128 * 256
 
 
+def test_column_tiled_matmuls_are_charged_their_tile_and_write_its_partitions(tmp_path, monkeypatch):
+    """A [64, 64] stationary fits one of the four 64 x 64 tiles of the PE array on NeuronCore-v2 (row and
+    column tiling, nc_matmul "Tiling mode"): charged 64 x 64 x N; the column tile at 64 writes PSUM
+    partitions 64..127 (rule matmul.tiling_dst)."""
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        out = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.shared_hbm)
+        s = nl.load(a[0:64, 0:64])
+        m = nl.load(a[0:64, 0:256])
+        acc = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(acc[0:64], s, m, tile_position=(0, 0), tile_size=(64, 64))
+        nisa.nc_matmul(acc[64:128], s, m, tile_position=(64, 64), tile_size=(64, 64))
+        res = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=res, src=acc)
+        nl.store(out, res)
+        return out
+    """)
+    a = np.random.default_rng(4).standard_normal((64, 256)).astype(ml_dtypes.bfloat16)
+    out, c = emulator.run(k, a)
+    a32 = a.astype(np.float32)
+    np.testing.assert_allclose(out, np.concatenate([a32[:, :64].T @ a32] * 2), rtol=1e-4, atol=1e-3)
+    assert c.pe_macs_issued == c.pe_macs_useful == 2 * 64 * 64 * 256
+
+
 def test_onezero_stationary_matmul_is_issued_not_useful(tmp_path, monkeypatch):
     """A 0/1 stationary (is_stationary_onezero: a mask or selection) moves data, like a transpose."""
     k, _ = _kernel_module(tmp_path, monkeypatch, """

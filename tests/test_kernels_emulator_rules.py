@@ -180,6 +180,14 @@ CASES = {
         bad=matmul("nisa.nc_matmul(acc, s[0:64], m[0:64], tile_position=(32, 0), tile_size=(64, 128))  # <-"),
         good=matmul("nisa.nc_matmul(acc, s[64:128], m[64:128], tile_position=(64, 0), tile_size=(64, 128))"),
         ref=lambda a: bf(a)[64:, :64].T @ bf(a)[64:]),
+    "matmul.tiling_dst": dict(  # a 64 x 64 tile at column 64 writes PSUM partitions 64..127
+        bad=matmul("nisa.nc_matmul(acc, s[0:64], m[0:64], tile_position=(0, 64), tile_size=(64, 64))  # <-"),
+        good="out = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.shared_hbm)\n"
+        "s = nl.load(a[0:128, 0:64], dtype=nl.bfloat16)\nm = nl.load(a, dtype=nl.bfloat16)\n"
+        "acc = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.psum)\n"
+        "nisa.nc_matmul(acc[64:128], s[0:64], m[0:64], tile_position=(0, 64), tile_size=(64, 64))\n"
+        "r = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.sbuf)\nnisa.tensor_copy(dst=r, src=acc[64:128])\n" + TAIL,
+        ref=lambda a: bf(a)[:64, :64].T @ bf(a)[:64]),
     "transpose.dtype": dict(
         bad=HEAD + "q = nl.load(a[0:64], dtype=nl.bfloat16)\np = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.psum)\n"
         "nisa.nc_transpose(dst=p, data=q)  # <-\nr = t\n" + TAIL,

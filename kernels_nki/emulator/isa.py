@@ -133,8 +133,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     (is_stationary_onezero) selects or moves data, so, like is_transpose (which only labels the
     instruction on NeuronCore-v2), it is counted with zero useful MACs, and so is a matmul whose `name`
     (the instruction's name, a documented nc_matmul parameter) starts with RECOMPUTE: a product the kernel
-    already computed once, issued again in another layout; tile_position/tile_size select a row tile of
-    the PE array.
+    already computed once, issued again in another layout; tile_position/tile_size select a row and
+    column tile of the PE array (`_matmul_tiling`).
     """
     _tile(stationary, "nc_matmul stationary", ("sbuf",), "matmul.buffers")
     _tile(moving, "nc_matmul moving", ("sbuf",), "matmul.buffers")
@@ -153,7 +153,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         rule("matmul.contraction", f"dst {dst.shape} must be [{mm}, {n}]")
     if dst.dtype != np.float32:
         rule("matmul.dst_fp32", f"dst dtype {dst.dtype}")
-    rows = _matmul_tiling(tile_position, tile_size, k, mm)
+    rows, cols = _matmul_tiling(tile_position, tile_size, k, mm, dst)
     fp32 = [stationary.dtype == np.float32, moving.dtype == np.float32]
     if (any(fp32) and not all(fp32)) or not all(_m.is_float(t.dtype) for t in (stationary, moving)):
         rule("matmul.dtypes", f"stationary {stationary.dtype}, moving {moving.dtype}")
@@ -162,7 +162,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         rule("matmul.accumulate", "accumulate=True into PSUM not written by a matmul before")
     recompute = str(name or "").startswith(RECOMPUTE)
     m.count_matmul(k, mm, n, fp32=all(fp32), useful=not (is_transpose or is_stationary_onezero or recompute),
-                   rows=rows)
+                   rows=rows, cols=cols)
     if not m.compute:
         return
     prod = _read(stationary).reshape(k, mm).T @ _read(moving).reshape(k, n)
@@ -175,11 +175,17 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     dst.mask[...] = True
 
 
-def _matmul_tiling(position, size, k, mm) -> int:
-    """Checks tile_position/tile_size; returns the PE rows the matmul occupies (128 without tiling mode).
-    Column tiles are charged the full 128 columns (only row tiles' parallelism is modelled)."""
+def _matmul_tiling(position, size, k, mm, dst) -> tuple[int, int]:
+    """Checks tile_position/tile_size; returns the (rows, columns) of the PE array the matmul occupies
+    ((128, 128) without tiling mode). Row and column tiles run in parallel (nc_matmul, "Tiling mode"), so
+    a matmul is charged its tile. PE column c writes PSUM partition c: a matmul on the column tile at
+    start_column writes dst partitions start_column .. start_column + M (AWS's nki-library does so:
+    core/mlp/mlp_tkg/mlp_tkg_down_projection.py, core/router_topk/router_topk.py), and one without tiling
+    mode partitions 0 .. M."""
     if not position and not size:
-        return _m.PMAX
+        if dst.pstart != 0:
+            rule("matmul.tiling_dst", f"dst starts at partition {dst.pstart} without column tiling (must be 0)")
+        return _m.PMAX, _m.PMAX
     if not position or not size:
         rule("matmul.tiling", "tile_position and tile_size must both be set")
     (row, col), (rows, cols) = position, size
@@ -188,7 +194,9 @@ def _matmul_tiling(position, size, k, mm) -> int:
         rule("matmul.tiling", f"tile_position={tuple(position)}, tile_size={tuple(size)} on {_m.current().target}")
     if k > rows or mm > cols:
         rule("matmul.tiling", f"stationary [{k}, {mm}] exceeds tile_size {tuple(size)}")
-    return int(rows)
+    if dst.pstart != col:
+        rule("matmul.tiling_dst", f"dst starts at partition {dst.pstart}, the column tile at {col}")
+    return int(rows), int(cols)
 
 
 def nc_transpose(dst, data, engine=engine.unknown, name=None):

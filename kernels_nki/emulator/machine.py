@@ -383,13 +383,15 @@ class Machine:
         self.counters.dma_transfers += 1
         self.counters.dma_bytes += int(nbytes)
 
-    def count_matmul(self, k: int, m: int, n: int, fp32: bool, useful: bool = True, rows: int = PMAX):
-        """One nc_matmul. `rows`: the PE rows it occupies: 128, or the row tile size in tiling mode,
-        where matmuls on different row tiles run in parallel (aws-neuron-sdk `nki/api/nki/isa/__init__.py`,
-        `nc_matmul`, "Tiling mode": "allow multiple nc_matmul instructions with a stationary tile size
-        smaller than [128, 128] to run in parallel"), so a 64-row tile is charged 64 x 128 x N."""
+    def count_matmul(self, k: int, m: int, n: int, fp32: bool, useful: bool = True, rows: int = PMAX,
+                     cols: int = PMAX):
+        """One nc_matmul. `rows` x `cols`: the PE tile it occupies: 128 x 128, or the row / column tile sizes
+        in tiling mode, where matmuls on different tiles run in parallel (aws-neuron-sdk
+        `nki/api/nki/isa/__init__.py`, `nc_matmul`, "Tiling mode": "allow multiple nc_matmul instructions
+        with a stationary tile size smaller than [128, 128] to run in parallel"; row and column tiles of 64
+        on NeuronCore-v2), so a 64-row tile is charged 64 x 128 x N and a 64 x 64 tile 64 x 64 x N."""
         c = self.counters
-        issued = rows * PMAX * n
+        issued = rows * cols * n
         c.pe_instructions += 1
         c.pe_macs_issued += issued
         c.pe_macs_issued_fp32 += issued if fp32 else 0

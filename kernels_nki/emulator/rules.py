@@ -140,8 +140,12 @@ RULES: tuple[Rule, ...] = (
     R("matmul.perf_mode", "nc_matmul perf_mode is off on NeuronCore-v2", V2, f"{ISA} nc_matmul (performance mode)"),
     R("matmul.accumulate", "accumulate=True needs PSUM written by a matmul before (not memset/copy)", ALL,
       f"{ISA} nc_matmul (accumulate; NeuronCore-v2/-v3 note)"),
-    R("matmul.tiling", "tile_position / tile_size: row tiles of 32/64/128 (32 on v3+), start a multiple of the size",
+    R("matmul.tiling", "tile_position / tile_size: row and column tiles of 32/64/128 (32 on v3+), start a multiple of the size",
       ALL, f"{ISA} nc_matmul (column tiling mode)"),
+    R("matmul.tiling_dst", "nc_matmul dst starts at the partition of its column tile (0 without tiling mode): "
+      "PE column c writes PSUM partition c", ALL,
+      "aws-neuron/nki-library src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_down_projection.py and "
+      "core/router_topk/router_topk.py (column-tiled nc_matmul, dst sliced at the tile's start column)"),
     R("transpose.dtype", "nc_transpose dst dtype equals data dtype", ALL, f"{ISA} nc_transpose (Data types)"),
     R("transpose.engine", "TensorE nc_transpose: SBUF -> PSUM, up to 128 x 128; VectorE: up to 32 x 32", ALL,
       f"{ISA} nc_transpose (Memory types, Tile size)"),

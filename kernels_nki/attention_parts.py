@@ -1,0 +1,246 @@
+"""Helpers of the attention kernels (kernels_nki/attention.py): a kernel-helper file (no @nki.jit; the NKI
+compiler inlines the functions a kernel calls, whichever file holds them; under the emulator
+`kernels_nki.emulator.loader` loads it for the kernel file).
+
+- Loading rows: `head_rows` (one 128-row tile of a head, optionally normed and rotated, and its
+  transpose), `kv_head` (all T rows of a kv head and k^T), `v_aug` ([v | 1] tiles: p [v | 1] carries the
+  softmax's row sums in its last column).
+- QK-norm + RoPE (+ gain), fused (`prep_tile`): each raw q / k row tile, once loaded, is normed and rotated
+  in SBUF before its transpose, in fp32 (rounded once to the input dtype): the row sums of squares,
+  rsqrt(sum + K eps) (one GpSimd tensor_scalar: GpSimd tensor_scalar is documented for rsqrt only), the
+  scaling by it times sqrt(K) (times the gain: `gain_column` folds sqrt(K) in) and the rotation as x [cos,
+  cos] + [x2 sin, -x1 sin] (four GpSimd tensor_tensor instructions; `rotate`). The forward writes the
+  normed, rotated q / k and each row's inverse RMS (`saved_outputs`, `store_rows`); the backward reads
+  them (and forms xn = x inv from the raw rows) and takes dq / dk back through them (`prep_grad`): w =
+  rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K); the gain's gradient is rowsum(w xn)
+  summed over the rows.
+- `half_matmul`: a contraction over K <= 64 rows runs on one 64-row half of the PE array (row tiling
+  mode, nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode": 2 x 64-row tiles on NeuronCore-v2), so that
+  two such matmuls on different halves run in parallel.
+- `causal_bias`: the identity (the moving side of every transpose), the 0 / -1e30 causal bias of a
+  diagonal block and a ones tile, built once per call by GpSimd affine_select.
+"""
+
+import nki.isa as nisa
+import nki.language as nl
+
+from kernels_nki.tiles import EPS, cdiv, identity, transpose
+
+NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
+
+
+def dims(q_BTHK, k_BTGK):
+    """(B, T, H, K, G, R query heads per kv head, P partitions, dtype, softmax scale 1/sqrt(K))."""
+    B, T, H, K = q_BTHK.shape
+    G = k_BTGK.shape[2]
+    return B, T, H, K, G, H // G, nl.tile_size.pmax, q_BTHK.dtype, 1.0 / (K ** 0.5)
+
+
+def causal_bias(dt):
+    """(identity, bias, ones), [128, 128] each in dt, built once per call: bias is 0 where key j <= query p,
+    NEG above (the forward's row max sees it via identity^T bias accumulated into the scores); the identity
+    is also the moving side of every transpose (`kernels_nki.tiles.transpose`), ones[0:1] the shift matmul's stationary."""
+    P = nl.tile_size.pmax
+    zero = nl.zeros((P, P), dtype=dt, buffer=nl.sbuf)
+    one = nl.ones((P, P), dtype=dt, buffer=nl.sbuf)
+    bias = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+    nisa.affine_select(dst=bias, pattern=[[-1, P]], offset=0, channel_multiplier=1, on_true_tile=zero,
+                       on_false_value=NEG, cmp_op=nl.greater_equal)
+    return identity(dt), bias, one
+
+
+def head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=(), saved=()):
+    """Rows t0:t0+rows of head x of batch b as a [128, K] tile (and its [K, 128] transpose, leaving PSUM on
+    VectorE with `vec`, else ScalarE). With `prep` = (cos/sin tiles, gain) the tile is replaced by
+    rope(qk_norm(rows)) [* gain] (`prep_tile`; norm = its inv); with `saved` = (y_BTXK, inv_BTX1), the
+    forward's outputs, by y's rows (norm = (xn, inv) for `prep_grad`, xn = x inv on ScalarE).
+    -> (tile, transpose or None, norm or ())."""
+    K = x_BTXK.shape[3]
+    P = nl.tile_size.pmax
+    t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[0:rows], src=x_BTXK[b, t0:t0 + rows, x])
+    norm = ()
+    if prep:
+        t, norm = prep_tile(t, rows, prep[0], prep[1], dt)
+    if saved:
+        y = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=y[0:rows], src=saved[0][b, t0:t0 + rows, x])
+        inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=inv_P1[0:rows], src=saved[1][b, t0:t0 + rows, x])
+        xn = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        scale_rows(xn, t, rows, inv_P1)
+        t, norm = y, (xn, inv_P1)
+    if not transposed:
+        return t, None, norm
+    tT = nl.ndarray((K, P), dtype=dt, buffer=nl.sbuf)
+    transpose(tT[0:K, 0:rows], t[0:rows], rows, K, ident, on_vector=vec)
+    return t, tT, norm
+
+
+def kv_head(x_BTGK, b, g, dt, ident, tables=(), saved=(), vec=False):
+    """All T rows of kv head g of batch b: 128-row tiles [keys, K], the transpose [K, T] (leaving PSUM on
+    VectorE with `vec`, else ScalarE) and each tile's norm (`head_rows`): with `tables` (cos/sin tiles)
+    the forward's rotated, normed rows; with `saved` (kr_BTGK, kinv_BTG1) the backward's."""
+    B, T, G, K = x_BTGK.shape
+    P = nl.tile_size.pmax
+    xT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+    tiles, norms = [], []
+    for i in nl.affine_range(cdiv(T, P)):
+        r = min(P, T - i * P)
+        prep = (tables[i], ()) if tables else ()
+        t, _, norm = head_rows(x_BTGK, b, g, i * P, r, dt, None, False, prep=prep, saved=saved)
+        transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K, ident, on_vector=vec)
+        tiles.append(t)
+        norms.append(norm)
+    return tiles, xT, norms
+
+
+def rope_tiles(cos_TK2, sin_TK2):
+    """Per 128-position tile (cos2 = [cos, cos] [P, K], sin, -sin [P, K/2]) in fp32 SBUF, built once per call
+    from cos/sin [T, K/2] (fp32 in HBM): the tables `rotate` multiplies by."""
+    T, K2 = cos_TK2.shape
+    P = nl.tile_size.pmax
+    tiles = []
+    for i in nl.affine_range(cdiv(T, P)):
+        r = min(P, T - i * P)
+        c2 = nl.ndarray((P, 2 * K2), dtype=nl.float32, buffer=nl.sbuf)
+        s = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
+        ns = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=c2[0:r, 0:K2], src=cos_TK2[i * P:i * P + r])
+        nisa.tensor_copy(dst=c2[0:r, K2:2 * K2], src=c2[0:r, 0:K2], engine=nisa.engine.gpsimd)
+        nisa.dma_copy(dst=s[0:r], src=sin_TK2[i * P:i * P + r])
+        nisa.activation(dst=ns[0:r], op=nl.copy, data=s[0:r], scale=-1.0)
+        tiles.append((c2, s, ns))
+    return tiles
+
+
+def rotate(dst, x_f, rows, cs, inverse, engine):
+    """dst[0:rows] = the half-split rotation of x_f (fp32 [P, K]) by the rows' angles: (x1 cos + x2 sin,
+    x2 cos - x1 sin) as reference.rope, or by minus the angles (`inverse`, the backward), as x [cos, cos] +
+    [x2 (+-sin), x1 (-+sin)]: four instructions on `engine` (SBUF operands only)."""
+    K = x_f.shape[1]
+    K2 = K // 2
+    P = nl.tile_size.pmax
+    c2, s, ns = cs
+    a = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    e = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=a[0:rows], data1=x_f[0:rows], data2=c2[0:rows], op=nl.multiply, engine=engine)
+    nisa.tensor_tensor(dst=e[0:rows, 0:K2], data1=x_f[0:rows, K2:K], data2=(ns if inverse else s)[0:rows],
+                       op=nl.multiply, engine=engine)
+    nisa.tensor_tensor(dst=e[0:rows, K2:K], data1=x_f[0:rows, 0:K2], data2=(s if inverse else ns)[0:rows],
+                       op=nl.multiply, engine=engine)
+    nisa.tensor_tensor(dst=dst[0:rows], data1=a[0:rows], data2=e[0:rows], op=nl.add, engine=engine)
+
+
+def prep_tile(x_t, rows, cs, gain, dt):
+    """(y [P, K] in dt = rope(qk_norm(x)) [* gain], inv = rsqrt(mean(x^2) + eps) fp32 [P, 1]) of a raw
+    [rows, K] tile, fp32 math (reference.rms_norm, reference.rope / rope_gain); gain: () or (g_P1,) with
+    g_P1 = gain * sqrt(K) (`gain_column`). The squares and the rotation on GpSimd, the row sum and the scaling
+    on VectorE; r = rsqrt(sum(x^2) + K eps) = inv / sqrt(K) by one GpSimd tensor_scalar (add, then rsqrt:
+    GpSimd tensor_scalar is documented for rsqrt only, nki/api/nki/isa/__init__.py tensor_scalar
+    `engine`), x r (gain) sqrt(K) by one VectorE tensor_scalar, inv (a residual for the backward) on
+    ScalarE."""
+    K = x_t.shape[1]
+    P = nl.tile_size.pmax
+    gp = nisa.engine.gpsimd
+    sq = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=sq[0:rows], data1=x_t[0:rows], data2=x_t[0:rows], op=nl.multiply, engine=gp)
+    ss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=ss_P1[0:rows], op=nl.add, data=sq[0:rows], axis=1, keepdims=True)
+    r_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=r_P1[0:rows], data=ss_P1[0:rows], op0=nl.add, operand0=K * EPS, op1=nl.rsqrt,
+                       operand1=0.0, engine=gp)
+    inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=inv_P1[0:rows], op=nl.copy, data=r_P1[0:rows], scale=K ** 0.5)
+    xs = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=xs[0:rows], data=x_t[0:rows], op0=nl.multiply, operand0=r_P1[0:rows],
+                       op1=nl.multiply, operand1=gain[0][0:rows] if gain else K ** 0.5)
+    y = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+    rotate(y, xs, rows, cs, False, gp)
+    return y, inv_P1
+
+
+def scale_rows(dst, x, rows, s_P1):
+    """dst[0:rows] = x[0:rows] * s (an fp32 [P, 1] column) on ScalarE (its activation scale)."""
+    nisa.activation(dst=dst[0:rows], op=nl.copy, data=x[0:rows], scale=s_P1[0:rows])
+
+
+def prep_grad(dst, d_f, rows, cs, norm, gain, dg_P1, rot_engine):
+    """dst[0:rows] = the gradient through `prep_tile` of d_f (fp32 [P, K], w.r.t. its output rows): w =
+    rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K) (reference.rms_norm_bwd after
+    rope_gain_bwd); with a gain, dg_P1 += dot, the gain's gradient per row (d . rope(xn) = w . xn, the
+    rotation being orthogonal). Products and sums of tiles on GpSimd, row sums and [P, 1] columns on
+    VectorE, scalings on ScalarE."""
+    K = d_f.shape[1]
+    P = nl.tile_size.pmax
+    xn, inv_P1 = norm
+    gp = nisa.engine.gpsimd
+    w = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    rotate(w, d_f, rows, cs, True, rot_engine)
+    prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=prod[0:rows], data1=w[0:rows], data2=xn[0:rows], op=nl.multiply, engine=gp)
+    dot_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=dot_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, keepdims=True)
+    if gain:
+        nisa.tensor_tensor(dst=dg_P1[0:rows], data1=dg_P1[0:rows], data2=dot_P1[0:rows], op=nl.add, engine=gp)
+    c_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=c_P1[0:rows], data=dot_P1[0:rows], op0=nl.multiply, operand0=-1.0 / K)
+    scale_rows(prod, xn, rows, c_P1)
+    nisa.tensor_tensor(dst=w[0:rows], data1=w[0:rows], data2=prod[0:rows], op=nl.add, engine=gp)
+    s_P1 = inv_P1
+    if gain:
+        s_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=s_P1[0:rows], data=inv_P1[0:rows], op0=nl.multiply, operand0=gain[0][0:rows],
+                           op1=nl.multiply, operand1=K ** -0.5)
+    scale_rows(dst, w, rows, s_P1)
+
+
+def gain_column(g_PH, h, K):
+    """(g_P1,): the query gain of head h times sqrt(K) as an fp32 [P, 1] column (g_PH: the gain broadcast
+    over 128 rows; sqrt(K) undoes `prep_tile`'s rsqrt(sum x^2 + K eps) = inv / sqrt(K))."""
+    P = nl.tile_size.pmax
+    g_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=g_P1, src=g_PH[0:P, h:h + 1])
+    nisa.tensor_scalar(dst=g_P1, data=g_P1, op0=nl.multiply, operand0=K ** 0.5)
+    return (g_P1,)
+
+
+def half_matmul(dst, stationary, moving, half, name=None):
+    """nc_matmul; a contraction of <= 64 rows runs on one 64-row half of the PE array (row tiling mode,
+    NeuronCore-v2 or newer: nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode"), so that two such
+    matmuls on different halves (`half` 0 / 1) run in parallel. `name`: the instruction's name (a
+    "recompute..." name marks a product computed a second time: kernels_nki.emulator counts it not useful)."""
+    if stationary.shape[0] <= 64:
+        nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, tile_position=(half * 64, 0),
+                       tile_size=(64, 128), name=name)
+    else:
+        nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, name=name)
+
+
+def v_aug(x_BTGK, b, g, dt):
+    """All T rows of value head g of batch b as 128-row tiles [keys, K + 1]: v and a ones column (GpSimd
+    memset), so that p [v | 1] carries the softmax's row sums in its last column."""
+    T, K = x_BTGK.shape[1], x_BTGK.shape[3]
+    P = nl.tile_size.pmax
+    tiles = []
+    for i in nl.affine_range(cdiv(T, P)):
+        r = min(P, T - i * P)
+        t = nl.ndarray((P, K + 1), dtype=dt, buffer=nl.sbuf)
+        nisa.memset(dst=t[0:r, K:K + 1], value=1.0, engine=nisa.engine.gpsimd)
+        nisa.dma_copy(dst=t[0:r, 0:K], src=x_BTGK[b, i * P:i * P + r, g])
+        tiles.append(t)
+    return tiles
+
+
+def saved_outputs(B, T, H, G, K, dt):
+    """(qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1): the fused forward's extra outputs, the backward's inputs:
+    rope(qk_norm(q)) * gain and rope(qk_norm(k)) in dt, and each row's inverse RMS, fp32."""
+    return (nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm),
+            nl.ndarray((B, T, H, 1), dtype=nl.float32, buffer=nl.shared_hbm),
+            nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm),
+            nl.ndarray((B, T, G, 1), dtype=nl.float32, buffer=nl.shared_hbm))
+
+
+def store_rows(y_BTXK, inv_BTX1, y_t, inv_P1, b, x, t0, rows):
+    nisa.dma_copy(dst=y_BTXK[b, t0:t0 + rows, x], src=y_t[0:rows])
+    nisa.dma_copy(dst=inv_BTX1[b, t0:t0 + rows, x], src=inv_P1[0:rows])
