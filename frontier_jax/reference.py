@@ -293,9 +293,10 @@ def qk_attention(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, gain_H) -> jax.Array:
 
 
 def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=True):
-    """(o, lse [B, H, T, 1], qg, qinv [B, T, H, 1], kr, kinv [B, T, G, 1]) of `qk_attention` on raw q/k (g_PH:
-    the gain broadcast over 128 rows, fp32): what the fused kernel saves for its backward, the normed,
-    rotated q (times the gain) and k and each row's inverse RMS (fp32); the probabilities are recomputed.
+    """(o, lse [B, H, T, 1], qg, qinv [B, T, H, 1], kr, kinv [B, T, G, 1], qgT [B, H, K, T], krT [B, G, K, T])
+    of `qk_attention` on raw q/k (g_PH: the gain broadcast over 128 rows, fp32): what the fused kernel saves
+    for its backward, the normed, rotated q (times the gain) and k, each row's inverse RMS (fp32) and qg / kr
+    transposed (the kernel's backward loads them instead of transposing); the probabilities are recomputed.
     exact_max: which softmax shift the kernel uses (kernels_nki/attention.py); o and lse do not depend on
     it (softmax is shift-invariant), so the reference ignores it."""
     del exact_max
@@ -303,12 +304,16 @@ def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=T
     kn_BTGK, kinv = rms_norm_fwd(k_BTGK)
     qg_BTHK = rope_gain(qn_BTHK, cos_TK2, sin_TK2, g_PH[0])
     kr_BTGK = rope(kn_BTGK, cos_TK2, sin_TK2)
-    return (*attention_fwd(qg_BTHK, kr_BTGK, v_BTGK), qg_BTHK, qinv, kr_BTGK, kinv)
+    T_last = (0, 2, 3, 1)
+    return (*attention_fwd(qg_BTHK, kr_BTGK, v_BTGK), qg_BTHK, qinv, kr_BTGK, kinv,
+            jnp.transpose(qg_BTHK, T_last), jnp.transpose(kr_BTGK, T_last))
 
 
 def qk_attention_bwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse_BHT1, qg_BTHK, qinv, kr_BTGK,
-                     kinv, do_BTHK):
-    """(dq, dk, dv, dg_BH1): through attention, RoPE (+ gain) and QK-norm; dg per (batch, head), fp32."""
+                     kinv, qgT_BHKT, krT_BGKT, do_BTHK):
+    """(dq, dk, dv, dg_BH1): through attention, RoPE (+ gain) and QK-norm; dg per (batch, head), fp32 (the
+    transposed qgT / krT are the kernel's; the reference reads the rows)."""
+    del qgT_BHKT, krT_BGKT
     qn_BTHK = _normed(q_BTHK, qinv)
     dqg, dkr, dv = attention_bwd(qg_BTHK, kr_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK)
     dqn = rope_gain_bwd(qn_BTHK, cos_TK2, sin_TK2, g_PH, dqg)[0]

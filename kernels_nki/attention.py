@@ -85,7 +85,7 @@ from kernels_nki.attention_parts import (
     store_rows, v_aug)
 from kernels_nki.tiles import cdiv, identity, transpose
 
-BWD_VEC = 4  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
+BWD_VEC = 3  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
 KC = 512  # keys (queries in the bounded forward) per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
 SHIFT_OFFSET = 35.0  # the bounded forward's shift m_h = B_h - SHIFT_OFFSET (module docstring)
 BOUND_MARGIN = 1.0 + 2.0 ** -5  # B_h = sqrt(K) |g_h| BOUND_MARGIN
@@ -172,6 +172,7 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
         for g in nl.affine_range(G):
             k_tiles, kT, k_norms = kv_head(k_BTGK, b, g, dt, bias[0], tables)
             if rope:
+                nisa.dma_copy(dst=saved[5][b, g], src=kT)
                 for i in nl.affine_range(cdiv(T, P)):
                     store_rows(saved[2], saved[3], k_tiles[i], k_norms[i], b, g, i * P, min(P, T - i * P))
             vs = v_aug(v_BTGK, b, g, dt)
@@ -185,6 +186,7 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
                     q_t, qT, q_inv = head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, vec=not rope, prep=prep)
                     if rope:
                         store_rows(saved[0], saved[1], q_t, q_inv, b, h, t0, rows)
+                        nisa.dma_copy(dst=saved[4][b, h, 0:K, t0:t0 + rows], src=qT[0:K, 0:rows])
                     state = ()
                     chunks = cdiv(t0 + rows, KC)
                     for c in nl.sequential_range(chunks):
@@ -278,6 +280,7 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
             k_tiles, kT, k_norms = kv_head(k_BTGK, b, g, dt, ident, tables, vec=True)
+            nisa.dma_copy(dst=saved[5][b, g], src=kT)
             for i in nl.affine_range(cdiv(T, P)):
                 store_rows(saved[2], saved[3], k_tiles[i], k_norms[i], b, g, i * P, min(P, T - i * P))
             vs = v_aug(v_BTGK, b, g, dt)
@@ -292,6 +295,7 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
                     q_t, _, q_inv = head_rows(q_BTHK, b, h, t0, rows, dt, None, False, prep=(tables[i], gain))
                     store_rows(saved[0], saved[1], q_t, q_inv, b, h, t0, rows)
                     transpose(qT[0:K, t0:t0 + rows], q_t[0:rows], rows, K, ident, on_vector=True)
+                nisa.dma_copy(dst=saved[4][b, h], src=qT)
                 for c in nl.affine_range(cdiv(T, KC)):
                     _bounded_chunk(qT, kT, vs, negm_P1, c * KC, min(KC, T - c * KC), (o_BTHK, lse_BHT1), b, h,
                                    scale, dt)
@@ -300,10 +304,11 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
 
 @nki.jit
 def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=False):
-    """(o_BTHK, lse_BHT1, qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1) of attention over rope(qk_norm(q)) * gain
-    and rope(qk_norm(k)): q and k arrive raw (the projection's output); cos/sin [T, K/2] fp32 (values
-    rounded to q's dtype by the caller, as the reference casts them), g_PH the query gain broadcast over
-    128 rows, fp32; qg / kr and the inverse RMS of each row are the backward's residuals. exact_max (a
+    """(o_BTHK, lse_BHT1, qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1, qgT_BHKT, krT_BGKT) of attention over
+    rope(qk_norm(q)) * gain and rope(qk_norm(k)): q and k arrive raw (the projection's output); cos/sin [T,
+    K/2] fp32 (values rounded to q's dtype by the caller, as the reference casts them), g_PH the query gain
+    broadcast over 128 rows, fp32; qg / kr, the inverse RMS of each row and qg / kr transposed are the
+    backward's residuals. exact_max (a
     compile-time constant): the running-row-max softmax (`_fwd`) instead of the bounded shift
     (`_fwd_bounded`, valid while every head's bound B_h <= frontier_jax.ops.SHIFT_LIMIT: ops chooses)."""
     if exact_max:
@@ -413,8 +418,8 @@ def _store_gain_grad(dg_BH1, dg_P1, b, h):
 
 
 def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
-    """The backward of both kernels; rope: () or (cos_TK2, sin_TK2, g_PH, qg, qinv, kr, kinv) (the fused
-    forward's inputs and saved outputs). -> (dq, dk, dv) and, with rope, dg_BH1."""
+    """The backward of both kernels; rope: () or (cos_TK2, sin_TK2, g_PH, qg, qinv, kr, kinv, qgT, krT) (the
+    fused forward's inputs and saved outputs). -> (dq, dk, dv) and, with rope, dg_BH1."""
     B, T, H, K, G, R, P, dt, scale = dims(q_BTHK, k_BTGK)
     dq_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     dk_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
@@ -425,7 +430,7 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     banks = cdiv(cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
-            k_tiles, kT, k_norms = kv_head(k_BTGK, b, g, dt, bias[0], saved=rope[5:7] if rope else ())
+            k_tiles, kT, k_norms = kv_head(k_BTGK, b, g, dt, bias[0], saved=(rope[5], rope[6], rope[8]) if rope else ())
             _, vT, _ = kv_head(v_BTGK, b, g, dt, bias[0])
             acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
                    [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
@@ -438,7 +443,7 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
                     nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
                 for i in nl.affine_range(cdiv(T, P)):
                     t0 = i * P
-                    qk = (tables[i], gain, rope[3:5]) if rope else ()
+                    qk = (tables[i], gain, (rope[3], rope[4], rope[7])) if rope else ()
                     _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, min(P, T - t0),
                               kT, vT, k_tiles, acc, bias, scale, dt, qk, dg_P1)
                 if rope:
@@ -458,8 +463,8 @@ def attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK):
 
 @nki.jit
 def qk_attention_bwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse_BHT1, qg_BTHK, qinv_BTH1,
-                     kr_BTGK, kinv_BTG1, do_BTHK):
+                     kr_BTGK, kinv_BTG1, qgT_BHKT, krT_BGKT, do_BTHK):
     """(dq, dk, dv, dg_BH1): the gradients of qk_attention_fwd w.r.t. the raw q and k, v, and the query
     gain per (batch, head), fp32 (the caller sums over the batch)."""
     return _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK,
-                (cos_TK2, sin_TK2, g_PH, qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1))
+                (cos_TK2, sin_TK2, g_PH, qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1, qgT_BHKT, krT_BGKT))

@@ -52,9 +52,9 @@ def causal_bias(dt):
 def head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=(), saved=()):
     """Rows t0:t0+rows of head x of batch b as a [128, K] tile (and its [K, 128] transpose, leaving PSUM on
     VectorE with `vec`, else ScalarE). With `prep` = (cos/sin tiles, gain) the tile is replaced by
-    rope(qk_norm(rows)) [* gain] (`prep_tile`; norm = its inv); with `saved` = (y_BTXK, inv_BTX1), the
-    forward's outputs, by y's rows (norm = (xn, inv) for `prep_grad`, xn = x inv on ScalarE).
-    -> (tile, transpose or None, norm or ())."""
+    rope(qk_norm(rows)) [* gain] (`prep_tile`; norm = its inv); with `saved` = (y_BTXK, inv_BTX1, yT_BXKT),
+    the forward's outputs, by y's rows (norm = (xn, inv) for `prep_grad`, xn = x inv on ScalarE) and the
+    transpose is y^T's columns, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
     K = x_BTXK.shape[3]
     P = nl.tile_size.pmax
     t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
@@ -73,23 +73,30 @@ def head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=(),
     if not transposed:
         return t, None, norm
     tT = nl.ndarray((K, P), dtype=dt, buffer=nl.sbuf)
-    transpose(tT[0:K, 0:rows], t[0:rows], rows, K, ident, on_vector=vec)
+    if saved:
+        nisa.dma_copy(dst=tT[0:K, 0:rows], src=saved[2][b, x, 0:K, t0:t0 + rows])
+    else:
+        transpose(tT[0:K, 0:rows], t[0:rows], rows, K, ident, on_vector=vec)
     return t, tT, norm
 
 
 def kv_head(x_BTGK, b, g, dt, ident, tables=(), saved=(), vec=False):
     """All T rows of kv head g of batch b: 128-row tiles [keys, K], the transpose [K, T] (leaving PSUM on
     VectorE with `vec`, else ScalarE) and each tile's norm (`head_rows`): with `tables` (cos/sin tiles)
-    the forward's rotated, normed rows; with `saved` (kr_BTGK, kinv_BTG1) the backward's."""
+    the forward's rotated, normed rows; with `saved` (kr_BTGK, kinv_BTG1, krT_BGKT) the backward's, the
+    transpose loaded from krT."""
     B, T, G, K = x_BTGK.shape
     P = nl.tile_size.pmax
     xT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
     tiles, norms = [], []
+    if saved:
+        nisa.dma_copy(dst=xT, src=saved[2][b, g])
     for i in nl.affine_range(cdiv(T, P)):
         r = min(P, T - i * P)
         prep = (tables[i], ()) if tables else ()
         t, _, norm = head_rows(x_BTGK, b, g, i * P, r, dt, None, False, prep=prep, saved=saved)
-        transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K, ident, on_vector=vec)
+        if not saved:
+            transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K, ident, on_vector=vec)
         tiles.append(t)
         norms.append(norm)
     return tiles, xT, norms
@@ -233,12 +240,16 @@ def v_aug(x_BTGK, b, g, dt):
 
 
 def saved_outputs(B, T, H, G, K, dt):
-    """(qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1): the fused forward's extra outputs, the backward's inputs:
-    rope(qk_norm(q)) * gain and rope(qk_norm(k)) in dt, and each row's inverse RMS, fp32."""
+    """(qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1, qgT_BHKT, krT_BGKT): the fused forward's extra outputs, the
+    backward's inputs: rope(qk_norm(q)) * gain and rope(qk_norm(k)) in dt, each row's inverse RMS (fp32), and
+    the same rows transposed (the forward builds q^T / k^T anyway; the backward loads them instead of
+    transposing again)."""
     return (nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm),
             nl.ndarray((B, T, H, 1), dtype=nl.float32, buffer=nl.shared_hbm),
             nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm),
-            nl.ndarray((B, T, G, 1), dtype=nl.float32, buffer=nl.shared_hbm))
+            nl.ndarray((B, T, G, 1), dtype=nl.float32, buffer=nl.shared_hbm),
+            nl.ndarray((B, H, K, T), dtype=dt, buffer=nl.shared_hbm),
+            nl.ndarray((B, G, K, T), dtype=dt, buffer=nl.shared_hbm))
 
 
 def store_rows(y_BTXK, inv_BTX1, y_t, inv_P1, b, x, t0, rows):

@@ -120,8 +120,10 @@ def attention_calls(cfg: Config) -> list[KernelCall]:
     tabs, g = (((T, K // 2), "float32"),) * 2, ((128, H), "float32")  # cos/sin; the gain over 128 rows
     label = f"[B=1 (x{B}), T={T}, H={H}, G={G}, K={K}]"
     consts = 4 * T * K + 4 * 128 * H  # the cos/sin tables and the gain, fp32
-    # the normed, rotated q / k and each row's inverse RMS: written by the forward, read by the backward
-    saved, saved_bytes = (q, ((1, T, H, 1), "float32"), kv, ((1, T, G, 1), "float32")), (H + G) * T * (K * s + 4)
+    # the normed, rotated q / k, each row's inverse RMS and q / k transposed: written by the forward, read by
+    # the backward
+    saved = (q, ((1, T, H, 1), "float32"), kv, ((1, T, G, 1), "float32"), ((1, H, K, T), dn), ((1, G, K, T), dn))
+    saved_bytes = (H + G) * T * (2 * K * s + 4)
     fwd_min = (2 * H + 2 * G) * T * K * s + 4 * H * T + consts + saved_bytes  # q, k, v in; o, lse out
     bwd_min = (4 * H + 4 * G) * T * K * s + 4 * H * T + consts + 4 * H + saved_bytes  # + dO in; dq, dk, dv, dg out
     return [KernelCall("qk_attention", "fwd", label, (q, kv, kv) + tabs + (g,), fwd_min, L * B),

@@ -189,9 +189,11 @@ def test_qk_attention_matches_reference(qk_kernels, dtype, B, T, H, G, K, gain_s
     f32 = lambda a: jnp.asarray(a.astype(np.float32))
     want_fwd = ref.qk_attention_fwd(f32(q), f32(k), f32(v), cos, sin, g_PH)
     got_fwd = qk_kernels.qk_attention_fwd(q, k, v, cos, sin, g_PH, exact_max=exact_max)
-    o, lse, qg, qinv, kr, kinv = got_fwd
-    assert o.dtype == qg.dtype == kr.dtype == np_dtype and lse.shape == (B, H, T, 1)
+    o, lse, qg, qinv, kr, kinv, qgT, krT = got_fwd
+    assert o.dtype == qg.dtype == kr.dtype == qgT.dtype == krT.dtype == np_dtype and lse.shape == (B, H, T, 1)
     assert qinv.shape == (B, T, H, 1) and kinv.shape == (B, T, G, 1) and qinv.dtype == np.float32
+    np.testing.assert_array_equal(qgT, np.transpose(qg, (0, 2, 3, 1)))  # bit-identical: the same values
+    np.testing.assert_array_equal(krT, np.transpose(kr, (0, 2, 3, 1)))
     for a, b in zip(got_fwd, want_fwd):
         _assert_close(a, b, TOL[dtype])
     got = qk_kernels.qk_attention_bwd(q, k, v, cos, sin, g_PH, *got_fwd, do)
@@ -303,7 +305,8 @@ def test_qk_attention_counts_at_seq_1024(qk_kernels, kernels):
     gain's gradient); the forward writes the normed, rotated q / k and their inverse RMS once, the
     backward reads them once (and q, k, v, dO, o once); the kernel stays Vector/Scalar/GpSimd-bound.
     The bounded forward issues s^T once per block (useful) and p^T [v | 1], nothing else but the q^T / k^T
-    transposes: TensorE useful/issued > 0.9, and it is the faster forward."""
+    transposes: TensorE useful/issued > 0.9, and it is the faster forward. The backward loads q^T / k^T
+    (saved by the forward) instead of transposing them again."""
     B, T, H, G, K = 1, 1024, 8, 4, 64
     q, kv, lse = ((B, T, H, K), "bfloat16"), ((B, T, G, K), "bfloat16"), ((B, H, T, 1), "float32")
     tabs, g = (((T, K // 2), "float32"),) * 2, ((128, H), "float32")
@@ -316,13 +319,16 @@ def test_qk_attention_counts_at_seq_1024(qk_kernels, kernels):
     fwd = emulator.count(qk_kernels.qk_attention_fwd, q, kv, kv, *tabs, g, exact_max=True)
     assert emulator.estimate(bounded).total_s < 0.6 * emulator.estimate(fwd).total_s
     assert bounded.dma_bytes == fwd.dma_bytes
-    bwd = emulator.count(qk_kernels.qk_attention_bwd, q, kv, kv, *tabs, g, q, lse, q, qinv, kv, kinv, q)
+    qT, kT = ((B, H, K, T), "bfloat16"), ((B, G, K, T), "bfloat16")
+    bwd = emulator.count(qk_kernels.qk_attention_bwd, q, kv, kv, *tabs, g, q, lse, q, qinv, kv, kinv, qT, kT, q)
     plain_fwd = emulator.count(kernels.attention_fwd, q, kv, kv)
     plain_bwd = emulator.count(kernels.attention_bwd, q, kv, kv, q, lse, q)
     assert fwd.pe_macs_issued == plain_fwd.pe_macs_issued and fwd.pe_macs_useful == plain_fwd.pe_macs_useful
-    assert bwd.pe_macs_issued - plain_bwd.pe_macs_issued == H * 128 * 128 * 1  # the dg sums: [128,1] x [128,1]
+    # the dg sums ([128,1] x [128,1]) more, the q^T / k^T transposes (32 units each) fewer: loaded from the forward
+    assert bwd.pe_macs_issued - plain_bwd.pe_macs_issued == H * 128 * 128 * 1 - unit * 32 * nt * (H + G)
+    assert emulator.pe_utilisation(bwd) > emulator.pe_utilisation(plain_bwd)
     consts = 4 * T * K + 4 * 128 * H
-    saved = 2 * T * (H + G) * K + 4 * T * (H + G)  # qg, kr (bf16) and the inverse RMS (fp32)
+    saved = 2 * 2 * T * (H + G) * K + 4 * T * (H + G)  # qg, kr and their transposes (bf16), the inverse RMS (fp32)
     assert fwd.dma_bytes == plain_fwd.dma_bytes + consts + saved
     assert bwd.dma_bytes == plain_bwd.dma_bytes + consts + saved + 4 * H
     for c in (fwd, bwd):
