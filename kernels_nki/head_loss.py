@@ -67,7 +67,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.tiles import cdiv
+from kernels_nki.tiles import cdiv, transpose_ve
 
 VC = 512  # vocabulary chunk (one PSUM bank of fp32)
 DZ_BYTES = 32 * 1024  # SBUF bytes per partition for one demb block's dz tiles (backward)
@@ -97,16 +97,6 @@ def _emb_tiles(emb_VD, dt):
     return rows, embT
 
 
-def _transpose_ve(dst, src, p, f):
-    """dst[0:f, 0:p] = src[0:p, 0:f]^T (p, f <= 128) by VectorE 32 x 32 transposes, SBUF to SBUF."""
-    for i in nl.affine_range(cdiv(p, 32)):
-        pi = min(32, p - i * 32)
-        for j in nl.affine_range(cdiv(f, 32)):
-            fj = min(32, f - j * 32)
-            nisa.nc_transpose(dst=dst[j * 32:j * 32 + fj, i * 32:i * 32 + pi],
-                              data=src[i * 32:i * 32 + pi, j * 32:j * 32 + fj], engine=nisa.engine.vector)
-
-
 def _x_tile(x_ND, r0, rows, dt, g, ve, copy_on_vector):
     """Token rows r0:r0+rows as a [P, D] tile and as D/128 tiles of x^T [d, rows]. Block k of token tile g
     is transposed by VectorE when (g * D/128 + k) % ve[1] < ve[0], otherwise by TensorE, copied out of
@@ -121,7 +111,7 @@ def _x_tile(x_ND, r0, rows, dt, g, ve, copy_on_vector):
         dk = min(P, D - k * P)
         t = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
         if (g * KT + k) % ve[1] < ve[0]:
-            _transpose_ve(t, x_PD[0:rows, k * P:k * P + dk], rows, dk)
+            transpose_ve(t, x_PD[0:rows, k * P:k * P + dk], rows, dk)
         else:
             t_ps = nl.ndarray((dk, rows), dtype=dt, buffer=nl.psum)
             nisa.nc_transpose(dst=t_ps, data=x_PD[0:rows, k * P:k * P + dk])

@@ -49,12 +49,15 @@ Engines at the baseline shapes (N = 65536 tokens, D = 512, (H + 2G) K = 1024, bf
 kernels_nki.report`, AWS's documented trn1 rates): q/k/v norm_projection forward 795.8 us per call,
 TensorE-bound (DMA 745.0, ScalarE 514.9, VectorE 351.3), backward 1592.3 us TensorE-bound (VectorE
 1468.5, DMA 999.4, ScalarE 773.9); before the fusion rms_norm + projection took 494.4 + 842.6 and
-965.5 + 1686.7 us. Output projection with the residual add: forward 742.1 us DMA-bound (x, w, r in and y out once; TensorE
-421.3, VectorE 585.3: the add as y leaves PSUM; before, 495.4 us plus 741 us of glue for the scaled
-add's 3 HBM passes), backward 796.2 us TensorE-bound (unchanged). TensorE useful/issued: 0.941 everywhere except the output projection's forward, 0.889:
-per tile it issues I/128 transposes (2 x 64 x 128 x 64 MACs each) against I/128 x O/512 matmuls of
-128 x 128 x 512, 1 - 64/(O + 64) at O = 512. Above that needs o^T from its producer (the attention
-kernel writing its output feature-major), not a choice inside this kernel.
+965.5 + 1686.7 us. Output projection with the residual add: forward 742.1 us DMA-bound (x, w, r in and y
+out once; TensorE 415.5, VectorE 702.3: the add as y leaves PSUM and 1 in 8 x^T blocks; ScalarE 163.8: the
+other blocks' PSUM copies; before, 495.4 us plus 741 us of glue for the scaled add's 3 HBM passes),
+backward 796.2 us TensorE-bound (unchanged). TensorE useful/issued: 0.941 everywhere; the output
+projection's forward 0.901: per tile it needs I/128 x^T blocks (2 x 64 x 128 x 64 MACs each on TensorE)
+against I/128 x O/512 matmuls of 128 x 128 x 512, 1 - 64/(O + 64) = 0.889 at O = 512 with every block on
+TensorE; XT_VE_FWD = 1 of every 8 blocks is transposed by VectorE 32 x 32 transposes instead (16
+instructions, SBUF to SBUF: `kernels_nki.tiles.transpose_ve`), which the DMA bound leaves room for (the
+other PSUM copies move to ScalarE to make it): 0.901 at the same time.
 
 `mix_norm_projection` (frontier_jax.reference.mix_norm_projection_fwd / _bwd; ops.mix_norm_qkv_projection,
 what the model calls): x = m0 x_in' + m1 x0 with x_in' = x_in (+ sw skip), m = resid_mix and sw the skip
@@ -95,10 +98,11 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.tiles import EPS, cdiv, identity, norm_grad_rows, transpose_to_psum
+from kernels_nki.tiles import EPS, cdiv, identity, norm_grad_rows, transpose_to_psum, transpose_ve
 
 W = 512  # moving columns per matmul: one fp32 PSUM bank (gemm_moving_fmax)
 PSUM_BANKS = 8  # 2 MiB PSUM = 16 KiB per partition (trn1 arch guide, "Memory"), in 2 KiB banks of 512 fp32
+XT_VE_FWD = (1, 8)  # projection_fwd: 1 of every 8 x^T blocks by VectorE 32 x 32 transposes (module docstring)
 BLOCK = 16  # norm_projection_bwd: token tiles whose dw partials accumulate in PSUM before the fp32 SBUF add
 
 
@@ -116,13 +120,20 @@ def _evacuate(dst, src, on_vector, scale=None, scaled=False):
         nisa.activation(dst=dst, op=nl.copy, data=src)
 
 
-def _transposed(t, rows, cols, dt, ident, first_on_vector=True, on_scalar=False):
+def _transposed(t, rows, cols, dt, ident, first_on_vector=True, on_scalar=False, ve=(0, 1), g=0):
     """[cols/128 tiles of [128, 128]]: t[0:rows, 0:cols] transposed in 128-column slices (TensorE), copied out
-    of PSUM alternately by VectorE and ScalarE (with `on_scalar`, all by ScalarE)."""
+    of PSUM alternately by VectorE and ScalarE (with `on_scalar`, all by ScalarE); block i of row tile g is
+    transposed by VectorE 32 x 32 blocks instead (`transpose_ve`, no PSUM) when (g cols/128 + i) % ve[1] <
+    ve[0]."""
     P = nl.tile_size.pmax
     out = []
     for i in nl.affine_range(cdiv(cols, P)):
         k = min(P, cols - i * P)
+        if (g * cdiv(cols, P) + i) % ve[1] < ve[0]:
+            tT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+            transpose_ve(tT, t[0:rows, i * P:i * P + k], rows, k)
+            out.append(tT)
+            continue
         t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
         transpose_to_psum(t_ps[0:k, 0:rows], t[0:rows, i * P:i * P + k], rows, ident)
         tT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
@@ -382,7 +393,8 @@ def projection_fwd(x_NI, w_IO, r_NO):
     for n in nl.affine_range(cdiv(N, P)):
         rows = min(P, N - n * P)
         x_t, r_t = _rows(x_NI, n * P, rows, dt), _rows(r_NO, n * P, rows, dt)
-        for o, ps in enumerate(_products(_transposed(x_t, rows, I, dt, ident, False), w, I, O, rows)):
+        xT = _transposed(x_t, rows, I, dt, ident, on_scalar=True, ve=XT_VE_FWD, g=n)
+        for o, ps in enumerate(_products(xT, w, I, O, rows)):
             c = min(W, O - o * W)
             y = nl.ndarray((P, W), dtype=dt, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=y[0:rows, 0:c], data1=ps[0:rows, 0:c], data2=r_t[0:rows, o * W:o * W + c],

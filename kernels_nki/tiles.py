@@ -4,6 +4,7 @@ loads this file against the emulated nki for the kernel files that import from i
 
 - `cdiv`, `EPS` (the RMSNorm epsilon, float32 machine epsilon == frontier_jax.reference.RMS_EPS).
 - `identity(dt)`: the [128, 128] identity, the moving operand of every TensorE transpose.
+- `transpose_ve`: a transpose by VectorE 32 x 32 blocks (no TensorE, no PSUM).
 - `transpose_to_psum` / `transpose`: a TensorE transpose as two <= 64-row halves, each on its own 64-row
   tile of the PE array so that the two run in parallel and a [128, 128] transpose streams 64 identity
   columns per tile instead of 128 (and a <= 64-column source uses a 64-column tile too) (aws-neuron-sdk nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
@@ -58,6 +59,18 @@ def transpose(dst, src, rows, cols, ident, on_vector=False):
         nisa.tensor_copy(dst=dst, src=t_ps[0:cols, 0:rows], engine=nisa.engine.vector)
     else:
         nisa.activation(dst=dst, op=nl.copy, data=t_ps[0:cols, 0:rows])
+
+
+def transpose_ve(dst, src, p, f):
+    """dst[0:f, 0:p] = src[0:p, 0:f]^T (p, f <= 128) by VectorE 32 x 32 transposes, SBUF to SBUF (VectorE
+    transposes up to 32 x 32: nki/api/nki/isa/__init__.py nc_transpose): 16 instructions per [128, 128]
+    block instead of a TensorE transpose and its PSUM copy."""
+    for i in nl.affine_range(cdiv(p, 32)):
+        pi = min(32, p - i * 32)
+        for j in nl.affine_range(cdiv(f, 32)):
+            fj = min(32, f - j * 32)
+            nisa.nc_transpose(dst=dst[j * 32:j * 32 + fj, i * 32:i * 32 + pi],
+                              data=src[i * 32:i * 32 + pi, j * 32:j * 32 + fj], engine=nisa.engine.vector)
 
 
 def norm_grad_rows(g, x_t, inv, rows, width):
