@@ -14,9 +14,10 @@ tests/test_kernels_report.py::test_cost_model_matches_published_profiles).
   inputs cost 4x. NeuronCore-v3: 2.4 GHz (`trainium2_arch.rst`, "Compute Engine Specifications"),
   79 bf16 / 20 fp32 TFLOPS (same file, "Tensor Engine"), MM_INIT_LATENCY not published for v3: the
   v2 value is ASSUMED. Issued cycles = issued MACs / (128 x 128) (the counters charge the whole
-  array per moving column, or the row tile's rows x 128 per column for a matmul in row tiling mode,
-  whose tiles run in parallel: `nki/api/nki/isa/__init__.py`, `nc_matmul`, "Tiling mode"), floored
-  at 64 cycles per instruction in aggregate.
+  array per moving column, or the tile's rows x columns per column for a matmul in row / column
+  tiling mode (64-row and 64-column tiles on NeuronCore-v2), whose tiles run in parallel:
+  `nki/api/nki/isa/__init__.py`, `nc_matmul`, "Tiling mode"), floored at 64 cycles per instruction
+  in aggregate.
 - VectorE / ScalarE / GpSimdE (same table): 128 lanes, one element per lane per cycle, at 1.12 /
   1.4 / 1.4 GHz on NeuronCore-v2; NeuronCore-v3: VectorE 256 elements per cycle (512 for bf16/fp16:
   not modelled, so bf16 VectorE work on trn2 is over-estimated up to 2x) at 0.96 GHz, ScalarE 128
