@@ -269,8 +269,8 @@ def _impl(op: str) -> str:
 
 def direct(op: str) -> bool:
     """An op whose row says "reference" calls its reference function directly, under plain JAX autodiff:
-    the custom_vjp would pin the kernel's residuals and recompute in the backward (mlp's hidden layer,
-    the attention forward), and on CPU that measured 10-70% slower per op (bench/README.md). The
+    the custom_vjp would pin the kernel's residuals (mlp's relu(h)^T) and recompute in the backward (the
+    attention forward), and on CPU that measured 10-70% slower per op (bench/README.md). The
     primitives are bound when a kernel (or the emulator) runs, or inside `through_primitives()`."""
     return _state["direct"] and _impl(op) == "reference"
 

@@ -269,13 +269,13 @@ def _norm_mlp(x_ND, w_fc_DF, w_proj_FD, s_D):
 
 def _norm_mlp_vjp_fwd(x_ND, w_fc_DF, w_proj_FD, s_D):
     wfc, wpf = w_fc_DF.astype(x_ND.dtype), _fold(w_proj_FD, s_D, x_ND.dtype)
-    y_ND, inv_N1 = NORM_MLP("fwd", x_ND, wfc, wpf)
-    return y_ND, (x_ND, wfc, wpf, inv_N1, w_fc_DF, w_proj_FD, s_D)  # h is recomputed: see kernels_nki/mlp.py
+    y_ND, inv_N1, rT_FN = NORM_MLP("fwd", x_ND, wfc, wpf)  # rT = relu(h)^T, stored: see kernels_nki/mlp.py
+    return y_ND, (x_ND, wfc, wpf, inv_N1, rT_FN, w_fc_DF, w_proj_FD, s_D)
 
 
 def _norm_mlp_vjp_bwd(res, dy_ND):
-    x_ND, wfc, wpf, inv_N1, w_fc_DF, w_proj_FD, s_D = res
-    dx_ND, dwfc, dwpf = NORM_MLP("bwd", x_ND, wfc, wpf, inv_N1, dy_ND)  # dx includes dy (the residual)
+    x_ND, wfc, wpf, inv_N1, rT_FN, w_fc_DF, w_proj_FD, s_D = res
+    dx_ND, dwfc, dwpf = NORM_MLP("bwd", x_ND, wfc, wpf, inv_N1, rT_FN, dy_ND)  # dx includes dy (the residual)
     return (dx_ND, dwfc.astype(w_fc_DF.dtype), *_unfold(dwpf, w_proj_FD, s_D))
 
 

@@ -330,12 +330,22 @@ def mlp(x_ND: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array) -> jax.Array:
 
 
 def mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
-    return (mlp(x_ND, w_fc_DF, w_proj_FD),)
+    """(y, rT_FN): y = mlp(x) and relu(h)^T [F, N] in x's dtype (h = x W_fc, computed in x's dtype), the
+    backward's residual: the hidden layer is stored, not recomputed (kernels_nki/mlp.py says why)."""
+    r_NF = jnp.maximum(x_ND @ w_fc_DF.astype(x_ND.dtype), 0)
+    return (r_NF * r_NF) @ w_proj_FD.astype(x_ND.dtype), r_NF.T
 
 
-def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, dy_ND):
-    """(dx, dw_fc, dw_proj); the hidden layer is recomputed (kernels_nki/mlp.py says why)."""
-    return jax.vjp(mlp, x_ND, w_fc_DF, w_proj_FD)[1](dy_ND)
+def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, rT_FN, dy_ND):
+    """(dx, dw_fc, dw_proj) from the stored r = relu(h): what autodiff of `mlp` computes, written out (a = r^2,
+    da = dy W_proj^T, dh = 2 r da, zero where h <= 0 as r is); dw in the weights' dtypes."""
+    dt = x_ND.dtype
+    r_NF = rT_FN.T.astype(dt)
+    w_fc, w_proj = w_fc_DF.astype(dt), w_proj_FD.astype(dt)
+    da_NF = dy_ND @ w_proj.T
+    dh_NF = 2 * (r_NF * da_NF)
+    return (dh_NF @ w_fc.T, (x_ND.T @ dh_NF).astype(w_fc_DF.dtype),
+            ((r_NF * r_NF).T @ dy_ND).astype(w_proj_FD.dtype))
 
 
 def norm_mlp(x, w_fc_DF, w_proj_FD):
@@ -346,27 +356,30 @@ def norm_mlp(x, w_fc_DF, w_proj_FD):
 
 
 def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
-    """(y in x's dtype, inv_N1), composed of the two references (what the model computed unfused)."""
+    """(y in x's dtype, inv_N1, rT_FN = relu(h)^T in x's dtype), composed of the two references (what the
+    model computed unfused)."""
     xn_ND, inv_N1 = rms_norm_fwd(x_ND)
-    return mlp_fwd(xn_ND, w_fc_DF, w_proj_FD)[0], inv_N1
+    y_ND, rT_FN = mlp_fwd(xn_ND, w_fc_DF, w_proj_FD)
+    return y_ND, inv_N1, rT_FN
 
 
-def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
-    """(dx, dw_fc, dw_proj): the MLP's backward at rms_norm(x) (hidden layer recomputed), then the norm's."""
-    dxn_ND, dw_fc_DF, dw_proj_FD = mlp_bwd(_normed(x_ND, inv_N1), w_fc_DF, w_proj_FD, dy_ND)
+def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
+    """(dx, dw_fc, dw_proj): the MLP's backward at rms_norm(x) from the stored relu(h)^T, then the norm's."""
+    dxn_ND, dw_fc_DF, dw_proj_FD = mlp_bwd(_normed(x_ND, inv_N1), w_fc_DF, w_proj_FD, rT_FN, dy_ND)
     return rms_norm_bwd(x_ND, inv_N1, dxn_ND)[0], dw_fc_DF, dw_proj_FD
 
 
 def resid_norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
-    """(y = x + mlp(rms_norm(x)) in x's dtype, inv_N1): the block's MLP with its residual add, the
-    per-channel scale folded into W_proj's columns (frontier_jax.ops.norm_mlp); composed of norm_mlp_fwd."""
-    y_ND, inv_N1 = norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD)
-    return x_ND + y_ND, inv_N1
+    """(y = x + mlp(rms_norm(x)) in x's dtype, inv_N1, rT_FN = relu(h)^T [F, N] in x's dtype): the block's MLP
+    with its residual add, the per-channel scale folded into W_proj's columns (frontier_jax.ops.norm_mlp);
+    composed of norm_mlp_fwd."""
+    y_ND, inv_N1, rT_FN = norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD)
+    return x_ND + y_ND, inv_N1, rT_FN
 
 
-def resid_norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
+def resid_norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
     """(dx = dy + norm_mlp_bwd's dx in x's dtype, dw_fc in x's dtype, dw_proj in fp32)."""
-    dx_ND, dw_fc_DF, dw_proj_FD = norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND)
+    dx_ND, dw_fc_DF, dw_proj_FD = norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND)
     return dy_ND + dx_ND, dw_fc_DF, dw_proj_FD.astype(jnp.float32)
 
 

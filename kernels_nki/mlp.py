@@ -4,52 +4,59 @@ and backward as fused NKI kernels for trn1 (the `norm_mlp` op).
 Spec: frontier_jax.reference.resid_norm_mlp_fwd / resid_norm_mlp_bwd (x + mlp(rms_norm(x)); weights
 already cast to x's dtype by frontier_jax.ops, which folds the block's residual scale s into W_proj's
 columns, x + s mlp = x + relu(.)^2 (W_proj diag s), and derives dW_proj and ds from the kernel's fp32
-dW_proj; the forward also returns inv_N1 = rsqrt(mean(x^2) + eps), fp32, eps = float32 epsilon, the
-backward's residual; the backward's dx includes dy, the residual's pass-through). The residual add
-costs no HBM traffic: the forward adds the x tile it loaded for the norm as y leaves PSUM (VectorE,
-instead of a ScalarE copy), the backward adds the dy tile it loaded anyway to dx (GpSimd, SBUF only).
-Shapes: x [N, D], W_fc [D, F], W_proj [F, D]; tokens in blocks of 512 (the moving-tile maximum; the last block
-ragged and sliced), weights resident in SBUF for the whole call (3 x D x F x 2 bytes / 128 per partition in
-the backward: 24 KiB at D=512, F=1024), all matmuls bf16 into fp32 PSUM. The normalised activation never
-exists in HBM: per 128-token tile the norm costs ScalarE passes over the x tile already in SBUF (forward: the
-squares' row sum, an rsqrt on the [P, 1] column and xn = inv x in fp32, cast to x's dtype as the reference;
-backward: xn = inv x from the stored inv) instead of rms_norm's own HBM round trip.
+dW_proj; the forward also returns the backward's residuals inv_N1 = rsqrt(mean(x^2) + eps), fp32, eps =
+float32 epsilon, and rT_FN = relu(h)^T [F, N] in x's dtype (h = xn W_fc, which the reference computes in
+x's dtype, so the stored r is exactly the reference's); the backward's dx includes dy, the residual's
+pass-through). The residual add costs no HBM traffic: the forward adds the x tile it loaded for the norm
+as y leaves PSUM (VectorE, instead of a ScalarE copy), the backward adds the dy tile it loaded anyway to
+dx (GpSimd, SBUF only).
+Shapes: x [N, D], W_fc [D, F], W_proj [F, D]; tokens in blocks of NB = 512 in the forward (the moving-tile
+maximum: h^T streams the tokens) and NW = 1024 in the backward (no backward matmul streams tokens); the
+last block ragged and sliced; weights resident in SBUF for the whole call (2 x D x F x 2 bytes / 128 per
+partition: 16 KiB at D=512, F=1024; the backward holds W_fc^T and W_proj^T), all matmuls bf16 into fp32
+PSUM. The normalised activation never exists in HBM: per 128-token tile the norm costs ScalarE passes over
+the x tile already in SBUF (forward: the squares' row sum, an rsqrt on the [P, 1] column and xn = inv x in
+fp32, cast to x's dtype as the reference; backward: xn = inv x from the stored inv) instead of rms_norm's
+own HBM round trip.
 
 Forward, per token block: xn^T by TensorE transposes (D/128 per 128 tokens); h^T = W_fc^T xn^T
-directly in the [F, tokens] layout, so relu^2 (ScalarE relu(h) into SBUF, then one VectorE
-relu(h) * h reading h from PSUM) yields a^T, which is exactly the stationary operand of
-y = a W_proj: the hidden activation never leaves SBUF/PSUM and needs no transpose.
+directly in the [F, tokens] layout, so relu^2 (ScalarE r = relu(h) from PSUM into SBUF in x's dtype, then
+one VectorE r * r in SBUF) yields a^T, which is exactly the stationary operand of y = a W_proj: a needs no
+transpose, and r^T leaves for HBM as it is, one DMA per [128 F-rows, tokens-block] tile (rT_FN).
 Transposes: each 128-token transpose runs as two matmuls of 64 tokens against the identity in the two
 64-row tiles of the PE array, which run in parallel (the documented TensorE transpose in row tiling
 mode; kernels_nki/projection.py has the details and the AWS sources), into fp32 PSUM.
 
-Backward: RECOMPUTES h instead of storing it. Cost model at the baseline shapes (N=65536 tokens,
-D=512, F=1024, per 128 tokens, kernels_nki.emulator.cost), measured on the unfused kernel with
-full-array transposes: the store variant has to produce h in the token-major layout for the store and
-a^T for the projection, i.e. 8 more 128x128 transposes in the forward (fwd TensorE 159M MACs issued,
-useful/issued 0.84) and moves 256 KiB more per 128 tokens (h out, h in); backward 293M issued.
-Recompute: fwd 142.6M issued (0.94), bwd 369M issued (one 67M-MAC matmul and 4 transposes more,
-0.91). Both kernels are TensorE-bound, so the overlapped estimate was store 3.46 + 6.37 = 9.8 us vs
-recompute 3.10 + 8.03 = 11.1 us per 128 tokens: storing would be ~12% faster on these two kernels
-(about 1.3% of the step) but keeps 128 MiB of h per layer per micro-batch (1.1 GiB at 9 layers)
-alive in HBM between forward and backward, and its forward was below the TensorE useful/issued 0.9
-bar (with half-cost row-tiled transposes it would be above it: not re-measured). We recompute.
+Backward: STORES relu(h) instead of recomputing h. The forward already holds r^T = relu(h)^T in SBUF in the
+[F, tokens] layout, so storing it costs one DMA per tile and no TensorE work; the backward loads it (one DMA
+per [128, NW] tile) and transposes it on TensorE to token-major r (F/128 128 x 128 transposes per 128
+tokens, two 64-row halves each), evacuated twice on ScalarE (r by a copy, a = r^2 by a square: the ScalarE
+work relu and square of a recomputed h cost) instead of recomputing h = xn W_fc (an N x D x F matmul, 749
+us at the baseline shapes) from xn^T (D/128 more transposes). The price is HBM: rT is N x F x 2 bytes per
+layer per micro-batch kept between forward and backward, 134 MB (128 MiB) per layer at N = 65536, F = 1024,
+1.2 GB at 9 layers, and N x F x 2 more bytes moved each way (fwd writes, bwd reads). Recompute was the
+earlier design (bwd 3933.6 us TensorE-bound, u/i 0.952, with h costing 749 us of TensorE).
 
-Backward per token block: xn^T, dy^T by transposes; h (recomputed) and da = dy W_proj^T in the
-token-major layout; r = relu(h) and a = r^2 (ScalarE), dh' = r da (VectorE) (dh = 2 dh': the 2 is
-applied exactly, on the fp32 results of dx and dW_fc); dW_proj += a^T dy and dW_fc += xn^T dh'
-contract over the block's tokens (fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per
-block); dh'^T by transposes; g/2 = dh'^T-stationary x W_fc^T in PSUM (token-major), then the norm's
-backward on it: dx = 2 inv (g/2 + x c), c = -mean((g/2) x) inv^2 (VectorE (g/2) x and x c + g/2, each
-reading g from PSUM; ScalarE the row sum and the 2 inv scale). W_proj^T and W_fc^T are built once
-per call.
+Backward per block of NW tokens: dy^T by transposes; rT tiles from HBM; per 128-token tile da = dy W_proj^T
+token-major in PSUM, r token-major by transposes of rT into PSUM, r and a = r^2 out of PSUM (ScalarE), dh' = r
+da (VectorE) (dh = 2 dh': the 2 is applied exactly, on the fp32 results of dx and dW_fc); dh'^T by
+transposes; dW_proj += a^T dy and dW_fc += xn^T dh' contract over the block's NW tokens (fp32 PSUM, then
+one VectorE add into fp32 SBUF accumulators per block: NW = 1024 halves those adds against 512-token blocks,
+936 us of VectorE at the baseline shapes); g/2 = dh'^T-stationary x W_fc^T in PSUM (token-major), then
+the norm's backward on it: dx = 2 inv (g/2 + x c), c = -mean((g/2) x) inv^2 (VectorE (g/2) x and x c + g/2,
+each reading g from PSUM; ScalarE the row sum and the 2 inv scale). W_fc^T and W_proj^T are built once per
+call. TensorE transposes per 128 tokens: D/128 (dy^T) + 2 F/128 (r, dh'^T) = 20 at the baseline shapes,
+the floor of this design (dy, r and dh' are each needed in both layouts: a contraction over D for da, over
+the tokens for the weight gradients, over F for dx), hence useful/issued 0.927 < 0.93. On chip at the
+baseline shapes: SBUF peak 153 KiB per partition (of 192 KiB), 4 PSUM banks.
 
-Engines at the baseline shapes (bf16, `python -m kernels_nki.report`, AWS's documented trn1 rates):
-forward 1544.8 us per call, TensorE-bound (VectorE 1404.5, ScalarE 983.0, DMA 502.1), TensorE
-useful/issued 0.970; backward 3933.6 us TensorE-bound (VectorE 3840.1, ScalarE 2091.9, DMA 760.4,
-GpSimd 187.3), 0.952: the same times as without the residual add (which cost 6 HBM passes of glue,
-~1.5 ms per call pair). Unfused, rms_norm + mlp took 494.4 + 1591.6 (forward) and 965.5 + 4122.3 us
-(backward).
+Engines at the baseline shapes (N = 65536, D = 512, F = 1024, bf16, `python -m kernels_nki.report`,
+AWS's documented trn1 rates): forward 1544.8 us per call, TensorE-bound (VectorE 1404.5, ScalarE 983.0,
+DMA 995.6 (270.8 MB, rT's 134 MB included)), TensorE useful/issued 0.970: unchanged by the store but for its
+DMA (was 502.1 us, 136.6 MB); backward 3231.5 us TensorE-bound (VectorE 2903.9, ScalarE 1904.6, DMA 1253.9
+(341.1 MB), GpSimd 187.3), useful/issued 0.927; was 3933.6 us with the recompute (VectorE 3840.1). The
+whole baseline step: 697.7 -> 672.4 ms per core, MFU 53.5% -> 55.5%. Unfused, rms_norm + mlp took 494.4 +
+1591.6 (forward) and 965.5 + 4122.3 us (backward).
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): a TensorE transpose is a
 matmul with the data stationary and an identity moving (nki/api/nki/isa/__init__.py, nc_transpose;
@@ -71,20 +78,11 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.tiles import EPS, cdiv, identity, norm_grad_rows, transpose
+from kernels_nki.tiles import EPS, cdiv, identity, norm_grad_rows, transpose, transpose_to_psum
 
-NB = 512  # tokens per block (gemm_moving_fmax)
-
-
-def _relu_sq(dst, h_ps):
-    """dst = relu(h)^2 = relu(h) * h for an fp32 PSUM tile h; returns relu(h) (fp32 SBUF) for reuse.
-
-    relu on ScalarE into SBUF, then the product on VectorE: a VectorE instruction may read at most one
-    of its two tensor inputs from PSUM (isa docs tensor_tensor / scalar_tensor_tensor, "Memory types")."""
-    r = nl.ndarray(h_ps.shape, dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=r, op=nl.relu, data=h_ps)
-    nisa.tensor_tensor(dst=dst, data1=r, data2=h_ps, op=nl.multiply)
-    return r
+NB = 512  # tokens per forward block (gemm_moving_fmax: the forward's h^T has the tokens as moving free dim)
+NW = 1024  # tokens per backward block: no backward matmul streams tokens as its moving free dim, and the
+# weight gradients contract over the whole block in PSUM before one fp32 SBUF add (half the adds of 512)
 
 
 def _load_rows(w_RC, dt):
@@ -124,11 +122,11 @@ def _block_rows(src_NX, n0, nb, dt):
     return tiles
 
 
-def _block_T(tiles, nb, dt, ident):
-    """The block's 128-row tiles [tokens, D] -> D/128 tiles of the transpose [D_k, nb]."""
+def _block_T(tiles, nb, dt, ident, width=NB):
+    """The block's 128-row tiles [tokens, D] -> D/128 tiles of the transpose [D_k, nb] (`width` columns)."""
     P = nl.tile_size.pmax
     D = tiles[0].shape[1]
-    xT = [nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(D, P))]
+    xT = [nl.ndarray((P, width), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(D, P))]
     for s in nl.affine_range(cdiv(nb, P)):
         rows = min(P, nb - s * P)
         for k in nl.affine_range(cdiv(D, P)):
@@ -146,13 +144,15 @@ def _scaled(x_t, inv, rows, dt):
 
 @nki.jit
 def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
-    """(y_ND (x's dtype) = x + relu(rms_norm(x) W_fc)^2 W_proj, inv_N1 = rsqrt(mean(x^2) + eps) fp32)."""
+    """(y_ND (x's dtype) = x + relu(rms_norm(x) W_fc)^2 W_proj, inv_N1 = rsqrt(mean(x^2) + eps) fp32,
+    rT_FN = relu(h)^T in x's dtype, the backward's residual)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
     dt = x_ND.dtype
     y_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     inv_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    rT_FN = nl.ndarray((F, N), dtype=dt, buffer=nl.shared_hbm)
     ident = identity(dt)
     eps = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # v2: activation's bias is a tile
     nisa.memset(dst=eps, value=EPS)
@@ -183,8 +183,12 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
                 dk = min(P, D - k * P)
                 nisa.nc_matmul(dst=h_ps[0:fj, 0:nb], stationary=wfc[k][0:dk, j * P:j * P + fj],
                                moving=xT[k][0:dk, 0:nb])
+            # r = relu(h) in x's dtype (ScalarE, leaving PSUM; stored for the backward), a^T = r r (VectorE, SBUF)
+            r_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
+            nisa.activation(dst=r_T[0:fj, 0:nb], op=nl.relu, data=h_ps[0:fj, 0:nb])
+            nisa.dma_copy(dst=rT_FN[j * P:j * P + fj, n0:n0 + nb], src=r_T[0:fj, 0:nb])
             a_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-            _relu_sq(a_T[0:fj, 0:nb], h_ps[0:fj, 0:nb])
+            nisa.tensor_tensor(dst=a_T[0:fj, 0:nb], data1=r_T[0:fj, 0:nb], data2=r_T[0:fj, 0:nb], op=nl.multiply)
             aT.append(a_T)
         for s in nl.affine_range(cdiv(nb, P)):
             rows = min(P, nb - s * P)
@@ -199,7 +203,7 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
                 nisa.tensor_tensor(dst=y_t[0:rows, 0:dc], data1=y_ps[0:rows, 0:dc],
                                    data2=x_s[s][0:rows, c * NB:c * NB + dc], op=nl.add)
                 nisa.dma_copy(dst=y_ND[n0 + s * P:n0 + s * P + rows, c * NB:c * NB + dc], src=y_t[0:rows, 0:dc])
-    return y_ND, inv_N1
+    return y_ND, inv_N1, rT_FN
 
 
 def _norm_dx(g, x_t, inv, dy_t, rows, dt):
@@ -218,10 +222,29 @@ def _norm_dx(g, x_t, inv, dy_t, rows, dt):
     return dx
 
 
+def _relu_rows(a_t, dh_t, rT, s, rows, da_ps, c, fc, dt, ident):
+    """Columns c*NB .. c*NB+fc of one 128-token row tile from the stored rT [F_j, tokens] tiles: r = relu(h)
+    token-major by TensorE transposes into one PSUM tile, left twice on ScalarE, a = r^2 (activation square)
+    and r (a copy into SBUF: a VectorE instruction reads at most one PSUM input, isa docs tensor_tensor), and
+    dh' = r da (VectorE, da in PSUM)."""
+    P = nl.tile_size.pmax
+    F = a_t.shape[1]
+    r_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+    for jj in nl.affine_range(cdiv(fc, P)):
+        j = c * NB // P + jj
+        fj = min(P, F - j * P)
+        transpose_to_psum(r_ps[0:rows, jj * P:jj * P + fj], rT[j][0:fj, s * P:s * P + rows], fj, ident)
+    cols = slice(c * NB, c * NB + fc)
+    r = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)  # exact: rT holds r in dt
+    nisa.activation(dst=r[0:rows, 0:fc], op=nl.copy, data=r_ps[0:rows, 0:fc])
+    nisa.activation(dst=a_t[0:rows, cols], op=nl.square, data=r_ps[0:rows, 0:fc])  # a = relu(h)^2
+    nisa.tensor_tensor(dst=dh_t[0:rows, cols], data1=r[0:rows, 0:fc], data2=da_ps[0:rows, 0:fc], op=nl.multiply)
+
+
 @nki.jit
-def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
-    """(dx_ND = dy + the MLP's and norm's backward, dw_fc_DF in x's dtype, dw_proj_FD fp32); h is recomputed
-    (see the module docstring)."""
+def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
+    """(dx_ND = dy + the MLP's and norm's backward, dw_fc_DF in x's dtype, dw_proj_FD fp32), from the forward's
+    rT_FN = relu(h)^T (h is not recomputed: see the module docstring)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
@@ -231,49 +254,45 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
     dwfc_DF = nl.ndarray((D, F), dtype=dt, buffer=nl.shared_hbm)
     dwproj_FD = nl.ndarray((F, D), dtype=nl.float32, buffer=nl.shared_hbm)  # fp32: ops.py derives ds from it
     ident = identity(dt)
-    wfc = _load_rows(w_fc_DF, dt)  # [D_k, F]
-    wfcT = _transposed_rows(wfc, D, F, dt, ident)  # [F_j, D]
+    wfcT = _transposed_rows(_load_rows(w_fc_DF, dt), D, F, dt, ident)  # [F_j, D]
     wprojT = _transposed_rows(_load_rows(w_proj_FD, dt), F, D, dt, ident)  # [D_k, F]
     acc_fc = [nl.zeros((P, F), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KD)]
     acc_proj = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KF)]
-    for blk in nl.affine_range(cdiv(N, NB)):
-        n0 = blk * NB
-        nb = min(NB, N - n0)
+    for blk in nl.affine_range(cdiv(N, NW)):
+        n0 = blk * NW
+        nb = min(NW, N - n0)
         S = cdiv(nb, P)
         x_s = _block_rows(x_ND, n0, nb, dt)
         inv_s = _block_rows(inv_N1, n0, nb, nl.float32)
         xn_s = [_scaled(x_s[s], inv_s[s], min(P, nb - s * P), dt) for s in range(S)]  # rms_norm(x)
-        xT = _block_T(xn_s, nb, dt, ident)
         dy_s = _block_rows(dy_ND, n0, nb, dt)
-        dyT = _block_T(dy_s, nb, dt, ident)
+        dyT = _block_T(dy_s, nb, dt, ident, NW)
+        rT = []
+        for j in nl.affine_range(KF):  # relu(h)^T from the forward, [F_j, tokens]
+            fj = min(P, F - j * P)
+            t = nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t[0:fj, 0:nb], src=rT_FN[j * P:j * P + fj, n0:n0 + nb])
+            rT.append(t)
         a_s, dh_s = [], []
-        dhT = [nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf) for _ in range(KF)]
+        dhT = [nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf) for _ in range(KF)]
         for s in nl.affine_range(S):
             rows = min(P, nb - s * P)
             a_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
             dh_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
             for c in nl.affine_range(cdiv(F, NB)):
                 fc = min(NB, F - c * NB)
-                h_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
                 da_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
                 for k in nl.affine_range(KD):
                     dk = min(P, D - k * P)
-                    nisa.nc_matmul(dst=h_ps[0:rows, 0:fc], stationary=xT[k][0:dk, s * P:s * P + rows],
-                                   moving=wfc[k][0:dk, c * NB:c * NB + fc])
                     nisa.nc_matmul(dst=da_ps[0:rows, 0:fc], stationary=dyT[k][0:dk, s * P:s * P + rows],
                                    moving=wprojT[k][0:dk, c * NB:c * NB + fc])
-                cols = slice(c * NB, c * NB + fc)
-                r = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.sbuf)  # relu(h), ScalarE
-                nisa.activation(dst=r[0:rows, 0:fc], op=nl.relu, data=h_ps[0:rows, 0:fc])
-                nisa.activation(dst=a_t[0:rows, cols], op=nl.square, data=r[0:rows, 0:fc])  # a = relu(h)^2
-                nisa.tensor_tensor(dst=dh_t[0:rows, cols], data1=r[0:rows, 0:fc], data2=da_ps[0:rows, 0:fc],
-                                   op=nl.multiply)
+                _relu_rows(a_t, dh_t, rT, s, rows, da_ps, c, fc, dt, ident)
             for j in nl.affine_range(KF):
                 fj = min(P, F - j * P)
                 transpose(dhT[j][0:fj, s * P:s * P + rows], dh_t[0:rows, j * P:j * P + fj], rows, fj, ident)
             a_s.append(a_t)
             dh_s.append(dh_t)
-        # weight gradients: contract over the block's tokens in PSUM, one fp32 SBUF add per block
+        # weight gradients: contract over the block's NW tokens in PSUM, one fp32 SBUF add per block
         for j in nl.affine_range(KF):
             fj = min(P, F - j * P)
             for c in nl.affine_range(cdiv(D, NB)):
@@ -296,7 +315,7 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, dy_ND):
                                    moving=dh_s[s][0:rows, c * NB:c * NB + fc])
                 acc = acc_fc[k][0:dk, c * NB:c * NB + fc]
                 nisa.tensor_tensor(dst=acc, data1=acc, data2=g_ps[0:dk, 0:fc], op=nl.add)
-        # dx: g/2 = dh' W_fc^T token-major in PSUM, then the norm's backward (the 2 folded into its scale)
+    # dx: g/2 = dh' W_fc^T token-major in PSUM, then the norm's backward (the 2 folded into its scale)
         for s in nl.affine_range(S):
             rows = min(P, nb - s * P)
             g = []

@@ -139,13 +139,16 @@ def model_op_calls(cfg: Config) -> list[KernelCall]:
     s, dn = dt.itemsize, dt.name
     S = cfg.ngram.bias_orders
     calls = []
-    # the MLP with its pre-norm and scaled residual add fused in (norm_mlp): x in, y = x + s mlp and the norm's
-    # inv [N, 1] fp32 out; backward: x, dy in, dx (with dy passed through) out, dW_proj in fp32
+    # the MLP with its pre-norm and scaled residual add fused in (norm_mlp): x in, y = x + s mlp, the norm's
+    # inv [N, 1] fp32 and relu(h)^T [F, N] out; backward: x, dy, rT in, dx (with dy passed through) out, dW_proj
+    # in fp32
     w = (((D, F), dn), ((F, D), dn))
     label = f"[N={N}, D={D}, F={F}]"
-    calls.append(KernelCall("norm_mlp", "fwd", label, (((N, D), dn),) + w, 2 * N * D * s + 2 * D * F * s + 4 * N, L))
-    calls.append(KernelCall("norm_mlp", "bwd", label, (((N, D), dn),) + w + (((N, 1), "float32"), ((N, D), dn)),
-                            3 * N * D * s + 3 * D * F * s + 4 * D * F + 4 * N, L))
+    calls.append(KernelCall("norm_mlp", "fwd", label, (((N, D), dn),) + w,
+                            2 * N * D * s + 2 * D * F * s + 4 * N + N * F * s, L))
+    calls.append(KernelCall("norm_mlp", "bwd", label,
+                            (((N, D), dn),) + w + (((N, 1), "float32"), ((F, N), dn), ((N, D), dn)),
+                            3 * N * D * s + 3 * D * F * s + 4 * D * F + 4 * N + N * F * s, L))
     ids, emb = ((N,), "int32"), ((V, D), dn)
     # embed: rows gathered/scattered + ids; the backward also writes its fp32 [V, D] output once
     calls.append(KernelCall("embed", "fwd", f"[N={N}] rows of [V={V}, D={D}]", (ids, emb), 4 * N + N * D * s, 1))

@@ -24,10 +24,12 @@ def kernels():
 
 
 @pytest.mark.parametrize("dtype,shape", [("float32", (300, 64, 128)), ("float32", (130, 200, 300)),
-                                         ("float32", (72, 640, 256)), ("bfloat16", (300, 64, 128))])
+                                         ("float32", (72, 640, 256)), ("bfloat16", (300, 64, 128)),
+                                         ("bfloat16", (1100, 64, 640))])
 def test_forward_and_backward_match_reference(kernels, shape, dtype):
     N, D, F = shape  # N (and D, F) not multiples of 128; D > 128 and F > 256 take several tiles; D = 640:
-    # two 512-column chunks of the norm's backward; N = 72: one half of a row-tiled transpose
+    # two 512-column chunks of the norm's backward; N = 72: one half of a row-tiled transpose; N = 1100: three
+    # forward blocks and two backward blocks (NW = 1024), the last ragged; F = 640: a 128-column chunk of F
     np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
     rng = np.random.default_rng(N)
     x = (rng.standard_normal((N, D)) * 3 + 0.5).astype(np_dtype)
@@ -35,33 +37,53 @@ def test_forward_and_backward_match_reference(kernels, shape, dtype):
     w2 = (rng.standard_normal((F, D)) / np.sqrt(F)).astype(np_dtype)
     dy = rng.standard_normal((N, D)).astype(np_dtype)
     f32 = lambda a: jnp.asarray(a.astype(np.float32))
-    y_ref, inv_ref = ref.resid_norm_mlp_fwd(f32(x), f32(w1), f32(w2))
-    y, inv = kernels.norm_mlp_fwd(x, w1, w2)
+    y_ref, inv_ref, rT_ref = ref.resid_norm_mlp_fwd(f32(x), f32(w1), f32(w2))
+    y, inv, rT = kernels.norm_mlp_fwd(x, w1, w2)
     assert y.dtype == np_dtype and inv.shape == (N, 1) and inv.dtype == np.float32
+    assert rT.shape == (F, N) and rT.dtype == np_dtype  # relu(h)^T, the backward's residual
     _assert_close(y, y_ref, TOL[dtype])
     _assert_close(inv, inv_ref, 1e-5)
-    want = ref.resid_norm_mlp_bwd(f32(x), f32(w1), f32(w2), inv_ref, f32(dy))
-    got = kernels.norm_mlp_bwd(x, w1, w2, inv, dy)
+    _assert_close(rT, rT_ref, TOL[dtype])
+    # the backward from the kernel's own rT (as ops runs it); the reference from the same rT, so that a bf16
+    # rounding flip of relu(h) between the two forwards does not count against the backward
+    want = ref.resid_norm_mlp_bwd(f32(x), f32(w1), f32(w2), inv_ref, f32(rT), f32(dy))
+    got = kernels.norm_mlp_bwd(x, w1, w2, inv, rT, dy)
     assert [g.dtype for g in got] == [np_dtype, np_dtype, np.float32]  # dw_proj fp32: ops derives ds from it
     for g, w in zip(got, want):
         _assert_close(g, w, TOL[dtype])
     # the residual's share: dx - dy is the MLP's and norm's backward alone
     _assert_close(got[0].astype(np.float32) - dy.astype(np.float32),
-                  ref.norm_mlp_bwd(f32(x), f32(w1), f32(w2), inv_ref, f32(dy))[0], 2 * TOL[dtype])
+                  ref.norm_mlp_bwd(f32(x), f32(w1), f32(w2), inv_ref, f32(rT), f32(dy))[0], 2 * TOL[dtype])
 
 
 def test_tensor_engine_utilisation_at_baseline_width(kernels):
-    """D=512, F=1024 (baseline) on 8192 tokens: useful/issued >= 0.9 forward and backward."""
-    w = (((512, 1024), "bfloat16"), ((1024, 512), "bfloat16"))
-    x, inv = ((8192, 512), "bfloat16"), ((8192, 1), "float32")
+    """D=512, F=1024 (baseline) on 8192 tokens: TensorE-bound; the backward reads the forward's relu(h)^T
+    instead of recomputing h (4 token x D x F matmuls, not 5); fits on chip (the emulator enforces SBUF / PSUM
+    capacity). useful/issued: forward >= 0.93; backward >= 0.92, its floor with 20 128 x 128 transposes per
+    128 tokens (dy^T, r from rT, dh'^T: each needed in both layouts; 0.927 at N = 65536, 0.924 here with the
+    per-call weight transposes)."""
+    N, D, F = 8192, 512, 1024
+    w = (((D, F), "bfloat16"), ((F, D), "bfloat16"))
+    x, inv, rT = ((N, D), "bfloat16"), ((N, 1), "float32"), ((F, N), "bfloat16")
     fwd = emulator.count(kernels.norm_mlp_fwd, x, *w)
-    bwd = emulator.count(kernels.norm_mlp_bwd, x, *w, inv, x)
-    assert emulator.pe_utilisation(fwd) >= 0.9 and emulator.pe_utilisation(bwd) >= 0.9
+    bwd = emulator.count(kernels.norm_mlp_bwd, x, *w, inv, rT, x)
+    assert emulator.pe_utilisation(fwd) >= 0.93 and emulator.pe_utilisation(bwd) >= 0.92
     assert emulator.estimate(fwd).bound == emulator.estimate(bwd).bound == "tensor"
-    # h never goes to HBM, nor does rms_norm(x): x in, y and the norm's inv out; the residual add reuses x's tile
-    assert fwd.dma_bytes == 2 * 8192 * 512 * 2 + 2 * 512 * 1024 * 2 + 4 * 8192
-    # x, dy in once (dy also the residual's pass-through into dx), dx out, inv in, dw_fc in x's dtype, dw_proj fp32
-    assert bwd.dma_bytes == 3 * 8192 * 512 * 2 + 2 * 512 * 1024 * 2 + 4 * 8192 + 512 * 1024 * (2 + 4)
+    # useful MACs: forward h and y; backward da, dW_proj, dW_fc and dx only (no recompute of h)
+    assert fwd.pe_macs_useful == 2 * N * D * F and bwd.pe_macs_useful == 4 * N * D * F
+    # rms_norm(x) never goes to HBM, h only as relu(h)^T: x in, y, the norm's inv and rT out; the residual add
+    # reuses x's tile
+    assert fwd.dma_bytes == 2 * N * D * 2 + 2 * D * F * 2 + 4 * N + N * F * 2
+    # x, dy, rT in once (dy also the residual's pass-through into dx), dx out, inv in, dw_fc in x's dtype,
+    # dw_proj fp32
+    assert bwd.dma_bytes == 3 * N * D * 2 + 2 * D * F * 2 + 4 * N + D * F * (2 + 4) + N * F * 2
+    # VectorE (two-input instructions, 2 elements issued per element): the weight-gradient accumulate adds, one
+    # fp32 [128, 512] add per 1024 tokens (NW) for each of the 2 D F / (128 x 512) chunks of dW_fc and dW_proj,
+    # dh' = r da, and the norm's backward (g x, x c + g); the rest ([P, 1] columns, the accumulators' memsets)
+    # is small; with an add per 512 tokens it would be N x 2048 more
+    adds, dh, norm = N // 1024 * (2 * D * F // (128 * 512)) * 128 * 2 * 512, N * 2 * F, N * 2 * 2 * D
+    assert 0 <= bwd.vector_elems_issued - (adds + dh + norm) < N * 512
+    assert bwd.psum_peak_banks <= 8 and bwd.sbuf_peak_bytes <= 192 * 1024
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
