@@ -291,7 +291,13 @@ class JaxTrainer:
         return bool(g[:, 0].max()), float(g[0, 1])
 
     def summary_fields(self) -> dict:
-        return {"checkpoint_step": checkpoint.latest_step(self.out_dir)}  # every process (orbax collectives)
+        gains = [np.asarray(leaf.addressable_shards[0].data)  # replicated: any shard is the value
+                 for path, leaf in jax.tree_util.tree_flatten_with_path(self.params)[0]
+                 if "q_gain" in jax.tree_util.keystr(path)]
+        kind = ops.attention_forward_kind(np.concatenate(gains), self.cfg.model.head_dim, self.cfg.train.seq_len)
+        self.log(f"qk_attention forward on Neuron for the final gains: {kind}")
+        return {"checkpoint_step": checkpoint.latest_step(self.out_dir),  # every process (orbax collectives)
+                "attention_forward": kind}
 
     def write_summary(self, summary: dict) -> None:
         if self.metrics_log is not None:

@@ -19,6 +19,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from frontier_jax import reference as ref
 from frontier_jax.dispatch import (
@@ -151,6 +152,15 @@ SHIFT_MARGIN = 1.0 + 2.0 ** -5
 def bounded_shift_ok(g_PH: jax.Array, head_dim: int) -> jax.Array:
     """Whether the bounded-shift forward is exact for these gains (a traced bool; T is checked statically)."""
     return jnp.max(jnp.abs(g_PH)) * (head_dim ** 0.5) * SHIFT_MARGIN <= SHIFT_LIMIT
+
+
+def attention_forward_kind(gains, head_dim: int, seq_len: int) -> str:
+    """Which qk_attention forward the kernel runs for these query gains (host-side, for the run summary:
+    the choice is made on device per call, and both forwards are exact; the bounded one is the fast one)."""
+    bound = float(np.max(np.abs(np.asarray(gains, np.float32)))) * head_dim ** 0.5 * SHIFT_MARGIN
+    fast = seq_len <= SHIFT_MAX_T and bound <= SHIFT_LIMIT
+    return (f"{'bounded shift' if fast else 'exact max (slower)'}: score bound {bound:.1f} (limit {SHIFT_LIMIT:g}), "
+            f"T {seq_len} (limit {SHIFT_MAX_T})")
 
 
 def _qk_attention_forward(*arrays) -> tuple:

@@ -62,17 +62,21 @@ VectorE (one input, N cycles) and the product with p runs on GpSimd (both in SBU
 two-input VectorE pass (~2N cycles); dv += p^T dO and dk += ds^T q contract over the query rows
 (stationary p / ds, moving dO / q) and accumulate in PSUM across all R query heads and query tiles of
 the kv head (T K / 65536 banks each); dq += ds k needs ds^T (a transpose). dq and dk take the
-1/sqrt(K) scale when leaving PSUM.
+1/sqrt(K) scale when leaving PSUM. The fused backward loads q^T / k^T saved by the forward (qgT, krT)
+instead of transposing the rows again; ds^T leaves PSUM on VectorE for every BWD_VEC-th key tile, on
+ScalarE otherwise.
 
 TensorE: q k^T and dO v^T contract over K = 64 and run in row tiling mode on alternating 64-row
 halves of the PE array, which run in parallel (nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
 2 x 64-row tiles on NeuronCore-v2). Every transpose is `kernels_nki.tiles.transpose`: two <= 64-row
-halves on the two row tiles, a [128, 128] transpose streaming 64 identity columns per tile, not 128.
+halves on the two row tiles, a [128, 128] transpose streaming 64 identity columns per tile, not 128
+(a [rows, K <= 64] tile on two 64 x 64 tiles: column tiling, the same "Tiling mode").
 
 Engine times and TensorE useful/issued at the baseline shapes (B=1, T=1024, H=8, G=4, K=64, bf16, AWS's
-documented trn1 rates): bench/README.md, "Attention kernels on trn1". In short: plain forward 55.3 us
-per sequence, backward 61.4 us; fused 60.3 / 75.0 us; TensorE useful/issued 0.393 / 0.750, with the
-trn1 ceilings at K = 64 (the backward at most 5/6, the forward 2/3 with p^T transposes) derived there.
+documented trn1 rates): bench/README.md, "Attention kernels on trn1". In short, per sequence: fused
+forward 34.4 us with the bounded shift (60.3 with the exact max), backward 71.2 us, TensorE
+useful/issued 0.924 / 0.811; plain 55.3 / 62.5 us; the backward's trn1 ceiling at K = 64 (5/6: ds in both
+layouts, the second only by a TensorE transpose) is derived there.
 """
 
 

@@ -233,3 +233,13 @@ def test_mix_norm_qkv_projection_direct_path_is_the_unfused_model(dtype):
         got, want = run(ops.mix_norm_qkv_projection, *skip), run(unfused, *skip)
         for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
             assert g.dtype == w.dtype and np.array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_attention_forward_kind_names_the_kernels_choice():
+    """The run summary's line: the bounded-shift forward while sqrt(K) |g| (1 + 2^-5) <= SHIFT_LIMIT and T <=
+    SHIFT_MAX_T (the lax.cond in ops.qk_attention uses the same bound), the exact-max one otherwise."""
+    limit = ops.SHIFT_LIMIT / (64 ** 0.5 * ops.SHIFT_MARGIN)
+    assert ops.attention_forward_kind([1.5, -limit], 64, 1024).startswith("bounded shift")
+    assert ops.attention_forward_kind([1.5, -1.01 * limit], 64, 1024).startswith("exact max")
+    assert ops.attention_forward_kind([1.5], 64, ops.SHIFT_MAX_T + 1).startswith("exact max")
+    assert bool(ops.bounded_shift_ok(jnp.asarray([[1.5, -limit]]), 64))
