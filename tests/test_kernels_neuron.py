@@ -116,7 +116,8 @@ CASES = {
     "rope": (_rope, None),  # backward: (dy, cos, sin)
     "rope_gain": (_rope_gain, slice(1, None)),  # backward: (x, cos, sin, g, dy)
     "causal_attention": (_attention, slice(0, None)),
-    "qk_attention": (_qk_attention, slice(0, None)),  # backward: (q, k, v, cos, sin, g, o, lse, do)
+    # backward: (q, k, v, cos, sin, g, o, lse, qg, qinv, kr, kinv, qgT, krT, do)
+    "qk_attention": (_qk_attention, slice(0, None)),
     "norm_mlp": (_mlp, slice(1, None)),  # backward: (x, w_fc, w_proj, inv, rT, dy)
     "embed": (_embed, slice(1, None)),
     "head_loss": (_head_loss(3), slice(1, None)),
