@@ -146,6 +146,30 @@ def test_matmul_values_counters_and_estimate(tmp_path, monkeypatch):
     assert est.bound == max(est.engine_s, key=est.engine_s.get) and est.total_s == max(est.engine_s.values())
 
 
+def test_dma_buffers_follow_the_contiguous_runs_of_both_sides(tmp_path, monkeypatch):
+    """One head's rows of a [T, H, K] tensor are 128 B apart-strided runs (one buffer per row, under 256 B);
+    whole [128, 512] fp32 rows are 2 KiB buffers; an SBUF tile's column slice caps the run at its width;
+    count-only mode sees the same layouts as a full run."""
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a[0:128, 3, 0:64])
+        w = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=w, src=b[0:128, 0:512])
+        nisa.dma_copy(dst=out[0:128, 0:512], src=w)
+        nisa.dma_copy(dst=out[0:128, 0:100], src=w[0:128, 0:100])
+        return out
+    """, sig="a, b")
+    a = np.zeros((128, 8, 64), ml_dtypes.bfloat16)
+    b = np.zeros((128, 512), np.float32)
+    _, c = emulator.run(k, a, b)
+    assert c.dma_transfers == 4
+    assert c.dma_buffers == 128 + 128 + 128 + 128
+    assert c.dma_bytes_under_256 == 128 * 64 * 2
+    assert c.dma_bytes_under_2k == 128 * 64 * 2 + 128 * 100 * 4
+    assert emulator.count(k, (a.shape, "bfloat16"), (b.shape, "float32")) == c
+
+
 def test_padding_waste_and_accumulation(tmp_path, monkeypatch):
     """K=64, M=100, N=300 issues the full 128 x 128 array; two matmuls into one PSUM tile accumulate."""
     k, _ = _kernel_module(tmp_path, monkeypatch, """

@@ -100,6 +100,21 @@ def test_report_text_covers_every_op_and_compares_configs(capsys):
     assert "counted from kernels:" in out and "side by side (target trn2" in out
     table = out.split("side by side")[1]
     assert "tiny" in table and "baseline" in table and "tokens/30min" in table
+    m = re.search(r"DMA payloads: ([\d.]+)% of the kernels' DMA bytes move in buffers < 2 KiB, ([\d.]+)%", out)
+    assert m and 0 <= float(m.group(2)) <= float(m.group(1)) <= 100 and "B/buf" in out
+
+
+def test_dma_payload_columns_are_consistent_with_the_counters():
+    """Every kernel row's bytes per buffer and small-buffer shares come from its counters; attention loads
+    one head's [rows, K] at a time, so its buffers are K elements (the small-payload case the report flags)."""
+    rep = report.build_report(load_config(TINY))
+    for r in rep["kernels"]:
+        c = r["counters"]
+        assert c["dma_buffers"] >= c["dma_transfers"] > 0, r["op"]
+        assert r["dma_bytes_per_buffer"] == pytest.approx(c["dma_bytes"] / c["dma_buffers"])
+        assert 0 <= r["dma_share_under_256"] <= r["dma_share_under_2k"] <= 1
+    attn = [r for r in rep["kernels"] if r["op"] == "qk_attention"]
+    assert attn and all(r["dma_share_under_256"] > 0.5 for r in attn)
 
 
 def test_report_imports_no_trainer_and_no_jax():

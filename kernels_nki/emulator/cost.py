@@ -31,7 +31,10 @@ tests/test_kernels_report.py::test_cost_model_matches_published_profiles).
   These make Vector/Scalar-heavy kernels slower than estimated.
 - DMA (`nki/deep-dives/nki-dma-bandwidth-guide.rst`, bandwidth table): 16 engines x 17 B/ns =
   272 GB/s per NeuronCore-v2, 16 x 23 B/ns = 368 GB/s per NeuronCore-v3, reached with >= 4 KiB per
-  partition per transfer; the per-transfer fixed cost (~1300 ns, same guide) is not modelled.
+  partition per transfer; the per-transfer fixed cost (~1300 ns, same guide) is not modelled, nor
+  the lower rate of smaller payloads ("below peak" under 2 KiB, "severely overhead-bound" under 256 B,
+  same guide; no rate published): the counters record the bytes moved in such buffers
+  (`Machine.count_dma`) and the report prints their share, where this estimate is optimistic.
 """
 
 from __future__ import annotations

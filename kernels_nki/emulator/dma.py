@@ -32,6 +32,27 @@ def _dma_side(t, what: str):
     return _tile(t, what, ("sbuf",) + _m.HBM, "dma.buffers", engine_access=False)
 
 
+def _run(t) -> int:
+    """Contiguous elements per DMA buffer on this side: an indirect access pattern's gathered rows are
+    contiguous only past the indirect axis (its pattern's trailing [1, n] pairs)."""
+    if not isinstance(t, _m.AccessPattern):
+        return t.contiguous_elements()
+    run = 1
+    for stride, n in reversed(t.pattern[1:]):
+        if n == 1:
+            continue
+        if stride != run:
+            break
+        run *= n
+    return run
+
+
+def _buffer_bytes(dst, src) -> int:
+    """Bytes per DMA buffer: a buffer is contiguous on both sides (arch guide, "Data movement between HBM
+    and SBUF using DMAs": "Data within a DMA buffer must be continuous in the memory address map")."""
+    return min(_run(dst), _run(src)) * src.dtype.itemsize
+
+
 def _indirect(t, dge) -> bool:
     if not isinstance(t, _m.AccessPattern):
         return False
@@ -61,7 +82,7 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     if dst.size != src.size:
         rule("dma.elements", f"{src.shape} ({src.size} elements) -> {dst.shape} ({dst.size} elements)")
     m = _m.current()
-    m.count_dma(src.size * src.dtype.itemsize)
+    m.count_dma(src.size * src.dtype.itemsize, _buffer_bytes(dst, src))
     if not m.compute:
         return
     value = src.base.data.reshape(-1)[src.flat_index()] if ind_src else src.data
@@ -89,7 +110,7 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
         if s.size != dst.size:
             rule("dma.elements", f"dma_compute src {s.shape} vs dst {dst.shape}")
     m = _m.current()
-    m.count_dma(sum(s.size * s.dtype.itemsize for s in srcs))
+    m.count_dma(sum(s.size * s.dtype.itemsize for s in srcs), min(_buffer_bytes(dst, s) for s in srcs))
     if isinstance(dst, _m.AccessPattern):
         _indirect(dst, dge_mode.unknown)
         data = [s for s in srcs if not isinstance(s, _m.AccessPattern)]

@@ -74,7 +74,9 @@ class Counters:
     whatever K and M are; a row-tiled matmul: row tile size x 128 x N); useful = K x M x N; transposes
     and 0/1-stationary matmuls (is_stationary_onezero: a mask or a selection) and recomputations (an nc_matmul
     named 'recompute...': the same product again, in another layout) are issued with zero useful MACs. Vector/Scalar/GpSimd: lane-elements. issued = 128 lanes x
-    max(MIN_II, free size) per instruction (2 x free size for a two-input VectorE instruction); useful = partitions x free size. DMA: bytes moved and transfers issued.
+    max(MIN_II, free size) per instruction (2 x free size for a two-input VectorE instruction); useful = partitions x free size. DMA: bytes moved and transfers issued,
+    and the contiguous buffers they are made of, with the bytes moved in buffers below the DMA bandwidth guide's
+    256 B and 2 KiB marks (payload sizes the cost model's peak rate does not hold for: `Machine.count_dma`).
     """
 
     pe_instructions: int = 0
@@ -92,6 +94,9 @@ class Counters:
     gpsimd_elems_useful: int = 0
     dma_transfers: int = 0
     dma_bytes: int = 0
+    dma_buffers: int = 0  # contiguous DMA buffers (one descriptor each): see `Machine.count_dma`
+    dma_bytes_under_256: int = 0  # bytes moved in buffers < 256 B ("severely overhead-bound")
+    dma_bytes_under_2k: int = 0  # bytes moved in buffers < 2 KiB (below the "minimum recommended")
     sbuf_peak_bytes: int = 0  # per partition
     psum_peak_banks: int = 0
 
@@ -123,11 +128,13 @@ class Tensor:
     """A tile (SBUF/PSUM) or an HBM tensor. Dimension 0 of an on-chip tile is the partition dim, which
     starts at partition `pstart` of the allocation."""
 
-    __slots__ = ("data", "buffer", "alloc", "machine", "mask", "pstart")
+    __slots__ = ("data", "buffer", "alloc", "machine", "mask", "pstart", "layout")
 
-    def __init__(self, data: np.ndarray, buffer: str, alloc: _Allocation, machine: Machine, mask=None, pstart=0):
+    def __init__(self, data: np.ndarray, buffer: str, alloc: _Allocation, machine: Machine, mask=None, pstart=0,
+                 layout=None):
         self.data, self.buffer, self.alloc, self.machine, self.mask = data, buffer, alloc, machine, mask
         self.pstart = pstart
+        self.layout = _layout(data.shape) if layout is None else layout
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -152,8 +159,21 @@ class Tensor:
     def __repr__(self):
         return f"Tensor({self.buffer}, {self.shape}, {self.dtype})"
 
-    def _view(self, data, mask, pstart) -> Tensor:
-        return Tensor(data, self.buffer, self.alloc, self.machine, mask, pstart)
+    def _view(self, data, mask, pstart, layout) -> Tensor:
+        return Tensor(data, self.buffer, self.alloc, self.machine, mask, pstart, layout)
+
+    def contiguous_elements(self) -> int:
+        """The longest run of elements this view reads or writes contiguously in memory: over all dims in
+        HBM, within one partition on chip (a DMA buffer never spans partitions)."""
+        dims = list(zip(self.layout.shape, self.layout.strides))[1 if self.on_chip else 0:]
+        run = 1
+        for n, stride in reversed(dims):
+            if n == 1:
+                continue
+            if stride != run:
+                break
+            run *= n
+        return run
 
     def __getitem__(self, index) -> Tensor:
         norm, pstep, p0 = _normalise_index(index, self.shape, self.on_chip)
@@ -161,10 +181,12 @@ class Tensor:
             rule("partition.no_stride", f"partition-axis step {pstep} on {self!r}")
         data = self.data[norm]
         mask = self.mask[norm] if self.mask is not None else None
+        layout = self.layout[norm]
         if self.on_chip and data.ndim < 2:  # on-chip views stay at least 2-D (the last free dim kept at 1)
             data = data.reshape(data.shape + (1,) * (2 - data.ndim))
             mask = mask.reshape(data.shape) if mask is not None else None
-        return self._view(data, mask, self.pstart + p0)
+            layout = layout.reshape(data.shape)
+        return self._view(data, mask, self.pstart + p0, layout)
 
     def __setitem__(self, index, value):
         fail("item assignment on a tensor is not NKI: write through an instruction's dst", NkiEmulatorError)
@@ -179,7 +201,12 @@ class Tensor:
         if self.machine.compute and data.size and not np.shares_memory(data, self.data):
             rule("view.reshape", f"the layout of {self!r} (a non-contiguous view) cannot be reshaped to {shape}")
         mask = self.mask.reshape(shape) if self.mask is not None else None
-        return self._view(data, mask, self.pstart)
+        try:
+            layout = self.layout.reshape(shape, copy=False)
+        except ValueError:  # a non-contiguous view that cannot be reshaped (rule view.reshape in compute mode)
+            rule("view.reshape", f"the layout of {self!r} (a non-contiguous view) cannot be reshaped to {shape}")
+            layout = _layout(shape)
+        return self._view(data, mask, self.pstart, layout)
 
     def __bool__(self):
         fail("a tensor has no truth value inside a kernel (no data-dependent Python control flow)", NkiEmulatorError)
@@ -205,8 +232,9 @@ class Tensor:
         lo = int(offset) + sum(s * (n - 1) for s, n in pattern if s < 0)
         if lo < 0 or hi >= storage.size:
             rule("view.ap", f"pattern {pattern} at offset {offset} reaches outside {storage.size} elements")
+        layout = _layout(shape, tuple(s for s, _ in pattern))
         if not self.machine.compute:
-            return self._view(np.broadcast_to(np.zeros((), self.dtype), shape), None, 0)
+            return self._view(np.broadcast_to(np.zeros((), self.dtype), shape), None, 0, layout)
         item = storage.itemsize
         flat = storage.reshape(-1)
         data = np.lib.stride_tricks.as_strided(flat[int(offset):], shape, tuple(s * item for s, _ in pattern))
@@ -215,7 +243,20 @@ class Tensor:
             m = self.alloc.psum_matmul_written.reshape(-1)
             mask = np.lib.stride_tricks.as_strided(m[int(offset):], shape, tuple(s * m.itemsize for s, _ in pattern))
         pstart = int(offset) // max(1, math.prod(storage.shape[1:])) if self.on_chip else 0
-        return self._view(data, mask, pstart)
+        return self._view(data, mask, pstart, layout)
+
+
+def _layout(shape, strides=None) -> np.ndarray:
+    """A stand-in array carrying a view's memory layout: 1-byte items, so its strides are element strides
+    (row-major by default), over a single byte that is never read. Indexed and reshaped alongside a
+    tensor's data, it keeps the real layout in count-only mode too, where the data are zero-stride."""
+    shape = tuple(int(n) for n in shape)
+    if strides is None:
+        strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+    return np.lib.stride_tricks.as_strided(_LAYOUT_BYTE, shape, tuple(int(s) for s in strides), writeable=False)
+
+
+_LAYOUT_BYTE = np.zeros(1, np.uint8)
 
 
 class AccessPattern:
@@ -379,9 +420,20 @@ class Machine:
         setattr(c, f"{engine}_elems_issued", getattr(c, f"{engine}_elems_issued") + issued)
         setattr(c, f"{engine}_elems_useful", getattr(c, f"{engine}_elems_useful") + partitions * free)
 
-    def count_dma(self, nbytes: int):
-        self.counters.dma_transfers += 1
-        self.counters.dma_bytes += int(nbytes)
+    def count_dma(self, nbytes: int, buffer_bytes: int | None = None):
+        """One DMA of `nbytes` in contiguous buffers of `buffer_bytes` (the whole transfer when None). AWS's
+        DMA bandwidth guide (`nki/deep-dives/nki-dma-bandwidth-guide.rst`, "Bandwidth vs. Payload Size"):
+        below 256 B per buffer "severely overhead-bound", 256 B - 2 KiB "below peak", >= 2 KiB the
+        "minimum recommended"; the cost model (`cost.py`) charges every byte at the peak rate, so the bytes
+        in small buffers are counted apart and printed by the report: there the estimate is optimistic."""
+        nbytes = int(nbytes)
+        size = nbytes if buffer_bytes is None else max(1, min(int(buffer_bytes), nbytes))
+        c = self.counters
+        c.dma_transfers += 1
+        c.dma_bytes += nbytes
+        c.dma_buffers += -(-nbytes // size) if nbytes else 0
+        c.dma_bytes_under_256 += nbytes if size < 256 else 0
+        c.dma_bytes_under_2k += nbytes if size < 2048 else 0
 
     def count_matmul(self, k: int, m: int, n: int, fp32: bool, useful: bool = True, rows: int = PMAX,
                      cols: int = PMAX):
