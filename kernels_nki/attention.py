@@ -85,8 +85,8 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.attention_parts import (
-    causal_bias, dims, gain_column, half_matmul, head_rows, kv_head, prep_grad, rope_tiles, saved_outputs,
-    store_rows, v_aug)
+    causal_bias, dims, gain_column, half_matmul, head_rows, kv_head, kv_head_saved, prep_grad, rope_tiles,
+    saved_outputs, store_rows, v_aug)
 from kernels_nki.tiles import cdiv, identity, transpose
 
 BWD_VEC = 3  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
@@ -174,11 +174,10 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
     tables = rope_tiles(rope[0], rope[1]) if rope else ()
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
-            k_tiles, kT, k_norms = kv_head(k_BTGK, b, g, dt, bias[0], tables)
             if rope:
-                nisa.dma_copy(dst=saved[5][b, g], src=kT)
-                for i in nl.affine_range(cdiv(T, P)):
-                    store_rows(saved[2], saved[3], k_tiles[i], k_norms[i], b, g, i * P, min(P, T - i * P))
+                k_tiles, kT = kv_head_saved(k_BTGK, b, g, dt, bias[0], tables, saved)
+            else:
+                k_tiles, kT, _ = kv_head(k_BTGK, b, g, dt, bias[0])
             vs = v_aug(v_BTGK, b, g, dt)
             for r in nl.affine_range(R):
                 h = g * R + r
@@ -283,10 +282,7 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
     tables = rope_tiles(cos_TK2, sin_TK2)
     for b in nl.affine_range(B):
         for g in nl.affine_range(G):
-            k_tiles, kT, k_norms = kv_head(k_BTGK, b, g, dt, ident, tables, vec=True)
-            nisa.dma_copy(dst=saved[5][b, g], src=kT)
-            for i in nl.affine_range(cdiv(T, P)):
-                store_rows(saved[2], saved[3], k_tiles[i], k_norms[i], b, g, i * P, min(P, T - i * P))
+            k_tiles, kT = kv_head_saved(k_BTGK, b, g, dt, ident, tables, saved, vec=True)
             vs = v_aug(v_BTGK, b, g, dt)
             for r in nl.affine_range(R):
                 h = g * R + r

@@ -224,6 +224,17 @@ def half_matmul(dst, stationary, moving, half, name=None):
         nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, name=name)
 
 
+def kv_head_saved(k_BTGK, b, g, dt, ident, tables, saved, vec=False):
+    """The fused forward's k side (`kv_head` with the rope tables), its normed, rotated rows, their inverse
+    RMS and the transpose stored in the saved outputs (`saved_outputs`) -> (tiles, transpose)."""
+    T, P = k_BTGK.shape[1], nl.tile_size.pmax
+    k_tiles, kT, k_norms = kv_head(k_BTGK, b, g, dt, ident, tables, vec=vec)
+    nisa.dma_copy(dst=saved[5][b, g], src=kT)
+    for i in nl.affine_range(cdiv(T, P)):
+        store_rows(saved[2], saved[3], k_tiles[i], k_norms[i], b, g, i * P, min(P, T - i * P))
+    return k_tiles, kT
+
+
 def v_aug(x_BTGK, b, g, dt):
     """All T rows of value head g of batch b as 128-row tiles [keys, K + 1]: v and a ones column (GpSimd
     memset), so that p [v | 1] carries the softmax's row sums in its last column."""

@@ -37,14 +37,7 @@ def _run(t) -> int:
     contiguous only past the indirect axis (its pattern's trailing [1, n] pairs)."""
     if not isinstance(t, _m.AccessPattern):
         return t.contiguous_elements()
-    run = 1
-    for stride, n in reversed(t.pattern[1:]):
-        if n == 1:
-            continue
-        if stride != run:
-            break
-        run *= n
-    return run
+    return _m.contiguous_run([(n, stride) for stride, n in t.pattern[1:]])
 
 
 def _buffer_bytes(dst, src) -> int:

@@ -165,15 +165,7 @@ class Tensor:
     def contiguous_elements(self) -> int:
         """The longest run of elements this view reads or writes contiguously in memory: over all dims in
         HBM, within one partition on chip (a DMA buffer never spans partitions)."""
-        dims = list(zip(self.layout.shape, self.layout.strides))[1 if self.on_chip else 0:]
-        run = 1
-        for n, stride in reversed(dims):
-            if n == 1:
-                continue
-            if stride != run:
-                break
-            run *= n
-        return run
+        return contiguous_run(list(zip(self.layout.shape, self.layout.strides))[1 if self.on_chip else 0:])
 
     def __getitem__(self, index) -> Tensor:
         norm, pstep, p0 = _normalise_index(index, self.shape, self.on_chip)
@@ -244,6 +236,18 @@ class Tensor:
             mask = np.lib.stride_tricks.as_strided(m[int(offset):], shape, tuple(s * m.itemsize for s, _ in pattern))
         pstart = int(offset) // max(1, math.prod(storage.shape[1:])) if self.on_chip else 0
         return self._view(data, mask, pstart, layout)
+
+
+def contiguous_run(dims) -> int:
+    """Elements contiguous in memory at the end of (size, element stride) dims, innermost last."""
+    run = 1
+    for n, stride in reversed(dims):
+        if n == 1:
+            continue
+        if stride != run:
+            break
+        run *= n
+    return run
 
 
 def _layout(shape, strides=None) -> np.ndarray:
