@@ -41,7 +41,7 @@ def calibrate(target: str = "trn2") -> list[dict]:
         est = emulator.estimate(c, target)
         share = {e: est.engine_s[e] / est.total_s for e in est.engine_s}
         rows.append({"schedule": schedule, "bound": est.bound, "predicted": share, "published": published,
-                     "est_s": est.total_s, "dma_bytes": c.dma_bytes})
+                     "est_s": est.total_s, "dma_bytes": c.dma_bytes, "dma_bytes_per_buffer": c.dma_bytes / c.dma_buffers})
     return rows
 
 
@@ -49,11 +49,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="trn2", choices=("trn1", "trn2"))
     args = ap.parse_args(argv)
-    print(f"{'schedule':<9} {'bound':<6} " + " ".join(f"{e + ' pred':>11} {'published':>9}" for e in ENGINES))
+    print(f"{'schedule':<9} {'bound':<6} " + " ".join(f"{e + ' pred':>11} {'published':>9}" for e in ENGINES)
+          + f" {'DMA B/buf':>9}")
     for r in calibrate(args.target):
         p, q = r["predicted"], r["published"]
         cells = [f"{p[e]:>11.1%} " + (f"{q[e]:>9.1%}" if e in q else f"{'-':>9}") for e in ENGINES]
-        print(f"{r['schedule']:<9} {r['bound']:<6} " + " ".join(cells))
+        print(f"{r['schedule']:<9} {r['bound']:<6} " + " ".join(cells) + f" {r['dma_bytes_per_buffer']:>9.0f}")
     return 0
 
 

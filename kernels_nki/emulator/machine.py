@@ -189,15 +189,13 @@ class Tensor:
             rule("view.reshape", f"cannot reshape {self.shape} to {shape} (element counts differ)")
         if self.on_chip and shape[0] != self.shape[0]:
             rule("view.reshape", f"on-chip reshape {self.shape} -> {shape} changes the partition dim")
-        data = self.data.reshape(shape)
-        if self.machine.compute and data.size and not np.shares_memory(data, self.data):
-            rule("view.reshape", f"the layout of {self!r} (a non-contiguous view) cannot be reshaped to {shape}")
-        mask = self.mask.reshape(shape) if self.mask is not None else None
-        try:
+        try:  # the layout decides, in count-only mode too: a reshape that would need a copy is not a view
             layout = self.layout.reshape(shape, copy=False)
-        except ValueError:  # a non-contiguous view that cannot be reshaped (rule view.reshape in compute mode)
+        except ValueError:
             rule("view.reshape", f"the layout of {self!r} (a non-contiguous view) cannot be reshaped to {shape}")
             layout = _layout(shape)
+        data = self.data.reshape(shape)
+        mask = self.mask.reshape(shape) if self.mask is not None else None
         return self._view(data, mask, self.pstart, layout)
 
     def __bool__(self):
