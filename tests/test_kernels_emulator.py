@@ -370,7 +370,7 @@ def test_kernel_helper_modules_load_against_the_emulator_and_leave_no_trace():
     source = textwrap.dedent("""
         import nki.language as nl
         def half(x):
-            if x is None:
+            if x is True:
                 return x
             return nl.zeros((1, 1), dtype=nl.float32)
     """)

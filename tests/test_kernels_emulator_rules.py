@@ -67,16 +67,21 @@ return out
 
 CASES = {
     # ------------------------------------------------------------------ AST pass
-    "ast.is_operator": dict(bad="if a is None:  # <-\n    a = a\n" + COPY, good="if a == None:\n    a = a\n" + COPY),
-    "ast.kwonly_args": dict(bad=COPY, bad_sig="a, *, scale=1.0", mark_jit=True, good=COPY, sig="a, scale=1.0"),
-    "ast.foreign_module": dict(header="import math", bad="n = math.prod(a.shape)  # <-\n" + COPY,
-                               good="n = a.shape[0] * a.shape[1]\n" + COPY),
-    "ast.neuronxcc_namespace": dict(bad_header="import neuronxcc.nki.language as nl2  # <-", bad=COPY,
-                                    header="import nki.language as nl2", good=COPY),
+    "ast.is_operator": dict(bad="if a is True:  # <-\n    a = a\n" + COPY,
+                            good="if a is None or None is not a:\n    a = a\n" + COPY),
+    "ast.kwonly_args": dict(bad=COPY, bad_sig="a,\n      *,\n      scale=1.0,  # <-\n", good=COPY, sig="a, scale=1.0"),
+    "ast.foreign_module": dict(header="import struct\nimport math", bad="n = struct.calcsize('f')  # <-\n" + COPY,
+                               good="n = math.ceil(a.shape[0] / 3) * math.prod(a.shape)\n" + COPY),
+    "ast.neuronxcc_namespace": dict(
+        header="import neuronxcc.nki.typing as nt", sig="a: nt.tensor", bad="s = nt.tensor  # <-\n" + COPY,
+        good=COPY),
     # ------------------------------------------------------------------ kernel interface
     "kernel.output_shared_hbm": dict(mark_jit=True, bad=COPY.replace("nl.shared_hbm", "nl.hbm"), good=COPY),
-    "kernel.list_args": dict(mark_jit=True, sig="a, sizes", bad=COPY, bad_args=lambda a: (a, [1, 2]), good=COPY,
-                             args=lambda a: (a, (1, 2))),
+    "kernel.list_args": dict(mark_jit=True, sig="a, sizes", bad=COPY, bad_args=lambda a: (a, ((1, 2), [3])),
+                             good=COPY, args=lambda a: (a, ((1, 2), (3,)))),
+    "kernel.dict_keys": dict(bad="d = dict(x=1)\nfor i in range(2):\n    d[i] = i  # <-\n" + COPY,
+                             good="d = {'x': 1, **dict(y=2)}\nd.setdefault('z', 3)\nd.update({str(i): i for i in range(2)})\n"
+                             "assert sorted(d) == ['0', '1', 'x', 'y', 'z']\n" + COPY),
     "kernel.lnc": dict(mark_jit=True, bad=COPY, bad_launch=2, good=COPY, launch=1),
     "buffer.object": dict(bad=HEAD + 'r = nl.ndarray(t.shape, dtype=nl.float32, buffer="sbuf")  # <-\n' + TAIL,
                           good=unary("r = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)\n"
@@ -345,3 +350,20 @@ def test_rule_listing_cli(capsys):
     assert rules.main(["--target", "trn2", "--markdown"]) == 0
     text = capsys.readouterr().out
     assert "`dma.indirect`" not in text and "`tensor_copy.scalar`" not in text and "`partition.start`" in text
+
+
+def test_list_default_is_rejected_at_the_parameter(tmp_path, monkeypatch):
+    """A list default is a list argument the caller never passes: the AST pass names the parameter's line."""
+    name, where = write_kernel(tmp_path, monkeypatch, COPY, sig="a,\n      sizes=[1, 2],  # <-\n")
+    with pytest.raises(emulator.NkiRuleError, match=r"\[kernel.list_args\].*sizes") as info:
+        emulator.load_kernel_module(name)
+    assert str(info.value).startswith(where)
+    name, _ = write_kernel(tmp_path, monkeypatch, COPY, sig="a,\n      sizes=(1, 2),\n")
+    np.testing.assert_array_equal(emulator.run(emulator.load_kernel_module(name).k, A)[0], A)
+
+
+def test_literal_non_string_dict_key_is_rejected_before_the_kernel_runs(tmp_path, monkeypatch):
+    name, where = write_kernel(tmp_path, monkeypatch, "d = {'a': 1,\n     2: 3}  # <-\n" + COPY)
+    with pytest.raises(emulator.NkiRuleError, match=r"\[kernel.dict_keys\]") as info:
+        emulator.load_kernel_module(name)
+    assert str(info.value).startswith(where)

@@ -400,3 +400,33 @@ def reciprocal(dst, data, name=None):
     if dst.machine.compute:
         with np.errstate(divide="ignore"):
             _write(dst, 1.0 / _read(data, dst))
+
+
+# ----------------------------------------------------------------------------- nki.isa.constants
+def _constants_module():
+    """`nki.isa.constants`: the enums nki.isa takes (aws-neuron-sdk nki/api/nki/isa/__init__.py; AWS's
+    nki-library imports them from this module: `from nki.isa.constants import oob_mode`)."""
+    import types
+
+    mod = types.ModuleType("nki.isa.constants", "NumPy emulator of nki.isa.constants")
+    for name in ("oob_mode", "dge_mode", "engine", "reduce_cmd", "nc_version", "matmul_perf_mode"):
+        setattr(mod, name, globals()[name])
+    return mod
+
+
+constants = _constants_module()
+
+
+def _multi_core(name: str):
+    def instruction(*args, **kwargs):
+        _m.fail(f"nisa.{name}: synchronises logical NeuronCores of an LNC > 1 launch (NeuronCore-v3 or newer), "
+                "which the emulator does not run", _m.NkiEmulatorError)
+
+    instruction.__name__ = name
+    return instruction
+
+
+# names a kernel file may import; called, they need an LNC > 1 launch (nki/api/nki/isa/__init__.py core_barrier:
+# "Available only on NeuronCore-v3 or newer"; sendrecv: intra-LNC, LNC2 only, release-notes NKI 0.4.0)
+core_barrier = _multi_core("core_barrier")
+sendrecv = _multi_core("sendrecv")

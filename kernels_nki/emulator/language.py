@@ -11,6 +11,7 @@ import math
 
 import ml_dtypes
 import numpy as np
+from scipy.special import erf as _erf
 
 from kernels_nki.emulator import machine as _m
 
@@ -20,8 +21,16 @@ float32 = np.dtype(np.float32)
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float16 = np.dtype(np.float16)
 tfloat32 = float32  # stored as float32 (TensorE rounds it; the emulator computes in float32)
-float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3fn)
+# NKI 0.4 made float8_e4m3 (legacy, 1S4E3M with inf: max 240) and float8_e4m3fn (OCP, no inf: max 448) distinct
+# types (release-notes/components/nki.rst, NKI 0.4.0 "nc_matmul float8_e4m3fn input dtype"; nki/api/nki/language)
+float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3)
+float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
 float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)  # NKI 0.5.0: the MX scale dtype
+# 4x packed MX types (NeuronCore-v4 nc_matmul_mx only): distinct 4-byte types, names for kernels to refer to
+float8_e4m3fn_x4 = np.dtype([("float8_e4m3fn_x4", np.uint32)])
+float8_e5m2_x4 = np.dtype([("float8_e5m2_x4", np.uint32)])
+float4_e2m1fn_x4 = np.dtype([("float4_e2m1fn_x4", np.uint16)])
 int32 = np.dtype(np.int32)
 int16 = np.dtype(np.int16)
 int8 = np.dtype(np.int8)
@@ -121,6 +130,17 @@ arctan = _unary("arctan", np.arctan, act_range=(-math.pi / 2, math.pi / 2, False
 softplus = _unary("softplus", lambda x: np.logaddexp(0.0, x))
 abs = _unary("abs", np.abs, alu=True)  # noqa: A001 (mirrors the nki.language name)
 negative = _unary("negative", np.negative, act=False)  # nl.* only: runs as a VectorE multiply by -1
+# the rest of the Scalar Engine function table (nki/api/nki.api.shared.rst, Supported Activation Functions)
+gelu = _unary("gelu", lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))))
+gelu_dx = _unary("gelu_dx", lambda x: 0.5 * (1.0 + _erf(x / math.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
+gelu_apprx_tanh = _unary("gelu_apprx_tanh", lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))))
+gelu_apprx_sigmoid = _unary("gelu_apprx_sigmoid", lambda x: x / (1.0 + np.exp(-1.702 * x)))
+gelu_apprx_sigmoid_dx = _unary("gelu_apprx_sigmoid_dx", lambda x: (lambda s: s + 1.702 * x * s * (1.0 - s))(
+    1.0 / (1.0 + np.exp(-1.702 * x))))
+silu_dx = _unary("silu_dx", lambda x: (lambda s: s * (1.0 + x * (1.0 - s)))(1.0 / (1.0 + np.exp(-x))))
+mish = _unary("mish", lambda x: x * np.tanh(np.logaddexp(0.0, x)))
+erf = _unary("erf", lambda x: _erf(x))
+erf_dx = _unary("erf_dx", lambda x: 2.0 / math.sqrt(math.pi) * np.exp(-x * x))
 
 add = _binary("add", np.add, reduce=np.add)
 subtract = _binary("subtract", np.subtract, reduce=np.subtract)
@@ -284,3 +304,41 @@ def store(dst, value, name=None):
     if value.buffer == psum or dst.buffer not in _m.HBM:
         _m.rule("dma.buffers", f"nl.store of a {value.buffer} tile into {dst.buffer}")
     isa.dma_copy(dst, value)
+
+
+# ----------------------------------------------------------------------------- NKI values
+
+
+class NkiDict(dict):
+    """A dictionary built by kernel code: NKI dictionaries take string keys only (nki-language-guide.rst,
+    NKI Values: "Dictionaries with string-value keys"; nki/migration/index.rst: "Dictionaries support only
+    string keys"); a non-string key is rejected where it is set."""
+
+    def __init__(self, items=(), **kw):
+        super().__init__()
+        self.update(items, **kw)
+
+    def __setitem__(self, key, value):
+        if not isinstance(key, str):
+            _m.rule("kernel.dict_keys", f"dictionary key {key!r} ({type(key).__name__})")
+        super().__setitem__(key, value)
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, other=(), **kw):
+        for k, v in (other.items() if isinstance(other, dict) else other):
+            self[k] = v
+        for k, v in kw.items():
+            self[k] = v
+
+
+class NKIObject:
+    """`nl.NKIObject`, the base of kernel dataclasses and configuration objects (nki/api/nki/language:
+    `NKIObject.__init__(self, **kwargs)`; nki-language-guide.rst, Classes: an instance is its object dictionary)."""
+
+    def __init__(self, **kwargs):
+        for k, v in kwargs.items():
+            setattr(self, k, v)

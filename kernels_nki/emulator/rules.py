@@ -62,26 +62,45 @@ class Rule:
 R = Rule
 RULES: tuple[Rule, ...] = (
     # ---------------------------------------------------------------- kernel source (AST pass)
-    R("ast.is_operator", "`is` / `is not` are not supported in kernel code; use == / !=", ALL,
-      f"{NOTES} NKI 0.3.0 Breaking Changes", "ast",
+    R("ast.is_operator", "`is` / `is not` only against None in kernel code; otherwise use == / !=", ALL,
+      f"{NOTES} NKI 0.3.0 Breaking Changes; nki/migration/index.rst ('Replace is / is not with == / !=')", "ast",
       "Kernel code is every @nki.jit function of the file and every function of the file it calls. The notes "
-      "name no exception, so `x is None` is rejected too, although AWS's NKI Library writes it: the library is "
-      "read as relying on compiler tolerance, not on a documented allowance; write `x == None`."),
+      "name no exception, but AWS's nki-library (the production kernels the compiler ships as bundled nkilib, "
+      "aws-neuron/nki-library README) compares with None by `is` / `is not` 318 times and with nothing else: "
+      "read as the compiler accepting identity against None, the singleton the guide lists as an NKI value "
+      "(nki-language-guide.rst, NKI Values), so only other `is` comparisons are rejected."),
     R("ast.kwonly_args", "no keyword-only separator `*` in a kernel signature", ALL,
       f"{NOTES} NKI 0.3.0 Breaking Changes", "ast"),
-    R("ast.foreign_module", "kernel code calls only the nki namespaces (nki, nki.language, nki.isa, nki.typing), "
-      "not other Python modules (struct, numpy, math, ...)", ALL,
-      f"{GUIDE} introduction ('not all Python constructs and libraries are supported') and NKI Values", "ast",
+    R("ast.foreign_module", "kernel code calls only the nki namespaces (nki, nki.language, nki.isa, nki.typing) "
+      "and Python's math, not other Python modules (struct, numpy, ...)", ALL,
+      f"{GUIDE} introduction ('not all Python constructs and libraries are supported'), Compilation model "
+      "('All Python expressions on compile-time values ... are evaluated at specialization time') and NKI Values",
+      "ast",
       "The guide lists the values a kernel may hold (None, bool, int32, float32, str, tensors, tuples, lists, "
       "str-keyed dicts, NKIObject classes) and warns that libraries are not supported; a module call returns "
-      "none of these, so kernel code may not reference a module imported from outside nki."),
-    R("ast.neuronxcc_namespace", "kernels import nki, not the removed neuronxcc.nki namespace", ALL,
-      f"{NOTES} NKI 0.4.0 Breaking Changes (neuronxcc.nki.* raises a compilation error)", "ast"),
+      "none of these, so kernel code may not reference a module imported from outside nki. math is the "
+      "exception: its functions map compile-time numbers to numbers, and AWS's nki-library kernel code calls "
+      "math.ceil / floor / gcd / sqrt / pi on shapes (core/max/cascaded_max.py, attention/attention_tkg.py). "
+      "In a helper file (no @nki.jit) kernel code is the functions that use an nki name and those they call."),
+    R("ast.neuronxcc_namespace", "kernel code uses nki, not the removed neuronxcc.nki namespace", ALL,
+      f"{NOTES} NKI 0.4.0 Breaking Changes ('Usage of the deprecated neuronxcc.nki.* namespace inside NKI kernels "
+      "now raises a compilation error')", "ast",
+      "'Inside NKI kernels': a neuronxcc name used by kernel code is rejected at its use; a module-level import "
+      "whose names only annotate parameters (AWS's nki-library router_topk: `nt.mutable_tensor`) is not kernel "
+      "code."),
     # ---------------------------------------------------------------- kernel interface
     R("kernel.output_shared_hbm", "kernel outputs are HBM tensors allocated with buffer=nl.shared_hbm", ALL,
       f"{NOTES} NKI 0.3.0 Breaking Changes"),
-    R("kernel.list_args", "kernel arguments are not Python lists (use tuples)", ALL,
-      f"{NOTES} NKI 0.3.0 Breaking Changes"),
+    R("kernel.list_args", "kernel arguments are not Python lists, nor hold one (use tuples); no parameter "
+      "defaults to a list", ALL, f"{NOTES} NKI 0.3.0 Breaking Changes ('list kernel arguments are not supported')",
+      "runtime", "A list default is an argument the caller did not pass: caught by the AST pass at the parameter; "
+      "passed values (nested in tuples too) at the @nki.jit line."),
+    R("kernel.dict_keys", "dictionaries built by kernel code have string keys only", ALL,
+      f"{GUIDE} NKI Values ('Dictionaries with string-value keys'); nki/migration/index.rst ('Dictionaries "
+      "support only string keys')", "runtime",
+      "A literal non-string key is caught by the AST pass; any other key where kernel code sets it (the "
+      "emulator builds kernel code's dictionaries as language.NkiDict). Module-level dictionaries are Python, "
+      "not kernel code (AWS's nki-library keys one by dtype)."),
     R("kernel.lnc", "a kernel launched on more logical NeuronCores than the target has (trn1: 1, trn2: 2)", ALL,
       f"{NOTES} NKI 0.4.0 (LNC2 is trn2 or later); nki/get-started/about/lnc.rst"),
     R("buffer.object", "buffers are nl buffer objects (nl.sbuf, nl.psum, nl.shared_hbm, ...), not strings", ALL,
