@@ -15,6 +15,7 @@ import numpy as np
 from kernels_nki.emulator import machine as _m
 from kernels_nki.emulator.dma import dge_mode, dma_compute, dma_copy, oob_mode  # noqa: F401 (nki.isa names)
 from kernels_nki.emulator.gather import nc_n_gather  # noqa: F401 (an nki.isa name)
+from kernels_nki.emulator.search import max8, nc_find_index8, nc_match_replace8  # noqa: F401 (nki.isa names)
 from kernels_nki.emulator.language import Op, add, equal
 from kernels_nki.emulator.language import tile_size as _ts
 from kernels_nki.emulator.machine import rule

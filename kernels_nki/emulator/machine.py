@@ -208,8 +208,10 @@ class Tensor:
         pattern = [(int(s), int(n)) for s, n in pattern]
         if not pattern or any(n <= 0 for _, n in pattern):
             rule("view.ap", f"bad pattern {pattern}")
-        if scalar_offset is not None or dtype is not None or indirect_dim != 0:
-            fail(".ap(): scalar_offset, dtype and indirect_dim != 0 are not emulated", NkiEmulatorError)
+        if dtype is not None and as_dtype(dtype) != self.dtype:  # the tensor's own dtype: no reinterpretation
+            fail(f".ap(dtype={dtype}): a reinterpreting view is not emulated", NkiEmulatorError)
+        if scalar_offset is not None or indirect_dim not in (0, None):
+            fail(".ap(): scalar_offset and indirect_dim != 0 are not emulated", NkiEmulatorError)
         if vector_offset is not None:
             return AccessPattern(self, pattern, offset, vector_offset)
         storage = self.alloc.storage
