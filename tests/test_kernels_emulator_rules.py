@@ -106,11 +106,11 @@ CASES = {
         bad="z = nl.ndarray((1, 70000), dtype=nl.bfloat16, buffer=nl.sbuf)\nnisa.memset(dst=z, value=0.0)  # <-\n"
         + COPY, good="z = nl.ndarray((1, 65535), dtype=nl.bfloat16, buffer=nl.sbuf)\nnisa.memset(dst=z, value=0.0)\n"
         + COPY),
-    "sbuf.capacity": dict(
-        bad="b = nl.ndarray((128, 40 * 1024), dtype=nl.float32, buffer=nl.sbuf)\n"
-        "c = nl.ndarray((128, 9 * 1024), dtype=nl.float32, buffer=nl.sbuf)  # <-\n" + COPY,
-        good="b = nl.ndarray((128, 40 * 1024), dtype=nl.float32, buffer=nl.sbuf)\n"
-        "c = nl.ndarray((128, 9 * 1024), dtype=nl.float32, buffer=nl.sbuf)\n" + COPY, good_target="trn2"),
+    "sbuf.capacity": dict(  # direct allocation: the address must lie inside the partition (192 KiB on trn1)
+        bad="b = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf, address=(0, 189 * 1024))  # <-\n" + COPY,
+        good="b = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf, address=(0, 189 * 1024))\n"
+        "c = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf, address=(0, 188 * 1024))\n" + COPY,
+        good_target="trn2"),
     "psum.capacity": dict(
         bad="ps = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for i in range(8)]\n"
         "x = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)  # <-\n" + COPY,

@@ -219,7 +219,8 @@ mean = _reduce_convenience(add, True)
 
 
 def ndarray(shape, dtype, buffer=sbuf, name=None, address=None):
-    return _m.current().allocate(shape, dtype, buffer)
+    """`address=(partition_offset, free_offset_bytes)` places an on-chip tile directly (rule sbuf.capacity)."""
+    return _m.current().allocate(shape, dtype, buffer, address=address)
 
 
 def empty_like(x, dtype=None, buffer=None, name=None):

@@ -134,9 +134,14 @@ def _where(kernel) -> str:
     return f"{code.co_filename}:{code.co_firstlineno}"
 
 
-def _outputs(result, machine: _m.Machine, where: str):
+def _outputs(result, machine: _m.Machine, where: str, inputs=()):
+    """The kernel's returned tensors as arrays: shared_hbm tensors it allocated, or kernel inputs it wrote in
+    place (an output aliasing an input, as AWS's nki-library rope_hf returns q_out / k_out)."""
     results = result if isinstance(result, tuple) else (result,)
+    aliased = {id(t.alloc) for t in inputs if isinstance(t, _m.Tensor)}
     for t in results:
+        if isinstance(t, _m.Tensor) and t.buffer in _m.HBM and id(t.alloc) in aliased:
+            continue
         if not isinstance(t, _m.Tensor) or t.buffer != "shared_hbm":
             _m.rule("kernel.output_shared_hbm", f"kernel output {t!r}", where)
     if not machine.compute:
@@ -183,7 +188,7 @@ def run(kernel, *arrays, compute: bool = True, target: str = "trn1", **constants
     with _m.running(machine):
         inputs = [_input(machine, a) for a in arrays]
         result = _launch(kernel, machine, inputs, constants)
-        outputs = _outputs(result, machine, _where(kernel))
+        outputs = _outputs(result, machine, _where(kernel), inputs)
     del inputs, result
     return outputs, machine.counters
 
@@ -205,5 +210,5 @@ def count(kernel, *specs, target: str = "trn1", **constants):
             shape, dtype = (spec.shape, spec.dtype) if hasattr(spec, "shape") else spec
             zero = np.zeros((), dtype=_m.as_dtype(dtype))
             inputs.append(machine.wrap_hbm(np.broadcast_to(zero, tuple(shape))))
-        _outputs(_launch(kernel, machine, inputs, constants), machine, _where(kernel))
+        _outputs(_launch(kernel, machine, inputs, constants), machine, _where(kernel), inputs)
     return machine.counters

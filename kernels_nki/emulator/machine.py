@@ -99,6 +99,7 @@ class Counters:
     dma_bytes_under_2k: int = 0  # bytes moved in buffers < 2 KiB (below the "minimum recommended")
     sbuf_peak_bytes: int = 0  # per partition
     psum_peak_banks: int = 0
+    sbuf_spill_peak_bytes: int = 0  # per partition: live automatically allocated SBUF beyond the target's capacity
 
     def __add__(self, other: Counters) -> Counters:
         out = {}
@@ -349,7 +350,7 @@ class Machine:
 
     # ---------------------------------------------------------------- allocation
 
-    def allocate(self, shape, dtype, buffer, fill=None) -> Tensor:
+    def allocate(self, shape, dtype, buffer, fill=None, address=None) -> Tensor:
         shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         dtype = as_dtype(dtype)
         if not isinstance(buffer, Buffer):
@@ -360,7 +361,9 @@ class Machine:
             rule("tensor.zero_size", f"shape {shape} has a non-positive dimension")
         alloc = _Allocation(buffer)
         if buffer in ON_CHIP:
-            self._reserve(shape, dtype, buffer, alloc)
+            if address is not None:
+                self._check_address(shape, dtype, buffer, address)
+            self._reserve(shape, dtype, buffer, alloc, direct=address is not None)
         if fill is None:  # fresh memory: NaN for floats so uninitialised reads show
             fill = np.nan if is_float(dtype) else np.iinfo(dtype).min
         if self.compute:
@@ -379,21 +382,36 @@ class Machine:
             rule("tensor.zero_size", f"kernel input of shape {array.shape}")
         return Tensor(array, Buffer(buffer), _Allocation(buffer, array), self)
 
-    def _reserve(self, shape, dtype, buffer, alloc):
+    def _check_address(self, shape, dtype, buffer, address):
+        """A directly allocated tile (`address=(partition_offset, free_offset)`, the offset in bytes) lies
+        inside its memory; a PSUM one starts at a bank (rule sbuf.capacity)."""
+        part, free = (int(a) for a in address)
+        per_partition = math.prod(shape[1:]) * dtype.itemsize
+        size = self.spec.sbuf_partition_bytes if buffer == "sbuf" else self.spec.psum_banks * self.spec.psum_bank_bytes
+        if part < 0 or part + shape[0] > PMAX or free < 0 or free + per_partition > size:
+            rule("sbuf.capacity", f"{buffer} tile {shape} {dtype} at address {tuple(address)} reaches outside "
+                 f"{PMAX} partitions x {size} B on {self.target}")
+        if buffer == "psum" and free % self.spec.psum_bank_bytes:
+            rule("sbuf.capacity", f"PSUM tile at address {tuple(address)} does not start at a 2 KiB bank")
+
+    def _reserve(self, shape, dtype, buffer, alloc, direct=False):
         if len(shape) < 1 or shape[0] > PMAX:
             rule("partition.max", f"{buffer} tile {shape}: partition dimension {shape[0]} exceeds {PMAX}")
         per_partition = math.prod(shape[1:]) * dtype.itemsize
         spec = self.spec
+        if buffer == "sbuf" and direct:  # placed by the kernel (checked by its address), not by the allocator
+            return
         if buffer == "sbuf":
-            if self.sbuf_live + per_partition > spec.sbuf_partition_bytes:
-                rule("sbuf.capacity", f"SBUF overflow: allocating {per_partition} B/partition with {self.sbuf_live} "
-                     f"B live exceeds {spec.sbuf_partition_bytes} B per partition on {self.target}")
+            # automatically allocated tiles beyond the capacity are spilled by the compiler (sbuf.capacity's
+            # reading): counted, not refused
             self.sbuf_live += per_partition
             self.counters.sbuf_peak_bytes = max(self.counters.sbuf_peak_bytes, self.sbuf_live)
+            self.counters.sbuf_spill_peak_bytes = max(self.counters.sbuf_spill_peak_bytes,
+                                                      self.sbuf_live - spec.sbuf_partition_bytes)
             weakref.finalize(alloc, self._release_sbuf, per_partition)
         else:
             banks = -(-per_partition // spec.psum_bank_bytes)
-            if self.psum_live_banks + banks > spec.psum_banks:
+            if self.psum_live_banks + banks > spec.psum_banks and not direct:
                 rule("psum.capacity", f"PSUM overflow: allocating {banks} bank(s) ({per_partition} B/partition) with "
                      f"{self.psum_live_banks} of {spec.psum_banks} banks of {spec.psum_bank_bytes} B live")
             self.psum_live_banks += banks

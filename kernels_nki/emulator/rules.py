@@ -89,8 +89,12 @@ RULES: tuple[Rule, ...] = (
       "whose names only annotate parameters (AWS's nki-library router_topk: `nt.mutable_tensor`) is not kernel "
       "code."),
     # ---------------------------------------------------------------- kernel interface
-    R("kernel.output_shared_hbm", "kernel outputs are HBM tensors allocated with buffer=nl.shared_hbm", ALL,
-      f"{NOTES} NKI 0.3.0 Breaking Changes"),
+    R("kernel.output_shared_hbm", "kernel outputs are HBM tensors allocated with buffer=nl.shared_hbm (or kernel "
+      "inputs written in place)", ALL, f"{NOTES} NKI 0.3.0 Breaking Changes ('Output tensors must use "
+      "buffer=nl.shared_hbm')", "runtime",
+      "The note is about the tensors a kernel allocates for its outputs; a kernel may return an input it wrote "
+      "in place (AWS's nki-library core/embeddings/rope_hf.py returns q_out / k_out, its test aliases them to "
+      "inputs)."),
     R("kernel.list_args", "kernel arguments are not Python lists, nor hold one (use tuples); no parameter "
       "defaults to a list", ALL, f"{NOTES} NKI 0.3.0 Breaking Changes ('list kernel arguments are not supported')",
       "runtime", "A list default is an argument the caller did not pass: caught by the AST pass at the parameter; "
@@ -118,8 +122,19 @@ RULES: tuple[Rule, ...] = (
       f"{ARCH1} Accessing SBUF/PSUM tensors ('hardware does not allow P dimension striding')"),
     R("free.access_pattern", "an SBUF/PSUM view has at most 4 free axes, each of at most 65535 elements", ALL,
       f"{ARCH1} Accessing SBUF/PSUM tensors (four-dimensional access pattern, uint16 sizes)"),
-    R("sbuf.capacity", "live SBUF per partition fits the target (trn1 192 KiB, trn2 224 KiB)", ALL,
-      f"{ARCH1} NeuronCore-v2 memory (24 MiB = 128 x 192 KiB); {ARCH2} NeuronCore-v3 (28 MiB = 128 x 224 KiB)"),
+    R("sbuf.capacity", "a directly allocated tile (nl.ndarray(..., address=(partition, byte offset))) lies inside "
+      "the target's SBUF partition (trn1 192 KiB, trn2 224 KiB) or PSUM (8 x 2 KiB, starting at a bank)", ALL,
+      f"{ARCH1} NeuronCore-v2 memory (24 MiB = 128 x 192 KiB); {ARCH2} NeuronCore-v3 (28 MiB = 128 x 224 KiB); "
+      "nki/migration/index.rst Improved allocation API (address; PSUM 'must start at the beginning of each bank "
+      "- the compiler will throw an error otherwise'); nki/get-started/about/memory-hierarchy-overview.rst "
+      "(spills)", "runtime",
+      "Automatically allocated SBUF tiles are never refused for capacity: 'If the total size of the live data "
+      "being used by a NKI kernel overflows the capacity of any on-chip memory, the Neuron compiler will insert "
+      "the necessary spills or refills between that memory and the next-tier memory' (memory-hierarchy-overview."
+      "rst); the emulator counts the overflow (Counters.sbuf_spill_peak_bytes) and does not charge the spill "
+      "traffic. Direct allocation bypasses the allocator (nki/index.rst: 'direct allocation ... bypass certain "
+      "compiler passes'), so there is nothing to spill: an address outside the memory is an error. Directly "
+      "allocated tiles are not counted in the live total (their placement and reuse are the kernel's)."),
     R("psum.capacity", "live PSUM fits 8 banks of 2 KiB per partition (16 KiB)", ALL,
       f"{ARCH1} Near-memory accumulation in PSUM; {ARCH2} ('PSUM capacity remains the same at 2MiB')"),
     R("engine.hbm", "compute engines read and write only SBUF/PSUM; HBM is reached by DMA", ALL,
