@@ -100,6 +100,59 @@ def _outproj_cte_ref(args, kw):
     return bf(x @ w + bias)
 
 
+def _rope_hf_inputs(m, backward=False):
+    np.random.seed(42)
+    B, QH, KH, S, D = 1, 4, 2, 128, 64  # the test's (1, 32, 8, 256, 128, float32) at fewer heads, one tile
+    q, k = np.random.randn(B, QH, S, D).astype(np.float32), np.random.randn(B, KH, S, D).astype(np.float32)
+    cos, sin = np.random.randn(B, S, D).astype(np.float32), np.random.randn(B, S, D).astype(np.float32)
+    return (q, k, np.zeros_like(q), np.zeros_like(k), cos, sin, None, backward), {}
+
+
+def _rope_hf_ref(args, kw):
+    """rope_hf_torch.py: x cos + rotate_half(x) sin (backward: x cos + rotate_half_backward(x sin))."""
+    q, k, _, _, cos, sin, _, backward = args
+    c, s = cos[:, None], sin[:, None]
+    half = q.shape[-1] // 2
+    rot = lambda x: np.concatenate([-x[..., half:], x[..., :half]], -1)  # noqa: E731
+    rot_b = lambda x: np.concatenate([x[..., half:], -x[..., :half]], -1)  # noqa: E731
+    f = (lambda x: x * c + rot_b(x * s)) if backward else (lambda x: x * c + rot(x) * s)
+    return f(q), f(k)
+
+
+def _attention_cte_inputs(m):
+    rng = np.random.default_rng(0)
+    bs, d, S = 1, 64, 256
+    q, k = rng.random((bs, d, S)).astype(BF16), rng.random((bs, d, S)).astype(BF16)
+    v = rng.random((bs, S, d)).astype(BF16)
+    return (q, k, v), dict(scale=0.125, causal_mask=True, tp_q=False, tp_k=False, tp_out=False)
+
+
+def _attention_cte_ref(args, kw):
+    """attention_cte_torch.py without prior, sink, window or CP: softmax(scale q^T k, causal) v, fp32."""
+    q, k, v = (f32(a) for a in args)
+    s = kw["scale"] * np.einsum("bdq,bdk->bqk", q, k)
+    S = s.shape[-1]
+    s = np.where(np.tri(S, dtype=bool), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return bf((p / p.sum(-1, keepdims=True)) @ v)
+
+
+def _outproj_tkg_inputs(m, bias=True):
+    B, N, S, D, H = 4, 8, 4, 64, 3072  # the test's [4, 8, 4, 64, 3072, NONE, bias, transpose_out=False]
+    rng = np.random.default_rng(0)
+    att, w = rng.random((D, B, N, S)).astype(BF16), rng.random((D * N, H)).astype(BF16)
+    b = (rng.standard_normal((1, H)) * 100).astype(BF16) if bias else None
+    return (att, w, b), dict(TRANSPOSE_OUT=False, OUT_IN_SB=False)
+
+
+def _outproj_tkg_ref(args, kw):
+    """output_projection_tkg_torch.py: [D, B, N, S] -> [B*S, N*D] @ weight (+ bias), fp32."""
+    att, w, b = args
+    D, B, N, S = att.shape
+    out = f32(att).transpose(1, 3, 2, 0).reshape(B * S, N * D) @ f32(w)
+    return out + f32(b) if b is not None else out
+
+
 CASES: tuple[Case, ...] = (
     Case("nki-library", "core/cumsum/cumsum.py", "cumsum", "cumsum bf16 [64,4,1024]", _cumsum_inputs,
          lambda a, kw: bf(np.cumsum(f32(a[0]), axis=-1)), 1e-2, 1e-3, "core/cumsum/test_cumsum.py fast list"),
@@ -113,6 +166,19 @@ CASES: tuple[Case, ...] = (
     Case("nki-library", "core/output_projection/output_projection_cte/output_projection_cte.py",
          "output_projection_cte", "output_projection_cte bf16", _outproj_cte_inputs, _outproj_cte_ref, 2e-2, 1e-5,
          "core/output_projection/test_output_proj_cte.py bf16 unit"),
+    Case("nki-library", "core/embeddings/rope_hf.py", "rope_hf", "rope_hf f32 forward", _rope_hf_inputs,
+         _rope_hf_ref, 1e-6, 1e-6, "core/embeddings/test_rope_hf.py"),
+    Case("nki-library", "core/embeddings/rope_hf.py", "rope_hf", "rope_hf f32 backward",
+         lambda m: _rope_hf_inputs(m, backward=True), _rope_hf_ref, 1e-6, 1e-6, "core/embeddings/test_rope_hf.py"),
+    Case("nki-library", "core/attention/attention_cte.py", "attention_cte", "attention_cte bf16 causal d64",
+         _attention_cte_inputs, _attention_cte_ref, 2e-2, 1e-5,
+         "core/attention/test_attention_cte.py (relative_accuracy 2e-2, absolute 1e-5)"),
+    Case("nki-library", "core/output_projection/output_projection_tkg.py", "output_projection_tkg",
+         "output_projection_tkg bias", _outproj_tkg_inputs, _outproj_tkg_ref, 2e-2, 1e-5,
+         "core/output_projection/test_output_proj_tkg.py"),
+    Case("nki-library", "core/output_projection/output_projection_tkg.py", "output_projection_tkg",
+         "output_projection_tkg no bias", lambda m: _outproj_tkg_inputs(m, bias=False), _outproj_tkg_ref, 2e-2,
+         1e-5, "core/output_projection/test_output_proj_tkg.py"),
 )
 
 OUT_OF_SCOPE: dict[tuple[str, str], str] = {}

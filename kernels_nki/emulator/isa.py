@@ -16,6 +16,9 @@ from kernels_nki.emulator import machine as _m
 from kernels_nki.emulator.dma import dge_mode, dma_compute, dma_copy, oob_mode  # noqa: F401 (nki.isa names)
 from kernels_nki.emulator.gather import nc_n_gather  # noqa: F401 (an nki.isa name)
 from kernels_nki.emulator.search import max8, nc_find_index8, nc_match_replace8  # noqa: F401 (nki.isa names)
+from kernels_nki.emulator.vector_reduce import tensor_scalar_reduce  # noqa: F401 (an nki.isa name)
+from kernels_nki.emulator.dma_transpose import dma_transpose  # noqa: F401 (an nki.isa name)
+from kernels_nki.emulator.shuffle import nc_stream_shuffle  # noqa: F401 (an nki.isa name)
 from kernels_nki.emulator.language import Op, add, equal
 from kernels_nki.emulator.language import tile_size as _ts
 from kernels_nki.emulator.machine import rule
@@ -29,6 +32,7 @@ class reduce_cmd:
     reset = "reset"
     reduce = "reduce"
     reset_reduce = "reset_reduce"
+    load_reduce = "load_reduce"
 
 
 class nc_version:
@@ -207,10 +211,10 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
     p, f = _per_partition(data)
     if _per_partition(dst) != (f, p):
         rule("transpose.engine", f"dst {dst.shape} must be [{f}, {p}] for data {data.shape}")
-    if dst.dtype != data.dtype:
-        rule("transpose.dtype", f"data {data.dtype} -> dst {dst.dtype}")
     if engine is None:
         engine = "tensor" if dst.buffer == "psum" else "vector"
+    if dst.dtype != data.dtype and not (engine == "tensor" and dst.dtype == np.float32):
+        rule("transpose.dtype", f"data {data.dtype} -> dst {dst.dtype}")
     m = _m.current()
     if engine == "vector":
         if p > 32 or f > 32:
@@ -416,6 +420,10 @@ def _constants_module():
 
 
 constants = _constants_module()
+# deprecated module-level engine constants (nki/api/nki/isa/__init__.py: "deprecated: use engine.vector"), which
+# AWS's nki-library passes as engine=nisa.vector_engine / scalar_engine / gpsimd_engine
+tensor_engine, vector_engine, scalar_engine = engine.tensor, engine.vector, engine.scalar
+gpsimd_engine, unknown_engine = engine.gpsimd, engine.unknown
 
 
 def _multi_core(name: str):

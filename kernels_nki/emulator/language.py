@@ -46,13 +46,49 @@ shared_hbm = _m.Buffer("shared_hbm")
 private_hbm = _m.Buffer("private_hbm")
 
 
-class tile_size:
+class _TileSize:
+    """`nl.tile_size` (nki/api/nki/language `_TileSize`, nki/api/nki.language.tile_size.rst): the fixed tile limits
+    and, since NKI 0.4.0, the byte-aware capacities of the running kernel's target (release-notes NKI 0.4.0
+    "tile_size bytes-aware constants"; psum_num_banks NKI 0.5.0). `total_available_sbuf_size` (deprecated in
+    0.4.0) is the per-partition SBUF size in bytes, as the notes say it returns."""
+
     pmax = 128
-    psum_fmax = 512
+    psum_fmax = 512  # deprecated in 0.4.0 for psum_bank_fmax
+    psum_bank_fmax = 512
+    psum_bank_fmax_bytes = 2048
     gemm_stationary_fmax = 128
     gemm_moving_fmax = 512
     bn_stats_fmax = 512
-    psum_num_banks = 8
+
+    @staticmethod
+    def _spec():
+        from kernels_nki.emulator import rules
+
+        machine = getattr(_m._local, "machine", None)
+        return machine.spec if machine is not None else rules.spec("trn1")
+
+    @property
+    def psum_num_banks(self) -> int:
+        return self._spec().psum_banks
+
+    @property
+    def sbuf_fmax_bytes(self) -> int:
+        return self._spec().sbuf_partition_bytes
+
+    @property
+    def sbuf_fmax(self) -> int:
+        return self.sbuf_fmax_bytes // 4
+
+    @property
+    def sbuf_size_bytes(self) -> int:
+        return _m.PMAX * self.sbuf_fmax_bytes
+
+    @property
+    def total_available_sbuf_size(self) -> int:
+        return self.sbuf_fmax_bytes
+
+
+tile_size = _TileSize()
 
 
 # ----------------------------------------------------------------------------- op identifiers
@@ -336,10 +372,28 @@ class NkiDict(dict):
             self[k] = v
 
 
-class NKIObject:
+class _NKIObjectType(type):
+    """Constructs an NKIObject as NKI does: keyword arguments populate the object dictionary
+    (nki-language-guide.rst, Classes: "NKI does not look at slots or other object features, only the object
+    dictionary"), so a `@dataclass` subclass also takes keywords for class attributes that are not dataclass
+    fields (AWS's nki-library attention_cte.SectionParams declares its attributes without annotations), and a
+    frozen dataclass subclass constructs (release-notes NKI 0.4.0 bug fixes)."""
+
+    def __call__(cls, *args, **kwargs):
+        fields = getattr(cls, "__dataclass_fields__", None)
+        if fields is None:
+            return super().__call__(*args, **kwargs)
+        extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in fields}
+        obj = super().__call__(*args, **kwargs)
+        for k, v in extra.items():
+            object.__setattr__(obj, k, v)
+        return obj
+
+
+class NKIObject(metaclass=_NKIObjectType):
     """`nl.NKIObject`, the base of kernel dataclasses and configuration objects (nki/api/nki/language:
     `NKIObject.__init__(self, **kwargs)`; nki-language-guide.rst, Classes: an instance is its object dictionary)."""
 
     def __init__(self, **kwargs):
         for k, v in kwargs.items():
-            setattr(self, k, v)
+            object.__setattr__(self, k, v)

@@ -187,8 +187,9 @@ def run(kernel, *arrays, compute: bool = True, target: str = "trn1", **constants
     machine = _m.Machine(compute=compute, target=target)
     with _m.running(machine):
         inputs = [_input(machine, a) for a in arrays]
+        constants = {k: _input(machine, v) for k, v in constants.items()}  # a tensor may be passed by keyword
         result = _launch(kernel, machine, inputs, constants)
-        outputs = _outputs(result, machine, _where(kernel), inputs)
+        outputs = _outputs(result, machine, _where(kernel), inputs + list(constants.values()))
     del inputs, result
     return outputs, machine.counters
 

@@ -158,6 +158,13 @@ RULES: tuple[Rule, ...] = (
       f"{DGE} Mode Selection Summary (swdge: 'indirect: v3+')"),
     R("dma.indirect_dge", "indirect DMA runs with dge_mode unknown or swdge", ALL,
       f"{DGE} How .ap() Affects DGE Mode"),
+    R("dma_transpose.args", "dma_transpose: axes (1, 0), (2, 1, 0) or (3, 1, 2, 0) of the source's rank; dst in "
+      "SBUF, of the source's dtype and exactly the transposed shape", ALL,
+      f"{ISA} dma_transpose; {NOTES} NKI 0.4.0 Breaking Changes (dst.shape matches the transposed src exactly, "
+      "including rank)", "runtime",
+      "The direct transpose has no NeuronCore-version note (hwdge and indirect sources do: rules dma.hwdge, "
+      "dma.indirect); the Trainium2 architecture guide describes the DMA transpose dataflows, and AWS's "
+      "nki-library attention_cte, tested on trn1, issues it, so it is emulated on both targets."),
     R("dma_compute.args", "dma_compute: unique_indices=True, scales all 1.0, sources in SBUF, reduce_op nl.add", ALL,
       f"{ISA} dma_compute"),
     # ---------------------------------------------------------------- TensorE
@@ -180,7 +187,12 @@ RULES: tuple[Rule, ...] = (
       "PE column c writes PSUM partition c", ALL,
       "aws-neuron/nki-library src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_down_projection.py and "
       "core/router_topk/router_topk.py (column-tiled nc_matmul, dst sliced at the tile's start column)"),
-    R("transpose.dtype", "nc_transpose dst dtype equals data dtype", ALL, f"{ISA} nc_transpose (Data types)"),
+    R("transpose.dtype", "nc_transpose dst dtype equals data dtype (a TensorE transpose may write float32)", ALL,
+      f"{ISA} nc_transpose (Data types; 'equivalent to calling nisa.nc_matmul directly with is_transpose=True'), "
+      "nc_matmul (Data types: dst float32 on NeuronCore-v2 and -v3)", "runtime",
+      "The two documents disagree for a TensorE transpose of a non-fp32 tile on NeuronCore-v2/-v3 (same dtype "
+      "vs the matmul's fp32 PSUM dst); both are accepted, as AWS's nki-library qkv_cte writes a bf16 transpose "
+      "into an fp32 PSUM tile. A VectorE transpose keeps the dtype."),
     R("transpose.engine", "TensorE nc_transpose: SBUF -> PSUM, up to 128 x 128; VectorE: up to 32 x 32", ALL,
       f"{ISA} nc_transpose (Memory types, Tile size)"),
     # ---------------------------------------------------------------- ScalarE / VectorE
