@@ -39,6 +39,7 @@ class Case:
     rtol: float
     atol: float
     test: str  # the repository test the inputs and tolerance come from
+    compare: str = "max"  # nki-library's maxAllClose (bench.aws_kernels.close); "allclose" for np.allclose
 
 
 def _gauss(seed, shape, dtype=np.float32, scale=1.0):
@@ -153,6 +154,22 @@ def _outproj_tkg_ref(args, kw):
     return out + f32(b) if b is not None else out
 
 
+def _qkv_inputs(m, B, S):
+    """RMS-norm fused q/k/v projection; S > 96 or B*S > 128 selects qkv_cte, else qkv_tkg (qkv.py)."""
+    rng = np.random.default_rng(0)
+    H, I = 512, 384
+    x = rng.standard_normal((B, S, H)).astype(BF16)
+    w = (rng.standard_normal((H, I)) / np.sqrt(H)).astype(BF16)
+    g = rng.standard_normal((1, H)).astype(BF16)
+    return (x, w), dict(fused_norm_type=m.NormType.RMS_NORM, gamma_norm_weights=g, norm_eps=1e-6)
+
+
+def _qkv_ref(args, kw):
+    x, w = (f32(a) for a in args)
+    n = x / np.sqrt((x * x).mean(-1, keepdims=True) + kw["norm_eps"]) * f32(kw["gamma_norm_weights"])
+    return n @ w
+
+
 CASES: tuple[Case, ...] = (
     Case("nki-library", "core/cumsum/cumsum.py", "cumsum", "cumsum bf16 [64,4,1024]", _cumsum_inputs,
          lambda a, kw: bf(np.cumsum(f32(a[0]), axis=-1)), 1e-2, 1e-3, "core/cumsum/test_cumsum.py fast list"),
@@ -179,6 +196,10 @@ CASES: tuple[Case, ...] = (
     Case("nki-library", "core/output_projection/output_projection_tkg.py", "output_projection_tkg",
          "output_projection_tkg no bias", lambda m: _outproj_tkg_inputs(m, bias=False), _outproj_tkg_ref, 2e-2,
          1e-5, "core/output_projection/test_output_proj_tkg.py"),
+    Case("nki-library", "core/qkv/qkv.py", "qkv", "qkv rms_norm cte [1,128,512]", lambda m: _qkv_inputs(m, 1, 128),
+         _qkv_ref, 2e-2, 1e-5, "core/qkv/test_qkv_cte.py (threshold (2e-2, 1e-5))"),
+    Case("nki-library", "core/qkv/qkv.py", "qkv", "qkv rms_norm tkg [4,4,512]", lambda m: _qkv_inputs(m, 4, 4),
+         _qkv_ref, 2e-2, 1e-5, "core/qkv/test_qkv_tkg.py"),
 )
 
 OUT_OF_SCOPE: dict[tuple[str, str], str] = {}

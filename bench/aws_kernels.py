@@ -7,7 +7,7 @@ aws-neuron/nki-samples (`src/nki_samples`), fetched by the user. Every file of t
 that defines an `@nki.jit` kernel is loaded through the emulator's loader (`emulator.load_kernel_file`: the
 AST pass, then the file run against the emulated nki). A kernel with a case in `bench.aws_cases` (inputs from
 its repository's own test, a NumPy port of its repository's reference, the test's tolerance) runs and is
-compared, `np.allclose(out, ref, rtol, atol)` per output:
+compared per output with the repository's comparator (`close`):
 
     match    every output within the test's tolerance
     wrong    an output outside it (the largest error printed)
@@ -69,7 +69,15 @@ def _reason(exc: BaseException) -> str:
     return f"{kind}{text[:400]}{where if not isinstance(exc, emulator.NkiRuleError) else ''}"
 
 
-def _compare(outs, refs, rtol: float, atol: float) -> tuple[bool, str]:
+def close(out: np.ndarray, ref: np.ndarray, rtol: float, atol: float, mode: str) -> bool:
+    """`mode="max"`: nki-library's comparator (test/integration/nkilib/utils/comparators.py, maxAllClose, its
+    default mode): |out - ref| <= atol + rtol * max|ref| everywhere; `"allclose"`: np.allclose (per element)."""
+    if mode == "max":
+        return bool(np.all(np.abs(out - ref) <= atol + rtol * np.nanmax(np.abs(ref))))
+    return bool(np.allclose(out, ref, rtol=rtol, atol=atol))
+
+
+def _compare(outs, refs, rtol: float, atol: float, mode: str) -> tuple[bool, str]:
     outs = outs if isinstance(outs, tuple) else (outs,)
     refs = refs if isinstance(refs, tuple) else (refs,)
     if len(outs) != len(refs):
@@ -79,9 +87,9 @@ def _compare(outs, refs, rtol: float, atol: float) -> tuple[bool, str]:
         o, r = np.asarray(o, np.float64), np.asarray(r, np.float64)
         if o.shape != r.shape:
             return False, f"output {i} shape {o.shape}, reference {r.shape}"
-        ok &= bool(np.allclose(o, r, rtol=rtol, atol=atol))
+        ok &= close(o, r, rtol, atol, mode)
         worst.append(f"max |err| {np.abs(o - r).max():.3g}")
-    return ok, "; ".join(worst) + f" (rtol {rtol:g}, atol {atol:g})"
+    return ok, "; ".join(worst) + f" ({mode}: rtol {rtol:g}, atol {atol:g})"
 
 
 def run_case(case: aws_cases.Case, tree: str, target: str) -> tuple[str, str]:
@@ -91,7 +99,7 @@ def run_case(case: aws_cases.Case, tree: str, target: str) -> tuple[str, str]:
         outs, _ = emulator.run(getattr(module, case.kernel), *args, target=target, **kwargs)
     except Exception as exc:  # every failure is reported, one line per kernel
         return "refused", _reason(exc)
-    ok, detail = _compare(outs, case.reference(args, kwargs), case.rtol, case.atol)
+    ok, detail = _compare(outs, case.reference(args, kwargs), case.rtol, case.atol, case.compare)
     return ("match" if ok else "wrong"), detail
 
 

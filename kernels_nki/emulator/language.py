@@ -380,10 +380,12 @@ class _NKIObjectType(type):
     frozen dataclass subclass constructs (release-notes NKI 0.4.0 bug fixes)."""
 
     def __call__(cls, *args, **kwargs):
-        fields = getattr(cls, "__dataclass_fields__", None)
-        if fields is None:
+        import inspect
+
+        params = inspect.signature(cls.__init__).parameters
+        if any(p.kind == p.VAR_KEYWORD for p in params.values()):
             return super().__call__(*args, **kwargs)
-        extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in fields}
+        extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in params}
         obj = super().__call__(*args, **kwargs)
         for k, v in extra.items():
             object.__setattr__(obj, k, v)
