@@ -40,6 +40,7 @@ class Case:
     atol: float
     test: str  # the repository test the inputs and tolerance come from
     compare: str = "max"  # nki-library's maxAllClose (bench.aws_kernels.close); "allclose" for np.allclose
+    target: str | None = None  # a fixed target (else the script's --target)
 
 
 def _gauss(seed, shape, dtype=np.float32, scale=1.0):
@@ -170,6 +171,35 @@ def _qkv_ref(args, kw):
     return n @ w
 
 
+def _softmax_rows(s):
+    mx = s.max(-1, keepdims=True)
+    e = np.exp(s - mx)
+    return e / e.sum(-1, keepdims=True), (mx + np.log(e.sum(-1, keepdims=True)))[:, 0]
+
+
+def _attention_bwd_inputs(m):
+    """The test's generate_inputs (causal, softmax_scale 1.0, mixed precision) at B = H = 1, S = 256, d = 64: o and
+    the log-sum-exp [B, H, 128, S / 128] from the forward (attention_bwd_torch.compute_o_lse)."""
+    rng = np.random.default_rng(0)
+    B, H, d, S = 1, 1, 64, 256
+    q, k, v, dy = (rng.standard_normal((B, H, d, S)).astype(BF16) for _ in range(4))
+    Q, K, V = (f32(x)[0, 0].T for x in (q, k, v))
+    p, lse = _softmax_rows(np.where(np.tri(S, dtype=bool), Q @ K.T, -np.inf))
+    o = (p @ V).T[None, None].astype(BF16)
+    lse = lse.reshape(S // 128, 128).T[None, None].astype(np.float32)
+    return (q, k, v, o, dy, lse), dict(use_causal_mask=True, mixed_precision=True, softmax_scale=1.0)
+
+
+def _attention_bwd_ref(args, kw):
+    """attention_bwd_torch.py's gradients of softmax(scale q^T k, causal) v, in fp32: dq, dk, dv [B, H, d, S]."""
+    q, k, v, o, dy, _ = args
+    Q, K, V, O, dO = (f32(x)[0, 0].T for x in (q, k, v, o, dy))
+    scale, S = kw["softmax_scale"], Q.shape[0]
+    p, _ = _softmax_rows(np.where(np.tri(S, dtype=bool), scale * Q @ K.T, -np.inf))
+    ds = p * (dO @ V.T - (dO * O).sum(-1, keepdims=True))
+    return tuple(g.T[None, None] for g in (scale * ds @ K, scale * ds.T @ Q, p.T @ dO))
+
+
 CASES: tuple[Case, ...] = (
     Case("nki-library", "core/cumsum/cumsum.py", "cumsum", "cumsum bf16 [64,4,1024]", _cumsum_inputs,
          lambda a, kw: bf(np.cumsum(f32(a[0]), axis=-1)), 1e-2, 1e-3, "core/cumsum/test_cumsum.py fast list"),
@@ -200,6 +230,11 @@ CASES: tuple[Case, ...] = (
          _qkv_ref, 2e-2, 1e-5, "core/qkv/test_qkv_cte.py (threshold (2e-2, 1e-5))"),
     Case("nki-library", "core/qkv/qkv.py", "qkv", "qkv rms_norm tkg [4,4,512]", lambda m: _qkv_inputs(m, 4, 4),
          _qkv_ref, 2e-2, 1e-5, "core/qkv/test_qkv_tkg.py"),
+    Case("nki-library", "core/attention/attention_bwd.py", "attention_bwd", "attention_bwd bf16 causal",
+         _attention_bwd_inputs, _attention_bwd_ref, 2e-2, 1e-5, "core/attention/test_attention_bwd.py"),
+    Case("nki-library", "core/attention/attention_bwd.py", "attention_bwd", "attention_bwd bf16 causal (trn2)",
+         _attention_bwd_inputs, _attention_bwd_ref, 2e-2, 1e-5, "core/attention/test_attention_bwd.py",
+         target="trn2"),
 )
 
 OUT_OF_SCOPE: dict[tuple[str, str], str] = {}

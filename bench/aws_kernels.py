@@ -96,7 +96,7 @@ def run_case(case: aws_cases.Case, tree: str, target: str) -> tuple[str, str]:
     try:
         module = emulator.load_kernel_file(os.path.join(tree, case.path))
         args, kwargs = case.inputs(module)
-        outs, _ = emulator.run(getattr(module, case.kernel), *args, target=target, **kwargs)
+        outs, _ = emulator.run(getattr(module, case.kernel), *args, target=case.target or target, **kwargs)
     except Exception as exc:  # every failure is reported, one line per kernel
         return "refused", _reason(exc)
     ok, detail = _compare(outs, case.reference(args, kwargs), case.rtol, case.atol, case.compare)
@@ -116,7 +116,8 @@ def main(argv=None) -> int:
         for case in cases:
             status, detail = run_case(case, tree, args.target)
             counts[status] = counts.get(status, 0) + 1
-            print(f"{repo}:{case.path}:{case.name:24s} {status:8s} {detail}", flush=True)
+            on = f" [{case.target}]" if case.target else ""
+            print(f"{repo}:{case.path}:{case.name}{on}  {status:8s} {detail}", flush=True)
         for path in kernel_files(os.path.join(tree, SCAN.get(repo, ""))):
             rel = os.path.relpath(path, tree)
             if rel in covered:
