@@ -41,6 +41,7 @@ class Case:
     test: str  # the repository test the inputs and tolerance come from
     compare: str = "max"  # nki-library's maxAllClose (bench.aws_kernels.close); "allclose" for np.allclose
     target: str | None = None  # a fixed target (else the script's --target)
+    outputs: tuple[int, ...] | None = None  # the kernel outputs the test validates (default: all)
 
 
 def _gauss(seed, shape, dtype=np.float32, scale=1.0):
@@ -200,6 +201,30 @@ def _attention_bwd_ref(args, kw):
     return tuple(g.T[None, None] for g in (scale * ds @ K, scale * ds.T @ Q, p.T @ dO))
 
 
+_TOPK_MODULE = []
+
+
+def _topk_inputs(m):
+    """test_topk.py's input_generator at LNC 1: the config and its rotational constants built by the module's own
+    host functions (create_topk_config, create_rotational_topk_config, prepare_rotational_constants)."""
+    np.random.seed(42)
+    B, S, V, K = 1, 4, 1024, 8
+    inp = np.random.randn(B * S, V).astype(np.float32)
+    tc = m.create_topk_config(inp_shape=(B, S, V), inp_dtype=np.float32, k=K, sorted=True, num_programs=1)
+    x = inp.reshape(tc.BxS, tc.vocab_size)
+    cfg = m.prepare_rotational_constants(m.create_rotational_topk_config(inp_shape=x.shape, topk_config=tc))
+    _TOPK_MODULE[:] = [m]
+    return (x, cfg), {}
+
+
+def _topk_ref(args, kw):
+    """topk_torch_ref values (torch.topk, sorted); the test validates values only (ties may reorder indices)."""
+    for m in _TOPK_MODULE:
+        m.cleanup_rotational_constants()
+    x, cfg = args
+    return -np.sort(-x, axis=1)[:, : cfg.topk_config.k]
+
+
 CASES: tuple[Case, ...] = (
     Case("nki-library", "core/cumsum/cumsum.py", "cumsum", "cumsum bf16 [64,4,1024]", _cumsum_inputs,
          lambda a, kw: bf(np.cumsum(f32(a[0]), axis=-1)), 1e-2, 1e-3, "core/cumsum/test_cumsum.py fast list"),
@@ -235,6 +260,8 @@ CASES: tuple[Case, ...] = (
     Case("nki-library", "core/attention/attention_bwd.py", "attention_bwd", "attention_bwd bf16 causal (trn2)",
          _attention_bwd_inputs, _attention_bwd_ref, 2e-2, 1e-5, "core/attention/test_attention_bwd.py",
          target="trn2"),
+    Case("nki-library", "core/topk/rotational_topk.py", "rotational_topk", "rotational_topk f32 k=8 V=1024",
+         _topk_inputs, _topk_ref, 1e-3, 1e-5, "core/topk/test_topk.py (values validated)", outputs=(0,)),
 )
 
 OUT_OF_SCOPE: dict[tuple[str, str], str] = {}

@@ -399,3 +399,25 @@ class NKIObject(metaclass=_NKIObjectType):
     def __init__(self, **kwargs):
         for k, v in kwargs.items():
             object.__setattr__(self, k, v)
+
+
+# ----------------------------------------------------------------------------- constants
+
+
+def shared_constant(constant):
+    """`nl.shared_constant`: a shared_hbm tensor holding `constant` (a NumPy array or a `.npy` path), embedded in
+    the binary and in HBM at model load (nki/api/nki/language): no DMA is counted."""
+    value = np.load(constant) if isinstance(constant, str) else np.asarray(constant)
+    return _m.current().wrap_hbm(np.array(value, copy=True), "shared_hbm")
+
+
+def shared_identity_matrix(n, dtype=uint8, dst=None):
+    """`nl.shared_identity_matrix`: an [n, n] identity in SBUF (or written into `dst`), a shared constant loaded
+    from HBM: one DMA of its bytes."""
+    from kernels_nki.emulator import isa
+
+    m = _m.current()
+    src = m.wrap_hbm(np.eye(int(n), dtype=_m.as_dtype(dtype)), "shared_hbm")
+    out = dst if dst is not None else m.allocate((int(n), int(n)), dtype, sbuf)
+    isa.dma_copy(out, src)
+    return out
