@@ -36,12 +36,13 @@ class Case:
     name: str
     inputs: Callable  # module -> (args, kwargs)
     reference: Callable  # (args, kwargs) -> output(s)
-    rtol: float
-    atol: float
+    rtol: float | tuple  # one per compared output, or one for all
+    atol: float | tuple
     test: str  # the repository test the inputs and tolerance come from
     compare: str = "max"  # nki-library's maxAllClose (bench.aws_kernels.close); "allclose" for np.allclose
     target: str | None = None  # a fixed target (else the script's --target)
     outputs: tuple[int, ...] | None = None  # the kernel outputs the test validates (default: all)
+    unpack: Callable | None = None  # (outputs, args) -> the arrays the test's validator compares
 
 
 def _gauss(seed, shape, dtype=np.float32, scale=1.0):
@@ -225,6 +226,32 @@ def _topk_ref(args, kw):
     return -np.sort(-x, axis=1)[:, : cfg.topk_config.k]
 
 
+def _rmsnorm_quant_inputs(m):
+    """test_rmsnorm_quant.py: uniform(0, 10) bf16 hidden and gamma, row quantization, RMS norm, eps 1e-6."""
+    rng = np.random.default_rng(0)
+    B, S, H = 1, 128, 512
+    x, g = rng.uniform(0, 10, (B, S, H)).astype(BF16), rng.uniform(0, 10, (H,)).astype(BF16)
+    kargs = m.RmsNormQuantKernelArgs(quantization_type=m.QuantizationType.ROW, lower_bound=0.0,
+                                     norm_type=m.NormType.RMS_NORM, eps=1e-6)
+    return (x, g, kargs), {}
+
+
+def _rmsnorm_quant_unpack(out, args):
+    """The validator's split of the [B, S, H + 4] fp8 output: H fp8 values, then one fp32 dequant scale's bytes."""
+    H = args[0].shape[-1]
+    raw = np.ascontiguousarray(out).view(np.uint8).reshape(*out.shape[:-1], H + 4)
+    return raw[..., :H].view(ml_dtypes.float8_e4m3).astype(np.float32), np.ascontiguousarray(raw[..., H:]).view(np.float32)
+
+
+def _rmsnorm_quant_ref(args, kw):
+    """The test's rmsnorm_quant_ref (row quantization, no lower bound): x / (rms + eps) * gamma, scaled to the
+    fp8 range 240 by its row abs-max; returns (fp8 values as fp32, dequant scale)."""
+    x, g = f32(args[0]), f32(args[1])
+    norm = x / (np.sqrt((x * x).mean(-1, keepdims=True)) + args[2].eps) * g
+    deq = np.abs(norm).max(-1, keepdims=True) / 240.0
+    return (norm / deq).astype(ml_dtypes.float8_e4m3).astype(np.float32), deq.astype(np.float32)
+
+
 CASES: tuple[Case, ...] = (
     Case("nki-library", "core/cumsum/cumsum.py", "cumsum", "cumsum bf16 [64,4,1024]", _cumsum_inputs,
          lambda a, kw: bf(np.cumsum(f32(a[0]), axis=-1)), 1e-2, 1e-3, "core/cumsum/test_cumsum.py fast list"),
@@ -262,6 +289,10 @@ CASES: tuple[Case, ...] = (
          target="trn2"),
     Case("nki-library", "core/topk/rotational_topk.py", "rotational_topk", "rotational_topk f32 k=8 V=1024",
          _topk_inputs, _topk_ref, 1e-3, 1e-5, "core/topk/test_topk.py (values validated)", outputs=(0,)),
+    Case("nki-library", "core/rmsnorm/rmsnorm_quant.py", "rmsnorm_quant_kernel", "rmsnorm_quant row fp8",
+         _rmsnorm_quant_inputs, _rmsnorm_quant_ref, (0.072, 0.007), (1e-8, 1e-8),
+         "core/rmsnorm/test_rmsnorm_quant.py (norm_values_rtol 0.072, deq_scale_rtol 0.007, maxAllClose)",
+         unpack=_rmsnorm_quant_unpack),
 )
 
 OUT_OF_SCOPE: dict[tuple[str, str], str] = {}

@@ -77,19 +77,22 @@ def close(out: np.ndarray, ref: np.ndarray, rtol: float, atol: float, mode: str)
     return bool(np.allclose(out, ref, rtol=rtol, atol=atol))
 
 
-def _compare(outs, refs, rtol: float, atol: float, mode: str) -> tuple[bool, str]:
+def _compare(outs, refs, rtol, atol, mode: str) -> tuple[bool, str]:
     outs = outs if isinstance(outs, tuple) else (outs,)
     refs = refs if isinstance(refs, tuple) else (refs,)
     if len(outs) != len(refs):
         return False, f"{len(outs)} outputs, reference has {len(refs)}"
     worst, ok = [], True
+    rtols = rtol if isinstance(rtol, tuple) else (rtol,) * len(refs)
+    atols = atol if isinstance(atol, tuple) else (atol,) * len(refs)
     for i, (o, r) in enumerate(zip(outs, refs)):
         o, r = np.asarray(o, np.float64), np.asarray(r, np.float64)
         if o.shape != r.shape:
             return False, f"output {i} shape {o.shape}, reference {r.shape}"
-        ok &= close(o, r, rtol, atol, mode)
+        ok &= close(o, r, rtols[i], atols[i], mode)
         worst.append(f"max |err| {np.abs(o - r).max():.3g}")
-    return ok, "; ".join(worst) + f" ({mode}: rtol {rtol:g}, atol {atol:g})"
+    return ok, "; ".join(worst) + f" ({mode}: rtol {'/'.join(f'{t:g}' for t in rtols)}, atol " \
+        f"{'/'.join(f'{t:g}' for t in atols)})"
 
 
 def run_case(case: aws_cases.Case, tree: str, target: str) -> tuple[str, str]:
@@ -101,6 +104,8 @@ def run_case(case: aws_cases.Case, tree: str, target: str) -> tuple[str, str]:
         return "refused", _reason(exc)
     if case.outputs is not None:
         outs = tuple(outs[i] for i in case.outputs)
+    if case.unpack is not None:
+        outs = case.unpack(outs, args)
     ok, detail = _compare(outs, case.reference(args, kwargs), case.rtol, case.atol, case.compare)
     return ("match" if ok else "wrong"), detail
 

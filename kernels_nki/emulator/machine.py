@@ -63,7 +63,9 @@ def as_dtype(dtype) -> np.dtype:
 
 
 def is_float(dtype) -> bool:
-    return np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16
+    """NumPy floats and ml_dtypes' (bf16, fp8: kind 'V' without fields; the packed x4 names have a field)."""
+    dtype = np.dtype(dtype)
+    return np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16 or (dtype.kind == "V" and not dtype.names)
 
 
 @dataclasses.dataclass
@@ -209,13 +211,15 @@ class Tensor:
         pattern = [(int(s), int(n)) for s, n in pattern]
         if not pattern or any(n <= 0 for _, n in pattern):
             rule("view.ap", f"bad pattern {pattern}")
-        if dtype is not None and as_dtype(dtype) != self.dtype:  # the tensor's own dtype: no reinterpretation
-            fail(f".ap(dtype={dtype}): a reinterpreting view is not emulated", NkiEmulatorError)
         if scalar_offset is not None or indirect_dim not in (0, None):
             fail(".ap(): scalar_offset and indirect_dim != 0 are not emulated", NkiEmulatorError)
+        storage = self.alloc.storage
+        if dtype is not None and as_dtype(dtype) != self.dtype:  # reinterpret the storage's bytes (NkiTensor.ap)
+            storage = _reinterpret(storage, as_dtype(dtype), self.on_chip)
+            if vector_offset is not None or self.alloc.psum_matmul_written is not None:
+                fail(f".ap(dtype={dtype}): a reinterpreting indirect or PSUM view is not emulated", NkiEmulatorError)
         if vector_offset is not None:
             return AccessPattern(self, pattern, offset, vector_offset)
-        storage = self.alloc.storage
         if self.on_chip:
             free = math.prod(storage.shape[1:])
             if pattern[0][0] != free:
@@ -237,6 +241,18 @@ class Tensor:
             mask = np.lib.stride_tricks.as_strided(m[int(offset):], shape, tuple(s * m.itemsize for s, _ in pattern))
         pstart = int(offset) // max(1, math.prod(storage.shape[1:])) if self.on_chip else 0
         return self._view(data, mask, pstart, layout)
+
+
+def _reinterpret(storage: np.ndarray, dtype: np.dtype, on_chip: bool) -> np.ndarray:
+    """The storage's bytes as `dtype` (per partition on chip; the partition's bytes must divide evenly)."""
+    rows = storage.shape[0] if on_chip and storage.ndim > 1 else 1
+    nbytes = storage.size * storage.itemsize // rows
+    if nbytes % dtype.itemsize:
+        fail(f".ap(dtype={dtype}): {nbytes} B per partition is not a whole number of {dtype}", NkiEmulatorError)
+    shape = (rows, nbytes // dtype.itemsize) if on_chip and storage.ndim > 1 else (nbytes // dtype.itemsize,)
+    if storage.strides and 0 in storage.strides:  # count-only mode: zero-stride data
+        return np.broadcast_to(np.zeros((), dtype), shape)
+    return storage.reshape(rows, -1).view(dtype).reshape(shape)
 
 
 def contiguous_run(dims) -> int:
@@ -365,7 +381,7 @@ class Machine:
                 self._check_address(shape, dtype, buffer, address)
             self._reserve(shape, dtype, buffer, alloc, direct=address is not None)
         if fill is None:  # fresh memory: NaN for floats so uninitialised reads show
-            fill = np.nan if is_float(dtype) else np.iinfo(dtype).min
+            fill = np.nan if is_float(dtype) else np.iinfo(dtype).min if dtype.kind in "iu" else 0
         if self.compute:
             data = np.full(shape, fill, dtype=dtype)
         else:
