@@ -150,6 +150,12 @@ CASES = {
     "dma.indirect_dge": dict(sig="a, idx", args=lambda a: (a, PERM), target="trn2",
                              bad=GATHER.format(mode=", dge_mode=nisa.dge_mode.none"),
                              good=GATHER.format(mode=", dge_mode=nisa.dge_mode.swdge"), ref=lambda a: a[PERM[:, 0]]),
+    "dma_transpose.args": dict(
+        bad=HEAD + "r = nl.ndarray((128, 64), dtype=a.dtype, buffer=nl.sbuf)\n"
+        "nisa.dma_transpose(dst=r, src=t)  # <-\n" + TAIL,
+        good="out = nl.ndarray((64, 128), dtype=a.dtype, buffer=nl.shared_hbm)\nt = nl.load(a)\n"
+        "r = nl.ndarray((64, 128), dtype=a.dtype, buffer=nl.sbuf)\nnisa.dma_transpose(dst=r, src=t, axes=(1, 0))\n"
+        + TAIL, ref=lambda a: a.T),
     "dma_compute.args": dict(
         bad=unary("nisa.dma_copy(dst=r, src=a)\nnisa.dma_compute(dst=r, srcs=[r, t], reduce_op=nl.multiply)  # <-"),
         good=unary("nisa.dma_copy(dst=r, src=a)\nnisa.dma_compute(dst=r, srcs=[r, t], reduce_op=nl.add)"),
@@ -194,8 +200,8 @@ CASES = {
         "r = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.sbuf)\nnisa.tensor_copy(dst=r, src=acc[64:128])\n" + TAIL,
         ref=lambda a: bf(a)[:64, :64].T @ bf(a)[:64]),
     "transpose.dtype": dict(
-        bad=HEAD + "q = nl.load(a[0:64], dtype=nl.bfloat16)\np = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.psum)\n"
-        "nisa.nc_transpose(dst=p, data=q)  # <-\nr = t\n" + TAIL,
+        bad=HEAD + "q = nl.load(a[0:32, 0:32], dtype=nl.bfloat16)\np = nl.ndarray((32, 32), dtype=nl.float32, buffer=nl.sbuf)\n"
+        "nisa.nc_transpose(dst=p, data=q, engine=nisa.engine.vector)  # <-\nr = t\n" + TAIL,
         good="out = nl.ndarray((64, 64), dtype=a.dtype, buffer=nl.shared_hbm)\nq = nl.load(a[0:64])\n"
         "p = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.psum)\nnisa.nc_transpose(dst=p, data=q)\n"
         "r = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.sbuf)\nnisa.tensor_copy(dst=r, src=p)\n" + TAIL,

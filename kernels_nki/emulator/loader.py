@@ -116,7 +116,7 @@ def _load(name: str) -> types.ModuleType:
     module = types.ModuleType(name, f"{name} executed against the NKI emulator")
     module.__file__ = spec.origin
     module.__nki_emulated__ = True
-    with emulated_nki(**helpers):
+    with emulated_nki(**helpers, **{name: module}):  # the module itself too, while its body runs (dataclasses)
         ast_pass.exec_kernel_code(tree, spec.origin, module.__dict__)
     _modules[name] = module
     return module
