@@ -222,3 +222,34 @@ def test_multi_core_instructions_name_their_requirement(tmp_path, monkeypatch):
     """)
     with pytest.raises(emulator.NkiEmulatorError, match="LNC > 1"):
         emulator.run(k, A)
+
+
+def test_nl_rsqrt_runs_on_gpsimd_and_refuses_psum(tmp_path, monkeypatch):
+    """NKI 0.5.0: nl.rsqrt on GpSimd, PSUM inputs no longer supported."""
+    x = np.abs(A) + 0.5
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.rsqrt(nl.load(a)))
+        return out
+    """)
+    out, c = emulator.run(k, x)
+    np.testing.assert_allclose(out, 1 / np.sqrt(x), rtol=1e-6)
+    assert c.gpsimd_instructions == 1 and c.scalar_instructions == 0
+    k, where = _kernel_module(tmp_path, monkeypatch, """
+        p = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.psum)
+        nisa.tensor_copy(dst=p, src=nl.load(a))
+        r = nl.rsqrt(p)  # <-
+        return a
+    """)
+    with pytest.raises(emulator.NkiRuleError, match="gpsimd.psum") as info:
+        emulator.run(k, x)
+    assert str(info.value).startswith(where)
+
+
+def test_runtime_loops_are_refused_naming_them(tmp_path, monkeypatch):
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        nl.fori_loop(0, 4, lambda i: None)
+        return a
+    """)
+    with pytest.raises(emulator.NkiEmulatorError, match="fori_loop: a runtime"):
+        emulator.run(k, A)

@@ -373,3 +373,15 @@ def test_literal_non_string_dict_key_is_rejected_before_the_kernel_runs(tmp_path
     with pytest.raises(emulator.NkiRuleError, match=r"\[kernel.dict_keys\]") as info:
         emulator.load_kernel_module(name)
     assert str(info.value).startswith(where)
+
+
+def test_nki_changes_since_0_3_are_listed_with_where_the_emulator_follows_them(capsys):
+    """Every NKI 0.4-0.6 difference row names its release and section; a rule it cites exists."""
+    assert rules.NKI_VERSION == "0.6.0"
+    assert {c.version for c in rules.CHANGES} == {"0.4.0", "0.5.0", "0.6.0"}
+    for c in rules.CHANGES:
+        assert "(" in c.what and c.emulator, c
+        if c.emulator.startswith("rule "):
+            assert c.emulator.split()[1] in rules.RULES_BY_ID, c
+    assert rules.main(["--changes"]) == 0
+    assert capsys.readouterr().out.count("NKI 0.") == len(rules.CHANGES)

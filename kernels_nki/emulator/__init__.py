@@ -1,4 +1,5 @@
-"""A NumPy emulator of NKI (aws-neuron-sdk `nki`, 0.3+) that enforces AWS's documented rules per target.
+"""A NumPy emulator of NKI (aws-neuron-sdk `nki`, 0.6: `rules.NKI_VERSION`, the 0.3 -> 0.6 differences in
+`rules.CHANGES`) that enforces AWS's documented rules per target.
 
 Public API:
 - `load_kernel_module(name)`: the kernel file, first checked by the AST pass (`ast_pass`: the NKI Python

@@ -1,4 +1,4 @@
-"""NumPy stand-in for `nki.isa` (NKI 0.3+: explicit `dst` first) as documented in aws-neuron-sdk
+"""NumPy stand-in for `nki.isa` (NKI 0.6, rules.NKI_VERSION: explicit `dst` first) as documented in aws-neuron-sdk
 nki/api/nki/isa/__init__.py.
 
 Every instruction checks its rows of `rules.RULES` (raising with the kernel's file:line, the rule id and
@@ -439,3 +439,15 @@ def _multi_core(name: str):
 # "Available only on NeuronCore-v3 or newer"; sendrecv: intra-LNC, LNC2 only, release-notes NKI 0.4.0)
 core_barrier = _multi_core("core_barrier")
 sendrecv = _multi_core("sendrecv")
+
+
+def _register(name: str):
+    def instruction(*args, **kwargs):
+        _m.fail(f"nisa.{name}: runtime registers (dynamic loops and offsets) are not emulated", _m.NkiEmulatorError)
+
+    instruction.__name__ = name
+    return instruction
+
+
+register_alloc, register_load = _register("register_alloc"), _register("register_load")
+register_store, register_move = _register("register_store"), _register("register_move")

@@ -1,4 +1,5 @@
-"""NumPy stand-in for the subset of `nki.language` (NKI 0.3+) the project's kernels use.
+"""NumPy stand-in for `nki.language` as NKI 0.6 documents it (rules.NKI_VERSION; differences from 0.3 in
+rules.CHANGES): what the project's kernels and AWS's nki-library core kernels use.
 
 Installed as `nki.language` only while `kernels_nki.emulator.loader` executes a kernel module.
 Op identifiers (`nl.exp`, `nl.add`, ...) are `Op` objects: passed as `op=` to `nki.isa` calls, or
@@ -224,8 +225,19 @@ class _CallAs(Op):
         return self._call(x, dtype=dtype)
 
 
+def _rsqrt_call(x, dtype=None):
+    """nl.rsqrt: on GpSimd since NKI 0.5.0 ("higher numerical precision using the GpSimd Engine. PSUM inputs are
+    no longer supported"), a tensor_scalar with op0 rsqrt (rule gpsimd.psum for a PSUM input)."""
+    from kernels_nki.emulator import isa
+
+    out = _m.current().allocate(x.shape, dtype or x.dtype, sbuf)
+    isa.tensor_scalar(out, x, rsqrt, 0.0, engine="gpsimd")
+    return out
+
+
 negative = _CallAs(negative, _negative_call)
 copy = _CallAs(copy, _copy_call)
+rsqrt = _CallAs(rsqrt, _rsqrt_call)
 
 
 def _reduce_convenience(op: Op, scale_by_count: bool):
@@ -421,3 +433,20 @@ def shared_identity_matrix(n, dtype=uint8, dst=None):
     out = dst if dst is not None else m.allocate((int(n), int(n)), dtype, sbuf)
     isa.dma_copy(out, src)
     return out
+
+
+# ----------------------------------------------------------------------------- runtime loops (not emulated)
+
+
+def _runtime_loop(name: str):
+    def construct(*args, **kwargs):
+        _m.fail(f"nl.{name}: a runtime (register-bounded) loop, which the emulator does not run (NKI 0.6 "
+                "nl.fori_loop / nl.while_loop; nl.dynamic_range is deprecated)", _m.NkiEmulatorError)
+
+    construct.__name__ = name
+    return construct
+
+
+dynamic_range = _runtime_loop("dynamic_range")
+fori_loop = _runtime_loop("fori_loop")
+while_loop = _runtime_loop("while_loop")

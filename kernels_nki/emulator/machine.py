@@ -24,6 +24,7 @@ import numpy as np
 
 from kernels_nki.emulator import rules as _rules
 from kernels_nki.emulator.errors import NkiEmulatorError, NkiLimitError, NkiRuleError, fail, kernel_location
+from kernels_nki.emulator.errors import reinterpret as _reinterpret
 
 __all__ = ["NkiEmulatorError", "NkiLimitError", "NkiRuleError", "fail", "kernel_location"]
 
@@ -243,18 +244,6 @@ class Tensor:
         return self._view(data, mask, pstart, layout)
 
 
-def _reinterpret(storage: np.ndarray, dtype: np.dtype, on_chip: bool) -> np.ndarray:
-    """The storage's bytes as `dtype` (per partition on chip; the partition's bytes must divide evenly)."""
-    rows = storage.shape[0] if on_chip and storage.ndim > 1 else 1
-    nbytes = storage.size * storage.itemsize // rows
-    if nbytes % dtype.itemsize:
-        fail(f".ap(dtype={dtype}): {nbytes} B per partition is not a whole number of {dtype}", NkiEmulatorError)
-    shape = (rows, nbytes // dtype.itemsize) if on_chip and storage.ndim > 1 else (nbytes // dtype.itemsize,)
-    if storage.strides and 0 in storage.strides:  # count-only mode: zero-stride data
-        return np.broadcast_to(np.zeros((), dtype), shape)
-    return storage.reshape(rows, -1).view(dtype).reshape(shape)
-
-
 def contiguous_run(dims) -> int:
     """Elements contiguous in memory at the end of (size, element stride) dims, innermost last."""
     run = 1
@@ -399,8 +388,7 @@ class Machine:
         return Tensor(array, Buffer(buffer), _Allocation(buffer, array), self)
 
     def _check_address(self, shape, dtype, buffer, address):
-        """A directly allocated tile (`address=(partition_offset, free_offset)`, the offset in bytes) lies
-        inside its memory; a PSUM one starts at a bank (rule sbuf.capacity)."""
+        """A direct `address=(partition, byte offset)` lies inside its memory, in PSUM at a bank (sbuf.capacity)."""
         part, free = (int(a) for a in address)
         per_partition = math.prod(shape[1:]) * dtype.itemsize
         size = self.spec.sbuf_partition_bytes if buffer == "sbuf" else self.spec.psum_banks * self.spec.psum_bank_bytes
@@ -417,9 +405,7 @@ class Machine:
         spec = self.spec
         if buffer == "sbuf" and direct:  # placed by the kernel (checked by its address), not by the allocator
             return
-        if buffer == "sbuf":
-            # automatically allocated tiles beyond the capacity are spilled by the compiler (sbuf.capacity's
-            # reading): counted, not refused
+        if buffer == "sbuf":  # beyond the capacity the compiler spills (rule sbuf.capacity's reading): counted
             self.sbuf_live += per_partition
             self.counters.sbuf_peak_bytes = max(self.counters.sbuf_peak_bytes, self.sbuf_live)
             self.counters.sbuf_spill_peak_bytes = max(self.counters.sbuf_spill_peak_bytes,

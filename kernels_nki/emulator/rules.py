@@ -7,7 +7,11 @@ NeuronCore-v3) and its source: a path in aws-neuron/aws-neuron-sdk and the secti
 and its source; a rule whose targets exclude the running target is skipped. Rows with `kind="ast"` are
 checked on the kernel source before it runs (`kernels_nki.emulator.ast_pass`).
 
-List the table: `python -m kernels_nki.emulator.rules [--target trn2] [--markdown]`.
+The emulator follows NKI 0.6.0 (`NKI_VERSION`, Neuron SDK 2.32; the supported SDKs 2.30-2.32 ship NKI 0.4-0.6);
+`CHANGES` lists the differences from NKI 0.3 that matter, each with its release-notes section
+(aws-neuron-sdk release-notes/components/nki.rst) and where the emulator follows it.
+
+List the table: `python -m kernels_nki.emulator.rules [--target trn2] [--markdown] [--changes]`.
 """
 
 from __future__ import annotations
@@ -246,6 +250,59 @@ RULES: tuple[Rule, ...] = (
       "cmp_op, offset)", ALL, f"{ISA} affine_select; {NOTES} NKI 0.3.0 Breaking Changes"),
 )
 
+# The NKI the emulator follows: 0.6.0, the newest of the supported SDKs (Neuron 2.30-2.32 ship NKI 0.4.0-0.6.0).
+NKI_VERSION = "0.6.0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """A difference from NKI 0.3 that matters to the emulator: the release that made it, what it is (its
+    release-notes section), and where the emulator follows it (a rule id, an API, or why it is not emulated)."""
+
+    version: str
+    what: str
+    emulator: str
+
+
+C = Change
+CHANGES: tuple[Change, ...] = (
+    C("0.4.0", "float8_e4m3fn (OCP, no inf, max 448) is a dtype distinct from float8_e4m3 (legacy, max 240) "
+      "(New Features, nc_matmul float8_e4m3fn)", "nl.float8_e4m3 / nl.float8_e4m3fn (ml_dtypes)"),
+    C("0.4.0", "tile_size bytes-aware constants sbuf_size_bytes, sbuf_fmax(_bytes), psum_bank_fmax(_bytes); "
+      "total_available_sbuf_size deprecated (New Features; Deprecated)", "nl.tile_size, per target"),
+    C("0.4.0", "neuronxcc.nki.* inside NKI kernels is a compilation error (Breaking Changes)",
+      "rule ast.neuronxcc_namespace"),
+    C("0.4.0", "dma_transpose dst.shape matches the transposed src exactly, rank included (Breaking Changes)",
+      "rule dma_transpose.args"),
+    C("0.4.0", "dma_compute takes oob_mode (New Features)", "isa.dma_compute(oob_mode=)"),
+    C("0.4.0", "frozen NKIObject dataclasses construct (Bug Fixes)", "nl.NKIObject"),
+    C("0.4.0", "nc_transpose honours engine= (Bug Fixes)", "isa.nc_transpose(engine=)"),
+    C("0.4.0", "tensor_copy_dynamic_src / _dst removed (Deprecated and Removed APIs)", "absent from nki.isa"),
+    C("0.4.0", "JAX scalar dtypes accepted as kernel arguments (New Features)",
+      "not emulated: a kernel argument dtype is a NumPy / ml_dtypes dtype"),
+    C("0.5.0", "float8_e8m0fnu, the MX scale dtype (New Features)", "nl.float8_e8m0fnu"),
+    C("0.5.0", "NkiTensor.reshape asserts the element count (Improvements)", "rule view.reshape"),
+    C("0.5.0", "tile_size.psum_num_banks (New Features)", "nl.tile_size.psum_num_banks"),
+    C("0.5.0", "nl.rsqrt runs on GpSimd; PSUM inputs are no longer supported (Improvements)",
+      "nl.rsqrt (a GpSimd tensor_scalar; rule gpsimd.psum)"),
+    C("0.5.0", "NkiTensor view methods slice/select/permute/broadcast/... (New Features)",
+      "not emulated: no nki-library core kernel calls them; indexing, reshape and .ap() are"),
+    C("0.5.0", "tensor indirection (.indirect()) on compute APIs, NeuronCore-v4+ (New Features)",
+      "not emulated: neither target has it"),
+    C("0.6.0", "nl.copy is a VectorE tensor_copy (New Features)", "nl.copy"),
+    C("0.6.0", "compute-engine operands over 128 partitions are a verification error (Improvements)",
+      "rule partition.max"),
+    C("0.6.0", "affine_select / range_select take a Python float on_false_value (Bug Fixes)",
+      "rule affine_select.args"),
+    C("0.6.0", "tensor_scalar_reduce takes reduce_res=None, keeping the VectorE accumulator (New Features)",
+      "isa.tensor_scalar_reduce"),
+    C("0.6.0", "nc_find_index8: an absent value gives all ones; duplicates advance (Bug Fixes)",
+      "isa.nc_find_index8"),
+    C("0.6.0", "nl.fori_loop / nl.while_loop replace dynamic_range loops (New Features; Deprecated)",
+      "not emulated: runtime (register) loops; a kernel that needs one is refused naming it"),
+    C("0.6.0", "nisa.topk on GpSimd (New Features)", "not emulated (no nki-library core kernel calls it)"),
+)
+
 RULES_BY_ID = {r.id: r for r in RULES}
 assert len(RULES_BY_ID) == len(RULES), "duplicate rule id"
 
@@ -284,7 +341,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="List the NKI emulator's rules (one row per rule, with its AWS source).")
     p.add_argument("--target", choices=TARGETS, help="only the rules that apply to this target")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--changes", action="store_true", help=f"the NKI 0.3 -> {NKI_VERSION} differences followed")
     args = p.parse_args(argv)
+    if args.changes:
+        print("\n".join(f"NKI {c.version}: {c.what}\n    emulator: {c.emulator}" for c in CHANGES))
+        return 0
     print(table(args.target, args.markdown))
     return 0
 
