@@ -252,6 +252,20 @@ def _rmsnorm_quant_ref(args, kw):
     return (norm / deq).astype(ml_dtypes.float8_e4m3).astype(np.float32), deq.astype(np.float32)
 
 
+def _matmul_inputs(m, M, K, N):
+    """matrix_multiplication_torch.py: torch.rand bf16 lhs [M, K], rhs [K, N]; the kernels take lhs.T."""
+    rng = np.random.default_rng(0)
+    lhs, rhs = rng.random((M, K)).astype(BF16), rng.random((K, N)).astype(BF16)
+    return (np.ascontiguousarray(lhs.T), rhs), {}
+
+
+def _matmul_ref(args, kw):
+    return bf(f32(args[0]).T @ f32(args[1]))
+
+
+_SAMPLES_MM = "tutorials/matrix_multiplication/matrix_multiplication_nki_kernels.py"
+_MM_TEST = "tutorials/matrix_multiplication/matrix_multiplication_torch.py (torch.allclose atol 1e-4, rtol 1e-2)"
+
 CASES: tuple[Case, ...] = (
     Case("nki-library", "core/cumsum/cumsum.py", "cumsum", "cumsum bf16 [64,4,1024]", _cumsum_inputs,
          lambda a, kw: bf(np.cumsum(f32(a[0]), axis=-1)), 1e-2, 1e-3, "core/cumsum/test_cumsum.py fast list"),
@@ -293,6 +307,13 @@ CASES: tuple[Case, ...] = (
          _rmsnorm_quant_inputs, _rmsnorm_quant_ref, (0.072, 0.007), (1e-8, 1e-8),
          "core/rmsnorm/test_rmsnorm_quant.py (norm_values_rtol 0.072, deq_scale_rtol 0.007, maxAllClose)",
          unpack=_rmsnorm_quant_unpack),
+    # ------------------------------------------------------------------------- nki-samples
+    Case("nki-samples", _SAMPLES_MM, "nki_matmul_basic_", "matmul basic [64,128]x[128,512]",
+         lambda m: _matmul_inputs(m, 64, 128, 512), _matmul_ref, 1e-2, 1e-4, _MM_TEST, compare="allclose"),
+    *(Case("nki-samples", _SAMPLES_MM, fn, f"{fn.strip('_')} [4096,1024]x[1024,2048]",
+           lambda m: _matmul_inputs(m, 4096, 1024, 2048), _matmul_ref, 1e-2, 1e-4, _MM_TEST, compare="allclose")
+      for fn in ("nki_matmul_tiled_", "nki_matmul_hoist_load_", "nki_matmul_block_free_dimension_",
+                 "nki_matmul_fully_optimized_")),
 )
 
 OUT_OF_SCOPE: dict[tuple[str, str], str] = {}

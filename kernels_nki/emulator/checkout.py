@@ -61,14 +61,27 @@ class _EmulatedSource(importlib.abc.Loader):
         ast_pass.exec_kernel_code(tree, self.path, module.__dict__)
 
 
-class _CheckoutFinder(importlib.abc.MetaPathFinder):
-    """Finds the modules of one top-level package under `root`."""
+def _tops(root: str, top: str) -> set[str]:
+    """The kernel file's top-level package or module and its siblings under `root` (modules and packages): a
+    script-style kernel file (AWS's nki-samples mx_kernels.py: `from mx_kernel_utils import ...`) imports those."""
+    names = {top}
+    for entry in os.listdir(root):
+        path = os.path.join(root, entry)
+        if entry.endswith(".py") and entry[:-3].isidentifier():
+            names.add(entry[:-3])
+        elif entry.isidentifier() and os.path.isfile(os.path.join(path, "__init__.py")):
+            names.add(entry)
+    return names
 
-    def __init__(self, root: str, top: str):
-        self.root, self.top = root, top
+
+class _CheckoutFinder(importlib.abc.MetaPathFinder):
+    """Finds the modules of the top-level packages / modules `tops` under `root`."""
+
+    def __init__(self, root: str, tops: set[str]):
+        self.root, self.tops = root, tops
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] != self.top:
+        if fullname.split(".")[0] not in self.tops:
             return None
         base = os.path.join(self.root, *fullname.split("."))
         if os.path.isdir(base):
@@ -95,8 +108,10 @@ def load_kernel_file(path: str, root: str | None = None) -> types.ModuleType:
                 "(use nki.simulate with the real package)")
         if (root, name) in _cache:
             return _cache[(root, name)]
-        saved = {k: v for k, v in sys.modules.items() if k == top or k.startswith(top + ".")}
-        finder = _CheckoutFinder(root, top)
+        tops = _tops(root, top)
+        ours = lambda k: k.split(".")[0] in tops  # noqa: E731
+        saved = {k: v for k, v in sys.modules.items() if ours(k)}
+        finder = _CheckoutFinder(root, tops)
         with loader.emulated_nki():
             for k in saved:
                 del sys.modules[k]
@@ -105,7 +120,7 @@ def load_kernel_file(path: str, root: str | None = None) -> types.ModuleType:
                 module = importlib.import_module(name)
             finally:
                 sys.meta_path.remove(finder)
-                for k in [k for k in sys.modules if k == top or k.startswith(top + ".")]:
+                for k in [k for k in sys.modules if ours(k)]:
                     del sys.modules[k]
                 sys.modules.update(saved)
         _cache[(root, name)] = module
