@@ -316,4 +316,28 @@ CASES: tuple[Case, ...] = (
                  "nki_matmul_fully_optimized_")),
 )
 
-OUT_OF_SCOPE: dict[tuple[str, str], str] = {}
+_LNC2 = "its tests launch it at LNC 2 only (logical_nc_config=2: NeuronCore-v3+, release-notes NKI 0.4.0), which " \
+    "the emulator does not run"
+_MX = "MX matmuls (nisa.nc_matmul_mx / quantize_mx: 'Available only on NeuronCore-v4 and newer', nki/api/nki/isa); " \
+    "its tests exclude trn1 and trn2"
+OUT_OF_SCOPE: dict[tuple[str, str], str] = {
+    ("nki-library", "core/moe/moe_cte/moe_cte.py"): "MoE CTE: every non-MX implementation is documented (TRN2) "
+    "(moe_cte.py MoECTEImplementation) and " + _LNC2 + " (test_moe_cte.py BWMM_LNC2_TEST_CASES)",
+    ("nki-library", "core/moe/moe_cte/bwmm_shard_on_I.py"): "shard_on_i / _hybrid / _dropping: documented (TRN2) in "
+    "moe_cte.py; " + _LNC2,
+    ("nki-library", "core/moe/moe_cte/bwmm_shard_on_block.py"): "shard_on_block: documented (TRN2) in moe_cte.py; "
+    + _LNC2,
+    ("nki-library", "core/moe/moe_cte/bwmm_shard_on_I_mx.py"): _MX,
+    ("nki-library", "core/moe/moe_cte/bwmm_shard_on_block_mx.py"): _MX,
+    ("nki-library", "core/moe/moe_tkg/all_expert_mx_impl.py"): _MX,
+    ("nki-library", "core/moe/moe_tkg/down_projection_mx.py"): _MX,
+    ("nki-library", "core/moe/moe_tkg/gate_up_projection_mx.py"): _MX,
+    ("nki-library", "core/moe_block/moe_block_tkg.py"): _LNC2 + " (test_moe_block_tkg.py: lnc 2 in every case)",
+    ("nki-library", "core/subkernels/find_nonzero_indices.py"): "nisa.nonzero_with_count ('Available only on "
+    "NeuronCore-v3 and newer', nki/api/nki/isa); " + _LNC2,
+    ("nki-library", "core/subkernels/indexed_flatten.py"): "a runtime DMA address (.ap(scalar_offset=) from an SBUF "
+    "value), not emulated; " + _LNC2,
+    ("nki-library", "core/topk/rotational_topk_utils.py"): "helper file of rotational_topk (its @nki.jit subkernels "
+    "run inside the rotational_topk case)",
+    ("nki-samples", "tutorials/mxfp-matmul/mx_kernels.py"): _MX.split(";")[0],
+}
