@@ -81,7 +81,8 @@ CASES = {
                              good=COPY, args=lambda a: (a, ((1, 2), (3,)))),
     "kernel.dict_keys": dict(bad="d = dict(x=1)\nfor i in range(2):\n    d[i] = i  # <-\n" + COPY,
                              good="d = {'x': 1, **dict(y=2)}\nd.setdefault('z', 3)\nd.update({str(i): i for i in range(2)})\n"
-                             "assert sorted(d) == ['0', '1', 'x', 'y', 'z']\n" + COPY),
+                             "assert sorted(d) == ['0', '1', 'x', 'y', 'z'] and isinstance(d, dict) and isinstance(dict(), dict)\n"
+                             + COPY),
     "kernel.lnc": dict(mark_jit=True, bad=COPY, bad_launch=2, good=COPY, launch=1),
     "buffer.object": dict(bad=HEAD + 'r = nl.ndarray(t.shape, dtype=nl.float32, buffer="sbuf")  # <-\n' + TAIL,
                           good=unary("r = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)\n"

@@ -180,6 +180,11 @@ class _KernelDicts(ast.NodeTransformer):
         gen = ast.GeneratorExp(ast.Tuple([node.key, node.value], ast.Load()), node.generators)
         return ast.copy_location(ast.Call(ast.Name(DICT_NAME, ast.Load()), [gen], []), node)
 
+    def visit_Call(self, node):
+        if isinstance(node.func, ast.Name) and node.func.id in ("isinstance", "issubclass"):
+            return node  # `isinstance(x, dict)` keeps the built-in type (NkiDict is a dict)
+        return self.generic_visit(node)
+
     def visit_Name(self, node):
         if node.id == "dict" and isinstance(node.ctx, ast.Load):
             return ast.copy_location(ast.Name(DICT_NAME, ast.Load()), node)
