@@ -25,6 +25,7 @@ import types
 from kernels_nki.emulator import ast_pass, loader
 
 _cache: dict[tuple[str, str], types.ModuleType] = {}
+_OWN = __name__.split(".")[0]  # the emulator's own package: never re-imported from a checkout
 
 
 def package_root(path: str) -> str:
@@ -66,6 +67,8 @@ def _tops(root: str, top: str) -> set[str]:
     script-style kernel file (AWS's nki-samples mx_kernels.py: `from mx_kernel_utils import ...`) imports those."""
     names = {top}
     for entry in os.listdir(root):
+        if entry == _OWN:
+            continue
         path = os.path.join(root, entry)
         if entry.endswith(".py") and entry[:-3].isidentifier():
             names.add(entry[:-3])
@@ -101,6 +104,8 @@ def load_kernel_file(path: str, root: str | None = None) -> types.ModuleType:
     root = os.path.abspath(root or package_root(path))
     name = module_name(path, root)
     top = name.split(".")[0]
+    if top == _OWN:
+        raise ValueError(f"{path} is a module of {_OWN}: load it with load_kernel_module({name!r})")
     with loader._lock:
         if loader.real_nki_present():
             raise loader.EmulatorConflictError(
