@@ -240,7 +240,8 @@ def _rmsnorm_quant_unpack(out, args):
     """The validator's split of the [B, S, H + 4] fp8 output: H fp8 values, then one fp32 dequant scale's bytes."""
     H = args[0].shape[-1]
     raw = np.ascontiguousarray(out).view(np.uint8).reshape(*out.shape[:-1], H + 4)
-    return raw[..., :H].view(ml_dtypes.float8_e4m3).astype(np.float32), np.ascontiguousarray(raw[..., H:]).view(np.float32)
+    values = raw[..., :H].view(ml_dtypes.float8_e4m3).astype(np.float32)
+    return values, np.ascontiguousarray(raw[..., H:]).view(np.float32)
 
 
 def _rmsnorm_quant_ref(args, kw):

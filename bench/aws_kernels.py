@@ -34,7 +34,8 @@ from bench import aws_cases
 from kernels_nki import emulator
 
 # nki-library: its core kernels (the library's supported API; experimental/ is outside it)
-LAYOUTS = {"nki-library": os.path.join("src", "nkilib_src", "nkilib"), "nki-samples": os.path.join("src", "nki_samples")}
+LAYOUTS = {"nki-library": os.path.join("src", "nkilib_src", "nkilib"),
+           "nki-samples": os.path.join("src", "nki_samples")}
 SCAN = {"nki-library": "core"}
 
 

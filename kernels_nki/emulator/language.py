@@ -169,8 +169,10 @@ abs = _unary("abs", np.abs, alu=True)  # noqa: A001 (mirrors the nki.language na
 negative = _unary("negative", np.negative, act=False)  # nl.* only: runs as a VectorE multiply by -1
 # the rest of the Scalar Engine function table (nki/api/nki.api.shared.rst, Supported Activation Functions)
 gelu = _unary("gelu", lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))))
-gelu_dx = _unary("gelu_dx", lambda x: 0.5 * (1.0 + _erf(x / math.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
-gelu_apprx_tanh = _unary("gelu_apprx_tanh", lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))))
+gelu_dx = _unary("gelu_dx", lambda x: 0.5 * (1.0 + _erf(x / math.sqrt(2.0)))
+                 + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
+gelu_apprx_tanh = _unary("gelu_apprx_tanh",
+                         lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))))
 gelu_apprx_sigmoid = _unary("gelu_apprx_sigmoid", lambda x: x / (1.0 + np.exp(-1.702 * x)))
 gelu_apprx_sigmoid_dx = _unary("gelu_apprx_sigmoid_dx", lambda x: (lambda s: s + 1.702 * x * s * (1.0 - s))(
     1.0 / (1.0 + np.exp(-1.702 * x))))

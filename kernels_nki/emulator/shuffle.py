@@ -8,8 +8,6 @@ start partitions must be 0 (96 / 128 active), 0 / 64 (64) or 0 / 32 / 64 / 96 (3
 
 from __future__ import annotations
 
-import numpy as np
-
 from kernels_nki.emulator import machine as _m
 from kernels_nki.emulator.machine import rule
 from kernels_nki.emulator.operands import _per_partition, _tile
