@@ -167,8 +167,10 @@ RULES: tuple[Rule, ...] = (
       f"{ISA} dma_transpose; {NOTES} NKI 0.4.0 Breaking Changes (dst.shape matches the transposed src exactly, "
       "including rank)", "runtime",
       "The direct transpose has no NeuronCore-version note (hwdge and indirect sources do: rules dma.hwdge, "
-      "dma.indirect); the Trainium2 architecture guide describes the DMA transpose dataflows, and AWS's "
-      "nki-library attention_cte, tested on trn1, issues it, so it is emulated on both targets."),
+      "dma.indirect) and AWS's nki-library attention_cte, whose tests include trn1, issues it, so it is emulated "
+      "on both targets; the hardware DMA transpose is a Trainium2 feature (trainium2_arch.rst, DMA Transpose), so "
+      "the emulator counts it as a DMA of one-element buffers (the strided copy any DMA engine can do; the "
+      "report's < 256 B share), never at the peak rate of contiguous transfers."),
     R("dma_compute.args", "dma_compute: unique_indices=True, scales all 1.0, sources in SBUF, reduce_op nl.add", ALL,
       f"{ISA} dma_compute"),
     # ---------------------------------------------------------------- TensorE
