@@ -169,8 +169,8 @@ RULES: tuple[Rule, ...] = (
       "The direct transpose has no NeuronCore-version note (hwdge and indirect sources do: rules dma.hwdge, "
       "dma.indirect) and AWS's nki-library attention_cte, whose tests include trn1, issues it, so it is emulated "
       "on both targets; the hardware DMA transpose is a Trainium2 feature (trainium2_arch.rst, DMA Transpose), so "
-      "the emulator counts it as a DMA of one-element buffers (the strided copy any DMA engine can do; the "
-      "report's < 256 B share), never at the peak rate of contiguous transfers."),
+      "the emulator counts it as a DMA of one-element buffers (the strided copy any DMA engine can do), in the "
+      "report's < 256 B share, where the cost model's peak-rate estimate is optimistic."),
     R("dma_compute.args", "dma_compute: unique_indices=True, scales all 1.0, sources in SBUF, reduce_op nl.add", ALL,
       f"{ISA} dma_compute"),
     # ---------------------------------------------------------------- TensorE
