@@ -1,13 +1,13 @@
 """The kernel-dispatch layer: each kernel-backed op is declared once, and this module decides, reports
 and wires which implementation it runs (its NKI kernel, its pure-JAX reference, or, in tests, the
-kernel source under the NumPy emulator).
+kernel source under the NumPy emulator, as a host callback).
 
 Declaring an op. `declare(name, fwd, bwd=None, static=(), adapter=None)` (called in
 `frontier_jax.ops`) takes the op's pure-JAX references (`frontier_jax.reference`: forward, and the
 backward for a differentiable op) and the names of its static parameters (compile-time constants
 such as head_loss's softcap). It builds one JAX primitive per direction (`frontier_<op>_fwd` /
 `_bwd`; a single `frontier_<op>` for an op without backward, the optimizer updates) whose abstract
-output shapes are those of the reference (`jax.eval_shape`) and whose default lowering, on every
+output shapes are those of the reference (`jax.eval_shape`) and whose only lowering, on every
 platform, is the reference. The kernel lives in `kernels_nki.registry.KERNELS[name]` (module and
 function names); `adapter` (a `KernelAdapter`) maps the primitive's operands to the kernel's
 calling convention and its outputs back, where the two differ.

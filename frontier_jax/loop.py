@@ -74,7 +74,7 @@ def init_state(cfg: Config, tx, compute_dtype, dp: DataParallel):
 
 def _host_cpu():
     try:
-        return jax.devices("cpu")[0]
+        return jax.local_devices(backend="cpu")[0]
     except RuntimeError as e:  # JAX_PLATFORMS without cpu
         raise ConfigError(f"the host CPU backend is not available to JAX ({e}); it initialises the model: "
                           "allow it, e.g. JAX_PLATFORMS=neuron,cpu") from e

@@ -24,7 +24,8 @@ Functions; the emulator's rule activation.input_range), which holds for T <= 409
 (frontier_jax.ops.SHIFT_MAX_T / SHIFT_LIMIT, checked there: gains |g| <= 4.73 at K = 64); every p <= e^35
 (o' <= T e^35 max|v|: no fp32 overflow), and each row's largest term >= e^-43, so the terms within e^-17
 of it (all that an fp32 sum of the row keeps) stay normal floats (fp32 and bf16: normal down to e^-87.3).
-A longer sequence or a larger gain runs the exact-max forward (`_fwd`, exact_max=True; the op selects it per call with lax.cond). Without a row max
+A longer sequence or a larger gain runs the exact-max forward (`_fwd`, exact_max=True; the trainer picks it on the host
+before the step, from the gains). Without a row max
 the scores are only ever needed key-major: per (batch, kv head) k^T [K, T] (built once, reused by the R
 query heads) and [v | 1] tiles; per query head q^T [K, T] (normed, rotated, transposed once); per chunk
 of 512 queries (one fp32 PSUM bank) and 128-key tile j up to the chunk's end: s^T = k_j q^T (stationary

@@ -237,9 +237,9 @@ def test_kernel_and_ops_agree_on_the_bound():
     assert np.log(ops.SHIFT_MAX_T) + kernels.SHIFT_OFFSET <= hi
 
 
-def test_qk_attention_op_picks_the_exact_forward_beyond_the_limit(monkeypatch):
-    """ops.qk_attention under the emulated kernel runs the bounded forward for ordinary gains and the
-    exact-max one (exact_max=True) once a gain exceeds the limit; both give the reference's values."""
+def test_qk_attention_op_runs_the_forward_the_host_chose(monkeypatch):
+    """ops.qk_attention under the emulated kernel runs the forward `ops.attention_forward` chose at trace time
+    (the trainer: bounded for ordinary gains, exact-max past the limit); both give the reference's values."""
     kernels = registry.load_emulated("qk_attention")
     seen, real = [], kernels.qk_attention_fwd
 
@@ -251,11 +251,18 @@ def test_qk_attention_op_picks_the_exact_forward_beyond_the_limit(monkeypatch):
     q, k, v, _, cos, sin, g_PH = _qk_case(1, 40, 2, 1, 16, np.dtype(np.float32), 5)
     cos32, sin32 = ref.rope_tables(40, 16, 10000.0)
     limit = ops.SHIFT_LIMIT / (16 ** 0.5 * ops.SHIFT_MARGIN)
-    for gain, exact in ((jnp.asarray([1.0, -2.0]), False), (jnp.asarray([1.0, -1.05 * limit]), True)):
+    for gain in (jnp.asarray([1.0, -2.0]), jnp.asarray([1.0, -1.05 * limit])):
+        exact = not ops.bounded_shift_valid(float(ops.score_bound([gain], 16)), 40)
+        assert exact == (float(gain[1]) < -limit)
         want = ref.qk_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), cos32, sin32, gain)
         seen.clear()
+
+        def f(*a):
+            with ops.attention_forward(exact):
+                return ops.qk_attention(*a)
+
         with ops.emulated(["qk_attention"]):
-            got = jax.jit(ops.qk_attention)(q, k, v, cos32, sin32, gain)
+            got = jax.jit(f)(q, k, v, cos32, sin32, gain)
         assert seen == [exact]
         _assert_close(got, want, 1e-5)
 

@@ -117,3 +117,25 @@ def test_kill_and_resume_reproduces_the_uninterrupted_trajectory(byte_data, tmp_
     assert [r["grad_norm"] for r in a] == [r["grad_norm"] for r in b]
     assert [r["lr_scale"] for r in a] == [r["lr_scale"] for r in b]
     assert resumed["val_nll_sum_nats"] == full["val_nll_sum_nats"]
+
+
+def test_attention_forward_is_chosen_on_the_host_and_each_variant_built_once():
+    """The trainer's choice between the bounded-shift and the exact-max qk_attention forward: from the score
+    bound the previous step returned, each variant's steps built (so compiled) on first use, a switch logged;
+    where both forwards are one program (the reference path) one pair of steps serves both."""
+    from frontier_jax import ops
+    from frontier_jax.loop import _AttentionVariants
+
+    built, logged = [], []
+    make = lambda kind: lambda exact: built.append((kind, exact)) or (kind, exact)
+    v = _AttentionVariants(make("train"), make("eval"), True, 1024, logged.append)
+    v.observe(10.0)
+    assert v.train() == ("train", False) and v.eval() == ("eval", False)
+    v.observe(ops.SHIFT_LIMIT * 1.01)
+    assert v.train() == ("train", True) and v.switches == 1 and "exact max" in logged[-1]
+    v.observe(10.0)
+    assert v.train() == ("train", False) and v.switches == 2
+    assert built == [("train", False), ("eval", False), ("train", True)]  # each built once
+    same = _AttentionVariants(make("train"), make("eval"), False, 1024, logged.append)
+    same.observe(ops.SHIFT_LIMIT * 2)
+    assert same.train() == ("train", False) and same.switches == 0
