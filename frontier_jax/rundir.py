@@ -86,6 +86,14 @@ class RunLog:
         elif self.enabled:
             self._pending.append(msg)
 
+    def file(self, msg: str) -> None:
+        """To train.log only (progress lines while a progress bar holds the terminal)."""
+        echo, self.echo = self.echo, False
+        try:
+            self(msg)
+        finally:
+            self.echo = echo
+
     def close(self) -> None:
         if self._f:
             self._f.close()
@@ -290,17 +298,24 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         v = summary.get(key)
         return "-" if v is None else fmt.format(v)
 
+    sub = summary.get("submission_bytes")
+    size = "-" if sub is None else (f"{sub:,} bytes = {summary['artifact_bytes']:,} int8+zlib model + "
+                                    f"{summary['code_bytes']:,} code")
     return [
+        ("run directory", f("run_dir")),
         ("config", f"{summary.get('config_name')} ({summary.get('config_hash')})"),
         ("steps", f("steps")),
         ("tokens", f("tokens", "{:,}")),
         ("train time", f("train_seconds", "{:.1f} s")),
         ("tokens/s", f("tokens_per_second", "{:,.0f}")),
-        ("matmul peak", f("matmul_peak_flops", "{:.3g} FLOP/s")),
+        ("matmul peak", f("matmul_peak_flops", "{:.3g} FLOP/s") + (f" ({summary['peak_source']})"
+                                                                    if summary.get("peak_source") else "")),
         ("MFU", f("mfu", "{:.1%}")),
         ("final train loss", f("final_train_loss", "{:.4f}")),
         ("val loss", f("val_loss", "{:.4f}")),
-        ("val bpb", f("val_bpb", "{:.4f}")),
+        ("val bpb", f("val_bpb", "{:.4f}") + " (full val split, trained weights)"),
+        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + " (int8+zlib artifact: the contest's score)"),
+        ("submission size", size),
         ("stopped by", f("stop_reason")),
     ]
 
