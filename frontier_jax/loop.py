@@ -17,7 +17,6 @@ trip (`JaxTrainer.roundtrip`, `frontier_jax.quantize`).
 from __future__ import annotations
 
 import dataclasses
-import math
 import shutil
 from pathlib import Path
 

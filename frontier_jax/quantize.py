@@ -197,10 +197,10 @@ def code_files(extra: tuple = (), root: Path | None = None) -> list[Path]:
     files = set()
     for mod in list(sys.modules.values()):
         f = getattr(mod, "__file__", None)
-        if not f or not f.endswith(".py"):
+        if not f or not f.endswith(".py") or not os.path.isabs(f):  # (torch's _classes is "_classes.py")
             continue
         p = Path(f).resolve()
-        if p.is_relative_to(root) and "tests" not in p.relative_to(root).parts[:1]:
+        if p.is_file() and p.is_relative_to(root) and "tests" not in p.relative_to(root).parts[:1]:
             files.add(p)
     files.update(Path(e).resolve() for e in extra if e and Path(e).is_file())
     return sorted(files)

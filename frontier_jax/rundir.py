@@ -6,9 +6,11 @@ It imports no JAX (numpy, and matplotlib for the plot), so both trainers write t
     env.json       versions, git hash, devices, resolved dtypes, host allocator
     kernels.json   the kernel table (JAX trainer)
     train.log      everything the run printed
-    metrics.jsonl  one JSON object per train step (kind=train) or validation (kind=val)
+    metrics.jsonl  one JSON object per train step (kind=train), validation (kind=val; the final one
+                   final=true) or round-trip validation (kind=roundtrip)
     summary.json   the run policy's summary (frontier_jax.run_policy); summary.txt the same as a table
-    curves.png     train loss and val bpb against training time and tokens
+    curves.png     train loss and val bpb (periodic subset, final full split, round trip) against time and tokens
+    final_model.int8.ptz  the contest's int8 + zlib artifact (frontier_jax.quantize)
     checkpoints/   orbax checkpoints, one directory per step (JAX trainer)
     weights.npz    the weights in the interop format (PyTorch baseline)
 
@@ -328,29 +330,64 @@ def write_summary(run_dir: Path, summary: dict, write: bool = True) -> str:
         run_dir = Path(run_dir)
         write_json(run_dir / SUMMARY_JSON, summary)
         atomic_write_text(run_dir / SUMMARY_TXT, table + "\n")
-        plot_run(read_metrics(run_dir), run_dir / CURVES)
+        plot_run(read_metrics(run_dir), run_dir / CURVES,
+                 f"{run_dir.name}: {summary.get('config_name')} ({summary.get('implementation', 'jax')})")
     return table
 
 
-def plot_run(rows: list[dict], path: Path) -> None:
-    """PNG: train loss and val bpb against wall-clock time and against tokens."""
+def curve_series(rows: list[dict]) -> dict[str, dict]:
+    """The series curves.png draws, from metrics.jsonl rows: "train" (loss per step), "val_periodic" (the
+    periodic validations, on at most train.val_max_tokens tokens), "val_final" (the final validation,
+    the full val split) and "roundtrip" (the int8 + zlib artifact's full-split score). Each: label,
+    panel ("loss" or "bpb"), and the points' train_seconds, tokens and values."""
+    def series(sel, key, label, panel):
+        return {"label": label, "panel": panel, "train_seconds": [r["train_seconds"] for r in sel],
+                "tokens": [r["tokens"] for r in sel], "y": [r[key] for r in sel]}
+
+    train = [r for r in rows if r.get("kind") == "train"]
+    periodic = [r for r in rows if r.get("kind") == "val" and not r.get("final")]
+    final = [r for r in rows if r.get("kind") == "val" and r.get("final")]
+    rt = [r for r in rows if r.get("kind") == "roundtrip"]
+
+    def tokens_of(sel):
+        n = sorted({r.get("val_tokens") for r in sel if r.get("val_tokens")})
+        return f"{n[-1]:,} tokens" if n else "tokens ?"
+
+    return {"train": series(train, "loss", "train loss", "loss"),
+            "val_periodic": series(periodic, "bpb", f"periodic val (subset: {tokens_of(periodic)})", "bpb"),
+            "val_final": series(final, "bpb", f"final val (full split: {tokens_of(final)})", "bpb"),
+            "roundtrip": series(rt, "bpb", "int8+zlib round trip (full split)", "bpb")}
+
+
+def plot_run(rows: list[dict], path: Path, title: str = "") -> None:
+    """PNG: train loss and val bpb (periodic, final, round trip: separate series) against training time
+    and tokens, titled with the run's name; every point marked, so a run of a few steps stays readable."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    train = [r for r in rows if r.get("kind") == "train"]
-    val = [r for r in rows if r.get("kind") == "val"]
+    series = curve_series(rows)
+    styles = {"train": dict(lw=0.8), "val_periodic": dict(marker="o", ls="-", ms=4),
+              "val_final": dict(marker="*", ls="none", ms=12), "roundtrip": dict(marker="x", ls="none", ms=9)}
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     for col, xkey, xlabel in ((0, "train_seconds", "training time (s)"), (1, "tokens", "tokens")):
-        ax = axes[0][col]
-        ax.plot([r[xkey] for r in train], [r["loss"] for r in train], lw=0.8)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("train loss (nats/token)")
-        ax = axes[1][col]
-        ax.plot([r[xkey] for r in val], [r["bpb"] for r in val], "o-")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("val bits/byte")
+        for row, panel, ylabel in ((0, "loss", "train loss (nats/token)"), (1, "bpb", "val bits/byte")):
+            ax = axes[row][col]
+            for name, ser in series.items():
+                if ser["panel"] != panel or not ser["y"]:
+                    continue
+                style = dict(styles[name])
+                if name == "train" and len(ser["y"]) <= 50:
+                    style.update(marker=".", ms=5)
+                ax.plot(ser[xkey], ser["y"], label=ser["label"], **style)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.set_xlim(left=0)
+            if ax.lines:
+                ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
     fig.savefig(tmp, dpi=90)
