@@ -183,8 +183,10 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
     log(f"step = {t.tokens_per_step:,} tokens = {trainer.accum} micro-batch(es) of {trainer.micro_seqs} x {t.seq_len}")
     log(f"model: {count_params(trainer.model):,} parameters, hash {model_hash(cfg.model)}")
     flops_per_token = cfg.model.flops_per_token(t.seq_len)
-    peak = measure_matmul_peak(device, trainer.dtype) if t.measure_peak else None
-    log(f"measured matmul peak: {peak / 1e9:.1f} GFLOP/s ({trainer.dtype})" if peak
+    peak_info = progress.probe_summary([measure_matmul_peak(device, trainer.dtype) for _ in range(5)],
+                                       f"2048^3 {trainer.dtype} matmul on {device}") if t.measure_peak else {}
+    peak = peak_info.get("matmul_peak_flops")
+    log(f"matmul peak (MFU denominator): {peak / 1e9:,.1f} GFLOP/s, {peak_info['peak_source']}" if peak
         else "matmul peak not measured (train.measure_peak=False): no MFU")
 
     metrics_log = rundir.MetricsLog(out_dir / rundir.METRICS)
@@ -202,7 +204,7 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
                          roundtrip=quantize.roundtrip_hook(trainer.model, out_dir))
     hooks.add_hook(progress.Progress(log, policy.Policy.from_config(cfg), progress.train_tokens(data.train_files), t))
     base = {"config_name": cfg.name, "config_hash": config_hash(cfg), "implementation": "torch",
-            "matmul_peak_flops": peak, "flops_per_token": flops_per_token, "run_dir": str(out_dir)}
+            **peak_info, "matmul_peak_flops": peak, "flops_per_token": flops_per_token, "run_dir": str(out_dir)}
     try:
         return policy.run_budgeted(policy.Policy.from_config(cfg), hooks, base)
     finally:

@@ -204,9 +204,10 @@ class JaxTrainer:
         self._train = make_train_step(graphdef, s.tx, self.ngram.bias_fn, shardings=shardings, replicated=dp.replicated)
         self._eval = make_eval_step(graphdef, data.tables, self.ngram.bias_fn)
         self.flops_per_token = cfg.model.flops_per_token(t.seq_len)
-        self.peak = report.measure_matmul_peak(s.compute_dtype) * dp.num_devices if t.measure_peak else None
-        log(f"measured matmul peak: {self.peak / 1e9:.1f} GFLOP/s ({s.compute_dtype}, all devices)" if self.peak
-            else "matmul peak not measured (train.measure_peak=False): no MFU")
+        self.peak_info = report.matmul_peak(s.compute_dtype, dp.num_devices) if t.measure_peak else {}
+        self.peak = self.peak_info.get("matmul_peak_flops")
+        log(f"matmul peak (MFU denominator, all devices): {self.peak / 1e9:,.1f} GFLOP/s, "
+            f"{self.peak_info['peak_source']}" if self.peak else "matmul peak not measured (train.measure_peak=False): no MFU")
 
     def run(self, signals, stop_after_steps: int | None, on_step) -> dict:
         cfg, dp = self.cfg, self.dp
@@ -220,7 +221,7 @@ class JaxTrainer:
         hooks.add_hook(self.ngram)  # starts with the timed budget: the builder's time counts against it
         if on_step is not None:
             hooks.add_hook(OnStep(on_step))
-        base = {"config_name": cfg.name, "config_hash": config_hash(cfg), "matmul_peak_flops": self.peak,
+        base = {"config_name": cfg.name, "config_hash": config_hash(cfg), **self.peak_info, "matmul_peak_flops": self.peak,
                 "flops_per_token": self.flops_per_token, "run_dir": str(self.out_dir)}
         try:
             return policy.run_budgeted(policy.Policy.from_config(cfg, stop_after_steps), hooks, base)

@@ -7,6 +7,7 @@
 - Repetition: at the start the train split's size; once the timed loop has run `ESTIMATE_STEPS` steps
   or `ESTIMATE_SECONDS` seconds, the tokens the budget implies at the speed measured so far (after the
   compile warm-up) and how many passes over the train split that is, with a WARNING past one pass.
+- `probe_summary`: the MFU denominator from repeated matmul probes (median, spread, how measured).
 - `final_lines`: what an entry point prints last: `val_bpb: X`, then the official script's two
   round-trip lines (`frontier_jax.quantize.roundtrip_lines`).
 """
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
 
@@ -110,6 +112,16 @@ class Progress:
 
     def close(self) -> None:
         self.on_end(None)
+
+
+def probe_summary(samples: list[float], what: str) -> dict:
+    """The MFU denominator from repeated matmul probes: {"matmul_peak_flops": their median, "peak_spread":
+    [min, max], "peak_source": how it was measured, with the spread}."""
+    med = float(statistics.median(samples))
+    lo, hi = float(min(samples)), float(max(samples))
+    return {"matmul_peak_flops": med, "peak_spread": [lo, hi],
+            "peak_source": f"measured: median of {len(samples)} probes of a {what}, "
+                           f"{lo / 1e9:,.1f}-{hi / 1e9:,.1f} GFLOP/s ({(hi - lo) / med:.0%} spread)"}
 
 
 def final_lines(summary: dict) -> list[str]:
