@@ -3,7 +3,7 @@
 It imports no JAX (numpy at most), so the PyTorch baseline runs exactly the same semantics without
 loading JAX. A trainer (the JAX loop, `baseline_torch.train`) supplies its step, its evaluation sums
 and its snapshot/restore as callables (`Hooks`) and calls `run_budgeted`; plug-ins (the n-gram
-runtime, a progress bar, a per-step log) attach as `RunHook`s, as levanter's `add_hook`.
+runtime, progress lines) attach as `RunHook`s, as levanter's `add_hook`.
 
 Order of events (README "Training"); the caller has installed the signal handlers (rundir.Signals)
 before its set-up, so a signal is never lost:
@@ -31,11 +31,8 @@ before its set-up, so a signal is never lost:
 4. the hooks' `on_end`; a final checkpoint ("final", or "interrupted" after a signal; none after a
    non-finite loss, so the last finite one stays; saving a step that is already saved is the
    trainer's no-op); the final validation over the whole val split unless interrupted, diverged or
-   unsaved; then the contest's int8 + zlib round trip (`Hooks.roundtrip`: the artifact written, its
-   dequantized weights scored by the same `eval_sums`, the official script's lines logged,
-   `frontier_jax.quantize.roundtrip_lines`); the summary, written by `Hooks.write_summary` and logged
-   as a table; a failed save is raised after that (one line, exit 2).
-Each train row of metrics.jsonl carries the step's own tokens/s and the machine's 1-minute load average.
+   unsaved, then the contest's int8 + zlib round trip (`Hooks.roundtrip`, scored by the same `eval_sums`);
+   the summary (`Hooks.write_summary`, logged as a table); a failed save is raised last (exit 2).
 """
 
 from __future__ import annotations
@@ -297,9 +294,8 @@ class Hooks:
     discard(step): remove checkpoint `step` (its parameters gave a non-finite loss).
     agree(local_stop, elapsed) -> (stop, elapsed): several processes agree (default: this one decides).
     summary_fields() -> dict: more summary entries, computed at the end (e.g. the newest checkpoint).
-    roundtrip(evaluate) -> dict: write the int8 + zlib artifact, load its dequantized weights, return
-        `evaluate()` (the val sums) merged with the artifact's fields (quantize.roundtrip_fields), and put
-        the trained weights back.
+    roundtrip(evaluate) -> dict: write the artifact, score its dequantized weights by `evaluate()`, put the
+        trained ones back; the val sums and the artifact's fields (frontier_jax.quantize.run_roundtrip).
     """
 
     train_step: Callable[[float, float], Any]
@@ -378,8 +374,7 @@ def _record(hooks: Hooks, state: RunState, pending: dict, metrics: tuple[float, 
     loss, gnorm = metrics if metrics is not None else hooks.read_metrics(pending["handle"])
     row = dict(kind="train", step=pending["step"], loss=loss, grad_norm=gnorm, lr_scale=pending["lr_scale"],
                momentum=pending["momentum"], tokens=pending["tokens"], train_seconds=pending["train_seconds"],
-               tokens_per_second=pending["step_tokens"] / max(pending["step_seconds"], 1e-9),
-               loadavg_1m=os.getloadavg()[0])
+               tokens_per_second=pending["tokens_per_second"], loadavg_1m=os.getloadavg()[0])
     hooks.metrics(**row)
     for h in hooks.plugins:
         h.after_step(state, row)
@@ -390,16 +385,16 @@ def _record(hooks: Hooks, state: RunState, pending: dict, metrics: tuple[float, 
     return loss
 
 
-def _validate(hooks: Hooks, state: RunState, max_tokens: int, final: bool = False) -> dict:
+def _validate(hooks: Hooks, state: RunState, max_tokens: int, final: bool = False, kind: str = "val") -> dict:
     v = val_result(hooks.eval_sums(max_tokens))
-    hooks.metrics(kind="val", step=state.step, tokens=state.tokens, train_seconds=state.train_seconds,
+    hooks.metrics(kind=kind, step=state.step, tokens=state.tokens, train_seconds=state.train_seconds,
                   loss=v["loss"], bpb=v["bpb"], val_tokens=v["tokens"], **({"final": True} if final else {}))
     return v
 
 
 def _timed_loop(policy: Policy, hooks: Hooks, s: RunState) -> BadInput | None:
     """Steps until a stop (s.stop_reason); returns the error of a periodic save that failed, if any."""
-    pending, last_secs = None, s.train_seconds  # last_secs: the clock at the previous step (its tokens/s)
+    pending, secs = None, s.train_seconds  # secs: the clock at the previous step (each row's own tokens/s)
     t0 = time.perf_counter()
     while True:
         if pending is not None:  # host metrics of the previous step (dispatch stays one step ahead)
@@ -429,10 +424,9 @@ def _timed_loop(policy: Policy, hooks: Hooks, s: RunState) -> BadInput | None:
         handle = hooks.train_step(scale, mom)
         s.step += 1
         s.tokens += policy.tokens_per_step
-        secs = s.train_seconds + time.perf_counter() - t0
+        last_secs, secs = secs, s.train_seconds + time.perf_counter() - t0
         pending = dict(step=s.step, handle=handle, lr_scale=scale, momentum=mom, tokens=s.tokens, train_seconds=secs,
-                       step_tokens=policy.tokens_per_step, step_seconds=secs - last_secs)
-        last_secs = secs
+                       tokens_per_second=policy.tokens_per_step / max(secs - last_secs, 1e-9))
         if hooks.save is not None and checkpoint_due(s.step, policy.checkpoint_every_steps):
             metrics = hooks.read_metrics(handle)  # waits for the step: its time counts
             s.train_seconds += time.perf_counter() - t0
@@ -468,18 +462,6 @@ def _save(hooks: Hooks, s: RunState, reason: str) -> None:
     s.saved_step = s.step
 
 
-def _roundtrip(hooks: Hooks, s: RunState) -> dict:
-    """The round trip's summary fields (quantize.run_roundtrip), its val sums logged as kind=roundtrip."""
-    def evaluate() -> dict:
-        t0 = time.perf_counter()
-        v = val_result(hooks.eval_sums(0))
-        hooks.metrics(kind="roundtrip", step=s.step, tokens=s.tokens, train_seconds=s.train_seconds, loss=v["loss"],
-                      bpb=v["bpb"], val_tokens=v["tokens"])
-        return {**v, "eval_seconds": time.perf_counter() - t0}
-
-    return quantize.run_roundtrip(hooks.roundtrip, evaluate, hooks.log)
-
-
 def _finish(hooks: Hooks, s: RunState, summary_base: dict, save_error: BadInput | None) -> dict:
     interrupted = is_interrupted(s.stop_reason)
     if s.stop_reason == STOP_NONFINITE:
@@ -503,10 +485,9 @@ def _finish(hooks: Hooks, s: RunState, summary_base: dict, save_error: BadInput 
         v = _validate(hooks, s, 0, final=True)
         summary.update(val_loss=v["loss"], val_bpb=v["bpb"], val_nll_sum_nats=v["nll_sum_nats"],
                        val_tokens=v["tokens"], val_bytes=v["bytes"])
-        hooks.log(f"final validation (full val split) val_loss:{v['loss']:.4f} val_bpb:{v['bpb']:.4f} "
-                  f"({v['tokens']:,} tokens, {v['bytes']:,} bytes)")
-        if hooks.roundtrip is not None:
-            summary.update(_roundtrip(hooks, s))
+        if hooks.roundtrip is not None:  # the full split again, on the artifact's weights (kind=roundtrip)
+            rt = quantize.run_roundtrip(hooks.roundtrip, lambda: _validate(hooks, s, 0, kind="roundtrip"), hooks.log)
+            summary.update(rt)
     try:
         hooks.write_summary(summary)
     except OSError as e:

@@ -9,7 +9,7 @@ It imports no JAX (numpy, and matplotlib for the plot), so both trainers write t
     metrics.jsonl  one JSON object per train step (kind=train), validation (kind=val; the final one
                    final=true) or round-trip validation (kind=roundtrip)
     summary.json   the run policy's summary (frontier_jax.run_policy); summary.txt the same as a table
-    curves.png     train loss and val bpb (periodic subset, final full split, round trip) against time and tokens
+    curves.png     train loss and val bpb (periodic subset, final full split, round trip; frontier_jax.curves)
     final_model.int8.ptz  the contest's int8 + zlib artifact (frontier_jax.quantize)
     checkpoints/   orbax checkpoints, one directory per step (JAX trainer)
     weights.npz    the weights in the interop format (PyTorch baseline)
@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from frontier_jax import curves
 from frontier_jax.config import Config, apply_overrides, load_config, load_run_config
 from frontier_jax.data.shards import DataError, atomic_write_text  # noqa: F401 - the one atomic text writer
 from frontier_jax.errors import BadInput
@@ -330,69 +331,9 @@ def write_summary(run_dir: Path, summary: dict, write: bool = True) -> str:
         run_dir = Path(run_dir)
         write_json(run_dir / SUMMARY_JSON, summary)
         atomic_write_text(run_dir / SUMMARY_TXT, table + "\n")
-        plot_run(read_metrics(run_dir), run_dir / CURVES,
+        curves.plot_run(read_metrics(run_dir), run_dir / CURVES,
                  f"{run_dir.name}: {summary.get('config_name')} ({summary.get('implementation', 'jax')})")
     return table
-
-
-def curve_series(rows: list[dict]) -> dict[str, dict]:
-    """The series curves.png draws, from metrics.jsonl rows: "train" (loss per step), "val_periodic" (the
-    periodic validations, on at most train.val_max_tokens tokens), "val_final" (the final validation,
-    the full val split) and "roundtrip" (the int8 + zlib artifact's full-split score). Each: label,
-    panel ("loss" or "bpb"), and the points' train_seconds, tokens and values."""
-    def series(sel, key, label, panel):
-        return {"label": label, "panel": panel, "train_seconds": [r["train_seconds"] for r in sel],
-                "tokens": [r["tokens"] for r in sel], "y": [r[key] for r in sel]}
-
-    train = [r for r in rows if r.get("kind") == "train"]
-    periodic = [r for r in rows if r.get("kind") == "val" and not r.get("final")]
-    final = [r for r in rows if r.get("kind") == "val" and r.get("final")]
-    rt = [r for r in rows if r.get("kind") == "roundtrip"]
-
-    def tokens_of(sel):
-        n = sorted({r.get("val_tokens") for r in sel if r.get("val_tokens")})
-        return f"{n[-1]:,} tokens" if n else "tokens ?"
-
-    return {"train": series(train, "loss", "train loss", "loss"),
-            "val_periodic": series(periodic, "bpb", f"periodic val (subset: {tokens_of(periodic)})", "bpb"),
-            "val_final": series(final, "bpb", f"final val (full split: {tokens_of(final)})", "bpb"),
-            "roundtrip": series(rt, "bpb", "int8+zlib round trip (full split)", "bpb")}
-
-
-def plot_run(rows: list[dict], path: Path, title: str = "") -> None:
-    """PNG: train loss and val bpb (periodic, final, round trip: separate series) against training time
-    and tokens, titled with the run's name; every point marked, so a run of a few steps stays readable."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = curve_series(rows)
-    styles = {"train": dict(lw=0.8), "val_periodic": dict(marker="o", ls="-", ms=4),
-              "val_final": dict(marker="*", ls="none", ms=12), "roundtrip": dict(marker="x", ls="none", ms=9)}
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    for col, xkey, xlabel in ((0, "train_seconds", "training time (s)"), (1, "tokens", "tokens")):
-        for row, panel, ylabel in ((0, "loss", "train loss (nats/token)"), (1, "bpb", "val bits/byte")):
-            ax = axes[row][col]
-            for name, ser in series.items():
-                if ser["panel"] != panel or not ser["y"]:
-                    continue
-                style = dict(styles[name])
-                if name == "train" and len(ser["y"]) <= 50:
-                    style.update(marker=".", ms=5)
-                ax.plot(ser[xkey], ser["y"], label=ser["label"], **style)
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel(ylabel)
-            ax.set_xlim(left=0)
-            if ax.lines:
-                ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- resolving a run from arguments

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO
+from frontier_jax import quantize
 from frontier_jax import run_policy as rp
 from frontier_jax.config import Config, ConfigError, ModelConfig, OptimConfig, TrainConfig
 from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, BadInput
@@ -244,10 +245,11 @@ def test_train_rows_carry_the_steps_own_rate_and_the_load_average(fake_time):
     assert all(isinstance(r["loadavg_1m"], float) and r["loadavg_1m"] >= 0 for r in train)
 
 
-def test_the_round_trip_runs_after_the_final_validation_and_fills_the_summary(fake_time):
+def test_the_round_trip_runs_after_the_final_validation_and_fills_the_summary(fake_time, monkeypatch):
     """Hooks.roundtrip gets an `evaluate` that scores with the trainer's own eval_sums (the full split); its
     artifact fields and the official lines follow; a failure is reported and the run still ends with a summary."""
     fake, log, order = Fake(fake_time), [], []
+    monkeypatch.setattr(quantize, "time", fake_time)  # the round trip's eval timer too
 
     def roundtrip(evaluate):
         order.append(("roundtrip", list(fake.evals)))
