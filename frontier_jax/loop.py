@@ -207,7 +207,8 @@ class JaxTrainer:
         self.peak_info = report.matmul_peak(s.compute_dtype, dp.num_devices) if t.measure_peak else {}
         self.peak = self.peak_info.get("matmul_peak_flops")
         log(f"matmul peak (MFU denominator, all devices): {self.peak / 1e9:,.1f} GFLOP/s, "
-            f"{self.peak_info['peak_source']}" if self.peak else "matmul peak not measured (train.measure_peak=False): no MFU")
+            f"{self.peak_info['peak_source']}" if self.peak
+            else "matmul peak not measured (train.measure_peak=False): no MFU")
 
     def run(self, signals, stop_after_steps: int | None, on_step) -> dict:
         cfg, dp = self.cfg, self.dp
@@ -221,8 +222,8 @@ class JaxTrainer:
         hooks.add_hook(self.ngram)  # starts with the timed budget: the builder's time counts against it
         if on_step is not None:
             hooks.add_hook(OnStep(on_step))
-        base = {"config_name": cfg.name, "config_hash": config_hash(cfg), **self.peak_info, "matmul_peak_flops": self.peak,
-                "flops_per_token": self.flops_per_token, "run_dir": str(self.out_dir)}
+        base = {"config_name": cfg.name, "config_hash": config_hash(cfg), **self.peak_info,
+                "matmul_peak_flops": self.peak, "flops_per_token": self.flops_per_token, "run_dir": str(self.out_dir)}
         try:
             return policy.run_budgeted(policy.Policy.from_config(cfg, stop_after_steps), hooks, base)
         finally:

@@ -38,14 +38,14 @@ def _budget(s: float) -> str:
 class Progress:
     """Progress lines or a bar, and the repetition estimate (module docstring). `log` is the run log
     (`rundir.RunLog`: its `file` method writes to train.log only, used under the bar); `tty` None: whether
-    stderr is a terminal; `main` False (not process 0): silent."""
+    stdout and stderr are both a terminal; `main` False (not process 0): silent."""
 
     def __init__(self, log, policy, split_tokens: int, train_cfg, main: bool = True, tty: bool | None = None,
                  clock=time.monotonic):
         self.log, self.policy, self.split_tokens, self.main, self.clock = log, policy, split_tokens, main, clock
         self.every_steps = max(int(train_cfg.log_every_steps), 0)
         self.every_seconds = float(train_cfg.log_every_seconds)
-        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.tty = (sys.stdout.isatty() and sys.stderr.isatty()) if tty is None else tty  # stdout to a file: lines
         self.bar = None
 
     def _line(self, msg: str) -> None:
