@@ -294,8 +294,7 @@ class Hooks:
     discard(step): remove checkpoint `step` (its parameters gave a non-finite loss).
     agree(local_stop, elapsed) -> (stop, elapsed): several processes agree (default: this one decides).
     summary_fields() -> dict: more summary entries, computed at the end (e.g. the newest checkpoint).
-    roundtrip(evaluate) -> dict: write the artifact, score its dequantized weights by `evaluate()`, put the
-        trained ones back; the val sums and the artifact's fields (frontier_jax.quantize.run_roundtrip).
+    roundtrip(evaluate) -> dict: the int8 + zlib artifact scored by `evaluate()` (quantize.run_roundtrip).
     """
 
     train_step: Callable[[float, float], Any]
@@ -372,9 +371,11 @@ def _record(hooks: Hooks, state: RunState, pending: dict, metrics: tuple[float, 
     """Log a dispatched step's metrics row (read now unless given) and run the hooks; the loss, or nan
     when the loss or the gradient norm is not finite."""
     loss, gnorm = metrics if metrics is not None else hooks.read_metrics(pending["handle"])
+    last, pending["done"][0] = pending["done"][0], pending["clock"]()  # the step's own rate: arrival to arrival
     row = dict(kind="train", step=pending["step"], loss=loss, grad_norm=gnorm, lr_scale=pending["lr_scale"],
                momentum=pending["momentum"], tokens=pending["tokens"], train_seconds=pending["train_seconds"],
-               tokens_per_second=pending["tokens_per_second"], loadavg_1m=os.getloadavg()[0])
+               tokens_per_second=pending["step_tokens"] / max(pending["done"][0] - last, 1e-9),
+               loadavg_1m=os.getloadavg()[0])
     hooks.metrics(**row)
     for h in hooks.plugins:
         h.after_step(state, row)
@@ -394,8 +395,9 @@ def _validate(hooks: Hooks, state: RunState, max_tokens: int, final: bool = Fals
 
 def _timed_loop(policy: Policy, hooks: Hooks, s: RunState) -> BadInput | None:
     """Steps until a stop (s.stop_reason); returns the error of a periodic save that failed, if any."""
-    pending, secs = None, s.train_seconds  # secs: the clock at the previous step (each row's own tokens/s)
-    t0 = time.perf_counter()
+    pending, done, t0 = None, [s.train_seconds], time.perf_counter()  # done: when the last step's metrics came
+    def clock() -> float:  # the timed clock: validations and checkpoints excluded
+        return s.train_seconds + time.perf_counter() - t0
     while True:
         if pending is not None:  # host metrics of the previous step (dispatch stays one step ahead)
             s.final_loss = _record(hooks, s, pending)
@@ -424,14 +426,12 @@ def _timed_loop(policy: Policy, hooks: Hooks, s: RunState) -> BadInput | None:
         handle = hooks.train_step(scale, mom)
         s.step += 1
         s.tokens += policy.tokens_per_step
-        last_secs, secs = secs, s.train_seconds + time.perf_counter() - t0
-        pending = dict(step=s.step, handle=handle, lr_scale=scale, momentum=mom, tokens=s.tokens, train_seconds=secs,
-                       tokens_per_second=policy.tokens_per_step / max(secs - last_secs, 1e-9))
+        pending = dict(step=s.step, handle=handle, lr_scale=scale, momentum=mom, tokens=s.tokens, train_seconds=clock(),
+                       step_tokens=policy.tokens_per_step, clock=clock, done=done)
         if hooks.save is not None and checkpoint_due(s.step, policy.checkpoint_every_steps):
             metrics = hooks.read_metrics(handle)  # waits for the step: its time counts
-            s.train_seconds += time.perf_counter() - t0
             s.final_loss = _record(hooks, s, pending, metrics)
-            t0 = time.perf_counter()
+            s.train_seconds, t0 = clock(), time.perf_counter()
             if not math.isfinite(s.final_loss):  # never save a checkpoint of a diverged step
                 _diverged(hooks, s, s.step)
                 break
