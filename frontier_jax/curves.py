@@ -61,7 +61,9 @@ def plot_run(rows: list[dict], path: Path, title: str = "") -> None:
                 ax.plot(ser[xkey], ser["y"], label=ser["label"], **style)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
-            ax.set_xlim(left=0)
+            ax.margins(0.05, 0.15)  # a point at the edge of the data (a run's last validations) stays visible
+            right = max((max(v[xkey]) for v in series.values() if v["panel"] == panel and v[xkey]), default=0)
+            ax.set_xlim(0, 1.05 * right or 1.0)
             if ax.lines:
                 ax.legend(fontsize=8)
     if title:
