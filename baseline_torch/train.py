@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from baseline_torch import quantize
 from baseline_torch.model import GPT, count_params, load_npz, save_npz
 from baseline_torch.optim import Optimizers
-from frontier_jax import rundir
+from frontier_jax import progress, rundir
 from frontier_jax import run_policy as policy
 from frontier_jax.config import Config, config_hash, model_hash, to_dict
 from frontier_jax.data.stream import TrainLoader
@@ -140,18 +141,6 @@ class Trainer:
         _sync(self.device)
 
 
-class StepLog(policy.RunHook):
-    """A train.log line every train.log_every_steps steps."""
-
-    def __init__(self, log, every: int):
-        self.log, self.every = log, max(every, 1)
-
-    def after_step(self, state: policy.RunState, row: dict) -> None:
-        if row["step"] % self.every == 0:
-            self.log(f"step {row['step']} loss {row['loss']:.4f} lr_scale {row['lr_scale']:.3f} "
-                     f"{row['tokens'] / max(row['train_seconds'], 1e-9):,.0f} tok/s")
-
-
 def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bool = False,
         init_weights: str | None = None, echo: bool = True, allocator: dict | None = None) -> dict:
     """Train `cfg` with PyTorch into `out_dir`; returns the summary dict (as frontier_jax.loop.run).
@@ -194,8 +183,10 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
     log(f"step = {t.tokens_per_step:,} tokens = {trainer.accum} micro-batch(es) of {trainer.micro_seqs} x {t.seq_len}")
     log(f"model: {count_params(trainer.model):,} parameters, hash {model_hash(cfg.model)}")
     flops_per_token = cfg.model.flops_per_token(t.seq_len)
-    peak = measure_matmul_peak(device, trainer.dtype) if t.measure_peak else None
-    log(f"measured matmul peak: {peak / 1e9:.1f} GFLOP/s ({trainer.dtype})" if peak
+    peak_info = progress.probe_summary([measure_matmul_peak(device, trainer.dtype) for _ in range(5)],
+                                       f"2048^3 {trainer.dtype} matmul on {device}") if t.measure_peak else {}
+    peak = peak_info.get("matmul_peak_flops")
+    log(f"matmul peak (MFU denominator): {peak / 1e9:,.1f} GFLOP/s, {peak_info['peak_source']}" if peak
         else "matmul peak not measured (train.measure_peak=False): no MFU")
 
     metrics_log = rundir.MetricsLog(out_dir / rundir.METRICS)
@@ -209,9 +200,11 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
 
     hooks = policy.Hooks(train_step=trainer.train_step, read_metrics=lambda m: m, eval_sums=trainer.eval_sums,
                          snapshot=trainer.snapshot, restore=trainer.restore, log=log, metrics=metrics_log.log,
-                         signals=signals, write_summary=write_summary, plugins=[StepLog(log, t.log_every_steps)])
+                         signals=signals, write_summary=write_summary,
+                         roundtrip=quantize.roundtrip_hook(trainer.model, out_dir))
+    hooks.add_hook(progress.Progress(log, policy.Policy.from_config(cfg), progress.train_tokens(data.train_files), t))
     base = {"config_name": cfg.name, "config_hash": config_hash(cfg), "implementation": "torch",
-            "matmul_peak_flops": peak, "flops_per_token": flops_per_token, "run_dir": str(out_dir)}
+            **peak_info, "matmul_peak_flops": peak, "flops_per_token": flops_per_token, "run_dir": str(out_dir)}
     try:
         return policy.run_budgeted(policy.Policy.from_config(cfg), hooks, base)
     finally:
@@ -251,8 +244,8 @@ def main(argv=None) -> int:
             summary = run(cfg, out, str(device), args.compile, args.init_weights, allocator=allocator)
     except SystemExit as e:  # one line on stderr already printed
         return int(e.code)
-    if summary.get("val_bpb") is not None:
-        print(f"val_bpb: {summary['val_bpb']:.6f}")
+    for line in progress.final_lines(summary):
+        print(line)
     code = policy.exit_code(summary["stop_reason"])
     if summary["stop_reason"].endswith("before training"):
         print("interrupted before training started: nothing trained, nothing written", file=sys.stderr)

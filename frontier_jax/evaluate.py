@@ -1,6 +1,6 @@
 """Score a run's checkpoint on the full val split in exact bits per byte: `python -m frontier_jax.evaluate`.
 
-    python -m frontier_jax.evaluate --run DIR [--step N] [--data DIR] [--tokenizer PATH] [--stride N] [--batch-seqs N] [--json]
+    python -m frontier_jax.evaluate --run DIR [--step N | --artifact [PATH]] [--data DIR] [--tokenizer PATH] [--stride N] [--batch-seqs N] [--json]
 
 The run's config.json and its newest intact checkpoint (a corrupt newer one is skipped with one line
 on stderr naming it; `--step N` picks one) give the model; the forward is the training one
@@ -9,6 +9,9 @@ masked rows. Default: the baseline protocol (README, "Evaluation"), non-overlapp
 windows over the whole val split, truncated to whole windows (+1 target token). With `--stride N` <
 seq_len, windows overlap and every target is still scored exactly once, with the longest context
 available: the sliding window is only a score mask, mask[b, t] = t >= score_from[b].
+`--artifact [PATH]` scores the int8 + zlib artifact instead (`frontier_jax.quantize`; default the run's
+`final_model.int8.ptz`, written by either trainer): its dequantized weights, as the contest scores it;
+the result equals the run's own `roundtrip_val_bpb`.
 """
 
 from __future__ import annotations
@@ -38,8 +41,21 @@ def _ngram_bias(run_dir: Path, cfg):
     return ngram_runtime.bias_fn, tables_to_device(load_snapshot(snap), cfg.ngram.confidence_buckets)
 
 
-def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs=None, step=None, log=None) -> dict:
-    """Sums and bpb of a run's newest intact (or given) checkpoint on its val split (see the module docstring)."""
+def _artifact_params(run_dir: Path, artifact):
+    """(config, graphdef, params, compute dtype) from an int8 + zlib artifact's dequantized weights."""
+    from frontier_jax import optim, quantize
+    from frontier_jax.interop import abstract_state, read_run_config, state_dict_to_params
+
+    cfg, dtype = read_run_config(run_dir)
+    graphdef, aparams, _ = abstract_state(cfg, dtype, optim.build_optimizer(cfg.optim))
+    sd = quantize.dequantize_state_dict(quantize.load_artifact(artifact))
+    return cfg, graphdef, state_dict_to_params(sd, aparams, source=str(artifact)), dtype
+
+
+def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs=None, step=None, log=None,
+                 artifact=None) -> dict:
+    """Sums and bpb of a run's newest intact (or given) checkpoint on its val split (see the module docstring),
+    or of the int8 + zlib artifact `artifact` (its dequantized weights, in the run's model)."""
     from frontier_jax import ops
     from frontier_jax.run_policy import bpb
     from frontier_jax.data.dataset import load_dataset
@@ -69,7 +85,11 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
                         f"model.vocab_size of {run_dir}")
     tok, tokens = data.tokenizer, data.val_tokens
     ops.configure(cfg.train.kernels, unused=ops.STANDALONE_OPS)
-    cfg, graphdef, params, step, dtype = restore_params(run_dir, step, log)
+    if artifact is not None:
+        cfg, graphdef, params, dtype = _artifact_params(run_dir, Path(artifact))
+        step = None
+    else:
+        cfg, graphdef, params, step, dtype = restore_params(run_dir, step, log)
     bias_fn, aux = _ngram_bias(run_dir, cfg)
     eval_step = make_eval_step(graphdef, data.tables, bias_fn)
     batches = val_batches(tokens, T, batch_seqs, stride=None if stride == T else stride)
@@ -80,6 +100,7 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
         "loss": sums["nll_sum_nats"] / max(sums["tokens"], 1),
         "stride": stride, "seq_len": T, "batch_seqs": batch_seqs,
         "run": str(run_dir), "checkpoint_step": step, "compute_dtype": str(dtype),
+        "artifact": None if artifact is None else str(artifact),
         "data_dir": str(data_dir), "tokenizer": str(tok.path), "data_provenance": data.provenance,
         "seconds": time.perf_counter() - t0,
     }
@@ -96,15 +117,26 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", help="tokenizer (default: the run's data.tokenizer)")
     ap.add_argument("--stride", type=int, help="sliding-window stride (default seq_len: non-overlapping windows)")
     ap.add_argument("--batch-seqs", type=int, help="windows per eval batch (default train.val_batch_seqs)")
+    ap.add_argument("--artifact", nargs="?", const="", metavar="PATH",
+                    help="score an int8+zlib artifact instead of a checkpoint (default PATH: the run's "
+                         "final_model.int8.ptz; the official script's artifact of the same model works too)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    artifact = None
+    if args.artifact is not None:
+        from frontier_jax.quantize import ARTIFACT
+
+        artifact = args.artifact or str(Path(args.run) / ARTIFACT)
     with exit_on_error():
+        if artifact is not None and args.step is not None:
+            raise ConfigError("--step and --artifact: choose one (an artifact has no checkpoint step)")
         r = evaluate_run(args.run, args.data, args.tokenizer, args.stride, args.batch_seqs, args.step,
-                         log=lambda msg: print(msg, file=sys.stderr, flush=True))
+                         log=lambda msg: print(msg, file=sys.stderr, flush=True), artifact=artifact)
     if args.json:
         print(json.dumps(r, sort_keys=True))
     else:
-        print(f"{r['run']} step {r['checkpoint_step']}: val_bpb {r['bpb']:.6f} (loss {r['loss']:.4f} nats, "
+        what = f"artifact {r['artifact']}" if artifact is not None else f"step {r['checkpoint_step']}"
+        print(f"{r['run']} {what}: val_bpb {r['bpb']:.6f} (loss {r['loss']:.4f} nats, "
               f"{r['tokens']:,} tokens, {r['bytes']:,} bytes, stride {r['stride']}/{r['seq_len']}, {r['seconds']:.1f} s)")
     return 0
 

@@ -8,7 +8,8 @@ Keys are exactly the baseline's parameter names (`tok_emb.weight` [V, D], `skip_
 Linear weights are stored [in, out] in this package and [out, in] in PyTorch, so they are transposed
 on the way out and back. Every array is saved as float32 (exact for bf16 values); the original dtype
 of each key is recorded in the JSON string entry `__dtypes__`, and `__meta__` holds the model config.
-Entries whose names start with `__` are metadata, never parameters.
+Entries whose names start with `__` are metadata, never parameters. JAX is imported only by the
+functions that need it, so `--help` answers at once.
 
 `import` builds a run directory (config.json + checkpoint at step 0) whose parameters are the npz's
 and whose optimizer state is freshly initialised: `python -m frontier_jax.evaluate --run DIR` scores
@@ -22,17 +23,13 @@ import argparse
 import sys
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from frontier_jax import rundir
 from frontier_jax.config import Config, apply_overrides, load_config, model_hash, to_dict
 from frontier_jax.data.shards import DataError
 from frontier_jax.errors import exit_on_error
 from frontier_jax.rundir import load_npz, save_npz
-from frontier_jax.optim import path_names
 
 LINEAR_NAMES = ("c_q", "c_k", "c_v", "proj", "fc")  # stored [in, out] here, [out, in] in PyTorch
 META_PREFIX = "__"
@@ -52,6 +49,10 @@ def torch_name(names: list[str]) -> tuple[str, bool]:
 
 def params_to_state_dict(params) -> dict[str, np.ndarray]:
     """PyTorch-named numpy arrays of `params` (an nnx.State or pytree), in their own dtype and PyTorch layout."""
+    import jax
+
+    from frontier_jax.optim import path_names
+
     sd = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         key, transposed = torch_name(path_names(path))
@@ -62,6 +63,11 @@ def params_to_state_dict(params) -> dict[str, np.ndarray]:
 
 def state_dict_to_params(sd: dict[str, np.ndarray], abstract_params, source: str = "<state_dict>"):
     """The pytree of `abstract_params` (shapes/dtypes) filled from `sd`; InteropError names `source` and the key."""
+    import jax
+    import jax.numpy as jnp
+
+    from frontier_jax.optim import path_names
+
     flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_params)
     wanted = {}
     for path, leaf in flat:
@@ -96,6 +102,8 @@ def state_dict_to_params(sd: dict[str, np.ndarray], abstract_params, source: str
 
 def read_run_config(run_dir) -> tuple[Config, jnp.dtype]:
     """(resolved config, compute dtype the run trained in) of a run directory."""
+    import jax.numpy as jnp
+
     from frontier_jax.model import resolve_compute_dtype
 
     cfg = rundir.read_config(run_dir)
@@ -108,7 +116,11 @@ def read_run_config(run_dir) -> tuple[Config, jnp.dtype]:
 
 def abstract_state(cfg: Config, compute_dtype, tx):
     """(graphdef, abstract params, abstract opt_state) built as loop.init_state does, without allocating."""
+    import jax
+    from flax import nnx
+
     from frontier_jax.model import build
+
     graphdef, params = nnx.split(nnx.eval_shape(lambda: build(cfg, compute_dtype)))
     return graphdef, params, jax.eval_shape(tx.init, params)
 

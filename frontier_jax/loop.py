@@ -9,14 +9,14 @@ step ahead: a step's host metrics are read at the next iteration); snapshot/rest
 reset; orbax checkpoints and resume; the multi-process agreement (process 0's clock decides the
 schedule and the stop, any process's signal stops all at the same step). SIGINT/SIGTERM are handled
 from the start: before the first step a signal stops with nothing to save. The n-gram runtime is a
-run hook (`ngram_runtime.for_config`: a null hook when it is off), as are the progress bar and
-`on_step`.
+run hook (`ngram_runtime.for_config`: a null hook when it is off), as are the progress lines
+(`frontier_jax.progress`) and `on_step`. After the final validation, the contest's int8 + zlib round
+trip (`JaxTrainer.roundtrip`, `frontier_jax.quantize`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import shutil
 from pathlib import Path
 
@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from frontier_jax import checkpoint, host, ops, optim, report, rundir
+from frontier_jax import checkpoint, host, interop, ops, optim, progress, quantize, report, rundir
 from frontier_jax import run_policy as policy
 from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
 from frontier_jax.data.dataset import Dataset, load_for_config
@@ -243,8 +243,10 @@ class JaxTrainer:
         self._steps = _AttentionVariants(make_train, make_eval, ops.attention_variants_differ(), t.seq_len, log)
         self._steps.observe(_score_bound(self.params, cfg.model.head_dim))
         self.flops_per_token = cfg.model.flops_per_token(t.seq_len)
-        self.peak = report.measure_matmul_peak(s.compute_dtype) * dp.num_devices if t.measure_peak else None
-        log(f"measured matmul peak: {self.peak / 1e9:.1f} GFLOP/s ({s.compute_dtype}, all devices)" if self.peak
+        self.peak_info = report.matmul_peak(s.compute_dtype, dp.num_devices) if t.measure_peak else {}
+        self.peak = self.peak_info.get("matmul_peak_flops")
+        log(f"matmul peak (MFU denominator, all devices): {self.peak / 1e9:,.1f} GFLOP/s, "
+            f"{self.peak_info['peak_source']}" if self.peak
             else "matmul peak not measured (train.measure_peak=False): no MFU")
 
     def run(self, signals, stop_after_steps: int | None, on_step) -> dict:
@@ -253,13 +255,14 @@ class JaxTrainer:
             train_step=self.train_step, read_metrics=self.read_metrics, eval_sums=self.eval_sums,
             snapshot=self.loader.state, restore=self.restore, log=self.log, metrics=self.metrics, signals=signals,
             write_summary=self.write_summary, resume=self.resume, save=self.save, discard=self.discard,
-            agree=self.agree, summary_fields=self.summary_fields)
-        hooks.add_hook(ProgressBar(cfg.train.budget_seconds, dp.is_main))
+            agree=self.agree, summary_fields=self.summary_fields, roundtrip=self.roundtrip)
+        hooks.add_hook(progress.Progress(self.log, policy.Policy.from_config(cfg),
+                                         progress.train_tokens(self.ngram.trainer_files), cfg.train, dp.is_main))
         hooks.add_hook(self.ngram)  # starts with the timed budget: the builder's time counts against it
         if on_step is not None:
             hooks.add_hook(OnStep(on_step))
-        base = {"config_name": cfg.name, "config_hash": config_hash(cfg), "matmul_peak_flops": self.peak,
-                "flops_per_token": self.flops_per_token, "run_dir": str(self.out_dir)}
+        base = {"config_name": cfg.name, "config_hash": config_hash(cfg), **self.peak_info,
+                "matmul_peak_flops": self.peak, "flops_per_token": self.flops_per_token, "run_dir": str(self.out_dir)}
         try:
             return policy.run_budgeted(policy.Policy.from_config(cfg, stop_after_steps), hooks, base)
         finally:
@@ -337,6 +340,27 @@ class JaxTrainer:
         return {"checkpoint_step": checkpoint.latest_step(self.out_dir),  # every process (orbax collectives)
                 "attention_forward": kind, "attention_forward_switches": self._steps.switches}
 
+    def roundtrip(self, evaluate) -> dict:
+        """The contest's int8 + zlib round trip of the trained parameters (frontier_jax.quantize, in the
+        baseline's state_dict layout): the artifact written by process 0, its dequantized parameters
+        scored by `evaluate` (the run's own eval step), then the trained parameters put back."""
+        host_params = jax.tree_util.tree_map(lambda a: np.asarray(a.addressable_shards[0].data), self.params)
+        back, info = quantize.roundtrip_state_dict(interop.params_to_state_dict(host_params), self.out_dir,
+                                                   write=self.dp.is_main)
+        deq = interop.state_dict_to_params(back, host_params, source=info["artifact"])
+        trained = self.params
+        self.params = jax.tree_util.tree_map(  # replicated as the trained ones, on every process's devices
+            lambda a, like: jax.make_array_from_callback(a.shape, like.sharding, lambda idx, h=np.asarray(a): h[idx]),
+            deq, trained)
+        bound = self._steps.bound
+        self._steps.observe(_score_bound(self.params, self.cfg.model.head_dim))  # the dequantized gains' forward
+        try:
+            sums = evaluate()
+        finally:
+            self.params = trained
+            self._steps.observe(bound)
+        return {**info, **sums, "code_files": quantize.code_files((self.out_dir / rundir.CONFIG,))}
+
     def write_summary(self, summary: dict) -> None:
         if self.metrics_log is not None:
             self.metrics_log.close()
@@ -382,37 +406,6 @@ class _AttentionVariants:
 
     def eval(self):
         return self._get("eval")
-
-
-class ProgressBar(policy.RunHook):
-    """tokens/s, loss and elapsed/budget on a terminal (process 0 only)."""
-
-    def __init__(self, budget_s: float, main: bool):
-        self.budget_s, self.main, self.bar = budget_s, main, None
-
-    def on_start(self, state: policy.RunState) -> None:
-        if self.main:
-            from tqdm.auto import tqdm
-
-            total = round(self.budget_s) if math.isfinite(self.budget_s) else None  # --budget inf: no total
-            self.bar = tqdm(total=total, initial=round(state.train_seconds), unit="s", desc="train", disable=None,
-                            leave=False)
-
-    def after_step(self, state: policy.RunState, row: dict) -> None:
-        if self.bar is None or not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
-            return
-        self.bar.n = round(row["train_seconds"]) if self.bar.total is None else min(round(row["train_seconds"]), self.bar.total)
-        self.bar.set_postfix(step=row["step"], loss=f"{row['loss']:.3f}",
-                             tok_s=f"{row['tokens'] / max(row['train_seconds'], 1e-9):,.0f}", refresh=False)
-        self.bar.refresh()
-
-    def on_end(self, state: policy.RunState) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-    def close(self) -> None:
-        self.on_end(None)
 
 
 class OnStep(policy.RunHook):

@@ -3,7 +3,7 @@
 It imports no JAX (numpy at most), so the PyTorch baseline runs exactly the same semantics without
 loading JAX. A trainer (the JAX loop, `baseline_torch.train`) supplies its step, its evaluation sums
 and its snapshot/restore as callables (`Hooks`) and calls `run_budgeted`; plug-ins (the n-gram
-runtime, a progress bar, a per-step log) attach as `RunHook`s, as levanter's `add_hook`.
+runtime, progress lines) attach as `RunHook`s, as levanter's `add_hook`.
 
 Order of events (README "Training"); the caller has installed the signal handlers (rundir.Signals)
 before its set-up, so a signal is never lost:
@@ -31,24 +31,22 @@ before its set-up, so a signal is never lost:
 4. the hooks' `on_end`; a final checkpoint ("final", or "interrupted" after a signal; none after a
    non-finite loss, so the last finite one stays; saving a step that is already saved is the
    trainer's no-op); the final validation over the whole val split unless interrupted, diverged or
-   unsaved; the summary, written by `Hooks.write_summary` and logged as a table; a failed save is
-   raised after that (one line, exit 2).
-
-The PyTorch baseline used to check max_steps before and the budget after its step; both trainers
-now run this order.
+   unsaved, then the contest's int8 + zlib round trip (`Hooks.roundtrip`, scored by the same `eval_sums`);
+   the summary (`Hooks.write_summary`, logged as a table); a failed save is raised last (exit 2).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from frontier_jax import rundir
+from frontier_jax import quantize, rundir
 from frontier_jax.config import Config, ConfigError, ModelConfig, OptimConfig
 from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, BadInput, describe_os_error
 
@@ -296,6 +294,7 @@ class Hooks:
     discard(step): remove checkpoint `step` (its parameters gave a non-finite loss).
     agree(local_stop, elapsed) -> (stop, elapsed): several processes agree (default: this one decides).
     summary_fields() -> dict: more summary entries, computed at the end (e.g. the newest checkpoint).
+    roundtrip(evaluate) -> dict: the int8 + zlib artifact scored by `evaluate()` (quantize.run_roundtrip).
     """
 
     train_step: Callable[[float, float], Any]
@@ -312,6 +311,7 @@ class Hooks:
     discard: Callable[[int], None] | None = None
     agree: Callable[[bool, float], tuple[bool, float]] | None = None
     summary_fields: Callable[[], dict] | None = None
+    roundtrip: Callable[[Callable[[], dict]], dict] | None = None
     plugins: list[RunHook] = dataclasses.field(default_factory=list)
 
     def add_hook(self, hook: RunHook) -> None:
@@ -371,8 +371,11 @@ def _record(hooks: Hooks, state: RunState, pending: dict, metrics: tuple[float, 
     """Log a dispatched step's metrics row (read now unless given) and run the hooks; the loss, or nan
     when the loss or the gradient norm is not finite."""
     loss, gnorm = metrics if metrics is not None else hooks.read_metrics(pending["handle"])
+    last, pending["done"][0] = pending["done"][0], pending["clock"]()  # the step's own rate: arrival to arrival
     row = dict(kind="train", step=pending["step"], loss=loss, grad_norm=gnorm, lr_scale=pending["lr_scale"],
-               momentum=pending["momentum"], tokens=pending["tokens"], train_seconds=pending["train_seconds"])
+               momentum=pending["momentum"], tokens=pending["tokens"], train_seconds=pending["train_seconds"],
+               tokens_per_second=pending["step_tokens"] / max(pending["done"][0] - last, 1e-9),
+               loadavg_1m=os.getloadavg()[0])
     hooks.metrics(**row)
     for h in hooks.plugins:
         h.after_step(state, row)
@@ -383,17 +386,18 @@ def _record(hooks: Hooks, state: RunState, pending: dict, metrics: tuple[float, 
     return loss
 
 
-def _validate(hooks: Hooks, state: RunState, max_tokens: int, final: bool = False) -> dict:
+def _validate(hooks: Hooks, state: RunState, max_tokens: int, final: bool = False, kind: str = "val") -> dict:
     v = val_result(hooks.eval_sums(max_tokens))
-    hooks.metrics(kind="val", step=state.step, tokens=state.tokens, train_seconds=state.train_seconds,
+    hooks.metrics(kind=kind, step=state.step, tokens=state.tokens, train_seconds=state.train_seconds,
                   loss=v["loss"], bpb=v["bpb"], val_tokens=v["tokens"], **({"final": True} if final else {}))
     return v
 
 
 def _timed_loop(policy: Policy, hooks: Hooks, s: RunState) -> BadInput | None:
     """Steps until a stop (s.stop_reason); returns the error of a periodic save that failed, if any."""
-    pending = None
-    t0 = time.perf_counter()
+    pending, done, t0 = None, [s.train_seconds], time.perf_counter()  # done: when the last step's metrics came
+    def clock() -> float:  # the timed clock: validations and checkpoints excluded
+        return s.train_seconds + time.perf_counter() - t0
     while True:
         if pending is not None:  # host metrics of the previous step (dispatch stays one step ahead)
             s.final_loss = _record(hooks, s, pending)
@@ -422,13 +426,12 @@ def _timed_loop(policy: Policy, hooks: Hooks, s: RunState) -> BadInput | None:
         handle = hooks.train_step(scale, mom)
         s.step += 1
         s.tokens += policy.tokens_per_step
-        pending = dict(step=s.step, handle=handle, lr_scale=scale, momentum=mom, tokens=s.tokens,
-                       train_seconds=s.train_seconds + time.perf_counter() - t0)
+        pending = dict(step=s.step, handle=handle, lr_scale=scale, momentum=mom, tokens=s.tokens, train_seconds=clock(),
+                       step_tokens=policy.tokens_per_step, clock=clock, done=done)
         if hooks.save is not None and checkpoint_due(s.step, policy.checkpoint_every_steps):
             metrics = hooks.read_metrics(handle)  # waits for the step: its time counts
-            s.train_seconds += time.perf_counter() - t0
             s.final_loss = _record(hooks, s, pending, metrics)
-            t0 = time.perf_counter()
+            s.train_seconds, t0 = clock(), time.perf_counter()
             if not math.isfinite(s.final_loss):  # never save a checkpoint of a diverged step
                 _diverged(hooks, s, s.step)
                 break
@@ -482,6 +485,9 @@ def _finish(hooks: Hooks, s: RunState, summary_base: dict, save_error: BadInput 
         v = _validate(hooks, s, 0, final=True)
         summary.update(val_loss=v["loss"], val_bpb=v["bpb"], val_nll_sum_nats=v["nll_sum_nats"],
                        val_tokens=v["tokens"], val_bytes=v["bytes"])
+        if hooks.roundtrip is not None:  # the full split again, on the artifact's weights (kind=roundtrip)
+            rt = quantize.run_roundtrip(hooks.roundtrip, lambda: _validate(hooks, s, 0, kind="roundtrip"), hooks.log)
+            summary.update(rt)
     try:
         hooks.write_summary(summary)
     except OSError as e:

@@ -6,9 +6,11 @@ It imports no JAX (numpy, and matplotlib for the plot), so both trainers write t
     env.json       versions, git hash, devices, resolved dtypes, host allocator
     kernels.json   the kernel table (JAX trainer)
     train.log      everything the run printed
-    metrics.jsonl  one JSON object per train step (kind=train) or validation (kind=val)
+    metrics.jsonl  one JSON object per train step (kind=train), validation (kind=val; the final one
+                   final=true) or round-trip validation (kind=roundtrip)
     summary.json   the run policy's summary (frontier_jax.run_policy); summary.txt the same as a table
-    curves.png     train loss and val bpb against training time and tokens
+    curves.png     train loss and val bpb (periodic subset, final full split, round trip; frontier_jax.curves)
+    final_model.int8.ptz  the contest's int8 + zlib artifact (frontier_jax.quantize)
     checkpoints/   orbax checkpoints, one directory per step (JAX trainer)
     weights.npz    the weights in the interop format (PyTorch baseline)
 
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from frontier_jax import curves
 from frontier_jax.config import Config, apply_overrides, load_config, load_run_config
 from frontier_jax.data.shards import DataError, atomic_write_text  # noqa: F401 - the one atomic text writer
 from frontier_jax.errors import BadInput
@@ -85,6 +88,14 @@ class RunLog:
             self._f.flush()
         elif self.enabled:
             self._pending.append(msg)
+
+    def file(self, msg: str) -> None:
+        """To train.log only (progress lines while a progress bar holds the terminal)."""
+        echo, self.echo = self.echo, False
+        try:
+            self(msg)
+        finally:
+            self.echo = echo
 
     def close(self) -> None:
         if self._f:
@@ -290,17 +301,24 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         v = summary.get(key)
         return "-" if v is None else fmt.format(v)
 
+    sub = summary.get("submission_bytes")
+    size = "-" if sub is None else (f"{sub:,} bytes = {summary['artifact_bytes']:,} int8+zlib model + "
+                                    f"{summary['code_bytes']:,} code")
     return [
+        ("run directory", f("run_dir")),
         ("config", f"{summary.get('config_name')} ({summary.get('config_hash')})"),
         ("steps", f("steps")),
         ("tokens", f("tokens", "{:,}")),
         ("train time", f("train_seconds", "{:.1f} s")),
         ("tokens/s", f("tokens_per_second", "{:,.0f}")),
-        ("matmul peak", f("matmul_peak_flops", "{:.3g} FLOP/s")),
+        ("matmul peak", f("matmul_peak_flops", "{:.3g} FLOP/s") + (f" ({summary['peak_source']})"
+                                                                    if summary.get("peak_source") else "")),
         ("MFU", f("mfu", "{:.1%}")),
         ("final train loss", f("final_train_loss", "{:.4f}")),
         ("val loss", f("val_loss", "{:.4f}")),
-        ("val bpb", f("val_bpb", "{:.4f}")),
+        ("val bpb", f("val_bpb", "{:.4f}") + " (full val split, trained weights)"),
+        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + " (int8+zlib artifact: the contest's score)"),
+        ("submission size", size),
         ("stopped by", f("stop_reason")),
     ]
 
@@ -313,34 +331,9 @@ def write_summary(run_dir: Path, summary: dict, write: bool = True) -> str:
         run_dir = Path(run_dir)
         write_json(run_dir / SUMMARY_JSON, summary)
         atomic_write_text(run_dir / SUMMARY_TXT, table + "\n")
-        plot_run(read_metrics(run_dir), run_dir / CURVES)
+        curves.plot_run(read_metrics(run_dir), run_dir / CURVES,
+                 f"{run_dir.name}: {summary.get('config_name')} ({summary.get('implementation', 'jax')})")
     return table
-
-
-def plot_run(rows: list[dict], path: Path) -> None:
-    """PNG: train loss and val bpb against wall-clock time and against tokens."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    train = [r for r in rows if r.get("kind") == "train"]
-    val = [r for r in rows if r.get("kind") == "val"]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    for col, xkey, xlabel in ((0, "train_seconds", "training time (s)"), (1, "tokens", "tokens")):
-        ax = axes[0][col]
-        ax.plot([r[xkey] for r in train], [r["loss"] for r in train], lw=0.8)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("train loss (nats/token)")
-        ax = axes[1][col]
-        ax.plot([r[xkey] for r in val], [r["bpb"] for r in val], "o-")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("val bits/byte")
-    fig.tight_layout()
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- resolving a run from arguments

@@ -70,6 +70,7 @@ def main(argv=None) -> int:
 
 def _main(args) -> int:
     from frontier_jax import host, loop
+    from frontier_jax.progress import final_lines
     from frontier_jax.parallel import initialize
 
     cfg, out, resume, demo = resolve(args)
@@ -85,8 +86,9 @@ def _main(args) -> int:
         if main_process:
             print(summary["note"])
         return EXIT_OK
-    if summary.get("val_bpb") is not None and main_process:
-        print(f"val_bpb: {summary['val_bpb']:.6f}")
+    if main_process:
+        for line in final_lines(summary):
+            print(line)
     if demo:
         print(DEMO_EPILOGUE)
     if reason == "non-finite loss":

@@ -72,6 +72,7 @@ def test_cli_bytes_with_text_files(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert r.returncode == 0, r.stderr
+    assert "Warning" not in r.stderr, r.stderr  # runpy's: the module must not be imported before it runs
     m = read_manifest(out)
     assert m["prefix"] == "tiny" and m["tokenizer"]["kind"] == "bytes" and m["tokenizer"]["vocab_size"] == 260
     assert m["tokenizer"]["sha256"] == ByteTokenizer().sha256

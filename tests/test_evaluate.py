@@ -25,6 +25,20 @@ def test_sliding_masks_score_every_target_once_and_pad_to_full_batches():
 
 
 @pytest.mark.slow
+def test_artifact_scoring_from_the_command_line(trained_run, capsys):
+    run_dir, summary = trained_run
+    assert main(["--run", str(run_dir), "--artifact", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["artifact"] == str(run_dir / "final_model.int8.ptz") and r["bpb"] == summary["roundtrip_val_bpb"]
+    with pytest.raises(SystemExit) as e:
+        main(["--run", str(run_dir), "--artifact", "--step", "200"])
+    assert e.value.code == 2 and "choose one" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--run", str(run_dir), "--artifact", str(run_dir / "config.json")])
+    assert e.value.code == 2 and "not a zlib stream" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_json_output_and_equality_with_the_training_summary(trained_run, capsys):
     run_dir, summary = trained_run
     assert main(["--run", str(run_dir), "--json"]) == 0

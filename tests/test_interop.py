@@ -179,3 +179,16 @@ def test_read_run_config_of_a_corrupt_config_json_is_a_config_error(tmp_path):
     (tmp_path / "config.json").write_text('{"model": {"num_layers": ')
     with pytest.raises(ConfigError, match=f"{tmp_path / 'config.json'}: unreadable run config"):
         read_run_config(tmp_path)
+
+
+def test_the_command_line_answers_help_without_loading_jax():
+    """`interop --help` took 5-8 s while JAX and flax loaded; they are imported by the functions that use them."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.argv = ['interop', '--help']; import frontier_jax.interop as m\n"
+            "try:\n    m.main()\nexcept SystemExit:\n    pass\n"
+            "bad = [k for k in sys.modules if k.split('.')[0] in ('jax', 'flax', 'optax')]; assert not bad, bad")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-1000:]
+    assert "export" in r.stdout and "import" in r.stdout

@@ -36,6 +36,13 @@ def test_run_end_to_end_writes_a_complete_run_directory(trained_run):
     assert np.mean([r["loss"] for r in train[-10:]]) < train[0]["loss"] - 1.0  # it learned something
     assert checkpoint.latest_step(run_dir) == 200
     assert checkpoint.read_meta(run_dir)[1]["reason"] == "final"
+    # progress off a terminal (train.log_every_steps=200), the repetition estimate, the run directory at the end
+    log = (run_dir / "train.log").read_text()
+    assert "step 200/200 | 102,400 tokens | " in log and "train split: 60,000 tokens" in log
+    assert "repetition: at " in log and "WARNING: more than one pass" in log  # 102,400 tokens over 60,000
+    assert f"run directory       {run_dir}" in (run_dir / "summary.txt").read_text()
+    assert all(r["tokens_per_second"] > 0 and "loadavg_1m" in r for r in train)
+    assert summary["peak_source"].startswith("measured: median of 5 probes") and len(summary["peak_spread"]) == 2
 
 
 def test_an_existing_run_is_not_overwritten(trained_run, byte_data):
@@ -89,7 +96,7 @@ def test_checkpoint_collisions_finished_resume_corrupt_fallback_and_metrics(byte
     assert part["stop_reason"].startswith("signal") and part["steps"] == 4  # stopped on periodic step 4
     log = (run_dir / "train.log").read_text()
     assert f"skipped {run_dir}/checkpoints/4: unreadable checkpoint" in log
-    assert "resumed from step 2" in log and "dropped 3 metrics row(s)" in log  # train rows 3, 4 and the final val row
+    assert "resumed from step 2" in log and "dropped 4 metrics row(s)" in log  # train rows 3, 4, the final val, the round trip
     assert checkpoint.latest_step(run_dir) == 4 and part["checkpoint_step"] == 4
     # which qk_attention forward the kernel would run for the final gains (initialised at 1.5: the fast one)
     assert part["attention_forward"].startswith("bounded shift: score bound")

@@ -138,8 +138,16 @@ def test_tables_alone_report_and_normalised_backoff(tmp_path, capsys):
     np.testing.assert_allclose(total, 1.0, rtol=1e-9)
     # the CLI on tables alone
     assert analyze.main(["--tables", str(r_rep["snapshot"]), "--data", str(rep), "--tokenizer", "bytes",
-                         "--seq-len", "64"]) == 0
+                         "--seq-len", "64", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ngram_bpb"] == pytest.approx(r_rep["ngram_bpb"])
+    # the table: one number format for bpb, no nan: orders without a hit are named on one line
+    text = analyze.format_tables_report(r_fresh)
+    assert "nan" not in text.lower() and f"n-gram alone {r_fresh['ngram_bpb']:.5f} bpb" in text
+    empty = [o["order"] for o in r_fresh["orders"] if not o["coverage"]]
+    assert all(o["top1_acc"] is None for o in r_fresh["orders"] if not o["coverage"])
+    if empty:
+        assert f"{empty[0]}-{empty[-1]}: no hit on the val split" in text or f"order {empty[0]}: no hit" in text
+    json.dumps(r_fresh, allow_nan=False)  # valid JSON: no NaN
 
 
 @pytest.mark.parametrize("make", [lambda d: None, lambda d: (d / "config.json").write_text("{not json")])

@@ -68,6 +68,9 @@ def test_one_two_four_devices_same_trajectory_and_eval_sums(byte_data, tmp_path)
         assert _rel(losses, ref_losses) < 1e-5, (n, losses, ref_losses)
         assert abs(s["val_nll_sum_nats"] - ref["val_nll_sum_nats"]) / ref["val_nll_sum_nats"] < 1e-5
         assert s["val_tokens"] == ref["val_tokens"] and s["val_bytes"] == ref["val_bytes"]
+        # the int8+zlib round trip on a mesh: the artifact's weights replicated over the devices again
+        rt, ref_rt = s["roundtrip_val_nll_sum_nats"], ref["roundtrip_val_nll_sum_nats"]
+        assert abs(rt - ref_rt) / ref_rt < 1e-5 and s["roundtrip_val_bytes"] == ref["roundtrip_val_bytes"]
 
 
 @pytest.mark.slow
@@ -132,6 +135,9 @@ def test_two_processes_train_checkpoint_resume_and_match_single_process(byte_dat
     assert _rel(multi, single) < 1e-4, (multi, single)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["val_bpb"] > 0
+    # process 0 wrote the artifact; every process scored the same dequantized weights
+    assert summary["artifact_bytes"] == (out / "final_model.int8.ptz").stat().st_size
+    assert abs(summary["roundtrip_val_bpb"] - summary["val_bpb"]) < 0.05
 
 
 @pytest.mark.slow

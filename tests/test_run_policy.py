@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO
+from frontier_jax import quantize
 from frontier_jax import run_policy as rp
 from frontier_jax.config import Config, ConfigError, ModelConfig, OptimConfig, TrainConfig
 from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, BadInput
@@ -172,8 +173,9 @@ class Fake:
         self.saves.append((state.step, reason))
 
     def hooks(self, **kw):
+        kw = {"log": lambda msg: None, **kw}
         return rp.Hooks(train_step=self.train_step, read_metrics=self.read_metrics, eval_sums=self.eval_sums,
-                        snapshot=self.snapshot, restore=self.restore, log=lambda msg: None,
+                        snapshot=self.snapshot, restore=self.restore,
                         metrics=lambda **row: self.rows.append(row), signals=self.signals,
                         write_summary=self.summaries.append, resume=self.resume, save=self.save,
                         discard=self.discarded.append, **kw)
@@ -233,6 +235,45 @@ def test_driver_order_of_events_to_max_steps(fake_time):
     assert [r["lr_scale"] for r in train] == [1.0, 1.0, 1.0, 1.0, 1.0, 0.5]  # steps warmdown over the last 2
     assert fake.rows[-1] == dict(kind="val", step=6, tokens=192, train_seconds=6.0, loss=0.7,
                                  bpb=pytest.approx(7 / math.log(2) / 20), val_tokens=10, final=True)
+
+
+def test_train_rows_carry_the_steps_own_rate_and_the_load_average(fake_time):
+    fake = Fake(fake_time, step_s=2.0)
+    rp.run_budgeted(policy(max_steps=3), fake.hooks(), BASE)
+    train = [r for r in fake.rows if r["kind"] == "train"]
+    assert [r["tokens_per_second"] for r in train] == [pytest.approx(16.0)] * 3  # 32 tokens per 2 s step
+    assert all(isinstance(r["loadavg_1m"], float) and r["loadavg_1m"] >= 0 for r in train)
+
+
+def test_the_round_trip_runs_after_the_final_validation_and_fills_the_summary(fake_time, monkeypatch):
+    """Hooks.roundtrip gets an `evaluate` that scores with the trainer's own eval_sums (the full split); its
+    artifact fields and the official lines follow; a failure is reported and the run still ends with a summary."""
+    fake, log, order = Fake(fake_time), [], []
+    monkeypatch.setattr(quantize, "time", fake_time)  # the round trip's eval timer too
+
+    def roundtrip(evaluate):
+        order.append(("roundtrip", list(fake.evals)))
+        v = evaluate()
+        return {**v, "artifact": "run/final_model.int8.ptz", "artifact_bytes": 1000, "raw_bytes": 3000,
+                "stats": {"int8_payload_bytes": 2000, "baseline_tensor_bytes": 8000}, "code_files": []}
+
+    s = rp.run_budgeted(policy(max_steps=2), fake.hooks(roundtrip=roundtrip, log=log.append), BASE)
+    assert order == [("roundtrip", [4 * 8, 0])]  # after the warm-up's and the final validation
+    assert fake.evals[-1] == 0 and fake.rows[-1]["kind"] == "roundtrip" and fake.rows[-2].get("final")
+    assert s["roundtrip_val_bpb"] == s["val_bpb"] and s["artifact_bytes"] == 1000
+    assert s["submission_bytes"] == 1000 + s["code_bytes"] and s["roundtrip_eval_seconds"] == pytest.approx(10.0)
+    assert "Serialized model int8+zlib: 1000 bytes (payload:2000 raw_torch:3000 payload_ratio:4.00x)" in log
+    assert log[log.index(next(m for m in log if m.startswith("final_int8_zlib_roundtrip "))) + 1] == \
+        f"final_int8_zlib_roundtrip_exact val_loss:0.70000000 val_bpb:{s['roundtrip_val_bpb']:.8f}"
+    assert fake.summaries == [s]
+
+    def broken(evaluate):
+        raise OSError(28, "No space left on device", "run/.final_model.int8.ptz.tmp")
+
+    fake, log = Fake(fake_time), []
+    s = rp.run_budgeted(policy(max_steps=2), fake.hooks(roundtrip=broken, log=log.append), BASE)
+    assert "disk full" in s["roundtrip_error"] and "roundtrip_val_bpb" not in s and fake.summaries == [s]
+    assert any(m.startswith("int8+zlib round trip failed: run/.final_model.int8.ptz.tmp: disk full") for m in log)
 
 
 def test_budget_stop_pauses_the_clock_for_validation_and_checkpoints(fake_time):

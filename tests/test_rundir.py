@@ -79,6 +79,15 @@ def test_metrics_summary_and_plot(tmp_path):
     assert rundir.write_summary(other, summary, write=False) == table and not list(other.iterdir())
 
 
+def test_summary_table_names_the_run_directory_both_scores_and_the_sizes():
+    s = {"run_dir": "/runs/a", "val_bpb": 1.5, "roundtrip_val_bpb": 1.51, "submission_bytes": 1300,
+         "artifact_bytes": 1000, "code_bytes": 300, "matmul_peak_flops": 1e11, "peak_source": "measured: x"}
+    table = dict(rundir.summary_rows(s))
+    assert table["run directory"] == "/runs/a" and table["round-trip val bpb"].startswith("1.5100")
+    assert table["submission size"] == "1,300 bytes = 1,000 int8+zlib model + 300 code"
+    assert table["matmul peak"] == "1e+11 FLOP/s (measured: x)"
+
+
 def test_read_config_and_env_round_trip_and_refuse_what_is_not_a_run(tmp_path):
     cfg = Config(name="x", model=ModelConfig(num_layers=3))
     rundir.write_json(tmp_path / rundir.CONFIG, to_dict(cfg))

@@ -27,18 +27,30 @@ def test_a_whole_torch_run_loads_no_jax_and_follows_the_run_policy(byte_data, tm
     out = tmp_path / "run"
     sets = [s for o in TINY_OVERRIDES for s in ("--set", o)]
     argv = ["--config", "configs/tiny.py", "--data", str(byte_data), "--tokenizer", "bytes", "--out", str(out),
-            "--threads", "1", "--device", "cpu", *sets, "--set", "train.max_steps=3", "--set", "train.val_every_steps=2"]
+            "--threads", "1", "--device", "cpu", *sets, "--set", "train.max_steps=3", "--set", "train.val_every_steps=2",
+            "--set", "train.log_every_steps=1"]
     code = f"import sys; from baseline_torch.train import main; rc = main({argv!r}); {NO_JAX}; sys.exit(rc)"
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.strip().splitlines()[-1].startswith("val_bpb: ")
     summary = json.loads((out / "summary.json").read_text())
+    last = p.stdout.strip().splitlines()[-3:]  # the plain score, then the official script's two round-trip lines
+    assert last[0] == f"val_bpb: {summary['val_bpb']:.6f}"
+    assert last[1].startswith(f"final_int8_zlib_roundtrip val_loss:{summary['roundtrip_val_loss']:.4f} "
+                              f"val_bpb:{summary['roundtrip_val_bpb']:.4f} eval_time:")
+    assert last[2] == (f"final_int8_zlib_roundtrip_exact val_loss:{summary['roundtrip_val_loss']:.8f} "
+                       f"val_bpb:{summary['roundtrip_val_bpb']:.8f}")
+    assert summary["artifact_bytes"] == (out / "final_model.int8.ptz").stat().st_size
+    assert summary["submission_bytes"] == summary["artifact_bytes"] + summary["code_bytes"] > 0
     assert summary["stop_reason"] == "max_steps" and summary["steps"] == 3 and summary["implementation"] == "torch"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["kind"], r["step"]) for r in rows] == [("train", 1), ("train", 2), ("val", 2), ("train", 3), ("val", 3)]
-    assert rows[-1]["final"] is True and "final" not in rows[2]
+    assert [(r["kind"], r["step"]) for r in rows] == [("train", 1), ("train", 2), ("val", 2), ("train", 3), ("val", 3),
+                                                      ("roundtrip", 3)]
+    assert rows[-2]["final"] is True and "final" not in rows[2]
+    assert all(r["tokens_per_second"] > 0 and r["loadavg_1m"] >= 0 for r in rows if r["kind"] == "train")
     log = (out / "train.log").read_text()
-    assert "compile warm-up" in log and "step 3 loss" in log and "step 2 val loss" in log
+    assert "compile warm-up" in log and "step 2 val loss" in log
+    assert "step 3/3 | 1,536 tokens | " in log and "train split: 60,000 tokens" in log  # progress off a terminal
+    assert f"run directory       {out}" in p.stdout
     env = json.loads((out / "env.json").read_text())
     assert env["backend"] == "torch-cpu" and env["host_allocator"]["requested"] == "auto"
 

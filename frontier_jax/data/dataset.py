@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from frontier_jax.data.prepare import INCOMPLETE, MANIFEST, read_manifest
+from frontier_jax.data.manifest import INCOMPLETE, MANIFEST, read_manifest
 from frontier_jax.data.shards import DataError, atomic_write_text, list_shards, read_shard, shard_token_count
 from frontier_jax.data.stream import load_val_tokens
 from frontier_jax.data.tokenizer import ByteTables, check_vocab, load_tokenizer

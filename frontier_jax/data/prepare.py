@@ -32,13 +32,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from frontier_jax.data.manifest import INCOMPLETE, MANIFEST, MANIFEST_VERSION, read_manifest  # noqa: F401 - re-exported
 from frontier_jax.data.shards import DataError, atomic_write_text, write_shard
 from frontier_jax.data.tokenizer import load_tokenizer, train_sentencepiece
 from frontier_jax.errors import exit_on_error
 
-MANIFEST = "manifest.json"
-INCOMPLETE = ".prepare-incomplete"  # present while (or if a killed) prepare writes into the directory
-MANIFEST_VERSION = 1
 DEFAULT_SHARD_TOKENS = 100_000_000
 _ENCODE_CHUNK = 256  # documents encoded per call (SentencePiece batches them across threads)
 
@@ -228,17 +226,6 @@ def _write_shards(inputs, out_dir: Path, tokenizer_spec, train_tokenizer_vocab, 
     }
     atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")  # last: marks the directory complete
     return manifest
-
-
-def read_manifest(out_dir) -> dict:
-    """The manifest of a prepared directory; DataError if missing or unreadable."""
-    path = Path(out_dir) / MANIFEST
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"{path}: no manifest (directory not prepared, or preparation did not finish)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: unreadable manifest ({e})") from None
 
 
 def main(argv: list[str] | None = None) -> int:

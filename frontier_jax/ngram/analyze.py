@@ -65,7 +65,7 @@ def order_stats(pred: dict, y_N: np.ndarray, min_order: int, best_N: np.ndarray)
     out = []
     for o in range(pred["hit"].shape[1]):
         h = pred["hit"][:, o]
-        acc = float((pred["top"][h, o] == y_N[h]).mean()) if h.any() else float("nan")
+        acc = float((pred["top"][h, o] == y_N[h]).mean()) if h.any() else None  # no hit: no accuracy (not NaN)
         out.append({"order": min_order + o, "coverage": float(h.mean()), "top1_acc": acc, "backoff_share": float((best_N == o).mean())})
     return out
 
@@ -198,7 +198,7 @@ def analyze_run(run_dir, data_dir=None, tokenizer=None, snapshot_path=None, max_
     rows = []
     for o, order in enumerate(range(snap.min_order, snap.min_order + pred["hit"].shape[1])):
         h = pred["hit"][:, o]
-        acc = float((pred["top"][h, o] == y_N[h]).mean()) if h.any() else float("nan")
+        acc = float((pred["top"][h, o] == y_N[h]).mean()) if h.any() else None
         rows.append({"order": order, "coverage": float(h.mean()), "top1_acc": acc, "contribution_bpb": contrib[order],
                      "bias": [round(float(v), 4) for v in abl["bias_OC"][o]]})
     report["orders"] = rows
@@ -206,26 +206,55 @@ def analyze_run(run_dir, data_dir=None, tokenizer=None, snapshot_path=None, max_
     return report
 
 
+def _num(v, fmt: str = ".5f") -> str:
+    """One number format for every bpb in the tables (5 decimals), "-" for a missing value."""
+    return "-" if v is None else format(v, fmt)
+
+
+def _order_lines(orders: list[dict], header: str, cells) -> list[str]:
+    """One row per order with a hit; the orders without any hit in one line instead of rows of blanks."""
+    lines = [header]
+    empty = [o["order"] for o in orders if not o["coverage"]]
+    for o in orders:
+        if o["coverage"]:
+            lines.append(cells(o))
+    if empty:
+        lines.append(f"  orders {empty[0]}-{empty[-1]}: no hit on the val split" if len(empty) > 1
+                     else f"  order {empty[0]}: no hit on the val split")
+    return lines
+
+
 def format_report(r: dict) -> str:
-    """A short human-readable table of `analyze_run`'s report."""
+    """A short human-readable table of `analyze_run`'s report (every bpb to 5 decimals)."""
     lines = [f"{r['run']} step {r['checkpoint_step']}: {r['val_tokens']:,} val tokens, {r['val_bytes']:,} bytes",
-             f"  network alone   {r['bpb_network']:.5f} bpb"]
+             f"  network alone    {_num(r['bpb_network'])} bpb"]
     if "bpb_with_bias" in r:
-        lines.append(f"  with n-gram bias {r['bpb_with_bias']:.5f} bpb  (gain {r['gain_bpb']:+.5f}; "
-                     f"run summary {r['summary_val_bpb']})")
+        lines.append(f"  with n-gram bias {_num(r['bpb_with_bias'])} bpb  (gain {_num(r['gain_bpb'], '+.5f')}; "
+                     f"run summary {_num(r['summary_val_bpb'])})")
     if "tables" in r:
         t = r["tables"]
         lines.append(f"  tables v{t['snapshot_version']} ({t['tables_tokens']:,} tokens): n-gram alone "
-                     f"{t['ngram_bpb']} bpb, coverage {t['coverage_any_order']:.3f}")
+                     f"{_num(t['ngram_bpb'])} bpb, coverage {t['coverage_any_order']:.3f}")
     if r.get("orders") and "contribution_bpb" in r["orders"][0]:
-        lines.append("  order coverage top1  contribution_bpb  bias[conf buckets]")
-        for o in r["orders"]:
-            lines.append(f"  {o['order']:5d} {o['coverage']:8.3f} {o['top1_acc']:5.3f} {o['contribution_bpb']:+17.5f}  "
-                         f"{' '.join(f'{v:+.2f}' for v in o['bias'])}")
+        lines += _order_lines(r["orders"], "  order coverage top1  contribution_bpb  bias[conf buckets]", lambda o: (
+            f"  {o['order']:5d} {o['coverage']:8.3f} {_num(o['top1_acc'], '5.3f')} {o['contribution_bpb']:+17.5f}  "
+            f"{' '.join(f'{v:+.2f}' for v in o['bias'])}"))
     for name, g in (r.get("by_repetition") or {}).items():
         if g.get("docs"):
-            lines.append(f"  {name:9s} {g['docs']:4d} docs {int(g['bytes']):8,d} bytes: network {g['bpb_net']:.4f} "
-                         f"with bias {g['bpb_bias']:.4f} gain {g['gain']:+.4f}")
+            lines.append(f"  {name:9s} {g['docs']:4d} docs {int(g['bytes']):8,d} bytes: network {g['bpb_net']:.5f} "
+                         f"with bias {g['bpb_bias']:.5f} gain {g['gain']:+.5f}")
+    return "\n".join(lines)
+
+
+def format_tables_report(r: dict) -> str:
+    """`analyze_tables`'s report as a table (every bpb to 5 decimals)."""
+    bits = f"{r['ngram_bits_per_token']:.5f} bits/token"
+    lines = [f"{r['snapshot']} (v{r['snapshot_version']}, {r['tables_tokens']:,} tokens): {r['val_tokens']:,} val "
+             f"tokens, n-gram alone {_num(r['ngram_bpb'])} bpb ({bits}), coverage {r['coverage_any_order']:.3f}"]
+    if r.get("note"):
+        lines.append(f"  {r['note']}")
+    lines += _order_lines(r["orders"], "  order coverage top1  backoff_share", lambda o: (
+        f"  {o['order']:5d} {o['coverage']:8.3f} {_num(o['top1_acc'], '5.3f')} {o['backoff_share']:13.3f}"))
     return "\n".join(lines)
 
 
@@ -249,7 +278,7 @@ def main(argv=None) -> int:
         else:
             report = analyze_tables(args.tables, args.data, args.tokenizer or "", args.seq_len, args.val_pattern,
                                     args.max_tokens)
-            print(json.dumps(report, indent=1))
+            print(json.dumps(report, indent=1) if args.json else format_tables_report(report))
     return 0
 
 
