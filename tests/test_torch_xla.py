@@ -1,10 +1,11 @@
 """baseline_torch on the PyTorch/XLA device, run on the CPU through PJRT (PJRT_DEVICE=CPU): the lazy program
 torch-neuronx compiles for a NeuronCore, short of the Neuron compiler.
 
-Needs torch_xla, which the main environment does not have: CI's second environment (.ci/run builds
-.ci/xla-venv with torch 2.9 + torch-xla 2.9 and runs this file alone, with --noconftest, since
-tests/conftest.py imports JAX and that environment has none). Self-contained for that reason: its own
-tiny byte-level data and config overrides.
+The tests marked `torch_xla` need torch_xla, which the main environment does not have (they skip there
+with the reason): CI's second environment (.ci/run builds .ci/xla-venv with torch 2.9 + torch-xla 2.9)
+runs them alone, `-m torch_xla --noconftest`, since tests/conftest.py imports JAX and that environment
+has none. Self-contained for that reason: its own tiny byte-level data and config overrides. The
+unmarked tests (device detection and refusals without torch_xla) run in the main environment.
 """
 
 from __future__ import annotations
@@ -12,19 +13,23 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.torch_xla
-torch = pytest.importorskip("torch", reason="the PyTorch baseline needs torch")
-if importlib.util.find_spec("torch_xla") is None:
-    pytest.skip("needs PyTorch/XLA (torch 2.9 + torch-xla 2.9): CI's second environment, built by .ci/run as "
-                ".ci/xla-venv, runs this file with PJRT_DEVICE=CPU", allow_module_level=True)
-os.environ.setdefault("PJRT_DEVICE", "CPU")  # the test harness picks the PJRT device; the library reads none
+torch = pytest.importorskip("torch", reason="the PyTorch baseline needs the optional extra: pip install -e .[torch]")
+HAVE_XLA = importlib.util.find_spec("torch_xla") is not None
+if HAVE_XLA:
+    os.environ.setdefault("PJRT_DEVICE", "CPU")  # the test harness picks the PJRT device; the library reads none
+XLA_REASON = ("needs PyTorch/XLA (torch 2.9 + torch-xla 2.9): CI's second environment, built by .ci/run as "
+              ".ci/xla-venv, runs these with PJRT_DEVICE=CPU")
 
-import torch_xla.core.xla_model as xm  # noqa: E402
-import torch_xla.debug.metrics as met  # noqa: E402
+
+def on_xla(test):
+    """Marked `torch_xla` (what the second environment selects) and skipped with the reason without torch_xla."""
+    return pytest.mark.torch_xla(pytest.mark.skipif(not HAVE_XLA, reason=XLA_REASON)(test))
 
 from baseline_torch import xla  # noqa: E402
 from baseline_torch.train import Trainer, measure_matmul_peak, resolve_device, run  # noqa: E402
@@ -32,6 +37,7 @@ from frontier_jax.config import apply_overrides, load_config  # noqa: E402
 from frontier_jax.data.dataset import load_for_config  # noqa: E402
 from frontier_jax.data.shards import write_shard  # noqa: E402
 from frontier_jax.data.stream import TrainLoader  # noqa: E402
+from frontier_jax.rundir import RunError  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # configs/tiny.py made small (two layers, GQA, a tied embedding, encoder/decoder skips) and fp32 throughout,
@@ -82,11 +88,49 @@ def trainer(cfg, device):
 
 def counts() -> tuple[int, int]:
     """(graphs compiled, graphs executed) so far, once the device has finished what was launched."""
+    import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
+
     xm.wait_device_ops()
     execs = met.metric_data("ExecuteTime")
     return xla.compile_count(), int(execs[0]) if execs else 0
 
 
+# ----------------------------------------------------------------------------- without torch_xla too
+
+
+def test_a_neuron_host_is_torch_neuronx_installed_and_dev_neuron_devices(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    installed = {"torch_xla", "torch_neuronx"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n in installed else real(n, *a))
+    (tmp_path / "neuron_stats").touch()  # not a device
+    assert not xla.neuron_host(tmp_path)
+    (tmp_path / "neuron0").touch()
+    assert xla.neuron_host(tmp_path)
+    installed.discard("torch_neuronx")  # torch_xla alone (e.g. this CI's PJRT-CPU environment) is no Neuron host
+    assert not xla.neuron_host(tmp_path)
+
+
+def test_auto_takes_the_xla_device_on_a_neuron_host(monkeypatch):
+    monkeypatch.setattr(xla, "neuron_host", lambda: True)
+    monkeypatch.setattr(xla, "available", lambda: True)
+    monkeypatch.setattr(xla, "device", lambda: torch.device("xla", 0))
+    assert resolve_device("auto") == torch.device("xla", 0)
+    with pytest.raises(RunError, match="give 'xla'"):
+        resolve_device("xla:1")
+
+
+@pytest.mark.skipif(HAVE_XLA, reason="checks the refusal where torch_xla is absent")
+def test_device_xla_without_torch_xla_is_one_clear_error():
+    with pytest.raises(RunError, match="torch_xla is not installed"):
+        resolve_device("xla")
+    assert resolve_device("auto").type in ("cpu", "cuda")
+
+
+# ----------------------------------------------------------------------------- on xla:0 (PJRT CPU)
+
+
+@on_xla
 def test_the_xla_device_and_its_platform_are_pjrt_cpu_here():
     dev = resolve_device("xla")
     assert dev.type == "xla" and xla.platform() == "cpu"
@@ -94,6 +138,7 @@ def test_the_xla_device_and_its_platform_are_pjrt_cpu_here():
     assert resolve_device("auto").type in ("cpu", "cuda")
 
 
+@on_xla
 def test_same_weights_give_the_same_loss_on_xla_as_on_the_eager_cpu(data_dir):
     cfg = config(data_dir)
     cpu, lazy = trainer(cfg, torch.device("cpu")), trainer(cfg, resolve_device("xla"))
@@ -110,6 +155,7 @@ def test_same_weights_give_the_same_loss_on_xla_as_on_the_eager_cpu(data_dir):
     assert b["nll_sum_nats"] == pytest.approx(a["nll_sum_nats"], rel=FORWARD_RTOL)
 
 
+@on_xla
 def test_a_few_steps_give_the_same_losses_on_xla_as_on_the_eager_cpu(data_dir):
     cfg = config(data_dir)
     cpu, lazy = trainer(cfg, torch.device("cpu")), trainer(cfg, resolve_device("xla"))
@@ -120,6 +166,7 @@ def test_a_few_steps_give_the_same_losses_on_xla_as_on_the_eager_cpu(data_dir):
         np.testing.assert_allclose(got, want, rtol=STEPS_RTOL, atol=0)  # (loss, grad norm) of each step
 
 
+@on_xla
 def test_a_step_is_one_graph_compiled_once_whatever_the_schedule(data_dir):
     """With the Neuron dtype policy (bf16 autocast matmuls, bf16 embedding and Newton-Schulz); the fp32
     step is checked by the run below (its log counts the timed loop's compilations)."""
@@ -144,6 +191,17 @@ def test_a_step_is_one_graph_compiled_once_whatever_the_schedule(data_dir):
     assert counts()[0] == compiled
 
 
+@on_xla
+def test_the_cpu_path_never_imports_torch_xla_and_compile_is_refused_on_xla(data_dir, tmp_path):
+    code = ("import sys, torch; from baseline_torch.train import resolve_device; resolve_device('cpu'); "
+            "assert 'torch_xla' not in sys.modules, 'torch_xla imported'")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+    with pytest.raises(RunError, match="--compile with --device xla"):
+        run(config(data_dir), tmp_path / "run", device="xla", compile_model=True, echo=False)
+    assert not (tmp_path / "run").exists()
+
+
+@on_xla
 def test_the_matmul_peak_probe_computes_on_the_xla_device():
     dev = resolve_device("xla")
     _, executed = counts()
@@ -159,6 +217,7 @@ def runs(data_dir, tmp_path_factory):
     return {d: (out / d, run(cfg, out / d, device=d, echo=False)) for d in ("cpu", "xla")}
 
 
+@on_xla
 def test_the_run_directory_is_the_same_as_on_the_cpu(runs):
     (cpu_dir, cpu), (xla_dir, lazy) = runs["cpu"], runs["xla"]
     assert sorted(p.name for p in xla_dir.iterdir()) == sorted(p.name for p in cpu_dir.iterdir())
@@ -174,6 +233,7 @@ def test_the_run_directory_is_the_same_as_on_the_cpu(runs):
     assert env["xla"]["compute_dtype"] == env["cpu"]["compute_dtype"] == "float32"
 
 
+@on_xla
 def test_nothing_recompiles_in_the_timed_loop_after_a_one_step_warm_up(runs):
     log = (runs["xla"][0] / "train.log").read_text()
     assert "xla: 0 graph compilation(s) in 6 timed step(s)" in log
