@@ -117,7 +117,8 @@ class Trainer:
         self.cfg, self.device, self.loader, self.val_tokens, self.tables = cfg, device, loader, val_tokens, tables
         self.dtype = compute_dtype_for(cfg, device)
         self.platform = device_platform(device)
-        # Neuron has no float64 (the old XLA_USE_BF16 mapped torch.double to bf16): per-batch sums in fp32.
+        # NeuronCore-v2 computes no float64 (its engines: cFP8, FP16, BF16, TF32, FP32, INT8-32; aws-neuron-sdk
+        # about-neuron/arch/neuron-hardware/neuron-core-v2.rst): per-batch sums in fp32 on XLA, float64 on the host.
         self.sum_dtype = torch.float32 if device.type == "xla" else torch.float64
         t = cfg.train
         self.seqs_per_step = t.tokens_per_step // t.seq_len
