@@ -69,7 +69,7 @@ def compute_dtype_for(cfg: Config, device: torch.device) -> torch.dtype:
 
 def environment(device: torch.device) -> dict:
     return {**rundir.environment(PACKAGES), "backend": f"torch-{device.type}", "devices": [str(device)],
-            "platform_of_devices": device_platform(device), "torch_threads": torch.get_num_threads(),
+            "device_platform": device_platform(device), "torch_threads": torch.get_num_threads(),
             **(xla.versions() if device.type == "xla" else {})}
 
 

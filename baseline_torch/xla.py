@@ -41,7 +41,9 @@ def neuron_host(dev: Path = DEV) -> bool:
 
 
 def device() -> torch.device:
-    """The default XLA device (xla:0): one NeuronCore under torch-neuronx, the host under PJRT_DEVICE=CPU."""
+    """The default XLA device (xla:0): one NeuronCore under torch-neuronx, the host under PJRT_DEVICE=CPU.
+    Call it before the process's first backward pass: PyTorch's autograd engine sizes its per-device
+    queues then, and an XLA device started later fails its backward (`resolve_device` runs first)."""
     import torch_xla
 
     return torch.device(torch_xla.device())

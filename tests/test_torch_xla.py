@@ -23,6 +23,12 @@ torch = pytest.importorskip("torch", reason="the PyTorch baseline needs the opti
 HAVE_XLA = importlib.util.find_spec("torch_xla") is not None
 if HAVE_XLA:
     os.environ.setdefault("PJRT_DEVICE", "CPU")  # the test harness picks the PJRT device; the library reads none
+    # Before any eager backward of this process: PyTorch's autograd engine sizes its per-device queues at its
+    # first backward, and an XLA device that comes up after that fails its backward (INTERNAL ASSERT in
+    # engine.cpp). A training process starts it when it resolves --device xla, before any backward.
+    import torch_xla
+
+    torch_xla.device()
 XLA_REASON = ("needs PyTorch/XLA (torch 2.9 + torch-xla 2.9): CI's second environment, built by .ci/run as "
               ".ci/xla-venv, runs these with PJRT_DEVICE=CPU")
 
