@@ -169,7 +169,7 @@ def state_dict_numpy(model: nn.Module) -> dict[str, np.ndarray]:
 
     out = {}
     for k, v in model.state_dict().items():
-        a = v.detach().to(torch.float32).cpu().numpy()
+        a = v.detach().cpu().to(torch.float32).numpy()  # to the host first: no device graph for the cast
         out[k] = a.astype(ml_dtypes.bfloat16) if v.dtype == torch.bfloat16 else a
     return out
 

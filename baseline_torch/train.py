@@ -6,13 +6,13 @@ tables: identical tokens in identical order, identical byte counts), the same ru
 compile warm-up then reset, stop order, validation cadence, schedules, summary, exit codes) and the
 same run directory (`frontier_jax.rundir`: config.json, env.json, metrics.jsonl, summary.json +
 summary.txt, curves.png, train.log), plus weights.npz (the interop format). No checkpoints and no
-resume. Prints `val_bpb: X` at the end. Imports no JAX.
+resume. Prints `val_bpb: X` at the end. Imports no JAX. `--device xla` trains on PyTorch/XLA's device, a
+NeuronCore under torch-neuronx (baseline_torch.xla; torch_xla is imported only then).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import sys
 import time
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from baseline_torch import quantize
+from baseline_torch import quantize, xla
 from baseline_torch.model import GPT, count_params, load_npz, save_npz
 from baseline_torch.optim import Optimizers
 from frontier_jax import progress, rundir
@@ -36,26 +36,41 @@ from frontier_jax.data.dataset import load_for_config
 from frontier_jax.data.stream import val_batches
 from frontier_jax.rundir import RunError, RunLog
 
-PACKAGES = ("torch", "numpy", "sentencepiece")
+PACKAGES = ("torch", "numpy", "sentencepiece", "torch-xla", "torch-neuronx", "neuronx-cc")
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def resolve_device(device: str | None) -> torch.device:
+    """auto: the XLA device on a Neuron host (baseline_torch.xla.neuron_host), else CUDA when available,
+    else the CPU. xla: PyTorch/XLA's default device (README "The PyTorch baseline on trn1")."""
     if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "xla" if xla.neuron_host() else "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RunError(f"--device {device}: CUDA is not available in this PyTorch build/machine")
+    if device.startswith("xla"):
+        if device not in ("xla", "xla:0"):
+            raise RunError(f"--device {device}: give 'xla' (the process's default XLA device, one NeuronCore)")
+        if not xla.available():
+            raise RunError("--device xla: torch_xla is not installed (torch-neuronx on trn1, or torch-xla from "
+                           "the package index; README \"The PyTorch baseline on trn1\")")
+        return xla.device()
     return torch.device(device)
+
+
+def device_platform(device: torch.device) -> str:
+    """Where the arithmetic runs: "cpu", "cuda", or for the XLA device its PJRT type ("neuron", "cpu")."""
+    return xla.platform() if device.type == "xla" else device.type
 
 
 def compute_dtype_for(cfg: Config, device: torch.device) -> torch.dtype:
     """The dtype policy (frontier_jax.run_policy.compute_dtype_name) applied to this device."""
-    return _TORCH_DTYPES[policy.compute_dtype_name(cfg.model, "cpu" if device.type == "cpu" else "gpu")]
+    return _TORCH_DTYPES[policy.compute_dtype_name(cfg.model, device_platform(device))]
 
 
 def environment(device: torch.device) -> dict:
     return {**rundir.environment(PACKAGES), "backend": f"torch-{device.type}", "devices": [str(device)],
-            "torch_threads": torch.get_num_threads()}
+            "device_platform": device_platform(device), "torch_threads": torch.get_num_threads(),
+            **(xla.versions() if device.type == "xla" else {})}
 
 
 def measure_matmul_peak(device: torch.device, dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
@@ -65,32 +80,54 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, n: int = 2048,
     for _ in range(reps + 1):
         _sync(device)
         t0 = time.perf_counter()
-        a @ b
+        c = a @ b  # kept: an unreferenced lazy (XLA) result is never computed
         _sync(device)
         best = min(best, time.perf_counter() - t0)
+    del c
     return 2.0 * n**3 / best
 
 
 def _sync(device: torch.device) -> None:
+    """Wait until the device has finished everything issued so far (XLA: after marking the step)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "xla":
+        xla.sync(wait=True)
+
+
+def _mark_step(device: torch.device) -> None:
+    """The end of one graph on the XLA device (compiled once, then launched without waiting); eager
+    devices have run everything already."""
+    if device.type == "xla":
+        xla.sync()
 
 
 class Trainer:
     """Model + optimizers + data, and the run policy's hooks: train step (with grad accumulation), eval
-    sums, snapshot/restore for the warm-up reset."""
+    sums, snapshot/restore for the warm-up reset.
+
+    On the XLA device a train step is one graph: the micro-batches' forward and backward, the gradient
+    norm and the optimizer step are recorded lazily and the step is marked once at its end; its loss and
+    gradient norm come back as one device tensor that the driver reads a step later (the read waits
+    for that step, so the budget counts finished steps). Evaluation marks one graph per (fixed-shape)
+    batch and reads the sums at the end."""
 
     def __init__(self, cfg: Config, device: torch.device, loader: TrainLoader, val_tokens: np.ndarray, tables,
                  compile_model: bool = False):
         self.cfg, self.device, self.loader, self.val_tokens, self.tables = cfg, device, loader, val_tokens, tables
         self.dtype = compute_dtype_for(cfg, device)
+        self.platform = device_platform(device)
+        # NeuronCore-v2 computes no float64 (its engines: cFP8, FP16, BF16, TF32, FP32, INT8-32; aws-neuron-sdk
+        # about-neuron/arch/neuron-hardware/neuron-core-v2.rst): per-batch sums in fp32 on XLA, float64 on the host.
+        self.sum_dtype = torch.float32 if device.type == "xla" else torch.float64
         t = cfg.train
         self.seqs_per_step = t.tokens_per_step // t.seq_len
         self.micro_seqs, self.accum = policy.split_batch(self.seqs_per_step, t.micro_batch_seqs, 1, 1)
         torch.manual_seed(t.seed)
         self.model = GPT(cfg.model, self.dtype).to(device)
         self.forward = torch.compile(self.model, dynamic=False, fullgraph=True) if compile_model else self.model
-        self.opt = Optimizers(self.model, cfg.optim, device.type)
+        self.opt = Optimizers(self.model, cfg.optim, self.platform, xla=device.type == "xla")
+        _mark_step(device)  # parameters and optimizer state become device data before the first step
 
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16)
@@ -112,31 +149,42 @@ class Trainer:
         gnorm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
         self.opt.step(lr_scale, momentum)
         self.opt.zero_grad()
-        return float(total / M), float(gnorm)  # float() waits for the device
+        metrics = torch.stack([total / M, gnorm.float()])
+        _mark_step(self.device)
+        return metrics
+
+    @staticmethod
+    def read_metrics(metrics: torch.Tensor) -> tuple[float, float]:
+        """(loss, grad_norm) of a step `train_step` returned; waits for that step to finish."""
+        loss, gnorm = metrics.tolist()
+        return loss, gnorm
 
     @torch.no_grad()
     def eval_sums(self, max_tokens: int) -> dict:
         t = self.cfg.train
         toks = policy.val_window_tokens(self.val_tokens, max_tokens, t.seq_len)
-        nll, ntoks, nbytes = 0.0, 0, 0
+        sums, ntoks, nbytes = [], 0, 0
         for x, y, mask in val_batches(toks, t.seq_len, t.val_batch_seqs):
             xt = torch.from_numpy(x).to(self.device, torch.long)
             yt = torch.from_numpy(y).to(self.device, torch.long)
             with self._autocast():
                 loss = self.forward(xt, yt).float()
             m = torch.from_numpy(mask).to(self.device).bool()
-            nll += float(torch.where(m, loss, 0.0).double().sum())
+            sums.append(torch.where(m, loss, 0.0).to(self.sum_dtype).sum())
+            _mark_step(self.device)
             ntoks += int(mask.sum())
             nbytes += int((count_bytes(self.tables, x, y) * mask).sum())
+        nll = sum(float(s) for s in sums)  # float64 on the host, batch by batch
         return {"nll_sum_nats": nll, "tokens": ntoks, "bytes": nbytes}
 
     def snapshot(self):
-        return copy.deepcopy(self.model.state_dict()), self.loader.state()
+        """The parameters (copied to host memory) and the data position, before the warm-up."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}, self.loader.state()
 
     def restore(self, snap) -> None:
         model_state, data_state = snap
         self.model.load_state_dict(model_state)
-        self.opt = Optimizers(self.model, self.cfg.optim, self.device.type)
+        self.opt = Optimizers(self.model, self.cfg.optim, self.platform, xla=self.device.type == "xla")
         self.loader.restore(data_state)
         _sync(self.device)
 
@@ -148,6 +196,10 @@ def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bo
     signal before the first timed step leaves no run directory behind."""
     with rundir.Signals() as signals:  # from the start, as the JAX trainer
         dev = resolve_device(device)
+        if compile_model and dev.type == "xla":
+            raise RunError("--compile with --device xla: torch.compile is not supported by torch-neuronx 2.9 "
+                           "(aws-neuron-sdk archive/appnotes/torch-neuronx/introducing-pytorch-2-9.rst); the XLA "
+                           "device compiles each marked step as one graph already")
         data = load_for_config(cfg)
         trainer = Trainer(cfg, dev, TrainLoader(data.train_files, cfg.train.seq_len), data.val_tokens, data.tables,
                           compile_model)
@@ -174,7 +226,8 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
     rundir.write_json(out_dir / rundir.ENV, {**env, "compute_dtype": str(trainer.dtype).removeprefix("torch."),
                                               "torch_compile": compile_model, "host_allocator": allocator})
     log(f"baseline_torch run {out_dir} | config {cfg.name} ({config_hash(cfg)}) | git {env['git']}")
-    log(f"device {device} | torch {torch.__version__} | compute dtype {trainer.dtype} "
+    log(f"device {device} ({trainer.platform}) | torch {torch.__version__}"
+        + (f" | torch_xla {env['torch_xla']}" if device.type == "xla" else "") + f" | compute dtype {trainer.dtype} "
         f"(model.compute_dtype={cfg.model.compute_dtype}) | torch.compile {compile_model}"
         + (f" | allocator {describe_allocator(allocator)}" if allocator else ""))
     log(f"data {cfg.data.data_dir}: {len(data.train_files)} train shards, {data.val_tokens.size - 1:,} val targets | "
@@ -198,9 +251,10 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
                                                                 "step": summary["steps"], "source": "baseline_torch"})
         rundir.write_summary(out_dir, summary)
 
-    hooks = policy.Hooks(train_step=trainer.train_step, read_metrics=lambda m: m, eval_sums=trainer.eval_sums,
-                         snapshot=trainer.snapshot, restore=trainer.restore, log=log, metrics=metrics_log.log,
-                         signals=signals, write_summary=write_summary,
+    plugins = [xla.CompileWatch(log)] if device.type == "xla" else []
+    hooks = policy.Hooks(train_step=trainer.train_step, read_metrics=trainer.read_metrics,
+                         eval_sums=trainer.eval_sums, snapshot=trainer.snapshot, restore=trainer.restore, log=log,
+                         metrics=metrics_log.log, signals=signals, write_summary=write_summary, plugins=plugins,
                          roundtrip=quantize.roundtrip_hook(trainer.model, out_dir))
     hooks.add_hook(progress.Progress(log, policy.Policy.from_config(cfg), progress.train_tokens(data.train_files), t))
     base = {"config_name": cfg.name, "config_hash": config_hash(cfg), "implementation": "torch",
@@ -220,7 +274,8 @@ def parse_args(argv):
     p.add_argument("--out", help="run directory (default runs/<config>-torch-<time>)")
     p.add_argument("--seed", type=int)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.num_layers=4")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | xla (PyTorch/XLA: a NeuronCore "
+                                                     "under torch-neuronx; auto picks it on a Neuron host)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (as the baseline does on GPU)")
     p.add_argument("--init-weights", metavar="NPZ", help="start from these weights (interop .npz, state_dict names)")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice; 1 is faster on "
@@ -238,7 +293,7 @@ def main(argv=None) -> int:
                                     kernels=None)
             cfg, out, _, _ = rundir.resolve_run(ns)
             device = resolve_device(args.device)
-            allocator = tune_allocator(cfg.train.allocator, device.type)  # the JAX trainer's process setting
+            allocator = tune_allocator(cfg.train.allocator, device_platform(device))  # the JAX trainer's setting
             if not args.out:
                 out = Path("runs") / f"{cfg.name}-torch-{time.strftime('%Y%m%d-%H%M%S')}"
             summary = run(cfg, out, str(device), args.compile, args.init_weights, allocator=allocator)

@@ -93,6 +93,22 @@ def _arm_sets(arm: Arm) -> list[str]:
     return [arm.args[i + 1] for i, w in enumerate(arm.args[:-1]) if w == "--set"]
 
 
+def match_core_count(arms: list[Arm]) -> list[str]:
+    """The same core count for jax and torch arms: the PyTorch baseline trains in one process on one
+    device (on trn1 PyTorch/XLA's default device, one NeuronCore, README "The PyTorch baseline on trn1"),
+    while the JAX trainer takes every device by default (both NeuronCores of a trn1.2xlarge). When a torch
+    arm is compared, each jax arm that does not choose `parallel.num_devices` itself gets
+    `--set parallel.num_devices=1` (appended to its args). Returns one note per arm changed."""
+    if not any(a.kind == "torch" for a in arms):
+        return []
+    notes = []
+    for arm in arms:
+        if arm.kind == "jax" and not any(s.startswith("parallel.num_devices") for s in _arm_sets(arm)):
+            arm.args += ["--set", "parallel.num_devices=1"]
+            notes.append(f"arm {arm.label}: --set parallel.num_devices=1 (the torch arms train on one device)")
+    return notes
+
+
 def validate(arms: list[Arm], data: str | None, tokenizer: str | None) -> dict:
     """Refuse mismatched or broken input before anything runs; returns facts for the report."""
     if len(arms) < 2:
@@ -258,6 +274,7 @@ def compare(a: argparse.Namespace) -> int:
     if a.seeds < 1 or a.budget <= 0:
         raise CompareError("--seeds must be >= 1 and --budget > 0")
     arms = [parse_arm(s, i) for i, s in enumerate(a.arm)]
+    core_notes = match_core_count(arms)
     facts = validate(arms, a.data, a.tokenizer)
     out = Path(a.out)
     if (out / "results.json").exists():
@@ -265,10 +282,13 @@ def compare(a: argparse.Namespace) -> int:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     timeout = a.timeout or 3 * a.budget + 600
     meta = {"data": a.data, "tokenizer": a.tokenizer, "budget_seconds": a.budget, "seeds": a.seeds,
-            "seed_base": a.seed_base, "order": "interleaved", "started": time.strftime("%Y-%m-%d %H:%M:%S"), **facts}
+            "seed_base": a.seed_base, "order": "interleaved", "started": time.strftime("%Y-%m-%d %H:%M:%S"), **facts,
+            **({"core_count": core_notes} if core_notes else {})}
     runs: list[dict] = []
     order = [(k, arm) for k in range(a.seeds) for arm in arms]  # A B A B ...
     print(f"compare: {len(arms)} arms x {a.seeds} seeds = {len(order)} runs, budget {a.budget:g} s each -> {out}")
+    for note in core_notes:
+        print(f"compare: {note}")
     try:
         results = _run_all(order, arms, a, out, meta, runs, timeout)
     except KeyboardInterrupt:

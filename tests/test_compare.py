@@ -142,3 +142,15 @@ def test_jax_vs_torch_on_byte_data(byte_data, tmp_path):
         assert run["curve"] and run["curve"][-1]["bpb"] == pytest.approx(run["val_bpb"])
     assert res["pairs"][0]["verdict"] == "undecided"  # one seed each: no interval
     assert "A-torch-tiny" not in (out / "results.md").read_text() and "B-torch-tiny" in (out / "results.md").read_text()
+
+
+def test_jax_arms_get_the_torch_arms_core_count():
+    from frontier_jax.compare import match_core_count, parse_arm
+
+    arms = [parse_arm(s, i) for i, s in enumerate(["jax:configs/tiny.py", "two=jax:configs/tiny.py --set "
+                                                   "parallel.num_devices=2", "torch:configs/tiny.py"])]
+    notes = match_core_count(arms)
+    assert arms[0].args == ["--set", "parallel.num_devices=1"] and len(notes) == 1 and arms[0].label in notes[0]
+    assert arms[1].args == ["--set", "parallel.num_devices=2"] and arms[2].args == []  # its own choice is kept
+    alone = [parse_arm("jax:configs/tiny.py", 0), parse_arm("jax:configs/tiny.py --set model.num_layers=3", 1)]
+    assert match_core_count(alone) == [] and alone[0].args == []  # no torch arm: untouched
