@@ -62,7 +62,7 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     from frontier_jax.data.stream import val_batches
     from frontier_jax.host import tune_allocator
     from frontier_jax.interop import read_run_config, restore_params
-    from frontier_jax.steps import evaluate_batches, make_eval_step
+    from frontier_jax.steps import evaluate_batches, make_eval_step, q_gains
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -91,7 +91,9 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     else:
         cfg, graphdef, params, step, dtype = restore_params(run_dir, step, log)
     bias_fn, aux = _ngram_bias(run_dir, cfg)
-    eval_step = make_eval_step(graphdef, data.tables, bias_fn)
+    # the qk_attention forward the kernel path runs for these gains (frontier_jax.ops.attention_forward)
+    exact = not ops.bounded_shift_valid(float(ops.score_bound(q_gains(params), cfg.model.head_dim)), T)
+    eval_step = make_eval_step(graphdef, data.tables, bias_fn, attention_exact=exact)
     batches = val_batches(tokens, T, batch_seqs, stride=None if stride == T else stride)
     sums = evaluate_batches(eval_step, params, batches, aux)
     return {

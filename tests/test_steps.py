@@ -97,8 +97,10 @@ def test_score_bound_metric_is_the_updated_gains_bound(byte_data):
     tx = optim.build_optimizer(cfg.optim)
     graphdef, params, opt_state, _ = loop.init_state(cfg, tx, jnp.float32, dp)
     step = make_train_step(graphdef, tx, mesh=dp.mesh, head_dim=cfg.model.head_dim, donate=False)
-    x = np.zeros((1, 4, cfg.train.seq_len), np.int32)
-    p, _, m = step(params, opt_state, x, x, jnp.float32(1.0), jnp.float32(0.9), None)
+    x = np.random.default_rng(0).integers(0, 256, (1, 4, cfg.train.seq_len)).astype(np.int32)
+    p, s = params, opt_state
+    for _ in range(2):  # the zero-initialised output projections give the gains no gradient in step 1
+        p, s, m = step(p, s, x, np.roll(x, -1, axis=2), jnp.float32(1.0), jnp.float32(0.9), None)
     want = ops.score_bound([np.asarray(g) for g in q_gains(p)], cfg.model.head_dim)
     assert float(m["score_bound"]) == pytest.approx(float(want), rel=1e-6)
     assert float(m["score_bound"]) != pytest.approx(float(ops.score_bound(q_gains(params), cfg.model.head_dim)))

@@ -210,5 +210,6 @@ def test_torch_trainer_writes_the_run_layout(byte_data, tmp_path):
     assert summary["tokens"] == 3 * 512 and 0 < summary["val_bpb"] < 10
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3]
-    assert rows[-1]["kind"] == "val" and rows[-1]["final"] is True
+    vals = [r for r in rows if r["kind"] == "val"]
+    assert vals[-1]["final"] is True and rows[-1]["kind"] == "roundtrip"  # the int8+zlib round trip comes last
     assert json.loads((out / "env.json").read_text())["compute_dtype"] == "float32"
