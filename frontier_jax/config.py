@@ -116,6 +116,15 @@ class DataConfig:
     tokenizer: str = ""  # a SentencePiece .model path, or "bytes" for the byte-level tokenizer
     train_pattern: str = "*_train_*.bin"  # glob of the train shards in data_dir (read in name order)
     val_pattern: str = "*_val_*.bin"  # glob of the val shards in data_dir (concatenated in name order)
+    # Refuse to start when more than this share of the val split's document tokens are documents that
+    # also occur in the train split (exact duplicates; frontier_jax.data.integrity). 0.001: perfectly
+    # memorised duplicates could lower val bpb by at most this share of it (~0.001 bpb at 1.2 bpb), near
+    # the 0.0005 bpb noise level, while a leaked shard or a pattern matching val gives 1.0.
+    max_val_duplicate_share: float = 0.001
+
+    def __post_init__(self):
+        if not 0.0 <= self.max_val_duplicate_share <= 1.0:
+            raise ConfigError(f"data.max_val_duplicate_share must be in [0, 1], got {self.max_val_duplicate_share}")
 
 
 @dataclass(frozen=True, kw_only=True)
