@@ -145,3 +145,21 @@ def test_npz_headers_are_checked_before_any_array_is_read(tmp_path, monkeypatch)
         rundir.load_npz(big, expect={"w": (4,)})
     with pytest.raises(rundir.WeightsError, match="missing key 'v'"):
         rundir.load_npz(big, expect={"w": (1 << 18,), "v": (2,)})
+
+
+def test_a_directory_made_by_interop_import_holds_a_run(tmp_path):
+    """Round 3, cause 4: `train --out DIR` on a directory made by `interop import` (config.json, env.json,
+    checkpoints/0, no metrics.jsonl) trained from scratch over it; retention deleted the imported weights."""
+    run = tmp_path / "imported"
+    (run / rundir.CHECKPOINTS / "0").mkdir(parents=True)
+    (run / rundir.CONFIG).write_text("{}")
+    (run / rundir.ENV).write_text("{}")
+    with pytest.raises(rundir.RunError, match="already holds a run; use --resume"):
+        rundir.claim_run_dir(run, resume=False)
+    assert (run / rundir.CHECKPOINTS / "0").is_dir()
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / rundir.CONFIG).write_text("{}")  # a start that stopped before training: not a run
+    lock, created = rundir.claim_run_dir(fresh, resume=False)
+    lock.release()
+    assert not created
