@@ -163,3 +163,14 @@ def test_a_directory_made_by_interop_import_holds_a_run(tmp_path):
     lock, created = rundir.claim_run_dir(fresh, resume=False)
     lock.release()
     assert not created
+
+
+def test_a_full_disk_under_the_metrics_log_names_the_file():
+    """Round 3: disk full outside a checkpoint named no file (a write reports none)."""
+    import errno
+    from pathlib import Path
+
+    log = rundir.MetricsLog(Path("/dev/full"))  # every write to /dev/full fails with ENOSPC
+    with pytest.raises(OSError) as e:
+        log.log(kind="train", step=1)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == "/dev/full"
