@@ -29,6 +29,7 @@ from frontier_jax import run_policy as policy
 from frontier_jax.config import Config, config_hash, model_hash, to_dict
 from frontier_jax.data.stream import TrainLoader
 from frontier_jax.data.tokenizer import count_bytes
+from frontier_jax.config import ConfigError
 from frontier_jax.errors import exit_on_error
 from frontier_jax.host import describe as describe_allocator
 from frontier_jax.host import tune_allocator
@@ -194,6 +195,9 @@ def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bo
     """Train `cfg` with PyTorch into `out_dir`; returns the summary dict (as frontier_jax.loop.run).
     Every input (device, data, tokenizer, initial weights) is checked before anything is written; a
     signal before the first timed step leaves no run directory behind."""
+    if cfg.ngram.enabled:  # never silently a different model than the config names
+        raise ConfigError("ngram.enabled=True: the PyTorch baseline has no n-gram bias (use the JAX trainer, or "
+                          "--set ngram.enabled=False)")
     with rundir.Signals() as signals:  # from the start, as the JAX trainer
         dev = resolve_device(device)
         if compile_model and dev.type == "xla":

@@ -6,13 +6,17 @@ StandardSave) and `meta` (JSON: step, data position, elapsed training time, mode
 Orbax writes each step into a temporary directory and renames it when complete, so a crash never
 leaves a half-written checkpoint that `latest_step` would pick up; a failed save (a full disk)
 removes its temporary directory and is reported in one line. Saving a step that is already saved
-is a no-op (a stop on a step that already has a periodic checkpoint). A checkpoint that cannot be
-read (a corrupt file) is skipped by `restore` with one line naming it, in favour of the next older.
+is a no-op (a stop on a step that already has a periodic checkpoint); a save that orbax declines
+(a newer step exists) is an error, never a silent skip. A checkpoint that cannot be read (a corrupt
+file) is skipped by `restore` with one line naming it, in favour of the next older; the trainer then
+moves it aside (`set_aside`, to `<run>/corrupt-checkpoints/`) so the run's later saves of those
+steps reach disk and its newest checkpoint is one that restores.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import logging
 import shutil
@@ -26,6 +30,7 @@ import orbax.checkpoint as ocp
 from frontier_jax.data.shards import DataError
 from frontier_jax.errors import describe_os_error
 
+SET_ASIDE = "corrupt-checkpoints"  # <run>/corrupt-checkpoints/<step>[-n]: checkpoints restore could not read
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's temporary directory marker (orbax/checkpoint/_src/path/atomicity_types.py)
 
 
@@ -42,16 +47,18 @@ def _quiet():
     """Orbax logs every failed read at ERROR through absl, and a failed read leaves coroutines whose
     exceptions Python would print when they are collected: both are silenced here (collected before
     leaving), as the caller reports the failure in one line."""
-    absl = logging.getLogger("absl")
-    level, hook = absl.level, sys.unraisablehook
+    absl, aio = logging.getLogger("absl"), logging.getLogger("asyncio")  # asyncio: "Task exception was never retrieved"
+    levels, hook = (absl.level, aio.level), sys.unraisablehook
     absl.setLevel(logging.CRITICAL)
+    aio.setLevel(logging.CRITICAL)
     sys.unraisablehook = lambda unraisable: None
     try:
         yield
     finally:
         gc.collect()
         sys.unraisablehook = hook
-        absl.setLevel(level)
+        absl.setLevel(levels[0])
+        aio.setLevel(levels[1])
 
 
 def _manager(run_dir: Path, keep: int = 2) -> ocp.CheckpointManager:
@@ -66,8 +73,16 @@ def _manager(run_dir: Path, keep: int = 2) -> ocp.CheckpointManager:
 def _first_line(e: BaseException) -> str:
     if isinstance(e, OSError):
         return describe_os_error(OSError(e.errno, e.strerror))  # the path is orbax's temporary one
+    if _is_disk_full(e):  # TensorStore reports ENOSPC as RESOURCE_EXHAUSTED in a ValueError
+        return "disk full (ENOSPC)"
     text = str(e).split(" See full TensorStore details")[0].strip().splitlines()
     return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+
+
+def _is_disk_full(e: BaseException) -> bool:
+    text = str(e)
+    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left" in text or (
+        "RESOURCE_EXHAUSTED" in text and ("Failed writing" in text or "Failed to write" in text))
 
 
 def _is_environment_failure(e: BaseException) -> bool:
@@ -75,7 +90,7 @@ def _is_environment_failure(e: BaseException) -> bool:
     if isinstance(e, OSError):
         return True
     text = str(e)
-    return any(s in text for s in ("No space left", "Permission denied", "Read-only file system", "Disk quota"))
+    return _is_disk_full(e) or any(s in text for s in ("Permission denied", "Read-only file system", "Disk quota"))
 
 
 def steps(run_dir: Path) -> list[int]:
@@ -106,10 +121,14 @@ def save(run_dir: Path, step: int, state, meta: dict) -> Path | None:
     # the processes that already see `checkpoints/` - a race with the first save's mkdir.)
     if (ckpt_dir / str(step)).is_dir():
         return None
+    newer = [s for s in _step_dirs(ckpt_dir) if s > step]
+    if newer:  # orbax would decline the save (should_save is False when latest_step >= step)
+        raise CheckpointError(f"{ckpt_dir / str(step)}: checkpoint not written: {ckpt_dir} already holds the "
+                              f"later step {newer[-1]} (move it aside or resume from it)")
     try:
         with _quiet(), _manager(run_dir) as mngr:
-            mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                    meta=ocp.args.JsonSave(meta)))
+            saved = mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                            meta=ocp.args.JsonSave(meta)))
             mngr.wait_until_finished()
     except Exception as e:
         _remove_temporary(ckpt_dir, step)
@@ -117,7 +136,36 @@ def save(run_dir: Path, step: int, state, meta: dict) -> Path | None:
             raise CheckpointError(f"{ckpt_dir / str(step)}: checkpoint not written ({_first_line(e)}); "
                                   f"the older checkpoints are intact") from None
         raise
+    if not saved or not (ckpt_dir / str(step)).is_dir():
+        raise CheckpointError(f"{ckpt_dir / str(step)}: checkpoint not written (orbax declined the save; "
+                              f"steps on disk: {_step_dirs(ckpt_dir)})")
     return ckpt_dir / str(step)
+
+
+def _step_dirs(ckpt_dir: Path) -> list[int]:
+    """The step directories in `ckpt_dir` by name (no CheckpointManager: see `save`), oldest first."""
+    if not ckpt_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in ckpt_dir.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def set_aside(run_dir: Path, steps_to_move) -> list[Path]:
+    """Move the given (unreadable) checkpoint steps to `<run>/corrupt-checkpoints/<step>` (a `-n` suffix
+    when that exists); returns where each went. The run's history is then consistent: later saves of
+    those steps are written, and the newest checkpoint is one that restores."""
+    run_dir, moved = Path(run_dir), []
+    for step in steps_to_move:
+        src = run_dir / "checkpoints" / str(step)
+        if not src.is_dir():
+            continue
+        dst_dir = run_dir / SET_ASIDE
+        dst_dir.mkdir(exist_ok=True)
+        dst, n = dst_dir / str(step), 1
+        while dst.exists():
+            dst, n = dst_dir / f"{step}-{n}", n + 1
+        src.rename(dst)
+        moved.append(dst)
+    return moved
 
 
 def _remove_temporary(ckpt_dir: Path, step: int, settle_s: float = 0.3, wait_s: float = 10.0) -> None:
@@ -161,6 +209,9 @@ def read_meta(run_dir: Path, step: int | None = None) -> tuple[int, dict]:
     step = latest_step(run_dir) if step is None else step
     if step is None:
         raise CheckpointError(f"{run_dir}: no checkpoint found (expected {run_dir}/checkpoints/<step>/)")
+    if not (Path(run_dir) / "checkpoints" / str(step)).is_dir():
+        have = ", ".join(str(s) for s in steps(run_dir)) or "none"
+        raise CheckpointError(f"{run_dir}/checkpoints/{step}: no checkpoint of step {step} (steps saved: {have})")
     try:
         with _quiet(), _manager(run_dir) as mngr:
             out = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
@@ -184,11 +235,11 @@ def _restore_one(run_dir: Path, step: int, abstract, expect_model_hash: str | No
 
 
 def restore(run_dir: Path, abstract_state, step: int | None = None, expect_model_hash: str | None = None,
-            log=None):
+            log=None, skipped_steps: list | None = None):
     """Restore (state, meta). `abstract_state` gives shapes/dtypes/shardings (e.g. jax.eval_shape of the init).
 
     step None: the newest checkpoint that can be read; each unreadable newer one is skipped with one
-    line through `log` naming it. A checkpoint whose model hash differs from `expect_model_hash` is
+    line through `log` naming it (and its step appended to `skipped_steps`). A checkpoint whose model hash differs from `expect_model_hash` is
     refused before any array is read (never skipped). No readable checkpoint: CheckpointError.
     """
     run_dir = Path(run_dir)
@@ -207,9 +258,11 @@ def restore(run_dir: Path, abstract_state, step: int | None = None, expect_model
         except CheckpointError as e:
             skipped.append((s, str(e)))
             continue
-        for _, why in skipped:  # logged only when an older one is used: otherwise the error says it all
+        for bad, why in skipped:  # logged only when an older one is used: otherwise the error says it all
             if log is not None:
                 log(f"skipped {why}")
+            if skipped_steps is not None:
+                skipped_steps.append(bad)
         return out
     steps_text = ", ".join(str(s) for s, _ in skipped)
     raise CheckpointError(f"{run_dir}: no intact checkpoint (unreadable: steps {steps_text}; newest: "

@@ -6,7 +6,8 @@
 Arm specs (`--arm`, two or more, optionally prefixed by `LABEL=`):
   jax:CONFIG [ARGS]    python -m frontier_jax.train --config CONFIG ARGS (e.g. --set model.num_layers=3)
   torch:CONFIG [ARGS]  python -m baseline_torch.train --config CONFIG ARGS (e.g. --compile, --threads 1)
-  cmd:COMMAND          any shell command whose output contains a `val_bpb:` line (the last one counts);
+  cmd:COMMAND          any shell command (e.g. `cd DIR && python train_gpt.py`) whose output has a `val_bpb:`
+                       line (the last one counts; `final_int8_zlib_roundtrip(_exact)` lines give its round-trip score);
                        {seed} {budget} {data} {tokenizer} {out} are substituted, and SEED,
                        MAX_WALLCLOCK_SECONDS, DATA_PATH, TOKENIZER_PATH, RUN_ID are set in its environment
                        (the names the official train_gpt.py reads).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import shlex
 import shutil
@@ -32,19 +34,20 @@ import sys
 import time
 from pathlib import Path
 
+from frontier_jax.compare_collect import collect, strict_json
 from frontier_jax.compare_report import render_markdown, render_plot
-from frontier_jax.compare_stats import describe, verdict
+from frontier_jax.compare_stats import (THROUGHPUT_TOLERANCE, confounders, describe, score_key, throughput_flags,
+                                        verdict)
 from frontier_jax.config import ConfigError, apply_overrides, load_config
+from frontier_jax.data.prepare import read_manifest
 from frontier_jax.data.shards import list_shards
 from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
 from frontier_jax.errors import EXIT_INTERRUPTED, EXIT_OK, BadInput, exit_on_error
-from frontier_jax.rundir import atomic_write_text, write_json
+from frontier_jax.rundir import atomic_write_text
 
 KINDS = {"jax": "frontier_jax.train", "torch": "baseline_torch.train"}
 FORBIDDEN_ARGS = ("--data", "--tokenizer", "--budget", "--seed", "--out", "--resume")
 FORBIDDEN_SETS = ("data.", "train.budget_seconds", "train.seed")
-BPB_RE = re.compile(r"val_bpb:\s*([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)")
-OFFICIAL_VAL_RE = re.compile(r"step:(\d+)/\d+\s+val_loss:\S+\s+val_bpb:([0-9.]+)\s+train_time:(\d+)ms")
 LABEL_RE = re.compile(r"^([A-Za-z0-9_.+-]+)=(jax|torch|cmd):(.*)$", re.S)
 
 
@@ -128,7 +131,10 @@ def validate(arms: list[Arm], data: str | None, tokenizer: str | None) -> dict:
         facts["tokenizer_sha256"] = tok.sha256
         manifest = Path(data) / "manifest.json"
         if manifest.is_file():
-            made_with = json.loads(manifest.read_text()).get("tokenizer", {})
+            made_with = read_manifest(data)  # one line naming the file when it is unreadable
+            made_with = made_with.get("tokenizer") if isinstance(made_with, dict) else None
+            if not isinstance(made_with, dict):
+                raise CompareError(f"{manifest}: incomplete manifest (no tokenizer entry)")
             if made_with.get("sha256") and made_with["sha256"] != tok.sha256:
                 raise CompareError(f"{manifest}: shards were made with tokenizer {made_with.get('path')}, "
                                    f"not {tokenizer} (sha256 differs)")
@@ -149,10 +155,34 @@ def validate(arms: list[Arm], data: str | None, tokenizer: str | None) -> dict:
         raise CompareError(f"arms read different shard patterns {sorted(patterns)}: not the same data")
     for arm in arms:
         if arm.kind == "cmd":
-            words = shlex.split(arm.command)
-            if not words or (shutil.which(words[0]) is None and not Path(words[0]).exists()):
-                raise CompareError(f"arm {arm.label}: command {words[0] if words else arm.command!r} not found")
+            _check_command(arm)
     return facts
+
+
+def _check_command(arm: Arm) -> None:
+    """A cmd: arm's shell syntax (bash -n) and its first command (a program on PATH, a path, or a shell
+    builtin such as `cd DIR && ...`)."""
+    try:
+        words = shlex.split(arm.command)
+    except ValueError as e:
+        raise CompareError(f"arm {arm.label}: command {arm.command!r}: {e}") from None
+    syntax = subprocess.run(["bash", "-n", "-c", arm.command], capture_output=True, text=True)
+    if syntax.returncode:
+        raise CompareError(f"arm {arm.label}: shell syntax error in {arm.command!r}: "
+                           f"{(syntax.stderr.strip().splitlines() or [''])[-1]}")
+    first = words[0] if words else ""
+    kind = subprocess.run(["bash", "-c", f"type -t {shlex.quote(first)}"], capture_output=True, text=True).stdout.strip()
+    if not first or (kind in ("", "file") and shutil.which(first) is None and not Path(first).exists()):
+        raise CompareError(f"arm {arm.label}: command {first or arm.command!r} not found")
+
+
+def default_threads() -> int:
+    """A torch arm's intra-op threads unless it sets --threads: the CPUs this process may run on (runs
+    are sequential, so one run never competes with another of the comparison)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def build_command(arm: Arm, seed: int, run_dir: Path, a: argparse.Namespace) -> list[str]:
@@ -160,8 +190,12 @@ def build_command(arm: Arm, seed: int, run_dir: Path, a: argparse.Namespace) -> 
     SEED, MAX_WALLCLOCK_SECONDS, DATA_PATH, TOKENIZER_PATH, RUN_ID added to the environment it inherits
     (through `env`, so this process reads no environment variables)."""
     if arm.kind in KINDS:
+        threads = []
+        if arm.kind == "torch" and not any(w.split("=")[0] == "--threads" for w in arm.args):
+            threads = ["--threads", str(default_threads())]  # torch's own default can oversubscribe a container
         return [sys.executable, "-m", KINDS[arm.kind], "--config", arm.config, "--data", a.data, "--tokenizer",
-                a.tokenizer, "--budget", str(a.budget), "--seed", str(seed), "--out", str(run_dir), *arm.args]
+                a.tokenizer, "--budget", str(a.budget), "--seed", str(seed), "--out", str(run_dir), *arm.args,
+                *threads]
     subs = {"seed": str(seed), "budget": str(a.budget), "data": a.data or "", "tokenizer": a.tokenizer or "",
             "out": str(run_dir)}
     command = arm.command
@@ -172,49 +206,12 @@ def build_command(arm: Arm, seed: int, run_dir: Path, a: argparse.Namespace) -> 
     return ["env", *extra, "bash", "-c", command]
 
 
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def collect(arm: Arm, run_dir: Path, console: Path, rc: int | None) -> dict:
-    """What one finished run produced: status, steps, tokens, tokens/s, val bpb, val curve."""
-    text = console.read_text(errors="replace") if console.exists() else ""
-    found = BPB_RE.findall(text)
-    res = {"status": "ok", "rc": rc, "steps": None, "tokens": None, "train_seconds": None,
-           "tokens_per_second": None, "val_bpb": float(found[-1]) if found else None, "curve": []}
-    summary_path = run_dir / "summary.json"
-    if summary_path.is_file():
-        s = json.loads(summary_path.read_text())
-        for k in ("steps", "tokens", "train_seconds", "tokens_per_second"):
-            res[k] = s.get(k)
-        if s.get("val_bpb") is not None:
-            res["val_bpb"] = s["val_bpb"]
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file():
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-        res["curve"] = [{"train_seconds": r.get("train_seconds"), "tokens": r.get("tokens"), "bpb": r["bpb"]}
-                        for r in rows if r.get("kind") == "val" and r.get("bpb") is not None]
-    else:  # the official script's log lines: step:N/M val_loss:X val_bpb:Y train_time:Zms
-        res["curve"] = [{"train_seconds": int(ms) / 1000, "tokens": None, "bpb": float(b), "step": int(st)}
-                        for st, b, ms in OFFICIAL_VAL_RE.findall(text)]
-        if res["curve"]:
-            res["steps"] = res["curve"][-1]["step"]
-    if rc is None:
-        res["status"] = "interrupted"
-    elif rc != 0:
-        res["status"] = "failed"
-    elif res["val_bpb"] is None:
-        res["status"] = "no val_bpb line"
-    if res["status"] != "ok":
-        res["log_tail"] = _tail(console)
-    return res
-
-
-def aggregate(arms: list[Arm], runs: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Per-arm summaries and per-pair verdicts (every pair i < j, B = later arm, A = earlier arm)."""
+def aggregate(arms: list[Arm], runs: list[dict]) -> tuple[list[dict], list[dict], dict]:
+    """Per-arm summaries, per-pair verdicts (every pair i < j, B = later arm, A = earlier arm) and the
+    conditions: which score (round-trip when every arm has one) and the throughput flags."""
+    key, scored_by = score_key(runs)
+    labels = [a.label for a in arms]
+    flags = throughput_flags(labels, runs)
     per_arm = []
     for arm in arms:
         mine = [r for r in runs if r["arm"] == arm.label]
@@ -226,20 +223,30 @@ def aggregate(arms: list[Arm], runs: list[dict]) -> tuple[list[dict], list[dict]
         per_arm.append({"arm": arm.label, "kind": arm.kind, "spec": arm.spec, "runs": len(mine), "ok": len(ok),
                         "failed": len(mine) - len(ok), "steps": mean_of("steps"), "tokens": mean_of("tokens"),
                         "tokens_per_second": mean_of("tokens_per_second"),
-                        "val_bpb": describe([r["val_bpb"] for r in ok])})
+                        "score": describe([r[key] for r in ok]), "val_bpb": describe([r["val_bpb"] for r in ok]),
+                        "roundtrip_val_bpb": describe([r.get("roundtrip_val_bpb") for r in ok]),
+                        "confounded": flags["arms"].get(arm.label, [])})
     pairs = []
     for i in range(len(arms)):
         for j in range(i + 1, len(arms)):
-            a = [r["val_bpb"] for r in runs if r["arm"] == arms[i].label and r["status"] == "ok"]
-            b = [r["val_bpb"] for r in runs if r["arm"] == arms[j].label and r["status"] == "ok"]
-            pairs.append({"a": arms[i].label, "b": arms[j].label, **verdict(a, b, arms[i].label, arms[j].label)})
-    return per_arm, pairs
+            a = [r[key] for r in runs if r["arm"] == arms[i].label and r["status"] == "ok"]
+            b = [r[key] for r in runs if r["arm"] == arms[j].label and r["status"] == "ok"]
+            p = {"a": arms[i].label, "b": arms[j].label, **verdict(a, b, arms[i].label, arms[j].label)}
+            p["confounded"] = confounders(flags, p["a"], p["b"])
+            if p["confounded"]:
+                p["text"] = f"CONFOUNDED ({'; '.join(p['confounded'])}): {p['text']}"
+            pairs.append(p)
+    conditions = {"score": key, "scored_by": scored_by, "throughput_tolerance": THROUGHPUT_TOLERANCE,
+                  "flags": [*flags["runs"].values(), *(x for v in flags["arms"].values() for x in v
+                                                       if x not in flags["runs"].values()),
+                            *(x for v in flags["pairs"].values() for x in v)]}
+    return per_arm, pairs, conditions
 
 
 def write_outputs(out: Path, meta: dict, arms: list[Arm], runs: list[dict]) -> dict:
-    per_arm, pairs = aggregate(arms, runs)
-    results = {**meta, "arms": per_arm, "pairs": pairs, "runs": runs}
-    write_json(out / "results.json", results)
+    per_arm, pairs, conditions = aggregate(arms, runs)
+    results = strict_json({**meta, "arms": per_arm, "pairs": pairs, "conditions": conditions, "runs": runs})
+    atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True, allow_nan=False) + "\n")
     atomic_write_text(out / "results.md", render_markdown(results))
     render_plot(runs, [a.label for a in arms], out / "val_bpb.png")
     return results
@@ -302,6 +309,26 @@ def compare(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _wait_sampling_load(proc: subprocess.Popen, timeout: float, loads: list[float], every_s: float = 1.0) -> int:
+    """proc's exit code; the machine's 1-minute load average appended to `loads` every `every_s` meanwhile."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return proc.wait(timeout=max(0.0, min(every_s, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+            loads.append(os.getloadavg()[0])
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    """Send `sig` to the arm's process group (its own session: the group id is its pid)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _run_all(order, arms, a, out: Path, meta: dict, runs: list[dict], timeout: float) -> dict | None:
     """Run every (seed, arm) in order, rewriting the outputs after each; None when interrupted."""
     results = None
@@ -313,32 +340,35 @@ def _run_all(order, arms, a, out: Path, meta: dict, runs: list[dict], timeout: f
         cmd = build_command(arm, seed, run_dir, a)
         print(f"[{n}/{len(order)}] {arm.label} seed {seed}: {shlex.join(cmd)}", flush=True)
         t0 = time.perf_counter()
-        rc, interrupted = None, False
+        rc, interrupted, loads = None, False, []
         with open(console, "w") as f:
-            # Own session: a terminal Ctrl-C reaches only compare, which forwards exactly one SIGINT
-            # (a second one would make the trainers abort without saving).
+            # Own session (and process group): a terminal Ctrl-C reaches only compare, which forwards exactly
+            # one SIGINT to the group (a second one would make the trainers abort without saving); the
+            # timeout kills the whole group, so nothing the arm started runs into the next arms' budgets.
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                rc = proc.wait(timeout=timeout)
+                rc = _wait_sampling_load(proc, timeout, loads)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _kill_group(proc, signal.SIGKILL)
                 proc.wait()
                 rc = -9
-                f.write(f"\n[compare] killed after the {timeout:.0f} s timeout\n")
+                f.write(f"\n[compare] killed after the {timeout:.0f} s timeout (the arm's whole process group)\n")
             except KeyboardInterrupt:
                 interrupted = True
-                proc.send_signal(signal.SIGINT)
+                _kill_group(proc, signal.SIGINT)
                 try:
                     proc.wait(timeout=60)  # the trainers finish their step and save on SIGINT
                 except subprocess.TimeoutExpired:
-                    proc.kill()
+                    _kill_group(proc, signal.SIGKILL)
                     proc.wait()
-        res = collect(arm, run_dir, console, None if interrupted else rc)
+            _kill_group(proc, signal.SIGKILL)  # whatever the arm left behind in its group
+        res = collect(run_dir, console, None if interrupted else rc, loads)
         runs.append({"arm": arm.label, "kind": arm.kind, "seed": seed, "run_dir": str(run_dir),
                      "wall_seconds": time.perf_counter() - t0, **res})
         results = write_outputs(out, meta, arms, runs)
         bpb = f"{res['val_bpb']:.4f}" if res["val_bpb"] is not None else "-"
-        print(f"    {res['status']}: val_bpb {bpb}" + (f"\n{res['log_tail']}" if res["status"] != "ok" else ""))
+        rt = f", round trip {res['roundtrip_val_bpb']:.4f}" if res["roundtrip_val_bpb"] is not None else ""
+        print(f"    {res['status']}: val_bpb {bpb}{rt}" + (f"\n{res['log_tail']}" if res["status"] != "ok" else ""))
         if interrupted:
             print(f"interrupted: {len(runs) - 1} finished run(s) kept in {out}/results.json", file=sys.stderr)
             return None

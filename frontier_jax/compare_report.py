@@ -1,16 +1,19 @@
-"""The comparison's Markdown table and PNG (val bpb against wall-clock and against tokens, every run)."""
+"""The comparison's Markdown table and PNG (val bpb against training steps and against tokens, every run named)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from frontier_jax.compare_stats import NOISE_BPB
+from frontier_jax.compare_stats import NOISE_BPB, THROUGHPUT_TOLERANCE
 
-CI_NOTE = (f"diff = mean(B) - mean(A) of final val bpb (negative: B better). 95% CI: Welch's t "
+CI_NOTE = (f"diff = mean(B) - mean(A) of the score (negative: B better). 95% CI: Welch's t "
            f"(se = sqrt(sA^2/nA + sB^2/nB), Welch-Satterthwaite df, Student t quantile); none with fewer than "
            f"2 successful runs per arm. |diff| < {NOISE_BPB} bpb is noise-level by the project's rule. "
-           f"'more runs' = runs per arm after which, at the observed spread, the interval would decide.")
+           f"'more runs' = runs per arm after which, at the observed spread, the interval would decide. "
+           f"Conditions: a run whose first-quarter throughput differs from the rest of it, an arm whose runs "
+           f"differ, or a pair whose throughput ratio changes between seeds, by more than a factor "
+           f"{1 + THROUGHPUT_TOLERANCE:g}, confounds every verdict it is part of.")
 
 
 def _f(v, fmt: str) -> str:
@@ -21,10 +24,16 @@ def render_markdown(r: dict) -> str:
     lines = [f"# Comparison ({r.get('started', '')})", "",
              f"data `{r.get('data')}`, tokenizer `{r.get('tokenizer')}`, budget {r['budget_seconds']:g} s per run, "
              f"{r['seeds']} seed(s) per arm from {r['seed_base']}, runs interleaved (A B A B ...).", "",
-             "| arm | kind | runs ok / total | steps | tokens | tokens/s | val bpb mean | sd | min .. max |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             f"**Score:** {r['conditions']['scored_by']}.", ""]
+    flags = r["conditions"]["flags"]
+    lines += (["**CONFOUNDED:** the arms did not run under the same conditions, so the verdicts below are not "
+               "evidence of a difference in the models:", "", *(f"- {x}" for x in flags), ""] if flags else
+              [f"Conditions: every run's throughput stayed within a factor {1 + THROUGHPUT_TOLERANCE:g} of its arm's "
+               "and of its own first quarter.", ""])
+    lines += ["| arm | kind | runs ok / total | steps | tokens | tokens/s | score mean | sd | min .. max |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for a in r["arms"]:
-        v = a["val_bpb"]
+        v = a["score"]
         rng = f"{v['min']:.4f} .. {v['max']:.4f}" if v["min"] is not None else "-"
         lines.append(f"| {a['arm']} | {a['kind']} | {a['ok']} / {a['runs']} | {_f(a['steps'], '{:,.0f}')} | "
                      f"{_f(a['tokens'], '{:,.0f}')} | {_f(a['tokens_per_second'], '{:,.0f}')} | "
@@ -35,12 +44,16 @@ def render_markdown(r: dict) -> str:
         more = "-" if p["more_runs"] is None else str(p["more_runs"])
         lines.append(f"| {p['b']} vs {p['a']} | {_f(p['diff'], '{:+.4f}')} | {ci} | {_f(p['df'], '{:.1f}')} | "
                      f"{p['verdict']}: {p['text']} | {more} |")
-    lines += ["", CI_NOTE, "", "| run | arm | seed | status | steps | tokens | tokens/s | val bpb | dir |",
-              "|---:|---|---:|---|---:|---:|---:|---:|---|"]
+    lines += ["", CI_NOTE, "", "| run | arm | seed | status | steps | tokens | throughput (first quarter / rest) "
+              "| load 1m mean / max | val bpb | round trip | dir |", "|---:|---|---:|---|---:|---:|---|---|---:|---:|---|"]
     for i, run in enumerate(r["runs"], 1):
+        t, load = run.get("throughput") or {}, run.get("load_1m")
+        thr = (f"{_f(t.get('rate'), '{:,.3g}')} {t.get('unit', '')} ({_f(t.get('early'), '{:,.3g}')} / "
+               f"{_f(t.get('late'), '{:,.3g}')})") if t.get("rate") else "-"
+        ld = f"{load['mean']:.2f} / {load['max']:.2f}" if load else "-"
         lines.append(f"| {i} | {run['arm']} | {run['seed']} | {run['status']} | {_f(run['steps'], '{:,}')} | "
-                     f"{_f(run['tokens'], '{:,}')} | {_f(run['tokens_per_second'], '{:,.0f}')} | "
-                     f"{_f(run['val_bpb'], '{:.4f}')} | `{run['run_dir']}` |")
+                     f"{_f(run['tokens'], '{:,}')} | {thr} | {ld} | {_f(run['val_bpb'], '{:.4f}')} | "
+                     f"{_f(run.get('roundtrip_val_bpb'), '{:.4f}')} | `{run['run_dir']}` |")
     bad = [run for run in r["runs"] if run["status"] != "ok"]
     for run in bad:
         lines += ["", f"**{run['arm']} seed {run['seed']}: {run['status']}** (exit code {run['rc']}); "
@@ -49,7 +62,8 @@ def render_markdown(r: dict) -> str:
 
 
 def render_plot(runs: list[dict], labels: list[str], path: Path) -> None:
-    """Two panels: val bpb vs training seconds and vs tokens; one line per run, one colour per arm."""
+    """Two panels: val bpb vs training steps and vs training tokens (not wall-clock: validations can span
+    seconds); one line per run, named `arm seed`, one colour per arm."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -62,12 +76,12 @@ def render_plot(runs: list[dict], labels: list[str], path: Path) -> None:
     for run in runs:
         c = colours[labels.index(run["arm"]) % len(colours)] if run["arm"] in labels else "k"
         ls = styles[seeds.index(run["seed"]) % len(styles)]
-        for ax, key in zip(axes, ("train_seconds", "tokens")):
+        for ax, key in zip(axes, ("step", "tokens")):
             pts = [(p[key], p["bpb"]) for p in run.get("curve", []) if p.get(key) is not None]
             if not pts:
                 continue
             ax.plot(*zip(*pts), ls, marker="o", ms=3, color=c, label=f"{run['arm']} s{run['seed']}")
-    for ax, xlabel in zip(axes, ("training time (s)", "training tokens")):
+    for ax, xlabel in zip(axes, ("training steps", "training tokens")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel("val bits/byte")
         ax.grid(alpha=0.3)

@@ -114,3 +114,64 @@ def verdict(a: list[float], b: list[float], name_a: str = "A", name_b: str = "B"
         res["text"] = (f"{name_b} looks {size} {lean} than {name_a} but the difference is within noise so far "
                        f"({ci} includes 0); {more}")
     return res
+
+
+# ----------------------------------------------------------------------------- the comparison's own conditions
+
+# Project rule, like NOISE_BPB: throughputs of one arm (its runs, or a run's first quarter against the
+# rest) within a factor 1.25 are the machine's noise (two cores shared with other jobs); beyond it the
+# arms did not run under the same conditions, and a bpb difference may come from the steps a run lost.
+THROUGHPUT_TOLERANCE = 0.25
+
+
+def _spread(values: list[float]) -> float | None:
+    v = [x for x in values if x is not None and math.isfinite(x) and x > 0]
+    return max(v) / min(v) if len(v) >= 2 else None
+
+
+def throughput_flags(labels: list[str], runs: list[dict], tol: float = THROUGHPUT_TOLERANCE) -> dict:
+    """{"runs": {run index: reason}, "arms": {label: [reasons]}, "pairs": {"A|B": [reasons]}}: an ok run whose
+    first-quarter throughput differs from its rest by more than `tol`, an arm whose runs differ by more,
+    a pair whose per-round throughput ratio changed by more."""
+    flags = {"runs": {}, "arms": {}, "pairs": {}}
+    rate = {}
+    for i, r in enumerate(runs):
+        t = r.get("throughput") or {}
+        if r.get("status") != "ok" or not t.get("rate"):
+            continue
+        rate[(r["arm"], r["seed"])] = t["rate"]
+        s = _spread([t.get("early"), t.get("late")])
+        if s is not None and s > 1 + tol:
+            flags["runs"][i] = (f"{r['arm']} seed {r['seed']}: throughput {t['early']:,.3g} {t['unit']} in its first "
+                                f"quarter, {t['late']:,.3g} after ({s:.2f}x)")
+            flags["arms"].setdefault(r["arm"], []).append(flags["runs"][i])
+    for label in labels:
+        mine = {seed: v for (arm, seed), v in rate.items() if arm == label}
+        s = _spread(list(mine.values()))
+        if s is not None and s > 1 + tol:
+            lo, hi = min(mine, key=mine.get), max(mine, key=mine.get)
+            flags["arms"].setdefault(label, []).append(
+                f"{label}: runs differ in throughput by {s:.2f}x (seed {lo}: {mine[lo]:,.3g}, seed {hi}: {mine[hi]:,.3g})")
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            ratios = [rate[(a, seed)] / rate[(b, seed)] for (arm, seed) in rate if arm == a and (b, seed) in rate]
+            s = _spread(ratios)
+            if s is not None and s > 1 + tol:
+                flags["pairs"][f"{a}|{b}"] = [f"the throughput ratio {a}/{b} changed by {s:.2f}x between seeds"]
+    return flags
+
+
+def confounders(flags: dict, a: str, b: str) -> list[str]:
+    """The reasons a pair's comparison is confounded (its arms' flags and the pair's own)."""
+    return flags["arms"].get(a, []) + flags["arms"].get(b, []) + flags["pairs"].get(f"{a}|{b}", [])
+
+
+def score_key(runs: list[dict]) -> tuple[str, str]:
+    """(run field, sentence): the round-trip score when every successful run has one, else the plain val_bpb."""
+    ok = [r for r in runs if r.get("status") == "ok"]
+    missing = sorted({r["arm"] for r in ok if r.get("roundtrip_val_bpb") is None})
+    if ok and not missing:
+        return "roundtrip_val_bpb", ("every arm scored by the int8+zlib round-trip val_bpb (the contest's score: "
+                                     "summary.json roundtrip_val_bpb, or the final_int8_zlib_roundtrip(_exact) line)")
+    why = f"{', '.join(missing)} reported no round-trip score" if missing else "no successful run"
+    return "val_bpb", f"every arm scored by the plain final val_bpb ({why})"

@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import os
 import traceback
 import typing
 from dataclasses import dataclass, field
@@ -26,6 +27,9 @@ from pathlib import Path
 
 class ConfigError(BadInput):
     """A configuration that cannot run (bad key, bad type, impossible combination)."""
+
+
+MAX_SEED = (1 << 32) - 1  # train.seed: JAX's default (non-x64) PRNG key holds 32 bits; a larger seed aliases one
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +116,15 @@ class DataConfig:
     tokenizer: str = ""  # a SentencePiece .model path, or "bytes" for the byte-level tokenizer
     train_pattern: str = "*_train_*.bin"  # glob of the train shards in data_dir (read in name order)
     val_pattern: str = "*_val_*.bin"  # glob of the val shards in data_dir (concatenated in name order)
+    # Refuse to start when more than this share of the val split's document tokens are documents that
+    # also occur in the train split (exact duplicates; frontier_jax.data.integrity). 0.001: perfectly
+    # memorised duplicates could lower val bpb by at most this share of it (~0.001 bpb at 1.2 bpb), near
+    # the 0.0005 bpb noise level, while a leaked shard or a pattern matching val gives 1.0.
+    max_val_duplicate_share: float = 0.001
+
+    def __post_init__(self):
+        if not 0.0 <= self.max_val_duplicate_share <= 1.0:
+            raise ConfigError(f"data.max_val_duplicate_share must be in [0, 1], got {self.max_val_duplicate_share}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,10 +169,29 @@ class TrainConfig:
             raise ConfigError("train.max_steps must be positive")
         if self.val_batch_seqs <= 0:
             raise ConfigError(f"train.val_batch_seqs must be positive, got {self.val_batch_seqs}")
+        for name in ("val_every_steps", "checkpoint_every_steps", "compile_warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name} must be >= 0 (0: never), got {getattr(self, name)}")
+        if self.log_every_steps <= 0:
+            raise ConfigError(f"train.log_every_steps must be positive, got {self.log_every_steps}")
+        if self.val_max_tokens != 0 and self.val_max_tokens < self.seq_len:
+            raise ConfigError(f"train.val_max_tokens={self.val_max_tokens} scores no whole window: it must be 0 "
+                              f"(the full val split) or >= train.seq_len={self.seq_len}")
+        if not 0 <= self.seed <= MAX_SEED:
+            # JAX keys take a uint32 seed without x64 (a larger one aliases a smaller one), torch a uint64
+            raise ConfigError(f"train.seed must be in [0, 2**32 - 1], got {self.seed}")
 
 
 MAX_TABLE_LOG2_SIZE = 30
 TABLE_ROW_BYTES = 16  # 4 uint32 words per bucket: frontier_jax.ngram.hashing.ROW_WORDS * 4 (tested equal)
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this host (sysconf), or None where it cannot be read."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,8 +218,14 @@ class NgramConfig:
         if self.table_bytes > self.max_table_bytes:
             raise ConfigError(f"ngram tables need {self.table_bytes} bytes ({self.num_orders} orders x "
                               f"{self.table_bytes // self.num_orders}), over ngram.max_table_bytes={self.max_table_bytes}")
-        if self.confidence_buckets <= 0 or self.builder_processes <= 0 or self.snapshot_every_tokens <= 0:
-            raise ConfigError("ngram.confidence_buckets, ngram.builder_processes and ngram.snapshot_every_tokens must be positive")
+        if self.confidence_buckets <= 0 or self.snapshot_every_tokens <= 0:
+            raise ConfigError("ngram.confidence_buckets and ngram.snapshot_every_tokens must be positive")
+        if self.builder_processes != 1:
+            raise ConfigError(f"ngram.builder_processes={self.builder_processes}: only 1 builder process is implemented")
+        host = host_memory_bytes()
+        if host is not None and self.table_bytes > host // 2:
+            raise ConfigError(f"ngram tables need {self.table_bytes} bytes, over half of this host's "
+                              f"{host} bytes of memory (the builder and the trainer each hold a copy)")
 
     @property
     def num_orders(self) -> int:
@@ -291,35 +329,53 @@ def _check_type(key: str, annotation, value, where: str = "--set "):
     return float(value) if annotation is float else value
 
 
-def _replace_path(obj, parts: list[str], value, key: str):
+def _checked_value(obj, parts: list[str], value, key: str):
+    """`value` type-checked for the field at `parts` below `obj` (ConfigError naming `key`)."""
     if not dataclasses.is_dataclass(obj):
         raise ConfigError(f"--set {key}: unknown key")
     fields = {f.name: f for f in dataclasses.fields(obj)}
     if parts[0] not in fields:
         raise ConfigError(f"--set {key}: unknown key (no field {parts[0]!r} in {type(obj).__name__})")
     if len(parts) == 1:
-        hints = typing.get_type_hints(type(obj))
-        annotation = hints[parts[0]]
+        annotation = typing.get_type_hints(type(obj))[parts[0]]
         if dataclasses.is_dataclass(annotation):
             raise ConfigError(f"--set {key}: is a section, set one of its fields")
-        new = _check_type(key, annotation, value)
-    else:
-        new = _replace_path(getattr(obj, parts[0]), parts[1:], value, key)
-    try:
-        return dataclasses.replace(obj, **{parts[0]: new})
-    except ConfigError as e:
-        raise ConfigError(f"--set {key}: {e}") from None
+        return _check_type(key, annotation, value)
+    return _checked_value(getattr(obj, parts[0]), parts[1:], value, key)
 
 
 def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Config:
-    """Apply `key=value` strings (dotted keys) to a frozen config."""
+    """Apply `key=value` strings (dotted keys) to a frozen config.
+
+    Every value is type-checked first; then each section is rebuilt once with all of its new values,
+    so the section's checks (`__post_init__`) see the final combination whatever the order of the
+    flags (e.g. `ngram.max_table_bytes` before or after `ngram.table_log2_size`)."""
+    changes: dict[tuple[str, ...], dict[str, object]] = {}
+    keys: dict[tuple[str, ...], list[str]] = {}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected key=value")
         key, raw = item.split("=", 1)
         key = key.strip()
-        cfg = _replace_path(cfg, key.split("."), _parse_value(raw.strip()), key)
-    return cfg
+        parts = key.split(".")
+        value = _checked_value(cfg, parts, _parse_value(raw.strip()), key)
+        changes.setdefault(tuple(parts[:-1]), {})[parts[-1]] = value
+        for i in range(len(parts)):
+            keys.setdefault(tuple(parts[:i]), []).append(key)
+
+    def rebuild(obj, prefix: tuple[str, ...]):
+        kwargs = dict(changes.get(prefix, {}))
+        for f in dataclasses.fields(obj):
+            if prefix + (f.name,) in keys and dataclasses.is_dataclass(getattr(obj, f.name)):
+                kwargs[f.name] = rebuild(getattr(obj, f.name), prefix + (f.name,))
+        try:
+            return dataclasses.replace(obj, **kwargs)
+        except ConfigError as e:
+            if str(e).startswith("--set "):
+                raise
+            raise ConfigError(f"--set {', '.join(dict.fromkeys(keys[prefix]))}: {e}") from None
+
+    return rebuild(cfg, ()) if changes else cfg
 
 
 def to_dict(cfg) -> dict:
@@ -333,6 +389,10 @@ def from_dict(d: dict) -> Config:
         if not isinstance(data, dict):
             raise ConfigError(f"{prefix or 'config'}: expected an object, got {type(data).__name__}")
         hints = typing.get_type_hints(cls)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:  # a field this version does not have: refused, never dropped silently
+            raise ConfigError(f"{prefix}{unknown[0]}: unknown key (no field {unknown[0]!r} in {cls.__name__})")
         kwargs = {}
         for f in dataclasses.fields(cls):
             if f.name not in data:

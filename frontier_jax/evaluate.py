@@ -18,27 +18,43 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
 
 from frontier_jax.config import ConfigError
 from frontier_jax.data.shards import DataError
+from frontier_jax.errors import BadInput
 
 
-def _ngram_bias(run_dir: Path, cfg):
-    """(bias_fn, device tables) of an n-gram run: the snapshot its final evaluation used; (None, None) otherwise."""
+class EvalError(BadInput):
+    """An evaluation whose result is not a number (exit 2, one line): never printed as a score."""
+
+
+def _ngram_bias(run_dir: Path, cfg, log=None):
+    """(bias_fn, device tables) of an n-gram run: the snapshot its final evaluation used, or empty tables
+    (said so) when the builder published none, as the run itself was scored; (None, None) otherwise."""
     if not cfg.ngram.enabled:
         return None, None
+    import jax
+
     from frontier_jax.ngram import runtime as ngram_runtime
-    from frontier_jax.ngram.bias import tables_to_device
+    from frontier_jax.ngram.bias import empty_tables, tables_to_device
     from frontier_jax.ngram.network_eval import run_snapshot
     from frontier_jax.ngram.snapshot import load_snapshot
 
     snap = run_snapshot(run_dir)
     if snap is None:
-        raise DataError(f"{run_dir}/ngram-p0: no n-gram snapshot, but the run was trained with ngram.enabled")
-    return ngram_runtime.bias_fn, tables_to_device(load_snapshot(snap), cfg.ngram.confidence_buckets)
+        if log is not None:
+            log(f"{run_dir}/ngram-p0: no n-gram snapshot was published; scoring with empty tables (the bias is "
+                "inactive, as in the run's final evaluation)")
+        return ngram_runtime.bias_fn, jax.device_put(empty_tables(cfg.ngram))
+    try:
+        return ngram_runtime.bias_fn, tables_to_device(load_snapshot(snap), cfg.ngram.confidence_buckets)
+    except (OSError, ValueError, EOFError) as e:
+        raise DataError(f"{snap}: unreadable n-gram snapshot ({type(e).__name__}: "
+                        f"{(str(e).splitlines() or [''])[0][:160]})") from None
 
 
 def _artifact_params(run_dir: Path, artifact):
@@ -90,15 +106,19 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
         step = None
     else:
         cfg, graphdef, params, step, dtype = restore_params(run_dir, step, log)
-    bias_fn, aux = _ngram_bias(run_dir, cfg)
+    bias_fn, aux = _ngram_bias(run_dir, cfg, log)
     # the qk_attention forward the kernel path runs for these gains (frontier_jax.ops.attention_forward)
     exact = not ops.bounded_shift_valid(float(ops.score_bound(q_gains(params), cfg.model.head_dim)), T)
     eval_step = make_eval_step(graphdef, data.tables, bias_fn, attention_exact=exact)
     batches = val_batches(tokens, T, batch_seqs, stride=None if stride == T else stride)
     sums = evaluate_batches(eval_step, params, batches, aux)
+    score = bpb(sums["nll_sum_nats"], sums["bytes"])
+    if not math.isfinite(score):
+        raise EvalError(f"{run_dir}/checkpoints/{step}: val bpb is {score} (a non-finite loss on the val split: "
+                        "the checkpoint's parameters or the shards are broken)")
     return {
         **sums,
-        "bpb": bpb(sums["nll_sum_nats"], sums["bytes"]),
+        "bpb": score,
         "loss": sums["nll_sum_nats"] / max(sums["tokens"], 1),
         "stride": stride, "seq_len": T, "batch_seqs": batch_seqs,
         "run": str(run_dir), "checkpoint_step": step, "compute_dtype": str(dtype),
@@ -135,7 +155,7 @@ def main(argv=None) -> int:
         r = evaluate_run(args.run, args.data, args.tokenizer, args.stride, args.batch_seqs, args.step,
                          log=lambda msg: print(msg, file=sys.stderr, flush=True), artifact=artifact)
     if args.json:
-        print(json.dumps(r, sort_keys=True))
+        print(json.dumps(r, sort_keys=True, allow_nan=False))
     else:
         what = f"artifact {r['artifact']}" if artifact is not None else f"step {r['checkpoint_step']}"
         print(f"{r['run']} {what}: val_bpb {r['bpb']:.6f} (loss {r['loss']:.4f} nats, "

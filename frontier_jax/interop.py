@@ -61,6 +61,15 @@ def params_to_state_dict(params) -> dict[str, np.ndarray]:
     return sd
 
 
+def expected_shapes(abstract_params) -> dict[str, tuple]:
+    """{state_dict key: PyTorch-layout shape} of a model's parameters (what an npz must hold)."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
+        key, transposed = torch_name(path_names(path))
+        out[key] = tuple(leaf.shape[::-1]) if transposed else tuple(leaf.shape)
+    return out
+
+
 def state_dict_to_params(sd: dict[str, np.ndarray], abstract_params, source: str = "<state_dict>"):
     """The pytree of `abstract_params` (shapes/dtypes) filled from `sd`; InteropError names `source` and the key."""
     import jax
@@ -151,12 +160,12 @@ def import_run(npz, cfg: Config, out_dir) -> dict:
     from frontier_jax.model import resolve_compute_dtype
 
     out_dir = Path(out_dir)
-    if (out_dir / rundir.CONFIG).exists():
+    if (out_dir / rundir.CONFIG).exists() or rundir.holds_run(out_dir):
         raise DataError(f"{out_dir}: already holds a run; choose a new --out")
-    sd, meta = load_npz(npz)
     dtype = resolve_compute_dtype(cfg.model)
     tx = optim.build_optimizer(cfg.optim)
     _, aparams, _ = abstract_state(cfg, dtype, tx)
+    sd, meta = load_npz(npz, expect=expected_shapes(aparams))  # keys and shapes from the headers, then arrays
     params = state_dict_to_params(sd, aparams, source=str(npz))  # checked before anything is written
     rundir.prepare_run_dir(out_dir, resume=False)
     rundir.write_json(out_dir / rundir.CONFIG, to_dict(cfg))

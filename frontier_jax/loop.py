@@ -80,13 +80,14 @@ def _host_cpu():
                           "allow it, e.g. JAX_PLATFORMS=neuron,cpu") from e
 
 
-def _restore(cfg: Config, tx, compute_dtype, dp: DataParallel, out_dir: Path, log):
-    """(params, opt_state, meta) of the newest intact checkpoint, read straight into their shardings."""
+def _restore(cfg: Config, tx, compute_dtype, dp: DataParallel, out_dir: Path, log, skipped: list):
+    """(params, opt_state, meta) of the newest intact checkpoint, read straight into their shardings; the
+    unreadable newer steps it skipped are appended to `skipped`."""
     _, init, shardings = _initializer(cfg, tx, compute_dtype, dp)
     abstract = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                       jax.eval_shape(init), shardings)
     state, meta = checkpoint.restore(out_dir, {"params": abstract[0], "opt_state": abstract[1]},
-                                     expect_model_hash=model_hash(cfg.model), log=log)
+                                     expect_model_hash=model_hash(cfg.model), log=log, skipped_steps=skipped)
     return state["params"], state["opt_state"], meta
 
 
@@ -177,14 +178,14 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, signals, stop_af
         return stopped_before_training(out_dir, resume, signals, None, False)
     lock, created = _claim(out_dir, resume, s.dp)
     try:
-        restored = None
+        restored, skipped = None, []
         if resume:  # the checkpoint is read (and another model's refused) before anything is written
-            restored = _restore(cfg, s.tx, s.compute_dtype, s.dp, out_dir, log)
+            restored = _restore(cfg, s.tx, s.compute_dtype, s.dp, out_dir, log, skipped)
             meta = restored[2]
             if meta["step"] >= t.max_steps or meta["train_seconds"] >= t.budget_seconds:
                 return finished_summary(out_dir, meta, t)
         try:
-            trainer = JaxTrainer(cfg, out_dir, log, s, restored)
+            trainer = JaxTrainer(cfg, out_dir, log, s, restored, skipped)
             return trainer.run(signals, stop_after_steps, on_step)
         except policy.InterruptedBeforeTraining:
             return stopped_before_training(out_dir, resume, signals, restored and restored[2]["step"], created)
@@ -200,18 +201,13 @@ def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, signals, stop_af
 class JaxTrainer:
     """The run directory's files and the run policy's hooks for one invocation of `run`."""
 
-    def __init__(self, cfg: Config, out_dir: Path, log: RunLog, s: Setup, restored):
+    def __init__(self, cfg: Config, out_dir: Path, log: RunLog, s: Setup, restored, skipped=()):
         t, dp = cfg.train, s.dp
         self.cfg, self.out_dir, self.log, self.dp, self.tx, self.compute_dtype = cfg, out_dir, log, dp, s.tx, s.compute_dtype
         self.restored, self.meta = restored, restored[2] if restored else None
+        self.setup, self.skipped = s, list(skipped)
         self.seqs_per_step, self.accum, self.metrics_log = t.tokens_per_step // t.seq_len, s.accum, None
         log.attach(out_dir / rundir.LOG)
-        if dp.is_main:
-            rundir.write_json(out_dir / rundir.CONFIG, to_dict(cfg))
-            rundir.write_json(out_dir / rundir.ENV, {**s.env, "compute_dtype": str(s.compute_dtype),
-                                                     "muon_ns_dtype": s.ns_dtype})
-            rundir.write_json(out_dir / rundir.KERNELS, {"dispatch": f"per device, {dp.num_devices} device(s)",
-                                                         "ops": [dataclasses.asdict(r) for r in s.kernel_rows]})
         env = s.env
         log(f"frontier_jax run {out_dir} | config {cfg.name} ({config_hash(cfg)}) | git {env['git']}")
         log(f"backend {env['backend']} | {dp.describe()} | allocator {host.describe(env['host_allocator'])}")
@@ -300,17 +296,34 @@ class JaxTrainer:
         self._steps.observe(_score_bound(self.params, self.cfg.model.head_dim))
         self.loader.restore(data_state)
 
+    def _write_run_files(self) -> None:
+        """config.json, env.json, kernels.json: written once the run is certain to start (after the warm-up
+        and the resume position), so a failed or interrupted start leaves a run's files as they were."""
+        s = self.setup
+        if self.dp.is_main:
+            rundir.write_json(self.out_dir / rundir.CONFIG, to_dict(self.cfg))
+            rundir.write_json(self.out_dir / rundir.ENV, {**s.env, "compute_dtype": str(s.compute_dtype),
+                                                          "muon_ns_dtype": s.ns_dtype})
+            rundir.write_json(self.out_dir / rundir.KERNELS, {"dispatch": f"per device, {self.dp.num_devices} device(s)",
+                                                              "ops": [dataclasses.asdict(r) for r in s.kernel_rows]})
+
     def resume(self) -> policy.RunState | None:
         """After the warm-up: the resumed checkpoint's counters (metrics.jsonl cut back to its step), or
-        None; either way metrics.jsonl is opened here, as the run's first timed file."""
+        None; then the run's files are written (config.json etc.), the unreadable checkpoints restore
+        skipped are moved aside, and metrics.jsonl is opened, as the run's first timed file."""
         meta, state = self.meta, None
         if meta is not None:
             step = meta["step"]
-            self.loader.restore(meta["data"])
+            self.loader.restore(meta["data"])  # a --data that does not fit the position fails here, unwritten
+            if self.skipped and self.dp.is_main:
+                for moved in checkpoint.set_aside(self.out_dir, self.skipped):
+                    self.log(f"moved the unreadable checkpoint {moved.name} aside to {moved} (later saves of "
+                             "its step are written)")
             dropped = truncate_metrics(self.out_dir / rundir.METRICS, step) if self.dp.is_main else 0
             self.log(f"resumed from step {step} ({meta['train_seconds']:.1f} s trained, data position {meta['data']})"
                      + (f"; dropped {dropped} metrics row(s) logged after that step" if dropped else ""))
             state = policy.RunState(step=step, tokens=meta["tokens"], train_seconds=meta["train_seconds"])
+        self._write_run_files()
         self.metrics_log = rundir.MetricsLog(self.out_dir / rundir.METRICS, enabled=self.dp.is_main)
         return state
 

@@ -56,6 +56,8 @@ STOP_BUDGET = "budget"
 STOP_MAX_STEPS = "max_steps"
 STOP_NONFINITE = "non-finite loss"
 STOP_SAVE_FAILED = "checkpoint not written"
+STOP_WRITE_FAILED = "run file not written"  # an OSError writing the run's files (a full disk) in the loop
+FINAL_VAL_INTERRUPTED = "during the final validation"  # suffix of a signal's stop reason there
 SIGNAL_PREFIX = "signal"
 STOP_REQUESTED = "stop requested"  # stop_after_steps (tests) behaves as a signal with this name
 
@@ -358,7 +360,10 @@ def run_budgeted(policy: Policy, hooks: Hooks, summary_base: dict) -> dict:
     try:
         for h in hooks.plugins:
             h.on_start(state)
-        save_error = _timed_loop(policy, hooks, state)
+        try:
+            save_error = _timed_loop(policy, hooks, state)
+        except OSError as e:  # e.g. metrics.jsonl on a full disk: one line naming the file, and the summary
+            state.stop_reason, save_error = STOP_WRITE_FAILED, BadInput(describe_os_error(e))
         for h in hooks.plugins:
             h.on_end(state)
         return _finish(hooks, state, summary_base, save_error)
@@ -466,11 +471,11 @@ def _finish(hooks: Hooks, s: RunState, summary_base: dict, save_error: BadInput 
     interrupted = is_interrupted(s.stop_reason)
     if s.stop_reason == STOP_NONFINITE:
         hooks.log(f"STOP: non-finite training loss at step {s.step}; the last checkpoint kept is the last finite one")
-    elif hooks.save is not None and save_error is None:
+    elif hooks.save is not None and (save_error is None or s.stop_reason == STOP_WRITE_FAILED):
         try:
             _save(hooks, s, "interrupted" if interrupted else "final")
         except BadInput as e:
-            save_error, s.stop_reason = e, STOP_SAVE_FAILED
+            save_error, s.stop_reason = save_error or e, s.stop_reason if save_error else STOP_SAVE_FAILED
     summary = {**summary_base, "steps": s.step, "tokens": s.tokens, "train_seconds": s.train_seconds,
                "tokens_per_second": s.tokens / s.train_seconds if s.train_seconds > 0 else None,
                "final_train_loss": s.final_loss, "stop_reason": s.stop_reason,
@@ -481,13 +486,23 @@ def _finish(hooks: Hooks, s: RunState, summary_base: dict, save_error: BadInput 
     peak, fpt = summary.get("matmul_peak_flops"), summary.get("flops_per_token")
     if summary["tokens_per_second"] and peak and fpt:
         summary["mfu"] = summary["tokens_per_second"] * fpt / peak
-    if not interrupted and s.stop_reason not in (STOP_NONFINITE, STOP_SAVE_FAILED):
-        v = _validate(hooks, s, 0, final=True)
-        summary.update(val_loss=v["loss"], val_bpb=v["bpb"], val_nll_sum_nats=v["nll_sum_nats"],
-                       val_tokens=v["tokens"], val_bytes=v["bytes"])
-        if hooks.roundtrip is not None:  # the full split again, on the artifact's weights (kind=roundtrip)
-            rt = quantize.run_roundtrip(hooks.roundtrip, lambda: _validate(hooks, s, 0, kind="roundtrip"), hooks.log)
-            summary.update(rt)
+    if not interrupted and s.stop_reason not in (STOP_NONFINITE, STOP_SAVE_FAILED, STOP_WRITE_FAILED):
+        sig = hooks.signals
+        if hasattr(sig, "interrupt"):  # a signal now stops the evaluation at once (the checkpoint is saved)
+            sig.stopping, sig.interrupt = "stopping the final validation (the checkpoint is saved)", True
+        try:
+            v = _validate(hooks, s, 0, final=True)
+            summary.update(val_loss=v["loss"], val_bpb=v["bpb"], val_nll_sum_nats=v["nll_sum_nats"],
+                           val_tokens=v["tokens"], val_bytes=v["bytes"])
+            if hooks.roundtrip is not None:  # the full split again, on the artifact's weights (kind=roundtrip)
+                summary.update(quantize.run_roundtrip(hooks.roundtrip, lambda: _validate(hooks, s, 0, kind="roundtrip"),
+                                                      hooks.log))
+        except KeyboardInterrupt:
+            s.stop_reason = summary["stop_reason"] = f"{signal_reason(sig.received)} {FINAL_VAL_INTERRUPTED}"
+            hooks.log(f"final validation interrupted ({sig.received}); checkpoint step {s.saved_step} is saved")
+        finally:
+            if hasattr(sig, "interrupt"):
+                sig.interrupt = False
     try:
         hooks.write_summary(summary)
     except OSError as e:

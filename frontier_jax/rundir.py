@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from frontier_jax import curves
-from frontier_jax.config import Config, apply_overrides, load_config, load_run_config
+from frontier_jax.config import Config, apply_overrides, host_memory_bytes, load_config, load_run_config
 from frontier_jax.data.shards import DataError, atomic_write_text  # noqa: F401 - the one atomic text writer
 from frontier_jax.errors import BadInput
 
@@ -139,10 +139,20 @@ def check_writable(out_dir: Path) -> None:
         raise RunError(f"{out_dir}: output directory is not writable ({e.strerror or e})") from None
 
 
+def holds_run(out_dir: Path) -> bool:
+    """A directory holds a run when it has metrics, a checkpoint or weights (a trained run, or one that
+    `interop import` made: config.json, env.json, checkpoints/0); a config.json alone (a start that
+    stopped before training) is not one."""
+    out_dir = Path(out_dir)
+    ckpts = out_dir / CHECKPOINTS
+    return ((out_dir / METRICS).exists() or (out_dir / WEIGHTS).exists()
+            or (ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())))
+
+
 def prepare_run_dir(out_dir: Path, resume: bool) -> Path:
     out_dir = Path(out_dir)
     check_writable(out_dir)
-    if not resume and (out_dir / METRICS).exists():
+    if not resume and holds_run(out_dir):
         raise RunError(f"{out_dir}: already holds a run; use --resume {out_dir} or another --out")
     return out_dir
 
@@ -162,7 +172,7 @@ def claim_run_dir(out_dir: Path, resume: bool, take_lock: bool = True) -> tuple[
         if created:
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
-    if not resume and (out_dir / METRICS).exists():
+    if not resume and holds_run(out_dir):
         if lock:
             lock.release()
         raise RunError(f"{out_dir}: already holds a run; use --resume {out_dir} or another --out")
@@ -193,7 +203,7 @@ def truncate_metrics(path: Path, step: int) -> int:
 def finished_summary(out_dir: Path, meta: dict, train_cfg) -> dict:
     """What `--resume` of a finished run returns (its summary, stop_reason "already finished", a note)."""
     path = out_dir / SUMMARY_JSON
-    summary = json.loads(path.read_text()) if path.is_file() else {}
+    summary = read_json_object(path, "run summary") if path.is_file() else {}
     limit = "max_steps" if meta["step"] >= train_cfg.max_steps else "budget_seconds"
     return {**summary, "stop_reason": "already finished", "steps": meta["step"], "run_dir": str(out_dir),
             "note": f"{out_dir}: already finished at step {meta['step']} (train.{limit} reached); nothing to do: "
@@ -209,18 +219,24 @@ def stopped_before_training(out_dir: Path, resume: bool, signals, step, created:
 
 
 class Signals:
-    """SIGINT/SIGTERM set a flag that the run checks between steps (and between its start-up phases).
+    """SIGINT/SIGTERM/SIGHUP (a closed terminal) set a flag that the run checks between steps (and between
+    its start-up phases).
 
     The first signal prints what will happen (`stopping`, set by the run for its current phase); later
-    ones are ignored with a line until that is done (SIGKILL still ends the process at once)."""
+    ones are ignored with a line until that is done (SIGKILL still ends the process at once). With
+    `interrupt` set (the final validation, after the last checkpoint is saved) a signal also raises
+    KeyboardInterrupt, so the run stops at once instead of finishing the evaluation."""
+
+    HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self):
         self.received: str | None = None
         self.stopping = "stopping before training starts; nothing to save"
+        self.interrupt = False
         self._old = {}
 
     def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in self.HANDLED:
             try:
                 self._old[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not in the main thread: no handlers
@@ -234,6 +250,9 @@ class Signals:
         else:
             self.received, msg = name, f"{name}: {self.stopping}"
         os.write(2, (msg + "\n").encode())  # not print: a handler may run in the middle of a print
+        if self.interrupt:
+            self.interrupt = False
+            raise KeyboardInterrupt(name)
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():
@@ -282,8 +301,11 @@ class MetricsLog:
     def log(self, **row) -> None:
         self.rows.append(row)
         if self._f:
-            self._f.write(json.dumps(row, default=float) + "\n")
-            self._f.flush()
+            try:
+                self._f.write(json.dumps(row, default=float) + "\n")
+                self._f.flush()
+            except OSError as e:  # a full disk: name the file (the write itself names none)
+                raise OSError(e.errno, e.strerror, str(self.path)) from None
 
     def close(self) -> None:
         if self._f:
@@ -403,18 +425,23 @@ def read_config(run_dir) -> Config:
     return load_run_config(run_dir / CONFIG)
 
 
+def read_json_object(path: Path, what: str) -> dict:
+    """A JSON object file of a run; DataError (one line naming the file) when unreadable or not an object."""
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: unreadable {what} ({str(e).splitlines()[0]})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: unreadable {what} (not a JSON object)")
+    return obj
+
+
 def read_env(run_dir) -> dict:
     """<run>/env.json ({} when absent); DataError (one line) when unreadable."""
     path = Path(run_dir) / ENV
     if not path.is_file():
         return {}
-    try:
-        env = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: unreadable run environment ({str(e).splitlines()[0]})") from None
-    if not isinstance(env, dict):
-        raise DataError(f"{path}: unreadable run environment (not a JSON object)")
-    return env
+    return read_json_object(path, "run environment")
 
 
 # ----------------------------------------------------------------------------- weights.npz (interop format)
@@ -453,10 +480,51 @@ def _dtype(name: str) -> np.dtype:
         return np.dtype(getattr(ml_dtypes, name))
 
 
-def load_npz(path) -> tuple[dict[str, np.ndarray], dict]:
-    """(state_dict with the recorded dtypes restored, meta); WeightsError (one line) when unreadable."""
+def _npz_members(z: zipfile.ZipFile, path: Path) -> dict[str, tuple[tuple, np.dtype]]:
+    """{key: (shape, dtype)} of an npz's members from their .npy headers alone (no array is read); a header
+    that declares more bytes than its member holds (a forged 4 TiB shape) or an object dtype is refused."""
+    out = {}
+    for info in z.infolist():
+        key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+        with z.open(info) as fh:
+            version = np.lib.format.read_magic(fh)
+            reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = reader(fh)
+            offset = fh.tell()
+        if dtype.hasobject:
+            raise ValueError(f"member {key!r} holds Python objects (dtype {dtype})")
+        declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if declared != info.file_size - offset:
+            raise ValueError(f"member {key!r} declares shape {list(shape)} ({declared} bytes) but holds "
+                             f"{info.file_size - offset} bytes")
+        out[key] = (tuple(shape), dtype)
+    return out
+
+
+def load_npz(path, expect: dict[str, tuple] | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    """(state_dict with the recorded dtypes restored, meta); WeightsError (one line) when unreadable.
+
+    Keys, shapes and sizes are checked from the members' headers before any array is read: the total
+    must fit in half of this host's memory, and with `expect` ({key: shape}, metadata keys `__*` aside)
+    the keys and shapes must be exactly those."""
     path = Path(path)
     try:
+        with zipfile.ZipFile(path) as zf:
+            members = _npz_members(zf, path)
+        total = sum(int(np.prod(sh, dtype=object)) * dt.itemsize for sh, dt in members.values())
+        limit = host_memory_bytes()
+        if limit is not None and total > limit // 2:
+            raise ValueError(f"its arrays need {total} bytes, over half of this host's {limit} bytes of memory")
+        if expect is not None:
+            params = {k: v for k, v in members.items() if not k.startswith("__")}
+            missing, extra = sorted(set(expect) - set(params)), sorted(set(params) - set(expect))
+            if missing or extra:
+                what = f"missing key {missing[0]!r}" if missing else f"unexpected key {extra[0]!r}"
+                raise WeightsError(f"{path}: {what} ({len(missing)} missing, {len(extra)} not in the model)")
+            for k, shape in expect.items():
+                if tuple(params[k][0]) != tuple(shape):
+                    raise WeightsError(f"{path}: key {k!r} has shape {list(params[k][0])}, the model expects "
+                                       f"{list(shape)}")
         with np.load(path, allow_pickle=False) as z:
             if not isinstance(z, np.lib.npyio.NpzFile):
                 raise ValueError("a single .npy array, not an npz archive")
@@ -467,5 +535,7 @@ def load_npz(path) -> tuple[dict[str, np.ndarray], dict]:
     except FileNotFoundError:
         raise WeightsError(f"{path}: no such npz file") from None
     except (OSError, ValueError, TypeError, AttributeError, EOFError, zipfile.BadZipFile) as e:
-        raise WeightsError(f"{path}: not a readable npz ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+        if isinstance(e, WeightsError):
+            raise
+        raise WeightsError(f"{path}: not a readable npz ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
     return sd, meta

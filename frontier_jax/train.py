@@ -95,7 +95,10 @@ def _main(args) -> int:
         return EXIT_DIVERGED
     if reason.startswith("signal"):
         if main_process:
-            if reason.endswith("before training"):
+            if reason.endswith("during the final validation"):  # run_policy.FINAL_VAL_INTERRUPTED
+                print(f"interrupted during the final validation: checkpoint step {summary['checkpoint_step']} "
+                      f"saved; score it with: python -m frontier_jax.evaluate --run {out}", file=sys.stderr)
+            elif reason.endswith("before training"):
                 print("interrupted before training started: nothing trained, " + (
                       f"the run is as it was; continue with: python -m frontier_jax.train --resume {out}" if resume
                       else "no checkpoint written"), file=sys.stderr)

@@ -154,3 +154,122 @@ def test_jax_arms_get_the_torch_arms_core_count():
     assert arms[1].args == ["--set", "parallel.num_devices=2"] and arms[2].args == []  # its own choice is kept
     alone = [parse_arm("jax:configs/tiny.py", 0), parse_arm("jax:configs/tiny.py --set model.num_layers=3", 1)]
     assert match_core_count(alone) == [] and alone[0].args == []  # no torch arm: untouched
+
+
+# ----------------------------------------------------------------------------- round 3: scores, conditions, timeout
+
+
+def _strict(path):
+    """results.json parsed as strict JSON (NaN / Infinity are not JSON)."""
+    def bad(const):
+        raise AssertionError(f"{path}: non-JSON constant {const}")
+    return json.loads(path.read_text(), parse_constant=bad)
+
+
+def test_the_final_val_bpb_decides_and_a_non_finite_one_is_a_failed_run(tmp_path):
+    """Round 3, cause 3: `val_bpb: nan` after a periodic value was scored by the earlier value and called
+    better; `1e400` became inf and results.json held Infinity; a zero-spread pair wrote "df": Infinity."""
+    out = tmp_path / "cmp"
+    rc = main(["--arm", "base=" + _py('print("val_bpb: 1.3000")'),
+               "--arm", "nan=" + _py('print("val_bpb: 1.1000"); print("val_bpb: nan")'),
+               "--arm", "huge=" + _py('print("val_bpb: 1e400")'),
+               "--arm", "same=" + _py('print("val_bpb: 1.2000")'),
+               "--budget", "3", "--seeds", "2", "--out", str(out)])
+    assert rc == 0
+    res = _strict(out / "results.json")
+    status = {r["arm"]: r["status"] for r in res["runs"]}
+    assert status["nan"] == status["huge"] == "failed: non-finite final val_bpb" and status["base"] == "ok"
+    pairs = {(p["a"], p["b"]): p for p in res["pairs"]}
+    assert pairs[("base", "nan")]["verdict"] == "no data"  # never "better"
+    assert pairs[("base", "same")]["verdict"] == "better" and pairs[("base", "same")]["df"] is None
+
+
+def test_compare_flags_an_arm_whose_runs_differ_in_throughput_by_2x(tmp_path):
+    """Issue 26 (a): per run, throughput over time and the load; an arm whose runs differ by 2x confounds
+    every verdict it is part of, and results.md says so."""
+    steady = ('[print("step:%d/20 train_loss:2.0 train_time:%dms step_avg:1ms" % (s, 100 * s)) for s in range(1, 21)]; '
+              'print("val_bpb: 1.30")')
+    jumpy = ('[print("step:%d/20 train_loss:2.0 train_time:%dms step_avg:1ms" % (s, 100 * ({seed} - 1336) * s)) '
+             'for s in range(1, 21)]; print("val_bpb: 1.20")')
+    out = tmp_path / "cmp"
+    assert main(["--arm", "steady=" + _py(steady), "--arm", "jumpy=" + _py(jumpy), "--budget", "3", "--seeds", "2",
+                 "--out", str(out)]) == 0
+    res = _strict(out / "results.json")
+    run = res["runs"][0]
+    assert run["throughput"]["unit"] == "steps/s" and run["throughput"]["rate"] == pytest.approx(10.0)
+    arms = {a["arm"]: a for a in res["arms"]}
+    assert not arms["steady"]["confounded"] and "runs differ in throughput by 2.00x" in arms["jumpy"]["confounded"][0]
+    assert res["pairs"][0]["confounded"] and res["pairs"][0]["text"].startswith("CONFOUNDED")
+    md = (out / "results.md").read_text()
+    assert "**CONFOUNDED:**" in md and "jumpy: runs differ in throughput by 2.00x" in md
+
+
+def test_every_arm_is_scored_by_the_round_trip_score_when_every_arm_has_one(tmp_path):
+    """Issue 26 (b): the official script's final_int8_zlib_roundtrip(_exact) lines (a cmd: arm) and
+    summary.json's roundtrip_val_bpb (a jax/torch arm) give the round-trip score, used only when every
+    arm has one; results.md says which score."""
+    from frontier_jax.compare_collect import collect, final_scores
+
+    official = ("step:9/9 val_loss:2.1 val_bpb:1.2500 train_time:900ms step_avg:100.00ms\n"
+                "final_int8_zlib_roundtrip val_loss:2.1100 val_bpb:1.2600 eval_time:10ms\n"
+                "final_int8_zlib_roundtrip_exact val_loss:2.11000000 val_bpb:1.26012345\n")
+    assert final_scores(official) == (1.25, 1.26012345)
+    assert final_scores("val_bpb:enabled tokenizer_kind=sentencepiece\nval_bpb: 1.5\n") == (1.5, None)
+    run = tmp_path / "jaxrun"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"val_bpb": 1.3, "roundtrip_val_bpb": 1.31, "steps": 4}))
+    (run / "console.log").write_text("val_bpb: 1.300000\n")
+    got = collect(run, run / "console.log", 0)
+    assert got["status"] == "ok" and (got["val_bpb"], got["roundtrip_val_bpb"]) == (1.3, 1.31)
+
+    def arm(plain, rt):
+        code = f'print("val_bpb: {plain}")' + (f'; print("final_int8_zlib_roundtrip_exact val_loss:2 val_bpb:{rt}")'
+                                              if rt else "")
+        return _py(code)
+
+    out = tmp_path / "cmp"
+    assert main(["--arm", "a=" + arm(1.30, 1.40), "--arm", "b=" + arm(1.35, 1.36), "--budget", "3", "--seeds", "1",
+                 "--out", str(out)]) == 0
+    res = _strict(out / "results.json")
+    assert res["conditions"]["score"] == "roundtrip_val_bpb" and res["pairs"][0]["diff"] == pytest.approx(-0.04)
+    assert "int8+zlib round-trip" in (out / "results.md").read_text()
+    out2 = tmp_path / "cmp2"
+    assert main(["--arm", "a=" + arm(1.30, 1.40), "--arm", "b=" + arm(1.35, None), "--budget", "3", "--seeds", "1",
+                 "--out", str(out2)]) == 0
+    res = _strict(out2 / "results.json")
+    assert res["conditions"]["score"] == "val_bpb" and res["pairs"][0]["diff"] == pytest.approx(0.05)
+    assert "plain final val_bpb (b reported no round-trip score)" in (out2 / "results.md").read_text()
+
+
+def test_timeout_ends_the_arms_whole_process_group_and_cd_arms_run(tmp_path):
+    """Round 3, cause 8: --timeout killed only the arm's shell, its command ran on. Issue 26 (c): a
+    `cmd:cd DIR && ...` arm is accepted (cd is a shell builtin, not a program on PATH)."""
+    pid_file = tmp_path / "child.pid"
+    out = tmp_path / "cmp"
+    rc = main(["--arm", f"cmd:cd {tmp_path} && " + _py('print("val_bpb: 1.3")')[4:],
+               "--arm", f"hang=cmd:sleep 300 & echo $! > {pid_file}; wait",
+               "--budget", "3", "--seeds", "1", "--timeout", "2", "--out", str(out)])
+    assert rc == 0
+    res = _strict(out / "results.json")
+    assert [r["status"] for r in res["runs"]] == ["ok", "failed"]
+    pid = int(pid_file.read_text())
+    time.sleep(0.2)
+    try:
+        state = open(f"/proc/{pid}/stat").read().split(") ")[1][0]
+    except FileNotFoundError:
+        state = "gone"
+    assert state in ("gone", "Z"), f"the arm's child {pid} is still running (state {state})"  # Z: killed, unreaped
+
+
+def test_a_corrupt_manifest_is_one_line(byte_data, tmp_path, capsys):
+    """Round 3, cause 10: compare read manifest.json with an unguarded json.loads (a traceback)."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(byte_data, data)
+    (data / "manifest.json").write_text('{"tokenizer": ')
+    with pytest.raises(SystemExit) as exit_:
+        main(["--arm", _py("print(1)"), "--arm", _py("print(2)"), "--data", str(data), "--tokenizer", "bytes",
+              "--budget", "3", "--out", str(tmp_path / "cmp")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == EXIT_BAD_INPUT and err.count("\n") == 1 and "manifest.json: unreadable manifest" in err

@@ -195,3 +195,54 @@ def test_table_row_bytes_match_the_table_format():
     from frontier_jax.ngram.hashing import ROW_WORDS
 
     assert TABLE_ROW_BYTES == ROW_WORDS * 4
+
+
+@pytest.mark.parametrize("item, fragment", [
+    ("train.val_max_tokens=10", "train.val_max_tokens=10 scores no whole window"),
+    ("train.val_max_tokens=-1", "train.val_max_tokens=-1 scores no whole window"),
+    ("train.val_every_steps=-2", "train.val_every_steps must be >= 0"),
+    ("train.checkpoint_every_steps=-1", "train.checkpoint_every_steps must be >= 0"),
+    ("train.seed=-1", r"train.seed must be in \[0, 2\*\*32 - 1\]"),
+    ("train.seed=4294967296", r"train.seed must be in \[0, 2\*\*32 - 1\]"),
+    ("train.seed=99999999999999999999", r"train.seed must be in"),
+])
+def test_settings_that_scored_zero_tokens_or_aliased_are_refused(item, fragment):
+    """Round 3, causes 7 and 9: a periodic validation shorter than one window (it logged `bpb 0.0000`),
+    negative cadences, seeds outside JAX's 32-bit key (aliasing) or int64 (a traceback): refused at build."""
+    with pytest.raises(ConfigError, match=fragment):
+        apply_overrides(Config(), [item])
+    assert apply_overrides(Config(), ["train.val_max_tokens=1024"]).train.val_max_tokens == 1024
+
+
+def test_ngram_settings_that_failed_late_are_refused_at_build(monkeypatch):
+    """Round 3, cause 9: several builder processes (not implemented), tables over the host's memory."""
+    import frontier_jax.config as C
+
+    with pytest.raises(ConfigError, match="only 1 builder process"):
+        apply_overrides(Config(), ["ngram.enabled=True", "ngram.builder_processes=2"])
+    monkeypatch.setattr(C, "host_memory_bytes", lambda: 64 << 20)
+    with pytest.raises(ConfigError, match="over half of this host's"):
+        apply_overrides(Config(), ["ngram.enabled=True", "ngram.table_log2_size=20"])
+
+
+def test_override_checks_do_not_depend_on_the_order_of_the_flags():
+    """Round 3: `--set` validation of n-gram sizes saw an intermediate combination (order-dependent)."""
+    a = ["ngram.enabled=True", "ngram.table_log2_size=24", "ngram.max_table_bytes=8589934592"]
+    b = [a[0], a[2], a[1]]
+    assert apply_overrides(Config(), a) == apply_overrides(Config(), b)
+    c = ["ngram.enabled=True", "ngram.min_order=18", "ngram.max_order=20"]
+    assert apply_overrides(Config(), c) == apply_overrides(Config(), [c[0], c[2], c[1]])
+    with pytest.raises(ConfigError, match="--set ngram.enabled, ngram.table_log2_size: ngram tables need"):
+        apply_overrides(Config(), ["ngram.enabled=True", "ngram.table_log2_size=28"])
+
+
+def test_unknown_keys_in_a_run_config_are_refused_not_dropped(tmp_path):
+    """Round 3: a resumed config.json with a key this version does not know was dropped silently."""
+    from frontier_jax.config import load_run_config
+
+    d = to_dict(Config())
+    d["train"]["val_evry_steps"] = 5
+    path = tmp_path / "config.json"
+    path.write_text(__import__("json").dumps(d))
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: bad run config (train.val_evry_steps: unknown key")):
+        load_run_config(path)

@@ -164,3 +164,70 @@ def test_prepared_fineweb_passes_every_check(sp1024_data):
     data_dir, model = sp1024_data
     ds, warnings = _load(data_dir, str(model), 1024)
     assert warnings == [] and "tokenizer sha256" in ds.provenance
+
+
+# ----------------------------------------------------------------------------- round 3: split integrity
+
+
+def _competition_layout(prepared):
+    """The competition's layout: shards, no manifest (nothing vouches for the splits)."""
+    (prepared / P.MANIFEST).unlink()
+    return prepared
+
+
+@pytest.mark.parametrize("how", ["symlink", "hard link", "pattern"])
+def test_a_train_shard_that_is_the_val_shard_is_refused(prepared, how):
+    """Round 3, cause 2: a train-named symlink (or hard link) to the val shard, or a data.train_pattern
+    that matches the val shards, trained on val and scored it as held out (exit 0)."""
+    data = _competition_layout(prepared)
+    val = data / "fineweb_val_000000.bin"
+    kw = {}
+    if how == "symlink":
+        (data / "fineweb_train_000009.bin").symlink_to(val)
+    elif how == "hard link":
+        os.link(val, data / "fineweb_train_000009.bin")
+    else:
+        kw["train_pattern"] = "fineweb_*.bin"
+    with pytest.raises(DataError, match=r"train shard is the val shard .*fineweb_val_000000.bin") as e:
+        _load(data, **kw)
+    assert {"symlink": "a symlink", "hard link": "a hard link", "pattern": "the same path"}[how] in str(e.value)
+
+
+def test_val_documents_duplicated_in_train_are_reported_and_refused_above_the_limit(prepared):
+    """Round 3, cause 2, content level: val documents copied into a train shard (a different file)."""
+    data = _competition_layout(prepared)
+    ds, _ = _load(data)
+    assert "0.000% of 5 val documents' tokens duplicated in train" in ds.provenance
+    val = np.asarray(read_shard(data / "fineweb_val_000000.bin"))
+    bos = np.flatnonzero(val == 1)
+    one_doc = val[bos[1]:bos[2]]  # the second val document, BOS included
+    train = data / "fineweb_train_000001.bin"
+    write_shard(train, np.concatenate([np.asarray(read_shard(train)), one_doc]))
+    share = (one_doc.size - 1) / (val.size - bos.size)
+    with pytest.raises(DataError, match=rf"fineweb_train_000001.bin: 1 val documents \({share:.2%}"):
+        _load(data)
+    ds, _ = _load(data, max_val_duplicate_share=0.5)  # a limit above the share: reported, accepted
+    assert f"{share:.3%} of 5 val documents' tokens duplicated in train" in ds.provenance
+    assert "0 of 3 train shards read" in _load(data, max_val_duplicate_share=0.5)[0].provenance  # cached
+
+
+def test_a_shard_rewritten_with_its_mtime_restored_is_read_again(prepared):
+    """Round 3: a shard rewritten in place with its mtime put back passed the id cache (then bpb: NaN)."""
+    _load(prepared)
+    f = prepared / "fineweb_train_000001.bin"
+    st = f.stat()
+    tokens = np.asarray(read_shard(f)).copy()
+    tokens[7] = 300
+    f.write_bytes(f.read_bytes()[:1024] + tokens.astype("<u2").tobytes())
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # the old mtime restored: only ctime tells
+    with pytest.raises(DataError, match="token id 300 at position 7"):
+        _load(prepared, vocab=260)
+
+
+def test_a_killed_prepare_is_reported_by_its_marker_not_as_no_val_shard(prepared):
+    """Round 3: a prepare killed before it wrote the val shard read 'no files matching *_val_*.bin'."""
+    for f in prepared.glob("*_val_*.bin"):
+        f.unlink()
+    (prepared / P.INCOMPLETE).write_text("")
+    with pytest.raises(DataError, match=re.escape(f"{prepared / P.INCOMPLETE}: data.prepare did not finish")):
+        _load(prepared)

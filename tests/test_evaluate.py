@@ -149,3 +149,25 @@ def test_val_byte_count_matches_the_sentencepiece_pieces(sp1024_data, tmp_path):
     assert r["bytes"] == expected
     assert 2.0 < r["bytes"] / r["tokens"] < 5.0  # sp1024 on FineWeb: about 2.4 bytes per token
     assert abs(r["loss"] - np.log(1024)) < 0.1  # untrained: near uniform
+
+
+def test_a_non_finite_score_is_an_error_and_json_is_strict(trained_run, capsys, monkeypatch):
+    """Round 3: a broken shard scored `bpb: NaN` with exit 0, and --json printed a bare NaN (not JSON)."""
+    import frontier_jax.steps as steps
+
+    monkeypatch.setattr(steps, "evaluate_batches",
+                        lambda *a, **k: {"nll_sum_nats": float("nan"), "tokens": 64, "bytes": 100})
+    with pytest.raises(SystemExit) as e:
+        main(["--run", str(trained_run[0]), "--json"])
+    captured = capsys.readouterr()
+    assert e.value.code == 2 and captured.err.count("\n") == 1 and "val bpb is nan" in captured.err
+    assert "NaN" not in captured.out
+
+
+def test_a_missing_step_is_one_line_naming_the_steps(trained_run, capsys):
+    """Round 3: `--step 7` of a run without step 7 read 'unreadable ... ([Errno None] None)'."""
+    with pytest.raises(SystemExit) as e:
+        main(["--run", str(trained_run[0]), "--step", "7"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.strip() == \
+        f"error: {trained_run[0]}/checkpoints/7: no checkpoint of step 7 (steps saved: 200)"

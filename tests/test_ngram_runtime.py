@@ -118,6 +118,14 @@ def test_builder_crash_is_logged_and_training_continues(byte_data, tmp_path, hoo
     record = json.loads((out / "ngram-p0" / "runtime.json").read_text())
     assert "bad magic" in record["builder_error"]
     _no_leftovers(HookedRuntime.instances[0])
+    # Round 3, cause 6: a run whose builder died before its first snapshot is evaluable (empty tables, said so)
+    from frontier_jax.evaluate import evaluate_run
+
+    shutil.copy(byte_data / "synth_train_000001.bin", tmp_path / "data")  # the disk "recovered"
+    lines = []
+    r = evaluate_run(out, log=lines.append)
+    assert r["bpb"] == pytest.approx(summary["val_bpb"], rel=1e-6)
+    assert any("no n-gram snapshot was published; scoring with empty tables" in line for line in lines)
 
 
 def test_builder_crash_stops_the_run_in_strict_mode(byte_data, tmp_path, hooked, monkeypatch):
@@ -185,3 +193,31 @@ def test_background_preparation_swaps_at_a_later_poll(byte_data, tmp_path):
     finally:
         rt.stop()
     _no_leftovers(rt)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_snapshot_that_fails_to_load_is_logged_and_skipped(byte_data, tmp_path, strict):
+    """Round 3, cause 6: a published snapshot that failed to load (truncated) raised in the background
+    thread and ended the trainer with exit 1, no checkpoint, no summary. Now: one WARNING line, the
+    snapshot is skipped (not retried) and training continues on the last good tables; strict stops."""
+    import jax
+
+    from frontier_jax.config import NgramConfig
+    from frontier_jax.data.shards import list_shards
+    from frontier_jax.ngram.tables import NgramTables
+
+    cfg = NgramConfig(enabled=True, table_log2_size=12, max_order=6, builder_niceness=0, strict=strict)
+    lines = []
+    rt = ngram_runtime.NgramRuntime(cfg, list_shards(byte_data, "*_train_*.bin"), tmp_path, lines.append,
+                                    jax.devices()[0], poll_seconds=0.0)
+    snap = S.write_snapshot(NgramTables(2, 6, 12), rt.out_dir, 0, complete=True)
+    rows = snap / "rows_OK4.npy"
+    rows.write_bytes(rows.read_bytes()[:200])  # truncated
+    before = rt.tables
+    if strict:
+        with pytest.raises(ngram_runtime.NgramBuilderFailed, match="snap_000000: snapshot could not be loaded"):
+            rt.poll(1, force=True)
+        return
+    assert rt.poll(1, force=True) is False and rt.tables is before and rt.version == -1
+    assert len(lines) == 2 and "WARNING snapshot v0 could not be loaded" in lines[1] and "\n" not in lines[1]
+    assert rt.poll(2, force=True) is False and len(lines) == 2  # not retried

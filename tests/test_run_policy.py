@@ -414,3 +414,57 @@ def test_policy_from_config_keeps_one_warm_up_step_at_least():
 def test_bpb_from_sums():
     assert rp.bpb(8 * math.log(2.0), 4) == 2.0  # 8 bits over 4 bytes
     assert rp.bpb(0.0, 0) == 0.0  # no bytes: no division by zero
+
+
+def test_a_signal_in_the_final_validation_stops_it_with_the_checkpoint_saved(fake_time):
+    """Round 3: Ctrl-C during the final validation promised a checkpoint and did not stop. With the
+    final checkpoint saved, a signal there ends the evaluation at once: no val_bpb, an interrupted stop."""
+    fake = Fake(fake_time)
+    fake.signals.interrupt = False
+
+    def eval_sums(max_tokens):
+        if max_tokens == 0:  # the final validation: a signal arrives (the handler raises, see rundir.Signals)
+            assert fake.signals.interrupt and "final validation" in fake.signals.stopping
+            fake.signals.received = "SIGINT"
+            raise KeyboardInterrupt
+        return Fake.eval_sums(fake, max_tokens)
+
+    fake.eval_sums = eval_sums
+    s = rp.run_budgeted(policy(), fake.hooks(), BASE)
+    assert s["stop_reason"] == "signal SIGINT during the final validation" and "val_bpb" not in s
+    assert fake.saves == [(6, "final")] and fake.summaries == [s] and not fake.signals.interrupt
+    assert rp.exit_code(s["stop_reason"]) == EXIT_INTERRUPTED
+
+
+def test_a_full_disk_outside_a_checkpoint_names_the_file_and_writes_the_summary(fake_time):
+    """Round 3: a write in the loop (metrics.jsonl) on a full disk named no file and wrote no summary."""
+    import errno
+
+    fake = Fake(fake_time)
+    hooks = fake.hooks()
+
+    def metrics(**row):
+        if row.get("step") == 3:
+            raise OSError(errno.ENOSPC, "No space left on device", "/run/metrics.jsonl")
+        fake.rows.append(row)
+
+    hooks.metrics = metrics
+    with pytest.raises(BadInput, match=r"^/run/metrics.jsonl: disk full \(ENOSPC\)$"):
+        rp.run_budgeted(policy(), hooks, BASE)
+    assert len(fake.summaries) == 1 and fake.summaries[0]["stop_reason"] == rp.STOP_WRITE_FAILED
+    assert "disk full" in fake.summaries[0]["error"] and fake.saves == [(3, "final")]
+
+
+def test_sighup_is_handled_like_sigterm():
+    """Round 3: SIGHUP (a closed terminal) ended the process without a checkpoint."""
+    import os
+    import signal
+
+    from frontier_jax.rundir import Signals
+
+    with Signals() as sig:
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert sig.received == "SIGHUP"
+        sig.interrupt = True
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -122,3 +122,64 @@ def test_environment_lists_versions_and_git():
     env = rundir.environment(("numpy", "no-such-package-xyz"))
     assert env["versions"]["numpy"] == np.__version__ and env["versions"]["no-such-package-xyz"] is None
     assert env["python"] and env["git"]
+
+
+def _forged_npz(path, shape, payload: bytes):
+    """An npz whose one member's .npy header declares `shape` (float32) over `payload` bytes of data."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("w.npy", buf.getvalue() + payload)
+
+
+def test_npz_headers_are_checked_before_any_array_is_read(tmp_path, monkeypatch):
+    """Round 3, cause 10: every npz member was loaded before keys and shapes were checked, so a 4 TiB header or
+    a zip bomb ended in MemoryError. Now: header vs member size, the total against the host's memory, and
+    (interop import) the expected keys and shapes, all from the headers; one line each."""
+    forged = tmp_path / "forged.npz"
+    _forged_npz(forged, (1 << 40,), b"\0" * 16)  # 4 TiB declared, 16 bytes held
+    with pytest.raises(rundir.WeightsError, match=r"member 'w' declares shape \[1099511627776\]"):
+        rundir.load_npz(forged)
+    big = tmp_path / "big.npz"
+    np.savez(big, w=np.zeros(1 << 18, np.float32))  # 1 MiB: "too big" for a host of 1 MiB
+    monkeypatch.setattr(rundir, "host_memory_bytes", lambda: 1 << 20)
+    with pytest.raises(rundir.WeightsError, match="over half of this host's 1048576 bytes"):
+        rundir.load_npz(big)
+    monkeypatch.undo()
+    monkeypatch.setattr(np, "load", lambda *a, **k: pytest.fail("an array was read before the keys were checked"))
+    with pytest.raises(rundir.WeightsError, match=r"key 'w' has shape \[262144\], the model expects \[4\]"):
+        rundir.load_npz(big, expect={"w": (4,)})
+    with pytest.raises(rundir.WeightsError, match="missing key 'v'"):
+        rundir.load_npz(big, expect={"w": (1 << 18,), "v": (2,)})
+
+
+def test_a_directory_made_by_interop_import_holds_a_run(tmp_path):
+    """Round 3, cause 4: `train --out DIR` on a directory made by `interop import` (config.json, env.json,
+    checkpoints/0, no metrics.jsonl) trained from scratch over it; retention deleted the imported weights."""
+    run = tmp_path / "imported"
+    (run / rundir.CHECKPOINTS / "0").mkdir(parents=True)
+    (run / rundir.CONFIG).write_text("{}")
+    (run / rundir.ENV).write_text("{}")
+    with pytest.raises(rundir.RunError, match="already holds a run; use --resume"):
+        rundir.claim_run_dir(run, resume=False)
+    assert (run / rundir.CHECKPOINTS / "0").is_dir()
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / rundir.CONFIG).write_text("{}")  # a start that stopped before training: not a run
+    lock, created = rundir.claim_run_dir(fresh, resume=False)
+    lock.release()
+    assert not created
+
+
+def test_a_full_disk_under_the_metrics_log_names_the_file():
+    """Round 3: disk full outside a checkpoint named no file (a write reports none)."""
+    import errno
+    from pathlib import Path
+
+    log = rundir.MetricsLog(Path("/dev/full"))  # every write to /dev/full fails with ENOSPC
+    with pytest.raises(OSError) as e:
+        log.log(kind="train", step=1)
+    assert e.value.errno == errno.ENOSPC and e.value.filename == "/dev/full"

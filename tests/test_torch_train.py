@@ -65,3 +65,19 @@ def test_bad_initial_weights_are_refused_in_one_line_before_anything_is_written(
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "missing.npz" in err
     assert not out.exists()
+
+
+def test_ngram_enabled_is_refused_not_ignored(byte_data, tmp_path, capsys):
+    """Round 3: the PyTorch baseline ignored ngram.enabled silently (another model than the config names)."""
+    from baseline_torch.train import main
+
+    out = tmp_path / "run"
+    sets = [s for o in (*TINY_OVERRIDES, "ngram.enabled=True") for s in ("--set", o)]
+    try:
+        rc = main(["--config", "configs/tiny.py", "--data", str(byte_data), "--tokenizer", "bytes", "--out", str(out),
+                   "--device", "cpu", *sets])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "ngram.enabled=True: the PyTorch baseline has no" in err
+    assert not out.exists()

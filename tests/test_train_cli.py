@@ -328,3 +328,77 @@ def test_the_run_records_absolute_data_paths(tmp_path, monkeypatch):
     assert cfg.data.data_dir == str(tmp_path / "shards") and cfg.data.tokenizer == str(tmp_path / "sp.model")
     cfg, *_ = resolve(parse_args(["--config", TINY, "--data", "shards", "--tokenizer", "bytes"]))
     assert cfg.data.tokenizer == "bytes"
+
+
+# ----------------------------------------------------------------------------- round 3
+
+
+def test_a_corrupt_newer_checkpoint_is_set_aside_and_every_later_save_reaches_disk(trained_run, tmp_path, capsys):
+    """Round 3, cause 1: with a corrupt newer checkpoint on disk (restore skipped it), every later save up
+    to its step was skipped while the log said it was written, and summary.json named the corrupt step."""
+    run = _copy_run(trained_run, tmp_path / "run")
+    shutil.copytree(run / "checkpoints" / "200", run / "checkpoints" / "205")
+    (run / "checkpoints" / "205" / "meta" / "metadata").unlink()  # the issue's reproduction
+    assert _exit_code(["--resume", str(run), "--set", "train.max_steps=202",
+                       "--set", "train.checkpoint_every_steps=1"]) == 0
+    out = capsys.readouterr().out
+    assert f"moved the unreadable checkpoint 205 aside to {run.absolute()}/corrupt-checkpoints/205" in out
+    assert checkpoint.steps(run) == [201, 202] and (run / "corrupt-checkpoints" / "205").is_dir()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["checkpoint_step"] == 202 and summary["steps"] == 202
+    assert checkpoint.read_meta(run)[1]["step"] == 202
+
+
+def test_a_failed_resume_after_the_warm_up_leaves_config_json_as_it_was(trained_run, byte_data, tmp_path, capsys):
+    """Round 3, cause 5: config.json was rewritten after the warm-up, before the stream position was
+    restored: a --data whose shards do not fit the saved position failed (exit 2) and from then on every
+    plain --resume used that --data."""
+    run = _copy_run(trained_run, tmp_path / "run")
+    before = (run / "config.json").read_text()
+    small = tmp_path / "small"
+    small.mkdir()
+    write_shard(small / "synth_train_000000.bin", np.asarray(
+        __import__("frontier_jax.data.shards", fromlist=["read_shard"]).read_shard(
+            byte_data / "synth_train_000000.bin"))[:700])
+    shutil.copy(byte_data / "synth_val_000000.bin", small)
+    assert _exit_code(["--resume", str(run), "--data", str(small), "--set", "train.max_steps=205"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "saved stream" in err and "\n" not in err
+    assert (run / "config.json").read_text() == before
+
+
+def test_resume_of_a_finished_run_with_a_corrupt_summary_is_one_line(trained_run, tmp_path, capsys):
+    """Round 3, cause 10: summary.json on --resume of a finished run was read with an unguarded json.loads."""
+    run = _copy_run(trained_run, tmp_path / "run")
+    (run / "summary.json").write_text('{"steps": ')
+    assert _exit_code(["--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {run}/summary.json: unreadable run summary") and "\n" not in err
+
+
+def test_a_signal_in_the_warm_up_of_a_resume_leaves_config_json_as_it_was(trained_run, tmp_path, monkeypatch):
+    """Round 3, cause 5: Ctrl-C in a resume's warm-up said 'the run is as it was' while the --set
+    overrides had already been written to config.json."""
+    from frontier_jax import loop, rundir
+    from frontier_jax.config import apply_overrides, load_run_config
+
+    run = _copy_run(trained_run, tmp_path / "run")
+    before = (run / "config.json").read_text()
+
+    class SignalInWarmUp(rundir.Signals):
+        reads = 0
+
+        @property
+        def received(self):  # None for the start-up check, then a SIGINT seen by the warm-up's check
+            SignalInWarmUp.reads += 1
+            return None if SignalInWarmUp.reads == 1 else "SIGINT"
+
+        @received.setter
+        def received(self, value):
+            pass
+
+    monkeypatch.setattr(loop, "Signals", SignalInWarmUp)
+    cfg = apply_overrides(load_run_config(run / "config.json"), ["train.max_steps=210", "train.val_every_steps=3"])
+    summary = loop.run(cfg, run, resume=True, echo=False)
+    assert summary["stop_reason"] == "signal SIGINT before training" and SignalInWarmUp.reads >= 2
+    assert (run / "config.json").read_text() == before

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from frontier_jax.data.integrity import check_distinct_files, check_duplicates, file_key
 from frontier_jax.data.manifest import INCOMPLETE, MANIFEST, read_manifest
 from frontier_jax.data.shards import DataError, atomic_write_text, list_shards, read_shard, shard_token_count
 from frontier_jax.data.stream import load_val_tokens
@@ -47,24 +48,35 @@ class Dataset:
 
 
 def load_dataset(data_dir, tokenizer_spec: str, vocab_size: int, seq_len: int, train_pattern: str = "*_train_*.bin",
-                 val_pattern: str = "*_val_*.bin", vocab_where: str = "model.vocab_size") -> Dataset:
+                 val_pattern: str = "*_val_*.bin", vocab_where: str = "model.vocab_size",
+                 max_val_duplicate_share: float = 0.001) -> Dataset:
     """Every start-up check of the module docstring; DataError (one line naming the file) on the first failure."""
     if not data_dir:
         raise DataError("<data>: no data directory given (--data DIR or data.data_dir)")
     data_dir = Path(data_dir)
+    if (data_dir / INCOMPLETE).exists():  # before listing: a killed prepare may have written no val shard yet
+        raise DataError(f"{data_dir / INCOMPLETE}: data.prepare did not finish in this directory; "
+                        "prepare it again (--overwrite)")
     tokenizer = load_tokenizer(tokenizer_spec)
     check_vocab(tokenizer, vocab_size, vocab_where)
     train_files = list_shards(data_dir, train_pattern)
     val_files = list_shards(data_dir, val_pattern)
+    check_distinct_files(train_files, val_files)
     counts = {f: shard_token_count(f) for f in train_files + val_files}
     source = check_provenance(data_dir, tokenizer, train_files, val_files, counts)
     t0 = time.perf_counter()
     fresh = check_token_ids(data_dir, train_files + val_files, vocab_size)
     id_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    share, dup_read, val_docs = check_duplicates(data_dir, train_files, val_files, tokenizer.bos_id,
+                                                 max_val_duplicate_share)
+    dup_seconds = time.perf_counter() - t0
     val_tokens = load_val_tokens(val_files, seq_len)
     n_train = sum(counts[f] for f in train_files)
     line = (f"data: {data_dir}: {len(train_files)} train shards ({n_train:,} tokens), val {val_tokens.shape[0]:,} "
-            f"tokens; {source}; token ids < {vocab_size} ({fresh} of {len(counts)} shards read, {id_seconds:.2f} s)")
+            f"tokens; {source}; token ids < {vocab_size} ({fresh} of {len(counts)} shards read, {id_seconds:.2f} s); "
+            f"train/val distinct files, {share:.3%} of {val_docs:,} val documents' tokens duplicated in train "
+            f"(limit {max_val_duplicate_share:g}; {dup_read} of {len(train_files)} train shards read, {dup_seconds:.2f} s)")
     return Dataset(tokenizer, tokenizer.byte_tables(vocab_size), train_files, val_tokens, line)
 
 
@@ -72,14 +84,13 @@ def load_for_config(cfg) -> Dataset:
     """`load_dataset` of what a config names (data.data_dir, data.tokenizer, the patterns, model.vocab_size,
     train.seq_len): the one call both trainers make at start-up."""
     d = cfg.data
-    return load_dataset(d.data_dir, d.tokenizer, cfg.model.vocab_size, cfg.train.seq_len, d.train_pattern, d.val_pattern)
+    return load_dataset(d.data_dir, d.tokenizer, cfg.model.vocab_size, cfg.train.seq_len, d.train_pattern, d.val_pattern,
+                        max_val_duplicate_share=d.max_val_duplicate_share)
 
 
 def check_provenance(data_dir: Path, tokenizer, train_files: list[Path], val_files: list[Path], counts: dict) -> str:
-    """What vouches for the shards (one phrase); DataError when the directory is incomplete or not the tokenizer's."""
-    if (data_dir / INCOMPLETE).exists():
-        raise DataError(f"{data_dir / INCOMPLETE}: data.prepare did not finish in this directory; "
-                        "prepare it again (--overwrite)")
+    """What vouches for the shards (one phrase); DataError when the manifest does not match or is not the
+    tokenizer's (the `.prepare-incomplete` marker is checked first, by `load_dataset`)."""
     if not (data_dir / MANIFEST).exists():
         return (f"WARNING: no {MANIFEST}, so the shards were not made by data.prepare (e.g. the competition's "
                 "download) and the tokenizer that made them cannot be checked")
@@ -121,8 +132,9 @@ def _max_id(path: Path) -> tuple[int, int]:
 def check_token_ids(data_dir: Path, files: list[Path], vocab_size: int) -> int:
     """DataError naming the shard and position of the first id >= vocab_size; returns how many shards were read.
 
-    A shard's maximum is taken from the cache when its size, mtime and inode are unchanged (a shard
-    rewritten atomically, or a copied directory, gets new inodes, so it is read again); the cache is
+    A shard's maximum is taken from the cache when its size, mtime, ctime and inode are unchanged (a
+    shard rewritten atomically, or a copied directory, gets new inodes; one rewritten in place with its
+    mtime restored gets a new ctime, so it is read again); the cache is
     rewritten (atomically) when a shard was read, and left alone where the directory is read-only.
     """
     cache_path = data_dir / ID_CACHE
@@ -133,11 +145,10 @@ def check_token_ids(data_dir: Path, files: list[Path], vocab_size: int) -> int:
         cache = {}
     read = 0
     for f in files:
-        st = f.stat()
-        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        key = file_key(f.stat())
         hit = cache.get(f.name)
-        if isinstance(hit, list) and len(hit) == 4 and hit[:3] == key:
-            best, at = int(hit[3]), -1
+        if isinstance(hit, list) and len(hit) == len(key) + 1 and hit[:-1] == key:
+            best, at = int(hit[-1]), -1
         else:
             (best, at), read = _max_id(f), read + 1
             cache[f.name] = [*key, best]

@@ -30,6 +30,7 @@ import numpy as np
 
 from frontier_jax.data.shards import DataError
 from frontier_jax.errors import exit_on_error
+from frontier_jax.rundir import read_json_object
 from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram import tables as T
 
@@ -172,11 +173,9 @@ def analyze_run(run_dir, data_dir=None, tokenizer=None, snapshot_path=None, max_
     x_N, y_N = x_WT.reshape(-1), y_WT.reshape(-1)
     bytes_N = count_bytes(tok.byte_tables(cfg.model.vocab_size), x_N, y_N)
     snapshot_path = snapshot_path or (NE.run_snapshot(run_dir) if cfg.ngram.enabled else None)
-    if cfg.ngram.enabled and snapshot_path is None:
-        raise DataError(f"{run_dir}: the run has the n-gram bias on but no published snapshot in ngram-p0/")
-    abl = NE.bias_ablation(run_dir, snapshot_path, x_WT, y_WT)
+    abl = NE.bias_ablation(run_dir, snapshot_path, x_WT, y_WT)  # no snapshot: empty tables (the bias never acted)
     summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = read_json_object(summary_path, "run summary") if summary_path.is_file() else {}
     report = {"run": str(run_dir), "checkpoint_step": abl["step"], "ngram_enabled": cfg.ngram.enabled,
               "val_tokens": int(y_N.size), "val_bytes": int(bytes_N.sum()), "seq_len": seq_len,
               "summary_val_bpb": summary.get("val_bpb"), "bpb_network": _bpb(abl["network"], bytes_N)}
@@ -188,6 +187,11 @@ def analyze_run(run_dir, data_dir=None, tokenizer=None, snapshot_path=None, max_
     if not cfg.ngram.enabled:
         if snapshot_path is not None:
             report["orders"] = tables_report["orders"]
+        return report
+    if snapshot_path is None:
+        report.update(bpb_with_bias=_bpb(abl["with_bias"], bytes_N), orders=[],
+                      note="no n-gram snapshot was published: scored with empty tables (the bias never acted)")
+        report["gain_bpb"] = report["bpb_network"] - report["bpb_with_bias"]
         return report
     snap = S.load_snapshot(snapshot_path)
     pred = window_predictions(np.asarray(snap.rows_OK4), snap.min_order, x_N.astype(np.int64), seq_len)

@@ -86,8 +86,12 @@ def bias_ablation(run_dir, snapshot_path, x_WT, y_WT, batch_seqs: int | None = N
     if not cfg.ngram.enabled:
         out["network"] = per_token_nll(loss_fn, params, x_WT, y_WT, batch_seqs)
         return out
-    snap = S.load_snapshot(snapshot_path)
-    tables = tables_to_device(snap, cfg.ngram.confidence_buckets)
+    if snapshot_path is None:  # the builder published nothing: empty tables, as the run's final evaluation
+        from frontier_jax.ngram.bias import empty_tables
+
+        tables = jax.device_put(empty_tables(cfg.ngram))
+    else:
+        tables = tables_to_device(S.load_snapshot(snapshot_path), cfg.ngram.confidence_buckets)
     bias_OC = jnp.asarray(params["ngram_bias"][...], jnp.float32)
     out["bias_OC"] = np.asarray(bias_OC)
     out["with_bias"] = per_token_nll(loss_fn, params, x_WT, y_WT, batch_seqs, tables, bias_OC)

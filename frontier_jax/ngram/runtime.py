@@ -91,6 +91,7 @@ class NgramRuntime(RunHook):
         self.builder = NgramBuilder(cfg, self.builder_files, self.out_dir, chunk_tokens=chunk)
         self.tables = jax.device_put(empty_tables(cfg), replicated)
         self.version = -1
+        self.skipped_version = -1  # the newest snapshot that failed to load (not retried)
         self.poll_seconds, self.poll_every_steps = poll_seconds, poll_every_steps
         self._last_poll = 0.0
         self._failure_logged = False
@@ -150,7 +151,7 @@ class NgramRuntime(RunHook):
         if self._pending is not None:
             return changed
         version = self._agreed_version()
-        if version is None or version <= self.version:
+        if version is None or version <= max(self.version, self.skipped_version):
             return changed
         if self.background and not force:
             if self._pool is None:
@@ -170,6 +171,17 @@ class NgramRuntime(RunHook):
         try:
             header, host_tables, prepare_s = future.result() if future is not None else self._prepare(version)
         except FileNotFoundError:  # replaced while we looked: take the next one at the next poll
+            return False
+        except Exception as e:  # a snapshot that cannot be loaded (truncated, foreign): never the end of the run
+            self.skipped_version = version
+            first = (str(e).splitlines() or [""])[0][:200]
+            self.log(f"ngram: WARNING snapshot v{version} could not be loaded ({type(e).__name__}: {first}); "
+                     + ("stopping (ngram.strict)" if self.strict else f"skipped, training continues on snapshot "
+                        f"v{self.version}" if self.version >= 0 else "skipped, training continues without tables"))
+            self._record()
+            if self.strict:
+                raise NgramBuilderFailed(f"{self.out_dir / S.snapshot_name(version)}: snapshot could not be loaded "
+                                         f"({type(e).__name__}: {first})") from None
             return False
         t0 = time.perf_counter()
         self.tables = jax.block_until_ready(jax.device_put(host_tables, self.replicated))
