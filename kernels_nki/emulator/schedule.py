@@ -149,38 +149,42 @@ def _union(spans) -> float:
 
 
 def _overlap(e, r) -> bool:
-    return e[0] < r[2] and r[1] < e[1] and e[2] < r[4] and r[3] < e[3]
+    if e[5] != r[5]:
+        return e[6] < r[7] and r[6] < e[7]
+    return e[1] < r[2] and r[1] < e[2] and e[3] < r[4] and r[3] < e[4]
 
 
 def _contains(r, e) -> bool:
-    return r[1] <= e[0] and e[1] <= r[2] and r[3] <= e[2] and e[3] <= r[4]
+    if e[5] != r[5]:  # a bounding box in other rows: kept (pruning is safe only within one row size)
+        return False
+    return r[1] <= e[1] and e[2] <= r[2] and r[3] <= e[3] and e[4] <= r[4]
 
 
 def dependencies(instrs) -> tuple[list, list]:
     """(deps, raw) per instruction: indices of the earlier instructions it must wait for (RAW, WAR, WAW through
     overlapping regions), and its RAW producers."""
-    writes, reads = {}, {}  # serial -> [(p0, p1, f0, f1, index)]
+    writes, reads = {}, {}  # serial -> [(region, index)]
     deps, raws = [], []
     for i, ins in enumerate(instrs):
         raw, war = set(), set()
         for r in ins.reads:
-            for e in writes.get(r[0], ()):
+            for e, j in writes.get(r[0], ()):
                 if _overlap(e, r):
-                    raw.add(e[4])
+                    raw.add(j)
         for r in ins.writes:
             for table in (writes, reads):
-                for e in table.get(r[0], ()):
+                for e, j in table.get(r[0], ()):
                     if _overlap(e, r):
-                        war.add(e[4])
+                        war.add(j)
         war.discard(i)
         for r in ins.reads:
-            reads.setdefault(r[0], []).append((r[1], r[2], r[3], r[4], i))
+            reads.setdefault(r[0], []).append((r, i))
         for r in ins.writes:
             for table in (writes, reads):
                 lst = table.get(r[0])
                 if lst:
-                    table[r[0]] = [e for e in lst if not _contains(r, e)]  # superseded: i waits for them
-            writes.setdefault(r[0], []).append((r[1], r[2], r[3], r[4], i))
+                    table[r[0]] = [(e, j) for e, j in lst if not _contains(r, e)]  # superseded: i waits for them
+            writes.setdefault(r[0], []).append((r, i))
         deps.append(raw | war)
         raws.append(raw)
     return deps, raws

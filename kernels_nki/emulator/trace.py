@@ -6,10 +6,11 @@ and the tiles it reads and writes.
 arithmetic, full shapes) with the trace on; `emulator.run` / `count` leave it off. The schedule
 (`schedule.py`) prices and orders the trace; `Trace.counters` are the same work counters `count` returns.
 
-A region is (allocation serial, first partition, partition end, first free element, free end) within one
-allocation: on chip the partitions a view spans and the bounding range of its elements within a partition;
-in HBM partition (0, 1) and the bounding range of its elements in the flat tensor. Two regions of the same
-allocation conflict when both ranges overlap.
+A region is (allocation serial, first row, row end, first column, column end, row size R, first element,
+element end) within one allocation, element offsets in the flat allocation: on chip a row is a partition;
+in HBM R is the first stride past a gap in the view (a column block of a row-major tensor, one head of
+[B, T, H, K]: a box of rows x columns), else the tensor's row. Two regions of one allocation conflict when
+both their row and column ranges overlap (same R), or else their element ranges.
 
 DMA engines (aws-neuron-sdk `nki/get-started/about/nki-dma-overview.rst`, "Performance Considerations":
 "each DMA engine is typically responsible for moving data for eight SBUF partitions (128 partitions / 16 DMA
@@ -72,26 +73,33 @@ def region(t):
         return None
     lay = getattr(t, "layout", None)
     if lay is None:  # AccessPattern: the whole HBM tensor
-        return (t.base.alloc.serial, 0, 1, 0, t.base.size)
+        size = t.base.size
+        return (t.base.alloc.serial, 0, 1, 0, size, size, 0, size)
     off = lay.ctypes.data - _BASE[0]
     shape, strides = lay.shape, lay.strides
     if t.buffer in ON_CHIP:
-        storage = t.alloc.storage.shape
-        free = math.prod(storage[1:]) or 1
-        p0, f0 = divmod(off, free)
+        row = math.prod(t.alloc.storage.shape[1:]) or 1
+        p0, f0 = divmod(off, row)
         inner = 0
         for n, st in zip(shape[1:], strides[1:]):
             if n > 1 and st > 0:
                 inner += (n - 1) * st
-        return (t.alloc.serial, p0, p0 + (shape[0] if shape else 1), f0, f0 + inner + 1)
-    lo = hi = off
-    for n, st in zip(shape, strides):
-        if n > 1:
-            if st > 0:
-                hi += (n - 1) * st
-            else:
-                lo += (n - 1) * st
-    return (t.alloc.serial, 0, 1, lo, hi + 1)
+        p1 = p0 + (shape[0] if shape else 1)
+        return (t.alloc.serial, p0, p1, f0, f0 + inner + 1, row, off, (p1 - 1) * row + f0 + inner + 1)
+    # HBM: rows of R elements, R the first stride past a gap in the view (so a column block of a row-major
+    # tensor, or one head of [B, T, H, K], is a box of rows x columns), else the tensor's row
+    dims = sorted((st, n) for n, st in zip(shape, strides) if n > 1 and st > 0)
+    ext, row = 0, 0
+    for st, n in dims:
+        if row == 0 and st > ext + 1:
+            row = st
+        if row == 0:
+            ext += (n - 1) * st
+    if row == 0:
+        row = math.prod(t.alloc.storage.shape[1:]) or 1
+    hi = off + sum((n - 1) * st for st, n in dims)
+    r0, f0 = divmod(off, row)
+    return (t.alloc.serial, r0, hi // row + 1, f0, f0 + ext + 1, row, off, hi + 1)
 
 
 def _regions(tiles) -> tuple:
