@@ -255,20 +255,20 @@ def contiguous_run(dims) -> int:
 
 
 def _layout(shape, strides=None, offset: int = 0) -> np.ndarray:
-    """A stand-in array carrying a view's memory layout: 1-byte items, so its strides are element strides
-    (row-major by default) and its address minus LAYOUT_BASE is its first element's offset in the
-    allocation, over a byte that is never read. Indexed and reshaped alongside a tensor's data, it keeps
-    the real layout in count-only mode too, where the data are zero-stride."""
+    """A stand-in array (1-byte items over a byte never read) carrying a view's layout: its strides are element
+    strides, its address minus LAYOUT_BASE its first element's offset in the allocation. Indexed and reshaped
+    with a tensor's data, it keeps the real layout in count-only mode too, where the data are zero-stride."""
     shape = tuple(int(n) for n in shape)
     if strides is None:
         strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
-    return np.asarray(_Layout(LAYOUT_BASE + int(offset), shape, tuple(int(s) for s in strides)))
+    iface = {"data": (LAYOUT_BASE + int(offset), True), "shape": shape, "strides": tuple(int(s) for s in strides),
+             "typestr": "|u1", "version": 3}
+    return np.asarray(_Layout(iface))
 
 
 class _Layout:
-    def __init__(self, address, shape, strides):
-        self.__array_interface__ = {"data": (address, True), "shape": shape, "strides": strides, "typestr": "|u1",
-                                    "version": 3}
+    def __init__(self, iface):
+        self.__array_interface__ = iface
 
 
 _LAYOUT_BYTE = np.zeros(1, np.uint8)
@@ -428,8 +428,8 @@ class Machine:
         `inputs=2` (a VectorE instruction reading two tensors, e.g. tensor_tensor) costs ~2N cycles
         (aws-neuron-sdk `nki/guides/architecture/trainium_inferentia2_arch.rst`, "Vector Engine /
         Performance Consideration", Cost Model: "If there are two input tiles, the instruction can
-        execute in roughly 2N cycles"); ScalarE reads at most one tensor (same guide, "Scalar Engine").
-        `reads` / `writes`: the tiles it reads and writes (for the trace; writes default to `tile`)."""
+        execute in roughly 2N cycles"); ScalarE reads at most one tensor (same guide, "Scalar Engine"). `reads`
+        / `writes`: the tiles it reads and writes (for the trace; writes default to `tile`)."""
         partitions = tile.shape[0] if tile.ndim else 1
         free = math.prod(tile.shape[1:]) if tile.ndim > 1 else 1
         c = self.counters
@@ -443,11 +443,9 @@ class Machine:
                                             (tile,) if writes is None else writes))
 
     def count_dma(self, nbytes: int, buffer_bytes: int | None = None, dst=None, srcs=(), op: str = "dma_copy"):
-        """One DMA of `nbytes` in contiguous buffers of `buffer_bytes` (the whole transfer when None). AWS's
-        DMA bandwidth guide (`nki/deep-dives/nki-dma-bandwidth-guide.rst`, "Bandwidth vs. Payload Size"):
-        below 256 B per buffer "severely overhead-bound", 256 B - 2 KiB "below peak", >= 2 KiB the
-        "minimum recommended"; the cost model (`cost.py`) charges every byte at the peak rate, so the bytes
-        in small buffers are counted apart and printed by the report: there the estimate is optimistic."""
+        """One DMA of `nbytes` in contiguous buffers of `buffer_bytes` (the whole transfer when None); the bytes
+        in buffers below AWS's 256 B / 2 KiB marks (`nki/deep-dives/nki-dma-bandwidth-guide.rst`, "Bandwidth vs.
+        Payload Size") counted apart. `dst` / `srcs`: its two sides (for the trace)."""
         nbytes = int(nbytes)
         size = nbytes if buffer_bytes is None else max(1, min(int(buffer_bytes), nbytes))
         c = self.counters
