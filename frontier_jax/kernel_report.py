@@ -65,10 +65,12 @@ def measure(call: kc.KernelCall, target: str = "trn1") -> dict:
         two = trace.record(kernel, *_with_batch(call, 2), target=target, **consts)
         m1, m2 = schedule.estimate(one), schedule.estimate(two)
         sched = {a: m1[a] + (B - 1) * (m2[a] - m1[a]) for a in READINGS}
+        shares = m2["shares"]
         counters = _extrapolated(one.counters, two.counters, B)
     else:
         tr = trace.record(kernel, *call.inputs, target=target, **consts)
-        sched = {a: v for a, v in schedule.estimate(tr).items() if a in READINGS}
+        m = schedule.estimate(tr)
+        sched, shares = {a: m[a] for a in READINGS}, m["shares"]
         counters = tr.counters
     est = emulator.estimate(counters, target)
     c = counters
@@ -77,7 +79,8 @@ def measure(call: kc.KernelCall, target: str = "trn1") -> dict:
             "pe_useful_over_issued": emulator.pe_utilisation(c), "dma_bytes": c.dma_bytes,
             "dma_bytes_per_buffer": c.dma_bytes / c.dma_buffers if c.dma_buffers else None,
             "dma_share_under_2k": c.dma_bytes_under_2k / c.dma_bytes if c.dma_bytes else 0.0,
-            "busiest_s": est.total_s, "bound": est.bound, "schedule_s": sched, "counters": c.as_dict()}
+            "busiest_s": est.total_s, "bound": est.bound, "schedule_s": sched, "shares": shares,
+            "busiest_lane": max(shares, key=shares.get), "counters": c.as_dict()}
 
 
 def glue_times(g: kc.Glue, target: str = "trn1") -> dict:
@@ -113,16 +116,27 @@ def format_report(rep: dict) -> str:
     lines = [f"trn1 step estimate from the traced program: config {rep['config']}, target {rep['target']}, per "
              f"core ({rep['cores']} cores, data parallel)", "",
              f"{'op':<19} {'pass':<4} {'operands':<34} {'calls':>5} {'PE u/i':>6} {'DMA MB':>8} {'B/buf':>6} "
-             f"{'<2K%':>5} {'busiest':>9} {'sch low':>9} {'central':>9} {'high':>9} {'bound':<6}"]
+             f"{'<2K%':>5} {'busiest':>9} {'sch low':>9} {'central':>9} {'high':>9} {'bound':<6} {'busiest lane':<14}"]
     for r in rep["kernels"]:
         s = r["schedule_s"]
         lines.append(f"{r['op']:<19} {r['which']:<4} {r['shape'][:34]:<34} {r['calls_per_step']:>5} "
                      f"{_r(r['pe_useful_over_issued']):>6} {r['dma_bytes'] / 1e6:>8.2f} "
                      f"{r['dma_bytes_per_buffer'] or 0:>6.0f} {100 * r['dma_share_under_2k']:>5.1f} "
-                     f"{us(r['busiest_s'])} {us(s['low'])} {us(s['central'])} {us(s['high'])} {r['bound']:<6}")
+                     f"{us(r['busiest_s'])} {us(s['low'])} {us(s['central'])} {us(s['high'])} {r['bound']:<6} "
+                     f"{r['busiest_lane']} {r['shares'][r['busiest_lane']]:.0%}")
     g, gs = rep["glue"], rep["glue_s"]
-    lines += ["", "(us per call; busiest: the busiest-engine lower bound; sch: the schedule, low / central / high; "
-              "qk_attention extrapolated from 1 and 2 sequences)",
+    per_op: dict = {}
+    for r in rep["kernels"]:
+        acc = per_op.setdefault(r["op"], [0.0, 0.0, 0.0, 0.0])
+        for i, v in enumerate((r["busiest_s"], r["schedule_s"]["low"], r["schedule_s"]["central"],
+                               r["schedule_s"]["high"])):
+            acc[i] += v * r["calls_per_step"]
+    lines += ["", "(us per call; busiest: the busiest-engine lower bound, bound: its engine; sch: the schedule, low / "
+              "central / high; busiest lane: the central schedule's most active engine and its share; qk_attention "
+              "extrapolated from 1 and 2 sequences)", "ms per step by op (busiest-engine / schedule low, central, high):"]
+    lines += [f"  {op:<19} {v[0] * 1e3:>7.1f} / {v[1] * 1e3:>7.1f} {v[2] * 1e3:>8.1f} {v[3] * 1e3:>8.1f}"
+              for op, v in sorted(per_op.items(), key=lambda kv: -kv[1][2])]
+    lines += [
               f"outside kernels ({g['equations']:,} equation runs per step): {g['fused_bytes'] / 1e9:.2f} GB through "
               f"HBM fused ({g['unfused_bytes'] / 1e9:.2f} GB unfused), {2 * g['dot_macs'] / 1e12:.3f} TFLOP of "
               f"matmuls: {gs['central'] * 1e3:.1f} ms ({gs['high'] * 1e3:.1f} ms unfused)"]

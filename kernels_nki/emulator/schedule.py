@@ -300,7 +300,13 @@ def schedule(trace: Trace | list, assumptions: str = "central", target: str | No
 
 
 def estimate(trace: Trace) -> dict:
-    """The schedule's makespan under each bracket of ASSUMPTIONS, with the busiest-engine lower bound."""
-    out = {name: schedule(trace, name).makespan_s for name in ASSUMPTIONS}
+    """The schedule's makespan under each bracket of ASSUMPTIONS, with the busiest-engine lower bound and the
+    central schedule's active shares (`shares`)."""
+    out = {}
+    for name in ASSUMPTIONS:
+        s = schedule(trace, name)
+        out[name] = s.makespan_s
+        if name == "central":
+            out["shares"] = s.active_share()
     out["busiest_engine"] = cost.estimate(trace.counters, trace.target).total_s
     return out
