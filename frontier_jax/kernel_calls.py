@@ -73,9 +73,14 @@ def program(cfg: Config):
 
         params, opt_state = jax.eval_shape(init)
         from frontier_jax.steps import make_train_step
-        step = make_train_step(graphdef, tx, None, donate=False)
+        bias, aux = None, None
+        if cfg.ngram.enabled:  # the n-gram bias from tables of the configured shapes (their values do not matter)
+            from frontier_jax.ngram.bias import empty_tables
+            from frontier_jax.ngram.runtime import bias_fn as bias
+            aux = jax.eval_shape(lambda: empty_tables(cfg.ngram))
+        step = make_train_step(graphdef, tx, bias, donate=False)
         x = jax.ShapeDtypeStruct((M, B, cfg.train.seq_len), jnp.int32)
-        return jax.make_jaxpr(step)(params, opt_state, x, x, jnp.float32(1), jnp.float32(0.9), None)
+        return jax.make_jaxpr(step)(params, opt_state, x, x, jnp.float32(1), jnp.float32(0.9), aux)
 
 
 def _subjaxprs(eqn):
