@@ -160,7 +160,7 @@ def bench_trainer(config_path: str, builder_tokens: int, steps_per_block: int, b
     dp = make_data_parallel(0, False)
     tx = optim.build_optimizer(cfg.optim)
     graphdef, params, opt_state, shardings = init_state(cfg, tx, resolve_compute_dtype(cfg.model), dp)
-    step = make_train_step(graphdef, tx, bias_fn, shardings=shardings, replicated=dp.replicated)
+    step = make_train_step(graphdef, tx, bias_fn, mesh=dp.mesh, state_specs=dp.state_specs(opt_state))
     rows = min(t.tokens_per_step // t.seq_len, t.micro_batch_seqs * dp.num_devices)
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.integers(0, cfg.model.vocab_size, (1, rows, t.seq_len)), jnp.int32)

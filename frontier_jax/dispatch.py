@@ -12,21 +12,21 @@ platform, is the reference. The kernel lives in `kernels_nki.registry.KERNELS[na
 function names); `adapter` (a `KernelAdapter`) maps the primitive's operands to the kernel's
 calling convention and its outputs back, where the two differ.
 
-The Neuron lowering follows AWS's documented JAX integration (aws-neuron-sdk
-`nki/guides/framework_custom_op.rst`, "JAX" and "Using NKI in training graphs"; the tutorial
-`nki/guides/tutorials/average_pool2d.rst`, "JAX"): an `@nki.jit` function is called directly on JAX
-arrays inside the jitted program (`nki.jit` picks its JAX integration from the argument type, see
-`nki/api/nki/__init__.py`, `jit`), compile-time constants are passed as keyword arguments, the kernel
-allocates and returns its own outputs, and training pairs the forward and backward kernels in a
-`jax.custom_vjp` (done in `frontier_jax.ops`). The `jax_neuronx.nki_call` wrapper is gone since
-Neuron 2.23 (`about-neuron/announcements/neuron2.x/announce-no-support-jax-neuronx-nki-call.rst`).
-Here the kernel call is the primitive's `platform="neuron"` lowering (`mlir.lower_fun` traces it),
-registered lazily, only once the platform is known to be "neuron": registering a lowering for a
-platform JAX does not know raises. The primitive's `kernel` parameter says whether the kernel was
-chosen, so `--kernels reference` lowers to the reference on Neuron too. No operand handed to a
-kernel may be zero-size: a kernel argument becomes an `NkiTensor`, whose shape is "a tuple of
+On Neuron an op whose row says "nki" calls its `@nki.jit` kernel directly on the JAX operands inside
+the jitted program, the path AWS documents for JAX (aws-neuron-sdk `nki/guides/framework_custom_op.rst`,
+"JAX" and "Using NKI in training graphs"; `nki.jit` picks its JAX integration from the argument type,
+`nki/api/nki/__init__.py`, `jit`): compile-time constants are keyword arguments, the kernel allocates
+and returns its own outputs, and training pairs the forward and backward kernels in a `jax.custom_vjp`
+(done in `frontier_jax.ops`). (`jax_neuronx.nki_call` is gone since Neuron 2.23,
+`release-notes/components/jax.rst`.) The primitives carry the reference everywhere else: their only
+lowering is the reference, and a primitive bound with kernel=True (`kernel_primitives()`, the program
+check's trace) refuses to lower, so it can never stand in for a kernel silently. No operand handed to
+a kernel may be zero-size: a kernel argument becomes an `NkiTensor`, whose shape is "a tuple of
 positive integers" (`nki/api/nki/language/__init__.py`, `NkiTensor.__init__`); adapters pad such
 operands to a valid shape and `kernel_call` refuses any left.
+
+Data parallelism does not change any of this: the steps (`frontier_jax.steps`) run the model and the
+optimizer inside `jax.shard_map`, so each kernel is traced and called at its own device's shard.
 
 The kernel table (`kernel_table()`: one `KernelRow` per declared op, impl nki | reference | emulated
 | unused and the reason) says which path every op takes in this process; `format_kernel_table`
@@ -87,10 +87,14 @@ class OpSpec:
 
     def __call__(self, which: str, *arrays, **static) -> tuple:
         """Run direction `which` ("fwd" | "bwd") with the implementation the table chose."""
+        if _state["kernel_primitives"]:  # the Neuron program as traced for its check (kernel_primitives)
+            return tuple(self.prims[which].bind(*arrays, kernel=self.name in registry.KERNELS, **static))
         impl = _impl(self.name)
         if impl == "emulated":
             return _emulated_call(self, which, arrays, static)
-        return tuple(self.prims[which].bind(*arrays, kernel=impl == "nki", **static))
+        if impl == "nki":  # AWS's documented JAX path: the @nki.jit kernel called on the JAX arrays
+            return kernel_call(self, which, _nki_kernel(self.name, which), arrays, static)
+        return tuple(self.prims[which].bind(*arrays, kernel=False, **static))
 
 
 SPECS: dict[str, OpSpec] = {}  # declaration order = the kernel table's row order
@@ -113,10 +117,22 @@ def _primitive(name: str, ref: Callable, static: tuple[str, ...]) -> Primitive:
     shapes = jax.jit(lambda *a, **s: tuple(ref(*a, **s)), static_argnames=static)
     prim.def_abstract_eval(lambda *avals, kernel, **s: tuple(
         jax.core.ShapedArray(o.shape, o.dtype) for o in shapes.eval_shape(*avals, **s)))
-    mlir.register_lowering(prim, mlir.lower_fun(lambda *a, kernel, **s: tuple(ref(*a, **s)), multiple_results=True))
+
+    def lower(*a, kernel, **s):
+        if kernel:
+            raise KernelPrimitiveLoweredError(
+                f"{name}: a kernel=True primitive (a program-check trace) was lowered; kernels are called, "
+                "not lowered (frontier_jax.dispatch)")
+        return tuple(ref(*a, **s))
+
+    mlir.register_lowering(prim, mlir.lower_fun(lower, multiple_results=True))
     eager = jax.jit(prim.bind, static_argnames=("kernel",) + tuple(static))
     prim.def_impl(lambda *args, kernel, **s: eager(*args, kernel=kernel, **s))
     return prim
+
+
+class KernelPrimitiveLoweredError(RuntimeError):
+    """A primitive standing for a kernel call (kernel=True) reached XLA: it has no lowering but the reference."""
 
 
 # ----------------------------------------------------------------------------- calling a kernel
@@ -144,57 +160,66 @@ def _kernel_name(op: str, which: str) -> str:
     return getattr(registry.KERNELS[op], which)
 
 
-_neuron_registered: set[str] = set()
+_nki_modules: dict[str, object] = {}  # op -> its kernel module imported against the real nki (configure)
 
 
-def _register_neuron_lowering(op: str) -> None:
-    """Add the platform="neuron" lowering of `op`'s primitives (see `neuron_rule`); raises if the kernel
-    module does not import against the real `nki` (checked on every configure)."""
-    module = registry.load_nki(op)
-    if op in _neuron_registered:
-        return
-    spec = SPECS[op]
-    for which, prim in spec.prims.items():
-        rule = neuron_rule(spec, which, getattr(module, _kernel_name(op, which)))
-        mlir.register_lowering(prim, mlir.lower_fun(rule, multiple_results=True), platform="neuron")
-    _neuron_registered.add(op)
+def _load_nki(op: str) -> None:
+    """Import `op`'s kernel module against the real `nki` (raises if it does not import; every configure)."""
+    _nki_modules[op] = registry.load_nki(op)
 
 
-def neuron_rule(spec: OpSpec, which: str, nki_kernel: Callable) -> Callable:
-    """What the Neuron lowering of `spec.prims[which]` traces: the `@nki.jit` kernel called on the JAX
-    operands when the primitive's kernel=True, else the reference."""
-    ref = spec.refs[which]
-
-    def rule(*arrays, kernel, **static):
-        return kernel_call(spec, which, nki_kernel, arrays, static) if kernel else tuple(ref(*arrays, **static))
-
-    return rule
+def _nki_kernel(op: str, which: str) -> Callable:
+    return getattr(_nki_modules[op], _kernel_name(op, which))
 
 
 def _emulated_call(spec: OpSpec, which: str, arrays, static: dict) -> tuple:
-    """The kernel source under the NumPy emulator, through jax.pure_callback (tests only)."""
-    structs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype)
+    """The kernel source under the NumPy emulator, as a host callback in the program (tests only)."""
+    structs = tuple((tuple(a.shape), str(a.dtype))
                     for a in jax.eval_shape(lambda *a: tuple(spec.refs[which](*a, **static)), *arrays))
 
     def host(*host_arrays):
         kernel = getattr(registry.load_emulated(spec.name), _kernel_name(spec.name, which))
-        outs = kernel_call(spec, which, kernel, [np.asarray(a) for a in host_arrays], static)
-        return tuple(np.asarray(o, dtype=s.dtype).reshape(s.shape) for o, s in zip(outs, structs))
+        outs = kernel_call(spec, which, kernel, list(host_arrays), static)
+        return tuple(np.asarray(o, dtype=np.dtype(d)).reshape(shape) for o, (shape, d) in zip(outs, structs))
 
-    return tuple(jax.pure_callback(host, structs, *arrays))
+    return tuple(_emulated_p.bind(*arrays, host=host, structs=structs))
+
+
+# The emulated kernel's host callback. jax.pure_callback hands its callback jax.Arrays placed on the CPU
+# device; reading them (np.asarray) waits on the CPU client's threads, so with several simulated devices
+# in one shard_map, all inside callbacks, the program deadlocks (seen on 4 devices, 2 cores). This
+# primitive lowers to the same XLA host-callback custom call through JAX's callback emitter, whose
+# callback receives the operands as NumPy arrays (jax._src.callback: JAX's own, not public, API; the
+# test-only path depends on it and fails loudly if it changes).
+_emulated_p = Primitive("frontier_emulated_kernel")
+_emulated_p.multiple_results = True
+_emulated_p.def_abstract_eval(lambda *avals, host, structs: tuple(
+    jax.core.ShapedArray(shape, np.dtype(d)) for shape, d in structs))
+
+
+def _emulated_lowering(ctx, *args, host, structs):
+    from jax._src import callback
+
+    sharding = callback._callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
+    results, _, _ = callback.emit_python_callback(ctx, host, None, list(args), ctx.avals_in, ctx.avals_out,
+                                                  has_side_effect=False, returns_token=False, sharding=sharding)
+    return results
+
+
+mlir.register_lowering(_emulated_p, _emulated_lowering, cacheable=False)
 
 
 # ----------------------------------------------------------------------------- the kernel table
 
 _state = {"mode": "auto", "platform": None, "rows": None, "emulated": frozenset(), "unused": frozenset(),
-          "direct": True}
+          "direct": True, "kernel_primitives": False}
 
 
 def _resolve(op: str, mode: str, platform: str, unused: frozenset) -> KernelRow:
     if op in unused:
         return KernelRow(op, "unused", SPECS[op].unused_reason)
     if op in _state["emulated"]:
-        return KernelRow(op, "emulated", "NumPy emulator of the NKI kernel via jax.pure_callback (tests only)")
+        return KernelRow(op, "emulated", "NumPy emulator of the NKI kernel via a host callback (tests only)")
     kspec = registry.KERNELS.get(op)
     if kspec is None:
         return KernelRow(op, "reference", "no kernel")
@@ -203,7 +228,7 @@ def _resolve(op: str, mode: str, platform: str, unused: frozenset) -> KernelRow:
     if platform != "neuron":
         return KernelRow(op, "reference", f"platform {platform}")
     try:
-        _register_neuron_lowering(op)
+        _load_nki(op)
     except Exception as e:  # every failure becomes a visible row (and a strict-mode error)
         return KernelRow(op, "reference", f"kernel unavailable: {type(e).__name__}: {e}")
     return KernelRow(op, "nki", f"{kspec.module}." + "/".join(n for n in (kspec.fwd, kspec.bwd) if n))
@@ -272,7 +297,7 @@ def direct(op: str) -> bool:
     the custom_vjp would pin the kernel's residuals (mlp's relu(h)^T) and recompute in the backward (the
     attention forward), and on CPU that measured 10-70% slower per op (bench/README.md). The
     primitives are bound when a kernel (or the emulator) runs, or inside `through_primitives()`."""
-    return _state["direct"] and _impl(op) == "reference"
+    return _state["direct"] and not _state["kernel_primitives"] and _impl(op) == "reference"
 
 
 @contextlib.contextmanager
@@ -285,4 +310,20 @@ def through_primitives():
         yield
     finally:
         _state["direct"] = saved
+        jax.clear_caches()
+
+
+@contextlib.contextmanager
+def kernel_primitives():
+    """Trace the program as it runs on Neuron with every kernel available (`--kernels strict`): each op
+    binds its primitive with kernel=True where the kernel call would be (an eqn with the kernel's
+    operands, shapes and static parameters), and no op takes the CPU shortcut (`direct`). For
+    inspecting jaxprs (frontier_jax.program, the Neuron program check); such a trace cannot be lowered."""
+    saved = _state["kernel_primitives"]
+    _state["kernel_primitives"] = True
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        _state["kernel_primitives"] = saved
         jax.clear_caches()

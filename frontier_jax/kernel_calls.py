@@ -1,17 +1,16 @@
 """Every NKI kernel call of a training step, read off the traced step itself, and the work between them.
 
-`program(cfg)` traces one core's training step as the trainer builds it (frontier_jax.steps.make_train_step on
-the config's model and optimizer, the micro-batch scan included, bf16 as on trn1) with the kernel-backed ops
-bound as their primitives (`ops.through_primitives()`); `sites(closed_jaxpr)` walks it and every sub-jaxpr
-(jit, custom_vjp, scan, cond, ...) and yields each equation with how many times it runs per step (the
-product of the enclosing scans' lengths; of a `lax.cond`'s branches only the last, the true branch of a
-boolean cond, counts: qk_attention's bounded-shift forward, which its gains select at initialisation).
+The step is `frontier_jax.program.trace_steps(cfg, num_devices=2).programs["train"]`: the trainer's train step
+as it runs on Neuron (the per-device part inside `jax.shard_map`, the micro-batch scan, the optimizer, the
+config's n-gram bias, the bounded-shift attention forward), every kernel call a `frontier_<op>_fwd` / `_bwd`
+equation with the kernel's operands and static parameters; `program.walk` gives each equation with how many
+times it runs per step (the enclosing scans' lengths).
 
-`kernel_calls(cfg)` turns the `frontier_<op>_fwd` / `_bwd` equations into `KernelCall`s: the op, the
-direction, the kernel's operands (the primitive's avals through the op's kernel adapter, as
-frontier_jax.dispatch.kernel_call passes them), its static parameters (the kernel's compile-time
-constants) and calls per step; identical calls are merged. `glue(cfg)` is the rest of the step: bytes
-through HBM and matmul MACs of the equations outside kernels (`Glue`).
+`kernel_calls(cfg)` turns those equations into `KernelCall`s: the op, the direction, the kernel's operands
+(the primitive's avals through the op's kernel adapter, as frontier_jax.dispatch.kernel_call passes them),
+its static parameters (the kernel's compile-time constants) and calls per step; identical calls are merged.
+`glue(cfg)` is the rest of the step: bytes through HBM and matmul MACs of the equations outside kernels
+(`Glue`), per jaxpr of the same walk.
 """
 
 from __future__ import annotations
@@ -19,23 +18,20 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.extend.core import Literal
 
-from frontier_jax import dispatch, ops, optim
+from frontier_jax import dispatch, program as _program
 from frontier_jax.config import Config
-from frontier_jax.model import build
 from frontier_jax.run_policy import split_batch
 
 CORES = 2  # trn1.2xlarge: one chip, two NeuronCore-v2, data parallel
-PREFIX = "frontier_"
-# equations that move no data (views, metadata) or hold sub-jaxprs, which are walked instead
+PREFIX = _program.KERNEL_PREFIX
+# equations that move no data (views, metadata, collectives' bookkeeping) or hold sub-jaxprs, walked instead
 FREE = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "transpose", "copy_p", "pjit", "jit",
         "custom_vjp_call", "custom_jvp_call", "scan", "cond", "while", "shard_map", "closed_call", "remat",
-        "checkpoint", "stop_gradient", "iota", "random_wrap", "random_unwrap", "random_seed", "random_bits"}
+        "checkpoint", "stop_gradient", "iota", "random_wrap", "random_unwrap", "random_seed", "random_bits",
+        "axis_index"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,51 +56,17 @@ def microbatches(cfg: Config) -> tuple[int, int]:
 
 
 def program(cfg: Config):
-    """One core's training step as a ClosedJaxpr (the swap point for a program-level tracer)."""
-    dt = jnp.bfloat16 if cfg.model.compute_dtype != "float32" else jnp.float32  # the policy on accelerators
-    tx = optim.build_optimizer(cfg.optim)
-    B, M = microbatches(cfg)
-    with ops.through_primitives():
-        graphdef, _ = nnx.split(nnx.eval_shape(lambda: build(cfg, dt)))
-
-        def init():
-            _, params = nnx.split(build(cfg, dt))
-            return params, tx.init(params)
-
-        params, opt_state = jax.eval_shape(init)
-        from frontier_jax.steps import make_train_step
-        bias, aux = None, None
-        if cfg.ngram.enabled:  # the n-gram bias from tables of the configured shapes (their values do not matter)
-            from frontier_jax.ngram.bias import empty_tables
-            from frontier_jax.ngram.runtime import bias_fn as bias
-            aux = jax.eval_shape(lambda: empty_tables(cfg.ngram))
-        step = make_train_step(graphdef, tx, bias, donate=False)
-        x = jax.ShapeDtypeStruct((M, B, cfg.train.seq_len), jnp.int32)
-        return jax.make_jaxpr(step)(params, opt_state, x, x, jnp.float32(1), jnp.float32(0.9), aux)
+    """One core's training step as a ClosedJaxpr (frontier_jax.program, traced as on Neuron)."""
+    return _program.trace_steps(cfg, num_devices=CORES).programs["train"]
 
 
-def _subjaxprs(eqn):
-    """(jaxpr, multiplier) of each sub-jaxpr of `eqn` that runs per execution of it."""
-    name = eqn.primitive.name
-    for key, value in eqn.params.items():
-        items = value if isinstance(value, (tuple, list)) else (value,)
-        found = [getattr(v, "jaxpr", v) for v in items]
-        found = [j for j in found if hasattr(j, "eqns")]
-        if name == "cond" and key == "branches":
-            found = found[-1:]
-        for j in found:
-            yield j, (eqn.params.get("length", 1) if name == "scan" else 1)
-
-
-def sites(closed, multiplicity: int = 1):
-    """(eqn, runs per step, the jaxpr holding it) for every equation of `closed` and its sub-jaxprs."""
-    stack = [(getattr(closed, "jaxpr", closed), multiplicity)]
-    while stack:
-        jaxpr, mult = stack.pop()
-        for eqn in jaxpr.eqns:
-            yield eqn, mult, jaxpr
-            for sub, k in _subjaxprs(eqn):
-                stack.append((sub, mult * k))
+def _jaxprs(closed, multiplicity: int = 1):
+    """(jaxpr, runs per step) of `closed` and every sub-jaxpr, as `program.walk` descends."""
+    jaxpr = getattr(closed, "jaxpr", closed)
+    yield jaxpr, multiplicity
+    for eqn in jaxpr.eqns:
+        for sub, repeat in _program._sub_jaxprs(eqn):
+            yield from _jaxprs(sub, multiplicity * repeat)
 
 
 def _spec(a):
@@ -125,12 +87,11 @@ def kernel_call_of(eqn, calls: int) -> KernelCall:
 def kernel_calls(cfg: Config, closed=None) -> list[KernelCall]:
     """The step's kernel calls (merged when identical), in first-seen order."""
     merged: dict = {}
-    for eqn, mult, _ in sites(closed if closed is not None else program(cfg)):
-        if eqn.primitive.name.startswith(PREFIX):
-            c = kernel_call_of(eqn, mult)
-            key = (c.op, c.which, c.inputs, c.constants)
-            prev = merged.get(key)
-            merged[key] = c if prev is None else dataclasses.replace(prev, calls_per_step=prev.calls_per_step + mult)
+    for site in _program.kernel_sites(closed if closed is not None else program(cfg)):
+        c = kernel_call_of(site.eqn, site.multiplicity)
+        key = (c.op, c.which, c.inputs, c.constants)
+        prev = merged.get(key)
+        merged[key] = c if prev is None else dataclasses.replace(prev, calls_per_step=prev.calls_per_step + c.calls_per_step)
     return list(merged.values())
 
 
@@ -167,18 +128,15 @@ def _dot_macs(eqn) -> int:
 
 def glue(cfg: Config, closed=None) -> Glue:
     closed = closed if closed is not None else program(cfg)
-    per_jaxpr: dict = {}
-    for eqn, mult, jaxpr in sites(closed):
-        per_jaxpr.setdefault(id(jaxpr), (jaxpr, mult))
     fused = unfused = macs = 0.0
     count = 0
-    for jaxpr, mult in per_jaxpr.values():
+    for jaxpr, mult in _jaxprs(closed):
         outside = set()  # variables made by kernels, sub-jaxpr holders, or the jaxpr's inputs
         consumers_outside = set(v for v in jaxpr.outvars if _var(v))
         work = []
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
-            if name.startswith(PREFIX) or name in FREE or any(True for _ in _subjaxprs(eqn)):
+            if name.startswith(PREFIX) or name in FREE or any(True for _ in _program._sub_jaxprs(eqn)):
                 outside.update(eqn.outvars)
                 consumers_outside.update(v for v in eqn.invars if _var(v))
                 continue

@@ -37,7 +37,7 @@ from frontier_jax.ngram import runtime as ngram_runtime
 from frontier_jax.parallel import DataParallel, make_data_parallel
 from frontier_jax.rundir import (RunError, RunLog, Signals, claim_run_dir, finished_summary, stopped_before_training,
                                  truncate_metrics)
-from frontier_jax.steps import evaluate_batches, make_eval_step, make_train_step
+from frontier_jax.steps import evaluate_batches, make_eval_step, make_train_step, q_gains
 
 __all__ = ["run", "init_state", "RunError"]
 
@@ -60,10 +60,24 @@ def _initializer(cfg: Config, tx, compute_dtype, dp: DataParallel):
 
 
 def init_state(cfg: Config, tx, compute_dtype, dp: DataParallel):
-    """(graphdef, params, opt_state, shardings), created directly with their shardings (no host copy)."""
+    """(graphdef, params, opt_state, shardings): initialised on the host CPU (the same values on every
+    platform; AWS: run RNG initialisation on the CPU backend, Threefry "is not completely supported" on
+    Neuron, aws-neuron-sdk frameworks/jax/setup/jax-neuronx-known-issues.rst), then placed with the run's
+    shardings, each process filling its own devices' shards."""
     graphdef, init, shardings = _initializer(cfg, tx, compute_dtype, dp)
-    params, opt_state = jax.jit(init, out_shardings=shardings)()
+    with jax.default_device(_host_cpu()):
+        host_state = jax.tree_util.tree_map(np.asarray, jax.jit(init)())
+    params, opt_state = jax.tree_util.tree_map(
+        lambda x, s: jax.make_array_from_callback(x.shape, s, lambda idx: x[idx]), host_state, shardings)
     return graphdef, params, opt_state, shardings
+
+
+def _host_cpu():
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError as e:  # JAX_PLATFORMS without cpu
+        raise ConfigError(f"the host CPU backend is not available to JAX ({e}); it initialises the model: "
+                          "allow it, e.g. JAX_PLATFORMS=neuron,cpu") from e
 
 
 def _restore(cfg: Config, tx, compute_dtype, dp: DataParallel, out_dir: Path, log):
@@ -120,6 +134,7 @@ class Setup:
     global_micro: int
     accum: int
     kernel_rows: list
+    program_findings: list | None  # the Neuron program check's findings (None: not on Neuron)
     env: dict
     compute_dtype: object
     ns_dtype: str
@@ -135,10 +150,24 @@ def _setup(cfg: Config) -> Setup:
     if t.val_batch_seqs % dp.num_devices:
         raise ConfigError(f"train.val_batch_seqs={t.val_batch_seqs} is not a multiple of the {dp.num_devices} devices")
     kernel_rows = ops.configure(t.kernels, unused=ops.unused_ops(cfg.optim.fused))
+    program_findings = _neuron_program_check(cfg, dp, t.kernels)
     env = {**report.environment(), "host_allocator": host.tune_allocator(t.allocator)}
-    return Setup(dp, global_micro, accum, kernel_rows, env, resolve_compute_dtype(cfg.model),
+    return Setup(dp, global_micro, accum, kernel_rows, program_findings, env, resolve_compute_dtype(cfg.model),
                  optim.resolve_ns_dtype(cfg.optim), optim.build_optimizer(cfg.optim),
                  load_for_config(cfg))  # the data: all checks before the run directory is touched
+
+
+def _neuron_program_check(cfg: Config, dp: DataParallel, mode: str):
+    """On Neuron, the trainer's programs against AWS's documented JAX limits (frontier_jax.neuron_check);
+    strict mode refuses a failing program in one line naming the rule and the op."""
+    if jax.default_backend() != "neuron":
+        return None
+    from frontier_jax import neuron_check
+
+    findings = neuron_check.check_config(cfg, dp.num_devices)
+    if findings and mode == "strict":
+        raise ops.KernelUnavailableError(neuron_check.strict_error(findings))
+    return findings
 
 
 def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, signals, stop_after_steps, on_step) -> dict:
@@ -188,7 +217,12 @@ class JaxTrainer:
         log(f"backend {env['backend']} | {dp.describe()} | allocator {host.describe(env['host_allocator'])}")
         log(f"compute dtype {s.compute_dtype} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
             f"{s.ns_dtype} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
-        log(ops.format_kernel_table(s.kernel_rows) + "\n(each op dispatched per device on its shard of the batch)")
+        log(ops.format_kernel_table(s.kernel_rows) + "\n(every kernel-backed op runs per device on its shard of the "
+            "batch, inside jax.shard_map)")
+        if s.program_findings is not None:
+            from frontier_jax import neuron_check
+
+            log(neuron_check.format_report(cfg.name, dp.num_devices, s.program_findings))
         data = s.data
         self.val_tokens = data.val_tokens
         self.ngram = ngram_runtime.for_config(cfg.ngram, data.train_files, out_dir, log, dp.replicated)
@@ -199,10 +233,15 @@ class JaxTrainer:
         log(f"step = {t.tokens_per_step:,} tokens = {s.accum} micro-batch(es) of {s.global_micro} x {t.seq_len}")
 
         # ---- model, optimizer, compiled steps
-        graphdef, self.params, self.opt_state, shardings = init_state(cfg, s.tx, s.compute_dtype, dp)
+        graphdef, self.params, self.opt_state, _ = init_state(cfg, s.tx, s.compute_dtype, dp)
         log(f"model: {count_params(nnx.merge(graphdef, self.params)):,} parameters, hash {model_hash(cfg.model)}")
-        self._train = make_train_step(graphdef, s.tx, self.ngram.bias_fn, shardings=shardings, replicated=dp.replicated)
-        self._eval = make_eval_step(graphdef, data.tables, self.ngram.bias_fn)
+        specs = dp.state_specs(self.opt_state)
+        make_train = lambda exact: make_train_step(graphdef, s.tx, self.ngram.bias_fn, mesh=dp.mesh, state_specs=specs,
+                                                   head_dim=cfg.model.head_dim, attention_exact=exact)
+        make_eval = lambda exact: make_eval_step(graphdef, data.tables, self.ngram.bias_fn, mesh=dp.mesh,
+                                                 attention_exact=exact)
+        self._steps = _AttentionVariants(make_train, make_eval, ops.attention_variants_differ(), t.seq_len, log)
+        self._steps.observe(_score_bound(self.params, cfg.model.head_dim))
         self.flops_per_token = cfg.model.flops_per_token(t.seq_len)
         self.peak = report.measure_matmul_peak(s.compute_dtype) * dp.num_devices if t.measure_peak else None
         log(f"measured matmul peak: {self.peak / 1e9:.1f} GFLOP/s ({s.compute_dtype}, all devices)" if self.peak
@@ -232,12 +271,13 @@ class JaxTrainer:
     def train_step(self, lr_scale: float, momentum: float):
         x, y = policy.step_batch(self.loader, self.seqs_per_step, self.accum, self.cfg.train.seq_len)
         lr, mom = (jax.device_put(jnp.float32(v), self.dp.replicated) for v in (lr_scale, momentum))
-        self.params, self.opt_state, m = self._train(self.params, self.opt_state, self.dp.put_batch(x, 1),
-                                                     self.dp.put_batch(y, 1), lr, mom, self.ngram.tables)
+        self.params, self.opt_state, m = self._steps.train()(self.params, self.opt_state, self.dp.put_batch(x, 1),
+                                                             self.dp.put_batch(y, 1), lr, mom, self.ngram.tables)
         return m
 
-    @staticmethod
-    def read_metrics(m) -> tuple[float, float]:
+    def read_metrics(self, m) -> tuple[float, float]:
+        """(loss, grad_norm); the step's score bound (its updated gains) picks the next step's attention forward."""
+        self._steps.observe(float(m["score_bound"]))
         return float(m["loss"]), float(m["grad_norm"])
 
     def eval_sums(self, max_tokens: int) -> dict:
@@ -245,7 +285,7 @@ class JaxTrainer:
         toks = policy.val_window_tokens(self.val_tokens, max_tokens, t.seq_len)
         batches = ((dp.put_batch(x), dp.put_batch(y), dp.put_batch(m)) for x, y, m in
                    val_batches(toks, t.seq_len, t.val_batch_seqs, dp.process_index, dp.process_count))
-        return evaluate_batches(self._eval, self.params, batches, self.ngram.tables)
+        return evaluate_batches(self._steps.eval(), self.params, batches, self.ngram.tables)
 
     def restore(self, data_state: dict) -> None:
         """Undo the warm-up: the restored (resume) or fresh parameters and optimizer state, the data position."""
@@ -254,6 +294,7 @@ class JaxTrainer:
             self.restored = None
         else:
             _, self.params, self.opt_state, _ = init_state(self.cfg, self.tx, self.compute_dtype, self.dp)
+        self._steps.observe(_score_bound(self.params, self.cfg.model.head_dim))
         self.loader.restore(data_state)
 
     def resume(self) -> policy.RunState | None:
@@ -291,18 +332,56 @@ class JaxTrainer:
         return bool(g[:, 0].max()), float(g[0, 1])
 
     def summary_fields(self) -> dict:
-        gains = [np.asarray(leaf.addressable_shards[0].data)  # replicated: any shard is the value
-                 for path, leaf in jax.tree_util.tree_flatten_with_path(self.params)[0]
-                 if "q_gain" in jax.tree_util.keystr(path)]
-        kind = ops.attention_forward_kind(np.concatenate(gains), self.cfg.model.head_dim, self.cfg.train.seq_len)
+        kind = ops.attention_forward_kind(self._steps.bound, self.cfg.train.seq_len)
         self.log(f"qk_attention forward on Neuron for the final gains: {kind}")
         return {"checkpoint_step": checkpoint.latest_step(self.out_dir),  # every process (orbax collectives)
-                "attention_forward": kind}
+                "attention_forward": kind, "attention_forward_switches": self._steps.switches}
 
     def write_summary(self, summary: dict) -> None:
         if self.metrics_log is not None:
             self.metrics_log.close()
         rundir.write_summary(self.out_dir, summary, write=self.dp.is_main)
+
+
+def _score_bound(params, head_dim: int) -> float:
+    """ops.score_bound of the parameters' query gains, on the host (replicated: any shard is the value)."""
+    gains = [np.asarray(leaf.addressable_shards[0].data) for leaf in q_gains(params)]
+    return float(ops.score_bound(gains, head_dim))
+
+
+class _AttentionVariants:
+    """The train and eval steps for the two qk_attention forward kernels, the one to run chosen on the host
+    from the score bound of the gains the next step uses (the previous step's metric, read before the next
+    is dispatched; or the parameters after a reset): no `lax.cond` in the program. Each variant compiles
+    on first use; a switch is logged. Where both forwards are the same program (the reference path), one
+    pair of steps serves both."""
+
+    def __init__(self, make_train, make_eval, differ: bool, seq_len: int, log):
+        self._make = {"train": make_train, "eval": make_eval}
+        self._built: dict = {}
+        self.differ, self.seq_len, self.log = differ, seq_len, log
+        self.bound, self.exact, self.switches = 0.0, None, 0
+
+    def observe(self, bound: float) -> None:
+        self.bound = bound
+        exact = not ops.bounded_shift_valid(bound, self.seq_len)
+        if self.exact is not None and exact != self.exact and self.differ:
+            self.switches += 1
+            self.log(f"qk_attention forward: {ops.attention_forward_kind(bound, self.seq_len)} "
+                     "(the other forward's steps compile on first use)")
+        self.exact = exact
+
+    def _get(self, kind: str):
+        exact = self.exact and self.differ
+        if (kind, exact) not in self._built:
+            self._built[(kind, exact)] = self._make[kind](exact)
+        return self._built[(kind, exact)]
+
+    def train(self):
+        return self._get("train")
+
+    def eval(self):
+        return self._get("eval")
 
 
 class ProgressBar(policy.RunHook):

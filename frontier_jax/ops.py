@@ -15,6 +15,7 @@ The kernel table's API is re-exported here: `configure`, `kernel_table`, `format
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -24,7 +25,7 @@ import numpy as np
 from frontier_jax import reference as ref
 from frontier_jax.dispatch import (
     MODES, KernelAdapter, KernelRow, KernelUnavailableError, configure, declare, direct, emulated,
-    format_kernel_table, kernel_table, through_primitives)
+    format_kernel_table, kernel_primitives, kernel_table, through_primitives)
 
 __all__ = [
     "FUSED_OPTIMIZER_OPS", "STANDALONE_OPS", "unused_ops", "MODES", "OPS", "KernelRow", "KernelUnavailableError",
@@ -32,7 +33,8 @@ __all__ = [
     "format_kernel_table", "kernel_table", "through_primitives",
     "rms_norm", "rope", "rope_gain", "causal_attention", "qk_attention", "norm_mlp", "embed", "head_loss",
     "norm_qkv_projection", "mix_norm_qkv_projection",
-    "out_projection", "adam_update", "muon_update", "scalars_PK",
+    "out_projection", "adam_update", "muon_update", "scalars_PK", "kernel_primitives",
+    "attention_forward", "score_bound", "bounded_shift_valid", "attention_forward_kind", "attention_variants_differ",
 ]
 
 
@@ -143,35 +145,59 @@ def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array) ->
 
 # The fused attention forward's bounded softmax shift (kernels_nki/attention.py, module docstring): valid
 # for sequences of at most SHIFT_MAX_T while every head's score bound B_h = sqrt(K) |g_h| (1 + 2^-5) is at
-# most SHIFT_LIMIT; otherwise the kernel's exact running-max forward runs instead.
+# most SHIFT_LIMIT; otherwise the kernel's exact running-max forward must run instead. Which one a traced
+# step runs is a trace-time constant (`attention_forward`), chosen on the host from the gains the step
+# will use (`score_bound`, returned by every train step): no data-dependent control flow in the program,
+# which Neuron does not support for `jax.lax.cond` (aws-neuron-sdk
+# frameworks/jax/setup/jax-neuronx-known-issues.rst).
 SHIFT_LIMIT = 39.0
 SHIFT_MAX_T = 4096
 SHIFT_MARGIN = 1.0 + 2.0 ** -5
 
-
-def bounded_shift_ok(g_PH: jax.Array, head_dim: int) -> jax.Array:
-    """Whether the bounded-shift forward is exact for these gains (a traced bool; T is checked statically)."""
-    return jnp.max(jnp.abs(g_PH)) * (head_dim ** 0.5) * SHIFT_MARGIN <= SHIFT_LIMIT
+_ATTENTION = {"exact_max": False}
 
 
-def attention_forward_kind(gains, head_dim: int, seq_len: int) -> str:
-    """Which qk_attention forward the kernel runs for these query gains (host-side, for the run summary:
-    the choice is made on device per call, and both forwards are exact; the bounded one is the fast one)."""
-    bound = float(np.max(np.abs(np.asarray(gains, np.float32)))) * head_dim ** 0.5 * SHIFT_MARGIN
-    fast = seq_len <= SHIFT_MAX_T and bound <= SHIFT_LIMIT
+@contextlib.contextmanager
+def attention_forward(exact_max: bool):
+    """Trace-time choice of the qk_attention forward kernel: the bounded-shift one (exact_max False, valid
+    while `bounded_shift_valid`) or the exact running-max one. Enter it inside the traced function."""
+    saved = _ATTENTION["exact_max"]
+    _ATTENTION["exact_max"] = bool(exact_max)
+    try:
+        yield
+    finally:
+        _ATTENTION["exact_max"] = saved
+
+
+def score_bound(gains, head_dim: int) -> jax.Array:
+    """max over heads of sqrt(K) |g_h| (1 + 2^-5) for the query gains `gains` (arrays, traced or not)."""
+    top = jnp.max(jnp.stack([jnp.max(jnp.abs(jnp.asarray(g, jnp.float32))) for g in gains]))
+    return top * (head_dim ** 0.5) * SHIFT_MARGIN
+
+
+def bounded_shift_valid(bound: float, seq_len: int) -> bool:
+    """Whether the bounded-shift forward is exact for a score bound (host value) and sequence length."""
+    return seq_len <= SHIFT_MAX_T and bound <= SHIFT_LIMIT
+
+
+def attention_forward_kind(bound: float, seq_len: int) -> str:
+    """Which qk_attention forward the kernel path runs for this score bound (the run log and summary)."""
+    fast = bounded_shift_valid(bound, seq_len)
     return (f"{'bounded shift' if fast else 'exact max (slower)'}: score bound {bound:.1f} (limit {SHIFT_LIMIT:g}), "
             f"T {seq_len} (limit {SHIFT_MAX_T})")
 
 
+def attention_variants_differ() -> bool:
+    """Whether the two forwards are different programs in this process (a kernel or its emulator runs
+    qk_attention); on the reference path both trace to the same computation."""
+    return not direct("qk_attention")
+
+
 def _qk_attention_forward(*arrays) -> tuple:
-    """QK_ATTENTION's forward with the kernel's softmax shift chosen per call (lax.cond on the gains; both
-    branches have the reference's outputs, so on CPU either computes the same)."""
-    _, T, _, K = arrays[0].shape
-    if T > SHIFT_MAX_T:
-        return QK_ATTENTION("fwd", *arrays, exact_max=True)
-    return jax.lax.cond(bounded_shift_ok(arrays[5], K),
-                        lambda *a: QK_ATTENTION("fwd", *a, exact_max=False),
-                        lambda *a: QK_ATTENTION("fwd", *a, exact_max=True), *arrays)
+    """QK_ATTENTION's forward with the softmax shift chosen at trace time (`attention_forward`); sequences
+    longer than SHIFT_MAX_T always take the exact forward."""
+    T = arrays[0].shape[1]
+    return QK_ATTENTION("fwd", *arrays, exact_max=_ATTENTION["exact_max"] or T > SHIFT_MAX_T)
 
 
 @jax.custom_vjp

@@ -107,9 +107,10 @@ def resolve_ns_dtype(cfg: OptimConfig, platform: str | None = None) -> str:
     return ns_dtype_name(cfg, platform or jax.default_backend())
 
 
-def build_optimizer(cfg: OptimConfig) -> Optimizer:
-    """Muon / Adam by label, unfused or fused (`optim.fused`): same groups, learning rates and hyper-parameters."""
-    cfg = dataclasses.replace(cfg, muon_ns_dtype=resolve_ns_dtype(cfg))
+def build_optimizer(cfg: OptimConfig, platform: str | None = None) -> Optimizer:
+    """Muon / Adam by label, unfused or fused (`optim.fused`): same groups, learning rates and hyper-parameters;
+    the dtype policy of `platform` (default: JAX's backend)."""
+    cfg = dataclasses.replace(cfg, muon_ns_dtype=resolve_ns_dtype(cfg, platform))
     if cfg.fused:
         adam = lambda lr: fused_adam(lr, cfg.beta1, cfg.beta2, cfg.adam_eps)
         return fused_partition({"muon": fused_muon(cfg.matrix_lr, cfg.muon_ns_steps, cfg.muon_ns_dtype),

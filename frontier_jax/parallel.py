@@ -1,8 +1,9 @@
 """Data parallelism on JAX's own runtime: a `data` mesh over all devices of all processes.
 
-The batch is sharded along `data`, parameters are replicated and XLA inserts the gradient all-reduce.
-With `parallel.zero1` the optimizer state is sharded along `data` too (ZeRO-1: each device keeps a
-slice of the moments; XLA gathers where an update needs the whole matrix). Multi-host runs call
+The batch is sharded along `data` and parameters are replicated; the steps run per device inside
+`jax.shard_map` with explicit collectives (frontier_jax.steps: the gradient `pmean`, the evaluation
+`psum`). With `parallel.zero1` the optimizer state is sharded along `data` too (ZeRO-1: each device
+keeps a slice of the moments between steps; the step all-gathers it for the update and keeps its slice). Multi-host runs call
 `initialize()` before any computation; each process then feeds only its own slice of every batch
 (`jax.make_array_from_process_local_data`), and reductions (gradients, evaluation sums) are global.
 """
@@ -70,26 +71,35 @@ class DataParallel:
         return jax.make_array_from_process_local_data(self.batch_sharding(local.ndim, batch_axis), local)
 
     def state_shardings(self, tree):
-        """Replicated, or (zero1) sharded along `data` on the first axis that divides evenly."""
-        n = self.num_devices
+        """NamedShardings of `state_specs` on this mesh."""
+        return jax.tree_util.tree_map(lambda spec: NamedSharding(self.mesh, spec),
+                                      state_specs(tree, self.num_devices, self.zero1),
+                                      is_leaf=lambda x: isinstance(x, P))
 
-        def one(x):
-            if not self.zero1 or n == 1:
-                return self.replicated
-            for axis, size in enumerate(x.shape):
-                if size % n == 0 and size >= n:
-                    spec = [None] * len(x.shape)
-                    spec[axis] = "data"
-                    return NamedSharding(self.mesh, P(*spec))
-            return self.replicated
-
-        return jax.tree_util.tree_map(one, tree)
+    def state_specs(self, tree):
+        return state_specs(tree, self.num_devices, self.zero1)
 
     def describe(self) -> str:
         d = jax.devices()
         return (f"data parallel over {self.num_devices} device(s) [{d[0].platform}] in {self.process_count} "
                 f"process(es); this is process {self.process_index} with {jax.local_device_count()} local "
                 f"device(s); optimizer state {'sharded (ZeRO-1)' if self.zero1 else 'replicated'}")
+
+
+def state_specs(tree, num_devices: int, zero1: bool):
+    """PartitionSpecs of an optimizer state: replicated, or (zero1) sharded along `data` on the first axis
+    that divides evenly by the device count (the step gathers it for the update: frontier_jax.steps)."""
+
+    def one(x):
+        if zero1 and num_devices > 1:
+            for axis, size in enumerate(x.shape):
+                if size % num_devices == 0 and size >= num_devices:
+                    spec = [None] * len(x.shape)
+                    spec[axis] = "data"
+                    return P(*spec)
+        return P()
+
+    return jax.tree_util.tree_map(one, tree)
 
 
 def make_data_parallel(num_devices: int = 0, zero1: bool = False) -> DataParallel:

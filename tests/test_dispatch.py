@@ -1,6 +1,7 @@
-"""frontier_jax.dispatch without the Neuron SDK: the Neuron lowering is registered only on platform neuron,
-the kernel adapter hands the `@nki.jit` kernel the right operands, shapes and static parameters (a fake
-`nki` module stands in for the SDK), no kernel ever receives a zero-size operand, strict mode is bad input."""
+"""frontier_jax.dispatch without the Neuron SDK: on platform neuron an op calls its `@nki.jit` kernel directly
+inside the jitted function (AWS's documented JAX path), the kernel adapter hands it the right operands,
+shapes and static parameters (a fake `nki` module stands in for the SDK), no kernel ever receives a
+zero-size operand, a kernel primitive is never lowered, strict mode is bad input."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class FakeKernel:
 @pytest.fixture
 def fake_nki(monkeypatch):
     """A fake Neuron SDK: `nki`, `nki.language`, `nki.isa` in sys.modules, kernel modules imported against
-    it (and removed again), the Neuron lowering registrations recorded instead of made."""
+    it (and removed again)."""
     nki = types.ModuleType("nki")
     nki.jit = lambda fn=None, **kw: FakeKernel(fn) if fn is not None else FakeKernel
     for name in ("language", "isa"):
@@ -53,42 +54,40 @@ def fake_nki(monkeypatch):
     kernel_modules = {s.module for s in registry.KERNELS.values()}
     for m in kernel_modules:
         monkeypatch.delitem(sys.modules, m, raising=False)
-    registered = []
-    real = dispatch.mlir.register_lowering
-
-    def record(prim, rule, platform=None):
-        if platform == "neuron":
-            registered.append(prim.name)
-        else:
-            real(prim, rule, platform=platform)
-
-    monkeypatch.setattr(dispatch.mlir, "register_lowering", record)
-    monkeypatch.setattr(dispatch, "_neuron_registered", set())
-    yield registered
+    yield nki
     for m in kernel_modules:
         sys.modules.pop(m, None)
 
 
-def test_neuron_lowering_is_registered_only_on_platform_neuron(fake_nki):
+def test_kernels_are_called_directly_on_platform_neuron(fake_nki):
     rows = ops.configure("auto", platform="cpu")
-    assert fake_nki == [] and all(r.impl == "reference" for r in rows)
+    assert all(r.impl == "reference" for r in rows)
     rows = ops.configure("strict", platform="neuron")  # every kernel module imports: strict passes
     assert all(r.impl == "nki" for r in rows)
     assert {r.op: r.reason for r in rows}["rms_norm"] == "kernels_nki.rmsnorm.rmsnorm_fwd/rmsnorm_bwd"
-    assert sorted(fake_nki) == sorted(p.name for s in dispatch.SPECS.values() for p in s.prims.values())
-    ops.configure("auto", platform="neuron")  # registered once per process
-    assert len(fake_nki) == len(set(fake_nki))
+    FakeKernel.outputs["rmsnorm_fwd"] = lambda x: [(x.shape, x.dtype), ((x.shape[0], 1), jnp.float32)]
+    x = jnp.ones((6, 8), jnp.float32)
+    jaxpr = jax.make_jaxpr(ops.rms_norm)(x)
+    kernel = dispatch._nki_kernel("rms_norm", "fwd")
+    assert kernel.calls and kernel.calls[-1][0] == [((6, 8), jnp.float32)]  # traced inside the jitted function
+    assert "frontier_rms_norm" not in str(jaxpr)  # no primitive of ours stands between: the kernel's own call
     assert ops.configure("reference", platform="neuron")[0].impl == "reference"
 
 
+def test_a_kernel_primitive_never_lowers():
+    """The program-check trace binds kernel=True primitives; compiling one is an error, never a silent reference."""
+    x = jnp.ones((4, 8), jnp.float32)
+    with ops.kernel_primitives():
+        assert "frontier_rms_norm_fwd" in str(jax.make_jaxpr(ops.rms_norm)(x))
+        with pytest.raises(Exception, match="kernel=True primitive"):
+            jax.jit(ops.rms_norm)(x)
+
+
 def _lowered(op: str, which: str, *arrays, **static):
-    """Run what the Neuron lowering of `op` traces (kernel=True), with the fake kernel, as a jaxpr."""
-    spec = dispatch.SPECS[op]
-    module = registry.load_nki(op)
-    kernel = getattr(module, getattr(registry.KERNELS[op], which))
-    rule = dispatch.neuron_rule(spec, which, kernel)
-    outs = jax.jit(lambda *a: rule(*a, kernel=True, **static))(*arrays)
-    return kernel, outs
+    """Run `op`'s direction `which` as on Neuron (platform neuron, the fake kernel) under jit."""
+    ops.configure("auto", platform="neuron")
+    outs = jax.jit(lambda *a: dispatch.SPECS[op](which, *a, **static))(*arrays)
+    return dispatch._nki_kernel(op, which), outs
 
 
 def test_adapter_passes_flat_adam_operands_and_static_params(fake_nki):

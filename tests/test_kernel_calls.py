@@ -36,7 +36,7 @@ def test_every_kernel_call_with_its_multiplicity(traced):
     for c in calls:
         per[(c.op, c.which)] = per.get((c.op, c.which), 0) + c.calls_per_step
     # per micro-batch: every block's attention, MLP and projections, the embedding, head and two plain norms
-    assert per[("qk_attention", "fwd")] == per[("qk_attention", "bwd")] == L * M  # one branch of the cond
+    assert per[("qk_attention", "fwd")] == per[("qk_attention", "bwd")] == L * M  # the bounded-shift forward only
     assert per[("norm_mlp", "fwd")] == per[("projection", "bwd")] == L * M
     assert per[("mix_norm_projection", "fwd")] == L * M
     assert per[("embed", "fwd")] == per[("head_loss", "bwd")] == M and per[("rms_norm", "fwd")] == 2 * M

@@ -185,7 +185,7 @@ def test_qk_attention_matches_reference(qk_kernels, dtype, B, T, H, G, K, gain_s
     RMS), dq / dk through the norm and rotation, dv, and the gain's gradient per (batch, head)."""
     np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
     q, k, v, do, cos, sin, g_PH = _qk_case(B, T, H, G, K, np_dtype, T + H + K, gain_scale)
-    assert bool(ops.bounded_shift_ok(jnp.asarray(g_PH), K)) or exact_max
+    assert ops.bounded_shift_valid(float(ops.score_bound([g_PH], K)), T) or exact_max
     f32 = lambda a: jnp.asarray(a.astype(np.float32))
     want_fwd = ref.qk_attention_fwd(f32(q), f32(k), f32(v), cos, sin, g_PH)
     got_fwd = qk_kernels.qk_attention_fwd(q, k, v, cos, sin, g_PH, exact_max=exact_max)
@@ -218,8 +218,8 @@ def test_bounded_shift_is_exact_at_its_limit_on_the_worst_rows(qk_kernels):
     v = rng.standard_normal((B, T, G, K)).astype(np.float32)
     g = ops.SHIFT_LIMIT / (K ** 0.5 * ops.SHIFT_MARGIN)
     g_PH = np.full((128, H), g, np.float32)
-    assert bool(ops.bounded_shift_ok(jnp.asarray(g_PH), K))
-    assert not bool(ops.bounded_shift_ok(jnp.asarray(g_PH * 1.01), K))
+    assert ops.bounded_shift_valid(float(ops.score_bound([g_PH], K)), T)
+    assert not ops.bounded_shift_valid(float(ops.score_bound([g_PH * 1.01], K)), T)
     got = qk_kernels.qk_attention_fwd(q, k, v, cos, sin, g_PH)
     want = ref.qk_attention_fwd(*(jnp.asarray(a) for a in (q, k, v, cos, sin, g_PH)))
     assert np.all(np.isfinite(got[0])) and np.all(np.isfinite(got[1]))

@@ -76,8 +76,8 @@ LIMIT_CASES = {
         extra = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)  # <-
     """,
     "sbuf_bytes": """
-        big = nl.ndarray((128, 40 * 1024), dtype=nl.float32, buffer=nl.sbuf)
-        more = nl.ndarray((128, 9 * 1024), dtype=nl.float32, buffer=nl.sbuf)  # <-
+        big = nl.ndarray((128, 40 * 1024), dtype=nl.float32, buffer=nl.sbuf, address=(0, 0))
+        more = nl.ndarray((128, 9 * 1024), dtype=nl.float32, buffer=nl.sbuf, address=(0, 160 * 1024))  # <-
     """,
     "compute_on_hbm": """
         t = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.sbuf)
@@ -324,6 +324,29 @@ def test_loop_reallocation_releases_memory(tmp_path, monkeypatch):
     assert c.sbuf_peak_bytes == 2 * 20 * 1024 * 4 and c.psum_peak_banks == 2
 
 
+def test_automatic_sbuf_overflow_is_a_spill_not_an_error(tmp_path, monkeypatch):
+    """Live automatically allocated SBUF beyond the partition is spilled by the compiler (memory-hierarchy-
+    overview.rst): counted, not refused; directly allocated tiles are not in the live total."""
+    k, _ = _kernel_module(tmp_path, monkeypatch, """
+        b = nl.ndarray((128, 40 * 1024), dtype=nl.float32, buffer=nl.sbuf)
+        c = nl.ndarray((128, 9 * 1024), dtype=nl.float32, buffer=nl.sbuf)
+        d = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf, address=(0, 0))
+        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum, address=(0, 7 * 2048))
+        return nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    """)
+    _, c = emulator.run(k, np.zeros((1, 1), np.float32))
+    assert c.sbuf_peak_bytes == 49 * 1024 * 4 and c.sbuf_spill_peak_bytes == 49 * 1024 * 4 - 192 * 1024
+    _, c2 = emulator.run(k, np.zeros((1, 1), np.float32), target="trn2")
+    assert c2.sbuf_spill_peak_bytes == 0
+    k, where = _kernel_module(tmp_path, monkeypatch, """
+        p = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum, address=(0, 1024))  # <-
+        return p
+    """)
+    with pytest.raises(emulator.NkiRuleError, match="sbuf.capacity.*bank") as info:
+        emulator.run(k, np.zeros((1, 1), np.float32))
+    assert str(info.value).startswith(where)
+
+
 def test_outputs_must_be_shared_hbm(tmp_path, monkeypatch):
     k, _ = _kernel_module(tmp_path, monkeypatch, """
         return nl.load(a)
@@ -370,7 +393,7 @@ def test_kernel_helper_modules_load_against_the_emulator_and_leave_no_trace():
     source = textwrap.dedent("""
         import nki.language as nl
         def half(x):
-            if x is None:
+            if x is True:
                 return x
             return nl.zeros((1, 1), dtype=nl.float32)
     """)

@@ -67,16 +67,22 @@ return out
 
 CASES = {
     # ------------------------------------------------------------------ AST pass
-    "ast.is_operator": dict(bad="if a is None:  # <-\n    a = a\n" + COPY, good="if a == None:\n    a = a\n" + COPY),
-    "ast.kwonly_args": dict(bad=COPY, bad_sig="a, *, scale=1.0", mark_jit=True, good=COPY, sig="a, scale=1.0"),
-    "ast.foreign_module": dict(header="import math", bad="n = math.prod(a.shape)  # <-\n" + COPY,
-                               good="n = a.shape[0] * a.shape[1]\n" + COPY),
-    "ast.neuronxcc_namespace": dict(bad_header="import neuronxcc.nki.language as nl2  # <-", bad=COPY,
-                                    header="import nki.language as nl2", good=COPY),
+    "ast.is_operator": dict(bad="if a is True:  # <-\n    a = a\n" + COPY,
+                            good="if a is None or None is not a:\n    a = a\n" + COPY),
+    "ast.kwonly_args": dict(bad=COPY, bad_sig="a,\n      *,\n      scale=1.0,  # <-\n", good=COPY, sig="a, scale=1.0"),
+    "ast.foreign_module": dict(header="import struct\nimport math", bad="n = struct.calcsize('f')  # <-\n" + COPY,
+                               good="n = math.ceil(a.shape[0] / 3) * math.prod(a.shape)\n" + COPY),
+    "ast.neuronxcc_namespace": dict(
+        header="import neuronxcc.nki.typing as nt", sig="a: nt.tensor", bad="s = nt.tensor  # <-\n" + COPY,
+        good=COPY),
     # ------------------------------------------------------------------ kernel interface
     "kernel.output_shared_hbm": dict(mark_jit=True, bad=COPY.replace("nl.shared_hbm", "nl.hbm"), good=COPY),
-    "kernel.list_args": dict(mark_jit=True, sig="a, sizes", bad=COPY, bad_args=lambda a: (a, [1, 2]), good=COPY,
-                             args=lambda a: (a, (1, 2))),
+    "kernel.list_args": dict(mark_jit=True, sig="a, sizes", bad=COPY, bad_args=lambda a: (a, ((1, 2), [3])),
+                             good=COPY, args=lambda a: (a, ((1, 2), (3,)))),
+    "kernel.dict_keys": dict(bad="d = dict(x=1)\nfor i in range(2):\n    d[i] = i  # <-\n" + COPY,
+                             good="d = {'x': 1, **dict(y=2)}\nd.setdefault('z', 3)\nd.update({str(i): i for i in range(2)})\n"
+                             "assert sorted(d) == ['0', '1', 'x', 'y', 'z'] and isinstance(d, dict) and isinstance(dict(), dict)\n"
+                             + COPY),
     "kernel.lnc": dict(mark_jit=True, bad=COPY, bad_launch=2, good=COPY, launch=1),
     "buffer.object": dict(bad=HEAD + 'r = nl.ndarray(t.shape, dtype=nl.float32, buffer="sbuf")  # <-\n' + TAIL,
                           good=unary("r = nl.ndarray(t.shape, dtype=nl.float32, buffer=nl.sbuf)\n"
@@ -101,11 +107,11 @@ CASES = {
         bad="z = nl.ndarray((1, 70000), dtype=nl.bfloat16, buffer=nl.sbuf)\nnisa.memset(dst=z, value=0.0)  # <-\n"
         + COPY, good="z = nl.ndarray((1, 65535), dtype=nl.bfloat16, buffer=nl.sbuf)\nnisa.memset(dst=z, value=0.0)\n"
         + COPY),
-    "sbuf.capacity": dict(
-        bad="b = nl.ndarray((128, 40 * 1024), dtype=nl.float32, buffer=nl.sbuf)\n"
-        "c = nl.ndarray((128, 9 * 1024), dtype=nl.float32, buffer=nl.sbuf)  # <-\n" + COPY,
-        good="b = nl.ndarray((128, 40 * 1024), dtype=nl.float32, buffer=nl.sbuf)\n"
-        "c = nl.ndarray((128, 9 * 1024), dtype=nl.float32, buffer=nl.sbuf)\n" + COPY, good_target="trn2"),
+    "sbuf.capacity": dict(  # direct allocation: the address must lie inside the partition (192 KiB on trn1)
+        bad="b = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf, address=(0, 189 * 1024))  # <-\n" + COPY,
+        good="b = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf, address=(0, 189 * 1024))\n"
+        "c = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf, address=(0, 188 * 1024))\n" + COPY,
+        good_target="trn2"),
     "psum.capacity": dict(
         bad="ps = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for i in range(8)]\n"
         "x = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)  # <-\n" + COPY,
@@ -145,6 +151,12 @@ CASES = {
     "dma.indirect_dge": dict(sig="a, idx", args=lambda a: (a, PERM), target="trn2",
                              bad=GATHER.format(mode=", dge_mode=nisa.dge_mode.none"),
                              good=GATHER.format(mode=", dge_mode=nisa.dge_mode.swdge"), ref=lambda a: a[PERM[:, 0]]),
+    "dma_transpose.args": dict(
+        bad=HEAD + "r = nl.ndarray((128, 64), dtype=a.dtype, buffer=nl.sbuf)\n"
+        "nisa.dma_transpose(dst=r, src=t)  # <-\n" + TAIL,
+        good="out = nl.ndarray((64, 128), dtype=a.dtype, buffer=nl.shared_hbm)\nt = nl.load(a)\n"
+        "r = nl.ndarray((64, 128), dtype=a.dtype, buffer=nl.sbuf)\nnisa.dma_transpose(dst=r, src=t, axes=(1, 0))\n"
+        + TAIL, ref=lambda a: a.T),
     "dma_compute.args": dict(
         bad=unary("nisa.dma_copy(dst=r, src=a)\nnisa.dma_compute(dst=r, srcs=[r, t], reduce_op=nl.multiply)  # <-"),
         good=unary("nisa.dma_copy(dst=r, src=a)\nnisa.dma_compute(dst=r, srcs=[r, t], reduce_op=nl.add)"),
@@ -189,8 +201,8 @@ CASES = {
         "r = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.sbuf)\nnisa.tensor_copy(dst=r, src=acc[64:128])\n" + TAIL,
         ref=lambda a: bf(a)[:64, :64].T @ bf(a)[:64]),
     "transpose.dtype": dict(
-        bad=HEAD + "q = nl.load(a[0:64], dtype=nl.bfloat16)\np = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.psum)\n"
-        "nisa.nc_transpose(dst=p, data=q)  # <-\nr = t\n" + TAIL,
+        bad=HEAD + "q = nl.load(a[0:32, 0:32], dtype=nl.bfloat16)\np = nl.ndarray((32, 32), dtype=nl.float32, buffer=nl.sbuf)\n"
+        "nisa.nc_transpose(dst=p, data=q, engine=nisa.engine.vector)  # <-\nr = t\n" + TAIL,
         good="out = nl.ndarray((64, 64), dtype=a.dtype, buffer=nl.shared_hbm)\nq = nl.load(a[0:64])\n"
         "p = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.psum)\nnisa.nc_transpose(dst=p, data=q)\n"
         "r = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.sbuf)\nnisa.tensor_copy(dst=r, src=p)\n" + TAIL,
@@ -345,3 +357,32 @@ def test_rule_listing_cli(capsys):
     assert rules.main(["--target", "trn2", "--markdown"]) == 0
     text = capsys.readouterr().out
     assert "`dma.indirect`" not in text and "`tensor_copy.scalar`" not in text and "`partition.start`" in text
+
+
+def test_list_default_is_rejected_at_the_parameter(tmp_path, monkeypatch):
+    """A list default is a list argument the caller never passes: the AST pass names the parameter's line."""
+    name, where = write_kernel(tmp_path, monkeypatch, COPY, sig="a,\n      sizes=[1, 2],  # <-\n")
+    with pytest.raises(emulator.NkiRuleError, match=r"\[kernel.list_args\].*sizes") as info:
+        emulator.load_kernel_module(name)
+    assert str(info.value).startswith(where)
+    name, _ = write_kernel(tmp_path, monkeypatch, COPY, sig="a,\n      sizes=(1, 2),\n")
+    np.testing.assert_array_equal(emulator.run(emulator.load_kernel_module(name).k, A)[0], A)
+
+
+def test_literal_non_string_dict_key_is_rejected_before_the_kernel_runs(tmp_path, monkeypatch):
+    name, where = write_kernel(tmp_path, monkeypatch, "d = {'a': 1,\n     2: 3}  # <-\n" + COPY)
+    with pytest.raises(emulator.NkiRuleError, match=r"\[kernel.dict_keys\]") as info:
+        emulator.load_kernel_module(name)
+    assert str(info.value).startswith(where)
+
+
+def test_nki_changes_since_0_3_are_listed_with_where_the_emulator_follows_them(capsys):
+    """Every NKI 0.4-0.6 difference row names its release and section; a rule it cites exists."""
+    assert rules.NKI_VERSION == "0.6.0"
+    assert {c.version for c in rules.CHANGES} == {"0.4.0", "0.5.0", "0.6.0"}
+    for c in rules.CHANGES:
+        assert "(" in c.what and c.emulator, c
+        if c.emulator.startswith("rule "):
+            assert c.emulator.split()[1] in rules.RULES_BY_ID, c
+    assert rules.main(["--changes"]) == 0
+    assert capsys.readouterr().out.count("NKI 0.") == len(rules.CHANGES)

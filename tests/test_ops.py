@@ -235,11 +235,23 @@ def test_mix_norm_qkv_projection_direct_path_is_the_unfused_model(dtype):
             assert g.dtype == w.dtype and np.array_equal(np.asarray(g), np.asarray(w))
 
 
-def test_attention_forward_kind_names_the_kernels_choice():
-    """The run summary's line: the bounded-shift forward while sqrt(K) |g| (1 + 2^-5) <= SHIFT_LIMIT and T <=
-    SHIFT_MAX_T (the lax.cond in ops.qk_attention uses the same bound), the exact-max one otherwise."""
+def test_attention_forward_choice_is_made_on_the_host_from_the_score_bound():
+    """The bounded-shift forward while sqrt(K) |g| (1 + 2^-5) <= SHIFT_LIMIT and T <= SHIFT_MAX_T, the
+    exact-max one otherwise; the choice is a trace-time constant (`attention_forward`), so the traced
+    program has no cond, and the primitive's `exact_max` parameter says which kernel it calls."""
     limit = ops.SHIFT_LIMIT / (64 ** 0.5 * ops.SHIFT_MARGIN)
-    assert ops.attention_forward_kind([1.5, -limit], 64, 1024).startswith("bounded shift")
-    assert ops.attention_forward_kind([1.5, -1.01 * limit], 64, 1024).startswith("exact max")
-    assert ops.attention_forward_kind([1.5], 64, ops.SHIFT_MAX_T + 1).startswith("exact max")
-    assert bool(ops.bounded_shift_ok(jnp.asarray([[1.5, -limit]]), 64))
+    at_limit = float(ops.score_bound([jnp.asarray([1.5, -limit])], 64))
+    assert ops.attention_forward_kind(at_limit, 1024).startswith("bounded shift")
+    assert ops.bounded_shift_valid(at_limit, 1024)
+    assert not ops.bounded_shift_valid(float(ops.score_bound([jnp.asarray([1.5, -1.01 * limit])], 64)), 1024)
+    assert ops.attention_forward_kind(at_limit, ops.SHIFT_MAX_T + 1).startswith("exact max")
+    T, H, G, K = 8, 2, 1, 16
+    cos, sin = ref.rope_tables(T, K, 10000.0)
+    args = (jnp.ones((1, T, H, K)), jnp.ones((1, T, G, K)), jnp.ones((1, T, G, K)), cos, sin, jnp.ones((H,)))
+    for exact in (False, True):
+        with ops.kernel_primitives():
+            def f(*a):
+                with ops.attention_forward(exact):
+                    return ops.qk_attention(*a)
+            jaxpr = str(jax.make_jaxpr(f)(*args))
+        assert f"exact_max={exact}" in jaxpr and "cond[" not in jaxpr

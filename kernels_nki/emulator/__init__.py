@@ -1,9 +1,12 @@
-"""A NumPy emulator of NKI (aws-neuron-sdk `nki`, 0.3+) that enforces AWS's documented rules per target.
+"""A NumPy emulator of NKI (aws-neuron-sdk `nki`, 0.6: `rules.NKI_VERSION`, the 0.3 -> 0.6 differences in
+`rules.CHANGES`) that enforces AWS's documented rules per target.
 
 Public API:
 - `load_kernel_module(name)`: the kernel file, first checked by the AST pass (`ast_pass`: the NKI Python
   subset), then executed against the emulated `nki` (never installed in `sys.modules` beyond that load;
   refused if a real `nki` is importable).
+- `load_kernel_file(path, root=None)`: a kernel file of a source checkout (e.g. AWS's nki-library) as a module
+  of its package tree, its package-relative imports loaded the same way (`checkout`).
 - `run(kernel, *arrays, target="trn1", compute=True, **constants) -> (outputs, Counters)`;
   `count(kernel, *specs, target="trn1", **constants) -> Counters` (count-only mode, cheap at full shapes).
   `target` is one of `TARGETS`: "trn1" (NeuronCore-v2, the default) or "trn2" (NeuronCore-v3); a caller with
@@ -19,6 +22,7 @@ Public API:
   an unemulated feature), `EmulatorConflictError` (a real `nki` is present).
 """
 
+from kernels_nki.emulator.checkout import load_kernel_file
 from kernels_nki.emulator.cost import Estimate, estimate, pe_utilisation
 from kernels_nki.emulator.loader import EmulatedKernel, EmulatorConflictError, count, load_kernel_module, run
 from kernels_nki.emulator.machine import Counters, NkiEmulatorError, NkiLimitError, NkiRuleError
@@ -26,6 +30,6 @@ from kernels_nki.emulator.rules import RULES, RULES_BY_ID, TARGETS
 
 __all__ = [
     "Counters", "EmulatedKernel", "EmulatorConflictError", "Estimate", "NkiEmulatorError", "NkiLimitError",
-    "NkiRuleError", "RULES", "RULES_BY_ID", "TARGETS", "count", "estimate", "load_kernel_module",
+    "NkiRuleError", "RULES", "RULES_BY_ID", "TARGETS", "count", "estimate", "load_kernel_file", "load_kernel_module",
     "pe_utilisation", "run",
 ]

@@ -1,9 +1,12 @@
-"""The emulator's exceptions and how a kernel's source line is found (shared by every emulator module)."""
+"""The emulator's exceptions, how a kernel's source line is found, and byte reinterpretation of a storage (shared by
+every emulator module)."""
 
 from __future__ import annotations
 
 import os
 import sys
+
+import numpy as np
 
 _EMULATOR_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -36,3 +39,15 @@ def kernel_location() -> str:
 
 def fail(message: str, cls: type[NkiEmulatorError] = NkiLimitError):
     raise cls(f"{kernel_location()}: {message}")
+
+
+def reinterpret(storage: np.ndarray, dtype: np.dtype, on_chip: bool) -> np.ndarray:
+    """The storage's bytes as `dtype` (per partition on chip; the partition's bytes must divide evenly)."""
+    rows = storage.shape[0] if on_chip and storage.ndim > 1 else 1
+    nbytes = storage.size * storage.itemsize // rows
+    if nbytes % dtype.itemsize:
+        fail(f".ap(dtype={dtype}): {nbytes} B per partition is not a whole number of {dtype}", NkiEmulatorError)
+    shape = (rows, nbytes // dtype.itemsize) if on_chip and storage.ndim > 1 else (nbytes // dtype.itemsize,)
+    if storage.strides and 0 in storage.strides:  # count-only mode: zero-stride data
+        return np.broadcast_to(np.zeros((), dtype), shape)
+    return storage.reshape(rows, -1).view(dtype).reshape(shape)

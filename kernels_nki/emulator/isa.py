@@ -1,4 +1,4 @@
-"""NumPy stand-in for `nki.isa` (NKI 0.3+: explicit `dst` first) as documented in aws-neuron-sdk
+"""NumPy stand-in for `nki.isa` (NKI 0.6, rules.NKI_VERSION: explicit `dst` first) as documented in aws-neuron-sdk
 nki/api/nki/isa/__init__.py.
 
 Every instruction checks its rows of `rules.RULES` (raising with the kernel's file:line, the rule id and
@@ -15,6 +15,10 @@ import numpy as np
 from kernels_nki.emulator import machine as _m
 from kernels_nki.emulator.dma import dge_mode, dma_compute, dma_copy, oob_mode  # noqa: F401 (nki.isa names)
 from kernels_nki.emulator.gather import nc_n_gather  # noqa: F401 (an nki.isa name)
+from kernels_nki.emulator.search import max8, nc_find_index8, nc_match_replace8  # noqa: F401 (nki.isa names)
+from kernels_nki.emulator.vector_reduce import tensor_scalar_reduce  # noqa: F401 (an nki.isa name)
+from kernels_nki.emulator.dma_transpose import dma_transpose  # noqa: F401 (an nki.isa name)
+from kernels_nki.emulator.shuffle import nc_stream_shuffle  # noqa: F401 (an nki.isa name)
 from kernels_nki.emulator.language import Op, add, equal
 from kernels_nki.emulator.language import tile_size as _ts
 from kernels_nki.emulator.machine import rule
@@ -28,6 +32,7 @@ class reduce_cmd:
     reset = "reset"
     reduce = "reduce"
     reset_reduce = "reset_reduce"
+    load_reduce = "load_reduce"
 
 
 class nc_version:
@@ -207,10 +212,10 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
     p, f = _per_partition(data)
     if _per_partition(dst) != (f, p):
         rule("transpose.engine", f"dst {dst.shape} must be [{f}, {p}] for data {data.shape}")
-    if dst.dtype != data.dtype:
-        rule("transpose.dtype", f"data {data.dtype} -> dst {dst.dtype}")
     if engine is None:
         engine = "tensor" if dst.buffer == "psum" else "vector"
+    if dst.dtype != data.dtype and not (engine == "tensor" and dst.dtype == np.float32):
+        rule("transpose.dtype", f"data {data.dtype} -> dst {dst.dtype}")
     m = _m.current()
     if engine == "vector":
         if p > 32 or f > 32:
@@ -407,3 +412,49 @@ def reciprocal(dst, data, name=None):
     if dst.machine.compute:
         with np.errstate(divide="ignore"):
             _write(dst, 1.0 / _read(data, dst))
+
+
+# ----------------------------------------------------------------------------- nki.isa.constants
+def _constants_module():
+    """`nki.isa.constants`: the enums nki.isa takes (aws-neuron-sdk nki/api/nki/isa/__init__.py; AWS's
+    nki-library imports them from this module: `from nki.isa.constants import oob_mode`)."""
+    import types
+
+    mod = types.ModuleType("nki.isa.constants", "NumPy emulator of nki.isa.constants")
+    for name in ("oob_mode", "dge_mode", "engine", "reduce_cmd", "nc_version", "matmul_perf_mode"):
+        setattr(mod, name, globals()[name])
+    return mod
+
+
+constants = _constants_module()
+# deprecated module-level engine constants (nki/api/nki/isa/__init__.py: "deprecated: use engine.vector"), which
+# AWS's nki-library passes as engine=nisa.vector_engine / scalar_engine / gpsimd_engine
+tensor_engine, vector_engine, scalar_engine = engine.tensor, engine.vector, engine.scalar
+gpsimd_engine, unknown_engine = engine.gpsimd, engine.unknown
+
+
+def _multi_core(name: str):
+    def instruction(*args, **kwargs):
+        _m.fail(f"nisa.{name}: synchronises logical NeuronCores of an LNC > 1 launch (NeuronCore-v3 or newer), "
+                "which the emulator does not run", _m.NkiEmulatorError)
+
+    instruction.__name__ = name
+    return instruction
+
+
+# names a kernel file may import; called, they need an LNC > 1 launch (nki/api/nki/isa/__init__.py core_barrier:
+# "Available only on NeuronCore-v3 or newer"; sendrecv: intra-LNC, LNC2 only, release-notes NKI 0.4.0)
+core_barrier = _multi_core("core_barrier")
+sendrecv = _multi_core("sendrecv")
+
+
+def _register(name: str):
+    def instruction(*args, **kwargs):
+        _m.fail(f"nisa.{name}: runtime registers (dynamic loops and offsets) are not emulated", _m.NkiEmulatorError)
+
+    instruction.__name__ = name
+    return instruction
+
+
+register_alloc, register_load = _register("register_alloc"), _register("register_load")
+register_store, register_move = _register("register_store"), _register("register_move")

@@ -1,4 +1,5 @@
-"""NumPy stand-in for the subset of `nki.language` (NKI 0.3+) the project's kernels use.
+"""NumPy stand-in for `nki.language` as NKI 0.6 documents it (rules.NKI_VERSION; differences from 0.3 in
+rules.CHANGES): what the project's kernels and AWS's nki-library core kernels use.
 
 Installed as `nki.language` only while `kernels_nki.emulator.loader` executes a kernel module.
 Op identifiers (`nl.exp`, `nl.add`, ...) are `Op` objects: passed as `op=` to `nki.isa` calls, or
@@ -11,6 +12,7 @@ import math
 
 import ml_dtypes
 import numpy as np
+from scipy.special import erf as _erf
 
 from kernels_nki.emulator import machine as _m
 
@@ -20,8 +22,16 @@ float32 = np.dtype(np.float32)
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float16 = np.dtype(np.float16)
 tfloat32 = float32  # stored as float32 (TensorE rounds it; the emulator computes in float32)
-float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3fn)
+# NKI 0.4 made float8_e4m3 (legacy, 1S4E3M with inf: max 240) and float8_e4m3fn (OCP, no inf: max 448) distinct
+# types (release-notes/components/nki.rst, NKI 0.4.0 "nc_matmul float8_e4m3fn input dtype"; nki/api/nki/language)
+float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3)
+float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
 float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)  # NKI 0.5.0: the MX scale dtype
+# 4x packed MX types (NeuronCore-v4 nc_matmul_mx only): distinct 4-byte types, names for kernels to refer to
+float8_e4m3fn_x4 = np.dtype([("float8_e4m3fn_x4", np.uint32)])
+float8_e5m2_x4 = np.dtype([("float8_e5m2_x4", np.uint32)])
+float4_e2m1fn_x4 = np.dtype([("float4_e2m1fn_x4", np.uint16)])
 int32 = np.dtype(np.int32)
 int16 = np.dtype(np.int16)
 int8 = np.dtype(np.int8)
@@ -37,13 +47,49 @@ shared_hbm = _m.Buffer("shared_hbm")
 private_hbm = _m.Buffer("private_hbm")
 
 
-class tile_size:
+class _TileSize:
+    """`nl.tile_size` (nki/api/nki/language `_TileSize`, nki/api/nki.language.tile_size.rst): the fixed tile limits
+    and, since NKI 0.4.0, the byte-aware capacities of the running kernel's target (release-notes NKI 0.4.0
+    "tile_size bytes-aware constants"; psum_num_banks NKI 0.5.0). `total_available_sbuf_size` (deprecated in
+    0.4.0) is the per-partition SBUF size in bytes, as the notes say it returns."""
+
     pmax = 128
-    psum_fmax = 512
+    psum_fmax = 512  # deprecated in 0.4.0 for psum_bank_fmax
+    psum_bank_fmax = 512
+    psum_bank_fmax_bytes = 2048
     gemm_stationary_fmax = 128
     gemm_moving_fmax = 512
     bn_stats_fmax = 512
-    psum_num_banks = 8
+
+    @staticmethod
+    def _spec():
+        from kernels_nki.emulator import rules
+
+        machine = getattr(_m._local, "machine", None)
+        return machine.spec if machine is not None else rules.spec("trn1")
+
+    @property
+    def psum_num_banks(self) -> int:
+        return self._spec().psum_banks
+
+    @property
+    def sbuf_fmax_bytes(self) -> int:
+        return self._spec().sbuf_partition_bytes
+
+    @property
+    def sbuf_fmax(self) -> int:
+        return self.sbuf_fmax_bytes // 4
+
+    @property
+    def sbuf_size_bytes(self) -> int:
+        return _m.PMAX * self.sbuf_fmax_bytes
+
+    @property
+    def total_available_sbuf_size(self) -> int:
+        return self.sbuf_fmax_bytes
+
+
+tile_size = _TileSize()
 
 
 # ----------------------------------------------------------------------------- op identifiers
@@ -121,6 +167,19 @@ arctan = _unary("arctan", np.arctan, act_range=(-math.pi / 2, math.pi / 2, False
 softplus = _unary("softplus", lambda x: np.logaddexp(0.0, x))
 abs = _unary("abs", np.abs, alu=True)  # noqa: A001 (mirrors the nki.language name)
 negative = _unary("negative", np.negative, act=False)  # nl.* only: runs as a VectorE multiply by -1
+# the rest of the Scalar Engine function table (nki/api/nki.api.shared.rst, Supported Activation Functions)
+gelu = _unary("gelu", lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))))
+gelu_dx = _unary("gelu_dx", lambda x: 0.5 * (1.0 + _erf(x / math.sqrt(2.0)))
+                 + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi))
+gelu_apprx_tanh = _unary("gelu_apprx_tanh",
+                         lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))))
+gelu_apprx_sigmoid = _unary("gelu_apprx_sigmoid", lambda x: x / (1.0 + np.exp(-1.702 * x)))
+gelu_apprx_sigmoid_dx = _unary("gelu_apprx_sigmoid_dx", lambda x: (lambda s: s + 1.702 * x * s * (1.0 - s))(
+    1.0 / (1.0 + np.exp(-1.702 * x))))
+silu_dx = _unary("silu_dx", lambda x: (lambda s: s * (1.0 + x * (1.0 - s)))(1.0 / (1.0 + np.exp(-x))))
+mish = _unary("mish", lambda x: x * np.tanh(np.logaddexp(0.0, x)))
+erf = _unary("erf", lambda x: _erf(x))
+erf_dx = _unary("erf_dx", lambda x: 2.0 / math.sqrt(math.pi) * np.exp(-x * x))
 
 add = _binary("add", np.add, reduce=np.add)
 subtract = _binary("subtract", np.subtract, reduce=np.subtract)
@@ -168,8 +227,19 @@ class _CallAs(Op):
         return self._call(x, dtype=dtype)
 
 
+def _rsqrt_call(x, dtype=None):
+    """nl.rsqrt: on GpSimd since NKI 0.5.0 ("higher numerical precision using the GpSimd Engine. PSUM inputs are
+    no longer supported"), a tensor_scalar with op0 rsqrt (rule gpsimd.psum for a PSUM input)."""
+    from kernels_nki.emulator import isa
+
+    out = _m.current().allocate(x.shape, dtype or x.dtype, sbuf)
+    isa.tensor_scalar(out, x, rsqrt, 0.0, engine="gpsimd")
+    return out
+
+
 negative = _CallAs(negative, _negative_call)
 copy = _CallAs(copy, _copy_call)
+rsqrt = _CallAs(rsqrt, _rsqrt_call)
 
 
 def _reduce_convenience(op: Op, scale_by_count: bool):
@@ -199,7 +269,8 @@ mean = _reduce_convenience(add, True)
 
 
 def ndarray(shape, dtype, buffer=sbuf, name=None, address=None):
-    return _m.current().allocate(shape, dtype, buffer)
+    """`address=(partition_offset, free_offset_bytes)` places an on-chip tile directly (rule sbuf.capacity)."""
+    return _m.current().allocate(shape, dtype, buffer, address=address)
 
 
 def empty_like(x, dtype=None, buffer=None, name=None):
@@ -284,3 +355,100 @@ def store(dst, value, name=None):
     if value.buffer == psum or dst.buffer not in _m.HBM:
         _m.rule("dma.buffers", f"nl.store of a {value.buffer} tile into {dst.buffer}")
     isa.dma_copy(dst, value)
+
+
+# ----------------------------------------------------------------------------- NKI values
+
+
+class NkiDict(dict):
+    """A dictionary built by kernel code: NKI dictionaries take string keys only (nki-language-guide.rst,
+    NKI Values: "Dictionaries with string-value keys"; nki/migration/index.rst: "Dictionaries support only
+    string keys"); a non-string key is rejected where it is set."""
+
+    def __init__(self, items=(), **kw):
+        super().__init__()
+        self.update(items, **kw)
+
+    def __setitem__(self, key, value):
+        if not isinstance(key, str):
+            _m.rule("kernel.dict_keys", f"dictionary key {key!r} ({type(key).__name__})")
+        super().__setitem__(key, value)
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, other=(), **kw):
+        for k, v in (other.items() if isinstance(other, dict) else other):
+            self[k] = v
+        for k, v in kw.items():
+            self[k] = v
+
+
+class _NKIObjectType(type):
+    """Constructs an NKIObject as NKI does: keyword arguments populate the object dictionary
+    (nki-language-guide.rst, Classes: "NKI does not look at slots or other object features, only the object
+    dictionary"), so a `@dataclass` subclass also takes keywords for class attributes that are not dataclass
+    fields (AWS's nki-library attention_cte.SectionParams declares its attributes without annotations), and a
+    frozen dataclass subclass constructs (release-notes NKI 0.4.0 bug fixes)."""
+
+    def __call__(cls, *args, **kwargs):
+        import inspect
+
+        params = inspect.signature(cls.__init__).parameters
+        if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            return super().__call__(*args, **kwargs)
+        extra = {k: kwargs.pop(k) for k in list(kwargs) if k not in params}
+        obj = super().__call__(*args, **kwargs)
+        for k, v in extra.items():
+            object.__setattr__(obj, k, v)
+        return obj
+
+
+class NKIObject(metaclass=_NKIObjectType):
+    """`nl.NKIObject`, the base of kernel dataclasses and configuration objects (nki/api/nki/language:
+    `NKIObject.__init__(self, **kwargs)`; nki-language-guide.rst, Classes: an instance is its object dictionary)."""
+
+    def __init__(self, **kwargs):
+        for k, v in kwargs.items():
+            object.__setattr__(self, k, v)
+
+
+# ----------------------------------------------------------------------------- constants
+
+
+def shared_constant(constant):
+    """`nl.shared_constant`: a shared_hbm tensor holding `constant` (a NumPy array or a `.npy` path), embedded in
+    the binary and in HBM at model load (nki/api/nki/language): no DMA is counted."""
+    value = np.load(constant) if isinstance(constant, str) else np.asarray(constant)
+    return _m.current().wrap_hbm(np.array(value, copy=True), "shared_hbm")
+
+
+def shared_identity_matrix(n, dtype=uint8, dst=None):
+    """`nl.shared_identity_matrix`: an [n, n] identity in SBUF (or written into `dst`), a shared constant loaded
+    from HBM: one DMA of its bytes."""
+    from kernels_nki.emulator import isa
+
+    m = _m.current()
+    src = m.wrap_hbm(np.eye(int(n), dtype=_m.as_dtype(dtype)), "shared_hbm")
+    out = dst if dst is not None else m.allocate((int(n), int(n)), dtype, sbuf)
+    isa.dma_copy(out, src)
+    return out
+
+
+# ----------------------------------------------------------------------------- runtime loops (not emulated)
+
+
+def _runtime_loop(name: str):
+    def construct(*args, **kwargs):
+        _m.fail(f"nl.{name}: a runtime (register-bounded) loop, which the emulator does not run (NKI 0.6 "
+                "nl.fori_loop / nl.while_loop; nl.dynamic_range is deprecated)", _m.NkiEmulatorError)
+
+    construct.__name__ = name
+    return construct
+
+
+dynamic_range = _runtime_loop("dynamic_range")
+fori_loop = _runtime_loop("fori_loop")
+while_loop = _runtime_loop("while_loop")

@@ -10,6 +10,7 @@ real `nki` package is importable or imported: on a machine with the Neuron SDK, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import sys
@@ -18,11 +19,10 @@ import types
 
 import numpy as np
 
-from kernels_nki.emulator import ast_pass, isa, language
+from kernels_nki.emulator import ast_pass, isa, language, nki_typing
 from kernels_nki.emulator import machine as _m
 
 
-_NAMES = ("nki", "nki.language", "nki.isa", "nki.typing")
 _lock = threading.Lock()
 _modules: dict[str, types.ModuleType] = {}
 
@@ -61,21 +61,27 @@ def _fake_nki() -> types.ModuleType:
     mod.simulate = lambda kernel: kernel
     mod.language = language
     mod.isa = isa
-    mod.typing = _typing_module()
+    mod.typing = nki_typing
+    mod.dtype = np.dtype  # the type of nl.float32, ... (nki.dtype in nki/api/nki/__init__.py annotations)
     return mod
 
 
-class _TensorType:
-    """`nki.typing.tensor[shape]` / `tensor[shape, dtype]`: an annotation of a kernel tensor parameter."""
-
-    def __class_getitem__(cls, item):
-        return cls
-
-
-def _typing_module() -> types.ModuleType:
-    mod = types.ModuleType("nki.typing", "NumPy emulator of nki.typing (annotations only)")
-    mod.tensor = _TensorType
-    return mod
+@contextlib.contextmanager
+def emulated_nki(**extra):
+    """`nki`, its submodules (and `extra` modules by name) stand in sys.modules for the duration."""
+    fake = _fake_nki()
+    mods = {"nki": fake, "nki.language": language, "nki.isa": isa, "nki.isa.constants": isa.constants,
+            "nki.typing": nki_typing, **nki_typing.legacy_modules(), **extra}
+    saved = {k: sys.modules.get(k) for k in mods}
+    sys.modules.update(mods)
+    try:
+        yield fake
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
 
 
 def real_nki_present() -> bool:
@@ -107,21 +113,11 @@ def _load(name: str) -> types.ModuleType:
         source = f.read()
     tree = ast_pass.check_source(source, spec.origin)
     helpers = {h: _load(h) for h in ast_pass.helper_modules(tree)}
-    code = compile(source, spec.origin, "exec")
     module = types.ModuleType(name, f"{name} executed against the NKI emulator")
     module.__file__ = spec.origin
     module.__nki_emulated__ = True
-    saved = {k: sys.modules.get(k) for k in (*_NAMES, *helpers)}
-    fake = _fake_nki()
-    sys.modules.update({"nki": fake, "nki.language": language, "nki.isa": isa, "nki.typing": fake.typing}, **helpers)
-    try:
-        exec(code, module.__dict__)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
+    with emulated_nki(**helpers, **{name: module}):  # the module itself too, while its body runs (dataclasses)
+        ast_pass.exec_kernel_code(tree, spec.origin, module.__dict__)
     _modules[name] = module
     return module
 
@@ -138,9 +134,14 @@ def _where(kernel) -> str:
     return f"{code.co_filename}:{code.co_firstlineno}"
 
 
-def _outputs(result, machine: _m.Machine, where: str):
+def _outputs(result, machine: _m.Machine, where: str, inputs=()):
+    """The kernel's returned tensors as arrays: shared_hbm tensors it allocated, or kernel inputs it wrote in
+    place (an output aliasing an input, as AWS's nki-library rope_hf returns q_out / k_out)."""
     results = result if isinstance(result, tuple) else (result,)
+    aliased = {id(t.alloc) for t in inputs if isinstance(t, _m.Tensor)}
     for t in results:
+        if isinstance(t, _m.Tensor) and t.buffer in _m.HBM and id(t.alloc) in aliased:
+            continue
         if not isinstance(t, _m.Tensor) or t.buffer != "shared_hbm":
             _m.rule("kernel.output_shared_hbm", f"kernel output {t!r}", where)
     if not machine.compute:
@@ -156,11 +157,20 @@ def _input(machine: _m.Machine, a):
     return a
 
 
+def _holds_list(v) -> bool:
+    if isinstance(v, list):
+        return True
+    if isinstance(v, tuple):
+        return any(_holds_list(x) for x in v)
+    return isinstance(v, dict) and any(_holds_list(x) for x in v.values())
+
+
 def _launch(kernel, machine: _m.Machine, inputs, constants):
     """Interface rules (list arguments, the launch grid), then the kernel body -> its result."""
     for v in list(inputs) + list(constants.values()):
-        if isinstance(v, list):
-            _m.rule("kernel.list_args", f"{kernel.fn.__name__} gets a list argument (use a tuple)", _where(kernel))
+        if _holds_list(v):
+            _m.rule("kernel.list_args", f"{kernel.fn.__name__} gets a list argument, or one holding a list (use "
+                    "tuples)", _where(kernel))
     if kernel.lnc > machine.spec.max_lnc:
         _m.rule("kernel.lnc", f"{kernel.fn.__name__}[{kernel.lnc}] on {machine.target} (at most "
                 f"{machine.spec.max_lnc} logical NeuronCore(s))", _where(kernel))
@@ -177,8 +187,9 @@ def run(kernel, *arrays, compute: bool = True, target: str = "trn1", **constants
     machine = _m.Machine(compute=compute, target=target)
     with _m.running(machine):
         inputs = [_input(machine, a) for a in arrays]
+        constants = {k: _input(machine, v) for k, v in constants.items()}  # a tensor may be passed by keyword
         result = _launch(kernel, machine, inputs, constants)
-        outputs = _outputs(result, machine, _where(kernel))
+        outputs = _outputs(result, machine, _where(kernel), inputs + list(constants.values()))
     del inputs, result
     return outputs, machine.counters
 
@@ -200,5 +211,5 @@ def count(kernel, *specs, target: str = "trn1", **constants):
             shape, dtype = (spec.shape, spec.dtype) if hasattr(spec, "shape") else spec
             zero = np.zeros((), dtype=_m.as_dtype(dtype))
             inputs.append(machine.wrap_hbm(np.broadcast_to(zero, tuple(shape))))
-        _outputs(_launch(kernel, machine, inputs, constants), machine, _where(kernel))
+        _outputs(_launch(kernel, machine, inputs, constants), machine, _where(kernel), inputs)
     return machine.counters

@@ -15,7 +15,6 @@ arithmetic is skipped: tensors are zero-stride NumPy views that cost no memory.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import threading
 import weakref
@@ -25,7 +24,9 @@ import numpy as np
 
 from kernels_nki.emulator import rules as _rules
 from kernels_nki.emulator import trace as _trace
+from kernels_nki.emulator.trace import layout as _layout
 from kernels_nki.emulator.errors import NkiEmulatorError, NkiLimitError, NkiRuleError, fail, kernel_location
+from kernels_nki.emulator.errors import reinterpret as _reinterpret
 
 __all__ = ["NkiEmulatorError", "NkiLimitError", "NkiRuleError", "fail", "kernel_location"]
 
@@ -65,7 +66,9 @@ def as_dtype(dtype) -> np.dtype:
 
 
 def is_float(dtype) -> bool:
-    return np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16
+    """NumPy floats and ml_dtypes' (bf16, fp8: kind 'V' without fields; the packed x4 names have a field)."""
+    dtype = np.dtype(dtype)
+    return np.issubdtype(dtype, np.floating) or dtype == ml_dtypes.bfloat16 or (dtype.kind == "V" and not dtype.names)
 
 
 @dataclasses.dataclass
@@ -101,6 +104,7 @@ class Counters:
     dma_bytes_under_2k: int = 0  # bytes moved in buffers < 2 KiB (below the "minimum recommended")
     sbuf_peak_bytes: int = 0  # per partition
     psum_peak_banks: int = 0
+    sbuf_spill_peak_bytes: int = 0  # per partition: live automatically allocated SBUF beyond the target's capacity
 
     def __add__(self, other: Counters) -> Counters:
         out = {}
@@ -124,10 +128,7 @@ class _Allocation:
     def __init__(self, buffer: str, storage=None):
         self.buffer, self.storage = buffer, storage
         self.psum_matmul_written = None
-        self.serial = next(_SERIALS)  # names the allocation in an instruction trace (`trace.region`)
-
-
-_SERIALS = itertools.count()
+        self.serial = next(_trace.SERIALS)  # names the allocation in an instruction trace (`trace.region`)
 
 
 class Tensor:
@@ -214,11 +215,15 @@ class Tensor:
         pattern = [(int(s), int(n)) for s, n in pattern]
         if not pattern or any(n <= 0 for _, n in pattern):
             rule("view.ap", f"bad pattern {pattern}")
-        if scalar_offset is not None or dtype is not None or indirect_dim != 0:
-            fail(".ap(): scalar_offset, dtype and indirect_dim != 0 are not emulated", NkiEmulatorError)
+        if scalar_offset is not None or indirect_dim not in (0, None):
+            fail(".ap(): scalar_offset and indirect_dim != 0 are not emulated", NkiEmulatorError)
+        storage = self.alloc.storage
+        if dtype is not None and as_dtype(dtype) != self.dtype:  # reinterpret the storage's bytes (NkiTensor.ap)
+            storage = _reinterpret(storage, as_dtype(dtype), self.on_chip)
+            if vector_offset is not None or self.alloc.psum_matmul_written is not None:
+                fail(f".ap(dtype={dtype}): a reinterpreting indirect or PSUM view is not emulated", NkiEmulatorError)
         if vector_offset is not None:
             return AccessPattern(self, pattern, offset, vector_offset)
-        storage = self.alloc.storage
         if self.on_chip:
             free = math.prod(storage.shape[1:])
             if pattern[0][0] != free:
@@ -254,25 +259,6 @@ def contiguous_run(dims) -> int:
     return run
 
 
-def _layout(shape, strides=None, offset: int = 0) -> np.ndarray:
-    """A stand-in array (1-byte items over a byte never read) carrying a view's layout: its strides are element
-    strides, its address minus LAYOUT_BASE its first element's offset in the allocation. Indexed and reshaped
-    with a tensor's data, it keeps the real layout in count-only mode too, where the data are zero-stride."""
-    shape = tuple(int(n) for n in shape)
-    if strides is None:
-        strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
-    iface = {"data": (LAYOUT_BASE + int(offset), True), "shape": shape, "strides": tuple(int(s) for s in strides),
-             "typestr": "|u1", "version": 3}
-    return np.asarray(_Layout(iface))
-
-
-class _Layout:
-    def __init__(self, iface):
-        self.__array_interface__ = iface
-
-
-_LAYOUT_BYTE = np.zeros(1, np.uint8)
-LAYOUT_BASE = _trace._BASE[0] = _LAYOUT_BYTE.ctypes.data
 
 
 class AccessPattern:
@@ -362,7 +348,7 @@ class Machine:
 
     # ---------------------------------------------------------------- allocation
 
-    def allocate(self, shape, dtype, buffer, fill=None) -> Tensor:
+    def allocate(self, shape, dtype, buffer, fill=None, address=None) -> Tensor:
         shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         dtype = as_dtype(dtype)
         if not isinstance(buffer, Buffer):
@@ -373,9 +359,11 @@ class Machine:
             rule("tensor.zero_size", f"shape {shape} has a non-positive dimension")
         alloc = _Allocation(buffer)
         if buffer in ON_CHIP:
-            self._reserve(shape, dtype, buffer, alloc)
+            if address is not None:
+                self._check_address(shape, dtype, buffer, address)
+            self._reserve(shape, dtype, buffer, alloc, direct=address is not None)
         if fill is None:  # fresh memory: NaN for floats so uninitialised reads show
-            fill = np.nan if is_float(dtype) else np.iinfo(dtype).min
+            fill = np.nan if is_float(dtype) else np.iinfo(dtype).min if dtype.kind in "iu" else 0
         if self.compute:
             data = np.full(shape, fill, dtype=dtype)
         else:
@@ -392,21 +380,33 @@ class Machine:
             rule("tensor.zero_size", f"kernel input of shape {array.shape}")
         return Tensor(array, Buffer(buffer), _Allocation(buffer, array), self)
 
-    def _reserve(self, shape, dtype, buffer, alloc):
+    def _check_address(self, shape, dtype, buffer, address):
+        """A direct `address=(partition, byte offset)` lies inside its memory, in PSUM at a bank (sbuf.capacity)."""
+        part, free = (int(a) for a in address)
+        per_partition = math.prod(shape[1:]) * dtype.itemsize
+        size = self.spec.sbuf_partition_bytes if buffer == "sbuf" else self.spec.psum_banks * self.spec.psum_bank_bytes
+        if part < 0 or part + shape[0] > PMAX or free < 0 or free + per_partition > size:
+            rule("sbuf.capacity", f"{buffer} tile {shape} {dtype} at address {tuple(address)} reaches outside "
+                 f"{PMAX} partitions x {size} B on {self.target}")
+        if buffer == "psum" and free % self.spec.psum_bank_bytes:
+            rule("sbuf.capacity", f"PSUM tile at address {tuple(address)} does not start at a 2 KiB bank")
+
+    def _reserve(self, shape, dtype, buffer, alloc, direct=False):
         if len(shape) < 1 or shape[0] > PMAX:
             rule("partition.max", f"{buffer} tile {shape}: partition dimension {shape[0]} exceeds {PMAX}")
         per_partition = math.prod(shape[1:]) * dtype.itemsize
         spec = self.spec
-        if buffer == "sbuf":
-            if self.sbuf_live + per_partition > spec.sbuf_partition_bytes:
-                rule("sbuf.capacity", f"SBUF overflow: allocating {per_partition} B/partition with {self.sbuf_live} "
-                     f"B live exceeds {spec.sbuf_partition_bytes} B per partition on {self.target}")
+        if buffer == "sbuf" and direct:  # placed by the kernel (checked by its address), not by the allocator
+            return
+        if buffer == "sbuf":  # beyond the capacity the compiler spills (rule sbuf.capacity's reading): counted
             self.sbuf_live += per_partition
             self.counters.sbuf_peak_bytes = max(self.counters.sbuf_peak_bytes, self.sbuf_live)
+            self.counters.sbuf_spill_peak_bytes = max(self.counters.sbuf_spill_peak_bytes,
+                                                      self.sbuf_live - spec.sbuf_partition_bytes)
             weakref.finalize(alloc, self._release_sbuf, per_partition)
         else:
             banks = -(-per_partition // spec.psum_bank_bytes)
-            if self.psum_live_banks + banks > spec.psum_banks:
+            if self.psum_live_banks + banks > spec.psum_banks and not direct:
                 rule("psum.capacity", f"PSUM overflow: allocating {banks} bank(s) ({per_partition} B/partition) with "
                      f"{self.psum_live_banks} of {spec.psum_banks} banks of {spec.psum_bank_bytes} B live")
             self.psum_live_banks += banks

@@ -7,7 +7,11 @@ NeuronCore-v3) and its source: a path in aws-neuron/aws-neuron-sdk and the secti
 and its source; a rule whose targets exclude the running target is skipped. Rows with `kind="ast"` are
 checked on the kernel source before it runs (`kernels_nki.emulator.ast_pass`).
 
-List the table: `python -m kernels_nki.emulator.rules [--target trn2] [--markdown]`.
+The emulator follows NKI 0.6.0 (`NKI_VERSION`, Neuron SDK 2.32; the supported SDKs 2.30-2.32 ship NKI 0.4-0.6);
+`CHANGES` lists the differences from NKI 0.3 that matter, each with its release-notes section
+(aws-neuron-sdk release-notes/components/nki.rst) and where the emulator follows it.
+
+List the table: `python -m kernels_nki.emulator.rules [--target trn2] [--markdown] [--changes]`.
 """
 
 from __future__ import annotations
@@ -62,26 +66,49 @@ class Rule:
 R = Rule
 RULES: tuple[Rule, ...] = (
     # ---------------------------------------------------------------- kernel source (AST pass)
-    R("ast.is_operator", "`is` / `is not` are not supported in kernel code; use == / !=", ALL,
-      f"{NOTES} NKI 0.3.0 Breaking Changes", "ast",
+    R("ast.is_operator", "`is` / `is not` only against None in kernel code; otherwise use == / !=", ALL,
+      f"{NOTES} NKI 0.3.0 Breaking Changes; nki/migration/index.rst ('Replace is / is not with == / !=')", "ast",
       "Kernel code is every @nki.jit function of the file and every function of the file it calls. The notes "
-      "name no exception, so `x is None` is rejected too, although AWS's NKI Library writes it: the library is "
-      "read as relying on compiler tolerance, not on a documented allowance; write `x == None`."),
+      "name no exception, but AWS's nki-library (the production kernels the compiler ships as bundled nkilib, "
+      "aws-neuron/nki-library README) compares with None by `is` / `is not` 318 times and with nothing else: "
+      "read as the compiler accepting identity against None, the singleton the guide lists as an NKI value "
+      "(nki-language-guide.rst, NKI Values), so only other `is` comparisons are rejected."),
     R("ast.kwonly_args", "no keyword-only separator `*` in a kernel signature", ALL,
       f"{NOTES} NKI 0.3.0 Breaking Changes", "ast"),
-    R("ast.foreign_module", "kernel code calls only the nki namespaces (nki, nki.language, nki.isa, nki.typing), "
-      "not other Python modules (struct, numpy, math, ...)", ALL,
-      f"{GUIDE} introduction ('not all Python constructs and libraries are supported') and NKI Values", "ast",
+    R("ast.foreign_module", "kernel code calls only the nki namespaces (nki, nki.language, nki.isa, nki.typing) "
+      "and Python's math, not other Python modules (struct, numpy, ...)", ALL,
+      f"{GUIDE} introduction ('not all Python constructs and libraries are supported'), Compilation model "
+      "('All Python expressions on compile-time values ... are evaluated at specialization time') and NKI Values",
+      "ast",
       "The guide lists the values a kernel may hold (None, bool, int32, float32, str, tensors, tuples, lists, "
       "str-keyed dicts, NKIObject classes) and warns that libraries are not supported; a module call returns "
-      "none of these, so kernel code may not reference a module imported from outside nki."),
-    R("ast.neuronxcc_namespace", "kernels import nki, not the removed neuronxcc.nki namespace", ALL,
-      f"{NOTES} NKI 0.4.0 Breaking Changes (neuronxcc.nki.* raises a compilation error)", "ast"),
+      "none of these, so kernel code may not reference a module imported from outside nki. math is the "
+      "exception: its functions map compile-time numbers to numbers, and AWS's nki-library kernel code calls "
+      "math.ceil / floor / gcd / sqrt / pi on shapes (core/max/cascaded_max.py, attention/attention_tkg.py). "
+      "In a helper file (no @nki.jit) kernel code is the functions that use an nki name and those they call."),
+    R("ast.neuronxcc_namespace", "kernel code uses nki, not the removed neuronxcc.nki namespace", ALL,
+      f"{NOTES} NKI 0.4.0 Breaking Changes ('Usage of the deprecated neuronxcc.nki.* namespace inside NKI kernels "
+      "now raises a compilation error')", "ast",
+      "'Inside NKI kernels': a neuronxcc name used by kernel code is rejected at its use; a module-level import "
+      "whose names only annotate parameters (AWS's nki-library router_topk: `nt.mutable_tensor`) is not kernel "
+      "code."),
     # ---------------------------------------------------------------- kernel interface
-    R("kernel.output_shared_hbm", "kernel outputs are HBM tensors allocated with buffer=nl.shared_hbm", ALL,
-      f"{NOTES} NKI 0.3.0 Breaking Changes"),
-    R("kernel.list_args", "kernel arguments are not Python lists (use tuples)", ALL,
-      f"{NOTES} NKI 0.3.0 Breaking Changes"),
+    R("kernel.output_shared_hbm", "kernel outputs are HBM tensors allocated with buffer=nl.shared_hbm (or kernel "
+      "inputs written in place)", ALL, f"{NOTES} NKI 0.3.0 Breaking Changes ('Output tensors must use "
+      "buffer=nl.shared_hbm')", "runtime",
+      "The note is about the tensors a kernel allocates for its outputs; a kernel may return an input it wrote "
+      "in place (AWS's nki-library core/embeddings/rope_hf.py returns q_out / k_out, its test aliases them to "
+      "inputs)."),
+    R("kernel.list_args", "kernel arguments are not Python lists, nor hold one (use tuples); no parameter "
+      "defaults to a list", ALL, f"{NOTES} NKI 0.3.0 Breaking Changes ('list kernel arguments are not supported')",
+      "runtime", "A list default is an argument the caller did not pass: caught by the AST pass at the parameter; "
+      "passed values (nested in tuples too) at the @nki.jit line."),
+    R("kernel.dict_keys", "dictionaries built by kernel code have string keys only", ALL,
+      f"{GUIDE} NKI Values ('Dictionaries with string-value keys'); nki/migration/index.rst ('Dictionaries "
+      "support only string keys')", "runtime",
+      "A literal non-string key is caught by the AST pass; any other key where kernel code sets it (the "
+      "emulator builds kernel code's dictionaries as language.NkiDict). Module-level dictionaries are Python, "
+      "not kernel code (AWS's nki-library keys one by dtype)."),
     R("kernel.lnc", "a kernel launched on more logical NeuronCores than the target has (trn1: 1, trn2: 2)", ALL,
       f"{NOTES} NKI 0.4.0 (LNC2 is trn2 or later); nki/get-started/about/lnc.rst"),
     R("buffer.object", "buffers are nl buffer objects (nl.sbuf, nl.psum, nl.shared_hbm, ...), not strings", ALL,
@@ -99,8 +126,19 @@ RULES: tuple[Rule, ...] = (
       f"{ARCH1} Accessing SBUF/PSUM tensors ('hardware does not allow P dimension striding')"),
     R("free.access_pattern", "an SBUF/PSUM view has at most 4 free axes, each of at most 65535 elements", ALL,
       f"{ARCH1} Accessing SBUF/PSUM tensors (four-dimensional access pattern, uint16 sizes)"),
-    R("sbuf.capacity", "live SBUF per partition fits the target (trn1 192 KiB, trn2 224 KiB)", ALL,
-      f"{ARCH1} NeuronCore-v2 memory (24 MiB = 128 x 192 KiB); {ARCH2} NeuronCore-v3 (28 MiB = 128 x 224 KiB)"),
+    R("sbuf.capacity", "a directly allocated tile (nl.ndarray(..., address=(partition, byte offset))) lies inside "
+      "the target's SBUF partition (trn1 192 KiB, trn2 224 KiB) or PSUM (8 x 2 KiB, starting at a bank)", ALL,
+      f"{ARCH1} NeuronCore-v2 memory (24 MiB = 128 x 192 KiB); {ARCH2} NeuronCore-v3 (28 MiB = 128 x 224 KiB); "
+      "nki/migration/index.rst Improved allocation API (address; PSUM 'must start at the beginning of each bank "
+      "- the compiler will throw an error otherwise'); nki/get-started/about/memory-hierarchy-overview.rst "
+      "(spills)", "runtime",
+      "Automatically allocated SBUF tiles are never refused for capacity: 'If the total size of the live data "
+      "being used by a NKI kernel overflows the capacity of any on-chip memory, the Neuron compiler will insert "
+      "the necessary spills or refills between that memory and the next-tier memory' (memory-hierarchy-overview."
+      "rst); the emulator counts the overflow (Counters.sbuf_spill_peak_bytes) and does not charge the spill "
+      "traffic. Direct allocation bypasses the allocator (nki/index.rst: 'direct allocation ... bypass certain "
+      "compiler passes'), so there is nothing to spill: an address outside the memory is an error. Directly "
+      "allocated tiles are not counted in the live total (their placement and reuse are the kernel's)."),
     R("psum.capacity", "live PSUM fits 8 banks of 2 KiB per partition (16 KiB)", ALL,
       f"{ARCH1} Near-memory accumulation in PSUM; {ARCH2} ('PSUM capacity remains the same at 2MiB')"),
     R("engine.hbm", "compute engines read and write only SBUF/PSUM; HBM is reached by DMA", ALL,
@@ -124,6 +162,15 @@ RULES: tuple[Rule, ...] = (
       f"{DGE} Mode Selection Summary (swdge: 'indirect: v3+')"),
     R("dma.indirect_dge", "indirect DMA runs with dge_mode unknown or swdge", ALL,
       f"{DGE} How .ap() Affects DGE Mode"),
+    R("dma_transpose.args", "dma_transpose: axes (1, 0), (2, 1, 0) or (3, 1, 2, 0) of the source's rank; dst in "
+      "SBUF, of the source's dtype and exactly the transposed shape", ALL,
+      f"{ISA} dma_transpose; {NOTES} NKI 0.4.0 Breaking Changes (dst.shape matches the transposed src exactly, "
+      "including rank)", "runtime",
+      "The direct transpose has no NeuronCore-version note (hwdge and indirect sources do: rules dma.hwdge, "
+      "dma.indirect) and AWS's nki-library attention_cte, whose tests include trn1, issues it, so it is emulated "
+      "on both targets; the hardware DMA transpose is a Trainium2 feature (trainium2_arch.rst, DMA Transpose), so "
+      "the emulator counts it as a DMA of one-element buffers (the strided copy any DMA engine can do), in the "
+      "report's < 256 B share, where the cost model's peak-rate estimate is optimistic."),
     R("dma_compute.args", "dma_compute: unique_indices=True, scales all 1.0, sources in SBUF, reduce_op nl.add", ALL,
       f"{ISA} dma_compute"),
     # ---------------------------------------------------------------- TensorE
@@ -146,7 +193,12 @@ RULES: tuple[Rule, ...] = (
       "PE column c writes PSUM partition c", ALL,
       "aws-neuron/nki-library src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_down_projection.py and "
       "core/router_topk/router_topk.py (column-tiled nc_matmul, dst sliced at the tile's start column)"),
-    R("transpose.dtype", "nc_transpose dst dtype equals data dtype", ALL, f"{ISA} nc_transpose (Data types)"),
+    R("transpose.dtype", "nc_transpose dst dtype equals data dtype (a TensorE transpose may write float32)", ALL,
+      f"{ISA} nc_transpose (Data types; 'equivalent to calling nisa.nc_matmul directly with is_transpose=True'), "
+      "nc_matmul (Data types: dst float32 on NeuronCore-v2 and -v3)", "runtime",
+      "The two documents disagree for a TensorE transpose of a non-fp32 tile on NeuronCore-v2/-v3 (same dtype "
+      "vs the matmul's fp32 PSUM dst); both are accepted, as AWS's nki-library qkv_cte writes a bf16 transpose "
+      "into an fp32 PSUM tile. A VectorE transpose keeps the dtype."),
     R("transpose.engine", "TensorE nc_transpose: SBUF -> PSUM, up to 128 x 128; VectorE: up to 32 x 32", ALL,
       f"{ISA} nc_transpose (Memory types, Tile size)"),
     # ---------------------------------------------------------------- ScalarE / VectorE
@@ -200,6 +252,59 @@ RULES: tuple[Rule, ...] = (
       "cmp_op, offset)", ALL, f"{ISA} affine_select; {NOTES} NKI 0.3.0 Breaking Changes"),
 )
 
+# The NKI the emulator follows: 0.6.0, the newest of the supported SDKs (Neuron 2.30-2.32 ship NKI 0.4.0-0.6.0).
+NKI_VERSION = "0.6.0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """A difference from NKI 0.3 that matters to the emulator: the release that made it, what it is (its
+    release-notes section), and where the emulator follows it (a rule id, an API, or why it is not emulated)."""
+
+    version: str
+    what: str
+    emulator: str
+
+
+C = Change
+CHANGES: tuple[Change, ...] = (
+    C("0.4.0", "float8_e4m3fn (OCP, no inf, max 448) is a dtype distinct from float8_e4m3 (legacy, max 240) "
+      "(New Features, nc_matmul float8_e4m3fn)", "nl.float8_e4m3 / nl.float8_e4m3fn (ml_dtypes)"),
+    C("0.4.0", "tile_size bytes-aware constants sbuf_size_bytes, sbuf_fmax(_bytes), psum_bank_fmax(_bytes); "
+      "total_available_sbuf_size deprecated (New Features; Deprecated)", "nl.tile_size, per target"),
+    C("0.4.0", "neuronxcc.nki.* inside NKI kernels is a compilation error (Breaking Changes)",
+      "rule ast.neuronxcc_namespace"),
+    C("0.4.0", "dma_transpose dst.shape matches the transposed src exactly, rank included (Breaking Changes)",
+      "rule dma_transpose.args"),
+    C("0.4.0", "dma_compute takes oob_mode (New Features)", "isa.dma_compute(oob_mode=)"),
+    C("0.4.0", "frozen NKIObject dataclasses construct (Bug Fixes)", "nl.NKIObject"),
+    C("0.4.0", "nc_transpose honours engine= (Bug Fixes)", "isa.nc_transpose(engine=)"),
+    C("0.4.0", "tensor_copy_dynamic_src / _dst removed (Deprecated and Removed APIs)", "absent from nki.isa"),
+    C("0.4.0", "JAX scalar dtypes accepted as kernel arguments (New Features)",
+      "not emulated: a kernel argument dtype is a NumPy / ml_dtypes dtype"),
+    C("0.5.0", "float8_e8m0fnu, the MX scale dtype (New Features)", "nl.float8_e8m0fnu"),
+    C("0.5.0", "NkiTensor.reshape asserts the element count (Improvements)", "rule view.reshape"),
+    C("0.5.0", "tile_size.psum_num_banks (New Features)", "nl.tile_size.psum_num_banks"),
+    C("0.5.0", "nl.rsqrt runs on GpSimd; PSUM inputs are no longer supported (Improvements)",
+      "nl.rsqrt (a GpSimd tensor_scalar; rule gpsimd.psum)"),
+    C("0.5.0", "NkiTensor view methods slice/select/permute/broadcast/... (New Features)",
+      "not emulated: no nki-library core kernel calls them; indexing, reshape and .ap() are"),
+    C("0.5.0", "tensor indirection (.indirect()) on compute APIs, NeuronCore-v4+ (New Features)",
+      "not emulated: neither target has it"),
+    C("0.6.0", "nl.copy is a VectorE tensor_copy (New Features)", "nl.copy"),
+    C("0.6.0", "compute-engine operands over 128 partitions are a verification error (Improvements)",
+      "rule partition.max"),
+    C("0.6.0", "affine_select / range_select take a Python float on_false_value (Bug Fixes)",
+      "rule affine_select.args"),
+    C("0.6.0", "tensor_scalar_reduce takes reduce_res=None, keeping the VectorE accumulator (New Features)",
+      "isa.tensor_scalar_reduce"),
+    C("0.6.0", "nc_find_index8: an absent value gives all ones; duplicates advance (Bug Fixes)",
+      "isa.nc_find_index8"),
+    C("0.6.0", "nl.fori_loop / nl.while_loop replace dynamic_range loops (New Features; Deprecated)",
+      "not emulated: runtime (register) loops; a kernel that needs one is refused naming it"),
+    C("0.6.0", "nisa.topk on GpSimd (New Features)", "not emulated (no nki-library core kernel calls it)"),
+)
+
 RULES_BY_ID = {r.id: r for r in RULES}
 assert len(RULES_BY_ID) == len(RULES), "duplicate rule id"
 
@@ -238,7 +343,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="List the NKI emulator's rules (one row per rule, with its AWS source).")
     p.add_argument("--target", choices=TARGETS, help="only the rules that apply to this target")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--changes", action="store_true", help=f"the NKI 0.3 -> {NKI_VERSION} differences followed")
     args = p.parse_args(argv)
+    if args.changes:
+        print("\n".join(f"NKI {c.version}: {c.what}\n    emulator: {c.emulator}" for c in CHANGES))
+        return 0
     print(table(args.target, args.markdown))
     return 0
 

@@ -22,6 +22,7 @@ within a queue, same page, "DMA Queues") is its direction: HBM -> SBUF loads, SB
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -29,7 +30,27 @@ import numpy as np
 DMA_ENGINES = 16  # per NeuronCore (nki-dma-overview.rst, "DMA Queues"; trainium_inferentia2_arch.rst)
 PARTITIONS_PER_DMA_ENGINE = 8  # nki-dma-overview.rst, "Performance Considerations"
 ON_CHIP = ("sbuf", "psum")
-_BASE = [0]  # machine.LAYOUT_BASE (machine sets it: it imports this module)
+SERIALS = itertools.count()  # allocation serials (machine._Allocation.serial)
+_LAYOUT_BYTE = np.zeros(1, np.uint8)
+LAYOUT_BASE = _LAYOUT_BYTE.ctypes.data
+
+
+def layout(shape, strides=None, offset: int = 0) -> np.ndarray:
+    """A stand-in array (1-byte items over a byte never read) carrying a view's layout: its strides are element
+    strides, its address minus LAYOUT_BASE its first element's offset in the allocation. Indexed and reshaped
+    with a tensor's data (machine.Tensor.layout), it keeps the real layout in count-only mode too, where the
+    data are zero-stride, and gives `region` the view's place in its allocation."""
+    shape = tuple(int(n) for n in shape)
+    if strides is None:
+        strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+    iface = {"data": (LAYOUT_BASE + int(offset), True), "shape": shape, "strides": tuple(int(s) for s in strides),
+             "typestr": "|u1", "version": 3}
+    return np.asarray(_Layout(iface))
+
+
+class _Layout:
+    def __init__(self, iface):
+        self.__array_interface__ = iface
 
 
 class Instr:
@@ -75,7 +96,7 @@ def region(t):
     if lay is None:  # AccessPattern: the whole HBM tensor
         size = t.base.size
         return (t.base.alloc.serial, 0, 1, 0, size, size, 0, size)
-    off = lay.ctypes.data - _BASE[0]
+    off = lay.ctypes.data - LAYOUT_BASE
     shape, strides = lay.shape, lay.strides
     if t.buffer in ON_CHIP:
         row = math.prod(t.alloc.storage.shape[1:]) or 1

@@ -1,0 +1,155 @@
+"""frontier_jax.neuron_check: every config's programs pass AWS's documented JAX limits; each rule fails on a
+program made to break it (and passes its valid twin); strict mode refuses a failing program in one line;
+the README's rule table is the module's; the constraints files pin what AWS documents."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, PartitionSpec as P
+
+from conftest import REPO
+from frontier_jax import loop, neuron_check, ops
+from frontier_jax.config import load_config
+
+CONFIGS = sorted((REPO / "configs").glob("*.py"))
+
+
+def _rules(fn, *args) -> set[str]:
+    return {f.rule for f in neuron_check.check_program("p", jax.make_jaxpr(fn)(*args))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.name != "__init__.py"], ids=lambda p: p.stem)
+def test_every_config_passes_on_one_chip(path: Path):
+    cfg = load_config(path)
+    findings = neuron_check.check_config(cfg, num_devices=2)
+    assert findings == [], [f.line() for f in findings]
+
+
+def test_the_traced_steps_call_kernels_per_device_at_the_per_device_shape():
+    from frontier_jax.program import kernel_sites, trace_steps
+
+    cfg = load_config(REPO / "configs" / "tiny.py")
+    for n in (1, 4):
+        traced = trace_steps(cfg, n)
+        sites = kernel_sites(traced.programs["train"])
+        assert sites and all(s.per_device for s in sites)
+        rows = {s.eqn.invars[0].aval.shape[0] for s in sites if s.primitive == "frontier_head_loss_fwd"}
+        per_device = cfg.train.tokens_per_step // n // traced.accum  # tokens of one micro-batch on one device
+        assert rows == {per_device}, (n, rows)
+
+
+def test_cond_fails_and_a_host_choice_passes():
+    x = jnp.ones(4)
+    assert _rules(lambda x: jax.lax.cond(x[0] > 0, jnp.sin, jnp.cos, x), x) == {"cond"}
+    assert _rules(lambda x: jnp.where(x[0] > 0, jnp.sin(x), jnp.cos(x)), x) == set()
+
+
+def test_a_kernel_call_outside_shard_map_fails_inside_passes():
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+    mesh = AbstractMesh((2,), ("data",))
+    with ops.kernel_primitives():
+        outside = jax.make_jaxpr(ops.rms_norm)(x)
+        inside = jax.make_jaxpr(jax.shard_map(ops.rms_norm, mesh=mesh, in_specs=P("data"), out_specs=P("data"),
+                                              check_vma=False))(x)
+    found = neuron_check.check_program("train", outside)
+    assert [f.rule for f in found] == ["kernel.per_device"] and "frontier_rms_norm_fwd" in found[0].line()
+    assert neuron_check.check_program("train", inside) == []
+
+
+def test_a_dynamic_while_fails_a_literal_trip_count_passes():
+    x = jnp.float32(1)
+    dynamic = lambda x: jax.lax.while_loop(lambda c: c[1] < c[0], lambda c: (c[0], c[1] * 2), (x * 9, x))
+    static = lambda x: jax.lax.while_loop(lambda c: c[0] < 5, lambda c: (c[0] + 1, c[1] * 2), (0, x))
+    assert _rules(dynamic, x) == {"while.dynamic"}
+    assert _rules(static, x) == set()
+
+
+def test_host_callbacks_fail():
+    x = jnp.ones(3)
+    assert _rules(lambda x: jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x), x) == {"host_callback"}
+
+    def printed(x):
+        jax.debug.print("x {}", x)
+        return x + 1
+
+    assert _rules(printed, x) == {"host_callback"}
+
+
+def test_reduce_precision_and_variadic_reductions_fail():
+    x = jnp.ones(8)
+    assert _rules(lambda x: jax.lax.reduce_precision(x, exponent_bits=5, mantissa_bits=2), x) == {"reduce_precision"}
+    assert _rules(jnp.argmax, x) == {"reduce.variadic"}
+    assert _rules(jnp.max, x) == set()
+
+
+def test_integer_dots_and_complex_and_fp8_dtypes():
+    i = jnp.ones((4, 4), jnp.int32)
+    assert _rules(lambda a: a @ a, i) == {"dot.integer"}
+    assert _rules(lambda a: a.astype(jnp.float32) @ a.astype(jnp.float32), i) == set()
+    assert _rules(lambda a: (a * 1j).real, jnp.ones(3)) == {"dtype.complex"}
+    assert _rules(lambda a: a.astype(jnp.float8_e4m3fn).astype(jnp.float32), jnp.ones(3)) == {"dtype.fp8"}
+    assert _rules(lambda a: a.astype(jnp.float8_e4m3).astype(jnp.float32), jnp.ones(3)) == set()
+    assert _rules(lambda a: a.astype(jnp.float8_e5m2).astype(jnp.float32), jnp.ones(3)) == set()
+
+
+def test_sort_comparators():
+    """JAX's float comparator canonicalises NaN / -0 with EQ / NE compares: outside LE, GE, LT, GT."""
+    assert _rules(jnp.sort, jnp.ones(5)) == {"sort.comparator"}
+    assert _rules(jnp.sort, jnp.ones(5, jnp.int32)) == set()
+
+
+def test_threefry_fails_rbg_passes():
+    assert _rules(lambda k: jax.random.normal(k, (3,)), jax.random.key(0, impl="threefry2x32")) == {"rng.threefry"}
+    assert _rules(lambda k: jax.random.normal(k, (3,)), jax.random.key(0, impl="rbg")) == set()
+
+
+def test_sparse_and_dot_algorithm_presets_fail():
+    from jax.experimental import sparse
+
+    m = sparse.BCOO.fromdense(jnp.eye(3))
+    assert _rules(lambda m, v: m @ v, m, jnp.ones(3)) == {"sparse"}
+    a = jnp.ones((4, 4))
+    preset = jax.lax.DotAlgorithmPreset.BF16_BF16_F32
+    assert _rules(lambda a: jax.lax.dot(a, a, precision=preset), a) == {"dot.algorithm"}
+
+
+def test_strict_mode_refuses_a_failing_program_in_one_line(monkeypatch, byte_data):
+    from conftest import tiny_config
+
+    bad = neuron_check.Finding("train", "cond", "shard_map/cond", "cond in the program", "known issues")
+    monkeypatch.setattr(loop.jax, "default_backend", lambda: "neuron")
+    monkeypatch.setattr(neuron_check, "check_config", lambda cfg, n: [bad])
+    cfg = tiny_config(byte_data)
+    with pytest.raises(ops.KernelUnavailableError) as e:
+        loop._neuron_program_check(cfg, loop.make_data_parallel(1), "strict")
+    assert "\n" not in str(e.value) and "rule cond" in str(e.value) and "shard_map/cond" in str(e.value)
+    assert loop._neuron_program_check(cfg, loop.make_data_parallel(1), "auto") == [bad]  # logged, not refused
+    monkeypatch.setattr(loop.jax, "default_backend", lambda: "cpu")
+    assert loop._neuron_program_check(cfg, loop.make_data_parallel(1), "strict") is None
+
+
+def test_readme_rule_table_is_the_modules():
+    assert neuron_check.rules_markdown() in (REPO / "README.md").read_text()
+
+
+def test_constraints_pin_the_documented_jax_within_the_projects_range():
+    """Each supported SDK's constraints file pins JAX at AWS's documented maximum (0.10.0), inside
+    pyproject's range, and names every Neuron package with one exact version."""
+    pyproject = (REPO / "pyproject.toml").read_text()
+    lo, hi = re.search(r'"jax>=([\d.]+),<([\d.]+)"', pyproject).groups()
+    files = sorted((REPO / "constraints").glob("neuron-*.txt"))
+    assert [f.stem for f in files] == ["neuron-2.31", "neuron-2.32"]
+    for f in files:
+        pins = dict(line.split("==") for line in f.read_text().splitlines() if line and not line.startswith("#"))
+        assert set(pins) == {"jax", "jaxlib", "jax-neuronx", "libneuronxla", "neuronx-cc", "nki"}
+        assert pins["jax"] == pins["jaxlib"] == "0.10.0"
+        v = tuple(int(p) for p in pins["jax"].split("."))
+        assert tuple(int(p) for p in lo.split(".")) <= v < tuple(int(p) for p in hi.split("."))
+        assert f.stem.split("-")[1] in (REPO / "README.md").read_text()

@@ -1,0 +1,104 @@
+"""frontier_jax.steps: the per-device (shard_map) train / eval / optimizer steps.
+
+With every op routed through the NumPy emulator of its NKI kernel (as on Neuron, a kernel call per op),
+one train step on a 4-device mesh with ZeRO-1 state and the fused optimizer kernels finishes, each
+kernel call sees a quarter of the rows it sees on one device, and the loss, the gradient norm, the
+gradients (Adam's first moment after one step is (1 - b1) g) and the updated parameters equal the
+1-device step's; the eval sums equal too. The qk_attention forward is chosen at trace time."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_config
+from frontier_jax import dispatch, loop, ops, optim
+from frontier_jax.data.tokenizer import ByteTables
+from frontier_jax.parallel import make_data_parallel
+from frontier_jax.steps import make_eval_step, make_train_step, q_gains
+
+EMULATED = tuple(op for op in ops.OPS if op not in ops.STANDALONE_OPS)  # every op a training run calls
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """(op, direction) -> the first operand's shape of every kernel call the emulator runs."""
+    seen = defaultdict(list)
+    real = dispatch.kernel_call
+
+    def record(spec, which, kernel, arrays, static):
+        seen[(spec.name, which)].append(tuple(np.shape(arrays[0])))
+        return real(spec, which, kernel, arrays, static)
+
+    monkeypatch.setattr(dispatch, "kernel_call", record)
+    return seen
+
+
+def _one_step(cfg, n, x, y):
+    dp = make_data_parallel(n, zero1=True)
+    tx = optim.build_optimizer(cfg.optim)
+    graphdef, params, opt_state, _ = loop.init_state(cfg, tx, jnp.float32, dp)
+    step = make_train_step(graphdef, tx, mesh=dp.mesh, state_specs=dp.state_specs(opt_state),
+                           head_dim=cfg.model.head_dim, donate=False)
+    lr, mom = (jax.device_put(jnp.float32(v), dp.replicated) for v in (1.0, 0.9))
+    p, s, m = step(params, opt_state, dp.put_batch(x, 1), dp.put_batch(y, 1), lr, mom, None)
+    V = cfg.model.vocab_size
+    tables = ByteTables(np.ones(V, np.int32), np.zeros(V, bool), np.zeros(V, bool))
+    ev = make_eval_step(graphdef, tables, mesh=dp.mesh)(p, dp.put_batch(x[0]), dp.put_batch(y[0]),
+                                                        dp.put_batch(np.ones_like(x[0])), None)
+    return jax.device_get((p, s, m, ev)), [leaf.sharding.spec for leaf in jax.tree_util.tree_leaves(opt_state)]
+
+
+@pytest.mark.slow
+def test_emulated_kernels_on_four_devices_equal_one_device(byte_data, calls):
+    cfg = tiny_config(byte_data, "model.model_dim=128", "model.num_heads=2", "model.num_kv_heads=1",
+                      "train.seq_len=128", "optim.fused=True", "optim.muon_ns_dtype='float32'")
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (2, 4, 128)).astype(np.int32)  # 2 micro-batches of 4 sequences (1 per device)
+    y = np.roll(x, -1, axis=2)
+    with ops.emulated(EMULATED):
+        one, _ = _one_step(cfg, 1, x, y)
+        rows_one = {k: sorted(v) for k, v in calls.items()}
+        calls.clear()
+        four, specs = _one_step(cfg, 4, x, y)
+        rows_four = {k: v for k, v in calls.items()}
+    assert any("data" in spec for spec in specs)  # ZeRO-1: some state sharded over the 4 devices
+    per_token = {k for k in rows_one if k[0] not in ops.FUSED_OPTIMIZER_OPS}
+    assert {op for op, _ in rows_one} == set(EMULATED)  # every op ran its emulated kernel
+    for key in per_token:  # each device's call: a quarter of the rows, four times as many calls
+        assert len(rows_four[key]) == 4 * len(rows_one[key])
+        assert {s[0] * 4 for s in rows_four[key]} == {s[0] for s in rows_one[key]}, key
+    for key in set(rows_one) - per_token:  # the update: every device on the whole (gathered) parameter
+        assert sorted(rows_four[key]) == sorted(rows_one[key] * 4)
+    (p1, s1, m1, e1), (p4, s4, m4, e4) = one, four
+    np.testing.assert_allclose(m4["loss"], m1["loss"], rtol=1e-5)
+    np.testing.assert_allclose(m4["grad_norm"], m1["grad_norm"], rtol=1e-4)
+    np.testing.assert_allclose(m4["score_bound"], m1["score_bound"], rtol=1e-6)
+    mu1 = jax.tree_util.tree_leaves(s1["scalar"].mu) + jax.tree_util.tree_leaves(s1["embed"].mu)
+    mu4 = jax.tree_util.tree_leaves(s4["scalar"].mu) + jax.tree_util.tree_leaves(s4["embed"].mu)
+    for a, b in zip(mu4, mu1):  # (1 - b1) * gradient
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7)
+    for a, b in zip(jax.tree_util.tree_leaves(s4["muon"]), jax.tree_util.tree_leaves(s1["muon"])):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7)
+    for a, b in zip(jax.tree_util.tree_leaves(p4), jax.tree_util.tree_leaves(p1)):  # Adam's first step is
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-4)  # lr * g / (|g| + eps): ~sign(g) where g ~ eps
+    np.testing.assert_allclose(e4[0], e1[0], rtol=1e-5)
+    assert int(e4[1]) == int(e1[1]) == x[0].size and int(e4[2]) == int(e1[2])
+
+
+def test_score_bound_metric_is_the_updated_gains_bound(byte_data):
+    """The train step returns ops.score_bound of the gains after its update: the next step's choice."""
+    cfg = tiny_config(byte_data)
+    dp = make_data_parallel(1)
+    tx = optim.build_optimizer(cfg.optim)
+    graphdef, params, opt_state, _ = loop.init_state(cfg, tx, jnp.float32, dp)
+    step = make_train_step(graphdef, tx, mesh=dp.mesh, head_dim=cfg.model.head_dim, donate=False)
+    x = np.zeros((1, 4, cfg.train.seq_len), np.int32)
+    p, _, m = step(params, opt_state, x, x, jnp.float32(1.0), jnp.float32(0.9), None)
+    want = ops.score_bound([np.asarray(g) for g in q_gains(p)], cfg.model.head_dim)
+    assert float(m["score_bound"]) == pytest.approx(float(want), rel=1e-6)
+    assert float(m["score_bound"]) != pytest.approx(float(ops.score_bound(q_gains(params), cfg.model.head_dim)))
