@@ -38,7 +38,7 @@ BATCHED = {"qk_attention"}  # ops whose 4-D operands lead with independent seque
 AWS_BEST_MFU = 0.3314
 
 
-def _kernel(call: kc.KernelCall):
+def kernel_of(call: kc.KernelCall):
     return getattr(registry.load_emulated(call.op), getattr(registry.KERNELS[call.op], call.which))
 
 
@@ -53,16 +53,16 @@ def _batch(call: kc.KernelCall) -> int:
     return call.inputs[0][0][0] if call.op in BATCHED else 1
 
 
-def _with_batch(call: kc.KernelCall, b: int) -> tuple:
+def with_batch(call: kc.KernelCall, b: int) -> tuple:
     return tuple(None if s is None else ((b,) + s[0][1:], s[1]) if len(s[0]) == 4 else s for s in call.inputs)
 
 
 def measure(call: kc.KernelCall, target: str = "trn1") -> dict:
     """One call: counters, the busiest-engine time and the schedule's makespan under each reading."""
-    kernel, consts, B = _kernel(call), dict(call.constants), _batch(call)
+    kernel, consts, B = kernel_of(call), dict(call.constants), _batch(call)
     if B > 2:
-        one = trace.record(kernel, *_with_batch(call, 1), target=target, **consts)
-        two = trace.record(kernel, *_with_batch(call, 2), target=target, **consts)
+        one = trace.record(kernel, *with_batch(call, 1), target=target, **consts)
+        two = trace.record(kernel, *with_batch(call, 2), target=target, **consts)
         m1, m2 = schedule.estimate(one), schedule.estimate(two)
         sched = {a: m1[a] + (B - 1) * (m2[a] - m1[a]) for a in READINGS}
         shares = m2["shares"]

@@ -20,7 +20,7 @@ from pathlib import Path
 from frontier_jax import kernel_calls as kc
 from frontier_jax.config import load_config
 from frontier_jax.errors import BadInput
-from frontier_jax.kernel_report import _kernel, _with_batch
+from frontier_jax.kernel_report import BATCHED, kernel_of, with_batch
 from kernels_nki.emulator import schedule, trace
 from kernels_nki.emulator.trace import DMA_ENGINES
 
@@ -30,8 +30,8 @@ WAIT = "#c7c7c7"
 
 
 def schedule_call(call: kc.KernelCall, reading: str = "central", target: str = "trn1") -> schedule.Schedule:
-    inputs = _with_batch(call, 1) if call.op in {"qk_attention"} else call.inputs
-    tr = trace.record(_kernel(call), *inputs, target=target, **dict(call.constants))
+    inputs = with_batch(call, 1) if call.op in BATCHED else call.inputs
+    tr = trace.record(kernel_of(call), *inputs, target=target, **dict(call.constants))
     return schedule.schedule(tr, reading)
 
 

@@ -59,9 +59,9 @@ def test_batch_extrapolation_bounds_the_full_trace():
     """qk_attention is priced from 1 and 2 sequences; against the full trace of 4 within 2%."""
     cfg = small_config()
     call = next(c for c in kc.kernel_calls(cfg) if c.op == "qk_attention" and c.which == "bwd")
-    call = dataclasses.replace(call, inputs=kernel_report._with_batch(call, 4))
+    call = dataclasses.replace(call, inputs=kernel_report.with_batch(call, 4))
     got = kernel_report.measure(call)
-    full = trace.record(kernel_report._kernel(call), *call.inputs, **dict(call.constants))
+    full = trace.record(kernel_report.kernel_of(call), *call.inputs, **dict(call.constants))
     assert got["batch_extrapolated"] and got["counters"] == full.counters.as_dict()
     for a in kernel_report.READINGS:
         assert got["schedule_s"][a] == pytest.approx(schedule.schedule(full, a).makespan_s, rel=0.02)
@@ -71,7 +71,7 @@ def test_counted_work_equals_a_full_emulated_run():
     cfg = small_config()
     rng = np.random.default_rng(0)
     for call in kc.kernel_calls(cfg):
-        counted = trace.record(kernel_report._kernel(call), *call.inputs, **dict(call.constants)).counters
+        counted = trace.record(kernel_report.kernel_of(call), *call.inputs, **dict(call.constants)).counters
         arrays = [None if spec is None else
                   rng.integers(0, cfg.model.vocab_size, spec[0]).astype(np.int32) if spec[1] == "int32" else
                   rng.standard_normal(spec[0]).astype(ml_dtypes.bfloat16 if spec[1] == "bfloat16" else spec[1])
@@ -87,5 +87,5 @@ def test_counted_work_equals_a_full_emulated_run():
                     arrays[i] = np.abs(arrays[i]) + 0.5
         if call.op == "mix_norm_projection" and call.which == "bwd":
             arrays[6] = np.abs(arrays[6]).astype(arrays[6].dtype)
-        _, full = emulator.run(kernel_report._kernel(call), *arrays, **dict(call.constants))
+        _, full = emulator.run(kernel_report.kernel_of(call), *arrays, **dict(call.constants))
         assert counted == full, (call.op, call.which)

@@ -73,9 +73,6 @@ class Instr:
         """The in-order instruction stream it belongs to: its engine's, or its DMA queue."""
         return f"dma.{self.queue}" if self.engine == "dma" else self.engine
 
-    def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__}
-
 
 @dataclasses.dataclass
 class Trace:
