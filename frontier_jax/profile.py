@@ -87,6 +87,7 @@ def draw(s: schedule.Schedule, title: str, path: Path) -> None:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=110)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 is for the temporary name only
         os.replace(tmp, path)
     finally:
         plt.close(fig)
