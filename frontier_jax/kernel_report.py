@@ -26,6 +26,7 @@ from pathlib import Path
 
 from frontier_jax import kernel_calls as kc
 from frontier_jax.config import Config, load_config
+from frontier_jax.errors import exit_on_error
 from kernels_nki import emulator, registry
 from kernels_nki.emulator import cost, schedule, trace
 from kernels_nki.emulator.machine import Counters
@@ -172,13 +173,12 @@ def main(argv=None) -> int:
                     help="another configs/*.py side by side (repeatable; default configs/frontier14.py)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the tables")
     args = ap.parse_args(argv)
-    cfg = load_config(args.config)
+    with exit_on_error():  # a bad config: one line, exit 2, before anything is traced
+        cfg = load_config(args.config)
+        others = [load_config(p) for p in (args.compare if args.compare is not None else
+                                            ([str(FRONTIER14)] if FRONTIER14.exists() else []))]
     rep = build_report(cfg, args.target)
-    side = [rep]
-    for path in args.compare if args.compare is not None else ([str(FRONTIER14)] if FRONTIER14.exists() else []):
-        other = load_config(path)
-        if other.name != cfg.name:
-            side.append(build_report(other, args.target))
+    side = [rep] + [build_report(o, args.target) for o in others if o.name != cfg.name]
     if args.json:
         print(json.dumps({"report": rep, "comparison": side[1:]}, indent=1, default=str))
     else:

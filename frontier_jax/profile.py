@@ -19,7 +19,7 @@ from pathlib import Path
 
 from frontier_jax import kernel_calls as kc
 from frontier_jax.config import load_config
-from frontier_jax.errors import BadInput
+from frontier_jax.errors import BadInput, exit_on_error
 from frontier_jax.kernel_report import BATCHED, kernel_of, with_batch
 from kernels_nki.emulator import schedule, trace
 from kernels_nki.emulator.trace import DMA_ENGINES
@@ -133,11 +133,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not args.all and not args.op:
         ap.error("give --op OP or --all")
-    try:
+    with exit_on_error():  # a bad config or op: one line, exit 2
         rows = profile(args.config, None if args.all else args.op, Path(args.out), args.reading)
-    except BadInput as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     for r in rows:
         sh = r["shares"]
         print(f"{r['name']:<28} {r['makespan_s'] * 1e6:>9.1f} us  " + "  ".join(

@@ -89,3 +89,9 @@ def test_counted_work_equals_a_full_emulated_run():
             arrays[6] = np.abs(arrays[6]).astype(arrays[6].dtype)
         _, full = emulator.run(kernel_report.kernel_of(call), *arrays, **dict(call.constants))
         assert counted == full, (call.op, call.which)
+
+
+def test_report_bad_config_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        kernel_report.main(["--config", str(tmp_path / "missing.py")])
+    assert exc.value.code == 2 and capsys.readouterr().err.count("\n") == 1

@@ -47,6 +47,8 @@ def test_lanes_and_shares_of_a_call(small_cfg):
 
 
 def test_unknown_op_is_a_clear_error(small_cfg, tmp_path, capsys):
-    assert profile.main(["--op", "nope", "--config", small_cfg, "--out", str(tmp_path / "p")]) == 2
+    with pytest.raises(SystemExit) as exc:
+        profile.main(["--op", "nope", "--config", small_cfg, "--out", str(tmp_path / "p")])
+    assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--op nope: not called by config small" in err and not (tmp_path / "p").exists()
