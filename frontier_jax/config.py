@@ -68,7 +68,7 @@ class ModelConfig:
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward = 3x forward) of this architecture, attention included
-        (the MFU numerator of both trainers and of kernels_nki.report).
+        (the MFU numerator of both trainers and of frontier_jax.kernel_report).
 
         Matmul FLOPs: 2 per MAC. Attention scores and values: causal, so on average T/2 keys per query
         (counted as the full T*T/2 triangle: 2 * 2 * H * K * T/2 per token forward).

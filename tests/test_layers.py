@@ -1,5 +1,5 @@
 """The import layers of pyproject.toml's import-linter contracts hold (what `lint-imports` checks): no
-cycle inside frontier_jax, kernels_nki does not import the trainer, baseline_torch imports no JAX, and
+cycle inside frontier_jax, kernels_nki imports nothing from frontier_jax, baseline_torch imports no JAX, and
 config / errors / data are leaves."""
 
 from __future__ import annotations

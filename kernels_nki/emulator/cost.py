@@ -1,8 +1,9 @@
 """Estimated time of a kernel call on one NeuronCore from the emulator's work counters.
 
 Model: each engine's time is its issued work divided by its throughput; engines run concurrently,
-so a call takes as long as its busiest engine (the "bounding engine"); `serial_s` (the sum) is the
-no-overlap upper bound. Two targets: `trn1` (NeuronCore-v2, the default) and `trn2` (NeuronCore-v3).
+so a call takes as long as its busiest engine (the "bounding engine"): the lower bound beside the schedule
+(`schedule.py`), which orders the instruction trace with its dependencies and fixed costs; `serial_s` (the
+sum) is the no-overlap figure. Two targets: `trn1` (NeuronCore-v2, the default) and `trn2` (NeuronCore-v3).
 Every constant cites its source in aws-neuron-sdk (path, section); checked against the engine
 activity AWS publishes for its tutorial matmuls in bench/README.md ("Cost model calibration",
 tests/test_kernels_report.py::test_cost_model_matches_published_profiles).
@@ -25,16 +26,16 @@ tests/test_kernels_report.py::test_cost_model_matches_published_profiles).
   the per-instruction floor (max(MIN_II, N) cycles, `nki/api/nki/isa` docs) and idle partitions.
   Two-input VectorE instructions (tensor_tensor, scalar_tensor_tensor, tensor_tensor_scan) are
   charged 2N cycles ("Vector Engine / Performance Consideration", Cost Model: "roughly 2N cycles").
-  NOT modelled: the ~100-cycle static overhead of back-to-back dependent small
-  instructions (`nki/deep-dives/nki_perf_guide.rst`, small-instruction section), and the shared
-  SBUF port of VectorE/GpSimdE and PSUM port of VectorE/ScalarE (arch guide, "Data Movement").
-  These make Vector/Scalar-heavy kernels slower than estimated.
+  Not charged here (the schedule, `schedule.py`, charges them): the ~100-cycle static overhead of
+  back-to-back small or dependent instructions (arch guide, "Vector Engine / Performance Consideration";
+  `nki/deep-dives/nki_perf_guide.rst`, Opt #5a), and the shared SBUF port of VectorE/GpSimdE and PSUM port
+  of VectorE/ScalarE (arch guide, "Data Movement"). So this estimate is a lower bound.
 - DMA (`nki/deep-dives/nki-dma-bandwidth-guide.rst`, bandwidth table): 16 engines x 17 B/ns =
   272 GB/s per NeuronCore-v2, 16 x 23 B/ns = 368 GB/s per NeuronCore-v3, reached with >= 4 KiB per
-  partition per transfer; the per-transfer fixed cost (~1300 ns, same guide) is not modelled, nor
-  the lower rate of smaller payloads ("below peak" under 2 KiB, "severely overhead-bound" under 256 B,
-  same guide; no rate published): the counters record the bytes moved in such buffers
-  (`Machine.count_dma`) and the report prints their share, where this estimate is optimistic.
+  partition per transfer; the per-transfer fixed cost (~1300 ns, same guide), the one-transfer-per-engine
+  rule and the lower rate of smaller payloads ("below peak" under 2 KiB, "severely overhead-bound" under
+  256 B, same guide) are the schedule's (`schedule.py`); the counters record the bytes moved in small
+  buffers (`Machine.count_dma`).
 """
 
 from __future__ import annotations

@@ -75,7 +75,8 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     if dst.size != src.size:
         rule("dma.elements", f"{src.shape} ({src.size} elements) -> {dst.shape} ({dst.size} elements)")
     m = _m.current()
-    m.count_dma(src.size * src.dtype.itemsize, _buffer_bytes(dst, src))
+    m.count_dma(src.size * src.dtype.itemsize, _buffer_bytes(dst, src), dst=dst,
+                srcs=(src,) + ((src.vector_offset,) if ind_src else ()) + ((dst.vector_offset,) if ind_dst else ()))
     if not m.compute:
         return
     value = src.base.data.reshape(-1)[src.flat_index()] if ind_src else src.data
@@ -103,7 +104,8 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
         if s.size != dst.size:
             rule("dma.elements", f"dma_compute src {s.shape} vs dst {dst.shape}")
     m = _m.current()
-    m.count_dma(sum(s.size * s.dtype.itemsize for s in srcs), min(_buffer_bytes(dst, s) for s in srcs))
+    m.count_dma(sum(s.size * s.dtype.itemsize for s in srcs), min(_buffer_bytes(dst, s) for s in srcs), dst=dst,
+                srcs=tuple(srcs), op="dma_compute")
     if isinstance(dst, _m.AccessPattern):
         _indirect(dst, dge_mode.unknown)
         data = [s for s in srcs if not isinstance(s, _m.AccessPattern)]

@@ -36,6 +36,6 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown,
         rule("dma_transpose.args", f"src {src.shape} {src.dtype} ({src.buffer}) -> dst {dst.shape} {dst.dtype} "
              f"({dst.buffer}); the transpose is {want} {src.dtype} in SBUF")
     m = _m.current()
-    m.count_dma(src.size * src.dtype.itemsize, src.dtype.itemsize)
+    m.count_dma(src.size * src.dtype.itemsize, src.dtype.itemsize, dst=dst, srcs=(src,), op="dma_transpose")
     if m.compute:
         dst.data[...] = np.transpose(src.data, perm)

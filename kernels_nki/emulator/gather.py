@@ -31,7 +31,7 @@ def nc_n_gather(dst, data, indices, name=None):
     if indices.shape[0] != p or dst.shape[0] != p or _per_partition(dst)[1] != _per_partition(indices)[1]:
         rule("gather.args", f"data {data.shape}, indices {indices.shape}, dst {dst.shape}")
     m = _m.current()
-    m.count_engine("gpsimd", data)
+    m.count_engine("gpsimd", data, op="nc_n_gather", reads=(data, indices), writes=(dst,))
     if not m.compute:
         return
     idx = indices.data.reshape(p, -1).astype(np.int64)

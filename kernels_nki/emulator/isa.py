@@ -60,7 +60,7 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
         rule("tensor_copy.scalar", "tensor_copy(engine=nisa.engine.scalar)")
     _engine_psum(engine, dst, src)
     _same_layout(dst, src, "tensor_copy")
-    _m.current().count_engine(engine or "vector", src)
+    _m.current().count_engine(engine or "vector", src, op="tensor_copy", reads=(src,), writes=(dst,))
     if dst.machine.compute:
         dst.data[...] = src.data.reshape(dst.shape).astype(np.float32).astype(dst.dtype) \
             if src.dtype != dst.dtype else src.data.reshape(dst.shape)
@@ -71,7 +71,7 @@ def memset(dst, value, engine=engine.unknown, name=None):
     _engine_psum(engine, dst)
     if not _m.is_float(dst.dtype) and isinstance(value, (float, np.floating)):
         rule("memset.value", f"float value {value!r} into a {dst.dtype} tile")
-    _m.current().count_engine(engine or "vector", dst)
+    _m.current().count_engine(engine or "vector", dst, op="memset", writes=(dst,))
     if dst.mask is not None and dst.machine.compute:
         dst.mask[...] = False
     _write(dst, np.full(dst.shape, value, dtype=np.float32))
@@ -97,7 +97,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     """dst[p, i1, ...] = offset + channel_multiplier * p + sum_k pattern[k][0] * i_(k+1) on GpSimd."""
     _tile(dst, "iota dst", ("sbuf",), "gpsimd.psum")
     pattern = _pattern(pattern, dst, "iota", "gpsimd.psum")
-    _m.current().count_engine("gpsimd", dst)
+    _m.current().count_engine("gpsimd", dst, op="iota", writes=(dst,))
     if dst.machine.compute:
         vals = _affine_values((dst.shape[0],) + tuple(n for _, n in pattern), pattern, offset, channel_multiplier)
         dst.data[...] = vals.reshape(dst.shape).astype(dst.dtype)
@@ -114,7 +114,7 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
     pattern = _pattern(pattern, dst, "affine_select", "affine_select.args")
     if not _number(on_false_value):
         rule("affine_select.args", f"on_false_value {on_false_value!r} is not a number")
-    _m.current().count_engine("gpsimd", dst)
+    _m.current().count_engine("gpsimd", dst, op="affine_select", reads=(on_true_tile,), writes=(dst,))
     if not dst.machine.compute:
         return
     val = _affine_values((dst.shape[0],) + tuple(n for _, n in pattern), pattern, offset, channel_multiplier)
@@ -167,7 +167,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         rule("matmul.accumulate", "accumulate=True into PSUM not written by a matmul before")
     recompute = str(name or "").startswith(RECOMPUTE)
     m.count_matmul(k, mm, n, fp32=all(fp32), useful=not (is_transpose or is_stationary_onezero or recompute),
-                   rows=rows, cols=cols)
+                   rows=rows, cols=cols, op=name or "nc_matmul", stationary=stationary,
+                   reads=(stationary, moving, dst), writes=(dst,))
     if not m.compute:
         return
     prod = _read(stationary).reshape(k, mm).T @ _read(moving).reshape(k, n)
@@ -219,13 +220,14 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
     if engine == "vector":
         if p > 32 or f > 32:
             rule("transpose.engine", f"VectorE transpose of {data.shape} (limit 32 x 32)")
-        m.count_engine("vector", data)
+        m.count_engine("vector", data, op="nc_transpose", reads=(data,), writes=(dst,))
     else:
         if data.buffer != "sbuf" or dst.buffer != "psum":
             rule("transpose.engine", f"TensorE transpose {data.buffer} -> {dst.buffer} (must be sbuf -> psum)")
         if f > _m.PMAX:
             rule("transpose.engine", f"TensorE transpose of {data.shape} (limit 128 x 128)")
-        m.count_matmul(p, f, p, fp32=data.dtype == np.float32, useful=False)
+        m.count_matmul(p, f, p, fp32=data.dtype == np.float32, useful=False, op="nc_transpose", stationary=data,
+                       reads=(data,), writes=(dst,))
     if m.compute:
         dst.data[...] = data.data.reshape(p, f).T.reshape(dst.shape)
 
@@ -274,7 +276,8 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
             if reduce_res.shape[0] != p or math.prod(reduce_res.shape[1:]) != 1:
                 rule("activation.operands", f"reduce_res {reduce_res.shape} must be [{p}, 1]")
     m = _m.current()
-    m.count_engine("scalar", data, extra_instructions=1 if reduce_op is not None else 0)
+    m.count_engine("scalar", data, extra_instructions=1 if reduce_op is not None else 0, op=f"activation.{op.name}",
+                   reads=(data, scale, bias), writes=(dst, reduce_res))
     if reduce_cmd == "reset":
         m.scalar_reduce_regs[:] = 0.0
     if not m.compute:
@@ -309,7 +312,8 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     _not_both_psum(data1, data2, "tensor_tensor.psum", "tensor_tensor")
     _engine_psum(engine, dst, data1, data2)
     _alu(op, "tensor_tensor op")
-    _m.current().count_engine(engine or "vector", data1, inputs=2)
+    _m.current().count_engine(engine or "vector", data1, inputs=2, op=f"tensor_tensor.{op.name}",
+                              reads=(data1, data2), writes=(dst,))
     if dst.machine.compute:
         _write(dst, op.fn(_read(data1), _read(data2, data1)).reshape(dst.shape))
 
@@ -333,7 +337,8 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     if op1 is not None:
         _alu(op1, "tensor_scalar op1", unary_ok=True)
         v1 = _expand(_operand(operand1, p, "tensor_scalar operand1", "tensor_scalar.operands"), nd)
-    _m.current().count_engine(engine or "vector", data)
+    _m.current().count_engine(engine or "vector", data, op=f"tensor_scalar.{op0.name}",
+                              reads=(data, operand0, operand1), writes=(dst,))
     if not dst.machine.compute:
         return
     out = _apply(op0, _read(data), v0, reverse0)
@@ -352,7 +357,8 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     _alu(op0, "scalar_tensor_tensor op0"), _alu(op1, "scalar_tensor_tensor op1")
     v0 = _expand(_operand(operand0, data.shape[0], "scalar_tensor_tensor operand0", "tensor_scalar.operands"),
                  data.ndim)
-    _m.current().count_engine("vector", data, inputs=2)
+    _m.current().count_engine("vector", data, inputs=2, op="scalar_tensor_tensor",
+                              reads=(data, operand0, operand1), writes=(dst,))
     if dst.machine.compute:
         _write(dst, _apply(op1, _apply(op0, _read(data), v0, reverse0), _read(operand1, data), reverse1))
 
@@ -367,7 +373,8 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
     _alu(op0, "tensor_tensor_scan op0"), _alu(op1, "tensor_tensor_scan op1")
     p, f = _per_partition(data0)
     init = _operand(initial, p, "tensor_tensor_scan initial", "tensor_scalar.operands")
-    _m.current().count_engine("vector", data0, inputs=2)
+    _m.current().count_engine("vector", data0, inputs=2, op="tensor_tensor_scan",
+                              reads=(data0, data1, initial), writes=(dst,))
     if not dst.machine.compute:
         return
     a, b = _read(data0).reshape(p, f), _read(data1).reshape(p, f)
@@ -392,7 +399,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     kept = tuple(1 if i in axes else s for i, s in enumerate(data.shape))
     if math.prod(dst.shape) != math.prod(kept) or dst.shape[0] != data.shape[0]:
         rule("alu.no_broadcast", f"tensor_reduce: dst {dst.shape} does not match the reduced shape {kept}")
-    _m.current().count_engine("vector", data)
+    _m.current().count_engine("vector", data, op="tensor_reduce", reads=(data,), writes=(dst,))
     if dst.machine.compute:
         out = op.reduce.reduce(_read(data), axis=axes, keepdims=True)
         _write(dst, (-out if negate else out).reshape(dst.shape))
@@ -401,7 +408,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
 def reciprocal(dst, data, name=None):
     _tile(dst, "reciprocal dst"), _tile(data, "reciprocal data")
     _same_layout(dst, data, "reciprocal")
-    _m.current().count_engine("vector", data)
+    _m.current().count_engine("vector", data, op="reciprocal", reads=(data,), writes=(dst,))
     if dst.machine.compute:
         with np.errstate(divide="ignore"):
             _write(dst, 1.0 / _read(data, dst))

@@ -23,6 +23,8 @@ import ml_dtypes
 import numpy as np
 
 from kernels_nki.emulator import rules as _rules
+from kernels_nki.emulator import trace as _trace
+from kernels_nki.emulator.trace import layout as _layout
 from kernels_nki.emulator.errors import NkiEmulatorError, NkiLimitError, NkiRuleError, fail, kernel_location
 from kernels_nki.emulator.errors import reinterpret as _reinterpret
 
@@ -121,11 +123,12 @@ class _Allocation:
     `storage` is the whole allocation (what `.ap()` addresses); PSUM also tracks, per element, whether a
     matmul has written it (the first matmul write overwrites, later ones accumulate)."""
 
-    __slots__ = ("__weakref__", "buffer", "storage", "psum_matmul_written")
+    __slots__ = ("__weakref__", "buffer", "storage", "psum_matmul_written", "serial")
 
     def __init__(self, buffer: str, storage=None):
         self.buffer, self.storage = buffer, storage
         self.psum_matmul_written = None
+        self.serial = next(_trace.SERIALS)  # names the allocation in an instruction trace (`trace.region`)
 
 
 class Tensor:
@@ -230,7 +233,7 @@ class Tensor:
         lo = int(offset) + sum(s * (n - 1) for s, n in pattern if s < 0)
         if lo < 0 or hi >= storage.size:
             rule("view.ap", f"pattern {pattern} at offset {offset} reaches outside {storage.size} elements")
-        layout = _layout(shape, tuple(s for s, _ in pattern))
+        layout = _layout(shape, tuple(s for s, _ in pattern), int(offset))
         if not self.machine.compute:
             return self._view(np.broadcast_to(np.zeros((), self.dtype), shape), None, 0, layout)
         item = storage.itemsize
@@ -256,17 +259,6 @@ def contiguous_run(dims) -> int:
     return run
 
 
-def _layout(shape, strides=None) -> np.ndarray:
-    """A stand-in array carrying a view's memory layout: 1-byte items, so its strides are element strides
-    (row-major by default), over a single byte that is never read. Indexed and reshaped alongside a
-    tensor's data, it keeps the real layout in count-only mode too, where the data are zero-stride."""
-    shape = tuple(int(n) for n in shape)
-    if strides is None:
-        strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
-    return np.lib.stride_tricks.as_strided(_LAYOUT_BYTE, shape, tuple(int(s) for s in strides), writeable=False)
-
-
-_LAYOUT_BYTE = np.zeros(1, np.uint8)
 
 
 class AccessPattern:
@@ -344,9 +336,10 @@ def _normalise_index(index, shape, on_chip: bool):
 class Machine:
     """Counters, live on-chip memory and ScalarE reduce registers of one emulated kernel call on `target`."""
 
-    def __init__(self, compute: bool = True, target: str = "trn1"):
+    def __init__(self, compute: bool = True, target: str = "trn1", trace: bool = False):
         self.compute = compute
         self.target = target
+        self.trace = [] if trace else None  # trace.Instr per instruction, in program order (trace.record)
         self.spec = _rules.spec(target)
         self.counters = Counters()
         self.sbuf_live = 0
@@ -428,13 +421,15 @@ class Machine:
 
     # ---------------------------------------------------------------- counting
 
-    def count_engine(self, engine: str, tile: Tensor, extra_instructions: int = 0, inputs: int = 1):
+    def count_engine(self, engine: str, tile: Tensor, extra_instructions: int = 0, inputs: int = 1, op: str = "",
+                     reads=(), writes=None):
         """One Vector/Scalar/GpSimd instruction over `tile` (partition dim first).
 
         `inputs=2` (a VectorE instruction reading two tensors, e.g. tensor_tensor) costs ~2N cycles
         (aws-neuron-sdk `nki/guides/architecture/trainium_inferentia2_arch.rst`, "Vector Engine /
         Performance Consideration", Cost Model: "If there are two input tiles, the instruction can
-        execute in roughly 2N cycles"); ScalarE reads at most one tensor (same guide, "Scalar Engine")."""
+        execute in roughly 2N cycles"); ScalarE reads at most one tensor (same guide, "Scalar Engine"). `reads`
+        / `writes`: the tiles it reads and writes (for the trace; writes default to `tile`)."""
         partitions = tile.shape[0] if tile.ndim else 1
         free = math.prod(tile.shape[1:]) if tile.ndim > 1 else 1
         c = self.counters
@@ -443,13 +438,14 @@ class Machine:
         setattr(c, f"{engine}_instructions", getattr(c, f"{engine}_instructions") + 1)
         setattr(c, f"{engine}_elems_issued", getattr(c, f"{engine}_elems_issued") + issued)
         setattr(c, f"{engine}_elems_useful", getattr(c, f"{engine}_elems_useful") + partitions * free)
+        if self.trace is not None:
+            self.trace.append(_trace.engine(engine, op, issued // PMAX, free, partitions, reads,
+                                            (tile,) if writes is None else writes))
 
-    def count_dma(self, nbytes: int, buffer_bytes: int | None = None):
-        """One DMA of `nbytes` in contiguous buffers of `buffer_bytes` (the whole transfer when None). AWS's
-        DMA bandwidth guide (`nki/deep-dives/nki-dma-bandwidth-guide.rst`, "Bandwidth vs. Payload Size"):
-        below 256 B per buffer "severely overhead-bound", 256 B - 2 KiB "below peak", >= 2 KiB the
-        "minimum recommended"; the cost model (`cost.py`) charges every byte at the peak rate, so the bytes
-        in small buffers are counted apart and printed by the report: there the estimate is optimistic."""
+    def count_dma(self, nbytes: int, buffer_bytes: int | None = None, dst=None, srcs=(), op: str = "dma_copy"):
+        """One DMA of `nbytes` in contiguous buffers of `buffer_bytes` (the whole transfer when None); the bytes
+        in buffers below AWS's 256 B / 2 KiB marks (`nki/deep-dives/nki-dma-bandwidth-guide.rst`, "Bandwidth vs.
+        Payload Size") counted apart. `dst` / `srcs`: its two sides (for the trace)."""
         nbytes = int(nbytes)
         size = nbytes if buffer_bytes is None else max(1, min(int(buffer_bytes), nbytes))
         c = self.counters
@@ -458,9 +454,11 @@ class Machine:
         c.dma_buffers += -(-nbytes // size) if nbytes else 0
         c.dma_bytes_under_256 += nbytes if size < 256 else 0
         c.dma_bytes_under_2k += nbytes if size < 2048 else 0
+        if self.trace is not None:
+            self.trace.append(_trace.dma(op, nbytes, size, dst, srcs))
 
     def count_matmul(self, k: int, m: int, n: int, fp32: bool, useful: bool = True, rows: int = PMAX,
-                     cols: int = PMAX):
+                     cols: int = PMAX, op: str = "nc_matmul", stationary=None, reads=(), writes=()):
         """One nc_matmul. `rows` x `cols`: the PE tile it occupies: 128 x 128, or the row / column tile sizes
         in tiling mode, where matmuls on different tiles run in parallel (aws-neuron-sdk
         `nki/api/nki/isa/__init__.py`, `nc_matmul`, "Tiling mode": "allow multiple nc_matmul instructions
@@ -472,6 +470,8 @@ class Machine:
         c.pe_macs_issued += issued
         c.pe_macs_issued_fp32 += issued if fp32 else 0
         c.pe_macs_useful += k * m * n if useful else 0
+        if self.trace is not None:
+            self.trace.append(_trace.matmul(op, n, rows * cols / (PMAX * PMAX), fp32, m, stationary, reads, writes))
 
 
 _local = threading.local()

@@ -37,7 +37,7 @@ def max8(dst, src, name=None):
     p, _ = _data(src, "max8 src")
     _eights(dst, p, "max8 dst")
     m = _m.current()
-    m.count_engine("vector", src)
+    m.count_engine("vector", src, op="max8", reads=(src,), writes=(dst,))
     if m.compute:
         _write(dst, -np.sort(-_read(src).reshape(p, -1), axis=1)[:, :8])
 
@@ -65,7 +65,7 @@ def nc_find_index8(dst, data, vals, name=None):
     if dst.dtype not in (np.uint16, np.uint32):
         _m.fail(f"nc_find_index8 dst dtype {dst.dtype} (uint16 or uint32)", _m.NkiEmulatorError)
     m = _m.current()
-    m.count_engine("vector", data)
+    m.count_engine("vector", data, op="nc_find_index8", reads=(data, vals), writes=(dst,))
     if m.compute:
         idx = _match(_read(data).reshape(p, -1), _read(vals).reshape(p, 8), reverse=False)
         ones = np.iinfo(dst.dtype).max
@@ -79,7 +79,7 @@ def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
     if dst_idx is not None:
         _eights(dst_idx, p, "nc_match_replace8 dst_idx")
     m = _m.current()
-    m.count_engine("vector", data)
+    m.count_engine("vector", data, op="nc_match_replace8", reads=(data, vals), writes=(dst, dst_idx))
     if not m.compute:
         return
     flat = _read(data).reshape(p, -1).copy()

@@ -30,7 +30,7 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
             rule("partition.start", f"nc_stream_shuffle {what} starts at partition {t.pstart} with {active} active "
                  f"partitions (allowed {_STARTS[active]})")
     m = _m.current()
-    m.count_engine("vector", dst)
+    m.count_engine("vector", dst, op="nc_stream_shuffle", reads=(src,), writes=(dst,))
     if not m.compute:
         return
     s = src.data.reshape(ps, fs)

@@ -39,7 +39,7 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
     v0 = _expand(_operand(operand0, p, "tensor_scalar_reduce operand0", "tensor_scalar.operands"), data.ndim) \
         if operand0 is not None else 0.0
     m = _m.current()
-    m.count_engine("vector", data)
+    m.count_engine("vector", data, op="tensor_scalar_reduce", reads=(data, operand0), writes=(dst, reduce_res))
     if not m.compute:
         return
     out = _apply(op0, _read(data), v0, reverse0).astype(np.float32)

@@ -1,0 +1,190 @@
+"""The trn1 step estimate from the program: `python -m frontier_jax.kernel_report --config configs/baseline.py`.
+
+Every kernel call, its shapes, static parameters and calls per step come from the traced training step
+(`frontier_jax.kernel_calls`); each distinct call's kernel source runs in the emulator's count-only mode with
+its instruction trace on (`kernels_nki.emulator.trace`) and is priced twice: by the busiest-engine model
+(`kernels_nki.emulator.cost`: each engine's work at its documented rate, engines overlapped perfectly: the
+lower bound) and by the schedule (`kernels_nki.emulator.schedule`: the trace ordered per engine with its
+dependencies, DMA engines and queues, shared ports and documented fixed costs) under its low / central /
+high readings of what AWS leaves unpublished. The work outside kernels comes from the same jaxpr
+(`kernel_calls.glue`): HBM bytes at the DMA rate (fused element-wise runs; the high end: nothing fused) plus
+matmul MACs at the TensorE peak. Kernels run one after another; the step is their sum plus the glue, per
+core. MFU beside AWS's best published trn1 training MFU (AWS_BEST_MFU).
+
+qk_attention's calls run B independent sequences: traced at B = 1 and 2 and extrapolated, m(B) = m(1) +
+(B - 1) (m(2) - m(1)), counters and makespans alike (exact for the counters, whose per-call set-up and
+per-sequence work this separates; tests/test_kernel_report.py bounds the schedule's error against a full trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from frontier_jax import kernel_calls as kc
+from frontier_jax.config import Config, load_config
+from frontier_jax.errors import exit_on_error
+from kernels_nki import emulator, registry
+from kernels_nki.emulator import cost, schedule, trace
+from kernels_nki.emulator.machine import Counters
+
+FRONTIER14 = Path(__file__).resolve().parents[1] / "configs" / "frontier14.py"
+READINGS = tuple(schedule.ASSUMPTIONS)
+BATCHED = {"qk_attention"}  # ops whose 4-D operands lead with independent sequences
+# aws-neuron-sdk about-neuron/benchmarks/trn1/trn1_trn1n_nlp_data.csv, column MFU[%]: GPT3-175B pre-training,
+# 32 trn1 nodes, Neuron 2.13.0, the best trn1 training MFU AWS publishes
+AWS_BEST_MFU = 0.3314
+
+
+def kernel_of(call: kc.KernelCall):
+    return getattr(registry.load_emulated(call.op), getattr(registry.KERNELS[call.op], call.which))
+
+
+def _extrapolated(c1: Counters, c2: Counters, b: int) -> Counters:
+    """Counters of b sequences from those of 1 and 2: per-call set-up plus per-sequence work."""
+    peak = ("sbuf_peak_bytes", "psum_peak_banks")
+    one, two = c1.as_dict(), c2.as_dict()
+    return Counters(**{f: max(one[f], two[f]) if f in peak else one[f] + (b - 1) * (two[f] - one[f]) for f in one})
+
+
+def _batch(call: kc.KernelCall) -> int:
+    return call.inputs[0][0][0] if call.op in BATCHED else 1
+
+
+def with_batch(call: kc.KernelCall, b: int) -> tuple:
+    return tuple(None if s is None else ((b,) + s[0][1:], s[1]) if len(s[0]) == 4 else s for s in call.inputs)
+
+
+def measure(call: kc.KernelCall, target: str = "trn1") -> dict:
+    """One call: counters, the busiest-engine time and the schedule's makespan under each reading."""
+    kernel, consts, B = kernel_of(call), dict(call.constants), _batch(call)
+    if B > 2:
+        one = trace.record(kernel, *with_batch(call, 1), target=target, **consts)
+        two = trace.record(kernel, *with_batch(call, 2), target=target, **consts)
+        m1, m2 = schedule.estimate(one), schedule.estimate(two)
+        sched = {a: m1[a] + (B - 1) * (m2[a] - m1[a]) for a in READINGS}
+        shares = m2["shares"]
+        counters = _extrapolated(one.counters, two.counters, B)
+    else:
+        tr = trace.record(kernel, *call.inputs, target=target, **consts)
+        m = schedule.estimate(tr)
+        sched, shares = {a: m[a] for a in READINGS}, m["shares"]
+        counters = tr.counters
+    est = emulator.estimate(counters, target)
+    c = counters
+    return {"op": call.op, "which": call.which, "shape": call.label, "calls_per_step": call.calls_per_step,
+            "constants": dict(call.constants), "batch_extrapolated": B > 2,
+            "pe_useful_over_issued": emulator.pe_utilisation(c), "dma_bytes": c.dma_bytes,
+            "dma_bytes_per_buffer": c.dma_bytes / c.dma_buffers if c.dma_buffers else None,
+            "dma_share_under_2k": c.dma_bytes_under_2k / c.dma_bytes if c.dma_bytes else 0.0,
+            "busiest_s": est.total_s, "bound": est.bound, "schedule_s": sched, "shares": shares,
+            "busiest_lane": max(shares, key=shares.get), "counters": c.as_dict()}
+
+
+def glue_times(g: kc.Glue, target: str = "trn1") -> dict:
+    t = cost.target(target)
+    dots = g.dot_macs / t.tensor_macs_per_s
+    fused = g.fused_bytes / t.dma_bytes_per_s + dots
+    return {"busiest": fused, "low": fused, "central": fused, "high": g.unfused_bytes / t.dma_bytes_per_s + dots}
+
+
+def build_report(cfg: Config, target: str = "trn1") -> dict:
+    closed = kc.program(cfg)
+    rows = [measure(call, target) for call in kc.kernel_calls(cfg, closed)]
+    g = kc.glue(cfg, closed)
+    glue = glue_times(g, target)
+    kern = {"busiest": sum(r["busiest_s"] * r["calls_per_step"] for r in rows)}
+    kern.update({a: sum(r["schedule_s"][a] * r["calls_per_step"] for r in rows) for a in READINGS})
+    step = {k: kern[k] + glue[k] for k in kern}
+    flops = cfg.model.flops_per_token(cfg.train.seq_len) * cfg.train.tokens_per_step / kc.CORES
+    peak = 2 * cost.target(target).tensor_macs_per_s
+    mfu = {k: flops / (v * peak) for k, v in step.items()}
+    return {"config": cfg.name, "target": target, "cores": kc.CORES, "num_layers": cfg.model.num_layers,
+            "kernels": rows, "glue": dataclasses.asdict(g), "glue_s": glue, "kernel_s": kern, "step_s": step,
+            "flops_per_step_per_core": flops, "mfu": mfu, "aws_best_mfu": AWS_BEST_MFU,
+            "tokens_per_30min": {k: 1800.0 / v * cfg.train.tokens_per_step for k, v in step.items()}}
+
+
+def _r(x) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def format_report(rep: dict) -> str:
+    us = lambda s: f"{s * 1e6:>9.1f}"
+    lines = [f"trn1 step estimate from the traced program: config {rep['config']}, target {rep['target']}, per "
+             f"core ({rep['cores']} cores, data parallel)", "",
+             f"{'op':<19} {'pass':<4} {'operands':<34} {'calls':>5} {'PE u/i':>6} {'DMA MB':>8} {'B/buf':>6} "
+             f"{'<2K%':>5} {'busiest':>9} {'sch low':>9} {'central':>9} {'high':>9} {'bound':<6} {'busiest lane':<14}"]
+    for r in rep["kernels"]:
+        s = r["schedule_s"]
+        lines.append(f"{r['op']:<19} {r['which']:<4} {r['shape'][:34]:<34} {r['calls_per_step']:>5} "
+                     f"{_r(r['pe_useful_over_issued']):>6} {r['dma_bytes'] / 1e6:>8.2f} "
+                     f"{r['dma_bytes_per_buffer'] or 0:>6.0f} {100 * r['dma_share_under_2k']:>5.1f} "
+                     f"{us(r['busiest_s'])} {us(s['low'])} {us(s['central'])} {us(s['high'])} {r['bound']:<6} "
+                     f"{r['busiest_lane']} {r['shares'][r['busiest_lane']]:.0%}")
+    g, gs = rep["glue"], rep["glue_s"]
+    per_op: dict = {}
+    for r in rep["kernels"]:
+        acc = per_op.setdefault(r["op"], [0.0, 0.0, 0.0, 0.0])
+        for i, v in enumerate((r["busiest_s"], r["schedule_s"]["low"], r["schedule_s"]["central"],
+                               r["schedule_s"]["high"])):
+            acc[i] += v * r["calls_per_step"]
+    lines += ["", "(us per call; busiest: the busiest-engine lower bound, bound: its engine; sch: the schedule, low / "
+              "central / high; busiest lane: the central schedule's most active engine and its share; qk_attention "
+              "extrapolated from 1 and 2 sequences)", "ms per step by op (busiest-engine / schedule low, central, high):"]
+    lines += [f"  {op:<19} {v[0] * 1e3:>7.1f} / {v[1] * 1e3:>7.1f} {v[2] * 1e3:>8.1f} {v[3] * 1e3:>8.1f}"
+              for op, v in sorted(per_op.items(), key=lambda kv: -kv[1][2])]
+    lines += [
+              f"outside kernels ({g['equations']:,} equation runs per step): {g['fused_bytes'] / 1e9:.2f} GB through "
+              f"HBM fused ({g['unfused_bytes'] / 1e9:.2f} GB unfused), {2 * g['dot_macs'] / 1e12:.3f} TFLOP of "
+              f"matmuls: {gs['central'] * 1e3:.1f} ms ({gs['high'] * 1e3:.1f} ms unfused)"]
+    k, st, mfu = rep["kernel_s"], rep["step_s"], rep["mfu"]
+    lines += [f"kernels per step: busiest-engine {k['busiest'] * 1e3:.1f} ms; schedule {k['central'] * 1e3:.1f} ms "
+              f"(range {k['low'] * 1e3:.1f} - {k['high'] * 1e3:.1f})",
+              f"step per core: schedule {st['central'] * 1e3:.1f} ms (range {st['low'] * 1e3:.1f} - "
+              f"{st['high'] * 1e3:.1f}); busiest-engine lower bound {st['busiest'] * 1e3:.1f} ms",
+              f"MFU: schedule {mfu['central']:.1%} (range {mfu['high']:.1%} - {mfu['low']:.1%}); busiest-engine "
+              f"{mfu['busiest']:.1%}; AWS's best published trn1 training MFU {rep['aws_best_mfu']:.1%} "
+              f"({rep['flops_per_step_per_core'] / 1e12:.1f} TFLOP per core per step)"]
+    return "\n".join(lines)
+
+
+def format_comparison(reps: list[dict]) -> str:
+    lines = ["side by side (per core; MFU against AWS's best published trn1 training MFU, "
+             f"{AWS_BEST_MFU:.1%}):", f"{'config':<12} {'layers':>6} {'schedule ms':>12} {'range ms':>17} "
+             f"{'busiest ms':>10} {'MFU':>6} {'MFU range':>13} {'busiest MFU':>11} {'tokens/30min':>13}"]
+    for r in reps:
+        st, m = r["step_s"], r["mfu"]
+        lines.append(f"{r['config']:<12} {r['num_layers']:>6} {st['central'] * 1e3:>12.1f} "
+                     f"{st['low'] * 1e3:>8.1f}-{st['high'] * 1e3:<8.1f} {st['busiest'] * 1e3:>10.1f} "
+                     f"{m['central']:>6.1%} {m['high']:>6.1%}-{m['low']:<6.1%} {m['busiest']:>11.1%} "
+                     f"{r['tokens_per_30min']['central'] / 1e9:>11.2f} B")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m frontier_jax.kernel_report", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, help="a configs/*.py file")
+    ap.add_argument("--target", default="trn1", choices=sorted(cost.TARGETS))
+    ap.add_argument("--compare", action="append", default=None,
+                    help="another configs/*.py side by side (repeatable; default configs/frontier14.py)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the tables")
+    args = ap.parse_args(argv)
+    with exit_on_error():  # a bad config: one line, exit 2, before anything is traced
+        cfg = load_config(args.config)
+        others = [load_config(p) for p in (args.compare if args.compare is not None else
+                                            ([str(FRONTIER14)] if FRONTIER14.exists() else []))]
+    rep = build_report(cfg, args.target)
+    side = [rep] + [build_report(o, args.target) for o in others if o.name != cfg.name]
+    if args.json:
+        print(json.dumps({"report": rep, "comparison": side[1:]}, indent=1, default=str))
+    else:
+        print(format_report(rep) + "\n\n" + format_comparison(side))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
