@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from frontier_jax import rundir
+from frontier_jax import npz
 
 # The JAX reference passes float32 eps explicitly; PyTorch's default for fp32/bf16 inputs is the same.
 RMS_EPS = torch.finfo(torch.float32).eps
@@ -175,8 +175,8 @@ def state_dict_numpy(model: nn.Module) -> dict[str, np.ndarray]:
 
 
 def save_npz(model: nn.Module, path, meta: dict | None = None) -> Path:
-    """Write the interop .npz (frontier_jax.rundir.save_npz: float32 arrays + __dtypes__/__meta__)."""
-    rundir.save_npz(path, state_dict_numpy(model), meta)
+    """Write the interop .npz (frontier_jax.npz.save_npz: float32 arrays + __dtypes__/__meta__)."""
+    npz.save_npz(path, state_dict_numpy(model), meta)
     return Path(path)
 
 
@@ -187,15 +187,15 @@ def load_state_numpy(model: nn.Module, arrays: dict[str, np.ndarray], where: str
     given = {k: v for k, v in arrays.items() if not k.startswith("__")}
     missing, extra = sorted(set(own) - set(given)), sorted(set(given) - set(own))
     if missing or extra:
-        raise rundir.WeightsError(f"{where}: weights do not match the model (missing {missing[:3]}, unexpected {extra[:3]})")
+        raise npz.WeightsError(f"{where}: weights do not match the model (missing {missing[:3]}, unexpected {extra[:3]})")
     with torch.no_grad():
         for k, t in own.items():
             a = np.asarray(given[k])
             if tuple(a.shape) != tuple(t.shape):
-                raise rundir.WeightsError(f"{where}: {k} has shape {tuple(a.shape)}, the model expects {tuple(t.shape)}")
+                raise npz.WeightsError(f"{where}: {k} has shape {tuple(a.shape)}, the model expects {tuple(t.shape)}")
             t.copy_(torch.from_numpy(np.ascontiguousarray(a.astype(np.float32))).to(t.dtype))
 
 
 def load_npz(model: nn.Module, path) -> None:
-    sd, _ = rundir.load_npz(path)
+    sd, _ = npz.load_npz(path)
     load_state_numpy(model, sd, str(path))

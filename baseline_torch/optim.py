@@ -1,7 +1,7 @@
 """Muon + Adam exactly as the baseline (README "The model and optimizer"), groups and schedules shared
 with the JAX side.
 
-Groups (`frontier_jax.run_policy.param_label`, the same rule as the JAX optimizer's labels): Muon for
+Groups (`frontier_jax.policies.param_label`, the same rule as the JAX optimizer's labels): Muon for
 every 2-D matrix inside the blocks except control tensors; Adam (torch.optim.Adam, betas (beta1,
 beta2), eps adam_eps, no weight decay) for the tied embedding at embed_lr and for vectors/scalars/
 control tensors (+ skip_weights) at scalar_lr. The learning-rate multiplier and Muon's momentum come
@@ -24,7 +24,7 @@ import dataclasses
 import torch
 
 from frontier_jax.config import OptimConfig
-from frontier_jax.run_policy import ns_dtype_name, param_label
+from frontier_jax.policies import ns_dtype_name, param_label
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7

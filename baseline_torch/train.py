@@ -24,7 +24,7 @@ import torch
 from baseline_torch import quantize, xla
 from baseline_torch.model import GPT, count_params, load_npz, save_npz
 from baseline_torch.optim import Optimizers
-from frontier_jax import progress, rundir
+from frontier_jax import policies, progress, rundir
 from frontier_jax import run_policy as policy
 from frontier_jax.config import Config, config_hash, model_hash, to_dict
 from frontier_jax.data.stream import TrainLoader
@@ -64,8 +64,8 @@ def device_platform(device: torch.device) -> str:
 
 
 def compute_dtype_for(cfg: Config, device: torch.device) -> torch.dtype:
-    """The dtype policy (frontier_jax.run_policy.compute_dtype_name) applied to this device."""
-    return _TORCH_DTYPES[policy.compute_dtype_name(cfg.model, device_platform(device))]
+    """The dtype policy (frontier_jax.policies.compute_dtype_name) applied to this device."""
+    return _TORCH_DTYPES[policies.compute_dtype_name(cfg.model, device_platform(device))]
 
 
 def environment(device: torch.device) -> dict:

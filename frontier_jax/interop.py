@@ -29,13 +29,13 @@ from frontier_jax import rundir
 from frontier_jax.config import Config, apply_overrides, load_config, model_hash, to_dict
 from frontier_jax.data.shards import DataError
 from frontier_jax.errors import exit_on_error
-from frontier_jax.rundir import load_npz, save_npz
+from frontier_jax.npz import WeightsError, load_npz, save_npz
 
 LINEAR_NAMES = ("c_q", "c_k", "c_v", "proj", "fc")  # stored [in, out] here, [out, in] in PyTorch
 META_PREFIX = "__"
 
 
-InteropError = rundir.WeightsError  # an npz that does not fit the model or cannot be read
+InteropError = WeightsError  # an npz that does not fit the model or cannot be read
 
 
 def torch_name(names: list[str]) -> tuple[str, bool]:
@@ -63,6 +63,10 @@ def params_to_state_dict(params) -> dict[str, np.ndarray]:
 
 def expected_shapes(abstract_params) -> dict[str, tuple]:
     """{state_dict key: PyTorch-layout shape} of a model's parameters (what an npz must hold)."""
+    import jax
+
+    from frontier_jax.optim import path_names
+
     out = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
         key, transposed = torch_name(path_names(path))
@@ -109,7 +113,7 @@ def state_dict_to_params(sd: dict[str, np.ndarray], abstract_params, source: str
 # ----------------------------------------------------------------------------- run directories
 
 
-def read_run_config(run_dir) -> tuple[Config, jnp.dtype]:
+def read_run_config(run_dir) -> tuple:
     """(resolved config, compute dtype the run trained in) of a run directory."""
     import jax.numpy as jnp
 

@@ -20,11 +20,11 @@ from flax import nnx
 from frontier_jax import ops
 from frontier_jax import reference as ref
 from frontier_jax.config import Config, ModelConfig
-from frontier_jax.run_policy import compute_dtype_name
+from frontier_jax.policies import compute_dtype_name
 
 
 def resolve_compute_dtype(cfg: ModelConfig, platform: str | None = None) -> jnp.dtype:
-    """The explicit dtype policy (run_policy.compute_dtype_name): bf16 matmuls on accelerators (as the
+    """The explicit dtype policy (policies.compute_dtype_name): bf16 matmuls on accelerators (as the
     baseline), fp32 on CPU; the platform defaults to JAX's backend."""
     return jnp.dtype(compute_dtype_name(cfg, platform or jax.default_backend()))
 

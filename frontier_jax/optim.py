@@ -29,8 +29,8 @@ import optax
 
 from frontier_jax import ops
 from frontier_jax.config import OptimConfig
-from frontier_jax.run_policy import ns_dtype_name
-from frontier_jax.run_policy import param_label as label_for
+from frontier_jax.policies import ns_dtype_name
+from frontier_jax.policies import param_label as label_for
 from frontier_jax.reference import muon_direction
 
 

@@ -47,8 +47,10 @@ from typing import Any
 import numpy as np
 
 from frontier_jax import quantize, rundir
-from frontier_jax.config import Config, ConfigError, ModelConfig, OptimConfig
+from frontier_jax.config import Config, ConfigError, OptimConfig
 from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, BadInput, describe_os_error
+
+# The dtype policies and the optimizer groups both trainers use are in frontier_jax.policies.
 
 # ----------------------------------------------------------------------------- stop reasons, exit codes
 
@@ -136,40 +138,6 @@ def lr_scale(cfg: OptimConfig, step: int, elapsed_s: float, budget_s: float, max
     warmdown_s = w * step_s
     remaining_s = max(budget_s - elapsed_s, 0.0)
     return remaining_s / max(warmdown_s, 1e-9) if remaining_s <= warmdown_s else 1.0
-
-
-# ----------------------------------------------------------------------------- dtype policies, optimizer groups
-
-
-def compute_dtype_name(cfg: ModelConfig, platform: str) -> str:
-    """model.compute_dtype with "auto" resolved: bfloat16 matmuls on accelerators (the baseline), float32 on CPU."""
-    if cfg.compute_dtype != "auto":
-        return cfg.compute_dtype
-    return "float32" if platform == "cpu" else "bfloat16"
-
-
-def ns_dtype_name(cfg: OptimConfig, platform: str) -> str:
-    """optim.muon_ns_dtype with "auto" resolved: bfloat16 on accelerators (the baseline), float32 on CPU."""
-    if cfg.muon_ns_dtype != "auto":
-        return cfg.muon_ns_dtype
-    return "float32" if platform == "cpu" else "bfloat16"
-
-
-# Block parameters that are vectors/scalars (Adam), even when 2-D (resid_mix): the baseline's
-# CONTROL_TENSOR_NAME_PATTERNS.
-CONTROL_PARAM_NAMES = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weights", "ngram_bias")
-
-
-def param_label(names: list[str], ndim: int) -> str:
-    """The optimizer group of a parameter from its path names: "muon" (2-D matrices inside blocks),
-    "embed" (tok_emb), "ngram" (the n-gram bias table) or "scalar" (everything else, Adam)."""
-    if names and names[0] == "tok_emb":
-        return "embed"
-    if names and names[0] == "ngram_bias":
-        return "ngram"
-    if names and names[0] == "blocks" and ndim == 2 and not any(n in CONTROL_PARAM_NAMES for n in names):
-        return "muon"
-    return "scalar"
 
 
 # ----------------------------------------------------------------------------- step geometry, FLOPs, bpb

@@ -35,7 +35,7 @@ matmul inputs in the same precision class (bf16/bf16 or fp32/fp32; isa docs nc_m
 PSUM is evacuated by VectorE `tensor_copy`, named explicitly: GpSimd cannot read PSUM (arch guide
 "Data Movement") and ScalarE `tensor_copy` is unsupported on v2 (isa docs tensor_copy).
 
-Cost at the baseline shapes (N = 65536 tokens, V = 1024, D = 512, bf16; `python -m kernels_nki.report
+Cost at the baseline shapes (N = 65536 tokens, V = 1024, D = 512, bf16; `python -m frontier_jax.kernel_report
 --config configs/baseline.py`, cost model of kernels_nki/emulator/cost.py): forward TensorE 34.36 G
 MACs issued, useful/issued 1.00, 747 us, TensorE-bound (DMA 101.7 MB = rows out 67.1 + ids on 128
 partitions 33.6 + emb 1.0: 374 us; VectorE 44 us). Backward TensorE 34.36 G MACs, useful/issued

@@ -38,7 +38,7 @@ VectorE 32 x 32 transposes (16 instructions at the 64-cycle minimum each), the r
 VectorE (forward) / ScalarE (backward) PSUM copy. TensorE transposes are issued work with no useful
 MACs (x^T is 128/V of the forward's matmul columns, x^T and dz^T 3 x 128/V of the backward's), so
 moving part of x^T to VectorE, which has the room once the target pick is a gather, lifts TensorE
-useful/issued to the issue-15 target: `python -m kernels_nki.report --config configs/baseline.py`
+useful/issued to the issue-15 target: `python -m frontier_jax.kernel_report --config configs/baseline.py`
 (N = 65536, D = 512, V = 1024, S = 0, trn1): forward 821 us, TensorE-bound, u/i 0.913 (VectorE 731,
 ScalarE 799, GpSimd 374 us); backward 2494 us, TensorE-bound, u/i 0.901 (VectorE 2461, ScalarE 2183,
 GpSimd 375 us). Was 2165 / 3343 us VectorE-bound at u/i 0.887 / 0.888. frontier14 (S = 15 n-gram

@@ -50,7 +50,7 @@ the floor of this design (dy, r and dh' are each needed in both layouts: a contr
 the tokens for the weight gradients, over F for dx), hence useful/issued 0.927 < 0.93. On chip at the
 baseline shapes: SBUF peak 153 KiB per partition (of 192 KiB), 4 PSUM banks.
 
-Engines at the baseline shapes (N = 65536, D = 512, F = 1024, bf16, `python -m kernels_nki.report`,
+Engines at the baseline shapes (N = 65536, D = 512, F = 1024, bf16, `python -m frontier_jax.kernel_report`,
 AWS's documented trn1 rates): forward 1544.8 us per call, TensorE-bound (VectorE 1404.5, ScalarE 983.0,
 DMA 995.6 (270.8 MB, rT's 134 MB included)), TensorE useful/issued 0.970: unchanged by the store but for its
 DMA (was 502.1 us, 136.6 MB); backward 3231.5 us TensorE-bound (VectorE 2903.9, ScalarE 1904.6, DMA 1253.9

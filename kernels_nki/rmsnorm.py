@@ -18,7 +18,7 @@ Per tile:
   [P, 1] operand): dx = inv * (dy - x * mean(dy*x) * inv^2).
 Per element: forward ScalarE 1 pass (+ the 64-cycle reduce charge per row), VectorE 1; backward GpSimd
 1, ScalarE 2 (+ 64 per row), VectorE one two-input pass (~2N cycles). At the model's shapes every call
-is DMA-bound on trn1 (`python -m kernels_nki.report`: [65536, 512] 494 / 741 us, q-norm [524288, 64]
+is DMA-bound on trn1 (`python -m frontier_jax.kernel_report`: [65536, 512] 494 / 741 us, q-norm [524288, 64]
 501 / 748 us). NOT in the cost model: VectorE and GpSimd share one SBUF port (trn1 arch guide
 nki/guides/architecture/trainium_inferentia2_arch.rst, "Data Movement / Performance Consideration"),
 so the backward's GpSimd product and VectorE pass serialise: 490 + 187 us at [65536, 512], still under

@@ -33,7 +33,7 @@ the sum over b, k of r x (= dy . rope(x), the rotation being orthogonal): the pr
 (`activation_reduce`, per head), one partial per (t, h, chunk), summed over the chunks on VectorE
 and returned as fp32 partials [T, H] that frontier_jax.ops sums over T.
 
-Engine time per element at the model's shapes (`python -m kernels_nki.report`, cost model of
+Engine time per element at the model's shapes (`python -m frontier_jax.kernel_report`, cost model of
 kernels_nki/emulator/cost.py): rope and rope_gain forward ScalarE 1 (rope_gain 2) pass, VectorE one
 two-input pass; rope_gain backward ScalarE 3, VectorE 1 two-input, GpSimd 1; every RoPE kernel is
 DMA-bound (trn1: rope k 247 us, rope_gain q 494 us forward, 741 us backward; were 702, 1412

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO
-from frontier_jax import quantize
+from frontier_jax import policies, quantize
 from frontier_jax import run_policy as rp
 from frontier_jax.config import Config, ConfigError, ModelConfig, OptimConfig, TrainConfig
 from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, BadInput
@@ -52,13 +52,13 @@ def test_the_jax_modules_use_these_rules_written_once():
     """optim and model take the schedules, groups and dtype names from here (one
     implementation); the JAX dtype resolvers give the same names as the policy on every platform."""
     from frontier_jax import model, optim  # the JAX side (this module itself loads no JAX)
-    assert optim.label_for is rp.param_label
+    assert optim.label_for is policies.param_label
     for setting in ("auto", "float32", "bfloat16"):
         for platform in ("cpu", "gpu", "neuron"):
-            assert rp.compute_dtype_name(ModelConfig(compute_dtype=setting), platform) == \
+            assert policies.compute_dtype_name(ModelConfig(compute_dtype=setting), platform) == \
                 str(model.resolve_compute_dtype(ModelConfig(compute_dtype=setting), platform))
             oc = OptimConfig(muon_ns_dtype=setting)
-            assert rp.ns_dtype_name(oc, platform) == optim.resolve_ns_dtype(oc, platform)
+            assert policies.ns_dtype_name(oc, platform) == optim.resolve_ns_dtype(oc, platform)
 
 
 def test_schedule_values():
@@ -77,7 +77,7 @@ def test_groups_geometry_and_flops():
                                (["blocks", "0", "attn", "c_q"], 2, "muon"), (["blocks", "0", "resid_mix"], 2, "scalar"),
                                (["blocks", "0", "attn", "q_gain"], 1, "scalar"), (["skip_weights"], 2, "scalar"),
                                (["blocks", "1", "mlp", "fc"], 1, "scalar")):
-        assert rp.param_label(names, ndim) == label
+        assert policies.param_label(names, ndim) == label
     assert [rp.split_batch(*a) for a in ((64, 64, 1), (512, 64, 1), (512, 64, 2), (512, 64, 32), (8, 4, 4))] == \
         [(64, 1), (64, 8), (128, 4), (512, 1), (8, 1)]
     for args in ((8, 4, 3), (12, 8, 1)):

@@ -10,7 +10,7 @@ import signal
 import numpy as np
 import pytest
 
-from frontier_jax import rundir
+from frontier_jax import npz, rundir
 from frontier_jax.config import Config, ModelConfig, to_dict
 from frontier_jax.data.shards import DataError
 from frontier_jax.errors import BadInput
@@ -106,16 +106,16 @@ def test_weights_npz_round_trip_keeps_dtypes_and_meta(tmp_path):
 
     sd = {"tok_emb.weight": np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16),
           "skip_weights": np.ones((1, 3), np.float32)}
-    rundir.save_npz(tmp_path / rundir.WEIGHTS, sd, {"step": 3})
-    back, meta = rundir.load_npz(tmp_path / rundir.WEIGHTS)
+    npz.save_npz(tmp_path / rundir.WEIGHTS, sd, {"step": 3})
+    back, meta = npz.load_npz(tmp_path / rundir.WEIGHTS)
     assert meta == {"step": 3} and set(back) == set(sd)
     for k in sd:
         assert back[k].dtype == sd[k].dtype and np.array_equal(back[k].astype(np.float32), sd[k].astype(np.float32))
-    with pytest.raises(rundir.WeightsError, match="no such npz"):
-        rundir.load_npz(tmp_path / "missing.npz")
+    with pytest.raises(npz.WeightsError, match="no such npz"):
+        npz.load_npz(tmp_path / "missing.npz")
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
-    with pytest.raises(rundir.WeightsError, match="not a readable npz"):
-        rundir.load_npz(tmp_path / "bad.npz")
+    with pytest.raises(npz.WeightsError, match="not a readable npz"):
+        npz.load_npz(tmp_path / "bad.npz")
 
 
 def test_environment_lists_versions_and_git():
@@ -141,19 +141,19 @@ def test_npz_headers_are_checked_before_any_array_is_read(tmp_path, monkeypatch)
     (interop import) the expected keys and shapes, all from the headers; one line each."""
     forged = tmp_path / "forged.npz"
     _forged_npz(forged, (1 << 40,), b"\0" * 16)  # 4 TiB declared, 16 bytes held
-    with pytest.raises(rundir.WeightsError, match=r"member 'w' declares shape \[1099511627776\]"):
-        rundir.load_npz(forged)
+    with pytest.raises(npz.WeightsError, match=r"member 'w' declares shape \[1099511627776\]"):
+        npz.load_npz(forged)
     big = tmp_path / "big.npz"
     np.savez(big, w=np.zeros(1 << 18, np.float32))  # 1 MiB: "too big" for a host of 1 MiB
     monkeypatch.setattr(rundir, "host_memory_bytes", lambda: 1 << 20)
-    with pytest.raises(rundir.WeightsError, match="over half of this host's 1048576 bytes"):
-        rundir.load_npz(big)
+    with pytest.raises(npz.WeightsError, match="over half of this host's 1048576 bytes"):
+        npz.load_npz(big)
     monkeypatch.undo()
     monkeypatch.setattr(np, "load", lambda *a, **k: pytest.fail("an array was read before the keys were checked"))
-    with pytest.raises(rundir.WeightsError, match=r"key 'w' has shape \[262144\], the model expects \[4\]"):
-        rundir.load_npz(big, expect={"w": (4,)})
-    with pytest.raises(rundir.WeightsError, match="missing key 'v'"):
-        rundir.load_npz(big, expect={"w": (1 << 18,), "v": (2,)})
+    with pytest.raises(npz.WeightsError, match=r"key 'w' has shape \[262144\], the model expects \[4\]"):
+        npz.load_npz(big, expect={"w": (4,)})
+    with pytest.raises(npz.WeightsError, match="missing key 'v'"):
+        npz.load_npz(big, expect={"w": (1 << 18,), "v": (2,)})
 
 
 def test_a_directory_made_by_interop_import_holds_a_run(tmp_path):
