@@ -139,10 +139,8 @@ class TrainConfig:
     val_max_tokens: int = 0  # periodic validation on at most this many tokens (0: full val)
     val_batch_seqs: int = 64  # windows per validation batch (global; > 0)
     checkpoint_every_steps: int = 0  # 0: only final and on signals
-    # progress: a train.log line every this many steps or seconds, whichever first (frontier_jax.progress;
-    # metrics.jsonl has every step)
-    log_every_steps: int = 200
-    log_every_seconds: float = 30.0
+    log_every_steps: int = 200  # progress: a train.log line every this many steps (metrics.jsonl has every step)
+    log_every_seconds: float = 30.0  # ... or every this many seconds, whichever comes first (frontier_jax.progress)
     seed: int = 1337  # parameter init seed
     kernels: str = "auto"  # auto | reference | strict (see frontier_jax.ops)
     # C allocator of the host process (frontier_jax.host): "reuse" keeps XLA's per-step temporary buffer

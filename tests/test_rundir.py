@@ -145,7 +145,7 @@ def test_npz_headers_are_checked_before_any_array_is_read(tmp_path, monkeypatch)
         npz.load_npz(forged)
     big = tmp_path / "big.npz"
     np.savez(big, w=np.zeros(1 << 18, np.float32))  # 1 MiB: "too big" for a host of 1 MiB
-    monkeypatch.setattr(rundir, "host_memory_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(npz, "host_memory_bytes", lambda: 1 << 20)
     with pytest.raises(npz.WeightsError, match="over half of this host's 1048576 bytes"):
         npz.load_npz(big)
     monkeypatch.undo()

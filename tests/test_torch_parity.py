@@ -23,8 +23,7 @@ from baseline_torch.model import GPT as TorchGPT  # noqa: E402
 from baseline_torch.model import load_state_numpy, state_dict_numpy  # noqa: E402
 from baseline_torch.optim import Optimizers  # noqa: E402
 from conftest import TINY_OVERRIDES  # noqa: E402
-from frontier_jax import interop  # noqa: E402
-from frontier_jax import rundir  # noqa: E402
+from frontier_jax import interop, npz  # noqa: E402
 from frontier_jax import optim as jax_optim  # noqa: E402
 from frontier_jax import run_policy as policy  # noqa: E402
 from frontier_jax.config import ModelConfig, OptimConfig  # noqa: E402
@@ -178,13 +177,13 @@ def test_twenty_steps_losses_agree(jax_step):
 def test_npz_round_trip_between_implementations(tmp_path):
     graphdef, params = _jax_model()
     sd = _randomised_state_dict(params)
-    rundir.save_npz(tmp_path / "w.npz", sd)
+    npz.save_npz(tmp_path / "w.npz", sd)
     from baseline_torch.model import load_npz, save_npz
 
     tmodel = TorchGPT(MC, torch.float32)
     load_npz(tmodel, tmp_path / "w.npz")
     save_npz(tmodel, tmp_path / "back.npz")
-    back, _ = rundir.load_npz(tmp_path / "back.npz")
+    back, _ = npz.load_npz(tmp_path / "back.npz")
     assert set(back) == set(sd)
     assert all(np.array_equal(back[k], sd[k]) for k in sd)
     bad = dict(sd)
