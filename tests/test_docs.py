@@ -10,6 +10,7 @@ DOCS = REPO / "docs"
 README = REPO / "README.md"
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 PROGRESS = re.compile(r"issue [0-9]|\bnow\b|\bthen\b|\(was |before these|at [0-9a-f]{7}", re.IGNORECASE)
+QUOTE = re.compile(r"\('[^']*'\)")  # a quotation of AWS's documents, as the emulator's rule table writes them
 
 
 def _pages() -> list[Path]:
@@ -40,7 +41,7 @@ def test_readme_is_a_short_front_page():
 def test_no_progress_wording():
     hits = [f"{page.relative_to(REPO)}:{i}: {line.strip()}"
             for page in [README, *_pages()]
-            for i, line in enumerate(page.read_text().splitlines(), 1) if PROGRESS.search(line)]
+            for i, line in enumerate(page.read_text().splitlines(), 1) if PROGRESS.search(QUOTE.sub('', line))]
     assert not hits, "state current facts, not history:\n" + "\n".join(hits)
 
 
@@ -50,3 +51,4 @@ def test_the_pattern_catches_progress_wording():
                  "700 s before these changes", "measured at 746519c"]:
         assert PROGRESS.search(line), line
     assert not PROGRESS.search("the forward at 34.4 us per sequence, thence knowable")
+    assert not PROGRESS.search(QUOTE.sub("", "NKI 0.4.0 ('the namespace now raises a compilation error')"))
