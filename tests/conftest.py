@@ -61,7 +61,7 @@ TINY_OVERRIDES = [
     "train.measure_peak=False",  # no start-up matmul probe (seconds per run); tests of MFU turn it back on
 ]
 
-# Kernel-vs-reference tolerances, max mode: |a - b| <= tol + tol * max|b| (README, "Tests").
+# Kernel-vs-reference tolerances, max mode: |a - b| <= tol + tol * max|b| (docs/testing.md).
 KERNEL_TOL = {"float32": 1e-5, "bfloat16": 2e-2}
 
 
@@ -73,9 +73,9 @@ def _neuron_skip_reason(device: bool) -> str | None:
     try:
         nki = importlib.import_module("nki")
     except ImportError as e:
-        return f"needs the Neuron SDK's nki package (README, Kernels: on a Neuron DLAMI): {e}"
+        return f"needs the Neuron SDK's nki package (docs/trn1.md, kernel tests on a Neuron DLAMI): {e}"
     if not hasattr(nki, "simulate"):
-        return f"nki {getattr(nki, '__version__', '?')} has no nki.simulate (README, Kernels)"
+        return f"nki {getattr(nki, '__version__', '?')} has no nki.simulate (docs/trn1.md)"
     if device and jax.default_backend() != "neuron":
         return f"needs a Neuron device (JAX backend is {jax.default_backend()})"
     return None

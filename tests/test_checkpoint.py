@@ -172,7 +172,7 @@ def test_a_save_below_a_newer_step_is_an_error_not_a_silent_skip(tmp_path):
 
 
 def test_a_corrupt_checkpoint_restore_skipped_is_set_aside_and_later_saves_reach_disk(tmp_path):
-    """Round 3, cause 1: the README's fallback (restore skips a corrupt newest checkpoint) left it on disk,
+    """Round 3, cause 1: docs/training.md's fallback (restore skips a corrupt newest checkpoint) left it on disk,
     so every later save up to its step was skipped. Skipped steps are reported; `set_aside` moves them to
     corrupt-checkpoints/, after which a save of step 4 and 6 is written and the newest step restores."""
     good = _state(0)

@@ -10,6 +10,8 @@ and `ref` (the NumPy value of the good kernel's output, from `a`). `mark_jit`: t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from test_kernels_emulator import write_kernel
@@ -357,6 +359,12 @@ def test_rule_listing_cli(capsys):
     assert rules.main(["--target", "trn2", "--markdown"]) == 0
     text = capsys.readouterr().out
     assert "`dma.indirect`" not in text and "`tensor_copy.scalar`" not in text and "`partition.start`" in text
+
+
+def test_docs_rule_table_is_the_modules():
+    """docs/kernels/emulator-rules.md carries `python -m kernels_nki.emulator.rules --markdown` verbatim."""
+    page = Path(__file__).resolve().parents[1] / "docs" / "kernels" / "emulator-rules.md"
+    assert rules.table(markdown=True) in page.read_text(), "rerun python -m kernels_nki.emulator.rules --markdown"
 
 
 def test_list_default_is_rejected_at_the_parameter(tmp_path, monkeypatch):

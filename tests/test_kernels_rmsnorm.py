@@ -20,7 +20,7 @@ SHAPES = [(128, 512), (300, 512), (1, 256), (257, 64), (1000, 64), (700, 512), (
 
 
 def _assert_close(a, b, tol):
-    """Max-mode tolerance (README, "Kernels": kernel vs reference): |a - b| <= atol + rtol * max|b|, atol = rtol = tol."""
+    """Max-mode tolerance (docs/testing.md: kernel vs reference): |a - b| <= atol + rtol * max|b|, atol = rtol = tol."""
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
     assert not np.isnan(a).any()
     err, bound = np.abs(a - b).max(), tol + tol * np.abs(b).max()

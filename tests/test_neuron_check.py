@@ -1,6 +1,6 @@
 """frontier_jax.neuron_check: every config's programs pass AWS's documented JAX limits; each rule fails on a
 program made to break it (and passes its valid twin); strict mode refuses a failing program in one line;
-the README's rule table is the module's; the constraints files pin what AWS documents."""
+docs/trn1.md's rule table is the module's; the constraints files pin what AWS documents."""
 
 from __future__ import annotations
 
@@ -135,8 +135,9 @@ def test_strict_mode_refuses_a_failing_program_in_one_line(monkeypatch, byte_dat
     assert loop._neuron_program_check(cfg, loop.make_data_parallel(1), "strict") is None
 
 
-def test_readme_rule_table_is_the_modules():
-    assert neuron_check.rules_markdown() in (REPO / "README.md").read_text()
+def test_docs_rule_table_is_the_modules():
+    """docs/trn1.md carries `python -m frontier_jax.neuron_check --markdown` verbatim."""
+    assert neuron_check.rules_markdown() in (REPO / "docs" / "trn1.md").read_text()
 
 
 def test_constraints_pin_the_documented_jax_within_the_projects_range():
@@ -152,4 +153,4 @@ def test_constraints_pin_the_documented_jax_within_the_projects_range():
         assert pins["jax"] == pins["jaxlib"] == "0.10.0"
         v = tuple(int(p) for p in pins["jax"].split("."))
         assert tuple(int(p) for p in lo.split(".")) <= v < tuple(int(p) for p in hi.split("."))
-        assert f.stem.split("-")[1] in (REPO / "README.md").read_text()
+        assert f.stem.split("-")[1] in (REPO / "docs" / "trn1.md").read_text()
