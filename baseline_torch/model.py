@@ -1,4 +1,4 @@
-"""The parameter-golf baseline GPT in PyTorch (README "The model and optimizer").
+"""The parameter-golf baseline GPT in PyTorch (docs/model.md).
 
 Parameter names are the baseline's `state_dict` names, which are also the keys of the interop `.npz`
 (`tok_emb.weight`, `blocks.{i}.attn.c_q.weight` [out, in], ...). Linear weights stay float32 and are

@@ -1,4 +1,4 @@
-"""Muon + Adam exactly as the baseline (README "The model and optimizer"), groups and schedules shared
+"""Muon + Adam exactly as the baseline (docs/model.md), groups and schedules shared
 with the JAX side.
 
 Groups (`frontier_jax.policies.param_label`, the same rule as the JAX optimizer's labels): Muon for

@@ -43,7 +43,7 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def resolve_device(device: str | None) -> torch.device:
     """auto: the XLA device on a Neuron host (baseline_torch.xla.neuron_host), else CUDA when available,
-    else the CPU. xla: PyTorch/XLA's default device (README "The PyTorch baseline on trn1")."""
+    else the CPU. xla: PyTorch/XLA's default device (docs/comparison.md, "The PyTorch baseline on trn1")."""
     if device in (None, "auto"):
         device = "xla" if xla.neuron_host() else "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -53,7 +53,7 @@ def resolve_device(device: str | None) -> torch.device:
             raise RunError(f"--device {device}: give 'xla' (the process's default XLA device, one NeuronCore)")
         if not xla.available():
             raise RunError("--device xla: torch_xla is not installed (torch-neuronx on trn1, or torch-xla from "
-                           "the package index; README \"The PyTorch baseline on trn1\")")
+                           "the package index; docs/comparison.md)")
         return xla.device()
     return torch.device(device)
 

@@ -1,4 +1,4 @@
-"""The PyTorch/XLA device for the baseline: what torch-neuronx trains on (README "The PyTorch baseline on trn1").
+"""The PyTorch/XLA device for the baseline: what torch-neuronx trains on (docs/comparison.md, "The PyTorch baseline on trn1").
 
 torch-neuronx is PyTorch/XLA with a Neuron PJRT plugin: the default XLA device is one (logical)
 NeuronCore per process, tensors on it are lazy, and the recorded graph is compiled (neuronx-cc, with

@@ -1,4 +1,4 @@
-"""The parameter-golf baseline (README: "The model and optimizer"): 9 x 512, 524,288 tokens/step, seq 1024, 30 min."""
+"""The parameter-golf baseline (docs/model.md): 9 x 512, 524,288 tokens/step, seq 1024, 30 min."""
 
 from frontier_jax.config import Config, TrainConfig
 

@@ -98,7 +98,7 @@ def _arm_sets(arm: Arm) -> list[str]:
 
 def match_core_count(arms: list[Arm]) -> list[str]:
     """The same core count for jax and torch arms: the PyTorch baseline trains in one process on one
-    device (on trn1 PyTorch/XLA's default device, one NeuronCore, README "The PyTorch baseline on trn1"),
+    device (on trn1 PyTorch/XLA's default device, one NeuronCore, docs/comparison.md, "The PyTorch baseline on trn1"),
     while the JAX trainer takes every device by default (both NeuronCores of a trn1.2xlarge). When a torch
     arm is compared, each jax arm that does not choose `parallel.num_devices` itself gets
     `--set parallel.num_devices=1` (appended to its args). Returns one note per arm changed."""

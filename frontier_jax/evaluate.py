@@ -5,7 +5,7 @@
 The run's config.json and its newest intact checkpoint (a corrupt newer one is skipped with one line
 on stderr naming it; `--step N` picks one) give the model; the forward is the training one
 (`steps.make_eval_step` over `GPT.__call__`), jit-compiled once: the last batch is padded with
-masked rows. Default: the baseline protocol (README, "Evaluation"), non-overlapping `seq_len`
+masked rows. Default: the baseline protocol (docs/evaluation.md), non-overlapping `seq_len`
 windows over the whole val split, truncated to whole windows (+1 target token). With `--stride N` <
 seq_len, windows overlap and every target is still scored exactly once, with the longest context
 available: the sliding window is only a score mask, mask[b, t] = t >= score_from[b].

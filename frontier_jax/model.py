@@ -1,4 +1,4 @@
-"""The baseline transformer (README, "The model and optimizer") in Flax NNX.
+"""The baseline transformer (docs/model.md) in Flax NNX.
 
 Every hot op goes through `frontier_jax.ops` (kernel on Neuron, reference elsewhere). Attribute
 names follow the PyTorch baseline's `state_dict` so interop is a renaming plus a transpose:

@@ -1,5 +1,5 @@
-"""Optimizer: Muon on block matrices, Adam on the embedding and the rest (the baseline's split, README
-"The model and optimizer"), as an optax chain or fused (one kernel-backed update per parameter).
+"""Optimizer: Muon on block matrices, Adam on the embedding and the rest (the baseline's split,
+docs/model.md), as an optax chain or fused (one kernel-backed update per parameter).
 
 Labels come from parameter paths: "muon" (2-D matrices inside blocks), "embed" (the tied embedding,
 Adam at embed_lr), "scalar" (vectors, scalars and control tensors such as resid_mix and skip_weights,

@@ -21,8 +21,8 @@ against `baseline_torch/quantize.py`, the PyTorch port of the same spec).
 
 The contest's size is "code bytes plus compressed model bytes", the code being `train_gpt.py`. Here
 the code is a package: `code_files` counts the UTF-8 bytes of every source file of this repository
-that the training process has imported (`sys.modules`), plus its config file (README, "The contest's
-score").
+that the training process has imported (`sys.modules`), plus its config file (docs/evaluation.md,
+"The contest's score").
 """
 
 from __future__ import annotations

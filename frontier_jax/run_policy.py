@@ -5,7 +5,7 @@ loading JAX. A trainer (the JAX loop, `baseline_torch.train`) supplies its step,
 and its snapshot/restore as callables (`Hooks`) and calls `run_budgeted`; plug-ins (the n-gram
 runtime, progress lines) attach as `RunHook`s, as levanter's `add_hook`.
 
-Order of events (README "Training"); the caller has installed the signal handlers (rundir.Signals)
+Order of events (docs/training.md); the caller has installed the signal handlers (rundir.Signals)
 before its set-up, so a signal is never lost:
 1. untimed compile warm-up: `warmup_steps` train steps (at least one, lr multiplier 1, Muon momentum
    of steps 0, 1, ...), each waited for, and one evaluation of `warmup_val_tokens`; then `restore`

@@ -57,7 +57,7 @@ This was a DEMO on a tiny corpus (Python docs, a few hundred thousand tokens): t
 pipeline works, not how good the model is. To train on the competition's data:
   python -m frontier_jax.data.prepare --input docs.jsonl --out data/sp1024 --tokenizer fineweb_1024_bpe.model
   python -m frontier_jax.train --config configs/baseline.py --data data/sp1024 --tokenizer fineweb_1024_bpe.model
-or point --data at the competition's fineweb10B_sp1024 shards directly (see README).
+or point --data at the competition's fineweb10B_sp1024 shards directly (see docs/training.md).
 """
 
 

@@ -11,7 +11,7 @@ q's dtype, as the reference casts them; the gain broadcast over 128 rows, fp32).
 
 QK-norm + RoPE (+ gain) run on chip inside both fused kernels (kernels_nki/attention_parts.py: `prep_tile`
 in the forward, `prep_grad` in the backward); this replaces four DMA-bound kernel calls per layer and
-micro-batch (QK-norm of q and k, rope_gain, rope) (numbers: README, Kernels).
+micro-batch (QK-norm of q and k, rope_gain, rope) (docs/kernels/attention.md).
 
 The fused forward (`_fwd_bounded`), with a per-head shift instead of the running row max. QK-norm
 bounds every score: ||rope(rms_norm(x))|| <= sqrt(K) (RoPE is a rotation), so |scale q.k| <= B_h =

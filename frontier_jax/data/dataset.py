@@ -16,7 +16,7 @@ after checking, before anything trains or is written:
   `val_bpb: nan`, or a "non-finite loss" in training). The pass is vectorised over the memmapped
   shards in chunks; the maximum id of each shard is cached in `<data_dir>/.token_ids.json`, keyed by
   the shard's size, modification time and inode, so a later start reads only shards that changed (the
-  README's "Training" section gives the measured cost).
+  docs/training.md gives the measured cost).
 """
 
 from __future__ import annotations

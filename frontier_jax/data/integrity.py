@@ -14,7 +14,7 @@ only train documents whose key is also a val document's key are hashed in full (
 tokens) and compared with the val documents of that key, so clean data costs one scan for BOS per
 shard. Each train shard's result is cached in `<data_dir>/.split_check.json`, keyed by the shard's
 size, mtime, ctime and inode and by a digest of the val documents' keys, so later starts only `stat`
-the shards (README "Training" gives the measured cost on the competition's shard sizes).
+the shards (docs/training.md gives the measured cost on the competition's shard sizes).
 """
 
 from __future__ import annotations

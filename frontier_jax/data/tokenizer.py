@@ -175,7 +175,7 @@ def _sentences(texts: Iterable[str], max_chars: int):
 
 
 def train_sentencepiece(text_iter: Iterable[str], vocab_size: int, out_prefix, max_chars: int = 20_000_000) -> Path:
-    """Train a SentencePiece BPE model with the baseline settings (README, "Running on real data"); write `<out_prefix>.model`.
+    """Train a SentencePiece BPE model with the baseline settings (docs/training.md, "Data"); write `<out_prefix>.model`.
 
     Documents are fed line by line, at most `max_chars` characters in all (the first ones, no
     shuffling, single thread: deterministic). The model is written atomically; the path is returned.
