@@ -28,7 +28,7 @@ from frontier_jax import kernel_calls as kc
 from frontier_jax.config import Config, load_config
 from frontier_jax.errors import exit_on_error
 from kernels_nki import emulator, registry
-from kernels_nki.emulator import cost, schedule, trace
+from kernels_nki.emulator import cost, loader, schedule
 from kernels_nki.emulator.machine import Counters
 
 FRONTIER14 = Path(__file__).resolve().parents[1] / "configs" / "frontier14.py"
@@ -62,14 +62,14 @@ def measure(call: kc.KernelCall, target: str = "trn1") -> dict:
     """One call: counters, the busiest-engine time and the schedule's makespan under each reading."""
     kernel, consts, B = kernel_of(call), dict(call.constants), _batch(call)
     if B > 2:
-        one = trace.record(kernel, *with_batch(call, 1), target=target, **consts)
-        two = trace.record(kernel, *with_batch(call, 2), target=target, **consts)
+        one = loader.record(kernel, *with_batch(call, 1), target=target, **consts)
+        two = loader.record(kernel, *with_batch(call, 2), target=target, **consts)
         m1, m2 = schedule.estimate(one), schedule.estimate(two)
         sched = {a: m1[a] + (B - 1) * (m2[a] - m1[a]) for a in READINGS}
         shares = m2["shares"]
         counters = _extrapolated(one.counters, two.counters, B)
     else:
-        tr = trace.record(kernel, *call.inputs, target=target, **consts)
+        tr = loader.record(kernel, *call.inputs, target=target, **consts)
         m = schedule.estimate(tr)
         sched, shares = {a: m[a] for a in READINGS}, m["shares"]
         counters = tr.counters

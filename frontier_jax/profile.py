@@ -21,7 +21,7 @@ from frontier_jax import kernel_calls as kc
 from frontier_jax.config import load_config
 from frontier_jax.errors import BadInput, exit_on_error
 from frontier_jax.kernel_report import BATCHED, kernel_of, with_batch
-from kernels_nki.emulator import schedule, trace
+from kernels_nki.emulator import loader, schedule
 from kernels_nki.emulator.trace import DMA_ENGINES
 
 COLOURS = {"tensor": "#1f77b4", "vector": "#2ca02c", "scalar": "#ff7f0e", "gpsimd": "#9467bd",
@@ -31,7 +31,7 @@ WAIT = "#c7c7c7"
 
 def schedule_call(call: kc.KernelCall, reading: str = "central", target: str = "trn1") -> schedule.Schedule:
     inputs = with_batch(call, 1) if call.op in BATCHED else call.inputs
-    tr = trace.record(kernel_of(call), *inputs, target=target, **dict(call.constants))
+    tr = loader.record(kernel_of(call), *inputs, target=target, **dict(call.constants))
     return schedule.schedule(tr, reading)
 
 

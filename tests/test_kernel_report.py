@@ -15,7 +15,7 @@ from frontier_jax import kernel_calls as kc
 from frontier_jax import kernel_report
 from frontier_jax.config import apply_overrides, load_config
 from kernels_nki import emulator
-from kernels_nki.emulator import schedule, trace
+from kernels_nki.emulator import loader, schedule
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["model.num_layers=2", "model.num_kv_heads=1", "model.model_dim=96", "model.num_heads=3"]
@@ -61,7 +61,7 @@ def test_batch_extrapolation_bounds_the_full_trace():
     call = next(c for c in kc.kernel_calls(cfg) if c.op == "qk_attention" and c.which == "bwd")
     call = dataclasses.replace(call, inputs=kernel_report.with_batch(call, 4))
     got = kernel_report.measure(call)
-    full = trace.record(kernel_report.kernel_of(call), *call.inputs, **dict(call.constants))
+    full = loader.record(kernel_report.kernel_of(call), *call.inputs, **dict(call.constants))
     assert got["batch_extrapolated"] and got["counters"] == full.counters.as_dict()
     for a in kernel_report.READINGS:
         assert got["schedule_s"][a] == pytest.approx(schedule.schedule(full, a).makespan_s, rel=0.02)
@@ -71,7 +71,7 @@ def test_counted_work_equals_a_full_emulated_run():
     cfg = small_config()
     rng = np.random.default_rng(0)
     for call in kc.kernel_calls(cfg):
-        counted = trace.record(kernel_report.kernel_of(call), *call.inputs, **dict(call.constants)).counters
+        counted = loader.record(kernel_report.kernel_of(call), *call.inputs, **dict(call.constants)).counters
         arrays = [None if spec is None else
                   rng.integers(0, cfg.model.vocab_size, spec[0]).astype(np.int32) if spec[1] == "int32" else
                   rng.standard_normal(spec[0]).astype(ml_dtypes.bfloat16 if spec[1] == "bfloat16" else spec[1])

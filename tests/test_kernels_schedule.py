@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kernels_nki import emulator
-from kernels_nki.emulator import schedule, trace
+from kernels_nki.emulator import loader, schedule, trace
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +15,7 @@ def probes():
 
 
 def test_trace_records_every_instruction_with_its_counters(probes):
-    tr = trace.record(probes.copy_in_chunks, ((128, 2048), "bfloat16"), chunk=512)
+    tr = loader.record(probes.copy_in_chunks, ((128, 2048), "bfloat16"), chunk=512)
     assert tr.counters == emulator.count(probes.copy_in_chunks, ((128, 2048), "bfloat16"), chunk=512)
     assert len(tr) == tr.counters.dma_transfers == 8
     loads, stores = tr.instrs[0::2], tr.instrs[1::2]
@@ -27,14 +27,14 @@ def test_trace_records_every_instruction_with_its_counters(probes):
 
 
 def test_dma_engines_follow_the_partitions(probes):
-    tr = trace.record(probes.dma_example_1, ((4, 4096), "bfloat16"), target="trn2")
+    tr = loader.record(probes.dma_example_1, ((4, 4096), "bfloat16"), target="trn2")
     assert tr.instrs[0].engines == (0, 1) and tr.instrs[0].buffer == 8192  # 4 partitions: one DMA engine
 
 
 def test_narrow_dma_copy_is_several_times_the_wide_one(probes):
     x = ((128, 16384), "bfloat16")
-    wide = schedule.estimate(trace.record(probes.copy_in_chunks, x, chunk=4096))  # 8 KiB per partition
-    narrow = schedule.estimate(trace.record(probes.copy_in_chunks, x, chunk=64))  # 128 B per partition
+    wide = schedule.estimate(loader.record(probes.copy_in_chunks, x, chunk=4096))  # 8 KiB per partition
+    narrow = schedule.estimate(loader.record(probes.copy_in_chunks, x, chunk=64))  # 128 B per partition
     assert wide["busiest_engine"] == narrow["busiest_engine"]  # the same bytes: the peak-rate model cannot tell
     assert narrow["central"] > 5 * wide["central"] and narrow["high"] > 5 * wide["high"]
     assert narrow["low"] == pytest.approx(wide["low"], rel=0.1)  # the low end: every buffer at peak, latency hidden
@@ -44,8 +44,8 @@ def test_narrow_dma_copy_is_several_times_the_wide_one(probes):
 
 def test_dependent_vector_chain_is_dearer_than_independent(probes):
     x = ((128, 512), "float32")
-    dep = schedule.schedule(trace.record(probes.vector_chain, x, steps=32, dependent=True))
-    ind = schedule.schedule(trace.record(probes.vector_chain, x, steps=32, dependent=False))
+    dep = schedule.schedule(loader.record(probes.vector_chain, x, steps=32, dependent=True))
+    ind = schedule.schedule(loader.record(probes.vector_chain, x, steps=32, dependent=False))
     vec = lambda s: [(a, b) for a, b, i in zip(s.start, s.end, s.instrs) if i.engine == "vector"]
     # 512 cycles each, +100 static overhead when it reads the previous instruction's output (arch guide)
     assert all((b - a) * 1.12e9 == pytest.approx(512 + 100) for a, b in vec(dep)[1:])
@@ -55,23 +55,23 @@ def test_dependent_vector_chain_is_dearer_than_independent(probes):
 
 def test_dma_bound_and_compute_bound_phases_overlap(probes):
     x = ((128, 4096), "bfloat16")
-    dma = schedule.schedule(trace.record(probes.load_and_compute, x, loads=32, computes=0))
-    comp = schedule.schedule(trace.record(probes.load_and_compute, x, loads=0, computes=32))
-    both = schedule.schedule(trace.record(probes.load_and_compute, x, loads=32, computes=32))
+    dma = schedule.schedule(loader.record(probes.load_and_compute, x, loads=32, computes=0))
+    comp = schedule.schedule(loader.record(probes.load_and_compute, x, loads=0, computes=32))
+    both = schedule.schedule(loader.record(probes.load_and_compute, x, loads=32, computes=32))
     assert dma.active_share()["dma"] > 0.9 and comp.active_share()["vector"] > 0.9
     assert both.makespan_s < 0.8 * (dma.makespan_s + comp.makespan_s)  # the two run side by side
     assert both.makespan_s >= max(dma.makespan_s, comp.makespan_s)
 
 
 def test_example_1_and_the_scalar_dependent_interval(probes):
-    tr = trace.record(probes.dma_example_1, ((4, 4096), "bfloat16"), target="trn2")
+    tr = loader.record(probes.dma_example_1, ((4, 4096), "bfloat16"), target="trn2")
     s = schedule.schedule(tr)
     # 32 KiB at 23 B/ns x the curve's 8 KiB point; the fixed cost before the transfer, not in it
     assert s.end[0] - s.start[0] == pytest.approx(32768 / 23e9 / schedule.payload_share(8192))
     assert s.start[0] == pytest.approx(schedule.DMA_FIXED_S)
     high = schedule.schedule(tr, "high")
     assert high.end[0] - high.start[0] == pytest.approx(s.end[0] - s.start[0] + schedule.DMA_FIXED_S)
-    chain = schedule.schedule(trace.record(probes.scalar_tiny_chain, ((128, 1), "float32"), steps=16))
+    chain = schedule.schedule(loader.record(probes.scalar_tiny_chain, ((128, 1), "float32"), steps=16))
     st = [a for a, i in zip(chain.start, chain.instrs) if i.engine == "scalar"]
     assert (st[-1] - st[1]) / (len(st) - 2) == pytest.approx(264 / 1.4e9)  # the first reads a DMA's output
 

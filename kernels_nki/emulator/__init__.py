@@ -14,7 +14,7 @@ Public API:
 - `RULES` (`rules.RULES`): every rule the emulator enforces, one row each (id, what it checks, targets, AWS
   source, reading); list them with `python -m kernels_nki.emulator.rules [--target trn2] [--markdown]`.
 - `estimate(counters) -> Estimate` (trn1 time per engine, bounding engine; constants in `cost`): the lower bound.
-- `trace.record(kernel, *specs, target=..., **constants) -> Trace` (every instruction with its engine or DMA
+- `loader.record(kernel, *specs, target=..., **constants) -> Trace` (every instruction with its engine or DMA
   queue, work and tile regions, count-only) and `schedule.schedule(trace, reading)` / `schedule.estimate(trace)`
   (the trace ordered on the engines at the documented costs; unpublished ones bracketed low / central / high).
 - Errors: `NkiRuleError` (a rule of the table; message "file:line: [rule.id] detail (rule: ...; source:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels_nki.emulator import machine as _m
-from kernels_nki.emulator.language import add
+from kernels_nki.emulator.optable import add
 from kernels_nki.emulator.machine import rule
 from kernels_nki.emulator.operands import _read, _tile, _write
 

@@ -19,8 +19,8 @@ from kernels_nki.emulator.search import max8, nc_find_index8, nc_match_replace8 
 from kernels_nki.emulator.vector_reduce import tensor_scalar_reduce  # noqa: F401 (an nki.isa name)
 from kernels_nki.emulator.dma_transpose import dma_transpose  # noqa: F401 (an nki.isa name)
 from kernels_nki.emulator.shuffle import nc_stream_shuffle  # noqa: F401 (an nki.isa name)
-from kernels_nki.emulator.language import Op, add, equal
-from kernels_nki.emulator.language import tile_size as _ts
+from kernels_nki.emulator.optable import Op, add, equal
+from kernels_nki.emulator.optable import tile_size as _ts
 from kernels_nki.emulator.machine import rule
 from kernels_nki.emulator.operands import (  # noqa: F401 (engine is an nki.isa name)
     _alu, _apply, _engine_psum, _expand, _not_both_psum, _number, _operand, _per_partition, _read, _same_layout,

@@ -21,6 +21,7 @@ import numpy as np
 
 from kernels_nki.emulator import ast_pass, isa, language, nki_typing
 from kernels_nki.emulator import machine as _m
+from kernels_nki.emulator import trace as _trace
 
 
 _lock = threading.Lock()
@@ -213,3 +214,20 @@ def count(kernel, *specs, target: str = "trn1", **constants):
             inputs.append(machine.wrap_hbm(np.broadcast_to(zero, tuple(shape))))
         _outputs(_launch(kernel, machine, inputs, constants), machine, _where(kernel), inputs)
     return machine.counters
+
+
+def record(kernel, *specs, target: str = "trn1", **constants) -> _trace.Trace:
+    """The trace of one call on inputs given as (shape, dtype) pairs (None: an optional input left out), in
+    count-only mode, as `emulator.count` runs it."""
+    kernel = _kernel(kernel)
+    m = _m.Machine(compute=False, target=target, trace=True)
+    with _m.running(m):
+        inputs = []
+        for spec in specs:
+            if spec is None:
+                inputs.append(None)
+                continue
+            shape, dtype = (spec.shape, spec.dtype) if hasattr(spec, "shape") else spec
+            inputs.append(m.wrap_hbm(np.broadcast_to(np.zeros((), dtype=_m.as_dtype(dtype)), tuple(shape))))
+        _outputs(_launch(kernel, m, inputs, constants), m, _where(kernel))
+    return _trace.Trace(m.trace, m.counters, target)

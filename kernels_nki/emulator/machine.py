@@ -339,7 +339,7 @@ class Machine:
     def __init__(self, compute: bool = True, target: str = "trn1", trace: bool = False):
         self.compute = compute
         self.target = target
-        self.trace = [] if trace else None  # trace.Instr per instruction, in program order (trace.record)
+        self.trace = [] if trace else None  # trace.Instr per instruction, in program order (loader.record)
         self.spec = _rules.spec(target)
         self.counters = Counters()
         self.sbuf_live = 0

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from kernels_nki.emulator import machine as _m
-from kernels_nki.emulator.language import Op
+from kernels_nki.emulator.optable import Op
 from kernels_nki.emulator.machine import rule
 
 

@@ -2,7 +2,7 @@
 (or, for a DMA, its queue and the DMA engines it occupies), its work in the units the cost model prices,
 and the tiles it reads and writes.
 
-`record(kernel, *specs, target=..., **constants) -> Trace` runs the kernel in count-only mode (no
+`loader.record(kernel, *specs, target=..., **constants) -> Trace` runs the kernel in count-only mode (no
 arithmetic, full shapes) with the trace on; `emulator.run` / `count` leave it off. The schedule
 (`schedule.py`) prices and orders the trace; `Trace.counters` are the same work counters `count` returns.
 
@@ -158,21 +158,3 @@ def dma(op: str, nbytes: int, buffer_bytes: int, dst, srcs) -> Instr:
     on_src = any(getattr(t, "buffer", None) == "sbuf" for t in srcs)
     ins.queue = "load" if on_dst and not on_src else "store" if on_src and not on_dst else "other"
     return ins
-
-
-def record(kernel, *specs, target: str = "trn1", **constants) -> Trace:
-    """The trace of one call on inputs given as (shape, dtype) pairs (None: an optional input left out), in
-    count-only mode, as `emulator.count` runs it."""
-    from kernels_nki.emulator import loader, machine as _m
-    kernel = loader._kernel(kernel)
-    m = _m.Machine(compute=False, target=target, trace=True)
-    with _m.running(m):
-        inputs = []
-        for spec in specs:
-            if spec is None:
-                inputs.append(None)
-                continue
-            shape, dtype = (spec.shape, spec.dtype) if hasattr(spec, "shape") else spec
-            inputs.append(m.wrap_hbm(np.broadcast_to(np.zeros((), dtype=_m.as_dtype(dtype)), tuple(shape))))
-        loader._outputs(loader._launch(kernel, m, inputs, constants), m, loader._where(kernel))
-    return Trace(m.trace, m.counters, target)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels_nki.emulator import machine as _m
-from kernels_nki.emulator.language import add, maximum, minimum, multiply
+from kernels_nki.emulator.optable import add, maximum, minimum, multiply
 from kernels_nki.emulator.operands import _alu, _apply, _expand, _operand, _read, _same_layout, _tile, _write
 
 _IDENTITY = {"add": 0.0, "multiply": 1.0, "maximum": -np.inf, "minimum": np.inf}
