@@ -24,7 +24,7 @@ import argparse
 import sys
 
 from kernels_nki import emulator
-from kernels_nki.emulator import schedule, trace
+from kernels_nki.emulator import loader, schedule
 
 SHAPE = (2048, 2048, 4096)  # K, M, N
 # schedule, kernel, (K, M, N), constants, {engine: published active share}
@@ -51,7 +51,7 @@ def calibrate(target: str = "trn2") -> list[dict]:
     module = emulator.load_kernel_module("bench.calibration_kernels")
     rows = []
     for name, kernel, (K, M, N), consts, published in PUBLISHED:
-        tr = trace.record(getattr(module, kernel), ((K, M), "float32"), ((K, N), "float32"), target=target,
+        tr = loader.record(getattr(module, kernel), ((K, M), "float32"), ((K, N), "float32"), target=target,
                           **consts)
         c = tr.counters
         est = emulator.estimate(c, target)
@@ -65,14 +65,14 @@ def calibrate(target: str = "trn2") -> list[dict]:
 def dma_checks() -> dict:
     """Example 1 (trn2) and the payload curve, predicted under each reading."""
     probes = emulator.load_kernel_module("bench.probe_kernels")
-    ex1 = trace.record(probes.dma_example_1, ((4, 4096), "bfloat16"), target="trn2")
+    ex1 = loader.record(probes.dma_example_1, ((4, 4096), "bfloat16"), target="trn2")
     example = {a: (lambda s: (s.end[0] - s.start[0]) * 1e9)(schedule.schedule(ex1, a)) for a in READINGS}
     curve = {}
     for a in READINGS:
         rate = {}
         for width in CURVE_WIDTHS + (32768,):
             elems = width // 2
-            tr = trace.record(probes.copy_in_chunks, ((128, elems * 8), "bfloat16"), target="trn2", chunk=elems)
+            tr = loader.record(probes.copy_in_chunks, ((128, elems * 8), "bfloat16"), target="trn2", chunk=elems)
             s = schedule.schedule(tr, a)
             rate[width] = tr.counters.dma_bytes / s.makespan_s
         curve[a] = {w: rate[w] / rate[32768] for w in CURVE_WIDTHS}
@@ -82,7 +82,7 @@ def dma_checks() -> dict:
 
 def scalar_ii_ns() -> float:
     probes = emulator.load_kernel_module("bench.probe_kernels")
-    s = schedule.schedule(trace.record(probes.scalar_tiny_chain, ((128, 1), "float32"), steps=16))
+    s = schedule.schedule(loader.record(probes.scalar_tiny_chain, ((128, 1), "float32"), steps=16))
     st = [a for a, i in zip(s.start, s.instrs) if i.engine == "scalar"]
     return (st[-1] - st[1]) / (len(st) - 2) * 1e9
 

@@ -3,7 +3,9 @@ rules.CHANGES): what the project's kernels and AWS's nki-library core kernels us
 
 Installed as `nki.language` only while `kernels_nki.emulator.loader` executes a kernel module.
 Op identifiers (`nl.exp`, `nl.add`, ...) are `Op` objects: passed as `op=` to `nki.isa` calls, or
-called directly as the `nl.*` convenience functions (which allocate an SBUF result).
+called directly as the `nl.*` convenience functions (which allocate an SBUF result). Dtypes, buffers, `tile_size`
+and the `Op` table are defined in optable.py (which the instruction modules import) and re-exported here; this
+module installs the convenience form (`Op.run`) and adds the `nl.*`-only calls.
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ import numpy as np
 
 from kernels_nki.emulator import isa as _isa
 from kernels_nki.emulator import machine as _m
-
-from kernels_nki.emulator.optable import *  # noqa: F401,F403 (the dtypes, buffers, tile_size and Op table are nl.* names)
+from kernels_nki.emulator.optable import *  # noqa: F401,F403 (dtypes, buffers, tile_size and the Op table: nl.* names)
 from kernels_nki.emulator.optable import Op, add, copy, maximum, minimum, multiply, negative, psum, rsqrt, sbuf, uint8
 
 
