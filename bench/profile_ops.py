@@ -93,7 +93,9 @@ def _families(cfg, B: int, T: int, variants: bool, dtype=jnp.float32) -> dict:
     add("norm + dense qkv+out proj", qkv_out, (x_ND, wq, wk, wv, wo), L)
     add("norm + mlp (relu^2, 2 matmuls)", ops.norm_mlp, (x_ND, a(D, F), a(F, D), a(D)), L)
     q, k, v = a(B, T, H, K), a(B, T, G, K), a(B, T, G, K)
-    add("attention core", ops.causal_attention, (q, k, v), L)
+    add("qk_attention (qk-norm, rope, gain, attn)", lambda q, k, v, g: ops.qk_attention(q, k, v, cos, sin, g),
+        (q, k, v, a(H) + 1.5), L)  # what model.Block calls
+    add("attention core alone", ops.causal_attention, (q, k, v), L)
     add("rms_norm [N,D] (embed, final)", ops.rms_norm, (x_ND,), 2)
     add("rms_norm q,k", lambda q, k: ops.rms_norm(q).sum(-1) + ops.rms_norm(k).sum((-1, -2))[..., None],
         (q, k), L)

@@ -79,7 +79,8 @@ def test_train_throughput_prints_tokens_per_second_and_mfu():
 @pytest.mark.slow
 def test_profile_ops_prints_each_family():
     out = run_bench("profile_ops", "--cases", "smoke", "--rounds", "1", timeout=300)
-    for row in ("FULL train step", "FULL fwd\\+bwd", "head: tied logits\\+softcap\\+CE", "data feed"):
+    for row in ("FULL train step", "FULL fwd\\+bwd",
+                "qk_attention \\(qk-norm, rope, gain, attn\\)", "head: tied logits\\+softcap\\+CE", "data feed"):
         finite(out, row + r".*? " + NUMBER + "%")
     assert finite(out, r"HLO cost analysis of the compiled step = " + NUMBER + " G") > 0
 
