@@ -45,6 +45,7 @@ CASES = {c.name: c for c in (
     Case("tiny-8k", "tiny.py", 256, 32),  # configs/tiny.py's own training step
     Case("baseline-shaped-4k", "baseline.py", 1024, 4),  # the baseline's model and sequence length; it trains on 524,288 tokens/step
     Case("baseline-shaped-8k", "baseline.py", 1024, 8),
+    Case("smoke", "tiny.py", 32, 2),  # seconds per script: tests/test_bench_smoke.py
 )}
 STEP_CASES = ["tiny-2k", "baseline-shaped-4k"]  # jax_vs_torch, step_ablation, step_parts
 PROFILE_CASES = ["tiny-8k", "baseline-shaped-8k"]  # profile_ops, train_throughput

@@ -1,6 +1,6 @@
 """Start-up cost of the data checks (token ids, split integrity) on competition-sized synthetic shards.
 
-    python bench/data_checks.py --dir /tmp/shards --tokenizer fineweb_1024_bpe.model [--train-shards 4] [--train-tokens 100000000] \\
+    python -m bench.data_checks --dir /tmp/shards --tokenizer fineweb_1024_bpe.model [--train-shards 4] [--train-tokens 100000000] \\
         [--val-tokens 62000000] [--doc-tokens 1200]
 
 Writes `--train-shards` train shards of `--train-tokens` tokens and one val shard of `--val-tokens`

@@ -1,7 +1,7 @@
 """Training-step throughput: JAX (jit) vs PyTorch eager vs torch.compile, same config, batch and dtype.
 
-    python bench/jax_vs_torch.py            # cases tiny-2k and baseline-shaped-4k (bench/common.py)
-    python bench/jax_vs_torch.py --quick    # tiny-2k only, fewer repetitions
+    python -m bench.jax_vs_torch            # cases tiny-2k and baseline-shaped-4k (bench/common.py)
+    python -m bench.jax_vs_torch --quick    # tiny-2k only, fewer repetitions
 
 Every implementation runs the full training step (forward, backward, Muon + Adam update) in float32
 (NS in float32 too) on the same token batch, each in its own worker process (spawned one after the
@@ -21,23 +21,20 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import jax
+import jax.numpy as jnp
+from flax import nnx
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from bench.common import CASES, FP32, STEP_CASES, Case, random_batch  # noqa: E402
-from frontier_jax import optim as jax_optim  # noqa: E402
-from frontier_jax.model import GPT  # noqa: E402
-from frontier_jax.steps import make_train_step  # noqa: E402
+from bench.common import CASES, FP32, STEP_CASES, Case, random_batch
+from frontier_jax import optim as jax_optim
+from frontier_jax.model import build
+from frontier_jax.steps import make_train_step
 
 
 def jax_runner(cfg, x_BT, y_BT, tx=None):
     """run(n): n fp32 train steps on (x, y); `tx` defaults to the config's Muon + Adam."""
-    model = GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=jnp.float32)
+    model = build(cfg, jnp.float32)
     graphdef, params = nnx.split(model)
     tx = tx or jax_optim.build_optimizer(cfg.optim)
     state = {"params": params, "opt": tx.init(params)}

@@ -1,8 +1,8 @@
 """Builder throughput (tokens/s per process, all orders together) and table bytes per order.
 
-    python bench/ngram_build.py [--tokens 20000000] [--log2-size 20] [--chunk 1048576] [--process]
-    python bench/ngram_build.py --compare OLD_tables.py [--rounds 2]   # before/after, interleaved
-    python bench/ngram_build.py --trainer [--config configs/tiny.py]    # step time with/without builder
+    python -m bench.ngram_build [--tokens 20000000] [--log2-size 20] [--chunk 1048576] [--process]
+    python -m bench.ngram_build --compare OLD_tables.py [--rounds 2]   # before/after, interleaved
+    python -m bench.ngram_build --trainer [--config configs/tiny.py]    # step time with/without builder
 
 Synthetic tokens: Zipf-like ids in [0, 1024) with 2% of the stream copied from earlier segments
 (near-duplicate documents). Without --process the tables are fed in this process (the builder's

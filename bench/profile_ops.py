@@ -1,6 +1,6 @@
 """Where the train step's time goes: each op family's forward+backward timed alone, at its real shape.
 
-    python bench/profile_ops.py [--cases tiny-8k baseline-shaped-8k] [--rounds 5] [--variants]
+    python -m bench.profile_ops [--cases tiny-8k baseline-shaped-8k] [--rounds 5] [--variants]
 
 Every op family is a separately jitted function of (inputs) -> scalar, differentiated with
 jax.value_and_grad, called at the shapes one train step uses and multiplied by how many times the
@@ -20,22 +20,19 @@ import contextlib
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from bench.common import CASES, PROFILE_CASES, random_batch  # noqa: E402
-from frontier_jax import ops, optim  # noqa: E402
-from frontier_jax import reference as ref  # noqa: E402
-from frontier_jax.config import apply_overrides  # noqa: E402
-from frontier_jax.host import tune_allocator  # noqa: E402
-from frontier_jax.model import GPT, _rope_tables  # noqa: E402
-from frontier_jax.steps import make_train_step  # noqa: E402
+from bench.common import CASES, PROFILE_CASES, random_batch
+from frontier_jax import ops, optim
+from frontier_jax import reference as ref
+from frontier_jax.config import apply_overrides
+from frontier_jax.host import tune_allocator
+from frontier_jax.model import _rope_tables, build
+from frontier_jax.steps import make_train_step
 
 
 @contextlib.contextmanager
@@ -96,7 +93,9 @@ def _families(cfg, B: int, T: int, variants: bool, dtype=jnp.float32) -> dict:
     add("norm + dense qkv+out proj", qkv_out, (x_ND, wq, wk, wv, wo), L)
     add("norm + mlp (relu^2, 2 matmuls)", ops.norm_mlp, (x_ND, a(D, F), a(F, D), a(D)), L)
     q, k, v = a(B, T, H, K), a(B, T, G, K), a(B, T, G, K)
-    add("attention core", ops.causal_attention, (q, k, v), L)
+    add("qk_attention (qk-norm, rope, gain, attn)", lambda q, k, v, g: ops.qk_attention(q, k, v, cos, sin, g),
+        (q, k, v, a(H) + 1.5), L)  # what model.Block calls
+    add("attention core alone", ops.causal_attention, (q, k, v), L)
     add("rms_norm [N,D] (embed, final)", ops.rms_norm, (x_ND,), 2)
     add("rms_norm q,k", lambda q, k: ops.rms_norm(q).sum(-1) + ops.rms_norm(k).sum((-1, -2))[..., None],
         (q, k), L)
@@ -155,7 +154,7 @@ def profile_case(name: str, rounds: int, variants: bool, sets=()) -> None:
     cfg = case.load(*sets)
     B, T = case.batch, case.seq_len
     dtype = jnp.float32
-    graphdef, params = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=dtype))
+    graphdef, params = nnx.split(build(cfg, dtype))
     tx = optim.build_optimizer(cfg.optim)
     step = make_train_step(graphdef, tx, donate=False)
     x, y = (jnp.asarray(a[None]) for a in random_batch(case, cfg.model.vocab_size))  # one micro-batch

@@ -1,10 +1,11 @@
 """Wall-clock cost of op families inside the real train step, by ablation.
 
-    python bench/step_ablation.py [--cases tiny-2k baseline-shaped-4k] [--rounds 8]
+    python -m bench.step_ablation [--cases tiny-2k baseline-shaped-4k] [--rounds 8]
 
 Three versions of the jitted train step (fp32, one micro-batch, a case of bench/common.py) are compiled in
 one process and timed interleaved (A B C A B C ..., median of rounds): the full step; the step with the
-attention core replaced by `q + repeat(k + v)` (the projections, QK-norm and RoPE stay live); the step
+attention op the model calls (`ops.qk_attention`: QK-norm, RoPE, gain and causal GQA attention) replaced by
+`q + repeat(k + v)` (same shape; the projections stay live); the step
 with Muon + Adam replaced by plain SGD. Cost of a family = full minus the ablated step. Unlike timing
 an op alone, this includes what XLA fuses around it and the memory it keeps for the backward.
 The process applies the trainer's allocator setting first (frontier_jax.host). A benchmark, not a test.
@@ -13,51 +14,67 @@ The process applies the trainer's allocator setting first (frontier_jax.host). A
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from frontier_jax.host import tune_allocator
 
-from frontier_jax.host import tune_allocator  # noqa: E402
+import jax
+import jax.numpy as jnp
+import optax
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
-
-from bench.common import CASES, FP32, STEP_CASES, random_batch  # noqa: E402
-from bench.jax_vs_torch import jax_runner  # noqa: E402  (the same step as jax_vs_torch)
-from frontier_jax import ops  # noqa: E402
+from bench.common import CASES, FP32, STEP_CASES, random_batch
+from bench.jax_vs_torch import jax_runner  # the same step as jax_vs_torch
+from frontier_jax import ops, optim
 
 
-def _cheap_attention(q_BTHK, k_BTGK, v_BTGK):
+def _cheap_attention(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, gain_H):
+    """A same-shape stand-in for `ops.qk_attention` (what `model.Block` calls)."""
     return q_BTHK + jnp.repeat(k_BTGK + v_BTGK, q_BTHK.shape[2] // k_BTGK.shape[2], axis=2)
 
 
-def _sgd(lr: float = 0.01) -> optax.GradientTransformationExtraArgs:
+def _sgd(lr: float = 0.01) -> optim.Optimizer:
+    """Plain SGD with the trainer's optimizer interface (frontier_jax.optim.Optimizer)."""
     inner = optax.sgd(lr)
-    return optax.GradientTransformationExtraArgs(inner.init, lambda u, s, p=None, **extra: inner.update(u, s, p))
+    update = lambda u, s, p=None, **extra: inner.update(u, s, p)
+
+    def apply(grads, state, params, **extra):
+        updates, state = inner.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    return optim.Optimizer(inner.init, update, apply)
+
+
+VARIANTS = ("full", "no_attention", "sgd_optimizer")
+
+
+@contextlib.contextmanager
+def ablated(variant: str):
+    """While tracing: `ops.qk_attention` replaced by the stand-in for "no_attention" (the model reads it at trace time)."""
+    saved = ops.qk_attention
+    if variant == "no_attention":
+        ops.qk_attention = _cheap_attention
+    try:
+        yield _sgd() if variant == "sgd_optimizer" else None
+    finally:
+        ops.qk_attention = saved
 
 
 def build(cfg, variant: str, x_BT, y_BT):
-    """jax_vs_torch's step runner for `variant` (full | no_attention | sgd_optimizer), compiled and warm."""
-    saved = ops.causal_attention
-    if variant == "no_attention":
-        ops.causal_attention = _cheap_attention  # read at trace time only
-    try:
-        run = jax_runner(cfg, x_BT, y_BT, _sgd() if variant == "sgd_optimizer" else None)
+    """jax_vs_torch's step runner for `variant` (one of VARIANTS), compiled and warm."""
+    with ablated(variant) as tx:
+        run = jax_runner(cfg, x_BT, y_BT, tx)
         run(2)
-    finally:
-        ops.causal_attention = saved
     return lambda: run(1)
 
 
-def ablate(name: str, rounds: int) -> None:
+def ablate(name: str, rounds: int) -> dict:
     case = CASES[name]
     cfg = case.load(*FP32)
     x, y = random_batch(case, cfg.model.vocab_size)
-    variants = ("full", "no_attention", "sgd_optimizer")
+    variants = VARIANTS
     runs = {v: build(cfg, v, x, y) for v in variants}
     times = {v: [] for v in variants}
     for _ in range(rounds):
@@ -73,6 +90,7 @@ def ablate(name: str, rounds: int) -> None:
     print(f"  optimizer (Muon NS + Adam)       {full - ms['sgd_optimizer']:10.1f} ms ({(full - ms['sgd_optimizer']) / full:.0%})")
     rest = ms["no_attention"] + ms["sgd_optimizer"] - full
     print(f"  rest of the model                {rest:10.1f} ms ({rest / full:.0%})")
+    return ms
 
 
 def main(argv=None) -> int:

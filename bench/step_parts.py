@@ -1,6 +1,6 @@
 """Forward+backward and optimizer update timed separately: JAX (AOT-compiled) vs torch.compile.
 
-    python bench/step_parts.py [--cases tiny-2k baseline-shaped-4k] [--reps 5] [--impls jax torch-compile]
+    python -m bench.step_parts [--cases tiny-2k baseline-shaped-4k] [--reps 5] [--impls jax torch-compile]
 
 Says which half of the train step a JAX-vs-PyTorch gap is in. Same cases (bench/common.py) and fp32
 policy as bench/jax_vs_torch.py; each implementation runs in its own spawned process (one after the other, so one
@@ -16,11 +16,8 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import CASES, FP32, STEP_CASES, random_batch  # noqa: E402
+from bench.common import CASES, FP32, STEP_CASES, random_batch
 
 
 def _jax_halves(cfg, x_BT, y_BT):
@@ -29,9 +26,9 @@ def _jax_halves(cfg, x_BT, y_BT):
     from flax import nnx
 
     from frontier_jax import optim
-    from frontier_jax.model import GPT
+    from frontier_jax.model import build
 
-    graphdef, params = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=jnp.float32))
+    graphdef, params = nnx.split(build(cfg, jnp.float32))
     tx = optim.build_optimizer(cfg.optim)
     opt_state = tx.init(params)
     x, y = jnp.asarray(x_BT), jnp.asarray(y_BT)

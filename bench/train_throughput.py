@@ -1,6 +1,6 @@
 """Throughput of the jitted train step: tokens/s and MFU, cases tiny-8k and baseline-shaped-8k (bench/common.py).
 
-    python bench/train_throughput.py [--quick] [--reps N] [--dtype float32|bfloat16] [--cases ...]
+    python -m bench.train_throughput [--quick] [--reps N] [--dtype float32|bfloat16] [--cases ...]
 
 MFU = tokens/s x ModelConfig.flops_per_token (frontier_jax.config) / matmul peak measured on this device in
 the same dtype (frontier_jax.report.measure_matmul_peak). Compilation and one warm-up step are
@@ -14,25 +14,22 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import CASES, PROFILE_CASES, Case, random_batch  # noqa: E402
-from frontier_jax import optim, report  # noqa: E402
-from frontier_jax.host import tune_allocator  # noqa: E402
-from frontier_jax.model import GPT  # noqa: E402
-from frontier_jax.steps import make_train_step  # noqa: E402
+from bench.common import CASES, PROFILE_CASES, Case, random_batch
+from frontier_jax import optim, report
+from frontier_jax.host import tune_allocator
+from frontier_jax.model import build
+from frontier_jax.steps import make_train_step
 
 
 def bench(case: Case, cfg, dtype, reps: int, peak: float) -> dict:
     from flax import nnx
 
     tx = optim.build_optimizer(cfg.optim)
-    model = GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=dtype)
+    model = build(cfg, dtype)
     graphdef, params = nnx.split(model)
     opt_state = tx.init(params)
     step = make_train_step(graphdef, tx)

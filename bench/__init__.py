@@ -1,0 +1,1 @@
+"""Benchmarks (bench/README.md); run each as `python -m bench.<name>`."""
