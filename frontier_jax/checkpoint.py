@@ -187,16 +187,21 @@ def _remove_temporary(ckpt_dir: Path, step: int, settle_s: float = 0.3, wait_s: 
         except FileNotFoundError:  # a directory went away while it was listed: still changing
             return None
 
-    deadline, last, quiet_since = time.monotonic() + wait_s, None, time.monotonic()
-    while time.monotonic() < deadline:
-        now = snapshot()
-        if now != last:
-            last, quiet_since = now, time.monotonic()
-        elif time.monotonic() - quiet_since >= settle_s:
-            break
-        time.sleep(0.05)
-    for tmp in ckpt_dir.glob(f"{step}{TMP_SUFFIX}*"):
-        shutil.rmtree(tmp, ignore_errors=True)
+    deadline = time.monotonic() + wait_s
+    while True:  # a writer still in flight may recreate what was removed: repeat until it stays gone
+        last, quiet_since = None, time.monotonic()
+        while time.monotonic() < deadline:
+            now = snapshot()
+            if now != last:
+                last, quiet_since = now, time.monotonic()
+            elif time.monotonic() - quiet_since >= settle_s:
+                break
+            time.sleep(0.05)
+        for tmp in ckpt_dir.glob(f"{step}{TMP_SUFFIX}*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        time.sleep(settle_s)
+        if not any(ckpt_dir.glob(f"{step}{TMP_SUFFIX}*")) or time.monotonic() >= deadline:
+            return
 
 
 def discard(run_dir: Path, step: int) -> None:
