@@ -19,7 +19,7 @@ from kernels_nki.emulator.search import max8, nc_find_index8, nc_match_replace8 
 from kernels_nki.emulator.vector_reduce import tensor_scalar_reduce  # noqa: F401 (an nki.isa name)
 from kernels_nki.emulator.dma_transpose import dma_transpose  # noqa: F401 (an nki.isa name)
 from kernels_nki.emulator.shuffle import nc_stream_shuffle  # noqa: F401 (an nki.isa name)
-from kernels_nki.emulator.optable import Op, add, equal
+from kernels_nki.emulator.optable import Op, _not_emulated, add, equal
 from kernels_nki.emulator.optable import tile_size as _ts
 from kernels_nki.emulator.machine import rule
 from kernels_nki.emulator.operands import (  # noqa: F401 (engine is an nki.isa name)
@@ -433,19 +433,11 @@ tensor_engine, vector_engine, scalar_engine = engine.tensor, engine.vector, engi
 gpsimd_engine, unknown_engine = engine.gpsimd, engine.unknown
 
 
-def _multi_core(name: str):
-    def instruction(*args, **kwargs):
-        _m.fail(f"nisa.{name}: synchronises logical NeuronCores of an LNC > 1 launch (NeuronCore-v3 or newer), "
-                "which the emulator does not run", _m.NkiEmulatorError)
-
-    instruction.__name__ = name
-    return instruction
-
-
 # names a kernel file may import; called, they need an LNC > 1 launch (nki/api/nki/isa/__init__.py core_barrier:
 # "Available only on NeuronCore-v3 or newer"; sendrecv: intra-LNC, LNC2 only, release-notes NKI 0.4.0)
-core_barrier = _multi_core("core_barrier")
-sendrecv = _multi_core("sendrecv")
+_MULTI_CORE = "synchronises logical NeuronCores of an LNC > 1 launch (NeuronCore-v3 or newer)"
+core_barrier = _not_emulated("nisa.core_barrier", _MULTI_CORE)
+sendrecv = _not_emulated("nisa.sendrecv", _MULTI_CORE)
 
 
 def _register(name: str):

@@ -17,7 +17,7 @@ import numpy as np
 from kernels_nki.emulator import isa as _isa
 from kernels_nki.emulator import machine as _m
 from kernels_nki.emulator.optable import *  # noqa: F401,F403 (dtypes, buffers, tile_size and the Op table: nl.* names)
-from kernels_nki.emulator.optable import Op, add, copy, maximum, minimum, multiply, negative, psum, rsqrt, sbuf, uint8
+from kernels_nki.emulator.optable import Op, _not_emulated, add, copy, maximum, minimum, multiply, negative, psum, rsqrt, sbuf, uint8
 
 
 def _run(self: Op, x, y=None, dtype=None):
@@ -274,15 +274,7 @@ def shared_identity_matrix(n, dtype=uint8, dst=None):
 # ----------------------------------------------------------------------------- runtime loops (not emulated)
 
 
-def _runtime_loop(name: str):
-    def construct(*args, **kwargs):
-        _m.fail(f"nl.{name}: a runtime (register-bounded) loop, which the emulator does not run (NKI 0.6 "
-                "nl.fori_loop / nl.while_loop; nl.dynamic_range is deprecated)", _m.NkiEmulatorError)
-
-    construct.__name__ = name
-    return construct
-
-
-dynamic_range = _runtime_loop("dynamic_range")
-fori_loop = _runtime_loop("fori_loop")
-while_loop = _runtime_loop("while_loop")
+_RUNTIME_LOOP = "a runtime (register-bounded) loop (NKI 0.6 nl.fori_loop / nl.while_loop; nl.dynamic_range is deprecated)"
+dynamic_range = _not_emulated("nl.dynamic_range", _RUNTIME_LOOP)
+fori_loop = _not_emulated("nl.fori_loop", _RUNTIME_LOOP)
+while_loop = _not_emulated("nl.while_loop", _RUNTIME_LOOP)

@@ -177,3 +177,14 @@ less_equal = _binary("less_equal", _cmp(np.less_equal))
 logical_and = _binary("logical_and", _cmp(np.logical_and), reduce=np.logical_and)
 logical_or = _binary("logical_or", _cmp(np.logical_or), reduce=np.logical_or)
 logical_xor = _binary("logical_xor", _cmp(np.logical_xor), reduce=np.logical_xor)
+
+
+def _not_emulated(qualname: str, why: str):
+    """A name kernel code may import whose call the emulator refuses with `why` (e.g. an LNC > 1 instruction,
+    a runtime loop): the import succeeds, the call names the construct."""
+    def refused(*args, **kwargs):
+        _m.fail(f"{qualname}: {why}, which the emulator does not run", _m.NkiEmulatorError)
+
+    refused.__name__ = qualname.rsplit(".", 1)[-1]
+    return refused
+
