@@ -38,6 +38,12 @@ def _kernel_module(tmp_path, monkeypatch, body: str, **kw):
     return emulator.load_kernel_module(name).k, where
 
 
+def run_kernel(tmp_path, monkeypatch, body, *args, target="trn1", **kw):
+    """Write, load and run a kernel module on `args`: its first output."""
+    k, _ = _kernel_module(tmp_path, monkeypatch, body, **kw)
+    return emulator.run(k, *args, target=target)[0]
+
+
 LIMIT_CASES = {
     "partition": """
         t = nl.ndarray((129, 4), dtype=nl.float32, buffer=nl.sbuf)  # <-

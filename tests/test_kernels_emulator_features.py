@@ -9,16 +9,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 from test_kernels_emulator import _kernel_module
+from test_kernels_emulator import run_kernel as run
 
 from kernels_nki import emulator
 
 rng = np.random.default_rng(3)
 A = rng.standard_normal((128, 64)).astype(np.float32)
-
-
-def run(tmp_path, monkeypatch, body, *args, target="trn1", **kw):
-    k, _ = _kernel_module(tmp_path, monkeypatch, body, **kw)
-    return emulator.run(k, *args, target=target)[0]
 
 
 def test_dma_casts_through_float32(tmp_path, monkeypatch):
