@@ -80,6 +80,7 @@ def measure(call: kc.KernelCall, target: str = "trn1") -> dict:
             "pe_useful_over_issued": emulator.pe_utilisation(c), "dma_bytes": c.dma_bytes,
             "dma_bytes_per_buffer": c.dma_bytes / c.dma_buffers if c.dma_buffers else None,
             "dma_share_under_2k": c.dma_bytes_under_2k / c.dma_bytes if c.dma_bytes else 0.0,
+            "dma_transfers": c.dma_transfers,
             "busiest_s": est.total_s, "bound": est.bound, "schedule_s": sched, "shares": shares,
             "busiest_lane": max(shares, key=shares.get), "counters": c.as_dict()}
 
@@ -99,11 +100,14 @@ def build_report(cfg: Config, target: str = "trn1") -> dict:
     kern = {"busiest": sum(r["busiest_s"] * r["calls_per_step"] for r in rows)}
     kern.update({a: sum(r["schedule_s"][a] * r["calls_per_step"] for r in rows) for a in READINGS})
     step = {k: kern[k] + glue[k] for k in kern}
+    dma = {f: sum(r["counters"][f] * r["calls_per_step"] for r in rows)
+           for f in ("dma_bytes", "dma_transfers", "dma_bytes_under_2k", "dma_bytes_under_256")}
     flops = cfg.model.flops_per_token(cfg.train.seq_len) * cfg.train.tokens_per_step / kc.CORES
     peak = 2 * cost.target(target).tensor_macs_per_s
     mfu = {k: flops / (v * peak) for k, v in step.items()}
     return {"config": cfg.name, "target": target, "cores": kc.CORES, "num_layers": cfg.model.num_layers,
             "kernels": rows, "glue": dataclasses.asdict(g), "glue_s": glue, "kernel_s": kern, "step_s": step,
+            "dma_per_step": dma,
             "flops_per_step_per_core": flops, "mfu": mfu, "aws_best_mfu": AWS_BEST_MFU,
             "tokens_per_30min": {k: 1800.0 / v * cfg.train.tokens_per_step for k, v in step.items()}}
 
@@ -126,21 +130,16 @@ def format_report(rep: dict) -> str:
                      f"{us(r['busiest_s'])} {us(s['low'])} {us(s['central'])} {us(s['high'])} {r['bound']:<6} "
                      f"{r['busiest_lane']} {r['shares'][r['busiest_lane']]:.0%}")
     g, gs = rep["glue"], rep["glue_s"]
-    per_op: dict = {}
-    for r in rep["kernels"]:
-        acc = per_op.setdefault(r["op"], [0.0, 0.0, 0.0, 0.0])
-        for i, v in enumerate((r["busiest_s"], r["schedule_s"]["low"], r["schedule_s"]["central"],
-                               r["schedule_s"]["high"])):
-            acc[i] += v * r["calls_per_step"]
     lines += ["", "(us per call; busiest: the busiest-engine lower bound, bound: its engine; sch: the schedule, low / "
               "central / high; busiest lane: the central schedule's most active engine and its share; qk_attention "
               "extrapolated from 1 and 2 sequences)", "ms per step by op (busiest-engine / schedule low, central, high):"]
-    lines += [f"  {op:<19} {v[0] * 1e3:>7.1f} / {v[1] * 1e3:>7.1f} {v[2] * 1e3:>8.1f} {v[3] * 1e3:>8.1f}"
-              for op, v in sorted(per_op.items(), key=lambda kv: -kv[1][2])]
+    lines += [f"  {op:<19} {v['busiest'] * 1e3:>7.1f} / {v['low'] * 1e3:>7.1f} {v['central'] * 1e3:>8.1f} "
+              f"{v['high'] * 1e3:>8.1f}" for op, v in _per_op_ms(rep).items()]
     lines += [
               f"outside kernels ({g['equations']:,} equation runs per step): {g['fused_bytes'] / 1e9:.2f} GB through "
               f"HBM fused ({g['unfused_bytes'] / 1e9:.2f} GB unfused), {2 * g['dot_macs'] / 1e12:.3f} TFLOP of "
               f"matmuls: {gs['central'] * 1e3:.1f} ms ({gs['high'] * 1e3:.1f} ms unfused)"]
+    lines.append(dma_line(rep["dma_per_step"]))
     k, st, mfu = rep["kernel_s"], rep["step_s"], rep["mfu"]
     lines += [f"kernels per step: busiest-engine {k['busiest'] * 1e3:.1f} ms; schedule {k['central'] * 1e3:.1f} ms "
               f"(range {k['low'] * 1e3:.1f} - {k['high'] * 1e3:.1f})",
@@ -149,6 +148,65 @@ def format_report(rep: dict) -> str:
               f"MFU: schedule {mfu['central']:.1%} (range {mfu['high']:.1%} - {mfu['low']:.1%}); busiest-engine "
               f"{mfu['busiest']:.1%}; AWS's best published trn1 training MFU {rep['aws_best_mfu']:.1%} "
               f"({rep['flops_per_step_per_core'] / 1e12:.1f} TFLOP per core per step)"]
+    return "\n".join(lines)
+
+
+def dma_line(d: dict) -> str:
+    return (f"kernel DMA per step: {d['dma_bytes'] / 1e9:.2f} GB in {d['dma_transfers'] / 1e6:.3f} M transfers; "
+            f"{d['dma_bytes_under_2k'] / d['dma_bytes']:.1%} of the bytes in buffers under 2 KiB per partition, "
+            f"{d['dma_bytes_under_256'] / d['dma_bytes']:.1%} under 256 B")
+
+
+def _per_op_ms(rep: dict) -> dict:
+    per_op: dict = {}
+    for r in rep["kernels"]:
+        acc = per_op.setdefault(r["op"], dict.fromkeys(("busiest",) + READINGS, 0.0))
+        acc["busiest"] += r["busiest_s"] * r["calls_per_step"]
+        for a in READINGS:
+            acc[a] += r["schedule_s"][a] * r["calls_per_step"]
+    return dict(sorted(per_op.items(), key=lambda kv: -kv[1]["central"]))
+
+
+def format_markdown(reps: list[dict]) -> str:
+    """The report as the tables docs/kernels/step-estimate.md carries verbatim (tests/test_kernel_report.py):
+    the first report per kernel call and per op, then every report side by side."""
+    rep = reps[0]
+    ms = lambda v: f"{v * 1e3:.1f}"
+    us = lambda v: f"{v * 1e6:.1f}"
+    lines = [f"Per kernel call (config `{rep['config']}`, {rep['target']}, per core, {rep['cores']} cores data "
+             "parallel; us per call):", "",
+             "| op | pass | calls per step | DMA MB | transfers | B per buffer | bytes in buffers < 2 KiB | PE useful/issued "
+             "| busiest-engine | schedule low | central | high | bound | busiest lane |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|"]
+    for r in rep["kernels"]:
+        s, lane = r["schedule_s"], r["busiest_lane"]
+        lines.append(f"| {r['op']} | {r['which']} | {r['calls_per_step']} | {r['dma_bytes'] / 1e6:.2f} | "
+                     f"{r['dma_transfers']:,} | {r['dma_bytes_per_buffer'] or 0:.0f} | "
+                     f"{r['dma_share_under_2k']:.1%} | {_r(r['pe_useful_over_issued'])} | {us(r['busiest_s'])} | "
+                     f"{us(s['low'])} | {us(s['central'])} | {us(s['high'])} | {r['bound']} | "
+                     f"{lane} {r['shares'][lane]:.0%} |")
+    lines += ["", "Per op, ms per step:", "", "| op | busiest-engine | schedule low | central | high |",
+              "|---|--:|--:|--:|--:|"]
+    lines += [f"| {op} | {ms(v['busiest'])} | {ms(v['low'])} | {ms(v['central'])} | {ms(v['high'])} |"
+              for op, v in _per_op_ms(rep).items()]
+    g, gs, k = rep["glue"], rep["glue_s"], rep["kernel_s"]
+    lines += [f"| outside kernels ({g['equations']:,} equation runs) | {ms(gs['busiest'])} | {ms(gs['low'])} | "
+              f"{ms(gs['central'])} | {ms(gs['high'])} |",
+              f"| **step** | {ms(rep['step_s']['busiest'])} | {ms(rep['step_s']['low'])} | "
+              f"{ms(rep['step_s']['central'])} | {ms(rep['step_s']['high'])} |", "",
+              dma_line(rep["dma_per_step"]) + "; kernels "
+              f"{ms(k['busiest'])} ms busiest-engine, {ms(k['central'])} ms scheduled (central).", "",
+              "Side by side (per core; MFU against the TensorE peak, model FLOPs only; AWS's best published trn1 "
+              f"training MFU {AWS_BEST_MFU:.1%}):", "",
+              "| config | layers | schedule (central) ms | range ms | busiest-engine ms | MFU (central) | MFU range "
+              "| busiest-engine MFU | DMA transfers per step | bytes < 2 KiB | tokens per 30 min |",
+              "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in reps:
+        st, m, d = r["step_s"], r["mfu"], r["dma_per_step"]
+        lines.append(f"| {r['config']} | {r['num_layers']} | {ms(st['central'])} | {ms(st['low'])} - "
+                     f"{ms(st['high'])} | {ms(st['busiest'])} | {m['central']:.1%} | {m['high']:.1%} - "
+                     f"{m['low']:.1%} | {m['busiest']:.1%} | {d['dma_transfers'] / 1e6:.3f} M | "
+                     f"{d['dma_bytes_under_2k'] / d['dma_bytes']:.1%} | {r['tokens_per_30min']['central'] / 1e9:.2f} B |")
     return "\n".join(lines)
 
 
@@ -172,6 +230,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", action="append", default=None,
                     help="another configs/*.py side by side (repeatable; default configs/frontier14.py)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the tables")
+    ap.add_argument("--markdown", action="store_true",
+                    help="print the tables as Markdown (what docs/kernels/step-estimate.md carries)")
     args = ap.parse_args(argv)
     with exit_on_error():  # a bad config: one line, exit 2, before anything is traced
         cfg = load_config(args.config)
@@ -181,6 +241,8 @@ def main(argv=None) -> int:
     side = [rep] + [build_report(o, args.target) for o in others if o.name != cfg.name]
     if args.json:
         print(json.dumps({"report": rep, "comparison": side[1:]}, indent=1, default=str))
+    elif args.markdown:
+        print(format_markdown(side))
     else:
         print(format_report(rep) + "\n\n" + format_comparison(side))
     return 0

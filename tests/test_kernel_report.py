@@ -95,3 +95,24 @@ def test_report_bad_config_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         kernel_report.main(["--config", str(tmp_path / "missing.py")])
     assert exc.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_docs_step_estimate_is_the_reports():
+    """docs/kernels/step-estimate.md carries `kernel_report --config configs/baseline.py --markdown` verbatim
+    (baseline and the default comparison, frontier14: ~2.5 CPU-minutes)."""
+    reps = [kernel_report.build_report(load_config(REPO / "configs" / name)) for name in ("baseline.py", "frontier14.py")]
+    page = (REPO / "docs" / "kernels" / "step-estimate.md").read_text()
+    assert kernel_report.format_markdown(reps) in page, \
+        "rerun python -m frontier_jax.kernel_report --config configs/baseline.py --markdown into the page"
+
+
+def test_markdown_tables(rep):
+    md = kernel_report.format_markdown([rep, rep])
+    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    d = rep["dma_per_step"]
+    assert d["dma_transfers"] == sum(r["dma_transfers"] * r["calls_per_step"] for r in rep["kernels"]) > 0
+    assert 0 <= d["dma_bytes_under_256"] <= d["dma_bytes_under_2k"] <= d["dma_bytes"]
+    assert sum(line.startswith(f"| {rep['config']} |") for line in rows) == 2  # the side-by-side rows
+    assert len(rows) == (1 + len(rep["kernels"])) + (1 + len({r["op"] for r in rep["kernels"]}) + 2) + 1 + 2
+    assert f"{d['dma_transfers'] / 1e6:.3f} M transfers" in md
