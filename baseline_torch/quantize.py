@@ -126,17 +126,13 @@ def roundtrip(model: torch.nn.Module, run_dir: Path) -> dict:
     return {"artifact": str(path), "artifact_bytes": path.stat().st_size, "raw_bytes": len(raw), "stats": stats}
 
 
-def roundtrip_hook(model: torch.nn.Module, run_dir: Path):
-    """The run policy's `Hooks.roundtrip` for the PyTorch baseline: the round trip above, `evaluate()`
+def roundtrip_scored(model: torch.nn.Module, run_dir: Path, evaluate) -> dict:
+    """`Trainer.roundtrip` of the PyTorch baseline (frontier_jax.trainer): the round trip above, `evaluate()`
     on the dequantized model, then the trained weights put back (weights.npz holds the trained ones)."""
-
-    def hook(evaluate) -> dict:
-        trained = copy.deepcopy(model.state_dict())
-        info = roundtrip(model, run_dir)
-        try:
-            sums = evaluate()
-        finally:
-            model.load_state_dict(trained)
-        return {**info, **sums, "code_files": code_files((Path(run_dir) / CONFIG,))}
-
-    return hook
+    trained = copy.deepcopy(model.state_dict())
+    info = roundtrip(model, run_dir)
+    try:
+        sums = evaluate()
+    finally:
+        model.load_state_dict(trained)
+    return {**info, **sums, "code_files": code_files((Path(run_dir) / CONFIG,))}

@@ -24,18 +24,18 @@ import torch
 from baseline_torch import quantize, xla
 from baseline_torch.model import GPT, count_params, load_npz, save_npz
 from baseline_torch.optim import Optimizers
-from frontier_jax import policies, progress, rundir
+from frontier_jax import policies, progress, rundir, startup
 from frontier_jax import run_policy as policy
-from frontier_jax.config import Config, config_hash, model_hash, to_dict
-from frontier_jax.data.stream import TrainLoader
+from frontier_jax.config import Config, ConfigError, config_hash, to_dict
+from frontier_jax.data.dataset import Dataset, load_for_config
+from frontier_jax.data.stream import TrainLoader, val_batches
 from frontier_jax.data.tokenizer import count_bytes
-from frontier_jax.config import ConfigError
 from frontier_jax.errors import exit_on_error
 from frontier_jax.host import describe as describe_allocator
 from frontier_jax.host import tune_allocator
-from frontier_jax.data.dataset import load_for_config
-from frontier_jax.data.stream import val_batches
+from frontier_jax.resolve import resolve_run
 from frontier_jax.rundir import RunError, RunLog
+from frontier_jax.trainer import Trainer as TrainerInterface
 
 PACKAGES = ("torch", "numpy", "sentencepiece", "torch-xla", "torch-neuronx", "neuronx-cc")
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -103,9 +103,10 @@ def _mark_step(device: torch.device) -> None:
         xla.sync()
 
 
-class Trainer:
-    """Model + optimizers + data, and the run policy's hooks: train step (with grad accumulation), eval
-    sums, snapshot/restore for the warm-up reset.
+class Trainer(TrainerInterface):
+    """Model + optimizers + data, and the trainer interface (frontier_jax.trainer): train step (with grad
+    accumulation), eval sums, snapshot/restore for the warm-up reset, the run's log, metrics and summary
+    files (`start`), the int8 + zlib round trip. No checkpoints and no resume (the interface's defaults).
 
     On the XLA device a train step is one graph: the micro-batches' forward and backward, the gradient
     norm and the optimizer step are recorded lazily and the step is marked once at its end; its loss and
@@ -189,6 +190,27 @@ class Trainer:
         self.loader.restore(data_state)
         _sync(self.device)
 
+    def start(self, out_dir: Path, log: RunLog, signals, metrics_log: rundir.MetricsLog, hooks: list) -> None:
+        """The run this trainer trains: its directory, log, signal handlers, metrics sink and plug-ins."""
+        self.out_dir, self.log, self.signals, self.metrics_log, self._hooks = out_dir, log, signals, metrics_log, hooks
+
+    def run_hooks(self) -> list:
+        return self._hooks
+
+    def metrics(self, **row) -> None:
+        self.metrics_log.log(**row)
+
+    def write_summary(self, summary: dict) -> None:
+        """summary.json/txt, curves.png and weights.npz (the interop format; not of a diverged model)."""
+        self.metrics_log.close()
+        if summary["stop_reason"] != policy.STOP_NONFINITE:
+            save_npz(self.model, self.out_dir / rundir.WEIGHTS, {"model": to_dict(self.cfg)["model"],
+                                                                 "step": summary["steps"], "source": "baseline_torch"})
+        rundir.write_summary(self.out_dir, summary)
+
+    def roundtrip(self, evaluate) -> dict:
+        return quantize.roundtrip_scored(self.model, self.out_dir, evaluate)
+
 
 def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bool = False,
         init_weights: str | None = None, echo: bool = True, allocator: dict | None = None) -> dict:
@@ -198,7 +220,10 @@ def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bo
     if cfg.ngram.enabled:  # never silently a different model than the config names
         raise ConfigError("ngram.enabled=True: the PyTorch baseline has no n-gram bias (use the JAX trainer, or "
                           "--set ngram.enabled=False)")
-    with rundir.Signals() as signals:  # from the start, as the JAX trainer
+    out_dir = Path(out_dir).absolute()
+    log = RunLog(None, echo)
+
+    def setup() -> tuple[Trainer, Dataset]:
         dev = resolve_device(device)
         if compile_model and dev.type == "xla":
             raise RunError("--compile with --device xla: torch.compile is not supported by torch-neuronx 2.9 "
@@ -209,18 +234,15 @@ def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bo
                           compile_model)
         if init_weights:
             load_npz(trainer.model, init_weights)
-        out_dir = Path(out_dir).absolute()
-        if signals.received:
-            return rundir.stopped_before_training(out_dir, False, signals, None, False)
-        lock, created = rundir.claim_run_dir(out_dir, resume=False)  # one process per run directory
-        log = RunLog(out_dir / rundir.LOG, echo)
-        try:
-            return _run(cfg, out_dir, trainer, data, compile_model, log, allocator, signals)
-        except policy.InterruptedBeforeTraining:
-            return rundir.stopped_before_training(out_dir, False, signals, None, created)
-        finally:
-            log.close()
-            lock.release()
+        return trainer, data
+
+    def body(prepared, start: startup.Start) -> dict:
+        trainer, data = prepared
+        log.attach(out_dir / rundir.LOG)
+        return _run(cfg, out_dir, trainer, data, compile_model, log, allocator, start.signals)
+
+    # signals from the start, as the JAX trainer; one process per run directory (rundir.claim_run_dir)
+    return startup.start_run(out_dir, False, log, setup, body)
 
 
 def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool, log, allocator, signals) -> dict:
@@ -229,44 +251,26 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
     rundir.write_json(out_dir / rundir.CONFIG, to_dict(cfg))
     rundir.write_json(out_dir / rundir.ENV, {**env, "compute_dtype": str(trainer.dtype).removeprefix("torch."),
                                               "torch_compile": compile_model, "host_allocator": allocator})
-    log(f"baseline_torch run {out_dir} | config {cfg.name} ({config_hash(cfg)}) | git {env['git']}")
+    log(startup.run_line("baseline_torch", out_dir, cfg, env["git"]))
     log(f"device {device} ({trainer.platform}) | torch {torch.__version__}"
         + (f" | torch_xla {env['torch_xla']}" if device.type == "xla" else "") + f" | compute dtype {trainer.dtype} "
         f"(model.compute_dtype={cfg.model.compute_dtype}) | torch.compile {compile_model}"
         + (f" | allocator {describe_allocator(allocator)}" if allocator else ""))
-    log(f"data {cfg.data.data_dir}: {len(data.train_files)} train shards, {data.val_tokens.size - 1:,} val targets | "
-        f"tokenizer {data.tokenizer.path}")
-    log(f"data provenance: {data.provenance}")
-    log(f"step = {t.tokens_per_step:,} tokens = {trainer.accum} micro-batch(es) of {trainer.micro_seqs} x {t.seq_len}")
-    log(f"model: {count_params(trainer.model):,} parameters, hash {model_hash(cfg.model)}")
-    flops_per_token = cfg.model.flops_per_token(t.seq_len)
     peak_info = progress.probe_summary([measure_matmul_peak(device, trainer.dtype) for _ in range(5)],
                                        f"2048^3 {trainer.dtype} matmul on {device}") if t.measure_peak else {}
-    peak = peak_info.get("matmul_peak_flops")
-    log(f"matmul peak (MFU denominator): {peak / 1e9:,.1f} GFLOP/s, {peak_info['peak_source']}" if peak
-        else "matmul peak not measured (train.measure_peak=False): no MFU")
-
-    metrics_log = rundir.MetricsLog(out_dir / rundir.METRICS)
-
-    def write_summary(summary: dict) -> None:
-        metrics_log.close()
-        if summary["stop_reason"] != policy.STOP_NONFINITE:  # a diverged model's weights are not written
-            save_npz(trainer.model, out_dir / rundir.WEIGHTS, {"model": to_dict(cfg)["model"],
-                                                                "step": summary["steps"], "source": "baseline_torch"})
-        rundir.write_summary(out_dir, summary)
-
-    plugins = [xla.CompileWatch(log)] if device.type == "xla" else []
-    hooks = policy.Hooks(train_step=trainer.train_step, read_metrics=trainer.read_metrics,
-                         eval_sums=trainer.eval_sums, snapshot=trainer.snapshot, restore=trainer.restore, log=log,
-                         metrics=metrics_log.log, signals=signals, write_summary=write_summary, plugins=plugins,
-                         roundtrip=quantize.roundtrip_hook(trainer.model, out_dir))
-    hooks.add_hook(progress.Progress(log, policy.Policy.from_config(cfg), progress.train_tokens(data.train_files), t))
+    for line in startup.start_lines(cfg, data, len(data.train_files), trainer.accum, trainer.micro_seqs,
+                                    count_params(trainer.model), peak_info):
+        log(line)
+    trainer.start(out_dir, log, signals, rundir.MetricsLog(out_dir / rundir.METRICS),
+                  [*([xla.CompileWatch(log)] if device.type == "xla" else []),
+                   progress.Progress(log, policy.Policy.from_config(cfg), progress.train_tokens(data.train_files), t)])
     base = {"config_name": cfg.name, "config_hash": config_hash(cfg), "implementation": "torch",
-            **peak_info, "matmul_peak_flops": peak, "flops_per_token": flops_per_token, "run_dir": str(out_dir)}
+            **peak_info, "matmul_peak_flops": peak_info.get("matmul_peak_flops"),
+            "flops_per_token": cfg.model.flops_per_token(t.seq_len), "run_dir": str(out_dir)}
     try:
-        return policy.run_budgeted(policy.Policy.from_config(cfg), hooks, base)
+        return policy.run_budgeted(policy.Policy.from_config(cfg), trainer, base)
     finally:
-        metrics_log.close()
+        trainer.metrics_log.close()
 
 
 def parse_args(argv):
@@ -293,25 +297,21 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     try:
         with exit_on_error():
-            ns = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "threads"}, resume=None,
-                                    kernels=None)
-            cfg, out, _, _ = rundir.resolve_run(ns)
+            cfg, out, _, _ = resolve_run(config=args.config, data=args.data, tokenizer=args.tokenizer,
+                                         budget=args.budget, seed=args.seed, sets=args.set, out=args.out,
+                                         out_tag="-torch")
             device = resolve_device(args.device)
             allocator = tune_allocator(cfg.train.allocator, device_platform(device))  # the JAX trainer's setting
-            if not args.out:
-                out = Path("runs") / f"{cfg.name}-torch-{time.strftime('%Y%m%d-%H%M%S')}"
             summary = run(cfg, out, str(device), args.compile, args.init_weights, allocator=allocator)
     except SystemExit as e:  # one line on stderr already printed
         return int(e.code)
-    for line in progress.final_lines(summary):
+    end = policy.ending(summary["stop_reason"])
+    for line in progress.final_lines(summary) if end.results else ():
         print(line)
-    code = policy.exit_code(summary["stop_reason"])
-    if summary["stop_reason"].endswith("before training"):
-        print("interrupted before training started: nothing trained, nothing written", file=sys.stderr)
-    elif policy.is_interrupted(summary["stop_reason"]):
-        print(f"interrupted after {summary['steps']} steps; weights in {out}/{rundir.WEIGHTS} "
-              "(the torch baseline has no resume)", file=sys.stderr)
-    return code
+    line = end.line(summary, out, checkpoints=False)
+    if line:
+        print(line, file=sys.stderr if end.to_stderr else sys.stdout)
+    return end.exit_code
 
 
 if __name__ == "__main__":

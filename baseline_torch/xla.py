@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from frontier_jax import run_policy as policy
+from frontier_jax.trainer import RunHook, RunState
 
 DEV = Path("/dev")
 
@@ -83,17 +83,17 @@ def versions() -> dict:
     return {"torch_xla": torch_xla.__version__, "pjrt_device": platform().upper()}
 
 
-class CompileWatch(policy.RunHook):
+class CompileWatch(RunHook):
     """Logs how many graphs were compiled in the timed loop: 0 when every step reused the warm-up's graph
     (a recompilation is a shape, dtype or constant that changed between steps)."""
 
     def __init__(self, log):
         self.log, self.start = log, 0
 
-    def on_start(self, state: policy.RunState) -> None:
+    def on_start(self, state: RunState) -> None:
         self.start = compile_count()
 
-    def on_end(self, state: policy.RunState) -> None:
+    def on_end(self, state: RunState) -> None:
         n = compile_count() - self.start
         self.log(f"xla: {n} graph compilation(s) in {state.step - state.start_step} timed step(s)"
                  + ("" if n == 0 else " (WARNING: the step recompiled after the warm-up)"))

@@ -29,6 +29,9 @@ class ConfigError(BadInput):
     """A configuration that cannot run (bad key, bad type, impossible combination)."""
 
 
+# train.kernels: NKI kernels where available, the pure-JAX reference only, or fail if any is missing
+# (frontier_jax.dispatch; the CLI's --kernels).
+KERNEL_MODES = ("auto", "reference", "strict")
 MAX_SEED = (1 << 32) - 1  # train.seed: JAX's default (non-x64) PRNG key holds 32 bits; a larger seed aliases one
 
 
@@ -142,7 +145,7 @@ class TrainConfig:
     log_every_steps: int = 200  # progress: a train.log line every this many steps (metrics.jsonl has every step)
     log_every_seconds: float = 30.0  # ... or every this many seconds, whichever comes first (frontier_jax.progress)
     seed: int = 1337  # parameter init seed
-    kernels: str = "auto"  # auto | reference | strict (see frontier_jax.ops)
+    kernels: str = "auto"  # one of KERNEL_MODES (see frontier_jax.ops)
     # C allocator of the host process (frontier_jax.host): "reuse" keeps XLA's per-step temporary buffer
     # in the heap instead of mmap/munmap + page faults every step (CPU: 1.1-1.3x faster steps); "system"
     # leaves glibc's defaults; "auto": reuse when JAX runs on the CPU, system with an accelerator.
@@ -157,8 +160,8 @@ class TrainConfig:
             raise ConfigError(f"train.allocator must be auto|reuse|system, got {self.allocator!r}")
         if self.budget_seconds <= 0:
             raise ConfigError(f"train.budget_seconds must be > 0, got {self.budget_seconds}")
-        if self.kernels not in ("auto", "reference", "strict"):
-            raise ConfigError(f"train.kernels must be auto|reference|strict, got {self.kernels!r}")
+        if self.kernels not in KERNEL_MODES:
+            raise ConfigError(f"train.kernels must be {'|'.join(KERNEL_MODES)}, got {self.kernels!r}")
         if self.seq_len <= 0 or self.tokens_per_step <= 0 or self.micro_batch_seqs <= 0:
             raise ConfigError("train.seq_len, train.tokens_per_step and train.micro_batch_seqs must be positive")
         if self.tokens_per_step % self.seq_len:
@@ -420,9 +423,14 @@ def config_hash(cfg: Config) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def model_hash(model_cfg: ModelConfig) -> str:
-    """Identity of a model's parameter shapes (a checkpoint from another model is refused)."""
-    keys = ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult")
-    blob = json.dumps({k: getattr(model_cfg, k) for k in keys}, sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:12]
+def model_hash(cfg: Config) -> str:
+    """Identity of a model's parameter shapes (a checkpoint from another model is refused): the model's
+    sizes and, with the n-gram bias on, the bias parameter's [orders, confidence buckets] (frontier_jax.model
+    `build`). A config without the bias hashes its model sizes alone."""
+    m, ng = cfg.model, cfg.ngram
+    shapes = {k: getattr(m, k) for k in ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads",
+                                         "mlp_mult")}
+    if ng.bias_orders:
+        shapes["ngram_bias"] = [ng.bias_orders, ng.confidence_buckets]
+    return hashlib.sha256(json.dumps(shapes, sort_keys=True).encode()).hexdigest()[:12]
 

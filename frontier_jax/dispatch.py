@@ -49,7 +49,7 @@ from jax.interpreters import mlir
 from frontier_jax.errors import BadInput
 from kernels_nki import registry
 
-MODES = ("auto", "reference", "strict")
+from frontier_jax.config import KERNEL_MODES as MODES  # auto, reference, strict: spelled once, in config
 
 
 class KernelUnavailableError(BadInput):

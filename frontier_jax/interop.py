@@ -146,7 +146,7 @@ def restore_params(run_dir, step: int | None = None, log=None):
     cfg, dtype = read_run_config(run_dir)
     graphdef, aparams, aopt = abstract_state(cfg, dtype, optim.build_optimizer(cfg.optim))
     state, meta = checkpoint.restore(Path(run_dir), {"params": aparams, "opt_state": aopt}, step=step,
-                                     expect_model_hash=model_hash(cfg.model), log=log)
+                                     expect_model_hash=model_hash(cfg), log=log)
     return cfg, graphdef, state["params"], int(meta["step"]) if step is None else step, dtype
 
 
@@ -176,7 +176,7 @@ def import_run(npz, cfg: Config, out_dir) -> dict:
     rundir.write_json(out_dir / rundir.ENV, {**report.environment(), "compute_dtype": str(dtype),
                                              "imported_from": str(npz), "imported_meta": meta})
     ckpt_meta = {"step": 0, "train_seconds": 0.0, "tokens": 0, "data": {"shard": 0, "offset": 0, "position_tokens": 0},
-                 "model_hash": model_hash(cfg.model), "model": to_dict(cfg)["model"], "reason": f"imported {npz}"}
+                 "model_hash": model_hash(cfg), "model": to_dict(cfg)["model"], "reason": f"imported {npz}"}
     checkpoint.save(out_dir, 0, {"params": params, "opt_state": tx.init(params)}, ckpt_meta)
     return {"keys": len(sd), "out": str(out_dir), "step": 0}
 

@@ -1,4 +1,4 @@
-"""The JAX trainer: the run policy's hooks (frontier_jax.run_policy) for a Flax NNX model on a device mesh.
+"""The JAX trainer: the trainer interface (frontier_jax.trainer) for a Flax NNX model on a device mesh.
 
 `run_policy.run_budgeted` decides the order of events (untimed compile warm-up then reset, the timed
 loop and its stop order, validation cadence, checkpoints, the final validation, the summary). This
@@ -7,8 +7,9 @@ before the run directory is created, locked (one process per directory, `rundir.
 written; the state is created with its shardings; the jitted train and eval steps (dispatched one
 step ahead: a step's host metrics are read at the next iteration); snapshot/restore for the warm-up
 reset; orbax checkpoints and resume; the multi-process agreement (process 0's clock decides the
-schedule and the stop, any process's signal stops all at the same step). SIGINT/SIGTERM are handled
-from the start: before the first step a signal stops with nothing to save. The n-gram runtime is a
+schedule and the stop, any process's signal stops all at the same step). The start-up lifecycle is
+`frontier_jax.startup.start_run`: SIGINT/SIGTERM are handled from the start, and before the first step a
+signal stops with nothing to save. The n-gram runtime is a
 run hook (`ngram_runtime.for_config`: a null hook when it is off), as are the progress lines
 (`frontier_jax.progress`) and `on_step`. After the final validation, the contest's int8 + zlib round
 trip (`JaxTrainer.roundtrip`, `frontier_jax.quantize`).
@@ -17,7 +18,6 @@ trip (`JaxTrainer.roundtrip`, `frontier_jax.quantize`).
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
 import jax
@@ -26,18 +26,17 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from frontier_jax import checkpoint, host, interop, ops, optim, progress, quantize, report, rundir
+from frontier_jax import checkpoint, host, interop, ops, optim, progress, quantize, report, rundir, startup
 from frontier_jax import run_policy as policy
 from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
-from frontier_jax.errors import BadInput
 from frontier_jax.model import build, count_params, resolve_compute_dtype
 from frontier_jax.ngram import runtime as ngram_runtime
 from frontier_jax.parallel import DataParallel, make_data_parallel
-from frontier_jax.rundir import (RunError, RunLog, Signals, claim_run_dir, finished_summary, stopped_before_training,
-                                 truncate_metrics)
+from frontier_jax.rundir import RunError, RunLog, claim_run_dir, truncate_metrics
 from frontier_jax.steps import evaluate_batches, make_eval_step, make_train_step, q_gains
+from frontier_jax.trainer import RunHook, RunState, Trainer
 
 __all__ = ["run", "init_state", "RunError"]
 
@@ -87,7 +86,7 @@ def _restore(cfg: Config, tx, compute_dtype, dp: DataParallel, out_dir: Path, lo
     abstract = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                       jax.eval_shape(init), shardings)
     state, meta = checkpoint.restore(out_dir, {"params": abstract[0], "opt_state": abstract[1]},
-                                     expect_model_hash=model_hash(cfg.model), log=log, skipped_steps=skipped)
+                                     expect_model_hash=model_hash(cfg), log=log, skipped_steps=skipped)
     return state["params"], state["opt_state"], meta
 
 
@@ -100,12 +99,23 @@ def run(cfg: Config, out_dir: Path, resume: bool = False, echo: bool = True, sto
     after that many steps of this invocation. on_step(step, row) receives each finished step's host
     metrics. Every input is checked before the run directory is created, locked or written to.
     """
+    out_dir = Path(out_dir).absolute()
     log = RunLog(None, echo, enabled=jax.process_index() == 0)
-    try:
-        with Signals() as signals:  # from the start: a signal during start-up or warm-up stops cleanly
-            return _run(cfg, Path(out_dir).absolute(), resume, log, signals, stop_after_steps, on_step)
-    finally:
-        log.close()
+
+    def body(s: Setup, start: startup.Start) -> dict:
+        restored, skipped, t = None, [], cfg.train
+        if resume:  # the checkpoint is read (and another model's refused) before anything is written
+            restored = _restore(cfg, s.tx, s.compute_dtype, s.dp, out_dir, log, skipped)
+            meta = restored[2]
+            start.resumed_step = meta["step"]
+            if meta["step"] >= t.max_steps or meta["train_seconds"] >= t.budget_seconds:
+                return startup.finished_summary(out_dir, meta, t)
+        trainer = JaxTrainer(cfg, out_dir, log, s, restored, skipped)
+        return trainer.run(start.signals, stop_after_steps, on_step)
+
+    # signals from the start (a signal during start-up or warm-up stops cleanly), then the checks, the claim
+    return startup.start_run(out_dir, resume, log, lambda: _setup(cfg), body,
+                             claim=lambda s: _claim(out_dir, resume, s.dp))
 
 
 def _claim(out_dir: Path, resume: bool, dp: DataParallel):
@@ -171,35 +181,10 @@ def _neuron_program_check(cfg: Config, dp: DataParallel, mode: str):
     return findings
 
 
-def _run(cfg: Config, out_dir: Path, resume: bool, log: RunLog, signals, stop_after_steps, on_step) -> dict:
-    t = cfg.train
-    s = _setup(cfg)
-    if signals.received:
-        return stopped_before_training(out_dir, resume, signals, None, False)
-    lock, created = _claim(out_dir, resume, s.dp)
-    try:
-        restored, skipped = None, []
-        if resume:  # the checkpoint is read (and another model's refused) before anything is written
-            restored = _restore(cfg, s.tx, s.compute_dtype, s.dp, out_dir, log, skipped)
-            meta = restored[2]
-            if meta["step"] >= t.max_steps or meta["train_seconds"] >= t.budget_seconds:
-                return finished_summary(out_dir, meta, t)
-        try:
-            trainer = JaxTrainer(cfg, out_dir, log, s, restored, skipped)
-            return trainer.run(signals, stop_after_steps, on_step)
-        except policy.InterruptedBeforeTraining:
-            return stopped_before_training(out_dir, resume, signals, restored and restored[2]["step"], created)
-        except BadInput:
-            if created and not (out_dir / rundir.METRICS).exists():  # nothing trained: leave no partial run
-                shutil.rmtree(out_dir, ignore_errors=True)
-            raise
-    finally:
-        if lock:
-            lock.release()
+class JaxTrainer(Trainer):
+    """The run directory's files and the trainer interface (frontier_jax.trainer) for one invocation of `run`."""
 
-
-class JaxTrainer:
-    """The run directory's files and the run policy's hooks for one invocation of `run`."""
+    checkpoints = True
 
     def __init__(self, cfg: Config, out_dir: Path, log: RunLog, s: Setup, restored, skipped=()):
         t, dp = cfg.train, s.dp
@@ -209,7 +194,7 @@ class JaxTrainer:
         self.seqs_per_step, self.accum, self.metrics_log = t.tokens_per_step // t.seq_len, s.accum, None
         log.attach(out_dir / rundir.LOG)
         env = s.env
-        log(f"frontier_jax run {out_dir} | config {cfg.name} ({config_hash(cfg)}) | git {env['git']}")
+        log(startup.run_line("frontier_jax", out_dir, cfg, env["git"]))
         log(f"backend {env['backend']} | {dp.describe()} | allocator {host.describe(env['host_allocator'])}")
         log(f"compute dtype {s.compute_dtype} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
             f"{s.ns_dtype} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
@@ -223,14 +208,9 @@ class JaxTrainer:
         self.val_tokens = data.val_tokens
         self.ngram = ngram_runtime.for_config(cfg.ngram, data.train_files, out_dir, log, dp.replicated)
         self.loader = TrainLoader(self.ngram.trainer_files, t.seq_len, dp.process_index, dp.process_count)
-        log(f"data {cfg.data.data_dir}: {len(self.ngram.trainer_files)} train shards, "
-            f"{data.val_tokens.size - 1:,} val targets | tokenizer {data.tokenizer.path}")
-        log(f"data provenance: {data.provenance}")
-        log(f"step = {t.tokens_per_step:,} tokens = {s.accum} micro-batch(es) of {s.global_micro} x {t.seq_len}")
 
         # ---- model, optimizer, compiled steps
         graphdef, self.params, self.opt_state, _ = init_state(cfg, s.tx, s.compute_dtype, dp)
-        log(f"model: {count_params(nnx.merge(graphdef, self.params)):,} parameters, hash {model_hash(cfg.model)}")
         specs = dp.state_specs(self.opt_state)
         make_train = lambda exact: make_train_step(graphdef, s.tx, self.ngram.bias_fn, mesh=dp.mesh, state_specs=specs,
                                                    head_dim=cfg.model.head_dim, attention_exact=exact)
@@ -241,31 +221,34 @@ class JaxTrainer:
         self.flops_per_token = cfg.model.flops_per_token(t.seq_len)
         self.peak_info = report.matmul_peak(s.compute_dtype, dp.num_devices) if t.measure_peak else {}
         self.peak = self.peak_info.get("matmul_peak_flops")
-        log(f"matmul peak (MFU denominator, all devices): {self.peak / 1e9:,.1f} GFLOP/s, "
-            f"{self.peak_info['peak_source']}" if self.peak
-            else "matmul peak not measured (train.measure_peak=False): no MFU")
+        for line in startup.start_lines(cfg, data, len(self.ngram.trainer_files), s.accum, s.global_micro,
+                                        count_params(nnx.merge(graphdef, self.params)), self.peak_info, "all devices"):
+            log(line)
 
     def run(self, signals, stop_after_steps: int | None, on_step) -> dict:
         cfg, dp = self.cfg, self.dp
-        hooks = policy.Hooks(
-            train_step=self.train_step, read_metrics=self.read_metrics, eval_sums=self.eval_sums,
-            snapshot=self.loader.state, restore=self.restore, log=self.log, metrics=self.metrics, signals=signals,
-            write_summary=self.write_summary, resume=self.resume, save=self.save, discard=self.discard,
-            agree=self.agree, summary_fields=self.summary_fields, roundtrip=self.roundtrip)
-        hooks.add_hook(progress.Progress(self.log, policy.Policy.from_config(cfg),
-                                         progress.train_tokens(self.ngram.trainer_files), cfg.train, dp.is_main))
-        hooks.add_hook(self.ngram)  # starts with the timed budget: the builder's time counts against it
+        self.signals = signals
+        self._hooks = [progress.Progress(self.log, policy.Policy.from_config(cfg),
+                                         progress.train_tokens(self.ngram.trainer_files), cfg.train, dp.is_main),
+                       self.ngram]  # the n-gram runtime starts with the timed budget: its builder's time counts
         if on_step is not None:
-            hooks.add_hook(OnStep(on_step))
+            self._hooks.append(OnStep(on_step))
         base = {"config_name": cfg.name, "config_hash": config_hash(cfg), **self.peak_info,
                 "matmul_peak_flops": self.peak, "flops_per_token": self.flops_per_token, "run_dir": str(self.out_dir)}
         try:
-            return policy.run_budgeted(policy.Policy.from_config(cfg, stop_after_steps), hooks, base)
+            return policy.run_budgeted(policy.Policy.from_config(cfg, stop_after_steps), self, base)
         finally:
             if self.metrics_log is not None:
                 self.metrics_log.close()
 
-    # ---- the run policy's hooks
+    # ---- the trainer interface (frontier_jax.trainer.Trainer)
+
+    def run_hooks(self) -> list[RunHook]:
+        return self._hooks
+
+    def snapshot(self) -> dict:
+        """The data position before the warm-up (`restore` re-creates or restores the parameters)."""
+        return self.loader.state()
 
     def train_step(self, lr_scale: float, momentum: float):
         x, y = policy.step_batch(self.loader, self.seqs_per_step, self.accum, self.cfg.train.seq_len)
@@ -307,7 +290,7 @@ class JaxTrainer:
             rundir.write_json(self.out_dir / rundir.KERNELS, {"dispatch": f"per device, {self.dp.num_devices} device(s)",
                                                               "ops": [dataclasses.asdict(r) for r in s.kernel_rows]})
 
-    def resume(self) -> policy.RunState | None:
+    def resume(self) -> RunState | None:
         """After the warm-up: the resumed checkpoint's counters (metrics.jsonl cut back to its step), or
         None; then the run's files are written (config.json etc.), the unreadable checkpoints restore
         skipped are moved aside, and metrics.jsonl is opened, as the run's first timed file."""
@@ -322,7 +305,7 @@ class JaxTrainer:
             dropped = truncate_metrics(self.out_dir / rundir.METRICS, step) if self.dp.is_main else 0
             self.log(f"resumed from step {step} ({meta['train_seconds']:.1f} s trained, data position {meta['data']})"
                      + (f"; dropped {dropped} metrics row(s) logged after that step" if dropped else ""))
-            state = policy.RunState(step=step, tokens=meta["tokens"], train_seconds=meta["train_seconds"])
+            state = RunState(step=step, tokens=meta["tokens"], train_seconds=meta["train_seconds"])
         self._write_run_files()
         self.metrics_log = rundir.MetricsLog(self.out_dir / rundir.METRICS, enabled=self.dp.is_main)
         return state
@@ -330,9 +313,9 @@ class JaxTrainer:
     def metrics(self, **row) -> None:
         self.metrics_log.log(**row)
 
-    def save(self, s: policy.RunState, reason: str) -> None:
+    def save(self, s: RunState, reason: str) -> None:
         meta = {"step": s.step, "train_seconds": s.train_seconds, "tokens": s.tokens, "data": self.loader.state(),
-                "model_hash": model_hash(self.cfg.model), "model": to_dict(self.cfg)["model"], "reason": reason}
+                "model_hash": model_hash(self.cfg), "model": to_dict(self.cfg)["model"], "reason": reason}
         path = checkpoint.save(self.out_dir, s.step, {"params": self.params, "opt_state": self.opt_state}, meta)
         self.log(f"checkpoint step {s.step} -> {path} ({reason})" if path else
                  f"checkpoint step {s.step}: already saved ({reason} save not needed)")
@@ -421,11 +404,11 @@ class _AttentionVariants:
         return self._get("eval")
 
 
-class OnStep(policy.RunHook):
+class OnStep(RunHook):
     """Calls fn(step, row) with each finished step's host metrics (tests, tools)."""
 
     def __init__(self, fn):
         self.fn = fn
 
-    def after_step(self, state: policy.RunState, row: dict) -> None:
+    def after_step(self, state: RunState, row: dict) -> None:
         self.fn(row["step"], row)

@@ -1,6 +1,6 @@
 """What a run says while it trains and at its end, for both trainers (no JAX): progress, repetition, final lines.
 
-- `Progress`, a run hook (`frontier_jax.run_policy.RunHook`'s methods): on a terminal a tqdm bar
+- `Progress`, a run hook (`frontier_jax.trainer.RunHook`'s methods): on a terminal a tqdm bar
   (tokens/s, loss, elapsed/budget) and the same lines in train.log only; off a terminal (nohup, Slurm,
   a compare arm's log) one log line every `train.log_every_steps` steps or `train.log_every_seconds`
   seconds, whichever comes first: step, tokens, tokens/s since the previous line, loss, elapsed/budget.

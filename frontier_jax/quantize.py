@@ -262,15 +262,19 @@ def roundtrip_lines(f: dict) -> list[str]:
 
 
 def run_roundtrip(roundtrip, evaluate, log) -> dict:
-    """Run a trainer's round trip (`roundtrip(timed evaluate)`), log the official lines; its summary fields.
-    An artifact that cannot be written or read is logged and reported as `roundtrip_error`."""
+    """Run a trainer's round trip (`roundtrip(timed evaluate)`), log the official lines; its summary fields
+    ({} when `roundtrip` returns None: the trainer has none). An artifact that cannot be written or read is
+    logged and reported as `roundtrip_error`."""
     def timed() -> dict:
         t0 = time.perf_counter()
         v = evaluate()
         return {**v, "eval_seconds": time.perf_counter() - t0}
 
     try:
-        fields = summary_fields(roundtrip(timed))
+        result = roundtrip(timed)
+        if result is None:
+            return {}
+        fields = summary_fields(result)
     except (OSError, BadInput) as e:
         msg = describe_os_error(e) if isinstance(e, OSError) else str(e)
         log(f"int8+zlib round trip failed: {msg}")

@@ -1,26 +1,28 @@
 """The run policy both trainers share: one budgeted-run driver, its stop rules, schedules and summary.
 
 It imports no JAX (numpy at most), so the PyTorch baseline runs exactly the same semantics without
-loading JAX. A trainer (the JAX loop, `baseline_torch.train`) supplies its step, its evaluation sums
-and its snapshot/restore as callables (`Hooks`) and calls `run_budgeted`; plug-ins (the n-gram
-runtime, progress lines) attach as `RunHook`s, as levanter's `add_hook`.
+loading JAX. A trainer (the JAX loop, `baseline_torch.train`) is a class implementing the
+`frontier_jax.trainer.Trainer` protocol (its step, evaluation sums, snapshot/restore and optional
+capabilities) and calls `run_budgeted`; plug-ins (the n-gram runtime, progress lines) are the
+`RunHook`s its `run_hooks` lists, as levanter's `add_hook`. How a run ended maps to the entry points'
+exit status and last line through one table (`ENDINGS`, `ending`).
 
-Order of events (docs/training.md); the caller has installed the signal handlers (rundir.Signals)
-before its set-up, so a signal is never lost:
+Order of events (docs/training.md); the caller has installed the signal handlers (the start-up
+lifecycle, frontier_jax.startup) before its set-up, so a signal is never lost:
 1. untimed compile warm-up: `warmup_steps` train steps (at least one, lr multiplier 1, Muon momentum
    of steps 0, 1, ...), each waited for, and one evaluation of `warmup_val_tokens`; then `restore`
    puts back the state from before it (fresh or resumed parameters and optimizer state, the data
    position), as the baseline. A signal here (checked after each warm-up step and after the
    evaluation, agreed across processes) raises `InterruptedBeforeTraining`: nothing trained, nothing
    saved, exit 130;
-2. an optional resume (`Hooks.resume`: step, tokens and trained seconds carry on);
+2. an optional resume (`Trainer.resume`: step, tokens and trained seconds carry on);
 3. the timed loop. Each iteration, in this order:
    a. the previous step's host metrics are read (the step was dispatched asynchronously) and logged;
       a non-finite loss or gradient norm stops the run ("non-finite loss"), and a checkpoint this
       invocation wrote of the parameters that produced it (the step before) is discarded;
    b. the stop is decided, checked in this order: a signal (or `stop_after_steps` steps of this
       invocation, as a signal), then `max_steps`, then the time budget (`decide_stop`); with several
-      processes `Hooks.agree` makes every process take process 0's clock and any process's signal;
+      processes `Trainer.agree` makes every process take process 0's clock and any process's signal;
    c. a periodic validation when due (`val_due`: every `val_every_steps` steps, never at the first
       step of an invocation); its time is not counted;
    d. the schedules (`lr_scale`, `muon_momentum`) at the current step and elapsed time, the hooks'
@@ -31,8 +33,8 @@ before its set-up, so a signal is never lost:
 4. the hooks' `on_end`; a final checkpoint ("final", or "interrupted" after a signal; none after a
    non-finite loss, so the last finite one stays; saving a step that is already saved is the
    trainer's no-op); the final validation over the whole val split unless interrupted, diverged or
-   unsaved, then the contest's int8 + zlib round trip (`Hooks.roundtrip`, scored by the same `eval_sums`);
-   the summary (`Hooks.write_summary`, logged as a table); a failed save is raised last (exit 2).
+   unsaved, then the contest's int8 + zlib round trip (`Trainer.roundtrip`, scored by the same `eval_sums`);
+   the summary (`Trainer.write_summary`, logged as a table); a failed save is raised last (exit 2).
 """
 
 from __future__ import annotations
@@ -41,14 +43,13 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from frontier_jax import quantize, rundir
 from frontier_jax.config import Config, ConfigError, OptimConfig
 from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, BadInput, describe_os_error
+from frontier_jax.trainer import RunHook, RunState, Trainer
 
 # The dtype policies and the optimizer groups both trainers use are in frontier_jax.policies.
 
@@ -59,7 +60,9 @@ STOP_MAX_STEPS = "max_steps"
 STOP_NONFINITE = "non-finite loss"
 STOP_SAVE_FAILED = "checkpoint not written"
 STOP_WRITE_FAILED = "run file not written"  # an OSError writing the run's files (a full disk) in the loop
+STOP_FINISHED = "already finished"  # --resume of a run that reached its max_steps or budget (nothing trained)
 FINAL_VAL_INTERRUPTED = "during the final validation"  # suffix of a signal's stop reason there
+BEFORE_TRAINING = "before training"  # suffix of a signal's stop reason before the first timed step
 SIGNAL_PREFIX = "signal"
 STOP_REQUESTED = "stop requested"  # stop_after_steps (tests) behaves as a signal with this name
 
@@ -72,11 +75,65 @@ def is_interrupted(stop_reason: str) -> bool:
     return stop_reason.startswith(SIGNAL_PREFIX)
 
 
-def exit_code(stop_reason: str) -> int:
-    """The entry points' exit status for a finished run: 3 diverged, 130 interrupted, else 0."""
+@dataclasses.dataclass(frozen=True)
+class Ending:
+    """What an entry point does for a run that ended one way: its exit status, whether it prints the
+    run's result lines (progress.final_lines), and its last line for a trainer that resumes from
+    checkpoints (`resumable`) and for one that does not (`weights_only`; None: no line). A line is a
+    format string of the summary's fields and `out` (the run directory)."""
+
+    exit_code: int
+    results: bool = True
+    resumable: str | None = None
+    weights_only: str | None = None
+    to_stderr: bool = True
+
+    def line(self, summary: dict, out, checkpoints: bool) -> str | None:
+        text = self.resumable if checkpoints else self.weights_only
+        return None if text is None else text.format_map({**summary, "out": out})
+
+
+_TORCH_INTERRUPTED = (f"interrupted after {{steps}} steps; weights in {{out}}/{rundir.WEIGHTS} "
+                      "(the torch baseline has no resume)")
+_BEFORE = "interrupted before training started: nothing trained, "
+
+ENDINGS = {  # the kinds of `ending`, one row each
+    "done": Ending(EXIT_OK),  # budget, max_steps
+    "already finished": Ending(EXIT_OK, results=False, resumable="{note}", to_stderr=False),  # the note on stdout
+    "diverged": Ending(EXIT_DIVERGED),
+    "interrupted before training": Ending(
+        EXIT_INTERRUPTED, resumable=_BEFORE + "no checkpoint written", weights_only=_BEFORE + "nothing written"),
+    "interrupted before training a resume": Ending(
+        EXIT_INTERRUPTED, resumable=_BEFORE + "the run is as it was; continue with: python -m frontier_jax.train "
+                                              "--resume {out}", weights_only=_BEFORE + "nothing written"),
+    "interrupted in the final validation": Ending(
+        EXIT_INTERRUPTED, resumable="interrupted during the final validation: checkpoint step {checkpoint_step} saved; "
+                                    "score it with: python -m frontier_jax.evaluate --run {out}",
+        weights_only=_TORCH_INTERRUPTED),
+    "interrupted": Ending(EXIT_INTERRUPTED, resumable="interrupted: checkpoint step {checkpoint_step} saved; continue "
+                                                      "with: python -m frontier_jax.train --resume {out}",
+                          weights_only=_TORCH_INTERRUPTED),
+}
+
+
+def ending(stop_reason: str, resumed: bool = False) -> Ending:
+    """The `ENDINGS` row of a finished run's stop reason (`resumed`: the invocation was a --resume)."""
+    if stop_reason == STOP_FINISHED:
+        return ENDINGS["already finished"]
     if stop_reason == STOP_NONFINITE:
-        return EXIT_DIVERGED
-    return EXIT_INTERRUPTED if is_interrupted(stop_reason) else EXIT_OK
+        return ENDINGS["diverged"]
+    if not is_interrupted(stop_reason):
+        return ENDINGS["done"]
+    if stop_reason.endswith(BEFORE_TRAINING):
+        return ENDINGS["interrupted before training a resume" if resumed else "interrupted before training"]
+    if stop_reason.endswith(FINAL_VAL_INTERRUPTED):
+        return ENDINGS["interrupted in the final validation"]
+    return ENDINGS["interrupted"]
+
+
+def exit_code(stop_reason: str) -> int:
+    """The entry points' exit status for a finished run: 3 diverged, 130 interrupted, else 0 (`ENDINGS`)."""
+    return ending(stop_reason).exit_code
 
 
 def decide_stop(signalled: str | None, step: int, max_steps: int, elapsed_s: float, budget_s: float) -> str | None:
@@ -107,7 +164,7 @@ class InterruptedBeforeTraining(KeyboardInterrupt):
     `reason` is the stop reason ("signal SIGINT before training")."""
 
     def __init__(self, signal_name: str | None):
-        self.reason = f"{signal_reason(signal_name)} before training"
+        self.reason = f"{signal_reason(signal_name)} {BEFORE_TRAINING}"
         super().__init__(self.reason)
 
 
@@ -215,202 +272,128 @@ class Policy:
                    stop_after_steps=stop_after_steps)
 
 
-@dataclasses.dataclass
-class RunState:
-    """Where a run stands: what a checkpoint records and what the summary reports."""
-
-    step: int = 0
-    tokens: int = 0
-    train_seconds: float = 0.0
-    start_step: int = 0  # the step this invocation started at (resume)
-    final_loss: float = math.nan
-    stop_reason: str | None = None
-    saved_step: int | None = None  # the newest step with a checkpoint (resumed from, or saved)
-
-
-class RunHook:
-    """A plug-in of the run (no-op by default): the n-gram runtime, a progress bar, a per-step log."""
-
-    def on_start(self, state: RunState) -> None:
-        """The timed part begins (after warm-up and resume)."""
-
-    def before_step(self, state: RunState) -> None:
-        """Just before the train step that will make step `state.step + 1`."""
-
-    def after_step(self, state: RunState, row: dict) -> None:
-        """A finished step's metrics row (kind=train), in step order."""
-
-    def on_end(self, state: RunState) -> None:
-        """The timed loop ended (state.stop_reason set); before the final checkpoint and validation."""
-
-    def close(self) -> None:
-        """Always called at the end, also on an exception after `on_start`."""
-
-
-@dataclasses.dataclass
-class Hooks:
-    """What a trainer supplies.
-
-    train_step(lr_scale, momentum) -> handle: one step on the next batch (may return before it finishes).
-    read_metrics(handle) -> (loss, grad_norm) as floats (waits for the step).
-    eval_sums(max_tokens) -> {"nll_sum_nats", "tokens", "bytes"} over at most max_tokens val targets (0: all).
-    snapshot() -> token; restore(token): undo the warm-up (parameters, optimizer state, data position).
-    log(msg): the run log; metrics(**row): the metrics sink (one row per train step or validation).
-    signals: the installed handlers' state: `.received` names a signal that arrived (or is None);
-        `.stopping`, when present, is what the first signal prints (set here for the timed loop).
-    write_summary(summary): write the summary files (summary.json/txt, curves.png).
-    resume() -> RunState or None: the checkpoint's step/tokens/train_seconds, restored into the trainer.
-    save(state, reason): a checkpoint ("periodic", "final", "interrupted"); None: the trainer has none.
-    discard(step): remove checkpoint `step` (its parameters gave a non-finite loss).
-    agree(local_stop, elapsed) -> (stop, elapsed): several processes agree (default: this one decides).
-    summary_fields() -> dict: more summary entries, computed at the end (e.g. the newest checkpoint).
-    roundtrip(evaluate) -> dict: the int8 + zlib artifact scored by `evaluate()` (quantize.run_roundtrip).
-    """
-
-    train_step: Callable[[float, float], Any]
-    read_metrics: Callable[[Any], tuple[float, float]]
-    eval_sums: Callable[[int], dict]
-    snapshot: Callable[[], Any]
-    restore: Callable[[Any], None]
-    log: Callable[[str], None]
-    metrics: Callable[..., None]
-    signals: Any
-    write_summary: Callable[[dict], None]
-    resume: Callable[[], RunState | None] | None = None
-    save: Callable[[RunState, str], None] | None = None
-    discard: Callable[[int], None] | None = None
-    agree: Callable[[bool, float], tuple[bool, float]] | None = None
-    summary_fields: Callable[[], dict] | None = None
-    roundtrip: Callable[[Callable[[], dict]], dict] | None = None
-    plugins: list[RunHook] = dataclasses.field(default_factory=list)
-
-    def add_hook(self, hook: RunHook) -> None:
-        self.plugins.append(hook)
-
-    def stop_agreed(self, local_stop: bool, elapsed: float) -> tuple[bool, float]:
-        return self.agree(local_stop, elapsed) if self.agree else (local_stop, elapsed)
-
-
-def warm_up(policy: Policy, hooks: Hooks) -> float:
+def warm_up(policy: Policy, trainer: Trainer) -> float:
     """The untimed compile warm-up, then reset; returns its seconds. A signal stops it between steps."""
-    hooks.log(f"compile warm-up: {policy.warmup_steps} step(s) and the eval step (untimed)")
+    trainer.log(f"compile warm-up: {policy.warmup_steps} step(s) and the eval step (untimed)")
     t0 = time.perf_counter()
-    token = hooks.snapshot()
+    token = trainer.snapshot()
 
     def check_signal():
-        if hooks.stop_agreed(hooks.signals.received is not None, 0.0)[0]:
-            raise InterruptedBeforeTraining(hooks.signals.received)
+        if trainer.agree(trainer.signals.received is not None, 0.0)[0]:
+            raise InterruptedBeforeTraining(trainer.signals.received)
 
     for i in range(policy.warmup_steps):
-        hooks.read_metrics(hooks.train_step(1.0, muon_momentum(policy.optim, i)))
+        trainer.read_metrics(trainer.train_step(1.0, muon_momentum(policy.optim, i)))
         check_signal()
-    hooks.eval_sums(policy.warmup_val_tokens)  # compiles the eval step
+    trainer.eval_sums(policy.warmup_val_tokens)  # compiles the eval step
     check_signal()
-    hooks.restore(token)
+    trainer.restore(token)
     seconds = time.perf_counter() - t0
-    hooks.log(f"compile warm-up: {seconds:.1f} s (untimed; state reset)")
+    trainer.log(f"compile warm-up: {seconds:.1f} s (untimed; state reset)")
     return seconds
 
 
-def run_budgeted(policy: Policy, hooks: Hooks, summary_base: dict) -> dict:
+def run_budgeted(policy: Policy, trainer: Trainer, summary_base: dict) -> dict:
     """Warm-up, resume, the timed loop and the finish (module docstring); returns the summary dict:
     `summary_base` (config name/hash, run dir, matmul peak, FLOPs per token, ...) plus steps, tokens,
     train seconds, tokens/s, MFU, final train loss, stop reason, `summary_fields()` and the final val
     sums/loss/bpb."""
-    warm_up(policy, hooks)
-    resumed = hooks.resume() if hooks.resume else None
+    warm_up(policy, trainer)
+    resumed = trainer.resume()
     state = resumed or RunState()
     state.start_step = state.step
     if resumed is not None:
         state.saved_step = state.step  # the checkpoint it came from
-    if hasattr(hooks.signals, "stopping"):
-        hooks.signals.stopping = "stopping after this step" + ("; checkpoint follows" if hooks.save else "")
+    if hasattr(trainer.signals, "stopping"):
+        trainer.signals.stopping = "stopping after this step" + ("; checkpoint follows" if trainer.checkpoints else "")
+    plugins = list(trainer.run_hooks())
     try:
-        for h in hooks.plugins:
+        for h in plugins:
             h.on_start(state)
         try:
-            save_error = _timed_loop(policy, hooks, state)
+            save_error = _timed_loop(policy, trainer, plugins, state)
         except OSError as e:  # e.g. metrics.jsonl on a full disk: one line naming the file, and the summary
             state.stop_reason, save_error = STOP_WRITE_FAILED, BadInput(describe_os_error(e))
-        for h in hooks.plugins:
+        for h in plugins:
             h.on_end(state)
-        return _finish(hooks, state, summary_base, save_error)
+        return _finish(trainer, state, summary_base, save_error)
     finally:
-        for h in hooks.plugins:
+        for h in plugins:
             h.close()
 
 
-def _record(hooks: Hooks, state: RunState, pending: dict, metrics: tuple[float, float] | None = None) -> float:
+def _record(trainer: Trainer, plugins: list[RunHook], state: RunState, pending: dict,
+            metrics: tuple[float, float] | None = None) -> float:
     """Log a dispatched step's metrics row (read now unless given) and run the hooks; the loss, or nan
     when the loss or the gradient norm is not finite."""
-    loss, gnorm = metrics if metrics is not None else hooks.read_metrics(pending["handle"])
+    loss, gnorm = metrics if metrics is not None else trainer.read_metrics(pending["handle"])
     last, pending["done"][0] = pending["done"][0], pending["clock"]()  # the step's own rate: arrival to arrival
     row = dict(kind="train", step=pending["step"], loss=loss, grad_norm=gnorm, lr_scale=pending["lr_scale"],
                momentum=pending["momentum"], tokens=pending["tokens"], train_seconds=pending["train_seconds"],
                tokens_per_second=pending["step_tokens"] / max(pending["done"][0] - last, 1e-9),
                loadavg_1m=os.getloadavg()[0])
-    hooks.metrics(**row)
-    for h in hooks.plugins:
+    trainer.metrics(**row)
+    for h in plugins:
         h.after_step(state, row)
     if not math.isfinite(loss) or not math.isfinite(gnorm):
-        hooks.log(f"non-finite values after step {row['step']}: loss={loss} grad_norm={gnorm} "
-                  f"lr_scale={row['lr_scale']:.4g}")
+        trainer.log(f"non-finite values after step {row['step']}: loss={loss} grad_norm={gnorm} "
+                    f"lr_scale={row['lr_scale']:.4g}")
         return math.nan
     return loss
 
 
-def _validate(hooks: Hooks, state: RunState, max_tokens: int, final: bool = False, kind: str = "val") -> dict:
-    v = val_result(hooks.eval_sums(max_tokens))
-    hooks.metrics(kind=kind, step=state.step, tokens=state.tokens, train_seconds=state.train_seconds,
-                  loss=v["loss"], bpb=v["bpb"], val_tokens=v["tokens"], **({"final": True} if final else {}))
+def _validate(trainer: Trainer, state: RunState, max_tokens: int, final: bool = False, kind: str = "val") -> dict:
+    v = val_result(trainer.eval_sums(max_tokens))
+    trainer.metrics(kind=kind, step=state.step, tokens=state.tokens, train_seconds=state.train_seconds,
+                    loss=v["loss"], bpb=v["bpb"], val_tokens=v["tokens"], **({"final": True} if final else {}))
     return v
 
 
-def _timed_loop(policy: Policy, hooks: Hooks, s: RunState) -> BadInput | None:
+def _timed_loop(policy: Policy, trainer: Trainer, plugins: list[RunHook], s: RunState) -> BadInput | None:
     """Steps until a stop (s.stop_reason); returns the error of a periodic save that failed, if any."""
     pending, done, t0 = None, [s.train_seconds], time.perf_counter()  # done: when the last step's metrics came
     def clock() -> float:  # the timed clock: validations and checkpoints excluded
         return s.train_seconds + time.perf_counter() - t0
     while True:
         if pending is not None:  # host metrics of the previous step (dispatch stays one step ahead)
-            s.final_loss = _record(hooks, s, pending)
+            s.final_loss = _record(trainer, plugins, s, pending)
             if not math.isfinite(s.final_loss):
-                _diverged(hooks, s, pending["step"])
+                _diverged(trainer, s, pending["step"])
                 break
             pending = None
-        received = hooks.signals.received or (
+        received = trainer.signals.received or (
             STOP_REQUESTED if policy.stop_after_steps is not None and s.step - s.start_step >= policy.stop_after_steps
             else None)
-        stop_now, elapsed = hooks.stop_agreed(received is not None, s.train_seconds + time.perf_counter() - t0)
+        stop_now, elapsed = trainer.agree(received is not None, s.train_seconds + time.perf_counter() - t0)
         s.stop_reason = decide_stop((received or STOP_REQUESTED) if stop_now else None, s.step, policy.max_steps,
                                     elapsed, policy.budget_seconds)
         if s.stop_reason is not None:
             break
         if val_due(s.step, s.start_step, policy.val_every_steps):
             s.train_seconds = elapsed
-            v = _validate(hooks, s, policy.val_max_tokens)
-            hooks.log(f"step {s.step} val loss {v['loss']:.4f} bpb {v['bpb']:.4f} ({v['tokens']:,} tokens)")
+            v = _validate(trainer, s, policy.val_max_tokens)
+            trainer.log(f"step {s.step} val loss {v['loss']:.4f} bpb {v['bpb']:.4f} ({v['tokens']:,} tokens)")
             t0 = time.perf_counter()
             elapsed = s.train_seconds
         scale = lr_scale(policy.optim, s.step, elapsed, policy.budget_seconds, policy.max_steps)
         mom = muon_momentum(policy.optim, s.step)
-        for h in hooks.plugins:
+        for h in plugins:
             h.before_step(s)
-        handle = hooks.train_step(scale, mom)
+        handle = trainer.train_step(scale, mom)
         s.step += 1
         s.tokens += policy.tokens_per_step
         pending = dict(step=s.step, handle=handle, lr_scale=scale, momentum=mom, tokens=s.tokens, train_seconds=clock(),
                        step_tokens=policy.tokens_per_step, clock=clock, done=done)
-        if hooks.save is not None and checkpoint_due(s.step, policy.checkpoint_every_steps):
-            metrics = hooks.read_metrics(handle)  # waits for the step: its time counts
-            s.final_loss = _record(hooks, s, pending, metrics)
+        if trainer.checkpoints and checkpoint_due(s.step, policy.checkpoint_every_steps):
+            metrics = trainer.read_metrics(handle)  # waits for the step: its time counts
+            s.final_loss = _record(trainer, plugins, s, pending, metrics)
             s.train_seconds, t0 = clock(), time.perf_counter()
             if not math.isfinite(s.final_loss):  # never save a checkpoint of a diverged step
-                _diverged(hooks, s, s.step)
+                _diverged(trainer, s, s.step)
                 break
             pending = None
             try:
-                _save(hooks, s, "periodic")
+                _save(trainer, s, "periodic")
             except BadInput as e:
                 s.stop_reason = STOP_SAVE_FAILED
                 return e
@@ -419,65 +402,65 @@ def _timed_loop(policy: Policy, hooks: Hooks, s: RunState) -> BadInput | None:
     return None
 
 
-def _diverged(hooks: Hooks, s: RunState, at_step: int) -> None:
+def _diverged(trainer: Trainer, s: RunState, at_step: int) -> None:
     """Stop for a non-finite loss at `at_step`. The checkpoint of the step before holds the parameters
     that produced it: discard it if this invocation wrote it, so the last one kept is the last finite one."""
     s.stop_reason = STOP_NONFINITE
     bad = at_step - 1
-    if hooks.discard is not None and s.saved_step == bad and bad > s.start_step:
-        hooks.discard(bad)
+    if trainer.checkpoints and s.saved_step == bad and bad > s.start_step:
+        trainer.discard(bad)
         s.saved_step = None
-        hooks.log(f"removed checkpoint step {bad}: its parameters gave the non-finite loss of step {at_step}")
+        trainer.log(f"removed checkpoint step {bad}: its parameters gave the non-finite loss of step {at_step}")
 
 
-def _save(hooks: Hooks, s: RunState, reason: str) -> None:
-    hooks.save(s, reason)
+def _save(trainer: Trainer, s: RunState, reason: str) -> None:
+    trainer.save(s, reason)
     s.saved_step = s.step
 
 
-def _finish(hooks: Hooks, s: RunState, summary_base: dict, save_error: BadInput | None) -> dict:
+def _finish(trainer: Trainer, s: RunState, summary_base: dict, save_error: BadInput | None) -> dict:
     interrupted = is_interrupted(s.stop_reason)
     if s.stop_reason == STOP_NONFINITE:
-        hooks.log(f"STOP: non-finite training loss at step {s.step}; the last checkpoint kept is the last finite one")
-    elif hooks.save is not None and (save_error is None or s.stop_reason == STOP_WRITE_FAILED):
+        trainer.log(f"STOP: non-finite training loss at step {s.step}; the last checkpoint kept is the last finite one")
+    elif trainer.checkpoints and (save_error is None or s.stop_reason == STOP_WRITE_FAILED):
         try:
-            _save(hooks, s, "interrupted" if interrupted else "final")
+            _save(trainer, s, "interrupted" if interrupted else "final")
         except BadInput as e:
             save_error, s.stop_reason = save_error or e, s.stop_reason if save_error else STOP_SAVE_FAILED
     summary = {**summary_base, "steps": s.step, "tokens": s.tokens, "train_seconds": s.train_seconds,
                "tokens_per_second": s.tokens / s.train_seconds if s.train_seconds > 0 else None,
                "final_train_loss": s.final_loss, "stop_reason": s.stop_reason,
-               **(hooks.summary_fields() if hooks.summary_fields else {})}
+               **trainer.summary_fields()}
     if save_error is not None:
         summary["error"] = str(save_error)
-        hooks.log(f"STOP: {save_error}")
+        trainer.log(f"STOP: {save_error}")
     peak, fpt = summary.get("matmul_peak_flops"), summary.get("flops_per_token")
     if summary["tokens_per_second"] and peak and fpt:
         summary["mfu"] = summary["tokens_per_second"] * fpt / peak
     if not interrupted and s.stop_reason not in (STOP_NONFINITE, STOP_SAVE_FAILED, STOP_WRITE_FAILED):
-        sig = hooks.signals
+        sig = trainer.signals
         if hasattr(sig, "interrupt"):  # a signal now stops the evaluation at once (the checkpoint is saved)
             sig.stopping, sig.interrupt = "stopping the final validation (the checkpoint is saved)", True
         try:
-            v = _validate(hooks, s, 0, final=True)
+            v = _validate(trainer, s, 0, final=True)
             summary.update(val_loss=v["loss"], val_bpb=v["bpb"], val_nll_sum_nats=v["nll_sum_nats"],
                            val_tokens=v["tokens"], val_bytes=v["bytes"])
-            if hooks.roundtrip is not None:  # the full split again, on the artifact's weights (kind=roundtrip)
-                summary.update(quantize.run_roundtrip(hooks.roundtrip, lambda: _validate(hooks, s, 0, kind="roundtrip"),
-                                                      hooks.log))
+            # the full split again, on the artifact's weights (kind=roundtrip), unless the trainer has no round trip
+            summary.update(quantize.run_roundtrip(trainer.roundtrip, lambda: _validate(trainer, s, 0, kind="roundtrip"),
+                                                  trainer.log))
         except KeyboardInterrupt:
             s.stop_reason = summary["stop_reason"] = f"{signal_reason(sig.received)} {FINAL_VAL_INTERRUPTED}"
-            hooks.log(f"final validation interrupted ({sig.received}); checkpoint step {s.saved_step} is saved")
+            trainer.log(f"final validation interrupted ({sig.received}); checkpoint step {s.saved_step} is saved")
         finally:
             if hasattr(sig, "interrupt"):
                 sig.interrupt = False
     try:
-        hooks.write_summary(summary)
+        trainer.write_summary(summary)
     except OSError as e:
         if save_error is None:
             raise
-        hooks.log(f"summary not written either: {describe_os_error(e)}")
-    hooks.log("summary:\n" + rundir.format_table(rundir.summary_rows(summary)))
+        trainer.log(f"summary not written either: {describe_os_error(e)}")
+    trainer.log("summary:\n" + rundir.format_table(rundir.summary_rows(summary)))
     if save_error is not None:
         raise save_error
     return summary

@@ -1,4 +1,6 @@
-"""The run directory: its file names, preparing it, the run log, signals, metrics, summary, reading it back.
+"""The run directory: its file names, preparing it, the run log, signals, metrics, summary, reading it back
+(a run's start-up lifecycle: frontier_jax.startup; run resolution from the entry points' options:
+frontier_jax.resolve).
 
 It imports no JAX (numpy, and matplotlib for the plot), so both trainers write the same layout:
 
@@ -29,12 +31,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 
 from frontier_jax import curves
-from frontier_jax.config import Config, apply_overrides, load_config, load_run_config
+from frontier_jax.config import Config, load_run_config
 from frontier_jax.data.shards import DataError, atomic_write_text  # noqa: F401 - the one atomic text writer
 from frontier_jax.errors import BadInput
 
@@ -198,24 +199,6 @@ def truncate_metrics(path: Path, step: int) -> int:
     return dropped
 
 
-def finished_summary(out_dir: Path, meta: dict, train_cfg) -> dict:
-    """What `--resume` of a finished run returns (its summary, stop_reason "already finished", a note)."""
-    path = out_dir / SUMMARY_JSON
-    summary = read_json_object(path, "run summary") if path.is_file() else {}
-    limit = "max_steps" if meta["step"] >= train_cfg.max_steps else "budget_seconds"
-    return {**summary, "stop_reason": "already finished", "steps": meta["step"], "run_dir": str(out_dir),
-            "note": f"{out_dir}: already finished at step {meta['step']} (train.{limit} reached); nothing to do: "
-                    "raise train.max_steps or --budget to continue"}
-
-
-def stopped_before_training(out_dir: Path, resume: bool, signals, step, created: bool) -> dict:
-    """A signal before the first step: nothing trained, nothing to save; a new run directory is removed."""
-    if created:
-        shutil.rmtree(out_dir, ignore_errors=True)
-    return {"stop_reason": f"signal {signals.received} before training", "steps": step or 0, "run_dir": str(out_dir),
-            "checkpoint_step": step if resume else None}
-
-
 class Signals:
     """SIGINT/SIGTERM/SIGHUP (a closed terminal) set a flag that the run checks between steps (and between
     its start-up phases).
@@ -354,52 +337,6 @@ def write_summary(run_dir: Path, summary: dict, write: bool = True) -> str:
         curves.plot_run(read_metrics(run_dir), run_dir / CURVES,
                  f"{run_dir.name}: {summary.get('config_name')} ({summary.get('implementation', 'jax')})")
     return table
-
-
-# ----------------------------------------------------------------------------- resolving a run from arguments
-
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-
-
-def resolve_run(args):
-    """(config, out_dir, resume, demo) from an entry point's parsed arguments (--config, --data, --tokenizer,
-    --budget, --seed, --kernels, --set, --out, --resume); writes nothing but the demo's data."""
-    demo = not (args.config or args.data or args.resume)
-    if args.resume:
-        if args.out and Path(args.out).absolute() != Path(args.resume).absolute():
-            raise RunError(f"--out {args.out}: --resume continues the run in place ({args.resume}); drop --out")
-        run_json = Path(args.resume) / CONFIG
-        if not run_json.is_file():
-            raise RunError(f"{run_json}: not a run directory (no config.json)")
-        cfg = load_config(args.config) if args.config else load_run_config(run_json)
-    else:
-        cfg = load_config(args.config or CONFIGS / "tiny.py")
-    sets = list(args.set)
-    if args.data:
-        sets.append(f"data.data_dir={str(Path(args.data).absolute())!r}")
-    if args.tokenizer:
-        tok = args.tokenizer if args.tokenizer == "bytes" else str(Path(args.tokenizer).absolute())
-        sets.append(f"data.tokenizer={tok!r}")
-    if args.budget is not None:
-        sets.append(f"train.budget_seconds={args.budget!r}")
-    if args.seed is not None:
-        sets.append(f"train.seed={args.seed}")
-    if args.kernels:
-        sets.append(f"train.kernels={args.kernels!r}")
-    if demo:
-        from frontier_jax.data.demo import prepare_demo
-
-        print("DEMO: no --config/--data given; preparing a small offline corpus from the Python standard "
-              "library's documentation and training configs/tiny.py on it.", flush=True)
-        data_dir, tok = prepare_demo(Path("runs") / "demo-data")
-        sets = [f"data.data_dir={str(Path(data_dir).absolute())!r}",
-                f"data.tokenizer={str(Path(tok).absolute())!r}"] + sets
-    cfg = apply_overrides(cfg, sets)
-    if args.resume:
-        out = Path(args.resume)
-    else:
-        out = Path(args.out) if args.out else Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return cfg, out, bool(args.resume), demo
 
 
 # ----------------------------------------------------------------------------- reading

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, exit_on_error
-from frontier_jax.rundir import resolve_run as resolve
+from frontier_jax.config import KERNEL_MODES
+from frontier_jax.errors import exit_on_error
+from frontier_jax.resolve import ResolvedRun, resolve_run
 
 DESCRIPTION = """Train a small language model for a time budget and report its validation bits per byte.
 With no arguments: a demo on a small offline corpus (configs/tiny.py)."""
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, metavar="SECONDS", help="training time budget (train.budget_seconds)")
     p.add_argument("--out", metavar="DIR", help="run directory to create (default runs/<config>-<time>)")
     p.add_argument("--seed", type=int, metavar="N", help="initialisation seed (train.seed)")
-    p.add_argument("--kernels", choices=("auto", "reference", "strict"),
+    p.add_argument("--kernels", choices=KERNEL_MODES,
                    help="NKI kernels: auto (where available), reference (pure JAX), strict (fail if any is missing)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one config value, e.g. model.num_layers=4 (repeatable)")
@@ -50,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv):
     return build_parser().parse_args(argv)
+
+
+def resolve(args) -> ResolvedRun:
+    """(config, out_dir, resume, demo) of the parsed options (frontier_jax.resolve)."""
+    return resolve_run(config=args.config, data=args.data, tokenizer=args.tokenizer, budget=args.budget,
+                       seed=args.seed, kernels=args.kernels, sets=args.set, out=args.out, resume=args.resume)
 
 
 DEMO_EPILOGUE = """
@@ -70,6 +77,7 @@ def main(argv=None) -> int:
 
 def _main(args) -> int:
     from frontier_jax import host, loop
+    from frontier_jax import run_policy as policy
     from frontier_jax.progress import final_lines
     from frontier_jax.parallel import initialize
 
@@ -81,32 +89,17 @@ def _main(args) -> int:
     import jax
 
     main_process = jax.process_index() == 0
-    reason = summary["stop_reason"]
-    if reason == "already finished":
+    end = policy.ending(summary["stop_reason"], resume)
+    if end.results:
         if main_process:
-            print(summary["note"])
-        return EXIT_OK
-    if main_process:
-        for line in final_lines(summary):
-            print(line)
-    if demo:
-        print(DEMO_EPILOGUE)
-    if reason == "non-finite loss":
-        return EXIT_DIVERGED
-    if reason.startswith("signal"):
-        if main_process:
-            if reason.endswith("during the final validation"):  # run_policy.FINAL_VAL_INTERRUPTED
-                print(f"interrupted during the final validation: checkpoint step {summary['checkpoint_step']} "
-                      f"saved; score it with: python -m frontier_jax.evaluate --run {out}", file=sys.stderr)
-            elif reason.endswith("before training"):
-                print("interrupted before training started: nothing trained, " + (
-                      f"the run is as it was; continue with: python -m frontier_jax.train --resume {out}" if resume
-                      else "no checkpoint written"), file=sys.stderr)
-            else:
-                print(f"interrupted: checkpoint step {summary['checkpoint_step']} saved; continue with: "
-                      f"python -m frontier_jax.train --resume {out}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return EXIT_OK
+            for line in final_lines(summary):
+                print(line)
+        if demo:
+            print(DEMO_EPILOGUE)
+    line = end.line(summary, out, checkpoints=True)
+    if main_process and line:
+        print(line, file=sys.stderr if end.to_stderr else sys.stdout)
+    return end.exit_code
 
 
 if __name__ == "__main__":

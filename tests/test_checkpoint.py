@@ -11,8 +11,8 @@ import pytest
 from flax import nnx
 
 from frontier_jax import checkpoint, optim
-from frontier_jax.config import ModelConfig, OptimConfig, model_hash
-from frontier_jax.model import GPT
+from frontier_jax.config import Config, ModelConfig, NgramConfig, OptimConfig, model_hash
+from frontier_jax.model import GPT, build
 
 CFG = ModelConfig(vocab_size=64, num_layers=2, model_dim=32, num_heads=4, num_kv_heads=2)
 
@@ -29,7 +29,7 @@ def _state(seed=0, cfg=CFG):
 
 def _meta(step=3, cfg=CFG):
     return {"step": step, "train_seconds": 1.5, "tokens": 4096, "data": {"shard": 1, "offset": 77, "position_tokens": 4097},
-            "model_hash": model_hash(cfg), "reason": "final"}
+            "model_hash": model_hash(Config(model=cfg)), "reason": "final"}
 
 
 def _assert_identical(a, b):
@@ -45,7 +45,7 @@ def test_round_trip_is_bit_identical(tmp_path):
     checkpoint.save(tmp_path, 3, state, meta)
     assert checkpoint.latest_step(tmp_path) == 3
     abstract = jax.eval_shape(lambda: state)
-    restored, rmeta = checkpoint.restore(tmp_path, abstract, expect_model_hash=model_hash(CFG))
+    restored, rmeta = checkpoint.restore(tmp_path, abstract, expect_model_hash=model_hash(Config(model=CFG)))
     _assert_identical(restored, state)
     assert restored["params"]["tok_emb"].dtype == jnp.bfloat16
     assert rmeta == meta
@@ -66,8 +66,28 @@ def test_another_models_checkpoint_is_refused(tmp_path):
     other = ModelConfig(vocab_size=64, num_layers=3, model_dim=32, num_heads=4, num_kv_heads=2)
     abstract = jax.eval_shape(lambda: _state(cfg=other))
     with pytest.raises(checkpoint.CheckpointError, match="another model") as e:
-        checkpoint.restore(tmp_path, abstract, expect_model_hash=model_hash(other))
+        checkpoint.restore(tmp_path, abstract, expect_model_hash=model_hash(Config(model=other)))
     assert "\n" not in str(e.value) and str(tmp_path) in str(e.value)
+
+
+def test_a_checkpoint_with_other_ngram_bias_orders_is_refused(tmp_path):
+    """Two configs differing only in the n-gram orders have different parameter trees (the bias is
+    [orders, buckets]) and different model hashes: the other's checkpoint is refused in one line."""
+    def cfg(max_order):
+        return Config(model=CFG, ngram=NgramConfig(enabled=True, table_log2_size=4, min_order=2, max_order=max_order))
+
+    a, b = cfg(4), cfg(5)
+    assert model_hash(a) != model_hash(b)
+    params = lambda c: nnx.split(build(c, "float32"))[1]
+    assert params(a)["ngram_bias"].shape == (3, 8) and params(b)["ngram_bias"].shape == (4, 8)
+    checkpoint.save(tmp_path, 1, {"params": params(a)}, {**_meta(1), "model_hash": model_hash(a)})
+    abstract = jax.eval_shape(lambda: {"params": params(b)})
+    with pytest.raises(checkpoint.CheckpointError, match="another model") as e:
+        checkpoint.restore(tmp_path, abstract, expect_model_hash=model_hash(b))
+    assert "\n" not in str(e.value)
+    restored, _ = checkpoint.restore(tmp_path, jax.eval_shape(lambda: {"params": params(a)}),
+                                     expect_model_hash=model_hash(a))
+    assert restored["params"]["ngram_bias"].shape == (3, 8)
 
 
 def test_a_failed_save_leaves_no_partial_checkpoint_and_no_temporary_directory(tmp_path):

@@ -83,8 +83,22 @@ def test_json_round_trip_and_hashes():
     assert config_hash(from_dict(to_dict(cfg))) == config_hash(cfg)
     other = apply_overrides(cfg, ["train.seed=1"])
     assert config_hash(other) != config_hash(cfg)
-    assert model_hash(other.model) == model_hash(cfg.model)  # training settings do not change the model identity
-    assert model_hash(apply_overrides(cfg, ["model.num_layers=3"]).model) != model_hash(cfg.model)
+    assert model_hash(other) == model_hash(cfg)  # training settings do not change the model identity
+    assert model_hash(apply_overrides(cfg, ["model.num_layers=3"])) != model_hash(cfg)
+
+
+def test_the_model_hash_covers_every_setting_that_shapes_the_parameters():
+    """The n-gram bias parameter is [orders, confidence buckets] (frontier_jax.model.build): its orders and
+    buckets change the hash; the n-gram settings that shape no parameter do not, nor does a disabled bias."""
+    cfg = load_config(CONFIGS / "tiny.py")
+    on = ["ngram.enabled=True", "ngram.table_log2_size=4", "ngram.min_order=2", "ngram.max_order=4"]
+    bias = apply_overrides(cfg, on)
+    hashes = {model_hash(cfg), model_hash(bias), model_hash(apply_overrides(cfg, on + ["ngram.max_order=5"])),
+              model_hash(apply_overrides(cfg, on + ["ngram.min_order=3"])),
+              model_hash(apply_overrides(cfg, on + ["ngram.confidence_buckets=4"]))}
+    assert len(hashes) == 5
+    assert model_hash(apply_overrides(cfg, on + ["ngram.table_log2_size=5", "ngram.strict=True"])) == model_hash(bias)
+    assert model_hash(apply_overrides(cfg, ["ngram.max_order=5"])) == model_hash(cfg)  # off: no bias parameter
 
 
 def test_missing_config_file_and_missing_get_config(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from frontier_jax import progress
-from frontier_jax.run_policy import RunState
+from frontier_jax.trainer import RunState
 
 
 @dataclasses.dataclass

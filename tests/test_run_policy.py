@@ -12,12 +12,13 @@ import pytest
 from conftest import REPO
 from frontier_jax import policies, quantize
 from frontier_jax import run_policy as rp
+from frontier_jax.trainer import RunHook, RunState, Trainer
 from frontier_jax.config import Config, ConfigError, ModelConfig, OptimConfig, TrainConfig
 from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, BadInput
 
 
 def test_the_policy_modules_load_no_jax():
-    code = ("import sys, frontier_jax.run_policy, frontier_jax.rundir; "
+    code = ("import sys, frontier_jax.run_policy, frontier_jax.rundir, frontier_jax.startup, frontier_jax.resolve; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'optax', 'orbax')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
@@ -46,6 +47,34 @@ def test_exit_codes():
     assert rp.exit_code(rp.STOP_NONFINITE) == EXIT_DIVERGED == 3
     assert rp.exit_code("signal SIGINT") == EXIT_INTERRUPTED == 130
     assert rp.exit_code(rp.STOP_BUDGET) == rp.exit_code(rp.STOP_MAX_STEPS) == EXIT_OK == 0
+
+
+def test_every_stop_reason_maps_to_its_ending_through_the_one_table():
+    """Exit status and the entry points' last line (a trainer with checkpoints / one with weights only)."""
+    cases = {  # stop reason, resumed -> (table row, exit code)
+        (rp.STOP_BUDGET, False): ("done", 0), (rp.STOP_MAX_STEPS, True): ("done", 0),
+        (rp.STOP_FINISHED, True): ("already finished", 0), (rp.STOP_NONFINITE, False): ("diverged", 3),
+        ("signal SIGINT before training", False): ("interrupted before training", 130),
+        ("signal SIGINT before training", True): ("interrupted before training a resume", 130),
+        ("signal SIGTERM during the final validation", False): ("interrupted in the final validation", 130),
+        (rp.signal_reason(None), False): ("interrupted", 130), ("signal SIGHUP", True): ("interrupted", 130)}
+    for (reason, resumed), (row, code) in cases.items():
+        end = rp.ending(reason, resumed)
+        assert end is rp.ENDINGS[row] and end.exit_code == code == rp.exit_code(reason), reason
+    assert set(rp.ENDINGS) == {row for row, _ in cases.values()}  # every row is reachable
+    summary = {"steps": 7, "checkpoint_step": 6, "note": "runs/x: already finished at step 9"}
+    line = lambda reason, resumed, ckpt: rp.ending(reason, resumed).line(summary, "runs/x", ckpt)
+    assert line(rp.STOP_BUDGET, False, True) is None and line(rp.STOP_NONFINITE, False, False) is None
+    assert line(rp.STOP_FINISHED, True, True) == summary["note"] and not rp.ENDINGS["already finished"].results
+    assert line("signal SIGINT", False, True) == ("interrupted: checkpoint step 6 saved; continue with: "
+                                                  "python -m frontier_jax.train --resume runs/x")
+    assert line("signal SIGINT", False, False) == line("signal SIGINT during the final validation", False, False) == \
+        "interrupted after 7 steps; weights in runs/x/weights.npz (the torch baseline has no resume)"
+    assert line("signal SIGINT during the final validation", False, True).endswith(
+        "checkpoint step 6 saved; score it with: python -m frontier_jax.evaluate --run runs/x")
+    assert line("signal SIGINT before training", True, True).endswith("train --resume runs/x")
+    assert line("signal SIGINT before training", False, True).endswith("nothing trained, no checkpoint written")
+    assert line("signal SIGINT before training", True, False).endswith("nothing trained, nothing written")
 
 
 def test_the_jax_modules_use_these_rules_written_once():
@@ -124,8 +153,8 @@ class FakeSignals:
         self.stopping = "stopping before training starts; nothing to save"
 
 
-class Fake:
-    """A trainer: each step costs `step_s` fake seconds, each evaluation `eval_s`, each save `save_s`;
+class Fake(Trainer):
+    """A trainer (with checkpoints and resume): each step costs `step_s` fake seconds, each evaluation `eval_s`, each save `save_s`;
     loss = 1 / (1 + step) unless the step is in `nan_at`; a signal arrives after `signal_at` train step
     calls (warm-up included)."""
 
@@ -133,7 +162,8 @@ class Fake:
         self.clock, self.step_s, self.eval_s, self.save_s = clock, step_s, eval_s, save_s
         self.nan_at, self.signal_at, self.resume_state = set(nan_at), signal_at, resume
         self.trained, self.calls, self.events, self.rows, self.saves, self.evals, self.schedule = 0, 0, [], [], [], [], []
-        self.signals, self.summaries, self.discarded = FakeSignals(), [], []
+        self.signals, self.summaries, self.discarded, self.plugins = FakeSignals(), [], [], []
+        self.checkpoints, self.discard = True, self.discarded.append
 
     def train_step(self, lr, mom):
         self.clock.now += self.step_s
@@ -165,23 +195,36 @@ class Fake:
         if self.resume_state is None:
             return None
         self.trained = self.resume_state.step
-        return rp.RunState(step=self.resume_state.step, tokens=self.resume_state.tokens,
+        return RunState(step=self.resume_state.step, tokens=self.resume_state.tokens,
                            train_seconds=self.resume_state.train_seconds)
 
     def save(self, state, reason):
         self.clock.now += self.save_s
         self.saves.append((state.step, reason))
 
+    def log(self, msg):
+        pass
+
+    def metrics(self, **row):
+        self.rows.append(row)
+
+    def write_summary(self, summary):
+        self.summaries.append(summary)
+
+    def run_hooks(self):
+        return self.plugins
+
+    def add_hook(self, hook):
+        self.plugins.append(hook)
+
     def hooks(self, **kw):
-        kw = {"log": lambda msg: None, **kw}
-        return rp.Hooks(train_step=self.train_step, read_metrics=self.read_metrics, eval_sums=self.eval_sums,
-                        snapshot=self.snapshot, restore=self.restore,
-                        metrics=lambda **row: self.rows.append(row), signals=self.signals,
-                        write_summary=self.summaries.append, resume=self.resume, save=self.save,
-                        discard=self.discarded.append, **kw)
+        """This trainer with some of its methods replaced (log, agree, roundtrip, ...)."""
+        for name, fn in kw.items():
+            setattr(self, name, fn)
+        return self
 
 
-class Recorder(rp.RunHook):
+class Recorder(RunHook):
     def __init__(self, events):
         self.events = events
 
@@ -246,7 +289,7 @@ def test_train_rows_carry_the_steps_own_rate_and_the_load_average(fake_time):
 
 
 def test_the_round_trip_runs_after_the_final_validation_and_fills_the_summary(fake_time, monkeypatch):
-    """Hooks.roundtrip gets an `evaluate` that scores with the trainer's own eval_sums (the full split); its
+    """Trainer.roundtrip gets an `evaluate` that scores with the trainer's own eval_sums (the full split); its
     artifact fields and the official lines follow; a failure is reported and the run still ends with a summary."""
     fake, log, order = Fake(fake_time), [], []
     monkeypatch.setattr(quantize, "time", fake_time)  # the round trip's eval timer too
@@ -325,7 +368,7 @@ def test_non_finite_loss_stops_without_saving_the_diverged_step(fake_time):
     fake = Fake(fake_time, nan_at={5})
     s = rp.run_budgeted(policy(max_steps=10, checkpoint_every_steps=2), fake.hooks(), BASE)
     assert fake.saves == [(2, "periodic"), (4, "periodic")] and fake.discarded == [4]
-    fake = Fake(fake_time, nan_at={5}, resume=rp.RunState(step=4, tokens=128, train_seconds=4.0))
+    fake = Fake(fake_time, nan_at={5}, resume=RunState(step=4, tokens=128, train_seconds=4.0))
     rp.run_budgeted(policy(max_steps=10, checkpoint_every_steps=2), fake.hooks(), BASE)
     assert fake.discarded == []  # the checkpoint it resumed from was not written by this invocation
 
@@ -353,12 +396,12 @@ def test_signal_during_warm_up_stops_before_anything_is_trained(fake_time):
 
 
 def test_resume_continues_counts_and_schedule_and_does_not_resave_its_step(fake_time):
-    fake = Fake(fake_time, resume=rp.RunState(step=4, tokens=128, train_seconds=40.0))
+    fake = Fake(fake_time, resume=RunState(step=4, tokens=128, train_seconds=40.0))
     s = rp.run_budgeted(policy(max_steps=6, val_every_steps=2), fake.hooks(), BASE)
     assert s["steps"] == 6 and s["tokens"] == 192 and s["train_seconds"] == pytest.approx(42.0)
     assert fake.schedule[2:] == [(1.0, 0.95), (0.5, 0.95)]  # momentum warm-up done, last warmdown step
     assert [r["step"] for r in fake.rows if r["kind"] == "val"] == [6]  # not at the resumed step 4
-    fake = Fake(fake_time, resume=rp.RunState(step=6, tokens=192, train_seconds=6.0))
+    fake = Fake(fake_time, resume=RunState(step=6, tokens=192, train_seconds=6.0))
     s = rp.run_budgeted(policy(max_steps=6), fake.hooks(), BASE)  # a finished run resumed: nothing to train
     assert s["steps"] == 6 and s["stop_reason"] == "max_steps" and fake.trained == 6
     fake = Fake(fake_time)
@@ -371,7 +414,7 @@ def test_agree_takes_the_clock_and_stop_of_process_zero(fake_time):
     fake = Fake(fake_time)
     warm, timed = [], []
 
-    class Started(rp.RunHook):
+    class Started(RunHook):
         def on_start(self, state):
             warm.extend(timed)
             timed.clear()
@@ -454,17 +497,3 @@ def test_a_full_disk_outside_a_checkpoint_names_the_file_and_writes_the_summary(
     assert len(fake.summaries) == 1 and fake.summaries[0]["stop_reason"] == rp.STOP_WRITE_FAILED
     assert "disk full" in fake.summaries[0]["error"] and fake.saves == [(3, "final")]
 
-
-def test_sighup_is_handled_like_sigterm():
-    """Round 3: SIGHUP (a closed terminal) ended the process without a checkpoint."""
-    import os
-    import signal
-
-    from frontier_jax.rundir import Signals
-
-    with Signals() as sig:
-        os.kill(os.getpid(), signal.SIGHUP)
-        assert sig.received == "SIGHUP"
-        sig.interrupt = True
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGTERM)

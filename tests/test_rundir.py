@@ -183,3 +183,14 @@ def test_a_full_disk_under_the_metrics_log_names_the_file():
     with pytest.raises(OSError) as e:
         log.log(kind="train", step=1)
     assert e.value.errno == errno.ENOSPC and e.value.filename == "/dev/full"
+
+
+def test_sighup_is_handled_like_sigterm():
+    """Round 3: SIGHUP (a closed terminal) ended the process without a checkpoint."""
+    with rundir.Signals() as sig:
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert sig.received == "SIGHUP"
+        sig.interrupt = True
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+

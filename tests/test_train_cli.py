@@ -379,7 +379,7 @@ def test_resume_of_a_finished_run_with_a_corrupt_summary_is_one_line(trained_run
 def test_a_signal_in_the_warm_up_of_a_resume_leaves_config_json_as_it_was(trained_run, tmp_path, monkeypatch):
     """Round 3, cause 5: Ctrl-C in a resume's warm-up said 'the run is as it was' while the --set
     overrides had already been written to config.json."""
-    from frontier_jax import loop, rundir
+    from frontier_jax import loop, rundir, startup
     from frontier_jax.config import apply_overrides, load_run_config
 
     run = _copy_run(trained_run, tmp_path / "run")
@@ -397,7 +397,7 @@ def test_a_signal_in_the_warm_up_of_a_resume_leaves_config_json_as_it_was(traine
         def received(self, value):
             pass
 
-    monkeypatch.setattr(loop, "Signals", SignalInWarmUp)
+    monkeypatch.setattr(startup, "Signals", SignalInWarmUp)
     cfg = apply_overrides(load_run_config(run / "config.json"), ["train.max_steps=210", "train.val_every_steps=3"])
     summary = loop.run(cfg, run, resume=True, echo=False)
     assert summary["stop_reason"] == "signal SIGINT before training" and SignalInWarmUp.reads >= 2
