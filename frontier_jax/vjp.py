@@ -20,8 +20,9 @@ A `Vjp` names the values of the op's two directions, and that is the whole rule:
 
 `build(run, vjp)` returns the op's differentiable function `(*args, **static) -> output(s)`, where
 `run(which, *operands, **static)` runs one direction of the declared op (`dispatch.OpSpec.__call__`).
-Static parameters (compile-time constants) are closed over, never differentiated; both directions take
-them but those named in `forward_only`.
+The custom_vjp is built at each call (at trace time under jit), closing over the arguments' shapes and
+dtypes and the static parameters (compile-time constants, never differentiated; both directions take
+them but those named in `forward_only`).
 """
 
 from __future__ import annotations
