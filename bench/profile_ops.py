@@ -30,6 +30,7 @@ from bench.common import CASES, PROFILE_CASES, random_batch
 from frontier_jax import ops, optim
 from frontier_jax import reference as ref
 from frontier_jax.config import apply_overrides
+from frontier_jax.experimental import ops as xops
 from frontier_jax.host import tune_allocator
 from frontier_jax.model import _rope_tables, build
 from frontier_jax.steps import make_train_step
@@ -87,7 +88,7 @@ def _families(cfg, B: int, T: int, variants: bool, dtype=jnp.float32) -> dict:
     x_ND = a(N, D)
     wq, wk, wv, wo = a(D, H * K), a(D, G * K), a(D, G * K), a(H * K, D)
     def qkv_out(x, wq, wk, wv, wo):  # the pre-attention rms_norm runs inside norm_qkv_projection
-        q, k, v = ops.norm_qkv_projection(x, wq, wk, wv)
+        q, k, v = xops.norm_qkv_projection(x, wq, wk, wv)
         return q @ wo + jnp.sum(k * v)
 
     add("norm + dense qkv+out proj", qkv_out, (x_ND, wq, wk, wv, wo), L)
@@ -95,21 +96,21 @@ def _families(cfg, B: int, T: int, variants: bool, dtype=jnp.float32) -> dict:
     q, k, v = a(B, T, H, K), a(B, T, G, K), a(B, T, G, K)
     add("qk_attention (qk-norm, rope, gain, attn)", lambda q, k, v, g: ops.qk_attention(q, k, v, cos, sin, g),
         (q, k, v, a(H) + 1.5), L)  # what model.Block calls
-    add("attention core alone", ops.causal_attention, (q, k, v), L)
+    add("attention core alone", xops.causal_attention, (q, k, v), L)
     add("rms_norm [N,D] (embed, final)", ops.rms_norm, (x_ND,), 2)
     add("rms_norm q,k", lambda q, k: ops.rms_norm(q).sum(-1) + ops.rms_norm(k).sum((-1, -2))[..., None],
         (q, k), L)
-    add("rope q,k", lambda q, k: ops.rope(q, cos, sin).sum(-1) + ops.rope(k, cos, sin).sum((-1, -2))[..., None],
+    add("rope q,k", lambda q, k: xops.rope(q, cos, sin).sum(-1) + xops.rope(k, cos, sin).sum((-1, -2))[..., None],
         (q, k), L)
     emb = a(V, D)
     add("head: tied logits+softcap+CE", lambda x, e: ops.head_loss(x, e, ids, m.logit_softcap), (x_ND, emb), 1)
     add("embedding gather", lambda e: ops.embed(ids, e), (emb,), 1)
     if variants:  # the same families on the paths before the speed work (primitives, dense attention)
         add("  before: norm + mlp via custom_vjp", ops.norm_mlp, (x_ND, a(D, F), a(F, D), a(D)), L, True)
-        add("  before: attention dense via custom_vjp", ops.causal_attention, (q, k, v), L, True)
+        add("  before: attention dense via custom_vjp", xops.causal_attention, (q, k, v), L, True)
         add("  before: rms_norm [N,D] via custom_vjp", ops.rms_norm, (x_ND,), 2, True)
-        add("  before: rope q,k via custom_vjp", lambda q, k: ops.rope(q, cos, sin).sum(-1)
-            + ops.rope(k, cos, sin).sum((-1, -2))[..., None], (q, k), L, True)
+        add("  before: rope q,k via custom_vjp", lambda q, k: xops.rope(q, cos, sin).sum(-1)
+            + xops.rope(k, cos, sin).sum((-1, -2))[..., None], (q, k), L, True)
         add("  before: head via custom_vjp", lambda x, e: ops.head_loss(x, e, ids, m.logit_softcap), (x_ND, emb), 1, True)
         if T <= 256:
             add("  jax.nn.dot_product_attention xla", _dpa, (q, k, v), L)

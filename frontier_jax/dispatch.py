@@ -2,7 +2,7 @@
 and wires which implementation it runs (its NKI kernel, its pure-JAX reference, or, in tests, the
 kernel source under the NumPy emulator, as a host callback).
 
-Declaring an op. `declare(name, fwd, bwd=None, static=(), adapter=None)` (called in
+Declaring an op. `declare(name, fwd, bwd=None, static=(), adapter=None, vjp=None)` (called in
 `frontier_jax.ops`) takes the op's pure-JAX references (`frontier_jax.reference`: forward, and the
 backward for a differentiable op) and the names of its static parameters (compile-time constants
 such as head_loss's softcap). It builds one JAX primitive per direction (`frontier_<op>_fwd` /
@@ -10,14 +10,17 @@ such as head_loss's softcap). It builds one JAX primitive per direction (`fronti
 output shapes are those of the reference (`jax.eval_shape`) and whose only lowering, on every
 platform, is the reference. The kernel lives in `kernels_nki.registry.KERNELS[name]` (module and
 function names); `adapter` (a `KernelAdapter`) maps the primitive's operands to the kernel's
-calling convention and its outputs back, where the two differ.
+calling convention and its outputs back, where the two differ. `vjp` (a `frontier_jax.vjp.Vjp`) names
+what a differentiable op's forward saves and what its backward returns; the declaration's `apply` is
+then the op's `jax.custom_vjp`, generated from it (`frontier_jax.vjp`). `public(spec, reference)`
+makes an op's public function call `reference` instead when its row says "reference" (`direct`).
 
 On Neuron an op whose row says "nki" calls its `@nki.jit` kernel directly on the JAX operands inside
 the jitted program, the path AWS documents for JAX (aws-neuron-sdk `nki/guides/framework_custom_op.rst`,
 "JAX" and "Using NKI in training graphs"; `nki.jit` picks its JAX integration from the argument type,
 `nki/api/nki/__init__.py`, `jit`): compile-time constants are keyword arguments, the kernel allocates
 and returns its own outputs, and training pairs the forward and backward kernels in a `jax.custom_vjp`
-(done in `frontier_jax.ops`). (`jax_neuronx.nki_call` is gone since Neuron 2.23,
+(`frontier_jax.vjp`). (`jax_neuronx.nki_call` is gone since Neuron 2.23,
 `release-notes/components/jax.rst`.) The primitives carry the reference everywhere else: their only
 lowering is the reference, and a primitive bound with kernel=True (`kernel_primitives()`, the program
 check's trace) refuses to lower, so it can never stand in for a kernel silently. No operand handed to
@@ -28,8 +31,9 @@ operands to a valid shape and `kernel_call` refuses any left.
 Data parallelism does not change any of this: the steps (`frontier_jax.steps`) run the model and the
 optimizer inside `jax.shard_map`, so each kernel is traced and called at its own device's shard.
 
-The kernel table (`kernel_table()`: one `KernelRow` per declared op, impl nki | reference | emulated
-| unused and the reason) says which path every op takes in this process; `format_kernel_table`
+The kernel table (`kernel_table()`: one `KernelRow` per declared op and per experimental kernel of the
+registry, impl nki | reference | emulated | unused and the reason; an experimental kernel is always
+"unused" but where a test emulates it) says which path every op takes in this process; `format_kernel_table`
 prints it at start-up and `dataclasses.asdict` makes each row JSON. `configure("strict")` raises
 `KernelUnavailableError` naming every op that would not run its NKI kernel. Call `configure` before
 tracing: the choice is made at trace time (`configure` and `emulated` clear JAX's caches).
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from typing import Callable
 
 import jax
@@ -46,6 +51,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
+from frontier_jax import vjp as vjp_rules
 from frontier_jax.errors import BadInput
 from kernels_nki import registry
 
@@ -84,6 +90,8 @@ class OpSpec:
     adapter: KernelAdapter
     prims: dict  # {"fwd": Primitive, "bwd": Primitive}
     unused_reason: str  # the table's reason when the run never calls it
+    vjp: vjp_rules.Vjp | None = None  # what the forward saves and the backward returns
+    apply: Callable | None = None  # (*args, **static) -> outputs: the op's custom_vjp, built from `vjp`
 
     def __call__(self, which: str, *arrays, **static) -> tuple:
         """Run direction `which` ("fwd" | "bwd") with the implementation the table chose."""
@@ -101,14 +109,29 @@ SPECS: dict[str, OpSpec] = {}  # declaration order = the kernel table's row orde
 
 
 def declare(name: str, fwd: Callable, bwd: Callable | None = None, static: tuple[str, ...] = (),
-            adapter: KernelAdapter | None = None, unused_reason: str = "not used by this run") -> OpSpec:
-    """Declare a kernel-backed op: its references, static parameters and kernel adapter (module doc)."""
+            adapter: KernelAdapter | None = None, unused_reason: str = "not used by this run",
+            vjp: vjp_rules.Vjp | None = None) -> OpSpec:
+    """Declare a kernel-backed op: its references, static parameters, kernel adapter and, for a
+    differentiable op, its residual and cotangent rules (module doc)."""
     refs = {"fwd": fwd} if bwd is None else {"fwd": fwd, "bwd": bwd}
     prims = {w: _primitive(f"frontier_{name}" + (f"_{w}" if bwd is not None else ""), ref, static)
              for w, ref in refs.items()}
-    spec = OpSpec(name, refs, tuple(static), adapter or KernelAdapter(), prims, unused_reason)
+    spec = OpSpec(name, refs, tuple(static), adapter or KernelAdapter(), prims, unused_reason, vjp)
+    if vjp is not None:
+        spec = dataclasses.replace(spec, apply=vjp_rules.build(spec, vjp))
     SPECS[name] = spec
     return spec
+
+
+def public(spec: OpSpec, reference: Callable) -> Callable:
+    """Decorator of an op's public function: it calls `reference` (same arguments) when the op's row says
+    "reference" (`direct`: plain autodiff, no custom_vjp), its own body (the kernel path) otherwise."""
+    def wrap(kernel_path: Callable) -> Callable:
+        @functools.wraps(kernel_path)
+        def op(*args, **kwargs):
+            return reference(*args, **kwargs) if direct(spec.name) else kernel_path(*args, **kwargs)
+        return op
+    return wrap
 
 
 def _primitive(name: str, ref: Callable, static: tuple[str, ...]) -> Primitive:
@@ -215,9 +238,19 @@ _state = {"mode": "auto", "platform": None, "rows": None, "emulated": frozenset(
           "direct": True, "kernel_primitives": False}
 
 
+def table_ops() -> list[str]:
+    """The kernel table's ops: the declared ones (declaration order), then the registry's experimental
+    kernels (`kernels_nki.registry`; no production op calls them), declared or not."""
+    experimental = [op for op, k in registry.KERNELS.items() if k.experimental]
+    return [op for op in SPECS if op not in experimental] + experimental
+
+
 def _resolve(op: str, mode: str, platform: str, unused: frozenset) -> KernelRow:
     if op in unused:
         return KernelRow(op, "unused", SPECS[op].unused_reason)
+    experimental = op in registry.KERNELS and registry.KERNELS[op].experimental
+    if experimental and not (op in _state["emulated"] and op in SPECS):
+        return KernelRow(op, "unused", f"experimental: {experimental}")
     if op in _state["emulated"]:
         return KernelRow(op, "emulated", "NumPy emulator of the NKI kernel via a host callback (tests only)")
     kspec = registry.KERNELS.get(op)
@@ -249,7 +282,7 @@ def _configure(mode: str, platform: str | None, unused: frozenset = frozenset())
     if mode not in MODES:
         raise BadInput(f"kernels mode must be one of {'|'.join(MODES)}, got {mode!r}")
     platform = platform or jax.default_backend()
-    rows = [_resolve(op, mode, platform, unused) for op in SPECS]
+    rows = [_resolve(op, mode, platform, unused) for op in table_ops()]
     if mode == "strict":
         missing = [r for r in rows if r.impl not in ("nki", "unused")]
         if missing:
@@ -261,9 +294,9 @@ def _configure(mode: str, platform: str | None, unused: frozenset = frozenset())
 
 def kernel_table() -> list[KernelRow]:
     """The current table (configured with mode "auto" on first use)."""
-    if _state["rows"] is None or set(_state["rows"]) != set(SPECS):
+    if _state["rows"] is None or list(_state["rows"]) != table_ops():
         _configure(_state["mode"], _state["platform"], _state["unused"])
-    return [_state["rows"][op] for op in SPECS]
+    return [_state["rows"][op] for op in table_ops()]
 
 
 def format_kernel_table(rows: list[KernelRow]) -> str:
@@ -293,11 +326,11 @@ def _impl(op: str) -> str:
 
 
 def direct(op: str) -> bool:
-    """An op whose row says "reference" calls its reference function directly, under plain JAX autodiff:
-    the custom_vjp would pin the kernel's residuals (mlp's relu(h)^T) and recompute in the backward (the
+    """An op whose row says "reference" (or "unused": an experimental op) calls its reference function
+    directly, under plain JAX autodiff (`public`): the custom_vjp would pin the kernel's residuals (mlp's relu(h)^T) and recompute in the backward (the
     attention forward), and on CPU that measured 10-70% slower per op (bench/README.md). The
     primitives are bound when a kernel (or the emulator) runs, or inside `through_primitives()`."""
-    return _state["direct"] and not _state["kernel_primitives"] and _impl(op) == "reference"
+    return _state["direct"] and not _state["kernel_primitives"] and _impl(op) in ("reference", "unused")
 
 
 @contextlib.contextmanager

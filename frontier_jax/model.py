@@ -41,6 +41,9 @@ def _rope_tables(seq_len: int, head_dim: int, base: float):
 
 
 class CausalSelfAttention(nnx.Module):
+    """The attention's parameters (the baseline's names) and its core between the projections; the block's
+    `attention_half` runs the projections, fused with the norm, the mix and the residual add."""
+
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         D, H, G, K = cfg.model_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim, self.rope_base = H, G, K, cfg.rope_base
@@ -50,31 +53,24 @@ class CausalSelfAttention(nnx.Module):
         self.proj = nnx.Param(jnp.zeros((H * K, D), jnp.float32))  # zero-init output projection
         self.q_gain = nnx.Param(jnp.full((H,), cfg.qk_gain_init, jnp.float32))
 
-    def __call__(self, x_BTD: jax.Array, x0_BTD: jax.Array, mix_2D: jax.Array, scale_D: jax.Array, skip_BTD=None,
-                 skip_w_D=None) -> jax.Array:
-        """x + scale * attention(rms_norm(x)) with x = mix[0] * (x_in [+ skip_w * skip]) + mix[1] * x0, the
-        block's residual stream: the resid_mix (and a decoder block's U-Net skip add) and the pre-attention
-        norm are fused into the q/k/v projection, the scaled residual add into the output projection."""
-        B, T, D = x_BTD.shape
+    def __call__(self, q_BTO: jax.Array, k_BTO: jax.Array, v_BTO: jax.Array) -> jax.Array:
+        """The attention between its projections: QK-norm, RoPE, rope(q) * q_gain and causal GQA attention,
+        one op (q and k normed and rotated on chip); [B, T, H * K] out, before `proj`."""
+        B, T, _ = q_BTO.shape
         H, G, K = self.num_heads, self.num_kv_heads, self.head_dim
-        x_BTD, q_BTO, k_BTO, v_BTO = ops.mix_norm_qkv_projection(
-            x_BTD, x0_BTD, mix_2D, self.c_q[...], self.c_k[...], self.c_v[...], skip_BTD, skip_w_D)
         q_BTHK, k_BTGK, v_BTGK = q_BTO.reshape(B, T, H, K), k_BTO.reshape(B, T, G, K), v_BTO.reshape(B, T, G, K)
         cos_TK2, sin_TK2 = _rope_tables(T, K, self.rope_base)
-        # QK-norm, RoPE, rope(q) * q_gain and causal attention: one op (q and k normed and rotated on chip)
         o_BTHK = ops.qk_attention(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, self.q_gain[...])
-        return ops.out_projection(o_BTHK.reshape(B, T, H * K), self.proj[...], x_BTD, scale_D)
+        return o_BTHK.reshape(B, T, H * K)
 
 
 class MLP(nnx.Module):
+    """relu(x fc)^2 proj's weights (the baseline's names); the block's `mlp_half` runs it as one fused op."""
+
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         D, F = cfg.model_dim, cfg.mlp_mult * cfg.model_dim
         self.fc = nnx.Param(_torch_linear_init(rngs, D, F))
         self.proj = nnx.Param(jnp.zeros((F, D), jnp.float32))  # zero-init output projection
-
-    def __call__(self, x_BTD: jax.Array, scale_D: jax.Array) -> jax.Array:
-        """x + scale * mlp(rms_norm(x)): the pre-MLP norm and the scaled residual add are fused into it."""
-        return ops.norm_mlp(x_BTD, self.fc[...], self.proj[...], scale_D)
 
 
 class Block(nnx.Module):
@@ -87,10 +83,24 @@ class Block(nnx.Module):
         self.resid_mix = nnx.Param(jnp.stack([jnp.ones((D,)), jnp.zeros((D,))]).astype(jnp.float32))
 
     def __call__(self, x_BTD: jax.Array, x0_BTD: jax.Array, skip_BTD=None, skip_w_D=None) -> jax.Array:
-        # resid_mix (+ skip add), pre-norms and the scaled residual adds fused into the kernels
-        x_BTD = self.attn(x_BTD, x0_BTD, self.resid_mix[...], self.attn_scale[...], skip_BTD, skip_w_D)
-        x_BTD = self.mlp(x_BTD, self.mlp_scale[...])
+        """The baseline's block: x = mix[0] * x + mix[1] * x0 (a decoder block adds its U-Net skip to x
+        first), x = x + attn_scale * attn(rms_norm(x)), x = x + mlp_scale * mlp(rms_norm(x)); each half is
+        fused ops (the norms, the mix and the scaled residual adds run inside the kernels)."""
+        x_BTD = self.attention_half(x_BTD, x0_BTD, skip_BTD, skip_w_D)
+        x_BTD = self.mlp_half(x_BTD)
         return x_BTD
+
+    def attention_half(self, x_BTD, x0_BTD, skip_BTD=None, skip_w_D=None) -> jax.Array:
+        """x + attn_scale * attn(rms_norm(x)) with x = resid_mix of (x [+ skip_w * skip], x0): the mix and
+        the norm fused into the q/k/v projection, the scaled residual add into the output projection."""
+        attn = self.attn
+        x_BTD, q_BTO, k_BTO, v_BTO = ops.mix_norm_qkv_projection(
+            x_BTD, x0_BTD, self.resid_mix[...], attn.c_q[...], attn.c_k[...], attn.c_v[...], skip_BTD, skip_w_D)
+        return ops.out_projection(attn(q_BTO, k_BTO, v_BTO), attn.proj[...], x_BTD, self.attn_scale[...])
+
+    def mlp_half(self, x_BTD: jax.Array) -> jax.Array:
+        """x + mlp_scale * mlp(rms_norm(x)): the norm, the MLP and the scaled residual add, one op."""
+        return ops.norm_mlp(x_BTD, self.mlp.fc[...], self.mlp.proj[...], self.mlp_scale[...])
 
 
 class GPT(nnx.Module):

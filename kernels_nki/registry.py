@@ -6,6 +6,9 @@ declared op absent here runs its pure-JAX reference everywhere (and the table sa
 `load_nki(op)` imports the kernel module against the real `nki` package (a Neuron DLAMI);
 `load_emulated(op)` runs the same source under the NumPy emulator. Each kernel takes the op's
 operands positionally and its static parameters as keyword arguments (compile-time constants).
+A row with `experimental` set is a kernel no production op calls (its op, declared in
+`frontier_jax.experimental`, exists for tests and benchmarks): the kernel table lists it "unused" with
+that reason and strict mode does not require it.
 """
 
 from __future__ import annotations
@@ -22,23 +25,33 @@ class KernelSpec:
     module: str  # importable module holding the @nki.jit kernels
     fwd: str  # forward kernel: returns (outputs..., residuals...)
     bwd: str  # backward kernel: (inputs, residuals, cotangents) -> input cotangents
+    experimental: str = ""  # why no production op calls it (its op is declared in frontier_jax.experimental)
 
+
+_INSIDE = "the model runs it fused, inside {}"
 
 KERNELS: dict[str, KernelSpec] = {s.op: s for s in (
     KernelSpec("rms_norm", "kernels_nki.rmsnorm", "rmsnorm_fwd", "rmsnorm_bwd"),
-    KernelSpec("rope", "kernels_nki.rope", "rope_fwd", "rope_bwd"),
-    KernelSpec("rope_gain", "kernels_nki.rope", "rope_gain_fwd", "rope_gain_bwd"),
-    KernelSpec("causal_attention", "kernels_nki.attention", "attention_fwd", "attention_bwd"),
     KernelSpec("qk_attention", "kernels_nki.attention", "qk_attention_fwd", "qk_attention_bwd"),
     KernelSpec("norm_mlp", "kernels_nki.mlp", "norm_mlp_fwd", "norm_mlp_bwd"),
     KernelSpec("embed", "kernels_nki.embedding", "embed_fwd", "embed_bwd"),
     KernelSpec("head_loss", "kernels_nki.head_loss", "head_loss_fwd", "head_loss_bwd"),
     KernelSpec("projection", "kernels_nki.projection", "projection_fwd", "projection_bwd"),
-    KernelSpec("norm_projection", "kernels_nki.projection", "norm_projection_fwd", "norm_projection_bwd"),
     KernelSpec("mix_norm_projection", "kernels_nki.projection", "mix_norm_projection_fwd", "mix_norm_projection_bwd"),
     # the fused optimizer updates: one kernel each, no backward ("")
     KernelSpec("adam_update", "kernels_nki.adam", "adam_update", ""),
     KernelSpec("muon_update", "kernels_nki.muon", "muon_update", ""),
+    # experimental: standalone kernels of work the model runs inside a fused op (the table lists them "unused")
+    KernelSpec("rope", "kernels_nki.experimental.rope", "rope_fwd", "rope_bwd",
+               experimental=_INSIDE.format("qk_attention")),
+    KernelSpec("rope_gain", "kernels_nki.experimental.rope", "rope_gain_fwd", "rope_gain_bwd",
+               experimental=_INSIDE.format("qk_attention")),
+    KernelSpec("causal_attention", "kernels_nki.attention", "attention_fwd", "attention_bwd",
+               experimental=_INSIDE.format("qk_attention") + " (attention_fwd/_bwd: its kernels without the QK-norm, "
+               "RoPE and gain)"),
+    KernelSpec("norm_projection", "kernels_nki.projection", "norm_projection_fwd", "norm_projection_bwd",
+               experimental=_INSIDE.format("mix_norm_projection") + " (norm_projection_fwd/_bwd: its kernels "
+               "without the residual mix)"),
 )}
 
 

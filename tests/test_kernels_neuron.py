@@ -24,6 +24,7 @@ import pytest
 from conftest import KERNEL_TOL, assert_close_max
 from frontier_jax import dispatch, ops
 from frontier_jax import reference as ref
+from frontier_jax.experimental import ops as _experimental  # noqa: F401 (declares the experimental kernels' ops)
 from kernels_nki import registry
 
 f32 = np.float32

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -15,6 +18,7 @@ from flax import nnx
 from frontier_jax import ops
 from frontier_jax import reference as ref
 from frontier_jax.config import apply_overrides, load_config
+from kernels_nki import registry
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,29 +29,56 @@ def _restore_auto():
     ops.configure("auto")
 
 
+EXPERIMENTAL = [op for op, k in registry.KERNELS.items() if k.experimental]
+
+
 def test_default_table_on_cpu_is_reference_for_every_op_with_reason():
     rows = ops.configure("auto")
-    assert [r.op for r in rows] == list(ops.OPS) and rows == ops.kernel_table()
-    assert all(r.impl == "reference" for r in rows)
-    reasons = {r.op: r.reason for r in rows}
-    assert all(reasons[op] == f"platform {jax.default_backend()}" for op in ops.OPS)  # every op has a kernel
+    assert [r.op for r in rows] == list(ops.OPS) + EXPERIMENTAL and rows == ops.kernel_table()
+    reasons = {r.op: (r.impl, r.reason) for r in rows}
+    # every production op has a kernel
+    assert all(reasons[op] == ("reference", f"platform {jax.default_backend()}") for op in ops.OPS)
     json.dumps([dataclasses.asdict(r) for r in rows])  # written to the run directory
     text = ops.format_kernel_table(rows)
     assert all(f"{r.op}" in text and r.reason in text for r in rows)
 
 
-def test_a_training_run_marks_the_ops_it_never_calls_unused_with_the_reason():
-    """The model calls the fused ops only: rope, rope_gain, causal_attention and norm_projection run inside
-    qk_attention / mix_norm_projection, so a run's kernel table marks them unused (as the fused optimizer
-    updates when optim.fused is off), and strict mode does not require their kernels."""
-    rows = {r.op: r for r in ops.configure("auto", unused=ops.unused_ops(False))}
-    assert {op for op, r in rows.items() if r.impl == "unused"} == ops.STANDALONE_OPS | ops.FUSED_OPTIMIZER_OPS
-    assert rows["rope"].reason == "the model calls it fused, inside qk_attention"
-    assert rows["norm_projection"].reason == "the model calls it fused, inside mix_norm_projection"
-    assert rows["qk_attention"].impl == "reference" and ops.unused_ops(True) == ops.STANDALONE_OPS
+def test_experimental_kernels_are_listed_unused_with_the_reason():
+    """No production op calls rope, rope_gain, causal_attention or norm_projection (the model runs their work
+    inside qk_attention / mix_norm_projection): the table lists them unused whether or not
+    frontier_jax.experimental declared them, and strict mode does not require their kernels."""
+    assert EXPERIMENTAL == ["rope", "rope_gain", "causal_attention", "norm_projection"]
+    assert not set(EXPERIMENTAL) & set(ops.OPS)
+    rows = {r.op: r for r in ops.configure("auto")}
+    assert {op for op, r in rows.items() if r.impl == "unused"} == set(EXPERIMENTAL)
+    assert rows["rope"].reason == "experimental: the model runs it fused, inside qk_attention"
+    assert rows["norm_projection"].reason.startswith(
+        "experimental: the model runs it fused, inside mix_norm_projection")
     with pytest.raises(ops.KernelUnavailableError) as info:
-        ops.configure("strict", unused=ops.unused_ops(True))
-    assert "rope " not in str(info.value) and "qk_attention (platform" in str(info.value)
+        ops.configure("strict")
+    named = re.findall(r"(?:for |, )(\w+) \(", str(info.value))
+    assert named == list(ops.OPS) and not set(named) & set(EXPERIMENTAL)
+
+
+def test_the_production_path_imports_no_experimental_op():
+    """Training and evaluation never import frontier_jax.experimental; the table still lists its kernels."""
+    code = ("import sys; from frontier_jax import evaluate, loop, ops; rows = ops.configure('auto'); "
+            "print(any(m.startswith('frontier_jax.experimental') for m in sys.modules), "
+            "[r.op for r in rows if r.impl == 'unused'])")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split(None, 1) == ["False", f"{EXPERIMENTAL}\n"]
+
+
+def test_a_training_run_marks_the_fused_updates_unused_when_the_optax_chain_runs():
+    """With optim.fused off a run never calls the fused updates: unused with the reason, not required in strict mode."""
+    rows = {r.op: r for r in ops.configure("auto", unused=ops.unused_ops(False))}
+    assert {op for op, r in rows.items() if r.impl == "unused"} == set(EXPERIMENTAL) | ops.FUSED_OPTIMIZER_OPS
+    assert rows["adam_update"].reason == "optim.fused=False (the optax chain runs)"
+    assert ops.unused_ops(True) == frozenset() and rows["qk_attention"].impl == "reference"
+    with pytest.raises(ops.KernelUnavailableError) as info:
+        ops.configure("strict", unused=ops.unused_ops(False))
+    assert "adam_update" not in str(info.value) and "qk_attention (platform" in str(info.value)
 
 
 def test_strict_refuses_naming_every_op():
@@ -76,7 +107,7 @@ def test_reference_mode_and_bad_mode():
 def test_emulated_context_is_visible_and_scoped():
     with ops.emulated(["rms_norm"]) as rows:
         assert rows[0].impl == "emulated" and ops.kernel_table()[0].impl == "emulated"
-        assert all(r.impl == "reference" for r in rows[1:])
+        assert all(r.impl == "reference" for r in rows[1:len(ops.OPS)])
         with pytest.raises(ops.KernelUnavailableError, match=r"rms_norm \(NumPy emulator"):
             ops.configure("strict")
     assert ops.kernel_table()[0].impl == "reference"
@@ -163,20 +194,14 @@ def test_tiny_model_three_steps_emulated_rms_norm_matches_reference(_fast_compil
     _assert_same_training(run_ref, run_emu)
 
 
-@pytest.mark.parametrize("op", ["rope", "norm_mlp", "embed", "head_loss", "norm_projection", "mix_norm_projection",
-                                "projection"])
+@pytest.mark.parametrize("op", ["norm_mlp", "embed", "head_loss", "mix_norm_projection", "projection"])
 def test_model_ops_bind_their_primitives(op):
     """Each op is a custom_vjp over frontier_<op>_fwd/_bwd; on CPU the primitives lower to the reference."""
-    from frontier_jax.model import _rope_tables
-
     k = jax.random.key(0)
     x = jax.random.normal(k, (40, 16))
     fns = {
-        "rope": lambda x: ops.rope(x.reshape(2, 20, 1, 16), *_rope_tables(20, 16, 10000.0)),
         "norm_mlp": lambda x: ops.norm_mlp(x, jnp.ones((16, 24)) / 8, jnp.ones((24, 16)) / 8, 1.5 - x[0] / 4),
         "projection": lambda x: ops.out_projection(x ** 2, jnp.ones((16, 16)) / 8, x, 1.5 - x[1] / 4),
-        "norm_projection": lambda x: jnp.concatenate(ops.norm_qkv_projection(
-            x, jnp.ones((16, 8)) / 8, jnp.ones((16, 4)) / 4, jnp.ones((16, 4)) / 2), axis=-1),
         "mix_norm_projection": lambda x: jnp.concatenate(ops.mix_norm_qkv_projection(
             x, jnp.cos(x), jnp.ones((2, 16)) / 2, jnp.ones((16, 8)) / 8, jnp.ones((16, 4)) / 4, jnp.ones((16, 4)) / 2,
             jnp.sin(x), jnp.full((16,), 0.7)), axis=-1),
@@ -209,7 +234,8 @@ def test_tiny_model_three_steps_every_op_emulated_matches_reference(_fast_compil
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_mix_norm_qkv_projection_direct_path_is_the_unfused_model(dtype):
     """On the reference path ops.mix_norm_qkv_projection computes exactly what the unfused block did (the skip
-    add, resid_mix in the compute dtype, then norm_qkv_projection): values and gradients bit for bit."""
+    add, resid_mix in the compute dtype, then rms_norm and the three projections): values and gradients bit
+    for bit."""
     dt = jnp.dtype(dtype)
     k = jax.random.split(jax.random.key(3), 8)
     x_in, x0, skip = (jax.random.normal(k[i], (2, 24, 32)).astype(dt) for i in range(3))
@@ -221,7 +247,8 @@ def test_mix_norm_qkv_projection_direct_path_is_the_unfused_model(dtype):
             x_in = x_in + sw.astype(x_in.dtype) * skip
         m = mix.astype(x_in.dtype)
         x = m[0] * x_in + m[1] * x0
-        return (x, *ops.norm_qkv_projection(x, wq, wk, wv))
+        xn = ref.rms_norm(x)
+        return (x, *(xn @ w.astype(x.dtype) for w in (wq, wk, wv)))
 
     def run(fn, *skip):
         loss = lambda *a: sum(jnp.sum(jnp.sin(t.astype(jnp.float32))) for t in fn(*a))

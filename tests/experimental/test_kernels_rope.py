@@ -1,4 +1,5 @@
-"""The RoPE NKI kernels (under the emulator) against frontier_jax.reference.rope, forward and backward."""
+"""The RoPE NKI kernels (kernels_nki/experimental/rope.py, under the emulator) against
+frontier_jax.reference.rope / rope_gain, forward and backward, and the experimental ops routed through them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from conftest import KERNEL_TOL as TOL
 from conftest import assert_close_max as _assert_close
 from frontier_jax import ops
 from frontier_jax import reference as ref
+from frontier_jax.experimental import ops as xops
 from kernels_nki import emulator, registry
 
 
@@ -89,7 +91,7 @@ def test_op_routed_through_emulated_kernel_matches_reference(dtype):
     run = lambda f: jax.jit(lambda x: (f(x, cos, sin), jax.grad(loss(f))(x)))(x)
     y_ref, g_ref = run(ref.rope)
     with ops.emulated(["rope"]):
-        y_emu, g_emu = run(ops.rope)
+        y_emu, g_emu = run(xops.rope)
     tol = TOL["bfloat16" if dtype == jnp.bfloat16 else "float32"]
     _assert_close(y_emu, y_ref, tol)
     _assert_close(g_emu, g_ref, tol)
@@ -148,7 +150,7 @@ def test_gain_op_routed_through_emulated_kernel_matches_reference():
     # the kernel accumulates in fp32
     y_ref, (dx_ref, dg_ref) = run(ref.rope_gain, x.astype(jnp.float32))
     with ops.emulated(["rope_gain"]):
-        y_emu, (dx_emu, dg_emu) = run(ops.rope_gain, x)
+        y_emu, (dx_emu, dg_emu) = run(xops.rope_gain, x)
     assert dg_emu.dtype == jnp.float32 and dg_emu.shape == (4,)
     _assert_close(y_emu, y_ref, TOL["bfloat16"])
     _assert_close(dx_emu, dx_ref, TOL["bfloat16"])

@@ -5,8 +5,9 @@ x1, x2 the two halves of the head dim. The backward is the inverse rotation, i.e
 with sin negated: dx = (dy1 cos - dy2 sin, dy2 cos + dy1 sin).
 
 cos/sin [T, K/2] are host constants computed once per sequence length
-(`frontier_jax.model._rope_tables`); `frontier_jax.ops` casts them to x's dtype, as the reference
-does, before the call.
+(`frontier_jax.model._rope_tables`); `frontier_jax.experimental.ops` casts them to x's dtype, as the
+reference does, before the call. No production op calls these kernels: the model's attention kernel
+(kernels_nki/attention.py, `qk_attention`) rotates q and k on chip.
 
 Layout: tokens of one sequence on the partition axis (tiles of 128 along T, the last ragged) and,
 on the free axis, a chunk of `nb` sequences x all heads x K: one DMA per chunk brings x[b0:b0+nb,
@@ -31,19 +32,17 @@ per head over the contiguous [P, nb, K] view), then rotates. The backward rotate
 the sum over b, k of r x (= dy . rope(x), the rotation being orthogonal): the product r x on GpSimd
 (`tensor_tensor`, SBUF only: GpSimd cannot reach PSUM), its sum over (b, k) on ScalarE
 (`activation_reduce`, per head), one partial per (t, h, chunk), summed over the chunks on VectorE
-and returned as fp32 partials [T, H] that frontier_jax.ops sums over T.
+and returned as fp32 partials [T, H] that frontier_jax.experimental.ops sums over T.
 
 Engine time per element at the model's shapes (`python -m frontier_jax.kernel_report`, cost model of
 kernels_nki/emulator/cost.py): rope and rope_gain forward ScalarE 1 (rope_gain 2) pass, VectorE one
 two-input pass; rope_gain backward ScalarE 3, VectorE 1 two-input, GpSimd 1; every RoPE kernel is
-DMA-bound (trn1: rope k 247 us, rope_gain q 494 us forward, 741 us backward; were 702, 1412
-and 1902 us VectorE-bound). NOT in the cost model:
+DMA-bound at the model's shapes. NOT in the cost model:
 the views x[:, :, :, k] step K elements (128 B) along the minor free axis, above the 16 B at which
 SBUF gives an engine its full bandwidth (trn1 arch guide, "Data Movement / Performance
 Consideration": about half the bandwidth beyond 16 B), so the strided passes may run up to ~2x
 longer on hardware; and VectorE and GpSimd share one SBUF port (same section), so the backward's
-GpSimd product and VectorE pass serialise (their sum, 657 us for rope_gain q, is still under its DMA
-time).
+GpSimd product and VectorE pass serialise (their sum stays under the DMA time at the model's shapes).
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): `activation`'s scale is
 an fp32 immediate or [P, 1] fp32 tile and it reads one tensor (nki/api/nki/isa/__init__.py,
