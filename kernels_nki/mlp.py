@@ -78,11 +78,13 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.packing import blocks, columns, groups, load, store, tile
 from kernels_nki.tiles import EPS, cdiv, identity, norm_grad_rows, transpose, transpose_to_psum
 
-NB = 512  # tokens per forward block (gemm_moving_fmax: the forward's h^T has the tokens as moving free dim)
-NW = 1024  # tokens per backward block: no backward matmul streams tokens as its moving free dim, and the
-# weight gradients contract over the whole block in PSUM before one fp32 SBUF add (half the adds of 512)
+NB = 512  # tokens per forward group (gemm_moving_fmax: the forward's h^T has the tokens as moving free dim)
+NW = 1024  # tokens per backward group: no backward matmul streams tokens as its moving free dim, and the
+# weight gradients contract over the whole group in PSUM before one fp32 SBUF add (half the adds of 512)
+RT_TOKENS = 2048  # tokens per stored relu(h)^T tile [128 F-rows, RT_TOKENS]: 4 KiB per partition in bf16
 
 
 def _load_rows(w_RC, dt):
@@ -110,34 +112,24 @@ def _transposed_rows(tiles, R, C, dt, ident):
     return out
 
 
-def _block_rows(src_NX, n0, nb, dt):
-    """Rows n0:n0+nb of src as 128-row SBUF tiles (token-major)."""
-    P = nl.tile_size.pmax
-    tiles = []
-    for s in nl.affine_range(cdiv(nb, P)):
-        rows = min(P, nb - s * P)
-        t = nl.ndarray((P, src_NX.shape[1]), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t[0:rows], src=src_NX[n0 + s * P:n0 + s * P + rows])
-        tiles.append(t)
-    return tiles
-
-
-def _block_T(tiles, nb, dt, ident, width=NB):
-    """The block's 128-row tiles [tokens, D] -> D/128 tiles of the transpose [D_k, nb] (`width` columns)."""
+def _group_T(tiles, g, dt, ident, width, natural):
+    """Group g's row tiles [parts, D] -> D/128 tiles of the transpose [D_k, width]: row tile j's tokens at the
+    columns `columns(g, j)` (the group's tokens in order) with `natural`, else at j*128 .. j*128 + parts."""
     P = nl.tile_size.pmax
     D = tiles[0].shape[1]
+    p = g[1]
     xT = [nl.ndarray((P, width), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(D, P))]
-    for s in nl.affine_range(cdiv(nb, P)):
-        rows = min(P, nb - s * P)
+    for j in range(len(tiles)):
+        cols = columns(g, j) if natural else slice(j * P, j * P + p)
         for k in nl.affine_range(cdiv(D, P)):
             dk = min(P, D - k * P)
-            transpose(xT[k][0:dk, s * P:s * P + rows], tiles[s][0:rows, k * P:k * P + dk], rows, dk, ident)
+            transpose(xT[k][0:dk, cols], tiles[j][0:p, k * P:k * P + dk], p, dk, ident)
     return xT
 
 
 def _scaled(x_t, inv, rows, dt):
     """rms_norm(x) of a row tile: x * inv per row (ScalarE, fp32 math, cast to dt as the reference)."""
-    xn = nl.ndarray(x_t.shape, dtype=dt, buffer=nl.sbuf)
+    xn = nl.ndarray((nl.tile_size.pmax, x_t.shape[1]), dtype=dt, buffer=nl.sbuf)
     nisa.activation(dst=xn[0:rows], op=nl.copy, data=x_t[0:rows], scale=inv[0:rows])
     return xn
 
@@ -150,6 +142,7 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
     dt = x_ND.dtype
+    R = NB // P
     y_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     inv_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     rT_FN = nl.ndarray((F, N), dtype=dt, buffer=nl.shared_hbm)
@@ -158,57 +151,62 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
     nisa.memset(dst=eps, value=EPS)
     wfc = _load_rows(w_fc_DF, dt)  # [D_k, F]
     wproj = _load_rows(w_proj_FD, dt)  # [F_j, D]
-    for blk in nl.affine_range(cdiv(N, NB)):
-        n0 = blk * NB
-        nb = min(NB, N - n0)
-        xn_s = []
-        x_s = _block_rows(x_ND, n0, nb, dt)  # kept for the residual add
-        for s, x_t in enumerate(x_s):
-            rows = min(P, nb - s * P)
-            # inv = rsqrt(mean(x^2) + eps): ScalarE squares with their row sum, then rsqrt on the column
-            sq = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)  # discarded: only the row sum is kept
-            ss = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation_reduce(dst=sq[0:rows], op=nl.square, data=x_t[0:rows], reduce_op=nl.add,
-                                   reduce_res=ss[0:rows])
-            inv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=inv[0:rows], op=nl.rsqrt, data=ss[0:rows], scale=1.0 / D, bias=eps[0:rows])
-            nisa.dma_copy(dst=inv_N1[n0 + s * P:n0 + s * P + rows], src=inv[0:rows])
-            xn_s.append(_scaled(x_t, inv, rows, dt))
-        xT = _block_T(xn_s, nb, dt, ident)
-        aT = []
-        for j in nl.affine_range(cdiv(F, P)):
-            fj = min(P, F - j * P)
-            h_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-            for k in nl.affine_range(cdiv(D, P)):
-                dk = min(P, D - k * P)
-                nisa.nc_matmul(dst=h_ps[0:fj, 0:nb], stationary=wfc[k][0:dk, j * P:j * P + fj],
-                               moving=xT[k][0:dk, 0:nb])
-            # r = relu(h) in x's dtype (ScalarE, leaving PSUM; stored for the backward), a^T = r r (VectorE, SBUF)
-            r_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-            nisa.activation(dst=r_T[0:fj, 0:nb], op=nl.relu, data=h_ps[0:fj, 0:nb])
-            nisa.dma_copy(dst=rT_FN[j * P:j * P + fj, n0:n0 + nb], src=r_T[0:fj, 0:nb])
-            a_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=a_T[0:fj, 0:nb], data1=r_T[0:fj, 0:nb], data2=r_T[0:fj, 0:nb], op=nl.multiply)
-            aT.append(a_T)
-        for s in nl.affine_range(cdiv(nb, P)):
-            rows = min(P, nb - s * P)
-            for c in nl.affine_range(cdiv(D, NB)):
-                dc = min(NB, D - c * NB)
-                y_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for j in nl.affine_range(cdiv(F, P)):
-                    fj = min(P, F - j * P)
-                    nisa.nc_matmul(dst=y_ps[0:rows, 0:dc], stationary=aT[j][0:fj, s * P:s * P + rows],
-                                   moving=wproj[j][0:fj, c * NB:c * NB + dc])
-                y_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)  # y = x + a W_proj, leaving PSUM
-                nisa.tensor_tensor(dst=y_t[0:rows, 0:dc], data1=y_ps[0:rows, 0:dc],
-                                   data2=x_s[s][0:rows, c * NB:c * NB + dc], op=nl.add)
-                nisa.dma_copy(dst=y_ND[n0 + s * P:n0 + s * P + rows, c * NB:c * NB + dc], src=y_t[0:rows, 0:dc])
+    for blk in blocks(N, R, RT_TOKENS // P):  # consecutive groups whose relu(h)^T leaves as one tile per F_j
+        b0 = blk[0][0]
+        rT_s = [nl.ndarray((P, RT_TOKENS), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(F, P))]
+        for g in blk:
+            n0, p, nr = g
+            nb = p * nr
+            x_g = load(x_ND, g, dt, R)  # kept for the residual add
+            inv = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
+            xn_s = []
+            for j in range(nr):
+                x_t = tile(x_g, g, j, D)
+                # inv = rsqrt(mean(x^2) + eps): ScalarE squares with their row sum, then rsqrt on the column
+                sq = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)  # discarded: only the row sum is kept
+                ss = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation_reduce(dst=sq[0:p], op=nl.square, data=x_t, reduce_op=nl.add, reduce_res=ss[0:p])
+                nisa.activation(dst=inv[0:p, j:j + 1], op=nl.rsqrt, data=ss[0:p], scale=1.0 / D, bias=eps[0:p])
+                xn_s.append(_scaled(x_t, inv[0:p, j:j + 1], p, dt))
+            store(inv_N1, g, inv)
+            xT = _group_T(xn_s, g, dt, ident, NB, True)  # the group's tokens in order along the free axis
+            aT = []
+            for jf in nl.affine_range(cdiv(F, P)):
+                fj = min(P, F - jf * P)
+                h_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+                for k in nl.affine_range(cdiv(D, P)):
+                    dk = min(P, D - k * P)
+                    nisa.nc_matmul(dst=h_ps[0:fj, 0:nb], stationary=wfc[k][0:dk, jf * P:jf * P + fj],
+                                   moving=xT[k][0:dk, 0:nb])
+                # r = relu(h) in x's dtype (ScalarE, leaving PSUM, into the block's stored tile), a^T = r r (VectorE)
+                r_T = rT_s[jf][0:fj, n0 - b0:n0 - b0 + nb]
+                nisa.activation(dst=r_T, op=nl.relu, data=h_ps[0:fj, 0:nb])
+                a_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=a_T[0:fj, 0:nb], data1=r_T, data2=r_T, op=nl.multiply)
+                aT.append(a_T)
+            y_g = nl.ndarray((P, R * D), dtype=dt, buffer=nl.sbuf)
+            for j in range(nr):  # y's row tile j: a^T's columns of row tile j's tokens as the stationary operand
+                for c in nl.affine_range(cdiv(D, NB)):
+                    dc = min(NB, D - c * NB)
+                    y_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+                    for jf in nl.affine_range(cdiv(F, P)):
+                        fj = min(P, F - jf * P)
+                        nisa.nc_matmul(dst=y_ps[0:p, 0:dc], stationary=aT[jf][0:fj, columns(g, j)],
+                                       moving=wproj[jf][0:fj, c * NB:c * NB + dc])
+                    c0 = j * D + c * NB  # y = x + a W_proj, leaving PSUM
+                    nisa.tensor_tensor(dst=y_g[0:p, c0:c0 + dc], data1=y_ps[0:p, 0:dc], data2=x_g[0:p, c0:c0 + dc],
+                                       op=nl.add)
+            store(y_ND, g, y_g)
+        nt = blk[-1][0] + blk[-1][1] * blk[-1][2] - b0
+        for jf in nl.affine_range(cdiv(F, P)):
+            fj = min(P, F - jf * P)
+            nisa.dma_copy(dst=rT_FN[jf * P:jf * P + fj, b0:b0 + nt], src=rT_s[jf][0:fj, 0:nt])
     return y_ND, inv_N1, rT_FN
 
 
-def _norm_dx(g, x_t, inv, dy_t, rows, dt):
-    """dx [P, D] in dt for one row tile: dy (the residual's pass-through) plus the norm's backward, given g/2
-    (g: the gradient of rms_norm(x)) as fp32 PSUM chunks of 512 columns: dx = dy + 2 inv (g/2 + x c)
+def _norm_dx(dx, g, x_t, inv, dy_t, rows):
+    """dx ([rows, D], its dtype) for one row tile: dy (the residual's pass-through) plus the norm's backward,
+    given g/2 (g: the gradient of rms_norm(x)) as fp32 PSUM chunks of 512 columns: dx = dy + 2 inv (g/2 + x c)
     (`kernels_nki.tiles.norm_grad_rows`); the 2 inv scale on ScalarE, the add of dy on GpSimd (SBUF only,
     idle otherwise)."""
     P = nl.tile_size.pmax
@@ -216,24 +214,21 @@ def _norm_dx(g, x_t, inv, dy_t, rows, dt):
     two_inv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=two_inv[0:rows], data=inv[0:rows], op0=nl.multiply, operand0=2.0)
     nisa.activation(dst=work[0:rows], op=nl.copy, data=work[0:rows], scale=two_inv[0:rows])
-    dx = nl.ndarray((P, x_t.shape[1]), dtype=dt, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dx[0:rows], data1=work[0:rows], data2=dy_t[0:rows], op=nl.add,
-                       engine=nisa.engine.gpsimd)
-    return dx
+    nisa.tensor_tensor(dst=dx[0:rows], data1=work[0:rows], data2=dy_t[0:rows], op=nl.add, engine=nisa.engine.gpsimd)
 
 
-def _relu_rows(a_t, dh_t, rT, s, rows, da_ps, c, fc, dt, ident):
-    """Columns c*NB .. c*NB+fc of one 128-token row tile from the stored rT [F_j, tokens] tiles: r = relu(h)
-    token-major by TensorE transposes into one PSUM tile, left twice on ScalarE, a = r^2 (activation square)
-    and r (a copy into SBUF: a VectorE instruction reads at most one PSUM input, isa docs tensor_tensor), and
-    dh' = r da (VectorE, da in PSUM)."""
+def _relu_rows(a_t, dh_t, rT, tok, rows, da_ps, c, fc, dt, ident):
+    """Columns c*NB .. c*NB+fc of one row tile from the stored rT [F_j, tokens] tiles (the row tile's tokens at
+    the columns `tok`): r = relu(h) token-major by TensorE transposes into one PSUM tile, left twice on ScalarE,
+    a = r^2 (activation square) and r (a copy into SBUF: a VectorE instruction reads at most one PSUM input, isa
+    docs tensor_tensor), and dh' = r da (VectorE, da in PSUM)."""
     P = nl.tile_size.pmax
     F = a_t.shape[1]
     r_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
     for jj in nl.affine_range(cdiv(fc, P)):
         j = c * NB // P + jj
         fj = min(P, F - j * P)
-        transpose_to_psum(r_ps[0:rows, jj * P:jj * P + fj], rT[j][0:fj, s * P:s * P + rows], fj, ident)
+        transpose_to_psum(r_ps[0:rows, jj * P:jj * P + fj], rT[j][0:fj, tok], fj, ident)
     cols = slice(c * NB, c * NB + fc)
     r = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)  # exact: rT holds r in dt
     nisa.activation(dst=r[0:rows, 0:fc], op=nl.copy, data=r_ps[0:rows, 0:fc])
@@ -249,6 +244,7 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
     dt = x_ND.dtype
+    R = NW // P
     KD, KF = cdiv(D, P), cdiv(F, P)
     dx_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     dwfc_DF = nl.ndarray((D, F), dtype=dt, buffer=nl.shared_hbm)
@@ -258,25 +254,23 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
     wprojT = _transposed_rows(_load_rows(w_proj_FD, dt), F, D, dt, ident)  # [D_k, F]
     acc_fc = [nl.zeros((P, F), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KD)]
     acc_proj = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KF)]
-    for blk in nl.affine_range(cdiv(N, NW)):
-        n0 = blk * NW
-        nb = min(NW, N - n0)
-        S = cdiv(nb, P)
-        x_s = _block_rows(x_ND, n0, nb, dt)
-        inv_s = _block_rows(inv_N1, n0, nb, nl.float32)
-        xn_s = [_scaled(x_s[s], inv_s[s], min(P, nb - s * P), dt) for s in range(S)]  # rms_norm(x)
-        dy_s = _block_rows(dy_ND, n0, nb, dt)
-        dyT = _block_T(dy_s, nb, dt, ident, NW)
+    for g in groups(N, R):
+        n0, p, nr = g
+        nb = p * nr
+        x_g, dy_g, inv = load(x_ND, g, dt, R), load(dy_ND, g, dt, R), load(inv_N1, g, nl.float32, R)
+        x_s = [tile(x_g, g, j, D) for j in range(nr)]
+        dy_s = [tile(dy_g, g, j, D) for j in range(nr)]
+        xn_s = [_scaled(x_s[j], inv[0:p, j:j + 1], p, dt) for j in range(nr)]  # rms_norm(x)
+        dyT = _group_T(dy_s, g, dt, ident, NW, False)  # row tile j at columns j*128 ..
         rT = []
-        for j in nl.affine_range(KF):  # relu(h)^T from the forward, [F_j, tokens]
-            fj = min(P, F - j * P)
+        for jf in nl.affine_range(KF):  # relu(h)^T from the forward, [F_j, tokens] (the group's tokens in order)
+            fj = min(P, F - jf * P)
             t = nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=t[0:fj, 0:nb], src=rT_FN[j * P:j * P + fj, n0:n0 + nb])
+            nisa.dma_copy(dst=t[0:fj, 0:nb], src=rT_FN[jf * P:jf * P + fj, n0:n0 + nb])
             rT.append(t)
         a_s, dh_s = [], []
         dhT = [nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf) for _ in range(KF)]
-        for s in nl.affine_range(S):
-            rows = min(P, nb - s * P)
+        for j in range(nr):
             a_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
             dh_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
             for c in nl.affine_range(cdiv(F, NB)):
@@ -284,57 +278,55 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
                 da_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
                 for k in nl.affine_range(KD):
                     dk = min(P, D - k * P)
-                    nisa.nc_matmul(dst=da_ps[0:rows, 0:fc], stationary=dyT[k][0:dk, s * P:s * P + rows],
+                    nisa.nc_matmul(dst=da_ps[0:p, 0:fc], stationary=dyT[k][0:dk, j * P:j * P + p],
                                    moving=wprojT[k][0:dk, c * NB:c * NB + fc])
-                _relu_rows(a_t, dh_t, rT, s, rows, da_ps, c, fc, dt, ident)
-            for j in nl.affine_range(KF):
-                fj = min(P, F - j * P)
-                transpose(dhT[j][0:fj, s * P:s * P + rows], dh_t[0:rows, j * P:j * P + fj], rows, fj, ident)
+                _relu_rows(a_t, dh_t, rT, columns(g, j), p, da_ps, c, fc, dt, ident)
+            for jf in nl.affine_range(KF):
+                fj = min(P, F - jf * P)
+                transpose(dhT[jf][0:fj, j * P:j * P + p], dh_t[0:p, jf * P:jf * P + fj], p, fj, ident)
             a_s.append(a_t)
             dh_s.append(dh_t)
-        # weight gradients: contract over the block's NW tokens in PSUM, one fp32 SBUF add per block
-        for j in nl.affine_range(KF):
-            fj = min(P, F - j * P)
+        # weight gradients: contract over the group's tokens in PSUM, one fp32 SBUF add per group
+        for jf in nl.affine_range(KF):
+            fj = min(P, F - jf * P)
             for c in nl.affine_range(cdiv(D, NB)):
                 dc = min(NB, D - c * NB)
                 g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for s in nl.affine_range(S):
-                    rows = min(P, nb - s * P)
-                    nisa.nc_matmul(dst=g_ps[0:fj, 0:dc], stationary=a_s[s][0:rows, j * P:j * P + fj],
-                                   moving=dy_s[s][0:rows, c * NB:c * NB + dc])
-                acc = acc_proj[j][0:fj, c * NB:c * NB + dc]
+                for j in range(nr):
+                    nisa.nc_matmul(dst=g_ps[0:fj, 0:dc], stationary=a_s[j][0:p, jf * P:jf * P + fj],
+                                   moving=dy_s[j][0:p, c * NB:c * NB + dc])
+                acc = acc_proj[jf][0:fj, c * NB:c * NB + dc]
                 nisa.tensor_tensor(dst=acc, data1=acc, data2=g_ps[0:fj, 0:dc], op=nl.add)
         for k in nl.affine_range(KD):
             dk = min(P, D - k * P)
             for c in nl.affine_range(cdiv(F, NB)):
                 fc = min(NB, F - c * NB)
                 g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for s in nl.affine_range(S):
-                    rows = min(P, nb - s * P)
-                    nisa.nc_matmul(dst=g_ps[0:dk, 0:fc], stationary=xn_s[s][0:rows, k * P:k * P + dk],
-                                   moving=dh_s[s][0:rows, c * NB:c * NB + fc])
+                for j in range(nr):
+                    nisa.nc_matmul(dst=g_ps[0:dk, 0:fc], stationary=xn_s[j][0:p, k * P:k * P + dk],
+                                   moving=dh_s[j][0:p, c * NB:c * NB + fc])
                 acc = acc_fc[k][0:dk, c * NB:c * NB + fc]
                 nisa.tensor_tensor(dst=acc, data1=acc, data2=g_ps[0:dk, 0:fc], op=nl.add)
-    # dx: g/2 = dh' W_fc^T token-major in PSUM, then the norm's backward (the 2 folded into its scale)
-        for s in nl.affine_range(S):
-            rows = min(P, nb - s * P)
-            g = []
+        # dx: g/2 = dh' W_fc^T token-major in PSUM, then the norm's backward (the 2 folded into its scale)
+        dx_g = nl.ndarray((P, R * D), dtype=dt, buffer=nl.sbuf)
+        for j in range(nr):
+            gr = []
             for c in nl.affine_range(cdiv(D, NB)):
                 dc = min(NB, D - c * NB)
                 dx_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for j in nl.affine_range(KF):
-                    fj = min(P, F - j * P)
-                    nisa.nc_matmul(dst=dx_ps[0:rows, 0:dc], stationary=dhT[j][0:fj, s * P:s * P + rows],
-                                   moving=wfcT[j][0:fj, c * NB:c * NB + dc])
-                g.append(dx_ps)
-            dx_t = _norm_dx(g, x_s[s], inv_s[s], dy_s[s], rows, dt)
-            nisa.dma_copy(dst=dx_ND[n0 + s * P:n0 + s * P + rows], src=dx_t[0:rows])
+                for jf in nl.affine_range(KF):
+                    fj = min(P, F - jf * P)
+                    nisa.nc_matmul(dst=dx_ps[0:p, 0:dc], stationary=dhT[jf][0:fj, j * P:j * P + p],
+                                   moving=wfcT[jf][0:fj, c * NB:c * NB + dc])
+                gr.append(dx_ps)
+            _norm_dx(tile(dx_g, g, j, D), gr, x_s[j], inv[0:p, j:j + 1], dy_s[j], p)
+        store(dx_ND, g, dx_g)
     for k in nl.affine_range(KD):
         dk = min(P, D - k * P)
         out = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
         nisa.activation(dst=out[0:dk], op=nl.copy, data=acc_fc[k][0:dk], scale=2.0)
         nisa.dma_copy(dst=dwfc_DF[k * P:k * P + dk], src=out[0:dk])
-    for j in nl.affine_range(KF):
-        fj = min(P, F - j * P)
-        nisa.dma_copy(dst=dwproj_FD[j * P:j * P + fj], src=acc_proj[j][0:fj])
+    for jf in nl.affine_range(KF):
+        fj = min(P, F - jf * P)
+        nisa.dma_copy(dst=dwproj_FD[jf * P:jf * P + fj], src=acc_proj[jf][0:fj])
     return dx_ND, dwfc_DF, dwproj_FD
