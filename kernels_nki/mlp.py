@@ -232,19 +232,107 @@ def _relu_rows(a_t, dh_t, rT, tok, rows, da_ps, c, fc, dt, ident):
     cols = slice(c * NB, c * NB + fc)
     r = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)  # exact: rT holds r in dt
     nisa.activation(dst=r[0:rows, 0:fc], op=nl.copy, data=r_ps[0:rows, 0:fc])
-    nisa.activation(dst=a_t[0:rows, cols], op=nl.square, data=r_ps[0:rows, 0:fc])  # a = relu(h)^2
+    nisa.tensor_tensor(dst=a_t[0:rows, cols], data1=r[0:rows, 0:fc], data2=r[0:rows, 0:fc], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)  # a = relu(h)^2 from SBUF: PSUM is read once (one VectorE/ScalarE port)
     nisa.tensor_tensor(dst=dh_t[0:rows, cols], data1=r[0:rows, 0:fc], data2=da_ps[0:rows, 0:fc], op=nl.multiply)
+
+
+def _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, g, dt, ident):
+    """Stage A of the backward for group g: x, dy, inv and rT in; rms_norm(x) (ScalarE) and dy^T (TensorE, row
+    tile j at columns j*128 ..)."""
+    P = nl.tile_size.pmax
+    D, F, R = x_ND.shape[1], rT_FN.shape[0], NW // P
+    n0, p, nr = g
+    x_g, dy_g, inv = load(x_ND, g, dt, R), load(dy_ND, g, dt, R), load(inv_N1, g, nl.float32, R)
+    x_s = [tile(x_g, g, j, D) for j in range(nr)]
+    dy_s = [tile(dy_g, g, j, D) for j in range(nr)]
+    xn_s = [_scaled(x_s[j], inv[0:p, j:j + 1], p, dt) for j in range(nr)]  # rms_norm(x), ScalarE
+    rT = []
+    for jf in nl.affine_range(cdiv(F, P)):  # relu(h)^T from the forward, [F_j, tokens] (the group's tokens in order)
+        fj = min(P, F - jf * P)
+        t = nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[0:fj, 0:p * nr], src=rT_FN[jf * P:jf * P + fj, n0:n0 + p * nr])
+        rT.append(t)
+    return [g, x_s, dy_s, xn_s, inv, rT, _group_T(dy_s, g, dt, ident, NW, False), dy_g]
+
+
+def _bwd_hidden(st, wprojT, dt, ident):
+    """Stage B: per row tile da = dy W_proj^T (token-major PSUM), r and a = r^2 from rT, dh' = r da; then, once
+    every row tile's dh' is issued, the dh'^T transposes (so that TensorE does not wait on each tile's VectorE
+    product). Returns (a_s, dh_s, dhT)."""
+    P = nl.tile_size.pmax
+    g, x_s, dy_s, xn_s, inv, rT, dyT = st[:7]
+    p, nr = g[1], g[2]
+    D, F = x_s[0].shape[1], wprojT[0].shape[1]
+    a_s, dh_s = [], []
+    for j in range(nr):
+        a_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
+        dh_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
+        for c in nl.affine_range(cdiv(F, NB)):
+            fc = min(NB, F - c * NB)
+            da_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+            for k in nl.affine_range(cdiv(D, P)):
+                dk = min(P, D - k * P)
+                nisa.nc_matmul(dst=da_ps[0:p, 0:fc], stationary=dyT[k][0:dk, j * P:j * P + p],
+                               moving=wprojT[k][0:dk, c * NB:c * NB + fc])
+            _relu_rows(a_t, dh_t, rT, columns(g, j), p, da_ps, c, fc, dt, ident)
+        a_s.append(a_t)
+        dh_s.append(dh_t)
+    st[5], st[6] = None, None  # rT and dy^T are spent: their SBUF is free for the next group's stage A
+    dhT = [nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(F, P))]
+    for j in range(nr):
+        for jf in nl.affine_range(cdiv(F, P)):
+            fj = min(P, F - jf * P)
+            transpose(dhT[jf][0:fj, j * P:j * P + p], dh_s[j][0:p, jf * P:jf * P + fj], p, fj, ident)
+    return a_s, dh_s, dhT
+
+
+def _accumulate(acc, lhs_s, rhs_s, p, K, C):
+    """acc[i] ([128, C] fp32 SBUF) += lhs^T rhs over the row tiles (lhs_s [p, K], rhs_s [p, C] tiles): one PSUM
+    bank per [128, 512] slice, then one VectorE add."""
+    P = nl.tile_size.pmax
+    for i in nl.affine_range(cdiv(K, P)):
+        ki = min(P, K - i * P)
+        for c in nl.affine_range(cdiv(C, NB)):
+            cw = min(NB, C - c * NB)
+            g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+            for j in range(len(lhs_s)):
+                nisa.nc_matmul(dst=g_ps[0:ki, 0:cw], stationary=lhs_s[j][0:p, i * P:i * P + ki],
+                               moving=rhs_s[j][0:p, c * NB:c * NB + cw])
+            a = acc[i][0:ki, c * NB:c * NB + cw]
+            nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:ki, 0:cw], op=nl.add)
+
+
+def _bwd_dx(st, dhT, wfcT, F, dx_ND, dt):
+    """Stage E: g/2 = dh' W_fc^T token-major in PSUM, the norm's backward (the 2 folded into its scale), dx out:
+    written over dy's group tile in place (dy's last use: stage D precedes it)."""
+    P = nl.tile_size.pmax
+    g, x_s, dy_s, inv = st[0], st[1], st[2], st[4]
+    p, nr = g[1], g[2]
+    D = dx_ND.shape[1]
+    for j in range(nr):
+        gr = []
+        for c in nl.affine_range(cdiv(D, NB)):
+            dc = min(NB, D - c * NB)
+            dx_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+            for jf in nl.affine_range(len(dhT)):
+                fj = min(P, F - jf * P)
+                nisa.nc_matmul(dst=dx_ps[0:p, 0:dc], stationary=dhT[jf][0:fj, j * P:j * P + p],
+                               moving=wfcT[jf][0:fj, c * NB:c * NB + dc])
+            gr.append(dx_ps)
+        _norm_dx(dy_s[j], gr, x_s[j], inv[0:p, j:j + 1], dy_s[j], p)
+    store(dx_ND, g, st[7])
 
 
 @nki.jit
 def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
     """(dx_ND = dy + the MLP's and norm's backward, dw_fc_DF in x's dtype, dw_proj_FD fp32), from the forward's
-    rT_FN = relu(h)^T (h is not recomputed: see the module docstring)."""
+    rT_FN = relu(h)^T (h is not recomputed: see the module docstring). Per group the stages run in the program
+    order B(k), A(k + 1), D(k), E(k) (see the module docstring)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
     dt = x_ND.dtype
-    R = NW // P
     KD, KF = cdiv(D, P), cdiv(F, P)
     dx_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     dwfc_DF = nl.ndarray((D, F), dtype=dt, buffer=nl.shared_hbm)
@@ -254,73 +342,16 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
     wprojT = _transposed_rows(_load_rows(w_proj_FD, dt), F, D, dt, ident)  # [D_k, F]
     acc_fc = [nl.zeros((P, F), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KD)]
     acc_proj = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KF)]
-    for g in groups(N, R):
-        n0, p, nr = g
-        nb = p * nr
-        x_g, dy_g, inv = load(x_ND, g, dt, R), load(dy_ND, g, dt, R), load(inv_N1, g, nl.float32, R)
-        x_s = [tile(x_g, g, j, D) for j in range(nr)]
-        dy_s = [tile(dy_g, g, j, D) for j in range(nr)]
-        xn_s = [_scaled(x_s[j], inv[0:p, j:j + 1], p, dt) for j in range(nr)]  # rms_norm(x)
-        dyT = _group_T(dy_s, g, dt, ident, NW, False)  # row tile j at columns j*128 ..
-        rT = []
-        for jf in nl.affine_range(KF):  # relu(h)^T from the forward, [F_j, tokens] (the group's tokens in order)
-            fj = min(P, F - jf * P)
-            t = nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=t[0:fj, 0:nb], src=rT_FN[jf * P:jf * P + fj, n0:n0 + nb])
-            rT.append(t)
-        a_s, dh_s = [], []
-        dhT = [nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf) for _ in range(KF)]
-        for j in range(nr):
-            a_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
-            dh_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
-            for c in nl.affine_range(cdiv(F, NB)):
-                fc = min(NB, F - c * NB)
-                da_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for k in nl.affine_range(KD):
-                    dk = min(P, D - k * P)
-                    nisa.nc_matmul(dst=da_ps[0:p, 0:fc], stationary=dyT[k][0:dk, j * P:j * P + p],
-                                   moving=wprojT[k][0:dk, c * NB:c * NB + fc])
-                _relu_rows(a_t, dh_t, rT, columns(g, j), p, da_ps, c, fc, dt, ident)
-            for jf in nl.affine_range(KF):
-                fj = min(P, F - jf * P)
-                transpose(dhT[jf][0:fj, j * P:j * P + p], dh_t[0:p, jf * P:jf * P + fj], p, fj, ident)
-            a_s.append(a_t)
-            dh_s.append(dh_t)
+    gs = groups(N, NW // P)
+    st = _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, gs[0], dt, ident)
+    for k in range(len(gs)):
+        a_s, dh_s, dhT = _bwd_hidden(st, wprojT, dt, ident)
+        nxt = _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, gs[k + 1], dt, ident) if k + 1 < len(gs) else None
         # weight gradients: contract over the group's tokens in PSUM, one fp32 SBUF add per group
-        for jf in nl.affine_range(KF):
-            fj = min(P, F - jf * P)
-            for c in nl.affine_range(cdiv(D, NB)):
-                dc = min(NB, D - c * NB)
-                g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for j in range(nr):
-                    nisa.nc_matmul(dst=g_ps[0:fj, 0:dc], stationary=a_s[j][0:p, jf * P:jf * P + fj],
-                                   moving=dy_s[j][0:p, c * NB:c * NB + dc])
-                acc = acc_proj[jf][0:fj, c * NB:c * NB + dc]
-                nisa.tensor_tensor(dst=acc, data1=acc, data2=g_ps[0:fj, 0:dc], op=nl.add)
-        for k in nl.affine_range(KD):
-            dk = min(P, D - k * P)
-            for c in nl.affine_range(cdiv(F, NB)):
-                fc = min(NB, F - c * NB)
-                g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for j in range(nr):
-                    nisa.nc_matmul(dst=g_ps[0:dk, 0:fc], stationary=xn_s[j][0:p, k * P:k * P + dk],
-                                   moving=dh_s[j][0:p, c * NB:c * NB + fc])
-                acc = acc_fc[k][0:dk, c * NB:c * NB + fc]
-                nisa.tensor_tensor(dst=acc, data1=acc, data2=g_ps[0:dk, 0:fc], op=nl.add)
-        # dx: g/2 = dh' W_fc^T token-major in PSUM, then the norm's backward (the 2 folded into its scale)
-        dx_g = nl.ndarray((P, R * D), dtype=dt, buffer=nl.sbuf)
-        for j in range(nr):
-            gr = []
-            for c in nl.affine_range(cdiv(D, NB)):
-                dc = min(NB, D - c * NB)
-                dx_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for jf in nl.affine_range(KF):
-                    fj = min(P, F - jf * P)
-                    nisa.nc_matmul(dst=dx_ps[0:p, 0:dc], stationary=dhT[jf][0:fj, j * P:j * P + p],
-                                   moving=wfcT[jf][0:fj, c * NB:c * NB + dc])
-                gr.append(dx_ps)
-            _norm_dx(tile(dx_g, g, j, D), gr, x_s[j], inv[0:p, j:j + 1], dy_s[j], p)
-        store(dx_ND, g, dx_g)
+        _accumulate(acc_proj, a_s, st[2], gs[k][1], F, D)
+        _accumulate(acc_fc, st[3], dh_s, gs[k][1], D, F)
+        _bwd_dx(st, dhT, wfcT, F, dx_ND, dt)
+        st, a_s, dh_s, dhT = nxt, None, None, None  # group k's tiles released before stage B(k + 1)
     for k in nl.affine_range(KD):
         dk = min(P, D - k * P)
         out = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
