@@ -134,15 +134,86 @@ def _scaled(x_t, inv, rows, dt):
     return xn
 
 
+def _fwd_inputs(x_ND, inv_N1, g, eps, dt):
+    """Forward stage A of group g: x in, inv = rsqrt(mean(x^2) + eps) (ScalarE squares with their row sum, then
+    rsqrt on the column; stored) and xn = inv x (ScalarE); stage T (`_fwd_T`) transposes xn."""
+    P = nl.tile_size.pmax
+    D, R = x_ND.shape[1], NB // P
+    p = g[1]
+    x_g = load(x_ND, g, dt, R)  # kept for the residual add
+    inv = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
+    xn_s = []
+    for j in range(g[2]):
+        x_t = tile(x_g, g, j, D)
+        sq = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)  # discarded: only the row sum is kept
+        ss = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=sq[0:p], op=nl.square, data=x_t, reduce_op=nl.add, reduce_res=ss[0:p])
+        nisa.activation(dst=inv[0:p, j:j + 1], op=nl.rsqrt, data=ss[0:p], scale=1.0 / D, bias=eps[0:p])
+        xn_s.append(_scaled(x_t, inv[0:p, j:j + 1], p, dt))
+    store(inv_N1, g, inv)
+    return [g, x_g, xn_s]
+
+
+def _fwd_T(st, dt, ident):
+    """Forward stage T: xn^T by TensorE transposes, the group's tokens in order along the free axis."""
+    st[2] = _group_T(st[2], st[0], dt, ident, NB, True)
+
+
+def _fwd_hidden(st, wfc, rT_s, b0, dt):
+    """Forward stage B: h^T = W_fc^T xn^T per 128 F-rows ([F_j, tokens] PSUM), r = relu(h) (ScalarE, leaving PSUM,
+    into the block's stored rT tile), a^T = r r (SBUF; alternately VectorE and ScalarE, which balances the two)."""
+    P = nl.tile_size.pmax
+    g, x_g, xT = st
+    nb = g[1] * g[2]
+    D, F = x_g.shape[1] // (NB // P), wfc[0].shape[1]
+    aT = []
+    for jf in nl.affine_range(cdiv(F, P)):
+        fj = min(P, F - jf * P)
+        h_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+        for k in nl.affine_range(cdiv(D, P)):
+            dk = min(P, D - k * P)
+            nisa.nc_matmul(dst=h_ps[0:fj, 0:nb], stationary=wfc[k][0:dk, jf * P:jf * P + fj], moving=xT[k][0:dk, 0:nb])
+        r_T = rT_s[jf][0:fj, g[0] - b0:g[0] - b0 + nb]
+        nisa.activation(dst=r_T, op=nl.relu, data=h_ps[0:fj, 0:nb])
+        a_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
+        if jf % 2 == 0:
+            nisa.tensor_tensor(dst=a_T[0:fj, 0:nb], data1=r_T, data2=r_T, op=nl.multiply)
+        else:
+            nisa.activation(dst=a_T[0:fj, 0:nb], op=nl.square, data=r_T)
+        aT.append(a_T)
+    return aT
+
+
+def _fwd_out(st, aT, wproj, y_ND, dt):
+    """Forward stage C: y's row tile j = x + a W_proj with a^T's columns of row tile j's tokens as the stationary
+    operand (the residual added as y leaves PSUM, VectorE), y out (one DMA per group)."""
+    P = nl.tile_size.pmax
+    g, x_g, xT = st
+    p = g[1]
+    D = y_ND.shape[1]
+    y_g = nl.ndarray((P, NB // P * D), dtype=dt, buffer=nl.sbuf)
+    for j in range(g[2]):
+        for c in nl.affine_range(cdiv(D, NB)):
+            dc = min(NB, D - c * NB)
+            y_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+            for jf in nl.affine_range(len(aT)):
+                fj = wproj[jf].shape[0]
+                nisa.nc_matmul(dst=y_ps[0:p, 0:dc], stationary=aT[jf][0:fj, columns(g, j)],
+                               moving=wproj[jf][0:fj, c * NB:c * NB + dc])
+            c0 = j * D + c * NB
+            nisa.tensor_tensor(dst=y_g[0:p, c0:c0 + dc], data1=y_ps[0:p, 0:dc], data2=x_g[0:p, c0:c0 + dc], op=nl.add)
+    store(y_ND, g, y_g)
+
+
 @nki.jit
 def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
     """(y_ND (x's dtype) = x + relu(rms_norm(x) W_fc)^2 W_proj, inv_N1 = rsqrt(mean(x^2) + eps) fp32,
-    rT_FN = relu(h)^T in x's dtype, the backward's residual)."""
+    rT_FN = relu(h)^T in x's dtype, the backward's residual). Per group k the stages run in the program order
+    A(k + 1), B(k), C(k - 1), T(k + 1)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
     dt = x_ND.dtype
-    R = NB // P
     y_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     inv_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     rT_FN = nl.ndarray((F, N), dtype=dt, buffer=nl.shared_hbm)
@@ -150,57 +221,30 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
     eps = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # v2: activation's bias is a tile
     nisa.memset(dst=eps, value=EPS)
     wfc = _load_rows(w_fc_DF, dt)  # [D_k, F]
-    wproj = _load_rows(w_proj_FD, dt)  # [F_j, D]
-    for blk in blocks(N, R, RT_TOKENS // P):  # consecutive groups whose relu(h)^T leaves as one tile per F_j
-        b0 = blk[0][0]
-        rT_s = [nl.ndarray((P, RT_TOKENS), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(F, P))]
-        for g in blk:
-            n0, p, nr = g
-            nb = p * nr
-            x_g = load(x_ND, g, dt, R)  # kept for the residual add
-            inv = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
-            xn_s = []
-            for j in range(nr):
-                x_t = tile(x_g, g, j, D)
-                # inv = rsqrt(mean(x^2) + eps): ScalarE squares with their row sum, then rsqrt on the column
-                sq = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)  # discarded: only the row sum is kept
-                ss = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation_reduce(dst=sq[0:p], op=nl.square, data=x_t, reduce_op=nl.add, reduce_res=ss[0:p])
-                nisa.activation(dst=inv[0:p, j:j + 1], op=nl.rsqrt, data=ss[0:p], scale=1.0 / D, bias=eps[0:p])
-                xn_s.append(_scaled(x_t, inv[0:p, j:j + 1], p, dt))
-            store(inv_N1, g, inv)
-            xT = _group_T(xn_s, g, dt, ident, NB, True)  # the group's tokens in order along the free axis
-            aT = []
+    wproj = [t[0:min(P, F - i * P)] for i, t in enumerate(_load_rows(w_proj_FD, dt))]  # [F_j, D]
+    blks = blocks(N, NB // P, RT_TOKENS // P)  # consecutive groups whose relu(h)^T leaves as one tile per F_j
+    gs = [(b, g) for b in range(len(blks)) for g in blks[b]]
+    st = _fwd_inputs(x_ND, inv_N1, gs[0][1], eps, dt)
+    _fwd_T(st, dt, ident)
+    rT_s, prev = None, None
+    for k in range(len(gs)):
+        b, g = gs[k]
+        b0 = blks[b][0][0]
+        nxt = _fwd_inputs(x_ND, inv_N1, gs[k + 1][1], eps, dt) if k + 1 < len(gs) else None
+        if g == blks[b][0]:
+            rT_s = [nl.ndarray((P, RT_TOKENS), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(F, P))]
+        aT = _fwd_hidden(st, wfc, rT_s, b0, dt)
+        if g == blks[b][-1]:  # the block's relu(h)^T out
+            nt = g[0] + g[1] * g[2] - b0
             for jf in nl.affine_range(cdiv(F, P)):
                 fj = min(P, F - jf * P)
-                h_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for k in nl.affine_range(cdiv(D, P)):
-                    dk = min(P, D - k * P)
-                    nisa.nc_matmul(dst=h_ps[0:fj, 0:nb], stationary=wfc[k][0:dk, jf * P:jf * P + fj],
-                                   moving=xT[k][0:dk, 0:nb])
-                # r = relu(h) in x's dtype (ScalarE, leaving PSUM, into the block's stored tile), a^T = r r (VectorE)
-                r_T = rT_s[jf][0:fj, n0 - b0:n0 - b0 + nb]
-                nisa.activation(dst=r_T, op=nl.relu, data=h_ps[0:fj, 0:nb])
-                a_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-                nisa.tensor_tensor(dst=a_T[0:fj, 0:nb], data1=r_T, data2=r_T, op=nl.multiply)
-                aT.append(a_T)
-            y_g = nl.ndarray((P, R * D), dtype=dt, buffer=nl.sbuf)
-            for j in range(nr):  # y's row tile j: a^T's columns of row tile j's tokens as the stationary operand
-                for c in nl.affine_range(cdiv(D, NB)):
-                    dc = min(NB, D - c * NB)
-                    y_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                    for jf in nl.affine_range(cdiv(F, P)):
-                        fj = min(P, F - jf * P)
-                        nisa.nc_matmul(dst=y_ps[0:p, 0:dc], stationary=aT[jf][0:fj, columns(g, j)],
-                                       moving=wproj[jf][0:fj, c * NB:c * NB + dc])
-                    c0 = j * D + c * NB  # y = x + a W_proj, leaving PSUM
-                    nisa.tensor_tensor(dst=y_g[0:p, c0:c0 + dc], data1=y_ps[0:p, 0:dc], data2=x_g[0:p, c0:c0 + dc],
-                                       op=nl.add)
-            store(y_ND, g, y_g)
-        nt = blk[-1][0] + blk[-1][1] * blk[-1][2] - b0
-        for jf in nl.affine_range(cdiv(F, P)):
-            fj = min(P, F - jf * P)
-            nisa.dma_copy(dst=rT_FN[jf * P:jf * P + fj, b0:b0 + nt], src=rT_s[jf][0:fj, 0:nt])
+                nisa.dma_copy(dst=rT_FN[jf * P:jf * P + fj, b0:b0 + nt], src=rT_s[jf][0:fj, 0:nt])
+        if prev != None:  # noqa: E711 (NKI has no `is`)
+            _fwd_out(prev[0], prev[1], wproj, y_ND, dt)
+        if nxt != None:  # noqa: E711
+            _fwd_T(nxt, dt, ident)
+        prev, st = (st, aT), nxt
+    _fwd_out(prev[0], prev[1], wproj, y_ND, dt)
     return y_ND, inv_N1, rT_FN
 
 
