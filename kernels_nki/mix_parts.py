@@ -69,17 +69,12 @@ def mixed(x_NI, mix, g, dt):
     return xs, x0, sk, x
 
 
-def mix_bwd(dx, xs, x0, sk, mix, g, outs, red, ones, dt):
+def mix_bwd(dx, xs, x0, sk, mix, g, outs, dt):
     """The mixing's backward of group g from dx, x's whole gradient ([128, R I] group tiles): dx_in = m0 dx,
-    dx0 = m1 dx (and dskip = sw dx_in) stored (GpSimd); the products dx x_in', dx x0 (and dx_in skip) summed over
-    the group's tokens into `red` ([128, 2 or 3 x I/128] fp32 PSUM, one column per product and 128-column slice):
-    the tokens are the contraction axis, so each row tile's slice is one matmul with the product stationary and a
-    ones column moving, accumulating in PSUM over every tile of the call."""
-    P = nl.tile_size.pmax
+    dx0 = m1 dx (and dskip = sw dx_in) stored, and the products dx x_in', dx x0 (and dx_in skip) whose token sums
+    are dmix (and dsw): all on GpSimd. Returns the products for `token_sums`."""
     x0_NI, skip_NI, m0, m1, sw, R = mix
     I = outs[0].shape[1]
-    nb = cdiv(I, P)
-    p = g[1]
     dxi, dx0 = sb(R * I, dt), sb(R * I, dt)
     _each(dxi, dx, m0, g, I, nl.multiply)
     _each(dx0, dx, m1, g, I, nl.multiply)
@@ -91,14 +86,26 @@ def mix_bwd(dx, xs, x0, sk, mix, g, outs, red, ones, dt):
         _each(dsk, dxi, sw, g, I, nl.multiply)
         store(outs[2], g, dsk)
         pairs.append((dxi, sk))
+    prods = []
     for j in range(len(pairs)):
         prod = sb(R * I, dt)
         _each(prod, pairs[j][0], pairs[j][1], g, I, nl.multiply)
+        prods.append(prod)
+    return prods
+
+
+def token_sums(prods, g, I, red, ones):
+    """The products' sums over group g's tokens into `red` ([128, 2 or 3 x I/128] fp32 PSUM, one column per product
+    and 128-column slice): the tokens are the contraction axis, so each row tile's slice is one matmul with the
+    product stationary and a ones column moving, accumulating in PSUM over every tile of the call."""
+    P = nl.tile_size.pmax
+    nb = cdiv(I, P)
+    for j in range(len(prods)):
         for r in range(g[2]):
             for c in nl.affine_range(nb):
                 k, c0 = min(P, I - c * P), r * I + c * P
-                nisa.nc_matmul(dst=red[0:k, j * nb + c:j * nb + c + 1], stationary=prod[0:p, c0:c0 + k],
-                               moving=ones[0:p, 0:1], is_moving_onezero=True)
+                nisa.nc_matmul(dst=red[0:k, j * nb + c:j * nb + c + 1], stationary=prods[j][0:g[1], c0:c0 + k],
+                               moving=ones[0:g[1], 0:1], is_moving_onezero=True)
 
 
 def store_sums(red, j0, dst_KI):

@@ -98,13 +98,12 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.mix_parts import mix_bwd, mix_setup, mixed, store_sums
+from kernels_nki.mix_parts import mix_bwd, mix_setup, mixed, store_sums, token_sums
 from kernels_nki.packing import blocks, groups, load, rows_per_partition, store, tile
 from kernels_nki.projection_parts import (
     PSUM_BANKS, W, evacuate, inv_rms, matmul_rows, norm_bwd, products, transposed, weight_tiles, weight_transposed)
 from kernels_nki.tiles import EPS, cdiv, identity
 
-XT_VE_FWD = (0, 8)  # projection_fwd: none of the x^T blocks by VectorE 32 x 32 transposes (module docstring)
 BLOCK = 16  # norm_projection_bwd: row tiles whose dw partials accumulate in PSUM before the fp32 SBUF add
 
 
@@ -197,14 +196,12 @@ def projection_fwd(x_NI, w_IO, r_NO):
     y_NO = nl.ndarray((N, O), dtype=dt, buffer=nl.shared_hbm)
     w = weight_tiles(w_IO, dt)
     ident = identity(dt)
-    t = 0  # row tiles so far: which x^T blocks go to VectorE (XT_VE_FWD)
     for g in groups(N, R):
         p = g[1]
         x_g, r_g = load(x_NI, g, dt, R), load(r_NO, g, dt, R)
         y_g = nl.ndarray((P, R * O), dtype=dt, buffer=nl.sbuf)
         for j in range(g[2]):
-            xT = transposed(tile(x_g, g, j, I), p, I, dt, ident, on_scalar=True, ve=XT_VE_FWD, g=t)
-            t += 1
+            xT = transposed(tile(x_g, g, j, I), p, I, dt, ident, on_scalar=True)
             for o, ps in enumerate(products(xT, w, I, O, p)):
                 c, c0 = min(W, O - o * W), j * O + o * W
                 nisa.tensor_tensor(dst=y_g[0:p, c0:c0 + c], data1=ps[0:p, 0:c], data2=r_g[0:p, c0:c0 + c], op=nl.add)
@@ -258,52 +255,91 @@ def projection_bwd(x_NI, w_IO, dy_NO):
     return dx_NI, dw_IO
 
 
+def _bwd_inputs(x_NI, inv_N1, dy_NO, g, R, dt, mixing):
+    """Backward stage A of group g: dy, inv and x in (with `mixing`, x recomputed from the block's inputs on
+    GpSimd, and dxo in). Returns (g, dy, inv, x, dxo or None, (x_in', x0, skip) or None)."""
+    dy_g, inv = load(dy_NO, g, dt, R), load(inv_N1, g, nl.float32, R)
+    if mixing != None:  # noqa: E711
+        xs, x0, sk, x_g = mixed(x_NI, mixing[0], g, dt)
+        return g, dy_g, inv, x_g, load(mixing[1], g, dt, R), (xs, x0, sk)
+    return g, dy_g, inv, load(x_NI, g, dt, R), None, None
+
+
+def _bwd_rows(st, wT, I, O, dt, ident, scalar_copies):
+    """Backward stage B: per row tile g = dy w^T (token-major PSUM, dy^T by transposes), the norm's backward into
+    dx (+ dxo), rms_norm(x) = inv x (ScalarE) for dw. Returns (dx group tile, [(parts, xn row tile)], dy row tiles)."""
+    P = nl.tile_size.pmax
+    g, dy_g, inv, x_g, dxo, _ = st
+    p, R = g[1], dy_g.shape[1] // O
+    dx_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)
+    xn_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)  # rms_norm(x), dw's stationary operand
+    xn_s, dy_s = [], []
+    for j in range(g[2]):
+        dy_t, x_t, inv_j = tile(dy_g, g, j, O), tile(x_g, g, j, I), inv[0:p, j:j + 1]
+        gr = products(transposed(dy_t, p, O, dt, ident, False, scalar_copies), wT, O, I, p)
+        norm_bwd(tile(dx_g, g, j, I), gr, x_t, inv_j, p, tile(dxo, g, j, I) if dxo != None else None)  # noqa: E711
+        xn = tile(xn_g, g, j, I)
+        nisa.activation(dst=xn, op=nl.copy, data=x_t, scale=inv_j)
+        xn_s.append((p, xn))
+        dy_s.append(dy_t)
+    return dx_g, xn_s, dy_s
+
+
+def _dw_block(acc, xn_s, dy_s, I, O):
+    """acc[i] += xn^T dy over a block's row tiles: one PSUM bank per [128, 512] slice, then one VectorE add."""
+    P = nl.tile_size.pmax
+    for i in nl.affine_range(cdiv(I, P)):
+        k = min(P, I - i * P)
+        for o in nl.affine_range(cdiv(O, W)):
+            w = min(W, O - o * W)
+            g_ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
+            for s in range(len(xn_s)):
+                p, xn = xn_s[s]
+                nisa.nc_matmul(dst=g_ps[0:k, 0:w], stationary=xn[0:p, i * P:i * P + k], moving=dy_s[s][0:p, o * W:o * W + w])
+            a = acc[i][0:k, o * W:o * W + w]
+            nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:k, 0:w], op=nl.add)
+
+
 def _norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO, dx_NI, dw_IO, ident, wT, mixing=None):
     """norm_projection's backward body (see norm_projection_bwd); with `mixing` = (`mix_setup`'s operands,
     dxo_NI, (dx_NI, dx0_NI, dskip_NI), red), x is recomputed from the block's inputs, the residual path's
-    gradient dxo is added to dx, and the mixing's backward (`mix_bwd`) runs on the result."""
+    gradient dxo is added to dx, and the mixing's backward (`mix_bwd`, `token_sums`) runs on the result. Per
+    group k the stages run in the program order A(k + 1), B(k), the token sums of k - 1, dw of the block before
+    k's, the mixing's backward of k (module docstring)."""
     N, I = x_NI.shape
     O = w_IO.shape[1]
     P = nl.tile_size.pmax
     dt = x_NI.dtype
     R = rows_per_partition(I)
+    mix = mixing != None  # noqa: E711
     acc = [nl.zeros((P, O), dtype=nl.float32, buffer=nl.sbuf) for _ in range(cdiv(I, P))]
-    ones = nl.ones((P, 1), dtype=dt, buffer=nl.sbuf) if mixing != None else None  # noqa: E711 (red's moving column)
-    for blk in blocks(N, R, BLOCK):
-        xn_s, dy_s = [], []
-        for g in blk:
-            p = g[1]
-            dy_g, inv = load(dy_NO, g, dt, R), load(inv_N1, g, nl.float32, R)
-            if mixing != None:  # noqa: E711
-                xs, x0, sk, x_g = mixed(x_NI, mixing[0], g, dt)
-                dxo = load(mixing[1], g, dt, R)
-            else:
-                x_g, dxo = load(x_NI, g, dt, R), None
-            dx_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)
-            xn_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)  # rms_norm(x), dw's stationary operand
-            for j in range(g[2]):
-                dy_t, x_t, inv_j = tile(dy_g, g, j, O), tile(x_g, g, j, I), inv[0:p, j:j + 1]
-                gr = products(transposed(dy_t, p, O, dt, ident, False, mixing != None), wT, O, I, p)  # noqa: E711
-                norm_bwd(tile(dx_g, g, j, I), gr, x_t, inv_j, p, tile(dxo, g, j, I) if dxo != None else None)  # noqa: E711
-                xn = tile(xn_g, g, j, I)
-                nisa.activation(dst=xn, op=nl.copy, data=x_t, scale=inv_j)
-                xn_s.append((p, xn))
-                dy_s.append(dy_t)
-            if mixing != None:  # noqa: E711
-                mix_bwd(dx_g, xs, x0, sk, mixing[0], g, mixing[2], mixing[3], ones, dt)
-            else:
-                store(dx_NI, g, dx_g)
-        for i in nl.affine_range(cdiv(I, P)):
-            k = min(P, I - i * P)
-            for o in nl.affine_range(cdiv(O, W)):
-                w = min(W, O - o * W)
-                g_ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
-                for s in range(len(xn_s)):
-                    p, xn = xn_s[s]
-                    nisa.nc_matmul(dst=g_ps[0:k, 0:w], stationary=xn[0:p, i * P:i * P + k],
-                                   moving=dy_s[s][0:p, o * W:o * W + w])
-                a = acc[i][0:k, o * W:o * W + w]
-                nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:k, 0:w], op=nl.add)
+    ones = nl.ones((P, 1), dtype=dt, buffer=nl.sbuf) if mix else None  # red's moving column
+    blks = blocks(N, R, BLOCK)
+    gs = [g for blk in blks for g in blk]
+    last = [blk[-1] for blk in blks]
+    st = _bwd_inputs(x_NI, inv_N1, dy_NO, gs[0], R, dt, mixing)
+    pend_sums, pend_dw, xn_b, dy_b = None, None, [], []
+    for k in range(len(gs)):
+        nxt = _bwd_inputs(x_NI, inv_N1, dy_NO, gs[k + 1], R, dt, mixing) if k + 1 < len(gs) else None
+        dx_g, xn_s, dy_s = _bwd_rows(st, wT, I, O, dt, ident, mix)
+        xn_b, dy_b = xn_b + xn_s, dy_b + dy_s
+        if pend_sums != None:  # noqa: E711
+            token_sums(pend_sums[0], pend_sums[1], I, mixing[3], ones)
+        if pend_dw != None:  # noqa: E711
+            _dw_block(acc, pend_dw[0], pend_dw[1], I, O)
+        pend_sums, pend_dw = None, None
+        if gs[k] in last:
+            pend_dw, xn_b, dy_b = (xn_b, dy_b), [], []
+        if mix:
+            xs, x0, sk = st[5]
+            pend_sums = (mix_bwd(dx_g, xs, x0, sk, mixing[0], gs[k], mixing[2], dt), gs[k])
+        else:
+            store(dx_NI, gs[k], dx_g)
+        st, dx_g, xn_s, dy_s = nxt, None, None, None
+    if pend_sums != None:  # noqa: E711
+        token_sums(pend_sums[0], pend_sums[1], I, mixing[3], ones)
+    if pend_dw != None:  # noqa: E711
+        _dw_block(acc, pend_dw[0], pend_dw[1], I, O)
     for i in nl.affine_range(cdiv(I, P)):
         k = min(P, I - i * P)
         nisa.dma_copy(dst=dw_IO[i * P:i * P + k], src=acc[i][0:k])

@@ -7,7 +7,7 @@ The layout and the AWS sources behind each rule are in projection.py's docstring
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.tiles import cdiv, norm_grad_rows, transpose_to_psum, transpose_ve
+from kernels_nki.tiles import cdiv, norm_grad_rows, transpose_to_psum
 
 W = 512  # moving columns per matmul: one fp32 PSUM bank (gemm_moving_fmax)
 PSUM_BANKS = 8  # 2 MiB PSUM = 16 KiB per partition (trn1 arch guide, "Memory"), in 2 KiB banks of 512 fp32
@@ -27,20 +27,13 @@ def evacuate(dst, src, on_vector, scale=None, scaled=False):
         nisa.activation(dst=dst, op=nl.copy, data=src)
 
 
-def transposed(t, rows, cols, dt, ident, first_on_vector=True, on_scalar=False, ve=(0, 1), g=0):
+def transposed(t, rows, cols, dt, ident, first_on_vector=True, on_scalar=False):
     """[cols/128 tiles of [128, 128]]: t[0:rows, 0:cols] transposed in 128-column slices (TensorE), copied out
-    of PSUM alternately by VectorE and ScalarE (with `on_scalar`, all by ScalarE); block i of row tile g is
-    transposed by VectorE 32 x 32 blocks instead (`transpose_ve`, no PSUM) when (g cols/128 + i) % ve[1] <
-    ve[0]."""
+    of PSUM alternately by VectorE and ScalarE (with `on_scalar`, all by ScalarE)."""
     P = nl.tile_size.pmax
     out = []
     for i in nl.affine_range(cdiv(cols, P)):
         k = min(P, cols - i * P)
-        if (g * cdiv(cols, P) + i) % ve[1] < ve[0]:
-            tT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-            transpose_ve(tT, t[0:rows, i * P:i * P + k], rows, k)
-            out.append(tT)
-            continue
         t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
         transpose_to_psum(t_ps[0:k, 0:rows], t[0:rows, i * P:i * P + k], rows, ident)
         tT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
