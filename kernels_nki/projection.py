@@ -184,10 +184,25 @@ def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, ident, dx_NI=None, wT=None):
             nisa.dma_copy(dst=dw_IO[i * P:i * P + k, c0 + o * W:c0 + o * W + w], src=out[0:k, 0:w])
 
 
+def _resid_out(prev, w, I, y_NO):
+    """projection_fwd's row tile `prev` = (x^T blocks, group, j, r, y group tile): y = r + x w as each [rows, 512]
+    product leaves PSUM (one VectorE tensor_tensor, its one PSUM input the product); y out after its group's last
+    row tile."""
+    xT, g, j, r_g, y_g = prev
+    O = y_NO.shape[1]
+    p = g[1]
+    for o, ps in enumerate(products(xT, w, I, O, p)):
+        c, c0 = min(W, O - o * W), j * O + o * W
+        nisa.tensor_tensor(dst=y_g[0:p, c0:c0 + c], data1=ps[0:p, 0:c], data2=r_g[0:p, c0:c0 + c], op=nl.add)
+    if j == g[2] - 1:
+        store(y_NO, g, y_g)
+
+
 @nki.jit
 def projection_fwd(x_NI, w_IO, r_NO):
     """y_NO = r_NO + x_NI @ w_IO in x's dtype: the residual tile is added as each [rows, 512] product
-    leaves PSUM (one VectorE tensor_tensor, its one PSUM input the product), so x w never reaches HBM."""
+    leaves PSUM, so x w never reaches HBM. Row tile t's matmuls follow row tile t + 1's transposes in program
+    order (TensorE does not wait on each tile's PSUM copies)."""
     N, I = x_NI.shape
     O = w_IO.shape[1]
     P = nl.tile_size.pmax
@@ -196,16 +211,16 @@ def projection_fwd(x_NI, w_IO, r_NO):
     y_NO = nl.ndarray((N, O), dtype=dt, buffer=nl.shared_hbm)
     w = weight_tiles(w_IO, dt)
     ident = identity(dt)
+    prev = None
     for g in groups(N, R):
-        p = g[1]
         x_g, r_g = load(x_NI, g, dt, R), load(r_NO, g, dt, R)
         y_g = nl.ndarray((P, R * O), dtype=dt, buffer=nl.sbuf)
         for j in range(g[2]):
-            xT = transposed(tile(x_g, g, j, I), p, I, dt, ident, on_scalar=True)
-            for o, ps in enumerate(products(xT, w, I, O, p)):
-                c, c0 = min(W, O - o * W), j * O + o * W
-                nisa.tensor_tensor(dst=y_g[0:p, c0:c0 + c], data1=ps[0:p, 0:c], data2=r_g[0:p, c0:c0 + c], op=nl.add)
-        store(y_NO, g, y_g)
+            xT = transposed(tile(x_g, g, j, I), g[1], I, dt, ident, on_scalar=True)
+            if prev != None:  # noqa: E711 (NKI has no `is`)
+                _resid_out(prev, w, I, y_NO)
+            prev = (xT, g, j, r_g, y_g)
+    _resid_out(prev, w, I, y_NO)
     return y_NO
 
 
