@@ -107,9 +107,21 @@ from kernels_nki.tiles import EPS, cdiv, identity
 BLOCK = 16  # norm_projection_bwd: row tiles whose dw partials accumulate in PSUM before the fp32 SBUF add
 
 
+def _norm_out(prev, w, I, y_NO, inv_N1):
+    """The forward's row tile `prev` = (x^T blocks, group, j, inv, y group tile): y = inv (x w) as it leaves PSUM;
+    y and inv out after the group's last row tile."""
+    xT, g, j, inv, y_g = prev
+    p = g[1]
+    matmul_rows(xT, w, I, tile(y_g, g, j, y_NO.shape[1]), p, inv[0:p, j:j + 1], True)
+    if j == g[2] - 1:
+        store(y_NO, g, y_g)
+        store(inv_N1, g, inv)
+
+
 def _forward(x_NI, w_IO, y_NO, inv_N1, mixing=None):
     """y = rms_norm(x) w = inv (x w) per packed row group, inv stored in inv_N1 (one DMA per group). With
-    `mixing` = (`mix_setup`'s operands, xo_NI), x is the mixed stream, stored in xo_NI."""
+    `mixing` = (`mix_setup`'s operands, xo_NI), x is the mixed stream, stored in xo_NI. Row tile t's matmuls
+    follow row tile t + 1's transposes in program order."""
     N, I = x_NI.shape
     O = w_IO.shape[1]
     P = nl.tile_size.pmax
@@ -119,6 +131,7 @@ def _forward(x_NI, w_IO, y_NO, inv_N1, mixing=None):
     ident = identity(dt)
     eps = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # v2: activation's bias is a tile
     nisa.memset(dst=eps, value=EPS)
+    prev = None
     for g in groups(N, R):
         p = g[1]
         if mixing != None:  # noqa: E711 (NKI has no `is`: nki/migration/index.rst)
@@ -131,9 +144,11 @@ def _forward(x_NI, w_IO, y_NO, inv_N1, mixing=None):
         for j in range(g[2]):
             x_t = tile(x_g, g, j, I)
             inv_rms(inv[0:p, j:j + 1], x_t, p, eps)
-            matmul_rows(transposed(x_t, p, I, dt, ident), w, I, tile(y_g, g, j, O), p, inv[0:p, j:j + 1], True)
-        store(y_NO, g, y_g)
-        store(inv_N1, g, inv)
+            xT = transposed(x_t, p, I, dt, ident)
+            if prev != None:  # noqa: E711
+                _norm_out(prev, w, I, y_NO, inv_N1)
+            prev = (xT, g, j, inv, y_g)
+    _norm_out(prev, w, I, y_NO, inv_N1)
 
 
 def _dy_group(dy_NO, g, c0, c1, dt, R):
