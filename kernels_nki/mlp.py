@@ -8,55 +8,52 @@ dW_proj; the forward also returns the backward's residuals inv_N1 = rsqrt(mean(x
 float32 epsilon, and rT_FN = relu(h)^T [F, N] in x's dtype (h = xn W_fc, which the reference computes in
 x's dtype, so the stored r is exactly the reference's); the backward's dx includes dy, the residual's
 pass-through). The residual add costs no HBM traffic: the forward adds the x tile it loaded for the norm
-as y leaves PSUM (VectorE, instead of a ScalarE copy), the backward adds the dy tile it loaded anyway to
-dx (GpSimd, SBUF only).
-Shapes: x [N, D], W_fc [D, F], W_proj [F, D]; tokens in blocks of NB = 512 in the forward (the moving-tile
-maximum: h^T streams the tokens) and NW = 1024 in the backward (no backward matmul streams tokens); the
-last block ragged and sliced; weights resident in SBUF for the whole call (2 x D x F x 2 bytes / 128 per
-partition: 16 KiB at D=512, F=1024; the backward holds W_fc^T and W_proj^T), all matmuls bf16 into fp32
-PSUM. The normalised activation never exists in HBM: per 128-token tile the norm costs ScalarE passes over
-the x tile already in SBUF (forward: the squares' row sum, an rsqrt on the [P, 1] column and xn = inv x in
-fp32, cast to x's dtype as the reference; backward: xn = inv x from the stored inv) instead of rms_norm's
-own HBM round trip.
+as y leaves PSUM (VectorE), the backward adds the dy tile it loaded anyway to dx (GpSimd, SBUF only).
 
-Forward, per token block: xn^T by TensorE transposes (D/128 per 128 tokens); h^T = W_fc^T xn^T
-directly in the [F, tokens] layout, so relu^2 (ScalarE r = relu(h) from PSUM into SBUF in x's dtype, then
-one VectorE r * r in SBUF) yields a^T, which is exactly the stationary operand of y = a W_proj: a needs no
-transpose, and r^T leaves for HBM as it is, one DMA per [128 F-rows, tokens-block] tile (rT_FN).
-Transposes: each 128-token transpose runs as two matmuls of 64 tokens against the identity in the two
-64-row tiles of the PE array, which run in parallel (the documented TensorE transpose in row tiling
-mode; kernels_nki/projection.py has the details and the AWS sources), into fp32 PSUM.
+Layout. x, y, dy and dx move in packed row groups (`kernels_nki.packing`): NB / 128 = 4 rows per partition in
+the forward (a group of NB = 512 tokens, the moving-tile maximum: h^T streams the group's tokens), NW / 128 =
+8 in the backward (NW = 1024 tokens), one DMA per operand and group (4 / 8 KiB per partition at D = 512,
+bf16), the group's [N, 1] inv one [128, R] DMA. Row tile j of a group holds tokens r0 + p R + j (partition p).
+The forward's xn^T is written with row tile j's tokens at the free-axis columns j, j + R, ... (the group's
+tokens in order), so h^T, relu(h)^T and a^T have the tokens in order: relu(h)^T leaves for HBM as [128 F-rows,
+RT_TOKENS = 2048 tokens] tiles (4 KiB per partition), and y's row tile j takes a^T's columns j, j + R, ... as
+its stationary operand, giving the rows that match x's row tile j for the residual add and y's group tile.
+The backward loads relu(h)^T [128 F-rows, group tokens] (the tokens in order) and transposes the columns of
+row tile j; dy^T and dh'^T hold row tile j at columns j*128 .. (only ever that row tile's stationary operand).
+Weights resident in SBUF for the whole call (the backward holds W_fc^T and W_proj^T), all matmuls bf16 into
+fp32 PSUM. The normalised activation never exists in HBM: per row tile the norm costs ScalarE passes over the
+x tile already in SBUF (forward: the squares' row sum, an rsqrt on the [P, 1] column and xn = inv x in fp32,
+cast to x's dtype as the reference; backward: xn = inv x from the stored inv).
+
+Forward, per group: stage A (x in, inv, xn), stage T (xn^T by TensorE transposes), stage B (h^T = W_fc^T xn^T
+directly in the [F, tokens] layout; ScalarE r = relu(h) from PSUM into the stored relu(h)^T tile, a^T = r r in
+SBUF, alternately VectorE and ScalarE), stage C (y = a W_proj with a^T as the stationary operand: a needs no
+transpose; + x as y leaves PSUM; y out). Program order per group k: A(k + 1), B(k), C(k - 1), T(k + 1), so
+that each engine's in-order stream (trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst,
+"NeuronCore-v2 Compute Engines") has the other engines' inputs ready. Transposes: each 128-token transpose
+runs as two matmuls of 64 tokens against the identity in the two 64-row tiles of the PE array, which run in
+parallel (the documented TensorE transpose in row tiling mode; kernels_nki/projection.py has the details and
+the AWS sources), into fp32 PSUM.
 
 Backward: STORES relu(h) instead of recomputing h. The forward already holds r^T = relu(h)^T in SBUF in the
-[F, tokens] layout, so storing it costs one DMA per tile and no TensorE work; the backward loads it (one DMA
-per [128, NW] tile) and transposes it on TensorE to token-major r (F/128 128 x 128 transposes per 128
-tokens, two 64-row halves each), evacuated twice on ScalarE (r by a copy, a = r^2 by a square: the ScalarE
-work relu and square of a recomputed h cost) instead of recomputing h = xn W_fc (an N x D x F matmul, 749
-us at the baseline shapes) from xn^T (D/128 more transposes). The price is HBM: rT is N x F x 2 bytes per
-layer per micro-batch kept between forward and backward, 134 MB (128 MiB) per layer at N = 65536, F = 1024,
-1.2 GB at 9 layers, and N x F x 2 more bytes moved each way (fwd writes, bwd reads). Recompute was the
-earlier design (bwd 3933.6 us TensorE-bound, u/i 0.952, with h costing 749 us of TensorE).
+[F, tokens] layout, so storing it costs DMA and no TensorE work; the backward loads it and transposes it on
+TensorE to token-major r (F/128 128 x 128 transposes per 128 tokens, two 64-row halves each), copied out of
+PSUM once on ScalarE, a = r^2 from that SBUF copy on GpSimd, instead of recomputing h = xn W_fc (an N x D x F
+matmul) from xn^T (D/128 more transposes). The price is HBM: rT is N x F x 2 bytes per layer per micro-batch
+kept between forward and backward (128 MiB per layer at N = 65536, F = 1024), and N x F x 2 more bytes moved
+each way.
 
-Backward per block of NW tokens: dy^T by transposes; rT tiles from HBM; per 128-token tile da = dy W_proj^T
-token-major in PSUM, r token-major by transposes of rT into PSUM, r and a = r^2 out of PSUM (ScalarE), dh' = r
-da (VectorE) (dh = 2 dh': the 2 is applied exactly, on the fp32 results of dx and dW_fc); dh'^T by
-transposes; dW_proj += a^T dy and dW_fc += xn^T dh' contract over the block's NW tokens (fp32 PSUM, then
-one VectorE add into fp32 SBUF accumulators per block: NW = 1024 halves those adds against 512-token blocks,
-936 us of VectorE at the baseline shapes); g/2 = dh'^T-stationary x W_fc^T in PSUM (token-major), then
-the norm's backward on it: dx = 2 inv (g/2 + x c), c = -mean((g/2) x) inv^2 (VectorE (g/2) x and x c + g/2,
-each reading g from PSUM; ScalarE the row sum and the 2 inv scale). W_fc^T and W_proj^T are built once per
-call. TensorE transposes per 128 tokens: D/128 (dy^T) + 2 F/128 (r, dh'^T) = 20 at the baseline shapes,
-the floor of this design (dy, r and dh' are each needed in both layouts: a contraction over D for da, over
-the tokens for the weight gradients, over F for dx), hence useful/issued 0.927 < 0.93. On chip at the
-baseline shapes: SBUF peak 153 KiB per partition (of 192 KiB), 4 PSUM banks.
-
-Engines at the baseline shapes (N = 65536, D = 512, F = 1024, bf16, `python -m frontier_jax.kernel_report`,
-AWS's documented trn1 rates): forward 1544.8 us per call, TensorE-bound (VectorE 1404.5, ScalarE 983.0,
-DMA 995.6 (270.8 MB, rT's 134 MB included)), TensorE useful/issued 0.970: unchanged by the store but for its
-DMA (was 502.1 us, 136.6 MB); backward 3231.5 us TensorE-bound (VectorE 2903.9, ScalarE 1904.6, DMA 1253.9
-(341.1 MB), GpSimd 187.3), useful/issued 0.927; was 3933.6 us with the recompute (VectorE 3840.1). The
-store saves 36 x 702.1 us = 25.3 ms of the baseline step (now 663.7 ms per core, MFU 56.2%). Unfused, rms_norm + mlp took 494.4 +
-1591.6 (forward) and 965.5 + 4122.3 us (backward).
+Backward per group, in stages: A (x, dy, inv, rT in; xn = inv x; dy^T by transposes), B (per row tile da = dy
+W_proj^T token-major in PSUM, r token-major by transposes of rT's columns of the row tile, r out of PSUM
+(ScalarE), a = r^2 (GpSimd), dh' = r da (VectorE) (dh = 2 dh': the 2 is applied exactly, on the fp32 results
+of dx and dW_fc); then every row tile's dh'^T by transposes), D (dW_proj += a^T dy and dW_fc += xn^T dh' contract
+over the group's NW tokens in fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per group), E (g/2 =
+dh'^T-stationary x W_fc^T in PSUM, token-major, then the norm's backward on it: dx = 2 inv (g/2 + x c), c =
+-mean((g/2) x) inv^2 (VectorE (g/2) x and x c + g/2, each reading g from PSUM; ScalarE the row sum and the 2
+inv scale), + dy on GpSimd, written over dy's group tile and stored). Program order per group k: B(k), A(k +
+1), D(k), E(k). W_fc^T and W_proj^T are built once per call. TensorE transposes per 128 tokens: D/128 (dy^T) +
+2 F/128 (r, dh'^T), the floor of this design (dy, r and dh' are each needed in both layouts: a contraction
+over D for da, over the tokens for the weight gradients, over F for dx).
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): a TensorE transpose is a
 matmul with the data stationary and an identity moving (nki/api/nki/isa/__init__.py, nc_transpose;

@@ -25,9 +25,10 @@ import nki.language as nl
 GROUP_ELEMS = 4096  # elements per partition of a packed group: 8 KiB in bf16, past the payload curve's knee
 
 
-def rows_per_partition(C, cap=16):
-    """R: rows per partition so that a group holds about GROUP_ELEMS elements per partition (1 <= R <= cap)."""
-    return max(1, min(cap, GROUP_ELEMS // C))
+def rows_per_partition(C, elems=GROUP_ELEMS, cap=None):
+    """R: rows per partition so that a group holds about `elems` elements per partition (at least 1, at most cap)."""
+    r = max(1, elems // C)
+    return min(cap, r) if cap != None else r  # noqa: E711 (NKI has no `is`)
 
 
 def groups(N, R):

@@ -1,97 +1,89 @@
 """Token-major projections as NKI kernels, trn1: y = r + x w (the attention's output projection with the
 block's residual add), y = rms_norm(x) w (the block's pre-attention RMSNorm fused into the q/k/v
 projection) and the same with the block's resid_mix (and a decoder block's U-Net skip add) in front
-(`mix_norm_projection`, below).
+(`mix_norm_projection`). Helpers: `kernels_nki/projection_parts.py` (transposes, weights, matmuls, the norm),
+`kernels_nki/mix_parts.py` (the mix front-end), `kernels_nki/packing.py` (the row groups).
 
 Spec: `projection` (frontier_jax.reference.resid_projection_fwd / projection_bwd): y_NO = r_NO + x_NI @ w_IO
 (x, r in the compute dtype, the weight cast to it, fp32 accumulation and add, y in x's dtype); backward
 dx_NI = dy_NO @ w_IO^T (x's dtype), dw_IO = x_NI^T @ dy_NO (fp32, summed over all N tokens); r's gradient
 is dy itself (ops.py passes it through: no operand, no pass). ops.out_projection folds the block's
 residual scale s into w's columns (x + s (o w) = x + o (w diag s)) and derives dw and ds from the fp32
-dw of the folded weight, so the kernel needs no reduction over the tokens for ds. `norm_projection` (frontier_jax.reference.norm_projection_fwd / _bwd): y = rms_norm(x) w,
+dw of the folded weight. `norm_projection` (frontier_jax.reference.norm_projection_fwd / _bwd): y = rms_norm(x) w,
 with inv_N1 = rsqrt(mean(x^2) + eps) (fp32, eps = float32 epsilon) as the residual; backward g = dy w^T,
 dx = inv (g + x c) with c = -mean(g x) inv^2 (fp32 math), dw = rms_norm(x)^T dy. ops.out_projection
 runs `projection`, ops.norm_qkv_projection runs `norm_projection` with q/k/v fused as one [D, (H + 2G) K]
-weight; dw leaves in fp32 and ops casts it to the weight's dtype.
+weight; dw leaves in fp32 and ops casts it to the weight's dtype. `mix_norm_projection`
+(frontier_jax.reference.mix_norm_projection_fwd / _bwd; ops.mix_norm_qkv_projection, what the model calls):
+x = m0 x_in' + m1 x0 with x_in' = x_in (+ sw skip), m = resid_mix and sw the skip weight (fp32 operands
+holding values of x's dtype), then norm_projection of x; x is written once (the residual stream the block
+continues with); the backward takes dy and dxo (the gradient of the written x) and returns dx_in, dx0, dmix,
+dw (and dskip, dsw).
+
+Layout. Every token-major operand moves in packed row groups (`kernels_nki.packing`): R = 4096 / I rows per
+partition (8 at I = 512), so a group of 128 R tokens is one DMA per operand with R I itemsize contiguous bytes
+per partition (8 KiB for x in bf16, 16 KiB for a [N, 1024] y or dy), and the [N, 1] inverse RMS of a group is
+one [128, R] DMA. Row tile j of a group (partition p: token r0 + p R + j) is a [128, I] slice of the group
+tile; its x^T blocks give y's row tile j, written into the same slice of the output group tile, stored with
+one DMA. The contraction over tokens (dw) pairs row tiles of x and dy with the same tokens, in any order.
+The weights are loaded once per call ([128, O] row tiles).
 
 The norm is a per-token scale: rms_norm(x) w = inv (x w), so the forward multiplies the output rows by
-inv as they leave PSUM (the evacuation happens anyway: ScalarE `activation(scale=inv)` or VectorE
-`tensor_scalar`), and inv comes from the x tile already in SBUF (one ScalarE square + row-sum pass and
-an rsqrt on the [P, 1] column, as kernels_nki/rmsnorm.py). The normalised activation never exists in HBM.
+inv as they leave PSUM (ScalarE `activation(scale=inv)` or VectorE `tensor_scalar`), and inv comes from the
+x tile already in SBUF (one ScalarE square + row-sum pass and an rsqrt on the [P, 1] column, as
+kernels_nki/rmsnorm.py). The normalised activation never exists in HBM.
 
-Forward, per 128-token tile: x arrives token-major, so its 128-column slices are transposed (the
-contraction axis I must be on partitions) and copied out of PSUM, alternately by VectorE and ScalarE
-(`activation(op=nl.copy)`: NeuronCore-v2 has no ScalarE tensor_copy, nki/api isa docs); then per
-512-column slice of w: y[tokens, 512] = sum over I slices of x^T (stationary [128, 128]) x w (moving
-[128, 512], SBUF-resident for the call), one PSUM bank, scaled/cast out and stored.
+Forward, per row tile: x's 128-column slices are transposed (the contraction axis I must be on partitions)
+and copied out of PSUM (ScalarE `activation(op=nl.copy)`: NeuronCore-v2 has no ScalarE tensor_copy, nki/api
+isa docs; the norm's forward alternates VectorE and ScalarE); then per 512-column slice of w: y[tokens, 512] =
+sum over I slices of x^T (stationary [128, 128]) x w (moving [128, 512], SBUF-resident for the call), one
+PSUM bank, scaled/cast out (`projection`: the residual tile added by one VectorE tensor_tensor, its one PSUM
+input the product). Program order: row tile t's matmuls come after row tile t + 1's transposes, so TensorE
+does not wait on each tile's PSUM copies (each engine runs its instruction stream in order: trn1 arch guide
+nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute Engines").
 Transposes: TensorE transposes a tile as a matmul with the tile stationary and an identity moving
 (isa docs nc_transpose; nc_matmul "Transpose mode": is_transpose=True labels it). Each 128-token
 transpose is issued as two matmuls of 64 tokens in the two 64-row tiles of the PE array (nc_matmul
 "Tiling mode": row tiles of 64 on NeuronCore-v2, matmuls on different row tiles run in parallel), the
-identity's matching 64 x 64 block as the moving operand: 64 x 128 x 64 MACs issued per half (counted,
-0 useful) instead of 128 x 128 x 128 for a full-array transpose. The result is fp32 in PSUM (exact: a
-bf16 value times 1).
+identity's matching 64 x 64 block as the moving operand. The result is fp32 in PSUM (exact: a bf16 value
+times 1).
 
-Backward (`projection`): dx the same way with dy^T (transposed per tile) against w^T (transposed once
+Backward (`projection`): dx the same way with dy^T (transposed per row tile) against w^T (transposed once
 per call); dw contracts over tokens, which are already on partitions: I/128 PSUM banks per 512-column
-slice of w accumulate x (stationary [tokens, 128]) x dy (moving [tokens, 512]) over every token tile.
+slice of w accumulate x (stationary [tokens, 128]) x dy (moving [tokens, 512]) over every row tile.
 With as few PSUM banks as the output projection's (I/128 x O/512 = 4, plus dx's and a transpose's) dx
 and dw share one pass over the tokens (x and dy read once); with up to 8 dx takes one pass and every dw
 slice a second one (dy read twice, x once); beyond, one pass over x per slice.
-Backward (`norm_projection`), one pass over the tokens: per tile g = dy w^T in PSUM (token-major, dy^T
-by transposes), the norm's backward on it (VectorE g x and x c + g, each reading g from PSUM; ScalarE
-the row sum and the inv scale), dx stored; rms_norm(x) = inv x (ScalarE) kept for dw. dw = rms_norm(x)^T
-dy accumulates over BLOCK = 16 token tiles in one PSUM bank per [128, 512] slice, then one VectorE add
-into fp32 SBUF accumulators ([I/128] x [128, O] fp32: 16 KiB per partition at the baseline), stored once.
-This reads x and dy once, where the unfused pair read dy twice and x, dy again in rms_norm's backward.
+Backward (`norm_projection`), one pass over the tokens in four stages per group k: A (dy, inv and x in; with
+the mix, x recomputed), B (per row tile g = dy w^T in PSUM, token-major, dy^T by transposes; the norm's
+backward on it: VectorE g x and x c + g, each reading g from PSUM; ScalarE the row sum and the inv scale; dx
+into the group's dx tile; rms_norm(x) = inv x on ScalarE, kept for dw), the mix's backward (below), and dw =
+rms_norm(x)^T dy accumulated over BLOCK = 16 row tiles in one PSUM bank per [128, 512] slice, then one
+VectorE add into fp32 SBUF accumulators ([I/128] x [128, O] fp32), stored once. Program order per group:
+A(k + 1), B(k), the token sums of group k - 1, dw of the block finished before k, the mix's GpSimd work of k:
+TensorE never waits on the same group's VectorE and GpSimd results.
 
-Engines at the baseline shapes (N = 65536 tokens, D = 512, (H + 2G) K = 1024, bf16; `python -m
-kernels_nki.report`, AWS's documented trn1 rates): q/k/v norm_projection forward 795.8 us per call,
-TensorE-bound (DMA 745.0, ScalarE 514.9, VectorE 351.3), backward 1592.3 us TensorE-bound (VectorE
-1468.5, DMA 999.4, ScalarE 773.9); before the fusion rms_norm + projection took 494.4 + 842.6 and
-965.5 + 1686.7 us. Output projection with the residual add: forward 742.1 us DMA-bound (x, w, r in and y
-out once; TensorE 415.5, VectorE 702.3: the add as y leaves PSUM and 1 in 8 x^T blocks; ScalarE 163.8: the
-other blocks' PSUM copies; before, 495.4 us plus 741 us of glue for the scaled add's 3 HBM passes),
-backward 796.2 us TensorE-bound (unchanged). TensorE useful/issued: 0.941 everywhere; the output
-projection's forward 0.901: per tile it needs I/128 x^T blocks (2 x 64 x 128 x 64 MACs each on TensorE)
-against I/128 x O/512 matmuls of 128 x 128 x 512, 1 - 64/(O + 64) = 0.889 at O = 512 with every block on
-TensorE; XT_VE_FWD = 1 of every 8 blocks is transposed by VectorE 32 x 32 transposes instead (16
-instructions, SBUF to SBUF: `kernels_nki.tiles.transpose_ve`), which the DMA bound leaves room for (the
-other PSUM copies move to ScalarE to make it): 0.901 at the same time.
-
-`mix_norm_projection` (frontier_jax.reference.mix_norm_projection_fwd / _bwd; ops.mix_norm_qkv_projection,
-what the model calls): x = m0 x_in' + m1 x0 with x_in' = x_in (+ sw skip), m = resid_mix and sw the skip
-weight (fp32 operands holding values of x's dtype, broadcast to every partition once per call by a DMA
-whose HBM access pattern has partition stride 0), then norm_projection of x; x is written once (the
-residual stream the block continues with). The mix is 3 (5 with a skip) element-wise ops per tile on
-GpSimd (`tensor_tensor(engine=gpsimd)`, isa docs tensor_tensor; GpSimd reads SBUF only, and nothing else
-here uses it; the skip's add goes to VectorE), each product and sum rounded to x's dtype as the model
-rounds them. The backward takes dy
-and dxo, the gradient of the written x (the residual path), recomputes x the same way (x_in, x0 are read
-for the weights' gradients anyway; reading x would cost a DMA pass more), forms dx = inv (g + x c) + dxo
-(the add folded into the VectorE op that applies inv, where norm_projection uses a ScalarE scale; dy^T's
-PSUM copies all go to ScalarE to make room), then on GpSimd dx_in = m0 dx, dx0 = m1 dx (and dskip = sw
-dx_in) and the products dx x_in', dx x0 (and dx_in skip). Their sums over the tokens (the partition
-axis) are TensorE's: per 128-column slice one matmul with the product stationary and a ones column
-moving (`is_moving_onezero`, isa docs nc_matmul), [128, 1] into one fp32 PSUM bank that accumulates over
-every tile of the call, copied out once as dmix [2, I] and dsw [1, I]. Costs (`python -m
-kernels_nki.report`, baseline shapes): forward 1240.4 us per call without a skip, 1488.1 with one,
-DMA-bound (x_in, x0, skip in and x out on top of norm_projection's traffic; TensorE 795.8); backward
-1741.5 / 2236.0 us, DMA-bound (TensorE 1593.8 / 1594.5, VectorE 1703 / 2171, GpSimd 1311 / 1873), against
-norm_projection's 795.8 + 1592.3 us plus ~740 us forward and ~1230 us backward of resid_mix passes per
-call (and as much again for a skip add) at the DMA rate. The one-column matmuls add almost no MACs, so
-TensorE useful/issued stays 0.941, but each costs at least the 64-cycle matmul initiation interval, which
-the cost model floors only in aggregate: 8 (12 with a skip) per tile, at most 94 (140) us per call more,
-still under the DMA time.
+`mix_norm_projection`: the mixing weights are broadcast to every partition once per call by a DMA whose HBM
+access pattern has partition stride 0 (nki/get-started/nki-language-guide.rst, "Low-level raw access
+pattern"). The mix is 3 (5 with a skip) element-wise ops per group on GpSimd (`tensor_tensor(engine=gpsimd)`,
+isa docs tensor_tensor; GpSimd reads SBUF only; the skip's add goes to VectorE), one per row tile where an
+operand is a broadcast weight, each product and sum rounded to x's dtype as the model rounds them. The
+backward recomputes x the same way (x_in, x0 are read for the weights' gradients anyway; reading x would cost
+a DMA pass more), forms dx = inv (g + x c) + dxo (the add folded into the VectorE op that applies inv; dy^T's
+PSUM copies all go to ScalarE), then on GpSimd dx_in = m0 dx, dx0 = m1 dx (and dskip = sw dx_in) and the
+products dx x_in', dx x0 (and dx_in skip). Their sums over the tokens (the partition axis) are TensorE's: per
+row tile and 128-column slice one matmul with the product stationary and a ones column moving
+(`is_moving_onezero`, isa docs nc_matmul), [128, 1] into one fp32 PSUM bank that accumulates over every tile
+of the call, copied out once as dmix [2, I] and dsw [1, I].
 
 NeuronCore-v2 (trn1) rules followed (AWS docs, aws-neuron-sdk): matmuls bf16 (or fp32) pairs into fp32
 PSUM, stationary free <= 128 (<= the row tile's 64 rows in tiling mode), moving free <= 512 (isa docs
-nc_matmul; trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst "Tile Size"); a
-VectorE instruction reads at most one PSUM input (isa docs tensor_tensor / scalar_tensor_tensor
-"Memory types"); activation's bias is an [N, 1] tile and its scale an fp32 [N, 1] tile (isa docs
-activation); rsqrt's input mean(x^2) + eps >= eps is in its valid range (nki/api/nki.api.shared.rst);
-operands of more than 64 partitions start at partition 0, of 33-64 at 0 or 64 (a transpose's second
-half starts at 64; arch guide, "Accessing SBUF/PSUM tensors using compute engines").
+nc_matmul; trn1 arch guide "Tile Size"); a VectorE instruction reads at most one PSUM input (isa docs
+tensor_tensor / scalar_tensor_tensor "Memory types"); activation's bias is an [N, 1] tile and its scale an
+fp32 [N, 1] tile (isa docs activation); rsqrt's input mean(x^2) + eps >= eps is in its valid range
+(nki/api/nki.api.shared.rst); operands of more than 64 partitions start at partition 0, of 33-64 at 0 or 64
+(a transpose's second half starts at 64; arch guide, "Accessing SBUF/PSUM tensors using compute engines"); a
+DMA buffer is contiguous on both sides (arch guide, "Data movement between HBM and SBUF using DMAs").
 """
 
 import nki
