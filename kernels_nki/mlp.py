@@ -46,12 +46,12 @@ each way.
 Backward per group, in stages: A (x, dy, inv, rT in; xn = inv x; dy^T by transposes), B (per row tile da = dy
 W_proj^T token-major in PSUM, r token-major by transposes of rT's columns of the row tile, r out of PSUM
 (ScalarE), a = r^2 (GpSimd), dh' = r da (VectorE) (dh = 2 dh': the 2 is applied exactly, on the fp32 results
-of dx and dW_fc); then every row tile's dh'^T by transposes), D (dW_proj += a^T dy and dW_fc += xn^T dh' contract
+of dx and dW_fc)), B' (every row tile's dh'^T by transposes), D (dW_proj += a^T dy and dW_fc += xn^T dh' contract
 over the group's NW tokens in fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per group), E (g/2 =
 dh'^T-stationary x W_fc^T in PSUM, token-major, then the norm's backward on it: dx = 2 inv (g/2 + x c), c =
 -mean((g/2) x) inv^2 (VectorE (g/2) x and x c + g/2, each reading g from PSUM; ScalarE the row sum and the 2
 inv scale), + dy on GpSimd, written over dy's group tile and stored). Program order per group k: B(k), A(k +
-1), D(k), E(k). W_fc^T and W_proj^T are built once per call. TensorE transposes per 128 tokens: D/128 (dy^T) +
+1), B'(k), D(k), E(k). W_fc^T and W_proj^T are built once per call. TensorE transposes per 128 tokens: D/128 (dy^T) +
 2 F/128 (r, dh'^T), the floor of this design (dy, r and dh' are each needed in both layouts: a contraction
 over D for da, over the tokens for the weight gradients, over F for dx).
 
@@ -273,8 +273,7 @@ def _relu_rows(a_t, dh_t, rT, tok, rows, da_ps, c, fc, dt, ident):
     cols = slice(c * NB, c * NB + fc)
     r = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)  # exact: rT holds r in dt
     nisa.activation(dst=r[0:rows, 0:fc], op=nl.copy, data=r_ps[0:rows, 0:fc])
-    nisa.tensor_tensor(dst=a_t[0:rows, cols], data1=r[0:rows, 0:fc], data2=r[0:rows, 0:fc], op=nl.multiply,
-                       engine=nisa.engine.gpsimd)  # a = relu(h)^2 from SBUF: PSUM is read once (one VectorE/ScalarE port)
+    nisa.activation(dst=a_t[0:rows, cols], op=nl.square, data=r[0:rows, 0:fc])  # a = relu(h)^2, from SBUF
     nisa.tensor_tensor(dst=dh_t[0:rows, cols], data1=r[0:rows, 0:fc], data2=da_ps[0:rows, 0:fc], op=nl.multiply)
 
 
@@ -298,9 +297,8 @@ def _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, g, dt, ident):
 
 
 def _bwd_hidden(st, wprojT, dt, ident):
-    """Stage B: per row tile da = dy W_proj^T (token-major PSUM), r and a = r^2 from rT, dh' = r da; then, once
-    every row tile's dh' is issued, the dh'^T transposes (so that TensorE does not wait on each tile's VectorE
-    product). Returns (a_s, dh_s, dhT)."""
+    """Stage B: per row tile da = dy W_proj^T (token-major PSUM), r and a = r^2 from rT, dh' = r da. Returns
+    (a_s, dh_s)."""
     P = nl.tile_size.pmax
     g, x_s, dy_s, xn_s, inv, rT, dyT = st[:7]
     p, nr = g[1], g[2]
@@ -320,12 +318,19 @@ def _bwd_hidden(st, wprojT, dt, ident):
         a_s.append(a_t)
         dh_s.append(dh_t)
     st[5], st[6] = None, None  # rT and dy^T are spent: their SBUF is free for the next group's stage A
+    return a_s, dh_s
+
+
+def _bwd_hT(g, dh_s, dt, ident):
+    """Stage B': every row tile's dh'^T by TensorE transposes (row tile j at columns j*128 ..)."""
+    P = nl.tile_size.pmax
+    F = dh_s[0].shape[1]
     dhT = [nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(F, P))]
-    for j in range(nr):
+    for j in range(g[2]):
         for jf in nl.affine_range(cdiv(F, P)):
             fj = min(P, F - jf * P)
-            transpose(dhT[jf][0:fj, j * P:j * P + p], dh_s[j][0:p, jf * P:jf * P + fj], p, fj, ident)
-    return a_s, dh_s, dhT
+            transpose(dhT[jf][0:fj, j * P:j * P + g[1]], dh_s[j][0:g[1], jf * P:jf * P + fj], g[1], fj, ident)
+    return dhT
 
 
 def _accumulate(acc, lhs_s, rhs_s, p, K, C):
@@ -369,7 +374,7 @@ def _bwd_dx(st, dhT, wfcT, F, dx_ND, dt):
 def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
     """(dx_ND = dy + the MLP's and norm's backward, dw_fc_DF in x's dtype, dw_proj_FD fp32), from the forward's
     rT_FN = relu(h)^T (h is not recomputed: see the module docstring). Per group the stages run in the program
-    order B(k), A(k + 1), D(k), E(k) (see the module docstring)."""
+    order B(k), A(k + 1), B'(k), D(k), E(k) (see the module docstring)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
@@ -386,8 +391,9 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
     gs = groups(N, NW // P)
     st = _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, gs[0], dt, ident)
     for k in range(len(gs)):
-        a_s, dh_s, dhT = _bwd_hidden(st, wprojT, dt, ident)
+        a_s, dh_s = _bwd_hidden(st, wprojT, dt, ident)
         nxt = _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, gs[k + 1], dt, ident) if k + 1 < len(gs) else None
+        dhT = _bwd_hT(gs[k], dh_s, dt, ident)
         # weight gradients: contract over the group's tokens in PSUM, one fp32 SBUF add per group
         _accumulate(acc_proj, a_s, st[2], gs[k][1], F, D)
         _accumulate(acc_fc, st[3], dh_s, gs[k][1], D, F)
