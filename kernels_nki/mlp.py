@@ -38,14 +38,14 @@ the AWS sources), into fp32 PSUM.
 Backward: STORES relu(h) instead of recomputing h. The forward already holds r^T = relu(h)^T in SBUF in the
 [F, tokens] layout, so storing it costs DMA and no TensorE work; the backward loads it and transposes it on
 TensorE to token-major r (F/128 128 x 128 transposes per 128 tokens, two 64-row halves each), copied out of
-PSUM once on ScalarE, a = r^2 from that SBUF copy on GpSimd, instead of recomputing h = xn W_fc (an N x D x F
+PSUM once on ScalarE, a = r^2 from that SBUF copy (ScalarE), instead of recomputing h = xn W_fc (an N x D x F
 matmul) from xn^T (D/128 more transposes). The price is HBM: rT is N x F x 2 bytes per layer per micro-batch
 kept between forward and backward (128 MiB per layer at N = 65536, F = 1024), and N x F x 2 more bytes moved
 each way.
 
 Backward per group, in stages: A (x, dy, inv, rT in; xn = inv x; dy^T by transposes), B (per row tile da = dy
 W_proj^T token-major in PSUM, r token-major by transposes of rT's columns of the row tile, r out of PSUM
-(ScalarE), a = r^2 (GpSimd), dh' = r da (VectorE) (dh = 2 dh': the 2 is applied exactly, on the fp32 results
+(ScalarE), a = r^2 (ScalarE, from that SBUF copy), dh' = r da (VectorE) (dh = 2 dh': the 2 is applied exactly, on the fp32 results
 of dx and dW_fc)), B' (every row tile's dh'^T by transposes), D (dW_proj += a^T dy and dW_fc += xn^T dh' contract
 over the group's NW tokens in fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per group), E (g/2 =
 dh'^T-stationary x W_fc^T in PSUM, token-major, then the norm's backward on it: dx = 2 inv (g/2 + x c), c =
