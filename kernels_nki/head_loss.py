@@ -241,9 +241,53 @@ def _shift(t_PV, L, rows, V, S, softcap, fixed):
     return m
 
 
+def _fwd_loss(t_PV, cols, idx, r0, rows, bias_vals_NS, V, S, softcap, fixed, loss_N1, lse_N1):
+    """The forward after t = tanh(z / softcap) of one token tile: the gathers, the shifted log-sum-exp (with the
+    sparse bias), loss and lse out."""
+    P = nl.tile_size.pmax
+    # t at the target (and the bias ids): one GpSimd gather per tile
+    tg = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.nc_n_gather(dst=tg[0:rows], data=t_PV[0:rows], indices=idx[0:rows])
+    L, rmult, b_tgt = _bias_stats(cols, _column(bias_vals_NS, r0, rows, nl.float32), tg, rows, S, softcap) \
+        if S else (None, None, None)
+    m = _shift(t_PV, L, rows, V, S, softcap, fixed)
+    negm = None
+    if m != None:  # noqa: E711
+        negm = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=negm[0:rows], data=m[0:rows], op0=nl.multiply, operand0=-1.0)
+    # sum of exp(softcap t - m) over the vocabulary: one ScalarE pass (in place; t is not read again)
+    se = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=t_PV[0:rows], op=nl.exp, data=t_PV[0:rows], scale=softcap,
+                           bias=negm[0:rows] if m != None else None, reduce_op=nl.add,  # noqa: E711
+                           reduce_res=se[0:rows])
+    if S:  # the bias ids: + (exp(L_s - m) - exp(softcap t_s - m)) / mult_s per source (each id once)
+        e1 = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+        e0 = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e1[0:rows], op=nl.exp, data=L[0:rows], bias=negm[0:rows])
+        nisa.activation(dst=e0[0:rows], op=nl.exp, data=tg[0:rows, 1:1 + S], scale=softcap, bias=negm[0:rows])
+        nisa.tensor_tensor(dst=e1[0:rows], data1=e1[0:rows], data2=e0[0:rows], op=nl.subtract)
+        nisa.tensor_tensor(dst=e1[0:rows], data1=e1[0:rows], data2=rmult[0:rows], op=nl.multiply)
+        corr = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=corr[0:rows], op=nl.add, data=e1[0:rows], axis=1, keepdims=True)
+        nisa.tensor_tensor(dst=se[0:rows], data1=se[0:rows], data2=corr[0:rows], op=nl.add)
+    lse_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=se[0:rows])
+    if m != None:  # noqa: E711
+        nisa.tensor_tensor(dst=lse_P1[0:rows], data1=lse_P1[0:rows], data2=m[0:rows], op=nl.add)
+    # loss = lse - (softcap t_target + bias on the target)
+    loss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=loss_P1[0:rows], data=tg[0:rows, 0:1], op0=nl.multiply, operand0=-softcap,
+                              op1=nl.add, operand1=lse_P1[0:rows])
+    if S:
+        nisa.tensor_tensor(dst=loss_P1[0:rows], data1=loss_P1[0:rows], data2=b_tgt[0:rows], op=nl.subtract)
+    nisa.dma_copy(dst=loss_N1[r0:r0 + rows], src=loss_P1[0:rows])
+    nisa.dma_copy(dst=lse_N1[r0:r0 + rows], src=lse_P1[0:rows])
+
+
 @nki.jit
 def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS=None, bias_vals_NS=None, softcap=30.0):
-    """(loss_N1, lse_N1), fp32. bias_ids_NS int32 / bias_vals_NS fp32 [N, S >= 1], or None: no bias."""
+    """(loss_N1, lse_N1), fp32. bias_ids_NS int32 / bias_vals_NS fp32 [N, S >= 1], or None: no bias. Token tile
+    t + 1's x^T comes before tile t - 1's loss in program order (each engine runs its stream in order)."""
     N, D = x_ND.shape
     V = emb_VD.shape[0]
     S = _sources(bias_ids_NS, bias_vals_NS)
@@ -253,51 +297,22 @@ def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS=None, bias_vals_NS=None,
     loss_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     lse_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     _, embT = _emb_tiles(emb_VD, dt)
-    for t in nl.affine_range(cdiv(N, P)):
+    T = cdiv(N, P)
+    xT = _x_tile(x_ND, 0, min(P, N), dt, 0, XT_VE_FWD, True)[1]
+    prev = None
+    for t in range(T):
         r0 = t * P
         rows = min(P, N - r0)
-        _, xT = _x_tile(x_ND, r0, rows, dt, t, XT_VE_FWD, True)
         cols, idx = _token_columns(targets_N1, bias_ids_NS, r0, rows, S)
         t_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
         for c in nl.affine_range(cdiv(V, VC)):
             _tanh_chunk(t_PV, xT, embT, c * VC, min(VC, V - c * VC), rows, D, softcap)
-        # t at the target (and the bias ids): one GpSimd gather per tile
-        tg = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.nc_n_gather(dst=tg[0:rows], data=t_PV[0:rows], indices=idx[0:rows])
-        L, rmult, b_tgt = _bias_stats(cols, _column(bias_vals_NS, r0, rows, nl.float32), tg, rows, S, softcap) \
-            if S else (None, None, None)
-        m = _shift(t_PV, L, rows, V, S, softcap, fixed)
-        negm = None
-        if m != None:  # noqa: E711
-            negm = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=negm[0:rows], data=m[0:rows], op0=nl.multiply, operand0=-1.0)
-        # sum of exp(softcap t - m) over the vocabulary: one ScalarE pass (in place; t is not read again)
-        se = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=t_PV[0:rows], op=nl.exp, data=t_PV[0:rows], scale=softcap,
-                               bias=negm[0:rows] if m != None else None, reduce_op=nl.add,  # noqa: E711
-                               reduce_res=se[0:rows])
-        if S:  # the bias ids: + (exp(L_s - m) - exp(softcap t_s - m)) / mult_s per source (each id once)
-            e1 = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
-            e0 = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e1[0:rows], op=nl.exp, data=L[0:rows], bias=negm[0:rows])
-            nisa.activation(dst=e0[0:rows], op=nl.exp, data=tg[0:rows, 1:1 + S], scale=softcap, bias=negm[0:rows])
-            nisa.tensor_tensor(dst=e1[0:rows], data1=e1[0:rows], data2=e0[0:rows], op=nl.subtract)
-            nisa.tensor_tensor(dst=e1[0:rows], data1=e1[0:rows], data2=rmult[0:rows], op=nl.multiply)
-            corr = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_reduce(dst=corr[0:rows], op=nl.add, data=e1[0:rows], axis=1, keepdims=True)
-            nisa.tensor_tensor(dst=se[0:rows], data1=se[0:rows], data2=corr[0:rows], op=nl.add)
-        lse_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=se[0:rows])
-        if m != None:  # noqa: E711
-            nisa.tensor_tensor(dst=lse_P1[0:rows], data1=lse_P1[0:rows], data2=m[0:rows], op=nl.add)
-        # loss = lse - (softcap t_target + bias on the target)
-        loss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=loss_P1[0:rows], data=tg[0:rows, 0:1], op0=nl.multiply, operand0=-softcap,
-                                  op1=nl.add, operand1=lse_P1[0:rows])
-        if S:
-            nisa.tensor_tensor(dst=loss_P1[0:rows], data1=loss_P1[0:rows], data2=b_tgt[0:rows], op=nl.subtract)
-        nisa.dma_copy(dst=loss_N1[r0:r0 + rows], src=loss_P1[0:rows])
-        nisa.dma_copy(dst=lse_N1[r0:r0 + rows], src=lse_P1[0:rows])
+        if t + 1 < T:
+            xT = _x_tile(x_ND, r0 + P, min(P, N - r0 - P), dt, t + 1, XT_VE_FWD, True)[1]
+        if prev != None:  # noqa: E711
+            _fwd_loss(prev[0], prev[1], prev[2], prev[3], prev[4], bias_vals_NS, V, S, softcap, fixed, loss_N1, lse_N1)
+        prev = (t_PV, cols, idx, r0, rows)
+    _fwd_loss(prev[0], prev[1], prev[2], prev[3], prev[4], bias_vals_NS, V, S, softcap, fixed, loss_N1, lse_N1)
     return loss_N1, lse_N1
 
 
