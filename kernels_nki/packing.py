@@ -87,3 +87,10 @@ def columns(g, j, c0=0):
     """Row tile j's tokens in a tile whose free axis holds group g's tokens in order from column c0."""
     r0, parts, R = g
     return slice(c0 + j, c0 + j + (parts - 1) * R + 1, R)
+
+
+def row_tile_ap(a_NC, g, j):
+    """Row tile j of group g of an [N, C] HBM array as [parts, C] (rows r0 + p R + j)."""
+    r0, parts, R = g
+    C = a_NC.shape[1]
+    return a_NC.ap(pattern=[[R * C, parts], [1, C]], offset=(r0 + j) * C)
