@@ -12,7 +12,7 @@ nki/api/nki/isa/__init__.py, dma_compute). With V = 1024 a one-hot matmul costs 
 token on TensorE; duplicates are summed
 exactly by PSUM accumulation, and no work is spent on padding (ragged tiles are sliced).
 
-- forward, per block of 512 tokens: the block's ids are DMA'd once into all partitions (an HBM
+- forward, per group of 512 tokens (the next group's one-hots issued before this group's matmuls): the block's ids are DMA'd once into all partitions (an HBM
   access pattern with partition stride 0: HBM tensors accept any `.ap()` pattern,
   nki/get-started/nki-language-guide.rst "Low-level raw access pattern"); per 128-row vocabulary
   chunk one VectorE `tensor_scalar(equal)` against a per-partition iota column gives onehot^T
@@ -50,6 +50,42 @@ DC = 512  # fp32 columns of one PSUM bank (nl.tile_size.psum_fmax)
 PSUM_BANKS = 8  # PSUM banks per partition on NeuronCore-v2 (trn1 arch guide, "Near-memory accumulation")
 
 
+def _onehot_T(ids_N, g, vcol_PK, KV, V, PV, dt):
+    """Group g's onehot^T [v, tokens] per 128-row vocabulary chunk: its ids broadcast to every partition (one
+    stride-0 DMA) against the per-partition vocabulary column (VectorE)."""
+    P = nl.tile_size.pmax
+    nb = g[1] * g[2]
+    ids_PB = nl.ndarray((P, NB), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ids_PB[0:PV, 0:nb], src=ids_N.ap(pattern=[[0, PV], [1, nb]], offset=g[0]))
+    ohT = []
+    for k in nl.affine_range(KV):
+        vr = min(P, V - k * P)
+        oh_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=oh_t[0:vr, 0:nb], data=ids_PB[0:vr, 0:nb], op0=nl.equal, operand0=vcol_PK[0:vr, k:k + 1])
+        ohT.append(oh_t)
+    return ohT
+
+
+def _gather_rows(ohT, g, emb_t, out_ND, KV, V, dt):
+    """Group g's output rows: row tile j = onehot^T's columns of its tokens (stationary) x emb rows (moving),
+    one fp32 PSUM bank per 512 columns, into the group tile, stored with one DMA."""
+    P = nl.tile_size.pmax
+    D = out_ND.shape[1]
+    p = g[1]
+    y_g = nl.ndarray((P, NB // P * D), dtype=dt, buffer=nl.sbuf)
+    for j in range(g[2]):
+        for c in nl.affine_range(cdiv(D, DC)):
+            dc = min(DC, D - c * DC)
+            y_ps = nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.psum)
+            for k in nl.affine_range(KV):
+                vr = min(P, V - k * P)
+                nisa.nc_matmul(dst=y_ps[0:p, 0:dc], stationary=ohT[k][0:vr, columns(g, j)],
+                               moving=emb_t[k][0:vr, c * DC:c * DC + dc])
+            o0 = j * D + c * DC
+            nisa.tensor_copy(dst=y_g[0:p, o0:o0 + dc], src=y_ps[0:p, 0:dc], engine=nisa.engine.vector)
+    store(out_ND, g, y_g)
+
+
 @nki.jit
 def embed_fwd(ids_N, emb_VD):
     """out_ND (emb's dtype) = emb_VD[ids_N]; ids int32 in [0, V)."""
@@ -69,31 +105,12 @@ def embed_fwd(ids_N, emb_VD):
     vcol_PK = nl.ndarray((P, KV), dtype=nl.float32, buffer=nl.sbuf)
     nisa.iota(dst=vcol_PK, pattern=[[P, KV]], offset=0, channel_multiplier=1)
     PV = min(P, V)
-    R = NB // P
-    for g in groups(N, R):  # 512 tokens per group; row tile j holds tokens n0 + p R + j
-        n0, p, nr = g
-        nb = p * nr
-        ids_PB = nl.ndarray((P, NB), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=ids_PB[0:PV, 0:nb], src=ids_N.ap(pattern=[[0, PV], [1, nb]], offset=n0))
-        ohT = []
-        for k in nl.affine_range(KV):
-            vr = min(P, V - k * P)
-            oh_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=oh_t[0:vr, 0:nb], data=ids_PB[0:vr, 0:nb], op0=nl.equal,
-                               operand0=vcol_PK[0:vr, k:k + 1])
-            ohT.append(oh_t)
-        y_g = nl.ndarray((P, R * D), dtype=dt, buffer=nl.sbuf)
-        for j in range(nr):  # onehot^T's columns of row tile j's tokens as the stationary operand
-            for c in nl.affine_range(cdiv(D, DC)):
-                dc = min(DC, D - c * DC)
-                y_ps = nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.psum)
-                for k in nl.affine_range(KV):
-                    vr = min(P, V - k * P)
-                    nisa.nc_matmul(dst=y_ps[0:p, 0:dc], stationary=ohT[k][0:vr, columns(g, j)],
-                                   moving=emb_t[k][0:vr, c * DC:c * DC + dc])
-                o0 = j * D + c * DC
-                nisa.tensor_copy(dst=y_g[0:p, o0:o0 + dc], src=y_ps[0:p, 0:dc], engine=nisa.engine.vector)
-        store(out_ND, g, y_g)
+    gs = groups(N, NB // P)  # 512 tokens per group; row tile j holds tokens n0 + p R + j
+    ohT = _onehot_T(ids_N, gs[0], vcol_PK, KV, V, PV, dt)
+    for i in range(len(gs)):  # group i + 1's one-hots (VectorE) come before group i's matmuls in program order
+        cur = ohT
+        ohT = _onehot_T(ids_N, gs[i + 1], vcol_PK, KV, V, PV, dt) if i + 1 < len(gs) else None
+        _gather_rows(cur, gs[i], emb_t, out_ND, KV, V, dt)
     return out_ND
 
 
