@@ -12,8 +12,9 @@ nki/api/nki/isa/__init__.py, dma_compute). With V = 1024 a one-hot matmul costs 
 token on TensorE; duplicates are summed
 exactly by PSUM accumulation, and no work is spent on padding (ragged tiles are sliced).
 
-- forward, per group of 512 tokens (the next group's one-hots issued before this group's matmuls): the block's ids are DMA'd once into all partitions (an HBM
-  access pattern with partition stride 0: HBM tensors accept any `.ap()` pattern,
+- forward, per group of 512 tokens (the next group's one-hots issued before this group's matmuls): the
+  group's ids are DMA'd once into all partitions (an HBM access pattern with partition stride 0: HBM tensors
+  accept any `.ap()` pattern,
   nki/get-started/nki-language-guide.rst "Low-level raw access pattern"); per 128-row vocabulary
   chunk one VectorE `tensor_scalar(equal)` against a per-partition iota column gives onehot^T
   [v, tokens] in emb's dtype; out[tokens, D] = sum over chunks of onehot^T-stationary x emb-rows
@@ -22,7 +23,8 @@ exactly by PSUM accumulation, and no work is spent on padding (ragged tiles are 
   groups (`kernels_nki.packing`: the block's 512 tokens as 4 rows per partition, one DMA): row tile j takes
   onehot^T's columns j, j + 4, ... as its stationary operand.
 - backward: the tokens are the contraction axis, so the one-hot needs no transpose: dy and the ids move
-  in packed row groups (one DMA each per group of 128 R tokens, R = 4096 / D); per row tile, onehot[tokens, V] = (iota row == id column) (one VectorE op; ids cast to fp32 on VectorE,
+  in packed row groups (one DMA each per group of 128 R tokens, R = 4096 / D); per row tile, onehot[tokens, V] =
+  (iota row == id column) (one VectorE op; ids cast to fp32 on VectorE,
   exact below 2^24, because `tensor_scalar` operands must be float32, isa docs tensor_scalar), and
   demb[v-chunk, D] += onehot[:, v-chunk]-stationary x dy-tile moving, accumulated in PSUM over every
   token of the call (first write overwrites, later ones accumulate: isa docs nc_matmul

@@ -6,7 +6,8 @@ bias: one (token id, value) pair per position and source), loss = logsumexp(l) -
 Layout: row tiles of 128 tokens on the partition axis, the vocabulary on the free axis. The token-major
 operands move in packed row groups (`kernels_nki.packing`): R = 4096 / D rows per partition (8 at D = 512),
 x (and dx) one DMA per group, the [N, 1] columns (targets, lse, dloss, loss out) one [128, R] DMA per group
-(the bias ids [128, R, S]); row tile j of a group holds tokens r0 + p R + j. emb^T [D, V] is built once per call by TensorE transposes and stays in SBUF; per chunk
+(the bias ids [128, R, S]); row tile j of a group holds tokens r0 + p R + j. emb^T [D, V] is built once per call
+by TensorE transposes and stays in SBUF; per chunk
 of 512 vocabulary entries z = x emb^T is D/128 bf16 matmuls into one fp32 PSUM bank (stationary x^T
 [D_k, tokens], moving emb^T [D_k, 512]) and ScalarE writes t = tanh(z / softcap) for the whole
 vocabulary into one fp32 [P, V] SBUF tile. The [tokens, V] logits never reach HBM.

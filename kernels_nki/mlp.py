@@ -45,7 +45,8 @@ each way.
 
 Backward per group, in stages: A (x, dy, inv, rT in; xn = inv x; dy^T by transposes), B (per row tile da = dy
 W_proj^T token-major in PSUM, r token-major by transposes of rT's columns of the row tile, r out of PSUM
-(ScalarE), a = r^2 (ScalarE, from that SBUF copy), dh' = r da (VectorE) (dh = 2 dh': the 2 is applied exactly, on the fp32 results
+(ScalarE), a = r^2 (ScalarE, from that SBUF copy), dh' = r da (VectorE) (dh = 2 dh': the 2 is applied exactly,
+on the fp32 results
 of dx and dW_fc)), B' (every row tile's dh'^T by transposes), D (dW_proj += a^T dy and dW_fc += xn^T dh' contract
 over the group's NW tokens in fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per group), E (g/2 =
 dh'^T-stationary x W_fc^T in PSUM, token-major, then the norm's backward on it: dx = 2 inv (g/2 + x c), c =

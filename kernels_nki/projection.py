@@ -317,7 +317,8 @@ def _dw_block(acc, xn_s, dy_s, I, O):
             g_ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
             for s in range(len(xn_s)):
                 p, xn = xn_s[s]
-                nisa.nc_matmul(dst=g_ps[0:k, 0:w], stationary=xn[0:p, i * P:i * P + k], moving=dy_s[s][0:p, o * W:o * W + w])
+                nisa.nc_matmul(dst=g_ps[0:k, 0:w], stationary=xn[0:p, i * P:i * P + k],
+                               moving=dy_s[s][0:p, o * W:o * W + w])
             a = acc[i][0:k, o * W:o * W + w]
             nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:k, 0:w], op=nl.add)
 
@@ -408,7 +409,8 @@ def mix_norm_projection_bwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, inv_N1, d
     dsw_1I = nl.ndarray((1, I), dtype=nl.float32, buffer=nl.shared_hbm) if skip else None
     red = nl.ndarray((P, (3 if skip else 2) * cdiv(I, P)), dtype=nl.float32, buffer=nl.psum)
     mix = mix_setup(x0_NI, mix_2I, skip_NI, sw_1I, rows_per_partition(I), dt)
-    _norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO, dx_NI, dw_IO, ident, wT, (mix, dxo_NI, (dx_NI, dx0_NI, dskip_NI), red))
+    mixing = (mix, dxo_NI, (dx_NI, dx0_NI, dskip_NI), red)
+    _norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO, dx_NI, dw_IO, ident, wT, mixing)
     store_sums(red, 0, dmix_2I)
     if skip:
         store_sums(red, 2, dsw_1I)

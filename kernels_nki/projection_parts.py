@@ -116,7 +116,8 @@ def inv_rms(inv, x_t, rows, eps_P1):
 
 
 def norm_bwd(dx, g, x_t, inv, rows, dxo=None):
-    """The RMSNorm backward of one row tile into dx ([rows, D] in its dtype): dx = inv (g + x c) (`kernels_nki.tiles.norm_grad_rows`:
+    """The RMSNorm backward of one row tile into dx ([rows, D] in its dtype): dx = inv (g + x c)
+    (`kernels_nki.tiles.norm_grad_rows`:
     g as fp32 PSUM tiles of 512 columns), the final scale on ScalarE; with `dxo` (the gradient x receives
     along the residual path, a [P, D] tile) dx = inv (g + x c) + dxo, the scale and the add as one VectorE op."""
     work = norm_grad_rows(g, x_t, inv, rows, W)

@@ -4,7 +4,8 @@ Spec: frontier_jax.reference.rms_norm (fp32 math, eps = float32 epsilon, output 
 Layout: rows on the partition axis, R = 2048 // D consecutive rows per partition (a full tile is
 128 x R rows, [P, R, D] in SBUF, one DMA each way: partition p reads rows r0 + p R .. + R, contiguous
 in HBM), then the rest as 128 x R' rows and a last tile of fewer than 128 single rows (sliced, never
-padded): `kernels_nki.packing`'s row groups. R = 4 for the model's [tokens, D = 512] activations, R = 32 for the per-head QK-norm shape
+padded): `kernels_nki.packing`'s row groups. R = 4 for the model's [tokens, D = 512] activations, R = 32 for the
+per-head QK-norm shape
 [tokens x heads, head_dim = 64], so the per-tile [P, R] column work (rsqrt, the backward's
 coefficient) is shared by R rows instead of paid per 64-element row.
 
