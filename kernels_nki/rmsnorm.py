@@ -1,10 +1,10 @@
 """Weightless RMSNorm forward and backward as NKI kernels for trn1 (NeuronCore-v2), NKI 0.3+ API.
 
 Spec: frontier_jax.reference.rms_norm (fp32 math, eps = float32 epsilon, output in the input dtype).
-Layout: rows on the partition axis, R = 2048 // D consecutive rows per partition (a full tile is
+Layout: rows on the partition axis, R = 4096 // D consecutive rows per partition (a full tile is
 128 x R rows, [P, R, D] in SBUF, one DMA each way: partition p reads rows r0 + p R .. + R, contiguous
 in HBM), then the rest as 128 x R' rows and a last tile of fewer than 128 single rows (sliced, never
-padded): `kernels_nki.packing`'s row groups. R = 4 for the model's [tokens, D = 512] activations, R = 32 for the
+padded): `kernels_nki.packing`'s row groups. R = 8 for the model's [tokens, D = 512] activations, R = 64 for the
 per-head QK-norm shape
 [tokens x heads, head_dim = 64], so the per-tile [P, R] column work (rsqrt, the backward's
 coefficient) is shared by R rows instead of paid per 64-element row.
@@ -37,10 +37,10 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.packing import groups, rows_ap, rows_per_partition
+from kernels_nki.packing import GROUP_ELEMS, groups, rows_ap, rows_per_partition
 from kernels_nki.tiles import EPS
 
-ROW_ELEMS = 2048  # elements per partition of a full tile: R = ROW_ELEMS // D rows per partition
+ROW_ELEMS = GROUP_ELEMS  # elements per partition of a full tile: R = ROW_ELEMS // D rows per partition
 
 
 def _rows(a_NC, r0, parts, R):
