@@ -9,18 +9,22 @@ NeuronCore-v3+ (aws-neuron-sdk nki/deep-dives/nki-dge.rst, "Mode Selection Summa
 read-modify-write scatter (`dma_copy(dst_rmw_op=...)`) was removed in NKI 0.3; its replacement
 `dma_compute` requires unique indices (release-notes/components/nki.rst, NKI 0.3.0 breaking changes;
 nki/api/nki/isa/__init__.py, dma_compute). With V = 1024 a one-hot matmul costs V x D MACs per
-token, which TensorE runs at ~0.75 ms per call at the baseline shapes (below); duplicates are summed
+token on TensorE; duplicates are summed
 exactly by PSUM accumulation, and no work is spent on padding (ragged tiles are sliced).
 
-- forward, per block of 512 tokens: the block's ids are DMA'd once into all partitions (an HBM
-  access pattern with partition stride 0: HBM tensors accept any `.ap()` pattern,
+- forward, per group of 512 tokens (the next group's one-hots issued before this group's matmuls): the
+  group's ids are DMA'd once into all partitions (an HBM access pattern with partition stride 0: HBM tensors
+  accept any `.ap()` pattern,
   nki/get-started/nki-language-guide.rst "Low-level raw access pattern"); per 128-row vocabulary
   chunk one VectorE `tensor_scalar(equal)` against a per-partition iota column gives onehot^T
   [v, tokens] in emb's dtype; out[tokens, D] = sum over chunks of onehot^T-stationary x emb-rows
   moving (nc_matmul accumulating in one fp32 PSUM bank, nki/api/nki/isa/__init__.py nc_matmul),
-  copied to SBUF in emb's dtype (exact: one 1.0 x row term per token) and stored.
-- backward: the tokens are the contraction axis, so the one-hot needs no transpose: per 128-token
-  tile, onehot[tokens, V] = (iota row == id column) (one VectorE op; ids cast to fp32 on VectorE,
+  copied to SBUF in emb's dtype (exact: one 1.0 x row term per token). Output rows leave as packed row
+  groups (`kernels_nki.packing`: the block's 512 tokens as 4 rows per partition, one DMA): row tile j takes
+  onehot^T's columns j, j + 4, ... as its stationary operand.
+- backward: the tokens are the contraction axis, so the one-hot needs no transpose: dy and the ids move
+  in packed row groups (one DMA each per group of 128 R tokens, R = 4096 / D); per row tile, onehot[tokens, V] =
+  (iota row == id column) (one VectorE op; ids cast to fp32 on VectorE,
   exact below 2^24, because `tensor_scalar` operands must be float32, isa docs tensor_scalar), and
   demb[v-chunk, D] += onehot[:, v-chunk]-stationary x dy-tile moving, accumulated in PSUM over every
   token of the call (first write overwrites, later ones accumulate: isa docs nc_matmul
@@ -34,28 +38,54 @@ rules); iota writes SBUF on GpSimd (isa docs iota); TensorE reads SBUF and write
 matmul inputs in the same precision class (bf16/bf16 or fp32/fp32; isa docs nc_matmul "Data types");
 PSUM is evacuated by VectorE `tensor_copy`, named explicitly: GpSimd cannot read PSUM (arch guide
 "Data Movement") and ScalarE `tensor_copy` is unsupported on v2 (isa docs tensor_copy).
-
-Cost at the baseline shapes (N = 65536 tokens, V = 1024, D = 512, bf16; `python -m frontier_jax.kernel_report
---config configs/baseline.py`, cost model of kernels_nki/emulator/cost.py): forward TensorE 34.36 G
-MACs issued, useful/issued 1.00, 747 us, TensorE-bound (DMA 101.7 MB = rows out 67.1 + ids on 128
-partitions 33.6 + emb 1.0: 374 us; VectorE 44 us). Backward TensorE 34.36 G MACs, useful/issued
-1.00, 747 us, TensorE-bound (DMA 69.5 MB = dy rows + ids + fp32 demb once: 255 us; VectorE 31 us).
-The previous indirect-DMA kernels (not valid on trn1) moved 67.4 / 69.5 MB and were DMA-bound at
-248 / 255 us: the trn1-valid design costs ~4 ms per step more per core (a forward and a backward
-call per micro-batch, 4 micro-batches per core: 681.9 -> 685.8 ms of kernel time, ~0.5%). Costing
-VectorE at 1.12 GHz x 128 elements per cycle (trn1 arch guide, engine data-path table) instead, the
-forward's one-hot compares take ~700 us, still just under TensorE's 749 us.
 """
 
 import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.packing import columns, groups, load, rows_ap, rows_per_partition, store, tile
 from kernels_nki.tiles import cdiv
 
 NB = 512  # tokens per forward block (gemm_moving_fmax of the id broadcast / one-hot tiles)
 DC = 512  # fp32 columns of one PSUM bank (nl.tile_size.psum_fmax)
 PSUM_BANKS = 8  # PSUM banks per partition on NeuronCore-v2 (trn1 arch guide, "Near-memory accumulation")
+
+
+def _onehot_T(ids_N, g, vcol_PK, KV, V, PV, dt):
+    """Group g's onehot^T [v, tokens] per 128-row vocabulary chunk: its ids broadcast to every partition (one
+    stride-0 DMA) against the per-partition vocabulary column (VectorE)."""
+    P = nl.tile_size.pmax
+    nb = g[1] * g[2]
+    ids_PB = nl.ndarray((P, NB), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ids_PB[0:PV, 0:nb], src=ids_N.ap(pattern=[[0, PV], [1, nb]], offset=g[0]))
+    ohT = []
+    for k in nl.affine_range(KV):
+        vr = min(P, V - k * P)
+        oh_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=oh_t[0:vr, 0:nb], data=ids_PB[0:vr, 0:nb], op0=nl.equal, operand0=vcol_PK[0:vr, k:k + 1])
+        ohT.append(oh_t)
+    return ohT
+
+
+def _gather_rows(ohT, g, emb_t, out_ND, KV, V, dt):
+    """Group g's output rows: row tile j = onehot^T's columns of its tokens (stationary) x emb rows (moving),
+    one fp32 PSUM bank per 512 columns, into the group tile, stored with one DMA."""
+    P = nl.tile_size.pmax
+    D = out_ND.shape[1]
+    p = g[1]
+    y_g = nl.ndarray((P, NB // P * D), dtype=dt, buffer=nl.sbuf)
+    for j in range(g[2]):
+        for c in nl.affine_range(cdiv(D, DC)):
+            dc = min(DC, D - c * DC)
+            y_ps = nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.psum)
+            for k in nl.affine_range(KV):
+                vr = min(P, V - k * P)
+                nisa.nc_matmul(dst=y_ps[0:p, 0:dc], stationary=ohT[k][0:vr, columns(g, j)],
+                               moving=emb_t[k][0:vr, c * DC:c * DC + dc])
+            o0 = j * D + c * DC
+            nisa.tensor_copy(dst=y_g[0:p, o0:o0 + dc], src=y_ps[0:p, 0:dc], engine=nisa.engine.vector)
+    store(out_ND, g, y_g)
 
 
 @nki.jit
@@ -77,31 +107,12 @@ def embed_fwd(ids_N, emb_VD):
     vcol_PK = nl.ndarray((P, KV), dtype=nl.float32, buffer=nl.sbuf)
     nisa.iota(dst=vcol_PK, pattern=[[P, KV]], offset=0, channel_multiplier=1)
     PV = min(P, V)
-    for blk in nl.affine_range(cdiv(N, NB)):
-        n0 = blk * NB
-        nb = min(NB, N - n0)
-        ids_PB = nl.ndarray((P, NB), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=ids_PB[0:PV, 0:nb], src=ids_N.ap(pattern=[[0, PV], [1, nb]], offset=n0))
-        ohT = []
-        for k in nl.affine_range(KV):
-            vr = min(P, V - k * P)
-            oh_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=oh_t[0:vr, 0:nb], data=ids_PB[0:vr, 0:nb], op0=nl.equal,
-                               operand0=vcol_PK[0:vr, k:k + 1])
-            ohT.append(oh_t)
-        for s in nl.affine_range(cdiv(nb, P)):
-            rows = min(P, nb - s * P)
-            r0 = n0 + s * P
-            for c in nl.affine_range(cdiv(D, DC)):
-                dc = min(DC, D - c * DC)
-                y_ps = nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.psum)
-                for k in nl.affine_range(KV):
-                    vr = min(P, V - k * P)
-                    nisa.nc_matmul(dst=y_ps[0:rows, 0:dc], stationary=ohT[k][0:vr, s * P:s * P + rows],
-                                   moving=emb_t[k][0:vr, c * DC:c * DC + dc])
-                y_t = nl.ndarray((P, DC), dtype=dt, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=y_t[0:rows, 0:dc], src=y_ps[0:rows, 0:dc], engine=nisa.engine.vector)
-                nisa.dma_copy(dst=out_ND[r0:r0 + rows, c * DC:c * DC + dc], src=y_t[0:rows, 0:dc])
+    gs = groups(N, NB // P)  # 512 tokens per group; row tile j holds tokens n0 + p R + j
+    ohT = _onehot_T(ids_N, gs[0], vcol_PK, KV, V, PV, dt)
+    for i in range(len(gs)):  # group i + 1's one-hots (VectorE) come before group i's matmuls in program order
+        cur = ohT
+        ohT = _onehot_T(ids_N, gs[i + 1], vcol_PK, KV, V, PV, dt) if i + 1 < len(gs) else None
+        _gather_rows(cur, gs[i], emb_t, out_ND, KV, V, dt)
     return out_ND
 
 
@@ -117,26 +128,27 @@ def embed_bwd(ids_N, emb_VD, dy_ND):
     nisa.iota(dst=iota_PV, pattern=[[1, V]], offset=0, channel_multiplier=0)
     blocks = [(v0, min(P, V - v0), d0, min(DC, D - d0)) for v0 in range(0, V, P) for d0 in range(0, D, DC)]
     ids_N1 = ids_N.reshape((N, 1))
+    R = rows_per_partition(D, cap=16)
     for g0 in range(0, len(blocks), PSUM_BANKS):
         group = blocks[g0:g0 + PSUM_BANKS]
         vlo = group[0][0]
         vhi = group[-1][0] + group[-1][1]
         acc = [nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.psum) for _ in group]
-        for t in nl.affine_range(cdiv(N, P)):
-            r0 = t * P
-            rows = min(P, N - r0)
-            id_i = nl.ndarray((P, 1), dtype=nl.int32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=id_i[0:rows], src=ids_N1[r0:r0 + rows])
-            id_f = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=id_f[0:rows], src=id_i[0:rows])
-            dy_t = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=dy_t[0:rows], src=dy_ND[r0:r0 + rows])
-            oh_t = nl.ndarray((P, V), dtype=dt, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=oh_t[0:rows, vlo:vhi], data=iota_PV[0:rows, vlo:vhi], op0=nl.equal,
-                               operand0=id_f[0:rows])
-            for b, (v0, vr, d0, dc) in enumerate(group):
-                nisa.nc_matmul(dst=acc[b][0:vr, 0:dc], stationary=oh_t[0:rows, v0:v0 + vr],
-                               moving=dy_t[0:rows, d0:d0 + dc])
+        for g in groups(N, R):  # row tile j of group g: tokens r0 + p R + j
+            p, nr = g[1], g[2]
+            id_i = nl.ndarray((P, R), dtype=nl.int32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=id_i[0:p, 0:nr], src=rows_ap(ids_N1, g))
+            id_f = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=id_f[0:p, 0:nr], src=id_i[0:p, 0:nr])
+            dy_g = load(dy_ND, g, dt, R)
+            for j in range(nr):
+                dy_t = tile(dy_g, g, j, D)
+                oh_t = nl.ndarray((P, V), dtype=dt, buffer=nl.sbuf)
+                nisa.tensor_scalar(dst=oh_t[0:p, vlo:vhi], data=iota_PV[0:p, vlo:vhi], op0=nl.equal,
+                                   operand0=id_f[0:p, j:j + 1])
+                for b, (v0, vr, d0, dc) in enumerate(group):
+                    nisa.nc_matmul(dst=acc[b][0:vr, 0:dc], stationary=oh_t[0:p, v0:v0 + vr],
+                                   moving=dy_t[0:p, d0:d0 + dc])
         for b, (v0, vr, d0, dc) in enumerate(group):
             o_t = nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_copy(dst=o_t[0:vr, 0:dc], src=acc[b][0:vr, 0:dc], engine=nisa.engine.vector)

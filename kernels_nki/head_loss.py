@@ -3,8 +3,11 @@
 Spec: frontier_jax.reference.head_loss: l = softcap * tanh(x emb^T / softcap) (+ an optional sparse
 bias: one (token id, value) pair per position and source), loss = logsumexp(l) - l[target], fp32.
 
-Layout: 128 tokens per tile on the partition axis (the last tile ragged, sliced), the vocabulary on
-the free axis. emb^T [D, V] is built once per call by TensorE transposes and stays in SBUF; per chunk
+Layout: row tiles of 128 tokens on the partition axis, the vocabulary on the free axis. The token-major
+operands move in packed row groups (`kernels_nki.packing`): R = 4096 / D rows per partition (8 at D = 512),
+x (and dx) one DMA per group, the [N, 1] columns (targets, lse, dloss, loss out) one [128, R] DMA per group
+(the bias ids [128, R, S]); row tile j of a group holds tokens r0 + p R + j. emb^T [D, V] is built once per call
+by TensorE transposes and stays in SBUF; per chunk
 of 512 vocabulary entries z = x emb^T is D/128 bf16 matmuls into one fp32 PSUM bank (stationary x^T
 [D_k, tokens], moving emb^T [D_k, 512]) and ScalarE writes t = tanh(z / softcap) for the whole
 vocabulary into one fp32 [P, V] SBUF tile. The [tokens, V] logits never reach HBM.
@@ -33,22 +36,11 @@ transposes, out of PSUM by ScalarE, as stationary; emb rows as moving; accumulat
 in one PSUM bank); demb = dz^T x contracts over the tokens of a block (DZ_BYTES of dz tiles, 2048
 tokens at V = 1024) in PSUM, then one VectorE add per block into fp32 SBUF accumulators.
 
-x^T: of every 8 128 x 128 blocks, XT_VE_FWD = 2 (forward) / XT_VE_BWD = 3 (backward) are transposed by
-VectorE 32 x 32 transposes (16 instructions at the 64-cycle minimum each), the rest by TensorE with a
-VectorE (forward) / ScalarE (backward) PSUM copy. TensorE transposes are issued work with no useful
-MACs (x^T is 128/V of the forward's matmul columns, x^T and dz^T 3 x 128/V of the backward's), so
-moving part of x^T to VectorE, which has the room once the target pick is a gather, lifts TensorE
-useful/issued to the issue-15 target: `python -m frontier_jax.kernel_report --config configs/baseline.py`
-(N = 65536, D = 512, V = 1024, S = 0, trn1): forward 821 us, TensorE-bound, u/i 0.913 (VectorE 731,
-ScalarE 799, GpSimd 374 us); backward 2494 us, TensorE-bound, u/i 0.901 (VectorE 2461, ScalarE 2183,
-GpSimd 375 us). Was 2165 / 3343 us VectorE-bound at u/i 0.887 / 0.888. frontier14 (S = 15 n-gram
-sources): forward 1990, backward 10830 us, VectorE-bound (the backward's 2 x S dense passes per
-logit); was 23259 / 46438 us. NOT in the cost model: GpSimd's cost per instruction (no AWS rule of
-thumb: the gather is charged one pass over t, an assumption, kernels_nki/emulator/gather.py), and the
-SBUF port VectorE and GpSimd share (trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch
-.rst, "Data Movement / Performance Consideration"): serialised they take 2836 us in the backward, 14%
-above its TensorE time. SBUF per partition: emb^T and emb rows 2 x V x D x 2 / 128 bytes, the demb
-accumulators V x D x 4 / 128 (32 KiB in all at V=1024, D=512; V=8192 needs D <= 256).
+x^T and dz^T are TensorE transposes, out of PSUM by VectorE (forward) / ScalarE (backward). The forward's
+program order puts row tile t + 1's x^T before row tile t - 1's loss (each engine runs its instruction stream
+in order: trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute
+Engines"). SBUF per partition: emb^T and emb rows 2 x V x D x 2 / 128 bytes, the demb accumulators V x D x 4
+/ 128 (V=8192 needs D <= 256).
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): PSUM is evacuated by
 ScalarE `activation(op=nl.copy)` or VectorE, never ScalarE `tensor_copy` (unsupported on v2:
@@ -67,16 +59,13 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.tiles import cdiv, transpose_ve
+from kernels_nki.packing import blocks, groups, load, row_tile_ap, rows_per_partition, store, tile
+from kernels_nki.tiles import cdiv
 
 VC = 512  # vocabulary chunk (one PSUM bank of fp32)
 DZ_BYTES = 32 * 1024  # SBUF bytes per partition for one demb block's dz tiles (backward)
 LOG_MAX = 2.0 ** 64  # log's valid input range on ScalarE is [2^-64, 2^64] (nki/api/nki.api.shared.rst)
 E = 2.718281828459045
-# x^T blocks (128 x 128) transposed by VectorE 32 x 32 transposes instead of TensorE: (n, m) = n of every
-# m blocks, so that TensorE's useful/issued stays >= 0.9 (module docstring)
-XT_VE_FWD = (2, 8)
-XT_VE_BWD = (3, 8)
 
 
 def _emb_tiles(emb_VD, dt):
@@ -97,58 +86,53 @@ def _emb_tiles(emb_VD, dt):
     return rows, embT
 
 
-def _x_tile(x_ND, r0, rows, dt, g, ve, copy_on_vector):
-    """Token rows r0:r0+rows as a [P, D] tile and as D/128 tiles of x^T [d, rows]. Block k of token tile g
-    is transposed by VectorE when (g * D/128 + k) % ve[1] < ve[0], otherwise by TensorE, copied out of
-    PSUM by VectorE (copy_on_vector) or ScalarE."""
-    N, D = x_ND.shape
+def _x_T(x_PD, rows, dt, copy_on_vector):
+    """x_PD's D/128 tiles of x^T [d, rows] (x_PD a [rows, D] row tile): TensorE transposes, copied out of PSUM
+    by VectorE (copy_on_vector) or ScalarE."""
+    D = x_PD.shape[1]
     P = nl.tile_size.pmax
-    KT = cdiv(D, P)
-    x_PD = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_PD[0:rows], src=x_ND[r0:r0 + rows])
     xT = []
-    for k in nl.affine_range(KT):
+    for k in nl.affine_range(cdiv(D, P)):
         dk = min(P, D - k * P)
-        t = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-        if (g * KT + k) % ve[1] < ve[0]:
-            transpose_ve(t, x_PD[0:rows, k * P:k * P + dk], rows, dk)
+        tt = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+        t_ps = nl.ndarray((dk, rows), dtype=dt, buffer=nl.psum)
+        nisa.nc_transpose(dst=t_ps, data=x_PD[0:rows, k * P:k * P + dk])
+        if copy_on_vector:
+            nisa.tensor_copy(dst=tt[0:dk, 0:rows], src=t_ps, engine=nisa.engine.vector)
         else:
-            t_ps = nl.ndarray((dk, rows), dtype=dt, buffer=nl.psum)
-            nisa.nc_transpose(dst=t_ps, data=x_PD[0:rows, k * P:k * P + dk])
-            if copy_on_vector:
-                nisa.tensor_copy(dst=t[0:dk, 0:rows], src=t_ps, engine=nisa.engine.vector)
-            else:
-                nisa.activation(dst=t[0:dk, 0:rows], op=nl.copy, data=t_ps)
-        xT.append(t)
-    return x_PD, xT
+            nisa.activation(dst=tt[0:dk, 0:rows], op=nl.copy, data=t_ps)
+        xT.append(tt)
+    return xT
 
 
-def _column(src_N1, r0, rows, dtype):
-    """Rows r0:r0+rows of an [N, C] HBM array as an fp32 SBUF tile [P, C] (cast on VectorE if needed)."""
+def _column(src_NC, g, j, dtype):
+    """Row tile j of group g of an [N, C] HBM array as an fp32 SBUF tile [P, C] (cast on VectorE if needed)."""
     P = nl.tile_size.pmax
-    C = src_N1.shape[1]
+    C = src_NC.shape[1]
     raw = nl.ndarray((P, C), dtype=dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=raw[0:rows], src=src_N1[r0:r0 + rows])
+    nisa.dma_copy(dst=raw[0:g[1]], src=row_tile_ap(src_NC, g, j))
     if dtype == nl.float32:
         return raw
     out = nl.ndarray((P, C), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out[0:rows], src=raw[0:rows])
+    nisa.tensor_copy(dst=out[0:g[1]], src=raw[0:g[1]])
     return out
 
 
-def _token_columns(targets_N1, ids_NS, r0, rows, S):
-    """(cols [P, 1+S] fp32, idx [P, 1+S] uint32): the target then the S bias ids of each token, as fp32
-    (for `tensor_scalar` operands, which are fp32: isa docs tensor_scalar) and as uint32 gather indices
-    (nc_n_gather's index dtype); int -> fp32 -> uint32 on VectorE, exact below 2^24."""
+def _token_columns(targets_N1, ids_NS, g, S, R):
+    """(cols [P, R, 1+S] fp32, idx [P, R, 1+S] uint32) of group g: per row tile j (cols[:, j]) the target then
+    the S bias ids of each token, as fp32 (for `tensor_scalar` operands, which are fp32: isa docs
+    tensor_scalar) and as uint32 gather indices (nc_n_gather's index dtype); int -> fp32 -> uint32 on VectorE,
+    exact below 2^24. One DMA per operand and group."""
     P = nl.tile_size.pmax
-    raw = nl.ndarray((P, 1 + S), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=raw[0:rows, 0:1], src=targets_N1[r0:r0 + rows])
+    r0, p, nr = g
+    raw = nl.ndarray((P, R, 1 + S), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=raw[0:p, 0:nr, 0:1], src=targets_N1.ap(pattern=[[nr, p], [1, nr], [1, 1]], offset=r0))
     if S:
-        nisa.dma_copy(dst=raw[0:rows, 1:1 + S], src=ids_NS[r0:r0 + rows])
-    cols = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=cols[0:rows], src=raw[0:rows])
-    idx = nl.ndarray((P, 1 + S), dtype=nl.uint32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=idx[0:rows], src=raw[0:rows])
+        nisa.dma_copy(dst=raw[0:p, 0:nr, 1:1 + S], src=ids_NS.ap(pattern=[[nr * S, p], [S, nr], [1, S]], offset=r0 * S))
+    cols = nl.ndarray((P, R, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=cols[0:p, 0:nr], src=raw[0:p, 0:nr])
+    idx = nl.ndarray((P, R, 1 + S), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=idx[0:p, 0:nr], src=raw[0:p, 0:nr])
     return cols, idx
 
 
@@ -241,9 +225,63 @@ def _shift(t_PV, L, rows, V, S, softcap, fixed):
     return m
 
 
+def _fwd_loss(t_PV, cols, idx, g, j, out, bias_vals_NS, V, S, softcap, fixed, loss_N1, lse_N1):
+    """The forward after t = tanh(z / softcap) of row tile j of group g: the gathers, the shifted log-sum-exp
+    (with the sparse bias), loss and lse into column j of the group's [P, R] tiles `out`, stored after the
+    group's last row tile."""
+    P = nl.tile_size.pmax
+    rows = g[1]
+    # t at the target (and the bias ids): one GpSimd gather per tile
+    tg = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.nc_n_gather(dst=tg[0:rows], data=t_PV[0:rows], indices=idx[0:rows])
+    L, rmult, b_tgt = _bias_stats(cols, _column(bias_vals_NS, g, j, nl.float32), tg, rows, S, softcap) \
+        if S else (None, None, None)
+    m = _shift(t_PV, L, rows, V, S, softcap, fixed)
+    negm = None
+    if m != None:  # noqa: E711
+        negm = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=negm[0:rows], data=m[0:rows], op0=nl.multiply, operand0=-1.0)
+    # sum of exp(softcap t - m) over the vocabulary: one ScalarE pass (in place; t is not read again)
+    se = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=t_PV[0:rows], op=nl.exp, data=t_PV[0:rows], scale=softcap,
+                           bias=negm[0:rows] if m != None else None, reduce_op=nl.add,  # noqa: E711
+                           reduce_res=se[0:rows])
+    if S:  # the bias ids: + (exp(L_s - m) - exp(softcap t_s - m)) / mult_s per source (each id once)
+        e1 = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+        e0 = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e1[0:rows], op=nl.exp, data=L[0:rows], bias=negm[0:rows])
+        nisa.activation(dst=e0[0:rows], op=nl.exp, data=tg[0:rows, 1:1 + S], scale=softcap, bias=negm[0:rows])
+        nisa.tensor_tensor(dst=e1[0:rows], data1=e1[0:rows], data2=e0[0:rows], op=nl.subtract)
+        nisa.tensor_tensor(dst=e1[0:rows], data1=e1[0:rows], data2=rmult[0:rows], op=nl.multiply)
+        corr = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=corr[0:rows], op=nl.add, data=e1[0:rows], axis=1, keepdims=True)
+        nisa.tensor_tensor(dst=se[0:rows], data1=se[0:rows], data2=corr[0:rows], op=nl.add)
+    loss_g, lse_g = out
+    lse_P1, loss_P1 = lse_g[0:rows, j:j + 1], loss_g[0:rows, j:j + 1]
+    nisa.activation(dst=lse_P1, op=nl.log, data=se[0:rows])
+    if m != None:  # noqa: E711
+        nisa.tensor_tensor(dst=lse_P1, data1=lse_P1, data2=m[0:rows], op=nl.add)
+    # loss = lse - (softcap t_target + bias on the target)
+    nisa.scalar_tensor_tensor(dst=loss_P1, data=tg[0:rows, 0:1], op0=nl.multiply, operand0=-softcap,
+                              op1=nl.add, operand1=lse_P1)
+    if S:
+        nisa.tensor_tensor(dst=loss_P1, data1=loss_P1, data2=b_tgt[0:rows], op=nl.subtract)
+    if j == g[2] - 1:
+        store(loss_N1, g, loss_g)
+        store(lse_N1, g, lse_g)
+
+
+def _fwd_group(x_ND, targets_N1, bias_ids_NS, g, S, R, dt):
+    """Group g's x tile, target (and id) columns and the [P, R] loss and lse tiles its row tiles fill."""
+    P = nl.tile_size.pmax
+    out = (nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf), nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf))
+    return load(x_ND, g, dt, R), _token_columns(targets_N1, bias_ids_NS, g, S, R), out
+
+
 @nki.jit
 def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS=None, bias_vals_NS=None, softcap=30.0):
-    """(loss_N1, lse_N1), fp32. bias_ids_NS int32 / bias_vals_NS fp32 [N, S >= 1], or None: no bias."""
+    """(loss_N1, lse_N1), fp32. bias_ids_NS int32 / bias_vals_NS fp32 [N, S >= 1], or None: no bias. Token tile
+    t + 1's x^T comes before tile t - 1's loss in program order (each engine runs its stream in order)."""
     N, D = x_ND.shape
     V = emb_VD.shape[0]
     S = _sources(bias_ids_NS, bias_vals_NS)
@@ -253,55 +291,31 @@ def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS=None, bias_vals_NS=None,
     loss_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     lse_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     _, embT = _emb_tiles(emb_VD, dt)
-    for t in nl.affine_range(cdiv(N, P)):
-        r0 = t * P
-        rows = min(P, N - r0)
-        _, xT = _x_tile(x_ND, r0, rows, dt, t, XT_VE_FWD, True)
-        cols, idx = _token_columns(targets_N1, bias_ids_NS, r0, rows, S)
+    R = rows_per_partition(D, cap=16)
+    tiles = [(g, j) for g in groups(N, R) for j in range(g[2])]  # row tile j of group g: rows r0 + p R + j
+    grp = _fwd_group(x_ND, targets_N1, bias_ids_NS, tiles[0][0], S, R, dt)
+    xT = _x_T(tile(grp[0], tiles[0][0], 0, D), tiles[0][0][1], dt, True)
+    prev = None
+    for t in range(len(tiles)):
+        g, j = tiles[t]
         t_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
         for c in nl.affine_range(cdiv(V, VC)):
-            _tanh_chunk(t_PV, xT, embT, c * VC, min(VC, V - c * VC), rows, D, softcap)
-        # t at the target (and the bias ids): one GpSimd gather per tile
-        tg = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.nc_n_gather(dst=tg[0:rows], data=t_PV[0:rows], indices=idx[0:rows])
-        L, rmult, b_tgt = _bias_stats(cols, _column(bias_vals_NS, r0, rows, nl.float32), tg, rows, S, softcap) \
-            if S else (None, None, None)
-        m = _shift(t_PV, L, rows, V, S, softcap, fixed)
-        negm = None
-        if m != None:  # noqa: E711
-            negm = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=negm[0:rows], data=m[0:rows], op0=nl.multiply, operand0=-1.0)
-        # sum of exp(softcap t - m) over the vocabulary: one ScalarE pass (in place; t is not read again)
-        se = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=t_PV[0:rows], op=nl.exp, data=t_PV[0:rows], scale=softcap,
-                               bias=negm[0:rows] if m != None else None, reduce_op=nl.add,  # noqa: E711
-                               reduce_res=se[0:rows])
-        if S:  # the bias ids: + (exp(L_s - m) - exp(softcap t_s - m)) / mult_s per source (each id once)
-            e1 = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
-            e0 = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e1[0:rows], op=nl.exp, data=L[0:rows], bias=negm[0:rows])
-            nisa.activation(dst=e0[0:rows], op=nl.exp, data=tg[0:rows, 1:1 + S], scale=softcap, bias=negm[0:rows])
-            nisa.tensor_tensor(dst=e1[0:rows], data1=e1[0:rows], data2=e0[0:rows], op=nl.subtract)
-            nisa.tensor_tensor(dst=e1[0:rows], data1=e1[0:rows], data2=rmult[0:rows], op=nl.multiply)
-            corr = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_reduce(dst=corr[0:rows], op=nl.add, data=e1[0:rows], axis=1, keepdims=True)
-            nisa.tensor_tensor(dst=se[0:rows], data1=se[0:rows], data2=corr[0:rows], op=nl.add)
-        lse_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=se[0:rows])
-        if m != None:  # noqa: E711
-            nisa.tensor_tensor(dst=lse_P1[0:rows], data1=lse_P1[0:rows], data2=m[0:rows], op=nl.add)
-        # loss = lse - (softcap t_target + bias on the target)
-        loss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=loss_P1[0:rows], data=tg[0:rows, 0:1], op0=nl.multiply, operand0=-softcap,
-                                  op1=nl.add, operand1=lse_P1[0:rows])
-        if S:
-            nisa.tensor_tensor(dst=loss_P1[0:rows], data1=loss_P1[0:rows], data2=b_tgt[0:rows], op=nl.subtract)
-        nisa.dma_copy(dst=loss_N1[r0:r0 + rows], src=loss_P1[0:rows])
-        nisa.dma_copy(dst=lse_N1[r0:r0 + rows], src=lse_P1[0:rows])
+            _tanh_chunk(t_PV, xT, embT, c * VC, min(VC, V - c * VC), g[1], D, softcap)
+        cur = (t_PV, grp[1][0][0:g[1], j], grp[1][1][0:g[1], j], g, j, grp[2])
+        if t + 1 < len(tiles):
+            g1, j1 = tiles[t + 1]
+            if j1 == 0:
+                grp = _fwd_group(x_ND, targets_N1, bias_ids_NS, g1, S, R, dt)
+            xT = _x_T(tile(grp[0], g1, j1, D), g1[1], dt, True)
+        if prev != None:  # noqa: E711
+            _fwd_loss(prev[0], prev[1], prev[2], prev[3], prev[4], prev[5], bias_vals_NS, V, S, softcap, fixed,
+                      loss_N1, lse_N1)
+        prev = cur
+    _fwd_loss(prev[0], prev[1], prev[2], prev[3], prev[4], prev[5], bias_vals_NS, V, S, softcap, fixed, loss_N1, lse_N1)
     return loss_N1, lse_N1
 
 
-def _bias_grad(cols, vals_PS, tg, neg_lse, g_P1, rows, S, softcap, dvals_NS, r0):
+def _bias_grad(cols, vals_PS, tg, neg_lse, g_P1, rows, S, softcap, dvals_NS, gj):
     """With a bias: stores d bias_vals = g (p[id_s] - [id_s == target]) (the biased softmax p), and
     returns corr [P, S], what each source adds to r = (t^2 - 1) dl at id_s on top of the unbiased
     softmax: (t_s^2 - 1)(p[id_s] - exp(softcap t_s - lse)) / mult_s (a duplicated id gets its share once
@@ -316,7 +330,7 @@ def _bias_grad(cols, vals_PS, tg, neg_lse, g_P1, rows, S, softcap, dvals_NS, r0)
     nisa.scalar_tensor_tensor(dst=dv[0:rows], data=cols[0:rows, 1:1 + S], op0=nl.equal, operand0=cols[0:rows, 0:1],
                               op1=nl.subtract, operand1=pb[0:rows], reverse1=True)
     nisa.tensor_scalar(dst=dv[0:rows], data=dv[0:rows], op0=nl.multiply, operand0=g_P1[0:rows])
-    nisa.dma_copy(dst=dvals_NS[r0:r0 + rows], src=dv[0:rows])
+    nisa.dma_copy(dst=row_tile_ap(dvals_NS, gj[0], gj[1]), src=dv[0:rows])
     corr = nl.ndarray((P, S), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=pb[0:rows], data1=pb[0:rows], data2=p0[0:rows], op=nl.subtract)
     nisa.tensor_tensor(dst=pb[0:rows], data1=pb[0:rows], data2=rmult[0:rows], op=nl.multiply)
@@ -366,54 +380,58 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
     emb_rows, embT = _emb_tiles(emb_VD, dt)
     iota_PV = _iota(V)
     acc = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(cdiv(V, P))]
-    for blk in nl.affine_range(cdiv(N, TPB * P)):
+    R = rows_per_partition(D, cap=16)
+    for blk in blocks(N, R, TPB):
         x_s, dz_s, rows_s = [], [], []
-        for st in nl.affine_range(cdiv(min(TPB * P, N - blk * TPB * P), P)):
-            gt = blk * TPB + st
-            r0 = gt * P
-            rows = min(P, N - r0)
-            x_PD, xT = _x_tile(x_ND, r0, rows, dt, gt, XT_VE_BWD, False)
-            cols, idx = _token_columns(targets_N1, bias_ids_NS, r0, rows, S)
-            neg_lse = _column(lse_N1, r0, rows, nl.float32)
-            nisa.tensor_scalar(dst=neg_lse[0:rows], data=neg_lse[0:rows], op0=nl.multiply, operand0=-1.0)
-            g_P1 = _column(dloss_N1, r0, rows, nl.float32)
-            neg_g = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=neg_g[0:rows], data=g_P1[0:rows], op0=nl.multiply, operand0=-1.0)
-            t_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
-            for c in nl.affine_range(cdiv(V, VC)):
-                _tanh_chunk(t_PV, xT, embT, c * VC, min(VC, V - c * VC), rows, D, softcap)
-            corr = None
-            if S:
-                tg = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.nc_n_gather(dst=tg[0:rows], data=t_PV[0:rows], indices=idx[0:rows])
-                corr = _bias_grad(cols, _column(bias_vals_NS, r0, rows, nl.float32), tg, neg_lse, g_P1, rows, S,
-                                  softcap, dvals_NS, r0)
-            dz_PV = nl.ndarray((P, V), dtype=dt, buffer=nl.sbuf)
-            dx_ps = [nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum) for _ in range(cdiv(D, VC))]
-            for c in nl.affine_range(cdiv(V, VC)):
-                c0 = c * VC
-                vc = min(VC, V - c0)
-                _dz_chunk(dz_PV, t_PV, iota_PV, cols, corr, neg_lse, neg_g, c0, vc, rows, S, softcap)
-                # dx += dz emb over this chunk's 128-row vocab tiles (dz^T by TensorE, out of PSUM by ScalarE)
-                for j in nl.affine_range(cdiv(vc, P)):
-                    v0 = c0 + j * P
-                    vj = min(P, V - v0)
-                    dzT_ps = nl.ndarray((vj, rows), dtype=dt, buffer=nl.psum)
-                    nisa.nc_transpose(dst=dzT_ps, data=dz_PV[0:rows, v0:v0 + vj])
-                    dzT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-                    nisa.activation(dst=dzT[0:vj, 0:rows], op=nl.copy, data=dzT_ps)
-                    for d in nl.affine_range(cdiv(D, VC)):
-                        dc = min(VC, D - d * VC)
-                        nisa.nc_matmul(dst=dx_ps[d][0:rows, 0:dc], stationary=dzT[0:vj, 0:rows],
-                                       moving=emb_rows[v0 // P][0:vj, d * VC:d * VC + dc])
-            for d in nl.affine_range(cdiv(D, VC)):
-                dc = min(VC, D - d * VC)
-                dx_t = nl.ndarray((P, VC), dtype=dt, buffer=nl.sbuf)
-                nisa.activation(dst=dx_t[0:rows, 0:dc], op=nl.copy, data=dx_ps[d][0:rows, 0:dc])
-                nisa.dma_copy(dst=dx_ND[r0:r0 + rows, d * VC:d * VC + dc], src=dx_t[0:rows, 0:dc])
-            x_s.append(x_PD)
-            dz_s.append(dz_PV)
-            rows_s.append(rows)
+        for g in blk:
+            rows = g[1]
+            x_g = load(x_ND, g, dt, R)
+            cols_g, idx_g = _token_columns(targets_N1, bias_ids_NS, g, S, R)
+            neg_lse_g, g_g = load(lse_N1, g, nl.float32, R), load(dloss_N1, g, nl.float32, R)
+            nisa.tensor_scalar(dst=neg_lse_g[0:rows, 0:g[2]], data=neg_lse_g[0:rows, 0:g[2]], op0=nl.multiply,
+                               operand0=-1.0)
+            neg_g_g = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=neg_g_g[0:rows, 0:g[2]], data=g_g[0:rows, 0:g[2]], op0=nl.multiply, operand0=-1.0)
+            dx_g = nl.ndarray((P, R * D), dtype=dt, buffer=nl.sbuf)
+            for jr in range(g[2]):
+                x_PD = tile(x_g, g, jr, D)
+                xT = _x_T(x_PD, rows, dt, False)
+                cols, idx = cols_g[0:rows, jr], idx_g[0:rows, jr]
+                neg_lse, g_P1, neg_g = neg_lse_g[0:rows, jr:jr + 1], g_g[0:rows, jr:jr + 1], neg_g_g[0:rows, jr:jr + 1]
+                t_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
+                for c in nl.affine_range(cdiv(V, VC)):
+                    _tanh_chunk(t_PV, xT, embT, c * VC, min(VC, V - c * VC), rows, D, softcap)
+                corr = None
+                if S:
+                    tg = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.nc_n_gather(dst=tg[0:rows], data=t_PV[0:rows], indices=idx[0:rows])
+                    corr = _bias_grad(cols, _column(bias_vals_NS, g, jr, nl.float32), tg, neg_lse, g_P1, rows, S,
+                                      softcap, dvals_NS, (g, jr))
+                dz_PV = nl.ndarray((P, V), dtype=dt, buffer=nl.sbuf)
+                dx_ps = [nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum) for _ in range(cdiv(D, VC))]
+                for c in nl.affine_range(cdiv(V, VC)):
+                    c0 = c * VC
+                    vc = min(VC, V - c0)
+                    _dz_chunk(dz_PV, t_PV, iota_PV, cols, corr, neg_lse, neg_g, c0, vc, rows, S, softcap)
+                    # dx += dz emb over this chunk's 128-row vocab tiles (dz^T by TensorE, out of PSUM by ScalarE)
+                    for jv in nl.affine_range(cdiv(vc, P)):
+                        v0 = c0 + jv * P
+                        vj = min(P, V - v0)
+                        dzT_ps = nl.ndarray((vj, rows), dtype=dt, buffer=nl.psum)
+                        nisa.nc_transpose(dst=dzT_ps, data=dz_PV[0:rows, v0:v0 + vj])
+                        dzT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+                        nisa.activation(dst=dzT[0:vj, 0:rows], op=nl.copy, data=dzT_ps)
+                        for d in nl.affine_range(cdiv(D, VC)):
+                            dc = min(VC, D - d * VC)
+                            nisa.nc_matmul(dst=dx_ps[d][0:rows, 0:dc], stationary=dzT[0:vj, 0:rows],
+                                           moving=emb_rows[v0 // P][0:vj, d * VC:d * VC + dc])
+                for d in nl.affine_range(cdiv(D, VC)):
+                    dc, o0 = min(VC, D - d * VC), jr * D + d * VC
+                    nisa.activation(dst=dx_g[0:rows, o0:o0 + dc], op=nl.copy, data=dx_ps[d][0:rows, 0:dc])
+                x_s.append(x_PD)
+                dz_s.append(dz_PV)
+                rows_s.append(rows)
+            store(dx_ND, g, dx_g)
         # demb += dz^T x over the block's tokens (PSUM accumulation), one VectorE add per block into fp32 SBUF
         for v in nl.affine_range(cdiv(V, P)):
             vr = min(P, V - v * P)

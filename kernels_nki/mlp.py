@@ -8,55 +8,53 @@ dW_proj; the forward also returns the backward's residuals inv_N1 = rsqrt(mean(x
 float32 epsilon, and rT_FN = relu(h)^T [F, N] in x's dtype (h = xn W_fc, which the reference computes in
 x's dtype, so the stored r is exactly the reference's); the backward's dx includes dy, the residual's
 pass-through). The residual add costs no HBM traffic: the forward adds the x tile it loaded for the norm
-as y leaves PSUM (VectorE, instead of a ScalarE copy), the backward adds the dy tile it loaded anyway to
-dx (GpSimd, SBUF only).
-Shapes: x [N, D], W_fc [D, F], W_proj [F, D]; tokens in blocks of NB = 512 in the forward (the moving-tile
-maximum: h^T streams the tokens) and NW = 1024 in the backward (no backward matmul streams tokens); the
-last block ragged and sliced; weights resident in SBUF for the whole call (2 x D x F x 2 bytes / 128 per
-partition: 16 KiB at D=512, F=1024; the backward holds W_fc^T and W_proj^T), all matmuls bf16 into fp32
-PSUM. The normalised activation never exists in HBM: per 128-token tile the norm costs ScalarE passes over
-the x tile already in SBUF (forward: the squares' row sum, an rsqrt on the [P, 1] column and xn = inv x in
-fp32, cast to x's dtype as the reference; backward: xn = inv x from the stored inv) instead of rms_norm's
-own HBM round trip.
+as y leaves PSUM (VectorE), the backward adds the dy tile it loaded anyway to dx (GpSimd, SBUF only).
 
-Forward, per token block: xn^T by TensorE transposes (D/128 per 128 tokens); h^T = W_fc^T xn^T
-directly in the [F, tokens] layout, so relu^2 (ScalarE r = relu(h) from PSUM into SBUF in x's dtype, then
-one VectorE r * r in SBUF) yields a^T, which is exactly the stationary operand of y = a W_proj: a needs no
-transpose, and r^T leaves for HBM as it is, one DMA per [128 F-rows, tokens-block] tile (rT_FN).
-Transposes: each 128-token transpose runs as two matmuls of 64 tokens against the identity in the two
-64-row tiles of the PE array, which run in parallel (the documented TensorE transpose in row tiling
-mode; kernels_nki/projection.py has the details and the AWS sources), into fp32 PSUM.
+Layout. x, y, dy and dx move in packed row groups (`kernels_nki.packing`): NB / 128 = 4 rows per partition in
+the forward (a group of NB = 512 tokens, the moving-tile maximum: h^T streams the group's tokens), NW / 128 =
+8 in the backward (NW = 1024 tokens), one DMA per operand and group (4 / 8 KiB per partition at D = 512,
+bf16), the group's [N, 1] inv one [128, R] DMA. Row tile j of a group holds tokens r0 + p R + j (partition p).
+The forward's xn^T is written with row tile j's tokens at the free-axis columns j, j + R, ... (the group's
+tokens in order), so h^T, relu(h)^T and a^T have the tokens in order: relu(h)^T leaves for HBM as [128 F-rows,
+RT_TOKENS = 2048 tokens] tiles (4 KiB per partition), and y's row tile j takes a^T's columns j, j + R, ... as
+its stationary operand, giving the rows that match x's row tile j for the residual add and y's group tile.
+The backward loads relu(h)^T [128 F-rows, group tokens] (the tokens in order) and transposes the columns of
+row tile j; dy^T and dh'^T hold row tile j at columns j*128 .. (only ever that row tile's stationary operand).
+Weights resident in SBUF for the whole call (the backward holds W_fc^T and W_proj^T), all matmuls bf16 into
+fp32 PSUM. The normalised activation never exists in HBM: per row tile the norm costs ScalarE passes over the
+x tile already in SBUF (forward: the squares' row sum, an rsqrt on the [P, 1] column and xn = inv x in fp32,
+cast to x's dtype as the reference; backward: xn = inv x from the stored inv).
+
+Forward, per group: stage A (x in, inv, xn), stage T (xn^T by TensorE transposes), stage B (h^T = W_fc^T xn^T
+directly in the [F, tokens] layout; ScalarE r = relu(h) from PSUM into the stored relu(h)^T tile, a^T = r r in
+SBUF, 1 in 4 F-tiles on VectorE, the rest ScalarE), stage C (y = a W_proj with a^T as the stationary operand: a needs no
+transpose; + x as y leaves PSUM; y out). Program order per group k: A(k + 1), B(k), C(k - 1), T(k + 1), so
+that each engine's in-order stream (trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst,
+"NeuronCore-v2 Compute Engines") has the other engines' inputs ready. Transposes: each 128-token transpose
+runs as two matmuls of 64 tokens against the identity in the two 64-row tiles of the PE array, which run in
+parallel (the documented TensorE transpose in row tiling mode; kernels_nki/projection.py has the details and
+the AWS sources), into fp32 PSUM.
 
 Backward: STORES relu(h) instead of recomputing h. The forward already holds r^T = relu(h)^T in SBUF in the
-[F, tokens] layout, so storing it costs one DMA per tile and no TensorE work; the backward loads it (one DMA
-per [128, NW] tile) and transposes it on TensorE to token-major r (F/128 128 x 128 transposes per 128
-tokens, two 64-row halves each), evacuated twice on ScalarE (r by a copy, a = r^2 by a square: the ScalarE
-work relu and square of a recomputed h cost) instead of recomputing h = xn W_fc (an N x D x F matmul, 749
-us at the baseline shapes) from xn^T (D/128 more transposes). The price is HBM: rT is N x F x 2 bytes per
-layer per micro-batch kept between forward and backward, 134 MB (128 MiB) per layer at N = 65536, F = 1024,
-1.2 GB at 9 layers, and N x F x 2 more bytes moved each way (fwd writes, bwd reads). Recompute was the
-earlier design (bwd 3933.6 us TensorE-bound, u/i 0.952, with h costing 749 us of TensorE).
+[F, tokens] layout, so storing it costs DMA and no TensorE work; the backward loads it and transposes it on
+TensorE to token-major r (F/128 128 x 128 transposes per 128 tokens, two 64-row halves each), copied out of
+PSUM once on ScalarE, a = r^2 from that SBUF copy (ScalarE), instead of recomputing h = xn W_fc (an N x D x F
+matmul) from xn^T (D/128 more transposes). The price is HBM: rT is N x F x 2 bytes per layer per micro-batch
+kept between forward and backward (128 MiB per layer at N = 65536, F = 1024), and N x F x 2 more bytes moved
+each way.
 
-Backward per block of NW tokens: dy^T by transposes; rT tiles from HBM; per 128-token tile da = dy W_proj^T
-token-major in PSUM, r token-major by transposes of rT into PSUM, r and a = r^2 out of PSUM (ScalarE), dh' = r
-da (VectorE) (dh = 2 dh': the 2 is applied exactly, on the fp32 results of dx and dW_fc); dh'^T by
-transposes; dW_proj += a^T dy and dW_fc += xn^T dh' contract over the block's NW tokens (fp32 PSUM, then
-one VectorE add into fp32 SBUF accumulators per block: NW = 1024 halves those adds against 512-token blocks,
-936 us of VectorE at the baseline shapes); g/2 = dh'^T-stationary x W_fc^T in PSUM (token-major), then
-the norm's backward on it: dx = 2 inv (g/2 + x c), c = -mean((g/2) x) inv^2 (VectorE (g/2) x and x c + g/2,
-each reading g from PSUM; ScalarE the row sum and the 2 inv scale). W_fc^T and W_proj^T are built once per
-call. TensorE transposes per 128 tokens: D/128 (dy^T) + 2 F/128 (r, dh'^T) = 20 at the baseline shapes,
-the floor of this design (dy, r and dh' are each needed in both layouts: a contraction over D for da, over
-the tokens for the weight gradients, over F for dx), hence useful/issued 0.927 < 0.93. On chip at the
-baseline shapes: SBUF peak 153 KiB per partition (of 192 KiB), 4 PSUM banks.
-
-Engines at the baseline shapes (N = 65536, D = 512, F = 1024, bf16, `python -m frontier_jax.kernel_report`,
-AWS's documented trn1 rates): forward 1544.8 us per call, TensorE-bound (VectorE 1404.5, ScalarE 983.0,
-DMA 995.6 (270.8 MB, rT's 134 MB included)), TensorE useful/issued 0.970: unchanged by the store but for its
-DMA (was 502.1 us, 136.6 MB); backward 3231.5 us TensorE-bound (VectorE 2903.9, ScalarE 1904.6, DMA 1253.9
-(341.1 MB), GpSimd 187.3), useful/issued 0.927; was 3933.6 us with the recompute (VectorE 3840.1). The
-store saves 36 x 702.1 us = 25.3 ms of the baseline step (now 663.7 ms per core, MFU 56.2%). Unfused, rms_norm + mlp took 494.4 +
-1591.6 (forward) and 965.5 + 4122.3 us (backward).
+Backward per group, in stages: A (x, dy, inv, rT in; xn = inv x; dy^T by transposes), B (per row tile da = dy
+W_proj^T token-major in PSUM, r token-major by transposes of rT's columns of the row tile, r out of PSUM
+(ScalarE), a = r^2 (ScalarE, from that SBUF copy), dh' = r da (VectorE) (dh = 2 dh': the 2 is applied exactly,
+on the fp32 results
+of dx and dW_fc)), B' (every row tile's dh'^T by transposes), D (dW_proj += a^T dy and dW_fc += xn^T dh' contract
+over the group's NW tokens in fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per group), E (g/2 =
+dh'^T-stationary x W_fc^T in PSUM, token-major, then the norm's backward on it: dx = 2 inv (g/2 + x c), c =
+-mean((g/2) x) inv^2 (VectorE (g/2) x and x c + g/2, each reading g from PSUM; ScalarE the row sum and the 2
+inv scale), + dy on GpSimd, written over dy's group tile and stored). Program order per group k: B(k), A(k +
+1), B'(k), D(k), E(k). W_fc^T and W_proj^T are built once per call. TensorE transposes per 128 tokens: D/128 (dy^T) +
+2 F/128 (r, dh'^T), the floor of this design (dy, r and dh' are each needed in both layouts: a contraction
+over D for da, over the tokens for the weight gradients, over F for dx).
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): a TensorE transpose is a
 matmul with the data stationary and an identity moving (nki/api/nki/isa/__init__.py, nc_transpose;
@@ -78,11 +76,13 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.packing import blocks, columns, groups, load, store, tile
 from kernels_nki.tiles import EPS, cdiv, identity, norm_grad_rows, transpose, transpose_to_psum
 
-NB = 512  # tokens per forward block (gemm_moving_fmax: the forward's h^T has the tokens as moving free dim)
-NW = 1024  # tokens per backward block: no backward matmul streams tokens as its moving free dim, and the
-# weight gradients contract over the whole block in PSUM before one fp32 SBUF add (half the adds of 512)
+NB = 512  # tokens per forward group (gemm_moving_fmax: the forward's h^T has the tokens as moving free dim)
+NW = 1024  # tokens per backward group: no backward matmul streams tokens as its moving free dim, and the
+# weight gradients contract over the whole group in PSUM before one fp32 SBUF add (half the adds of 512)
+RT_TOKENS = 2048  # tokens per stored relu(h)^T tile [128 F-rows, RT_TOKENS]: 4 KiB per partition in bf16
 
 
 def _load_rows(w_RC, dt):
@@ -110,42 +110,104 @@ def _transposed_rows(tiles, R, C, dt, ident):
     return out
 
 
-def _block_rows(src_NX, n0, nb, dt):
-    """Rows n0:n0+nb of src as 128-row SBUF tiles (token-major)."""
-    P = nl.tile_size.pmax
-    tiles = []
-    for s in nl.affine_range(cdiv(nb, P)):
-        rows = min(P, nb - s * P)
-        t = nl.ndarray((P, src_NX.shape[1]), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t[0:rows], src=src_NX[n0 + s * P:n0 + s * P + rows])
-        tiles.append(t)
-    return tiles
-
-
-def _block_T(tiles, nb, dt, ident, width=NB):
-    """The block's 128-row tiles [tokens, D] -> D/128 tiles of the transpose [D_k, nb] (`width` columns)."""
+def _group_T(tiles, g, dt, ident, width, natural):
+    """Group g's row tiles [parts, D] -> D/128 tiles of the transpose [D_k, width]: row tile j's tokens at the
+    columns `columns(g, j)` (the group's tokens in order) with `natural`, else at j*128 .. j*128 + parts."""
     P = nl.tile_size.pmax
     D = tiles[0].shape[1]
+    p = g[1]
     xT = [nl.ndarray((P, width), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(D, P))]
-    for s in nl.affine_range(cdiv(nb, P)):
-        rows = min(P, nb - s * P)
+    for j in range(len(tiles)):
+        cols = columns(g, j) if natural else slice(j * P, j * P + p)
         for k in nl.affine_range(cdiv(D, P)):
             dk = min(P, D - k * P)
-            transpose(xT[k][0:dk, s * P:s * P + rows], tiles[s][0:rows, k * P:k * P + dk], rows, dk, ident)
+            transpose(xT[k][0:dk, cols], tiles[j][0:p, k * P:k * P + dk], p, dk, ident)
     return xT
 
 
 def _scaled(x_t, inv, rows, dt):
     """rms_norm(x) of a row tile: x * inv per row (ScalarE, fp32 math, cast to dt as the reference)."""
-    xn = nl.ndarray(x_t.shape, dtype=dt, buffer=nl.sbuf)
+    xn = nl.ndarray((nl.tile_size.pmax, x_t.shape[1]), dtype=dt, buffer=nl.sbuf)
     nisa.activation(dst=xn[0:rows], op=nl.copy, data=x_t[0:rows], scale=inv[0:rows])
     return xn
+
+
+def _fwd_inputs(x_ND, inv_N1, g, eps, dt):
+    """Forward stage A of group g: x in, inv = rsqrt(mean(x^2) + eps) (ScalarE squares with their row sum, then
+    rsqrt on the column; stored) and xn = inv x (ScalarE); stage T (`_fwd_T`) transposes xn."""
+    P = nl.tile_size.pmax
+    D, R = x_ND.shape[1], NB // P
+    p = g[1]
+    x_g = load(x_ND, g, dt, R)  # kept for the residual add
+    inv = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
+    xn_s = []
+    for j in range(g[2]):
+        x_t = tile(x_g, g, j, D)
+        sq = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)  # discarded: only the row sum is kept
+        ss = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=sq[0:p], op=nl.square, data=x_t, reduce_op=nl.add, reduce_res=ss[0:p])
+        nisa.activation(dst=inv[0:p, j:j + 1], op=nl.rsqrt, data=ss[0:p], scale=1.0 / D, bias=eps[0:p])
+        xn_s.append(_scaled(x_t, inv[0:p, j:j + 1], p, dt))
+    store(inv_N1, g, inv)
+    return [g, x_g, xn_s]
+
+
+def _fwd_T(st, dt, ident):
+    """Forward stage T: xn^T by TensorE transposes, the group's tokens in order along the free axis."""
+    st[2] = _group_T(st[2], st[0], dt, ident, NB, True)
+
+
+def _fwd_hidden(st, wfc, rT_s, b0, dt):
+    """Forward stage B: h^T = W_fc^T xn^T per 128 F-rows ([F_j, tokens] PSUM), r = relu(h) (ScalarE, leaving PSUM,
+    into the block's stored rT tile), a^T = r r (SBUF; 1 in 4 F-tiles on VectorE, the rest ScalarE)."""
+    P = nl.tile_size.pmax
+    g, x_g, xT = st
+    nb = g[1] * g[2]
+    D, F = x_g.shape[1] // (NB // P), wfc[0].shape[1]
+    aT = []
+    for jf in nl.affine_range(cdiv(F, P)):
+        fj = min(P, F - jf * P)
+        h_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+        for k in nl.affine_range(cdiv(D, P)):
+            dk = min(P, D - k * P)
+            nisa.nc_matmul(dst=h_ps[0:fj, 0:nb], stationary=wfc[k][0:dk, jf * P:jf * P + fj], moving=xT[k][0:dk, 0:nb])
+        r_T = rT_s[jf][0:fj, g[0] - b0:g[0] - b0 + nb]
+        nisa.activation(dst=r_T, op=nl.relu, data=h_ps[0:fj, 0:nb])
+        a_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
+        if jf % 4 == 0:  # 1 in 4 on VectorE: the split that balances the two engines' in-order streams best
+            nisa.tensor_tensor(dst=a_T[0:fj, 0:nb], data1=r_T, data2=r_T, op=nl.multiply)
+        else:
+            nisa.activation(dst=a_T[0:fj, 0:nb], op=nl.square, data=r_T)
+        aT.append(a_T)
+    return aT
+
+
+def _fwd_out(st, aT, wproj, y_ND, dt):
+    """Forward stage C: y's row tile j = x + a W_proj with a^T's columns of row tile j's tokens as the stationary
+    operand (the residual added as y leaves PSUM, VectorE), y out (one DMA per group)."""
+    P = nl.tile_size.pmax
+    g, x_g, xT = st
+    p = g[1]
+    D = y_ND.shape[1]
+    y_g = nl.ndarray((P, NB // P * D), dtype=dt, buffer=nl.sbuf)
+    for j in range(g[2]):
+        for c in nl.affine_range(cdiv(D, NB)):
+            dc = min(NB, D - c * NB)
+            y_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+            for jf in nl.affine_range(len(aT)):
+                fj = wproj[jf].shape[0]
+                nisa.nc_matmul(dst=y_ps[0:p, 0:dc], stationary=aT[jf][0:fj, columns(g, j)],
+                               moving=wproj[jf][0:fj, c * NB:c * NB + dc])
+            c0 = j * D + c * NB
+            nisa.tensor_tensor(dst=y_g[0:p, c0:c0 + dc], data1=y_ps[0:p, 0:dc], data2=x_g[0:p, c0:c0 + dc], op=nl.add)
+    store(y_ND, g, y_g)
 
 
 @nki.jit
 def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
     """(y_ND (x's dtype) = x + relu(rms_norm(x) W_fc)^2 W_proj, inv_N1 = rsqrt(mean(x^2) + eps) fp32,
-    rT_FN = relu(h)^T in x's dtype, the backward's residual)."""
+    rT_FN = relu(h)^T in x's dtype, the backward's residual). Per group k the stages run in the program order
+    A(k + 1), B(k), C(k - 1), T(k + 1)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
@@ -157,58 +219,36 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
     eps = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # v2: activation's bias is a tile
     nisa.memset(dst=eps, value=EPS)
     wfc = _load_rows(w_fc_DF, dt)  # [D_k, F]
-    wproj = _load_rows(w_proj_FD, dt)  # [F_j, D]
-    for blk in nl.affine_range(cdiv(N, NB)):
-        n0 = blk * NB
-        nb = min(NB, N - n0)
-        xn_s = []
-        x_s = _block_rows(x_ND, n0, nb, dt)  # kept for the residual add
-        for s, x_t in enumerate(x_s):
-            rows = min(P, nb - s * P)
-            # inv = rsqrt(mean(x^2) + eps): ScalarE squares with their row sum, then rsqrt on the column
-            sq = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)  # discarded: only the row sum is kept
-            ss = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation_reduce(dst=sq[0:rows], op=nl.square, data=x_t[0:rows], reduce_op=nl.add,
-                                   reduce_res=ss[0:rows])
-            inv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=inv[0:rows], op=nl.rsqrt, data=ss[0:rows], scale=1.0 / D, bias=eps[0:rows])
-            nisa.dma_copy(dst=inv_N1[n0 + s * P:n0 + s * P + rows], src=inv[0:rows])
-            xn_s.append(_scaled(x_t, inv, rows, dt))
-        xT = _block_T(xn_s, nb, dt, ident)
-        aT = []
-        for j in nl.affine_range(cdiv(F, P)):
-            fj = min(P, F - j * P)
-            h_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-            for k in nl.affine_range(cdiv(D, P)):
-                dk = min(P, D - k * P)
-                nisa.nc_matmul(dst=h_ps[0:fj, 0:nb], stationary=wfc[k][0:dk, j * P:j * P + fj],
-                               moving=xT[k][0:dk, 0:nb])
-            # r = relu(h) in x's dtype (ScalarE, leaving PSUM; stored for the backward), a^T = r r (VectorE, SBUF)
-            r_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-            nisa.activation(dst=r_T[0:fj, 0:nb], op=nl.relu, data=h_ps[0:fj, 0:nb])
-            nisa.dma_copy(dst=rT_FN[j * P:j * P + fj, n0:n0 + nb], src=r_T[0:fj, 0:nb])
-            a_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=a_T[0:fj, 0:nb], data1=r_T[0:fj, 0:nb], data2=r_T[0:fj, 0:nb], op=nl.multiply)
-            aT.append(a_T)
-        for s in nl.affine_range(cdiv(nb, P)):
-            rows = min(P, nb - s * P)
-            for c in nl.affine_range(cdiv(D, NB)):
-                dc = min(NB, D - c * NB)
-                y_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for j in nl.affine_range(cdiv(F, P)):
-                    fj = min(P, F - j * P)
-                    nisa.nc_matmul(dst=y_ps[0:rows, 0:dc], stationary=aT[j][0:fj, s * P:s * P + rows],
-                                   moving=wproj[j][0:fj, c * NB:c * NB + dc])
-                y_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)  # y = x + a W_proj, leaving PSUM
-                nisa.tensor_tensor(dst=y_t[0:rows, 0:dc], data1=y_ps[0:rows, 0:dc],
-                                   data2=x_s[s][0:rows, c * NB:c * NB + dc], op=nl.add)
-                nisa.dma_copy(dst=y_ND[n0 + s * P:n0 + s * P + rows, c * NB:c * NB + dc], src=y_t[0:rows, 0:dc])
+    wproj = [t[0:min(P, F - i * P)] for i, t in enumerate(_load_rows(w_proj_FD, dt))]  # [F_j, D]
+    blks = blocks(N, NB // P, RT_TOKENS // P)  # consecutive groups whose relu(h)^T leaves as one tile per F_j
+    gs = [(b, g) for b in range(len(blks)) for g in blks[b]]
+    st = _fwd_inputs(x_ND, inv_N1, gs[0][1], eps, dt)
+    _fwd_T(st, dt, ident)
+    rT_s, prev = None, None
+    for k in range(len(gs)):
+        b, g = gs[k]
+        b0 = blks[b][0][0]
+        nxt = _fwd_inputs(x_ND, inv_N1, gs[k + 1][1], eps, dt) if k + 1 < len(gs) else None
+        if g == blks[b][0]:
+            rT_s = [nl.ndarray((P, RT_TOKENS), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(F, P))]
+        aT = _fwd_hidden(st, wfc, rT_s, b0, dt)
+        if g == blks[b][-1]:  # the block's relu(h)^T out
+            nt = g[0] + g[1] * g[2] - b0
+            for jf in nl.affine_range(cdiv(F, P)):
+                fj = min(P, F - jf * P)
+                nisa.dma_copy(dst=rT_FN[jf * P:jf * P + fj, b0:b0 + nt], src=rT_s[jf][0:fj, 0:nt])
+        if prev != None:  # noqa: E711 (NKI has no `is`)
+            _fwd_out(prev[0], prev[1], wproj, y_ND, dt)
+        if nxt != None:  # noqa: E711
+            _fwd_T(nxt, dt, ident)
+        prev, st = (st, aT), nxt
+    _fwd_out(prev[0], prev[1], wproj, y_ND, dt)
     return y_ND, inv_N1, rT_FN
 
 
-def _norm_dx(g, x_t, inv, dy_t, rows, dt):
-    """dx [P, D] in dt for one row tile: dy (the residual's pass-through) plus the norm's backward, given g/2
-    (g: the gradient of rms_norm(x)) as fp32 PSUM chunks of 512 columns: dx = dy + 2 inv (g/2 + x c)
+def _norm_dx(dx, g, x_t, inv, dy_t, rows):
+    """dx ([rows, D], its dtype) for one row tile: dy (the residual's pass-through) plus the norm's backward,
+    given g/2 (g: the gradient of rms_norm(x)) as fp32 PSUM chunks of 512 columns: dx = dy + 2 inv (g/2 + x c)
     (`kernels_nki.tiles.norm_grad_rows`); the 2 inv scale on ScalarE, the add of dy on GpSimd (SBUF only,
     idle otherwise)."""
     P = nl.tile_size.pmax
@@ -216,35 +256,126 @@ def _norm_dx(g, x_t, inv, dy_t, rows, dt):
     two_inv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=two_inv[0:rows], data=inv[0:rows], op0=nl.multiply, operand0=2.0)
     nisa.activation(dst=work[0:rows], op=nl.copy, data=work[0:rows], scale=two_inv[0:rows])
-    dx = nl.ndarray((P, x_t.shape[1]), dtype=dt, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=dx[0:rows], data1=work[0:rows], data2=dy_t[0:rows], op=nl.add,
-                       engine=nisa.engine.gpsimd)
-    return dx
+    nisa.tensor_tensor(dst=dx[0:rows], data1=work[0:rows], data2=dy_t[0:rows], op=nl.add, engine=nisa.engine.gpsimd)
 
 
-def _relu_rows(a_t, dh_t, rT, s, rows, da_ps, c, fc, dt, ident):
-    """Columns c*NB .. c*NB+fc of one 128-token row tile from the stored rT [F_j, tokens] tiles: r = relu(h)
-    token-major by TensorE transposes into one PSUM tile, left twice on ScalarE, a = r^2 (activation square)
-    and r (a copy into SBUF: a VectorE instruction reads at most one PSUM input, isa docs tensor_tensor), and
-    dh' = r da (VectorE, da in PSUM)."""
+def _relu_rows(a_t, dh_t, rT, tok, rows, da_ps, c, fc, dt, ident):
+    """Columns c*NB .. c*NB+fc of one row tile from the stored rT [F_j, tokens] tiles (the row tile's tokens at
+    the columns `tok`): r = relu(h) token-major by TensorE transposes into one PSUM tile, left twice on ScalarE,
+    a = r^2 (activation square) and r (a copy into SBUF: a VectorE instruction reads at most one PSUM input, isa
+    docs tensor_tensor), and dh' = r da (VectorE, da in PSUM)."""
     P = nl.tile_size.pmax
     F = a_t.shape[1]
     r_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
     for jj in nl.affine_range(cdiv(fc, P)):
         j = c * NB // P + jj
         fj = min(P, F - j * P)
-        transpose_to_psum(r_ps[0:rows, jj * P:jj * P + fj], rT[j][0:fj, s * P:s * P + rows], fj, ident)
+        transpose_to_psum(r_ps[0:rows, jj * P:jj * P + fj], rT[j][0:fj, tok], fj, ident)
     cols = slice(c * NB, c * NB + fc)
     r = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)  # exact: rT holds r in dt
     nisa.activation(dst=r[0:rows, 0:fc], op=nl.copy, data=r_ps[0:rows, 0:fc])
-    nisa.activation(dst=a_t[0:rows, cols], op=nl.square, data=r_ps[0:rows, 0:fc])  # a = relu(h)^2
+    nisa.activation(dst=a_t[0:rows, cols], op=nl.square, data=r[0:rows, 0:fc])  # a = relu(h)^2, from SBUF
     nisa.tensor_tensor(dst=dh_t[0:rows, cols], data1=r[0:rows, 0:fc], data2=da_ps[0:rows, 0:fc], op=nl.multiply)
+
+
+def _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, g, dt, ident):
+    """Stage A of the backward for group g: x, dy, inv and rT in; rms_norm(x) (ScalarE) and dy^T (TensorE, row
+    tile j at columns j*128 ..)."""
+    P = nl.tile_size.pmax
+    D, F, R = x_ND.shape[1], rT_FN.shape[0], NW // P
+    n0, p, nr = g
+    x_g, dy_g, inv = load(x_ND, g, dt, R), load(dy_ND, g, dt, R), load(inv_N1, g, nl.float32, R)
+    x_s = [tile(x_g, g, j, D) for j in range(nr)]
+    dy_s = [tile(dy_g, g, j, D) for j in range(nr)]
+    xn_s = [_scaled(x_s[j], inv[0:p, j:j + 1], p, dt) for j in range(nr)]  # rms_norm(x), ScalarE
+    rT = []
+    for jf in nl.affine_range(cdiv(F, P)):  # relu(h)^T from the forward, [F_j, tokens] (the group's tokens in order)
+        fj = min(P, F - jf * P)
+        t = nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t[0:fj, 0:p * nr], src=rT_FN[jf * P:jf * P + fj, n0:n0 + p * nr])
+        rT.append(t)
+    return [g, x_s, dy_s, xn_s, inv, rT, _group_T(dy_s, g, dt, ident, NW, False), dy_g]
+
+
+def _bwd_hidden(st, wprojT, dt, ident):
+    """Stage B: per row tile da = dy W_proj^T (token-major PSUM), r and a = r^2 from rT, dh' = r da. Returns
+    (a_s, dh_s)."""
+    P = nl.tile_size.pmax
+    g, x_s, dy_s, xn_s, inv, rT, dyT = st[:7]
+    p, nr = g[1], g[2]
+    D, F = x_s[0].shape[1], wprojT[0].shape[1]
+    a_s, dh_s = [], []
+    for j in range(nr):
+        a_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
+        dh_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
+        for c in nl.affine_range(cdiv(F, NB)):
+            fc = min(NB, F - c * NB)
+            da_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+            for k in nl.affine_range(cdiv(D, P)):
+                dk = min(P, D - k * P)
+                nisa.nc_matmul(dst=da_ps[0:p, 0:fc], stationary=dyT[k][0:dk, j * P:j * P + p],
+                               moving=wprojT[k][0:dk, c * NB:c * NB + fc])
+            _relu_rows(a_t, dh_t, rT, columns(g, j), p, da_ps, c, fc, dt, ident)
+        a_s.append(a_t)
+        dh_s.append(dh_t)
+    st[5], st[6] = None, None  # rT and dy^T are spent: their SBUF is free for the next group's stage A
+    return a_s, dh_s
+
+
+def _bwd_hT(g, dh_s, dt, ident):
+    """Stage B': every row tile's dh'^T by TensorE transposes (row tile j at columns j*128 ..)."""
+    P = nl.tile_size.pmax
+    F = dh_s[0].shape[1]
+    dhT = [nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(F, P))]
+    for j in range(g[2]):
+        for jf in nl.affine_range(cdiv(F, P)):
+            fj = min(P, F - jf * P)
+            transpose(dhT[jf][0:fj, j * P:j * P + g[1]], dh_s[j][0:g[1], jf * P:jf * P + fj], g[1], fj, ident)
+    return dhT
+
+
+def _accumulate(acc, lhs_s, rhs_s, p, K, C):
+    """acc[i] ([128, C] fp32 SBUF) += lhs^T rhs over the row tiles (lhs_s [p, K], rhs_s [p, C] tiles): one PSUM
+    bank per [128, 512] slice, then one VectorE add."""
+    P = nl.tile_size.pmax
+    for i in nl.affine_range(cdiv(K, P)):
+        ki = min(P, K - i * P)
+        for c in nl.affine_range(cdiv(C, NB)):
+            cw = min(NB, C - c * NB)
+            g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+            for j in range(len(lhs_s)):
+                nisa.nc_matmul(dst=g_ps[0:ki, 0:cw], stationary=lhs_s[j][0:p, i * P:i * P + ki],
+                               moving=rhs_s[j][0:p, c * NB:c * NB + cw])
+            a = acc[i][0:ki, c * NB:c * NB + cw]
+            nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:ki, 0:cw], op=nl.add)
+
+
+def _bwd_dx(st, dhT, wfcT, F, dx_ND, dt):
+    """Stage E: g/2 = dh' W_fc^T token-major in PSUM, the norm's backward (the 2 folded into its scale), dx out:
+    written over dy's group tile in place (dy's last use: stage D precedes it)."""
+    P = nl.tile_size.pmax
+    g, x_s, dy_s, inv = st[0], st[1], st[2], st[4]
+    p, nr = g[1], g[2]
+    D = dx_ND.shape[1]
+    for j in range(nr):
+        gr = []
+        for c in nl.affine_range(cdiv(D, NB)):
+            dc = min(NB, D - c * NB)
+            dx_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
+            for jf in nl.affine_range(len(dhT)):
+                fj = min(P, F - jf * P)
+                nisa.nc_matmul(dst=dx_ps[0:p, 0:dc], stationary=dhT[jf][0:fj, j * P:j * P + p],
+                               moving=wfcT[jf][0:fj, c * NB:c * NB + dc])
+            gr.append(dx_ps)
+        _norm_dx(dy_s[j], gr, x_s[j], inv[0:p, j:j + 1], dy_s[j], p)
+    store(dx_ND, g, st[7])
 
 
 @nki.jit
 def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
     """(dx_ND = dy + the MLP's and norm's backward, dw_fc_DF in x's dtype, dw_proj_FD fp32), from the forward's
-    rT_FN = relu(h)^T (h is not recomputed: see the module docstring)."""
+    rT_FN = relu(h)^T (h is not recomputed: see the module docstring). Per group the stages run in the program
+    order B(k), A(k + 1), B'(k), D(k), E(k) (see the module docstring)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
@@ -258,83 +389,23 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
     wprojT = _transposed_rows(_load_rows(w_proj_FD, dt), F, D, dt, ident)  # [D_k, F]
     acc_fc = [nl.zeros((P, F), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KD)]
     acc_proj = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KF)]
-    for blk in nl.affine_range(cdiv(N, NW)):
-        n0 = blk * NW
-        nb = min(NW, N - n0)
-        S = cdiv(nb, P)
-        x_s = _block_rows(x_ND, n0, nb, dt)
-        inv_s = _block_rows(inv_N1, n0, nb, nl.float32)
-        xn_s = [_scaled(x_s[s], inv_s[s], min(P, nb - s * P), dt) for s in range(S)]  # rms_norm(x)
-        dy_s = _block_rows(dy_ND, n0, nb, dt)
-        dyT = _block_T(dy_s, nb, dt, ident, NW)
-        rT = []
-        for j in nl.affine_range(KF):  # relu(h)^T from the forward, [F_j, tokens]
-            fj = min(P, F - j * P)
-            t = nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=t[0:fj, 0:nb], src=rT_FN[j * P:j * P + fj, n0:n0 + nb])
-            rT.append(t)
-        a_s, dh_s = [], []
-        dhT = [nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf) for _ in range(KF)]
-        for s in nl.affine_range(S):
-            rows = min(P, nb - s * P)
-            a_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
-            dh_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
-            for c in nl.affine_range(cdiv(F, NB)):
-                fc = min(NB, F - c * NB)
-                da_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for k in nl.affine_range(KD):
-                    dk = min(P, D - k * P)
-                    nisa.nc_matmul(dst=da_ps[0:rows, 0:fc], stationary=dyT[k][0:dk, s * P:s * P + rows],
-                                   moving=wprojT[k][0:dk, c * NB:c * NB + fc])
-                _relu_rows(a_t, dh_t, rT, s, rows, da_ps, c, fc, dt, ident)
-            for j in nl.affine_range(KF):
-                fj = min(P, F - j * P)
-                transpose(dhT[j][0:fj, s * P:s * P + rows], dh_t[0:rows, j * P:j * P + fj], rows, fj, ident)
-            a_s.append(a_t)
-            dh_s.append(dh_t)
-        # weight gradients: contract over the block's NW tokens in PSUM, one fp32 SBUF add per block
-        for j in nl.affine_range(KF):
-            fj = min(P, F - j * P)
-            for c in nl.affine_range(cdiv(D, NB)):
-                dc = min(NB, D - c * NB)
-                g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for s in nl.affine_range(S):
-                    rows = min(P, nb - s * P)
-                    nisa.nc_matmul(dst=g_ps[0:fj, 0:dc], stationary=a_s[s][0:rows, j * P:j * P + fj],
-                                   moving=dy_s[s][0:rows, c * NB:c * NB + dc])
-                acc = acc_proj[j][0:fj, c * NB:c * NB + dc]
-                nisa.tensor_tensor(dst=acc, data1=acc, data2=g_ps[0:fj, 0:dc], op=nl.add)
-        for k in nl.affine_range(KD):
-            dk = min(P, D - k * P)
-            for c in nl.affine_range(cdiv(F, NB)):
-                fc = min(NB, F - c * NB)
-                g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for s in nl.affine_range(S):
-                    rows = min(P, nb - s * P)
-                    nisa.nc_matmul(dst=g_ps[0:dk, 0:fc], stationary=xn_s[s][0:rows, k * P:k * P + dk],
-                                   moving=dh_s[s][0:rows, c * NB:c * NB + fc])
-                acc = acc_fc[k][0:dk, c * NB:c * NB + fc]
-                nisa.tensor_tensor(dst=acc, data1=acc, data2=g_ps[0:dk, 0:fc], op=nl.add)
-    # dx: g/2 = dh' W_fc^T token-major in PSUM, then the norm's backward (the 2 folded into its scale)
-        for s in nl.affine_range(S):
-            rows = min(P, nb - s * P)
-            g = []
-            for c in nl.affine_range(cdiv(D, NB)):
-                dc = min(NB, D - c * NB)
-                dx_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-                for j in nl.affine_range(KF):
-                    fj = min(P, F - j * P)
-                    nisa.nc_matmul(dst=dx_ps[0:rows, 0:dc], stationary=dhT[j][0:fj, s * P:s * P + rows],
-                                   moving=wfcT[j][0:fj, c * NB:c * NB + dc])
-                g.append(dx_ps)
-            dx_t = _norm_dx(g, x_s[s], inv_s[s], dy_s[s], rows, dt)
-            nisa.dma_copy(dst=dx_ND[n0 + s * P:n0 + s * P + rows], src=dx_t[0:rows])
+    gs = groups(N, NW // P)
+    st = _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, gs[0], dt, ident)
+    for k in range(len(gs)):
+        a_s, dh_s = _bwd_hidden(st, wprojT, dt, ident)
+        nxt = _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, gs[k + 1], dt, ident) if k + 1 < len(gs) else None
+        dhT = _bwd_hT(gs[k], dh_s, dt, ident)
+        # weight gradients: contract over the group's tokens in PSUM, one fp32 SBUF add per group
+        _accumulate(acc_proj, a_s, st[2], gs[k][1], F, D)
+        _accumulate(acc_fc, st[3], dh_s, gs[k][1], D, F)
+        _bwd_dx(st, dhT, wfcT, F, dx_ND, dt)
+        st, a_s, dh_s, dhT = nxt, None, None, None  # group k's tiles released before stage B(k + 1)
     for k in nl.affine_range(KD):
         dk = min(P, D - k * P)
         out = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
         nisa.activation(dst=out[0:dk], op=nl.copy, data=acc_fc[k][0:dk], scale=2.0)
         nisa.dma_copy(dst=dwfc_DF[k * P:k * P + dk], src=out[0:dk])
-    for j in nl.affine_range(KF):
-        fj = min(P, F - j * P)
-        nisa.dma_copy(dst=dwproj_FD[j * P:j * P + fj], src=acc_proj[j][0:fj])
+    for jf in nl.affine_range(KF):
+        fj = min(P, F - jf * P)
+        nisa.dma_copy(dst=dwproj_FD[jf * P:jf * P + fj], src=acc_proj[jf][0:fj])
     return dx_ND, dwfc_DF, dwproj_FD

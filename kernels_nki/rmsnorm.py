@@ -1,10 +1,11 @@
 """Weightless RMSNorm forward and backward as NKI kernels for trn1 (NeuronCore-v2), NKI 0.3+ API.
 
 Spec: frontier_jax.reference.rms_norm (fp32 math, eps = float32 epsilon, output in the input dtype).
-Layout: rows on the partition axis, R = 2048 // D consecutive rows per partition (a full tile is
+Layout: rows on the partition axis, R = 4096 // D consecutive rows per partition (a full tile is
 128 x R rows, [P, R, D] in SBUF, one DMA each way: partition p reads rows r0 + p R .. + R, contiguous
 in HBM), then the rest as 128 x R' rows and a last tile of fewer than 128 single rows (sliced, never
-padded). R = 4 for the model's [tokens, D = 512] activations, R = 32 for the per-head QK-norm shape
+padded): `kernels_nki.packing`'s row groups. R = 8 for the model's [tokens, D = 512] activations, R = 64 for the
+per-head QK-norm shape
 [tokens x heads, head_dim = 64], so the per-tile [P, R] column work (rsqrt, the backward's
 coefficient) is shared by R rows instead of paid per 64-element row.
 
@@ -17,12 +18,10 @@ Per tile:
   ScalarE (e the [P, 1] scale) and dx = dy inv + x e on VectorE (`scalar_tensor_tensor`, inv the
   [P, 1] operand): dx = inv * (dy - x * mean(dy*x) * inv^2).
 Per element: forward ScalarE 1 pass (+ the 64-cycle reduce charge per row), VectorE 1; backward GpSimd
-1, ScalarE 2 (+ 64 per row), VectorE one two-input pass (~2N cycles). At the model's shapes every call
-is DMA-bound on trn1 (`python -m frontier_jax.kernel_report`: [65536, 512] 494 / 741 us, q-norm [524288, 64]
-501 / 748 us). NOT in the cost model: VectorE and GpSimd share one SBUF port (trn1 arch guide
-nki/guides/architecture/trainium_inferentia2_arch.rst, "Data Movement / Performance Consideration"),
-so the backward's GpSimd product and VectorE pass serialise: 490 + 187 us at [65536, 512], still under
-its 741 us of DMA.
+1, ScalarE 2 (+ 64 per row), VectorE one two-input pass (~2N cycles). VectorE and GpSimd share one SBUF
+port (trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst, "Data Movement / Performance
+Consideration"), so the backward's GpSimd product and VectorE pass serialise (the schedule,
+`kernels_nki.emulator.schedule`, models the port; the busiest-engine bound does not).
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): `activation`'s bias is an
 [N, 1] tile (eps, memset once per call), not an immediate (v3+ only: nki/api/nki/isa/__init__.py,
@@ -38,32 +37,15 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.packing import GROUP_ELEMS, groups, rows_ap, rows_per_partition
 from kernels_nki.tiles import EPS
 
-ROW_ELEMS = 2048  # elements per partition of a full tile: R = ROW_ELEMS // D rows per partition
-
-
-def _tiles(N, D):
-    """(R, full, tail): full tiles of 128 x R rows (R = ROW_ELEMS // D rows per partition), then the
-    rest as (first row, partitions, rows per partition) tiles: 128 x R' rows (R' < R) and a last tile
-    of fewer than 128 single rows."""
-    P = nl.tile_size.pmax
-    R = max(1, ROW_ELEMS // D)
-    full = N // (P * R)
-    tail = []
-    r0 = full * P * R
-    if N - r0 >= P:
-        tail.append((r0, P, (N - r0) // P))
-        r0 += P * ((N - r0) // P)
-    if N > r0:
-        tail.append((r0, N - r0, 1))
-    return R, full, tail
+ROW_ELEMS = GROUP_ELEMS  # elements per partition of a full tile: R = ROW_ELEMS // D rows per partition
 
 
 def _rows(a_NC, r0, parts, R):
     """Rows r0:r0+parts*R of an [N, C] HBM array as [parts, R*C]: partition p holds rows r0+p*R..+R."""
-    C = a_NC.shape[1]
-    return a_NC.ap(pattern=[[R * C, parts], [1, R * C]], offset=r0 * C)
+    return rows_ap(a_NC, (r0, parts, R))
 
 
 def _fwd_tile(x_ND, y_ND, inv_N1, eps_P1, r0, parts, R):
@@ -95,10 +77,7 @@ def rmsnorm_fwd(x_ND):
     inv_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     eps_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # v2: activation's bias is a tile
     nisa.memset(dst=eps_P1, value=EPS)
-    R, full, tail = _tiles(N, D)
-    for t in nl.affine_range(full):
-        _fwd_tile(x_ND, y_ND, inv_N1, eps_P1, t * P * R, P, R)
-    for r0, parts, rr in tail:
+    for r0, parts, rr in groups(N, rows_per_partition(D, ROW_ELEMS)):  # 128 x R rows, then the rest
         _fwd_tile(x_ND, y_ND, inv_N1, eps_P1, r0, parts, rr)
     return y_ND, inv_N1
 
@@ -141,11 +120,7 @@ def _bwd_tile(x_ND, inv_N1, dy_ND, dx_ND, r0, parts, R):
 def rmsnorm_bwd(x_ND, inv_N1, dy_ND):
     """dx_ND (x's dtype) = inv * (dy - x * mean(dy * x) * inv^2), fp32 math, per row."""
     N, D = x_ND.shape
-    P = nl.tile_size.pmax
     dx_ND = nl.ndarray((N, D), dtype=x_ND.dtype, buffer=nl.shared_hbm)
-    R, full, tail = _tiles(N, D)
-    for t in nl.affine_range(full):
-        _bwd_tile(x_ND, inv_N1, dy_ND, dx_ND, t * P * R, P, R)
-    for r0, parts, rr in tail:
+    for r0, parts, rr in groups(N, rows_per_partition(D, ROW_ELEMS)):
         _bwd_tile(x_ND, inv_N1, dy_ND, dx_ND, r0, parts, rr)
     return dx_ND

@@ -13,10 +13,10 @@ from frontier_jax import reference as ref
 from kernels_nki import emulator, registry
 
 TOL = {"float32": 1e-5, "bfloat16": 2e-2}
-# [N, D] block shapes and the QK-norm [N * heads, 64] shape; N not a multiple of 128 included; 700 x 512
-# and 4500 x 64 reach the full tiles of 128 x R rows (R = 4 / 32 rows per partition), then 128 x R' rows
+# [N, D] block shapes and the QK-norm [N * heads, 64] shape; N not a multiple of 128 included; 1100 x 512
+# and 8500 x 64 reach the full tiles of 128 x R rows (R = 8 / 64 rows per partition), then 128 x R' rows
 # and a ragged last tile
-SHAPES = [(128, 512), (300, 512), (1, 256), (257, 64), (1000, 64), (700, 512), (4500, 64)]
+SHAPES = [(128, 512), (300, 512), (1, 256), (257, 64), (1000, 64), (700, 512), (1100, 512), (8500, 64)]
 
 
 def _assert_close(a, b, tol):
@@ -87,8 +87,8 @@ def test_op_routed_through_emulated_kernel_matches_reference(dtype):
 @pytest.mark.parametrize("D", [64, 512])
 def test_backward_engine_split(kernels, D):
     """Backward per element: the dy * x product once on GpSimd, one two-input VectorE pass (dx = dy inv + x e);
-    VectorE's other work is 3 [P, R] instructions per tile of 128 x R rows (R = 2048 // D)."""
-    R = 2048 // D
+    VectorE's other work is 3 [P, R] instructions per tile of 128 x R rows (R = ROW_ELEMS // D)."""
+    R = kernels.ROW_ELEMS // D
     N = 2 * 128 * R  # two full tiles
     x = ((N, D), "bfloat16")
     c = emulator.count(kernels.rmsnorm_bwd, x, ((N, 1), "float32"), x)

@@ -1,0 +1,122 @@
+"""The residual-mix front-end of `mix_norm_projection` (`kernels_nki/projection.py`; a kernel-helper file, no
+@nki.jit): x = m0 x_in' + m1 x0 with x_in' = x_in (+ sw skip) on packed row groups (`kernels_nki.packing`: one
+DMA per operand and group, the element-wise ops over the whole [parts, R I] group tile), and its backward with
+the token sums of dmix and dsw on TensorE. The spec and the engine choices are in projection.py's docstring.
+"""
+
+import nki.isa as nisa
+import nki.language as nl
+
+from kernels_nki.packing import load, store
+from kernels_nki.tiles import cdiv
+
+
+def sb(cols, dt):
+    """A fresh [128, cols] SBUF tile in dt."""
+    return nl.ndarray((nl.tile_size.pmax, cols), dtype=dt, buffer=nl.sbuf)
+
+
+def gp(dst, a, b, op, on_vector=False):
+    """dst = op(a, b) element-wise on GpSimd (SBUF operands only: isa docs, 'GpSimd Engine cannot access PSUM'),
+    or with `on_vector` on VectorE."""
+    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=nisa.engine.vector if on_vector else nisa.engine.gpsimd)
+
+
+def broadcast(v_KI, k, dt):
+    """Row k of v_KI on every partition, a [128, I] tile in dt: one DMA whose HBM access pattern has partition
+    stride 0 (nki/get-started/nki-language-guide.rst, "Low-level raw access pattern")."""
+    P = nl.tile_size.pmax
+    I = v_KI.shape[1]
+    t = sb(I, dt)
+    nisa.dma_copy(dst=t, src=v_KI.ap(pattern=[[0, P], [1, I]], offset=k * I))
+    return t
+
+
+def mix_setup(x0_NI, mix_2I, skip_NI, sw_1I, R, dt):
+    """The mixing's operands for `mixed`: (x0, skip or None, m0, m1, sw or None, R), the weights broadcast (R:
+    rows per partition of the kernel's groups)."""
+    sw = broadcast(sw_1I, 0, dt) if skip_NI != None else None  # noqa: E711 (NKI has no `is`)
+    return x0_NI, skip_NI, broadcast(mix_2I, 0, dt), broadcast(mix_2I, 1, dt), sw, R
+
+
+def _each(dst, a, b, g, I, op, on_vector=False):
+    """dst = op(a, b) over group g ([128, R I] tiles): one `gp` over the group, or with b a [128, I] broadcast
+    weight one per row tile."""
+    p, n = g[1], g[2] * I
+    if b.shape[1] != I or g[2] == 1:
+        gp(dst[0:p, 0:n], a[0:p, 0:n], b[0:p, 0:n], op, on_vector)
+        return
+    for j in range(g[2]):
+        c = slice(j * I, (j + 1) * I)
+        gp(dst[0:p, c], a[0:p, c], b[0:p, 0:I], op, on_vector)
+
+
+def mixed(x_NI, mix, g, dt):
+    """(x_in', x0, skip or None, x) as [128, R I] group tiles of group g: x = m0 x_in' + m1 x0 with x_in' = x_in
+    (+ sw skip), each product and sum rounded to dt as the model rounds them; on GpSimd."""
+    x0_NI, skip_NI, m0, m1, sw, R = mix
+    I = x_NI.shape[1]
+    xs, x0, sk = load(x_NI, g, dt, R), load(x0_NI, g, dt, R), None
+    if skip_NI != None:  # noqa: E711
+        sk, t, xs2 = load(skip_NI, g, dt, R), sb(R * I, dt), sb(R * I, dt)
+        _each(t, sk, sw, g, I, nl.multiply)
+        _each(xs2, xs, t, g, I, nl.add, True)  # VectorE: GpSimd has the most work with a skip
+        xs = xs2
+    a, b, x = sb(R * I, dt), sb(R * I, dt), sb(R * I, dt)
+    _each(a, xs, m0, g, I, nl.multiply)
+    _each(b, x0, m1, g, I, nl.multiply)
+    _each(x, a, b, g, I, nl.add)
+    return xs, x0, sk, x
+
+
+def mix_bwd(dx, xs, x0, sk, mix, g, outs, dt):
+    """The mixing's backward of group g from dx, x's whole gradient ([128, R I] group tiles): dx_in = m0 dx,
+    dx0 = m1 dx (and dskip = sw dx_in) stored, and the products dx x_in', dx x0 (and dx_in skip) whose token sums
+    are dmix (and dsw): all on GpSimd. Returns the products for `token_sums`."""
+    x0_NI, skip_NI, m0, m1, sw, R = mix
+    I = outs[0].shape[1]
+    dxi, dx0 = sb(R * I, dt), sb(R * I, dt)
+    _each(dxi, dx, m0, g, I, nl.multiply)
+    _each(dx0, dx, m1, g, I, nl.multiply)
+    store(outs[0], g, dxi)
+    store(outs[1], g, dx0)
+    pairs = [(dx, xs), (dx, x0)]
+    if sk != None:  # noqa: E711
+        dsk = sb(R * I, dt)
+        _each(dsk, dxi, sw, g, I, nl.multiply)
+        store(outs[2], g, dsk)
+        pairs.append((dxi, sk))
+    prods = []
+    for j in range(len(pairs)):
+        prod = sb(R * I, dt)
+        _each(prod, pairs[j][0], pairs[j][1], g, I, nl.multiply)
+        prods.append(prod)
+    return prods
+
+
+def token_sums(prods, g, I, red, ones):
+    """The products' sums over group g's tokens into `red` ([128, 2 or 3 x I/128] fp32 PSUM, one column per product
+    and 128-column slice): the tokens are the contraction axis, so each row tile's slice is one matmul with the
+    product stationary and a ones column moving, accumulating in PSUM over every tile of the call."""
+    P = nl.tile_size.pmax
+    nb = cdiv(I, P)
+    for j in range(len(prods)):
+        for r in range(g[2]):
+            for c in nl.affine_range(nb):
+                k, c0 = min(P, I - c * P), r * I + c * P
+                nisa.nc_matmul(dst=red[0:k, j * nb + c:j * nb + c + 1], stationary=prods[j][0:g[1], c0:c0 + k],
+                               moving=ones[0:g[1], 0:1], is_moving_onezero=True)
+
+
+def store_sums(red, j0, dst_KI):
+    """dst_KI[j] (fp32) = the token sums in `red`'s columns (j0 + j) x I/128 ...: column c of a product holds
+    its entries c*128 .. on partitions, so each goes out as a [k, 1] HBM access pattern."""
+    P = nl.tile_size.pmax
+    K, I = dst_KI.shape
+    nb = cdiv(I, P)
+    for j in range(K):
+        for c in nl.affine_range(nb):
+            k, col = min(P, I - c * P), (j0 + j) * nb + c
+            t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=t[0:k], src=red[0:k, col:col + 1], engine=nisa.engine.vector)
+            nisa.dma_copy(dst=dst_KI.ap(pattern=[[1, k], [1, 1]], offset=j * I + c * P), src=t[0:k])

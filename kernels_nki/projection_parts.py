@@ -1,0 +1,128 @@
+"""Helpers of the projection kernels (`kernels_nki/projection.py`; a kernel-helper file, no @nki.jit): PSUM
+evacuation, the TensorE (and VectorE) transposes of a row tile, the weights' SBUF tiles, the matmul of a row
+tile into PSUM banks of 512 columns, and the fused RMSNorm's forward statistic and backward of one row tile.
+The layout and the AWS sources behind each rule are in projection.py's docstring.
+"""
+
+import nki.isa as nisa
+import nki.language as nl
+
+from kernels_nki.tiles import cdiv, norm_grad_rows, transpose_to_psum
+
+W = 512  # moving columns per matmul: one fp32 PSUM bank (gemm_moving_fmax)
+PSUM_BANKS = 8  # 2 MiB PSUM = 16 KiB per partition (trn1 arch guide, "Memory"), in 2 KiB banks of 512 fp32
+
+
+def evacuate(dst, src, on_vector, scale=None, scaled=False):
+    """PSUM -> SBUF with the cast to dst's dtype (with `scaled`, times the per-row fp32 [P, 1] `scale`), on
+    VectorE or ScalarE (spreading the two engines' load). A Python flag, not a comparison of a tile with
+    None, says whether to scale."""
+    if on_vector and scaled:
+        nisa.tensor_scalar(dst=dst, data=src, op0=nl.multiply, operand0=scale)
+    elif on_vector:
+        nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.vector)
+    elif scaled:
+        nisa.activation(dst=dst, op=nl.copy, data=src, scale=scale)
+    else:
+        nisa.activation(dst=dst, op=nl.copy, data=src)
+
+
+def transposed(t, rows, cols, dt, ident, first_on_vector=True, on_scalar=False):
+    """[cols/128 tiles of [128, 128]]: t[0:rows, 0:cols] transposed in 128-column slices (TensorE), copied out
+    of PSUM alternately by VectorE and ScalarE (with `on_scalar`, all by ScalarE)."""
+    P = nl.tile_size.pmax
+    out = []
+    for i in nl.affine_range(cdiv(cols, P)):
+        k = min(P, cols - i * P)
+        t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+        transpose_to_psum(t_ps[0:k, 0:rows], t[0:rows, i * P:i * P + k], rows, ident)
+        tT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+        evacuate(tT[0:k, 0:rows], t_ps[0:k, 0:rows], (i % 2 == 0) == first_on_vector and not on_scalar)
+        out.append(tT)
+    return out
+
+
+def row_tile(src_NX, r0, rows, dt):
+    """src_NX[r0:r0+rows] as a [128, X] SBUF tile in dt (the DMA casts)."""
+    P = nl.tile_size.pmax
+    t = nl.ndarray((P, src_NX.shape[1]), dtype=dt, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[0:rows], src=src_NX[r0:r0 + rows])
+    return t
+
+
+def weight_tiles(w_IO, dt):
+    """w_IO as I/128 SBUF tiles [<=128, O] in dt (the contraction rows on partitions)."""
+    P = nl.tile_size.pmax
+    I, O = w_IO.shape
+    tiles = []
+    for i in nl.affine_range(cdiv(I, P)):
+        k = min(P, I - i * P)
+        t = nl.ndarray((k, O), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=w_IO[i * P:i * P + k])
+        tiles.append(t)
+    return tiles
+
+
+def weight_transposed(w_IO, dt, ident):
+    """w_IO^T as O/128 SBUF tiles [128, I] (TensorE transposes, once per call)."""
+    P = nl.tile_size.pmax
+    I, O = w_IO.shape
+    wT = [nl.ndarray((P, I), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(O, P))]
+    for i in nl.affine_range(cdiv(I, P)):
+        k = min(P, I - i * P)
+        w_t = row_tile(w_IO, i * P, k, dt)
+        for j in nl.affine_range(cdiv(O, P)):
+            ko = min(P, O - j * P)
+            t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+            transpose_to_psum(t_ps[0:ko, 0:k], w_t[0:k, j * P:j * P + ko], k, ident)
+            evacuate(wT[j][0:ko, i * P:i * P + k], t_ps[0:ko, 0:k], j % 2 == 1)
+    return wT
+
+
+def products(lhsT, rhs, K, O, rows):
+    """lhsT^T @ rhs over a K-long contraction as O/512 fp32 PSUM tiles [rows, 512]: lhsT as [128, rows]
+    tiles, rhs as [128, O] tiles (slice i holds contraction rows i*128 ...)."""
+    P = nl.tile_size.pmax
+    out = []
+    for o in nl.affine_range(cdiv(O, W)):
+        w = min(W, O - o * W)
+        ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
+        for i in nl.affine_range(cdiv(K, P)):
+            k = min(P, K - i * P)
+            nisa.nc_matmul(dst=ps[0:rows, 0:w], stationary=lhsT[i][0:k, 0:rows], moving=rhs[i][0:k, o * W:o * W + w])
+        out.append(ps)
+    return out
+
+
+def matmul_rows(lhsT, rhs, K, dst, rows, scale=None, scaled=False):
+    """dst[0:rows] ([rows, O], SBUF, its dtype) = lhsT^T @ rhs (`products`), leaving PSUM alternately on VectorE
+    and ScalarE; with `scaled` times the per-row fp32 [rows, 1] `scale`."""
+    O = dst.shape[1]
+    for o, ps in enumerate(products(lhsT, rhs, K, O, rows)):
+        w = min(W, O - o * W)
+        evacuate(dst[0:rows, o * W:o * W + w], ps[0:rows, 0:w], o % 2 == 0, scale[0:rows] if scaled else None,
+                  scaled)
+
+
+def inv_rms(inv, x_t, rows, eps_P1):
+    """inv[0:rows] ([rows, 1] fp32) = rsqrt(mean(x^2) + eps) per row of x_t (ScalarE: the squares with their row
+    sum, then rsqrt on the column; as kernels_nki/rmsnorm.py)."""
+    P = nl.tile_size.pmax
+    D = x_t.shape[1]
+    sq = nl.ndarray((P, D), dtype=x_t.dtype, buffer=nl.sbuf)  # discarded: only the row sum is kept
+    ss = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=sq[0:rows], op=nl.square, data=x_t[0:rows], reduce_op=nl.add, reduce_res=ss[0:rows])
+    nisa.activation(dst=inv[0:rows], op=nl.rsqrt, data=ss[0:rows], scale=1.0 / D, bias=eps_P1[0:rows])
+
+
+def norm_bwd(dx, g, x_t, inv, rows, dxo=None):
+    """The RMSNorm backward of one row tile into dx ([rows, D] in its dtype): dx = inv (g + x c)
+    (`kernels_nki.tiles.norm_grad_rows`:
+    g as fp32 PSUM tiles of 512 columns), the final scale on ScalarE; with `dxo` (the gradient x receives
+    along the residual path, a [P, D] tile) dx = inv (g + x c) + dxo, the scale and the add as one VectorE op."""
+    work = norm_grad_rows(g, x_t, inv, rows, W)
+    if dxo != None:  # noqa: E711 (NKI has no `is`: nki/migration/index.rst)
+        nisa.scalar_tensor_tensor(dst=dx[0:rows], data=work[0:rows], op0=nl.multiply, operand0=inv[0:rows],
+                                  op1=nl.add, operand1=dxo[0:rows])
+    else:
+        nisa.activation(dst=dx[0:rows], op=nl.copy, data=work[0:rows], scale=inv[0:rows])
