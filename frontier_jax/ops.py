@@ -134,12 +134,13 @@ PROJECTION = declare(
     "projection", ref.resid_projection_fwd, ref.projection_bwd,
     vjp=Vjp("x, wf, r -> y", "x, wf, dy -> dx, dwf", args="x, w, s, r", prepare=_projection_operands,
             keep="w, s", grads=lambda d: {**_unfolded(d, "dwf", "w", "s"), "r": d["dy"]}))
-# the kernel recomputes x; no skip (width 0): no dskip, dsw from the kernel, zero
+# the kernel recomputes x; q, k and v leave as three outputs (widths: their columns), their cotangents come
+# back as three; no skip (width 0): no dskip, dsw from the kernel, zero
 MIX_NORM_PROJECTION = declare(
-    "mix_norm_projection", ref.mix_norm_projection_fwd, ref.mix_norm_projection_bwd,
+    "mix_norm_projection", ref.mix_norm_projection_fwd, ref.mix_norm_projection_bwd, static=("widths",),
     adapter=KernelAdapter(_mix_kernel_args),
-    vjp=Vjp("x, x0, mix, w, skip, sw -> xo, y, inv",
-            "x, x0, mix, w, skip, sw, inv, dxo, dy -> dx, dx0, dmix, dw, dskip, dsw"))
+    vjp=Vjp("x, x0, mix, w, skip, sw -> xo, q, k, v, inv",
+            "x, x0, mix, w, skip, sw, inv, dxo, dq, dk, dv -> dx, dx0, dmix, dw, dskip, dsw", forward_only="widths"))
 ADAM = declare("adam_update", ref.adam_update, static=("b1", "b2", "eps", "weight_decay"),
                adapter=KernelAdapter(_adam_kernel_args, _adam_kernel_outs), unused_reason=_UNFUSED)
 MUON = declare("muon_update", ref.muon_update, static=("ns_steps", "ns_dtype"), unused_reason=_UNFUSED)
@@ -242,12 +243,6 @@ def qkv_reference(x, w_q, w_k, w_v):
     return xn @ w_q.astype(dt), xn @ w_k.astype(dt), xn @ w_v.astype(dt)
 
 
-def split_qkv(y, w_q, w_k, w_v):
-    """y [..., O_q + O_k + O_v] of the fused [I, O_q + O_k + O_v] weight -> (q, k, v)."""
-    oq, ok = w_q.shape[1], w_k.shape[1]
-    return y[..., :oq], y[..., oq:oq + ok], y[..., oq + ok:]
-
-
 def _mix_reference(x_in, x0, mix_2D, w_q, w_k, w_v, skip=None, skip_w=None):
     """Exactly the unfused model's expressions (the skip add, resid_mix in x_in's dtype, the q/k/v projection)."""
     dt = x_in.dtype
@@ -265,8 +260,8 @@ def mix_norm_qkv_projection(x_in, x0, mix_2D, w_q, w_k, w_v, skip=None, skip_w=N
     fused into its pre-attention norm and q/k/v projection; x is the residual stream the block continues
     with. The weights are cast to x_in's dtype at use, as the unfused model did (reference.resid_mix). On a
     kernel it is one `mix_norm_projection` call with q/k/v as one [I, O_q + O_k + O_v] weight
-    (kernels_nki/projection.py) that writes x once and returns the gradients of the mix and skip weights
-    as fp32 sums over the tokens; each weight gets its slice of the fp32 dw."""
+    (kernels_nki/projection.py) that writes x, q, k and v once each and returns the gradients of the mix and
+    skip weights as fp32 sums over the tokens; each weight gets its slice of the fp32 dw."""
     dt, D = x_in.dtype, x_in.shape[-1]
     rows = lambda t: t.reshape(-1, D)
     if skip is None:  # width 0: no skip (the kernel adapter above passes None)
@@ -274,8 +269,10 @@ def mix_norm_qkv_projection(x_in, x0, mix_2D, w_q, w_k, w_v, skip=None, skip_w=N
     else:
         skip_NI, sw_1I = rows(skip), _in_dtype(skip_w, dt).reshape(1, D)
     w = jnp.concatenate([w_q.astype(dt), w_k.astype(dt), w_v.astype(dt)], axis=1)
-    x_NI, y_NO = MIX_NORM_PROJECTION.apply(rows(x_in), rows(x0), _in_dtype(mix_2D, dt), w, skip_NI, sw_1I)
-    return (x_NI.reshape(x_in.shape), *split_qkv(y_NO.reshape(x_in.shape[:-1] + (w.shape[1],)), w_q, w_k, w_v))
+    widths = (w_q.shape[1], w_k.shape[1], w_v.shape[1])
+    outs = MIX_NORM_PROJECTION.apply(rows(x_in), rows(x0), _in_dtype(mix_2D, dt), w, skip_NI, sw_1I, widths=widths)
+    lead = x_in.shape[:-1]
+    return tuple(o.reshape(lead + (o.shape[-1],)) for o in outs)
 
 
 def _out_projection_reference(x, w_IO, resid, scale_O):

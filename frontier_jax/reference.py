@@ -136,17 +136,21 @@ def _skip_added(x_NI, skip_NI, sw_1I):
     return x_NI + sw_1I[0].astype(x_NI.dtype) * skip_NI if skip_NI.shape[1] else x_NI
 
 
-def mix_norm_projection_fwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I):
-    """(x = resid_mix(...), y = rms_norm(x) w, inv_N1): the block's residual mix (and skip add) and the
-    pre-attention RMSNorm with the q/k/v projection as one op, composed of the references."""
+def mix_norm_projection_fwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, *, widths):
+    """(x = resid_mix(...), q, k, v, inv_N1) with [q | k | v] = rms_norm(x) w, `widths` their columns: the
+    block's residual mix (and skip add) and the pre-attention RMSNorm with the q/k/v projection as one op,
+    composed of the references."""
     x = resid_mix(x_NI, x0_NI, mix_2I, skip_NI, sw_1I)
-    return (x, *norm_projection_fwd(x, w_IO))
+    y, inv_N1 = norm_projection_fwd(x, w_IO)
+    cuts = [sum(widths[:i]) for i in range(1, len(widths))]
+    return (x, *jnp.split(y, cuts, axis=1), inv_N1)
 
 
-def mix_norm_projection_bwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, inv_N1, dxo_NI, dy_NO):
+def mix_norm_projection_bwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, inv_N1, dxo_NI, dq_NQ, dk_NK, dv_NV):
     """(dx_in, dx0 in x's dtype, dmix [2, I] fp32, dw fp32[, dskip in x's dtype, dsw [1, I] fp32 with a skip]):
-    x's gradient is dxo (the written x's, the residual path) plus norm_projection_bwd's; the mix's backward
-    as autodiff takes it, with the weights' gradients summed over the tokens in fp32."""
+    x's gradient is dxo (the written x's, the residual path) plus norm_projection_bwd's of dy = [dq | dk | dv];
+    the mix's backward as autodiff takes it, with the weights' gradients summed over the tokens in fp32."""
+    dy_NO = jnp.concatenate([dq_NQ, dk_NK, dv_NV], axis=1)
     dt, f32 = x_NI.dtype, lambda a: a.astype(jnp.float32)
     x = resid_mix(x_NI, x0_NI, mix_2I, skip_NI, sw_1I)
     dxn, dw = norm_projection_bwd(x, w_IO, inv_N1, dy_NO)

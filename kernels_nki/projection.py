@@ -12,20 +12,24 @@ residual scale s into w's columns (x + s (o w) = x + o (w diag s)) and derives d
 dw of the folded weight. `norm_projection` (frontier_jax.reference.norm_projection_fwd / _bwd): y = rms_norm(x) w,
 with inv_N1 = rsqrt(mean(x^2) + eps) (fp32, eps = float32 epsilon) as the residual; backward g = dy w^T,
 dx = inv (g + x c) with c = -mean(g x) inv^2 (fp32 math), dw = rms_norm(x)^T dy. ops.out_projection
-runs `projection`, ops.norm_qkv_projection runs `norm_projection` with q/k/v fused as one [D, (H + 2G) K]
-weight; dw leaves in fp32 and ops casts it to the weight's dtype. `mix_norm_projection`
+runs `projection`; `norm_projection` is the experimental op (frontier_jax.experimental.ops.norm_qkv_projection).
+dw leaves in fp32 and ops casts it to the weight's dtype. `mix_norm_projection`
 (frontier_jax.reference.mix_norm_projection_fwd / _bwd; ops.mix_norm_qkv_projection, what the model calls):
 x = m0 x_in' + m1 x0 with x_in' = x_in (+ sw skip), m = resid_mix and sw the skip weight (fp32 operands
-holding values of x's dtype), then norm_projection of x; x is written once (the residual stream the block
-continues with); the backward takes dy and dxo (the gradient of the written x) and returns dx_in, dx0, dmix,
-dw (and dskip, dsw).
+holding values of x's dtype), then norm_projection of x with q/k/v fused as one [D, (H + 2G) K] weight; x is
+written once (the residual stream the block continues with) and y leaves as three outputs q, k, v (`widths`,
+a compile-time constant: the model's q/k/v need no slicing pass outside the kernel); the backward takes dq,
+dk, dv and dxo (the gradient of the written x) and returns dx_in, dx0, dmix, dw (and dskip, dsw).
 
 Layout. Every token-major operand moves in packed row groups (`kernels_nki.packing`): R = 4096 / I rows per
 partition (8 at I = 512), so a group of 128 R tokens is one DMA per operand with R I itemsize contiguous bytes
 per partition (8 KiB for x in bf16, 16 KiB for a [N, 1024] y or dy), and the [N, 1] inverse RMS of a group is
 one [128, R] DMA. Row tile j of a group (partition p: token r0 + p R + j) is a [128, I] slice of the group
 tile; its x^T blocks give y's row tile j, written into the same slice of the output group tile, stored with
-one DMA. The contraction over tokens (dw) pairs row tiles of x and dy with the same tokens, in any order.
+one DMA; with several outputs (q, k, v) each output has its own group tile and DMA, and a [rows, 512] PSUM slice
+that spans two of them leaves PSUM in two pieces (`projection_parts.pieces`). The backward's dy parts are
+transposed part by part and w^T is chunked the same way (`part_chunks`). The contraction over tokens (dw)
+pairs row tiles of x and dy with the same tokens, in any order.
 The weights are loaded once per call ([128, O] row tiles).
 
 The norm is a per-token scale: rms_norm(x) w = inv (x w), so the forward multiplies the output rows by
@@ -93,25 +97,30 @@ import nki.language as nl
 from kernels_nki.mix_parts import mix_bwd, mix_setup, mixed, store_sums, token_sums
 from kernels_nki.packing import blocks, groups, load, rows_per_partition, store, tile
 from kernels_nki.projection_parts import (
-    PSUM_BANKS, W, evacuate, inv_rms, matmul_rows, norm_bwd, products, transposed, weight_tiles, weight_transposed)
+    PSUM_BANKS, W, chunks, evacuate, inv_rms, matmul_rows, norm_bwd, part_chunks, pieces, products, transposed,
+    weight_tiles, weight_transposed)
 from kernels_nki.tiles import EPS, cdiv, identity
 
 BLOCK = 16  # norm_projection_bwd: row tiles whose dw partials accumulate in PSUM before the fp32 SBUF add
 
 
-def _norm_out(prev, w, I, y_NO, inv_N1):
-    """The forward's row tile `prev` = (x^T blocks, group, j, inv, y group tile): y = inv (x w) as it leaves PSUM;
-    y and inv out after the group's last row tile."""
-    xT, g, j, inv, y_g = prev
+def _norm_out(prev, w, I, ys, inv_N1):
+    """The forward's row tile `prev` = (x^T blocks, group, j, inv, the outputs' group tiles): y = inv (x w) as it
+    leaves PSUM, each output's columns into its own group tile; the outputs and inv out after the group's last
+    row tile."""
+    xT, g, j, inv, y_gs = prev
     p = g[1]
-    matmul_rows(xT, w, I, tile(y_g, g, j, y_NO.shape[1]), p, inv[0:p, j:j + 1], True)
+    matmul_rows(xT, w, chunks(I), [tile(y_gs[s], g, j, ys[s].shape[1]) for s in range(len(ys))], p,
+                inv[0:p, j:j + 1], True)
     if j == g[2] - 1:
-        store(y_NO, g, y_g)
+        for s in range(len(ys)):
+            store(ys[s], g, y_gs[s])
         store(inv_N1, g, inv)
 
 
-def _forward(x_NI, w_IO, y_NO, inv_N1, mixing=None):
-    """y = rms_norm(x) w = inv (x w) per packed row group, inv stored in inv_N1 (one DMA per group). With
+def _forward(x_NI, w_IO, ys, inv_N1, mixing=None):
+    """y = rms_norm(x) w = inv (x w) per packed row group into the outputs `ys` (y's columns side by side: one
+    output, or q, k and v), inv stored in inv_N1 (one DMA per output and group). With
     `mixing` = (`mix_setup`'s operands, xo_NI), x is the mixed stream, stored in xo_NI. Row tile t's matmuls
     follow row tile t + 1's transposes in program order."""
     N, I = x_NI.shape
@@ -132,15 +141,15 @@ def _forward(x_NI, w_IO, y_NO, inv_N1, mixing=None):
         else:
             x_g = load(x_NI, g, dt, R)
         inv = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
-        y_g = nl.ndarray((P, R * O), dtype=dt, buffer=nl.sbuf)
+        y_gs = [nl.ndarray((P, R * y.shape[1]), dtype=dt, buffer=nl.sbuf) for y in ys]
         for j in range(g[2]):
             x_t = tile(x_g, g, j, I)
             inv_rms(inv[0:p, j:j + 1], x_t, p, eps)
             xT = transposed(x_t, p, I, dt, ident)
             if prev != None:  # noqa: E711
-                _norm_out(prev, w, I, y_NO, inv_N1)
-            prev = (xT, g, j, inv, y_g)
-    _norm_out(prev, w, I, y_NO, inv_N1)
+                _norm_out(prev, w, I, ys, inv_N1)
+            prev = (xT, g, j, inv, y_gs)
+    _norm_out(prev, w, I, ys, inv_N1)
 
 
 def _dy_group(dy_NO, g, c0, c1, dt, R):
@@ -173,7 +182,7 @@ def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, ident, dx_NI=None, wT=None):
         for j in range(g[2]):
             x_t, dy_t = tile(x_g, g, j, I), tile(dy_g, g, j, c1 - c0)
             if dx_NI != None:  # noqa: E711
-                matmul_rows(transposed(dy_t, p, O, dt, ident), wT, O, tile(dx_g, g, j, I), p)
+                matmul_rows(transposed(dy_t, p, O, dt, ident), wT, chunks(O), [tile(dx_g, g, j, I)], p)
             for o in nl.affine_range(o1 - o0):
                 w = min(W, c1 - c0 - o * W)
                 for i in nl.affine_range(cdiv(I, P)):
@@ -198,7 +207,7 @@ def _resid_out(prev, w, I, y_NO):
     xT, g, j, r_g, y_g = prev
     O = y_NO.shape[1]
     p = g[1]
-    for o, ps in enumerate(products(xT, w, I, O, p)):
+    for o, ps in enumerate(products(xT, w, chunks(I), O, p)):
         c, c0 = min(W, O - o * W), j * O + o * W
         nisa.tensor_tensor(dst=y_g[0:p, c0:c0 + c], data1=ps[0:p, 0:c], data2=r_g[0:p, c0:c0 + c], op=nl.add)
     if j == g[2] - 1:
@@ -237,17 +246,19 @@ def norm_projection_fwd(x_NI, w_IO):
     N = x_NI.shape[0]
     y_NO = nl.ndarray((N, w_IO.shape[1]), dtype=x_NI.dtype, buffer=nl.shared_hbm)
     inv_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
-    _forward(x_NI, w_IO, y_NO, inv_N1)
+    _forward(x_NI, w_IO, (y_NO,), inv_N1)
     return y_NO, inv_N1
 
 
-def _bwd_setup(x_NI, w_IO):
-    """A backward's outputs (dx_NI in x's dtype, dw_IO fp32), the transposes' identity and w^T tiles."""
+def _bwd_setup(x_NI, w_IO, widths=None):
+    """A backward's outputs (dx_NI in x's dtype, dw_IO fp32), the transposes' identity and w^T tiles (chunked
+    as dy's parts of `widths` columns: `part_chunks`; one part of all of w's columns by default)."""
     N, I = x_NI.shape
     dx_NI = nl.ndarray((N, I), dtype=x_NI.dtype, buffer=nl.shared_hbm)
     dw_IO = nl.ndarray((I, w_IO.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
     ident = identity(x_NI.dtype)
-    return dx_NI, dw_IO, ident, weight_transposed(w_IO, x_NI.dtype, ident)
+    ks = part_chunks(widths if widths != None else (w_IO.shape[1],))  # noqa: E711
+    return dx_NI, dw_IO, ident, weight_transposed(w_IO, x_NI.dtype, ident, ks)
 
 
 @nki.jit
@@ -267,7 +278,8 @@ def projection_bwd(x_NI, w_IO, dy_NO):
         dy_g = load(dy_NO, g, dt, R)
         dx_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)
         for j in range(g[2]):
-            matmul_rows(transposed(tile(dy_g, g, j, O), g[1], O, dt, ident), wT, O, tile(dx_g, g, j, I), g[1])
+            matmul_rows(transposed(tile(dy_g, g, j, O), g[1], O, dt, ident), wT, chunks(O), [tile(dx_g, g, j, I)],
+                        g[1])
         store(dx_NI, g, dx_g)
     if banks <= PSUM_BANKS:  # every dw slice in one pass over x
         _dw_pass(x_NI, dy_NO, dw_IO, 0, slices, dt, ident)
@@ -277,28 +289,34 @@ def projection_bwd(x_NI, w_IO, dy_NO):
     return dx_NI, dw_IO
 
 
-def _bwd_inputs(x_NI, inv_N1, dy_NO, g, R, dt, mixing):
-    """Backward stage A of group g: dy, inv and x in (with `mixing`, x recomputed from the block's inputs on
-    GpSimd, and dxo in). Returns (g, dy, inv, x, dxo or None, (x_in', x0, skip) or None)."""
-    dy_g, inv = load(dy_NO, g, dt, R), load(inv_N1, g, nl.float32, R)
+def _bwd_inputs(x_NI, inv_N1, dys, g, R, dt, mixing):
+    """Backward stage A of group g: dy (its parts `dys`, one group tile each), inv and x in (with `mixing`, x
+    recomputed from the block's inputs on GpSimd, and dxo in). Returns (g, dy group tiles, inv, x, dxo or None,
+    (x_in', x0, skip) or None)."""
+    dy_g, inv = [load(dy, g, dt, R) for dy in dys], load(inv_N1, g, nl.float32, R)
     if mixing != None:  # noqa: E711
         xs, x0, sk, x_g = mixed(x_NI, mixing[0], g, dt)
         return g, dy_g, inv, x_g, load(mixing[1], g, dt, R), (xs, x0, sk)
     return g, dy_g, inv, load(x_NI, g, dt, R), None, None
 
 
-def _bwd_rows(st, wT, I, O, dt, ident, scalar_copies):
-    """Backward stage B: per row tile g = dy w^T (token-major PSUM, dy^T by transposes), the norm's backward into
-    dx (+ dxo), rms_norm(x) = inv x (ScalarE) for dw. Returns (dx group tile, [(parts, xn row tile)], dy row tiles)."""
+def _bwd_rows(st, wT, I, widths, dt, ident, scalar_copies):
+    """Backward stage B: per row tile g = dy w^T (token-major PSUM, dy^T by transposes of each part of dy, w^T
+    chunked to match: `part_chunks`), the norm's backward into dx (+ dxo), rms_norm(x) = inv x (ScalarE) for dw.
+    Returns (dx group tile, [(parts, xn row tile)], [dy's row tiles, one per part])."""
     P = nl.tile_size.pmax
     g, dy_g, inv, x_g, dxo, _ = st
-    p, R = g[1], dy_g.shape[1] // O
+    p, R = g[1], dy_g[0].shape[1] // widths[0]
     dx_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)
     xn_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)  # rms_norm(x), dw's stationary operand
     xn_s, dy_s = [], []
     for j in range(g[2]):
-        dy_t, x_t, inv_j = tile(dy_g, g, j, O), tile(x_g, g, j, I), inv[0:p, j:j + 1]
-        gr = products(transposed(dy_t, p, O, dt, ident, False, scalar_copies), wT, O, I, p)
+        dy_t = [tile(dy_g[s], g, j, widths[s]) for s in range(len(widths))]
+        x_t, inv_j = tile(x_g, g, j, I), inv[0:p, j:j + 1]
+        dyT = []
+        for s in range(len(widths)):
+            dyT += transposed(dy_t[s], p, widths[s], dt, ident, False, scalar_copies)
+        gr = products(dyT, wT, part_chunks(widths), I, p)
         norm_bwd(tile(dx_g, g, j, I), gr, x_t, inv_j, p, tile(dxo, g, j, I) if dxo != None else None)  # noqa: E711
         xn = tile(xn_g, g, j, I)
         nisa.activation(dst=xn, op=nl.copy, data=x_t, scale=inv_j)
@@ -308,7 +326,8 @@ def _bwd_rows(st, wT, I, O, dt, ident, scalar_copies):
 
 
 def _dw_block(acc, xn_s, dy_s, I, O):
-    """acc[i] += xn^T dy over a block's row tiles: one PSUM bank per [128, 512] slice, then one VectorE add."""
+    """acc[i] += xn^T dy over a block's row tiles (dy's row tiles per part, side by side: `pieces`): one PSUM bank
+    per [128, 512] slice, then one VectorE add."""
     P = nl.tile_size.pmax
     for i in nl.affine_range(cdiv(I, P)):
         k = min(P, I - i * P)
@@ -317,14 +336,16 @@ def _dw_block(acc, xn_s, dy_s, I, O):
             g_ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
             for s in range(len(xn_s)):
                 p, xn = xn_s[s]
-                nisa.nc_matmul(dst=g_ps[0:k, 0:w], stationary=xn[0:p, i * P:i * P + k],
-                               moving=dy_s[s][0:p, o * W:o * W + w])
+                for t, a, b, off in pieces(dy_s[s], o * W, o * W + w):
+                    nisa.nc_matmul(dst=g_ps[0:k, off:off + b - a], stationary=xn[0:p, i * P:i * P + k],
+                                   moving=dy_s[s][t][0:p, a:b])
             a = acc[i][0:k, o * W:o * W + w]
             nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:k, 0:w], op=nl.add)
 
 
-def _norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO, dx_NI, dw_IO, ident, wT, mixing=None):
-    """norm_projection's backward body (see norm_projection_bwd); with `mixing` = (`mix_setup`'s operands,
+def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixing=None):
+    """norm_projection's backward body (see norm_projection_bwd), dy given as its parts `dys` (y's columns side
+    by side: all of dy, or dq, dk and dv); with `mixing` = (`mix_setup`'s operands,
     dxo_NI, (dx_NI, dx0_NI, dskip_NI), red), x is recomputed from the block's inputs, the residual path's
     gradient dxo is added to dx, and the mixing's backward (`mix_bwd`, `token_sums`) runs on the result. Per
     group k the stages run in the program order A(k + 1), B(k), the token sums of k - 1, dw of the block before
@@ -340,11 +361,12 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO, dx_NI, dw_IO, ident, wT, mix
     blks = blocks(N, R, BLOCK)
     gs = [g for blk in blks for g in blk]
     last = [blk[-1] for blk in blks]
-    st = _bwd_inputs(x_NI, inv_N1, dy_NO, gs[0], R, dt, mixing)
+    widths = [dy.shape[1] for dy in dys]
+    st = _bwd_inputs(x_NI, inv_N1, dys, gs[0], R, dt, mixing)
     pend_sums, pend_dw, xn_b, dy_b = None, None, [], []
     for k in range(len(gs)):
-        nxt = _bwd_inputs(x_NI, inv_N1, dy_NO, gs[k + 1], R, dt, mixing) if k + 1 < len(gs) else None
-        dx_g, xn_s, dy_s = _bwd_rows(st, wT, I, O, dt, ident, mix)
+        nxt = _bwd_inputs(x_NI, inv_N1, dys, gs[k + 1], R, dt, mixing) if k + 1 < len(gs) else None
+        dx_g, xn_s, dy_s = _bwd_rows(st, wT, I, widths, dt, ident, mix)
         xn_b, dy_b = xn_b + xn_s, dy_b + dy_s
         if pend_sums != None:  # noqa: E711
             token_sums(pend_sums[0], pend_sums[1], I, mixing[3], ones)
@@ -374,34 +396,38 @@ def norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO):
     dw = (inv x)^T dy. One pass over the tokens; dw partials of BLOCK row tiles accumulate in one PSUM
     bank per [128, 512] slice, then one VectorE add into fp32 SBUF accumulators."""
     dx_NI, dw_IO, ident, wT = _bwd_setup(x_NI, w_IO)
-    _norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO, dx_NI, dw_IO, ident, wT)
+    _norm_projection_bwd(x_NI, w_IO, inv_N1, (dy_NO,), dx_NI, dw_IO, ident, wT)
     return dx_NI, dw_IO
 
 
 @nki.jit
-def mix_norm_projection_fwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI=None, sw_1I=None):
-    """(x = mix[0] x_in' + mix[1] x0 with x_in' = x_in (+ sw skip) in x_in's dtype, y_NO = rms_norm(x) w_IO,
-    inv_N1 fp32): the block's residual mix (and a decoder block's U-Net skip add) before the q/k/v
-    projection; mix_2I and sw_1I fp32 (values of x's dtype), skip_NI and sw_1I both None for no skip."""
+def mix_norm_projection_fwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, widths):
+    """(x = mix[0] x_in' + mix[1] x0 with x_in' = x_in (+ sw skip) in x_in's dtype, q_NQ, k_NK, v_NV, inv_N1
+    fp32) with [q | k | v] = rms_norm(x) w_IO, `widths` = (Q, K, V) the three outputs' columns (a compile-time
+    constant; each written in the packed row groups the attention kernel reads): the block's residual mix (and
+    a decoder block's U-Net skip add) before the q/k/v projection; mix_2I and sw_1I fp32 (values of x's
+    dtype), skip_NI and sw_1I both None for no skip."""
     N, I = x_NI.shape
     dt = x_NI.dtype
     xo_NI = nl.ndarray((N, I), dtype=dt, buffer=nl.shared_hbm)
-    y_NO = nl.ndarray((N, w_IO.shape[1]), dtype=dt, buffer=nl.shared_hbm)
+    ys = tuple(nl.ndarray((N, c), dtype=dt, buffer=nl.shared_hbm) for c in widths)
     inv_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     mix = mix_setup(x0_NI, mix_2I, skip_NI, sw_1I, rows_per_partition(I), dt)
-    _forward(x_NI, w_IO, y_NO, inv_N1, (mix, xo_NI))
-    return xo_NI, y_NO, inv_N1
+    _forward(x_NI, w_IO, ys, inv_N1, (mix, xo_NI))
+    return (xo_NI,) + ys + (inv_N1,)
 
 
 @nki.jit
-def mix_norm_projection_bwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, inv_N1, dxo_NI, dy_NO):
-    """(dx_NI, dx0_NI in x's dtype, dmix_2I fp32, dw_IO fp32[, dskip_NI in x's dtype, dsw_1I fp32]) given dy (the
-    projection's gradient) and dxo (the written x's): dx = dxo + the norm projection's backward, then the
-    mixing's; dmix and dsw are fp32 sums over the tokens (PSUM), the skip's outputs only with a skip."""
+def mix_norm_projection_bwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, inv_N1, dxo_NI, dq_NQ, dk_NK, dv_NV):
+    """(dx_NI, dx0_NI in x's dtype, dmix_2I fp32, dw_IO fp32[, dskip_NI in x's dtype, dsw_1I fp32]) given dq, dk,
+    dv (the projection's gradient, y's three parts) and dxo (the written x's): dx = dxo + the norm projection's
+    backward, then the mixing's; dmix and dsw are fp32 sums over the tokens (PSUM), the skip's outputs only with
+    a skip."""
     N, I = x_NI.shape
     P = nl.tile_size.pmax
     dt = x_NI.dtype
-    dx_NI, dw_IO, ident, wT = _bwd_setup(x_NI, w_IO)
+    dys = (dq_NQ, dk_NK, dv_NV)
+    dx_NI, dw_IO, ident, wT = _bwd_setup(x_NI, w_IO, [dy.shape[1] for dy in dys])
     skip = skip_NI != None  # noqa: E711
     dx0_NI = nl.ndarray((N, I), dtype=dt, buffer=nl.shared_hbm)
     dmix_2I = nl.ndarray((2, I), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -410,7 +436,7 @@ def mix_norm_projection_bwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, inv_N1, d
     red = nl.ndarray((P, (3 if skip else 2) * cdiv(I, P)), dtype=nl.float32, buffer=nl.psum)
     mix = mix_setup(x0_NI, mix_2I, skip_NI, sw_1I, rows_per_partition(I), dt)
     mixing = (mix, dxo_NI, (dx_NI, dx0_NI, dskip_NI), red)
-    _norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO, dx_NI, dw_IO, ident, wT, mixing)
+    _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixing)
     store_sums(red, 0, dmix_2I)
     if skip:
         store_sums(red, 2, dsw_1I)

@@ -63,45 +63,76 @@ def weight_tiles(w_IO, dt):
     return tiles
 
 
-def weight_transposed(w_IO, dt, ident):
-    """w_IO^T as O/128 SBUF tiles [128, I] (TensorE transposes, once per call)."""
+def chunks(K):
+    """A contraction of K rows in chunks of at most 128 (the partitions): their sizes."""
     P = nl.tile_size.pmax
-    I, O = w_IO.shape
-    wT = [nl.ndarray((P, I), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(O, P))]
+    return [min(P, K - i * P) for i in range(cdiv(K, P))]
+
+
+def part_chunks(widths):
+    """The chunks of a contraction over parts laid side by side (q, k, v): each part's own `chunks`, so that a
+    part's transposed row tiles line up with them."""
+    return [k for w in widths for k in chunks(w)]
+
+
+def pieces(parts, c0, c1):
+    """[(s, a, b, off)]: columns c0:c1 of the tiles `parts` laid side by side, as part s's own columns a:b, at
+    offset off from c0."""
+    out, start = [], 0
+    for s in range(len(parts)):
+        end = start + parts[s].shape[1]
+        lo, hi = max(c0, start), min(c1, end)
+        if lo < hi:
+            out.append((s, lo - start, hi - start, lo - c0))
+        start = end
+    return out
+
+
+def weight_transposed(w_IO, dt, ident, ks):
+    """w_IO^T as SBUF tiles [128, I], one per chunk of w's O columns in `ks` (TensorE transposes, once per call)."""
+    P = nl.tile_size.pmax
+    I = w_IO.shape[0]
+    wT = [nl.ndarray((P, I), dtype=dt, buffer=nl.sbuf) for _ in ks]
     for i in nl.affine_range(cdiv(I, P)):
         k = min(P, I - i * P)
         w_t = row_tile(w_IO, i * P, k, dt)
-        for j in nl.affine_range(cdiv(O, P)):
-            ko = min(P, O - j * P)
+        c0 = 0
+        for j in range(len(ks)):
             t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
-            transpose_to_psum(t_ps[0:ko, 0:k], w_t[0:k, j * P:j * P + ko], k, ident)
-            evacuate(wT[j][0:ko, i * P:i * P + k], t_ps[0:ko, 0:k], j % 2 == 1)
+            transpose_to_psum(t_ps[0:ks[j], 0:k], w_t[0:k, c0:c0 + ks[j]], k, ident)
+            evacuate(wT[j][0:ks[j], i * P:i * P + k], t_ps[0:ks[j], 0:k], j % 2 == 1)
+            c0 += ks[j]
     return wT
 
 
-def products(lhsT, rhs, K, O, rows):
-    """lhsT^T @ rhs over a K-long contraction as O/512 fp32 PSUM tiles [rows, 512]: lhsT as [128, rows]
-    tiles, rhs as [128, O] tiles (slice i holds contraction rows i*128 ...)."""
+def products(lhsT, rhs, ks, O, rows):
+    """lhsT^T @ rhs over a contraction in chunks `ks` as O/512 fp32 PSUM tiles [rows, 512]: lhsT as [128, rows]
+    tiles, rhs as [128, O] tiles (tile i holds chunk i's contraction rows)."""
     P = nl.tile_size.pmax
     out = []
     for o in nl.affine_range(cdiv(O, W)):
         w = min(W, O - o * W)
         ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
-        for i in nl.affine_range(cdiv(K, P)):
-            k = min(P, K - i * P)
-            nisa.nc_matmul(dst=ps[0:rows, 0:w], stationary=lhsT[i][0:k, 0:rows], moving=rhs[i][0:k, o * W:o * W + w])
+        for i in range(len(ks)):
+            nisa.nc_matmul(dst=ps[0:rows, 0:w], stationary=lhsT[i][0:ks[i], 0:rows],
+                           moving=rhs[i][0:ks[i], o * W:o * W + w])
         out.append(ps)
     return out
 
 
-def matmul_rows(lhsT, rhs, K, dst, rows, scale=None, scaled=False):
-    """dst[0:rows] ([rows, O], SBUF, its dtype) = lhsT^T @ rhs (`products`), leaving PSUM alternately on VectorE
-    and ScalarE; with `scaled` times the per-row fp32 [rows, 1] `scale`."""
-    O = dst.shape[1]
-    for o, ps in enumerate(products(lhsT, rhs, K, O, rows)):
+def matmul_rows(lhsT, rhs, ks, dsts, rows, scale=None, scaled=False):
+    """The tiles dsts laid side by side ([rows, O] together, SBUF, their dtype) = lhsT^T @ rhs (`products`),
+    leaving PSUM alternately on VectorE and ScalarE; with `scaled` times the per-row fp32 [rows, 1] `scale`."""
+    O = 0
+    for d in dsts:
+        O += d.shape[1]
+    n = 0
+    for o, ps in enumerate(products(lhsT, rhs, ks, O, rows)):
         w = min(W, O - o * W)
-        evacuate(dst[0:rows, o * W:o * W + w], ps[0:rows, 0:w], o % 2 == 0, scale[0:rows] if scaled else None,
-                  scaled)
+        for s, a, b, off in pieces(dsts, o * W, o * W + w):
+            evacuate(dsts[s][0:rows, a:b], ps[0:rows, off:off + b - a], n % 2 == 0,
+                     scale[0:rows] if scaled else None, scaled)
+            n += 1
 
 
 def inv_rms(inv, x_t, rows, eps_P1):

@@ -60,7 +60,7 @@ def _mix_norm_projection(skip):
         N, I = x.shape
         mix = (1 + r.standard_normal((2, I)) / 2).astype(f32)
         return (x, r.standard_normal((N, I)).astype(f32), mix, w, r.standard_normal((N, I if skip else 0)).astype(f32),
-                (1 + r.standard_normal((1, I if skip else 0)) / 2).astype(f32)), {}
+                (1 + r.standard_normal((1, I if skip else 0)) / 2).astype(f32)), {"widths": (40, 20, 20)}
     return make
 
 
@@ -125,9 +125,9 @@ CASES = {
     "head_loss/no-bias": (_head_loss(0), slice(1, None)),
     "projection": (_projection, slice(1, None)),  # backward: (x, w, dy): the residual's cotangent is dy
     "norm_projection": (_norm_projection, slice(1, None)),  # backward: (x, w, inv, dy)
-    # backward: (x_in, x0, mix, w, skip, sw, inv, dx of x, dy); no skip: width 0, the kernel gets None
-    "mix_norm_projection": (_mix_norm_projection(False), slice(2, None), (0, 1)),
-    "mix_norm_projection/skip": (_mix_norm_projection(True), slice(2, None), (0, 1)),
+    # backward: (x_in, x0, mix, w, skip, sw, inv, dx of x, dq, dk, dv); no skip: width 0, the kernel gets None
+    "mix_norm_projection": (_mix_norm_projection(False), slice(4, None), (0, 1, 2, 3)),
+    "mix_norm_projection/skip": (_mix_norm_projection(True), slice(4, None), (0, 1, 2, 3)),
     "adam_update": (_adam, None),
     "muon_update": (_muon, None),
 }
@@ -144,6 +144,8 @@ def _arrays(case: str, which: str):
     if which == "fwd":
         return op, inputs, static
     outs = [np.asarray(o) for o in jax.jit(lambda *a: spec.refs["fwd"](*a, **static))(*inputs)]
+    forward_only = spec.vjp.forward_only.replace(",", " ").split() if spec.vjp else []
+    static = {k: v for k, v in static.items() if k not in forward_only}  # what the backward takes
     cots = tuple(r.standard_normal(outs[i].shape).astype(outs[i].dtype) for i in with_cot)
     if op == "rope":
         return op, (*cots, *inputs[1:]), static

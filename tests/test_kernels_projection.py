@@ -100,6 +100,11 @@ def test_norm_projection_counts_at_the_models_qkv_shape(kernels):
     assert bwd.psum_peak_banks <= 8 and fwd.psum_peak_banks <= 8
 
 
+def _widths(O):
+    """q/k/v widths splitting O as the model does (q twice k and v), none a multiple of 128 at the small shapes."""
+    return (O - 2 * (O // 4), O // 4, O // 4)
+
+
 def _mix_inputs(dtype, N, I, O, skip, seed):
     """mix_norm_projection's operands (x_in, x0, mix, w, skip, sw; skip and sw of width 0 for none, as the
     primitive takes them) and cotangents (dx of the written x, dy); the weights hold values of dt in fp32."""
@@ -122,20 +127,25 @@ def _mix_inputs(dtype, N, I, O, skip, seed):
     ("bfloat16", 300, 256, 640, True),
 ])
 def test_mix_norm_projection_matches_reference(kernels, dtype, N, I, O, skip):
-    """The resid_mix (and skip add) fused into the q/k/v kernel: x, y, inv and every gradient (dx_in, dx0,
+    """The resid_mix (and skip add) fused into the q/k/v kernel: x, q, k, v, inv and every gradient (dx_in, dx0,
     the fp32 token sums dmix / dsw, dw, dskip) against frontier_jax.reference on the same values in fp32."""
     (x_in, x0, mix, w, sk, sw), (dxo, dy) = _mix_inputs(dtype, N, I, O, skip, N + I + O)
     dt = x_in.dtype
     f32 = lambda a: np.asarray(a, np.float32)
-    want = ref.mix_norm_projection_fwd(f32(x_in), f32(x0), mix, f32(w), f32(sk), sw)
-    opt = (sk, sw) if skip else ()
-    got = kernels.mix_norm_projection_fwd(x_in, x0, mix, w, *opt)
-    assert [(g.shape, g.dtype) for g in got] == [((N, I), dt), ((N, O), dt), ((N, 1), np.float32)]
+    widths = _widths(O)
+    want = ref.mix_norm_projection_fwd(f32(x_in), f32(x0), mix, f32(w), f32(sk), sw, widths=widths)
+    got = kernels.mix_norm_projection_fwd(x_in, x0, mix, w, sk if skip else None, sw if skip else None,
+                                          widths=widths)
+    assert [(g.shape, g.dtype) for g in got] == [((N, I), dt)] + [((N, c), dt) for c in widths] + [
+        ((N, 1), np.float32)]
     for g, w_ in zip(got, want):
         _assert_close(g, w_, TOL[dtype])
-    got_b = kernels.mix_norm_projection_bwd(x_in, x0, mix, w, sk if skip else None, sw if skip else None, got[2],
-                                            dxo, dy)
-    want_b = ref.mix_norm_projection_bwd(f32(x_in), f32(x0), mix, f32(w), f32(sk), sw, want[2], f32(dxo), f32(dy))
+    cuts = [widths[0], widths[0] + widths[1]]
+    dys = np.split(dy, cuts, axis=1)
+    got_b = kernels.mix_norm_projection_bwd(x_in, x0, mix, w, sk if skip else None, sw if skip else None, got[4],
+                                            dxo, *dys)
+    want_b = ref.mix_norm_projection_bwd(f32(x_in), f32(x0), mix, f32(w), f32(sk), sw, want[4], f32(dxo),
+                                         *(f32(d) for d in dys))
     shapes = [((N, I), dt), ((N, I), dt), ((2, I), np.float32), ((I, O), np.float32)]
     assert [(g.shape, g.dtype) for g in got_b] == shapes + ([((N, I), dt), ((1, I), np.float32)] if skip else [])
     for g, w_ in zip(got_b, want_b):
@@ -152,13 +162,16 @@ def test_mix_norm_projection_counts_at_the_models_qkv_shape(kernels, skip):
     x, w, dy, inv = ((N, I), "bfloat16"), ((I, O), "bfloat16"), ((N, O), "bfloat16"), ((N, 1), "float32")
     mix, sw = ((2, I), "float32"), ((1, I), "float32")
     opt = (x, sw) if skip else (None, None)
-    fwd = emulator.count(kernels.mix_norm_projection_fwd, x, x, mix, w, *(opt if skip else ()))
-    bwd = emulator.count(kernels.mix_norm_projection_bwd, x, x, mix, w, *opt, inv, x, dy)
+    widths = (512, 256, 256)  # the baseline's q, k, v
+    fwd = emulator.count(kernels.mix_norm_projection_fwd, x, x, mix, w, *opt, widths=widths)
+    dys = [((N, c), "bfloat16") for c in widths]
+    bwd = emulator.count(kernels.mix_norm_projection_bwd, x, x, mix, w, *opt, inv, x, *dys)
     plain = emulator.count(kernels.norm_projection_bwd, x, w, inv, dy)
     sums = 3 if skip else 2
     assert fwd.pe_macs_useful == N * I * O
     assert bwd.pe_macs_useful == 2 * N * I * O + sums * N * I  # the token sums: a ones column per slice
-    assert bwd.pe_instructions == plain.pe_instructions + sums * (I // 128) * (N // 128)
+    # dw's second 512-column slice holds dk and dv, two tiles: one matmul more per 128 rows of I and row tile
+    assert bwd.pe_instructions == plain.pe_instructions + (sums + 1) * (I // 128) * (N // 128)
     assert emulator.pe_utilisation(fwd) >= 0.9 and emulator.pe_utilisation(bwd) >= 0.9
     nd, bcast = 2 * N * I, (2 + skip) * 128 * I * 4  # the fp32 weights go to every partition (stride-0 DMA)
     assert fwd.dma_bytes == (3 + skip) * nd + 2 * (I * O + N * O) + 4 * N + bcast

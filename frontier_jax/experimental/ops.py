@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from frontier_jax import reference as ref
 from frontier_jax.dispatch import declare, public
-from frontier_jax.ops import gain_PH, gain_rows, qkv_reference, split_qkv
+from frontier_jax.ops import gain_PH, gain_rows, qkv_reference
 from frontier_jax.vjp import Vjp
 
 __all__ = ["rope", "rope_gain", "causal_attention", "norm_qkv_projection", "OPS"]
@@ -63,6 +63,12 @@ def causal_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array) ->
     """Causal GQA attention (reference.causal_attention); k and v cast to q's dtype on the kernel path."""
     dt = q_BTHK.dtype
     return ATTENTION.apply(q_BTHK, k_BTGK.astype(dt), v_BTGK.astype(dt))
+
+
+def split_qkv(y, w_q, w_k, w_v):
+    """y [..., O_q + O_k + O_v] of the fused [I, O_q + O_k + O_v] weight -> (q, k, v)."""
+    oq, ok = w_q.shape[1], w_k.shape[1]
+    return y[..., :oq], y[..., oq:oq + ok], y[..., oq + ok:]
 
 
 @public(NORM_PROJECTION, qkv_reference)
