@@ -59,10 +59,6 @@ def rope(x_BTHK: jax.Array, cos_TK2: jax.Array, sin_TK2: jax.Array) -> jax.Array
     return jnp.concatenate([x1 * cos + x2 * sin, x2 * cos - x1 * sin], axis=-1)
 
 
-def rope_fwd(x_BTHK, cos_TK2, sin_TK2):
-    return (rope(x_BTHK, cos_TK2, sin_TK2),)
-
-
 def rope_bwd(dy_BTHK, cos_TK2, sin_TK2):
     """dx: the rotation by -angle (sin negated); cos/sin are constants (no cotangent)."""
     return (rope(dy_BTHK, cos_TK2, -sin_TK2),)
@@ -71,11 +67,6 @@ def rope_bwd(dy_BTHK, cos_TK2, sin_TK2):
 def rope_gain(x_BTHK: jax.Array, cos_TK2: jax.Array, sin_TK2: jax.Array, gain_H: jax.Array) -> jax.Array:
     """The query side of the baseline: rope(x) * q_gain per head, the gain cast to x's dtype."""
     return rope(x_BTHK, cos_TK2, sin_TK2) * gain_H.astype(x_BTHK.dtype)[None, None, :, None]
-
-
-def rope_gain_fwd(x_BTHK, cos_TK2, sin_TK2, g_PH):
-    """g_PH: the gain broadcast over 128 rows, fp32 (every row the same; row 0 is used)."""
-    return (rope_gain(x_BTHK, cos_TK2, sin_TK2, g_PH[0]),)
 
 
 def rope_gain_bwd(x_BTHK, cos_TK2, sin_TK2, g_PH, dy_BTHK):
@@ -137,13 +128,11 @@ def _skip_added(x_NI, skip_NI, sw_1I):
 
 
 def mix_norm_projection_fwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, *, widths):
-    """(x = resid_mix(...), q, k, v, inv_N1) with [q | k | v] = rms_norm(x) w, `widths` their columns: the
-    block's residual mix (and skip add) and the pre-attention RMSNorm with the q/k/v projection as one op,
-    composed of the references."""
+    """(x = resid_mix(...), q, k, v, inv_N1), [q | k | v] = rms_norm(x) w split at `widths`: the block's residual
+    mix (and skip add), pre-attention RMSNorm and q/k/v projection as one op, composed of the references."""
     x = resid_mix(x_NI, x0_NI, mix_2I, skip_NI, sw_1I)
     y, inv_N1 = norm_projection_fwd(x, w_IO)
-    cuts = [sum(widths[:i]) for i in range(1, len(widths))]
-    return (x, *jnp.split(y, cuts, axis=1), inv_N1)
+    return (x, *jnp.split(y, np.cumsum(widths[:-1]).tolist(), axis=1), inv_N1)
 
 
 def mix_norm_projection_bwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, inv_N1, dxo_NI, dq_NQ, dk_NK, dv_NV):

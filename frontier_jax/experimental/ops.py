@@ -18,10 +18,19 @@ from frontier_jax.vjp import Vjp
 
 __all__ = ["rope", "rope_gain", "causal_attention", "norm_qkv_projection", "OPS"]
 
+def _rope_fwd(x_BTHK, cos_TK2, sin_TK2):
+    return (ref.rope(x_BTHK, cos_TK2, sin_TK2),)
+
+
+def _rope_gain_fwd(x_BTHK, cos_TK2, sin_TK2, g_PH):
+    """g_PH: the gain broadcast over 128 rows, fp32 (every row the same; row 0 is used)."""
+    return (ref.rope_gain(x_BTHK, cos_TK2, sin_TK2, g_PH[0]),)
+
+
 # the backward rotates dy back (the kernel needs cos and sin only); cos, sin: zero cotangents
-ROPE = declare("rope", ref.rope_fwd, ref.rope_bwd, vjp=Vjp("x, cos, sin -> y", "dy, cos, sin -> dx"))
+ROPE = declare("rope", _rope_fwd, ref.rope_bwd, vjp=Vjp("x, cos, sin -> y", "dy, cos, sin -> dx"))
 # dg: fp32 partials per (t, h), summed over the rows (`ops.gain_rows`)
-ROPE_GAIN = declare("rope_gain", ref.rope_gain_fwd, ref.rope_gain_bwd,
+ROPE_GAIN = declare("rope_gain", _rope_gain_fwd, ref.rope_gain_bwd,
                     vjp=Vjp("x, cos, sin, g -> y", "x, cos, sin, g, dy -> dx, dg",
                             grads=lambda d: {"g": gain_rows(d["dg"], d["g"])}))
 # the forward saves o and the per-row log-sum-exp [B, H, T, 1]; the kernel's backward recomputes the
