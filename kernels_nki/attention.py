@@ -86,8 +86,8 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.attention_parts import (
-    causal_bias, dims, gain_column, half_matmul, head_rows, kv_head, kv_head_saved, prep_grad, rope_tiles,
-    saved_outputs, store_rows, v_aug)
+    block, causal_bias, dims, gain_column, half_matmul, head_rows, kv_head, kv_head_saved, lse_store, neg_lse_load,
+    prep_grad, rope_tiles, saved_outputs, seq_dma, seq_tile, v_aug)
 from kernels_nki.tiles import cdiv, identity, transpose
 
 BWD_VEC = 3  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
@@ -172,25 +172,30 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
     lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     saved = saved_outputs(B, T, H, G, K, dt) if rope else ()
     bias = causal_bias(dt)
+    ident32 = identity(nl.float32)
     tables = rope_tiles(rope[0], rope[1]) if rope else ()
     for b in nl.affine_range(B):
+        q_sb, k_sb, v_sb = seq_tile(q_BTHK, dt, b), seq_tile(k_BTGK, dt, b), seq_tile(v_BTGK, dt, b)
+        o_sb, lse_sb = seq_tile(o_BTHK, dt), nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
+        outs = _saved_tiles(saved, dt)
         for g in nl.affine_range(G):
             if rope:
-                k_tiles, kT = kv_head_saved(k_BTGK, b, g, dt, bias[0], tables, saved)
+                k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, bias[0], tables, (outs[2], outs[3]), saved[5], b)
             else:
-                k_tiles, kT, _ = kv_head(k_BTGK, b, g, dt, bias[0])
-            vs = v_aug(v_BTGK, b, g, dt)
+                k_tiles, kT, _ = kv_head(k_sb, G, g, T, dt, bias[0])
+            vs = v_aug(v_sb, G, g, T, dt)
             for r in nl.affine_range(R):
                 h = g * R + r
                 gain = gain_column(rope[2], h, K) if rope else ()
+                qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
                 for i in nl.affine_range(cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
                     prep = (tables[i], gain) if rope else ()
-                    q_t, qT, q_inv = head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, vec=not rope, prep=prep)
-                    if rope:
-                        store_rows(saved[0], saved[1], q_t, q_inv, b, h, t0, rows)
-                        nisa.dma_copy(dst=saved[4][b, h, 0:K, t0:t0 + rows], src=qT[0:K, 0:rows])
+                    out = (block(outs[0], i, h, H, K), block(outs[1], i, h, H, 1)) if rope else ()
+                    qT = qT_h[0:K, t0:t0 + rows]
+                    head_rows(block(q_sb, i, h, H, K), rows, dt, bias[0], True, vec=not rope, prep=prep, out=out,
+                              tT=qT)
                     state = ()
                     chunks = cdiv(t0 + rows, KC)
                     for c in nl.sequential_range(chunks):
@@ -200,16 +205,33 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
                     negm_f, acc = state
                     inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.reciprocal(dst=inv_P1[0:rows], data=acc[0:rows, K:K + 1])
-                    o_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+                    o_t = block(o_sb, i, h, H, K)
                     nisa.tensor_scalar(dst=o_t[0:rows], data=acc[0:rows, 0:K], op0=nl.multiply,
                                        operand0=inv_P1[0:rows])
-                    nisa.dma_copy(dst=o_BTHK[b, t0:t0 + rows, h], src=o_t[0:rows])
-                    lse_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # scale m + log(l)
+                    lse_P1 = block(lse_sb, i, h, H, 1)  # scale m + log(l)
                     nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=acc[0:rows, K:K + 1])
                     nisa.activation(dst=lse_P1[0:rows], op=nl.copy, data=negm_f[0:rows], scale=-scale,
                                     bias=lse_P1[0:rows])
-                    nisa.dma_copy(dst=lse_BHT1[b, h, t0:t0 + rows], src=lse_P1[0:rows])
+                if rope:
+                    nisa.dma_copy(dst=saved[4][b, h], src=qT_h)
+        _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32)
     return (o_BTHK, lse_BHT1) + saved
+
+
+def _saved_tiles(saved, dt):
+    """The SBUF `seq_tile`s of one batch of the fused forward's row outputs (qg, qinv, kr, kinv), () without."""
+    if not saved:
+        return ()
+    return (seq_tile(saved[0], dt), seq_tile(saved[1], nl.float32), seq_tile(saved[2], dt),
+            seq_tile(saved[3], nl.float32))
+
+
+def _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32):
+    """One batch's forward outputs to HBM: o, lse and the saved rows, one DMA each (`seq_dma`, `lse_store`)."""
+    seq_dma(o_sb, o_BTHK, b, False)
+    lse_store(lse_BHT1, b, lse_sb, ident32)
+    for sb, dst in zip(outs, saved[0:4]):
+        seq_dma(sb, dst, b, False)
 
 
 @nki.jit
@@ -228,9 +250,10 @@ def _neg_shift(g_P1):
     return n_P1
 
 
-def _bounded_chunk(qT, kT, vs, negm_P1, c0, n, outs, b, h, scale, dt):
+def _bounded_chunk(qT, kT, vs, negm_P1, c0, n, outs, h, scale, dt):
     """Queries c0:c0+n (<= KC) of head h against keys 0 .. c0+n (module docstring, the fused forward): o'
-    for the chunk's query tiles in one PSUM bank, then o and lse out to HBM (outs = (o_BTHK, lse_BHT1))."""
+    for the chunk's query tiles in one PSUM bank, then o and lse into the batch's SBUF tiles (outs = (o seq
+    tile, lse columns, H))."""
     K = qT.shape[0]
     T = kT.shape[1]
     P = nl.tile_size.pmax
@@ -256,21 +279,19 @@ def _bounded_chunk(qT, kT, vs, negm_P1, c0, n, outs, b, h, scale, dt):
                 rows = min(P, c0 + n - t0)
                 nisa.nc_matmul(dst=o_ps[0:rows, i * W:(i + 1) * W], stationary=pT[0:kr, t0 - q0:t0 - q0 + rows],
                                moving=vs[j][0:kr, 0:W])
-    o_BTHK, lse_BHT1 = outs
+    o_sb, lse_sb, H = outs
     for i in range(nq):
         t0 = c0 + i * P
         rows = min(P, c0 + n - t0)
         l_ps = o_ps[0:rows, i * W + K:(i + 1) * W]
         inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=inv_P1[0:rows], data=l_ps)
-        o_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+        o_t = block(o_sb, t0 // P, h, H, K)
         nisa.tensor_scalar(dst=o_t[0:rows], data=o_ps[0:rows, i * W:i * W + K], op0=nl.multiply,
                            operand0=inv_P1[0:rows])
-        nisa.dma_copy(dst=o_BTHK[b, t0:t0 + rows, h], src=o_t[0:rows])
-        lse_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # m_h + log(l)
+        lse_P1 = block(lse_sb, t0 // P, h, H, 1)  # m_h + log(l)
         nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=l_ps)
         nisa.tensor_scalar(dst=lse_P1[0:rows], data=lse_P1[0:rows], op0=nl.subtract, operand0=negm_P1[0:rows])
-        nisa.dma_copy(dst=lse_BHT1[b, h, t0:t0 + rows], src=lse_P1[0:rows])
 
 
 def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
@@ -280,11 +301,15 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
     lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     saved = saved_outputs(B, T, H, G, K, dt)
     ident = identity(dt)
+    ident32 = identity(nl.float32)
     tables = rope_tiles(cos_TK2, sin_TK2)
     for b in nl.affine_range(B):
+        q_sb, k_sb, v_sb = seq_tile(q_BTHK, dt, b), seq_tile(k_BTGK, dt, b), seq_tile(v_BTGK, dt, b)
+        o_sb, lse_sb = seq_tile(o_BTHK, dt), nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
+        outs = _saved_tiles(saved, dt)
         for g in nl.affine_range(G):
-            k_tiles, kT = kv_head_saved(k_BTGK, b, g, dt, ident, tables, saved, vec=True)
-            vs = v_aug(v_BTGK, b, g, dt)
+            k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, ident, tables, (outs[2], outs[3]), saved[5], b, vec=True)
+            vs = v_aug(v_sb, G, g, T, dt)
             for r in nl.affine_range(R):
                 h = g * R + r
                 gain = gain_column(g_PH, h, K)
@@ -293,13 +318,14 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
                 for i in nl.affine_range(cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
-                    q_t, _, q_inv = head_rows(q_BTHK, b, h, t0, rows, dt, None, False, prep=(tables[i], gain))
-                    store_rows(saved[0], saved[1], q_t, q_inv, b, h, t0, rows)
+                    out = (block(outs[0], i, h, H, K), block(outs[1], i, h, H, 1))
+                    q_t, _, _ = head_rows(block(q_sb, i, h, H, K), rows, dt, None, False, prep=(tables[i], gain),
+                                          out=out)
                     transpose(qT[0:K, t0:t0 + rows], q_t[0:rows], rows, K, ident, on_vector=True)
                 nisa.dma_copy(dst=saved[4][b, h], src=qT)
                 for c in nl.affine_range(cdiv(T, KC)):
-                    _bounded_chunk(qT, kT, vs, negm_P1, c * KC, min(KC, T - c * KC), (o_BTHK, lse_BHT1), b, h,
-                                   scale, dt)
+                    _bounded_chunk(qT, kT, vs, negm_P1, c * KC, min(KC, T - c * KC), (o_sb, lse_sb, H), h, scale, dt)
+        _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32)
     return (o_BTHK, lse_BHT1) + saved
 
 
@@ -356,66 +382,58 @@ def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, ac
                    (kt % per_bank) * K, bias[0], dt, (t0 // P + kt) % BWD_VEC == BWD_VEC - 1)
 
 
-def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt,
-              qk=(), dg_P1=None):
-    """dq of one 128-query tile of head h, and its contributions to the kv head's dk/dv accumulators; with
-    qk = (cos/sin tiles, gain, (qg_BTHK, qinv_BTH1)) q is the forward's normed, rotated rows and dq is taken
-    back through the rotation and the norm."""
-    K = q_BTHK.shape[3]
+def _bwd_rows(views, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt, qk=(), dg_P1=None):
+    """dq of one 128-query tile of head h, and its contributions to the kv head's dk/dv accumulators; views =
+    the tile's [P, K] views of q, dO, o and dq (`block`) and its -lse column; with qk = (cos/sin tiles, gain,
+    (qg, qinv, qg^T views)) q is the forward's normed, rotated rows and dq is taken back through the rotation
+    and the norm."""
+    q_v, do_v, o_v, negl_P1, dq_t = views
+    K = q_v.shape[1]
     P = nl.tile_size.pmax
-    q_t, qT, norm = head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, vec=True, saved=qk[2] if qk else ())
-    do_t, doT, _ = head_rows(do_BTHK, b, h, t0, rows, dt, bias[0], True, vec=True)
-    o_t, _, _ = head_rows(o_BTHK, b, h, t0, rows, dt, None, False)
+    q_t, qT, norm = head_rows(q_v, rows, dt, bias[0], True, vec=True, saved=qk[2] if qk else ())
+    do_t, doT, _ = head_rows(do_v, rows, dt, bias[0], True, vec=True)
     prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=prod[0:rows], data1=do_t[0:rows], data2=o_t[0:rows], op=nl.multiply,
+    nisa.tensor_tensor(dst=prod[0:rows], data1=do_t[0:rows], data2=o_v[0:rows], op=nl.multiply,
                        engine=nisa.engine.gpsimd)
     negdi_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # -Di = -rowsum(dO o)
     nisa.tensor_reduce(dst=negdi_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, negate=True, keepdims=True)
-    negl_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=negl_P1[0:rows], src=lse_BHT1[b, h, t0:t0 + rows])
-    nisa.activation(dst=negl_P1[0:rows], op=nl.copy, data=negl_P1[0:rows], scale=-1.0)
     dq_ps = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum)
     for c in nl.affine_range(cdiv(t0 + rows, KC)):
         c0 = c * KC
         _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0,
                    min(KC, t0 + rows - c0), bias, scale, dt)
-    dq_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
     if qk:
         d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=d_f[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
         prep_grad(dq_t, d_f, rows, qk[0], norm, qk[1], dg_P1, nisa.engine.gpsimd)
     else:
         nisa.activation(dst=dq_t[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
-    nisa.dma_copy(dst=dq_BTHK[b, t0:t0 + rows, h], src=dq_t[0:rows])
 
 
-def _store_kv_grad(dst_BTGK, acc, b, g, T, K, scale, dt, tables=(), norms=()):
-    """Evacuate a kv head's PSUM accumulator (times scale) to dst_BTGK[b, :, g] in dt; with `tables` (cos/sin
-    tiles) through the rotation and QK-norm of the keys (their per-tile `norms`)."""
+def _store_kv_grad(dst_sb, G, acc, g, T, K, scale, dt, tables=(), norms=()):
+    """Evacuate a kv head's PSUM accumulator (times scale) into head g of dst_sb (the batch's `seq_tile`) in
+    dt; with `tables` (cos/sin tiles) through the rotation and QK-norm of the keys (their per-tile `norms`)."""
     P = nl.tile_size.pmax
     per_bank = KC // K
     for kt in nl.affine_range(cdiv(T, P)):
         kr = min(P, T - kt * P)
         col = (kt % per_bank) * K
-        out = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+        out = block(dst_sb, kt, g, G, K)
         if tables:
             d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=d_f[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
             prep_grad(out, d_f, kr, tables[kt], norms[kt], (), None, nisa.engine.gpsimd)
         else:
             nisa.activation(dst=out[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
-        nisa.dma_copy(dst=dst_BTGK[b, kt * P:kt * P + kr, g], src=out[0:kr])
 
 
-def _store_gain_grad(dg_BH1, dg_P1, b, h):
-    """dg_BH1[b, h] = the sum over partitions of dg_P1 (fp32): one matmul against a ones column."""
+def _gain_grad(dg_1H, dg_P1, h):
+    """dg_1H[0, h] = the sum over partitions of dg_P1 (fp32): one matmul against a ones column."""
     P = nl.tile_size.pmax
     ones_P1 = nl.ones((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     s_ps = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=s_ps, stationary=dg_P1, moving=ones_P1)
-    s_11 = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=s_11, src=s_ps, engine=nisa.engine.vector)
-    nisa.dma_copy(dst=dg_BH1[b, h:h + 1], src=s_11)
+    nisa.tensor_copy(dst=dg_1H[0:1, h:h + 1], src=s_ps, engine=nisa.engine.vector)
 
 
 def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
@@ -427,12 +445,26 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     dv_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
     dg_BH1 = nl.ndarray((B, H, 1), dtype=nl.float32, buffer=nl.shared_hbm) if rope else None
     bias = causal_bias(dt)
+    ident32 = identity(nl.float32)
     tables = rope_tiles(rope[0], rope[1]) if rope else ()
     banks = cdiv(cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
     for b in nl.affine_range(B):
+        q_sb, o_sb, do_sb = seq_tile(q_BTHK, dt, b), seq_tile(o_BTHK, dt, b), seq_tile(do_BTHK, dt, b)
+        k_sb, v_sb = seq_tile(k_BTGK, dt, b), seq_tile(v_BTGK, dt, b)
+        negl_sb = neg_lse_load(lse_BHT1, b, ident32)
+        dq_sb, dk_sb, dv_sb = seq_tile(dq_BTHK, dt), seq_tile(dk_BTGK, dt), seq_tile(dv_BTGK, dt)
+        if rope:
+            qg_sb, qinv_sb = seq_tile(rope[3], dt, b), seq_tile(rope[4], nl.float32, b)
+            kr_sb, kinv_sb = seq_tile(rope[5], dt, b), seq_tile(rope[6], nl.float32, b)
+            dg_1H = nl.ndarray((1, H), dtype=nl.float32, buffer=nl.sbuf)
         for g in nl.affine_range(G):
-            k_tiles, kT, k_norms = kv_head(k_BTGK, b, g, dt, bias[0], saved=(rope[5], rope[6], rope[8]) if rope else ())
-            _, vT, _ = kv_head(v_BTGK, b, g, dt, bias[0])
+            saved = ()
+            if rope:
+                krT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+                nisa.dma_copy(dst=krT, src=rope[8][b, g])
+                saved = (kr_sb, kinv_sb, krT)
+            k_tiles, kT, k_norms = kv_head(k_sb, G, g, T, dt, bias[0], saved=saved)
+            _, vT, _ = kv_head(v_sb, G, g, T, dt, bias[0])
             acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
                    [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
             for r in nl.affine_range(R):
@@ -442,15 +474,24 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
                 if rope:
                     dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
+                    qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=qT_h, src=rope[7][b, h])
                 for i in nl.affine_range(cdiv(T, P)):
                     t0 = i * P
-                    qk = (tables[i], gain, (rope[3], rope[4], rope[7])) if rope else ()
-                    _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, min(P, T - t0),
-                              kT, vT, k_tiles, acc, bias, scale, dt, qk, dg_P1)
+                    rows = min(P, T - t0)
+                    views = (block(q_sb, i, h, H, K), block(do_sb, i, h, H, K), block(o_sb, i, h, H, K),
+                             block(negl_sb, i, h, H, 1), block(dq_sb, i, h, H, K))
+                    qk = ((tables[i], gain, (block(qg_sb, i, h, H, K), block(qinv_sb, i, h, H, 1),
+                                             qT_h[0:K, t0:t0 + rows])) if rope else ())
+                    _bwd_rows(views, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt, qk, dg_P1)
                 if rope:
-                    _store_gain_grad(dg_BH1, dg_P1, b, h)
-            _store_kv_grad(dk_BTGK, acc[0], b, g, T, K, scale, dt, tables, k_norms)
-            _store_kv_grad(dv_BTGK, acc[1], b, g, T, K, 1.0, dt)
+                    _gain_grad(dg_1H, dg_P1, h)
+            _store_kv_grad(dk_sb, G, acc[0], g, T, K, scale, dt, tables, k_norms)
+            _store_kv_grad(dv_sb, G, acc[1], g, T, K, 1.0, dt)
+        for sb, dst in ((dq_sb, dq_BTHK), (dk_sb, dk_BTGK), (dv_sb, dv_BTGK)):
+            seq_dma(sb, dst, b, False)
+        if rope:
+            nisa.dma_copy(dst=dg_BH1[b].reshape((1, H)), src=dg_1H)
     if rope:
         return dq_BTHK, dk_BTGK, dv_BTGK, dg_BH1
     return dq_BTHK, dk_BTGK, dv_BTGK

@@ -24,7 +24,7 @@ compiler inlines the functions a kernel calls, whichever file holds them; under 
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.tiles import EPS, cdiv, identity, transpose
+from kernels_nki.tiles import EPS, cdiv, identity, transpose, transpose_to_psum
 
 NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
 
@@ -49,52 +49,83 @@ def causal_bias(dt):
     return identity(dt), bias, one
 
 
-def head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=(), saved=()):
-    """Rows t0:t0+rows of head x of batch b as a [128, K] tile (and its [K, 128] transpose, leaving PSUM on
-    VectorE with `vec`, else ScalarE). With `prep` = (cos/sin tiles, gain) the tile is replaced by
-    rope(qk_norm(rows)) [* gain] (`prep_tile`; norm = its inv); with `saved` = (y_BTXK, inv_BTX1, yT_BXKT),
-    the forward's outputs, by y's rows (norm = (xn, inv) for `prep_grad`, xn = x inv on ScalarE) and the
-    transpose is y^T's columns, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
-    K = x_BTXK.shape[3]
+def seq_dma(sb, x_BTXK, b, load):
+    """Moves all T rows of batch b of x_BTXK ([B, T, X, W]: every head, or a [.., 1] statistic) between HBM and
+    the SBUF tile sb [P, n X W]: 128-row tile i, head x at columns (i X + x) W, partition p = row i 128 + p
+    (`block`). One DMA for the full tiles (its buffers: the X W contiguous elements of one row), one more for
+    a ragged last tile; `load`: HBM -> SBUF, else SBUF -> HBM."""
+    B, T, X, W = x_BTXK.shape
     P = nl.tile_size.pmax
-    t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t[0:rows], src=x_BTXK[b, t0:t0 + rows, x])
+    n, tail, XW = T // P, T % P, X * W
+    pairs = []
+    if n:
+        pairs.append((sb[0:P, 0:n * XW], x_BTXK.ap(pattern=[[XW, P], [P * XW, n], [1, XW]], offset=b * T * XW)))
+    if tail:
+        pairs.append((sb[0:tail, n * XW:(n + 1) * XW], x_BTXK[b, n * P:T].reshape((tail, XW))))
+    for on_chip, hbm in pairs:
+        if load:
+            nisa.dma_copy(dst=on_chip, src=hbm)
+        else:
+            nisa.dma_copy(dst=hbm, src=on_chip)
+
+
+def seq_tile(x_BTXK, dt, b=None):
+    """An SBUF tile for all T rows of one batch of x_BTXK, every head (`seq_dma`'s layout); loaded from batch b
+    unless b is None."""
+    B, T, X, W = x_BTXK.shape
+    t = nl.ndarray((nl.tile_size.pmax, cdiv(T, nl.tile_size.pmax) * X * W), dtype=dt, buffer=nl.sbuf)
+    if b is not None:
+        seq_dma(t, x_BTXK, b, True)
+    return t
+
+
+def block(sb, i, x, X, W):
+    """The [P, W] view of tile i, head x in a `seq_tile`."""
+    c = (i * X + x) * W
+    return sb[:, c:c + W]
+
+
+def head_rows(t, rows, dt, ident, transposed, vec=False, prep=(), saved=(), out=(), tT=None):
+    """A 128-row tile of one head, t (a [P, K] `block` view), and its [K, 128] transpose (leaving PSUM on
+    VectorE with `vec`, else ScalarE; into tT, a [K, >= rows] view, when given). With `prep` = (cos/sin tiles, gain) the tile is replaced by
+    rope(qk_norm(rows)) [* gain] (`prep_tile`, written to out = (y, inv) views; norm = inv); with `saved` =
+    (y, inv, yT), the forward's outputs as views, by y (norm = (xn, inv) for `prep_grad`, xn = x inv on ScalarE)
+    and the transpose is yT, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
+    K = t.shape[1]
+    P = nl.tile_size.pmax
     norm = ()
     if prep:
-        t, norm = prep_tile(t, rows, prep[0], prep[1], dt)
+        t, norm = prep_tile(t, rows, prep[0], prep[1], dt, out)
     if saved:
-        y = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=y[0:rows], src=saved[0][b, t0:t0 + rows, x])
-        inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=inv_P1[0:rows], src=saved[1][b, t0:t0 + rows, x])
+        y, inv_P1, yT = saved
         xn = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
         scale_rows(xn, t, rows, inv_P1)
         t, norm = y, (xn, inv_P1)
+        if transposed:
+            return t, yT, norm
     if not transposed:
         return t, None, norm
-    tT = nl.ndarray((K, P), dtype=dt, buffer=nl.sbuf)
-    if saved:
-        nisa.dma_copy(dst=tT[0:K, 0:rows], src=saved[2][b, x, 0:K, t0:t0 + rows])
-    else:
-        transpose(tT[0:K, 0:rows], t[0:rows], rows, K, ident, on_vector=vec)
+    if tT is None:
+        tT = nl.ndarray((K, P), dtype=dt, buffer=nl.sbuf)
+    transpose(tT[0:K, 0:rows], t[0:rows], rows, K, ident, on_vector=vec)
     return t, tT, norm
 
 
-def kv_head(x_BTGK, b, g, dt, ident, tables=(), saved=(), vec=False):
-    """All T rows of kv head g of batch b: 128-row tiles [keys, K], the transpose [K, T] (leaving PSUM on
-    VectorE with `vec`, else ScalarE) and each tile's norm (`head_rows`): with `tables` (cos/sin tiles)
-    the forward's rotated, normed rows; with `saved` (kr_BTGK, kinv_BTG1, krT_BGKT) the backward's, the
-    transpose loaded from krT."""
-    B, T, G, K = x_BTGK.shape
+def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), vec=False, out=()):
+    """All T rows of kv head g (x_sb: the batch's `seq_tile`): 128-row tile views [keys, K], the transpose
+    [K, T] (leaving PSUM on VectorE with `vec`, else ScalarE) and each tile's norm (`head_rows`): with `tables`
+    (cos/sin tiles) the forward's rotated, normed rows, written to out = (y seq tile, inv seq tile); with
+    `saved` = (kr seq tile, kinv seq tile, krT [K, T] SBUF) the backward's."""
+    K = x_sb.shape[1] // (cdiv(T, nl.tile_size.pmax) * G)
     P = nl.tile_size.pmax
-    xT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+    xT = saved[2] if saved else nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
     tiles, norms = [], []
-    if saved:
-        nisa.dma_copy(dst=xT, src=saved[2][b, g])
     for i in nl.affine_range(cdiv(T, P)):
         r = min(P, T - i * P)
         prep = (tables[i], ()) if tables else ()
-        t, _, norm = head_rows(x_BTGK, b, g, i * P, r, dt, None, False, prep=prep, saved=saved)
+        o = (block(out[0], i, g, G, K), block(out[1], i, g, G, 1)) if tables else ()
+        sv = (block(saved[0], i, g, G, K), block(saved[1], i, g, G, 1), None) if saved else ()
+        t, _, norm = head_rows(block(x_sb, i, g, G, K), r, dt, None, False, prep=prep, saved=sv, out=o)
         if not saved:
             transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K, ident, on_vector=vec)
         tiles.append(t)
@@ -139,7 +170,7 @@ def rotate(dst, x_f, rows, cs, inverse, engine):
     nisa.tensor_tensor(dst=dst[0:rows], data1=a[0:rows], data2=e[0:rows], op=nl.add, engine=engine)
 
 
-def prep_tile(x_t, rows, cs, gain, dt):
+def prep_tile(x_t, rows, cs, gain, dt, out=()):
     """(y [P, K] in dt = rope(qk_norm(x)) [* gain], inv = rsqrt(mean(x^2) + eps) fp32 [P, 1]) of a raw
     [rows, K] tile, fp32 math (reference.rms_norm, reference.rope / rope_gain); gain: () or (g_P1,) with
     g_P1 = gain * sqrt(K) (`gain_column`). The squares and the rotation on GpSimd, the row sum and the scaling
@@ -157,12 +188,12 @@ def prep_tile(x_t, rows, cs, gain, dt):
     r_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=r_P1[0:rows], data=ss_P1[0:rows], op0=nl.add, operand0=K * EPS, op1=nl.rsqrt,
                        operand1=0.0, engine=gp)
-    inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    inv_P1 = out[1] if out else nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=inv_P1[0:rows], op=nl.copy, data=r_P1[0:rows], scale=K ** 0.5)
     xs = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=xs[0:rows], data=x_t[0:rows], op0=nl.multiply, operand0=r_P1[0:rows],
                        op1=nl.multiply, operand1=gain[0][0:rows] if gain else K ** 0.5)
-    y = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+    y = out[0] if out else nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
     rotate(y, xs, rows, cs, False, gp)
     return y, inv_P1
 
@@ -224,30 +255,31 @@ def half_matmul(dst, stationary, moving, half, name=None):
         nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, name=name)
 
 
-def kv_head_saved(k_BTGK, b, g, dt, ident, tables, saved, vec=False):
-    """The fused forward's k side (`kv_head` with the rope tables), its normed, rotated rows, their inverse
-    RMS and the transpose stored in the saved outputs (`saved_outputs`) -> (tiles, transpose)."""
-    T, P = k_BTGK.shape[1], nl.tile_size.pmax
-    k_tiles, kT, k_norms = kv_head(k_BTGK, b, g, dt, ident, tables, vec=vec)
-    nisa.dma_copy(dst=saved[5][b, g], src=kT)
-    for i in nl.affine_range(cdiv(T, P)):
-        store_rows(saved[2], saved[3], k_tiles[i], k_norms[i], b, g, i * P, min(P, T - i * P))
+def kv_head_saved(k_sb, G, g, T, dt, ident, tables, outs, krT_BGKT, b, vec=False):
+    """The fused forward's k side (`kv_head` with the rope tables): its normed, rotated rows and their inverse
+    RMS written to outs = (kr seq tile, kinv seq tile), the transpose stored to krT_BGKT[b, g] (one DMA)
+    -> (tiles, transpose)."""
+    k_tiles, kT, _ = kv_head(k_sb, G, g, T, dt, ident, tables, vec=vec, out=outs)
+    nisa.dma_copy(dst=krT_BGKT[b, g], src=kT)
     return k_tiles, kT
 
 
-def v_aug(x_BTGK, b, g, dt):
-    """All T rows of value head g of batch b as 128-row tiles [keys, K + 1]: v and a ones column (GpSimd
-    memset), so that p [v | 1] carries the softmax's row sums in its last column."""
-    T, K = x_BTGK.shape[1], x_BTGK.shape[3]
+def v_aug(v_sb, G, g, T, dt):
+    """All T rows of value head g (v_sb: the batch's `seq_tile`) as 128-row tiles [keys, K + 1]: v and a ones
+    column, so that p [v | 1] carries the softmax's row sums in its last column; one [P, n, K + 1] tile (GpSimd
+    memset and copy, one more copy for a ragged last tile) -> the n [P, K + 1] views."""
     P = nl.tile_size.pmax
-    tiles = []
-    for i in nl.affine_range(cdiv(T, P)):
-        r = min(P, T - i * P)
-        t = nl.ndarray((P, K + 1), dtype=dt, buffer=nl.sbuf)
-        nisa.memset(dst=t[0:r, K:K + 1], value=1.0, engine=nisa.engine.gpsimd)
-        nisa.dma_copy(dst=t[0:r, 0:K], src=x_BTGK[b, i * P:i * P + r, g])
-        tiles.append(t)
-    return tiles
+    n, tail = T // P, T % P
+    nt = cdiv(T, P)
+    K = v_sb.shape[1] // (nt * G)
+    aug = nl.ndarray((P, nt, K + 1), dtype=dt, buffer=nl.sbuf)
+    nisa.memset(dst=aug[:, :, K:K + 1], value=1.0, engine=nisa.engine.gpsimd)
+    src = v_sb.reshape((P, nt, G * K))
+    if n:
+        nisa.tensor_copy(dst=aug[:, 0:n, 0:K], src=src[:, 0:n, g * K:(g + 1) * K], engine=nisa.engine.gpsimd)
+    if tail:
+        nisa.tensor_copy(dst=aug[0:tail, n, 0:K], src=src[0:tail, n, g * K:(g + 1) * K], engine=nisa.engine.gpsimd)
+    return [aug[:, j, :] for j in range(nt)]
 
 
 def saved_outputs(B, T, H, G, K, dt):
@@ -263,6 +295,29 @@ def saved_outputs(B, T, H, G, K, dt):
             nl.ndarray((B, G, K, T), dtype=dt, buffer=nl.shared_hbm))
 
 
-def store_rows(y_BTXK, inv_BTX1, y_t, inv_P1, b, x, t0, rows):
-    nisa.dma_copy(dst=y_BTXK[b, t0:t0 + rows, x], src=y_t[0:rows])
-    nisa.dma_copy(dst=inv_BTX1[b, t0:t0 + rows, x], src=inv_P1[0:rows])
+def lse_store(lse_BHT1, b, cols, ident32):
+    """lse_BHT1[b] ([H, T] contiguous fp32) from cols, a [P, n H] fp32 `seq_tile` of [rows, 1] columns (tile
+    i, head h at column i H + h): per tile one TensorE transpose into an [H, T] row tile, then one DMA."""
+    B, H, T, _ = lse_BHT1.shape
+    P = nl.tile_size.pmax
+    rows_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
+    for i in nl.affine_range(cdiv(T, P)):
+        r = min(P, T - i * P)
+        transpose(rows_HT[0:H, i * P:i * P + r], cols[0:r, i * H:(i + 1) * H], r, H, ident32, on_vector=True)
+    nisa.dma_copy(dst=lse_BHT1[b].reshape((H, T)), src=rows_HT)
+
+
+def neg_lse_load(lse_BHT1, b, ident32):
+    """-lse_BHT1[b] as [rows, 1] columns in a [P, n H] fp32 tile (`lse_store`'s layout): one DMA of the [H, T]
+    rows, per tile one TensorE transpose, negated leaving PSUM."""
+    B, H, T, _ = lse_BHT1.shape
+    P = nl.tile_size.pmax
+    rows_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=rows_HT, src=lse_BHT1[b].reshape((H, T)))
+    cols = nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
+    for i in nl.affine_range(cdiv(T, P)):
+        r = min(P, T - i * P)
+        t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+        transpose_to_psum(t_ps[0:r, 0:H], rows_HT[0:H, i * P:i * P + r], H, ident32)
+        nisa.activation(dst=cols[0:r, i * H:(i + 1) * H], op=nl.copy, data=t_ps[0:r, 0:H], scale=-1.0)
+    return cols
