@@ -86,12 +86,13 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.attention_parts import (
-    block, causal_bias, dims, gain_column, half_matmul, head_rows, kv_head, kv_head_saved, lse_store, neg_lse_load,
-    prep_grad, rope_tiles, saved_outputs, seq_dma, seq_tile, v_aug)
+    block, causal_bias, dims, gain_column, gain_tile, half_matmul, head_rows, kv_head, kv_head_saved, lse_store, natural_cols, neg_lse_load,
+    prep_grad, prep_head, rope_tiles, saved_outputs, seq_dma, seq_tile, v_aug)
 from kernels_nki.tiles import cdiv, identity, transpose
 
 BWD_VEC = 3  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
 KC = 512  # keys (queries in the bounded forward) per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
+LAG = 2  # `_pipelined` steps between a step's two halves
 SHIFT_OFFSET = 35.0  # the bounded forward's shift m_h = B_h - SHIFT_OFFSET (module docstring)
 BOUND_MARGIN = 1.0 + 2.0 ** -5  # B_h = sqrt(K) |g_h| BOUND_MARGIN
 
@@ -173,29 +174,33 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
     saved = saved_outputs(B, T, H, G, K, dt) if rope else ()
     bias = causal_bias(dt)
     ident32 = identity(nl.float32)
-    tables = rope_tiles(rope[0], rope[1]) if rope else ()
+    tables = rope_tiles(rope[0], rope[1], perm=True) if rope else ()
+    g_sb = gain_tile(rope[2]) if rope else None
     for b in nl.affine_range(B):
-        q_sb, k_sb, v_sb = seq_tile(q_BTHK, dt, b), seq_tile(k_BTGK, dt, b), seq_tile(v_BTGK, dt, b)
+        q_sb, k_sb = seq_tile(q_BTHK, dt, b, perm=True), seq_tile(k_BTGK, dt, b, perm=True)
+        v_sb = seq_tile(v_BTGK, dt, b)
         o_sb, lse_sb = seq_tile(o_BTHK, dt), nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
         outs = _saved_tiles(saved, dt)
         for g in nl.affine_range(G):
             if rope:
-                k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, bias[0], tables, (outs[2], outs[3]), saved[5], b)
+                k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, bias[0], tables, (outs[2], outs[3]), saved[5], b,
+                                            perm=True)
             else:
-                k_tiles, kT, _ = kv_head(k_sb, G, g, T, dt, bias[0])
+                k_tiles, kT, _ = kv_head(k_sb, G, g, T, dt, bias[0], perm=True)
             vs = v_aug(v_sb, G, g, T, dt)
             for r in nl.affine_range(R):
                 h = g * R + r
-                gain = gain_column(rope[2], h, K) if rope else ()
+                gain = gain_column(g_sb, h, K) if rope else ()
                 qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+                ys = (prep_head(q_sb, H, h, T, tables, gain, outs, dt) if rope else
+                      [block(q_sb, i, h, H, K) for i in range(cdiv(T, P))])
+                for i in nl.affine_range(cdiv(T, P)):
+                    rows = min(P, T - i * P)
+                    transpose(natural_cols(qT_h, i, T, True), ys[i][0:rows], rows, K, bias[0], on_vector=not rope)
                 for i in nl.affine_range(cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
-                    prep = (tables[i], gain) if rope else ()
-                    out = (block(outs[0], i, h, H, K), block(outs[1], i, h, H, 1)) if rope else ()
                     qT = qT_h[0:K, t0:t0 + rows]
-                    head_rows(block(q_sb, i, h, H, K), rows, dt, bias[0], True, vec=not rope, prep=prep, out=out,
-                              tT=qT)
                     state = ()
                     chunks = cdiv(t0 + rows, KC)
                     for c in nl.sequential_range(chunks):
@@ -231,7 +236,7 @@ def _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32):
     seq_dma(o_sb, o_BTHK, b, False)
     lse_store(lse_BHT1, b, lse_sb, ident32)
     for sb, dst in zip(outs, saved[0:4]):
-        seq_dma(sb, dst, b, False)
+        seq_dma(sb, dst, b, False, perm=True)
 
 
 @nki.jit
@@ -250,37 +255,75 @@ def _neg_shift(g_P1):
     return n_P1
 
 
-def _bounded_chunk(qT, kT, vs, negm_P1, c0, n, outs, h, scale, dt):
-    """Queries c0:c0+n (<= KC) of head h against keys 0 .. c0+n (module docstring, the fused forward): o'
-    for the chunk's query tiles in one PSUM bank, then o and lse into the batch's SBUF tiles (outs = (o seq
-    tile, lse columns, H))."""
-    K = qT.shape[0]
+def _pipelined(steps, first, second, lag=1):
+    """first(step) for each step, second(step, first's result) `lag` steps later: the next steps' independent
+    work sits between a step's halves on the engines' in-order instruction streams while its cross-engine
+    chain (matmul -> exp -> mask -> matmul) completes."""
+    pending = []
+    for st in steps:
+        pending.append((st, first(st)))
+        if len(pending) > lag:
+            second(*pending.pop(0))
+    for st, res in pending:
+        second(st, res)
+
+
+def _bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt):
+    """Query heads hs of one kv head in the fused forward (module docstring): per head and chunk of KC
+    queries c0:c0+n, against keys 0 .. c0+n, o' for the chunk's query tiles in one PSUM bank, then o and lse
+    into the batch's SBUF tiles (outs = (o seq tile, lse columns, H)); the (chunk, key tile, head) steps
+    `_pipelined`, the heads interleaved (independent chains side by side)."""
+    K = qTs[0].shape[0]
     T = kT.shape[1]
     P = nl.tile_size.pmax
     W = K + 1
-    nq = cdiv(n, P)
-    o_ps = nl.ndarray((P, (KC // P) * W), dtype=nl.float32, buffer=nl.psum)
-    for j in nl.sequential_range(cdiv(c0 + n, P)):
+    o_ps = [[] for _ in hs]  # per head, its open chunks' o' PSUM tiles, oldest first
+
+    def scores(st):
+        c, j, r = st
+        c0, n = c * KC, min(KC, T - c * KC)
+        if j == 0:
+            o_ps[r].append(nl.ndarray((P, (KC // P) * W), dtype=nl.float32, buffer=nl.psum))
         k0 = j * P
         kr = min(P, T - k0)
         q0 = max(c0, k0)  # the first query of the chunk that sees key tile j
         nj = c0 + n - q0
         sT_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
-        half_matmul(sT_ps[0:kr, 0:nj], kT[0:K, k0:k0 + kr], qT[0:K, q0:q0 + nj], j % 2)
+        half_matmul(sT_ps[0:kr, 0:nj], kT[0:K, k0:k0 + kr], qTs[r][0:K, q0:q0 + nj], (j + r) % 2)
         pT = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
-        nisa.activation(dst=pT[0:kr, 0:nj], op=nl.exp, data=sT_ps[0:kr, 0:nj], bias=negm_P1[0:kr], scale=scale)
+        nisa.activation(dst=pT[0:kr, 0:nj], op=nl.exp, data=sT_ps[0:kr, 0:nj], bias=negms[r][0:kr], scale=scale)
         if k0 >= c0:  # the diagonal block leads: p^T[key, query] = 0 where key > query
             d = pT[0:kr, 0:kr]
             nisa.affine_select(dst=d, pattern=[[1, kr]], offset=0, channel_multiplier=-1, on_true_tile=d,
                                on_false_value=0.0, cmp_op=nl.greater_equal)
-        for i in range(nq):
+        return pT
+
+    def values(st, pT):
+        c, j, r = st
+        c0, n = c * KC, min(KC, T - c * KC)
+        k0 = j * P
+        kr = min(P, T - k0)
+        q0 = max(c0, k0)
+        for i in range(cdiv(n, P)):
             t0 = c0 + i * P
             if t0 >= k0:
                 rows = min(P, c0 + n - t0)
-                nisa.nc_matmul(dst=o_ps[0:rows, i * W:(i + 1) * W], stationary=pT[0:kr, t0 - q0:t0 - q0 + rows],
-                               moving=vs[j][0:kr, 0:W])
+                nisa.nc_matmul(dst=o_ps[r][0][0:rows, i * W:(i + 1) * W],
+                               stationary=pT[0:kr, t0 - q0:t0 - q0 + rows], moving=vs[j][0:kr, 0:W])
+        if k0 + P >= c0 + n:
+            _bounded_out(o_ps[r].pop(0), c0, n, negms[r], outs, hs[r], K)
+
+    steps = [(c, j, r) for c in range(cdiv(T, KC)) for j in range(cdiv(min(T, (c + 1) * KC), P))
+             for r in range(len(hs))]
+    _pipelined(steps, scores, values, lag=LAG)
+
+
+def _bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
+    """o = o' / l and lse = m_h + log(l) of one chunk's query tiles into the batch's SBUF tiles."""
+    P = nl.tile_size.pmax
+    W = K + 1
     o_sb, lse_sb, H = outs
-    for i in range(nq):
+    for i in range(cdiv(n, P)):
         t0 = c0 + i * P
         rows = min(P, c0 + n - t0)
         l_ps = o_ps[0:rows, i * W + K:(i + 1) * W]
@@ -302,29 +345,30 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
     saved = saved_outputs(B, T, H, G, K, dt)
     ident = identity(dt)
     ident32 = identity(nl.float32)
-    tables = rope_tiles(cos_TK2, sin_TK2)
+    tables = rope_tiles(cos_TK2, sin_TK2, perm=True)
+    g_sb = gain_tile(g_PH)
     for b in nl.affine_range(B):
-        q_sb, k_sb, v_sb = seq_tile(q_BTHK, dt, b), seq_tile(k_BTGK, dt, b), seq_tile(v_BTGK, dt, b)
+        q_sb, k_sb = seq_tile(q_BTHK, dt, b, perm=True), seq_tile(k_BTGK, dt, b, perm=True)
+        v_sb = seq_tile(v_BTGK, dt, b)
         o_sb, lse_sb = seq_tile(o_BTHK, dt), nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
         outs = _saved_tiles(saved, dt)
         for g in nl.affine_range(G):
-            k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, ident, tables, (outs[2], outs[3]), saved[5], b, vec=True)
+            k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, ident, tables, (outs[2], outs[3]), saved[5], b, vec=True,
+                                        perm=True)
             vs = v_aug(v_sb, G, g, T, dt)
+            qTs, negms = [], []
             for r in nl.affine_range(R):
                 h = g * R + r
-                gain = gain_column(g_PH, h, K)
-                negm_P1 = _neg_shift(gain[0])
+                gain = gain_column(g_sb, h, K)
+                negms.append(_neg_shift(gain[0]))
                 qT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+                ys = prep_head(q_sb, H, h, T, tables, gain, outs, dt)
                 for i in nl.affine_range(cdiv(T, P)):
-                    t0 = i * P
-                    rows = min(P, T - t0)
-                    out = (block(outs[0], i, h, H, K), block(outs[1], i, h, H, 1))
-                    q_t, _, _ = head_rows(block(q_sb, i, h, H, K), rows, dt, None, False, prep=(tables[i], gain),
-                                          out=out)
-                    transpose(qT[0:K, t0:t0 + rows], q_t[0:rows], rows, K, ident, on_vector=True)
+                    rows = min(P, T - i * P)
+                    transpose(natural_cols(qT, i, T, True), ys[i][0:rows], rows, K, ident, on_vector=True)
                 nisa.dma_copy(dst=saved[4][b, h], src=qT)
-                for c in nl.affine_range(cdiv(T, KC)):
-                    _bounded_chunk(qT, kT, vs, negm_P1, c * KC, min(KC, T - c * KC), (o_sb, lse_sb, H), h, scale, dt)
+                qTs.append(qT)
+            _bounded_heads(qTs, kT, vs, negms, (o_sb, lse_sb, H), [g * R + r for r in range(R)], scale, dt)
         _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32)
     return (o_BTHK, lse_BHT1) + saved
 
@@ -386,7 +430,7 @@ def _bwd_rows(views, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt, qk=(), dg_
     """dq of one 128-query tile of head h, and its contributions to the kv head's dk/dv accumulators; views =
     the tile's [P, K] views of q, dO, o and dq (`block`) and its -lse column; with qk = (cos/sin tiles, gain,
     (qg, qinv, qg^T views)) q is the forward's normed, rotated rows and dq is taken back through the rotation
-    and the norm."""
+    and the norm: the tile's `prep_grad` item is returned (() without qk)."""
     q_v, do_v, o_v, negl_P1, dq_t = views
     K = q_v.shape[1]
     P = nl.tile_size.pmax
@@ -402,12 +446,12 @@ def _bwd_rows(views, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt, qk=(), dg_
         c0 = c * KC
         _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0,
                    min(KC, t0 + rows - c0), bias, scale, dt)
-    if qk:
-        d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=d_f[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
-        prep_grad(dq_t, d_f, rows, qk[0], norm, qk[1], dg_P1, nisa.engine.gpsimd)
-    else:
+    if not qk:
         nisa.activation(dst=dq_t[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
+        return ()
+    d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=d_f[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
+    return (dq_t, d_f, rows, qk[0], norm)  # the tile's `prep_grad` item: run once per head, every tile's together
 
 
 def _store_kv_grad(dst_sb, G, acc, g, T, K, scale, dt, tables=(), norms=()):
@@ -415,6 +459,7 @@ def _store_kv_grad(dst_sb, G, acc, g, T, K, scale, dt, tables=(), norms=()):
     dt; with `tables` (cos/sin tiles) through the rotation and QK-norm of the keys (their per-tile `norms`)."""
     P = nl.tile_size.pmax
     per_bank = KC // K
+    items = []
     for kt in nl.affine_range(cdiv(T, P)):
         kr = min(P, T - kt * P)
         col = (kt % per_bank) * K
@@ -422,9 +467,11 @@ def _store_kv_grad(dst_sb, G, acc, g, T, K, scale, dt, tables=(), norms=()):
         if tables:
             d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=d_f[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
-            prep_grad(out, d_f, kr, tables[kt], norms[kt], (), None, nisa.engine.gpsimd)
+            items.append((out, d_f, kr, tables[kt], norms[kt]))
         else:
             nisa.activation(dst=out[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
+    if items:
+        prep_grad(items, (), None, nisa.engine.gpsimd)
 
 
 def _gain_grad(dg_1H, dg_P1, h):
@@ -447,6 +494,7 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     bias = causal_bias(dt)
     ident32 = identity(nl.float32)
     tables = rope_tiles(rope[0], rope[1]) if rope else ()
+    g_sb = gain_tile(rope[2]) if rope else None
     banks = cdiv(cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
     for b in nl.affine_range(B):
         q_sb, o_sb, do_sb = seq_tile(q_BTHK, dt, b), seq_tile(o_BTHK, dt, b), seq_tile(do_BTHK, dt, b)
@@ -469,13 +517,14 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
                    [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
             for r in nl.affine_range(R):
                 h = g * R + r
-                gain = gain_column(rope[2], h, K) if rope else ()
+                gain = gain_column(g_sb, h, K) if rope else ()
                 dg_P1 = None
                 if rope:
                     dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
                     qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
                     nisa.dma_copy(dst=qT_h, src=rope[7][b, h])
+                items = []
                 for i in nl.affine_range(cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
@@ -483,8 +532,9 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
                              block(negl_sb, i, h, H, 1), block(dq_sb, i, h, H, K))
                     qk = ((tables[i], gain, (block(qg_sb, i, h, H, K), block(qinv_sb, i, h, H, 1),
                                              qT_h[0:K, t0:t0 + rows])) if rope else ())
-                    _bwd_rows(views, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt, qk, dg_P1)
+                    items.append(_bwd_rows(views, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt, qk, dg_P1))
                 if rope:
+                    prep_grad(items, gain, dg_P1, nisa.engine.gpsimd)
                     _gain_grad(dg_1H, dg_P1, h)
             _store_kv_grad(dk_sb, G, acc[0], g, T, K, scale, dt, tables, k_norms)
             _store_kv_grad(dv_sb, G, acc[1], g, T, K, 1.0, dt)

@@ -49,16 +49,21 @@ def causal_bias(dt):
     return identity(dt), bias, one
 
 
-def seq_dma(sb, x_BTXK, b, load):
+def seq_dma(sb, x_BTXK, b, load, perm=False):
     """Moves all T rows of batch b of x_BTXK ([B, T, X, W]: every head, or a [.., 1] statistic) between HBM and
     the SBUF tile sb [P, n X W]: 128-row tile i, head x at columns (i X + x) W, partition p = row i 128 + p
     (`block`). One DMA for the full tiles (its buffers: the X W contiguous elements of one row), one more for
-    a ragged last tile; `load`: HBM -> SBUF, else SBUF -> HBM."""
+    a ragged last tile; `load`: HBM -> SBUF, else SBUF -> HBM. With `perm`, of the first n = T // 128 n rows
+    partition p holds the n consecutive rows p n .. p n + n - 1 (block i < n: rows p n + i, every partition
+    one contiguous run of n X W elements; `natural_cols` finds a block's rows in natural order); a ragged
+    last tile as without."""
     B, T, X, W = x_BTXK.shape
     P = nl.tile_size.pmax
     n, tail, XW = T // P, T % P, X * W
     pairs = []
-    if n:
+    if n and perm:
+        pairs.append((sb[0:P, 0:n * XW], x_BTXK[b, 0:n * P].reshape((P, n * XW))))
+    elif n:
         pairs.append((sb[0:P, 0:n * XW], x_BTXK.ap(pattern=[[XW, P], [P * XW, n], [1, XW]], offset=b * T * XW)))
     if tail:
         pairs.append((sb[0:tail, n * XW:(n + 1) * XW], x_BTXK[b, n * P:T].reshape((tail, XW))))
@@ -69,13 +74,13 @@ def seq_dma(sb, x_BTXK, b, load):
             nisa.dma_copy(dst=hbm, src=on_chip)
 
 
-def seq_tile(x_BTXK, dt, b=None):
+def seq_tile(x_BTXK, dt, b=None, perm=False):
     """An SBUF tile for all T rows of one batch of x_BTXK, every head (`seq_dma`'s layout); loaded from batch b
     unless b is None."""
     B, T, X, W = x_BTXK.shape
     t = nl.ndarray((nl.tile_size.pmax, cdiv(T, nl.tile_size.pmax) * X * W), dtype=dt, buffer=nl.sbuf)
     if b is not None:
-        seq_dma(t, x_BTXK, b, True)
+        seq_dma(t, x_BTXK, b, True, perm)
     return t
 
 
@@ -85,17 +90,14 @@ def block(sb, i, x, X, W):
     return sb[:, c:c + W]
 
 
-def head_rows(t, rows, dt, ident, transposed, vec=False, prep=(), saved=(), out=(), tT=None):
+def head_rows(t, rows, dt, ident, transposed, vec=False, saved=(), tT=None):
     """A 128-row tile of one head, t (a [P, K] `block` view), and its [K, 128] transpose (leaving PSUM on
-    VectorE with `vec`, else ScalarE; into tT, a [K, >= rows] view, when given). With `prep` = (cos/sin tiles, gain) the tile is replaced by
-    rope(qk_norm(rows)) [* gain] (`prep_tile`, written to out = (y, inv) views; norm = inv); with `saved` =
-    (y, inv, yT), the forward's outputs as views, by y (norm = (xn, inv) for `prep_grad`, xn = x inv on ScalarE)
-    and the transpose is yT, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
+    VectorE with `vec`, else ScalarE; into tT, a [K, >= rows] view, when given). With `saved` = (y, inv, yT),
+    the forward's outputs as views, the tile is replaced by y (norm = (xn, inv) for `prep_grad`, xn = x inv
+    on ScalarE) and the transpose is yT, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
     K = t.shape[1]
     P = nl.tile_size.pmax
     norm = ()
-    if prep:
-        t, norm = prep_tile(t, rows, prep[0], prep[1], dt, out)
     if saved:
         y, inv_P1, yT = saved
         xn = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
@@ -111,91 +113,146 @@ def head_rows(t, rows, dt, ident, transposed, vec=False, prep=(), saved=(), out=
     return t, tT, norm
 
 
-def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), vec=False, out=()):
+def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), vec=False, out=(), perm=False):
     """All T rows of kv head g (x_sb: the batch's `seq_tile`): 128-row tile views [keys, K], the transpose
     [K, T] (leaving PSUM on VectorE with `vec`, else ScalarE) and each tile's norm (`head_rows`): with `tables`
-    (cos/sin tiles) the forward's rotated, normed rows, written to out = (y seq tile, inv seq tile); with
-    `saved` = (kr seq tile, kinv seq tile, krT [K, T] SBUF) the backward's."""
-    K = x_sb.shape[1] // (cdiv(T, nl.tile_size.pmax) * G)
+    (cos/sin tiles) the forward's rotated, normed rows (`prep_tile`), written to out = (y seq tile, inv seq
+    tile); with `saved` = (kr seq tile, kinv seq tile, krT [K, T] SBUF) the backward's. x_sb, tables and out
+    in one layout (`perm`, `seq_dma`); the transpose in natural row order (`natural_cols`)."""
     P = nl.tile_size.pmax
+    nt = cdiv(T, P)
+    K = x_sb.shape[1] // (nt * G)
     xT = saved[2] if saved else nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
-    tiles, norms = [], []
-    for i in nl.affine_range(cdiv(T, P)):
-        r = min(P, T - i * P)
-        prep = (tables[i], ()) if tables else ()
-        o = (block(out[0], i, g, G, K), block(out[1], i, g, G, 1)) if tables else ()
-        sv = (block(saved[0], i, g, G, K), block(saved[1], i, g, G, 1), None) if saved else ()
-        t, _, norm = head_rows(block(x_sb, i, g, G, K), r, dt, None, False, prep=prep, saved=sv, out=o)
-        if not saved:
-            transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K, ident, on_vector=vec)
-        tiles.append(t)
-        norms.append(norm)
+    rows = [min(P, T - i * P) for i in range(nt)]
+    views = [block(x_sb, i, g, G, K) for i in range(nt)]
+    if tables:
+        ys = prep_tile([(views[i], rows[i], tables[i], (block(out[0], i, g, G, K), block(out[1], i, g, G, 1)))
+                        for i in range(nt)], (), dt)
+        tiles, norms = [y for y, _ in ys], [inv for _, inv in ys]
+    elif saved:
+        got = [head_rows(views[i], rows[i], dt, None, False,
+                         saved=(block(saved[0], i, g, G, K), block(saved[1], i, g, G, 1), None)) for i in range(nt)]
+        tiles, norms = [t for t, _, _ in got], [n for _, _, n in got]
+    else:
+        tiles, norms = views, [()] * nt
+    if not saved:
+        for i in nl.affine_range(nt):
+            transpose(natural_cols(xT, i, T, perm), tiles[i][0:rows[i]], rows[i], K, ident, on_vector=vec)
     return tiles, xT, norms
 
 
-def rope_tiles(cos_TK2, sin_TK2):
-    """Per 128-position tile (cos2 = [cos, cos] [P, K], sin, -sin [P, K/2]) in fp32 SBUF, built once per call
-    from cos/sin [T, K/2] (fp32 in HBM): the tables `rotate` multiplies by."""
+def prep_head(x_sb, H, h, T, tables, gain, outs, dt):
+    """`prep_tile` of every 128-row tile of query head h (x_sb: the batch's `seq_tile`), written to outs = (qg
+    seq tile, qinv seq tile) -> the y views."""
+    P = nl.tile_size.pmax
+    K = x_sb.shape[1] // (cdiv(T, P) * H)
+    items = [(block(x_sb, i, h, H, K), min(P, T - i * P), tables[i], (block(outs[0], i, h, H, K),
+                                                                       block(outs[1], i, h, H, 1)))
+             for i in range(cdiv(T, P))]
+    return [y for y, _ in prep_tile(items, gain, dt)]
+
+
+def rope_tiles(cos_TK2, sin_TK2, perm=False):
+    """Per 128-row block (cos2 = [cos, cos] [P, K], sin, -sin [P, K/2]) in fp32 SBUF, built once per call
+    from cos/sin [T, K/2] (fp32 in HBM): the tables `rotate` multiplies by, for the rows of a `seq_tile`'s
+    blocks in its layout (`perm`: `seq_dma`'s); cos and sin each arrive by one DMA in that layout (plus one
+    for a ragged last block)."""
     T, K2 = cos_TK2.shape
     P = nl.tile_size.pmax
+    nt = cdiv(T, P)
+    both = []
+    for x_TK2 in (cos_TK2, sin_TK2):
+        t = nl.ndarray((P, nt * K2), dtype=nl.float32, buffer=nl.sbuf)
+        seq_dma(t, x_TK2.reshape((1, T, 1, K2)), 0, True, perm)
+        both.append(t)
     tiles = []
-    for i in nl.affine_range(cdiv(T, P)):
+    for i in nl.affine_range(nt):
         r = min(P, T - i * P)
         c2 = nl.ndarray((P, 2 * K2), dtype=nl.float32, buffer=nl.sbuf)
-        s = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
         ns = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=c2[0:r, 0:K2], src=cos_TK2[i * P:i * P + r])
-        nisa.tensor_copy(dst=c2[0:r, K2:2 * K2], src=c2[0:r, 0:K2], engine=nisa.engine.gpsimd)
-        nisa.dma_copy(dst=s[0:r], src=sin_TK2[i * P:i * P + r])
-        nisa.activation(dst=ns[0:r], op=nl.copy, data=s[0:r], scale=-1.0)
-        tiles.append((c2, s, ns))
+        c, sn = both[0][:, i * K2:(i + 1) * K2], both[1][:, i * K2:(i + 1) * K2]
+        nisa.tensor_copy(dst=c2[0:r, 0:K2], src=c[0:r], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=c2[0:r, K2:2 * K2], src=c[0:r], engine=nisa.engine.gpsimd)
+        nisa.activation(dst=ns[0:r], op=nl.copy, data=sn[0:r], scale=-1.0)
+        tiles.append((c2, sn, ns))
     return tiles
 
 
-def rotate(dst, x_f, rows, cs, inverse, engine):
-    """dst[0:rows] = the half-split rotation of x_f (fp32 [P, K]) by the rows' angles: (x1 cos + x2 sin,
-    x2 cos - x1 sin) as reference.rope, or by minus the angles (`inverse`, the backward), as x [cos, cos] +
-    [x2 (+-sin), x1 (-+sin)]: four instructions on `engine` (SBUF operands only)."""
-    K = x_f.shape[1]
-    K2 = K // 2
+def natural_cols(xT, i, T, perm):
+    """The columns of xT ([K, T] in natural row order) holding block i's rows of a `seq_tile` in its layout
+    (`perm`: rows p n + i, a stride-n view, `seq_dma`), [K, rows]."""
     P = nl.tile_size.pmax
-    c2, s, ns = cs
-    a = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    e = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=a[0:rows], data1=x_f[0:rows], data2=c2[0:rows], op=nl.multiply, engine=engine)
-    nisa.tensor_tensor(dst=e[0:rows, 0:K2], data1=x_f[0:rows, K2:K], data2=(ns if inverse else s)[0:rows],
-                       op=nl.multiply, engine=engine)
-    nisa.tensor_tensor(dst=e[0:rows, K2:K], data1=x_f[0:rows, 0:K2], data2=(s if inverse else ns)[0:rows],
-                       op=nl.multiply, engine=engine)
-    nisa.tensor_tensor(dst=dst[0:rows], data1=a[0:rows], data2=e[0:rows], op=nl.add, engine=engine)
+    n = T // P
+    K = xT.shape[0]
+    if perm and i < n:
+        return xT[0:K, i:n * P:n]
+    return xT[0:K, i * P:min(T, (i + 1) * P)]
 
 
-def prep_tile(x_t, rows, cs, gain, dt, out=()):
-    """(y [P, K] in dt = rope(qk_norm(x)) [* gain], inv = rsqrt(mean(x^2) + eps) fp32 [P, 1]) of a raw
-    [rows, K] tile, fp32 math (reference.rms_norm, reference.rope / rope_gain); gain: () or (g_P1,) with
-    g_P1 = gain * sqrt(K) (`gain_column`). The squares and the rotation on GpSimd, the row sum and the scaling
-    on VectorE; r = rsqrt(sum(x^2) + K eps) = inv / sqrt(K) by one GpSimd tensor_scalar (add, then rsqrt:
-    GpSimd tensor_scalar is documented for rsqrt only, nki/api/nki/isa/__init__.py tensor_scalar
-    `engine`), x r (gain) sqrt(K) by one VectorE tensor_scalar, inv (a residual for the backward) on
-    ScalarE."""
-    K = x_t.shape[1]
+def rotate(items, inverse, engine):
+    """dst[0:rows] = the half-split rotation of x_f (fp32 [P, K]) by the rows' angles, for each (dst, x_f, rows,
+    cs) of items: (x1 cos + x2 sin, x2 cos - x1 sin) as reference.rope, or by minus the angles (`inverse`, the
+    backward), as x [cos, cos] + [x2 (+-sin), x1 (-+sin)]: four instructions per item on `engine` (SBUF
+    operands only), each step issued for every item before the next (independent chains interleave on the
+    engines' in-order instruction streams)."""
+    P = nl.tile_size.pmax
+    tmp = []
+    for dst, x_f, rows, cs in items:
+        K = x_f.shape[1]
+        a = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=a[0:rows], data1=x_f[0:rows], data2=cs[0][0:rows], op=nl.multiply, engine=engine)
+        tmp.append(a)
+    es = []
+    for (dst, x_f, rows, cs), a in zip(items, tmp):
+        K = x_f.shape[1]
+        K2 = K // 2
+        c2, s, ns = cs
+        e = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=e[0:rows, 0:K2], data1=x_f[0:rows, K2:K], data2=(ns if inverse else s)[0:rows],
+                           op=nl.multiply, engine=engine)
+        nisa.tensor_tensor(dst=e[0:rows, K2:K], data1=x_f[0:rows, 0:K2], data2=(s if inverse else ns)[0:rows],
+                           op=nl.multiply, engine=engine)
+        es.append(e)
+    for (dst, x_f, rows, cs), a, e in zip(items, tmp, es):
+        nisa.tensor_tensor(dst=dst[0:rows], data1=a[0:rows], data2=e[0:rows], op=nl.add, engine=engine)
+
+
+def prep_tile(items, gain, dt):
+    """[(y [P, K] in dt = rope(qk_norm(x)) [* gain], inv = rsqrt(mean(x^2) + eps) fp32 [P, 1])] of raw [rows,
+    K] tiles, items = [(x_t, rows, cs, out)] (out: () or the (y, inv) views to write), fp32 math
+    (reference.rms_norm, reference.rope / rope_gain); gain: () or (g_P1,) with g_P1 = gain * sqrt(K)
+    (`gain_column`). The squares and the rotation on GpSimd, the row sum and the scaling on VectorE; r =
+    rsqrt(sum(x^2) + K eps) = inv / sqrt(K) by one GpSimd tensor_scalar (add, then rsqrt: GpSimd
+    tensor_scalar is documented for rsqrt only, nki/api/nki/isa/__init__.py tensor_scalar `engine`), x r
+    (gain) sqrt(K) by one VectorE tensor_scalar, inv (a residual for the backward) on ScalarE; each step for
+    every item before the next (`rotate`)."""
     P = nl.tile_size.pmax
     gp = nisa.engine.gpsimd
-    sq = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=sq[0:rows], data1=x_t[0:rows], data2=x_t[0:rows], op=nl.multiply, engine=gp)
-    ss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=ss_P1[0:rows], op=nl.add, data=sq[0:rows], axis=1, keepdims=True)
-    r_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=r_P1[0:rows], data=ss_P1[0:rows], op0=nl.add, operand0=K * EPS, op1=nl.rsqrt,
-                       operand1=0.0, engine=gp)
-    inv_P1 = out[1] if out else nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=inv_P1[0:rows], op=nl.copy, data=r_P1[0:rows], scale=K ** 0.5)
-    xs = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=xs[0:rows], data=x_t[0:rows], op0=nl.multiply, operand0=r_P1[0:rows],
-                       op1=nl.multiply, operand1=gain[0][0:rows] if gain else K ** 0.5)
-    y = out[0] if out else nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-    rotate(y, xs, rows, cs, False, gp)
-    return y, inv_P1
+    K = items[0][0].shape[1]
+    sqs, rs, xss, outs = [], [], [], []
+    for x_t, rows, cs, out in items:
+        sq = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=sq[0:rows], data1=x_t[0:rows], data2=x_t[0:rows], op=nl.multiply, engine=gp)
+        sqs.append(sq)
+    for (x_t, rows, cs, out), sq in zip(items, sqs):
+        ss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=ss_P1[0:rows], op=nl.add, data=sq[0:rows], axis=1, keepdims=True)
+        rs.append(ss_P1)
+    for (x_t, rows, cs, out), r_P1 in zip(items, rs):
+        nisa.tensor_scalar(dst=r_P1[0:rows], data=r_P1[0:rows], op0=nl.add, operand0=K * EPS, op1=nl.rsqrt,
+                           operand1=0.0, engine=gp)
+    for (x_t, rows, cs, out), r_P1 in zip(items, rs):
+        xs = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=xs[0:rows], data=x_t[0:rows], op0=nl.multiply, operand0=r_P1[0:rows],
+                           op1=nl.multiply, operand1=gain[0][0:rows] if gain else K ** 0.5)
+        xss.append(xs)
+    for (x_t, rows, cs, out), r_P1 in zip(items, rs):
+        inv_P1 = out[1] if out else nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=inv_P1[0:rows], op=nl.copy, data=r_P1[0:rows], scale=K ** 0.5)
+        y = out[0] if out else nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+        outs.append((y, inv_P1))
+    rotate([(y, xs, it[1], it[2]) for (y, _), xs, it in zip(outs, xss, items)], False, gp)
+    return outs
 
 
 def scale_rows(dst, x, rows, s_P1):
@@ -203,43 +260,60 @@ def scale_rows(dst, x, rows, s_P1):
     nisa.activation(dst=dst[0:rows], op=nl.copy, data=x[0:rows], scale=s_P1[0:rows])
 
 
-def prep_grad(dst, d_f, rows, cs, norm, gain, dg_P1, rot_engine):
-    """dst[0:rows] = the gradient through `prep_tile` of d_f (fp32 [P, K], w.r.t. its output rows): w =
-    rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K) (reference.rms_norm_bwd after
-    rope_gain_bwd); with a gain, dg_P1 += dot, the gain's gradient per row (d . rope(xn) = w . xn, the
-    rotation being orthogonal). Products and sums of tiles on GpSimd, row sums and [P, 1] columns on
-    VectorE, scalings on ScalarE."""
-    K = d_f.shape[1]
+def prep_grad(items, gain, dg_P1, rot_engine):
+    """dst[0:rows] = the gradient through `prep_tile` of d_f (fp32 [P, K], w.r.t. its output rows), for each
+    (dst, d_f, rows, cs, norm) of items: w = rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K)
+    (reference.rms_norm_bwd after rope_gain_bwd); with a gain, dg_P1 += dot, the gain's gradient per row (d .
+    rope(xn) = w . xn, the rotation being orthogonal). Products and sums of tiles on GpSimd, row sums and [P,
+    1] columns on VectorE, scalings on ScalarE; each step for every item before the next (`rotate`)."""
     P = nl.tile_size.pmax
-    xn, inv_P1 = norm
     gp = nisa.engine.gpsimd
-    w = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    rotate(w, d_f, rows, cs, True, rot_engine)
-    prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=prod[0:rows], data1=w[0:rows], data2=xn[0:rows], op=nl.multiply, engine=gp)
-    dot_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=dot_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, keepdims=True)
-    if gain:
-        nisa.tensor_tensor(dst=dg_P1[0:rows], data1=dg_P1[0:rows], data2=dot_P1[0:rows], op=nl.add, engine=gp)
-    c_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=c_P1[0:rows], data=dot_P1[0:rows], op0=nl.multiply, operand0=-1.0 / K)
-    scale_rows(prod, xn, rows, c_P1)
-    nisa.tensor_tensor(dst=w[0:rows], data1=w[0:rows], data2=prod[0:rows], op=nl.add, engine=gp)
-    s_P1 = inv_P1
-    if gain:
-        s_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=s_P1[0:rows], data=inv_P1[0:rows], op0=nl.multiply, operand0=gain[0][0:rows],
-                           op1=nl.multiply, operand1=K ** -0.5)
-    scale_rows(dst, w, rows, s_P1)
+    K = items[0][1].shape[1]
+    ws = [nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf) for _ in items]
+    rotate([(w, it[1], it[2], it[3]) for w, it in zip(ws, items)], True, rot_engine)
+    prods, dots, cs_ = [], [], []
+    for (dst, d_f, rows, cs, norm), w in zip(items, ws):
+        prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=prod[0:rows], data1=w[0:rows], data2=norm[0][0:rows], op=nl.multiply, engine=gp)
+        prods.append(prod)
+    for (dst, d_f, rows, cs, norm), prod in zip(items, prods):
+        dot_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=dot_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, keepdims=True)
+        dots.append(dot_P1)
+    for (dst, d_f, rows, cs, norm), dot_P1 in zip(items, dots):
+        if gain:
+            nisa.tensor_tensor(dst=dg_P1[0:rows], data1=dg_P1[0:rows], data2=dot_P1[0:rows], op=nl.add, engine=gp)
+        c_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=c_P1[0:rows], data=dot_P1[0:rows], op0=nl.multiply, operand0=-1.0 / K)
+        cs_.append(c_P1)
+    for (dst, d_f, rows, cs, norm), prod, c_P1 in zip(items, prods, cs_):
+        scale_rows(prod, norm[0], rows, c_P1)
+    for (dst, d_f, rows, cs, norm), prod, w in zip(items, prods, ws):
+        nisa.tensor_tensor(dst=w[0:rows], data1=w[0:rows], data2=prod[0:rows], op=nl.add, engine=gp)
+    for (dst, d_f, rows, cs, norm), w in zip(items, ws):
+        s_P1 = norm[1]
+        if gain:
+            s_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=s_P1[0:rows], data=norm[1][0:rows], op0=nl.multiply, operand0=gain[0][0:rows],
+                               op1=nl.multiply, operand1=K ** -0.5)
+        scale_rows(dst, w, rows, s_P1)
 
 
-def gain_column(g_PH, h, K):
-    """(g_P1,): the query gain of head h times sqrt(K) as an fp32 [P, 1] column (g_PH: the gain broadcast
-    over 128 rows; sqrt(K) undoes `prep_tile`'s rsqrt(sum x^2 + K eps) = inv / sqrt(K))."""
+def gain_tile(g_PH):
+    """The query gains times sqrt(K) as an fp32 [P, H] tile (g_PH: the gain broadcast over 128 rows; sqrt(K)
+    undoes `prep_tile`'s rsqrt(sum x^2 + K eps) = inv / sqrt(K)), loaded once per call; K is taken by
+    `gain_column`."""
+    P, H = g_PH.shape
+    g_sb = nl.ndarray((P, H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=g_sb, src=g_PH)
+    return g_sb
+
+
+def gain_column(g_sb, h, K):
+    """(g_P1,): head h's gain times sqrt(K), an fp32 [P, 1] column, from `gain_tile`."""
     P = nl.tile_size.pmax
     g_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=g_P1, src=g_PH[0:P, h:h + 1])
-    nisa.tensor_scalar(dst=g_P1, data=g_P1, op0=nl.multiply, operand0=K ** 0.5)
+    nisa.tensor_scalar(dst=g_P1, data=g_sb[0:P, h:h + 1], op0=nl.multiply, operand0=K ** 0.5)
     return (g_P1,)
 
 
@@ -255,11 +329,11 @@ def half_matmul(dst, stationary, moving, half, name=None):
         nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, name=name)
 
 
-def kv_head_saved(k_sb, G, g, T, dt, ident, tables, outs, krT_BGKT, b, vec=False):
+def kv_head_saved(k_sb, G, g, T, dt, ident, tables, outs, krT_BGKT, b, vec=False, perm=False):
     """The fused forward's k side (`kv_head` with the rope tables): its normed, rotated rows and their inverse
     RMS written to outs = (kr seq tile, kinv seq tile), the transpose stored to krT_BGKT[b, g] (one DMA)
     -> (tiles, transpose)."""
-    k_tiles, kT, _ = kv_head(k_sb, G, g, T, dt, ident, tables, vec=vec, out=outs)
+    k_tiles, kT, _ = kv_head(k_sb, G, g, T, dt, ident, tables, vec=vec, out=outs, perm=perm)
     nisa.dma_copy(dst=krT_BGKT[b, g], src=kT)
     return k_tiles, kT
 
