@@ -387,19 +387,28 @@ def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=F
     return _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH)
 
 
-def _bwd_block(p_t, ds_t, do_t, q_t, k_tile, dq_ps, dk_acc, dv_acc, rows, j, kr, col, ident, dt, vec):
-    """The 128-key block j of a chunk: dv += p^T dO, dk += ds^T q (PSUM accumulators), dq += ds k."""
-    K = q_t.shape[1]
+def _bwd_tile(views, t0, rows, bias, dt, qk=()):
+    """The per-tile inputs of one 128-query tile of a head: views = its [P, K] views of q, dO, o and dq
+    (`block`) and its -lse column; with qk = (cos/sin tiles, gain, (qg, qinv, qg^T views)) q is the forward's
+    normed, rotated rows. -> (q, q^T, norm, dO, dO^T, -lse, -Di, t0, rows, dq view, cos/sin tiles)."""
+    q_v, do_v, o_v, negl_P1, dq_t = views
+    K = q_v.shape[1]
     P = nl.tile_size.pmax
-    cols = slice(j * P, j * P + kr)
-    nisa.nc_matmul(dst=dv_acc[0:kr, col:col + K], stationary=p_t[0:rows, cols], moving=do_t[0:rows, 0:K])
-    nisa.nc_matmul(dst=dk_acc[0:kr, col:col + K], stationary=ds_t[0:rows, cols], moving=q_t[0:rows, 0:K])
-    dsT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-    transpose(dsT[0:kr, 0:rows], ds_t[0:rows, cols], rows, kr, ident, on_vector=vec)
-    nisa.nc_matmul(dst=dq_ps[0:rows, 0:K], stationary=dsT[0:kr, 0:rows], moving=k_tile[0:kr, 0:K])
+    q_t, qT, norm = head_rows(q_v, rows, dt, bias[0], True, vec=True, saved=qk[2] if qk else ())
+    do_t, doT, _ = head_rows(do_v, rows, dt, bias[0], True, vec=True)
+    prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=prod[0:rows], data1=do_t[0:rows], data2=o_v[0:rows], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)
+    negdi_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # -Di = -rowsum(dO o)
+    nisa.tensor_reduce(dst=negdi_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, negate=True, keepdims=True)
+    return q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows, dq_t, qk[0] if qk else ()
 
 
-def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0, kc, bias, scale, dt):
+def _bwd_scores(tile, c0, kc, kT, vT, bias, scale, dt):
+    """First half of a (query tile, key chunk) step: p = exp(scale s - lse) recomputed (no max, no sum), the
+    diagonal block zeroed above the diagonal (GpSimd, SBUF in place), and ds = p (dp - Di), dp = dO v^T. ->
+    (p, ds) in SBUF."""
+    q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows = tile[0:9]
     K = qT.shape[0]
     P = nl.tile_size.pmax
     s_ps = _scores(qT, kT, t0, rows, c0, kc, bias, False)
@@ -418,40 +427,76 @@ def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, ac
     ds_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=ds_t[0:rows, 0:kc], data1=t_f[0:rows, 0:kc], data2=p_t[0:rows, 0:kc], op=nl.multiply,
                        engine=nisa.engine.gpsimd)
-    per_bank = KC // K
-    for j in nl.affine_range(cdiv(kc, P)):
-        kt = c0 // P + j
-        dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
-        _bwd_block(p_t, ds_t, do_t, q_t, k_tiles[kt], dq_ps, dk_acc, dv_acc, rows, j, min(P, kc - j * P),
-                   (kt % per_bank) * K, bias[0], dt, (t0 // P + kt) % BWD_VEC == BWD_VEC - 1)
+    return p_t, ds_t
 
 
-def _bwd_rows(views, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt, qk=(), dg_P1=None):
-    """dq of one 128-query tile of head h, and its contributions to the kv head's dk/dv accumulators; views =
-    the tile's [P, K] views of q, dO, o and dq (`block`) and its -lse column; with qk = (cos/sin tiles, gain,
-    (qg, qinv, qg^T views)) q is the forward's normed, rotated rows and dq is taken back through the rotation
-    and the norm: the tile's `prep_grad` item is returned (() without qk)."""
-    q_v, do_v, o_v, negl_P1, dq_t = views
-    K = q_v.shape[1]
+def _bwd_values(tile, c0, kc, p_t, ds_t, dq_ps, k_tiles, acc, ident, dt):
+    """Second half of a step, per 128-key block j of the chunk: dv += p^T dO, dk += ds^T q (PSUM accumulators
+    across the kv head's query heads and tiles), dq += ds k (ds^T by a transpose); every block's ds^T
+    transpose first, its PSUM copy alternating between VectorE (every BWD_VEC-th) and ScalarE."""
+    q_t, do_t, t0, rows = tile[0], tile[3], tile[7], tile[8]
+    K = q_t.shape[1]
     P = nl.tile_size.pmax
-    q_t, qT, norm = head_rows(q_v, rows, dt, bias[0], True, vec=True, saved=qk[2] if qk else ())
-    do_t, doT, _ = head_rows(do_v, rows, dt, bias[0], True, vec=True)
-    prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=prod[0:rows], data1=do_t[0:rows], data2=o_v[0:rows], op=nl.multiply,
-                       engine=nisa.engine.gpsimd)
-    negdi_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # -Di = -rowsum(dO o)
-    nisa.tensor_reduce(dst=negdi_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, negate=True, keepdims=True)
-    dq_ps = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum)
-    for c in nl.affine_range(cdiv(t0 + rows, KC)):
-        c0 = c * KC
-        _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0,
-                   min(KC, t0 + rows - c0), bias, scale, dt)
+    per_bank = KC // K
+    blocks = [(j, c0 // P + j, min(P, kc - j * P)) for j in range(cdiv(kc, P))]
+    dsTs = []
+    for j, kt, kr in blocks:
+        dsT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+        transpose(dsT[0:kr, 0:rows], ds_t[0:rows, j * P:j * P + kr], rows, kr, ident,
+                  on_vector=(t0 // P + kt) % BWD_VEC == BWD_VEC - 1)
+        dsTs.append(dsT)
+    for j, kt, kr in blocks:
+        cols, col = slice(j * P, j * P + kr), (kt % per_bank) * K
+        dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
+        nisa.nc_matmul(dst=dv_acc[0:kr, col:col + K], stationary=p_t[0:rows, cols], moving=do_t[0:rows, 0:K])
+        nisa.nc_matmul(dst=dk_acc[0:kr, col:col + K], stationary=ds_t[0:rows, cols], moving=q_t[0:rows, 0:K])
+    for (j, kt, kr), dsT in zip(blocks, dsTs):
+        nisa.nc_matmul(dst=dq_ps[0:rows, 0:K], stationary=dsT[0:kr, 0:rows], moving=k_tiles[kt][0:kr, 0:K])
+
+
+def _bwd_dq(tile, dq_ps, scale, qk):
+    """dq of a tile out of PSUM (times scale) into its view; with qk the `prep_grad` item it still needs
+    (run once per head for every tile together), else ()."""
+    K = tile[0].shape[1]
+    P = nl.tile_size.pmax
+    rows, dq_t = tile[8], tile[9]
     if not qk:
         nisa.activation(dst=dq_t[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
         return ()
     d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=d_f[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
-    return (dq_t, d_f, rows, qk[0], norm)  # the tile's `prep_grad` item: run once per head, every tile's together
+    return (dq_t, d_f, rows, tile[10], tile[2])
+
+
+def _bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, qk):
+    """The query heads of one kv head: tiles[r][i] (`_bwd_tile`) -> per head the `prep_grad` items of its
+    tiles (with qk). The (query tile, key chunk, head) steps `_pipelined` (`_bwd_scores`, `_bwd_values`), the
+    heads interleaved."""
+    T = kT.shape[1]
+    K = kT.shape[0]
+    P = nl.tile_size.pmax
+    R, nt = len(tiles), len(tiles[0])
+    dq_open = [[] for _ in range(R)]
+    items = [[] for _ in range(R)]
+
+    def first(st):
+        i, c, r = st
+        t0, rows = i * P, min(P, T - i * P)
+        return _bwd_scores(tiles[r][i], c * KC, min(KC, t0 + rows - c * KC), kT, vT, bias, scale, dt)
+
+    def second(st, res):
+        i, c, r = st
+        t0, rows = i * P, min(P, T - i * P)
+        if c == 0:
+            dq_open[r].append(nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum))
+        _bwd_values(tiles[r][i], c * KC, min(KC, t0 + rows - c * KC), res[0], res[1], dq_open[r][0], k_tiles, acc,
+                    bias[0], dt)
+        if (c + 1) * KC >= t0 + rows:
+            items[r].append(_bwd_dq(tiles[r][i], dq_open[r].pop(0), scale, qk))
+
+    steps = [(i, c, r) for i in range(nt) for c in range(cdiv(min(T, (i + 1) * P), KC)) for r in range(R)]
+    _pipelined(steps, first, second, lag=LAG)
+    return items
 
 
 def _store_kv_grad(dst_sb, G, acc, g, T, K, scale, dt, tables=(), norms=()):
@@ -515,27 +560,30 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
             _, vT, _ = kv_head(v_sb, G, g, T, dt, bias[0])
             acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
                    [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
+            tiles, gains = [], []
             for r in nl.affine_range(R):
                 h = g * R + r
-                gain = gain_column(g_sb, h, K) if rope else ()
-                dg_P1 = None
+                gains.append(gain_column(g_sb, h, K) if rope else ())
                 if rope:
-                    dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
                     qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
                     nisa.dma_copy(dst=qT_h, src=rope[7][b, h])
-                items = []
+                row = []
                 for i in nl.affine_range(cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
                     views = (block(q_sb, i, h, H, K), block(do_sb, i, h, H, K), block(o_sb, i, h, H, K),
                              block(negl_sb, i, h, H, 1), block(dq_sb, i, h, H, K))
-                    qk = ((tables[i], gain, (block(qg_sb, i, h, H, K), block(qinv_sb, i, h, H, 1),
-                                             qT_h[0:K, t0:t0 + rows])) if rope else ())
-                    items.append(_bwd_rows(views, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt, qk, dg_P1))
-                if rope:
-                    prep_grad(items, gain, dg_P1, nisa.engine.gpsimd)
-                    _gain_grad(dg_1H, dg_P1, h)
+                    qk = ((tables[i], gains[r], (block(qg_sb, i, h, H, K), block(qinv_sb, i, h, H, 1),
+                                                 qT_h[0:K, t0:t0 + rows])) if rope else ())
+                    row.append(_bwd_tile(views, t0, rows, bias, dt, qk))
+                tiles.append(row)
+            items = _bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, rope)
+            if rope:
+                for r in nl.affine_range(R):
+                    dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
+                    prep_grad(items[r], gains[r], dg_P1, nisa.engine.gpsimd)
+                    _gain_grad(dg_1H, dg_P1, g * R + r)
             _store_kv_grad(dk_sb, G, acc[0], g, T, K, scale, dt, tables, k_norms)
             _store_kv_grad(dv_sb, G, acc[1], g, T, K, 1.0, dt)
         for sb, dst in ((dq_sb, dq_BTHK), (dk_sb, dk_BTGK), (dv_sb, dv_BTGK)):
