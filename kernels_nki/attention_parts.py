@@ -2,15 +2,18 @@
 compiler inlines the functions a kernel calls, whichever file holds them; under the emulator
 `kernels_nki.emulator.loader` loads it for the kernel file).
 
-- Loading rows: `head_rows` (one 128-row tile of a head, optionally normed and rotated, and its
-  transpose), `kv_head` (all T rows of a kv head and k^T), `v_aug` ([v | 1] tiles: p [v | 1] carries the
-  softmax's row sums in its last column).
-- QK-norm + RoPE (+ gain), fused (`prep_tile`): each raw q / k row tile, once loaded, is normed and rotated
+- Moving rows: `seq_dma` / `seq_tile` (all T rows of one sequence, every head, one DMA per tensor: natural
+  row order or, with `perm`, n = T // 128 consecutive rows per partition), `block` (one 128-row block of one
+  head as a [128, K] view), `natural_cols` (where a `perm` block's rows sit in a natural-order [K, T]
+  transpose), `head_rows` (a block and its transpose), `kv_head` (all blocks of a kv head and k^T), `v_aug`
+  ([v | 1] tiles: p [v | 1] carries the softmax's row sums in its last column), `lse_store` / `neg_lse_load`
+  (the log-sum-exp as [H, T] rows in HBM, [rows, 1] columns on chip).
+- QK-norm + RoPE (+ gain), fused (`prep_tile`): each raw q / k row block, once loaded, is normed and rotated
   in SBUF before its transpose, in fp32 (rounded once to the input dtype): the row sums of squares,
   rsqrt(sum + K eps) (one GpSimd tensor_scalar: GpSimd tensor_scalar is documented for rsqrt only), the
   scaling by it times sqrt(K) (times the gain: `gain_column` folds sqrt(K) in) and the rotation as x [cos,
   cos] + [x2 sin, -x1 sin] (four GpSimd tensor_tensor instructions; `rotate`). The forward writes the
-  normed, rotated q / k and each row's inverse RMS (`saved_outputs`, `store_rows`); the backward reads
+  normed, rotated q / k and each row's inverse RMS (`saved_outputs`, into `seq_tile`s); the backward reads
   them (and forms xn = x inv from the raw rows) and takes dq / dk back through them (`prep_grad`): w =
   rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K); the gain's gradient is rowsum(w xn)
   summed over the rows.
