@@ -320,7 +320,7 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     banks = cdiv(cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
     for b in nl.affine_range(B):
         q_sb, o_sb, do_sb = seq_tile(q_BTHK, dt, b), seq_tile(o_BTHK, dt, b), seq_tile(do_BTHK, dt, b)
-        k_sb, v_sb = seq_tile(k_BTGK, dt, b), seq_tile(v_BTGK, dt, b)
+        k_sb, v_sb = seq_tile(k_BTGK, dt, b), seq_tile(v_BTGK, dt, b, perm=True)  # v: only v^T is read
         negl_sb = neg_lse_load(lse_BHT1, b, ident32)
         dq_sb, dk_sb, dv_sb = seq_tile(dq_BTHK, dt), seq_tile(dk_BTGK, dt), seq_tile(dv_BTGK, dt)
         if rope:
@@ -334,7 +334,7 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
                 nisa.dma_copy(dst=krT, src=rope[8][b, g])
                 saved = (kr_sb, kinv_sb, krT)
             k_tiles, kT, k_norms = kv_head(k_sb, G, g, T, dt, bias[0], saved=saved)
-            _, vT, _ = kv_head(v_sb, G, g, T, dt, bias[0])
+            _, vT, _ = kv_head(v_sb, G, g, T, dt, bias[0], perm=True)
             acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
                    [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
             tiles, gains = [], []
