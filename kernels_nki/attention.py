@@ -104,7 +104,8 @@ import nki.language as nl
 from kernels_nki.attention_parts import (
     block, causal_bias, dims, gain_column, gain_tile, half_matmul, kv_head, kv_head_saved, lse_store, natural_cols,
     neg_lse_load, prep_grad, prep_head, rope_tiles, saved_outputs, seq_dma, seq_tile, v_aug)
-from kernels_nki.attention_steps import KC, bounded_heads, bwd_heads, bwd_tile, gain_grad, scores, store_kv_grad
+from kernels_nki.attention_steps import (
+    KC, bounded_heads, bwd_heads, bwd_tile, gain_grad, pipelined, scores, store_kv_grad)
 from kernels_nki.tiles import cdiv, identity, transpose
 
 SHIFT_OFFSET = 35.0  # the bounded forward's shift m_h = B_h - SHIFT_OFFSET (module docstring)
@@ -265,28 +266,34 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
     ident32 = identity(nl.float32)
     tables = rope_tiles(cos_TK2, sin_TK2, perm=True)
     g_sb = gain_tile(g_PH)
+    gains = [gain_column(g_sb, h, K) for h in range(H)]
+    negms = [_neg_shift(gain[0]) for gain in gains]
     for b in nl.affine_range(B):
         q_sb, k_sb = seq_tile(q_BTHK, dt, b, perm=True), seq_tile(k_BTGK, dt, b, perm=True)
         v_sb = seq_tile(v_BTGK, dt, b)
         o_sb, lse_sb = seq_tile(o_BTHK, dt), nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
         outs = _saved_tiles(saved, dt)
-        for g in nl.affine_range(G):
+
+        def prep(g):  # kv head g's k^T, [v | 1] tiles and its query heads' q^T
             k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, ident, tables, (outs[2], outs[3]), saved[5], b, vec=True,
                                         perm=True)
-            vs = v_aug(v_sb, G, g, T, dt)
-            qTs, negms = [], []
-            for r in nl.affine_range(R):
+            qTs = []
+            for r in range(R):
                 h = g * R + r
-                gain = gain_column(g_sb, h, K)
-                negms.append(_neg_shift(gain[0]))
                 qT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
-                ys = prep_head(q_sb, H, h, T, tables, gain, outs, dt)
+                ys = prep_head(q_sb, H, h, T, tables, gains[h], outs, dt)
                 for i in nl.affine_range(cdiv(T, P)):
                     rows = min(P, T - i * P)
                     transpose(natural_cols(qT, i, T, True), ys[i][0:rows], rows, K, ident, on_vector=True)
                 nisa.dma_copy(dst=saved[4][b, h], src=qT)
                 qTs.append(qT)
-            bounded_heads(qTs, kT, vs, negms, (o_sb, lse_sb, H), [g * R + r for r in range(R)], scale, dt)
+            return kT, v_aug(v_sb, G, g, T, dt), qTs
+
+        def core(g, res):
+            hs = [g * R + r for r in range(R)]
+            bounded_heads(res[2], res[0], res[1], [negms[h] for h in hs], (o_sb, lse_sb, H), hs, scale, dt)
+
+        pipelined(range(G), prep, core)  # kv head g + 1's row-wise prep beside kv head g's attention
         _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32)
     return (o_BTHK, lse_BHT1) + saved
 
