@@ -77,13 +77,15 @@ DMA layout (kernels_nki/attention_parts.py, `seq_dma`): every [B, T, X, K] opera
 sequences, one DMA per tensor and sequence for every head at once (one more for a ragged last 128-row tile),
 into or out of an SBUF tile [128, (T / 128) X K] whose 128-row block i, head x is a [128, K] view (`block`).
 Two row orders: natural (partition p of block i holds row 128 i + p; a buffer is one row's X K contiguous
-elements) for the tensors the causal blocking reads row by row: v and o in the forward, every operand and
-output of the backward; consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
+elements) for the tensors the causal blocking reads row by row: v and o in the forward, the backward's
+operands and outputs but v; consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
 one contiguous run of n X K elements, block i < n its rows p n + i) for the forward's q and k and the saved
-rows (qg, qinv, kr, kinv): their work is row by row (QK-norm, RoPE with cos / sin loaded in the same
+rows (qg, qinv, kr, kinv), and the backward's v (only v^T is read): their work is row by row (QK-norm, RoPE with cos / sin loaded in the same
 layout, the gain), and their transposes q^T / k^T, the only consumers in natural order, land in natural
 order through a stride-n free-axis SBUF destination (`natural_cols`). The transposed residuals qgT / krT
-([K, T] per head, T contiguous elements per partition) move by one DMA per (sequence, head). lse [B, H, T,
+([K, T] per head, T contiguous elements per partition) move by one DMA per (sequence, head); the backward
+makes its qg / kr rows from them by TensorE transposes (`rows_from_transpose`) and never reads qg_BTHK /
+kr_BTGK. lse [B, H, T,
 1] moves as one sequence's [H, T] rows (T contiguous fp32 per partition): the forward's [rows, 1] columns
 (all heads of a query tile side by side) become rows by one fp32 TensorE transpose per query tile
 (`lse_store`), the backward's columns come back the same way (`neg_lse_load`). The query gains arrive once
@@ -103,7 +105,7 @@ import nki.language as nl
 
 from kernels_nki.attention_parts import (
     block, causal_bias, dims, gain_column, gain_tile, half_matmul, kv_head, kv_head_saved, lse_store, natural_cols,
-    neg_lse_load, prep_grad, prep_head, rope_tiles, saved_outputs, seq_dma, seq_tile, v_aug)
+    neg_lse_load, prep_grad, prep_head, rope_tiles, rows_from_transpose, saved_outputs, seq_dma, seq_tile, v_aug)
 from kernels_nki.attention_steps import (
     KC, bounded_heads, bwd_heads, bwd_tile, gain_grad, pipelined, scores, store_kv_grad)
 from kernels_nki.tiles import cdiv, identity, transpose
@@ -331,14 +333,16 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
         negl_sb = neg_lse_load(lse_BHT1, b, ident32)
         dq_sb, dk_sb, dv_sb = seq_tile(dq_BTHK, dt), seq_tile(dk_BTGK, dt), seq_tile(dv_BTGK, dt)
         if rope:
-            qg_sb, qinv_sb = seq_tile(rope[3], dt, b), seq_tile(rope[4], nl.float32, b)
-            kr_sb, kinv_sb = seq_tile(rope[5], dt, b), seq_tile(rope[6], nl.float32, b)
+            # qg / kr: the rows of the saved transposes (loaded anyway), transposed back on chip
+            qg_sb, qinv_sb = seq_tile(rope[3], dt), seq_tile(rope[4], nl.float32, b)
+            kr_sb, kinv_sb = seq_tile(rope[5], dt), seq_tile(rope[6], nl.float32, b)
             dg_1H = nl.ndarray((1, H), dtype=nl.float32, buffer=nl.sbuf)
         for g in nl.affine_range(G):
             saved = ()
             if rope:
                 krT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
                 nisa.dma_copy(dst=krT, src=rope[8][b, g])
+                rows_from_transpose(kr_sb, G, g, krT, T, bias[0])
                 saved = (kr_sb, kinv_sb, krT)
             k_tiles, kT, k_norms = kv_head(k_sb, G, g, T, dt, bias[0], saved=saved)
             _, vT, _ = kv_head(v_sb, G, g, T, dt, bias[0], perm=True)
@@ -351,6 +355,7 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
                 if rope:
                     qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
                     nisa.dma_copy(dst=qT_h, src=rope[7][b, h])
+                    rows_from_transpose(qg_sb, H, h, qT_h, T, bias[0])
                 row = []
                 for i in nl.affine_range(cdiv(T, P)):
                     t0 = i * P

@@ -398,3 +398,31 @@ def neg_lse_load(lse_BHT1, b, ident32):
         transpose_to_psum(t_ps[0:r, 0:H], rows_HT[0:H, i * P:i * P + r], H, ident32)
         nisa.activation(dst=cols[0:r, i * H:(i + 1) * H], op=nl.copy, data=t_ps[0:r, 0:H], scale=-1.0)
     return cols
+
+
+def rows_from_transpose(dst_sb, X, x, xT, T, ident, vec=False):
+    """Head x of dst_sb (a natural-order `seq_tile`) from its transpose xT ([K, T] in SBUF): TensorE transposes
+    of 128 columns each, up to 512 / K blocks into one PSUM bank and out of it by one copy (VectorE with
+    `vec`, else ScalarE) into the blocks' strided [P, m, K] view."""
+    K = xT.shape[0]
+    P = nl.tile_size.pmax
+    nt = cdiv(T, P)
+    per = max(1, 512 // K)
+    view = dst_sb.reshape((P, nt, X * K))
+    for i0 in range(0, nt, per):
+        m = min(per, nt - i0)
+        rows = min(P, T - (i0 + m - 1) * P)  # only the last block may be ragged
+        t_ps = nl.ndarray((P, per * K), dtype=nl.float32, buffer=nl.psum)
+        for a in range(m):
+            r = min(P, T - (i0 + a) * P)
+            transpose_to_psum(t_ps[0:r, a * K:(a + 1) * K], xT[0:K, (i0 + a) * P:(i0 + a) * P + r], K, ident)
+        parts = [(0, m, P)] if rows == P else [(0, m - 1, P), (m - 1, 1, rows)]
+        for a0, cnt, r in parts:
+            if cnt == 0:
+                continue
+            dst = view[0:r, i0 + a0:i0 + a0 + cnt, x * K:(x + 1) * K]
+            src = t_ps[0:r, a0 * K:(a0 + cnt) * K].reshape((r, cnt, K))
+            if vec:
+                nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.vector)
+            else:
+                nisa.activation(dst=dst, op=nl.copy, data=src)
