@@ -77,12 +77,14 @@ DMA layout (kernels_nki/attention_parts.py, `seq_dma`): every [B, T, X, K] opera
 sequences, one DMA per tensor and sequence for every head at once (one more for a ragged last 128-row tile),
 into or out of an SBUF tile [128, (T / 128) X K] whose 128-row block i, head x is a [128, K] view (`block`).
 Two row orders: natural (partition p of block i holds row 128 i + p; a buffer is one row's X K contiguous
-elements) for the tensors the causal blocking reads row by row: v and o in the forward, the backward's
-operands and outputs but v; consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
+elements) for the tensors the causal blocking reads row by row: v in the forward (and o in the exact-max
+one), the backward's operands and outputs but v; consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
 one contiguous run of n X K elements, block i < n its rows p n + i) for the forward's q and k and the saved
 rows (qg, qinv, kr, kinv), and the backward's v (only v^T is read): their work is row by row (QK-norm, RoPE with cos / sin loaded in the same
 layout, the gain), and their transposes q^T / k^T, the only consumers in natural order, land in natural
-order through a stride-n free-axis SBUF destination (`natural_cols`). The transposed residuals qgT / krT
+order through a stride-n free-axis SBUF destination (`natural_cols`). The bounded forward's o leaves in the
+consecutive layout too: each head's natural 128-row blocks go through its natural [K, T] transpose and back
+per block from the stride-n columns (`perm_rows`, two TensorE transposes per block). The transposed residuals qgT / krT
 ([K, T] per head, T contiguous elements per partition) move by one DMA per (sequence, head); the backward
 makes its qg / kr rows from them by TensorE transposes (`rows_from_transpose`) and never reads qg_BTHK /
 kr_BTGK. lse [B, H, T,
@@ -234,9 +236,10 @@ def _saved_tiles(saved, dt):
             seq_tile(saved[3], nl.float32))
 
 
-def _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32):
-    """One batch's forward outputs to HBM: o, lse and the saved rows, one DMA each (`seq_dma`, `lse_store`)."""
-    seq_dma(o_sb, o_BTHK, b, False)
+def _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32, o_perm=False):
+    """One batch's forward outputs to HBM: o (in the `perm` layout with o_perm), lse and the saved rows, one DMA
+    each (`seq_dma`, `lse_store`)."""
+    seq_dma(o_sb, o_BTHK, b, False, o_perm)
     lse_store(lse_BHT1, b, lse_sb, ident32)
     for sb, dst in zip(outs, saved[0:4]):
         seq_dma(sb, dst, b, False, perm=True)
@@ -293,10 +296,10 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
 
         def core(g, res):
             hs = [g * R + r for r in range(R)]
-            bounded_heads(res[2], res[0], res[1], [negms[h] for h in hs], (o_sb, lse_sb, H), hs, scale, dt)
+            bounded_heads(res[2], res[0], res[1], [negms[h] for h in hs], (o_sb, lse_sb, H), hs, scale, dt, ident)
 
         pipelined(range(G), prep, core)  # kv head g + 1's row-wise prep beside kv head g's attention
-        _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32)
+        _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32, o_perm=True)
     return (o_BTHK, lse_BHT1) + saved
 
 

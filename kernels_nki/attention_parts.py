@@ -30,6 +30,7 @@ import nki.language as nl
 from kernels_nki.tiles import EPS, cdiv, identity, transpose, transpose_to_psum
 
 NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
+KQ = 4  # 128-column transposes per fp32 PSUM bank of 512 columns
 
 
 def dims(q_BTHK, k_BTGK):
@@ -426,3 +427,43 @@ def rows_from_transpose(dst_sb, X, x, xT, T, ident, vec=False):
                 nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.vector)
             else:
                 nisa.activation(dst=dst, op=nl.copy, data=src)
+
+
+def perm_rows(dst_sb, X, x, src, T, ident, dt):
+    """Head x of dst_sb (a `perm` `seq_tile`) from src [P, n_tiles K] (its natural 128-row blocks side by
+    side): TensorE transposes to the natural [K, T] transpose (4 blocks per PSUM bank, one copy out each),
+    then back per `perm` block from its stride-n columns (`natural_cols`; 512 / K blocks per bank, one copy
+    into their strided [P, m, K] view); the copies out of PSUM alternate between ScalarE and VectorE; a ragged
+    last block is natural in both layouts (a GpSimd copy)."""
+    P = nl.tile_size.pmax
+    K = src.shape[1] // cdiv(T, P)
+    nt, n = cdiv(T, P), T // P
+    xT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+    for i0 in range(0, nt, KQ):
+        m = min(KQ, nt - i0)
+        t_ps = nl.ndarray((P, KQ * P), dtype=nl.float32, buffer=nl.psum)
+        for a in range(m):
+            r = min(P, T - (i0 + a) * P)
+            transpose_to_psum(t_ps[0:K, a * P:a * P + r], src[0:r, (i0 + a) * K:(i0 + a + 1) * K], r, ident)
+        w = min(T, (i0 + m) * P) - i0 * P
+        if (i0 // KQ + x) % 2:  # the copies alternate between ScalarE and VectorE
+            nisa.tensor_copy(dst=xT[0:K, i0 * P:i0 * P + w], src=t_ps[0:K, 0:w], engine=nisa.engine.vector)
+        else:
+            nisa.activation(dst=xT[0:K, i0 * P:i0 * P + w], op=nl.copy, data=t_ps[0:K, 0:w])
+    view = dst_sb.reshape((P, nt, X * K))
+    per = max(1, 512 // K)
+    for j0 in range(0, n, per):
+        m = min(per, n - j0)
+        t_ps = nl.ndarray((P, per * K), dtype=nl.float32, buffer=nl.psum)
+        for a in range(m):
+            transpose_to_psum(t_ps[0:P, a * K:(a + 1) * K], natural_cols(xT, j0 + a, T, True), K, ident)
+        if (j0 // per + x) % 2:
+            nisa.activation(dst=view[0:P, j0:j0 + m, x * K:(x + 1) * K], op=nl.copy,
+                            data=t_ps[0:P, 0:m * K].reshape((P, m, K)))
+        else:
+            nisa.tensor_copy(dst=view[0:P, j0:j0 + m, x * K:(x + 1) * K], src=t_ps[0:P, 0:m * K].reshape((P, m, K)),
+                             engine=nisa.engine.vector)
+    if T % P:
+        r = T % P
+        nisa.tensor_copy(dst=view[0:r, n, x * K:(x + 1) * K], src=src[0:r, n * K:(n + 1) * K],
+                         engine=nisa.engine.gpsimd)

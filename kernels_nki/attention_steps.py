@@ -13,7 +13,7 @@ kv head's R query heads alternate, so independent work fills the waits.
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.attention_parts import block, half_matmul, head_rows, prep_grad
+from kernels_nki.attention_parts import block, half_matmul, head_rows, perm_rows, prep_grad
 from kernels_nki.tiles import cdiv, transpose, transpose_to_psum
 
 BWD_VEC = 3  # backward: every BWD_VEC-th chunk's ds^T leaves PSUM on VectorE, the others on ScalarE
@@ -48,16 +48,18 @@ def pipelined(steps, first, second, lag=1):
         second(st, res)
 
 
-def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt):
+def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident):
     """Query heads hs of one kv head in the fused forward (module docstring): per head and chunk of KC
     queries c0:c0+n, against keys 0 .. c0+n, o' for the chunk's query tiles in one PSUM bank, then o and lse
-    into the batch's SBUF tiles (outs = (o seq tile, lse columns, H)); the (chunk, key tile, head) steps
-    `pipelined`, the heads interleaved (independent chains side by side)."""
+    into the batch's SBUF tiles (outs = (o seq tile in the `perm` layout, lse columns, H): o by `perm_rows`
+    once a head is done); the (chunk, key tile, head) steps `pipelined`, the heads interleaved (independent
+    chains side by side)."""
     K = qTs[0].shape[0]
     T = kT.shape[1]
     P = nl.tile_size.pmax
     W = K + 1
     o_ps = [[] for _ in hs]  # per head, its open chunks' o' PSUM tiles, oldest first
+    o_nat = [nl.ndarray((P, cdiv(T, P) * K), dtype=dt, buffer=nl.sbuf) for _ in hs]  # per head, o in natural blocks
 
     def scores(st):
         c, j, r = st
@@ -91,11 +93,13 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt):
                 nisa.nc_matmul(dst=o_ps[r][0][0:rows, i * W:(i + 1) * W],
                                stationary=pT[0:kr, t0 - q0:t0 - q0 + rows], moving=vs[j][0:kr, 0:W])
         if k0 + P >= c0 + n:
-            bounded_out(o_ps[r].pop(0), c0, n, negms[r], outs, hs[r], K)
+            bounded_out(o_ps[r].pop(0), c0, n, negms[r], (o_nat[r],) + outs[1:], hs[r], K)
 
     steps = [(c, j, r) for c in range(cdiv(T, KC)) for j in range(cdiv(min(T, (c + 1) * KC), P))
              for r in range(len(hs))]
     pipelined(steps, scores, values, lag=LAG)
+    for r in range(len(hs)):  # o: natural 128-row blocks -> the batch's `perm` o tile
+        perm_rows(outs[0], outs[2], hs[r], o_nat[r], T, ident, dt)
 
 
 def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
@@ -109,7 +113,7 @@ def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
         l_ps = o_ps[0:rows, i * W + K:(i + 1) * W]
         inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=inv_P1[0:rows], data=l_ps)
-        o_t = block(o_sb, t0 // P, h, H, K)
+        o_t = block(o_sb, t0 // P, 0, 1, K)  # the head's natural blocks
         nisa.tensor_scalar(dst=o_t[0:rows], data=o_ps[0:rows, i * W:i * W + K], op0=nl.multiply,
                            operand0=inv_P1[0:rows])
         lse_P1 = block(lse_sb, t0 // P, h, H, 1)  # m_h + log(l)

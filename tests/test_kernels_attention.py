@@ -316,8 +316,8 @@ def test_qk_attention_counts_at_seq_1024(qk_kernels, kernels):
     gain's gradient); the forward writes the normed, rotated q / k and their inverse RMS once, the
     backward reads their transposes and the inverse RMS once (and q, k, v, dO, o once); the kernel stays
     Vector/Scalar/GpSimd-bound.
-    The bounded forward issues s^T once per block (useful) and p^T [v | 1], nothing else but the q^T / k^T
-    transposes: TensorE useful/issued > 0.9, and it is the faster forward. The backward loads q^T / k^T
+    The bounded forward issues s^T once per block (useful) and p^T [v | 1], nothing else but transposes (q^T
+    / k^T, o to the consecutive-rows layout): TensorE useful/issued > 0.8, and it is the faster forward. The backward loads q^T / k^T
     (saved by the forward) instead of transposing them again, and makes the rows qg / kr from them."""
     B, T, H, G, K = 1, 1024, 8, 4, 64
     q, kv, lse = ((B, T, H, K), "bfloat16"), ((B, T, G, K), "bfloat16"), ((B, H, T, 1), "float32")
@@ -326,10 +326,11 @@ def test_qk_attention_counts_at_seq_1024(qk_kernels, kernels):
     bounded = emulator.count(qk_kernels.qk_attention_fwd, q, kv, kv, *tabs, g)
     unit, nb, nt = 128 * 128, _blocks(T), T // 128
     assert bounded.pe_macs_useful == H * nb * unit * (2 * K + 1)
-    assert bounded.pe_macs_issued == unit * (H * (nb * (K + K + 1) + nt * 32) + G * nt * 32 + nt * 32)  # + lse rows
-    assert emulator.pe_utilisation(bounded) > 0.9
+    # + the lse rows; + o to the consecutive-rows layout: two transposes per 128-row block (32 units each)
+    assert bounded.pe_macs_issued == unit * (H * (nb * (K + K + 1) + nt * 32) + G * nt * 32 + nt * 32 + H * nt * 64)
+    assert emulator.pe_utilisation(bounded) > 0.8
     fwd = emulator.count(qk_kernels.qk_attention_fwd, q, kv, kv, *tabs, g, exact_max=True)
-    assert emulator.estimate(bounded).total_s < 0.6 * emulator.estimate(fwd).total_s
+    assert emulator.estimate(bounded).total_s < 0.7 * emulator.estimate(fwd).total_s
     assert bounded.dma_bytes == fwd.dma_bytes
     qT, kT = ((B, H, K, T), "bfloat16"), ((B, G, K, T), "bfloat16")
     bwd = emulator.count(qk_kernels.qk_attention_bwd, q, kv, kv, *tabs, g, q, lse, q, qinv, kv, kinv, qT, kT, q)
