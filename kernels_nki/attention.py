@@ -78,9 +78,10 @@ sequences, one DMA per tensor and sequence for every head at once (one more for 
 into or out of an SBUF tile [128, (T / 128) X K] whose 128-row block i, head x is a [128, K] view (`block`).
 Two row orders: natural (partition p of block i holds row 128 i + p; a buffer is one row's X K contiguous
 elements) for the tensors the causal blocking reads row by row: v in the forward (and o in the exact-max
-one), the backward's operands and outputs but v; consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
+one), the backward's operands and outputs but v and dO; consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
 one contiguous run of n X K elements, block i < n its rows p n + i) for the forward's q and k and the saved
-rows (qg, qinv, kr, kinv), and the backward's v (only v^T is read): their work is row by row (QK-norm, RoPE with cos / sin loaded in the same
+rows (qg, qinv, kr, kinv), and the backward's v and dO (v^T and dO^T are read; dO's rows are dO^T
+transposed back, `rows_from_transpose`): their work is row by row (QK-norm, RoPE with cos / sin loaded in the same
 layout, the gain), and their transposes q^T / k^T, the only consumers in natural order, land in natural
 order through a stride-n free-axis SBUF destination (`natural_cols`). The bounded forward's o leaves in the
 consecutive layout too: each head's natural 128-row blocks go through its natural [K, T] transpose and back
@@ -331,7 +332,8 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     g_sb = gain_tile(rope[2]) if rope else None
     banks = cdiv(cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
     for b in nl.affine_range(B):
-        q_sb, o_sb, do_sb = seq_tile(q_BTHK, dt, b), seq_tile(o_BTHK, dt, b), seq_tile(do_BTHK, dt, b)
+        q_sb, o_sb = seq_tile(q_BTHK, dt, b), seq_tile(o_BTHK, dt, b)
+        do_sb, do_nat = seq_tile(do_BTHK, dt, b, perm=True), seq_tile(do_BTHK, dt)  # dO^T, then its rows
         k_sb, v_sb = seq_tile(k_BTGK, dt, b), seq_tile(v_BTGK, dt, b, perm=True)  # v: only v^T is read
         negl_sb = neg_lse_load(lse_BHT1, b, ident32)
         dq_sb, dk_sb, dv_sb = seq_tile(dq_BTHK, dt), seq_tile(dk_BTGK, dt), seq_tile(dv_BTGK, dt)
@@ -359,11 +361,18 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
                     qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
                     nisa.dma_copy(dst=qT_h, src=rope[7][b, h])
                     rows_from_transpose(qg_sb, H, h, qT_h, T, bias[0])
+                doT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+                for i in nl.affine_range(cdiv(T, P)):
+                    rows = min(P, T - i * P)
+                    transpose(natural_cols(doT_h, i, T, True), block(do_sb, i, h, H, K)[0:rows], rows, K, bias[0],
+                              on_vector=True)
+                rows_from_transpose(do_nat, H, h, doT_h, T, bias[0])
                 row = []
                 for i in nl.affine_range(cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
-                    views = (block(q_sb, i, h, H, K), block(do_sb, i, h, H, K), block(o_sb, i, h, H, K),
+                    dO = (block(do_nat, i, h, H, K), doT_h[0:K, t0:t0 + rows])
+                    views = (block(q_sb, i, h, H, K), dO, block(o_sb, i, h, H, K),
                              block(negl_sb, i, h, H, 1), block(dq_sb, i, h, H, K))
                     qk = ((tables[i], gains[r], (block(qg_sb, i, h, H, K), block(qinv_sb, i, h, H, 1),
                                                  qT_h[0:K, t0:t0 + rows])) if rope else ())

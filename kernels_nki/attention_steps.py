@@ -122,14 +122,13 @@ def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
 
 
 def bwd_tile(views, t0, rows, bias, dt, qk=()):
-    """The per-tile inputs of one 128-query tile of a head: views = its [P, K] views of q, dO, o and dq
-    (`block`) and its -lse column; with qk = (cos/sin tiles, gain, (qg, qinv, qg^T views)) q is the forward's
+    """The per-tile inputs of one 128-query tile of a head: views = its [P, K] views of q, (dO, dO^T [K, rows]),
+    o and dq (`block`) and its -lse column; with qk = (cos/sin tiles, gain, (qg, qinv, qg^T views)) q is the forward's
     normed, rotated rows. -> (q, q^T, norm, dO, dO^T, -lse, -Di, t0, rows, dq view, cos/sin tiles)."""
-    q_v, do_v, o_v, negl_P1, dq_t = views
+    q_v, (do_t, doT), o_v, negl_P1, dq_t = views
     K = q_v.shape[1]
     P = nl.tile_size.pmax
     q_t, qT, norm = head_rows(q_v, rows, dt, bias[0], True, vec=True, saved=qk[2] if qk else ())
-    do_t, doT, _ = head_rows(do_v, rows, dt, bias[0], True, vec=True)
     prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=prod[0:rows], data1=do_t[0:rows], data2=o_v[0:rows], op=nl.multiply,
                        engine=nisa.engine.gpsimd)
