@@ -78,10 +78,11 @@ sequences, one DMA per tensor and sequence for every head at once (one more for 
 into or out of an SBUF tile [128, (T / 128) X K] whose 128-row block i, head x is a [128, K] view (`block`).
 Two row orders: natural (partition p of block i holds row 128 i + p; a buffer is one row's X K contiguous
 elements) for the tensors the causal blocking reads row by row: v in the forward (and o in the exact-max
-one), the backward's operands and outputs but v and dO; consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
+one), the backward's operands and outputs but v, dO and o; consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
 one contiguous run of n X K elements, block i < n its rows p n + i) for the forward's q and k and the saved
-rows (qg, qinv, kr, kinv), and the backward's v and dO (v^T and dO^T are read; dO's rows are dO^T
-transposed back, `rows_from_transpose`): their work is row by row (QK-norm, RoPE with cos / sin loaded in the same
+rows (qg, qinv, kr, kinv), and the backward's v, dO and o (v^T and dO^T are read; dO's rows are dO^T
+transposed back, `rows_from_transpose`; o only for -Di = -rowsum(dO o), whose [rows, 1] columns reach
+natural order like lse's, `neg_rowdot`): their work is row by row (QK-norm, RoPE with cos / sin loaded in the same
 layout, the gain), and their transposes q^T / k^T, the only consumers in natural order, land in natural
 order through a stride-n free-axis SBUF destination (`natural_cols`). The bounded forward's o leaves in the
 consecutive layout too: each head's natural 128-row blocks go through its natural [K, T] transpose and back
@@ -108,7 +109,8 @@ import nki.language as nl
 
 from kernels_nki.attention_parts import (
     block, causal_bias, dims, gain_column, gain_tile, half_matmul, kv_head, kv_head_saved, lse_store, natural_cols,
-    neg_lse_load, prep_grad, prep_head, rope_tiles, rows_from_transpose, saved_outputs, seq_dma, seq_tile, v_aug)
+    neg_lse_load, neg_rowdot, prep_grad, prep_head, rope_tiles, rows_from_transpose, saved_outputs, seq_dma,
+    seq_tile, v_aug)
 from kernels_nki.attention_steps import (
     KC, bounded_heads, bwd_heads, bwd_tile, gain_grad, pipelined, scores, store_kv_grad)
 from kernels_nki.tiles import cdiv, identity, transpose
@@ -332,8 +334,9 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     g_sb = gain_tile(rope[2]) if rope else None
     banks = cdiv(cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
     for b in nl.affine_range(B):
-        q_sb, o_sb = seq_tile(q_BTHK, dt, b), seq_tile(o_BTHK, dt, b)
+        q_sb, o_sb = seq_tile(q_BTHK, dt, b), seq_tile(o_BTHK, dt, b, perm=True)
         do_sb, do_nat = seq_tile(do_BTHK, dt, b, perm=True), seq_tile(do_BTHK, dt)  # dO^T, then its rows
+        negdi_sb = neg_rowdot(do_sb, o_sb, H, T, ident32)  # -Di = -rowsum(dO o): o is read for nothing else
         k_sb, v_sb = seq_tile(k_BTGK, dt, b), seq_tile(v_BTGK, dt, b, perm=True)  # v: only v^T is read
         negl_sb = neg_lse_load(lse_BHT1, b, ident32)
         dq_sb, dk_sb, dv_sb = seq_tile(dq_BTHK, dt), seq_tile(dk_BTGK, dt), seq_tile(dv_BTGK, dt)
@@ -372,7 +375,7 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
                     t0 = i * P
                     rows = min(P, T - t0)
                     dO = (block(do_nat, i, h, H, K), doT_h[0:K, t0:t0 + rows])
-                    views = (block(q_sb, i, h, H, K), dO, block(o_sb, i, h, H, K),
+                    views = (block(q_sb, i, h, H, K), dO, block(negdi_sb, i, h, H, 1),
                              block(negl_sb, i, h, H, 1), block(dq_sb, i, h, H, K))
                     qk = ((tables[i], gains[r], (block(qg_sb, i, h, H, K), block(qinv_sb, i, h, H, 1),
                                                  qT_h[0:K, t0:t0 + rows])) if rope else ())

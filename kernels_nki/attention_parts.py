@@ -467,3 +467,31 @@ def perm_rows(dst_sb, X, x, src, T, ident, dt):
         r = T % P
         nisa.tensor_copy(dst=view[0:r, n, x * K:(x + 1) * K], src=src[0:r, n * K:(n + 1) * K],
                          engine=nisa.engine.gpsimd)
+
+
+def neg_rowdot(a_sb, b_sb, H, T, ident32):
+    """-rowsum(a b) of every row and head of two `perm` `seq_tile`s (the backward's -Di = -rowsum(dO o)) as
+    natural [rows, 1] columns in a [P, n H] fp32 tile (`lse_store`'s layout): per block and head the product
+    (GpSimd) and its row sum (VectorE) in the `perm` layout, then per block one fp32 TensorE transpose of the
+    block's H columns into [H, T] rows in natural order (`natural_cols`) and per natural tile one back."""
+    P = nl.tile_size.pmax
+    nt = cdiv(T, P)
+    K = a_sb.shape[1] // (nt * H)
+    cols = nl.ndarray((P, nt * H), dtype=nl.float32, buffer=nl.sbuf)
+    for i in range(nt):
+        r = min(P, T - i * P)
+        for h in range(H):
+            prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=prod[0:r], data1=block(a_sb, i, h, H, K)[0:r], data2=block(b_sb, i, h, H, K)[0:r],
+                               op=nl.multiply, engine=nisa.engine.gpsimd)
+            nisa.tensor_reduce(dst=cols[0:r, i * H + h:i * H + h + 1], op=nl.add, data=prod[0:r], axis=1, negate=True,
+                               keepdims=True)
+    rows_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
+    for i in range(nt):
+        r = min(P, T - i * P)
+        transpose(natural_cols(rows_HT, i, T, True), cols[0:r, i * H:(i + 1) * H], r, H, ident32, on_vector=True)
+    out = nl.ndarray((P, nt * H), dtype=nl.float32, buffer=nl.sbuf)
+    for i in range(nt):
+        r = min(P, T - i * P)
+        transpose(out[0:r, i * H:(i + 1) * H], rows_HT[0:H, i * P:i * P + r], H, r, ident32)
+    return out

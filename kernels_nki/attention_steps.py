@@ -123,17 +123,10 @@ def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
 
 def bwd_tile(views, t0, rows, bias, dt, qk=()):
     """The per-tile inputs of one 128-query tile of a head: views = its [P, K] views of q, (dO, dO^T [K, rows]),
-    o and dq (`block`) and its -lse column; with qk = (cos/sin tiles, gain, (qg, qinv, qg^T views)) q is the forward's
+    its -Di = -rowsum(dO o) and -lse columns and its dq view (`block`); with qk = (cos/sin tiles, gain, (qg, qinv, qg^T views)) q is the forward's
     normed, rotated rows. -> (q, q^T, norm, dO, dO^T, -lse, -Di, t0, rows, dq view, cos/sin tiles)."""
-    q_v, (do_t, doT), o_v, negl_P1, dq_t = views
-    K = q_v.shape[1]
-    P = nl.tile_size.pmax
+    q_v, (do_t, doT), negdi_P1, negl_P1, dq_t = views
     q_t, qT, norm = head_rows(q_v, rows, dt, bias[0], True, vec=True, saved=qk[2] if qk else ())
-    prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=prod[0:rows], data1=do_t[0:rows], data2=o_v[0:rows], op=nl.multiply,
-                       engine=nisa.engine.gpsimd)
-    negdi_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # -Di = -rowsum(dO o)
-    nisa.tensor_reduce(dst=negdi_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, negate=True, keepdims=True)
     return q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows, dq_t, qk[0] if qk else ()
 
 
