@@ -73,7 +73,7 @@ halves of the PE array, which run in parallel (nki/api/nki/isa/__init__.py nc_ma
 halves on the two row tiles, a [128, 128] transpose streaming 64 identity columns per tile, not 128
 (a [rows, K <= 64] tile on two 64 x 64 tiles: column tiling, the same "Tiling mode").
 
-DMA layout (kernels_nki/attention_parts.py, `seq_dma`): every [B, T, X, K] operand and output moves whole
+DMA layout (kernels_nki/attention_layout.py, `seq_dma`): every [B, T, X, K] operand and output moves whole
 sequences, one DMA per tensor and sequence for every head at once (one more for a ragged last 128-row tile),
 into or out of an SBUF tile [128, (T / 128) X K] whose 128-row block i, head x is a [128, K] view (`block`).
 Two row orders: natural (partition p of block i holds row 128 i + p; a buffer is one row's X K contiguous
@@ -107,10 +107,11 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.attention_layout import (
+    block, lse_store, natural_cols, neg_lse_load, neg_rowdot, rows_from_transpose, seq_dma, seq_tile)
 from kernels_nki.attention_parts import (
-    block, causal_bias, dims, gain_column, gain_tile, half_matmul, kv_head, kv_head_saved, lse_store, natural_cols,
-    neg_lse_load, neg_rowdot, prep_grad, prep_head, rope_tiles, rows_from_transpose, saved_outputs, seq_dma,
-    seq_tile, v_aug)
+    causal_bias, dims, gain_column, gain_tile, half_matmul, kv_head, kv_head_saved, prep_grad, prep_head, rope_tiles,
+    saved_outputs, v_aug)
 from kernels_nki.attention_steps import (
     KC, bounded_heads, bwd_heads, bwd_tile, gain_grad, pipelined, scores, store_kv_grad)
 from kernels_nki.tiles import cdiv, identity, transpose

@@ -13,7 +13,8 @@ kv head's R query heads alternate, so independent work fills the waits.
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.attention_parts import block, half_matmul, head_rows, perm_rows, prep_grad
+from kernels_nki.attention_layout import block, perm_rows
+from kernels_nki.attention_parts import half_matmul, head_rows, prep_grad
 from kernels_nki.tiles import cdiv, transpose, transpose_to_psum
 
 BWD_VEC = 3  # backward: every BWD_VEC-th chunk's ds^T leaves PSUM on VectorE, the others on ScalarE
