@@ -78,15 +78,17 @@ sequences, one DMA per tensor and sequence for every head at once (one more for 
 into or out of an SBUF tile [128, (T / 128) X K] whose 128-row block i, head x is a [128, K] view (`block`).
 Two row orders: natural (partition p of block i holds row 128 i + p; a buffer is one row's X K contiguous
 elements) for the tensors the causal blocking reads row by row: v in the forward (and o in the exact-max
-one), the backward's operands and outputs but v, dO and o; consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
+one), the backward's q, k and inverse RMS; consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
 one contiguous run of n X K elements, block i < n its rows p n + i) for the forward's q and k and the saved
 rows (qg, qinv, kr, kinv), and the backward's v, dO and o (v^T and dO^T are read; dO's rows are dO^T
 transposed back, `rows_from_transpose`; o only for -Di = -rowsum(dO o), whose [rows, 1] columns reach
-natural order like lse's, `neg_rowdot`): their work is row by row (QK-norm, RoPE with cos / sin loaded in the same
+natural order like lse's, `neg_rowdot`) and gradients dq, dk, dv (made in natural rows, then
+`perm_rows`): their work is row by row (QK-norm, RoPE with cos / sin loaded in the same
 layout, the gain), and their transposes q^T / k^T, the only consumers in natural order, land in natural
 order through a stride-n free-axis SBUF destination (`natural_cols`). The bounded forward's o leaves in the
 consecutive layout too: each head's natural 128-row blocks go through its natural [K, T] transpose and back
-per block from the stride-n columns (`perm_rows`, two TensorE transposes per block). The transposed residuals qgT / krT
+per block from the stride-n columns (`perm_rows`, two TensorE transposes per block), as do the backward's
+gradients. The transposed residuals qgT / krT
 ([K, T] per head, T contiguous elements per partition) move by one DMA per (sequence, head); the backward
 makes its qg / kr rows from them by TensorE transposes (`rows_from_transpose`) and never reads qg_BTHK /
 kr_BTGK. lse [B, H, T,
@@ -108,7 +110,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.attention_layout import (
-    block, lse_store, natural_cols, neg_lse_load, neg_rowdot, rows_from_transpose, seq_dma, seq_tile)
+    block, lse_store, natural_cols, neg_lse_load, neg_rowdot, perm_rows, rows_from_transpose, seq_dma, seq_tile)
 from kernels_nki.attention_parts import (
     causal_bias, dims, gain_column, gain_tile, half_matmul, kv_head, kv_head_saved, prep_grad, prep_head, rope_tiles,
     saved_outputs, v_aug)
@@ -340,7 +342,10 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
         negdi_sb = neg_rowdot(do_sb, o_sb, H, T, ident32)  # -Di = -rowsum(dO o): o is read for nothing else
         k_sb, v_sb = seq_tile(k_BTGK, dt, b), seq_tile(v_BTGK, dt, b, perm=True)  # v: only v^T is read
         negl_sb = neg_lse_load(lse_BHT1, b, ident32)
-        dq_sb, dk_sb, dv_sb = seq_tile(dq_BTHK, dt), seq_tile(dk_BTGK, dt), seq_tile(dv_BTGK, dt)
+        # the gradients: natural rows, then the `perm` layout (`perm_rows`) for their stores
+        grads = ((seq_tile(dq_BTHK, dt), seq_tile(dq_BTHK, dt)), (seq_tile(dk_BTGK, dt), seq_tile(dk_BTGK, dt)),
+                 (seq_tile(dv_BTGK, dt), seq_tile(dv_BTGK, dt)))
+        dq_sb, dk_sb, dv_sb = (nat for nat, _ in grads)
         if rope:
             # qg / kr: the rows of the saved transposes (loaded anyway), transposed back on chip
             qg_sb, qinv_sb = seq_tile(rope[3], dt), seq_tile(rope[4], nl.float32, b)
@@ -389,10 +394,14 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
                     nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
                     prep_grad(items[r], gains[r], dg_P1, nisa.engine.gpsimd)
                     gain_grad(dg_1H, dg_P1, g * R + r)
+            for r in nl.affine_range(R):
+                perm_rows(grads[0][1], H, g * R + r, dq_sb, T, bias[0], dt, (H, g * R + r))
             store_kv_grad(dk_sb, G, acc[0], g, T, K, scale, dt, tables, k_norms)
             store_kv_grad(dv_sb, G, acc[1], g, T, K, 1.0, dt)
-        for sb, dst in ((dq_sb, dq_BTHK), (dk_sb, dk_BTGK), (dv_sb, dv_BTGK)):
-            seq_dma(sb, dst, b, False)
+            for (nat, out), _ in zip(grads[1:], range(2)):
+                perm_rows(out, G, g, nat, T, bias[0], dt, (G, g))
+        for (_, out), dst in zip(grads, (dq_BTHK, dk_BTGK, dv_BTGK)):
+            seq_dma(out, dst, b, False, perm=True)
         if rope:
             nisa.dma_copy(dst=dg_BH1[b].reshape((1, H)), src=dg_1H)
     if rope:

@@ -129,14 +129,15 @@ def rows_from_transpose(dst_sb, X, x, xT, T, ident, vec=False):
                 nisa.activation(dst=dst, op=nl.copy, data=src)
 
 
-def perm_rows(dst_sb, X, x, src, T, ident, dt):
-    """Head x of dst_sb (a `perm` `seq_tile`) from src [P, n_tiles K] (its natural 128-row blocks side by
-    side): TensorE transposes to the natural [K, T] transpose (4 blocks per PSUM bank, one copy out each),
+def perm_rows(dst_sb, X, x, src, T, ident, dt, src_head=(1, 0)):
+    """Head x of dst_sb (a `perm` `seq_tile`) from head src_head = (X', x') of src (a natural-order `seq_tile`
+    of X' heads; default: one head's natural 128-row blocks side by side): TensorE transposes to the natural [K, T] transpose (4 blocks per PSUM bank, one copy out each),
     then back per `perm` block from its stride-n columns (`natural_cols`; 512 / K blocks per bank, one copy
     into their strided [P, m, K] view); the copies out of PSUM alternate between ScalarE and VectorE; a ragged
     last block is natural in both layouts (a GpSimd copy)."""
     P = nl.tile_size.pmax
-    K = src.shape[1] // cdiv(T, P)
+    SX, sx = src_head
+    K = src.shape[1] // (cdiv(T, P) * SX)
     nt, n = cdiv(T, P), T // P
     xT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
     for i0 in range(0, nt, KQ):
@@ -144,7 +145,7 @@ def perm_rows(dst_sb, X, x, src, T, ident, dt):
         t_ps = nl.ndarray((P, KQ * P), dtype=nl.float32, buffer=nl.psum)
         for a in range(m):
             r = min(P, T - (i0 + a) * P)
-            transpose_to_psum(t_ps[0:K, a * P:a * P + r], src[0:r, (i0 + a) * K:(i0 + a + 1) * K], r, ident)
+            transpose_to_psum(t_ps[0:K, a * P:a * P + r], block(src, i0 + a, sx, SX, K)[0:r], r, ident)
         w = min(T, (i0 + m) * P) - i0 * P
         if (i0 // KQ + x) % 2:  # the copies alternate between ScalarE and VectorE
             nisa.tensor_copy(dst=xT[0:K, i0 * P:i0 * P + w], src=t_ps[0:K, 0:w], engine=nisa.engine.vector)
@@ -165,7 +166,7 @@ def perm_rows(dst_sb, X, x, src, T, ident, dt):
                              engine=nisa.engine.vector)
     if T % P:
         r = T % P
-        nisa.tensor_copy(dst=view[0:r, n, x * K:(x + 1) * K], src=src[0:r, n * K:(n + 1) * K],
+        nisa.tensor_copy(dst=view[0:r, n, x * K:(x + 1) * K], src=block(src, n, sx, SX, K)[0:r],
                          engine=nisa.engine.gpsimd)
 
 

@@ -82,10 +82,11 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     # way: per tile [128, H] -> [H, 128] rows (32) and back (4)
     assert fwd.pe_macs_issued_fp32 == unit * nt * 32 and bwd.pe_macs_issued_fp32 == unit * nt * (4 + 32 + 4)
     assert bwd.pe_macs_useful == H * nb * unit * 5 * K
-    # backward: dO arrives in the consecutive-rows layout, its rows are dO^T transposed back (32 per tile)
+    # backward: dO arrives in the consecutive-rows layout, its rows are dO^T transposed back (32 per tile);
+    # dq, dk, dv leave in it: two transposes per 128-row block and head (32 each)
     assert bwd.pe_macs_issued == unit * (H * (nb * (2 * K + 3 * K + 64) + nt * 3 * 32) + G * 2 * nt * 32
-                                         + nt * (4 + 32 + 4))
-    assert emulator.pe_utilisation(fwd) > 0.40 and emulator.pe_utilisation(bwd) > 0.77  # the transposes above
+                                         + nt * (4 + 32 + 4) + (H + 2 * G) * nt * 64)
+    assert emulator.pe_utilisation(fwd) > 0.40 and emulator.pe_utilisation(bwd) > 0.7  # the transposes above
     # at the documented engine rates (cost.py, two-input VectorE instructions at 2N) the softmax's
     # Vector/Scalar work, not TensorE, bounds both directions
     for c in (fwd, bwd):
