@@ -77,15 +77,15 @@ DMA layout (kernels_nki/attention_layout.py, `seq_dma`): every [B, T, X, K] oper
 sequences, one DMA per tensor and sequence for every head at once (one more for a ragged last 128-row tile),
 into or out of an SBUF tile [128, (T / 128) X K] whose 128-row block i, head x is a [128, K] view (`block`).
 Two row orders: natural (partition p of block i holds row 128 i + p; a buffer is one row's X K contiguous
-elements) for the tensors the causal blocking reads row by row: v in the forward (and o in the exact-max
-one), the backward's q, k and inverse RMS; consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
+elements) for the tensors the causal blocking reads row by row: v in the forward, the backward's q, k and
+inverse RMS; consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
 one contiguous run of n X K elements, block i < n its rows p n + i) for the forward's q and k and the saved
 rows (qg, qinv, kr, kinv), and the backward's v, dO and o (v^T and dO^T are read; dO's rows are dO^T
 transposed back, `rows_from_transpose`; o only for -Di = -rowsum(dO o), whose [rows, 1] columns reach
 natural order like lse's, `neg_rowdot`) and gradients dq, dk, dv (made in natural rows, then
 `perm_rows`): their work is row by row (QK-norm, RoPE with cos / sin loaded in the same
 layout, the gain), and their transposes q^T / k^T, the only consumers in natural order, land in natural
-order through a stride-n free-axis SBUF destination (`natural_cols`). The bounded forward's o leaves in the
+order through a stride-n free-axis SBUF destination (`natural_cols`). The forward's o leaves in the
 consecutive layout too: each head's natural 128-row blocks go through its natural [K, T] transpose and back
 per block from the stride-n columns (`perm_rows`, two TensorE transposes per block), as do the backward's
 gradients. The transposed residuals qgT / krT
@@ -203,6 +203,7 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
                 h = g * R + r
                 gain = gain_column(g_sb, h, K) if rope else ()
                 qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+                o_nat = nl.ndarray((P, cdiv(T, P) * K), dtype=dt, buffer=nl.sbuf)  # o in natural blocks
                 ys = (prep_head(q_sb, H, h, T, tables, gain, outs, dt) if rope else
                       [block(q_sb, i, h, H, K) for i in range(cdiv(T, P))])
                 for i in nl.affine_range(cdiv(T, P)):
@@ -221,16 +222,17 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
                     negm_f, acc = state
                     inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.reciprocal(dst=inv_P1[0:rows], data=acc[0:rows, K:K + 1])
-                    o_t = block(o_sb, i, h, H, K)
+                    o_t = block(o_nat, i, 0, 1, K)
                     nisa.tensor_scalar(dst=o_t[0:rows], data=acc[0:rows, 0:K], op0=nl.multiply,
                                        operand0=inv_P1[0:rows])
                     lse_P1 = block(lse_sb, i, h, H, 1)  # scale m + log(l)
                     nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=acc[0:rows, K:K + 1])
                     nisa.activation(dst=lse_P1[0:rows], op=nl.copy, data=negm_f[0:rows], scale=-scale,
                                     bias=lse_P1[0:rows])
+                perm_rows(o_sb, H, h, o_nat, T, bias[0], dt)
                 if rope:
                     nisa.dma_copy(dst=saved[4][b, h], src=qT_h)
-        _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32)
+        _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32, o_perm=True)
     return (o_BTHK, lse_BHT1) + saved
 
 

@@ -76,8 +76,9 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     # transpose ([128, H] -> [H, 128]: 32; [H, 128] -> [128, H], N = H: 4)
     chunks = sum(-(-(i + 1) * 128 // 512) for i in range(nt))
     assert fwd.pe_macs_useful == H * nb * unit * (2 * K + 1)
+    # (+ o to the consecutive-rows layout: two transposes per 128-row block and head, 32 each)
     assert fwd.pe_macs_issued == unit * (H * (nb * (K + K + 64 + K + 1) + nt * (32 + 128) + chunks * 32) + G * nt * 32
-                                         + nt * 32)
+                                         + nt * 32 + H * nt * 64)
     # the backward's -Di = -rowsum(dO o), made in the consecutive-rows layout, to natural columns the same
     # way: per tile [128, H] -> [H, 128] rows (32) and back (4)
     assert fwd.pe_macs_issued_fp32 == unit * nt * 32 and bwd.pe_macs_issued_fp32 == unit * nt * (4 + 32 + 4)
