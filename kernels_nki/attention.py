@@ -35,7 +35,7 @@ never issued; a 64-row tile), p^T = exp(scale s^T - m_h) by one ScalarE instruct
 += p^T_i [v_j | 1] for each query tile i of the chunk (stationary p^T [keys, 128 queries], moving [v | 1]
 [keys, K + 1]), all accumulating in one PSUM bank across the whole key range (no rescaling: the shift
 never changes). Out: o = o' / l, lse = m_h + log l. Every TensorE instruction is useful work except the
-q^T / k^T transposes.
+transposes (q^T / k^T, and o's and lse's to their DMA layouts below).
 
 The exact-max forward (`_fwd`: the plain kernel's, and the fused one's fallback), per (batch, kv head):
  k as 128-key row tiles, k^T [K, T] (transposed once per kv head and
@@ -64,8 +64,8 @@ two-input VectorE pass (~2N cycles); dv += p^T dO and dk += ds^T q contract over
 (stationary p / ds, moving dO / q) and accumulate in PSUM across all R query heads and query tiles of
 the kv head (T K / 65536 banks each); dq += ds k needs ds^T (a transpose). dq and dk take the
 1/sqrt(K) scale when leaving PSUM. The fused backward loads q^T / k^T saved by the forward (qgT, krT)
-instead of transposing the rows again; ds^T leaves PSUM on VectorE for every BWD_VEC-th key tile, on
-ScalarE otherwise.
+instead of transposing the rows again; a chunk's ds^T blocks leave PSUM together (one copy when every
+block is full), on VectorE for every BWD_VEC-th chunk, on ScalarE otherwise.
 
 TensorE: q k^T and dO v^T contract over K = 64 and run in row tiling mode on alternating 64-row
 halves of the PE array, which run in parallel (nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
