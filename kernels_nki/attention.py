@@ -35,7 +35,7 @@ never issued; a 64-row tile), p^T = exp(scale s^T - m_h) by one ScalarE instruct
 += p^T_i [v_j | 1] for each query tile i of the chunk (stationary p^T [keys, 128 queries], moving [v | 1]
 [keys, K + 1]), all accumulating in one PSUM bank across the whole key range (no rescaling: the shift
 never changes). Out: o = o' / l, lse = m_h + log l. Every TensorE instruction is useful work except the
-q^T / k^T transposes.
+transposes (q^T / k^T, and o's and lse's to their DMA layouts below).
 
 The exact-max forward (`_fwd`: the plain kernel's, and the fused one's fallback), per (batch, kv head):
  k as 128-key row tiles, k^T [K, T] (transposed once per kv head and
@@ -64,8 +64,8 @@ two-input VectorE pass (~2N cycles); dv += p^T dO and dk += ds^T q contract over
 (stationary p / ds, moving dO / q) and accumulate in PSUM across all R query heads and query tiles of
 the kv head (T K / 65536 banks each); dq += ds k needs ds^T (a transpose). dq and dk take the
 1/sqrt(K) scale when leaving PSUM. The fused backward loads q^T / k^T saved by the forward (qgT, krT)
-instead of transposing the rows again; ds^T leaves PSUM on VectorE for every BWD_VEC-th key tile, on
-ScalarE otherwise.
+instead of transposing the rows again; a chunk's ds^T blocks leave PSUM together (one copy when every
+block is full), on VectorE for every BWD_VEC-th chunk, on ScalarE otherwise.
 
 TensorE: q k^T and dO v^T contract over K = 64 and run in row tiling mode on alternating 64-row
 halves of the PE array, which run in parallel (nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
@@ -73,11 +73,35 @@ halves of the PE array, which run in parallel (nki/api/nki/isa/__init__.py nc_ma
 halves on the two row tiles, a [128, 128] transpose streaming 64 identity columns per tile, not 128
 (a [rows, K <= 64] tile on two 64 x 64 tiles: column tiling, the same "Tiling mode").
 
-Engine times and TensorE useful/issued at the baseline shapes (B=1, T=1024, H=8, G=4, K=64, bf16, AWS's
-documented trn1 rates): bench/README.md, "Attention kernels on trn1". In short, per sequence: fused
-forward 34.4 us with the bounded shift (60.3 with the exact max), backward 71.2 us, TensorE
-useful/issued 0.924 / 0.811; plain 55.3 / 62.5 us; the backward's trn1 ceiling at K = 64 (5/6: ds in both
-layouts, the second only by a TensorE transpose) is derived there.
+DMA layout (kernels_nki/attention_layout.py, `seq_dma`): every [B, T, X, K] operand and output moves whole
+sequences, one DMA per tensor and sequence for every head at once (one more for a ragged last 128-row tile),
+into or out of an SBUF tile [128, (T / 128) X K] whose 128-row block i, head x is a [128, K] view (`block`).
+Two row orders: natural (partition p of block i holds row 128 i + p; a buffer is one row's X K contiguous
+elements) for the tensors the causal blocking reads row by row: v in the forward, the backward's q, k and
+inverse RMS; consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
+one contiguous run of n X K elements, block i < n its rows p n + i) for the forward's q and k and the saved
+rows (qg, qinv, kr, kinv), and the backward's v, dO and o (v^T and dO^T are read; dO's rows are dO^T
+transposed back, `rows_from_transpose`; o only for -Di = -rowsum(dO o), whose [rows, 1] columns reach
+natural order like lse's, `neg_rowdot`) and gradients dq, dk, dv (made in natural rows, then
+`perm_rows`): their work is row by row (QK-norm, RoPE with cos / sin loaded in the same
+layout, the gain), and their transposes q^T / k^T, the only consumers in natural order, land in natural
+order through a stride-n free-axis SBUF destination (`natural_cols`). The forward's o leaves in the
+consecutive layout too: each head's natural 128-row blocks go through its natural [K, T] transpose and back
+per block from the stride-n columns (`perm_rows`, two TensorE transposes per block), as do the backward's
+gradients. The transposed residuals qgT / krT
+([K, T] per head, T contiguous elements per partition) move by one DMA per (sequence, head); the backward
+makes its qg / kr rows from them by TensorE transposes (`rows_from_transpose`) and never reads qg_BTHK /
+kr_BTGK. lse [B, H, T,
+1] moves as one sequence's [H, T] rows (T contiguous fp32 per partition): the forward's [rows, 1] columns
+(all heads of a query tile side by side) become rows by one fp32 TensorE transpose per query tile
+(`lse_store`), the backward's columns come back the same way (`neg_lse_load`). The query gains arrive once
+per call ([128, H]), cos / sin once per call per layout (`rope_tiles`), dg once per sequence ([1, H]).
+
+Instruction order: the engines run their instruction streams in program order, so the kernels interleave
+independent chains: per kv head the (chunk, key tile) steps of the bounded forward and the (query tile, key
+chunk) steps of the backward run two steps apart (`pipelined`) and alternate between the R query heads;
+the row-wise prep (`prep_tile`) and its gradient (`prep_grad`) issue each step for every tile of a head
+before the next step.
 """
 
 
@@ -85,29 +109,17 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.attention_layout import (
+    block, lse_store, natural_cols, neg_lse_load, neg_rowdot, perm_rows, rows_from_transpose, seq_dma, seq_tile)
 from kernels_nki.attention_parts import (
-    causal_bias, dims, gain_column, half_matmul, head_rows, kv_head, kv_head_saved, prep_grad, rope_tiles,
-    saved_outputs, store_rows, v_aug)
+    causal_bias, dims, gain_column, gain_tile, half_matmul, kv_head, kv_head_saved, prep_grad, prep_head, rope_tiles,
+    saved_outputs, v_aug)
+from kernels_nki.attention_steps import (
+    KC, bounded_heads, bwd_heads, bwd_tile, gain_grad, pipelined, scores, store_kv_grad)
 from kernels_nki.tiles import cdiv, identity, transpose
 
-BWD_VEC = 3  # backward: every BWD_VEC-th key tile's ds^T leaves PSUM on VectorE, the others on ScalarE
-KC = 512  # keys (queries in the bounded forward) per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
 SHIFT_OFFSET = 35.0  # the bounded forward's shift m_h = B_h - SHIFT_OFFSET (module docstring)
 BOUND_MARGIN = 1.0 + 2.0 ** -5  # B_h = sqrt(K) |g_h| BOUND_MARGIN
-
-
-def _scores(qT, kT, t0, rows, c0, kc, bias, masked):
-    """Raw scores q k^T of the query rows against keys c0:c0+kc in fp32 PSUM; with `masked` (the forward)
-    the diagonal block gets the causal bias by a 0/1-stationary matmul (the backward masks p instead)."""
-    K = qT.shape[0]
-    P = nl.tile_size.pmax
-    s_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
-    half_matmul(s_ps[0:rows, 0:kc], qT[0:K, 0:rows], kT[0:K, c0:c0 + kc], (t0 // P + c0 // KC) % 2)
-    if masked and c0 + kc == t0 + rows:  # the chunk ends with the diagonal block (keys t0 .. t0+rows): += I^T bias
-        ident, mask = bias[0], bias[1]
-        nisa.nc_matmul(dst=s_ps[0:rows, t0 - c0:t0 - c0 + rows], stationary=ident[0:rows, 0:rows],
-                       moving=mask[0:rows, 0:rows], accumulate=True, is_stationary_onezero=True)
-    return s_ps
 
 
 def _fwd_chunk(qT, kT, vs, t0, rows, c0, kc, bias, scale, state, last, dt):
@@ -118,7 +130,7 @@ def _fwd_chunk(qT, kT, vs, t0, rows, c0, kc, bias, scale, state, last, dt):
     K = qT.shape[0]
     P = nl.tile_size.pmax
     ident = bias[0]
-    s_ps = _scores(qT, kT, t0, rows, c0, kc, bias, True)
+    s_ps = scores(qT, kT, t0, rows, c0, kc, bias, True)
     m_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=m_P1[0:rows], op=nl.maximum, data=s_ps[0:rows, 0:kc], axis=1, keepdims=True)
     if state:
@@ -172,25 +184,35 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
     lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     saved = saved_outputs(B, T, H, G, K, dt) if rope else ()
     bias = causal_bias(dt)
-    tables = rope_tiles(rope[0], rope[1]) if rope else ()
+    ident32 = identity(nl.float32)
+    tables = rope_tiles(rope[0], rope[1], perm=True) if rope else ()
+    g_sb = gain_tile(rope[2]) if rope else None
     for b in nl.affine_range(B):
+        q_sb, k_sb = seq_tile(q_BTHK, dt, b, perm=True), seq_tile(k_BTGK, dt, b, perm=True)
+        v_sb = seq_tile(v_BTGK, dt, b)
+        o_sb, lse_sb = seq_tile(o_BTHK, dt), nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
+        outs = _saved_tiles(saved, dt)
         for g in nl.affine_range(G):
             if rope:
-                k_tiles, kT = kv_head_saved(k_BTGK, b, g, dt, bias[0], tables, saved)
+                k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, bias[0], tables, (outs[2], outs[3]), saved[5], b,
+                                            perm=True)
             else:
-                k_tiles, kT, _ = kv_head(k_BTGK, b, g, dt, bias[0])
-            vs = v_aug(v_BTGK, b, g, dt)
+                k_tiles, kT, _ = kv_head(k_sb, G, g, T, dt, bias[0], perm=True)
+            vs = v_aug(v_sb, G, g, T, dt)
             for r in nl.affine_range(R):
                 h = g * R + r
-                gain = gain_column(rope[2], h, K) if rope else ()
+                gain = gain_column(g_sb, h, K) if rope else ()
+                qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+                o_nat = nl.ndarray((P, cdiv(T, P) * K), dtype=dt, buffer=nl.sbuf)  # o in natural blocks
+                ys = (prep_head(q_sb, H, h, T, tables, gain, outs, dt) if rope else
+                      [block(q_sb, i, h, H, K) for i in range(cdiv(T, P))])
+                for i in nl.affine_range(cdiv(T, P)):
+                    rows = min(P, T - i * P)
+                    transpose(natural_cols(qT_h, i, T, True), ys[i][0:rows], rows, K, bias[0], on_vector=not rope)
                 for i in nl.affine_range(cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
-                    prep = (tables[i], gain) if rope else ()
-                    q_t, qT, q_inv = head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, vec=not rope, prep=prep)
-                    if rope:
-                        store_rows(saved[0], saved[1], q_t, q_inv, b, h, t0, rows)
-                        nisa.dma_copy(dst=saved[4][b, h, 0:K, t0:t0 + rows], src=qT[0:K, 0:rows])
+                    qT = qT_h[0:K, t0:t0 + rows]
                     state = ()
                     chunks = cdiv(t0 + rows, KC)
                     for c in nl.sequential_range(chunks):
@@ -200,16 +222,35 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
                     negm_f, acc = state
                     inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.reciprocal(dst=inv_P1[0:rows], data=acc[0:rows, K:K + 1])
-                    o_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+                    o_t = block(o_nat, i, 0, 1, K)
                     nisa.tensor_scalar(dst=o_t[0:rows], data=acc[0:rows, 0:K], op0=nl.multiply,
                                        operand0=inv_P1[0:rows])
-                    nisa.dma_copy(dst=o_BTHK[b, t0:t0 + rows, h], src=o_t[0:rows])
-                    lse_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # scale m + log(l)
+                    lse_P1 = block(lse_sb, i, h, H, 1)  # scale m + log(l)
                     nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=acc[0:rows, K:K + 1])
                     nisa.activation(dst=lse_P1[0:rows], op=nl.copy, data=negm_f[0:rows], scale=-scale,
                                     bias=lse_P1[0:rows])
-                    nisa.dma_copy(dst=lse_BHT1[b, h, t0:t0 + rows], src=lse_P1[0:rows])
+                perm_rows(o_sb, H, h, o_nat, T, bias[0], dt)
+                if rope:
+                    nisa.dma_copy(dst=saved[4][b, h], src=qT_h)
+        _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32, o_perm=True)
     return (o_BTHK, lse_BHT1) + saved
+
+
+def _saved_tiles(saved, dt):
+    """The SBUF `seq_tile`s of one batch of the fused forward's row outputs (qg, qinv, kr, kinv), () without."""
+    if not saved:
+        return ()
+    return (seq_tile(saved[0], dt), seq_tile(saved[1], nl.float32), seq_tile(saved[2], dt),
+            seq_tile(saved[3], nl.float32))
+
+
+def _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32, o_perm=False):
+    """One batch's forward outputs to HBM: o (in the `perm` layout with o_perm), lse and the saved rows, one DMA
+    each (`seq_dma`, `lse_store`)."""
+    seq_dma(o_sb, o_BTHK, b, False, o_perm)
+    lse_store(lse_BHT1, b, lse_sb, ident32)
+    for sb, dst in zip(outs, saved[0:4]):
+        seq_dma(sb, dst, b, False, perm=True)
 
 
 @nki.jit
@@ -228,51 +269,6 @@ def _neg_shift(g_P1):
     return n_P1
 
 
-def _bounded_chunk(qT, kT, vs, negm_P1, c0, n, outs, b, h, scale, dt):
-    """Queries c0:c0+n (<= KC) of head h against keys 0 .. c0+n (module docstring, the fused forward): o'
-    for the chunk's query tiles in one PSUM bank, then o and lse out to HBM (outs = (o_BTHK, lse_BHT1))."""
-    K = qT.shape[0]
-    T = kT.shape[1]
-    P = nl.tile_size.pmax
-    W = K + 1
-    nq = cdiv(n, P)
-    o_ps = nl.ndarray((P, (KC // P) * W), dtype=nl.float32, buffer=nl.psum)
-    for j in nl.sequential_range(cdiv(c0 + n, P)):
-        k0 = j * P
-        kr = min(P, T - k0)
-        q0 = max(c0, k0)  # the first query of the chunk that sees key tile j
-        nj = c0 + n - q0
-        sT_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
-        half_matmul(sT_ps[0:kr, 0:nj], kT[0:K, k0:k0 + kr], qT[0:K, q0:q0 + nj], j % 2)
-        pT = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
-        nisa.activation(dst=pT[0:kr, 0:nj], op=nl.exp, data=sT_ps[0:kr, 0:nj], bias=negm_P1[0:kr], scale=scale)
-        if k0 >= c0:  # the diagonal block leads: p^T[key, query] = 0 where key > query
-            d = pT[0:kr, 0:kr]
-            nisa.affine_select(dst=d, pattern=[[1, kr]], offset=0, channel_multiplier=-1, on_true_tile=d,
-                               on_false_value=0.0, cmp_op=nl.greater_equal)
-        for i in range(nq):
-            t0 = c0 + i * P
-            if t0 >= k0:
-                rows = min(P, c0 + n - t0)
-                nisa.nc_matmul(dst=o_ps[0:rows, i * W:(i + 1) * W], stationary=pT[0:kr, t0 - q0:t0 - q0 + rows],
-                               moving=vs[j][0:kr, 0:W])
-    o_BTHK, lse_BHT1 = outs
-    for i in range(nq):
-        t0 = c0 + i * P
-        rows = min(P, c0 + n - t0)
-        l_ps = o_ps[0:rows, i * W + K:(i + 1) * W]
-        inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.reciprocal(dst=inv_P1[0:rows], data=l_ps)
-        o_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=o_t[0:rows], data=o_ps[0:rows, i * W:i * W + K], op0=nl.multiply,
-                           operand0=inv_P1[0:rows])
-        nisa.dma_copy(dst=o_BTHK[b, t0:t0 + rows, h], src=o_t[0:rows])
-        lse_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # m_h + log(l)
-        nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=l_ps)
-        nisa.tensor_scalar(dst=lse_P1[0:rows], data=lse_P1[0:rows], op0=nl.subtract, operand0=negm_P1[0:rows])
-        nisa.dma_copy(dst=lse_BHT1[b, h, t0:t0 + rows], src=lse_P1[0:rows])
-
-
 def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
     """The fused forward with the per-head bounded shift (module docstring); same outputs as `_fwd`."""
     B, T, H, K, G, R, P, dt, scale = dims(q_BTHK, k_BTGK)
@@ -280,26 +276,38 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
     lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     saved = saved_outputs(B, T, H, G, K, dt)
     ident = identity(dt)
-    tables = rope_tiles(cos_TK2, sin_TK2)
+    ident32 = identity(nl.float32)
+    tables = rope_tiles(cos_TK2, sin_TK2, perm=True)
+    g_sb = gain_tile(g_PH)
+    gains = [gain_column(g_sb, h, K) for h in range(H)]
+    negms = [_neg_shift(gain[0]) for gain in gains]
     for b in nl.affine_range(B):
-        for g in nl.affine_range(G):
-            k_tiles, kT = kv_head_saved(k_BTGK, b, g, dt, ident, tables, saved, vec=True)
-            vs = v_aug(v_BTGK, b, g, dt)
-            for r in nl.affine_range(R):
+        q_sb, k_sb = seq_tile(q_BTHK, dt, b, perm=True), seq_tile(k_BTGK, dt, b, perm=True)
+        v_sb = seq_tile(v_BTGK, dt, b)
+        o_sb, lse_sb = seq_tile(o_BTHK, dt), nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
+        outs = _saved_tiles(saved, dt)
+
+        def prep(g):  # kv head g's k^T, [v | 1] tiles and its query heads' q^T
+            k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, ident, tables, (outs[2], outs[3]), saved[5], b, vec=True,
+                                        perm=True)
+            qTs = []
+            for r in range(R):
                 h = g * R + r
-                gain = gain_column(g_PH, h, K)
-                negm_P1 = _neg_shift(gain[0])
                 qT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+                ys = prep_head(q_sb, H, h, T, tables, gains[h], outs, dt)
                 for i in nl.affine_range(cdiv(T, P)):
-                    t0 = i * P
-                    rows = min(P, T - t0)
-                    q_t, _, q_inv = head_rows(q_BTHK, b, h, t0, rows, dt, None, False, prep=(tables[i], gain))
-                    store_rows(saved[0], saved[1], q_t, q_inv, b, h, t0, rows)
-                    transpose(qT[0:K, t0:t0 + rows], q_t[0:rows], rows, K, ident, on_vector=True)
+                    rows = min(P, T - i * P)
+                    transpose(natural_cols(qT, i, T, True), ys[i][0:rows], rows, K, ident, on_vector=True)
                 nisa.dma_copy(dst=saved[4][b, h], src=qT)
-                for c in nl.affine_range(cdiv(T, KC)):
-                    _bounded_chunk(qT, kT, vs, negm_P1, c * KC, min(KC, T - c * KC), (o_BTHK, lse_BHT1), b, h,
-                                   scale, dt)
+                qTs.append(qT)
+            return kT, v_aug(v_sb, G, g, T, dt), qTs
+
+        def core(g, res):
+            hs = [g * R + r for r in range(R)]
+            bounded_heads(res[2], res[0], res[1], [negms[h] for h in hs], (o_sb, lse_sb, H), hs, scale, dt, ident)
+
+        pipelined(range(G), prep, core)  # kv head g + 1's row-wise prep beside kv head g's attention
+        _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32, o_perm=True)
     return (o_BTHK, lse_BHT1) + saved
 
 
@@ -317,107 +325,6 @@ def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=F
     return _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH)
 
 
-def _bwd_block(p_t, ds_t, do_t, q_t, k_tile, dq_ps, dk_acc, dv_acc, rows, j, kr, col, ident, dt, vec):
-    """The 128-key block j of a chunk: dv += p^T dO, dk += ds^T q (PSUM accumulators), dq += ds k."""
-    K = q_t.shape[1]
-    P = nl.tile_size.pmax
-    cols = slice(j * P, j * P + kr)
-    nisa.nc_matmul(dst=dv_acc[0:kr, col:col + K], stationary=p_t[0:rows, cols], moving=do_t[0:rows, 0:K])
-    nisa.nc_matmul(dst=dk_acc[0:kr, col:col + K], stationary=ds_t[0:rows, cols], moving=q_t[0:rows, 0:K])
-    dsT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-    transpose(dsT[0:kr, 0:rows], ds_t[0:rows, cols], rows, kr, ident, on_vector=vec)
-    nisa.nc_matmul(dst=dq_ps[0:rows, 0:K], stationary=dsT[0:kr, 0:rows], moving=k_tile[0:kr, 0:K])
-
-
-def _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0, kc, bias, scale, dt):
-    K = qT.shape[0]
-    P = nl.tile_size.pmax
-    s_ps = _scores(qT, kT, t0, rows, c0, kc, bias, False)
-    p_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
-    nisa.activation(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s_ps[0:rows, 0:kc], bias=negl_P1[0:rows], scale=scale)
-    if c0 + kc == t0 + rows:  # the diagonal block: p = 0 where key > query (GpSimd, SBUF in place)
-        d = p_t[0:rows, t0 - c0:t0 - c0 + rows]
-        nisa.affine_select(dst=d, pattern=[[-1, rows]], offset=0, channel_multiplier=1, on_true_tile=d,
-                           on_false_value=0.0, cmp_op=nl.greater_equal)
-    dp_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
-    half_matmul(dp_ps[0:rows, 0:kc], doT[0:K, 0:rows], vT[0:K, c0:c0 + kc], 1 - (t0 // P + c0 // KC) % 2)
-    # ds = p (dp - Di): dp - Di leaves PSUM on VectorE (one input, N cycles), the product with p runs on
-    # GpSimd (both operands in SBUF): the two-input VectorE form would cost ~2N on the busiest engine
-    t_f = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=t_f[0:rows, 0:kc], data=dp_ps[0:rows, 0:kc], op0=nl.add, operand0=negdi_P1[0:rows])
-    ds_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=ds_t[0:rows, 0:kc], data1=t_f[0:rows, 0:kc], data2=p_t[0:rows, 0:kc], op=nl.multiply,
-                       engine=nisa.engine.gpsimd)
-    per_bank = KC // K
-    for j in nl.affine_range(cdiv(kc, P)):
-        kt = c0 // P + j
-        dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
-        _bwd_block(p_t, ds_t, do_t, q_t, k_tiles[kt], dq_ps, dk_acc, dv_acc, rows, j, min(P, kc - j * P),
-                   (kt % per_bank) * K, bias[0], dt, (t0 // P + kt) % BWD_VEC == BWD_VEC - 1)
-
-
-def _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, rows, kT, vT, k_tiles, acc, bias, scale, dt,
-              qk=(), dg_P1=None):
-    """dq of one 128-query tile of head h, and its contributions to the kv head's dk/dv accumulators; with
-    qk = (cos/sin tiles, gain, (qg_BTHK, qinv_BTH1)) q is the forward's normed, rotated rows and dq is taken
-    back through the rotation and the norm."""
-    K = q_BTHK.shape[3]
-    P = nl.tile_size.pmax
-    q_t, qT, norm = head_rows(q_BTHK, b, h, t0, rows, dt, bias[0], True, vec=True, saved=qk[2] if qk else ())
-    do_t, doT, _ = head_rows(do_BTHK, b, h, t0, rows, dt, bias[0], True, vec=True)
-    o_t, _, _ = head_rows(o_BTHK, b, h, t0, rows, dt, None, False)
-    prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=prod[0:rows], data1=do_t[0:rows], data2=o_t[0:rows], op=nl.multiply,
-                       engine=nisa.engine.gpsimd)
-    negdi_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # -Di = -rowsum(dO o)
-    nisa.tensor_reduce(dst=negdi_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, negate=True, keepdims=True)
-    negl_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=negl_P1[0:rows], src=lse_BHT1[b, h, t0:t0 + rows])
-    nisa.activation(dst=negl_P1[0:rows], op=nl.copy, data=negl_P1[0:rows], scale=-1.0)
-    dq_ps = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum)
-    for c in nl.affine_range(cdiv(t0 + rows, KC)):
-        c0 = c * KC
-        _bwd_chunk(qT, doT, kT, vT, q_t, do_t, k_tiles, negl_P1, negdi_P1, dq_ps, acc, t0, rows, c0,
-                   min(KC, t0 + rows - c0), bias, scale, dt)
-    dq_t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-    if qk:
-        d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=d_f[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
-        prep_grad(dq_t, d_f, rows, qk[0], norm, qk[1], dg_P1, nisa.engine.gpsimd)
-    else:
-        nisa.activation(dst=dq_t[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
-    nisa.dma_copy(dst=dq_BTHK[b, t0:t0 + rows, h], src=dq_t[0:rows])
-
-
-def _store_kv_grad(dst_BTGK, acc, b, g, T, K, scale, dt, tables=(), norms=()):
-    """Evacuate a kv head's PSUM accumulator (times scale) to dst_BTGK[b, :, g] in dt; with `tables` (cos/sin
-    tiles) through the rotation and QK-norm of the keys (their per-tile `norms`)."""
-    P = nl.tile_size.pmax
-    per_bank = KC // K
-    for kt in nl.affine_range(cdiv(T, P)):
-        kr = min(P, T - kt * P)
-        col = (kt % per_bank) * K
-        out = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-        if tables:
-            d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=d_f[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
-            prep_grad(out, d_f, kr, tables[kt], norms[kt], (), None, nisa.engine.gpsimd)
-        else:
-            nisa.activation(dst=out[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
-        nisa.dma_copy(dst=dst_BTGK[b, kt * P:kt * P + kr, g], src=out[0:kr])
-
-
-def _store_gain_grad(dg_BH1, dg_P1, b, h):
-    """dg_BH1[b, h] = the sum over partitions of dg_P1 (fp32): one matmul against a ones column."""
-    P = nl.tile_size.pmax
-    ones_P1 = nl.ones((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    s_ps = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=s_ps, stationary=dg_P1, moving=ones_P1)
-    s_11 = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=s_11, src=s_ps, engine=nisa.engine.vector)
-    nisa.dma_copy(dst=dg_BH1[b, h:h + 1], src=s_11)
-
-
 def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     """The backward of both kernels; rope: () or (cos_TK2, sin_TK2, g_PH, qg, qinv, kr, kinv, qgT, krT) (the
     fused forward's inputs and saved outputs). -> (dq, dk, dv) and, with rope, dg_BH1."""
@@ -427,30 +334,78 @@ def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     dv_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
     dg_BH1 = nl.ndarray((B, H, 1), dtype=nl.float32, buffer=nl.shared_hbm) if rope else None
     bias = causal_bias(dt)
+    ident32 = identity(nl.float32)
     tables = rope_tiles(rope[0], rope[1]) if rope else ()
+    g_sb = gain_tile(rope[2]) if rope else None
     banks = cdiv(cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
     for b in nl.affine_range(B):
+        q_sb, o_sb = seq_tile(q_BTHK, dt, b), seq_tile(o_BTHK, dt, b, perm=True)
+        do_sb, do_nat = seq_tile(do_BTHK, dt, b, perm=True), seq_tile(do_BTHK, dt)  # dO^T, then its rows
+        negdi_sb = neg_rowdot(do_sb, o_sb, H, T, ident32)  # -Di = -rowsum(dO o): o is read for nothing else
+        k_sb, v_sb = seq_tile(k_BTGK, dt, b), seq_tile(v_BTGK, dt, b, perm=True)  # v: only v^T is read
+        negl_sb = neg_lse_load(lse_BHT1, b, ident32)
+        # the gradients: natural rows, then the `perm` layout (`perm_rows`) for their stores
+        grads = ((seq_tile(dq_BTHK, dt), seq_tile(dq_BTHK, dt)), (seq_tile(dk_BTGK, dt), seq_tile(dk_BTGK, dt)),
+                 (seq_tile(dv_BTGK, dt), seq_tile(dv_BTGK, dt)))
+        dq_sb, dk_sb, dv_sb = (nat for nat, _ in grads)
+        if rope:
+            # qg / kr: the rows of the saved transposes (loaded anyway), transposed back on chip
+            qg_sb, qinv_sb = seq_tile(rope[3], dt), seq_tile(rope[4], nl.float32, b)
+            kr_sb, kinv_sb = seq_tile(rope[5], dt), seq_tile(rope[6], nl.float32, b)
+            dg_1H = nl.ndarray((1, H), dtype=nl.float32, buffer=nl.sbuf)
         for g in nl.affine_range(G):
-            k_tiles, kT, k_norms = kv_head(k_BTGK, b, g, dt, bias[0], saved=(rope[5], rope[6], rope[8]) if rope else ())
-            _, vT, _ = kv_head(v_BTGK, b, g, dt, bias[0])
+            saved = ()
+            if rope:
+                krT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+                nisa.dma_copy(dst=krT, src=rope[8][b, g])
+                rows_from_transpose(kr_sb, G, g, krT, T, bias[0])
+                saved = (kr_sb, kinv_sb, krT)
+            k_tiles, kT, k_norms = kv_head(k_sb, G, g, T, dt, bias[0], saved=saved)
+            _, vT, _ = kv_head(v_sb, G, g, T, dt, bias[0], perm=True)
             acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
                    [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
+            tiles, gains = [], []
             for r in nl.affine_range(R):
                 h = g * R + r
-                gain = gain_column(rope[2], h, K) if rope else ()
-                dg_P1 = None
+                gains.append(gain_column(g_sb, h, K) if rope else ())
                 if rope:
-                    dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
+                    qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=qT_h, src=rope[7][b, h])
+                    rows_from_transpose(qg_sb, H, h, qT_h, T, bias[0])
+                doT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+                for i in nl.affine_range(cdiv(T, P)):
+                    rows = min(P, T - i * P)
+                    transpose(natural_cols(doT_h, i, T, True), block(do_sb, i, h, H, K)[0:rows], rows, K, bias[0],
+                              on_vector=True)
+                rows_from_transpose(do_nat, H, h, doT_h, T, bias[0])
+                row = []
                 for i in nl.affine_range(cdiv(T, P)):
                     t0 = i * P
-                    qk = (tables[i], gain, (rope[3], rope[4], rope[7])) if rope else ()
-                    _bwd_rows(q_BTHK, o_BTHK, lse_BHT1, do_BTHK, dq_BTHK, b, h, t0, min(P, T - t0),
-                              kT, vT, k_tiles, acc, bias, scale, dt, qk, dg_P1)
-                if rope:
-                    _store_gain_grad(dg_BH1, dg_P1, b, h)
-            _store_kv_grad(dk_BTGK, acc[0], b, g, T, K, scale, dt, tables, k_norms)
-            _store_kv_grad(dv_BTGK, acc[1], b, g, T, K, 1.0, dt)
+                    rows = min(P, T - t0)
+                    dO = (block(do_nat, i, h, H, K), doT_h[0:K, t0:t0 + rows])
+                    views = (block(q_sb, i, h, H, K), dO, block(negdi_sb, i, h, H, 1),
+                             block(negl_sb, i, h, H, 1), block(dq_sb, i, h, H, K))
+                    qk = ((tables[i], gains[r], (block(qg_sb, i, h, H, K), block(qinv_sb, i, h, H, 1),
+                                                 qT_h[0:K, t0:t0 + rows])) if rope else ())
+                    row.append(bwd_tile(views, t0, rows, bias, dt, qk))
+                tiles.append(row)
+            items = bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, rope)
+            if rope:
+                for r in nl.affine_range(R):
+                    dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
+                    prep_grad(items[r], gains[r], dg_P1, nisa.engine.gpsimd)
+                    gain_grad(dg_1H, dg_P1, g * R + r)
+            for r in nl.affine_range(R):
+                perm_rows(grads[0][1], H, g * R + r, dq_sb, T, bias[0], dt, (H, g * R + r))
+            store_kv_grad(dk_sb, G, acc[0], g, T, K, scale, dt, tables, k_norms)
+            store_kv_grad(dv_sb, G, acc[1], g, T, K, 1.0, dt)
+            for (nat, out), _ in zip(grads[1:], range(2)):
+                perm_rows(out, G, g, nat, T, bias[0], dt, (G, g))
+        for (_, out), dst in zip(grads, (dq_BTHK, dk_BTGK, dv_BTGK)):
+            seq_dma(out, dst, b, False, perm=True)
+        if rope:
+            nisa.dma_copy(dst=dg_BH1[b].reshape((1, H)), src=dg_1H)
     if rope:
         return dq_BTHK, dk_BTGK, dv_BTGK, dg_BH1
     return dq_BTHK, dk_BTGK, dv_BTGK

@@ -2,15 +2,15 @@
 compiler inlines the functions a kernel calls, whichever file holds them; under the emulator
 `kernels_nki.emulator.loader` loads it for the kernel file).
 
-- Loading rows: `head_rows` (one 128-row tile of a head, optionally normed and rotated, and its
-  transpose), `kv_head` (all T rows of a kv head and k^T), `v_aug` ([v | 1] tiles: p [v | 1] carries the
-  softmax's row sums in its last column).
-- QK-norm + RoPE (+ gain), fused (`prep_tile`): each raw q / k row tile, once loaded, is normed and rotated
+- Loading rows: `head_rows` (a 128-row block of one head and its transpose), `kv_head` (all blocks of a kv
+  head and k^T), `v_aug` ([v | 1] tiles: p [v | 1] carries the softmax's row sums in its last column); the
+  layouts they read: kernels_nki/attention_layout.py.
+- QK-norm + RoPE (+ gain), fused (`prep_tile`): each raw q / k row block, once loaded, is normed and rotated
   in SBUF before its transpose, in fp32 (rounded once to the input dtype): the row sums of squares,
   rsqrt(sum + K eps) (one GpSimd tensor_scalar: GpSimd tensor_scalar is documented for rsqrt only), the
   scaling by it times sqrt(K) (times the gain: `gain_column` folds sqrt(K) in) and the rotation as x [cos,
   cos] + [x2 sin, -x1 sin] (four GpSimd tensor_tensor instructions; `rotate`). The forward writes the
-  normed, rotated q / k and each row's inverse RMS (`saved_outputs`, `store_rows`); the backward reads
+  normed, rotated q / k and each row's inverse RMS (`saved_outputs`, into `seq_tile`s); the backward reads
   them (and forms xn = x inv from the raw rows) and takes dq / dk back through them (`prep_grad`): w =
   rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K); the gain's gradient is rowsum(w xn)
   summed over the rows.
@@ -24,6 +24,7 @@ compiler inlines the functions a kernel calls, whichever file holds them; under 
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.attention_layout import block, natural_cols, seq_dma
 from kernels_nki.tiles import EPS, cdiv, identity, transpose
 
 NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
@@ -49,122 +50,158 @@ def causal_bias(dt):
     return identity(dt), bias, one
 
 
-def head_rows(x_BTXK, b, x, t0, rows, dt, ident, transposed, vec=False, prep=(), saved=()):
-    """Rows t0:t0+rows of head x of batch b as a [128, K] tile (and its [K, 128] transpose, leaving PSUM on
-    VectorE with `vec`, else ScalarE). With `prep` = (cos/sin tiles, gain) the tile is replaced by
-    rope(qk_norm(rows)) [* gain] (`prep_tile`; norm = its inv); with `saved` = (y_BTXK, inv_BTX1, yT_BXKT),
-    the forward's outputs, by y's rows (norm = (xn, inv) for `prep_grad`, xn = x inv on ScalarE) and the
-    transpose is y^T's columns, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
-    K = x_BTXK.shape[3]
+def head_rows(t, rows, dt, ident, transposed, vec=False, saved=(), tT=None):
+    """A 128-row tile of one head, t (a [P, K] `block` view), and its [K, 128] transpose (leaving PSUM on
+    VectorE with `vec`, else ScalarE; into tT, a [K, >= rows] view, when given). With `saved` = (y, inv, yT),
+    the forward's outputs as views, the tile is replaced by y (norm = (xn, inv) for `prep_grad`, xn = x inv
+    on ScalarE) and the transpose is yT, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
+    K = t.shape[1]
     P = nl.tile_size.pmax
-    t = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t[0:rows], src=x_BTXK[b, t0:t0 + rows, x])
     norm = ()
-    if prep:
-        t, norm = prep_tile(t, rows, prep[0], prep[1], dt)
     if saved:
-        y = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=y[0:rows], src=saved[0][b, t0:t0 + rows, x])
-        inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=inv_P1[0:rows], src=saved[1][b, t0:t0 + rows, x])
+        y, inv_P1, yT = saved
         xn = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
         scale_rows(xn, t, rows, inv_P1)
         t, norm = y, (xn, inv_P1)
+        if transposed:
+            return t, yT, norm
     if not transposed:
         return t, None, norm
-    tT = nl.ndarray((K, P), dtype=dt, buffer=nl.sbuf)
-    if saved:
-        nisa.dma_copy(dst=tT[0:K, 0:rows], src=saved[2][b, x, 0:K, t0:t0 + rows])
-    else:
-        transpose(tT[0:K, 0:rows], t[0:rows], rows, K, ident, on_vector=vec)
+    if tT is None:
+        tT = nl.ndarray((K, P), dtype=dt, buffer=nl.sbuf)
+    transpose(tT[0:K, 0:rows], t[0:rows], rows, K, ident, on_vector=vec)
     return t, tT, norm
 
 
-def kv_head(x_BTGK, b, g, dt, ident, tables=(), saved=(), vec=False):
-    """All T rows of kv head g of batch b: 128-row tiles [keys, K], the transpose [K, T] (leaving PSUM on
-    VectorE with `vec`, else ScalarE) and each tile's norm (`head_rows`): with `tables` (cos/sin tiles)
-    the forward's rotated, normed rows; with `saved` (kr_BTGK, kinv_BTG1, krT_BGKT) the backward's, the
-    transpose loaded from krT."""
-    B, T, G, K = x_BTGK.shape
+def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), vec=False, out=(), perm=False):
+    """All T rows of kv head g (x_sb: the batch's `seq_tile`): 128-row tile views [keys, K], the transpose
+    [K, T] (leaving PSUM on VectorE with `vec`, else ScalarE) and each tile's norm (`head_rows`): with `tables`
+    (cos/sin tiles) the forward's rotated, normed rows (`prep_tile`), written to out = (y seq tile, inv seq
+    tile); with `saved` = (kr seq tile, kinv seq tile, krT [K, T] SBUF) the backward's. x_sb, tables and out
+    in one layout (`perm`, `seq_dma`); the transpose in natural row order (`natural_cols`)."""
     P = nl.tile_size.pmax
-    xT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
-    tiles, norms = [], []
-    if saved:
-        nisa.dma_copy(dst=xT, src=saved[2][b, g])
-    for i in nl.affine_range(cdiv(T, P)):
-        r = min(P, T - i * P)
-        prep = (tables[i], ()) if tables else ()
-        t, _, norm = head_rows(x_BTGK, b, g, i * P, r, dt, None, False, prep=prep, saved=saved)
-        if not saved:
-            transpose(xT[0:K, i * P:i * P + r], t[0:r], r, K, ident, on_vector=vec)
-        tiles.append(t)
-        norms.append(norm)
+    nt = cdiv(T, P)
+    K = x_sb.shape[1] // (nt * G)
+    xT = saved[2] if saved else nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+    rows = [min(P, T - i * P) for i in range(nt)]
+    views = [block(x_sb, i, g, G, K) for i in range(nt)]
+    if tables:
+        ys = prep_tile([(views[i], rows[i], tables[i], (block(out[0], i, g, G, K), block(out[1], i, g, G, 1)))
+                        for i in range(nt)], (), dt)
+        tiles, norms = [y for y, _ in ys], [inv for _, inv in ys]
+    elif saved:
+        got = [head_rows(views[i], rows[i], dt, None, False,
+                         saved=(block(saved[0], i, g, G, K), block(saved[1], i, g, G, 1), None)) for i in range(nt)]
+        tiles, norms = [t for t, _, _ in got], [n for _, _, n in got]
+    else:
+        tiles, norms = views, [()] * nt
+    if not saved:
+        for i in nl.affine_range(nt):
+            transpose(natural_cols(xT, i, T, perm), tiles[i][0:rows[i]], rows[i], K, ident, on_vector=vec)
     return tiles, xT, norms
 
 
-def rope_tiles(cos_TK2, sin_TK2):
-    """Per 128-position tile (cos2 = [cos, cos] [P, K], sin, -sin [P, K/2]) in fp32 SBUF, built once per call
-    from cos/sin [T, K/2] (fp32 in HBM): the tables `rotate` multiplies by."""
+def prep_head(x_sb, H, h, T, tables, gain, outs, dt):
+    """`prep_tile` of every 128-row tile of query head h (x_sb: the batch's `seq_tile`), written to outs = (qg
+    seq tile, qinv seq tile) -> the y views."""
+    P = nl.tile_size.pmax
+    K = x_sb.shape[1] // (cdiv(T, P) * H)
+    items = [(block(x_sb, i, h, H, K), min(P, T - i * P), tables[i], (block(outs[0], i, h, H, K),
+                                                                       block(outs[1], i, h, H, 1)))
+             for i in range(cdiv(T, P))]
+    return [y for y, _ in prep_tile(items, gain, dt)]
+
+
+def rope_tiles(cos_TK2, sin_TK2, perm=False):
+    """Per 128-row block (cos2 = [cos, cos] [P, K], sin, -sin [P, K/2]) in fp32 SBUF, built once per call
+    from cos/sin [T, K/2] (fp32 in HBM): the tables `rotate` multiplies by, for the rows of a `seq_tile`'s
+    blocks in its layout (`perm`: `seq_dma`'s); cos and sin each arrive by one DMA in that layout (plus one
+    for a ragged last block)."""
     T, K2 = cos_TK2.shape
     P = nl.tile_size.pmax
+    nt = cdiv(T, P)
+    both = []
+    for x_TK2 in (cos_TK2, sin_TK2):
+        t = nl.ndarray((P, nt * K2), dtype=nl.float32, buffer=nl.sbuf)
+        seq_dma(t, x_TK2.reshape((1, T, 1, K2)), 0, True, perm)
+        both.append(t)
     tiles = []
-    for i in nl.affine_range(cdiv(T, P)):
+    for i in nl.affine_range(nt):
         r = min(P, T - i * P)
         c2 = nl.ndarray((P, 2 * K2), dtype=nl.float32, buffer=nl.sbuf)
-        s = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
         ns = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=c2[0:r, 0:K2], src=cos_TK2[i * P:i * P + r])
-        nisa.tensor_copy(dst=c2[0:r, K2:2 * K2], src=c2[0:r, 0:K2], engine=nisa.engine.gpsimd)
-        nisa.dma_copy(dst=s[0:r], src=sin_TK2[i * P:i * P + r])
-        nisa.activation(dst=ns[0:r], op=nl.copy, data=s[0:r], scale=-1.0)
-        tiles.append((c2, s, ns))
+        c, sn = both[0][:, i * K2:(i + 1) * K2], both[1][:, i * K2:(i + 1) * K2]
+        nisa.tensor_copy(dst=c2[0:r, 0:K2], src=c[0:r], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=c2[0:r, K2:2 * K2], src=c[0:r], engine=nisa.engine.gpsimd)
+        nisa.activation(dst=ns[0:r], op=nl.copy, data=sn[0:r], scale=-1.0)
+        tiles.append((c2, sn, ns))
     return tiles
 
 
-def rotate(dst, x_f, rows, cs, inverse, engine):
-    """dst[0:rows] = the half-split rotation of x_f (fp32 [P, K]) by the rows' angles: (x1 cos + x2 sin,
-    x2 cos - x1 sin) as reference.rope, or by minus the angles (`inverse`, the backward), as x [cos, cos] +
-    [x2 (+-sin), x1 (-+sin)]: four instructions on `engine` (SBUF operands only)."""
-    K = x_f.shape[1]
-    K2 = K // 2
+def rotate(items, inverse, engine):
+    """dst[0:rows] = the half-split rotation of x_f (fp32 [P, K]) by the rows' angles, for each (dst, x_f, rows,
+    cs) of items: (x1 cos + x2 sin, x2 cos - x1 sin) as reference.rope, or by minus the angles (`inverse`, the
+    backward), as x [cos, cos] + [x2 (+-sin), x1 (-+sin)]: four instructions per item on `engine` (SBUF
+    operands only), each step issued for every item before the next (independent chains interleave on the
+    engines' in-order instruction streams)."""
     P = nl.tile_size.pmax
-    c2, s, ns = cs
-    a = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    e = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=a[0:rows], data1=x_f[0:rows], data2=c2[0:rows], op=nl.multiply, engine=engine)
-    nisa.tensor_tensor(dst=e[0:rows, 0:K2], data1=x_f[0:rows, K2:K], data2=(ns if inverse else s)[0:rows],
-                       op=nl.multiply, engine=engine)
-    nisa.tensor_tensor(dst=e[0:rows, K2:K], data1=x_f[0:rows, 0:K2], data2=(s if inverse else ns)[0:rows],
-                       op=nl.multiply, engine=engine)
-    nisa.tensor_tensor(dst=dst[0:rows], data1=a[0:rows], data2=e[0:rows], op=nl.add, engine=engine)
+    tmp = []
+    for dst, x_f, rows, cs in items:
+        K = x_f.shape[1]
+        a = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=a[0:rows], data1=x_f[0:rows], data2=cs[0][0:rows], op=nl.multiply, engine=engine)
+        tmp.append(a)
+    es = []
+    for (dst, x_f, rows, cs), a in zip(items, tmp):
+        K = x_f.shape[1]
+        K2 = K // 2
+        c2, s, ns = cs
+        e = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=e[0:rows, 0:K2], data1=x_f[0:rows, K2:K], data2=(ns if inverse else s)[0:rows],
+                           op=nl.multiply, engine=engine)
+        nisa.tensor_tensor(dst=e[0:rows, K2:K], data1=x_f[0:rows, 0:K2], data2=(s if inverse else ns)[0:rows],
+                           op=nl.multiply, engine=engine)
+        es.append(e)
+    for (dst, x_f, rows, cs), a, e in zip(items, tmp, es):
+        nisa.tensor_tensor(dst=dst[0:rows], data1=a[0:rows], data2=e[0:rows], op=nl.add, engine=engine)
 
 
-def prep_tile(x_t, rows, cs, gain, dt):
-    """(y [P, K] in dt = rope(qk_norm(x)) [* gain], inv = rsqrt(mean(x^2) + eps) fp32 [P, 1]) of a raw
-    [rows, K] tile, fp32 math (reference.rms_norm, reference.rope / rope_gain); gain: () or (g_P1,) with
-    g_P1 = gain * sqrt(K) (`gain_column`). The squares and the rotation on GpSimd, the row sum and the scaling
-    on VectorE; r = rsqrt(sum(x^2) + K eps) = inv / sqrt(K) by one GpSimd tensor_scalar (add, then rsqrt:
-    GpSimd tensor_scalar is documented for rsqrt only, nki/api/nki/isa/__init__.py tensor_scalar
-    `engine`), x r (gain) sqrt(K) by one VectorE tensor_scalar, inv (a residual for the backward) on
-    ScalarE."""
-    K = x_t.shape[1]
+def prep_tile(items, gain, dt):
+    """[(y [P, K] in dt = rope(qk_norm(x)) [* gain], inv = rsqrt(mean(x^2) + eps) fp32 [P, 1])] of raw [rows,
+    K] tiles, items = [(x_t, rows, cs, out)] (out: () or the (y, inv) views to write), fp32 math
+    (reference.rms_norm, reference.rope / rope_gain); gain: () or (g_P1,) with g_P1 = gain * sqrt(K)
+    (`gain_column`). The squares and the rotation on GpSimd, the row sum and the scaling on VectorE; r =
+    rsqrt(sum(x^2) + K eps) = inv / sqrt(K) by one GpSimd tensor_scalar (add, then rsqrt: GpSimd
+    tensor_scalar is documented for rsqrt only, nki/api/nki/isa/__init__.py tensor_scalar `engine`), x r
+    (gain) sqrt(K) by one VectorE tensor_scalar, inv (a residual for the backward) on ScalarE; each step for
+    every item before the next (`rotate`)."""
     P = nl.tile_size.pmax
     gp = nisa.engine.gpsimd
-    sq = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=sq[0:rows], data1=x_t[0:rows], data2=x_t[0:rows], op=nl.multiply, engine=gp)
-    ss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=ss_P1[0:rows], op=nl.add, data=sq[0:rows], axis=1, keepdims=True)
-    r_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=r_P1[0:rows], data=ss_P1[0:rows], op0=nl.add, operand0=K * EPS, op1=nl.rsqrt,
-                       operand1=0.0, engine=gp)
-    inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=inv_P1[0:rows], op=nl.copy, data=r_P1[0:rows], scale=K ** 0.5)
-    xs = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=xs[0:rows], data=x_t[0:rows], op0=nl.multiply, operand0=r_P1[0:rows],
-                       op1=nl.multiply, operand1=gain[0][0:rows] if gain else K ** 0.5)
-    y = nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
-    rotate(y, xs, rows, cs, False, gp)
-    return y, inv_P1
+    K = items[0][0].shape[1]
+    sqs, rs, xss, outs = [], [], [], []
+    for x_t, rows, cs, out in items:
+        sq = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=sq[0:rows], data1=x_t[0:rows], data2=x_t[0:rows], op=nl.multiply, engine=gp)
+        sqs.append(sq)
+    for (x_t, rows, cs, out), sq in zip(items, sqs):
+        ss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=ss_P1[0:rows], op=nl.add, data=sq[0:rows], axis=1, keepdims=True)
+        rs.append(ss_P1)
+    for (x_t, rows, cs, out), r_P1 in zip(items, rs):
+        nisa.tensor_scalar(dst=r_P1[0:rows], data=r_P1[0:rows], op0=nl.add, operand0=K * EPS, op1=nl.rsqrt,
+                           operand1=0.0, engine=gp)
+    for (x_t, rows, cs, out), r_P1 in zip(items, rs):
+        xs = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=xs[0:rows], data=x_t[0:rows], op0=nl.multiply, operand0=r_P1[0:rows],
+                           op1=nl.multiply, operand1=gain[0][0:rows] if gain else K ** 0.5)
+        xss.append(xs)
+    for (x_t, rows, cs, out), r_P1 in zip(items, rs):
+        inv_P1 = out[1] if out else nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=inv_P1[0:rows], op=nl.copy, data=r_P1[0:rows], scale=K ** 0.5)
+        y = out[0] if out else nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
+        outs.append((y, inv_P1))
+    rotate([(y, xs, it[1], it[2]) for (y, _), xs, it in zip(outs, xss, items)], False, gp)
+    return outs
 
 
 def scale_rows(dst, x, rows, s_P1):
@@ -172,43 +209,60 @@ def scale_rows(dst, x, rows, s_P1):
     nisa.activation(dst=dst[0:rows], op=nl.copy, data=x[0:rows], scale=s_P1[0:rows])
 
 
-def prep_grad(dst, d_f, rows, cs, norm, gain, dg_P1, rot_engine):
-    """dst[0:rows] = the gradient through `prep_tile` of d_f (fp32 [P, K], w.r.t. its output rows): w =
-    rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K) (reference.rms_norm_bwd after
-    rope_gain_bwd); with a gain, dg_P1 += dot, the gain's gradient per row (d . rope(xn) = w . xn, the
-    rotation being orthogonal). Products and sums of tiles on GpSimd, row sums and [P, 1] columns on
-    VectorE, scalings on ScalarE."""
-    K = d_f.shape[1]
+def prep_grad(items, gain, dg_P1, rot_engine):
+    """dst[0:rows] = the gradient through `prep_tile` of d_f (fp32 [P, K], w.r.t. its output rows), for each
+    (dst, d_f, rows, cs, norm) of items: w = rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K)
+    (reference.rms_norm_bwd after rope_gain_bwd); with a gain, dg_P1 += dot, the gain's gradient per row (d .
+    rope(xn) = w . xn, the rotation being orthogonal). Products and sums of tiles on GpSimd, row sums and [P,
+    1] columns on VectorE, scalings on ScalarE; each step for every item before the next (`rotate`)."""
     P = nl.tile_size.pmax
-    xn, inv_P1 = norm
     gp = nisa.engine.gpsimd
-    w = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    rotate(w, d_f, rows, cs, True, rot_engine)
-    prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=prod[0:rows], data1=w[0:rows], data2=xn[0:rows], op=nl.multiply, engine=gp)
-    dot_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=dot_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, keepdims=True)
-    if gain:
-        nisa.tensor_tensor(dst=dg_P1[0:rows], data1=dg_P1[0:rows], data2=dot_P1[0:rows], op=nl.add, engine=gp)
-    c_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=c_P1[0:rows], data=dot_P1[0:rows], op0=nl.multiply, operand0=-1.0 / K)
-    scale_rows(prod, xn, rows, c_P1)
-    nisa.tensor_tensor(dst=w[0:rows], data1=w[0:rows], data2=prod[0:rows], op=nl.add, engine=gp)
-    s_P1 = inv_P1
-    if gain:
-        s_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=s_P1[0:rows], data=inv_P1[0:rows], op0=nl.multiply, operand0=gain[0][0:rows],
-                           op1=nl.multiply, operand1=K ** -0.5)
-    scale_rows(dst, w, rows, s_P1)
+    K = items[0][1].shape[1]
+    ws = [nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf) for _ in items]
+    rotate([(w, it[1], it[2], it[3]) for w, it in zip(ws, items)], True, rot_engine)
+    prods, dots, cs_ = [], [], []
+    for (dst, d_f, rows, cs, norm), w in zip(items, ws):
+        prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=prod[0:rows], data1=w[0:rows], data2=norm[0][0:rows], op=nl.multiply, engine=gp)
+        prods.append(prod)
+    for (dst, d_f, rows, cs, norm), prod in zip(items, prods):
+        dot_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=dot_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, keepdims=True)
+        dots.append(dot_P1)
+    for (dst, d_f, rows, cs, norm), dot_P1 in zip(items, dots):
+        if gain:
+            nisa.tensor_tensor(dst=dg_P1[0:rows], data1=dg_P1[0:rows], data2=dot_P1[0:rows], op=nl.add, engine=gp)
+        c_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=c_P1[0:rows], data=dot_P1[0:rows], op0=nl.multiply, operand0=-1.0 / K)
+        cs_.append(c_P1)
+    for (dst, d_f, rows, cs, norm), prod, c_P1 in zip(items, prods, cs_):
+        scale_rows(prod, norm[0], rows, c_P1)
+    for (dst, d_f, rows, cs, norm), prod, w in zip(items, prods, ws):
+        nisa.tensor_tensor(dst=w[0:rows], data1=w[0:rows], data2=prod[0:rows], op=nl.add, engine=gp)
+    for (dst, d_f, rows, cs, norm), w in zip(items, ws):
+        s_P1 = norm[1]
+        if gain:
+            s_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=s_P1[0:rows], data=norm[1][0:rows], op0=nl.multiply, operand0=gain[0][0:rows],
+                               op1=nl.multiply, operand1=K ** -0.5)
+        scale_rows(dst, w, rows, s_P1)
 
 
-def gain_column(g_PH, h, K):
-    """(g_P1,): the query gain of head h times sqrt(K) as an fp32 [P, 1] column (g_PH: the gain broadcast
-    over 128 rows; sqrt(K) undoes `prep_tile`'s rsqrt(sum x^2 + K eps) = inv / sqrt(K))."""
+def gain_tile(g_PH):
+    """The query gains times sqrt(K) as an fp32 [P, H] tile (g_PH: the gain broadcast over 128 rows; sqrt(K)
+    undoes `prep_tile`'s rsqrt(sum x^2 + K eps) = inv / sqrt(K)), loaded once per call; K is taken by
+    `gain_column`."""
+    P, H = g_PH.shape
+    g_sb = nl.ndarray((P, H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=g_sb, src=g_PH)
+    return g_sb
+
+
+def gain_column(g_sb, h, K):
+    """(g_P1,): head h's gain times sqrt(K), an fp32 [P, 1] column, from `gain_tile`."""
     P = nl.tile_size.pmax
     g_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=g_P1, src=g_PH[0:P, h:h + 1])
-    nisa.tensor_scalar(dst=g_P1, data=g_P1, op0=nl.multiply, operand0=K ** 0.5)
+    nisa.tensor_scalar(dst=g_P1, data=g_sb[0:P, h:h + 1], op0=nl.multiply, operand0=K ** 0.5)
     return (g_P1,)
 
 
@@ -224,30 +278,31 @@ def half_matmul(dst, stationary, moving, half, name=None):
         nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, name=name)
 
 
-def kv_head_saved(k_BTGK, b, g, dt, ident, tables, saved, vec=False):
-    """The fused forward's k side (`kv_head` with the rope tables), its normed, rotated rows, their inverse
-    RMS and the transpose stored in the saved outputs (`saved_outputs`) -> (tiles, transpose)."""
-    T, P = k_BTGK.shape[1], nl.tile_size.pmax
-    k_tiles, kT, k_norms = kv_head(k_BTGK, b, g, dt, ident, tables, vec=vec)
-    nisa.dma_copy(dst=saved[5][b, g], src=kT)
-    for i in nl.affine_range(cdiv(T, P)):
-        store_rows(saved[2], saved[3], k_tiles[i], k_norms[i], b, g, i * P, min(P, T - i * P))
+def kv_head_saved(k_sb, G, g, T, dt, ident, tables, outs, krT_BGKT, b, vec=False, perm=False):
+    """The fused forward's k side (`kv_head` with the rope tables): its normed, rotated rows and their inverse
+    RMS written to outs = (kr seq tile, kinv seq tile), the transpose stored to krT_BGKT[b, g] (one DMA)
+    -> (tiles, transpose)."""
+    k_tiles, kT, _ = kv_head(k_sb, G, g, T, dt, ident, tables, vec=vec, out=outs, perm=perm)
+    nisa.dma_copy(dst=krT_BGKT[b, g], src=kT)
     return k_tiles, kT
 
 
-def v_aug(x_BTGK, b, g, dt):
-    """All T rows of value head g of batch b as 128-row tiles [keys, K + 1]: v and a ones column (GpSimd
-    memset), so that p [v | 1] carries the softmax's row sums in its last column."""
-    T, K = x_BTGK.shape[1], x_BTGK.shape[3]
+def v_aug(v_sb, G, g, T, dt):
+    """All T rows of value head g (v_sb: the batch's `seq_tile`) as 128-row tiles [keys, K + 1]: v and a ones
+    column, so that p [v | 1] carries the softmax's row sums in its last column; one [P, n, K + 1] tile (GpSimd
+    memset and copy, one more copy for a ragged last tile) -> the n [P, K + 1] views."""
     P = nl.tile_size.pmax
-    tiles = []
-    for i in nl.affine_range(cdiv(T, P)):
-        r = min(P, T - i * P)
-        t = nl.ndarray((P, K + 1), dtype=dt, buffer=nl.sbuf)
-        nisa.memset(dst=t[0:r, K:K + 1], value=1.0, engine=nisa.engine.gpsimd)
-        nisa.dma_copy(dst=t[0:r, 0:K], src=x_BTGK[b, i * P:i * P + r, g])
-        tiles.append(t)
-    return tiles
+    n, tail = T // P, T % P
+    nt = cdiv(T, P)
+    K = v_sb.shape[1] // (nt * G)
+    aug = nl.ndarray((P, nt, K + 1), dtype=dt, buffer=nl.sbuf)
+    nisa.memset(dst=aug[:, :, K:K + 1], value=1.0, engine=nisa.engine.gpsimd)
+    src = v_sb.reshape((P, nt, G * K))
+    if n:
+        nisa.tensor_copy(dst=aug[:, 0:n, 0:K], src=src[:, 0:n, g * K:(g + 1) * K], engine=nisa.engine.gpsimd)
+    if tail:
+        nisa.tensor_copy(dst=aug[0:tail, n, 0:K], src=src[0:tail, n, g * K:(g + 1) * K], engine=nisa.engine.gpsimd)
+    return [aug[:, j, :] for j in range(nt)]
 
 
 def saved_outputs(B, T, H, G, K, dt):
@@ -263,6 +318,3 @@ def saved_outputs(B, T, H, G, K, dt):
             nl.ndarray((B, G, K, T), dtype=dt, buffer=nl.shared_hbm))
 
 
-def store_rows(y_BTXK, inv_BTX1, y_t, inv_P1, b, x, t0, rows):
-    nisa.dma_copy(dst=y_BTXK[b, t0:t0 + rows, x], src=y_t[0:rows])
-    nisa.dma_copy(dst=inv_BTX1[b, t0:t0 + rows, x], src=inv_P1[0:rows])

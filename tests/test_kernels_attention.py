@@ -71,13 +71,23 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     # (two 64-row tiles of N=64: 64, transpose); per query tile the q^T (and dO^T) transposes (32 each: two
     # 64 x 64 tiles of N=64, the data being 64 columns wide) and, forward only, the diagonal block's mask
     # matmul (identity stationary: zero useful MACs, N=128) and per key chunk the [rows, 1] -> [1, rows]
-    # transpose of the shifts (32); per kv head tile the k^T (and v^T) transposes (32)
+    # transpose of the shifts (32); per kv head tile the k^T (and v^T) transposes (32); per query tile the
+    # log-sum-exp columns of all heads moved to (forward) or from (backward) their [H, T] rows by one fp32
+    # transpose ([128, H] -> [H, 128]: 32; [H, 128] -> [128, H], N = H: 4)
     chunks = sum(-(-(i + 1) * 128 // 512) for i in range(nt))
     assert fwd.pe_macs_useful == H * nb * unit * (2 * K + 1)
-    assert fwd.pe_macs_issued == unit * (H * (nb * (K + K + 64 + K + 1) + nt * (32 + 128) + chunks * 32) + G * nt * 32)
+    # (+ o to the consecutive-rows layout: two transposes per 128-row block and head, 32 each)
+    assert fwd.pe_macs_issued == unit * (H * (nb * (K + K + 64 + K + 1) + nt * (32 + 128) + chunks * 32) + G * nt * 32
+                                         + nt * 32 + H * nt * 64)
+    # the backward's -Di = -rowsum(dO o), made in the consecutive-rows layout, to natural columns the same
+    # way: per tile [128, H] -> [H, 128] rows (32) and back (4)
+    assert fwd.pe_macs_issued_fp32 == unit * nt * 32 and bwd.pe_macs_issued_fp32 == unit * nt * (4 + 32 + 4)
     assert bwd.pe_macs_useful == H * nb * unit * 5 * K
-    assert bwd.pe_macs_issued == unit * (H * (nb * (2 * K + 3 * K + 64) + nt * 2 * 32) + G * 2 * nt * 32)
-    assert emulator.pe_utilisation(fwd) > 0.40 and emulator.pe_utilisation(bwd) > 0.78  # see the module docstring
+    # backward: dO arrives in the consecutive-rows layout, its rows are dO^T transposed back (32 per tile);
+    # dq, dk, dv leave in it: two transposes per 128-row block and head (32 each)
+    assert bwd.pe_macs_issued == unit * (H * (nb * (2 * K + 3 * K + 64) + nt * 3 * 32) + G * 2 * nt * 32
+                                         + nt * (4 + 32 + 4) + (H + 2 * G) * nt * 64)
+    assert emulator.pe_utilisation(fwd) > 0.40 and emulator.pe_utilisation(bwd) > 0.7  # the transposes above
     # at the documented engine rates (cost.py, two-input VectorE instructions at 2N) the softmax's
     # Vector/Scalar work, not TensorE, bounds both directions
     for c in (fwd, bwd):
@@ -86,21 +96,6 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     assert fwd.psum_peak_banks <= 8 and bwd.psum_peak_banks <= 8
     # q, k, v in and o out once; lse out (fp32)
     assert fwd.dma_bytes == 2 * (2 * B * T * H * K + 2 * B * T * G * K) + 4 * B * H * T
-
-
-def test_op_routed_through_emulated_kernel_matches_reference():
-    q, k, v, _ = _case(2, 40, 4, 2, 16, np.float32, 3)
-    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-    f = lambda op: jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(jnp.sin(op(q, k, v))), argnums=(0, 1, 2)))
-    v_ref, g_ref = f(ref.causal_attention)(q, k, v)
-    with ops.through_primitives():  # on CPU the op otherwise calls the reference directly
-        jaxpr = str(jax.make_jaxpr(jax.grad(lambda q: jnp.sum(ops.causal_attention(q, k, v))))(q))
-    assert "frontier_causal_attention_fwd[" in jaxpr and "frontier_causal_attention_bwd[" in jaxpr
-    with ops.emulated(["causal_attention"]):
-        v_emu, g_emu = f(ops.causal_attention)(q, k, v)
-    _assert_close(v_emu, v_ref, 1e-5)
-    for a, b in zip(g_emu, g_ref):
-        _assert_close(a, b, 1e-5)
 
 
 def test_head_dim_64_contractions_run_on_half_the_pe_array(kernels, monkeypatch):
@@ -310,10 +305,11 @@ def test_qk_attention_op_routed_through_emulated_kernel_matches_reference():
 def test_qk_attention_counts_at_seq_1024(qk_kernels, kernels):
     """At the model's shapes the fused prep adds no TensorE work beyond one [128, 1] sum per head (the
     gain's gradient); the forward writes the normed, rotated q / k and their inverse RMS once, the
-    backward reads them once (and q, k, v, dO, o once); the kernel stays Vector/Scalar/GpSimd-bound.
-    The bounded forward issues s^T once per block (useful) and p^T [v | 1], nothing else but the q^T / k^T
-    transposes: TensorE useful/issued > 0.9, and it is the faster forward. The backward loads q^T / k^T
-    (saved by the forward) instead of transposing them again."""
+    backward reads their transposes and the inverse RMS once (and q, k, v, dO, o once); the kernel stays
+    Vector/Scalar/GpSimd-bound.
+    The bounded forward issues s^T once per block (useful) and p^T [v | 1], nothing else but transposes (q^T
+    / k^T, o to the consecutive-rows layout): TensorE useful/issued > 0.8, and it is the faster forward. The backward loads q^T / k^T
+    (saved by the forward) instead of transposing them again, and makes the rows qg / kr from them."""
     B, T, H, G, K = 1, 1024, 8, 4, 64
     q, kv, lse = ((B, T, H, K), "bfloat16"), ((B, T, G, K), "bfloat16"), ((B, H, T, 1), "float32")
     tabs, g = (((T, K // 2), "float32"),) * 2, ((128, H), "float32")
@@ -321,22 +317,24 @@ def test_qk_attention_counts_at_seq_1024(qk_kernels, kernels):
     bounded = emulator.count(qk_kernels.qk_attention_fwd, q, kv, kv, *tabs, g)
     unit, nb, nt = 128 * 128, _blocks(T), T // 128
     assert bounded.pe_macs_useful == H * nb * unit * (2 * K + 1)
-    assert bounded.pe_macs_issued == unit * (H * (nb * (K + K + 1) + nt * 32) + G * nt * 32)
-    assert emulator.pe_utilisation(bounded) > 0.9
+    # + the lse rows; + o to the consecutive-rows layout: two transposes per 128-row block (32 units each)
+    assert bounded.pe_macs_issued == unit * (H * (nb * (K + K + 1) + nt * 32) + G * nt * 32 + nt * 32 + H * nt * 64)
+    assert emulator.pe_utilisation(bounded) > 0.8
     fwd = emulator.count(qk_kernels.qk_attention_fwd, q, kv, kv, *tabs, g, exact_max=True)
-    assert emulator.estimate(bounded).total_s < 0.6 * emulator.estimate(fwd).total_s
+    assert emulator.estimate(bounded).total_s < 0.7 * emulator.estimate(fwd).total_s
     assert bounded.dma_bytes == fwd.dma_bytes
     qT, kT = ((B, H, K, T), "bfloat16"), ((B, G, K, T), "bfloat16")
     bwd = emulator.count(qk_kernels.qk_attention_bwd, q, kv, kv, *tabs, g, q, lse, q, qinv, kv, kinv, qT, kT, q)
     plain_fwd = emulator.count(kernels.attention_fwd, q, kv, kv)
     plain_bwd = emulator.count(kernels.attention_bwd, q, kv, kv, q, lse, q)
     assert fwd.pe_macs_issued == plain_fwd.pe_macs_issued and fwd.pe_macs_useful == plain_fwd.pe_macs_useful
-    # the dg sums ([128,1] x [128,1]) more, the q^T / k^T transposes (32 units each) fewer: loaded from the forward
-    assert bwd.pe_macs_issued - plain_bwd.pe_macs_issued == H * 128 * 128 * 1 - unit * 32 * nt * (H + G)
-    assert emulator.pe_utilisation(bwd) > emulator.pe_utilisation(plain_bwd)
+    # the dg sums ([128,1] x [128,1]) more; the q^T / k^T transposes (32 units each) are loaded from the forward
+    # instead, and its saved rows qg / kr are the transposes back of them (32 units each): as many
+    assert bwd.pe_macs_issued - plain_bwd.pe_macs_issued == H * 128 * 128 * 1
+    assert bwd.pe_macs_useful - plain_bwd.pe_macs_useful == H * 128  # the same useful work bar the dg sums
     consts = 4 * T * K + 4 * 128 * H
     saved = 2 * 2 * T * (H + G) * K + 4 * T * (H + G)  # qg, kr and their transposes (bf16), the inverse RMS (fp32)
     assert fwd.dma_bytes == plain_fwd.dma_bytes + consts + saved
-    assert bwd.dma_bytes == plain_bwd.dma_bytes + consts + saved + 4 * H
+    assert bwd.dma_bytes == plain_bwd.dma_bytes + consts + saved - 2 * T * (H + G) * K + 4 * H  # no qg / kr rows
     for c in (fwd, bwd):
         assert emulator.estimate(c).bound in ("vector", "scalar", "gpsimd")

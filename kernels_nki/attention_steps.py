@@ -1,0 +1,263 @@
+"""The inner-loop steps of the attention kernels (kernels_nki/attention.py; a kernel-helper file like
+kernels_nki/attention_parts.py): the score matmul both directions share (`scores`), the bounded forward's
+(chunk, key tile) steps per kv head (`bounded_heads`) and the backward's (query tile, key chunk) steps
+(`bwd_tile`, `bwd_heads`), the backward's dk / dv evacuation (`store_kv_grad`) and gain sum (`gain_grad`).
+
+The engines run their instruction streams in program order (aws-neuron-sdk
+nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute Engines": each engine has its
+own sequencer), so a step's cross-engine chain (matmul -> exp -> mask -> matmul) would leave every engine
+waiting; `pipelined` issues the second half of each step `LAG` steps after its first and the steps of the
+kv head's R query heads alternate, so independent work fills the waits.
+"""
+
+import nki.isa as nisa
+import nki.language as nl
+
+from kernels_nki.attention_layout import block, perm_rows
+from kernels_nki.attention_parts import half_matmul, head_rows, prep_grad
+from kernels_nki.tiles import cdiv, transpose, transpose_to_psum
+
+BWD_VEC = 3  # backward: every BWD_VEC-th chunk's ds^T leaves PSUM on VectorE, the others on ScalarE
+KC = 512  # keys (queries in the bounded forward) per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
+LAG = 2  # `pipelined` steps between a step's two halves
+
+
+def scores(qT, kT, t0, rows, c0, kc, bias, masked):
+    """Raw scores q k^T of the query rows against keys c0:c0+kc in fp32 PSUM; with `masked` (the forward)
+    the diagonal block gets the causal bias by a 0/1-stationary matmul (the backward masks p instead)."""
+    K = qT.shape[0]
+    P = nl.tile_size.pmax
+    s_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
+    half_matmul(s_ps[0:rows, 0:kc], qT[0:K, 0:rows], kT[0:K, c0:c0 + kc], (t0 // P + c0 // KC) % 2)
+    if masked and c0 + kc == t0 + rows:  # the chunk ends with the diagonal block (keys t0 .. t0+rows): += I^T bias
+        ident, mask = bias[0], bias[1]
+        nisa.nc_matmul(dst=s_ps[0:rows, t0 - c0:t0 - c0 + rows], stationary=ident[0:rows, 0:rows],
+                       moving=mask[0:rows, 0:rows], accumulate=True, is_stationary_onezero=True)
+    return s_ps
+
+
+def pipelined(steps, first, second, lag=1):
+    """first(step) for each step, second(step, first's result) `lag` steps later: the next steps' independent
+    work sits between a step's halves on the engines' in-order instruction streams while its cross-engine
+    chain (matmul -> exp -> mask -> matmul) completes."""
+    pending = []
+    for st in steps:
+        pending.append((st, first(st)))
+        if len(pending) > lag:
+            second(*pending.pop(0))
+    for st, res in pending:
+        second(st, res)
+
+
+def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident):
+    """Query heads hs of one kv head in the fused forward (module docstring): per head and chunk of KC
+    queries c0:c0+n, against keys 0 .. c0+n, o' for the chunk's query tiles in one PSUM bank, then o and lse
+    into the batch's SBUF tiles (outs = (o seq tile in the `perm` layout, lse columns, H): o by `perm_rows`
+    once a head is done); the (chunk, key tile, head) steps `pipelined`, the heads interleaved (independent
+    chains side by side)."""
+    K = qTs[0].shape[0]
+    T = kT.shape[1]
+    P = nl.tile_size.pmax
+    W = K + 1
+    o_ps = [[] for _ in hs]  # per head, its open chunks' o' PSUM tiles, oldest first
+    o_nat = [nl.ndarray((P, cdiv(T, P) * K), dtype=dt, buffer=nl.sbuf) for _ in hs]  # per head, o in natural blocks
+
+    def scores(st):
+        c, j, r = st
+        c0, n = c * KC, min(KC, T - c * KC)
+        if j == 0:
+            o_ps[r].append(nl.ndarray((P, (KC // P) * W), dtype=nl.float32, buffer=nl.psum))
+        k0 = j * P
+        kr = min(P, T - k0)
+        q0 = max(c0, k0)  # the first query of the chunk that sees key tile j
+        nj = c0 + n - q0
+        sT_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
+        half_matmul(sT_ps[0:kr, 0:nj], kT[0:K, k0:k0 + kr], qTs[r][0:K, q0:q0 + nj], (j + r) % 2)
+        pT = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
+        nisa.activation(dst=pT[0:kr, 0:nj], op=nl.exp, data=sT_ps[0:kr, 0:nj], bias=negms[r][0:kr], scale=scale)
+        if k0 >= c0:  # the diagonal block leads: p^T[key, query] = 0 where key > query
+            d = pT[0:kr, 0:kr]
+            nisa.affine_select(dst=d, pattern=[[1, kr]], offset=0, channel_multiplier=-1, on_true_tile=d,
+                               on_false_value=0.0, cmp_op=nl.greater_equal)
+        return pT
+
+    def values(st, pT):
+        c, j, r = st
+        c0, n = c * KC, min(KC, T - c * KC)
+        k0 = j * P
+        kr = min(P, T - k0)
+        q0 = max(c0, k0)
+        for i in range(cdiv(n, P)):
+            t0 = c0 + i * P
+            if t0 >= k0:
+                rows = min(P, c0 + n - t0)
+                nisa.nc_matmul(dst=o_ps[r][0][0:rows, i * W:(i + 1) * W],
+                               stationary=pT[0:kr, t0 - q0:t0 - q0 + rows], moving=vs[j][0:kr, 0:W])
+        if k0 + P >= c0 + n:
+            bounded_out(o_ps[r].pop(0), c0, n, negms[r], (o_nat[r],) + outs[1:], hs[r], K)
+
+    steps = [(c, j, r) for c in range(cdiv(T, KC)) for j in range(cdiv(min(T, (c + 1) * KC), P))
+             for r in range(len(hs))]
+    pipelined(steps, scores, values, lag=LAG)
+    for r in range(len(hs)):  # o: natural 128-row blocks -> the batch's `perm` o tile
+        perm_rows(outs[0], outs[2], hs[r], o_nat[r], T, ident, dt)
+
+
+def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
+    """o = o' / l and lse = m_h + log(l) of one chunk's query tiles into the batch's SBUF tiles."""
+    P = nl.tile_size.pmax
+    W = K + 1
+    o_sb, lse_sb, H = outs
+    for i in range(cdiv(n, P)):
+        t0 = c0 + i * P
+        rows = min(P, c0 + n - t0)
+        l_ps = o_ps[0:rows, i * W + K:(i + 1) * W]
+        inv_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=inv_P1[0:rows], data=l_ps)
+        o_t = block(o_sb, t0 // P, 0, 1, K)  # the head's natural blocks
+        nisa.tensor_scalar(dst=o_t[0:rows], data=o_ps[0:rows, i * W:i * W + K], op0=nl.multiply,
+                           operand0=inv_P1[0:rows])
+        lse_P1 = block(lse_sb, t0 // P, h, H, 1)  # m_h + log(l)
+        nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=l_ps)
+        nisa.tensor_scalar(dst=lse_P1[0:rows], data=lse_P1[0:rows], op0=nl.subtract, operand0=negm_P1[0:rows])
+
+
+def bwd_tile(views, t0, rows, bias, dt, qk=()):
+    """The per-tile inputs of one 128-query tile of a head: views = its [P, K] views of q, (dO, dO^T [K, rows]),
+    its -Di = -rowsum(dO o) and -lse columns and its dq view (`block`); with qk = (cos/sin tiles, gain, (qg, qinv, qg^T views)) q is the forward's
+    normed, rotated rows. -> (q, q^T, norm, dO, dO^T, -lse, -Di, t0, rows, dq view, cos/sin tiles)."""
+    q_v, (do_t, doT), negdi_P1, negl_P1, dq_t = views
+    q_t, qT, norm = head_rows(q_v, rows, dt, bias[0], True, vec=True, saved=qk[2] if qk else ())
+    return q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows, dq_t, qk[0] if qk else ()
+
+
+def bwd_scores(tile, c0, kc, kT, vT, bias, scale, dt):
+    """First half of a (query tile, key chunk) step: p = exp(scale s - lse) recomputed (no max, no sum), the
+    diagonal block zeroed above the diagonal (GpSimd, SBUF in place), and ds = p (dp - Di), dp = dO v^T. ->
+    (p, ds) in SBUF."""
+    q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows = tile[0:9]
+    K = qT.shape[0]
+    P = nl.tile_size.pmax
+    s_ps = scores(qT, kT, t0, rows, c0, kc, bias, False)
+    p_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
+    nisa.activation(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s_ps[0:rows, 0:kc], bias=negl_P1[0:rows], scale=scale)
+    if c0 + kc == t0 + rows:  # the diagonal block: p = 0 where key > query (GpSimd, SBUF in place)
+        d = p_t[0:rows, t0 - c0:t0 - c0 + rows]
+        nisa.affine_select(dst=d, pattern=[[-1, rows]], offset=0, channel_multiplier=1, on_true_tile=d,
+                           on_false_value=0.0, cmp_op=nl.greater_equal)
+    dp_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
+    half_matmul(dp_ps[0:rows, 0:kc], doT[0:K, 0:rows], vT[0:K, c0:c0 + kc], 1 - (t0 // P + c0 // KC) % 2)
+    # ds = p (dp - Di): dp - Di leaves PSUM on VectorE (one input, N cycles), the product with p runs on
+    # GpSimd (both operands in SBUF): the two-input VectorE form would cost ~2N on the busiest engine
+    t_f = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=t_f[0:rows, 0:kc], data=dp_ps[0:rows, 0:kc], op0=nl.add, operand0=negdi_P1[0:rows])
+    ds_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=ds_t[0:rows, 0:kc], data1=t_f[0:rows, 0:kc], data2=p_t[0:rows, 0:kc], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)
+    return p_t, ds_t
+
+
+def bwd_values(tile, c0, kc, p_t, ds_t, dq_ps, k_tiles, acc, ident, dt):
+    """Second half of a step, per 128-key block j of the chunk: dv += p^T dO, dk += ds^T q (PSUM accumulators
+    across the kv head's query heads and tiles), dq += ds k (ds^T by a transpose); every block's ds^T
+    transpose first, its PSUM copy alternating between VectorE (every BWD_VEC-th) and ScalarE."""
+    q_t, do_t, t0, rows = tile[0], tile[3], tile[7], tile[8]
+    K = q_t.shape[1]
+    P = nl.tile_size.pmax
+    per_bank = KC // K
+    blocks = [(j, c0 // P + j, min(P, kc - j * P)) for j in range(cdiv(kc, P))]
+    dsT = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
+    vec = (t0 // P + c0 // KC) % BWD_VEC == BWD_VEC - 1
+    if rows == P and kc % P == 0:  # every block full: all the chunk's ds^T leave PSUM in one instruction
+        t_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
+        for j, kt, kr in blocks:
+            transpose_to_psum(t_ps[0:P, j * P:(j + 1) * P], ds_t[0:P, j * P:(j + 1) * P], P, ident)
+        if vec:
+            nisa.tensor_copy(dst=dsT[0:P, 0:kc], src=t_ps[0:P, 0:kc], engine=nisa.engine.vector)
+        else:
+            nisa.activation(dst=dsT[0:P, 0:kc], op=nl.copy, data=t_ps[0:P, 0:kc])
+    else:
+        for j, kt, kr in blocks:
+            transpose(dsT[0:kr, j * P:j * P + rows], ds_t[0:rows, j * P:j * P + kr], rows, kr, ident, on_vector=vec)
+    dsTs = [dsT[:, j * P:(j + 1) * P] for j, _, _ in blocks]
+    for j, kt, kr in blocks:
+        cols, col = slice(j * P, j * P + kr), (kt % per_bank) * K
+        dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
+        nisa.nc_matmul(dst=dv_acc[0:kr, col:col + K], stationary=p_t[0:rows, cols], moving=do_t[0:rows, 0:K])
+        nisa.nc_matmul(dst=dk_acc[0:kr, col:col + K], stationary=ds_t[0:rows, cols], moving=q_t[0:rows, 0:K])
+    for (j, kt, kr), dsT in zip(blocks, dsTs):
+        nisa.nc_matmul(dst=dq_ps[0:rows, 0:K], stationary=dsT[0:kr, 0:rows], moving=k_tiles[kt][0:kr, 0:K])
+
+
+def bwd_dq(tile, dq_ps, scale, qk):
+    """dq of a tile out of PSUM (times scale) into its view; with qk the `prep_grad` item it still needs
+    (run once per head for every tile together), else ()."""
+    K = tile[0].shape[1]
+    P = nl.tile_size.pmax
+    rows, dq_t = tile[8], tile[9]
+    if not qk:
+        nisa.activation(dst=dq_t[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
+        return ()
+    d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=d_f[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
+    return (dq_t, d_f, rows, tile[10], tile[2])
+
+
+def bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, qk):
+    """The query heads of one kv head: tiles[r][i] (`bwd_tile`) -> per head the `prep_grad` items of its
+    tiles (with qk). The (query tile, key chunk, head) steps `pipelined` (`bwd_scores`, `bwd_values`), the
+    heads interleaved."""
+    T = kT.shape[1]
+    K = kT.shape[0]
+    P = nl.tile_size.pmax
+    R, nt = len(tiles), len(tiles[0])
+    dq_open = [[] for _ in range(R)]
+    items = [[] for _ in range(R)]
+
+    def first(st):
+        i, c, r = st
+        t0, rows = i * P, min(P, T - i * P)
+        return bwd_scores(tiles[r][i], c * KC, min(KC, t0 + rows - c * KC), kT, vT, bias, scale, dt)
+
+    def second(st, res):
+        i, c, r = st
+        t0, rows = i * P, min(P, T - i * P)
+        if c == 0:
+            dq_open[r].append(nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum))
+        bwd_values(tiles[r][i], c * KC, min(KC, t0 + rows - c * KC), res[0], res[1], dq_open[r][0], k_tiles, acc,
+                    bias[0], dt)
+        if (c + 1) * KC >= t0 + rows:
+            items[r].append(bwd_dq(tiles[r][i], dq_open[r].pop(0), scale, qk))
+
+    steps = [(i, c, r) for i in range(nt) for c in range(cdiv(min(T, (i + 1) * P), KC)) for r in range(R)]
+    pipelined(steps, first, second, lag=LAG)
+    return items
+
+
+def store_kv_grad(dst_sb, G, acc, g, T, K, scale, dt, tables=(), norms=()):
+    """Evacuate a kv head's PSUM accumulator (times scale) into head g of dst_sb (the batch's `seq_tile`) in
+    dt; with `tables` (cos/sin tiles) through the rotation and QK-norm of the keys (their per-tile `norms`)."""
+    P = nl.tile_size.pmax
+    per_bank = KC // K
+    items = []
+    for kt in nl.affine_range(cdiv(T, P)):
+        kr = min(P, T - kt * P)
+        col = (kt % per_bank) * K
+        out = block(dst_sb, kt, g, G, K)
+        if tables:
+            d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=d_f[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
+            items.append((out, d_f, kr, tables[kt], norms[kt]))
+        else:
+            nisa.activation(dst=out[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
+    if items:
+        prep_grad(items, (), None, nisa.engine.gpsimd)
+
+
+def gain_grad(dg_1H, dg_P1, h):
+    """dg_1H[0, h] = the sum over partitions of dg_P1 (fp32): one matmul against a ones column."""
+    P = nl.tile_size.pmax
+    ones_P1 = nl.ones((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    s_ps = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=s_ps, stationary=dg_P1, moving=ones_P1)
+    nisa.tensor_copy(dst=dg_1H[0:1, h:h + 1], src=s_ps, engine=nisa.engine.vector)
