@@ -26,7 +26,7 @@ from pathlib import Path
 
 from frontier_jax import kernel_calls as kc
 from frontier_jax.config import Config, load_config
-from frontier_jax.errors import exit_on_error
+from frontier_jax.errors import BadInput, exit_on_error
 from kernels_nki import emulator, registry
 from kernels_nki.emulator import cost, loader, schedule
 from kernels_nki.emulator.machine import Counters
@@ -210,6 +210,51 @@ def format_markdown(reps: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _keyed(rep: dict) -> dict:
+    """The report's kernel rows by (op, pass, occurrence): the same calls of two versions of the kernels."""
+    seen: dict = {}
+    out = {}
+    for r in rep["kernels"]:
+        n = seen[(r["op"], r["which"])] = seen.get((r["op"], r["which"]), -1) + 1
+        out[(r["op"], r["which"], n)] = r
+    return out
+
+
+def format_against(rep: dict, old: dict) -> str:
+    """Markdown: every kernel call of `rep` beside the same call of `old` (a saved `--json` report of other
+    kernels at the same config), and the step's totals, old -> new."""
+    arrow = lambda a, b, f: f"{f(a)} -> {f(b)}"
+    us = lambda v: f"{v * 1e6:.0f}"
+    pct = lambda v: f"{v:.1%}"
+    lines = [f"Per kernel call, the saved report -> this one (config `{rep['config']}`, {rep['target']}, per core; "
+             "us per call, the schedule's central reading):", "",
+             "| op | pass | calls per step | transfers | B per buffer | bytes in buffers < 2 KiB | busiest-engine "
+             "| schedule | bound |", "|---|---|--:|--:|--:|--:|--:|--:|---|"]
+    before = _keyed(old)
+    for key, r in _keyed(rep).items():
+        o = before.get(key)
+        if o is None:
+            lines.append(f"| {r['op']} | {r['which']} | {r['calls_per_step']} | (new call) |||||")
+            continue
+        lines.append(f"| {r['op']} | {r['which']} | {r['calls_per_step']} | "
+                     f"{arrow(o['counters']['dma_transfers'], r['dma_transfers'], lambda v: f'{v:,}')} | "
+                     f"{arrow(o['dma_bytes_per_buffer'] or 0, r['dma_bytes_per_buffer'] or 0, lambda v: f'{v:.0f}')} | "
+                     f"{arrow(o['dma_share_under_2k'], r['dma_share_under_2k'], pct)} | "
+                     f"{arrow(o['busiest_s'], r['busiest_s'], us)} | "
+                     f"{arrow(o['schedule_s']['central'], r['schedule_s']['central'], us)} | "
+                     f"{o['bound']} -> {r['bound']} |")
+    ms = lambda v: f"{v * 1e3:.1f}"
+    old_ops, new_ops = _per_op_ms(old), _per_op_ms(rep)
+    lines += ["", "Per step, ms (schedule, central reading):", "", "| | saved report | this one |", "|---|--:|--:|"]
+    lines += [f"| {op} | {ms(old_ops[op]['central']) if op in old_ops else ''} | {ms(v['central'])} |"
+              for op, v in new_ops.items()]
+    lines += [f"| outside kernels | {ms(old['glue_s']['central'])} | {ms(rep['glue_s']['central'])} |",
+              f"| **step** | {ms(old['step_s']['central'])} | {ms(rep['step_s']['central'])} |",
+              f"| MFU | {old['mfu']['central']:.1%} | {rep['mfu']['central']:.1%} |",
+              f"| busiest-engine step | {ms(old['step_s']['busiest'])} | {ms(rep['step_s']['busiest'])} |"]
+    return "\n".join(lines)
+
+
 def format_comparison(reps: list[dict]) -> str:
     lines = ["side by side (per core; MFU against AWS's best published trn1 training MFU, "
              f"{AWS_BEST_MFU:.1%}):", f"{'config':<12} {'layers':>6} {'schedule ms':>12} {'range ms':>17} "
@@ -223,6 +268,20 @@ def format_comparison(reps: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _saved_report(path: Path, config: str, target: str) -> dict:
+    """The report of a saved `--json` output (its "report"), checked to be one of `config` on `target`."""
+    try:
+        rep = json.loads(path.read_text())["report"]
+        missing = [k for k in ("config", "target", "kernels", "step_s", "glue_s", "mfu") if k not in rep]
+    except (ValueError, KeyError, TypeError) as e:
+        raise BadInput(f"{path}: not a saved `kernel_report --json` output ({type(e).__name__}: {e})") from None
+    if missing:
+        raise BadInput(f"{path}: not a saved `kernel_report --json` output (no {', '.join(missing)})")
+    if (rep["config"], rep["target"]) != (config, target):
+        raise BadInput(f"{path}: a report of {rep['config']} on {rep['target']}, not {config} on {target}")
+    return rep
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m frontier_jax.kernel_report", description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="a configs/*.py file")
@@ -232,17 +291,21 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print JSON instead of the tables")
     ap.add_argument("--markdown", action="store_true",
                     help="print the tables as Markdown (what docs/kernels/step-estimate.md carries)")
+    ap.add_argument("--against", type=Path, default=None,
+                    help="a saved --json report of other kernels at the same config: with --markdown, each kernel "
+                         "call and the step's totals beside it")
     args = ap.parse_args(argv)
     with exit_on_error():  # a bad config: one line, exit 2, before anything is traced
         cfg = load_config(args.config)
         others = [load_config(p) for p in (args.compare if args.compare is not None else
                                             ([str(FRONTIER14)] if FRONTIER14.exists() else []))]
+        old = _saved_report(args.against, cfg.name, args.target) if args.against else None
     rep = build_report(cfg, args.target)
     side = [rep] + [build_report(o, args.target) for o in others if o.name != cfg.name]
     if args.json:
         print(json.dumps({"report": rep, "comparison": side[1:]}, indent=1, default=str))
     elif args.markdown:
-        print(format_markdown(side))
+        print(format_markdown(side) + ("\n\n" + format_against(rep, old) if old else ""))
     else:
         print(format_report(rep) + "\n\n" + format_comparison(side))
     return 0

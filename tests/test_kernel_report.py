@@ -99,12 +99,14 @@ def test_report_bad_config_is_one_line(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_docs_step_estimate_is_the_reports():
-    """docs/kernels/step-estimate.md carries `kernel_report --config configs/baseline.py --markdown` verbatim
-    (baseline and the default comparison, frontier14: ~2.5 CPU-minutes)."""
+    """docs/kernels/step-estimate.md carries `kernel_report --config configs/baseline.py --markdown --against
+    docs/kernels/step-estimate-row-major.json` verbatim (baseline and the default comparison, frontier14)."""
     reps = [kernel_report.build_report(load_config(REPO / "configs" / name)) for name in ("baseline.py", "frontier14.py")]
-    page = (REPO / "docs" / "kernels" / "step-estimate.md").read_text()
-    assert kernel_report.format_markdown(reps) in page, \
-        "rerun python -m frontier_jax.kernel_report --config configs/baseline.py --markdown into the page"
+    docs = REPO / "docs" / "kernels"
+    old = kernel_report._saved_report(docs / "step-estimate-row-major.json", "baseline", "trn1")
+    md = kernel_report.format_markdown(reps) + "\n\n" + kernel_report.format_against(reps[0], old)
+    assert md in (docs / "step-estimate.md").read_text(), "rerun python -m frontier_jax.kernel_report --config " \
+        "configs/baseline.py --markdown --against docs/kernels/step-estimate-row-major.json into the page"
 
 
 def test_markdown_tables(rep):
@@ -116,3 +118,14 @@ def test_markdown_tables(rep):
     assert sum(line.startswith(f"| {rep['config']} |") for line in rows) == 2  # the side-by-side rows
     assert len(rows) == (1 + len(rep["kernels"])) + (1 + len({r["op"] for r in rep["kernels"]}) + 2) + 1 + 2
     assert f"{d['dma_transfers'] / 1e6:.3f} M transfers" in md
+
+
+def test_against_sets_each_call_beside_the_saved_one(rep, tmp_path, capsys):
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps({"report": rep}, default=str))
+    md = kernel_report.format_against(rep, kernel_report._saved_report(saved, rep["config"], rep["target"]))
+    rows = [line for line in md.splitlines() if line.startswith(f"| {rep['kernels'][0]['op']} |")]
+    assert rows and " -> " in rows[0] and "(new call)" not in md
+    with pytest.raises(SystemExit) as exc:  # another config's report: one line, exit 2, before anything runs
+        kernel_report.main(["--config", str(REPO / "configs" / "tiny.py"), "--markdown", "--against", str(saved)])
+    assert exc.value.code == 2 and "not tiny on trn1" in capsys.readouterr().err
