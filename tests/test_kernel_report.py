@@ -118,6 +118,9 @@ def test_markdown_tables(rep):
     assert sum(line.startswith(f"| {rep['config']} |") for line in rows) == 2  # the side-by-side rows
     assert len(rows) == (1 + len(rep["kernels"])) + (1 + len({r["op"] for r in rep["kernels"]}) + 2) + 1 + 2
     assert f"{d['dma_transfers'] / 1e6:.3f} M transfers" in md
+    (fallback,) = rep["exact_max_forward"]  # the exact-max attention forward, priced beside the bounded one
+    assert fallback["op"] == "qk_attention" and fallback["constants"]["exact_max"] is True
+    assert "exact-max qk_attention forward (the fallback, not in the step)" in md
 
 
 def test_against_sets_each_call_beside_the_saved_one(rep, tmp_path, capsys):
