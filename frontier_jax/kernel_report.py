@@ -19,7 +19,9 @@ per-sequence work this separates; tests/test_kernel_report.py bounds the schedul
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import functools
 import json
 import sys
 from pathlib import Path
@@ -59,7 +61,14 @@ def with_batch(call: kc.KernelCall, b: int) -> tuple:
 
 
 def measure(call: kc.KernelCall, target: str = "trn1") -> dict:
-    """One call: counters, the busiest-engine time and the schedule's makespan under each reading."""
+    """One call: counters, the busiest-engine time and the schedule's makespan under each reading (a call of
+    the same operands and constants is priced once per process: two configs share most of their calls)."""
+    return {**copy.deepcopy(_priced(dataclasses.replace(call, calls_per_step=0), target)),
+            "calls_per_step": call.calls_per_step}
+
+
+@functools.lru_cache(maxsize=None)
+def _priced(call: kc.KernelCall, target: str) -> dict:
     kernel, consts, B = kernel_of(call), dict(call.constants), _batch(call)
     if B > 2:
         one = loader.record(kernel, *with_batch(call, 1), target=target, **consts)
