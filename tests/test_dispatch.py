@@ -172,3 +172,15 @@ def test_every_declared_op_has_a_kernel_row_and_every_kernel_an_op():
     for op, spec in dispatch.SPECS.items():
         k = registry.KERNELS[op]
         assert set(spec.prims) == ({"fwd", "bwd"} if k.bwd else {"fwd"})
+
+
+def test_an_emulated_op_is_used_even_if_an_earlier_run_left_it_unused():
+    """`emulated` after a configure that listed the fused optimizer ops unused (an in-process run with
+    optim.fused off): the ops asked for run emulated, and the earlier state comes back afterwards."""
+    ops.configure("auto", unused=ops.FUSED_OPTIMIZER_OPS)
+    try:
+        with ops.emulated(["adam_update"]) as rows:
+            assert {r.op: r.impl for r in rows}["adam_update"] == "emulated"
+        assert {r.op: r.impl for r in ops.kernel_table()}["adam_update"] == "unused"
+    finally:
+        ops.configure("auto")
