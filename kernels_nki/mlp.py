@@ -50,8 +50,8 @@ results of dx and dW_fc)), B' (every row tile's dh'^T by transposes), D (dW_proj
 contract over the group's NW tokens in fp32 PSUM, copied out by ScalarE, then one GpSimd add into fp32 SBUF
 accumulators per group), E (g/2 =
 dh'^T-stationary x W_fc^T in PSUM, token-major, then the norm's backward on it: dx = 2 inv (g/2 + x c), c =
--mean((g/2) x) inv^2 (VectorE (g/2) x and x c + g/2, each reading g from PSUM; ScalarE the row sum and the 2
-inv scale), + dy on GpSimd, written over dy's group tile and stored). Program order per group k: B(k), A(k +
+-mean((g/2) x) inv^2 (`kernels_nki.tiles.norm_grad_rows` with split: g/2 out of PSUM, x c, the row sum and
+the 2 inv scale on ScalarE; (g/2) x and g/2 + x c on GpSimd), + dy on GpSimd, written over dy's group tile and stored). Program order per group k: B(k), A(k +
 1), B'(k), D(k), E(k). W_fc^T and W_proj^T are built once per call. TensorE transposes per 128 tokens: D/128 (dy^T) +
 2 F/128 (r, dh'^T), the floor of this design (dy, r and dh' are each needed in both layouts: a contraction
 over D for da, over the tokens for the weight gradients, over F for dx).
