@@ -33,12 +33,14 @@ dz tile. With a bias, each source adds its sparse correction (t_s^2 - 1)(p_b - p
 (a VectorE compare times the [P, 1] coefficient, a GpSimd add: 1N each per source) and d bias_vals =
 g (p_b[id_s] - [id_s == target]) comes from the gathered values. dx = dz emb (dz^T by TensorE
 transposes, a 512-entry chunk's four side by side in one PSUM bank, out of PSUM by one ScalarE copy per
-chunk, as stationary; emb rows as moving; accumulated over the vocabulary in one PSUM bank); demb = dz^T x contracts over the tokens of a block (DZ_BYTES of dz tiles, 2048
-tokens at V = 1024) in PSUM, then one VectorE add per block into fp32 SBUF accumulators.
+chunk, as stationary; emb rows as moving; accumulated over the vocabulary in one PSUM bank); demb = dz^T x
+contracts over the tokens of a block (DZ_BYTES of dz tiles, 2048 tokens at V = 1024) in PSUM, then one VectorE
+add per block into fp32 SBUF accumulators.
 
 x^T and dz^T are TensorE transposes, out of PSUM by VectorE (forward) / ScalarE (backward). The forward's
-program order puts row tile t + 1's x^T before row tile t - 1's loss, the backward's runs row tile t's t, row
-tile t - 1's r = (t^2 - 1) dl and row tile t - 2's dz and dx (each engine runs its instruction stream
+program order puts row tile t + 1's x^T before row tile t - 1's loss; the backward's runs row tile t's z = x
+emb^T, row tile t - 1's r = (t^2 - 1) dl, row tile t - 2's dz and dx, then row tile t's t = tanh(z / softcap)
+(z waits in Z_BANKS PSUM banks; a larger vocabulary takes t at once) (each engine runs its instruction stream
 in order: trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute
 Engines"). SBUF per partition: emb^T and emb rows 2 x V x D x 2 / 128 bytes, the demb accumulators V x D x 4
 / 128 (V=8192 needs D <= 256).
@@ -61,10 +63,10 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.packing import blocks, groups, load, row_tile_ap, rows_per_partition, store, tile
-from kernels_nki.head_loss_parts import demb_block, r_chunk
+from kernels_nki.head_loss_parts import VC, bwd_r, demb_block, z_chunk
 from kernels_nki.tiles import cdiv
 
-VC = 512  # vocabulary chunk (one PSUM bank of fp32)
+Z_BANKS = 2  # backward: PSUM banks of z that may wait for tanh while the other stages run
 DZ_BYTES = 32 * 1024  # SBUF bytes per partition for one demb block's dz tiles (backward)
 LOG_MAX = 2.0 ** 64  # log's valid input range on ScalarE is [2^-64, 2^64] (nki/api/nki.api.shared.rst)
 E = 2.718281828459045
@@ -356,9 +358,9 @@ def _bwd_group(x_ND, targets_N1, lse_N1, dloss_N1, bias_ids_NS, g, S, R, dt):
     return x_g, cols_g, idx_g, neg_lse_g, g_g, neg_g_g, nl.ndarray((P, x_g.shape[1]), dtype=dt, buffer=nl.sbuf)
 
 
-def _bwd_tanh(grp, g, jr, embT, bias_vals_NS, dvals_NS, V, D, S, softcap, dt):
-    """Row tile jr of group g, first stage: x^T, t = tanh(x emb^T / softcap) [P, V] fp32 and, with a bias, the
-    sparse corrections (`_bias_grad`). Returns the state `_bwd_dx` takes."""
+def _bwd_tanh(grp, g, jr, embT, V, D, softcap, dt):
+    """Row tile jr of group g, first stage: x^T and z = x emb^T into fp32 PSUM banks (`_z_chunk`), left there for
+    `_bwd_t`."""
     P = nl.tile_size.pmax
     x_g, cols_g, idx_g, neg_lse_g, g_g, neg_g_g, dx_g = grp
     rows = g[1]
@@ -366,9 +368,25 @@ def _bwd_tanh(grp, g, jr, embT, bias_vals_NS, dvals_NS, V, D, S, softcap, dt):
     xT = _x_T(x_PD, rows, dt, False)
     cols, idx = cols_g[0:rows, jr], idx_g[0:rows, jr]
     neg_lse, g_P1, neg_g = neg_lse_g[0:rows, jr:jr + 1], g_g[0:rows, jr:jr + 1], neg_g_g[0:rows, jr:jr + 1]
-    t_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
-    for c in nl.affine_range(cdiv(V, VC)):
-        _tanh_chunk(t_PV, xT, embT, c * VC, min(VC, V - c * VC), rows, D, softcap)
+    if cdiv(V, VC) > Z_BANKS:  # z cannot wait in PSUM: t at once (`_bwd_t` takes it as it is)
+        z_ps = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
+        for c in nl.affine_range(cdiv(V, VC)):
+            _tanh_chunk(z_ps, xT, embT, c * VC, min(VC, V - c * VC), rows, D, softcap)
+    else:
+        z_ps = [z_chunk(xT, embT, c * VC, min(VC, V - c * VC), rows, D) for c in range(cdiv(V, VC))]
+    return [None, x_PD, (z_ps, cols, idx, neg_lse, g_P1, neg_g, rows, dx_g, g, jr)]
+
+
+def _bwd_t(st, bias_vals_NS, dvals_NS, V, S, softcap, dt):
+    """Row tile first stage, second half: t = tanh(z / softcap) [P, V] fp32 out of PSUM (ScalarE) and, with a
+    bias, the sparse corrections (`_bias_grad`). Returns the state `head_loss_parts.bwd_r` and `_bwd_dx` take."""
+    P = nl.tile_size.pmax
+    z_ps, cols, idx, neg_lse, g_P1, neg_g, rows, dx_g, g, jr = st[2]
+    t_PV = z_ps if cdiv(V, VC) > Z_BANKS else nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
+    for c in range(cdiv(V, VC) if cdiv(V, VC) <= Z_BANKS else 0):
+        vc = min(VC, V - c * VC)
+        nisa.activation(dst=t_PV[0:rows, c * VC:c * VC + vc], op=nl.tanh, data=z_ps[c][0:rows, 0:vc],
+                        scale=1.0 / softcap)
     corr = None
     if S:
         tg = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
@@ -376,16 +394,7 @@ def _bwd_tanh(grp, g, jr, embT, bias_vals_NS, dvals_NS, V, D, S, softcap, dt):
         corr = _bias_grad(cols, _column(bias_vals_NS, g, jr, nl.float32), tg, neg_lse, g_P1, rows, S, softcap,
                           dvals_NS, (g, jr))
     dz_PV = nl.ndarray((P, V), dtype=dt, buffer=nl.sbuf)
-    return [None, x_PD, dz_PV, (t_PV, cols, corr, neg_lse, neg_g, rows, dx_g), None]
-
-
-def _bwd_r(st, iota_PV, V, S, softcap):
-    """Row tile second stage: r = (t^2 - 1) dl [P, V] fp32 (`head_loss_parts.r_chunk`)."""
-    P = nl.tile_size.pmax
-    t_PV, cols, corr, neg_lse, neg_g, rows, dx_g = st[3]
-    st[4] = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
-    for c in nl.affine_range(cdiv(V, VC)):
-        r_chunk(st[4], t_PV, iota_PV, cols, corr, neg_lse, c * VC, min(VC, V - c * VC), rows, S, softcap)
+    return [st[0], st[1], dz_PV, (t_PV, cols, corr, neg_lse, neg_g, rows, dx_g), None]
 
 
 def _bwd_dx(st, emb_rows, V, D, dt):
@@ -442,17 +451,17 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
     tiles = [(b, g, jr) for b in range(len(blks)) for g in blks[b] for jr in range(g[2])]
     grp, blk_s = None, ([], [], [])
     nxt, mid = None, None
-    for t in range(len(tiles) + 2):  # program order: row tile t's tanh, t - 1's r, t - 2's dz and dx
+    for t in range(len(tiles) + 2):  # program order: module docstring
         cur, mid = mid, nxt
         nxt = None
         if t < len(tiles):
             b, g, jr = tiles[t]
             if jr == 0:
                 grp = _bwd_group(x_ND, targets_N1, lse_N1, dloss_N1, bias_ids_NS, g, S, R, dt)
-            nxt = _bwd_tanh(grp, g, jr, embT, bias_vals_NS, dvals_NS, V, D, S, softcap, dt)
+            nxt = _bwd_tanh(grp, g, jr, embT, V, D, softcap, dt)
             nxt[0] = tiles[t]
         if mid != None:  # noqa: E711 (NKI has no `is`)
-            _bwd_r(mid, iota_PV, V, S, softcap)
+            bwd_r(mid, iota_PV, V, S, softcap)
         if cur != None:  # noqa: E711
             _bwd_dx(cur, emb_rows, V, D, dt)
             cb, cg, cjr = cur[0]
@@ -462,8 +471,10 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
             if cjr == cg[2] - 1:
                 store(dx_ND, cg, cur[3][6])
                 if cg == blks[cb][-1]:
-                    demb_block(acc, blk_s, V, D, VC)
+                    demb_block(acc, blk_s, V, D)
                     blk_s = ([], [], [])
+        if nxt != None:  # noqa: E711
+            nxt = _bwd_t(nxt, bias_vals_NS, dvals_NS, V, S, softcap, dt)
     for v in nl.affine_range(cdiv(V, P)):
         vr = min(P, V - v * P)
         out = nl.ndarray((P, D), dtype=emb_VD.dtype, buffer=nl.sbuf)

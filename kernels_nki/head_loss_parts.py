@@ -1,10 +1,22 @@
 """Backward helpers of the head_loss kernels (`kernels_nki/head_loss.py`, whose docstring holds the spec and the
-layout; a kernel-helper file, no @nki.jit): a row tile's r = (t^2 - 1) dl and the demb block update."""
+layout; a kernel-helper file, no @nki.jit): z = x emb^T, a row tile's r = (t^2 - 1) dl, the demb block update."""
 
 import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.tiles import cdiv
+
+VC = 512  # vocabulary chunk (one PSUM bank of fp32)
+
+
+def z_chunk(xT, embT, c0, vc, rows, D):
+    """z = x emb^T for vocab c0:c0+vc: D/128 matmuls into one fp32 PSUM bank (returned)."""
+    P = nl.tile_size.pmax
+    z_ps = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum)
+    for k in nl.affine_range(cdiv(D, P)):
+        dk = min(P, D - k * P)
+        nisa.nc_matmul(dst=z_ps[0:rows, 0:vc], stationary=xT[k][0:dk, 0:rows], moving=embT[k][0:dk, c0:c0 + vc])
+    return z_ps
 
 
 def r_chunk(r_PV, t_PV, iota_PV, cols, corr, neg_lse, c0, vc, rows, S, softcap):
@@ -31,7 +43,7 @@ def r_chunk(r_PV, t_PV, iota_PV, cols, corr, neg_lse, c0, vc, rows, S, softcap):
                            engine=nisa.engine.gpsimd)
 
 
-def demb_block(acc, blk_s, V, D, VC):
+def demb_block(acc, blk_s, V, D):
     """demb += dz^T x over a block's row tiles (PSUM accumulation), one VectorE add per block into fp32 SBUF."""
     P = nl.tile_size.pmax
     x_s, dz_s, rows_s = blk_s
@@ -45,3 +57,12 @@ def demb_block(acc, blk_s, V, D, VC):
                                moving=x_s[st][0:rows_s[st], d * VC:d * VC + dc])
             a = acc[v][0:vr, d * VC:d * VC + dc]
             nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:vr, 0:dc], op=nl.add)
+
+
+def bwd_r(st, iota_PV, V, S, softcap):
+    """Row tile second stage: r = (t^2 - 1) dl [P, V] fp32 (`r_chunk`)."""
+    P = nl.tile_size.pmax
+    t_PV, cols, corr, neg_lse, neg_g, rows, dx_g = st[3]
+    st[4] = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
+    for c in nl.affine_range(cdiv(V, VC)):
+        r_chunk(st[4], t_PV, iota_PV, cols, corr, neg_lse, c * VC, min(VC, V - c * VC), rows, S, softcap)
