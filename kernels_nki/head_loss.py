@@ -32,12 +32,15 @@ onehot on GpSimd, (t^2 - 1)(p - onehot) on VectorE (one two-input pass), -g r on
 dz tile. With a bias, each source adds its sparse correction (t_s^2 - 1)(p_b - p_0) / mult_s at id_s
 (a VectorE compare times the [P, 1] coefficient, a GpSimd add: 1N each per source) and d bias_vals =
 g (p_b[id_s] - [id_s == target]) comes from the gathered values. dx = dz emb (dz^T by TensorE
-transposes, out of PSUM by ScalarE, as stationary; emb rows as moving; accumulated over the vocabulary
-in one PSUM bank); demb = dz^T x contracts over the tokens of a block (DZ_BYTES of dz tiles, 2048
-tokens at V = 1024) in PSUM, then one VectorE add per block into fp32 SBUF accumulators.
+transposes, a 512-entry chunk's four side by side in one PSUM bank, out of PSUM by one ScalarE copy per
+chunk, as stationary; emb rows as moving; accumulated over the vocabulary in one PSUM bank); demb = dz^T x
+contracts over the tokens of a block (DZ_BYTES of dz tiles, 2048 tokens at V = 1024) in PSUM, then one VectorE
+add per block into fp32 SBUF accumulators.
 
 x^T and dz^T are TensorE transposes, out of PSUM by VectorE (forward) / ScalarE (backward). The forward's
-program order puts row tile t + 1's x^T before row tile t - 1's loss (each engine runs its instruction stream
+program order puts row tile t + 1's x^T before row tile t - 1's loss; the backward's runs row tile t's z = x
+emb^T, row tile t - 1's r = (t^2 - 1) dl, row tile t - 2's dz and dx, then row tile t's t = tanh(z / softcap)
+(z waits in Z_BANKS PSUM banks; a larger vocabulary takes t at once) (each engine runs its instruction stream
 in order: trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute
 Engines"). SBUF per partition: emb^T and emb rows 2 x V x D x 2 / 128 bytes, the demb accumulators V x D x 4
 / 128 (V=8192 needs D <= 256).
@@ -60,9 +63,10 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.packing import blocks, groups, load, row_tile_ap, rows_per_partition, store, tile
+from kernels_nki.head_loss_parts import VC, bwd_r, demb_block, z_chunk
 from kernels_nki.tiles import cdiv
 
-VC = 512  # vocabulary chunk (one PSUM bank of fp32)
+Z_BANKS = 2  # backward: PSUM banks of z that may wait for tanh while the other stages run
 DZ_BYTES = 32 * 1024  # SBUF bytes per partition for one demb block's dz tiles (backward)
 LOG_MAX = 2.0 ** 64  # log's valid input range on ScalarE is [2^-64, 2^64] (nki/api/nki.api.shared.rst)
 E = 2.718281828459045
@@ -340,29 +344,91 @@ def _bias_grad(cols, vals_PS, tg, neg_lse, g_P1, rows, S, softcap, dvals_NS, gj)
     return corr
 
 
-def _dz_chunk(dz_PV, t_PV, iota_PV, cols, corr, neg_lse, neg_g, c0, vc, rows, S, softcap):
-    """dz[:, c0:c0+vc] = g (1 - t^2) dl, dl = softmax - onehot(target): exp and t^2 on ScalarE, the one-hot
-    compare on VectorE, p - onehot on GpSimd, (t^2 - 1)(p - onehot) on VectorE (one two-input pass), the
-    bias ids' corrections (a compare on VectorE and an add on GpSimd per source), -g r on ScalarE."""
+def _bwd_group(x_ND, targets_N1, lse_N1, dloss_N1, bias_ids_NS, g, S, R, dt):
+    """A backward group's token-major operands: (x, [target, bias ids] columns, gather indices, -lse, g, -g,
+    the dx group tile)."""
     P = nl.tile_size.pmax
-    p = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=p[0:rows, 0:vc], op=nl.exp, data=t_PV[0:rows, c0:c0 + vc], scale=softcap,
-                    bias=neg_lse[0:rows])
-    hot = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=hot[0:rows, 0:vc], data=iota_PV[0:rows, c0:c0 + vc], op0=nl.equal,
-                       operand0=cols[0:rows, 0:1])
-    nisa.tensor_tensor(dst=p[0:rows, 0:vc], data1=p[0:rows, 0:vc], data2=hot[0:rows, 0:vc], op=nl.subtract,
-                       engine=nisa.engine.gpsimd)
-    r = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=r[0:rows, 0:vc], op=nl.square, data=t_PV[0:rows, c0:c0 + vc])
-    nisa.scalar_tensor_tensor(dst=r[0:rows, 0:vc], data=r[0:rows, 0:vc], op0=nl.subtract, operand0=1.0,
-                              op1=nl.multiply, operand1=p[0:rows, 0:vc])
-    for s in nl.affine_range(S):
-        nisa.tensor_scalar(dst=hot[0:rows, 0:vc], data=iota_PV[0:rows, c0:c0 + vc], op0=nl.equal,
-                           operand0=cols[0:rows, 1 + s:2 + s], op1=nl.multiply, operand1=corr[0:rows, s:s + 1])
-        nisa.tensor_tensor(dst=r[0:rows, 0:vc], data1=r[0:rows, 0:vc], data2=hot[0:rows, 0:vc], op=nl.add,
-                           engine=nisa.engine.gpsimd)
-    nisa.activation(dst=dz_PV[0:rows, c0:c0 + vc], op=nl.copy, data=r[0:rows, 0:vc], scale=neg_g[0:rows])
+    rows = g[1]
+    x_g = load(x_ND, g, dt, R)
+    cols_g, idx_g = _token_columns(targets_N1, bias_ids_NS, g, S, R)
+    neg_lse_g, g_g = load(lse_N1, g, nl.float32, R), load(dloss_N1, g, nl.float32, R)
+    nisa.tensor_scalar(dst=neg_lse_g[0:rows, 0:g[2]], data=neg_lse_g[0:rows, 0:g[2]], op0=nl.multiply, operand0=-1.0)
+    neg_g_g = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=neg_g_g[0:rows, 0:g[2]], data=g_g[0:rows, 0:g[2]], op0=nl.multiply, operand0=-1.0)
+    return x_g, cols_g, idx_g, neg_lse_g, g_g, neg_g_g, nl.ndarray((P, x_g.shape[1]), dtype=dt, buffer=nl.sbuf)
+
+
+def _bwd_tanh(grp, g, jr, embT, V, D, softcap, dt):
+    """Row tile jr of group g, first stage: x^T and z = x emb^T into fp32 PSUM banks (`_z_chunk`), left there for
+    `_bwd_t`."""
+    P = nl.tile_size.pmax
+    x_g, cols_g, idx_g, neg_lse_g, g_g, neg_g_g, dx_g = grp
+    rows = g[1]
+    x_PD = tile(x_g, g, jr, D)
+    xT = _x_T(x_PD, rows, dt, False)
+    cols, idx = cols_g[0:rows, jr], idx_g[0:rows, jr]
+    neg_lse, g_P1, neg_g = neg_lse_g[0:rows, jr:jr + 1], g_g[0:rows, jr:jr + 1], neg_g_g[0:rows, jr:jr + 1]
+    if cdiv(V, VC) > Z_BANKS:  # z cannot wait in PSUM: t at once (`_bwd_t` takes it as it is)
+        z_ps = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
+        for c in nl.affine_range(cdiv(V, VC)):
+            _tanh_chunk(z_ps, xT, embT, c * VC, min(VC, V - c * VC), rows, D, softcap)
+    else:
+        z_ps = [z_chunk(xT, embT, c * VC, min(VC, V - c * VC), rows, D) for c in range(cdiv(V, VC))]
+    return [None, x_PD, (z_ps, cols, idx, neg_lse, g_P1, neg_g, rows, dx_g, g, jr)]
+
+
+def _bwd_t(st, bias_vals_NS, dvals_NS, V, S, softcap, dt):
+    """Row tile first stage, second half: t = tanh(z / softcap) [P, V] fp32 out of PSUM (ScalarE) and, with a
+    bias, the sparse corrections (`_bias_grad`). Returns the state `head_loss_parts.bwd_r` and `_bwd_dx` take."""
+    P = nl.tile_size.pmax
+    z_ps, cols, idx, neg_lse, g_P1, neg_g, rows, dx_g, g, jr = st[2]
+    t_PV = z_ps if cdiv(V, VC) > Z_BANKS else nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
+    for c in range(cdiv(V, VC) if cdiv(V, VC) <= Z_BANKS else 0):
+        vc = min(VC, V - c * VC)
+        nisa.activation(dst=t_PV[0:rows, c * VC:c * VC + vc], op=nl.tanh, data=z_ps[c][0:rows, 0:vc],
+                        scale=1.0 / softcap)
+    corr = None
+    if S:
+        tg = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.nc_n_gather(dst=tg[0:rows], data=t_PV[0:rows], indices=idx[0:rows])
+        corr = _bias_grad(cols, _column(bias_vals_NS, g, jr, nl.float32), tg, neg_lse, g_P1, rows, S, softcap,
+                          dvals_NS, (g, jr))
+    dz_PV = nl.ndarray((P, V), dtype=dt, buffer=nl.sbuf)
+    return [st[0], st[1], dz_PV, (t_PV, cols, corr, neg_lse, neg_g, rows, dx_g), None]
+
+
+def _bwd_dx(st, emb_rows, V, D, dt):
+    """Row tile third stage: dz = -g r (ScalarE) and dx = dz emb (dz^T by TensorE transposes, out of PSUM by
+    ScalarE, as stationary; emb rows as moving; accumulated over the vocabulary in one PSUM bank) into the
+    group's dx tile."""
+    P = nl.tile_size.pmax
+    jr = st[0][2]
+    dz_PV = st[2]
+    t_PV, cols, corr, neg_lse, neg_g, rows, dx_g = st[3]
+    dx_ps = [nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum) for _ in range(cdiv(D, VC))]
+    for c in nl.affine_range(cdiv(V, VC)):
+        c0 = c * VC
+        vc = min(VC, V - c0)
+        nisa.activation(dst=dz_PV[0:rows, c0:c0 + vc], op=nl.copy, data=st[4][0:rows, c0:c0 + vc], scale=neg_g)
+        nv = cdiv(vc, P)
+        dzT_ps = nl.ndarray((P, VC), dtype=dt, buffer=nl.psum)  # the chunk's dz^T slices side by side
+        for jv in nl.affine_range(nv):
+            v0 = c0 + jv * P
+            vj = min(P, V - v0)
+            nisa.nc_transpose(dst=dzT_ps[0:vj, jv * P:jv * P + rows], data=dz_PV[0:rows, v0:v0 + vj])
+        dzT = nl.ndarray((P, VC), dtype=dt, buffer=nl.sbuf)
+        vm = min(P, vc)
+        nisa.activation(dst=dzT[0:vm, 0:nv * P], op=nl.copy, data=dzT_ps[0:vm, 0:nv * P])  # one copy per chunk
+        for jv in nl.affine_range(nv):
+            v0 = c0 + jv * P
+            vj = min(P, V - v0)
+            for d in nl.affine_range(cdiv(D, VC)):
+                dc = min(VC, D - d * VC)
+                nisa.nc_matmul(dst=dx_ps[d][0:rows, 0:dc], stationary=dzT[0:vj, jv * P:jv * P + rows],
+                               moving=emb_rows[v0 // P][0:vj, d * VC:d * VC + dc])
+    for d in nl.affine_range(cdiv(D, VC)):
+        dc, o0 = min(VC, D - d * VC), jr * D + d * VC
+        nisa.activation(dst=dx_g[0:rows, o0:o0 + dc], op=nl.copy, data=dx_ps[d][0:rows, 0:dc])
 
 
 @nki.jit
@@ -381,68 +447,34 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
     iota_PV = _iota(V)
     acc = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(cdiv(V, P))]
     R = rows_per_partition(D, cap=16)
-    for blk in blocks(N, R, TPB):
-        x_s, dz_s, rows_s = [], [], []
-        for g in blk:
-            rows = g[1]
-            x_g = load(x_ND, g, dt, R)
-            cols_g, idx_g = _token_columns(targets_N1, bias_ids_NS, g, S, R)
-            neg_lse_g, g_g = load(lse_N1, g, nl.float32, R), load(dloss_N1, g, nl.float32, R)
-            nisa.tensor_scalar(dst=neg_lse_g[0:rows, 0:g[2]], data=neg_lse_g[0:rows, 0:g[2]], op0=nl.multiply,
-                               operand0=-1.0)
-            neg_g_g = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=neg_g_g[0:rows, 0:g[2]], data=g_g[0:rows, 0:g[2]], op0=nl.multiply, operand0=-1.0)
-            dx_g = nl.ndarray((P, R * D), dtype=dt, buffer=nl.sbuf)
-            for jr in range(g[2]):
-                x_PD = tile(x_g, g, jr, D)
-                xT = _x_T(x_PD, rows, dt, False)
-                cols, idx = cols_g[0:rows, jr], idx_g[0:rows, jr]
-                neg_lse, g_P1, neg_g = neg_lse_g[0:rows, jr:jr + 1], g_g[0:rows, jr:jr + 1], neg_g_g[0:rows, jr:jr + 1]
-                t_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
-                for c in nl.affine_range(cdiv(V, VC)):
-                    _tanh_chunk(t_PV, xT, embT, c * VC, min(VC, V - c * VC), rows, D, softcap)
-                corr = None
-                if S:
-                    tg = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.nc_n_gather(dst=tg[0:rows], data=t_PV[0:rows], indices=idx[0:rows])
-                    corr = _bias_grad(cols, _column(bias_vals_NS, g, jr, nl.float32), tg, neg_lse, g_P1, rows, S,
-                                      softcap, dvals_NS, (g, jr))
-                dz_PV = nl.ndarray((P, V), dtype=dt, buffer=nl.sbuf)
-                dx_ps = [nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum) for _ in range(cdiv(D, VC))]
-                for c in nl.affine_range(cdiv(V, VC)):
-                    c0 = c * VC
-                    vc = min(VC, V - c0)
-                    _dz_chunk(dz_PV, t_PV, iota_PV, cols, corr, neg_lse, neg_g, c0, vc, rows, S, softcap)
-                    # dx += dz emb over this chunk's 128-row vocab tiles (dz^T by TensorE, out of PSUM by ScalarE)
-                    for jv in nl.affine_range(cdiv(vc, P)):
-                        v0 = c0 + jv * P
-                        vj = min(P, V - v0)
-                        dzT_ps = nl.ndarray((vj, rows), dtype=dt, buffer=nl.psum)
-                        nisa.nc_transpose(dst=dzT_ps, data=dz_PV[0:rows, v0:v0 + vj])
-                        dzT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-                        nisa.activation(dst=dzT[0:vj, 0:rows], op=nl.copy, data=dzT_ps)
-                        for d in nl.affine_range(cdiv(D, VC)):
-                            dc = min(VC, D - d * VC)
-                            nisa.nc_matmul(dst=dx_ps[d][0:rows, 0:dc], stationary=dzT[0:vj, 0:rows],
-                                           moving=emb_rows[v0 // P][0:vj, d * VC:d * VC + dc])
-                for d in nl.affine_range(cdiv(D, VC)):
-                    dc, o0 = min(VC, D - d * VC), jr * D + d * VC
-                    nisa.activation(dst=dx_g[0:rows, o0:o0 + dc], op=nl.copy, data=dx_ps[d][0:rows, 0:dc])
-                x_s.append(x_PD)
-                dz_s.append(dz_PV)
-                rows_s.append(rows)
-            store(dx_ND, g, dx_g)
-        # demb += dz^T x over the block's tokens (PSUM accumulation), one VectorE add per block into fp32 SBUF
-        for v in nl.affine_range(cdiv(V, P)):
-            vr = min(P, V - v * P)
-            for d in nl.affine_range(cdiv(D, VC)):
-                dc = min(VC, D - d * VC)
-                g_ps = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum)
-                for st in nl.affine_range(len(rows_s)):
-                    nisa.nc_matmul(dst=g_ps[0:vr, 0:dc], stationary=dz_s[st][0:rows_s[st], v * P:v * P + vr],
-                                   moving=x_s[st][0:rows_s[st], d * VC:d * VC + dc])
-                a = acc[v][0:vr, d * VC:d * VC + dc]
-                nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:vr, 0:dc], op=nl.add)
+    blks = blocks(N, R, TPB)
+    tiles = [(b, g, jr) for b in range(len(blks)) for g in blks[b] for jr in range(g[2])]
+    grp, blk_s = None, ([], [], [])
+    nxt, mid = None, None
+    for t in range(len(tiles) + 2):  # program order: module docstring
+        cur, mid = mid, nxt
+        nxt = None
+        if t < len(tiles):
+            b, g, jr = tiles[t]
+            if jr == 0:
+                grp = _bwd_group(x_ND, targets_N1, lse_N1, dloss_N1, bias_ids_NS, g, S, R, dt)
+            nxt = _bwd_tanh(grp, g, jr, embT, V, D, softcap, dt)
+            nxt[0] = tiles[t]
+        if mid != None:  # noqa: E711 (NKI has no `is`)
+            bwd_r(mid, iota_PV, V, S, softcap)
+        if cur != None:  # noqa: E711
+            _bwd_dx(cur, emb_rows, V, D, dt)
+            cb, cg, cjr = cur[0]
+            blk_s[0].append(cur[1])
+            blk_s[1].append(cur[2])
+            blk_s[2].append(cg[1])
+            if cjr == cg[2] - 1:
+                store(dx_ND, cg, cur[3][6])
+                if cg == blks[cb][-1]:
+                    demb_block(acc, blk_s, V, D)
+                    blk_s = ([], [], [])
+        if nxt != None:  # noqa: E711
+            nxt = _bwd_t(nxt, bias_vals_NS, dvals_NS, V, S, softcap, dt)
     for v in nl.affine_range(cdiv(V, P)):
         vr = min(P, V - v * P)
         out = nl.ndarray((P, D), dtype=emb_VD.dtype, buffer=nl.sbuf)

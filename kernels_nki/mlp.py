@@ -38,21 +38,23 @@ the AWS sources), into fp32 PSUM.
 Backward: STORES relu(h) instead of recomputing h. The forward already holds r^T = relu(h)^T in SBUF in the
 [F, tokens] layout, so storing it costs DMA and no TensorE work; the backward loads it and transposes it on
 TensorE to token-major r (F/128 128 x 128 transposes per 128 tokens, two 64-row halves each), copied out of
-PSUM once on ScalarE, a = r^2 from that SBUF copy (ScalarE), instead of recomputing h = xn W_fc (an N x D x F
+PSUM once on ScalarE, a = r r from that SBUF copy (GpSimd), instead of recomputing h = xn W_fc (an N x D x F
 matmul) from xn^T (D/128 more transposes). The price is HBM: rT is N x F x 2 bytes per layer per micro-batch
 kept between forward and backward (128 MiB per layer at N = 65536, F = 1024), and N x F x 2 more bytes moved
 each way.
 
 Backward per group, in stages: A (x, dy, inv, rT in; xn = inv x; dy^T by transposes), B (per row tile da = dy
-W_proj^T token-major in PSUM, r token-major by transposes of rT's columns of the row tile, r out of PSUM
-(ScalarE), a = r^2 (ScalarE, from that SBUF copy), dh' = r da (VectorE) (dh = 2 dh': the 2 is applied exactly,
-on the fp32 results
-of dx and dW_fc)), B' (every row tile's dh'^T by transposes), D (dW_proj += a^T dy and dW_fc += xn^T dh' contract
-over the group's NW tokens in fp32 PSUM, then one VectorE add into fp32 SBUF accumulators per group), E (g/2 =
-dh'^T-stationary x W_fc^T in PSUM, token-major, then the norm's backward on it: dx = 2 inv (g/2 + x c), c =
--mean((g/2) x) inv^2 (VectorE (g/2) x and x c + g/2, each reading g from PSUM; ScalarE the row sum and the 2
-inv scale), + dy on GpSimd, written over dy's group tile and stored). Program order per group k: B(k), A(k +
-1), B'(k), D(k), E(k). W_fc^T and W_proj^T are built once per call. TensorE transposes per 128 tokens: D/128 (dy^T) +
+W_proj^T token-major in PSUM, r token-major by transposes of rT's columns of the row tile, r and da out of PSUM
+(ScalarE copies), a = r r and dh' = r da (GpSimd, SBUF only) (dh = 2 dh': the 2 is applied exactly, on the fp32
+results of dx and dW_fc)), B' (every row tile's dh'^T by transposes), D (dW_proj += a^T dy and dW_fc += xn^T dh'
+contract over the group's NW tokens in fp32 PSUM, copied out by ScalarE, then one GpSimd add into fp32 SBUF
+accumulators per group), E (g/2 = dh'^T-stationary x W_fc^T in PSUM, token-major, then the norm's backward on
+it: dx = 2 inv (g/2 + x c), c = -mean((g/2) x) inv^2 (`kernels_nki.tiles.norm_grad_rows` with split: g/2 out of
+PSUM, x c, the row sum and the 2 inv scale on ScalarE; (g/2) x and g/2 + x c on GpSimd), + dy on GpSimd,
+written over dy's group tile and stored). VectorE keeps only [P, 1] columns: its two-input instructions would
+hold the VectorE/ScalarE PSUM port or the VectorE/GpSimd SBUF port twice as long (trn1 arch guide, "Data
+Movement"; "Vector Engine / Performance Consideration"). Program order per group k: B(k), A(k + 1), B'(k),
+D(k), E(k). W_fc^T and W_proj^T are built once per call. TensorE transposes per 128 tokens: D/128 (dy^T) +
 2 F/128 (r, dh'^T), the floor of this design (dy, r and dh' are each needed in both layouts: a contraction
 over D for da, over the tokens for the weight gradients, over F for dx).
 
@@ -261,9 +263,11 @@ def _norm_dx(dx, g, x_t, inv, dy_t, rows):
 
 def _relu_rows(a_t, dh_t, rT, tok, rows, da_ps, c, fc, dt, ident):
     """Columns c*NB .. c*NB+fc of one row tile from the stored rT [F_j, tokens] tiles (the row tile's tokens at
-    the columns `tok`): r = relu(h) token-major by TensorE transposes into one PSUM tile, left twice on ScalarE,
-    a = r^2 (activation square) and r (a copy into SBUF: a VectorE instruction reads at most one PSUM input, isa
-    docs tensor_tensor), and dh' = r da (VectorE, da in PSUM)."""
+    the columns `tok`): r = relu(h) token-major by TensorE transposes into one PSUM tile; r and da leave PSUM
+    on ScalarE (one input each), a = r r and dh' = r da on GpSimd from SBUF. VectorE and ScalarE share one PSUM
+    port and VectorE and GpSimd one SBUF port (trn1 arch guide, "Data Movement"): a VectorE product reading da
+    from PSUM costs ~2N VectorE cycles on the PSUM port ("Vector Engine / Performance Consideration"), ScalarE's
+    one-input copy N cycles at a higher clock ("Compute Engine" table), so the port carries less."""
     P = nl.tile_size.pmax
     F = a_t.shape[1]
     r_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
@@ -274,8 +278,12 @@ def _relu_rows(a_t, dh_t, rT, tok, rows, da_ps, c, fc, dt, ident):
     cols = slice(c * NB, c * NB + fc)
     r = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)  # exact: rT holds r in dt
     nisa.activation(dst=r[0:rows, 0:fc], op=nl.copy, data=r_ps[0:rows, 0:fc])
-    nisa.activation(dst=a_t[0:rows, cols], op=nl.square, data=r[0:rows, 0:fc])  # a = relu(h)^2, from SBUF
-    nisa.tensor_tensor(dst=dh_t[0:rows, cols], data1=r[0:rows, 0:fc], data2=da_ps[0:rows, 0:fc], op=nl.multiply)
+    da = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.sbuf)  # exact: PSUM holds da in fp32
+    nisa.activation(dst=da[0:rows, 0:fc], op=nl.copy, data=da_ps[0:rows, 0:fc])
+    nisa.tensor_tensor(dst=a_t[0:rows, cols], data1=r[0:rows, 0:fc], data2=r[0:rows, 0:fc], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)  # a = relu(h)^2
+    nisa.tensor_tensor(dst=dh_t[0:rows, cols], data1=r[0:rows, 0:fc], data2=da[0:rows, 0:fc], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)
 
 
 def _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, g, dt, ident):
@@ -336,7 +344,8 @@ def _bwd_hT(g, dh_s, dt, ident):
 
 def _accumulate(acc, lhs_s, rhs_s, p, K, C):
     """acc[i] ([128, C] fp32 SBUF) += lhs^T rhs over the row tiles (lhs_s [p, K], rhs_s [p, C] tiles): one PSUM
-    bank per [128, 512] slice, then one VectorE add."""
+    bank per [128, 512] slice, copied out by ScalarE (one input: less time on the VectorE/ScalarE PSUM port than
+    a VectorE add reading PSUM), then one GpSimd add from SBUF."""
     P = nl.tile_size.pmax
     for i in nl.affine_range(cdiv(K, P)):
         ki = min(P, K - i * P)
@@ -347,7 +356,9 @@ def _accumulate(acc, lhs_s, rhs_s, p, K, C):
                 nisa.nc_matmul(dst=g_ps[0:ki, 0:cw], stationary=lhs_s[j][0:p, i * P:i * P + ki],
                                moving=rhs_s[j][0:p, c * NB:c * NB + cw])
             a = acc[i][0:ki, c * NB:c * NB + cw]
-            nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:ki, 0:cw], op=nl.add)
+            g_s = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=g_s[0:ki, 0:cw], op=nl.copy, data=g_ps[0:ki, 0:cw])
+            nisa.tensor_tensor(dst=a, data1=a, data2=g_s[0:ki, 0:cw], op=nl.add, engine=nisa.engine.gpsimd)
 
 
 def _bwd_dx(st, dhT, wfcT, F, dx_ND, dt):

@@ -148,10 +148,11 @@ def inv_rms(inv, x_t, rows, eps_P1):
 
 def norm_bwd(dx, g, x_t, inv, rows, dxo=None):
     """The RMSNorm backward of one row tile into dx ([rows, D] in its dtype): dx = inv (g + x c)
-    (`kernels_nki.tiles.norm_grad_rows`:
-    g as fp32 PSUM tiles of 512 columns), the final scale on ScalarE; with `dxo` (the gradient x receives
-    along the residual path, a [P, D] tile) dx = inv (g + x c) + dxo, the scale and the add as one VectorE op."""
-    work = norm_grad_rows(g, x_t, inv, rows, W)
+    (`kernels_nki.tiles.norm_grad_rows`: g as fp32 PSUM tiles of 512 columns, copied out by ScalarE, g x on
+    GpSimd, x c + g on VectorE from SBUF: GpSimd carries the mixing), the final scale on ScalarE; with `dxo` (the
+    gradient x receives along the residual path, a [P, D] tile) dx = inv (g + x c) + dxo, the scale and the add
+    as one VectorE op."""
+    work = norm_grad_rows(g, x_t, inv, rows, W, True, False)
     if dxo != None:  # noqa: E711 (NKI has no `is`: nki/migration/index.rst)
         nisa.scalar_tensor_tensor(dst=dx[0:rows], data=work[0:rows], op0=nl.multiply, operand0=inv[0:rows],
                                   op1=nl.add, operand1=dxo[0:rows])

@@ -73,26 +73,47 @@ def transpose_ve(dst, src, p, f):
                               data=src[i * 32:i * 32 + pi, j * 32:j * 32 + fj], engine=nisa.engine.vector)
 
 
-def norm_grad_rows(g, x_t, inv, rows, width):
+def norm_grad_rows(g, x_t, inv, rows, width, split=True, sum_on_gpsimd=True):
     """work [P, D] fp32 = g + x c, c = -mean(g x) inv^2: the RMSNorm backward of one row tile before its final
     scale (dx = inv work), with g (the gradient w.r.t. the normalised rows) as fp32 PSUM tiles of `width`
-    columns and inv the forward's [P, 1] inverse RMS. VectorE: g x and x c + g (one PSUM input each);
-    ScalarE: the row sum."""
+    columns and inv the forward's [P, 1] inverse RMS; the row sum on ScalarE, the [P, 1] columns on VectorE.
+    Without `split`, VectorE computes g x and x c + g (one PSUM input each). With `split`, the work leaves the
+    VectorE/GpSimd SBUF port and the VectorE/ScalarE PSUM port where it can (trn1 arch guide
+    nki/guides/architecture/trainium_inferentia2_arch.rst, "Data Movement": VectorE and GpSimd cannot access
+    SBUF in parallel, VectorE and ScalarE cannot access PSUM in parallel): g leaves PSUM by one-input ScalarE
+    copies (N cycles, where a two-input VectorE instruction costs ~2N at a lower clock: same guide, "Vector
+    Engine / Performance Consideration" and the "Compute Engine" table), x c is ScalarE's per-partition scale
+    (isa docs activation: scale an [N, 1] tile), g x and (with `sum_on_gpsimd`, else VectorE's x c + g from SBUF)
+    the sum g + x c run on GpSimd (SBUF only)."""
     P = nl.tile_size.pmax
     D = x_t.shape[1]
+    g_s = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf) if split else None
     work = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
     for c in nl.affine_range(len(g)):
         cw = min(width, D - c * width)
-        nisa.tensor_tensor(dst=work[0:rows, c * width:c * width + cw], data1=g[c][0:rows, 0:cw],
-                           data2=x_t[0:rows, c * width:c * width + cw], op=nl.multiply)
+        cols = slice(c * width, c * width + cw)
+        if split:
+            nisa.activation(dst=g_s[0:rows, cols], op=nl.copy, data=g[c][0:rows, 0:cw])
+            nisa.tensor_tensor(dst=work[0:rows, cols], data1=g_s[0:rows, cols], data2=x_t[0:rows, cols],
+                               op=nl.multiply, engine=nisa.engine.gpsimd)
+        else:
+            nisa.tensor_tensor(dst=work[0:rows, cols], data1=g[c][0:rows, 0:cw], data2=x_t[0:rows, cols],
+                               op=nl.multiply)
     dot = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation_reduce(dst=work[0:rows], op=nl.copy, data=work[0:rows], reduce_op=nl.add, reduce_res=dot[0:rows])
     cc = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # c = (dot * -1/D * inv) * inv
     nisa.tensor_scalar(dst=cc[0:rows], data=dot[0:rows], op0=nl.multiply, operand0=-1.0 / D, op1=nl.multiply,
                        operand1=inv[0:rows])
     nisa.tensor_scalar(dst=cc[0:rows], data=cc[0:rows], op0=nl.multiply, operand0=inv[0:rows])
+    if split and sum_on_gpsimd:
+        nisa.activation(dst=work[0:rows], op=nl.copy, data=x_t[0:rows], scale=cc[0:rows])  # x c
+        nisa.tensor_tensor(dst=work[0:rows], data1=work[0:rows], data2=g_s[0:rows], op=nl.add,
+                           engine=nisa.engine.gpsimd)
+        return work
     for c in nl.affine_range(len(g)):
         cw = min(width, D - c * width)
-        nisa.scalar_tensor_tensor(dst=work[0:rows, c * width:c * width + cw], data=x_t[0:rows, c * width:c * width + cw],
-                                  op0=nl.multiply, operand0=cc[0:rows], op1=nl.add, operand1=g[c][0:rows, 0:cw])
+        cols = slice(c * width, c * width + cw)
+        g_c = g_s[0:rows, cols] if split else g[c][0:rows, 0:cw]
+        nisa.scalar_tensor_tensor(dst=work[0:rows, cols], data=x_t[0:rows, cols], op0=nl.multiply,
+                                  operand0=cc[0:rows], op1=nl.add, operand1=g_c)
     return work
