@@ -109,6 +109,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.attention_bwd import bwd
 from kernels_nki.attention_layout import (
     block, lse_store, natural_cols, neg_lse_load, neg_rowdot, perm_rows, rows_from_transpose, seq_dma, seq_tile)
 from kernels_nki.attention_parts import (
@@ -327,88 +328,9 @@ def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=F
 
 def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     """The backward of both kernels; rope: () or (cos_TK2, sin_TK2, g_PH, qg, qinv, kr, kinv, qgT, krT) (the
-    fused forward's inputs and saved outputs). -> (dq, dk, dv) and, with rope, dg_BH1."""
-    B, T, H, K, G, R, P, dt, scale = dims(q_BTHK, k_BTGK)
-    dq_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
-    dk_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
-    dv_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
-    dg_BH1 = nl.ndarray((B, H, 1), dtype=nl.float32, buffer=nl.shared_hbm) if rope else None
-    bias = causal_bias(dt)
-    ident32 = identity(nl.float32)
-    tables = rope_tiles(rope[0], rope[1]) if rope else ()
-    g_sb = gain_tile(rope[2]) if rope else None
-    banks = cdiv(cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
-    for b in nl.affine_range(B):
-        q_sb, o_sb = seq_tile(q_BTHK, dt, b), seq_tile(o_BTHK, dt, b, perm=True)
-        do_sb, do_nat = seq_tile(do_BTHK, dt, b, perm=True), seq_tile(do_BTHK, dt)  # dO^T, then its rows
-        negdi_sb = neg_rowdot(do_sb, o_sb, H, T, ident32)  # -Di = -rowsum(dO o): o is read for nothing else
-        k_sb, v_sb = seq_tile(k_BTGK, dt, b), seq_tile(v_BTGK, dt, b, perm=True)  # v: only v^T is read
-        negl_sb = neg_lse_load(lse_BHT1, b, ident32)
-        # the gradients: natural rows, then the `perm` layout (`perm_rows`) for their stores
-        grads = ((seq_tile(dq_BTHK, dt), seq_tile(dq_BTHK, dt)), (seq_tile(dk_BTGK, dt), seq_tile(dk_BTGK, dt)),
-                 (seq_tile(dv_BTGK, dt), seq_tile(dv_BTGK, dt)))
-        dq_sb, dk_sb, dv_sb = (nat for nat, _ in grads)
-        if rope:
-            # qg / kr: the rows of the saved transposes (loaded anyway), transposed back on chip
-            qg_sb, qinv_sb = seq_tile(rope[3], dt), seq_tile(rope[4], nl.float32, b)
-            kr_sb, kinv_sb = seq_tile(rope[5], dt), seq_tile(rope[6], nl.float32, b)
-            dg_1H = nl.ndarray((1, H), dtype=nl.float32, buffer=nl.sbuf)
-        for g in nl.affine_range(G):
-            saved = ()
-            if rope:
-                krT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
-                nisa.dma_copy(dst=krT, src=rope[8][b, g])
-                rows_from_transpose(kr_sb, G, g, krT, T, bias[0])
-                saved = (kr_sb, kinv_sb, krT)
-            k_tiles, kT, k_norms = kv_head(k_sb, G, g, T, dt, bias[0], saved=saved)
-            _, vT, _ = kv_head(v_sb, G, g, T, dt, bias[0], perm=True)
-            acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
-                   [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
-            tiles, gains = [], []
-            for r in nl.affine_range(R):
-                h = g * R + r
-                gains.append(gain_column(g_sb, h, K) if rope else ())
-                if rope:
-                    qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=qT_h, src=rope[7][b, h])
-                    rows_from_transpose(qg_sb, H, h, qT_h, T, bias[0])
-                doT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
-                for i in nl.affine_range(cdiv(T, P)):
-                    rows = min(P, T - i * P)
-                    transpose(natural_cols(doT_h, i, T, True), block(do_sb, i, h, H, K)[0:rows], rows, K, bias[0],
-                              on_vector=True)
-                rows_from_transpose(do_nat, H, h, doT_h, T, bias[0])
-                row = []
-                for i in nl.affine_range(cdiv(T, P)):
-                    t0 = i * P
-                    rows = min(P, T - t0)
-                    dO = (block(do_nat, i, h, H, K), doT_h[0:K, t0:t0 + rows])
-                    views = (block(q_sb, i, h, H, K), dO, block(negdi_sb, i, h, H, 1),
-                             block(negl_sb, i, h, H, 1), block(dq_sb, i, h, H, K))
-                    qk = ((tables[i], gains[r], (block(qg_sb, i, h, H, K), block(qinv_sb, i, h, H, 1),
-                                                 qT_h[0:K, t0:t0 + rows])) if rope else ())
-                    row.append(bwd_tile(views, t0, rows, bias, dt, qk))
-                tiles.append(row)
-            items = bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, rope)
-            if rope:
-                for r in nl.affine_range(R):
-                    dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
-                    prep_grad(items[r], gains[r], dg_P1, nisa.engine.gpsimd)
-                    gain_grad(dg_1H, dg_P1, g * R + r)
-            for r in nl.affine_range(R):
-                perm_rows(grads[0][1], H, g * R + r, dq_sb, T, bias[0], dt, (H, g * R + r))
-            store_kv_grad(dk_sb, G, acc[0], g, T, K, scale, dt, tables, k_norms)
-            store_kv_grad(dv_sb, G, acc[1], g, T, K, 1.0, dt)
-            for (nat, out), _ in zip(grads[1:], range(2)):
-                perm_rows(out, G, g, nat, T, bias[0], dt, (G, g))
-        for (_, out), dst in zip(grads, (dq_BTHK, dk_BTGK, dv_BTGK)):
-            seq_dma(out, dst, b, False, perm=True)
-        if rope:
-            nisa.dma_copy(dst=dg_BH1[b].reshape((1, H)), src=dg_1H)
-    if rope:
-        return dq_BTHK, dk_BTGK, dv_BTGK, dg_BH1
-    return dq_BTHK, dk_BTGK, dv_BTGK
+    fused forward's inputs and saved outputs). -> (dq, dk, dv) and, with rope, dg_BH1 (kernels_nki/attention_bwd.py:
+    the plan of its jobs)."""
+    return bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope)
 
 
 @nki.jit

@@ -170,7 +170,7 @@ def perm_rows(dst_sb, X, x, src, T, ident, dt, src_head=(1, 0)):
                          engine=nisa.engine.gpsimd)
 
 
-def neg_rowdot(a_sb, b_sb, H, T, ident32):
+def neg_rowdot(a_sb, b_sb, H, T, ident32, run=None):
     """-rowsum(a b) of every row and head of two `perm` `seq_tile`s (the backward's -Di = -rowsum(dO o)) as
     natural [rows, 1] columns in a [P, n H] fp32 tile (`lse_store`'s layout): per block and head the product
     (GpSimd) and its row sum (VectorE) in the `perm` layout, then per block one fp32 TensorE transpose of the
@@ -179,20 +179,33 @@ def neg_rowdot(a_sb, b_sb, H, T, ident32):
     nt = cdiv(T, P)
     K = a_sb.shape[1] // (nt * H)
     cols = nl.ndarray((P, nt * H), dtype=nl.float32, buffer=nl.sbuf)
-    for i in range(nt):
-        r = min(P, T - i * P)
-        for h in range(H):
-            prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=prod[0:r], data1=block(a_sb, i, h, H, K)[0:r], data2=block(b_sb, i, h, H, K)[0:r],
-                               op=nl.multiply, engine=nisa.engine.gpsimd)
-            nisa.tensor_reduce(dst=cols[0:r, i * H + h:i * H + h + 1], op=nl.add, data=prod[0:r], axis=1, negate=True,
-                               keepdims=True)
     rows_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
-    for i in range(nt):
-        r = min(P, T - i * P)
-        transpose(natural_cols(rows_HT, i, T, True), cols[0:r, i * H:(i + 1) * H], r, H, ident32, on_vector=True)
     out = nl.ndarray((P, nt * H), dtype=nl.float32, buffer=nl.sbuf)
-    for i in range(nt):
+
+    def block_sums(i):
         r = min(P, T - i * P)
-        transpose(out[0:r, i * H:(i + 1) * H], rows_HT[0:H, i * P:i * P + r], H, r, ident32)
+        prods = [nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf) for _ in range(H)]
+        for h in range(H):
+            nisa.tensor_tensor(dst=prods[h][0:r], data1=block(a_sb, i, h, H, K)[0:r],
+                               data2=block(b_sb, i, h, H, K)[0:r], op=nl.multiply, engine=nisa.engine.gpsimd)
+        for h in range(H):
+            nisa.tensor_reduce(dst=cols[0:r, i * H + h:i * H + h + 1], op=nl.add, data=prods[h][0:r], axis=1,
+                               negate=True, keepdims=True)
+
+    def to_rows():
+        for i in range(nt):
+            r = min(P, T - i * P)
+            transpose(natural_cols(rows_HT, i, T, True), cols[0:r, i * H:(i + 1) * H], r, H, ident32, on_vector=True)
+
+    def to_cols():
+        for i in range(nt):
+            r = min(P, T - i * P)
+            transpose(out[0:r, i * H:(i + 1) * H], rows_HT[0:H, i * P:i * P + r], H, r, ident32)
+
+    stages = [lambda i=i: block_sums(i) for i in range(nt)] + [to_rows, to_cols]
+    for f in stages:
+        if run is None:
+            f()
+        else:
+            run(f)
     return out

@@ -36,17 +36,27 @@ def scores(qT, kT, t0, rows, c0, kc, bias, masked):
     return s_ps
 
 
-def pipelined(steps, first, second, lag=1):
+def pipelined(steps, first, second, lag=1, side=()):
     """first(step) for each step, second(step, first's result) `lag` steps later: the next steps' independent
     work sits between a step's halves on the engines' in-order instruction streams while its cross-engine
-    chain (matmul -> exp -> mask -> matmul) completes."""
+    chain (matmul -> exp -> mask -> matmul) completes. `side`: units of independent work (callables, run in
+    order), spread evenly between the steps."""
     pending = []
-    for st in steps:
+    steps = list(steps)
+    side = list(side)
+    done = 0
+    for n, st in enumerate(steps):
         pending.append((st, first(st)))
         if len(pending) > lag:
             second(*pending.pop(0))
+        upto = (n + 1) * len(side) // len(steps)
+        for u in side[done:upto]:
+            u()
+        done = max(done, upto)
     for st, res in pending:
         second(st, res)
+    for u in side[done:]:
+        u()
 
 
 def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident):
@@ -138,19 +148,15 @@ def bwd_scores(tile, c0, kc, kT, vT, bias, scale, dt):
     q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows = tile[0:9]
     K = qT.shape[0]
     P = nl.tile_size.pmax
-    s_ps = scores(qT, kT, t0, rows, c0, kc, bias, False)
+    s_ps = scores(qT, kT, t0, rows, c0, kc, bias, True)  # NEG above the diagonal: exp gives p = 0 there
     p_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
     nisa.activation(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s_ps[0:rows, 0:kc], bias=negl_P1[0:rows], scale=scale)
-    if c0 + kc == t0 + rows:  # the diagonal block: p = 0 where key > query (GpSimd, SBUF in place)
-        d = p_t[0:rows, t0 - c0:t0 - c0 + rows]
-        nisa.affine_select(dst=d, pattern=[[-1, rows]], offset=0, channel_multiplier=1, on_true_tile=d,
-                           on_false_value=0.0, cmp_op=nl.greater_equal)
     dp_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
     half_matmul(dp_ps[0:rows, 0:kc], doT[0:K, 0:rows], vT[0:K, c0:c0 + kc], 1 - (t0 // P + c0 // KC) % 2)
-    # ds = p (dp - Di): dp - Di leaves PSUM on VectorE (one input, N cycles), the product with p runs on
-    # GpSimd (both operands in SBUF): the two-input VectorE form would cost ~2N on the busiest engine
+    # ds = p (dp - Di): dp - Di leaves PSUM on ScalarE (its bias), the product with p runs on GpSimd (both
+    # operands in SBUF): VectorE and GpSimd share the SBUF port, so the VectorE forms would cost that port
     t_f = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=t_f[0:rows, 0:kc], data=dp_ps[0:rows, 0:kc], op0=nl.add, operand0=negdi_P1[0:rows])
+    nisa.activation(dst=t_f[0:rows, 0:kc], op=nl.copy, data=dp_ps[0:rows, 0:kc], bias=negdi_P1[0:rows])
     ds_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=ds_t[0:rows, 0:kc], data1=t_f[0:rows, 0:kc], data2=p_t[0:rows, 0:kc], op=nl.multiply,
                        engine=nisa.engine.gpsimd)
@@ -203,7 +209,7 @@ def bwd_dq(tile, dq_ps, scale, qk):
     return (dq_t, d_f, rows, tile[10], tile[2])
 
 
-def bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, qk):
+def bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, qk, side=()):
     """The query heads of one kv head: tiles[r][i] (`bwd_tile`) -> per head the `prep_grad` items of its
     tiles (with qk). The (query tile, key chunk, head) steps `pipelined` (`bwd_scores`, `bwd_values`), the
     heads interleaved."""
@@ -230,13 +236,14 @@ def bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, qk):
             items[r].append(bwd_dq(tiles[r][i], dq_open[r].pop(0), scale, qk))
 
     steps = [(i, c, r) for i in range(nt) for c in range(cdiv(min(T, (i + 1) * P), KC)) for r in range(R)]
-    pipelined(steps, first, second, lag=LAG)
+    pipelined(steps, first, second, lag=LAG, side=side)
     return items
 
 
 def store_kv_grad(dst_sb, G, acc, g, T, K, scale, dt, tables=(), norms=()):
     """Evacuate a kv head's PSUM accumulator (times scale) into head g of dst_sb (the batch's `seq_tile`) in
-    dt; with `tables` (cos/sin tiles) through the rotation and QK-norm of the keys (their per-tile `norms`)."""
+    dt; with `tables` (cos/sin tiles) -> the `prep_grad` items taking them through the rotation and QK-norm of
+    the keys (their per-tile `norms`), else []."""
     P = nl.tile_size.pmax
     per_bank = KC // K
     items = []
@@ -250,8 +257,7 @@ def store_kv_grad(dst_sb, G, acc, g, T, K, scale, dt, tables=(), norms=()):
             items.append((out, d_f, kr, tables[kt], norms[kt]))
         else:
             nisa.activation(dst=out[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
-    if items:
-        prep_grad(items, (), None, nisa.engine.gpsimd)
+    return items
 
 
 def gain_grad(dg_1H, dg_P1, h):
