@@ -94,7 +94,9 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     # Vector/Scalar work, not TensorE, bounds both directions
     for c in (fwd, bwd):
         secs = emulator.estimate(c).engine_s
-        assert emulator.estimate(c).bound in ("vector", "scalar") and secs["tensor"] < secs["vector"]
+        # (the backward's dp - Di leaves PSUM on ScalarE: VectorE shares GpSimd's SBUF port)
+        assert emulator.estimate(c).bound in ("vector", "scalar") and secs["tensor"] < max(secs["vector"],
+                                                                                          secs["scalar"])
     assert fwd.psum_peak_banks <= 8 and bwd.psum_peak_banks <= 8
     # q, k, v in and o out once; lse out (fp32)
     assert fwd.dma_bytes == 2 * (2 * B * T * H * K + 2 * B * T * G * K) + 4 * B * H * T
