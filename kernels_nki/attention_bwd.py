@@ -38,13 +38,13 @@ def bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     c["gains"] = [gain_column(g_sb, h, K) if rope else () for h in range(H)]
     seqs = [{} for _ in range(B)]
     jobs = [(b, g) for b in range(B) for g in range(G)]
-    job, units = _setup(c, seqs, jobs[0])
-    for u in units:
+    job, (loads, units) = _setup(c, seqs, jobs[0])
+    for u in loads + units:
         u()
     tail = []
     for n in range(len(jobs)):
-        nxt, units = _setup(c, seqs, jobs[n + 1]) if n + 1 < len(jobs) else ({}, [])
-        res = _steps(c, job, tail + units)
+        nxt, (loads, units) = _setup(c, seqs, jobs[n + 1]) if n + 1 < len(jobs) else ({}, ([], []))
+        res = _steps(c, job, loads + tail + units)  # the loads first: the engines' streams never wait on them
         tail = _tail(c, seqs, job, res)
         res = ()  # its dk / dv accumulators released before the next job's
         job = nxt
@@ -56,7 +56,8 @@ def bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
 
 
 def _seq_units(c, st, b):
-    """Units loading sequence b's tiles into st (allocated now) and making its -Di and -lse columns."""
+    """(DMA units, compute units): sequence b's loads into st (its tiles allocated now), its -Di and -lse
+    columns."""
     B, T, H, K, G, R, P, dt, scale = c["dims"]
     q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK = c["ins"]
     rope = c["rope"]
@@ -79,28 +80,34 @@ def _seq_units(c, st, b):
         for name, x, perm in loaded:
             seq_dma(st[name], x, b, True, perm)
 
-    def lse():
-        st["negl"] = neg_lse_load(lse_BHT1, b, c["ident32"])
+    lse_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
 
-    units = [loads, lse]
+    def lse():
+        st["negl"] = neg_lse_load(lse_BHT1, b, c["ident32"], lse_HT)
+
+    units = [lse]
     st["negdi"] = neg_rowdot(st["do"], st["o"], H, T, c["ident32"], units.append)  # -Di = -rowsum(dO o)
-    return units
+    return [loads, lambda: nisa.dma_copy(dst=lse_HT, src=lse_BHT1[b].reshape((H, T)))], units
 
 
 def _setup(c, seqs, bg):
-    """(job state, units filling it) of job bg = (sequence, kv head)."""
+    """(job state, (DMA units, compute units) filling it) of job bg = (sequence, kv head)."""
     B, T, H, K, G, R, P, dt, scale = c["dims"]
     b, g = bg
     rope, bias = c["rope"], c["bias"]
     st = seqs[b]
     js = {"b": b, "g": g, "tiles": [None] * R}
-    units = _seq_units(c, st, b) if g == 0 else []
+    loads, units = _seq_units(c, st, b) if g == 0 else ([], [])
+    krT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+    qTs = [nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf) for _ in range(R)]
+    if rope:  # the saved transposes: one DMA per (sequence, head)
+        loads.append(lambda: nisa.dma_copy(dst=krT, src=rope[8][b, g]))
+        for r in range(R):
+            loads.append(lambda r=r: nisa.dma_copy(dst=qTs[r], src=rope[7][b, g * R + r]))
 
     def kside():
         saved = ()
         if rope:
-            krT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=krT, src=rope[8][b, g])
             rows_from_transpose(st["kr"], G, g, krT, T, bias[0])
             saved = (st["kr"], st["kinv"], krT)
         js["k_tiles"], js["kT"], js["k_norms"] = kv_head(st["k"], G, g, T, dt, bias[0], saved=saved)
@@ -110,8 +117,7 @@ def _setup(c, seqs, bg):
         h = g * R + r
         qT_h = ()
         if rope:
-            qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=qT_h, src=rope[7][b, h])
+            qT_h = qTs[r]
             rows_from_transpose(st["qg"], H, h, qT_h, T, bias[0])
         doT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
         for i in nl.affine_range(cdiv(T, P)):
@@ -134,7 +140,7 @@ def _setup(c, seqs, bg):
     units.append(kside)
     for r in range(R):
         units.append(lambda r=r: head(r))
-    return js, units
+    return js, (loads, units)
 
 
 def _steps(c, js, side):
@@ -156,19 +162,24 @@ def _tail(c, seqs, js, res):
     grads = st["grads"]
     dk_items = store_kv_grad(grads[1][0], G, acc[0], g, T, K, scale, dt, c["tables"], js["k_norms"])
     store_kv_grad(grads[2][0], G, acc[1], g, T, K, 1.0, dt)
-    units = []
+    chains = []  # independent chains of units, interleaved below (a chain's consecutive units depend)
     for r in range(R):
         h = g * R + r
+        units = []
         if rope:
             dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             units.append(lambda dg_P1=dg_P1: nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd))
             prep_grad(items[r], c["gains"][h], dg_P1, nisa.engine.gpsimd, units.append,
-                      lambda dg_P1=dg_P1, h=h: gain_grad(st["dg"], dg_P1, h))
+                      lambda dg_P1=dg_P1, h=h: gain_grad(st["dg"], dg_P1, h), prescaled=True)
         units.append(lambda h=h: perm_rows(grads[0][1], H, h, grads[0][0], T, ident, dt, (H, h)))
+        chains.append(units)
+    units = []
     if dk_items:
         prep_grad(dk_items, (), None, nisa.engine.gpsimd, units.append)
-    for x in (1, 2):
-        units.append(lambda x=x: perm_rows(grads[x][1], G, g, grads[x][0], T, ident, dt, (G, g)))
+    units.append(lambda: perm_rows(grads[1][1], G, g, grads[1][0], T, ident, dt, (G, g)))
+    chains.append(units)
+    chains.append([lambda: perm_rows(grads[2][1], G, g, grads[2][0], T, ident, dt, (G, g))])
+    units = [u for k in range(max(len(ch) for ch in chains)) for ch in chains if k < len(ch) for u in ch[k:k + 1]]
     if g == G - 1:
         def stores():
             for (_, out), dst in zip(grads, c["outs"]):

@@ -221,13 +221,13 @@ def scale_rows(dst, x, rows, s_P1):
     nisa.activation(dst=dst[0:rows], op=nl.copy, data=x[0:rows], scale=s_P1[0:rows])
 
 
-def prep_grad(items, gain, dg_P1, rot_engine, run=None, done=None):
+def prep_grad(items, gain, dg_P1, rot_engine, run=None, done=None, prescaled=False):
     """dst[0:rows] = the gradient through `prep_tile` of d_f (fp32 [P, K], w.r.t. its output rows), for each
     (dst, d_f, rows, cs, norm) of items: w = rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K)
     (reference.rms_norm_bwd after rope_gain_bwd); with a gain, dg_P1 += dot, the gain's gradient per row (d .
     rope(xn) = w . xn, the rotation being orthogonal). Products and sums of tiles on GpSimd, row sums and [P,
     1] columns on VectorE, scalings on ScalarE; each step for every item before the next (`rotate`); run as
-    `staged`, `done` (a callable) the last stage."""
+    `staged`, `done` (a callable) the last stage; `prescaled`: each norm's inv column is inv gain already."""
     P = nl.tile_size.pmax
     gp = nisa.engine.gpsimd
     K = items[0][1].shape[1]
@@ -261,7 +261,7 @@ def prep_grad(items, gain, dg_P1, rot_engine, run=None, done=None):
     def out():
         for (dst, d_f, rows, cs, norm), w in zip(items, ws):
             s_P1 = norm[1]
-            if gain:
+            if gain and not prescaled:
                 s_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_scalar(dst=s_P1[0:rows], data=norm[1][0:rows], op0=nl.multiply,
                                    operand0=gain[0][0:rows], op1=nl.multiply, operand1=K ** -0.5)

@@ -138,6 +138,11 @@ def bwd_tile(views, t0, rows, bias, dt, qk=()):
     normed, rotated rows. -> (q, q^T, norm, dO, dO^T, -lse, -Di, t0, rows, dq view, cos/sin tiles)."""
     q_v, (do_t, doT), negdi_P1, negl_P1, dq_t = views
     q_t, qT, norm = head_rows(q_v, rows, dt, bias[0], True, vec=True, saved=qk[2] if qk else ())
+    if qk:  # dq's final scale, inv gain (`prep_grad`), made now: off the gradient's chain
+        s_P1 = nl.ndarray((nl.tile_size.pmax, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=s_P1[0:rows], data=norm[1][0:rows], op0=nl.multiply, operand0=qk[1][0][0:rows],
+                           op1=nl.multiply, operand1=q_v.shape[1] ** -0.5)
+        norm = (norm[0], s_P1)
     return q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows, dq_t, qk[0] if qk else ()
 
 
@@ -166,7 +171,8 @@ def bwd_scores(tile, c0, kc, kT, vT, bias, scale, dt):
 def bwd_values(tile, c0, kc, p_t, ds_t, dq_ps, k_tiles, acc, ident, dt):
     """Second half of a step, per 128-key block j of the chunk: dv += p^T dO, dk += ds^T q (PSUM accumulators
     across the kv head's query heads and tiles), dq += ds k (ds^T by a transpose); every block's ds^T
-    transpose first, its PSUM copy alternating between VectorE (every BWD_VEC-th) and ScalarE."""
+    transpose first, its PSUM copy alternating between VectorE (every BWD_VEC-th) and ScalarE. -> a callable
+    issuing the dq matmuls (which wait for the copies: `bwd_heads` issues them a step later)."""
     q_t, do_t, t0, rows = tile[0], tile[3], tile[7], tile[8]
     K = q_t.shape[1]
     P = nl.tile_size.pmax
@@ -191,8 +197,11 @@ def bwd_values(tile, c0, kc, p_t, ds_t, dq_ps, k_tiles, acc, ident, dt):
         dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
         nisa.nc_matmul(dst=dv_acc[0:kr, col:col + K], stationary=p_t[0:rows, cols], moving=do_t[0:rows, 0:K])
         nisa.nc_matmul(dst=dk_acc[0:kr, col:col + K], stationary=ds_t[0:rows, cols], moving=q_t[0:rows, 0:K])
-    for (j, kt, kr), dsT in zip(blocks, dsTs):
-        nisa.nc_matmul(dst=dq_ps[0:rows, 0:K], stationary=dsT[0:kr, 0:rows], moving=k_tiles[kt][0:kr, 0:K])
+
+    def dq():
+        for (j, kt, kr), dsT in zip(blocks, dsTs):
+            nisa.nc_matmul(dst=dq_ps[0:rows, 0:K], stationary=dsT[0:kr, 0:rows], moving=k_tiles[kt][0:kr, 0:K])
+    return dq
 
 
 def bwd_dq(tile, dq_ps, scale, qk):
@@ -219,6 +228,21 @@ def bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, qk, side=()):
     R, nt = len(tiles), len(tiles[0])
     dq_open = [[] for _ in range(R)]
     items = [[] for _ in range(R)]
+    # a step's dq matmuls wait for its ds^T copies: issued in the next step's second half, after the scores of
+    # the steps in between, and a finished tile's dq leaves PSUM after them
+    late, done = [], []
+
+    def catch_up():
+        for dq in late:
+            dq()
+        late.clear()
+        finished = list(done)
+        done.clear()
+        return finished
+
+    def evacuate(finished):
+        for r, tile, dq_ps in finished:
+            items[r].append(bwd_dq(tile, dq_ps, scale, qk))
 
     def first(st):
         i, c, r = st
@@ -230,13 +254,16 @@ def bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, qk, side=()):
         t0, rows = i * P, min(P, T - i * P)
         if c == 0:
             dq_open[r].append(nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum))
-        bwd_values(tiles[r][i], c * KC, min(KC, t0 + rows - c * KC), res[0], res[1], dq_open[r][0], k_tiles, acc,
-                    bias[0], dt)
+        finished = catch_up()
+        late.append(bwd_values(tiles[r][i], c * KC, min(KC, t0 + rows - c * KC), res[0], res[1], dq_open[r][0],
+                               k_tiles, acc, bias[0], dt))
+        evacuate(finished)
         if (c + 1) * KC >= t0 + rows:
-            items[r].append(bwd_dq(tiles[r][i], dq_open[r].pop(0), scale, qk))
+            done.append((r, tiles[r][i], dq_open[r].pop(0)))
 
     steps = [(i, c, r) for i in range(nt) for c in range(cdiv(min(T, (i + 1) * P), KC)) for r in range(R)]
     pipelined(steps, first, second, lag=LAG, side=side)
+    evacuate(catch_up())
     return items
 
 
