@@ -170,7 +170,7 @@ def _tail(c, seqs, js, res):
             dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             units.append(lambda dg_P1=dg_P1: nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd))
             prep_grad(items[r], c["gains"][h], dg_P1, nisa.engine.gpsimd, units.append,
-                      lambda dg_P1=dg_P1, h=h: gain_grad(st["dg"], dg_P1, h), prescaled=True)
+                      lambda dg_P1=dg_P1, h=h: gain_grad(st["dg"], dg_P1, h, K), prescaled=True)
         units.append(lambda h=h: perm_rows(grads[0][1], H, h, grads[0][0], T, ident, dt, (H, h)))
         chains.append(units)
     units = []

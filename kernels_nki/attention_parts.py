@@ -53,8 +53,8 @@ def causal_bias(dt):
 def head_rows(t, rows, dt, ident, transposed, vec=False, saved=(), tT=None):
     """A 128-row tile of one head, t (a [P, K] `block` view), and its [K, 128] transpose (leaving PSUM on
     VectorE with `vec`, else ScalarE; into tT, a [K, >= rows] view, when given). With `saved` = (y, inv, yT),
-    the forward's outputs as views, the tile is replaced by y (norm = (xn, inv) for `prep_grad`, xn = x inv
-    on ScalarE) and the transpose is yT, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
+    the forward's outputs as views, the tile is replaced by y (norm = (xn, inv, -xn / K) for `prep_grad`, xn =
+    x inv on ScalarE) and the transpose is yT, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
     K = t.shape[1]
     P = nl.tile_size.pmax
     norm = ()
@@ -62,7 +62,10 @@ def head_rows(t, rows, dt, ident, transposed, vec=False, saved=(), tT=None):
         y, inv_P1, yT = saved
         xn = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
         scale_rows(xn, t, rows, inv_P1)
-        t, norm = y, (xn, inv_P1)
+        xk = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)  # -xn / K, from x on VectorE
+        nisa.tensor_scalar(dst=xk[0:rows], data=t[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows], op1=nl.multiply,
+                           operand1=-1.0 / K)
+        t, norm = y, (xn, inv_P1, xk)
         if transposed:
             return t, yT, norm
     if not transposed:
@@ -223,9 +226,10 @@ def scale_rows(dst, x, rows, s_P1):
 
 def prep_grad(items, gain, dg_P1, rot_engine, run=None, done=None, prescaled=False):
     """dst[0:rows] = the gradient through `prep_tile` of d_f (fp32 [P, K], w.r.t. its output rows), for each
-    (dst, d_f, rows, cs, norm) of items: w = rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K)
-    (reference.rms_norm_bwd after rope_gain_bwd); with a gain, dg_P1 += dot, the gain's gradient per row (d .
-    rope(xn) = w . xn, the rotation being orthogonal). Products and sums of tiles on GpSimd, row sums and [P,
+    (dst, d_f, rows, cs, norm) of items, norm = (xn, inv, -xn / K) (`head_rows`): w = rope^-1(d), c = rowsum(w
+    (-xn / K)) = -dot / K, dx = gain inv (w + xn c) (reference.rms_norm_bwd after rope_gain_bwd); with a gain,
+    dg_P1 += c, -1 / K times the gain's gradient per row (d . rope(xn) = w . xn = dot, the rotation being
+    orthogonal). Products and sums of tiles on GpSimd, row sums and [P,
     1] columns on VectorE, scalings on ScalarE; each step for every item before the next (`rotate`); run as
     `staged`, `done` (a callable) the last stage; `prescaled`: each norm's inv column is inv gain already."""
     P = nl.tile_size.pmax
@@ -234,23 +238,19 @@ def prep_grad(items, gain, dg_P1, rot_engine, run=None, done=None, prescaled=Fal
     ws = [nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf) for _ in items]
     rotate([(w, it[1], it[2], it[3]) for w, it in zip(ws, items)], True, rot_engine, run)
     prods = [nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf) for _ in items]
-    dots = [nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf) for _ in items]
     cs_ = [nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf) for _ in items]
 
     def products():
         for (dst, d_f, rows, cs, norm), w, prod in zip(items, ws, prods):
-            nisa.tensor_tensor(dst=prod[0:rows], data1=w[0:rows], data2=norm[0][0:rows], op=nl.multiply, engine=gp)
+            nisa.tensor_tensor(dst=prod[0:rows], data1=w[0:rows], data2=norm[2][0:rows], op=nl.multiply, engine=gp)
 
     def sums():
-        for (dst, d_f, rows, cs, norm), prod, dot_P1 in zip(items, prods, dots):
-            nisa.tensor_reduce(dst=dot_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, keepdims=True)
-
-    def columns():
-        for (dst, d_f, rows, cs, norm), dot_P1, c_P1 in zip(items, dots, cs_):
-            if gain:
-                nisa.tensor_tensor(dst=dg_P1[0:rows], data1=dg_P1[0:rows], data2=dot_P1[0:rows], op=nl.add,
+        for (dst, d_f, rows, cs, norm), prod, c_P1 in zip(items, prods, cs_):
+            nisa.tensor_reduce(dst=c_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, keepdims=True)
+        if gain:
+            for (dst, d_f, rows, cs, norm), c_P1 in zip(items, cs_):
+                nisa.tensor_tensor(dst=dg_P1[0:rows], data1=dg_P1[0:rows], data2=c_P1[0:rows], op=nl.add,
                                    engine=gp)
-            nisa.tensor_scalar(dst=c_P1[0:rows], data=dot_P1[0:rows], op0=nl.multiply, operand0=-1.0 / K)
 
     def centre():
         for (dst, d_f, rows, cs, norm), prod, c_P1 in zip(items, prods, cs_):
@@ -269,7 +269,7 @@ def prep_grad(items, gain, dg_P1, rot_engine, run=None, done=None, prescaled=Fal
         if done is not None:
             done()
 
-    staged([products, sums, columns, centre, out], run)
+    staged([products, sums, centre, out], run)
 
 
 def gain_tile(g_PH):

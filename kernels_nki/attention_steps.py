@@ -142,7 +142,7 @@ def bwd_tile(views, t0, rows, bias, dt, qk=()):
         s_P1 = nl.ndarray((nl.tile_size.pmax, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=s_P1[0:rows], data=norm[1][0:rows], op0=nl.multiply, operand0=qk[1][0][0:rows],
                            op1=nl.multiply, operand1=q_v.shape[1] ** -0.5)
-        norm = (norm[0], s_P1)
+        norm = (norm[0], s_P1, norm[2])
     return q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows, dq_t, qk[0] if qk else ()
 
 
@@ -287,10 +287,11 @@ def store_kv_grad(dst_sb, G, acc, g, T, K, scale, dt, tables=(), norms=()):
     return items
 
 
-def gain_grad(dg_1H, dg_P1, h):
-    """dg_1H[0, h] = the sum over partitions of dg_P1 (fp32): one matmul against a ones column."""
+def gain_grad(dg_1H, dg_P1, h, K):
+    """dg_1H[0, h] = -K times the sum over partitions of dg_P1 (fp32, -1 / K times the gain's gradient per row:
+    `prep_grad`): one matmul against a ones column."""
     P = nl.tile_size.pmax
     ones_P1 = nl.ones((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     s_ps = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=s_ps, stationary=dg_P1, moving=ones_P1)
-    nisa.tensor_copy(dst=dg_1H[0:1, h:h + 1], src=s_ps, engine=nisa.engine.vector)
+    nisa.tensor_scalar(dst=dg_1H[0:1, h:h + 1], data=s_ps, op0=nl.multiply, operand0=-float(K))
