@@ -57,15 +57,15 @@ and the shift cost TensorE, which has room. Out: o = o' / l (input dtype), lse =
 T, 1] fp32 (the backward's residual); the T x T scores never leave PSUM/SBUF.
 
 Backward, per (batch, kv head), recomputing p = exp(scale s - lse) chunk by chunk (no max, no sum),
-the diagonal block's p zeroed above the diagonal by GpSimd affine_select (SBUF, in place): dp = dO v^T
-(stationary dO^T, moving v^T); ds = p (dp - Di), Di = rowsum(dO o) per query: dp - Di leaves PSUM on
-VectorE (one input, N cycles) and the product with p runs on GpSimd (both in SBUF) instead of one
-two-input VectorE pass (~2N cycles); dv += p^T dO and dk += ds^T q contract over the query rows
+the diagonal block's scores masked as in the forward (NEG added by the 0/1-stationary matmul: the exp
+gives p = 0 above the diagonal): dp = dO v^T (stationary dO^T, moving v^T); ds = p (dp - Di), Di =
+rowsum(dO o) per query: dp - Di leaves PSUM on ScalarE (its bias) and the product with p runs on GpSimd
+(both in SBUF; VectorE shares GpSimd's SBUF port and ScalarE's PSUM port); dv += p^T dO and dk += ds^T q contract over the query rows
 (stationary p / ds, moving dO / q) and accumulate in PSUM across all R query heads and query tiles of
 the kv head (T K / 65536 banks each); dq += ds k needs ds^T (a transpose). dq and dk take the
 1/sqrt(K) scale when leaving PSUM. The fused backward loads q^T / k^T saved by the forward (qgT, krT)
 instead of transposing the rows again; a chunk's ds^T blocks leave PSUM together (one copy when every
-block is full), on VectorE for every BWD_VEC-th chunk, on ScalarE otherwise.
+block is full) on ScalarE, and its dq matmuls issue a step later (`bwd_heads`).
 
 TensorE: q k^T and dO v^T contract over K = 64 and run in row tiling mode on alternating 64-row
 halves of the PE array, which run in parallel (nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
@@ -101,7 +101,9 @@ Instruction order: the engines run their instruction streams in program order, s
 independent chains: per kv head the (chunk, key tile) steps of the bounded forward and the (query tile, key
 chunk) steps of the backward run two steps apart (`pipelined`) and alternate between the R query heads;
 the row-wise prep (`prep_tile`) and its gradient (`prep_grad`) issue each step for every tile of a head
-before the next step.
+before the next step. The backward runs as jobs, one per (sequence, kv head), whose set-up (loads, rows and
+transposes) and tail (`prep_grad`, the gain's gradient, `perm_rows`, stores) are side work spread between the
+neighbouring job's steps (kernels_nki/attention_bwd.py).
 """
 
 
@@ -110,13 +112,11 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.attention_bwd import bwd
-from kernels_nki.attention_layout import (
-    block, lse_store, natural_cols, neg_lse_load, neg_rowdot, perm_rows, rows_from_transpose, seq_dma, seq_tile)
+from kernels_nki.attention_layout import block, lse_store, natural_cols, perm_rows, seq_dma, seq_tile
 from kernels_nki.attention_parts import (
-    causal_bias, dims, gain_column, gain_tile, half_matmul, kv_head, kv_head_saved, prep_grad, prep_head, rope_tiles,
+    causal_bias, dims, gain_column, gain_tile, half_matmul, kv_head, kv_head_saved, prep_head, rope_tiles,
     saved_outputs, v_aug)
-from kernels_nki.attention_steps import (
-    KC, bounded_heads, bwd_heads, bwd_tile, gain_grad, pipelined, scores, store_kv_grad)
+from kernels_nki.attention_steps import KC, bounded_heads, scores
 from kernels_nki.tiles import cdiv, identity, transpose
 
 SHIFT_OFFSET = 35.0  # the bounded forward's shift m_h = B_h - SHIFT_OFFSET (module docstring)
@@ -282,32 +282,40 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
     g_sb = gain_tile(g_PH)
     gains = [gain_column(g_sb, h, K) for h in range(H)]
     negms = [_neg_shift(gain[0]) for gain in gains]
+    maskT = causal_bias(dt, key_major=True)[1]
     for b in nl.affine_range(B):
         q_sb, k_sb = seq_tile(q_BTHK, dt, b, perm=True), seq_tile(k_BTGK, dt, b, perm=True)
         v_sb = seq_tile(v_BTGK, dt, b)
         o_sb, lse_sb = seq_tile(o_BTHK, dt), nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
         outs = _saved_tiles(saved, dt)
 
-        def prep(g):  # kv head g's k^T, [v | 1] tiles and its query heads' q^T
-            k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, ident, tables, (outs[2], outs[3]), saved[5], b, vec=True,
-                                        perm=True)
-            qTs = []
-            for r in range(R):
+        def prep(g):  # units making kv head g's k^T, [v | 1] tiles and its query heads' q^T into res
+            res = {"qTs": [nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf) for _ in range(R)]}
+
+            def kside():
+                res["kT"] = kv_head_saved(k_sb, G, g, T, dt, ident, tables, (outs[2], outs[3]), saved[5], b,
+                                          vec=True, perm=True)[1]
+                res["vs"] = v_aug(v_sb, G, g, T, dt)
+
+            def qside(r):
                 h = g * R + r
-                qT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
                 ys = prep_head(q_sb, H, h, T, tables, gains[h], outs, dt)
                 for i in nl.affine_range(cdiv(T, P)):
                     rows = min(P, T - i * P)
-                    transpose(natural_cols(qT, i, T, True), ys[i][0:rows], rows, K, ident, on_vector=True)
-                nisa.dma_copy(dst=saved[4][b, h], src=qT)
-                qTs.append(qT)
-            return kT, v_aug(v_sb, G, g, T, dt), qTs
+                    transpose(natural_cols(res["qTs"][r], i, T, True), ys[i][0:rows], rows, K, ident, on_vector=True)
+                nisa.dma_copy(dst=saved[4][b, h], src=res["qTs"][r])
 
-        def core(g, res):
+            return res, [kside] + [lambda r=r: qside(r) for r in range(R)]
+
+        res, units = prep(0)
+        for u in units:
+            u()
+        for g in nl.sequential_range(G):  # kv head g + 1's row-wise prep as side work of kv head g's steps
+            nxt, units = prep(g + 1) if g + 1 < G else ({}, [])
             hs = [g * R + r for r in range(R)]
-            bounded_heads(res[2], res[0], res[1], [negms[h] for h in hs], (o_sb, lse_sb, H), hs, scale, dt, ident)
-
-        pipelined(range(G), prep, core)  # kv head g + 1's row-wise prep beside kv head g's attention
+            bounded_heads(res["qTs"], res["kT"], res["vs"], [negms[h] for h in hs], (o_sb, lse_sb, H), hs, scale,
+                          dt, ident, maskT, units)
+            res = nxt
         _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32, o_perm=True)
     return (o_BTHK, lse_BHT1) + saved
 

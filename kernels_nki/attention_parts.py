@@ -37,15 +37,17 @@ def dims(q_BTHK, k_BTGK):
     return B, T, H, K, G, H // G, nl.tile_size.pmax, q_BTHK.dtype, 1.0 / (K ** 0.5)
 
 
-def causal_bias(dt):
+def causal_bias(dt, key_major=False):
     """(identity, bias, ones), [128, 128] each in dt, built once per call: bias is 0 where key j <= query p,
     NEG above (the forward's row max sees it via identity^T bias accumulated into the scores); the identity
-    is also the moving side of every transpose (`kernels_nki.tiles.transpose`), ones[0:1] the shift matmul's stationary."""
+    is also the moving side of every transpose (`kernels_nki.tiles.transpose`), ones[0:1] the shift matmul's stationary.
+    key_major: the bias transposed (NEG where key p > query j), for key-major scores."""
     P = nl.tile_size.pmax
     zero = nl.zeros((P, P), dtype=dt, buffer=nl.sbuf)
     one = nl.ones((P, P), dtype=dt, buffer=nl.sbuf)
     bias = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-    nisa.affine_select(dst=bias, pattern=[[-1, P]], offset=0, channel_multiplier=1, on_true_tile=zero,
+    d = 1 if key_major else -1
+    nisa.affine_select(dst=bias, pattern=[[d, P]], offset=0, channel_multiplier=-d, on_true_tile=zero,
                        on_false_value=NEG, cmp_op=nl.greater_equal)
     return identity(dt), bias, one
 

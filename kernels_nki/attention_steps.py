@@ -14,10 +14,9 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.attention_layout import block, perm_rows
-from kernels_nki.attention_parts import half_matmul, head_rows, prep_grad
+from kernels_nki.attention_parts import half_matmul, head_rows
 from kernels_nki.tiles import cdiv, transpose, transpose_to_psum
 
-BWD_VEC = 3  # backward: every BWD_VEC-th chunk's ds^T leaves PSUM on VectorE, the others on ScalarE
 KC = 512  # keys (queries in the bounded forward) per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
 LAG = 2  # `pipelined` steps between a step's two halves
 
@@ -59,11 +58,12 @@ def pipelined(steps, first, second, lag=1, side=()):
         u()
 
 
-def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident):
+def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=()):
     """Query heads hs of one kv head in the fused forward (module docstring): per head and chunk of KC
     queries c0:c0+n, against keys 0 .. c0+n, o' for the chunk's query tiles in one PSUM bank, then o and lse
     into the batch's SBUF tiles (outs = (o seq tile in the `perm` layout, lse columns, H): o by `perm_rows`
-    once a head is done); the (chunk, key tile, head) steps `pipelined`, the heads interleaved (independent
+    once a head is done); maskT: the key-major causal bias ([128, 128], NEG where key > query); the (chunk,
+    key tile, head) steps `pipelined` with the `side` units between them, the heads interleaved (independent
     chains side by side)."""
     K = qTs[0].shape[0]
     T = kT.shape[1]
@@ -83,12 +83,11 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident):
         nj = c0 + n - q0
         sT_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
         half_matmul(sT_ps[0:kr, 0:nj], kT[0:K, k0:k0 + kr], qTs[r][0:K, q0:q0 + nj], (j + r) % 2)
+        if k0 >= c0:  # the diagonal block leads: += I^T maskT, NEG where key > query, so that p^T = 0 there
+            nisa.nc_matmul(dst=sT_ps[0:kr, 0:kr], stationary=ident[0:kr, 0:kr], moving=maskT[0:kr, 0:kr],
+                           accumulate=True, is_stationary_onezero=True)
         pT = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
         nisa.activation(dst=pT[0:kr, 0:nj], op=nl.exp, data=sT_ps[0:kr, 0:nj], bias=negms[r][0:kr], scale=scale)
-        if k0 >= c0:  # the diagonal block leads: p^T[key, query] = 0 where key > query
-            d = pT[0:kr, 0:kr]
-            nisa.affine_select(dst=d, pattern=[[1, kr]], offset=0, channel_multiplier=-1, on_true_tile=d,
-                               on_false_value=0.0, cmp_op=nl.greater_equal)
         return pT
 
     def values(st, pT):
@@ -108,16 +107,29 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident):
 
     steps = [(c, j, r) for c in range(cdiv(T, KC)) for j in range(cdiv(min(T, (c + 1) * KC), P))
              for r in range(len(hs))]
-    pipelined(steps, scores, values, lag=LAG)
+    pipelined(steps, scores, values, lag=LAG, side=side)
     for r in range(len(hs)):  # o: natural 128-row blocks -> the batch's `perm` o tile
         perm_rows(outs[0], outs[2], hs[r], o_nat[r], T, ident, dt)
 
 
 def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
-    """o = o' / l and lse = m_h + log(l) of one chunk's query tiles into the batch's SBUF tiles."""
+    """o = o' / l and lse = m_h + log(l) of one chunk's query tiles into the batch's SBUF tiles; when every tile
+    is full, 1 / l and lse for all of them at once (their l columns and lse columns are strided views)."""
     P = nl.tile_size.pmax
     W = K + 1
     o_sb, lse_sb, H = outs
+    if n % P == 0:
+        m, s0 = n // P, (c0 // P) * H + h
+        l_ps = o_ps[0:P, K:m * W:W]
+        inv = nl.ndarray((P, KC // P), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=inv[0:P, 0:m], data=l_ps)
+        for i in range(m):
+            nisa.tensor_scalar(dst=block(o_sb, c0 // P + i, 0, 1, K), data=o_ps[0:P, i * W:i * W + K],
+                               op0=nl.multiply, operand0=inv[0:P, i:i + 1])
+        lse = lse_sb[0:P, s0:s0 + (m - 1) * H + 1:H]  # m_h + log(l)
+        nisa.activation(dst=lse, op=nl.log, data=l_ps)
+        nisa.tensor_scalar(dst=lse, data=lse, op0=nl.subtract, operand0=negm_P1[0:P])
+        return
     for i in range(cdiv(n, P)):
         t0 = c0 + i * P
         rows = min(P, c0 + n - t0)
@@ -171,7 +183,8 @@ def bwd_scores(tile, c0, kc, kT, vT, bias, scale, dt):
 def bwd_values(tile, c0, kc, p_t, ds_t, dq_ps, k_tiles, acc, ident, dt):
     """Second half of a step, per 128-key block j of the chunk: dv += p^T dO, dk += ds^T q (PSUM accumulators
     across the kv head's query heads and tiles), dq += ds k (ds^T by a transpose); every block's ds^T
-    transpose first, its PSUM copy alternating between VectorE (every BWD_VEC-th) and ScalarE. -> a callable
+    transpose first, its PSUM copy on ScalarE (VectorE's would hold the PSUM port and GpSimd's SBUF port, both
+    busier than ScalarE's share of the step). -> a callable
     issuing the dq matmuls (which wait for the copies: `bwd_heads` issues them a step later)."""
     q_t, do_t, t0, rows = tile[0], tile[3], tile[7], tile[8]
     K = q_t.shape[1]
@@ -179,18 +192,14 @@ def bwd_values(tile, c0, kc, p_t, ds_t, dq_ps, k_tiles, acc, ident, dt):
     per_bank = KC // K
     blocks = [(j, c0 // P + j, min(P, kc - j * P)) for j in range(cdiv(kc, P))]
     dsT = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
-    vec = (t0 // P + c0 // KC) % BWD_VEC == BWD_VEC - 1
     if rows == P and kc % P == 0:  # every block full: all the chunk's ds^T leave PSUM in one instruction
         t_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
         for j, kt, kr in blocks:
             transpose_to_psum(t_ps[0:P, j * P:(j + 1) * P], ds_t[0:P, j * P:(j + 1) * P], P, ident)
-        if vec:
-            nisa.tensor_copy(dst=dsT[0:P, 0:kc], src=t_ps[0:P, 0:kc], engine=nisa.engine.vector)
-        else:
-            nisa.activation(dst=dsT[0:P, 0:kc], op=nl.copy, data=t_ps[0:P, 0:kc])
+        nisa.activation(dst=dsT[0:P, 0:kc], op=nl.copy, data=t_ps[0:P, 0:kc])
     else:
         for j, kt, kr in blocks:
-            transpose(dsT[0:kr, j * P:j * P + rows], ds_t[0:rows, j * P:j * P + kr], rows, kr, ident, on_vector=vec)
+            transpose(dsT[0:kr, j * P:j * P + rows], ds_t[0:rows, j * P:j * P + kr], rows, kr, ident)
     dsTs = [dsT[:, j * P:(j + 1) * P] for j, _, _ in blocks]
     for j, kt, kr in blocks:
         cols, col = slice(j * P, j * P + kr), (kt % per_bank) * K
