@@ -19,7 +19,7 @@ import nki.language as nl
 from kernels_nki.attention_layout import block, natural_cols, neg_lse_load, neg_rowdot, perm_rows, \
     rows_from_transpose, seq_dma, seq_tile
 from kernels_nki.attention_parts import causal_bias, dims, gain_column, gain_tile, kv_head, prep_grad, rope_tiles
-from kernels_nki.attention_steps import KC, bwd_heads, bwd_tile, gain_grad, store_kv_grad
+from kernels_nki.attention_steps import KC, run_unit, bwd_heads, bwd_tile, gain_grad, store_kv_grad
 from kernels_nki.tiles import cdiv, identity, transpose
 
 
@@ -36,43 +36,58 @@ def bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
          "ins": (q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK)}
     g_sb = gain_tile(rope[2]) if rope else None
     c["gains"] = [gain_column(g_sb, h, K) if rope else () for h in range(H)]
-    seqs = [{} for _ in range(B)]
+    slots = [_seq_tiles(c) for _ in range(min(B, 2))]  # a sequence's tiles, two sets used in turn
+    seqs = [dict(slots[b % 2]) for b in range(B)]
     jobs = [(b, g) for b in range(B) for g in range(G)]
-    job, (loads, units) = _setup(c, seqs, jobs[0])
-    for u in loads + units:
-        u()
-    tail = []
+    job, side = _setup(c, seqs, jobs[0])
+    side = side[0] + side[1]
+    for k in range(len(side)):
+        run_unit(side, k)
+    side = []
     for n in range(len(jobs)):
-        nxt, (loads, units) = _setup(c, seqs, jobs[n + 1]) if n + 1 < len(jobs) else ({}, ([], []))
-        res = _steps(c, job, loads + tail + units)  # the loads first: the engines' streams never wait on them
-        tail = _tail(c, seqs, job, res)
+        nxt = {}
+        if n + 1 < len(jobs):
+            def setup(n=n, nxt=nxt, side=side):  # after the previous tail: its tiles released before these
+                loads, units = _setup(c, seqs, jobs[n + 1], nxt)[1]
+                side.extend(loads + units)
+            side.append(setup)
+        res = _steps(c, job, side)
+        side = _tail(c, seqs, job, res)
         res = ()  # its dk / dv accumulators released before the next job's
         job = nxt
-    for u in tail:
-        u()
+    for k in range(len(side)):
+        run_unit(side, k)
     if rope:
         return outs + (dg_BH1,)
     return outs
 
 
-def _seq_units(c, st, b):
-    """(DMA units, compute units): sequence b's loads into st (its tiles allocated now), its -Di and -lse
-    columns."""
+def _seq_tiles(c):
+    """One set of a sequence's SBUF tiles: q, o; dO (its rows made from dO^T), k, v (only v^T is read); the
+    gradients in natural rows, then in the `perm` layout (`perm_rows`) for their stores; qg / kr (the rows of
+    the saved transposes, loaded anyway, transposed back on chip) and their inverse RMS."""
     B, T, H, K, G, R, P, dt, scale = c["dims"]
     q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK = c["ins"]
     rope = c["rope"]
-
-    # the tiles now (their loads are a unit): q, o; dO (its rows made from dO^T), k, v (only v^T is read); the
-    # gradients in natural rows, then in the `perm` layout (`perm_rows`) for their stores
-    st["q"], st["o"], st["do"], st["do_nat"] = (seq_tile(q_BTHK, dt), seq_tile(o_BTHK, dt), seq_tile(do_BTHK, dt),
-                                                seq_tile(do_BTHK, dt))
-    st["k"], st["v"] = seq_tile(k_BTGK, dt), seq_tile(v_BTGK, dt)
-    st["grads"] = [(seq_tile(x, dt), seq_tile(x, dt)) for x in c["outs"]]
-    loaded = [("q", q_BTHK, False), ("o", o_BTHK, True), ("do", do_BTHK, True), ("k", k_BTGK, False),
-              ("v", v_BTGK, True)]
-    if rope:  # qg / kr: the rows of the saved transposes (loaded anyway), transposed back on chip
+    st = {"q": seq_tile(q_BTHK, dt), "o": seq_tile(o_BTHK, dt), "do": seq_tile(do_BTHK, dt),
+          "do_nat": seq_tile(do_BTHK, dt), "k": seq_tile(k_BTGK, dt), "v": seq_tile(v_BTGK, dt),
+          "grads": [(seq_tile(x, dt), seq_tile(x, dt)) for x in c["outs"]],
+          "negl": nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf),  # -lse, -Di columns
+          "negdi": nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)}
+    if rope:
         st["qg"], st["qinv"] = seq_tile(rope[3], dt), seq_tile(rope[4], nl.float32)
         st["kr"], st["kinv"] = seq_tile(rope[5], dt), seq_tile(rope[6], nl.float32)
+    return st
+
+
+def _seq_units(c, st, b):
+    """(DMA units, compute units): sequence b's loads into st (a `_seq_tiles` set), its -Di and -lse columns."""
+    B, T, H, K, G, R, P, dt, scale = c["dims"]
+    q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK = c["ins"]
+    rope = c["rope"]
+    loaded = [("q", q_BTHK, False), ("o", o_BTHK, True), ("do", do_BTHK, True), ("k", k_BTGK, False),
+              ("v", v_BTGK, True)]
+    if rope:
         st["dg"] = nl.ndarray((1, H), dtype=nl.float32, buffer=nl.sbuf)
         loaded += [("qinv", rope[4], False), ("kinv", rope[6], False)]
 
@@ -83,21 +98,24 @@ def _seq_units(c, st, b):
     lse_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
 
     def lse():
-        st["negl"] = neg_lse_load(lse_BHT1, b, c["ident32"], lse_HT)
+        neg_lse_load(lse_BHT1, b, c["ident32"], lse_HT, st["negl"])
 
     units = [lse]
-    st["negdi"] = neg_rowdot(st["do"], st["o"], H, T, c["ident32"], units.append)  # -Di = -rowsum(dO o)
-    return [loads, lambda: nisa.dma_copy(dst=lse_HT, src=lse_BHT1[b].reshape((H, T)))], units
+    neg_rowdot(st["do"], st["o"], H, T, c["ident32"], units.append, st["negdi"])  # -Di = -rowsum(dO o)
+    return [loads], [lambda: nisa.dma_copy(dst=lse_HT, src=lse_BHT1[b].reshape((H, T)))] + units
 
 
-def _setup(c, seqs, bg):
+def _setup(c, seqs, bg, js=None):
     """(job state, (DMA units, compute units) filling it) of job bg = (sequence, kv head)."""
     B, T, H, K, G, R, P, dt, scale = c["dims"]
     b, g = bg
     rope, bias = c["rope"], c["bias"]
     st = seqs[b]
-    js = {"b": b, "g": g, "tiles": [None] * R}
-    loads, units = _seq_units(c, st, b) if g == 0 else ([], [])
+    js = {} if js is None else js
+    js.update({"b": b, "g": g, "tiles": [None] * R})
+    units, loads = _seq_units(c, st, b) if g == 0 else ([], [])
+    units = units + loads  # the sequence's loads after the tail still reading the same set of tiles
+    loads = []
     krT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
     qTs = [nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf) for _ in range(R)]
     if rope:  # the saved transposes: one DMA per (sequence, head)
@@ -186,5 +204,6 @@ def _tail(c, seqs, js, res):
                 seq_dma(out, dst, b, False, perm=True)
             if rope:
                 nisa.dma_copy(dst=c["dg"][b].reshape((1, H)), src=st["dg"])
+            st.clear()  # the sequence's tiles released
         units.append(stores)
     return units

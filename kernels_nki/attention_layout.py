@@ -85,16 +85,17 @@ def lse_store(lse_BHT1, b, cols, ident32):
     nisa.dma_copy(dst=lse_BHT1[b].reshape((H, T)), src=rows_HT)
 
 
-def neg_lse_load(lse_BHT1, b, ident32, rows_HT=None):
+def neg_lse_load(lse_BHT1, b, ident32, rows_HT=None, cols=None):
     """-lse_BHT1[b] as [rows, 1] columns in a [P, n H] fp32 tile (`lse_store`'s layout): one DMA of the [H, T]
     rows (unless rows_HT, the [H, T] SBUF tile, is given: loaded already), per tile one TensorE transpose,
-    negated leaving PSUM."""
+    negated leaving PSUM (into `cols` when given)."""
     B, H, T, _ = lse_BHT1.shape
     P = nl.tile_size.pmax
     if rows_HT is None:
         rows_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=rows_HT, src=lse_BHT1[b].reshape((H, T)))
-    cols = nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
+    if cols is None:
+        cols = nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
     for i in nl.affine_range(cdiv(T, P)):
         r = min(P, T - i * P)
         t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
@@ -166,7 +167,7 @@ def perm_rows(dst_sb, X, x, src, T, ident, dt, src_head=(1, 0)):
                          engine=nisa.engine.gpsimd)
 
 
-def neg_rowdot(a_sb, b_sb, H, T, ident32, run=None):
+def neg_rowdot(a_sb, b_sb, H, T, ident32, run=None, out=None):
     """-rowsum(a b) of every row and head of two `perm` `seq_tile`s (the backward's -Di = -rowsum(dO o)) as
     natural [rows, 1] columns in a [P, n H] fp32 tile (`lse_store`'s layout): per block and head the product
     (GpSimd) and its row sum (VectorE) in the `perm` layout, then per block one fp32 TensorE transpose of the
@@ -176,7 +177,8 @@ def neg_rowdot(a_sb, b_sb, H, T, ident32, run=None):
     K = a_sb.shape[1] // (nt * H)
     cols = nl.ndarray((P, nt * H), dtype=nl.float32, buffer=nl.sbuf)
     rows_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
-    out = nl.ndarray((P, nt * H), dtype=nl.float32, buffer=nl.sbuf)
+    if out is None:
+        out = nl.ndarray((P, nt * H), dtype=nl.float32, buffer=nl.sbuf)
 
     def block_sums(i):
         r = min(P, T - i * P)

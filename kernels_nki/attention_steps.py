@@ -38,24 +38,30 @@ def scores(qT, kT, t0, rows, c0, kc, bias, masked):
 def pipelined(steps, first, second, lag=1, side=()):
     """first(step) for each step, second(step, first's result) `lag` steps later: the next steps' independent
     work sits between a step's halves on the engines' in-order instruction streams while its cross-engine
-    chain (matmul -> exp -> mask -> matmul) completes. `side`: units of independent work (callables, run in
-    order), spread evenly between the steps."""
+    chain (matmul -> exp -> mask -> matmul) completes. `side`: a list of units of independent work (callables,
+    run in order, each dropped from the list once run; a unit may append more), spread evenly between the
+    steps."""
     pending = []
     steps = list(steps)
-    side = list(side)
     done = 0
     for n, st in enumerate(steps):
         pending.append((st, first(st)))
         if len(pending) > lag:
             second(*pending.pop(0))
-        upto = (n + 1) * len(side) // len(steps)
-        for u in side[done:upto]:
-            u()
-        done = max(done, upto)
+        while done < (n + 1) * len(side) // len(steps):
+            done = run_unit(side, done)
     for st, res in pending:
         second(st, res)
-    for u in side[done:]:
-        u()
+    while done < len(side):
+        done = run_unit(side, done)
+
+
+def run_unit(side, k):
+    """Runs side[k] and drops it (its tiles are released once nothing else holds them) -> k + 1."""
+    u = side[k]
+    side[k] = None
+    u()
+    return k + 1
 
 
 def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=()):
@@ -124,8 +130,8 @@ def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
         inv = nl.ndarray((P, KC // P), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=inv[0:P, 0:m], data=l_ps)
         for i in range(m):
-            nisa.tensor_scalar(dst=block(o_sb, c0 // P + i, 0, 1, K), data=o_ps[0:P, i * W:i * W + K],
-                               op0=nl.multiply, operand0=inv[0:P, i:i + 1])
+            nisa.activation(dst=block(o_sb, c0 // P + i, 0, 1, K), op=nl.copy, data=o_ps[0:P, i * W:i * W + K],
+                            scale=inv[0:P, i:i + 1])  # ScalarE: VectorE's PSUM read would hold the SBUF port too
         lse = lse_sb[0:P, s0:s0 + (m - 1) * H + 1:H]  # m_h + log(l)
         nisa.activation(dst=lse, op=nl.log, data=l_ps)
         nisa.tensor_scalar(dst=lse, data=lse, op0=nl.subtract, operand0=negm_P1[0:P])
