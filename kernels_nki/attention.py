@@ -31,7 +31,8 @@ query heads) and [v | 1] tiles; per query head q^T [K, T] (normed, rotated, tran
 of 512 queries (one fp32 PSUM bank) and 128-key tile j up to the chunk's end: s^T = k_j q^T (stationary
 k^T [K, 128], moving q^T [K, <= 512] from query max(chunk start, 128 j): blocks above the diagonal are
 never issued; a 64-row tile), p^T = exp(scale s^T - m_h) by one ScalarE instruction straight out of PSUM
-(the shift is its bias), the diagonal block zeroed above the diagonal by GpSimd affine_select, and o'_i
+(the shift is its bias; the diagonal block's s^T gets NEG above the diagonal first, by a 0/1-stationary
+matmul against the key-major causal bias, so that p^T = 0 there), and o'_i
 += p^T_i [v_j | 1] for each query tile i of the chunk (stationary p^T [keys, 128 queries], moving [v | 1]
 [keys, K + 1]), all accumulating in one PSUM bank across the whole key range (no rescaling: the shift
 never changes). Out: o = o' / l, lse = m_h + log l. Every TensorE instruction is useful work except the
@@ -60,9 +61,10 @@ Backward, per (batch, kv head), recomputing p = exp(scale s - lse) chunk by chun
 the diagonal block's scores masked as in the forward (NEG added by the 0/1-stationary matmul: the exp
 gives p = 0 above the diagonal): dp = dO v^T (stationary dO^T, moving v^T); ds = p (dp - Di), Di =
 rowsum(dO o) per query: dp - Di leaves PSUM on ScalarE (its bias) and the product with p runs on GpSimd
-(both in SBUF; VectorE shares GpSimd's SBUF port and ScalarE's PSUM port); dv += p^T dO and dk += ds^T q contract over the query rows
-(stationary p / ds, moving dO / q) and accumulate in PSUM across all R query heads and query tiles of
-the kv head (T K / 65536 banks each); dq += ds k needs ds^T (a transpose). dq and dk take the
+(both in SBUF; VectorE shares GpSimd's SBUF port and ScalarE's PSUM port); dv += p^T dO and dk += ds^T q
+contract over the query rows (stationary p / ds, moving dO / q) and accumulate in PSUM across all R
+query heads and query tiles of the kv head (T K / 65536 banks each); dq += ds k needs ds^T (a
+transpose). dq and dk take the
 1/sqrt(K) scale when leaving PSUM. The fused backward loads q^T / k^T saved by the forward (qgT, krT)
 instead of transposing the rows again; a chunk's ds^T blocks leave PSUM together (one copy when every
 block is full) on ScalarE, and its dq matmuls issue a step later (`bwd_heads`).
