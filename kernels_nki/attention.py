@@ -101,7 +101,8 @@ per call ([128, H]), cos / sin once per call per layout (`rope_tiles`), dg once 
 
 Instruction order: the engines run their instruction streams in program order, so the kernels interleave
 independent chains: per kv head the (chunk, key tile) steps of the bounded forward and the (query tile, key
-chunk) steps of the backward run two steps apart (`pipelined`) and alternate between the R query heads;
+chunk) steps of the backward run two steps (backward: one, its dq matmuls a step later) apart
+(`pipelined`) and alternate between the R query heads;
 the row-wise prep (`prep_tile`) and its gradient (`prep_grad`) issue each step for every tile of a head
 before the next step. The backward runs as jobs, one per (sequence, kv head), whose set-up (loads, rows and
 transposes) and tail (`prep_grad`, the gain's gradient, `perm_rows`, stores) are side work spread between the

@@ -18,6 +18,7 @@ from kernels_nki.attention_parts import half_matmul, head_rows
 from kernels_nki.tiles import cdiv, transpose, transpose_to_psum
 
 KC = 512  # keys (queries in the bounded forward) per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
+BWD_LAG = 1  # the backward's: its dq matmuls already wait a step (`bwd_heads`)
 LAG = 2  # `pipelined` steps between a step's two halves
 
 
@@ -277,7 +278,7 @@ def bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, qk, side=()):
             done.append((r, tiles[r][i], dq_open[r].pop(0)))
 
     steps = [(i, c, r) for i in range(nt) for c in range(cdiv(min(T, (i + 1) * P), KC)) for r in range(R)]
-    pipelined(steps, first, second, lag=LAG, side=side)
+    pipelined(steps, first, second, lag=BWD_LAG, side=side)
     evacuate(catch_up())
     return items
 
