@@ -10,7 +10,9 @@ The engines run their instruction streams in program order (aws-neuron-sdk
 nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute Engines"), so the set-up and
 tail of a job issued between two jobs' steps would leave TensorE and ScalarE idle while they run on VectorE
 and GpSimd, and the steps' engines idle in turn; instead job n's steps carry job n - 1's tail and job n + 1's
-set-up as side work (`pipelined`'s `side`: small units spread over the steps).
+set-up as side work (`pipelined`'s `side`: small units spread over the steps, the set-up built once the tail
+has run, so that at most two jobs' tiles are live); a sequence's tiles come in two sets used in turn
+(`_seq_tiles`).
 """
 
 import nki.isa as nisa
