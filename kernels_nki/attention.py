@@ -31,7 +31,8 @@ query heads) and [v | 1] tiles; per query head q^T [K, T] (normed, rotated, tran
 of 512 queries (one fp32 PSUM bank) and 128-key tile j up to the chunk's end: s^T = k_j q^T (stationary
 k^T [K, 128], moving q^T [K, <= 512] from query max(chunk start, 128 j): blocks above the diagonal are
 never issued; a 64-row tile), p^T = exp(scale s^T - m_h) by one ScalarE instruction straight out of PSUM
-(the shift is its bias), the diagonal block zeroed above the diagonal by GpSimd affine_select, and o'_i
+(the shift is its bias; the diagonal block's s^T gets NEG above the diagonal first, by a 0/1-stationary
+matmul against the key-major causal bias, so that p^T = 0 there), and o'_i
 += p^T_i [v_j | 1] for each query tile i of the chunk (stationary p^T [keys, 128 queries], moving [v | 1]
 [keys, K + 1]), all accumulating in one PSUM bank across the whole key range (no rescaling: the shift
 never changes). Out: o = o' / l, lse = m_h + log l. Every TensorE instruction is useful work except the
@@ -57,15 +58,16 @@ and the shift cost TensorE, which has room. Out: o = o' / l (input dtype), lse =
 T, 1] fp32 (the backward's residual); the T x T scores never leave PSUM/SBUF.
 
 Backward, per (batch, kv head), recomputing p = exp(scale s - lse) chunk by chunk (no max, no sum),
-the diagonal block's p zeroed above the diagonal by GpSimd affine_select (SBUF, in place): dp = dO v^T
-(stationary dO^T, moving v^T); ds = p (dp - Di), Di = rowsum(dO o) per query: dp - Di leaves PSUM on
-VectorE (one input, N cycles) and the product with p runs on GpSimd (both in SBUF) instead of one
-two-input VectorE pass (~2N cycles); dv += p^T dO and dk += ds^T q contract over the query rows
-(stationary p / ds, moving dO / q) and accumulate in PSUM across all R query heads and query tiles of
-the kv head (T K / 65536 banks each); dq += ds k needs ds^T (a transpose). dq and dk take the
+the diagonal block's scores masked as in the forward (NEG added by the 0/1-stationary matmul: the exp
+gives p = 0 above the diagonal): dp = dO v^T (stationary dO^T, moving v^T); ds = p (dp - Di), Di =
+rowsum(dO o) per query: dp - Di leaves PSUM on ScalarE (its bias) and the product with p runs on GpSimd
+(both in SBUF; VectorE shares GpSimd's SBUF port and ScalarE's PSUM port); dv += p^T dO and dk += ds^T q
+contract over the query rows (stationary p / ds, moving dO / q) and accumulate in PSUM across all R
+query heads and query tiles of the kv head (T K / 65536 banks each); dq += ds k needs ds^T (a
+transpose). dq and dk take the
 1/sqrt(K) scale when leaving PSUM. The fused backward loads q^T / k^T saved by the forward (qgT, krT)
 instead of transposing the rows again; a chunk's ds^T blocks leave PSUM together (one copy when every
-block is full), on VectorE for every BWD_VEC-th chunk, on ScalarE otherwise.
+block is full) on ScalarE, and its dq matmuls issue a step later (`bwd_heads`).
 
 TensorE: q k^T and dO v^T contract over K = 64 and run in row tiling mode on alternating 64-row
 halves of the PE array, which run in parallel (nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
@@ -99,9 +101,12 @@ per call ([128, H]), cos / sin once per call per layout (`rope_tiles`), dg once 
 
 Instruction order: the engines run their instruction streams in program order, so the kernels interleave
 independent chains: per kv head the (chunk, key tile) steps of the bounded forward and the (query tile, key
-chunk) steps of the backward run two steps apart (`pipelined`) and alternate between the R query heads;
+chunk) steps of the backward run two steps (backward: one, its dq matmuls a step later) apart
+(`pipelined`) and alternate between the R query heads;
 the row-wise prep (`prep_tile`) and its gradient (`prep_grad`) issue each step for every tile of a head
-before the next step.
+before the next step. The backward runs as jobs, one per (sequence, kv head), whose set-up (loads, rows and
+transposes) and tail (`prep_grad`, the gain's gradient, `perm_rows`, stores) are side work spread between the
+neighbouring job's steps (kernels_nki/attention_bwd.py).
 """
 
 
@@ -109,13 +114,12 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.attention_layout import (
-    block, lse_store, natural_cols, neg_lse_load, neg_rowdot, perm_rows, rows_from_transpose, seq_dma, seq_tile)
+from kernels_nki.attention_bwd import bwd
+from kernels_nki.attention_layout import block, lse_store, natural_cols, perm_rows, seq_dma, seq_tile
 from kernels_nki.attention_parts import (
-    causal_bias, dims, gain_column, gain_tile, half_matmul, kv_head, kv_head_saved, prep_grad, prep_head, rope_tiles,
+    causal_bias, dims, gain_column, gain_tile, half_matmul, kv_head, kv_head_saved, prep_head, rope_tiles,
     saved_outputs, v_aug)
-from kernels_nki.attention_steps import (
-    KC, bounded_heads, bwd_heads, bwd_tile, gain_grad, pipelined, scores, store_kv_grad)
+from kernels_nki.attention_steps import KC, bounded_heads, scores
 from kernels_nki.tiles import cdiv, identity, transpose
 
 SHIFT_OFFSET = 35.0  # the bounded forward's shift m_h = B_h - SHIFT_OFFSET (module docstring)
@@ -281,32 +285,40 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
     g_sb = gain_tile(g_PH)
     gains = [gain_column(g_sb, h, K) for h in range(H)]
     negms = [_neg_shift(gain[0]) for gain in gains]
+    maskT = causal_bias(dt, key_major=True)[1]
     for b in nl.affine_range(B):
         q_sb, k_sb = seq_tile(q_BTHK, dt, b, perm=True), seq_tile(k_BTGK, dt, b, perm=True)
         v_sb = seq_tile(v_BTGK, dt, b)
         o_sb, lse_sb = seq_tile(o_BTHK, dt), nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
         outs = _saved_tiles(saved, dt)
 
-        def prep(g):  # kv head g's k^T, [v | 1] tiles and its query heads' q^T
-            k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, ident, tables, (outs[2], outs[3]), saved[5], b, vec=True,
-                                        perm=True)
-            qTs = []
-            for r in range(R):
+        def prep(g):  # units making kv head g's k^T, [v | 1] tiles and its query heads' q^T into res
+            res = {"qTs": [nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf) for _ in range(R)]}
+
+            def kside():
+                res["kT"] = kv_head_saved(k_sb, G, g, T, dt, ident, tables, (outs[2], outs[3]), saved[5], b,
+                                          vec=True, perm=True)[1]
+                res["vs"] = v_aug(v_sb, G, g, T, dt)
+
+            def qside(r):
                 h = g * R + r
-                qT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
                 ys = prep_head(q_sb, H, h, T, tables, gains[h], outs, dt)
                 for i in nl.affine_range(cdiv(T, P)):
                     rows = min(P, T - i * P)
-                    transpose(natural_cols(qT, i, T, True), ys[i][0:rows], rows, K, ident, on_vector=True)
-                nisa.dma_copy(dst=saved[4][b, h], src=qT)
-                qTs.append(qT)
-            return kT, v_aug(v_sb, G, g, T, dt), qTs
+                    transpose(natural_cols(res["qTs"][r], i, T, True), ys[i][0:rows], rows, K, ident, on_vector=True)
+                nisa.dma_copy(dst=saved[4][b, h], src=res["qTs"][r])
 
-        def core(g, res):
+            return res, [kside] + [lambda r=r: qside(r) for r in range(R)]
+
+        res, units = prep(0)
+        for u in units:
+            u()
+        for g in nl.sequential_range(G):  # kv head g + 1's row-wise prep as side work of kv head g's steps
+            nxt, units = prep(g + 1) if g + 1 < G else ({}, [])
             hs = [g * R + r for r in range(R)]
-            bounded_heads(res[2], res[0], res[1], [negms[h] for h in hs], (o_sb, lse_sb, H), hs, scale, dt, ident)
-
-        pipelined(range(G), prep, core)  # kv head g + 1's row-wise prep beside kv head g's attention
+            bounded_heads(res["qTs"], res["kT"], res["vs"], [negms[h] for h in hs], (o_sb, lse_sb, H), hs, scale,
+                          dt, ident, maskT, units)
+            res = nxt
         _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32, o_perm=True)
     return (o_BTHK, lse_BHT1) + saved
 
@@ -327,88 +339,9 @@ def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=F
 
 def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     """The backward of both kernels; rope: () or (cos_TK2, sin_TK2, g_PH, qg, qinv, kr, kinv, qgT, krT) (the
-    fused forward's inputs and saved outputs). -> (dq, dk, dv) and, with rope, dg_BH1."""
-    B, T, H, K, G, R, P, dt, scale = dims(q_BTHK, k_BTGK)
-    dq_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
-    dk_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
-    dv_BTGK = nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)
-    dg_BH1 = nl.ndarray((B, H, 1), dtype=nl.float32, buffer=nl.shared_hbm) if rope else None
-    bias = causal_bias(dt)
-    ident32 = identity(nl.float32)
-    tables = rope_tiles(rope[0], rope[1]) if rope else ()
-    g_sb = gain_tile(rope[2]) if rope else None
-    banks = cdiv(cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
-    for b in nl.affine_range(B):
-        q_sb, o_sb = seq_tile(q_BTHK, dt, b), seq_tile(o_BTHK, dt, b, perm=True)
-        do_sb, do_nat = seq_tile(do_BTHK, dt, b, perm=True), seq_tile(do_BTHK, dt)  # dO^T, then its rows
-        negdi_sb = neg_rowdot(do_sb, o_sb, H, T, ident32)  # -Di = -rowsum(dO o): o is read for nothing else
-        k_sb, v_sb = seq_tile(k_BTGK, dt, b), seq_tile(v_BTGK, dt, b, perm=True)  # v: only v^T is read
-        negl_sb = neg_lse_load(lse_BHT1, b, ident32)
-        # the gradients: natural rows, then the `perm` layout (`perm_rows`) for their stores
-        grads = ((seq_tile(dq_BTHK, dt), seq_tile(dq_BTHK, dt)), (seq_tile(dk_BTGK, dt), seq_tile(dk_BTGK, dt)),
-                 (seq_tile(dv_BTGK, dt), seq_tile(dv_BTGK, dt)))
-        dq_sb, dk_sb, dv_sb = (nat for nat, _ in grads)
-        if rope:
-            # qg / kr: the rows of the saved transposes (loaded anyway), transposed back on chip
-            qg_sb, qinv_sb = seq_tile(rope[3], dt), seq_tile(rope[4], nl.float32, b)
-            kr_sb, kinv_sb = seq_tile(rope[5], dt), seq_tile(rope[6], nl.float32, b)
-            dg_1H = nl.ndarray((1, H), dtype=nl.float32, buffer=nl.sbuf)
-        for g in nl.affine_range(G):
-            saved = ()
-            if rope:
-                krT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
-                nisa.dma_copy(dst=krT, src=rope[8][b, g])
-                rows_from_transpose(kr_sb, G, g, krT, T, bias[0])
-                saved = (kr_sb, kinv_sb, krT)
-            k_tiles, kT, k_norms = kv_head(k_sb, G, g, T, dt, bias[0], saved=saved)
-            _, vT, _ = kv_head(v_sb, G, g, T, dt, bias[0], perm=True)
-            acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
-                   [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
-            tiles, gains = [], []
-            for r in nl.affine_range(R):
-                h = g * R + r
-                gains.append(gain_column(g_sb, h, K) if rope else ())
-                if rope:
-                    qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=qT_h, src=rope[7][b, h])
-                    rows_from_transpose(qg_sb, H, h, qT_h, T, bias[0])
-                doT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
-                for i in nl.affine_range(cdiv(T, P)):
-                    rows = min(P, T - i * P)
-                    transpose(natural_cols(doT_h, i, T, True), block(do_sb, i, h, H, K)[0:rows], rows, K, bias[0],
-                              on_vector=True)
-                rows_from_transpose(do_nat, H, h, doT_h, T, bias[0])
-                row = []
-                for i in nl.affine_range(cdiv(T, P)):
-                    t0 = i * P
-                    rows = min(P, T - t0)
-                    dO = (block(do_nat, i, h, H, K), doT_h[0:K, t0:t0 + rows])
-                    views = (block(q_sb, i, h, H, K), dO, block(negdi_sb, i, h, H, 1),
-                             block(negl_sb, i, h, H, 1), block(dq_sb, i, h, H, K))
-                    qk = ((tables[i], gains[r], (block(qg_sb, i, h, H, K), block(qinv_sb, i, h, H, 1),
-                                                 qT_h[0:K, t0:t0 + rows])) if rope else ())
-                    row.append(bwd_tile(views, t0, rows, bias, dt, qk))
-                tiles.append(row)
-            items = bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, rope)
-            if rope:
-                for r in nl.affine_range(R):
-                    dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd)
-                    prep_grad(items[r], gains[r], dg_P1, nisa.engine.gpsimd)
-                    gain_grad(dg_1H, dg_P1, g * R + r)
-            for r in nl.affine_range(R):
-                perm_rows(grads[0][1], H, g * R + r, dq_sb, T, bias[0], dt, (H, g * R + r))
-            store_kv_grad(dk_sb, G, acc[0], g, T, K, scale, dt, tables, k_norms)
-            store_kv_grad(dv_sb, G, acc[1], g, T, K, 1.0, dt)
-            for (nat, out), _ in zip(grads[1:], range(2)):
-                perm_rows(out, G, g, nat, T, bias[0], dt, (G, g))
-        for (_, out), dst in zip(grads, (dq_BTHK, dk_BTGK, dv_BTGK)):
-            seq_dma(out, dst, b, False, perm=True)
-        if rope:
-            nisa.dma_copy(dst=dg_BH1[b].reshape((1, H)), src=dg_1H)
-    if rope:
-        return dq_BTHK, dk_BTGK, dv_BTGK, dg_BH1
-    return dq_BTHK, dk_BTGK, dv_BTGK
+    fused forward's inputs and saved outputs). -> (dq, dk, dv) and, with rope, dg_BH1 (kernels_nki/attention_bwd.py:
+    the plan of its jobs)."""
+    return bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope)
 
 
 @nki.jit

@@ -85,14 +85,17 @@ def lse_store(lse_BHT1, b, cols, ident32):
     nisa.dma_copy(dst=lse_BHT1[b].reshape((H, T)), src=rows_HT)
 
 
-def neg_lse_load(lse_BHT1, b, ident32):
+def neg_lse_load(lse_BHT1, b, ident32, rows_HT=None, cols=None):
     """-lse_BHT1[b] as [rows, 1] columns in a [P, n H] fp32 tile (`lse_store`'s layout): one DMA of the [H, T]
-    rows, per tile one TensorE transpose, negated leaving PSUM."""
+    rows (unless rows_HT, the [H, T] SBUF tile, is given: loaded already), per tile one TensorE transpose,
+    negated leaving PSUM (into `cols` when given)."""
     B, H, T, _ = lse_BHT1.shape
     P = nl.tile_size.pmax
-    rows_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=rows_HT, src=lse_BHT1[b].reshape((H, T)))
-    cols = nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
+    if rows_HT is None:
+        rows_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=rows_HT, src=lse_BHT1[b].reshape((H, T)))
+    if cols is None:
+        cols = nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
     for i in nl.affine_range(cdiv(T, P)):
         r = min(P, T - i * P)
         t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
@@ -131,10 +134,11 @@ def rows_from_transpose(dst_sb, X, x, xT, T, ident, vec=False):
 
 def perm_rows(dst_sb, X, x, src, T, ident, dt, src_head=(1, 0)):
     """Head x of dst_sb (a `perm` `seq_tile`) from head src_head = (X', x') of src (a natural-order `seq_tile`
-    of X' heads; default: one head's natural 128-row blocks side by side): TensorE transposes to the natural [K, T] transpose (4 blocks per PSUM bank, one copy out each),
-    then back per `perm` block from its stride-n columns (`natural_cols`; 512 / K blocks per bank, one copy
-    into their strided [P, m, K] view); the copies out of PSUM alternate between ScalarE and VectorE; a ragged
-    last block is natural in both layouts (a GpSimd copy)."""
+    of X' heads; default: one head's natural 128-row blocks side by side): TensorE transposes to the natural
+    [K, T] transpose (4 blocks per PSUM bank, one copy out each), then back per `perm` block from its stride-n
+    columns (`natural_cols`; 512 / K blocks per bank, one copy into their strided [P, m, K] view); the copies
+    out of PSUM on ScalarE (VectorE's would hold GpSimd's SBUF port too); a ragged last block is natural in
+    both layouts (a GpSimd copy)."""
     P = nl.tile_size.pmax
     SX, sx = src_head
     K = src.shape[1] // (cdiv(T, P) * SX)
@@ -147,10 +151,7 @@ def perm_rows(dst_sb, X, x, src, T, ident, dt, src_head=(1, 0)):
             r = min(P, T - (i0 + a) * P)
             transpose_to_psum(t_ps[0:K, a * P:a * P + r], block(src, i0 + a, sx, SX, K)[0:r], r, ident)
         w = min(T, (i0 + m) * P) - i0 * P
-        if (i0 // KQ + x) % 2:  # the copies alternate between ScalarE and VectorE
-            nisa.tensor_copy(dst=xT[0:K, i0 * P:i0 * P + w], src=t_ps[0:K, 0:w], engine=nisa.engine.vector)
-        else:
-            nisa.activation(dst=xT[0:K, i0 * P:i0 * P + w], op=nl.copy, data=t_ps[0:K, 0:w])
+        nisa.activation(dst=xT[0:K, i0 * P:i0 * P + w], op=nl.copy, data=t_ps[0:K, 0:w])
     view = dst_sb.reshape((P, nt, X * K))
     per = max(1, 512 // K)
     for j0 in range(0, n, per):
@@ -158,19 +159,15 @@ def perm_rows(dst_sb, X, x, src, T, ident, dt, src_head=(1, 0)):
         t_ps = nl.ndarray((P, per * K), dtype=nl.float32, buffer=nl.psum)
         for a in range(m):
             transpose_to_psum(t_ps[0:P, a * K:(a + 1) * K], natural_cols(xT, j0 + a, T, True), K, ident)
-        if (j0 // per + x) % 2:
-            nisa.activation(dst=view[0:P, j0:j0 + m, x * K:(x + 1) * K], op=nl.copy,
-                            data=t_ps[0:P, 0:m * K].reshape((P, m, K)))
-        else:
-            nisa.tensor_copy(dst=view[0:P, j0:j0 + m, x * K:(x + 1) * K], src=t_ps[0:P, 0:m * K].reshape((P, m, K)),
-                             engine=nisa.engine.vector)
+        nisa.activation(dst=view[0:P, j0:j0 + m, x * K:(x + 1) * K], op=nl.copy,
+                        data=t_ps[0:P, 0:m * K].reshape((P, m, K)))
     if T % P:
         r = T % P
         nisa.tensor_copy(dst=view[0:r, n, x * K:(x + 1) * K], src=block(src, n, sx, SX, K)[0:r],
                          engine=nisa.engine.gpsimd)
 
 
-def neg_rowdot(a_sb, b_sb, H, T, ident32):
+def neg_rowdot(a_sb, b_sb, H, T, ident32, run=None, out=None):
     """-rowsum(a b) of every row and head of two `perm` `seq_tile`s (the backward's -Di = -rowsum(dO o)) as
     natural [rows, 1] columns in a [P, n H] fp32 tile (`lse_store`'s layout): per block and head the product
     (GpSimd) and its row sum (VectorE) in the `perm` layout, then per block one fp32 TensorE transpose of the
@@ -179,20 +176,34 @@ def neg_rowdot(a_sb, b_sb, H, T, ident32):
     nt = cdiv(T, P)
     K = a_sb.shape[1] // (nt * H)
     cols = nl.ndarray((P, nt * H), dtype=nl.float32, buffer=nl.sbuf)
-    for i in range(nt):
-        r = min(P, T - i * P)
-        for h in range(H):
-            prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=prod[0:r], data1=block(a_sb, i, h, H, K)[0:r], data2=block(b_sb, i, h, H, K)[0:r],
-                               op=nl.multiply, engine=nisa.engine.gpsimd)
-            nisa.tensor_reduce(dst=cols[0:r, i * H + h:i * H + h + 1], op=nl.add, data=prod[0:r], axis=1, negate=True,
-                               keepdims=True)
     rows_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
-    for i in range(nt):
+    if out is None:
+        out = nl.ndarray((P, nt * H), dtype=nl.float32, buffer=nl.sbuf)
+
+    def block_sums(i):
         r = min(P, T - i * P)
-        transpose(natural_cols(rows_HT, i, T, True), cols[0:r, i * H:(i + 1) * H], r, H, ident32, on_vector=True)
-    out = nl.ndarray((P, nt * H), dtype=nl.float32, buffer=nl.sbuf)
-    for i in range(nt):
-        r = min(P, T - i * P)
-        transpose(out[0:r, i * H:(i + 1) * H], rows_HT[0:H, i * P:i * P + r], H, r, ident32)
+        prods = [nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf) for _ in range(H)]
+        for h in range(H):
+            nisa.tensor_tensor(dst=prods[h][0:r], data1=block(a_sb, i, h, H, K)[0:r],
+                               data2=block(b_sb, i, h, H, K)[0:r], op=nl.multiply, engine=nisa.engine.gpsimd)
+        for h in range(H):
+            nisa.tensor_reduce(dst=cols[0:r, i * H + h:i * H + h + 1], op=nl.add, data=prods[h][0:r], axis=1,
+                               negate=True, keepdims=True)
+
+    def to_rows():
+        for i in range(nt):
+            r = min(P, T - i * P)
+            transpose(natural_cols(rows_HT, i, T, True), cols[0:r, i * H:(i + 1) * H], r, H, ident32, on_vector=True)
+
+    def to_cols():
+        for i in range(nt):
+            r = min(P, T - i * P)
+            transpose(out[0:r, i * H:(i + 1) * H], rows_HT[0:H, i * P:i * P + r], H, r, ident32)
+
+    stages = [lambda i=i: block_sums(i) for i in range(nt)] + [to_rows, to_cols]
+    for f in stages:
+        if run is None:
+            f()
+        else:
+            run(f)
     return out

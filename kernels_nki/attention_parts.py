@@ -37,15 +37,17 @@ def dims(q_BTHK, k_BTGK):
     return B, T, H, K, G, H // G, nl.tile_size.pmax, q_BTHK.dtype, 1.0 / (K ** 0.5)
 
 
-def causal_bias(dt):
+def causal_bias(dt, key_major=False):
     """(identity, bias, ones), [128, 128] each in dt, built once per call: bias is 0 where key j <= query p,
     NEG above (the forward's row max sees it via identity^T bias accumulated into the scores); the identity
-    is also the moving side of every transpose (`kernels_nki.tiles.transpose`), ones[0:1] the shift matmul's stationary."""
+    is also the moving side of every transpose (`kernels_nki.tiles.transpose`), ones[0:1] the shift matmul's stationary.
+    key_major: the bias transposed (NEG where key p > query j), for key-major scores."""
     P = nl.tile_size.pmax
     zero = nl.zeros((P, P), dtype=dt, buffer=nl.sbuf)
     one = nl.ones((P, P), dtype=dt, buffer=nl.sbuf)
     bias = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-    nisa.affine_select(dst=bias, pattern=[[-1, P]], offset=0, channel_multiplier=1, on_true_tile=zero,
+    d = 1 if key_major else -1
+    nisa.affine_select(dst=bias, pattern=[[d, P]], offset=0, channel_multiplier=-d, on_true_tile=zero,
                        on_false_value=NEG, cmp_op=nl.greater_equal)
     return identity(dt), bias, one
 
@@ -53,8 +55,8 @@ def causal_bias(dt):
 def head_rows(t, rows, dt, ident, transposed, vec=False, saved=(), tT=None):
     """A 128-row tile of one head, t (a [P, K] `block` view), and its [K, 128] transpose (leaving PSUM on
     VectorE with `vec`, else ScalarE; into tT, a [K, >= rows] view, when given). With `saved` = (y, inv, yT),
-    the forward's outputs as views, the tile is replaced by y (norm = (xn, inv) for `prep_grad`, xn = x inv
-    on ScalarE) and the transpose is yT, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
+    the forward's outputs as views, the tile is replaced by y (norm = (xn, inv, -xn / K) for `prep_grad`, xn =
+    x inv on ScalarE) and the transpose is yT, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
     K = t.shape[1]
     P = nl.tile_size.pmax
     norm = ()
@@ -62,7 +64,10 @@ def head_rows(t, rows, dt, ident, transposed, vec=False, saved=(), tT=None):
         y, inv_P1, yT = saved
         xn = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
         scale_rows(xn, t, rows, inv_P1)
-        t, norm = y, (xn, inv_P1)
+        xk = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)  # -xn / K, from x on VectorE
+        nisa.tensor_scalar(dst=xk[0:rows], data=t[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows], op1=nl.multiply,
+                           operand1=-1.0 / K)
+        t, norm = y, (xn, inv_P1, xk)
         if transposed:
             return t, yT, norm
     if not transposed:
@@ -138,32 +143,44 @@ def rope_tiles(cos_TK2, sin_TK2, perm=False):
     return tiles
 
 
-def rotate(items, inverse, engine):
+def rotate(items, inverse, engine, run=None):
     """dst[0:rows] = the half-split rotation of x_f (fp32 [P, K]) by the rows' angles, for each (dst, x_f, rows,
     cs) of items: (x1 cos + x2 sin, x2 cos - x1 sin) as reference.rope, or by minus the angles (`inverse`, the
     backward), as x [cos, cos] + [x2 (+-sin), x1 (-+sin)]: four instructions per item on `engine` (SBUF
     operands only), each step issued for every item before the next (independent chains interleave on the
-    engines' in-order instruction streams)."""
+    engines' in-order instruction streams). run: None (issue now) or a callable given each step as a unit
+    (`staged`)."""
     P = nl.tile_size.pmax
-    tmp = []
-    for dst, x_f, rows, cs in items:
-        K = x_f.shape[1]
-        a = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=a[0:rows], data1=x_f[0:rows], data2=cs[0][0:rows], op=nl.multiply, engine=engine)
-        tmp.append(a)
-    es = []
-    for (dst, x_f, rows, cs), a in zip(items, tmp):
-        K = x_f.shape[1]
-        K2 = K // 2
-        c2, s, ns = cs
-        e = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=e[0:rows, 0:K2], data1=x_f[0:rows, K2:K], data2=(ns if inverse else s)[0:rows],
-                           op=nl.multiply, engine=engine)
-        nisa.tensor_tensor(dst=e[0:rows, K2:K], data1=x_f[0:rows, 0:K2], data2=(s if inverse else ns)[0:rows],
-                           op=nl.multiply, engine=engine)
-        es.append(e)
-    for (dst, x_f, rows, cs), a, e in zip(items, tmp, es):
-        nisa.tensor_tensor(dst=dst[0:rows], data1=a[0:rows], data2=e[0:rows], op=nl.add, engine=engine)
+    tmp = [nl.ndarray((P, it[1].shape[1]), dtype=nl.float32, buffer=nl.sbuf) for it in items]
+    es = [nl.ndarray((P, it[1].shape[1]), dtype=nl.float32, buffer=nl.sbuf) for it in items]
+
+    def cos_part():
+        for (dst, x_f, rows, cs), a in zip(items, tmp):
+            nisa.tensor_tensor(dst=a[0:rows], data1=x_f[0:rows], data2=cs[0][0:rows], op=nl.multiply, engine=engine)
+
+    def sin_part():
+        for (dst, x_f, rows, cs), e in zip(items, es):
+            K2 = x_f.shape[1] // 2
+            c2, s, ns = cs
+            nisa.tensor_tensor(dst=e[0:rows, 0:K2], data1=x_f[0:rows, K2:2 * K2],
+                               data2=(ns if inverse else s)[0:rows], op=nl.multiply, engine=engine)
+            nisa.tensor_tensor(dst=e[0:rows, K2:2 * K2], data1=x_f[0:rows, 0:K2],
+                               data2=(s if inverse else ns)[0:rows], op=nl.multiply, engine=engine)
+
+    def total():
+        for (dst, x_f, rows, cs), a, e in zip(items, tmp, es):
+            nisa.tensor_tensor(dst=dst[0:rows], data1=a[0:rows], data2=e[0:rows], op=nl.add, engine=engine)
+
+    staged([cos_part, sin_part, total], run)
+
+
+def staged(stages, run):
+    """Each stage now (run None), or handed to run (a unit list's append: `pipelined`'s side work)."""
+    for f in stages:
+        if run is None:
+            f()
+        else:
+            run(f)
 
 
 def prep_tile(items, gain, dt):
@@ -209,43 +226,52 @@ def scale_rows(dst, x, rows, s_P1):
     nisa.activation(dst=dst[0:rows], op=nl.copy, data=x[0:rows], scale=s_P1[0:rows])
 
 
-def prep_grad(items, gain, dg_P1, rot_engine):
+def prep_grad(items, gain, dg_P1, rot_engine, run=None, done=None, prescaled=False):
     """dst[0:rows] = the gradient through `prep_tile` of d_f (fp32 [P, K], w.r.t. its output rows), for each
-    (dst, d_f, rows, cs, norm) of items: w = rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K)
-    (reference.rms_norm_bwd after rope_gain_bwd); with a gain, dg_P1 += dot, the gain's gradient per row (d .
-    rope(xn) = w . xn, the rotation being orthogonal). Products and sums of tiles on GpSimd, row sums and [P,
-    1] columns on VectorE, scalings on ScalarE; each step for every item before the next (`rotate`)."""
+    (dst, d_f, rows, cs, norm) of items, norm = (xn, inv, -xn / K) (`head_rows`): w = rope^-1(d), c = rowsum(w
+    (-xn / K)) = -dot / K, dx = gain inv (w + xn c) (reference.rms_norm_bwd after rope_gain_bwd); with a gain,
+    dg_P1 += c, -1 / K times the gain's gradient per row (d . rope(xn) = w . xn = dot, the rotation being
+    orthogonal). Products and sums of tiles on GpSimd, row sums and [P,
+    1] columns on VectorE, scalings on ScalarE; each step for every item before the next (`rotate`); run as
+    `staged`, `done` (a callable) the last stage; `prescaled`: each norm's inv column is inv gain already."""
     P = nl.tile_size.pmax
     gp = nisa.engine.gpsimd
     K = items[0][1].shape[1]
     ws = [nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf) for _ in items]
-    rotate([(w, it[1], it[2], it[3]) for w, it in zip(ws, items)], True, rot_engine)
-    prods, dots, cs_ = [], [], []
-    for (dst, d_f, rows, cs, norm), w in zip(items, ws):
-        prod = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=prod[0:rows], data1=w[0:rows], data2=norm[0][0:rows], op=nl.multiply, engine=gp)
-        prods.append(prod)
-    for (dst, d_f, rows, cs, norm), prod in zip(items, prods):
-        dot_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=dot_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, keepdims=True)
-        dots.append(dot_P1)
-    for (dst, d_f, rows, cs, norm), dot_P1 in zip(items, dots):
+    rotate([(w, it[1], it[2], it[3]) for w, it in zip(ws, items)], True, rot_engine, run)
+    prods = [nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf) for _ in items]
+    cs_ = [nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf) for _ in items]
+
+    def products():
+        for (dst, d_f, rows, cs, norm), w, prod in zip(items, ws, prods):
+            nisa.tensor_tensor(dst=prod[0:rows], data1=w[0:rows], data2=norm[2][0:rows], op=nl.multiply, engine=gp)
+
+    def sums():
+        for (dst, d_f, rows, cs, norm), prod, c_P1 in zip(items, prods, cs_):
+            nisa.tensor_reduce(dst=c_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, keepdims=True)
         if gain:
-            nisa.tensor_tensor(dst=dg_P1[0:rows], data1=dg_P1[0:rows], data2=dot_P1[0:rows], op=nl.add, engine=gp)
-        c_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=c_P1[0:rows], data=dot_P1[0:rows], op0=nl.multiply, operand0=-1.0 / K)
-        cs_.append(c_P1)
-    for (dst, d_f, rows, cs, norm), prod, c_P1 in zip(items, prods, cs_):
-        scale_rows(prod, norm[0], rows, c_P1)
-    for (dst, d_f, rows, cs, norm), prod, w in zip(items, prods, ws):
-        nisa.tensor_tensor(dst=w[0:rows], data1=w[0:rows], data2=prod[0:rows], op=nl.add, engine=gp)
-    for (dst, d_f, rows, cs, norm), w in zip(items, ws):
-        s_P1 = norm[1]
-        if gain:
-            s_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=s_P1[0:rows], data=norm[1][0:rows], op0=nl.multiply, operand0=gain[0][0:rows],
-                               op1=nl.multiply, operand1=K ** -0.5)
-        scale_rows(dst, w, rows, s_P1)
+            for (dst, d_f, rows, cs, norm), c_P1 in zip(items, cs_):
+                nisa.tensor_tensor(dst=dg_P1[0:rows], data1=dg_P1[0:rows], data2=c_P1[0:rows], op=nl.add,
+                                   engine=gp)
+
+    def centre():
+        for (dst, d_f, rows, cs, norm), prod, c_P1 in zip(items, prods, cs_):
+            scale_rows(prod, norm[0], rows, c_P1)
+        for (dst, d_f, rows, cs, norm), prod, w in zip(items, prods, ws):
+            nisa.tensor_tensor(dst=w[0:rows], data1=w[0:rows], data2=prod[0:rows], op=nl.add, engine=gp)
+
+    def out():
+        for (dst, d_f, rows, cs, norm), w in zip(items, ws):
+            s_P1 = norm[1]
+            if gain and not prescaled:
+                s_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(dst=s_P1[0:rows], data=norm[1][0:rows], op0=nl.multiply,
+                                   operand0=gain[0][0:rows], op1=nl.multiply, operand1=K ** -0.5)
+            scale_rows(dst, w, rows, s_P1)
+        if done is not None:
+            done()
+
+    staged([products, sums, centre, out], run)
 
 
 def gain_tile(g_PH):

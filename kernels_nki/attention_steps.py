@@ -14,11 +14,11 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.attention_layout import block, perm_rows
-from kernels_nki.attention_parts import half_matmul, head_rows, prep_grad
+from kernels_nki.attention_parts import half_matmul, head_rows
 from kernels_nki.tiles import cdiv, transpose, transpose_to_psum
 
-BWD_VEC = 3  # backward: every BWD_VEC-th chunk's ds^T leaves PSUM on VectorE, the others on ScalarE
 KC = 512  # keys (queries in the bounded forward) per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
+BWD_LAG = 1  # the backward's: its dq matmuls already wait a step (`bwd_heads`)
 LAG = 2  # `pipelined` steps between a step's two halves
 
 
@@ -36,24 +36,41 @@ def scores(qT, kT, t0, rows, c0, kc, bias, masked):
     return s_ps
 
 
-def pipelined(steps, first, second, lag=1):
+def pipelined(steps, first, second, lag=1, side=()):
     """first(step) for each step, second(step, first's result) `lag` steps later: the next steps' independent
     work sits between a step's halves on the engines' in-order instruction streams while its cross-engine
-    chain (matmul -> exp -> mask -> matmul) completes."""
+    chain (matmul -> exp -> mask -> matmul) completes. `side`: a list of units of independent work (callables,
+    run in order, each dropped from the list once run; a unit may append more), spread evenly between the
+    steps."""
     pending = []
-    for st in steps:
+    steps = list(steps)
+    done = 0
+    for n, st in enumerate(steps):
         pending.append((st, first(st)))
         if len(pending) > lag:
             second(*pending.pop(0))
+        while done < (n + 1) * len(side) // len(steps):
+            done = run_unit(side, done)
     for st, res in pending:
         second(st, res)
+    while done < len(side):
+        done = run_unit(side, done)
 
 
-def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident):
+def run_unit(side, k):
+    """Runs side[k] and drops it (its tiles are released once nothing else holds them) -> k + 1."""
+    u = side[k]
+    side[k] = None
+    u()
+    return k + 1
+
+
+def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=()):
     """Query heads hs of one kv head in the fused forward (module docstring): per head and chunk of KC
     queries c0:c0+n, against keys 0 .. c0+n, o' for the chunk's query tiles in one PSUM bank, then o and lse
     into the batch's SBUF tiles (outs = (o seq tile in the `perm` layout, lse columns, H): o by `perm_rows`
-    once a head is done); the (chunk, key tile, head) steps `pipelined`, the heads interleaved (independent
+    once a head is done); maskT: the key-major causal bias ([128, 128], NEG where key > query); the (chunk,
+    key tile, head) steps `pipelined` with the `side` units between them, the heads interleaved (independent
     chains side by side)."""
     K = qTs[0].shape[0]
     T = kT.shape[1]
@@ -73,12 +90,11 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident):
         nj = c0 + n - q0
         sT_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
         half_matmul(sT_ps[0:kr, 0:nj], kT[0:K, k0:k0 + kr], qTs[r][0:K, q0:q0 + nj], (j + r) % 2)
+        if k0 >= c0:  # the diagonal block leads: += I^T maskT, NEG where key > query, so that p^T = 0 there
+            nisa.nc_matmul(dst=sT_ps[0:kr, 0:kr], stationary=ident[0:kr, 0:kr], moving=maskT[0:kr, 0:kr],
+                           accumulate=True, is_stationary_onezero=True)
         pT = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
         nisa.activation(dst=pT[0:kr, 0:nj], op=nl.exp, data=sT_ps[0:kr, 0:nj], bias=negms[r][0:kr], scale=scale)
-        if k0 >= c0:  # the diagonal block leads: p^T[key, query] = 0 where key > query
-            d = pT[0:kr, 0:kr]
-            nisa.affine_select(dst=d, pattern=[[1, kr]], offset=0, channel_multiplier=-1, on_true_tile=d,
-                               on_false_value=0.0, cmp_op=nl.greater_equal)
         return pT
 
     def values(st, pT):
@@ -98,16 +114,29 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident):
 
     steps = [(c, j, r) for c in range(cdiv(T, KC)) for j in range(cdiv(min(T, (c + 1) * KC), P))
              for r in range(len(hs))]
-    pipelined(steps, scores, values, lag=LAG)
+    pipelined(steps, scores, values, lag=LAG, side=side)
     for r in range(len(hs)):  # o: natural 128-row blocks -> the batch's `perm` o tile
         perm_rows(outs[0], outs[2], hs[r], o_nat[r], T, ident, dt)
 
 
 def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
-    """o = o' / l and lse = m_h + log(l) of one chunk's query tiles into the batch's SBUF tiles."""
+    """o = o' / l and lse = m_h + log(l) of one chunk's query tiles into the batch's SBUF tiles; when every tile
+    is full, 1 / l and lse for all of them at once (their l columns and lse columns are strided views)."""
     P = nl.tile_size.pmax
     W = K + 1
     o_sb, lse_sb, H = outs
+    if n % P == 0:
+        m, s0 = n // P, (c0 // P) * H + h
+        l_ps = o_ps[0:P, K:m * W:W]
+        inv = nl.ndarray((P, KC // P), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=inv[0:P, 0:m], data=l_ps)
+        for i in range(m):
+            nisa.activation(dst=block(o_sb, c0 // P + i, 0, 1, K), op=nl.copy, data=o_ps[0:P, i * W:i * W + K],
+                            scale=inv[0:P, i:i + 1])  # ScalarE: VectorE's PSUM read would hold the SBUF port too
+        lse = lse_sb[0:P, s0:s0 + (m - 1) * H + 1:H]  # m_h + log(l)
+        nisa.activation(dst=lse, op=nl.log, data=l_ps)
+        nisa.tensor_scalar(dst=lse, data=lse, op0=nl.subtract, operand0=negm_P1[0:P])
+        return
     for i in range(cdiv(n, P)):
         t0 = c0 + i * P
         rows = min(P, c0 + n - t0)
@@ -128,6 +157,11 @@ def bwd_tile(views, t0, rows, bias, dt, qk=()):
     normed, rotated rows. -> (q, q^T, norm, dO, dO^T, -lse, -Di, t0, rows, dq view, cos/sin tiles)."""
     q_v, (do_t, doT), negdi_P1, negl_P1, dq_t = views
     q_t, qT, norm = head_rows(q_v, rows, dt, bias[0], True, vec=True, saved=qk[2] if qk else ())
+    if qk:  # dq's final scale, inv gain (`prep_grad`), made now: off the gradient's chain
+        s_P1 = nl.ndarray((nl.tile_size.pmax, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=s_P1[0:rows], data=norm[1][0:rows], op0=nl.multiply, operand0=qk[1][0][0:rows],
+                           op1=nl.multiply, operand1=q_v.shape[1] ** -0.5)
+        norm = (norm[0], s_P1, norm[2])
     return q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows, dq_t, qk[0] if qk else ()
 
 
@@ -138,19 +172,15 @@ def bwd_scores(tile, c0, kc, kT, vT, bias, scale, dt):
     q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows = tile[0:9]
     K = qT.shape[0]
     P = nl.tile_size.pmax
-    s_ps = scores(qT, kT, t0, rows, c0, kc, bias, False)
+    s_ps = scores(qT, kT, t0, rows, c0, kc, bias, True)  # NEG above the diagonal: exp gives p = 0 there
     p_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
     nisa.activation(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s_ps[0:rows, 0:kc], bias=negl_P1[0:rows], scale=scale)
-    if c0 + kc == t0 + rows:  # the diagonal block: p = 0 where key > query (GpSimd, SBUF in place)
-        d = p_t[0:rows, t0 - c0:t0 - c0 + rows]
-        nisa.affine_select(dst=d, pattern=[[-1, rows]], offset=0, channel_multiplier=1, on_true_tile=d,
-                           on_false_value=0.0, cmp_op=nl.greater_equal)
     dp_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
     half_matmul(dp_ps[0:rows, 0:kc], doT[0:K, 0:rows], vT[0:K, c0:c0 + kc], 1 - (t0 // P + c0 // KC) % 2)
-    # ds = p (dp - Di): dp - Di leaves PSUM on VectorE (one input, N cycles), the product with p runs on
-    # GpSimd (both operands in SBUF): the two-input VectorE form would cost ~2N on the busiest engine
+    # ds = p (dp - Di): dp - Di leaves PSUM on ScalarE (its bias), the product with p runs on GpSimd (both
+    # operands in SBUF): VectorE and GpSimd share the SBUF port, so the VectorE forms would cost that port
     t_f = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=t_f[0:rows, 0:kc], data=dp_ps[0:rows, 0:kc], op0=nl.add, operand0=negdi_P1[0:rows])
+    nisa.activation(dst=t_f[0:rows, 0:kc], op=nl.copy, data=dp_ps[0:rows, 0:kc], bias=negdi_P1[0:rows])
     ds_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=ds_t[0:rows, 0:kc], data1=t_f[0:rows, 0:kc], data2=p_t[0:rows, 0:kc], op=nl.multiply,
                        engine=nisa.engine.gpsimd)
@@ -160,33 +190,34 @@ def bwd_scores(tile, c0, kc, kT, vT, bias, scale, dt):
 def bwd_values(tile, c0, kc, p_t, ds_t, dq_ps, k_tiles, acc, ident, dt):
     """Second half of a step, per 128-key block j of the chunk: dv += p^T dO, dk += ds^T q (PSUM accumulators
     across the kv head's query heads and tiles), dq += ds k (ds^T by a transpose); every block's ds^T
-    transpose first, its PSUM copy alternating between VectorE (every BWD_VEC-th) and ScalarE."""
+    transpose first, its PSUM copy on ScalarE (VectorE's would hold the PSUM port and GpSimd's SBUF port, both
+    busier than ScalarE's share of the step). -> a callable
+    issuing the dq matmuls (which wait for the copies: `bwd_heads` issues them a step later)."""
     q_t, do_t, t0, rows = tile[0], tile[3], tile[7], tile[8]
     K = q_t.shape[1]
     P = nl.tile_size.pmax
     per_bank = KC // K
     blocks = [(j, c0 // P + j, min(P, kc - j * P)) for j in range(cdiv(kc, P))]
     dsT = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
-    vec = (t0 // P + c0 // KC) % BWD_VEC == BWD_VEC - 1
     if rows == P and kc % P == 0:  # every block full: all the chunk's ds^T leave PSUM in one instruction
         t_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
         for j, kt, kr in blocks:
             transpose_to_psum(t_ps[0:P, j * P:(j + 1) * P], ds_t[0:P, j * P:(j + 1) * P], P, ident)
-        if vec:
-            nisa.tensor_copy(dst=dsT[0:P, 0:kc], src=t_ps[0:P, 0:kc], engine=nisa.engine.vector)
-        else:
-            nisa.activation(dst=dsT[0:P, 0:kc], op=nl.copy, data=t_ps[0:P, 0:kc])
+        nisa.activation(dst=dsT[0:P, 0:kc], op=nl.copy, data=t_ps[0:P, 0:kc])
     else:
         for j, kt, kr in blocks:
-            transpose(dsT[0:kr, j * P:j * P + rows], ds_t[0:rows, j * P:j * P + kr], rows, kr, ident, on_vector=vec)
+            transpose(dsT[0:kr, j * P:j * P + rows], ds_t[0:rows, j * P:j * P + kr], rows, kr, ident)
     dsTs = [dsT[:, j * P:(j + 1) * P] for j, _, _ in blocks]
     for j, kt, kr in blocks:
         cols, col = slice(j * P, j * P + kr), (kt % per_bank) * K
         dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
         nisa.nc_matmul(dst=dv_acc[0:kr, col:col + K], stationary=p_t[0:rows, cols], moving=do_t[0:rows, 0:K])
         nisa.nc_matmul(dst=dk_acc[0:kr, col:col + K], stationary=ds_t[0:rows, cols], moving=q_t[0:rows, 0:K])
-    for (j, kt, kr), dsT in zip(blocks, dsTs):
-        nisa.nc_matmul(dst=dq_ps[0:rows, 0:K], stationary=dsT[0:kr, 0:rows], moving=k_tiles[kt][0:kr, 0:K])
+
+    def dq():
+        for (j, kt, kr), dsT in zip(blocks, dsTs):
+            nisa.nc_matmul(dst=dq_ps[0:rows, 0:K], stationary=dsT[0:kr, 0:rows], moving=k_tiles[kt][0:kr, 0:K])
+    return dq
 
 
 def bwd_dq(tile, dq_ps, scale, qk):
@@ -203,7 +234,7 @@ def bwd_dq(tile, dq_ps, scale, qk):
     return (dq_t, d_f, rows, tile[10], tile[2])
 
 
-def bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, qk):
+def bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, qk, side=()):
     """The query heads of one kv head: tiles[r][i] (`bwd_tile`) -> per head the `prep_grad` items of its
     tiles (with qk). The (query tile, key chunk, head) steps `pipelined` (`bwd_scores`, `bwd_values`), the
     heads interleaved."""
@@ -213,6 +244,21 @@ def bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, qk):
     R, nt = len(tiles), len(tiles[0])
     dq_open = [[] for _ in range(R)]
     items = [[] for _ in range(R)]
+    # a step's dq matmuls wait for its ds^T copies: issued in the next step's second half, after the scores of
+    # the steps in between, and a finished tile's dq leaves PSUM after them
+    late, done = [], []
+
+    def catch_up():
+        for dq in late:
+            dq()
+        late.clear()
+        finished = list(done)
+        done.clear()
+        return finished
+
+    def evacuate(finished):
+        for r, tile, dq_ps in finished:
+            items[r].append(bwd_dq(tile, dq_ps, scale, qk))
 
     def first(st):
         i, c, r = st
@@ -224,19 +270,23 @@ def bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, qk):
         t0, rows = i * P, min(P, T - i * P)
         if c == 0:
             dq_open[r].append(nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum))
-        bwd_values(tiles[r][i], c * KC, min(KC, t0 + rows - c * KC), res[0], res[1], dq_open[r][0], k_tiles, acc,
-                    bias[0], dt)
+        finished = catch_up()
+        late.append(bwd_values(tiles[r][i], c * KC, min(KC, t0 + rows - c * KC), res[0], res[1], dq_open[r][0],
+                               k_tiles, acc, bias[0], dt))
+        evacuate(finished)
         if (c + 1) * KC >= t0 + rows:
-            items[r].append(bwd_dq(tiles[r][i], dq_open[r].pop(0), scale, qk))
+            done.append((r, tiles[r][i], dq_open[r].pop(0)))
 
     steps = [(i, c, r) for i in range(nt) for c in range(cdiv(min(T, (i + 1) * P), KC)) for r in range(R)]
-    pipelined(steps, first, second, lag=LAG)
+    pipelined(steps, first, second, lag=BWD_LAG, side=side)
+    evacuate(catch_up())
     return items
 
 
 def store_kv_grad(dst_sb, G, acc, g, T, K, scale, dt, tables=(), norms=()):
     """Evacuate a kv head's PSUM accumulator (times scale) into head g of dst_sb (the batch's `seq_tile`) in
-    dt; with `tables` (cos/sin tiles) through the rotation and QK-norm of the keys (their per-tile `norms`)."""
+    dt; with `tables` (cos/sin tiles) -> the `prep_grad` items taking them through the rotation and QK-norm of
+    the keys (their per-tile `norms`), else []."""
     P = nl.tile_size.pmax
     per_bank = KC // K
     items = []
@@ -250,14 +300,14 @@ def store_kv_grad(dst_sb, G, acc, g, T, K, scale, dt, tables=(), norms=()):
             items.append((out, d_f, kr, tables[kt], norms[kt]))
         else:
             nisa.activation(dst=out[0:kr], op=nl.copy, data=acc[kt // per_bank][0:kr, col:col + K], scale=scale)
-    if items:
-        prep_grad(items, (), None, nisa.engine.gpsimd)
+    return items
 
 
-def gain_grad(dg_1H, dg_P1, h):
-    """dg_1H[0, h] = the sum over partitions of dg_P1 (fp32): one matmul against a ones column."""
+def gain_grad(dg_1H, dg_P1, h, K):
+    """dg_1H[0, h] = -K times the sum over partitions of dg_P1 (fp32, -1 / K times the gain's gradient per row:
+    `prep_grad`): one matmul against a ones column."""
     P = nl.tile_size.pmax
     ones_P1 = nl.ones((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     s_ps = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=s_ps, stationary=dg_P1, moving=ones_P1)
-    nisa.tensor_copy(dst=dg_1H[0:1, h:h + 1], src=s_ps, engine=nisa.engine.vector)
+    nisa.tensor_scalar(dst=dg_1H[0:1, h:h + 1], data=s_ps, op0=nl.multiply, operand0=-float(K))

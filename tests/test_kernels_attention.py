@@ -69,8 +69,9 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     # (a K=1 matmul on a 64-row tile, 0/1 stationary: not useful), p^T [v | 1] (N=K+1, the ones column
     # giving the row sums); bwd s, dp (64-row tiles, N=128 each), p^T dO, ds^T q, ds k (N=K each), ds^T
     # (two 64-row tiles of N=64: 64, transpose); per query tile the q^T (and dO^T) transposes (32 each: two
-    # 64 x 64 tiles of N=64, the data being 64 columns wide) and, forward only, the diagonal block's mask
-    # matmul (identity stationary: zero useful MACs, N=128) and per key chunk the [rows, 1] -> [1, rows]
+    # 64 x 64 tiles of N=64, the data being 64 columns wide) and the diagonal block's mask matmul (identity
+    # stationary: zero useful MACs, N=128; the backward's masks its scores too, so that its exp gives p = 0
+    # there, instead of a GpSimd select of p) and, forward only, per key chunk the [rows, 1] -> [1, rows]
     # transpose of the shifts (32); per kv head tile the k^T (and v^T) transposes (32); per query tile the
     # log-sum-exp columns of all heads moved to (forward) or from (backward) their [H, T] rows by one fp32
     # transpose ([128, H] -> [H, 128]: 32; [H, 128] -> [128, H], N = H: 4)
@@ -85,14 +86,17 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     assert bwd.pe_macs_useful == H * nb * unit * 5 * K
     # backward: dO arrives in the consecutive-rows layout, its rows are dO^T transposed back (32 per tile);
     # dq, dk, dv leave in it: two transposes per 128-row block and head (32 each)
-    assert bwd.pe_macs_issued == unit * (H * (nb * (2 * K + 3 * K + 64) + nt * 3 * 32) + G * 2 * nt * 32
+    assert bwd.pe_macs_issued == unit * (H * (nb * (2 * K + 3 * K + 64) + nt * (3 * 32 + 128)) + G * 2 * nt * 32
                                          + nt * (4 + 32 + 4) + (H + 2 * G) * nt * 64)
-    assert emulator.pe_utilisation(fwd) > 0.40 and emulator.pe_utilisation(bwd) > 0.7  # the transposes above
+    # the transposes above (and the backward's mask matmuls: TensorE time for GpSimd's, TensorE having room)
+    assert emulator.pe_utilisation(fwd) > 0.40 and emulator.pe_utilisation(bwd) > 0.65
     # at the documented engine rates (cost.py, two-input VectorE instructions at 2N) the softmax's
     # Vector/Scalar work, not TensorE, bounds both directions
     for c in (fwd, bwd):
         secs = emulator.estimate(c).engine_s
-        assert emulator.estimate(c).bound in ("vector", "scalar") and secs["tensor"] < secs["vector"]
+        # (the backward's dp - Di leaves PSUM on ScalarE: VectorE shares GpSimd's SBUF port)
+        assert emulator.estimate(c).bound in ("vector", "scalar") and secs["tensor"] < max(secs["vector"],
+                                                                                          secs["scalar"])
     assert fwd.psum_peak_banks <= 8 and bwd.psum_peak_banks <= 8
     # q, k, v in and o out once; lse out (fp32)
     assert fwd.dma_bytes == 2 * (2 * B * T * H * K + 2 * B * T * G * K) + 4 * B * H * T
@@ -308,7 +312,8 @@ def test_qk_attention_counts_at_seq_1024(qk_kernels, kernels):
     backward reads their transposes and the inverse RMS once (and q, k, v, dO, o once); the kernel stays
     Vector/Scalar/GpSimd-bound.
     The bounded forward issues s^T once per block (useful) and p^T [v | 1], nothing else but transposes (q^T
-    / k^T, o to the consecutive-rows layout): TensorE useful/issued > 0.8, and it is the faster forward. The backward loads q^T / k^T
+    / k^T, o to the consecutive-rows layout) and the diagonal blocks' mask matmuls: TensorE useful/issued > 0.7,
+    and it is the faster forward. The backward loads q^T / k^T
     (saved by the forward) instead of transposing them again, and makes the rows qg / kr from them."""
     B, T, H, G, K = 1, 1024, 8, 4, 64
     q, kv, lse = ((B, T, H, K), "bfloat16"), ((B, T, G, K), "bfloat16"), ((B, H, T, 1), "float32")
@@ -317,9 +322,12 @@ def test_qk_attention_counts_at_seq_1024(qk_kernels, kernels):
     bounded = emulator.count(qk_kernels.qk_attention_fwd, q, kv, kv, *tabs, g)
     unit, nb, nt = 128 * 128, _blocks(T), T // 128
     assert bounded.pe_macs_useful == H * nb * unit * (2 * K + 1)
-    # + the lse rows; + o to the consecutive-rows layout: two transposes per 128-row block (32 units each)
-    assert bounded.pe_macs_issued == unit * (H * (nb * (K + K + 1) + nt * 32) + G * nt * 32 + nt * 32 + H * nt * 64)
-    assert emulator.pe_utilisation(bounded) > 0.8
+    # + the lse rows; + o to the consecutive-rows layout: two transposes per 128-row block (32 units each); + per
+    # diagonal block the causal bias added to s^T (identity stationary, N = 128: TensorE time instead of a GpSimd
+    # select of p^T, GpSimd sharing VectorE's SBUF port)
+    assert bounded.pe_macs_issued == unit * (H * (nb * (K + K + 1) + nt * (32 + 128)) + G * nt * 32 + nt * 32
+                                             + H * nt * 64)
+    assert emulator.pe_utilisation(bounded) > 0.7
     fwd = emulator.count(qk_kernels.qk_attention_fwd, q, kv, kv, *tabs, g, exact_max=True)
     assert emulator.estimate(bounded).total_s < 0.7 * emulator.estimate(fwd).total_s
     assert bounded.dma_bytes == fwd.dma_bytes

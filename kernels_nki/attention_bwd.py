@@ -1,0 +1,211 @@
+"""The attention backward's plan (kernels_nki/attention.py, `_bwd`; a kernel-helper file like
+kernels_nki/attention_parts.py): the work of one call as jobs, one per (sequence, kv head), each in three
+parts: its set-up (the sequence's loads and -Di / -lse columns for its first kv head; the kv head's k / v
+rows and transposes, its query heads' q / dO rows and transposes and per-tile views: `_setup`), its
+(query tile, key chunk) steps (`bwd_heads`, whose dk / dv PSUM accumulators leave PSUM right after them)
+and its tail (dq / dk through the rotation and the norm, the gain's gradient, the gradients to the `perm`
+layout and, for a sequence's last kv head, its stores: `_tail`).
+
+The engines run their instruction streams in program order (aws-neuron-sdk
+nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute Engines"), so the set-up and
+tail of a job issued between two jobs' steps would leave TensorE and ScalarE idle while they run on VectorE
+and GpSimd, and the steps' engines idle in turn; instead job n's steps carry job n - 1's tail and job n + 1's
+set-up as side work (`pipelined`'s `side`: small units spread over the steps, the set-up built once the tail
+has run, so that at most two jobs' tiles are live); a sequence's tiles come in two sets used in turn
+(`_seq_tiles`).
+"""
+
+import nki.isa as nisa
+import nki.language as nl
+
+from kernels_nki.attention_layout import block, natural_cols, neg_lse_load, neg_rowdot, perm_rows, \
+    rows_from_transpose, seq_dma, seq_tile
+from kernels_nki.attention_parts import causal_bias, dims, gain_column, gain_tile, kv_head, prep_grad, rope_tiles
+from kernels_nki.attention_steps import KC, run_unit, bwd_heads, bwd_tile, gain_grad, store_kv_grad
+from kernels_nki.tiles import cdiv, identity, transpose
+
+
+def bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
+    """The backward of both kernels (kernels_nki/attention.py, `_bwd`); rope: () or (cos_TK2, sin_TK2, g_PH,
+    qg, qinv, kr, kinv, qgT, krT). -> (dq, dk, dv) and, with rope, dg_BH1."""
+    B, T, H, K, G, R, P, dt, scale = dims(q_BTHK, k_BTGK)
+    outs = (nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm),
+            nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm),
+            nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm))
+    dg_BH1 = nl.ndarray((B, H, 1), dtype=nl.float32, buffer=nl.shared_hbm) if rope else None
+    c = {"bias": causal_bias(dt), "ident32": identity(nl.float32), "dims": (B, T, H, K, G, R, P, dt, scale),
+         "tables": rope_tiles(rope[0], rope[1]) if rope else (), "rope": rope, "outs": outs, "dg": dg_BH1,
+         "ins": (q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK)}
+    g_sb = gain_tile(rope[2]) if rope else None
+    c["gains"] = [gain_column(g_sb, h, K) if rope else () for h in range(H)]
+    slots = [_seq_tiles(c) for _ in range(min(B, 2))]  # a sequence's tiles, two sets used in turn
+    seqs = [dict(slots[b % 2]) for b in range(B)]
+    jobs = [(b, g) for b in range(B) for g in range(G)]
+    job, side = _setup(c, seqs, jobs[0])
+    side = side[0] + side[1]
+    for k in range(len(side)):
+        run_unit(side, k)
+    side = []
+    for n in range(len(jobs)):
+        nxt = {}
+        if n + 1 < len(jobs):
+            def setup(n=n, nxt=nxt, side=side):  # after the previous tail: its tiles released before these
+                loads, units = _setup(c, seqs, jobs[n + 1], nxt)[1]
+                side.extend(loads + units)
+            side.append(setup)
+        res = _steps(c, job, side)
+        side = _tail(c, seqs, job, res)
+        res = ()  # its dk / dv accumulators released before the next job's
+        job = nxt
+    for k in range(len(side)):
+        run_unit(side, k)
+    if rope:
+        return outs + (dg_BH1,)
+    return outs
+
+
+def _seq_tiles(c):
+    """One set of a sequence's SBUF tiles: q, o; dO (its rows made from dO^T), k, v (only v^T is read); the
+    gradients in natural rows, then in the `perm` layout (`perm_rows`) for their stores; qg / kr (the rows of
+    the saved transposes, loaded anyway, transposed back on chip) and their inverse RMS."""
+    B, T, H, K, G, R, P, dt, scale = c["dims"]
+    q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK = c["ins"]
+    rope = c["rope"]
+    st = {"q": seq_tile(q_BTHK, dt), "o": seq_tile(o_BTHK, dt), "do": seq_tile(do_BTHK, dt),
+          "do_nat": seq_tile(do_BTHK, dt), "k": seq_tile(k_BTGK, dt), "v": seq_tile(v_BTGK, dt),
+          "grads": [(seq_tile(x, dt), seq_tile(x, dt)) for x in c["outs"]],
+          "negl": nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf),  # -lse, -Di columns
+          "negdi": nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)}
+    if rope:
+        st["qg"], st["qinv"] = seq_tile(rope[3], dt), seq_tile(rope[4], nl.float32)
+        st["kr"], st["kinv"] = seq_tile(rope[5], dt), seq_tile(rope[6], nl.float32)
+    return st
+
+
+def _seq_units(c, st, b):
+    """(DMA units, compute units): sequence b's loads into st (a `_seq_tiles` set), its -Di and -lse columns."""
+    B, T, H, K, G, R, P, dt, scale = c["dims"]
+    q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK = c["ins"]
+    rope = c["rope"]
+    loaded = [("q", q_BTHK, False), ("o", o_BTHK, True), ("do", do_BTHK, True), ("k", k_BTGK, False),
+              ("v", v_BTGK, True)]
+    if rope:
+        st["dg"] = nl.ndarray((1, H), dtype=nl.float32, buffer=nl.sbuf)
+        loaded += [("qinv", rope[4], False), ("kinv", rope[6], False)]
+
+    def loads():
+        for name, x, perm in loaded:
+            seq_dma(st[name], x, b, True, perm)
+
+    lse_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
+
+    def lse():
+        neg_lse_load(lse_BHT1, b, c["ident32"], lse_HT, st["negl"])
+
+    units = [lse]
+    neg_rowdot(st["do"], st["o"], H, T, c["ident32"], units.append, st["negdi"])  # -Di = -rowsum(dO o)
+    return [loads], [lambda: nisa.dma_copy(dst=lse_HT, src=lse_BHT1[b].reshape((H, T)))] + units
+
+
+def _setup(c, seqs, bg, js=None):
+    """(job state, (DMA units, compute units) filling it) of job bg = (sequence, kv head)."""
+    B, T, H, K, G, R, P, dt, scale = c["dims"]
+    b, g = bg
+    rope, bias = c["rope"], c["bias"]
+    st = seqs[b]
+    js = {} if js is None else js
+    js.update({"b": b, "g": g, "tiles": [None] * R})
+    units, loads = _seq_units(c, st, b) if g == 0 else ([], [])
+    units = units + loads  # the sequence's loads after the tail still reading the same set of tiles
+    loads = []
+    krT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+    qTs = [nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf) for _ in range(R)]
+    if rope:  # the saved transposes: one DMA per (sequence, head)
+        loads.append(lambda: nisa.dma_copy(dst=krT, src=rope[8][b, g]))
+        for r in range(R):
+            loads.append(lambda r=r: nisa.dma_copy(dst=qTs[r], src=rope[7][b, g * R + r]))
+
+    def kside():
+        saved = ()
+        if rope:
+            rows_from_transpose(st["kr"], G, g, krT, T, bias[0])
+            saved = (st["kr"], st["kinv"], krT)
+        js["k_tiles"], js["kT"], js["k_norms"] = kv_head(st["k"], G, g, T, dt, bias[0], saved=saved)
+        js["vT"] = kv_head(st["v"], G, g, T, dt, bias[0], perm=True)[1]
+
+    def head(r):
+        h = g * R + r
+        qT_h = ()
+        if rope:
+            qT_h = qTs[r]
+            rows_from_transpose(st["qg"], H, h, qT_h, T, bias[0])
+        doT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+        for i in nl.affine_range(cdiv(T, P)):
+            rows = min(P, T - i * P)
+            transpose(natural_cols(doT_h, i, T, True), block(st["do"], i, h, H, K)[0:rows], rows, K, bias[0],
+                      on_vector=True)
+        rows_from_transpose(st["do_nat"], H, h, doT_h, T, bias[0])
+        row = []
+        for i in nl.affine_range(cdiv(T, P)):
+            t0 = i * P
+            rows = min(P, T - t0)
+            dO = (block(st["do_nat"], i, h, H, K), doT_h[0:K, t0:t0 + rows])
+            views = (block(st["q"], i, h, H, K), dO, block(st["negdi"], i, h, H, 1), block(st["negl"], i, h, H, 1),
+                     block(st["grads"][0][0], i, h, H, K))
+            qk = ((c["tables"][i], c["gains"][h], (block(st["qg"], i, h, H, K), block(st["qinv"], i, h, H, 1),
+                                                   qT_h[0:K, t0:t0 + rows])) if rope else ())
+            row.append(bwd_tile(views, t0, rows, bias, dt, qk))
+        js["tiles"][r] = row
+
+    units.append(kside)
+    for r in range(R):
+        units.append(lambda r=r: head(r))
+    return js, (loads, units)
+
+
+def _steps(c, js, side):
+    """Job js's steps with `side` units beside them; its dk / dv out of PSUM -> (dq items, dk items)."""
+    B, T, H, K, G, R, P, dt, scale = c["dims"]
+    banks = cdiv(cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
+    acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
+           [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
+    items = bwd_heads(js["tiles"], js["kT"], js["vT"], js["k_tiles"], acc, c["bias"], scale, dt, c["rope"], side)
+    return items, acc
+
+
+def _tail(c, seqs, js, res):
+    """Units of job js's tail: dq / dk through the rotation and the norm, dg, the `perm` gradients, stores."""
+    B, T, H, K, G, R, P, dt, scale = c["dims"]
+    b, g = js["b"], js["g"]
+    st, rope, ident = seqs[b], c["rope"], c["bias"][0]
+    items, acc = res
+    grads = st["grads"]
+    dk_items = store_kv_grad(grads[1][0], G, acc[0], g, T, K, scale, dt, c["tables"], js["k_norms"])
+    store_kv_grad(grads[2][0], G, acc[1], g, T, K, 1.0, dt)
+    chains = []  # independent chains of units, interleaved below (a chain's consecutive units depend)
+    for r in range(R):
+        h = g * R + r
+        units = []
+        if rope:
+            dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            units.append(lambda dg_P1=dg_P1: nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd))
+            prep_grad(items[r], c["gains"][h], dg_P1, nisa.engine.gpsimd, units.append,
+                      lambda dg_P1=dg_P1, h=h: gain_grad(st["dg"], dg_P1, h, K), prescaled=True)
+        units.append(lambda h=h: perm_rows(grads[0][1], H, h, grads[0][0], T, ident, dt, (H, h)))
+        chains.append(units)
+    units = []
+    if dk_items:
+        prep_grad(dk_items, (), None, nisa.engine.gpsimd, units.append)
+    units.append(lambda: perm_rows(grads[1][1], G, g, grads[1][0], T, ident, dt, (G, g)))
+    chains.append(units)
+    chains.append([lambda: perm_rows(grads[2][1], G, g, grads[2][0], T, ident, dt, (G, g))])
+    units = [u for k in range(max(len(ch) for ch in chains)) for ch in chains if k < len(ch) for u in ch[k:k + 1]]
+    if g == G - 1:
+        def stores():
+            for (_, out), dst in zip(grads, c["outs"]):
+                seq_dma(out, dst, b, False, perm=True)
+            if rope:
+                nisa.dma_copy(dst=c["dg"][b].reshape((1, H)), src=st["dg"])
+            st.clear()  # the sequence's tiles released
+        units.append(stores)
+    return units
