@@ -92,7 +92,7 @@ def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), vec=False, out=(), pe
     views = [block(x_sb, i, g, G, K) for i in range(nt)]
     if tables:
         ys = prep_tile([(views[i], rows[i], tables[i], (block(out[0], i, g, G, K), block(out[1], i, g, G, 1)))
-                        for i in range(nt)], (), dt)
+                        for i in range(nt)], (), dt, out[1][:, g:(nt - 1) * G + g + 1:G])
         tiles, norms = [y for y, _ in ys], [inv for _, inv in ys]
     elif saved:
         got = [head_rows(views[i], rows[i], dt, None, False,
@@ -114,7 +114,8 @@ def prep_head(x_sb, H, h, T, tables, gain, outs, dt):
     items = [(block(x_sb, i, h, H, K), min(P, T - i * P), tables[i], (block(outs[0], i, h, H, K),
                                                                        block(outs[1], i, h, H, 1)))
              for i in range(cdiv(T, P))]
-    return [y for y, _ in prep_tile(items, gain, dt)]
+    n = cdiv(T, P)
+    return [y for y, _ in prep_tile(items, gain, dt, outs[1][:, h:(n - 1) * H + h + 1:H])]
 
 
 def rope_tiles(cos_TK2, sin_TK2, perm=False):
@@ -183,28 +184,33 @@ def staged(stages, run):
             run(f)
 
 
-def prep_tile(items, gain, dt):
+def prep_tile(items, gain, dt, inv_all=None):
     """[(y [P, K] in dt = rope(qk_norm(x)) [* gain], inv = rsqrt(mean(x^2) + eps) fp32 [P, 1])] of raw [rows,
     K] tiles, items = [(x_t, rows, cs, out)] (out: () or the (y, inv) views to write), fp32 math
     (reference.rms_norm, reference.rope / rope_gain); gain: () or (g_P1,) with g_P1 = gain * sqrt(K)
-    (`gain_column`). The squares and the rotation on GpSimd, the row sum and the scaling on VectorE; r =
-    rsqrt(sum(x^2) + K eps) = inv / sqrt(K) by one GpSimd tensor_scalar (add, then rsqrt: GpSimd
-    tensor_scalar is documented for rsqrt only, nki/api/nki/isa/__init__.py tensor_scalar `engine`), x r
-    (gain) sqrt(K) by one VectorE tensor_scalar, inv (a residual for the backward) on ScalarE; each step for
-    every item before the next (`rotate`)."""
+    (`gain_column`). Each row's sum of squares by one ScalarE `activation_reduce` per item (off the SBUF port
+    VectorE and GpSimd share), into column k of one [P, n] tile; r = rsqrt(sum(x^2) + K eps) = inv / sqrt(K)
+    by GpSimd tensor_scalar (add, then rsqrt: GpSimd tensor_scalar is documented for rsqrt only,
+    nki/api/nki/isa/__init__.py tensor_scalar `engine`), x r (gain) sqrt(K) by one VectorE tensor_scalar per
+    item, inv (a residual for the backward) on ScalarE, the rotation on GpSimd; when every item is full, r
+    and inv for all items at once (inv_all: the items' inv views side by side as one [P, n] view, written
+    instead of their out views); each step for every item before the next (`rotate`)."""
     P = nl.tile_size.pmax
     gp = nisa.engine.gpsimd
     K = items[0][0].shape[1]
-    sqs, rs, xss, outs = [], [], [], []
+    n = len(items)
+    full = all(it[1] == P for it in items)
+    xss, outs = [], []
+    r_all = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    rs = [r_all[:, k:k + 1] for k in range(n)]
+    sqs = []
     for x_t, rows, cs, out in items:
         sq = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=sq[0:rows], data1=x_t[0:rows], data2=x_t[0:rows], op=nl.multiply, engine=gp)
         sqs.append(sq)
-    for (x_t, rows, cs, out), sq in zip(items, sqs):
-        ss_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=ss_P1[0:rows], op=nl.add, data=sq[0:rows], axis=1, keepdims=True)
-        rs.append(ss_P1)
-    for (x_t, rows, cs, out), r_P1 in zip(items, rs):
+    for (x_t, rows, cs, out), sq, r_P1 in zip(items, sqs, rs):
+        nisa.tensor_reduce(dst=r_P1[0:rows], op=nl.add, data=sq[0:rows], axis=1, keepdims=True)
+    for (x_t, rows, cs, out), r_P1 in (((None, P, None, None), r_all),) if full else zip(items, rs):
         nisa.tensor_scalar(dst=r_P1[0:rows], data=r_P1[0:rows], op0=nl.add, operand0=K * EPS, op1=nl.rsqrt,
                            operand1=0.0, engine=gp)
     for (x_t, rows, cs, out), r_P1 in zip(items, rs):
@@ -212,9 +218,16 @@ def prep_tile(items, gain, dt):
         nisa.tensor_scalar(dst=xs[0:rows], data=x_t[0:rows], op0=nl.multiply, operand0=r_P1[0:rows],
                            op1=nl.multiply, operand1=gain[0][0:rows] if gain else K ** 0.5)
         xss.append(xs)
-    for (x_t, rows, cs, out), r_P1 in zip(items, rs):
-        inv_P1 = out[1] if out else nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=inv_P1[0:rows], op=nl.copy, data=r_P1[0:rows], scale=K ** 0.5)
+    if full and inv_all is not None:
+        nisa.activation(dst=inv_all, op=nl.copy, data=r_all, scale=K ** 0.5)
+        invs = [inv_all[:, k:k + 1] for k in range(n)]
+    else:
+        invs = []
+        for (x_t, rows, cs, out), r_P1 in zip(items, rs):
+            inv_P1 = out[1] if out else nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=inv_P1[0:rows], op=nl.copy, data=r_P1[0:rows], scale=K ** 0.5)
+            invs.append(inv_P1)
+    for (x_t, rows, cs, out), inv_P1 in zip(items, invs):
         y = out[0] if out else nl.ndarray((P, K), dtype=dt, buffer=nl.sbuf)
         outs.append((y, inv_P1))
     rotate([(y, xs, it[1], it[2]) for (y, _), xs, it in zip(outs, xss, items)], False, gp)
