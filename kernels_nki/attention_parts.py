@@ -190,9 +190,9 @@ def prep_tile(items, gain, dt, inv_all=None):
     (reference.rms_norm, reference.rope / rope_gain); gain: () or (g_P1,) with g_P1 = gain * sqrt(K)
     (`gain_column`). The squares on GpSimd, each row's sum on VectorE into column k of one [P, n] tile; r =
     rsqrt(sum(x^2) + K eps) = inv / sqrt(K) by GpSimd tensor_scalar (add, then rsqrt: GpSimd tensor_scalar
-    is documented for rsqrt only, nki/api/nki/isa/__init__.py tensor_scalar `engine`), x r (gain) sqrt(K) by one VectorE tensor_scalar per
-    item, inv (a residual for the backward) on ScalarE, the rotation on GpSimd; when every item is full, r
-    and inv for all items at once (inv_all: the items' inv views side by side as one [P, n] view, written
+    is documented for rsqrt only, nki/api/nki/isa/__init__.py tensor_scalar `engine`), x r (gain) sqrt(K) by
+    one VectorE tensor_scalar per item, inv (a residual for the backward) on ScalarE, the rotation on GpSimd;
+    when every item is full, r and inv for all items at once (inv_all: the items' inv views side by side as one [P, n] view, written
     instead of their out views); each step for every item before the next (`rotate`)."""
     P = nl.tile_size.pmax
     gp = nisa.engine.gpsimd
