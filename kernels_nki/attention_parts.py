@@ -192,8 +192,8 @@ def prep_tile(items, gain, dt, inv_all=None):
     rsqrt(sum(x^2) + K eps) = inv / sqrt(K) by GpSimd tensor_scalar (add, then rsqrt: GpSimd tensor_scalar
     is documented for rsqrt only, nki/api/nki/isa/__init__.py tensor_scalar `engine`), x r (gain) sqrt(K) by
     one VectorE tensor_scalar per item, inv (a residual for the backward) on ScalarE, the rotation on GpSimd;
-    when every item is full, r and inv for all items at once (inv_all: the items' inv views side by side as one [P, n] view, written
-    instead of their out views); each step for every item before the next (`rotate`)."""
+    when every item is full, r and inv for all items at once (inv_all: the items' inv views side by side as
+    one [P, n] view, written instead of their out views); each step for every item before the next (`rotate`)."""
     P = nl.tile_size.pmax
     gp = nisa.engine.gpsimd
     K = items[0][0].shape[1]
