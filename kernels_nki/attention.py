@@ -102,7 +102,8 @@ per call ([128, H]), cos / sin once per call per layout (`rope_tiles`), dg once 
 Instruction order: the engines run their instruction streams in program order, so the kernels interleave
 independent chains: per kv head the (chunk, key tile) steps of the bounded forward and the (query tile, key
 chunk) steps of the backward run two steps (backward: one, its dq matmuls a step later) apart
-(`pipelined`) and alternate between the R query heads;
+(`pipelined`) and alternate between the R query heads, with the next kv head's prep (k^T, [v | 1], q^T; in a
+sequence's last kv head the next sequence's loads and its first kv head's prep) as side work between them;
 the row-wise prep (`prep_tile`) and its gradient (`prep_grad`) issue each step for every tile of a head
 before the next step. The backward runs as jobs, one per (sequence, kv head), whose set-up (loads, rows and
 transposes) and tail (`prep_grad`, the gain's gradient, `perm_rows`, stores) are side work spread between the
@@ -286,40 +287,51 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
     gains = [gain_column(g_sb, h, K) for h in range(H)]
     negms = [_neg_shift(gain[0]) for gain in gains]
     maskT = causal_bias(dt, key_major=True)[1]
-    for b in nl.affine_range(B):
-        q_sb, k_sb = seq_tile(q_BTHK, dt, b, perm=True), seq_tile(k_BTGK, dt, b, perm=True)
-        v_sb = seq_tile(v_BTGK, dt, b)
-        o_sb, lse_sb = seq_tile(o_BTHK, dt), nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
-        outs = _saved_tiles(saved, dt)
+    def load(b):  # one sequence's SBUF tiles: q, k, v loaded, o, lse and the saved rows to fill
+        return {"b": b, "q": seq_tile(q_BTHK, dt, b, perm=True), "k": seq_tile(k_BTGK, dt, b, perm=True),
+                "v": seq_tile(v_BTGK, dt, b), "o": seq_tile(o_BTHK, dt),
+                "lse": nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf),
+                "outs": _saved_tiles(saved, dt)}
 
-        def prep(g):  # units making kv head g's k^T, [v | 1] tiles and its query heads' q^T into res
-            res = {"qTs": [nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf) for _ in range(R)]}
+    def prep(sq, g):  # units making kv head g's k^T, [v | 1] tiles and its query heads' q^T into res
+        res = {"qTs": [nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf) for _ in range(R)]}
+        b, outs = sq["b"], sq["outs"]
 
-            def kside():
-                res["kT"] = kv_head_saved(k_sb, G, g, T, dt, ident, tables, (outs[2], outs[3]), saved[5], b,
-                                          vec=True, perm=True)[1]
-                res["vs"] = v_aug(v_sb, G, g, T, dt)
+        def kside():
+            res["kT"] = kv_head_saved(sq["k"], G, g, T, dt, ident, tables, (outs[2], outs[3]), saved[5], b,
+                                      vec=True, perm=True)[1]
+            res["vs"] = v_aug(sq["v"], G, g, T, dt)
 
-            def qside(r):
-                h = g * R + r
-                ys = prep_head(q_sb, H, h, T, tables, gains[h], outs, dt)
-                for i in nl.affine_range(cdiv(T, P)):
-                    rows = min(P, T - i * P)
-                    transpose(natural_cols(res["qTs"][r], i, T, True), ys[i][0:rows], rows, K, ident, on_vector=True)
-                nisa.dma_copy(dst=saved[4][b, h], src=res["qTs"][r])
+        def qside(r):
+            h = g * R + r
+            ys = prep_head(sq["q"], H, h, T, tables, gains[h], outs, dt)
+            for i in nl.affine_range(cdiv(T, P)):
+                rows = min(P, T - i * P)
+                transpose(natural_cols(res["qTs"][r], i, T, True), ys[i][0:rows], rows, K, ident, on_vector=True)
+            nisa.dma_copy(dst=saved[4][b, h], src=res["qTs"][r])
 
-            return res, [kside] + [lambda r=r: qside(r) for r in range(R)]
+        return res, [kside] + [lambda r=r: qside(r) for r in range(R)]
 
-        res, units = prep(0)
-        for u in units:
-            u()
-        for g in nl.sequential_range(G):  # kv head g + 1's row-wise prep as side work of kv head g's steps
-            nxt, units = prep(g + 1) if g + 1 < G else ({}, [])
+    cur = load(0)
+    res, units = prep(cur, 0)
+    for u in units:
+        u()
+    for b in nl.sequential_range(B):
+        nseq = None
+        for g in nl.sequential_range(G):  # the next kv head's (the next sequence's first) prep as side work
+            if g + 1 < G:
+                nxt, units = prep(cur, g + 1)
+            elif b + 1 < B:
+                nseq = load(b + 1)
+                nxt, units = prep(nseq, 0)
+            else:
+                nxt, units = {}, []
             hs = [g * R + r for r in range(R)]
-            bounded_heads(res["qTs"], res["kT"], res["vs"], [negms[h] for h in hs], (o_sb, lse_sb, H), hs, scale,
-                          dt, ident, maskT, units)
+            bounded_heads(res["qTs"], res["kT"], res["vs"], [negms[h] for h in hs], (cur["o"], cur["lse"], H), hs,
+                          scale, dt, ident, maskT, units)
             res = nxt
-        _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32, o_perm=True)
+        _store_seq(o_BTHK, lse_BHT1, saved, cur["o"], cur["lse"], cur["outs"], b, ident32, o_perm=True)
+        cur = nseq
     return (o_BTHK, lse_BHT1) + saved
 
 
