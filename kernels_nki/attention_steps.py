@@ -109,19 +109,27 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=()
                 rows = min(P, c0 + n - t0)
                 nisa.nc_matmul(dst=o_ps[r][0][0:rows, i * W:(i + 1) * W],
                                stationary=pT[0:kr, t0 - q0:t0 - q0 + rows], moving=vs[j][0:kr, 0:W])
+        for f in late:  # the previous chunk ends' second halves, their 1 / l and log(l) done by now
+            f()
+        late.clear()
         if k0 + P >= c0 + n:
-            bounded_out(o_ps[r].pop(0), c0, n, negms[r], (o_nat[r],) + outs[1:], hs[r], K)
+            late.append(bounded_out(o_ps[r].pop(0), c0, n, negms[r], (o_nat[r],) + outs[1:], hs[r], K))
 
     steps = [(c, j, r) for c in range(cdiv(T, KC)) for j in range(cdiv(min(T, (c + 1) * KC), P))
              for r in range(len(hs))]
+    late = []
     pipelined(steps, scores, values, lag=LAG, side=side)
+    for f in late:
+        f()
     for r in range(len(hs)):  # o: natural 128-row blocks -> the batch's `perm` o tile
         perm_rows(outs[0], outs[2], hs[r], o_nat[r], T, ident, dt)
 
 
 def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
-    """o = o' / l and lse = m_h + log(l) of one chunk's query tiles into the batch's SBUF tiles; when every tile
-    is full, 1 / l and lse for all of them at once (their l columns and lse columns are strided views)."""
+    """o = o' / l and lse = m_h + log(l) of one chunk's query tiles into the batch's SBUF tiles, in two halves:
+    1 / l (VectorE) and log(l) (ScalarE) now, and -> a callable issuing what waits for them (o' times 1 / l on
+    ScalarE, lse on VectorE), which `bounded_heads` issues a step later; when every tile is full, 1 / l and lse
+    for all of them at once (their l columns and lse columns are strided views)."""
     P = nl.tile_size.pmax
     W = K + 1
     o_sb, lse_sb, H = outs
@@ -130,13 +138,16 @@ def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
         l_ps = o_ps[0:P, K:m * W:W]
         inv = nl.ndarray((P, KC // P), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=inv[0:P, 0:m], data=l_ps)
-        for i in range(m):
-            nisa.activation(dst=block(o_sb, c0 // P + i, 0, 1, K), op=nl.copy, data=o_ps[0:P, i * W:i * W + K],
-                            scale=inv[0:P, i:i + 1])  # ScalarE: VectorE's PSUM read would hold the SBUF port too
         lse = lse_sb[0:P, s0:s0 + (m - 1) * H + 1:H]  # m_h + log(l)
         nisa.activation(dst=lse, op=nl.log, data=l_ps)
-        nisa.tensor_scalar(dst=lse, data=lse, op0=nl.subtract, operand0=negm_P1[0:P])
-        return
+
+        def rest():
+            for i in range(m):
+                nisa.activation(dst=block(o_sb, c0 // P + i, 0, 1, K), op=nl.copy,
+                                data=o_ps[0:P, i * W:i * W + K], scale=inv[0:P, i:i + 1])  # ScalarE: VectorE's
+                # PSUM read would hold the SBUF port too
+            nisa.tensor_scalar(dst=lse, data=lse, op0=nl.subtract, operand0=negm_P1[0:P])
+        return rest
     for i in range(cdiv(n, P)):
         t0 = c0 + i * P
         rows = min(P, c0 + n - t0)
@@ -149,6 +160,7 @@ def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
         lse_P1 = block(lse_sb, t0 // P, h, H, 1)  # m_h + log(l)
         nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=l_ps)
         nisa.tensor_scalar(dst=lse_P1[0:rows], data=lse_P1[0:rows], op0=nl.subtract, operand0=negm_P1[0:rows])
+    return lambda: None
 
 
 def bwd_tile(views, t0, rows, bias, dt, qk=()):
