@@ -307,7 +307,7 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
             ys = prep_head(sq["q"], H, h, T, tables, gains[h], outs, dt)
             for i in nl.affine_range(cdiv(T, P)):
                 rows = min(P, T - i * P)
-                transpose(natural_cols(res["qTs"][r], i, T, True), ys[i][0:rows], rows, K, ident, on_vector=True)
+                transpose(natural_cols(res["qTs"][r], i, T, True), ys[i][0:rows], rows, K, ident, on_vector=False)
             nisa.dma_copy(dst=saved[4][b, h], src=res["qTs"][r])
 
         return res, [kside] + [lambda r=r: qside(r) for r in range(R)]
