@@ -16,10 +16,9 @@ def sb(cols, dt):
     return nl.ndarray((nl.tile_size.pmax, cols), dtype=dt, buffer=nl.sbuf)
 
 
-def gp(dst, a, b, op, on_vector=False):
-    """dst = op(a, b) element-wise on GpSimd (SBUF operands only: isa docs, 'GpSimd Engine cannot access PSUM'),
-    or with `on_vector` on VectorE."""
-    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=nisa.engine.vector if on_vector else nisa.engine.gpsimd)
+def gp(dst, a, b, op):
+    """dst = op(a, b) element-wise on GpSimd (SBUF operands only: isa docs, 'GpSimd Engine cannot access PSUM')."""
+    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=nisa.engine.gpsimd)
 
 
 def broadcast(v_KI, k, dt):
@@ -39,10 +38,10 @@ def mix_setup(x0_NI, mix_2I, skip_NI, sw_1I, R, dt):
     return x0_NI, skip_NI, broadcast(mix_2I, 0, dt), broadcast(mix_2I, 1, dt), sw, R
 
 
-def _each(dst, a, b, g, I, op, j, on_vector=False):
+def _each(dst, a, b, g, I, op, j):
     """dst = op(a, b) on row tile j of group g ([128, R I] tiles; b may be a [128, I] broadcast weight)."""
     c, cb = slice(j * I, (j + 1) * I), slice(0, I) if b.shape[1] == I else slice(j * I, (j + 1) * I)
-    gp(dst[0:g[1], c], a[0:g[1], c], b[0:g[1], cb], op, on_vector)
+    gp(dst[0:g[1], c], a[0:g[1], c], b[0:g[1], cb], op)
 
 
 def mixed(x_NI, mix, g, dt):
@@ -62,7 +61,7 @@ def mixed(x_NI, mix, g, dt):
     def op(j):
         if skip_NI != None:  # noqa: E711
             _each(t, sk, sw, g, I, nl.multiply, j)
-            _each(xs2, xs, t, g, I, nl.add, j, True)  # VectorE: GpSimd has the most work with a skip
+            _each(xs2, xs, t, g, I, nl.add, j)
         _each(a, xi, m0, g, I, nl.multiply, j)
         _each(b, x0, m1, g, I, nl.multiply, j)
         _each(x, a, b, g, I, nl.add, j)

@@ -73,7 +73,7 @@ the same group's VectorE and GpSimd results, and GpSimd's in-order stream interl
 `mix_norm_projection`: the mixing weights are broadcast to every partition once per call by a DMA whose HBM
 access pattern has partition stride 0 (nki/get-started/nki-language-guide.rst, "Low-level raw access
 pattern"). The mix is 3 (5 with a skip) element-wise ops per row tile on GpSimd (`tensor_tensor(engine=gpsimd)`,
-isa docs tensor_tensor; GpSimd reads SBUF only; the skip's add goes to VectorE), each product and sum rounded to
+isa docs tensor_tensor; GpSimd reads SBUF only), each product and sum rounded to
 x's dtype as the model rounds them; the forward runs group k + 1's a row tile at a time between group k's. The
 backward recomputes x the same way (x_in, x0 are read for the weights' gradients anyway; reading x would cost
 a DMA pass more), forms dx = inv (g + x c) + dxo (the inv scale on ScalarE, the add on GpSimd; dy^T's
