@@ -62,9 +62,9 @@ Backward (`norm_projection`), one pass over the tokens in four stages per group 
 the mix, x recomputed), B (per row tile g = dy w^T in PSUM, token-major, dy^T by transposes; the norm's
 backward on it: ScalarE g out of PSUM, the row sum, x c and the inv scale; GpSimd g x, x c + g (and + dxo),
 two-input element-wise work that costs VectorE 2N on the SBUF port the two share; dx into the group's dx tile;
-rms_norm(x) = inv x on ScalarE, kept for dw; each row tile's norm backward in three stages, row tile j's second
-and third after row tile j + 1's and j + 2's first), the mix's backward (below), and dw =
-rms_norm(x)^T dy accumulated over BLOCK = 16 row tiles in one PSUM bank per [128, 512] slice, then one
+rms_norm(x) = inv x on ScalarE, kept for dw; each row tile's norm backward in three stages, a stage LAG row
+tiles after the one before it: at LAG = R a group's first stages, then its second, then its third), the mix's
+backward (below), and dw = rms_norm(x)^T dy accumulated over BLOCK = 16 row tiles in one PSUM bank per [128, 512] slice, then one
 VectorE add into fp32 SBUF accumulators ([I/128] x [128, O] fp32), stored once. Program order per group:
 A(k + 1)'s loads, B(k) with a row tile of the mix's GpSimd work of k - 1 and of A(k + 1)'s recomputation after
 each row tile's stages, the token sums of group k - 1, dw of the block finished before k: TensorE never waits on
@@ -104,7 +104,7 @@ from kernels_nki.projection_parts import (
     weight_tiles, weight_transposed)
 from kernels_nki.tiles import EPS, cdiv, identity
 
-LAG = 2  # norm_projection_bwd: row tile j's last stage runs after row tile j + LAG's first
+LAG = 8  # norm_projection_bwd: a row tile's norm-backward stage s runs LAG row tiles after its stage s - 1
 BLOCK = 16  # norm_projection_bwd: row tiles whose dw partials accumulate in PSUM before the fp32 SBUF add
 
 
@@ -332,7 +332,7 @@ def _bwd_rows(st, wT, I, widths, dt, ident, scalar_copies, fills):
     dx_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)
     xn_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)  # rms_norm(x), dw's stationary operand
     xn_s, dy_s, live = [], [], []
-    for j in range(g[2] + LAG):
+    for j in range(g[2] + LAG * 2):
         if j < g[2]:
             dy_t = [tile(dy_g[s], g, j, widths[s]) for s in range(len(widths))]
             x_t, inv_j = tile(x_g, g, j, I), inv[0:p, j:j + 1]
@@ -341,10 +341,10 @@ def _bwd_rows(st, wT, I, widths, dt, ident, scalar_copies, fills):
                 dyT += transposed(dy_t[s], p, widths[s], dt, ident, False, scalar_copies)
             fs = norm_bwd_stages(tile(dx_g, g, j, I), products(dyT, wT, part_chunks(widths), I, p), x_t, inv_j, p,
                                  tile(dxo, g, j, I) if dxo != None else None)  # noqa: E711
-            live.append([fs, fs[0](None), 1, x_t, inv_j])
+            live.append([fs, fs[0](None), 1, x_t, inv_j, j])
             dy_s.append(dy_t)
-        for e in live[-2::-1] if j < g[2] else live[::-1]:  # the older row tiles' next stages
-            if e[2] < len(e[0]):
+        for e in live[::-1]:  # the older row tiles' next stages, stage s LAG s row tiles after the first
+            if e[2] < len(e[0]) and j - e[5] >= e[2] * LAG:
                 e[1], e[2] = e[0][e[2]](e[1]), e[2] + 1
                 if e[2] == len(e[0]):
                     xn = tile(xn_g, g, len(xn_s), I)
@@ -354,7 +354,7 @@ def _bwd_rows(st, wT, I, widths, dt, ident, scalar_copies, fills):
             if j < len(f):
                 f[j]()
     for f in fills:
-        for op in f[g[2] + LAG:]:
+        for op in f[g[2] + 2 * LAG:]:
             op()
     return dx_g, xn_s, dy_s
 
