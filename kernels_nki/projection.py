@@ -64,8 +64,8 @@ backward on it: ScalarE g out of PSUM, the row sum, x c and the inv scale; GpSim
 two-input element-wise work that costs VectorE 2N on the SBUF port the two share; dx into the group's dx tile;
 rms_norm(x) = inv x on ScalarE, kept for dw; each row tile's norm backward in three stages, a stage LAG row
 tiles after the one before it: at LAG = R a group's first stages, then its second, then its third), the mix's
-backward (below), and dw = rms_norm(x)^T dy accumulated over BLOCK = 16 row tiles in one PSUM bank per [128, 512] slice, then one
-VectorE add into fp32 SBUF accumulators ([I/128] x [128, O] fp32), stored once. Program order per group:
+backward (below), and dw = rms_norm(x)^T dy accumulated over BLOCK = 16 row tiles in one PSUM bank per
+[128, 512] slice, then one VectorE add into fp32 SBUF accumulators ([I/128] x [128, O] fp32), stored once. Program order per group:
 A(k + 1)'s loads, B(k) with a row tile of the mix's GpSimd work of k - 1 and of A(k + 1)'s recomputation after
 each row tile's stages, the token sums of group k - 1, dw of the block finished before k: TensorE never waits on
 the same group's VectorE and GpSimd results, and GpSimd's in-order stream interleaves its groups' work.
