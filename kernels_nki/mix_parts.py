@@ -16,10 +16,9 @@ def sb(cols, dt):
     return nl.ndarray((nl.tile_size.pmax, cols), dtype=dt, buffer=nl.sbuf)
 
 
-def gp(dst, a, b, op, on_vector=False):
-    """dst = op(a, b) element-wise on GpSimd (SBUF operands only: isa docs, 'GpSimd Engine cannot access PSUM'),
-    or with `on_vector` on VectorE."""
-    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=nisa.engine.vector if on_vector else nisa.engine.gpsimd)
+def gp(dst, a, b, op):
+    """dst = op(a, b) element-wise on GpSimd (SBUF operands only: isa docs, 'GpSimd Engine cannot access PSUM')."""
+    nisa.tensor_tensor(dst=dst, data1=a, data2=b, op=op, engine=nisa.engine.gpsimd)
 
 
 def broadcast(v_KI, k, dt):
@@ -39,59 +38,63 @@ def mix_setup(x0_NI, mix_2I, skip_NI, sw_1I, R, dt):
     return x0_NI, skip_NI, broadcast(mix_2I, 0, dt), broadcast(mix_2I, 1, dt), sw, R
 
 
-def _each(dst, a, b, g, I, op, on_vector=False):
-    """dst = op(a, b) over group g ([128, R I] tiles): one `gp` over the group, or with b a [128, I] broadcast
-    weight one per row tile."""
-    p, n = g[1], g[2] * I
-    if b.shape[1] != I or g[2] == 1:
-        gp(dst[0:p, 0:n], a[0:p, 0:n], b[0:p, 0:n], op, on_vector)
-        return
-    for j in range(g[2]):
-        c = slice(j * I, (j + 1) * I)
-        gp(dst[0:p, c], a[0:p, c], b[0:p, 0:I], op, on_vector)
+def _each(dst, a, b, g, I, op, j):
+    """dst = op(a, b) on row tile j of group g ([128, R I] tiles; b may be a [128, I] broadcast weight)."""
+    c, cb = slice(j * I, (j + 1) * I), slice(0, I) if b.shape[1] == I else slice(j * I, (j + 1) * I)
+    gp(dst[0:g[1], c], a[0:g[1], c], b[0:g[1], cb], op)
 
 
 def mixed(x_NI, mix, g, dt):
-    """(x_in', x0, skip or None, x) as [128, R I] group tiles of group g: x = m0 x_in' + m1 x0 with x_in' = x_in
-    (+ sw skip), each product and sum rounded to dt as the model rounds them; on GpSimd."""
+    """(x_in', x0, skip or None, x, ops) as [128, R I] group tiles of group g: x = m0 x_in' + m1 x0 with x_in' =
+    x_in (+ sw skip), each product and sum rounded to dt as the model rounds them; on GpSimd. The tiles are
+    loaded here; `ops` holds one function per row tile computing its slice (the caller runs them all, spread
+    over other work)."""
     x0_NI, skip_NI, m0, m1, sw, R = mix
     I = x_NI.shape[1]
     xs, x0, sk = load(x_NI, g, dt, R), load(x0_NI, g, dt, R), None
+    t, xs2 = None, None
     if skip_NI != None:  # noqa: E711
         sk, t, xs2 = load(skip_NI, g, dt, R), sb(R * I, dt), sb(R * I, dt)
-        _each(t, sk, sw, g, I, nl.multiply)
-        _each(xs2, xs, t, g, I, nl.add, True)  # VectorE: GpSimd has the most work with a skip
-        xs = xs2
     a, b, x = sb(R * I, dt), sb(R * I, dt), sb(R * I, dt)
-    _each(a, xs, m0, g, I, nl.multiply)
-    _each(b, x0, m1, g, I, nl.multiply)
-    _each(x, a, b, g, I, nl.add)
-    return xs, x0, sk, x
+    xi = xs2 if skip_NI != None else xs  # noqa: E711
+
+    def op(j):
+        if skip_NI != None:  # noqa: E711
+            _each(t, sk, sw, g, I, nl.multiply, j)
+            _each(xs2, xs, t, g, I, nl.add, j)
+        _each(a, xi, m0, g, I, nl.multiply, j)
+        _each(b, x0, m1, g, I, nl.multiply, j)
+        _each(x, a, b, g, I, nl.add, j)
+
+    return xi, x0, sk, x, [lambda j=j: op(j) for j in range(g[2])]
 
 
 def mix_bwd(dx, xs, x0, sk, mix, g, outs, dt):
     """The mixing's backward of group g from dx, x's whole gradient ([128, R I] group tiles): dx_in = m0 dx,
     dx0 = m1 dx (and dskip = sw dx_in) stored, and the products dx x_in', dx x0 (and dx_in skip) whose token sums
-    are dmix (and dsw): all on GpSimd. Returns the products for `token_sums`."""
+    are dmix (and dsw): all on GpSimd. Returns (the products for `token_sums`, one function per row tile
+    computing its slices, the last also storing the outputs)."""
     x0_NI, skip_NI, m0, m1, sw, R = mix
     I = outs[0].shape[1]
     dxi, dx0 = sb(R * I, dt), sb(R * I, dt)
-    _each(dxi, dx, m0, g, I, nl.multiply)
-    _each(dx0, dx, m1, g, I, nl.multiply)
-    store(outs[0], g, dxi)
-    store(outs[1], g, dx0)
-    pairs = [(dx, xs), (dx, x0)]
-    if sk != None:  # noqa: E711
-        dsk = sb(R * I, dt)
-        _each(dsk, dxi, sw, g, I, nl.multiply)
-        store(outs[2], g, dsk)
-        pairs.append((dxi, sk))
-    prods = []
-    for j in range(len(pairs)):
-        prod = sb(R * I, dt)
-        _each(prod, pairs[j][0], pairs[j][1], g, I, nl.multiply)
-        prods.append(prod)
-    return prods
+    dsk = sb(R * I, dt) if sk != None else None  # noqa: E711
+    pairs = [(dx, xs), (dx, x0)] + ([(dxi, sk)] if sk != None else [])  # noqa: E711
+    prods = [sb(R * I, dt) for _ in pairs]
+
+    def op(j):
+        _each(dxi, dx, m0, g, I, nl.multiply, j)
+        _each(dx0, dx, m1, g, I, nl.multiply, j)
+        if sk != None:  # noqa: E711
+            _each(dsk, dxi, sw, g, I, nl.multiply, j)
+        for i in range(len(pairs)):
+            _each(prods[i], pairs[i][0], pairs[i][1], g, I, nl.multiply, j)
+        if j == g[2] - 1:
+            store(outs[0], g, dxi)
+            store(outs[1], g, dx0)
+            if sk != None:  # noqa: E711
+                store(outs[2], g, dsk)
+
+    return prods, [lambda j=j: op(j) for j in range(g[2])]
 
 
 def token_sums(prods, g, I, red, ones):

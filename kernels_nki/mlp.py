@@ -27,7 +27,7 @@ cast to x's dtype as the reference; backward: xn = inv x from the stored inv).
 
 Forward, per group: stage A (x in, inv, xn), stage T (xn^T by TensorE transposes), stage B (h^T = W_fc^T xn^T
 directly in the [F, tokens] layout; ScalarE r = relu(h) from PSUM into the stored relu(h)^T tile, a^T = r r in
-SBUF, 1 in 4 F-tiles on VectorE, the rest ScalarE), stage C (y = a W_proj with a^T as the stationary operand: a needs no
+SBUF, 1 in 4 F-tiles on GpSimd, the rest ScalarE), stage C (y = a W_proj with a^T as the stationary operand: a needs no
 transpose; + x as y leaves PSUM; y out). Program order per group k: A(k + 1), B(k), C(k - 1), T(k + 1), so
 that each engine's in-order stream (trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst,
 "NeuronCore-v2 Compute Engines") has the other engines' inputs ready. Transposes: each 128-token transpose
@@ -161,7 +161,7 @@ def _fwd_T(st, dt, ident):
 
 def _fwd_hidden(st, wfc, rT_s, b0, dt):
     """Forward stage B: h^T = W_fc^T xn^T per 128 F-rows ([F_j, tokens] PSUM), r = relu(h) (ScalarE, leaving PSUM,
-    into the block's stored rT tile), a^T = r r (SBUF; 1 in 4 F-tiles on VectorE, the rest ScalarE)."""
+    into the block's stored rT tile), a^T = r r (SBUF; 1 in 4 F-tiles on GpSimd, the rest ScalarE)."""
     P = nl.tile_size.pmax
     g, x_g, xT = st
     nb = g[1] * g[2]
@@ -176,8 +176,8 @@ def _fwd_hidden(st, wfc, rT_s, b0, dt):
         r_T = rT_s[jf][0:fj, g[0] - b0:g[0] - b0 + nb]
         nisa.activation(dst=r_T, op=nl.relu, data=h_ps[0:fj, 0:nb])
         a_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-        if jf % 4 == 0:  # 1 in 4 on VectorE: the split that balances the two engines' in-order streams best
-            nisa.tensor_tensor(dst=a_T[0:fj, 0:nb], data1=r_T, data2=r_T, op=nl.multiply)
+        if jf % 4 == 0:  # 1 in 4 on GpSimd (idle in the forward; VectorE pays 2N): ScalarE has the longer stream
+            nisa.tensor_tensor(dst=a_T[0:fj, 0:nb], data1=r_T, data2=r_T, op=nl.multiply, engine=nisa.engine.gpsimd)
         else:
             nisa.activation(dst=a_T[0:fj, 0:nb], op=nl.square, data=r_T)
         aT.append(a_T)

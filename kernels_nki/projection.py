@@ -58,22 +58,25 @@ slice of w accumulate x (stationary [tokens, 128]) x dy (moving [tokens, 512]) o
 With as few PSUM banks as the output projection's (I/128 x O/512 = 4, plus dx's and a transpose's) dx
 and dw share one pass over the tokens (x and dy read once); with up to 8 dx takes one pass and every dw
 slice a second one (dy read twice, x once); beyond, one pass over x per slice.
-Backward (`norm_projection`), one pass over the tokens in four stages per group k: A (dy, inv and x in; with
-the mix, x recomputed), B (per row tile g = dy w^T in PSUM, token-major, dy^T by transposes; the norm's
-backward on it: VectorE g x and x c + g, each reading g from PSUM; ScalarE the row sum and the inv scale; dx
-into the group's dx tile; rms_norm(x) = inv x on ScalarE, kept for dw), the mix's backward (below), and dw =
-rms_norm(x)^T dy accumulated over BLOCK = 16 row tiles in one PSUM bank per [128, 512] slice, then one
-VectorE add into fp32 SBUF accumulators ([I/128] x [128, O] fp32), stored once. Program order per group:
-A(k + 1), B(k), the token sums of group k - 1, dw of the block finished before k, the mix's GpSimd work of k:
-TensorE never waits on the same group's VectorE and GpSimd results.
+Backward (`norm_projection`), one pass over the tokens in four stages per group k: A (dy, inv and x in; with the
+mix, x recomputed), B (per row tile g = dy w^T in PSUM, token-major, dy^T by transposes; the norm's backward on it:
+ScalarE g out of PSUM, the row sum, x c and the inv scale; GpSimd g x, x c + g (and + dxo), two-input element-wise
+work that costs VectorE 2N on the SBUF port the two share; dx into the group's dx tile; rms_norm(x) = inv x on
+ScalarE, kept for dw; each row tile's norm backward in three stages, a stage LAG row tiles after the one before it:
+at LAG = R a group's first stages, then its second, then its third), the mix's backward (below), and dw =
+rms_norm(x)^T dy accumulated over BLOCK = 16 row tiles in one PSUM bank per [128, 512] slice, then one VectorE add
+into fp32 SBUF accumulators ([I/128] x [128, O] fp32), stored once. Program order per group: A(k + 1)'s loads, B(k)
+with a row tile of the mix's GpSimd work of k - 1 and of A(k + 1)'s recomputation after each row tile's stages, the
+token sums of group k - 1, dw of the block finished before k: TensorE never waits on the same group's VectorE and
+GpSimd results, and GpSimd's in-order stream interleaves its groups' work.
 
 `mix_norm_projection`: the mixing weights are broadcast to every partition once per call by a DMA whose HBM
 access pattern has partition stride 0 (nki/get-started/nki-language-guide.rst, "Low-level raw access
-pattern"). The mix is 3 (5 with a skip) element-wise ops per group on GpSimd (`tensor_tensor(engine=gpsimd)`,
-isa docs tensor_tensor; GpSimd reads SBUF only; the skip's add goes to VectorE), one per row tile where an
-operand is a broadcast weight, each product and sum rounded to x's dtype as the model rounds them. The
+pattern"). The mix is 3 (5 with a skip) element-wise ops per row tile on GpSimd (`tensor_tensor(engine=gpsimd)`,
+isa docs tensor_tensor; GpSimd reads SBUF only), each product and sum rounded to
+x's dtype as the model rounds them; the forward runs group k + 1's a row tile at a time between group k's. The
 backward recomputes x the same way (x_in, x0 are read for the weights' gradients anyway; reading x would cost
-a DMA pass more), forms dx = inv (g + x c) + dxo (the add folded into the VectorE op that applies inv; dy^T's
+a DMA pass more), forms dx = inv (g + x c) + dxo (the inv scale on ScalarE, the add on GpSimd; dy^T's
 PSUM copies all go to ScalarE), then on GpSimd dx_in = m0 dx, dx0 = m1 dx (and dskip = sw dx_in) and the
 products dx x_in', dx x0 (and dx_in skip). Their sums over the tokens (the partition axis) are TensorE's: per
 row tile and 128-column slice one matmul with the product stationary and a ones column moving
@@ -97,10 +100,11 @@ import nki.language as nl
 from kernels_nki.mix_parts import mix_bwd, mix_setup, mixed, store_sums, token_sums
 from kernels_nki.packing import blocks, groups, load, rows_per_partition, store, tile
 from kernels_nki.projection_parts import (
-    PSUM_BANKS, W, chunks, evacuate, inv_rms, matmul_rows, norm_bwd, part_chunks, pieces, products, transposed,
+    PSUM_BANKS, W, chunks, evacuate, inv_rms, matmul_rows, norm_bwd_stages, part_chunks, pieces, products, transposed,
     weight_tiles, weight_transposed)
 from kernels_nki.tiles import EPS, cdiv, identity
 
+LAG = 8  # norm_projection_bwd: a row tile's norm-backward stage s runs LAG row tiles after its stage s - 1
 BLOCK = 16  # norm_projection_bwd: row tiles whose dw partials accumulate in PSUM before the fp32 SBUF add
 
 
@@ -118,11 +122,21 @@ def _norm_out(prev, w, I, ys, inv_N1):
         store(inv_N1, g, inv)
 
 
+def _fwd_input(x_NI, g, dt, R, mixing):
+    """(x's group tile of group g, functions still to run per row tile to compute it): loaded, or with `mixing`
+    the mixed stream (`mixed`)."""
+    if mixing != None:  # noqa: E711
+        mx = mixed(x_NI, mixing[0], g, dt)
+        return mx[3], mx[4]
+    return load(x_NI, g, dt, R), []
+
+
 def _forward(x_NI, w_IO, ys, inv_N1, mixing=None):
     """y = rms_norm(x) w = inv (x w) per packed row group into the outputs `ys` (y's columns side by side: one
     output, or q, k and v), inv stored in inv_N1 (one DMA per output and group). With
     `mixing` = (`mix_setup`'s operands, xo_NI), x is the mixed stream, stored in xo_NI. Row tile t's matmuls
-    follow row tile t + 1's transposes in program order."""
+    follow row tile t + 1's transposes in program order; group k + 1's mixing runs a row tile at a time
+    between group k's."""
     N, I = x_NI.shape
     O = w_IO.shape[1]
     P = nl.tile_size.pmax
@@ -133,13 +147,16 @@ def _forward(x_NI, w_IO, ys, inv_N1, mixing=None):
     eps = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # v2: activation's bias is a tile
     nisa.memset(dst=eps, value=EPS)
     prev = None
-    for g in groups(N, R):
+    gl = list(groups(N, R))
+    nxt = _fwd_input(x_NI, gl[0], dt, R, mixing)
+    for op in nxt[1]:
+        op()
+    for k in range(len(gl)):
+        g, (x_g, _) = gl[k], nxt
         p = g[1]
         if mixing != None:  # noqa: E711 (NKI has no `is`: nki/migration/index.rst)
-            x_g = mixed(x_NI, mixing[0], g, dt)[3]
             store(mixing[1], g, x_g)
-        else:
-            x_g = load(x_NI, g, dt, R)
+        nxt = _fwd_input(x_NI, gl[k + 1], dt, R, mixing) if k + 1 < len(gl) else (None, [])
         inv = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
         y_gs = [nl.ndarray((P, R * y.shape[1]), dtype=dt, buffer=nl.sbuf) for y in ys]
         for j in range(g[2]):
@@ -149,6 +166,10 @@ def _forward(x_NI, w_IO, ys, inv_N1, mixing=None):
             if prev != None:  # noqa: E711
                 _norm_out(prev, w, I, ys, inv_N1)
             prev = (xT, g, j, inv, y_gs)
+            if j < len(nxt[1]):
+                nxt[1][j]()
+        for op in nxt[1][g[2]:]:
+            op()
     _norm_out(prev, w, I, ys, inv_N1)
 
 
@@ -292,36 +313,49 @@ def projection_bwd(x_NI, w_IO, dy_NO):
 def _bwd_inputs(x_NI, inv_N1, dys, g, R, dt, mixing):
     """Backward stage A of group g: dy (its parts `dys`, one group tile each), inv and x in (with `mixing`, x
     recomputed from the block's inputs on GpSimd, and dxo in). Returns (g, dy group tiles, inv, x, dxo or None,
-    (x_in', x0, skip) or None)."""
+    (x_in', x0, skip) or None, the recomputation's per-row-tile functions, still to run)."""
     dy_g, inv = [load(dy, g, dt, R) for dy in dys], load(inv_N1, g, nl.float32, R)
     if mixing != None:  # noqa: E711
-        xs, x0, sk, x_g = mixed(x_NI, mixing[0], g, dt)
-        return g, dy_g, inv, x_g, load(mixing[1], g, dt, R), (xs, x0, sk)
-    return g, dy_g, inv, load(x_NI, g, dt, R), None, None
+        xs, x0, sk, x_g, ops = mixed(x_NI, mixing[0], g, dt)
+        return g, dy_g, inv, x_g, load(mixing[1], g, dt, R), (xs, x0, sk), ops
+    return g, dy_g, inv, load(x_NI, g, dt, R), None, None, []
 
 
-def _bwd_rows(st, wT, I, widths, dt, ident, scalar_copies):
+def _bwd_rows(st, wT, I, widths, dt, ident, scalar_copies, fills):
     """Backward stage B: per row tile g = dy w^T (token-major PSUM, dy^T by transposes of each part of dy, w^T
     chunked to match: `part_chunks`), the norm's backward into dx (+ dxo), rms_norm(x) = inv x (ScalarE) for dw.
+    After each row tile's stages, the next function of each list in `fills` (other groups' GpSimd work).
     Returns (dx group tile, [(parts, xn row tile)], [dy's row tiles, one per part])."""
     P = nl.tile_size.pmax
-    g, dy_g, inv, x_g, dxo, _ = st
+    g, dy_g, inv, x_g, dxo = st[:5]
     p, R = g[1], dy_g[0].shape[1] // widths[0]
     dx_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)
     xn_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)  # rms_norm(x), dw's stationary operand
-    xn_s, dy_s = [], []
-    for j in range(g[2]):
-        dy_t = [tile(dy_g[s], g, j, widths[s]) for s in range(len(widths))]
-        x_t, inv_j = tile(x_g, g, j, I), inv[0:p, j:j + 1]
-        dyT = []
-        for s in range(len(widths)):
-            dyT += transposed(dy_t[s], p, widths[s], dt, ident, False, scalar_copies)
-        gr = products(dyT, wT, part_chunks(widths), I, p)
-        norm_bwd(tile(dx_g, g, j, I), gr, x_t, inv_j, p, tile(dxo, g, j, I) if dxo != None else None)  # noqa: E711
-        xn = tile(xn_g, g, j, I)
-        nisa.activation(dst=xn, op=nl.copy, data=x_t, scale=inv_j)
-        xn_s.append((p, xn))
-        dy_s.append(dy_t)
+    xn_s, dy_s, live = [], [], []
+    for j in range(g[2] + LAG * 2):
+        if j < g[2]:
+            dy_t = [tile(dy_g[s], g, j, widths[s]) for s in range(len(widths))]
+            x_t, inv_j = tile(x_g, g, j, I), inv[0:p, j:j + 1]
+            dyT = []
+            for s in range(len(widths)):
+                dyT += transposed(dy_t[s], p, widths[s], dt, ident, False, scalar_copies)
+            fs = norm_bwd_stages(tile(dx_g, g, j, I), products(dyT, wT, part_chunks(widths), I, p), x_t, inv_j, p,
+                                 tile(dxo, g, j, I) if dxo != None else None)  # noqa: E711
+            live.append([fs, fs[0](None), 1, x_t, inv_j, j])
+            dy_s.append(dy_t)
+        for e in live[::-1]:  # the older row tiles' next stages, stage s LAG s row tiles after the first
+            if e[2] < len(e[0]) and j - e[5] >= e[2] * LAG:
+                e[1], e[2] = e[0][e[2]](e[1]), e[2] + 1
+                if e[2] == len(e[0]):
+                    xn = tile(xn_g, g, len(xn_s), I)
+                    nisa.activation(dst=xn, op=nl.copy, data=e[3], scale=e[4])
+                    xn_s.append((p, xn))
+        for f in fills:
+            if j < len(f):
+                f[j]()
+    for f in fills:
+        for op in f[g[2] + 2 * LAG:]:
+            op()
     return dx_g, xn_s, dy_s
 
 
@@ -363,10 +397,13 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixin
     last = [blk[-1] for blk in blks]
     widths = [dy.shape[1] for dy in dys]
     st = _bwd_inputs(x_NI, inv_N1, dys, gs[0], R, dt, mixing)
-    pend_sums, pend_dw, xn_b, dy_b = None, None, [], []
+    for op in st[6]:
+        op()
+    pend_sums, pend_dw, pend_mix, xn_b, dy_b = None, None, [], [], []
     for k in range(len(gs)):
         nxt = _bwd_inputs(x_NI, inv_N1, dys, gs[k + 1], R, dt, mixing) if k + 1 < len(gs) else None
-        dx_g, xn_s, dy_s = _bwd_rows(st, wT, I, widths, dt, ident, mix)
+        fills = [pend_mix, nxt[6] if nxt != None else []]  # noqa: E711
+        dx_g, xn_s, dy_s = _bwd_rows(st, wT, I, widths, dt, ident, mix, fills)
         xn_b, dy_b = xn_b + xn_s, dy_b + dy_s
         if pend_sums != None:  # noqa: E711
             token_sums(pend_sums[0], pend_sums[1], I, mixing[3], ones)
@@ -377,10 +414,13 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixin
             pend_dw, xn_b, dy_b = (xn_b, dy_b), [], []
         if mix:
             xs, x0, sk = st[5]
-            pend_sums = (mix_bwd(dx_g, xs, x0, sk, mixing[0], gs[k], mixing[2], dt), gs[k])
+            prods, pend_mix = mix_bwd(dx_g, xs, x0, sk, mixing[0], gs[k], mixing[2], dt)
+            pend_sums = (prods, gs[k])
         else:
             store(dx_NI, gs[k], dx_g)
         st, dx_g, xn_s, dy_s = nxt, None, None, None
+    for op in pend_mix:
+        op()
     if pend_sums != None:  # noqa: E711
         token_sums(pend_sums[0], pend_sums[1], I, mixing[3], ones)
     if pend_dw != None:  # noqa: E711

@@ -7,7 +7,7 @@ The layout and the AWS sources behind each rule are in projection.py's docstring
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.tiles import cdiv, norm_grad_rows, transpose_to_psum
+from kernels_nki.tiles import cdiv, norm_grad_dot, norm_grad_finish, transpose_to_psum
 
 W = 512  # moving columns per matmul: one fp32 PSUM bank (gemm_moving_fmax)
 PSUM_BANKS = 8  # 2 MiB PSUM = 16 KiB per partition (trn1 arch guide, "Memory"), in 2 KiB banks of 512 fp32
@@ -146,15 +146,29 @@ def inv_rms(inv, x_t, rows, eps_P1):
     nisa.activation(dst=inv[0:rows], op=nl.rsqrt, data=ss[0:rows], scale=1.0 / D, bias=eps_P1[0:rows])
 
 
-def norm_bwd(dx, g, x_t, inv, rows, dxo=None):
+def norm_bwd_stages(dx, g, x_t, inv, rows, dxo=None):
     """The RMSNorm backward of one row tile into dx ([rows, D] in its dtype): dx = inv (g + x c)
-    (`kernels_nki.tiles.norm_grad_rows`: g as fp32 PSUM tiles of 512 columns, copied out by ScalarE, g x on
-    GpSimd, x c + g on VectorE from SBUF: GpSimd carries the mixing), the final scale on ScalarE; with `dxo` (the
-    gradient x receives along the residual path, a [P, D] tile) dx = inv (g + x c) + dxo, the scale and the add
-    as one VectorE op."""
-    work = norm_grad_rows(g, x_t, inv, rows, W, True, False)
-    if dxo != None:  # noqa: E711 (NKI has no `is`: nki/migration/index.rst)
-        nisa.scalar_tensor_tensor(dst=dx[0:rows], data=work[0:rows], op0=nl.multiply, operand0=inv[0:rows],
-                                  op1=nl.add, operand1=dxo[0:rows])
-    else:
-        nisa.activation(dst=dx[0:rows], op=nl.copy, data=work[0:rows], scale=inv[0:rows])
+    (`kernels_nki.tiles.norm_grad_rows`: g as fp32 PSUM tiles of 512 columns, copied out by ScalarE, x c ScalarE's
+    per-partition scale, g x and x c + g on GpSimd: two-input element-wise work costs GpSimd N cycles where VectorE
+    pays 2N on the SBUF port they share), the final scale on ScalarE; with `dxo` (the gradient x receives along the
+    residual path, a [P, D] tile) dx = inv (g + x c) + dxo, the scale on ScalarE (fp32) and the add on GpSimd.
+    As three functions, each taking the previous one's result (the row sum of g x, x c + g, dx), for a caller
+    to interleave over row tiles; the first releases g (its PSUM banks) once it is read."""
+    held = [g]
+
+    def dot(_):
+        return norm_grad_dot(held.pop(), x_t, rows, W, True)
+
+    def work(st):
+        return norm_grad_finish(st, None, x_t, inv, rows, W, True, True)
+
+    def out(wk):
+        if dxo != None:  # noqa: E711 (NKI has no `is`: nki/migration/index.rst)
+            nisa.activation(dst=wk[0:rows], op=nl.copy, data=wk[0:rows], scale=inv[0:rows])
+            nisa.tensor_tensor(dst=dx[0:rows], data1=wk[0:rows], data2=dxo[0:rows], op=nl.add,
+                               engine=nisa.engine.gpsimd)
+        else:
+            nisa.activation(dst=dx[0:rows], op=nl.copy, data=wk[0:rows], scale=inv[0:rows])
+        return None
+
+    return dot, work, out

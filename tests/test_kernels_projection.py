@@ -177,7 +177,10 @@ def test_mix_norm_projection_counts_at_the_models_qkv_shape(kernels, skip):
     assert fwd.dma_bytes == (3 + skip) * nd + 2 * (I * O + N * O) + 4 * N + bcast
     assert bwd.dma_bytes == (5 + 2 * skip) * nd + 2 * (I * O + N * O) + 4 * N + bcast + 4 * I * O + 4 * I * (2 + skip)
     assert bwd.psum_peak_banks <= 8 and fwd.psum_peak_banks <= 8
-    assert emulator.estimate(fwd).bound == emulator.estimate(bwd).bound == "dma"  # at N = 16384 too
+    assert emulator.estimate(fwd).bound == "dma"  # at N = 16384 too
+    # the backward's two-input element-wise work sits on GpSimd (N cycles, VectorE 2N on the port they share):
+    # GpSimd's busy time is level with DMA's
+    assert emulator.estimate(bwd).bound in ("dma", "gpsimd")
 
 
 def test_ops_routed_through_emulated_kernel_match_reference():
