@@ -211,7 +211,7 @@ def format_markdown(reps: list[dict]) -> str:
               f"{ms(rep['step_s']['central'])} | {ms(rep['step_s']['high'])} |", "",
               dma_line(rep["dma_per_step"]) + "; kernels "
               f"{ms(k['busiest'])} ms busiest-engine, {ms(k['central'])} ms scheduled (central).", ""]
-    for f in rep.get("exact_max_forward", []):
+    for f in rep["exact_max_forward"]:
         lines += [f"The exact-max qk_attention forward (the fallback, not in the step) at the same call: busiest-engine "
                   f"{us(f['busiest_s'])} us, schedule {us(f['schedule_s']['low'])} / {us(f['schedule_s']['central'])} / "
                   f"{us(f['schedule_s']['high'])} us (low / central / high).", ""]
