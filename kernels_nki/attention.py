@@ -79,18 +79,20 @@ DMA layout (kernels_nki/attention_layout.py, `seq_dma`): every [B, T, X, K] oper
 sequences, one DMA per tensor and sequence for every head at once (one more for a ragged last 128-row tile),
 into or out of an SBUF tile [128, (T / 128) X K] whose 128-row block i, head x is a [128, K] view (`block`).
 Two row orders: natural (partition p of block i holds row 128 i + p; a buffer is one row's X K contiguous
-elements) for the tensors the causal blocking reads row by row: v in the forward, the backward's q, k and
-inverse RMS; consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
+elements) for the tensors the causal blocking reads or makes row by row: v in the forward, the backward's q,
+k and inverse RMS and its gradients dq, dk, dv (stored as made, from natural rows: their stores are the
+only buffers under 2 KiB a partition the backward adds, 1 KiB for dq and 512 B for dk / dv at the model's
+shape, in place of two TensorE transposes per block and head and their PSUM copies on the ScalarE that
+bounds the backward); consecutive (`perm`: with n = T // 128, partition p holds rows p n .. p n + n - 1,
 one contiguous run of n X K elements, block i < n its rows p n + i) for the forward's q and k and the saved
 rows (qg, qinv, kr, kinv), and the backward's v, dO and o (v^T and dO^T are read; dO's rows are dO^T
 transposed back, `rows_from_transpose`; o only for -Di = -rowsum(dO o), whose [rows, 1] columns reach
-natural order like lse's, `neg_rowdot`) and gradients dq, dk, dv (made in natural rows, then
-`perm_rows`): their work is row by row (QK-norm, RoPE with cos / sin loaded in the same
+natural order like lse's, `neg_rowdot`): their work is row by row (QK-norm, RoPE with cos / sin loaded in the same
 layout, the gain), and their transposes q^T / k^T, the only consumers in natural order, land in natural
 order through a stride-n free-axis SBUF destination (`natural_cols`). The forward's o leaves in the
 consecutive layout too: each head's natural 128-row blocks go through its natural [K, T] transpose and back
-per block from the stride-n columns (`perm_rows`, two TensorE transposes per block), as do the backward's
-gradients. The transposed residuals qgT / krT
+per block from the stride-n columns (`perm_rows`, two TensorE transposes per block). The transposed residuals
+qgT / krT
 ([K, T] per head, T contiguous elements per partition) move by one DMA per (sequence, head); the backward
 makes its qg / kr rows from them by TensorE transposes (`rows_from_transpose`) and never reads qg_BTHK /
 kr_BTGK. lse [B, H, T,
@@ -106,7 +108,7 @@ chunk) steps of the backward run two steps (backward: one, its dq matmuls a step
 sequence's last kv head the next sequence's loads and its first kv head's prep) as side work between them;
 the row-wise prep (`prep_tile`) and its gradient (`prep_grad`) issue each step for every tile of a head
 before the next step. The backward runs as jobs, one per (sequence, kv head), whose set-up (loads, rows and
-transposes) and tail (`prep_grad`, the gain's gradient, `perm_rows`, stores) are side work spread between the
+transposes) and tail (`prep_grad`, the gain's gradient, stores) are side work spread between the
 neighbouring job's steps (kernels_nki/attention_bwd.py).
 """
 

@@ -3,8 +3,8 @@ kernels_nki/attention_parts.py): the work of one call as jobs, one per (sequence
 parts: its set-up (the sequence's loads and -Di / -lse columns for its first kv head; the kv head's k / v
 rows and transposes, its query heads' q / dO rows and transposes and per-tile views: `_setup`), its
 (query tile, key chunk) steps (`bwd_heads`, whose dk / dv PSUM accumulators leave PSUM right after them)
-and its tail (dq / dk through the rotation and the norm, the gain's gradient, the gradients to the `perm`
-layout and, for a sequence's last kv head, its stores: `_tail`).
+and its tail (dq / dk through the rotation and the norm, the gain's gradient and, for a sequence's last kv
+head, the stores of its gradients from their natural rows: `_tail`).
 
 The engines run their instruction streams in program order (aws-neuron-sdk
 nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute Engines"), so the set-up and
@@ -18,8 +18,8 @@ has run, so that at most two jobs' tiles are live); a sequence's tiles come in t
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.attention_layout import block, natural_cols, neg_lse_load, neg_rowdot, perm_rows, \
-    rows_from_transpose, seq_dma, seq_tile
+from kernels_nki.attention_layout import block, natural_cols, neg_lse_load, neg_rowdot, rows_from_transpose, \
+    seq_dma, seq_tile
 from kernels_nki.attention_parts import causal_bias, dims, gain_column, gain_tile, kv_head, prep_grad, rope_tiles
 from kernels_nki.attention_steps import KC, run_unit, bwd_heads, bwd_tile, gain_grad, store_kv_grad
 from kernels_nki.tiles import cdiv, identity, transpose
@@ -66,14 +66,14 @@ def bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
 
 def _seq_tiles(c):
     """One set of a sequence's SBUF tiles: q, o; dO (its rows made from dO^T), k, v (only v^T is read); the
-    gradients in natural rows, then in the `perm` layout (`perm_rows`) for their stores; qg / kr (the rows of
+    gradients in natural rows (stored so); qg / kr (the rows of
     the saved transposes, loaded anyway, transposed back on chip) and their inverse RMS."""
     B, T, H, K, G, R, P, dt, scale = c["dims"]
     q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK = c["ins"]
     rope = c["rope"]
     st = {"q": seq_tile(q_BTHK, dt), "o": seq_tile(o_BTHK, dt), "do": seq_tile(do_BTHK, dt),
           "do_nat": seq_tile(do_BTHK, dt), "k": seq_tile(k_BTGK, dt), "v": seq_tile(v_BTGK, dt),
-          "grads": [(seq_tile(x, dt), seq_tile(x, dt)) for x in c["outs"]],
+          "grads": [seq_tile(x, dt) for x in c["outs"]],
           "negl": nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf),  # -lse, -Di columns
           "negdi": nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)}
     if rope:
@@ -142,8 +142,7 @@ def _setup(c, seqs, bg, js=None):
         doT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
         for i in nl.affine_range(cdiv(T, P)):
             rows = min(P, T - i * P)
-            transpose(natural_cols(doT_h, i, T, True), block(st["do"], i, h, H, K)[0:rows], rows, K, bias[0],
-                      on_vector=True)
+            transpose(natural_cols(doT_h, i, T, True), block(st["do"], i, h, H, K)[0:rows], rows, K, bias[0])
         rows_from_transpose(st["do_nat"], H, h, doT_h, T, bias[0])
         row = []
         for i in nl.affine_range(cdiv(T, P)):
@@ -151,7 +150,7 @@ def _setup(c, seqs, bg, js=None):
             rows = min(P, T - t0)
             dO = (block(st["do_nat"], i, h, H, K), doT_h[0:K, t0:t0 + rows])
             views = (block(st["q"], i, h, H, K), dO, block(st["negdi"], i, h, H, 1), block(st["negl"], i, h, H, 1),
-                     block(st["grads"][0][0], i, h, H, K))
+                     block(st["grads"][0], i, h, H, K))
             qk = ((c["tables"][i], c["gains"][h], (block(st["qg"], i, h, H, K), block(st["qinv"], i, h, H, 1),
                                                    qT_h[0:K, t0:t0 + rows])) if rope else ())
             row.append(bwd_tile(views, t0, rows, bias, dt, qk))
@@ -174,14 +173,14 @@ def _steps(c, js, side):
 
 
 def _tail(c, seqs, js, res):
-    """Units of job js's tail: dq / dk through the rotation and the norm, dg, the `perm` gradients, stores."""
+    """Units of job js's tail: dq / dk through the rotation and the norm, dg, the stores."""
     B, T, H, K, G, R, P, dt, scale = c["dims"]
     b, g = js["b"], js["g"]
-    st, rope, ident = seqs[b], c["rope"], c["bias"][0]
+    st, rope = seqs[b], c["rope"]
     items, acc = res
     grads = st["grads"]
-    dk_items = store_kv_grad(grads[1][0], G, acc[0], g, T, K, scale, dt, c["tables"], js["k_norms"])
-    store_kv_grad(grads[2][0], G, acc[1], g, T, K, 1.0, dt)
+    dk_items = store_kv_grad(grads[1], G, acc[0], g, T, K, scale, dt, c["tables"], js["k_norms"])
+    store_kv_grad(grads[2], G, acc[1], g, T, K, 1.0, dt)
     chains = []  # independent chains of units, interleaved below (a chain's consecutive units depend)
     for r in range(R):
         h = g * R + r
@@ -191,19 +190,16 @@ def _tail(c, seqs, js, res):
             units.append(lambda dg_P1=dg_P1: nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd))
             prep_grad(items[r], c["gains"][h], dg_P1, nisa.engine.gpsimd, units.append,
                       lambda dg_P1=dg_P1, h=h: gain_grad(st["dg"], dg_P1, h, K), prescaled=True)
-        units.append(lambda h=h: perm_rows(grads[0][1], H, h, grads[0][0], T, ident, dt, (H, h)))
         chains.append(units)
     units = []
     if dk_items:
         prep_grad(dk_items, (), None, nisa.engine.gpsimd, units.append)
-    units.append(lambda: perm_rows(grads[1][1], G, g, grads[1][0], T, ident, dt, (G, g)))
     chains.append(units)
-    chains.append([lambda: perm_rows(grads[2][1], G, g, grads[2][0], T, ident, dt, (G, g))])
     units = [u for k in range(max(len(ch) for ch in chains)) for ch in chains if k < len(ch) for u in ch[k:k + 1]]
     if g == G - 1:
         def stores():
-            for (_, out), dst in zip(grads, c["outs"]):
-                seq_dma(out, dst, b, False, perm=True)
+            for out, dst in zip(grads, c["outs"]):
+                seq_dma(out, dst, b, False)
             if rope:
                 nisa.dma_copy(dst=c["dg"][b].reshape((1, H)), src=st["dg"])
             st.clear()  # the sequence's tiles released

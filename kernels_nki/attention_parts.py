@@ -56,7 +56,7 @@ def head_rows(t, rows, dt, ident, transposed, vec=False, saved=(), tT=None):
     """A 128-row tile of one head, t (a [P, K] `block` view), and its [K, 128] transpose (leaving PSUM on
     VectorE with `vec`, else ScalarE; into tT, a [K, >= rows] view, when given). With `saved` = (y, inv, yT),
     the forward's outputs as views, the tile is replaced by y (norm = (xn, inv, -xn / K) for `prep_grad`, xn =
-    x inv on ScalarE) and the transpose is yT, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
+    x inv on VectorE) and the transpose is yT, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
     K = t.shape[1]
     P = nl.tile_size.pmax
     norm = ()
@@ -234,8 +234,8 @@ def prep_tile(items, gain, dt, inv_all=None):
 
 
 def scale_rows(dst, x, rows, s_P1):
-    """dst[0:rows] = x[0:rows] * s (an fp32 [P, 1] column) on ScalarE (its activation scale)."""
-    nisa.activation(dst=dst[0:rows], op=nl.copy, data=x[0:rows], scale=s_P1[0:rows])
+    """dst[0:rows] = x[0:rows] * s (an fp32 [P, 1] column) on VectorE (SBUF only, beside ScalarE's PSUM work)."""
+    nisa.tensor_scalar(dst=dst[0:rows], data=x[0:rows], op0=nl.multiply, operand0=s_P1[0:rows])
 
 
 def prep_grad(items, gain, dg_P1, rot_engine, run=None, done=None, prescaled=False):
@@ -243,9 +243,8 @@ def prep_grad(items, gain, dg_P1, rot_engine, run=None, done=None, prescaled=Fal
     (dst, d_f, rows, cs, norm) of items, norm = (xn, inv, -xn / K) (`head_rows`): w = rope^-1(d), c = rowsum(w
     (-xn / K)) = -dot / K, dx = gain inv (w + xn c) (reference.rms_norm_bwd after rope_gain_bwd); with a gain,
     dg_P1 += c, -1 / K times the gain's gradient per row (d . rope(xn) = w . xn = dot, the rotation being
-    orthogonal). Products and sums of tiles on GpSimd, row sums and [P,
-    1] columns on VectorE, scalings on ScalarE; each step for every item before the next (`rotate`); run as
-    `staged`, `done` (a callable) the last stage; `prescaled`: each norm's inv column is inv gain already."""
+    orthogonal). Products and sums of tiles on GpSimd, row sums, [P, 1] columns and the scalings by them on
+    VectorE; each step for every item before the next (`rotate`); run as `staged`, `done` (a callable) the last stage; `prescaled`: each norm's inv column is inv gain already."""
     P = nl.tile_size.pmax
     gp = nisa.engine.gpsimd
     K = items[0][1].shape[1]

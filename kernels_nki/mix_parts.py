@@ -1,7 +1,7 @@
 """The residual-mix front-end of `mix_norm_projection` (`kernels_nki/projection.py`; a kernel-helper file, no
 @nki.jit): x = m0 x_in' + m1 x0 with x_in' = x_in (+ sw skip) on packed row groups (`kernels_nki.packing`: one
 DMA per operand and group, the element-wise ops over the whole [parts, R I] group tile), and its backward with
-the token sums of dmix and dsw on TensorE. The spec and the engine choices are in projection.py's docstring.
+the token sums of dmix and dsw on TensorE (the products too: the diagonal of a matmul over the tokens). The spec and the engine choices are in projection.py's docstring.
 """
 
 import nki.isa as nisa
@@ -71,55 +71,57 @@ def mixed(x_NI, mix, g, dt):
 
 def mix_bwd(dx, xs, x0, sk, mix, g, outs, dt):
     """The mixing's backward of group g from dx, x's whole gradient ([128, R I] group tiles): dx_in = m0 dx,
-    dx0 = m1 dx (and dskip = sw dx_in) stored, and the products dx x_in', dx x0 (and dx_in skip) whose token sums
-    are dmix (and dsw): all on GpSimd. Returns (the products for `token_sums`, one function per row tile
-    computing its slices, the last also storing the outputs)."""
+    dx0 = m1 dx (and dskip = sw dx_in) on GpSimd, stored. Returns (the pairs (dx, x_in'), (dx, x0) (and (dx_in,
+    skip)) whose products' token sums are dmix (and dsw), for `token_sums`; one function per row tile computing
+    its slices, the last also storing the outputs)."""
     x0_NI, skip_NI, m0, m1, sw, R = mix
     I = outs[0].shape[1]
     dxi, dx0 = sb(R * I, dt), sb(R * I, dt)
     dsk = sb(R * I, dt) if sk != None else None  # noqa: E711
     pairs = [(dx, xs), (dx, x0)] + ([(dxi, sk)] if sk != None else [])  # noqa: E711
-    prods = [sb(R * I, dt) for _ in pairs]
 
     def op(j):
         _each(dxi, dx, m0, g, I, nl.multiply, j)
         _each(dx0, dx, m1, g, I, nl.multiply, j)
         if sk != None:  # noqa: E711
             _each(dsk, dxi, sw, g, I, nl.multiply, j)
-        for i in range(len(pairs)):
-            _each(prods[i], pairs[i][0], pairs[i][1], g, I, nl.multiply, j)
         if j == g[2] - 1:
             store(outs[0], g, dxi)
             store(outs[1], g, dx0)
             if sk != None:  # noqa: E711
                 store(outs[2], g, dsk)
 
-    return prods, [lambda j=j: op(j) for j in range(g[2])]
+    return pairs, [lambda j=j: op(j) for j in range(g[2])]
 
 
-def token_sums(prods, g, I, red, ones):
-    """The products' sums over group g's tokens into `red` ([128, 2 or 3 x I/128] fp32 PSUM, one column per product
-    and 128-column slice): the tokens are the contraction axis, so each row tile's slice is one matmul with the
-    product stationary and a ones column moving, accumulating in PSUM over every tile of the call."""
+def token_sums(pairs, g, I, red):
+    """The token sums of the pairs' products over group g into `red` ([128, n I/128 x 128] fp32 PSUM, a [128,
+    128] block per pair and 128-column slice): sum_t a[t, c] b[t, c'] for every c, c' of a slice is one matmul
+    over a row tile (the tokens are the contraction axis: stationary a's slice, moving b's), accumulating in
+    PSUM over every tile of the call; the sums wanted are its diagonal (`store_sums`). TensorE forms the
+    products exactly (fp32 accumulation), instead of an element-wise pass per product on the SBUF port."""
     P = nl.tile_size.pmax
     nb = cdiv(I, P)
-    for j in range(len(prods)):
+    for j, (a, b) in enumerate(pairs):
         for r in range(g[2]):
             for c in nl.affine_range(nb):
-                k, c0 = min(P, I - c * P), r * I + c * P
-                nisa.nc_matmul(dst=red[0:k, j * nb + c:j * nb + c + 1], stationary=prods[j][0:g[1], c0:c0 + k],
-                               moving=ones[0:g[1], 0:1], is_moving_onezero=True)
+                k, c0, col = min(P, I - c * P), r * I + c * P, (j * nb + c) * P
+                nisa.nc_matmul(dst=red[0:k, col:col + k], stationary=a[0:g[1], c0:c0 + k],
+                               moving=b[0:g[1], c0:c0 + k])
 
 
-def store_sums(red, j0, dst_KI):
-    """dst_KI[j] (fp32) = the token sums in `red`'s columns (j0 + j) x I/128 ...: column c of a product holds
-    its entries c*128 .. on partitions, so each goes out as a [k, 1] HBM access pattern."""
+def store_sums(red, j0, dst_KI, ident32):
+    """dst_KI[j] (fp32) = the token sums on the diagonals of `red`'s blocks (j0 + j) x I/128 ... (`token_sums`):
+    each block times the fp32 identity (VectorE, from PSUM) and summed along its row (VectorE) is a [k, 1]
+    column holding its entries c*128 .. on partitions, which goes out as a [k, 1] HBM access pattern."""
     P = nl.tile_size.pmax
     K, I = dst_KI.shape
     nb = cdiv(I, P)
     for j in range(K):
         for c in nl.affine_range(nb):
-            k, col = min(P, I - c * P), (j0 + j) * nb + c
+            k, col = min(P, I - c * P), ((j0 + j) * nb + c) * P
+            d = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=d[0:k, 0:k], data1=red[0:k, col:col + k], data2=ident32[0:k, 0:k], op=nl.multiply)
             t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=t[0:k], src=red[0:k, col:col + 1], engine=nisa.engine.vector)
+            nisa.tensor_reduce(dst=t[0:k], op=nl.add, data=d[0:k, 0:k], axis=1, keepdims=True)
             nisa.dma_copy(dst=dst_KI.ap(pattern=[[1, k], [1, 1]], offset=j * I + c * P), src=t[0:k])

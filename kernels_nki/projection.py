@@ -77,11 +77,13 @@ isa docs tensor_tensor; GpSimd reads SBUF only), each product and sum rounded to
 x's dtype as the model rounds them; the forward runs group k + 1's a row tile at a time between group k's. The
 backward recomputes x the same way (x_in, x0 are read for the weights' gradients anyway; reading x would cost
 a DMA pass more), forms dx = inv (g + x c) + dxo (the inv scale on ScalarE, the add on GpSimd; dy^T's
-PSUM copies all go to ScalarE), then on GpSimd dx_in = m0 dx, dx0 = m1 dx (and dskip = sw dx_in) and the
-products dx x_in', dx x0 (and dx_in skip). Their sums over the tokens (the partition axis) are TensorE's: per
-row tile and 128-column slice one matmul with the product stationary and a ones column moving
-(`is_moving_onezero`, isa docs nc_matmul), [128, 1] into one fp32 PSUM bank that accumulates over every tile
-of the call, copied out once as dmix [2, I] and dsw [1, I].
+PSUM copies all go to ScalarE), then on GpSimd dx_in = m0 dx, dx0 = m1 dx (and dskip = sw dx_in). The sums
+over the tokens (the partition axis) of the products dx x_in', dx x0 (and dx_in skip) are TensorE's, products
+included: per row tile and 128-column slice one matmul with dx's slice stationary and x_in''s (x0's, skip's)
+moving gives sum_t dx[t, c] x[t, c'] for the slice's c, c' ([128, 128] fp32 in PSUM, accumulated over every
+tile of the call), whose diagonal is the slice's sums: no element-wise product on the SBUF port GpSimd and
+VectorE share; at the end each block times the fp32 identity, summed along its rows (VectorE), leaves as
+dmix [2, I] and dsw [1, I].
 
 NeuronCore-v2 (trn1) rules followed (AWS docs, aws-neuron-sdk): matmuls bf16 (or fp32) pairs into fp32
 PSUM, stationary free <= 128 (<= the row tile's 64 rows in tiling mode), moving free <= 512 (isa docs
@@ -391,7 +393,6 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixin
     R = rows_per_partition(I)
     mix = mixing != None  # noqa: E711
     acc = [nl.zeros((P, O), dtype=nl.float32, buffer=nl.sbuf) for _ in range(cdiv(I, P))]
-    ones = nl.ones((P, 1), dtype=dt, buffer=nl.sbuf) if mix else None  # red's moving column
     blks = blocks(N, R, BLOCK)
     gs = [g for blk in blks for g in blk]
     last = [blk[-1] for blk in blks]
@@ -406,7 +407,7 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixin
         dx_g, xn_s, dy_s = _bwd_rows(st, wT, I, widths, dt, ident, mix, fills)
         xn_b, dy_b = xn_b + xn_s, dy_b + dy_s
         if pend_sums != None:  # noqa: E711
-            token_sums(pend_sums[0], pend_sums[1], I, mixing[3], ones)
+            token_sums(pend_sums[0], pend_sums[1], I, mixing[3])
         if pend_dw != None:  # noqa: E711
             _dw_block(acc, pend_dw[0], pend_dw[1], I, O)
         pend_sums, pend_dw = None, None
@@ -414,15 +415,15 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixin
             pend_dw, xn_b, dy_b = (xn_b, dy_b), [], []
         if mix:
             xs, x0, sk = st[5]
-            prods, pend_mix = mix_bwd(dx_g, xs, x0, sk, mixing[0], gs[k], mixing[2], dt)
-            pend_sums = (prods, gs[k])
+            pairs, pend_mix = mix_bwd(dx_g, xs, x0, sk, mixing[0], gs[k], mixing[2], dt)
+            pend_sums = (pairs, gs[k])
         else:
             store(dx_NI, gs[k], dx_g)
         st, dx_g, xn_s, dy_s = nxt, None, None, None
     for op in pend_mix:
         op()
     if pend_sums != None:  # noqa: E711
-        token_sums(pend_sums[0], pend_sums[1], I, mixing[3], ones)
+        token_sums(pend_sums[0], pend_sums[1], I, mixing[3])
     if pend_dw != None:  # noqa: E711
         _dw_block(acc, pend_dw[0], pend_dw[1], I, O)
     for i in nl.affine_range(cdiv(I, P)):
@@ -473,12 +474,13 @@ def mix_norm_projection_bwd(x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, inv_N1, d
     dmix_2I = nl.ndarray((2, I), dtype=nl.float32, buffer=nl.shared_hbm)
     dskip_NI = nl.ndarray((N, I), dtype=dt, buffer=nl.shared_hbm) if skip else None
     dsw_1I = nl.ndarray((1, I), dtype=nl.float32, buffer=nl.shared_hbm) if skip else None
-    red = nl.ndarray((P, (3 if skip else 2) * cdiv(I, P)), dtype=nl.float32, buffer=nl.psum)
+    red = nl.ndarray((P, (3 if skip else 2) * cdiv(I, P) * P), dtype=nl.float32, buffer=nl.psum)
     mix = mix_setup(x0_NI, mix_2I, skip_NI, sw_1I, rows_per_partition(I), dt)
     mixing = (mix, dxo_NI, (dx_NI, dx0_NI, dskip_NI), red)
     _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixing)
-    store_sums(red, 0, dmix_2I)
+    ident32 = identity(nl.float32)
+    store_sums(red, 0, dmix_2I, ident32)
     if skip:
-        store_sums(red, 2, dsw_1I)
+        store_sums(red, 2, dsw_1I, ident32)
         return dx_NI, dx0_NI, dmix_2I, dw_IO, dskip_NI, dsw_1I
     return dx_NI, dx0_NI, dmix_2I, dw_IO

@@ -157,7 +157,8 @@ def test_mix_norm_projection_counts_at_the_models_qkv_shape(kernels, skip):
     """Each operand moved once (the forward's x_in, x0, w in and x, y, inv out; the backward's x_in, x0, dx of x,
     dy, w, inv in and dx_in, dx0, dmix, dw out; a skip adds skip and its weight in and dskip, dsw out), no pass
     for the mix of its own: the backward recomputes x on chip instead of reading it. TensorE work as
-    norm_projection's plus one one-column matmul per 128 columns of each token sum, useful/issued >= 0.9."""
+    norm_projection's plus one [128, 128] matmul per 128 columns of each token sum (the products' sums on its
+    diagonal), useful/issued >= 0.9."""
     N, I, O = 16384, 512, 1024
     x, w, dy, inv = ((N, I), "bfloat16"), ((I, O), "bfloat16"), ((N, O), "bfloat16"), ((N, 1), "float32")
     mix, sw = ((2, I), "float32"), ((1, I), "float32")
@@ -169,7 +170,7 @@ def test_mix_norm_projection_counts_at_the_models_qkv_shape(kernels, skip):
     plain = emulator.count(kernels.norm_projection_bwd, x, w, inv, dy)
     sums = 3 if skip else 2
     assert fwd.pe_macs_useful == N * I * O
-    assert bwd.pe_macs_useful == 2 * N * I * O + sums * N * I  # the token sums: a ones column per slice
+    assert bwd.pe_macs_useful == 2 * N * I * O + sums * N * I * 128  # the token sums: a 128-column block per slice
     # dw's second 512-column slice holds dk and dv, two tiles: one matmul more per 128 rows of I and row tile
     assert bwd.pe_instructions == plain.pe_instructions + (sums + 1) * (I // 128) * (N // 128)
     assert emulator.pe_utilisation(fwd) >= 0.9 and emulator.pe_utilisation(bwd) >= 0.9
