@@ -62,13 +62,15 @@ Backward (`norm_projection`), one pass over the tokens in four stages per group 
 mix, x recomputed), B (per row tile g = dy w^T in PSUM, token-major, dy^T by transposes; the norm's backward on it:
 ScalarE g out of PSUM, the row sum, x c and the inv scale; GpSimd g x, x c + g (and + dxo), two-input element-wise
 work that costs VectorE 2N on the SBUF port the two share; dx into the group's dx tile; rms_norm(x) = inv x on
-ScalarE, kept for dw; each row tile's norm backward in three stages, a stage LAG row tiles after the one before it:
-at LAG = R a group's first stages, then its second, then its third), the mix's backward (below), and dw =
+ScalarE, kept for dw; each row tile's norm backward in five stages of one engine each (g x, its row sum, the [P, 1]
+column, x c + g, dx: `norm_bwd_stages`), a stage LAG row tiles after the one before it, so that no engine's next
+instruction waits on the one just issued on another; row tile j + 1's dy^T transposes issue before row tile j's
+g matmuls, so TensorE does not wait on their PSUM copies), the mix's backward (below), and dw =
 rms_norm(x)^T dy accumulated over BLOCK = 16 row tiles in one PSUM bank per [128, 512] slice, then one VectorE add
 into fp32 SBUF accumulators ([I/128] x [128, O] fp32), stored once. Program order per group: A(k + 1)'s loads, B(k)
 with a row tile of the mix's GpSimd work of k - 1 and of A(k + 1)'s recomputation after each row tile's stages, the
-token sums of group k - 1, dw of the block finished before k: TensorE never waits on the same group's VectorE and
-GpSimd results, and GpSimd's in-order stream interleaves its groups' work.
+token sums of group k - SUMS_LAG (whose mix work is done by then), dw of the block finished before k: TensorE never
+waits on the same group's VectorE and GpSimd results, and GpSimd's in-order stream interleaves its groups' work.
 
 `mix_norm_projection`: the mixing weights are broadcast to every partition once per call by a DMA whose HBM
 access pattern has partition stride 0 (nki/get-started/nki-language-guide.rst, "Low-level raw access
@@ -106,7 +108,9 @@ from kernels_nki.projection_parts import (
     weight_tiles, weight_transposed)
 from kernels_nki.tiles import EPS, cdiv, identity
 
-LAG = 8  # norm_projection_bwd: a row tile's norm-backward stage s runs LAG row tiles after its stage s - 1
+LAG = 2  # norm_projection_bwd: a row tile's norm-backward stage s runs LAG row tiles after its stage s - 1
+NORM_STAGES = 5  # projection_parts.norm_bwd_stages' functions
+SUMS_LAG = 2  # mix_norm_projection_bwd: group k's token sums issue after B(k + SUMS_LAG), its mix's GpSimd work done
 BLOCK = 16  # norm_projection_bwd: row tiles whose dw partials accumulate in PSUM before the fp32 SBUF add
 
 
@@ -334,13 +338,20 @@ def _bwd_rows(st, wT, I, widths, dt, ident, scalar_copies, fills):
     dx_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)
     xn_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)  # rms_norm(x), dw's stationary operand
     xn_s, dy_s, live = [], [], []
-    for j in range(g[2] + LAG * 2):
+
+    def transposes(j):  # row tile j's dy and dy^T, issued a row tile ahead of its products
+        dy_t = [tile(dy_g[s], g, j, widths[s]) for s in range(len(widths))]
+        dyT = []
+        for s in range(len(widths)):
+            dyT += transposed(dy_t[s], p, widths[s], dt, ident, False, scalar_copies)
+        return dy_t, dyT
+
+    ahead = transposes(0) if g[2] else None
+    for j in range(g[2] + LAG * (NORM_STAGES - 1)):
         if j < g[2]:
-            dy_t = [tile(dy_g[s], g, j, widths[s]) for s in range(len(widths))]
+            dy_t, dyT = ahead
+            ahead = transposes(j + 1) if j + 1 < g[2] else None
             x_t, inv_j = tile(x_g, g, j, I), inv[0:p, j:j + 1]
-            dyT = []
-            for s in range(len(widths)):
-                dyT += transposed(dy_t[s], p, widths[s], dt, ident, False, scalar_copies)
             fs = norm_bwd_stages(tile(dx_g, g, j, I), products(dyT, wT, part_chunks(widths), I, p), x_t, inv_j, p,
                                  tile(dxo, g, j, I) if dxo != None else None)  # noqa: E711
             live.append([fs, fs[0](None), 1, x_t, inv_j, j])
@@ -356,7 +367,7 @@ def _bwd_rows(st, wT, I, widths, dt, ident, scalar_copies, fills):
             if j < len(f):
                 f[j]()
     for f in fills:
-        for op in f[g[2] + 2 * LAG:]:
+        for op in f[g[2] + LAG * (NORM_STAGES - 1):]:
             op()
     return dx_g, xn_s, dy_s
 
@@ -384,8 +395,8 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixin
     by side: all of dy, or dq, dk and dv); with `mixing` = (`mix_setup`'s operands,
     dxo_NI, (dx_NI, dx0_NI, dskip_NI), red), x is recomputed from the block's inputs, the residual path's
     gradient dxo is added to dx, and the mixing's backward (`mix_bwd`, `token_sums`) runs on the result. Per
-    group k the stages run in the program order A(k + 1), B(k), the token sums of k - 1, dw of the block before
-    k's, the mixing's backward of k (module docstring)."""
+    group k the stages run in the program order A(k + 1), B(k), the token sums of k - SUMS_LAG, dw of the block
+    before k's, the mixing's backward of k (module docstring)."""
     N, I = x_NI.shape
     O = w_IO.shape[1]
     P = nl.tile_size.pmax
@@ -400,30 +411,30 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixin
     st = _bwd_inputs(x_NI, inv_N1, dys, gs[0], R, dt, mixing)
     for op in st[6]:
         op()
-    pend_sums, pend_dw, pend_mix, xn_b, dy_b = None, None, [], [], []
+    sums, pend_dw, pend_mix, xn_b, dy_b = [], None, [], [], []
     for k in range(len(gs)):
         nxt = _bwd_inputs(x_NI, inv_N1, dys, gs[k + 1], R, dt, mixing) if k + 1 < len(gs) else None
         fills = [pend_mix, nxt[6] if nxt != None else []]  # noqa: E711
         dx_g, xn_s, dy_s = _bwd_rows(st, wT, I, widths, dt, ident, mix, fills)
         xn_b, dy_b = xn_b + xn_s, dy_b + dy_s
-        if pend_sums != None:  # noqa: E711
-            token_sums(pend_sums[0], pend_sums[1], I, mixing[3])
+        if len(sums) == SUMS_LAG:
+            token_sums(*sums.pop(0), I, mixing[3])
         if pend_dw != None:  # noqa: E711
             _dw_block(acc, pend_dw[0], pend_dw[1], I, O)
-        pend_sums, pend_dw = None, None
+        pend_dw = None
         if gs[k] in last:
             pend_dw, xn_b, dy_b = (xn_b, dy_b), [], []
         if mix:
             xs, x0, sk = st[5]
             pairs, pend_mix = mix_bwd(dx_g, xs, x0, sk, mixing[0], gs[k], mixing[2], dt)
-            pend_sums = (pairs, gs[k])
+            sums.append((pairs, gs[k]))
         else:
             store(dx_NI, gs[k], dx_g)
         st, dx_g, xn_s, dy_s = nxt, None, None, None
     for op in pend_mix:
         op()
-    if pend_sums != None:  # noqa: E711
-        token_sums(pend_sums[0], pend_sums[1], I, mixing[3])
+    for pairs, g in sums:
+        token_sums(pairs, g, I, mixing[3])
     if pend_dw != None:  # noqa: E711
         _dw_block(acc, pend_dw[0], pend_dw[1], I, O)
     for i in nl.affine_range(cdiv(I, P)):

@@ -7,7 +7,8 @@ The layout and the AWS sources behind each rule are in projection.py's docstring
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.tiles import cdiv, norm_grad_dot, norm_grad_finish, transpose_to_psum
+from kernels_nki.tiles import cdiv, norm_grad_columns, norm_grad_combine, norm_grad_products, norm_grad_sum, \
+    transpose_to_psum
 
 W = 512  # moving columns per matmul: one fp32 PSUM bank (gemm_moving_fmax)
 PSUM_BANKS = 8  # 2 MiB PSUM = 16 KiB per partition (trn1 arch guide, "Memory"), in 2 KiB banks of 512 fp32
@@ -152,15 +153,22 @@ def norm_bwd_stages(dx, g, x_t, inv, rows, dxo=None):
     per-partition scale, g x and x c + g on GpSimd: two-input element-wise work costs GpSimd N cycles where VectorE
     pays 2N on the SBUF port they share), the final scale on ScalarE; with `dxo` (the gradient x receives along the
     residual path, a [P, D] tile) dx = inv (g + x c) + dxo, the scale on ScalarE (fp32) and the add on GpSimd.
-    As three functions, each taking the previous one's result (the row sum of g x, x c + g, dx), for a caller
-    to interleave over row tiles; the first releases g (its PSUM banks) once it is read."""
+    As five functions, each taking the previous one's result (g x, its row sum, the [P, 1] column c, x c + g, dx:
+    one engine's step each, so that a caller interleaving them over row tiles never has an engine wait on the
+    step just before); the first releases g (its PSUM banks) once it is read."""
     held = [g]
 
-    def dot(_):
-        return norm_grad_dot(held.pop(), x_t, rows, W, True)
+    def products(_):
+        return norm_grad_products(held.pop(), x_t, rows, W, True)
+
+    def total(st):
+        return norm_grad_sum(st, rows)
+
+    def column(st):
+        return norm_grad_columns(st, x_t, inv, rows)
 
     def work(st):
-        return norm_grad_finish(st, None, x_t, inv, rows, W, True, True)
+        return norm_grad_combine(st, None, x_t, rows, W, True, True)
 
     def out(wk):
         if dxo != None:  # noqa: E711 (NKI has no `is`: nki/migration/index.rst)
@@ -171,4 +179,4 @@ def norm_bwd_stages(dx, g, x_t, inv, rows, dxo=None):
             nisa.activation(dst=dx[0:rows], op=nl.copy, data=wk[0:rows], scale=inv[0:rows])
         return None
 
-    return dot, work, out
+    return products, total, column, work, out

@@ -85,12 +85,12 @@ def norm_grad_rows(g, x_t, inv, rows, width, split=True, sum_on_gpsimd=True):
     Engine / Performance Consideration" and the "Compute Engine" table), x c is ScalarE's per-partition scale
     (isa docs activation: scale an [N, 1] tile), g x and (with `sum_on_gpsimd`, else VectorE's x c + g from SBUF)
     the sum g + x c run on GpSimd (SBUF only)."""
-    st = norm_grad_dot(g, x_t, rows, width, split)
-    return norm_grad_finish(st, g, x_t, inv, rows, width, split, sum_on_gpsimd)
+    st = norm_grad_sum(norm_grad_products(g, x_t, rows, width, split), rows)
+    return norm_grad_combine(norm_grad_columns(st, x_t, inv, rows), g, x_t, rows, width, split, sum_on_gpsimd)
 
 
-def norm_grad_dot(g, x_t, rows, width, split=True):
-    """`norm_grad_rows`' first half: (g in SBUF or None, work, dot = sum(g x) per row [P, 1] fp32)."""
+def norm_grad_products(g, x_t, rows, width, split=True):
+    """`norm_grad_rows`' first step: (g in SBUF or None, work = g x)."""
     P = nl.tile_size.pmax
     D = x_t.shape[1]
     g_s = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf) if split else None
@@ -105,25 +105,44 @@ def norm_grad_dot(g, x_t, rows, width, split=True):
         else:
             nisa.tensor_tensor(dst=work[0:rows, cols], data1=g[c][0:rows, 0:cw], data2=x_t[0:rows, cols],
                                op=nl.multiply)
-    dot = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    return g_s, work
+
+
+def norm_grad_sum(st, rows):
+    """The second step: (g_s, work, dot = sum(g x) per row [P, 1] fp32, ScalarE)."""
+    g_s, work = st
+    dot = nl.ndarray((nl.tile_size.pmax, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation_reduce(dst=work[0:rows], op=nl.copy, data=work[0:rows], reduce_op=nl.add, reduce_res=dot[0:rows])
     return g_s, work, dot
 
 
-def norm_grad_finish(st, g, x_t, inv, rows, width, split=True, sum_on_gpsimd=True):
-    """`norm_grad_rows`' second half from `norm_grad_dot`'s state: work = g + x c."""
+def norm_grad_columns(st, x_t, inv, rows):
+    """The third step: (g_s, work, c = -mean(g x) inv^2, VectorE)."""
     g_s, work, dot = st
-    P = nl.tile_size.pmax
     D = x_t.shape[1]
-    cc = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # c = (dot * -1/D * inv) * inv
+    cc = nl.ndarray((nl.tile_size.pmax, 1), dtype=nl.float32, buffer=nl.sbuf)  # c = (dot * -1/D * inv) * inv
     nisa.tensor_scalar(dst=cc[0:rows], data=dot[0:rows], op0=nl.multiply, operand0=-1.0 / D, op1=nl.multiply,
                        operand1=inv[0:rows])
     nisa.tensor_scalar(dst=cc[0:rows], data=cc[0:rows], op0=nl.multiply, operand0=inv[0:rows])
+    return g_s, work, cc
+
+
+def norm_grad_combine(st, g, x_t, rows, width, split=True, sum_on_gpsimd=True):
+    """The last step: work = g + x c."""
+    g_s, work, cc = st
+    D = x_t.shape[1]
     if split and sum_on_gpsimd:
         nisa.activation(dst=work[0:rows], op=nl.copy, data=x_t[0:rows], scale=cc[0:rows])  # x c
         nisa.tensor_tensor(dst=work[0:rows], data1=work[0:rows], data2=g_s[0:rows], op=nl.add,
                            engine=nisa.engine.gpsimd)
         return work
+    for c in nl.affine_range(len(g)):
+        cw = min(width, D - c * width)
+        cols = slice(c * width, c * width + cw)
+        g_c = g_s[0:rows, cols] if split else g[c][0:rows, 0:cw]
+        nisa.scalar_tensor_tensor(dst=work[0:rows, cols], data=x_t[0:rows, cols], op0=nl.multiply,
+                                  operand0=cc[0:rows], op1=nl.add, operand1=g_c)
+    return work
     for c in nl.affine_range(len(g)):
         cw = min(width, D - c * width)
         cols = slice(c * width, c * width + cw)
