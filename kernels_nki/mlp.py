@@ -27,9 +27,9 @@ cast to x's dtype as the reference; backward: xn = inv x from the stored inv).
 
 Forward, per group: stage A (x in, inv, xn), stage T (xn^T by TensorE transposes), stage B (h^T = W_fc^T xn^T
 directly in the [F, tokens] layout; ScalarE r = relu(h) from PSUM into the stored relu(h)^T tile, a^T = r r in
-SBUF, 1 in 4 F-tiles on GpSimd, the rest ScalarE), stage C (y = a W_proj with a^T as the stationary operand: a needs no
-transpose; + x as y leaves PSUM; y out). Program order per group k: A(k + 1), B(k), C(k - 1), T(k + 1), so
-that each engine's in-order stream (trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst,
+SBUF, every other F-tile on GpSimd, the rest ScalarE), stage C (y = a W_proj with a^T as the stationary operand: a needs no
+transpose; + x as y leaves PSUM; y out). Program order per group k: A(k + 1), B(k), T(k + 1), C(k - 1) (C's matmuls
+cover the PSUM copies of T's transposes), so that each engine's in-order stream (trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst,
 "NeuronCore-v2 Compute Engines") has the other engines' inputs ready. Transposes: each 128-token transpose
 runs as two matmuls of 64 tokens against the identity in the two 64-row tiles of the PE array, which run in
 parallel (the documented TensorE transpose in row tiling mode; kernels_nki/projection.py has the details and
@@ -161,7 +161,7 @@ def _fwd_T(st, dt, ident):
 
 def _fwd_hidden(st, wfc, rT_s, b0, dt):
     """Forward stage B: h^T = W_fc^T xn^T per 128 F-rows ([F_j, tokens] PSUM), r = relu(h) (ScalarE, leaving PSUM,
-    into the block's stored rT tile), a^T = r r (SBUF; 1 in 4 F-tiles on GpSimd, the rest ScalarE)."""
+    into the block's stored rT tile), a^T = r r (SBUF; every other F-tile on GpSimd, the rest ScalarE)."""
     P = nl.tile_size.pmax
     g, x_g, xT = st
     nb = g[1] * g[2]
@@ -176,7 +176,7 @@ def _fwd_hidden(st, wfc, rT_s, b0, dt):
         r_T = rT_s[jf][0:fj, g[0] - b0:g[0] - b0 + nb]
         nisa.activation(dst=r_T, op=nl.relu, data=h_ps[0:fj, 0:nb])
         a_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-        if jf % 4 == 0:  # 1 in 4 on GpSimd (idle in the forward; VectorE pays 2N): ScalarE has the longer stream
+        if jf % 2 == 0:  # half on GpSimd (idle in the forward; VectorE pays 2N): ScalarE has the longer stream
             nisa.tensor_tensor(dst=a_T[0:fj, 0:nb], data1=r_T, data2=r_T, op=nl.multiply, engine=nisa.engine.gpsimd)
         else:
             nisa.activation(dst=a_T[0:fj, 0:nb], op=nl.square, data=r_T)
@@ -209,7 +209,7 @@ def _fwd_out(st, aT, wproj, y_ND, dt):
 def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
     """(y_ND (x's dtype) = x + relu(rms_norm(x) W_fc)^2 W_proj, inv_N1 = rsqrt(mean(x^2) + eps) fp32,
     rT_FN = relu(h)^T in x's dtype, the backward's residual). Per group k the stages run in the program order
-    A(k + 1), B(k), C(k - 1), T(k + 1)."""
+    A(k + 1), B(k), T(k + 1), C(k - 1)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
@@ -239,10 +239,10 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
             for jf in nl.affine_range(cdiv(F, P)):
                 fj = min(P, F - jf * P)
                 nisa.dma_copy(dst=rT_FN[jf * P:jf * P + fj, b0:b0 + nt], src=rT_s[jf][0:fj, 0:nt])
-        if prev != None:  # noqa: E711 (NKI has no `is`)
-            _fwd_out(prev[0], prev[1], wproj, y_ND, dt)
-        if nxt != None:  # noqa: E711
+        if nxt != None:  # noqa: E711 (NKI has no `is`)
             _fwd_T(nxt, dt, ident)
+        if prev != None:  # noqa: E711
+            _fwd_out(prev[0], prev[1], wproj, y_ND, dt)
         prev, st = (st, aT), nxt
     _fwd_out(prev[0], prev[1], wproj, y_ND, dt)
     return y_ND, inv_N1, rT_FN
