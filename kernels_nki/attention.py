@@ -236,7 +236,7 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
                     nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=acc[0:rows, K:K + 1])
                     nisa.activation(dst=lse_P1[0:rows], op=nl.copy, data=negm_f[0:rows], scale=-scale,
                                     bias=lse_P1[0:rows])
-                perm_rows(o_sb, H, h, o_nat, T, bias[0], dt)
+                perm_rows(o_sb, H, (h,), (o_nat,), T, bias[0], dt)
                 if rope:
                     nisa.dma_copy(dst=saved[4][b, h], src=qT_h)
         _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32, o_perm=True)
@@ -301,7 +301,7 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
 
         def kside():
             res["kT"] = kv_head_saved(sq["k"], G, g, T, dt, ident, tables, (outs[2], outs[3]), saved[5], b,
-                                      vec=True, perm=True)[1]
+                                      vec=False, perm=True)[1]
             res["vs"] = v_aug(sq["v"], G, g, T, dt)
 
         def qside(r):

@@ -16,7 +16,7 @@ on chip (a kernel-helper file like kernels_nki/attention_parts.py).
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.tiles import cdiv, transpose, transpose_to_psum
+from kernels_nki.tiles import HALF, cdiv, transpose, transpose_to_psum
 
 KQ = 4  # 128-column transposes per fp32 PSUM bank of 512 columns
 
@@ -132,39 +132,52 @@ def rows_from_transpose(dst_sb, X, x, xT, T, ident, vec=False):
                 nisa.activation(dst=dst, op=nl.copy, data=src)
 
 
-def perm_rows(dst_sb, X, x, src, T, ident, dt, src_head=(1, 0)):
-    """Head x of dst_sb (a `perm` `seq_tile`) from head src_head = (X', x') of src (a natural-order `seq_tile`
-    of X' heads; default: one head's natural 128-row blocks side by side): TensorE transposes to the natural
+def perm_rows(dst_sb, X, xs, srcs, T, ident, dt, src_head=(1, 0)):
+    """Heads xs (one or two) of dst_sb (a `perm` `seq_tile`), each from head src_head = (X', x') of its srcs
+    entry (a natural-order `seq_tile` of X' heads; default: one head's natural 128-row blocks side by side):
+    TensorE transposes to the natural
     [K, T] transpose (4 blocks per PSUM bank, one copy out each), then back per `perm` block from its stride-n
     columns (`natural_cols`; 512 / K blocks per bank, one copy into their strided [P, m, K] view); the copies
     out of PSUM on ScalarE (VectorE's would hold GpSimd's SBUF port too); a ragged last block is natural in
-    both layouts (a GpSimd copy)."""
+    both layouts (a GpSimd copy). Two heads (K = 64) have their transposes stacked on the two halves of the
+    partitions: one copy out of PSUM for both where one head's would fill half of them; each half is
+    transposed back on its own 64-row tile of the PE array."""
     P = nl.tile_size.pmax
     SX, sx = src_head
-    K = src.shape[1] // (cdiv(T, P) * SX)
+    K = srcs[0].shape[1] // (cdiv(T, P) * SX)
+    if len(xs) == 2 and K != HALF:
+        for xi, si in zip(xs, srcs):
+            perm_rows(dst_sb, X, (xi,), (si,), T, ident, dt, src_head)
+        return
     nt, n = cdiv(T, P), T // P
-    xT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+    S = len(xs)
+    span = (S - 1) * HALF + K  # the transposes' partitions
+    xT = nl.ndarray((span, T), dtype=dt, buffer=nl.sbuf)
     for i0 in range(0, nt, KQ):
         m = min(KQ, nt - i0)
         t_ps = nl.ndarray((P, KQ * P), dtype=nl.float32, buffer=nl.psum)
         for a in range(m):
             r = min(P, T - (i0 + a) * P)
-            transpose_to_psum(t_ps[0:K, a * P:a * P + r], block(src, i0 + a, sx, SX, K)[0:r], r, ident)
+            for s, si in enumerate(srcs):
+                transpose_to_psum(t_ps[s * HALF:s * HALF + K, a * P:a * P + r], block(si, i0 + a, sx, SX, K)[0:r], r,
+                                  ident, s * HALF)
         w = min(T, (i0 + m) * P) - i0 * P
-        nisa.activation(dst=xT[0:K, i0 * P:i0 * P + w], op=nl.copy, data=t_ps[0:K, 0:w])
+        nisa.activation(dst=xT[0:span, i0 * P:i0 * P + w], op=nl.copy, data=t_ps[0:span, 0:w])
     view = dst_sb.reshape((P, nt, X * K))
     per = max(1, 512 // K)
-    for j0 in range(0, n, per):
-        m = min(per, n - j0)
-        t_ps = nl.ndarray((P, per * K), dtype=nl.float32, buffer=nl.psum)
-        for a in range(m):
-            transpose_to_psum(t_ps[0:P, a * K:(a + 1) * K], natural_cols(xT, j0 + a, T, True), K, ident)
-        nisa.activation(dst=view[0:P, j0:j0 + m, x * K:(x + 1) * K], op=nl.copy,
-                        data=t_ps[0:P, 0:m * K].reshape((P, m, K)))
-    if T % P:
-        r = T % P
-        nisa.tensor_copy(dst=view[0:r, n, x * K:(x + 1) * K], src=block(src, n, sx, SX, K)[0:r],
-                         engine=nisa.engine.gpsimd)
+    for s, xi in enumerate(xs):
+        for j0 in range(0, n, per):
+            m = min(per, n - j0)
+            t_ps = nl.ndarray((P, per * K), dtype=nl.float32, buffer=nl.psum)
+            for a in range(m):
+                transpose_to_psum(t_ps[0:P, a * K:(a + 1) * K], natural_cols(xT, j0 + a, T, True)[s * HALF:s * HALF + K],
+                                  K, ident, p0=s * HALF)
+            nisa.activation(dst=view[0:P, j0:j0 + m, xi * K:(xi + 1) * K], op=nl.copy,
+                            data=t_ps[0:P, 0:m * K].reshape((P, m, K)))
+        if T % P:
+            r = T % P
+            nisa.tensor_copy(dst=view[0:r, n, xi * K:(xi + 1) * K], src=block(srcs[s], n, sx, SX, K)[0:r],
+                             engine=nisa.engine.gpsimd)
 
 
 def neg_rowdot(a_sb, b_sb, H, T, ident32, run=None, out=None):

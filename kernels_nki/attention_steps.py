@@ -121,8 +121,9 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=()
     pipelined(steps, scores, values, lag=LAG, side=side)
     for f in late:
         f()
-    for r in range(len(hs)):  # o: natural 128-row blocks -> the batch's `perm` o tile
-        perm_rows(outs[0], outs[2], hs[r], o_nat[r], T, ident, dt)
+    for r in range(0, len(hs), 2):  # o: natural 128-row blocks -> the batch's `perm` o tile, two heads at once
+        pair = slice(r, min(len(hs), r + 2))
+        perm_rows(outs[0], outs[2], tuple(hs[pair]), tuple(o_nat[pair]), T, ident, dt)
 
 
 def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):

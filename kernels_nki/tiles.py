@@ -34,18 +34,21 @@ def identity(dt):
     return ident
 
 
-def transpose_to_psum(dst_ps, src, rows, ident):
+def transpose_to_psum(dst_ps, src, rows, ident, col0=0, p0=0):
     """dst_ps[0:cols, 0:rows] (fp32 PSUM) = src[0:rows, 0:cols]^T: rows r0:r0+64 are the stationary operand
     of a matmul against the identity in the 64-row tile at r0 of the PE array; src of <= 64 columns also
-    fits a 64-column tile (column tiling, the same "Tiling mode"; the tile at column 0, since the result
-    lands on PSUM partitions 0 .. cols), so each half costs 64 x 64 PEs instead of 64 x 128."""
+    fits a 64-column tile (column tiling, the same "Tiling mode"; the tile at column col0, 0 or 64, since PE
+    column c writes PSUM partition c: dst_ps starts at partition col0), so each half costs 64 x 64 PEs instead
+    of 64 x 128. p0 (0 or 64): the partition src starts at, for <= 64 rows: the row tile and the identity's
+    block there, so both operands sit on the tile's partitions."""
     cols = src.shape[1]
     ctile = HALF if cols <= HALF else nl.tile_size.pmax
     for h in range(cdiv(rows, HALF)):
         r0 = h * HALF
         rh = min(HALF, rows - r0)
-        nisa.nc_matmul(dst=dst_ps[:, r0:r0 + rh], stationary=src[r0:r0 + rh], moving=ident[r0:r0 + rh, r0:r0 + rh],
-                       is_transpose=True, tile_position=(r0, 0), tile_size=(HALF, ctile))
+        i0 = p0 + r0
+        nisa.nc_matmul(dst=dst_ps[:, r0:r0 + rh], stationary=src[r0:r0 + rh], moving=ident[i0:i0 + rh, i0:i0 + rh],
+                       is_transpose=True, tile_position=(i0, col0), tile_size=(HALF, ctile))
 
 
 def transpose(dst, src, rows, cols, ident, on_vector=False):
