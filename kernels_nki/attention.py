@@ -73,7 +73,10 @@ TensorE: q k^T and dO v^T contract over K = 64 and run in row tiling mode on alt
 halves of the PE array, which run in parallel (nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
 2 x 64-row tiles on NeuronCore-v2). Every transpose is `kernels_nki.tiles.transpose`: two <= 64-row
 halves on the two row tiles, a [128, 128] transpose streaming 64 identity columns per tile, not 128
-(a [rows, K <= 64] tile on two 64 x 64 tiles: column tiling, the same "Tiling mode").
+(a [rows, K <= 64] tile on two 64 x 64 tiles: column tiling, the same "Tiling mode"). At K = 64 two heads'
+transposes share one PSUM tile (the second on the column tile at 64: PE column c writes PSUM partition c)
+and one copy out of it (`tiles.stacked_transpose`; `perm_rows` for the forward's o, the backward's dO^T of a
+kv head's two query heads, whose dp matmul then runs on the row tile of their half, v^T on both halves).
 
 DMA layout (kernels_nki/attention_layout.py, `seq_dma`): every [B, T, X, K] operand and output moves whole
 sequences, one DMA per tensor and sequence for every head at once (one more for a ragged last 128-row tile),

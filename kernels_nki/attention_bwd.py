@@ -22,7 +22,7 @@ from kernels_nki.attention_layout import block, natural_cols, neg_lse_load, neg_
     seq_dma, seq_tile
 from kernels_nki.attention_parts import causal_bias, dims, gain_column, gain_tile, kv_head, prep_grad, rope_tiles
 from kernels_nki.attention_steps import KC, run_unit, bwd_heads, bwd_tile, gain_grad, store_kv_grad
-from kernels_nki.tiles import cdiv, identity, transpose
+from kernels_nki.tiles import HALF, cdiv, identity, stacked_transpose, transpose
 
 
 def bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
@@ -120,6 +120,17 @@ def _setup(c, seqs, bg, js=None):
     loads = []
     krT = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
     qTs = [nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf) for _ in range(R)]
+    # query heads in pairs (K = 64): their dO^T stacked on the two halves of the partitions, one PSUM copy per
+    # tile for both (`stacked_transpose`), v^T on both halves (kv_head's `dup`)
+    stack = R > 1 and K == HALF
+    pairs, doTs = {}, []
+    for r in range(R):
+        if stack and r % 2 == 0 and r + 1 < R:
+            pairs["p%d" % r] = nl.ndarray((2 * K, T), dtype=dt, buffer=nl.sbuf)
+        if stack and "p%d" % (r - r % 2) in pairs:
+            doTs.append(pairs["p%d" % (r - r % 2)][(r % 2) * K:(r % 2 + 1) * K])
+        else:
+            doTs.append(nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf))
     if rope:  # the saved transposes: one DMA per (sequence, head)
         loads.append(lambda: nisa.dma_copy(dst=krT, src=rope[8][b, g]))
         for r in range(R):
@@ -131,7 +142,20 @@ def _setup(c, seqs, bg, js=None):
             rows_from_transpose(st["kr"], G, g, krT, T, bias[0])
             saved = (st["kr"], st["kinv"], krT)
         js["k_tiles"], js["kT"], js["k_norms"] = kv_head(st["k"], G, g, T, dt, bias[0], saved=saved)
-        js["vT"] = kv_head(st["v"], G, g, T, dt, bias[0], perm=True)[1]
+        vT = kv_head(st["v"], G, g, T, dt, bias[0], perm=True, dup=stack)[1]
+        js["vTs"] = [vT[(r % 2) * K:(r % 2 + 1) * K] if stack else vT for r in range(R)]
+        js["halves"] = [r % 2 for r in range(R)] if stack else None  # dp's row tile: its operands' half
+
+    def dots(r):  # dO^T of head r, and of r + 1 stacked beside it
+        h = g * R + r
+        paired = "p%d" % r in pairs
+        for i in nl.affine_range(cdiv(T, P)):
+            rows = min(P, T - i * P)
+            if paired:
+                stacked_transpose(natural_cols(pairs["p%d" % r], i, T, True),
+                                  [block(st["do"], i, h + s, H, K) for s in range(2)], rows, bias[0])
+            else:
+                transpose(natural_cols(doTs[r], i, T, True), block(st["do"], i, h, H, K)[0:rows], rows, K, bias[0])
 
     def head(r):
         h = g * R + r
@@ -139,11 +163,8 @@ def _setup(c, seqs, bg, js=None):
         if rope:
             qT_h = qTs[r]
             rows_from_transpose(st["qg"], H, h, qT_h, T, bias[0])
-        doT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
-        for i in nl.affine_range(cdiv(T, P)):
-            rows = min(P, T - i * P)
-            transpose(natural_cols(doT_h, i, T, True), block(st["do"], i, h, H, K)[0:rows], rows, K, bias[0])
-        rows_from_transpose(st["do_nat"], H, h, doT_h, T, bias[0])
+        doT_h = doTs[r]
+        rows_from_transpose(st["do_nat"], H, h, doT_h, T, bias[0], p0=(r % 2) * K if "p%d" % (r - r % 2) in pairs else 0)
         row = []
         for i in nl.affine_range(cdiv(T, P)):
             t0 = i * P
@@ -158,6 +179,8 @@ def _setup(c, seqs, bg, js=None):
 
     units.append(kside)
     for r in range(R):
+        if r % 2 == 0 or not stack:
+            units.append(lambda r=r: dots(r))
         units.append(lambda r=r: head(r))
     return js, (loads, units)
 
@@ -168,7 +191,8 @@ def _steps(c, js, side):
     banks = cdiv(cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
     acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
            [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
-    items = bwd_heads(js["tiles"], js["kT"], js["vT"], js["k_tiles"], acc, c["bias"], scale, dt, c["rope"], side)
+    items = bwd_heads(js["tiles"], js["kT"], js["vTs"], js["k_tiles"], acc, c["bias"], scale, dt, c["rope"], side,
+                      js["halves"])
     return items, acc
 
 

@@ -104,10 +104,11 @@ def neg_lse_load(lse_BHT1, b, ident32, rows_HT=None, cols=None):
     return cols
 
 
-def rows_from_transpose(dst_sb, X, x, xT, T, ident, vec=False):
-    """Head x of dst_sb (a natural-order `seq_tile`) from its transpose xT ([K, T] in SBUF): TensorE transposes
-    of 128 columns each, up to 512 / K blocks into one PSUM bank and out of it by one copy (VectorE with
-    `vec`, else ScalarE) into the blocks' strided [P, m, K] view."""
+def rows_from_transpose(dst_sb, X, x, xT, T, ident, vec=False, p0=0):
+    """Head x of dst_sb (a natural-order `seq_tile`) from its transpose xT ([K, T] in SBUF, from partition p0:
+    0, or 64 for the upper half of a stacked pair): TensorE transposes of 128 columns each, up to 512 / K blocks
+    into one PSUM bank and out of it by one copy (VectorE with `vec`, else ScalarE) into the blocks' strided
+    [P, m, K] view."""
     K = xT.shape[0]
     P = nl.tile_size.pmax
     nt = cdiv(T, P)
@@ -119,7 +120,8 @@ def rows_from_transpose(dst_sb, X, x, xT, T, ident, vec=False):
         t_ps = nl.ndarray((P, per * K), dtype=nl.float32, buffer=nl.psum)
         for a in range(m):
             r = min(P, T - (i0 + a) * P)
-            transpose_to_psum(t_ps[0:r, a * K:(a + 1) * K], xT[0:K, (i0 + a) * P:(i0 + a) * P + r], K, ident)
+            transpose_to_psum(t_ps[0:r, a * K:(a + 1) * K], xT[0:K, (i0 + a) * P:(i0 + a) * P + r], K, ident,
+                              p0=p0)
         parts = [(0, m, P)] if rows == P else [(0, m - 1, P), (m - 1, 1, rows)]
         for a0, cnt, r in parts:
             if cnt == 0:

@@ -25,7 +25,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.attention_layout import block, natural_cols, seq_dma
-from kernels_nki.tiles import EPS, cdiv, identity, transpose
+from kernels_nki.tiles import EPS, cdiv, identity, stacked_transpose, transpose
 
 NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
 
@@ -78,16 +78,18 @@ def head_rows(t, rows, dt, ident, transposed, vec=False, saved=(), tT=None):
     return t, tT, norm
 
 
-def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), vec=False, out=(), perm=False):
+def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), vec=False, out=(), perm=False, dup=False):
     """All T rows of kv head g (x_sb: the batch's `seq_tile`): 128-row tile views [keys, K], the transpose
     [K, T] (leaving PSUM on VectorE with `vec`, else ScalarE) and each tile's norm (`head_rows`): with `tables`
     (cos/sin tiles) the forward's rotated, normed rows (`prep_tile`), written to out = (y seq tile, inv seq
     tile); with `saved` = (kr seq tile, kinv seq tile, krT [K, T] SBUF) the backward's. x_sb, tables and out
-    in one layout (`perm`, `seq_dma`); the transpose in natural row order (`natural_cols`)."""
+    in one layout (`perm`, `seq_dma`); the transpose in natural row order (`natural_cols`); with `dup` (K = 64)
+    a [128, T] transpose holding it twice, on both halves of the partitions (`stacked_transpose`), beside both
+    halves of a stacked pair of query heads' tiles."""
     P = nl.tile_size.pmax
     nt = cdiv(T, P)
     K = x_sb.shape[1] // (nt * G)
-    xT = saved[2] if saved else nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+    xT = saved[2] if saved else nl.ndarray((2 * K if dup else K, T), dtype=dt, buffer=nl.sbuf)
     rows = [min(P, T - i * P) for i in range(nt)]
     views = [block(x_sb, i, g, G, K) for i in range(nt)]
     if tables:
@@ -102,7 +104,10 @@ def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), vec=False, out=(), pe
         tiles, norms = views, [()] * nt
     if not saved:
         for i in nl.affine_range(nt):
-            transpose(natural_cols(xT, i, T, perm), tiles[i][0:rows[i]], rows[i], K, ident, on_vector=vec)
+            if dup:
+                stacked_transpose(natural_cols(xT, i, T, perm), [tiles[i], tiles[i]], rows[i], ident)
+            else:
+                transpose(natural_cols(xT, i, T, perm), tiles[i][0:rows[i]], rows[i], K, ident, on_vector=vec)
     return tiles, xT, norms
 
 

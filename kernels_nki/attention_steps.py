@@ -22,13 +22,15 @@ BWD_LAG = 1  # the backward's: its dq matmuls already wait a step (`bwd_heads`)
 LAG = 2  # `pipelined` steps between a step's two halves
 
 
-def scores(qT, kT, t0, rows, c0, kc, bias, masked):
+def scores(qT, kT, t0, rows, c0, kc, bias, masked, half=None):
     """Raw scores q k^T of the query rows against keys c0:c0+kc in fp32 PSUM; with `masked` (the forward)
-    the diagonal block gets the causal bias by a 0/1-stationary matmul (the backward masks p instead)."""
+    the diagonal block gets the causal bias by a 0/1-stationary matmul (the backward masks p instead); on the
+    PE array's row tile `half`, else alternating."""
     K = qT.shape[0]
     P = nl.tile_size.pmax
     s_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
-    half_matmul(s_ps[0:rows, 0:kc], qT[0:K, 0:rows], kT[0:K, c0:c0 + kc], (t0 // P + c0 // KC) % 2)
+    half_matmul(s_ps[0:rows, 0:kc], qT[0:K, 0:rows], kT[0:K, c0:c0 + kc],
+                (t0 // P + c0 // KC) % 2 if half is None else half)
     if masked and c0 + kc == t0 + rows:  # the chunk ends with the diagonal block (keys t0 .. t0+rows): += I^T bias
         ident, mask = bias[0], bias[1]
         nisa.nc_matmul(dst=s_ps[0:rows, t0 - c0:t0 - c0 + rows], stationary=ident[0:rows, 0:rows],
@@ -178,18 +180,20 @@ def bwd_tile(views, t0, rows, bias, dt, qk=()):
     return q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows, dq_t, qk[0] if qk else ()
 
 
-def bwd_scores(tile, c0, kc, kT, vT, bias, scale, dt):
+def bwd_scores(tile, c0, kc, kT, vT, bias, scale, dt, half=None):
     """First half of a (query tile, key chunk) step: p = exp(scale s - lse) recomputed (no max, no sum), the
-    diagonal block zeroed above the diagonal (GpSimd, SBUF in place), and ds = p (dp - Di), dp = dO v^T. ->
-    (p, ds) in SBUF."""
+    diagonal block zeroed above the diagonal (GpSimd, SBUF in place), and ds = p (dp - Di), dp = dO v^T on the
+    PE array's other row tile than the scores' (`half`: dp's, where dO^T and v^T sit on one half of the
+    partitions; else alternating). -> (p, ds) in SBUF."""
     q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows = tile[0:9]
     K = qT.shape[0]
     P = nl.tile_size.pmax
-    s_ps = scores(qT, kT, t0, rows, c0, kc, bias, True)  # NEG above the diagonal: exp gives p = 0 there
+    dp_half = 1 - (t0 // P + c0 // KC) % 2 if half is None else half
+    s_ps = scores(qT, kT, t0, rows, c0, kc, bias, True, 1 - dp_half)  # NEG above the diagonal: exp gives p = 0
     p_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
     nisa.activation(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s_ps[0:rows, 0:kc], bias=negl_P1[0:rows], scale=scale)
     dp_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
-    half_matmul(dp_ps[0:rows, 0:kc], doT[0:K, 0:rows], vT[0:K, c0:c0 + kc], 1 - (t0 // P + c0 // KC) % 2)
+    half_matmul(dp_ps[0:rows, 0:kc], doT[0:K, 0:rows], vT[0:K, c0:c0 + kc], dp_half)
     # ds = p (dp - Di): dp - Di leaves PSUM on ScalarE (its bias), the product with p runs on GpSimd (both
     # operands in SBUF): VectorE and GpSimd share the SBUF port, so the VectorE forms would cost that port
     t_f = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.sbuf)
@@ -247,10 +251,11 @@ def bwd_dq(tile, dq_ps, scale, qk):
     return (dq_t, d_f, rows, tile[10], tile[2])
 
 
-def bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, qk, side=()):
+def bwd_heads(tiles, kT, vTs, k_tiles, acc, bias, scale, dt, qk, side=(), halves=None):
     """The query heads of one kv head: tiles[r][i] (`bwd_tile`) -> per head the `prep_grad` items of its
     tiles (with qk). The (query tile, key chunk, head) steps `pipelined` (`bwd_scores`, `bwd_values`), the
-    heads interleaved."""
+    heads interleaved; vTs: v^T per head (the same tile, or the half beside a stacked head's dO^T); `halves`:
+    the row tile of each head's dp matmul where its operands sit on one half of the partitions, else None."""
     T = kT.shape[1]
     K = kT.shape[0]
     P = nl.tile_size.pmax
@@ -276,7 +281,8 @@ def bwd_heads(tiles, kT, vT, k_tiles, acc, bias, scale, dt, qk, side=()):
     def first(st):
         i, c, r = st
         t0, rows = i * P, min(P, T - i * P)
-        return bwd_scores(tiles[r][i], c * KC, min(KC, t0 + rows - c * KC), kT, vT, bias, scale, dt)
+        return bwd_scores(tiles[r][i], c * KC, min(KC, t0 + rows - c * KC), kT, vTs[r], bias, scale, dt,
+                          halves[r] if halves else None)
 
     def second(st, res):
         i, c, r = st

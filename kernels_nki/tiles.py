@@ -51,6 +51,17 @@ def transpose_to_psum(dst_ps, src, rows, ident, col0=0, p0=0):
                        is_transpose=True, tile_position=(i0, col0), tile_size=(HALF, ctile))
 
 
+def stacked_transpose(dst, srcs, rows, ident):
+    """dst (SBUF [128, >= rows]) = two [rows, 64] tiles srcs transposed one above the other (srcs[s]^T on
+    partitions 64 s .. 64 s + 64: `transpose_to_psum` on the column tiles at 0 and 64 of one PSUM tile),
+    leaving PSUM by one ScalarE copy where one 64-column tile's transpose would fill half the partitions."""
+    P = nl.tile_size.pmax
+    t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+    for s, src in enumerate(srcs):
+        transpose_to_psum(t_ps[s * HALF:(s + 1) * HALF, 0:rows], src[0:rows, 0:HALF], rows, ident, s * HALF)
+    nisa.activation(dst=dst[0:P], op=nl.copy, data=t_ps[0:P, 0:rows])
+
+
 def transpose(dst, src, rows, cols, ident, on_vector=False):
     """dst[0:cols, 0:rows] (SBUF) = src[0:rows, 0:cols]^T (`transpose_to_psum`), leaving PSUM on ScalarE
     (`activation(op=nl.copy)`: NeuronCore-v2 has no ScalarE tensor_copy, isa docs tensor_copy) or, with

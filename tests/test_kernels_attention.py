@@ -85,8 +85,9 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     assert fwd.pe_macs_issued_fp32 == unit * nt * 32 and bwd.pe_macs_issued_fp32 == unit * nt * (4 + 32 + 4)
     assert bwd.pe_macs_useful == H * nb * unit * 5 * K
     # backward: dO arrives in the consecutive-rows layout, its rows are dO^T transposed back (32 per tile);
-    # dq, dk, dv leave in natural rows, as made (no transposes)
-    assert bwd.pe_macs_issued == unit * (H * (nb * (2 * K + 3 * K + 64) + nt * (3 * 32 + 128)) + G * 2 * nt * 32
+    # dq, dk, dv leave in natural rows, as made (no transposes); a kv head's two query heads have their dO^T
+    # stacked on the two halves of the partitions, so its v^T is transposed onto both halves (one 32 more per tile)
+    assert bwd.pe_macs_issued == unit * (H * (nb * (2 * K + 3 * K + 64) + nt * (3 * 32 + 128)) + G * 3 * nt * 32
                                          + nt * (4 + 32 + 4))
     # the transposes above (and the backward's mask matmuls: TensorE time for GpSimd's, TensorE having room)
     assert emulator.pe_utilisation(fwd) > 0.40 and emulator.pe_utilisation(bwd) > 0.65
@@ -123,7 +124,9 @@ def test_head_dim_64_contractions_run_on_half_the_pe_array(kernels, monkeypatch)
     # [rows, K] tiles)
     assert all(size in ((64, 128), (64, 64)) for k, _, size in seen if k <= 64)
     assert all(not size for k, _, size in seen if k > 64)
-    assert {pos for pos in tiled} == {(0, 0), (64, 0)} and len(tiled) > 0
+    assert {pos for pos in tiled} == {(0, 0), (64, 0), (0, 64), (64, 64)} and len(tiled) > 0
+    # the column tile at 64 only for 64-column transposes (two heads' stacked on the two halves of PSUM)
+    assert all(size == (64, 64) for k, pos, size in seen if pos and pos[1] == 64)
 
 
 def test_transposes_run_as_two_parallel_64_row_tiles(kernels, monkeypatch):
