@@ -53,8 +53,9 @@ it: dx = 2 inv (g/2 + x c), c = -mean((g/2) x) inv^2 (`kernels_nki.tiles.norm_gr
 PSUM, x c, the row sum and the 2 inv scale on ScalarE; (g/2) x and g/2 + x c on GpSimd), + dy on GpSimd,
 written over dy's group tile and stored). VectorE keeps only [P, 1] columns: its two-input instructions would
 hold the VectorE/ScalarE PSUM port or the VectorE/GpSimd SBUF port twice as long (trn1 arch guide, "Data
-Movement"; "Vector Engine / Performance Consideration"). Program order per group k: B(k), A(k + 1), B'(k),
-D(k), E(k). W_fc^T and W_proj^T are built once per call. TensorE transposes per 128 tokens: D/128 (dy^T) +
+Movement"; "Vector Engine / Performance Consideration"). Program order per group k: B(k), then group k - 1's
+B', dW_fc's D and E (so TensorE never waits on the GpSimd products of the group it has just issued; k - 1's
+tiles released before k + 1's arrive), A(k + 1), dW_proj's D(k). W_fc^T and W_proj^T are built once per call. TensorE transposes per 128 tokens: D/128 (dy^T) +
 2 F/128 (r, dh'^T), the floor of this design (dy, r and dh' are each needed in both layouts: a contraction
 over D for da, over the tokens for the weight gradients, over F for dx).
 
@@ -386,7 +387,7 @@ def _bwd_dx(st, dhT, wfcT, F, dx_ND, dt):
 def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
     """(dx_ND = dy + the MLP's and norm's backward, dw_fc_DF in x's dtype, dw_proj_FD fp32), from the forward's
     rT_FN = relu(h)^T (h is not recomputed: see the module docstring). Per group the stages run in the program
-    order B(k), A(k + 1), B'(k), D(k), E(k) (see the module docstring)."""
+    order B(k), B'(k - 1), D_fc(k - 1), E(k - 1), A(k + 1), D_proj(k) (see the module docstring)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
@@ -402,15 +403,25 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
     acc_proj = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KF)]
     gs = groups(N, NW // P)
     st = _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, gs[0], dt, ident)
+    prev = None
+
+    def finish(pst, dh_s, g):  # stages B', D (dW_fc) and E of a group
+        dhT = _bwd_hT(g, dh_s, dt, ident)
+        _accumulate(acc_fc, pst[3], dh_s, g[1], D, F)
+        _bwd_dx(pst, dhT, wfcT, F, dx_ND, dt)
+
     for k in range(len(gs)):
         a_s, dh_s = _bwd_hidden(st, wprojT, dt, ident)
+        if prev != None:  # noqa: E711 (NKI has no `is`)
+            finish(*prev)
+        prev = None  # group k - 1's tiles released before group k + 1's
         nxt = _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, gs[k + 1], dt, ident) if k + 1 < len(gs) else None
-        dhT = _bwd_hT(gs[k], dh_s, dt, ident)
-        # weight gradients: contract over the group's tokens in PSUM, one fp32 SBUF add per group
+        # weight gradients: contract over the group's tokens in PSUM, one fp32 SBUF add per group; dW_proj's now
+        # (a_s released), the rest after B(k + 1): TensorE never waits on the group's last dh'
         _accumulate(acc_proj, a_s, st[2], gs[k][1], F, D)
-        _accumulate(acc_fc, st[3], dh_s, gs[k][1], D, F)
-        _bwd_dx(st, dhT, wfcT, F, dx_ND, dt)
-        st, a_s, dh_s, dhT = nxt, None, None, None  # group k's tiles released before stage B(k + 1)
+        prev = (st, dh_s, gs[k])
+        st, a_s, dh_s = nxt, None, None
+    finish(*prev)
     for k in nl.affine_range(KD):
         dk = min(P, D - k * P)
         out = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
