@@ -39,8 +39,10 @@ add per block into fp32 SBUF accumulators.
 
 x^T and dz^T are TensorE transposes, out of PSUM by VectorE (forward) / ScalarE (backward). The forward's
 program order puts row tile t + 1's x^T before row tile t - 1's loss; the backward's runs row tile t's z = x
-emb^T, row tile t - 1's r = (t^2 - 1) dl, row tile t - 2's dz and dx, then row tile t's t = tanh(z / softcap)
-(z waits in Z_BANKS PSUM banks; a larger vocabulary takes t at once) (each engine runs its instruction stream
+emb^T, row tile t - 3's dx out of PSUM, row tile t - 2's dz and its transposes, row tile t - 1's r = (t^2 - 1)
+dl, row tile t - 2's dx matmuls, then row tile t's t = tanh(z / softcap), so that no engine's next instruction
+waits on the one another engine has just been given (z and dz^T wait in Z_BANKS PSUM banks; a larger
+vocabulary takes t at once and transposes dz with its dx matmuls) (each engine runs its instruction stream
 in order: trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute
 Engines"). SBUF per partition: emb^T and emb rows 2 x V x D x 2 / 128 bytes, the demb accumulators V x D x 4
 / 128 (V=8192 needs D <= 256).
@@ -397,25 +399,46 @@ def _bwd_t(st, bias_vals_NS, dvals_NS, V, S, softcap, dt):
     return [st[0], st[1], dz_PV, (t_PV, cols, corr, neg_lse, neg_g, rows, dx_g), None]
 
 
+def _bwd_dz(st, V, dt):
+    """Row tile third stage, first half: dz = -g r (ScalarE) and, with at most Z_BANKS vocabulary chunks, its
+    transposes (TensorE) into PSUM, one [128, 512] tile per chunk (issued before the next row tile's r, so that
+    neither engine waits on the other: `_bwd_dx` takes them)."""
+    P = nl.tile_size.pmax
+    dz_PV = st[2]
+    t_PV, cols, corr, neg_lse, neg_g, rows, dx_g = st[3]
+    early = cdiv(V, VC) <= Z_BANKS  # else the transposes wait for `_bwd_dx`: PSUM holds no more
+    out = []
+    for c in nl.affine_range(cdiv(V, VC)):
+        c0 = c * VC
+        vc = min(VC, V - c0)
+        nisa.activation(dst=dz_PV[0:rows, c0:c0 + vc], op=nl.copy, data=st[4][0:rows, c0:c0 + vc], scale=neg_g)
+        out.append(_dz_T(dz_PV, c0, vc, rows, V, dt) if early else None)
+    st.append(out)
+
+
+def _dz_T(dz_PV, c0, vc, rows, V, dt):
+    """A vocabulary chunk's dz^T slices side by side in one [128, 512] PSUM tile (TensorE transposes)."""
+    P = nl.tile_size.pmax
+    dzT_ps = nl.ndarray((P, VC), dtype=dt, buffer=nl.psum)
+    for jv in nl.affine_range(cdiv(vc, P)):
+        v0 = c0 + jv * P
+        vj = min(P, V - v0)
+        nisa.nc_transpose(dst=dzT_ps[0:vj, jv * P:jv * P + rows], data=dz_PV[0:rows, v0:v0 + vj])
+    return dzT_ps
+
+
 def _bwd_dx(st, emb_rows, V, D, dt):
-    """Row tile third stage: dz = -g r (ScalarE) and dx = dz emb (dz^T by TensorE transposes, out of PSUM by
-    ScalarE, as stationary; emb rows as moving; accumulated over the vocabulary in one PSUM bank) into the
-    group's dx tile."""
+    """Row tile third stage: dx = dz emb (dz^T, `_bwd_dz`'s, out of PSUM by ScalarE, as stationary; emb rows as
+    moving; accumulated over the vocabulary in one PSUM bank) -> a callable moving it into the group's dx tile."""
     P = nl.tile_size.pmax
     jr = st[0][2]
-    dz_PV = st[2]
     t_PV, cols, corr, neg_lse, neg_g, rows, dx_g = st[3]
     dx_ps = [nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum) for _ in range(cdiv(D, VC))]
     for c in nl.affine_range(cdiv(V, VC)):
         c0 = c * VC
         vc = min(VC, V - c0)
-        nisa.activation(dst=dz_PV[0:rows, c0:c0 + vc], op=nl.copy, data=st[4][0:rows, c0:c0 + vc], scale=neg_g)
         nv = cdiv(vc, P)
-        dzT_ps = nl.ndarray((P, VC), dtype=dt, buffer=nl.psum)  # the chunk's dz^T slices side by side
-        for jv in nl.affine_range(nv):
-            v0 = c0 + jv * P
-            vj = min(P, V - v0)
-            nisa.nc_transpose(dst=dzT_ps[0:vj, jv * P:jv * P + rows], data=dz_PV[0:rows, v0:v0 + vj])
+        dzT_ps = st[5][c] if st[5][c] != None else _dz_T(st[2], c0, vc, rows, V, dt)  # noqa: E711
         dzT = nl.ndarray((P, VC), dtype=dt, buffer=nl.sbuf)
         vm = min(P, vc)
         nisa.activation(dst=dzT[0:vm, 0:nv * P], op=nl.copy, data=dzT_ps[0:vm, 0:nv * P])  # one copy per chunk
@@ -426,9 +449,12 @@ def _bwd_dx(st, emb_rows, V, D, dt):
                 dc = min(VC, D - d * VC)
                 nisa.nc_matmul(dst=dx_ps[d][0:rows, 0:dc], stationary=dzT[0:vj, jv * P:jv * P + rows],
                                moving=emb_rows[v0 // P][0:vj, d * VC:d * VC + dc])
-    for d in nl.affine_range(cdiv(D, VC)):
-        dc, o0 = min(VC, D - d * VC), jr * D + d * VC
-        nisa.activation(dst=dx_g[0:rows, o0:o0 + dc], op=nl.copy, data=dx_ps[d][0:rows, 0:dc])
+
+    def out():  # dx out of PSUM: the caller issues it after the next row tile's z matmuls
+        for d in nl.affine_range(cdiv(D, VC)):
+            dc, o0 = min(VC, D - d * VC), jr * D + d * VC
+            nisa.activation(dst=dx_g[0:rows, o0:o0 + dc], op=nl.copy, data=dx_ps[d][0:rows, 0:dc])
+    return out
 
 
 @nki.jit
@@ -450,7 +476,7 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
     blks = blocks(N, R, TPB)
     tiles = [(b, g, jr) for b in range(len(blks)) for g in blks[b] for jr in range(g[2])]
     grp, blk_s = None, ([], [], [])
-    nxt, mid = None, None
+    nxt, mid, tail = None, None, None
     for t in range(len(tiles) + 2):  # program order: module docstring
         cur, mid = mid, nxt
         nxt = None
@@ -460,21 +486,32 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
                 grp = _bwd_group(x_ND, targets_N1, lse_N1, dloss_N1, bias_ids_NS, g, S, R, dt)
             nxt = _bwd_tanh(grp, g, jr, embT, V, D, softcap, dt)
             nxt[0] = tiles[t]
-        if mid != None:  # noqa: E711 (NKI has no `is`)
+        if tail != None:  # noqa: E711 (NKI has no `is`)
+            tail()
+            tail = None
+        if cur != None:  # noqa: E711
+            _bwd_dz(cur, V, dt)
+        if mid != None:  # noqa: E711
             bwd_r(mid, iota_PV, V, S, softcap)
         if cur != None:  # noqa: E711
-            _bwd_dx(cur, emb_rows, V, D, dt)
+            dx_out = _bwd_dx(cur, emb_rows, V, D, dt)
             cb, cg, cjr = cur[0]
             blk_s[0].append(cur[1])
             blk_s[1].append(cur[2])
             blk_s[2].append(cg[1])
+
+            def tail(dx_out=dx_out, cg=cg, last=cjr == cg[2] - 1, dx_g=cur[3][6]):
+                dx_out()
+                if last:
+                    store(dx_ND, cg, dx_g)
             if cjr == cg[2] - 1:
-                store(dx_ND, cg, cur[3][6])
                 if cg == blks[cb][-1]:
                     demb_block(acc, blk_s, V, D)
                     blk_s = ([], [], [])
         if nxt != None:  # noqa: E711
             nxt = _bwd_t(nxt, bias_vals_NS, dvals_NS, V, S, softcap, dt)
+    if tail != None:  # noqa: E711
+        tail()
     for v in nl.affine_range(cdiv(V, P)):
         vr = min(P, V - v * P)
         out = nl.ndarray((P, D), dtype=emb_VD.dtype, buffer=nl.sbuf)
