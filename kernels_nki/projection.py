@@ -66,8 +66,8 @@ ScalarE, kept for dw; each row tile's norm backward in five stages of one engine
 column, x c + g, dx: `norm_bwd_stages`), a stage LAG row tiles after the one before it, so that no engine's next
 instruction waits on the one just issued on another; row tile j + 1's dy^T transposes issue before row tile j's
 g matmuls, so TensorE does not wait on their PSUM copies), the mix's backward (below), and dw =
-rms_norm(x)^T dy accumulated over BLOCK = 16 row tiles in one PSUM bank per [128, 512] slice, then one VectorE add
-into fp32 SBUF accumulators ([I/128] x [128, O] fp32), stored once. Program order per group: A(k + 1)'s loads, B(k)
+rms_norm(x)^T dy accumulated over BLOCK = 16 row tiles in one PSUM bank per [128, 512] slice, then one ScalarE
+copy out of PSUM and a GpSimd add into fp32 SBUF accumulators ([I/128] x [128, O] fp32), stored once. Program order per group: A(k + 1)'s loads, B(k)
 with a row tile of the mix's GpSimd work of k - 1 and of A(k + 1)'s recomputation after each row tile's stages, the
 token sums of group k - SUMS_LAG (whose mix work is done by then), dw of the block finished before k: TensorE never
 waits on the same group's VectorE and GpSimd results, and GpSimd's in-order stream interleaves its groups' work.
@@ -374,7 +374,8 @@ def _bwd_rows(st, wT, I, widths, dt, ident, scalar_copies, fills):
 
 def _dw_block(acc, xn_s, dy_s, I, O):
     """acc[i] += xn^T dy over a block's row tiles (dy's row tiles per part, side by side: `pieces`): one PSUM bank
-    per [128, 512] slice, then one VectorE add."""
+    per [128, 512] slice, then one ScalarE copy out of PSUM and a GpSimd add (SBUF only: a VectorE add would hold
+    the PSUM port ScalarE needs for twice as long)."""
     P = nl.tile_size.pmax
     for i in nl.affine_range(cdiv(I, P)):
         k = min(P, I - i * P)
@@ -387,7 +388,9 @@ def _dw_block(acc, xn_s, dy_s, I, O):
                     nisa.nc_matmul(dst=g_ps[0:k, off:off + b - a], stationary=xn[0:p, i * P:i * P + k],
                                    moving=dy_s[s][t][0:p, a:b])
             a = acc[i][0:k, o * W:o * W + w]
-            nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:k, 0:w], op=nl.add)
+            g_s = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=g_s[0:k, 0:w], op=nl.copy, data=g_ps[0:k, 0:w])
+            nisa.tensor_tensor(dst=a, data1=a, data2=g_s[0:k, 0:w], op=nl.add, engine=nisa.engine.gpsimd)
 
 
 def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixing=None):
@@ -446,7 +449,7 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixin
 def norm_projection_bwd(x_NI, w_IO, inv_N1, dy_NO):
     """(dx_NI in x's dtype, dw_IO fp32) of y = rms_norm(x) w: g = dy w^T, dx = the norm's backward of g,
     dw = (inv x)^T dy. One pass over the tokens; dw partials of BLOCK row tiles accumulate in one PSUM
-    bank per [128, 512] slice, then one VectorE add into fp32 SBUF accumulators."""
+    bank per [128, 512] slice, then one ScalarE copy and a GpSimd add into fp32 SBUF accumulators."""
     dx_NI, dw_IO, ident, wT = _bwd_setup(x_NI, w_IO)
     _norm_projection_bwd(x_NI, w_IO, inv_N1, (dy_NO,), dx_NI, dw_IO, ident, wT)
     return dx_NI, dw_IO
