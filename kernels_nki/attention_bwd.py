@@ -164,7 +164,8 @@ def _setup(c, seqs, bg, js=None):
             qT_h = qTs[r]
             rows_from_transpose(st["qg"], H, h, qT_h, T, bias[0])
         doT_h = doTs[r]
-        rows_from_transpose(st["do_nat"], H, h, doT_h, T, bias[0], p0=(r % 2) * K if "p%d" % (r - r % 2) in pairs else 0)
+        p0 = (r % 2) * K if "p%d" % (r - r % 2) in pairs else 0  # the upper half of a stacked pair at 64
+        rows_from_transpose(st["do_nat"], H, h, doT_h, T, bias[0], p0=p0)
         row = []
         for i in nl.affine_range(cdiv(T, P)):
             t0 = i * P

@@ -172,8 +172,8 @@ def perm_rows(dst_sb, X, xs, srcs, T, ident, dt, src_head=(1, 0)):
             m = min(per, n - j0)
             t_ps = nl.ndarray((P, per * K), dtype=nl.float32, buffer=nl.psum)
             for a in range(m):
-                transpose_to_psum(t_ps[0:P, a * K:(a + 1) * K], natural_cols(xT, j0 + a, T, True)[s * HALF:s * HALF + K],
-                                  K, ident, p0=s * HALF)
+                cols = natural_cols(xT, j0 + a, T, True)[s * HALF:s * HALF + K]
+                transpose_to_psum(t_ps[0:P, a * K:(a + 1) * K], cols, K, ident, p0=s * HALF)
             nisa.activation(dst=view[0:P, j0:j0 + m, xi * K:(xi + 1) * K], op=nl.copy,
                             data=t_ps[0:P, 0:m * K].reshape((P, m, K)))
         if T % P:

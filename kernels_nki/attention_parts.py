@@ -248,8 +248,9 @@ def prep_grad(items, gain, dg_P1, rot_engine, run=None, done=None, prescaled=Fal
     (dst, d_f, rows, cs, norm) of items, norm = (xn, inv, -xn / K) (`head_rows`): w = rope^-1(d), c = rowsum(w
     (-xn / K)) = -dot / K, dx = gain inv (w + xn c) (reference.rms_norm_bwd after rope_gain_bwd); with a gain,
     dg_P1 += c, -1 / K times the gain's gradient per row (d . rope(xn) = w . xn = dot, the rotation being
-    orthogonal). Products and sums of tiles on GpSimd, row sums, [P, 1] columns and the scalings by them on
-    VectorE; each step for every item before the next (`rotate`); run as `staged`, `done` (a callable) the last stage; `prescaled`: each norm's inv column is inv gain already."""
+    orthogonal). Products and sums of tiles on GpSimd, row sums, [P, 1] columns and the scalings by them on VectorE;
+    each step for every item before the next (`rotate`); run as `staged`, `done` (a callable) the last stage;
+    `prescaled`: each norm's inv column is inv gain already."""
     P = nl.tile_size.pmax
     gp = nisa.engine.gpsimd
     K = items[0][1].shape[1]

@@ -1,7 +1,8 @@
 """The residual-mix front-end of `mix_norm_projection` (`kernels_nki/projection.py`; a kernel-helper file, no
-@nki.jit): x = m0 x_in' + m1 x0 with x_in' = x_in (+ sw skip) on packed row groups (`kernels_nki.packing`: one
-DMA per operand and group, the element-wise ops over the whole [parts, R I] group tile), and its backward with
-the token sums of dmix and dsw on TensorE (the products too: the diagonal of a matmul over the tokens). The spec and the engine choices are in projection.py's docstring.
+@nki.jit): x = m0 x_in' + m1 x0 with x_in' = x_in (+ sw skip) on packed row groups (`kernels_nki.packing`: one DMA per
+operand and group, the element-wise ops over the whole [parts, R I] group tile), and its backward with the token sums
+of dmix and dsw on TensorE (the products too: the diagonal of a matmul over the tokens). The spec and the engine
+choices are in projection.py's docstring.
 """
 
 import nki.isa as nisa

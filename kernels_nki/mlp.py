@@ -25,15 +25,15 @@ fp32 PSUM. The normalised activation never exists in HBM: per row tile the norm 
 x tile already in SBUF (forward: the squares' row sum, an rsqrt on the [P, 1] column and xn = inv x in fp32,
 cast to x's dtype as the reference; backward: xn = inv x from the stored inv).
 
-Forward, per group: stage A (x in, inv, xn), stage T (xn^T by TensorE transposes), stage B (h^T = W_fc^T xn^T
-directly in the [F, tokens] layout; ScalarE r = relu(h) from PSUM into the stored relu(h)^T tile, a^T = r r in
-SBUF, every other F-tile on GpSimd, the rest ScalarE), stage C (y = a W_proj with a^T as the stationary operand: a needs no
+Forward, per group: stage A (x in, inv, xn), stage T (xn^T by TensorE transposes), stage B (h^T = W_fc^T xn^T directly
+in the [F, tokens] layout; ScalarE r = relu(h) from PSUM into the stored relu(h)^T tile, a^T = r r in SBUF, every
+other F-tile on GpSimd, the rest ScalarE), stage C (y = a W_proj with a^T as the stationary operand: a needs no
 transpose; + x as y leaves PSUM; y out). Program order per group k: A(k + 1), B(k), T(k + 1), C(k - 1) (C's matmuls
-cover the PSUM copies of T's transposes), so that each engine's in-order stream (trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst,
-"NeuronCore-v2 Compute Engines") has the other engines' inputs ready. Transposes: each 128-token transpose
-runs as two matmuls of 64 tokens against the identity in the two 64-row tiles of the PE array, which run in
-parallel (the documented TensorE transpose in row tiling mode; kernels_nki/projection.py has the details and
-the AWS sources), into fp32 PSUM.
+cover the PSUM copies of T's transposes), so that each engine's in-order stream (trn1 arch guide
+nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute Engines") has the other engines' inputs
+ready. Transposes: each 128-token transpose runs as two matmuls of 64 tokens against the identity in the two 64-row
+tiles of the PE array, which run in parallel (the documented TensorE transpose in row tiling mode;
+kernels_nki/projection.py has the details and the AWS sources), into fp32 PSUM.
 
 Backward: STORES relu(h) instead of recomputing h. The forward already holds r^T = relu(h)^T in SBUF in the
 [F, tokens] layout, so storing it costs DMA and no TensorE work; the backward loads it and transposes it on
@@ -51,13 +51,13 @@ contract over the group's NW tokens in fp32 PSUM, copied out by ScalarE, then on
 accumulators per group), E (g/2 = dh'^T-stationary x W_fc^T in PSUM, token-major, then the norm's backward on
 it: dx = 2 inv (g/2 + x c), c = -mean((g/2) x) inv^2 (`kernels_nki.tiles.norm_grad_rows` with split: g/2 out of
 PSUM, x c, the row sum and the 2 inv scale on ScalarE; (g/2) x and g/2 + x c on GpSimd), + dy on GpSimd,
-written over dy's group tile and stored). VectorE keeps only [P, 1] columns: its two-input instructions would
-hold the VectorE/ScalarE PSUM port or the VectorE/GpSimd SBUF port twice as long (trn1 arch guide, "Data
-Movement"; "Vector Engine / Performance Consideration"). Program order per group k: B(k), then group k - 1's
-B', dW_fc's D and E (so TensorE never waits on the GpSimd products of the group it has just issued; k - 1's
-tiles released before k + 1's arrive), A(k + 1), dW_proj's D(k). W_fc^T and W_proj^T are built once per call. TensorE transposes per 128 tokens: D/128 (dy^T) +
-2 F/128 (r, dh'^T), the floor of this design (dy, r and dh' are each needed in both layouts: a contraction
-over D for da, over the tokens for the weight gradients, over F for dx).
+written over dy's group tile and stored). VectorE keeps only [P, 1] columns: its two-input instructions would hold the
+VectorE/ScalarE PSUM port or the VectorE/GpSimd SBUF port twice as long (trn1 arch guide, "Data Movement"; "Vector
+Engine / Performance Consideration"). Program order per group k: B(k), then group k - 1's B', dW_fc's D and E (so
+TensorE never waits on the GpSimd products of the group it has just issued; k - 1's tiles released before k + 1's
+arrive), A(k + 1), dW_proj's D(k). W_fc^T and W_proj^T are built once per call. TensorE transposes per 128 tokens:
+D/128 (dy^T) + 2 F/128 (r, dh'^T), the floor of this design (dy, r and dh' are each needed in both layouts: a
+contraction over D for da, over the tokens for the weight gradients, over F for dx).
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): a TensorE transpose is a
 matmul with the data stationary and an identity moving (nki/api/nki/isa/__init__.py, nc_transpose;

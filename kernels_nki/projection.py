@@ -58,19 +58,19 @@ slice of w accumulate x (stationary [tokens, 128]) x dy (moving [tokens, 512]) o
 With as few PSUM banks as the output projection's (I/128 x O/512 = 4, plus dx's and a transpose's) dx
 and dw share one pass over the tokens (x and dy read once); with up to 8 dx takes one pass and every dw
 slice a second one (dy read twice, x once); beyond, one pass over x per slice.
-Backward (`norm_projection`), one pass over the tokens in four stages per group k: A (dy, inv and x in; with the
-mix, x recomputed), B (per row tile g = dy w^T in PSUM, token-major, dy^T by transposes; the norm's backward on it:
-ScalarE g out of PSUM, the row sum, x c and the inv scale; GpSimd g x, x c + g (and + dxo), two-input element-wise
-work that costs VectorE 2N on the SBUF port the two share; dx into the group's dx tile; rms_norm(x) = inv x on
-ScalarE, kept for dw; each row tile's norm backward in five stages of one engine each (g x, its row sum, the [P, 1]
-column, x c + g, dx: `norm_bwd_stages`), a stage LAG row tiles after the one before it, so that no engine's next
-instruction waits on the one just issued on another; row tile j + 1's dy^T transposes issue before row tile j's
-g matmuls, so TensorE does not wait on their PSUM copies), the mix's backward (below), and dw =
-rms_norm(x)^T dy accumulated over BLOCK = 16 row tiles in one PSUM bank per [128, 512] slice, then one ScalarE
-copy out of PSUM and a GpSimd add into fp32 SBUF accumulators ([I/128] x [128, O] fp32), stored once. Program order per group: A(k + 1)'s loads, B(k)
-with a row tile of the mix's GpSimd work of k - 1 and of A(k + 1)'s recomputation after each row tile's stages, the
-token sums of group k - SUMS_LAG (whose mix work is done by then), dw of the block finished before k: TensorE never
-waits on the same group's VectorE and GpSimd results, and GpSimd's in-order stream interleaves its groups' work.
+Backward (`norm_projection`), one pass over the tokens in four stages per group k: A (dy, inv and x in; with the mix,
+x recomputed), B (per row tile g = dy w^T in PSUM, token-major, dy^T by transposes; the norm's backward on it: ScalarE
+g out of PSUM, the row sum, x c and the inv scale; GpSimd g x, x c + g (and + dxo), two-input element-wise work that
+costs VectorE 2N on the SBUF port the two share; dx into the group's dx tile; rms_norm(x) = inv x on ScalarE, kept for
+dw; each row tile's norm backward in five stages of one engine each (g x, its row sum, the [P, 1] column, x c + g, dx:
+`norm_bwd_stages`), a stage LAG row tiles after the one before it, so that no engine's next instruction waits on the
+one just issued on another; row tile j + 1's dy^T transposes issue before row tile j's g matmuls, so TensorE does not
+wait on their PSUM copies), the mix's backward (below), and dw = rms_norm(x)^T dy accumulated over BLOCK = 16 row
+tiles in one PSUM bank per [128, 512] slice, then one ScalarE copy out of PSUM and a GpSimd add into fp32 SBUF
+accumulators ([I/128] x [128, O] fp32), stored once. Program order per group: A(k + 1)'s loads, B(k) with a row tile
+of the mix's GpSimd work of k - 1 and of A(k + 1)'s recomputation after each row tile's stages, the token sums of
+group k - SUMS_LAG (whose mix work is done by then), dw of the block finished before k: TensorE never waits on the
+same group's VectorE and GpSimd results, and GpSimd's in-order stream interleaves its groups' work.
 
 `mix_norm_projection`: the mixing weights are broadcast to every partition once per call by a DMA whose HBM
 access pattern has partition stride 0 (nki/get-started/nki-language-guide.rst, "Low-level raw access
