@@ -39,7 +39,7 @@ add per block into fp32 SBUF accumulators.
 
 x^T and dz^T are TensorE transposes, out of PSUM by VectorE (forward) / ScalarE (backward). The forward's
 program order puts row tile t + 1's x^T before row tile t - 1's loss; the backward's runs row tile t's z = x
-emb^T, row tile t - 3's dx out of PSUM, row tile t - 2's dz and its transposes, row tile t - 1's r = (t^2 - 1)
+emb^T, row tile t - 3's dx out of PSUM, row tile t - 2's dz and dz^T, row tile t - 1's r = (t^2 - 1)
 dl, row tile t - 2's dx matmuls, then row tile t's t = tanh(z / softcap), so that no engine's next instruction
 waits on the one another engine has just been given (z and dz^T wait in Z_BANKS PSUM banks; a larger
 vocabulary takes t at once and transposes dz with its dx matmuls) (each engine runs its instruction stream
@@ -400,20 +400,20 @@ def _bwd_t(st, bias_vals_NS, dvals_NS, V, S, softcap, dt):
 
 
 def _bwd_dz(st, V, dt):
-    """Row tile third stage, first half: dz = -g r (ScalarE) and, with at most Z_BANKS vocabulary chunks, its
-    transposes (TensorE) into PSUM, one [128, 512] tile per chunk (issued before the next row tile's r, so that
-    neither engine waits on the other: `_bwd_dx` takes them)."""
-    P = nl.tile_size.pmax
+    """Row tile third stage, first half: dz = -g r (ScalarE) and, with at most Z_BANKS vocabulary chunks, dz^T:
+    every chunk's scaling, then every chunk's transposes (TensorE, into PSUM), then every chunk's copy out
+    (ScalarE), issued before the next row tile's r, so that neither engine waits on the other (`_bwd_dx` takes
+    them)."""
     dz_PV = st[2]
     t_PV, cols, corr, neg_lse, neg_g, rows, dx_g = st[3]
-    early = cdiv(V, VC) <= Z_BANKS  # else the transposes wait for `_bwd_dx`: PSUM holds no more
-    out = []
-    for c in nl.affine_range(cdiv(V, VC)):
-        c0 = c * VC
-        vc = min(VC, V - c0)
+    chunks = [(c * VC, min(VC, V - c * VC)) for c in range(cdiv(V, VC))]
+    for c0, vc in chunks:
         nisa.activation(dst=dz_PV[0:rows, c0:c0 + vc], op=nl.copy, data=st[4][0:rows, c0:c0 + vc], scale=neg_g)
-        out.append(_dz_T(dz_PV, c0, vc, rows, V, dt) if early else None)
-    st.append(out)
+    if len(chunks) > Z_BANKS:  # PSUM holds no more: the transposes wait for `_bwd_dx`
+        st.append([None] * len(chunks))
+        return
+    ps = [_dz_T(dz_PV, c0, vc, rows, V, dt) for c0, vc in chunks]
+    st.append([_dz_copy(t, vc, dt) for t, (c0, vc) in zip(ps, chunks)])
 
 
 def _dz_T(dz_PV, c0, vc, rows, V, dt):
@@ -427,9 +427,19 @@ def _dz_T(dz_PV, c0, vc, rows, V, dt):
     return dzT_ps
 
 
+def _dz_copy(dzT_ps, vc, dt):
+    """A chunk's dz^T out of PSUM (ScalarE, one copy per chunk) into SBUF, the dx matmuls' stationary."""
+    P = nl.tile_size.pmax
+    nv = cdiv(vc, P)
+    dzT = nl.ndarray((P, VC), dtype=dt, buffer=nl.sbuf)
+    vm = min(P, vc)
+    nisa.activation(dst=dzT[0:vm, 0:nv * P], op=nl.copy, data=dzT_ps[0:vm, 0:nv * P])
+    return dzT
+
+
 def _bwd_dx(st, emb_rows, V, D, dt):
-    """Row tile third stage: dx = dz emb (dz^T, `_bwd_dz`'s, out of PSUM by ScalarE, as stationary; emb rows as
-    moving; accumulated over the vocabulary in one PSUM bank) -> a callable moving it into the group's dx tile."""
+    """Row tile third stage: dx = dz emb (dz^T, `_bwd_dz`'s, as stationary; emb rows as moving; accumulated over
+    the vocabulary in one PSUM bank) -> a callable moving it into the group's dx tile."""
     P = nl.tile_size.pmax
     jr = st[0][2]
     t_PV, cols, corr, neg_lse, neg_g, rows, dx_g = st[3]
@@ -438,10 +448,7 @@ def _bwd_dx(st, emb_rows, V, D, dt):
         c0 = c * VC
         vc = min(VC, V - c0)
         nv = cdiv(vc, P)
-        dzT_ps = st[5][c] if st[5][c] != None else _dz_T(st[2], c0, vc, rows, V, dt)  # noqa: E711
-        dzT = nl.ndarray((P, VC), dtype=dt, buffer=nl.sbuf)
-        vm = min(P, vc)
-        nisa.activation(dst=dzT[0:vm, 0:nv * P], op=nl.copy, data=dzT_ps[0:vm, 0:nv * P])  # one copy per chunk
+        dzT = st[5][c] if st[5][c] != None else _dz_copy(_dz_T(st[2], c0, vc, rows, V, dt), vc, dt)  # noqa: E711
         for jv in nl.affine_range(nv):
             v0 = c0 + jv * P
             vj = min(P, V - v0)
