@@ -157,10 +157,3 @@ def norm_grad_combine(st, g, x_t, rows, width, split=True, sum_on_gpsimd=True):
         nisa.scalar_tensor_tensor(dst=work[0:rows, cols], data=x_t[0:rows, cols], op0=nl.multiply,
                                   operand0=cc[0:rows], op1=nl.add, operand1=g_c)
     return work
-    for c in nl.affine_range(len(g)):
-        cw = min(width, D - c * width)
-        cols = slice(c * width, c * width + cw)
-        g_c = g_s[0:rows, cols] if split else g[c][0:rows, 0:cw]
-        nisa.scalar_tensor_tensor(dst=work[0:rows, cols], data=x_t[0:rows, cols], op0=nl.multiply,
-                                  operand0=cc[0:rows], op1=nl.add, operand1=g_c)
-    return work
