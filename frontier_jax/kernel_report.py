@@ -45,11 +45,14 @@ def kernel_of(call: kc.KernelCall):
     return getattr(registry.load_emulated(call.op), getattr(registry.KERNELS[call.op], call.which))
 
 
+BASE = 2  # qk_attention is traced at BASE and BASE + 1 sequences: past the first, each sequence costs the same
+
+
 def _extrapolated(c1: Counters, c2: Counters, b: int) -> Counters:
-    """Counters of b sequences from those of 1 and 2: per-call set-up plus per-sequence work."""
+    """Counters of b sequences from those of BASE and BASE + 1: per-call set-up plus per-sequence work."""
     peak = ("sbuf_peak_bytes", "psum_peak_banks")
     one, two = c1.as_dict(), c2.as_dict()
-    return Counters(**{f: max(one[f], two[f]) if f in peak else one[f] + (b - 1) * (two[f] - one[f]) for f in one})
+    return Counters(**{f: max(one[f], two[f]) if f in peak else one[f] + (b - BASE) * (two[f] - one[f]) for f in one})
 
 
 def _batch(call: kc.KernelCall) -> int:
@@ -70,11 +73,11 @@ def measure(call: kc.KernelCall, target: str = "trn1") -> dict:
 @functools.lru_cache(maxsize=None)
 def _priced(call: kc.KernelCall, target: str) -> dict:
     kernel, consts, B = kernel_of(call), dict(call.constants), _batch(call)
-    if B > 2:
-        one = loader.record(kernel, *with_batch(call, 1), target=target, **consts)
-        two = loader.record(kernel, *with_batch(call, 2), target=target, **consts)
+    if B > BASE + 1:
+        one = loader.record(kernel, *with_batch(call, BASE), target=target, **consts)
+        two = loader.record(kernel, *with_batch(call, BASE + 1), target=target, **consts)
         m1, m2 = schedule.estimate(one), schedule.estimate(two)
-        sched = {a: m1[a] + (B - 1) * (m2[a] - m1[a]) for a in READINGS}
+        sched = {a: m1[a] + (B - BASE) * (m2[a] - m1[a]) for a in READINGS}
         shares = m2["shares"]
         counters = _extrapolated(one.counters, two.counters, B)
     else:
@@ -85,7 +88,7 @@ def _priced(call: kc.KernelCall, target: str) -> dict:
     est = emulator.estimate(counters, target)
     c = counters
     return {"op": call.op, "which": call.which, "shape": call.label, "calls_per_step": call.calls_per_step,
-            "constants": dict(call.constants), "batch_extrapolated": B > 2,
+            "constants": dict(call.constants), "batch_extrapolated": B > BASE + 1,
             "pe_useful_over_issued": emulator.pe_utilisation(c), "dma_bytes": c.dma_bytes,
             "dma_bytes_per_buffer": c.dma_bytes / c.dma_buffers if c.dma_buffers else None,
             "dma_share_under_2k": c.dma_bytes_under_2k / c.dma_bytes if c.dma_bytes else 0.0,
@@ -147,7 +150,7 @@ def format_report(rep: dict) -> str:
     g, gs = rep["glue"], rep["glue_s"]
     lines += ["", "(us per call; busiest: the busiest-engine lower bound, bound: its engine; sch: the schedule, low / "
               "central / high; busiest lane: the central schedule's most active engine and its share; qk_attention "
-              "extrapolated from 1 and 2 sequences)", "ms per step by op (busiest-engine / schedule low, central, high):"]
+              "extrapolated from 2 and 3 sequences)", "ms per step by op (busiest-engine / schedule low, central, high):"]
     lines += [f"  {op:<19} {v['busiest'] * 1e3:>7.1f} / {v['low'] * 1e3:>7.1f} {v['central'] * 1e3:>8.1f} "
               f"{v['high'] * 1e3:>8.1f}" for op, v in _per_op_ms(rep).items()]
     lines += [
