@@ -150,7 +150,7 @@ def format_report(rep: dict) -> str:
     g, gs = rep["glue"], rep["glue_s"]
     lines += ["", "(us per call; busiest: the busiest-engine lower bound, bound: its engine; sch: the schedule, low / "
               "central / high; busiest lane: the central schedule's most active engine and its share; qk_attention "
-              "extrapolated from 2 and 3 sequences)", "ms per step by op (busiest-engine / schedule low, central, high):"]
+              f"extrapolated from {BASE} and {BASE + 1} sequences)", "ms per step by op (busiest-engine / schedule low, central, high):"]
     lines += [f"  {op:<19} {v['busiest'] * 1e3:>7.1f} / {v['low'] * 1e3:>7.1f} {v['central'] * 1e3:>8.1f} "
               f"{v['high'] * 1e3:>8.1f}" for op, v in _per_op_ms(rep).items()]
     lines += [

@@ -76,7 +76,7 @@ halves on the two row tiles, a [128, 128] transpose streaming 64 identity column
 (a [rows, K <= 64] tile on two 64 x 64 tiles: column tiling, the same "Tiling mode"). At K = 64 two heads'
 transposes share one PSUM tile (the second on the column tile at 64: PE column c writes PSUM partition c)
 and one copy out of it (`tiles.stacked_transpose`; `perm_rows` for the forward's o, the backward's dO^T of a
-kv head's two query heads, whose dp matmul then runs on the row tile of their half, v^T on both halves).
+kv head's two query heads, whose dp matmul runs on the row tile of their half, v^T on both halves).
 
 DMA layout (kernels_nki/attention_layout.py, `seq_dma`): every [B, T, X, K] operand and output moves whole
 sequences, one DMA per tensor and sequence for every head at once (one more for a ragged last 128-row tile),
@@ -304,7 +304,7 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
 
         def kside():
             res["kT"] = kv_head_saved(sq["k"], G, g, T, dt, ident, tables, (outs[2], outs[3]), saved[5], b,
-                                      vec=False, perm=True)[1]
+                                      perm=True)[1]
             res["vs"] = v_aug(sq["v"], G, g, T, dt)
 
         def qside(r):

@@ -123,14 +123,10 @@ def _setup(c, seqs, bg, js=None):
     # query heads in pairs (K = 64): their dO^T stacked on the two halves of the partitions, one PSUM copy per
     # tile for both (`stacked_transpose`), v^T on both halves (kv_head's `dup`)
     stack = R > 1 and K == HALF
-    pairs, doTs = {}, []
-    for r in range(R):
-        if stack and r % 2 == 0 and r + 1 < R:
-            pairs["p%d" % r] = nl.ndarray((2 * K, T), dtype=dt, buffer=nl.sbuf)
-        if stack and "p%d" % (r - r % 2) in pairs:
-            doTs.append(pairs["p%d" % (r - r % 2)][(r % 2) * K:(r % 2 + 1) * K])
-        else:
-            doTs.append(nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf))
+    paired = [stack and r - r % 2 + 1 < R for r in range(R)]  # head r shares a [2 K, T] tile with its partner
+    pair_tiles = [nl.ndarray((2 * K, T), dtype=dt, buffer=nl.sbuf) if paired[r] else None for r in range(0, R, 2)]
+    doTs = [pair_tiles[r // 2][(r % 2) * K:(r % 2 + 1) * K] if paired[r] else
+            nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf) for r in range(R)]
     if rope:  # the saved transposes: one DMA per (sequence, head)
         loads.append(lambda: nisa.dma_copy(dst=krT, src=rope[8][b, g]))
         for r in range(R):
@@ -146,13 +142,12 @@ def _setup(c, seqs, bg, js=None):
         js["vTs"] = [vT[(r % 2) * K:(r % 2 + 1) * K] if stack else vT for r in range(R)]
         js["halves"] = [r % 2 for r in range(R)] if stack else None  # dp's row tile: its operands' half
 
-    def dots(r):  # dO^T of head r, and of r + 1 stacked beside it
+    def dots(r):  # dO^T of head r (even with `stack`), and of r + 1 stacked beside it
         h = g * R + r
-        paired = "p%d" % r in pairs
         for i in nl.affine_range(cdiv(T, P)):
             rows = min(P, T - i * P)
-            if paired:
-                stacked_transpose(natural_cols(pairs["p%d" % r], i, T, True),
+            if paired[r]:
+                stacked_transpose(natural_cols(pair_tiles[r // 2], i, T, True),
                                   [block(st["do"], i, h + s, H, K) for s in range(2)], rows, bias[0])
             else:
                 transpose(natural_cols(doTs[r], i, T, True), block(st["do"], i, h, H, K)[0:rows], rows, K, bias[0])
@@ -164,8 +159,7 @@ def _setup(c, seqs, bg, js=None):
             qT_h = qTs[r]
             rows_from_transpose(st["qg"], H, h, qT_h, T, bias[0])
         doT_h = doTs[r]
-        p0 = (r % 2) * K if "p%d" % (r - r % 2) in pairs else 0  # the upper half of a stacked pair at 64
-        rows_from_transpose(st["do_nat"], H, h, doT_h, T, bias[0], p0=p0)
+        rows_from_transpose(st["do_nat"], H, h, doT_h, T, bias[0], p0=(r % 2) * K if paired[r] else 0)
         row = []
         for i in nl.affine_range(cdiv(T, P)):
             t0 = i * P

@@ -65,10 +65,9 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.packing import blocks, groups, load, row_tile_ap, rows_per_partition, store, tile
-from kernels_nki.head_loss_parts import VC, bwd_r, demb_block, z_chunk
+from kernels_nki.head_loss_parts import VC, Z_BANKS, bwd_dx, bwd_dz, bwd_r, demb_block, z_chunk
 from kernels_nki.tiles import cdiv
 
-Z_BANKS = 2  # backward: PSUM banks of z that may wait for tanh while the other stages run
 DZ_BYTES = 32 * 1024  # SBUF bytes per partition for one demb block's dz tiles (backward)
 LOG_MAX = 2.0 ** 64  # log's valid input range on ScalarE is [2^-64, 2^64] (nki/api/nki.api.shared.rst)
 E = 2.718281828459045
@@ -381,7 +380,8 @@ def _bwd_tanh(grp, g, jr, embT, V, D, softcap, dt):
 
 def _bwd_t(st, bias_vals_NS, dvals_NS, V, S, softcap, dt):
     """Row tile first stage, second half: t = tanh(z / softcap) [P, V] fp32 out of PSUM (ScalarE) and, with a
-    bias, the sparse corrections (`_bias_grad`). Returns the state `head_loss_parts.bwd_r` and `_bwd_dx` take."""
+    bias, the sparse corrections (`_bias_grad`). Returns the state `head_loss_parts.bwd_r`, `bwd_dz` and `bwd_dx`
+    take."""
     P = nl.tile_size.pmax
     z_ps, cols, idx, neg_lse, g_P1, neg_g, rows, dx_g, g, jr = st[2]
     t_PV = z_ps if cdiv(V, VC) > Z_BANKS else nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
@@ -397,71 +397,6 @@ def _bwd_t(st, bias_vals_NS, dvals_NS, V, S, softcap, dt):
                           dvals_NS, (g, jr))
     dz_PV = nl.ndarray((P, V), dtype=dt, buffer=nl.sbuf)
     return [st[0], st[1], dz_PV, (t_PV, cols, corr, neg_lse, neg_g, rows, dx_g), None]
-
-
-def _bwd_dz(st, V, dt):
-    """Row tile third stage, first half: dz = -g r (ScalarE) and, with at most Z_BANKS vocabulary chunks, dz^T:
-    every chunk's scaling, then every chunk's transposes (TensorE, into PSUM), then every chunk's copy out
-    (ScalarE), issued before the next row tile's r, so that neither engine waits on the other (`_bwd_dx` takes
-    them)."""
-    dz_PV = st[2]
-    t_PV, cols, corr, neg_lse, neg_g, rows, dx_g = st[3]
-    chunks = [(c * VC, min(VC, V - c * VC)) for c in range(cdiv(V, VC))]
-    for c0, vc in chunks:
-        nisa.activation(dst=dz_PV[0:rows, c0:c0 + vc], op=nl.copy, data=st[4][0:rows, c0:c0 + vc], scale=neg_g)
-    if len(chunks) > Z_BANKS:  # PSUM holds no more: the transposes wait for `_bwd_dx`
-        st.append([None] * len(chunks))
-        return
-    ps = [_dz_T(dz_PV, c0, vc, rows, V, dt) for c0, vc in chunks]
-    st.append([_dz_copy(t, vc, dt) for t, (c0, vc) in zip(ps, chunks)])
-
-
-def _dz_T(dz_PV, c0, vc, rows, V, dt):
-    """A vocabulary chunk's dz^T slices side by side in one [128, 512] PSUM tile (TensorE transposes)."""
-    P = nl.tile_size.pmax
-    dzT_ps = nl.ndarray((P, VC), dtype=dt, buffer=nl.psum)
-    for jv in nl.affine_range(cdiv(vc, P)):
-        v0 = c0 + jv * P
-        vj = min(P, V - v0)
-        nisa.nc_transpose(dst=dzT_ps[0:vj, jv * P:jv * P + rows], data=dz_PV[0:rows, v0:v0 + vj])
-    return dzT_ps
-
-
-def _dz_copy(dzT_ps, vc, dt):
-    """A chunk's dz^T out of PSUM (ScalarE, one copy per chunk) into SBUF, the dx matmuls' stationary."""
-    P = nl.tile_size.pmax
-    nv = cdiv(vc, P)
-    dzT = nl.ndarray((P, VC), dtype=dt, buffer=nl.sbuf)
-    vm = min(P, vc)
-    nisa.activation(dst=dzT[0:vm, 0:nv * P], op=nl.copy, data=dzT_ps[0:vm, 0:nv * P])
-    return dzT
-
-
-def _bwd_dx(st, emb_rows, V, D, dt):
-    """Row tile third stage: dx = dz emb (dz^T, `_bwd_dz`'s, as stationary; emb rows as moving; accumulated over
-    the vocabulary in one PSUM bank) -> a callable moving it into the group's dx tile."""
-    P = nl.tile_size.pmax
-    jr = st[0][2]
-    t_PV, cols, corr, neg_lse, neg_g, rows, dx_g = st[3]
-    dx_ps = [nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum) for _ in range(cdiv(D, VC))]
-    for c in nl.affine_range(cdiv(V, VC)):
-        c0 = c * VC
-        vc = min(VC, V - c0)
-        nv = cdiv(vc, P)
-        dzT = st[5][c] if st[5][c] != None else _dz_copy(_dz_T(st[2], c0, vc, rows, V, dt), vc, dt)  # noqa: E711
-        for jv in nl.affine_range(nv):
-            v0 = c0 + jv * P
-            vj = min(P, V - v0)
-            for d in nl.affine_range(cdiv(D, VC)):
-                dc = min(VC, D - d * VC)
-                nisa.nc_matmul(dst=dx_ps[d][0:rows, 0:dc], stationary=dzT[0:vj, jv * P:jv * P + rows],
-                               moving=emb_rows[v0 // P][0:vj, d * VC:d * VC + dc])
-
-    def out():  # dx out of PSUM: the caller issues it after the next row tile's z matmuls
-        for d in nl.affine_range(cdiv(D, VC)):
-            dc, o0 = min(VC, D - d * VC), jr * D + d * VC
-            nisa.activation(dst=dx_g[0:rows, o0:o0 + dc], op=nl.copy, data=dx_ps[d][0:rows, 0:dc])
-    return out
 
 
 @nki.jit
@@ -497,20 +432,15 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
             tail()
             tail = None
         if cur != None:  # noqa: E711
-            _bwd_dz(cur, V, dt)
+            bwd_dz(cur, V, dt)
         if mid != None:  # noqa: E711
             bwd_r(mid, iota_PV, V, S, softcap)
         if cur != None:  # noqa: E711
-            dx_out = _bwd_dx(cur, emb_rows, V, D, dt)
             cb, cg, cjr = cur[0]
+            tail = bwd_dx(cur, emb_rows, V, D, dt, dx_ND, cjr == cg[2] - 1)
             blk_s[0].append(cur[1])
             blk_s[1].append(cur[2])
             blk_s[2].append(cg[1])
-
-            def tail(dx_out=dx_out, cg=cg, last=cjr == cg[2] - 1, dx_g=cur[3][6]):
-                dx_out()
-                if last:
-                    store(dx_ND, cg, dx_g)
             if cjr == cg[2] - 1:
                 if cg == blks[cb][-1]:
                     demb_block(acc, blk_s, V, D)

@@ -1,12 +1,15 @@
 """Backward helpers of the head_loss kernels (`kernels_nki/head_loss.py`, whose docstring holds the spec and the
-layout; a kernel-helper file, no @nki.jit): z = x emb^T, a row tile's r = (t^2 - 1) dl, the demb block update."""
+layout; a kernel-helper file, no @nki.jit): z = x emb^T, a row tile's r = (t^2 - 1) dl, its dz and dz^T, dx = dz emb,
+the demb block update."""
 
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.packing import store
 from kernels_nki.tiles import cdiv
 
 VC = 512  # vocabulary chunk (one PSUM bank of fp32)
+Z_BANKS = 2  # backward: PSUM banks of z (and of dz^T) that may wait while the other stages run
 
 
 def z_chunk(xT, embT, c0, vc, rows, D):
@@ -66,3 +69,71 @@ def bwd_r(st, iota_PV, V, S, softcap):
     st[4] = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
     for c in nl.affine_range(cdiv(V, VC)):
         r_chunk(st[4], t_PV, iota_PV, cols, corr, neg_lse, c * VC, min(VC, V - c * VC), rows, S, softcap)
+
+
+def bwd_dz(st, V, dt):
+    """Row tile third stage, first half: dz = -g r (ScalarE) and, with at most Z_BANKS vocabulary chunks, dz^T:
+    every chunk's scaling, then every chunk's transposes (TensorE, into PSUM), then every chunk's copy out
+    (ScalarE), issued before the next row tile's r, so that neither engine waits on the other (`bwd_dx` takes
+    them)."""
+    dz_PV = st[2]
+    t_PV, cols, corr, neg_lse, neg_g, rows, dx_g = st[3]
+    chunks = [(c * VC, min(VC, V - c * VC)) for c in range(cdiv(V, VC))]
+    for c0, vc in chunks:
+        nisa.activation(dst=dz_PV[0:rows, c0:c0 + vc], op=nl.copy, data=st[4][0:rows, c0:c0 + vc], scale=neg_g)
+    if len(chunks) > Z_BANKS:  # PSUM holds no more: the transposes wait for `bwd_dx`
+        st.append([None] * len(chunks))
+        return
+    ps = [_dz_T(dz_PV, c0, vc, rows, V, dt) for c0, vc in chunks]
+    st.append([_dz_copy(t, vc, dt) for t, (c0, vc) in zip(ps, chunks)])
+
+
+def _dz_T(dz_PV, c0, vc, rows, V, dt):
+    """A vocabulary chunk's dz^T slices side by side in one [128, 512] PSUM tile (TensorE transposes)."""
+    P = nl.tile_size.pmax
+    dzT_ps = nl.ndarray((P, VC), dtype=dt, buffer=nl.psum)
+    for jv in nl.affine_range(cdiv(vc, P)):
+        v0 = c0 + jv * P
+        vj = min(P, V - v0)
+        nisa.nc_transpose(dst=dzT_ps[0:vj, jv * P:jv * P + rows], data=dz_PV[0:rows, v0:v0 + vj])
+    return dzT_ps
+
+
+def _dz_copy(dzT_ps, vc, dt):
+    """A chunk's dz^T out of PSUM (ScalarE, one copy per chunk) into SBUF, the dx matmuls' stationary."""
+    P = nl.tile_size.pmax
+    nv = cdiv(vc, P)
+    dzT = nl.ndarray((P, VC), dtype=dt, buffer=nl.sbuf)
+    vm = min(P, vc)
+    nisa.activation(dst=dzT[0:vm, 0:nv * P], op=nl.copy, data=dzT_ps[0:vm, 0:nv * P])
+    return dzT
+
+
+def bwd_dx(st, emb_rows, V, D, dt, dx_ND, last):
+    """Row tile third stage: dx = dz emb (dz^T, `bwd_dz`'s, as stationary; emb rows as moving; accumulated over
+    the vocabulary in one PSUM bank) -> a callable moving it into the group's dx tile (and, for the group's
+    `last` row tile, storing the group to dx_ND), for the caller to issue after the next row tile's z matmuls."""
+    P = nl.tile_size.pmax
+    jr = st[0][2]
+    t_PV, cols, corr, neg_lse, neg_g, rows, dx_g = st[3]
+    dx_ps = [nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum) for _ in range(cdiv(D, VC))]
+    for c in nl.affine_range(cdiv(V, VC)):
+        c0 = c * VC
+        vc = min(VC, V - c0)
+        nv = cdiv(vc, P)
+        dzT = st[5][c] if st[5][c] != None else _dz_copy(_dz_T(st[2], c0, vc, rows, V, dt), vc, dt)  # noqa: E711
+        for jv in nl.affine_range(nv):
+            v0 = c0 + jv * P
+            vj = min(P, V - v0)
+            for d in nl.affine_range(cdiv(D, VC)):
+                dc = min(VC, D - d * VC)
+                nisa.nc_matmul(dst=dx_ps[d][0:rows, 0:dc], stationary=dzT[0:vj, jv * P:jv * P + rows],
+                               moving=emb_rows[v0 // P][0:vj, d * VC:d * VC + dc])
+
+    def out():
+        for d in nl.affine_range(cdiv(D, VC)):
+            dc, o0 = min(VC, D - d * VC), jr * D + d * VC
+            nisa.activation(dst=dx_g[0:rows, o0:o0 + dc], op=nl.copy, data=dx_ps[d][0:rows, 0:dc])
+        if last:
+            store(dx_ND, st[0][1], dx_g)
+    return out

@@ -104,12 +104,11 @@ import nki.language as nl
 from kernels_nki.mix_parts import mix_bwd, mix_setup, mixed, store_sums, token_sums
 from kernels_nki.packing import blocks, groups, load, rows_per_partition, store, tile
 from kernels_nki.projection_parts import (
-    PSUM_BANKS, W, chunks, evacuate, inv_rms, matmul_rows, norm_bwd_stages, part_chunks, pieces, products, transposed,
+    PSUM_BANKS, W, chunks, dw_block, evacuate, inv_rms, matmul_rows, norm_bwd_stages, part_chunks, products, transposed,
     weight_tiles, weight_transposed)
 from kernels_nki.tiles import EPS, cdiv, identity
 
 LAG = 2  # norm_projection_bwd: a row tile's norm-backward stage s runs LAG row tiles after its stage s - 1
-NORM_STAGES = 5  # projection_parts.norm_bwd_stages' functions
 SUMS_LAG = 2  # mix_norm_projection_bwd: group k's token sums issue after B(k + SUMS_LAG), its mix's GpSimd work done
 BLOCK = 16  # norm_projection_bwd: row tiles whose dw partials accumulate in PSUM before the fp32 SBUF add
 
@@ -347,7 +346,8 @@ def _bwd_rows(st, wT, I, widths, dt, ident, scalar_copies, fills):
         return dy_t, dyT
 
     ahead = transposes(0) if g[2] else None
-    for j in range(g[2] + LAG * (NORM_STAGES - 1)):
+    j = 0
+    while j < g[2] or any(e[2] < len(e[0]) for e in live):  # until every row tile's last stage has run
         if j < g[2]:
             dy_t, dyT = ahead
             ahead = transposes(j + 1) if j + 1 < g[2] else None
@@ -366,31 +366,11 @@ def _bwd_rows(st, wT, I, widths, dt, ident, scalar_copies, fills):
         for f in fills:
             if j < len(f):
                 f[j]()
+        j += 1
     for f in fills:
-        for op in f[g[2] + LAG * (NORM_STAGES - 1):]:
+        for op in f[j:]:
             op()
     return dx_g, xn_s, dy_s
-
-
-def _dw_block(acc, xn_s, dy_s, I, O):
-    """acc[i] += xn^T dy over a block's row tiles (dy's row tiles per part, side by side: `pieces`): one PSUM bank
-    per [128, 512] slice, then one ScalarE copy out of PSUM and a GpSimd add (SBUF only: a VectorE add would hold
-    the PSUM port ScalarE needs for twice as long)."""
-    P = nl.tile_size.pmax
-    for i in nl.affine_range(cdiv(I, P)):
-        k = min(P, I - i * P)
-        for o in nl.affine_range(cdiv(O, W)):
-            w = min(W, O - o * W)
-            g_ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
-            for s in range(len(xn_s)):
-                p, xn = xn_s[s]
-                for t, a, b, off in pieces(dy_s[s], o * W, o * W + w):
-                    nisa.nc_matmul(dst=g_ps[0:k, off:off + b - a], stationary=xn[0:p, i * P:i * P + k],
-                                   moving=dy_s[s][t][0:p, a:b])
-            a = acc[i][0:k, o * W:o * W + w]
-            g_s = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=g_s[0:k, 0:w], op=nl.copy, data=g_ps[0:k, 0:w])
-            nisa.tensor_tensor(dst=a, data1=a, data2=g_s[0:k, 0:w], op=nl.add, engine=nisa.engine.gpsimd)
 
 
 def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixing=None):
@@ -423,7 +403,7 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixin
         if len(sums) == SUMS_LAG:
             token_sums(*sums.pop(0), I, mixing[3])
         if pend_dw != None:  # noqa: E711
-            _dw_block(acc, pend_dw[0], pend_dw[1], I, O)
+            dw_block(acc, pend_dw[0], pend_dw[1], I, O)
         pend_dw = None
         if gs[k] in last:
             pend_dw, xn_b, dy_b = (xn_b, dy_b), [], []
@@ -439,7 +419,7 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixin
     for pairs, g in sums:
         token_sums(pairs, g, I, mixing[3])
     if pend_dw != None:  # noqa: E711
-        _dw_block(acc, pend_dw[0], pend_dw[1], I, O)
+        dw_block(acc, pend_dw[0], pend_dw[1], I, O)
     for i in nl.affine_range(cdiv(I, P)):
         k = min(P, I - i * P)
         nisa.dma_copy(dst=dw_IO[i * P:i * P + k], src=acc[i][0:k])

@@ -1,6 +1,7 @@
 """Helpers of the projection kernels (`kernels_nki/projection.py`; a kernel-helper file, no @nki.jit): PSUM
 evacuation, the TensorE (and VectorE) transposes of a row tile, the weights' SBUF tiles, the matmul of a row
-tile into PSUM banks of 512 columns, and the fused RMSNorm's forward statistic and backward of one row tile.
+tile into PSUM banks of 512 columns, the fused RMSNorm's forward statistic and backward of one row tile, and
+the backward's dw accumulation over a block of row tiles.
 The layout and the AWS sources behind each rule are in projection.py's docstring.
 """
 
@@ -180,3 +181,24 @@ def norm_bwd_stages(dx, g, x_t, inv, rows, dxo=None):
         return None
 
     return products, total, column, work, out
+
+
+def dw_block(acc, xn_s, dy_s, I, O):
+    """acc[i] += xn^T dy over a block's row tiles (dy's row tiles per part, side by side: `pieces`): one PSUM bank
+    per [128, 512] slice, then one ScalarE copy out of PSUM and a GpSimd add (SBUF only: a VectorE add would hold
+    the PSUM port ScalarE needs for twice as long)."""
+    P = nl.tile_size.pmax
+    for i in nl.affine_range(cdiv(I, P)):
+        k = min(P, I - i * P)
+        for o in nl.affine_range(cdiv(O, W)):
+            w = min(W, O - o * W)
+            g_ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
+            for s in range(len(xn_s)):
+                p, xn = xn_s[s]
+                for t, a, b, off in pieces(dy_s[s], o * W, o * W + w):
+                    nisa.nc_matmul(dst=g_ps[0:k, off:off + b - a], stationary=xn[0:p, i * P:i * P + k],
+                                   moving=dy_s[s][t][0:p, a:b])
+            a = acc[i][0:k, o * W:o * W + w]
+            g_s = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=g_s[0:k, 0:w], op=nl.copy, data=g_ps[0:k, 0:w])
+            nisa.tensor_tensor(dst=a, data1=a, data2=g_s[0:k, 0:w], op=nl.add, engine=nisa.engine.gpsimd)
