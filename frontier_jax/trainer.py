@@ -1,6 +1,6 @@
-"""The JAX trainer: the trainer interface (frontier_jax.trainer) for a Flax NNX model on a device mesh.
+"""The JAX trainer: the trainer interface (frontier_jax.run.interface) for a Flax NNX model on a device mesh.
 
-`run_policy.run_budgeted` decides the order of events (untimed compile warm-up then reset, the timed
+`frontier_jax.run.driver.run_budgeted` decides the order of events (untimed compile warm-up then reset, the timed
 loop and its stop order, validation cadence, checkpoints, the final validation, the summary). This
 module does what is JAX's: every input (config, data, the checkpoint a resume restores) is checked
 before the run directory is created, locked (one process per directory, `rundir.claim_run_dir`) or
@@ -8,11 +8,11 @@ written; the state is created with its shardings; the jitted train and eval step
 step ahead: a step's host metrics are read at the next iteration); snapshot/restore for the warm-up
 reset; orbax checkpoints and resume; the multi-process agreement (process 0's clock decides the
 schedule and the stop, any process's signal stops all at the same step). The start-up lifecycle is
-`frontier_jax.startup.start_run`: SIGINT/SIGTERM are handled from the start, and before the first step a
+`frontier_jax.run.startup.start_run`: SIGINT/SIGTERM are handled from the start, and before the first step a
 signal stops with nothing to save. The n-gram runtime is a
 run hook (`ngram_runtime.for_config`: a null hook when it is off), as are the progress lines
-(`frontier_jax.progress`) and `on_step`. After the final validation, the contest's int8 + zlib round
-trip (`JaxTrainer.roundtrip`, `frontier_jax.quantize`).
+(`frontier_jax.run.progress`) and `on_step`. After the final validation, the contest's int8 + zlib round
+trip (`JaxTrainer.roundtrip`, `frontier_jax.interop.quantize`).
 """
 
 from __future__ import annotations
@@ -26,17 +26,21 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from frontier_jax import checkpoint, host, interop, ops, optim, progress, quantize, report, rundir, startup
-from frontier_jax import run_policy as policy
+from frontier_jax import checkpoint, ops, optim, parallel
+from frontier_jax.interop import quantize, state_dict
+from frontier_jax.policies import dtypes as dtype_policy
+from frontier_jax.policies.geometry import split_batch, step_batch
+from frontier_jax.policies.scoring import val_window_tokens
+from frontier_jax.run import driver, host, progress, rundir, startup, submission
 from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
-from frontier_jax.model import build, count_params, resolve_compute_dtype
+from frontier_jax.model import build, count_params
 from frontier_jax.ngram import runtime as ngram_runtime
 from frontier_jax.parallel import DataParallel, make_data_parallel
-from frontier_jax.rundir import RunError, RunLog, claim_run_dir, truncate_metrics
+from frontier_jax.run.rundir import RunError, RunLog, claim_run_dir, truncate_metrics
 from frontier_jax.steps import evaluate_batches, make_eval_step, make_train_step, q_gains
-from frontier_jax.trainer import RunHook, RunState, Trainer
+from frontier_jax.run.interface import RunHook, RunState, Trainer
 
 __all__ = ["run", "init_state", "RunError"]
 
@@ -105,7 +109,7 @@ def run(cfg: Config, out_dir: Path, resume: bool = False, echo: bool = True, sto
     def body(s: Setup, start: startup.Start) -> dict:
         restored, skipped, t = None, [], cfg.train
         if resume:  # the checkpoint is read (and another model's refused) before anything is written
-            restored = _restore(cfg, s.tx, s.compute_dtype, s.dp, out_dir, log, skipped)
+            restored = _restore(cfg, s.tx, s.dtypes.compute, s.dp, out_dir, log, skipped)
             meta = restored[2]
             start.resumed_step = meta["step"]
             if meta["step"] >= t.max_steps or meta["train_seconds"] >= t.budget_seconds:
@@ -147,48 +151,48 @@ class Setup:
     kernel_rows: list
     program_findings: list | None  # the Neuron program check's findings (None: not on Neuron)
     env: dict
-    compute_dtype: object
-    ns_dtype: str
-    tx: object
+    dtypes: dtype_policy.Dtypes  # resolved once, for every use below
+    tx: object  # the optimizer, built once (the Neuron program check traces this one)
     data: Dataset
 
 
 def _setup(cfg: Config) -> Setup:
     t = cfg.train
     dp = make_data_parallel(cfg.parallel.num_devices, cfg.parallel.zero1)
-    global_micro, accum = policy.split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, dp.num_devices,
+    global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, dp.num_devices,
                                       dp.process_count)
     if t.val_batch_seqs % dp.num_devices:
         raise ConfigError(f"train.val_batch_seqs={t.val_batch_seqs} is not a multiple of the {dp.num_devices} devices")
+    dtypes = dtype_policy.resolve(cfg, jax.default_backend())
+    tx = optim.build_optimizer(cfg.optim, dtypes.muon_ns)
     kernel_rows = ops.configure(t.kernels, unused=ops.unused_ops(cfg.optim.fused))
-    program_findings = _neuron_program_check(cfg, dp, t.kernels)
-    env = {**report.environment(), "host_allocator": host.tune_allocator(t.allocator)}
-    return Setup(dp, global_micro, accum, kernel_rows, program_findings, env, resolve_compute_dtype(cfg.model),
-                 optim.resolve_ns_dtype(cfg.optim), optim.build_optimizer(cfg.optim),
+    program_findings = _neuron_program_check(cfg, dp, dtypes, tx)
+    env = {**parallel.environment(), "host_allocator": host.tune_allocator(t.allocator)}
+    return Setup(dp, global_micro, accum, kernel_rows, program_findings, env, dtypes, tx,
                  load_for_config(cfg))  # the data: all checks before the run directory is touched
 
 
-def _neuron_program_check(cfg: Config, dp: DataParallel, mode: str):
-    """On Neuron, the trainer's programs against AWS's documented JAX limits (frontier_jax.neuron_check);
+def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx):
+    """On Neuron, the trainer's programs against AWS's documented JAX limits (frontier_jax.neuron.check);
     strict mode refuses a failing program in one line naming the rule and the op."""
     if jax.default_backend() != "neuron":
         return None
-    from frontier_jax import neuron_check
+    from frontier_jax.neuron import check as neuron_check
 
-    findings = neuron_check.check_config(cfg, dp.num_devices)
-    if findings and mode == "strict":
+    findings = neuron_check.check_config(cfg, dp.num_devices, dtypes, tx)
+    if findings and cfg.train.kernels == "strict":
         raise ops.KernelUnavailableError(neuron_check.strict_error(findings))
     return findings
 
 
 class JaxTrainer(Trainer):
-    """The run directory's files and the trainer interface (frontier_jax.trainer) for one invocation of `run`."""
+    """The run directory's files and the trainer interface (frontier_jax.run.interface) for one invocation of `run`."""
 
     checkpoints = True
 
     def __init__(self, cfg: Config, out_dir: Path, log: RunLog, s: Setup, restored, skipped=()):
         t, dp = cfg.train, s.dp
-        self.cfg, self.out_dir, self.log, self.dp, self.tx, self.compute_dtype = cfg, out_dir, log, dp, s.tx, s.compute_dtype
+        self.cfg, self.out_dir, self.log, self.dp, self.tx, self.compute_dtype = cfg, out_dir, log, dp, s.tx, s.dtypes.compute
         self.restored, self.meta = restored, restored[2] if restored else None
         self.setup, self.skipped = s, list(skipped)
         self.seqs_per_step, self.accum, self.metrics_log = t.tokens_per_step // t.seq_len, s.accum, None
@@ -196,12 +200,12 @@ class JaxTrainer(Trainer):
         env = s.env
         log(startup.run_line("frontier_jax", out_dir, cfg, env["git"]))
         log(f"backend {env['backend']} | {dp.describe()} | allocator {host.describe(env['host_allocator'])}")
-        log(f"compute dtype {s.compute_dtype} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
-            f"{s.ns_dtype} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
+        log(f"compute dtype {s.dtypes.compute} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
+            f"{s.dtypes.muon_ns} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
         log(ops.format_kernel_table(s.kernel_rows) + "\n(every kernel-backed op runs per device on its shard of the "
             "batch, inside jax.shard_map)")
         if s.program_findings is not None:
-            from frontier_jax import neuron_check
+            from frontier_jax.neuron import check as neuron_check
 
             log(neuron_check.format_report(cfg.name, dp.num_devices, s.program_findings))
         data = s.data
@@ -210,7 +214,7 @@ class JaxTrainer(Trainer):
         self.loader = TrainLoader(self.ngram.trainer_files, t.seq_len, dp.process_index, dp.process_count)
 
         # ---- model, optimizer, compiled steps
-        graphdef, self.params, self.opt_state, _ = init_state(cfg, s.tx, s.compute_dtype, dp)
+        graphdef, self.params, self.opt_state, _ = init_state(cfg, s.tx, s.dtypes.compute, dp)
         specs = dp.state_specs(self.opt_state)
         make_train = lambda exact: make_train_step(graphdef, s.tx, self.ngram.bias_fn, mesh=dp.mesh, state_specs=specs,
                                                    head_dim=cfg.model.head_dim, attention_exact=exact)
@@ -219,7 +223,7 @@ class JaxTrainer(Trainer):
         self._steps = _AttentionVariants(make_train, make_eval, ops.attention_variants_differ(), t.seq_len, log)
         self._steps.observe(_score_bound(self.params, cfg.model.head_dim))
         self.flops_per_token = cfg.model.flops_per_token(t.seq_len)
-        self.peak_info = report.matmul_peak(s.compute_dtype, dp.num_devices) if t.measure_peak else {}
+        self.peak_info = parallel.matmul_peak(s.dtypes.compute, dp.num_devices) if t.measure_peak else {}
         self.peak = self.peak_info.get("matmul_peak_flops")
         for line in startup.start_lines(cfg, data, len(self.ngram.trainer_files), s.accum, s.global_micro,
                                         count_params(nnx.merge(graphdef, self.params)), self.peak_info, "all devices"):
@@ -228,7 +232,7 @@ class JaxTrainer(Trainer):
     def run(self, signals, stop_after_steps: int | None, on_step) -> dict:
         cfg, dp = self.cfg, self.dp
         self.signals = signals
-        self._hooks = [progress.Progress(self.log, policy.Policy.from_config(cfg),
+        self._hooks = [progress.Progress(self.log, driver.Policy.from_config(cfg),
                                          progress.train_tokens(self.ngram.trainer_files), cfg.train, dp.is_main),
                        self.ngram]  # the n-gram runtime starts with the timed budget: its builder's time counts
         if on_step is not None:
@@ -236,12 +240,12 @@ class JaxTrainer(Trainer):
         base = {"config_name": cfg.name, "config_hash": config_hash(cfg), **self.peak_info,
                 "matmul_peak_flops": self.peak, "flops_per_token": self.flops_per_token, "run_dir": str(self.out_dir)}
         try:
-            return policy.run_budgeted(policy.Policy.from_config(cfg, stop_after_steps), self, base)
+            return driver.run_budgeted(driver.Policy.from_config(cfg, stop_after_steps), self, base)
         finally:
             if self.metrics_log is not None:
                 self.metrics_log.close()
 
-    # ---- the trainer interface (frontier_jax.trainer.Trainer)
+    # ---- the trainer interface (frontier_jax.run.interface.Trainer)
 
     def run_hooks(self) -> list[RunHook]:
         return self._hooks
@@ -251,7 +255,7 @@ class JaxTrainer(Trainer):
         return self.loader.state()
 
     def train_step(self, lr_scale: float, momentum: float):
-        x, y = policy.step_batch(self.loader, self.seqs_per_step, self.accum, self.cfg.train.seq_len)
+        x, y = step_batch(self.loader, self.seqs_per_step, self.accum, self.cfg.train.seq_len)
         lr, mom = (jax.device_put(jnp.float32(v), self.dp.replicated) for v in (lr_scale, momentum))
         self.params, self.opt_state, m = self._steps.train()(self.params, self.opt_state, self.dp.put_batch(x, 1),
                                                              self.dp.put_batch(y, 1), lr, mom, self.ngram.tables)
@@ -264,7 +268,7 @@ class JaxTrainer(Trainer):
 
     def eval_sums(self, max_tokens: int) -> dict:
         t, dp = self.cfg.train, self.dp
-        toks = policy.val_window_tokens(self.val_tokens, max_tokens, t.seq_len)
+        toks = val_window_tokens(self.val_tokens, max_tokens, t.seq_len)
         batches = ((dp.put_batch(x), dp.put_batch(y), dp.put_batch(m)) for x, y, m in
                    val_batches(toks, t.seq_len, t.val_batch_seqs, dp.process_index, dp.process_count))
         return evaluate_batches(self._steps.eval(), self.params, batches, self.ngram.tables)
@@ -285,8 +289,8 @@ class JaxTrainer(Trainer):
         s = self.setup
         if self.dp.is_main:
             rundir.write_json(self.out_dir / rundir.CONFIG, to_dict(self.cfg))
-            rundir.write_json(self.out_dir / rundir.ENV, {**s.env, "compute_dtype": str(s.compute_dtype),
-                                                          "muon_ns_dtype": s.ns_dtype})
+            rundir.write_json(self.out_dir / rundir.ENV, {**s.env, "compute_dtype": s.dtypes.compute,
+                                                          "muon_ns_dtype": s.dtypes.muon_ns})
             rundir.write_json(self.out_dir / rundir.KERNELS, {"dispatch": f"per device, {self.dp.num_devices} device(s)",
                                                               "ops": [dataclasses.asdict(r) for r in s.kernel_rows]})
 
@@ -337,13 +341,13 @@ class JaxTrainer(Trainer):
                 "attention_forward": kind, "attention_forward_switches": self._steps.switches}
 
     def roundtrip(self, evaluate) -> dict:
-        """The contest's int8 + zlib round trip of the trained parameters (frontier_jax.quantize, in the
+        """The contest's int8 + zlib round trip of the trained parameters (frontier_jax.interop.quantize, in the
         baseline's state_dict layout): the artifact written by process 0, its dequantized parameters
         scored by `evaluate` (the run's own eval step), then the trained parameters put back."""
         host_params = jax.tree_util.tree_map(lambda a: np.asarray(a.addressable_shards[0].data), self.params)
-        back, info = quantize.roundtrip_state_dict(interop.params_to_state_dict(host_params), self.out_dir,
+        back, info = quantize.roundtrip_state_dict(state_dict.params_to_state_dict(host_params), self.out_dir,
                                                    write=self.dp.is_main)
-        deq = interop.state_dict_to_params(back, host_params, source=info["artifact"])
+        deq = state_dict.state_dict_to_params(back, host_params, source=info["artifact"])
         trained = self.params
         self.params = jax.tree_util.tree_map(  # replicated as the trained ones, on every process's devices
             lambda a, like: jax.make_array_from_callback(a.shape, like.sharding, lambda idx, h=np.asarray(a): h[idx]),
@@ -355,7 +359,7 @@ class JaxTrainer(Trainer):
         finally:
             self.params = trained
             self._steps.observe(bound)
-        return {**info, **sums, "code_files": quantize.code_files((self.out_dir / rundir.CONFIG,))}
+        return {**info, **sums, "code_files": submission.code_files((self.out_dir / rundir.CONFIG,))}
 
     def write_summary(self, summary: dict) -> None:
         if self.metrics_log is not None:

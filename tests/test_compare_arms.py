@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from conftest import REPO, TINY_OVERRIDES
-from frontier_jax.compare import main
+from helpers import REPO, TINY_OVERRIDES
+from frontier_jax.compare.arms import main
 from frontier_jax.errors import EXIT_BAD_INPUT
 
 
@@ -108,7 +108,7 @@ def test_other_bad_input_is_one_line_exit_2(byte_data, tmp_path, capsys, case):
 
 def test_interrupt_keeps_finished_runs(tmp_path):
     out = tmp_path / "cmp"
-    cmd = [sys.executable, "-m", "frontier_jax.compare", "--arm", "fast=" + _py('print("val_bpb: 1.25")'),
+    cmd = [sys.executable, "-m", "frontier_jax.compare.arms", "--arm", "fast=" + _py('print("val_bpb: 1.25")'),
            "--arm", "slow=" + _py("import time; time.sleep(60)"), "--budget", "3", "--seeds", "2", "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
@@ -145,7 +145,7 @@ def test_jax_vs_torch_on_byte_data(byte_data, tmp_path):
 
 
 def test_jax_arms_get_the_torch_arms_core_count():
-    from frontier_jax.compare import match_core_count, parse_arm
+    from frontier_jax.compare.arms import match_core_count, parse_arm
 
     arms = [parse_arm(s, i) for i, s in enumerate(["jax:configs/tiny.py", "two=jax:configs/tiny.py --set "
                                                    "parallel.num_devices=2", "torch:configs/tiny.py"])]
@@ -208,7 +208,7 @@ def test_every_arm_is_scored_by_the_round_trip_score_when_every_arm_has_one(tmp_
     """Issue 26 (b): the official script's final_int8_zlib_roundtrip(_exact) lines (a cmd: arm) and
     summary.json's roundtrip_val_bpb (a jax/torch arm) give the round-trip score, used only when every
     arm has one; results.md says which score."""
-    from frontier_jax.compare_collect import collect, final_scores
+    from frontier_jax.compare.collect import collect, final_scores
 
     official = ("step:9/9 val_loss:2.1 val_bpb:1.2500 train_time:900ms step_avg:100.00ms\n"
                 "final_int8_zlib_roundtrip val_loss:2.1100 val_bpb:1.2600 eval_time:10ms\n"

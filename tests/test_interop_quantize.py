@@ -1,4 +1,4 @@
-"""frontier_jax.quantize: the contest's int8 + zlib round trip equals the baseline's quantizer (the PyTorch port
+"""frontier_jax.interop.quantize: the contest's int8 + zlib round trip equals the baseline's quantizer (the PyTorch port
 in baseline_torch/quantize.py) bit for bit, its artifact is a torch.save file, bad artifacts are refused in one
 line, and a trained run carries the artifact, its sizes and the round-trip score (also from `evaluate`)."""
 
@@ -12,8 +12,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from frontier_jax import quantize
-from frontier_jax.quantize import ArtifactError
+from frontier_jax.interop import quantize
+from frontier_jax.interop.quantize import ArtifactError
 
 
 def _state_dict() -> dict[str, np.ndarray]:
@@ -109,7 +109,7 @@ def test_artifact_written_atomically_and_bad_artifacts_refused_in_one_line(tmp_p
     assert [p.name for p in tmp_path.iterdir()] == [quantize.ARTIFACT]
     assert quantize.load_artifact(path)["__quant_format__"] == quantize.FORMAT
     cases = {"garbage": b"not zlib", "zlib of garbage": zlib.compress(b"garbage"),
-             "other format": zlib.compress(__import__("frontier_jax.torch_format").torch_format.dumps({"a": 1}))}
+             "other format": zlib.compress(__import__("frontier_jax.interop.torch_format").torch_format.dumps({"a": 1}))}
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
         with pytest.raises(ArtifactError) as e:
@@ -119,21 +119,12 @@ def test_artifact_written_atomically_and_bad_artifacts_refused_in_one_line(tmp_p
         quantize.load_artifact(tmp_path / "missing.ptz")
 
 
-def test_code_bytes_count_the_imported_repository_sources_utf8(tmp_path):
-    cfg = tmp_path / "config.json"
-    cfg.write_text('{"name": "é"}', encoding="utf-8")
-    files = quantize.code_files((cfg,))
-    names = {f.name for f in files}
-    assert {"quantize.py", "torch_format.py", "config.json"} <= names and "test_quantize.py" not in names
-    assert quantize.code_bytes([cfg]) == len('{"name": "é"}'.encode()) == 14
-
-
 @pytest.mark.slow
 def test_a_trained_run_carries_the_artifact_and_both_scores(trained_run):
     """The artifact's dequantized weights equal the PyTorch port's round trip of the run's final weights; the
     summary has both bpbs and the sizes; `evaluate --artifact` gives the run's round-trip score exactly."""
     from frontier_jax.evaluate import evaluate_run
-    from frontier_jax.interop import params_to_state_dict, restore_params
+    from frontier_jax.interop.state_dict import params_to_state_dict, restore_params
 
     run_dir, summary = trained_run
     art = run_dir / quantize.ARTIFACT

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import REPO, TINY_OVERRIDES
+from helpers import REPO, TINY_OVERRIDES
 from frontier_jax.config import ModelConfig
-from frontier_jax.interop import (InteropError, load_npz, main, params_to_state_dict, restore_params, save_npz,
+from frontier_jax.interop.state_dict import (InteropError, load_npz, main, params_to_state_dict, restore_params, save_npz,
                                   state_dict_to_params)
 from frontier_jax.model import GPT
 
@@ -159,7 +159,7 @@ def test_import_of_a_bad_npz_is_one_line_exit_2_and_writes_nothing(tiny_npz, tmp
 
 def test_export_to_an_unwritable_path_is_one_line_exit_2(params, tmp_path, capsys, monkeypatch):
     """#11: the output cannot be created (its parent is a file): one line naming it, exit 2, no temporary left."""
-    import frontier_jax.interop as interop
+    import frontier_jax.interop.state_dict as interop
     from frontier_jax.config import Config
 
     monkeypatch.setattr(interop, "restore_params", lambda run_dir: (Config(model=CFG), None, params, 7, jnp.bfloat16))
@@ -174,7 +174,7 @@ def test_export_to_an_unwritable_path_is_one_line_exit_2(params, tmp_path, capsy
 def test_read_run_config_of_a_corrupt_config_json_is_a_config_error(tmp_path):
     """#11: `--resume`/evaluate of a run with a corrupt config.json: ConfigError naming the file."""
     from frontier_jax.config import ConfigError
-    from frontier_jax.interop import read_run_config
+    from frontier_jax.interop.state_dict import read_run_config
 
     (tmp_path / "config.json").write_text('{"model": {"num_layers": ')
     with pytest.raises(ConfigError, match=f"{tmp_path / 'config.json'}: unreadable run config"):
@@ -186,7 +186,7 @@ def test_the_command_line_answers_help_without_loading_jax():
     import subprocess
     import sys
 
-    code = ("import sys; sys.argv = ['interop', '--help']; import frontier_jax.interop as m\n"
+    code = ("import sys; sys.argv = ['interop', '--help']; import frontier_jax.interop.state_dict as m\n"
             "try:\n    m.main()\nexcept SystemExit:\n    pass\n"
             "bad = [k for k in sys.modules if k.split('.')[0] in ('jax', 'flax', 'optax')]; assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -1,4 +1,4 @@
-"""frontier_jax.torch_format: torch.save's file format without torch: our bytes round-trip and load in torch, torch's
+"""frontier_jax.interop.torch_format: torch.save's file format without torch: our bytes round-trip and load in torch, torch's
 bytes load here, and a pickle with any other global is refused, never run."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from frontier_jax import torch_format as tf
+from frontier_jax.interop import torch_format as tf
 
 
 def _obj():

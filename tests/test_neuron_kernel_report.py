@@ -11,8 +11,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from frontier_jax import kernel_calls as kc
-from frontier_jax import kernel_report
+from frontier_jax.neuron import kernel_calls as kc
+from frontier_jax.neuron import kernel_report
 from frontier_jax.config import apply_overrides, load_config
 from kernels_nki import emulator
 from kernels_nki.emulator import loader, schedule

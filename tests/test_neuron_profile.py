@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from frontier_jax import profile
+from frontier_jax.neuron import profile
 from frontier_jax.config import load_config
 from kernels_nki.emulator import schedule
 
@@ -36,7 +36,7 @@ def test_profile_writes_a_timeline_and_prints_the_shares(small_cfg, tmp_path, ca
 
 
 def test_lanes_and_shares_of_a_call(small_cfg):
-    from frontier_jax import kernel_calls as kc
+    from frontier_jax.neuron import kernel_calls as kc
     call = next(c for c in kc.kernel_calls(load_config(small_cfg)) if c.op == "qk_attention")
     s = profile.schedule_call(call)
     lanes = profile.lanes(s)

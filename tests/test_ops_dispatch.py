@@ -1,4 +1,4 @@
-"""frontier_jax.dispatch without the Neuron SDK: on platform neuron an op calls its `@nki.jit` kernel directly
+"""frontier_jax.ops.dispatch without the Neuron SDK: on platform neuron an op calls its `@nki.jit` kernel directly
 inside the jitted function (AWS's documented JAX path), the kernel adapter hands it the right operands,
 shapes and static parameters (a fake `nki` module stands in for the SDK), no kernel ever receives a
 zero-size operand, a kernel primitive is never lowered, strict mode is bad input."""
@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from frontier_jax import dispatch, ops
-from frontier_jax import reference as ref
+from frontier_jax.ops import dispatch
+from frontier_jax import ops
+from frontier_jax.ops import reference as ref
 from frontier_jax.errors import BadInput
 from kernels_nki import registry
 
@@ -162,8 +163,8 @@ def test_strict_and_bad_mode_are_bad_input():
 
 
 def test_every_declared_op_has_a_kernel_row_and_every_kernel_an_op():
-    """Every kernel is a production op's (frontier_jax.ops) or an experimental one's (frontier_jax.experimental)."""
-    from frontier_jax.experimental import ops as experimental
+    """Every kernel is a production op's (frontier_jax.ops) or an experimental one's (frontier_jax.ops.experimental)."""
+    from frontier_jax.ops import experimental
 
     production = [op for op in dispatch.SPECS if op in ops.OPS]
     assert production == list(ops.OPS) and set(dispatch.SPECS) == set(ops.OPS) | set(experimental.OPS)

@@ -1,4 +1,4 @@
-"""frontier_jax.experimental.ops: the standalone ops (rope, rope_gain, causal_attention, norm_qkv_projection)
+"""frontier_jax.ops.experimental: the standalone ops (rope, rope_gain, causal_attention, norm_qkv_projection)
 bind their primitives, match their direct reference path and route through their emulated kernels."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import KERNEL_TOL
-from conftest import assert_close_max as _assert_close
+from helpers import KERNEL_TOL
+from helpers import assert_close_max as _assert_close
 from frontier_jax import ops
-from frontier_jax import reference as ref
-from frontier_jax.experimental import ops as xops
+from frontier_jax.ops import reference as ref
+from frontier_jax.ops import experimental as xops
 
 
 @pytest.fixture(autouse=True)

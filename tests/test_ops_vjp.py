@@ -1,4 +1,4 @@
-"""frontier_jax.vjp: the custom_vjp generated from a declaration saves the backward's operands, passes the
+"""frontier_jax.ops.vjp: the custom_vjp generated from a declaration saves the backward's operands, passes the
 cotangents, maps d<arg> to each argument (zero or None without one, cast to the argument's dtype) and
 applies the declared adapters (prepare, grads, forward-only static parameters)."""
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from frontier_jax.vjp import Vjp, build
+from frontier_jax.ops.vjp import Vjp, build
 
 
 def test_outputs_and_residuals_are_read_from_the_names():

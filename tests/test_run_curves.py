@@ -1,10 +1,10 @@
-"""frontier_jax.curves: the periodic (subset), final (full split) and round-trip validations are separate
+"""frontier_jax.run.curves: the periodic (subset), final (full split) and round-trip validations are separate
 series, labelled with their token counts, and the figure carries the run's name (the data handed to matplotlib
 is checked, not pixels)."""
 
 from __future__ import annotations
 
-from frontier_jax import curves
+from frontier_jax.run import curves
 
 
 def test_curves_draw_periodic_final_and_round_trip_validation_as_separate_series(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""frontier_jax.host: the allocator setting keeps XLA's per-run temporary buffer resident (no page faults
+"""frontier_jax.run.host: the allocator setting keeps XLA's per-run temporary buffer resident (no page faults
 per step), and is validated, reported and idempotent. Each case runs in a fresh process: the setting is
 process-wide and must precede the JAX backend."""
 
@@ -10,12 +10,12 @@ import textwrap
 
 import pytest
 
-from frontier_jax import host
+from frontier_jax.run import host
 from frontier_jax.config import ConfigError, TrainConfig
 
 PROBE = textwrap.dedent("""
     import json, resource, sys
-    from frontier_jax import host
+    from frontier_jax.run import host
     info = host.tune_allocator(sys.argv[1])
     import jax, jax.numpy as jnp
 

@@ -1,12 +1,12 @@
-"""frontier_jax.progress: progress lines off a terminal (every N steps or T seconds), the repetition estimate
+"""frontier_jax.run.progress: progress lines off a terminal (every N steps or T seconds), the repetition estimate
 and its warning, the MFU probe summary, the entry points' final lines."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from frontier_jax import progress
-from frontier_jax.trainer import RunState
+from frontier_jax.run import progress
+from frontier_jax.run.interface import RunState
 
 
 @dataclasses.dataclass

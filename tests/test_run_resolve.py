@@ -1,4 +1,4 @@
-"""Run resolution (frontier_jax.resolve): the CLIs' options as keywords -> config, run directory, resume, demo."""
+"""Run resolution (frontier_jax.run.resolve): the CLIs' options as keywords -> config, run directory, resume, demo."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 from frontier_jax.config import to_dict
-from frontier_jax.resolve import resolve_run
-from frontier_jax.rundir import CONFIG, RunError
+from frontier_jax.run.resolve import resolve_run
+from frontier_jax.run.rundir import CONFIG, RunError
 
 TINY = str(REPO / "configs" / "tiny.py")
 

@@ -10,7 +10,8 @@ import signal
 import numpy as np
 import pytest
 
-from frontier_jax import npz, rundir
+from frontier_jax.interop import npz
+from frontier_jax.run import rundir
 from frontier_jax.config import Config, ModelConfig, to_dict
 from frontier_jax.data.shards import DataError
 from frontier_jax.errors import BadInput

@@ -1,4 +1,4 @@
-"""The start-up lifecycle both trainers run (frontier_jax.startup): signals first, the set-up, a signal by
+"""The start-up lifecycle both trainers run (frontier_jax.run.startup): signals first, the set-up, a signal by
 then writing nothing, the claim, the body, the release; and the start-up lines."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import types
 import numpy as np
 import pytest
 
-from frontier_jax import rundir, startup
+from frontier_jax.run import rundir, startup
 from frontier_jax.config import Config, model_hash
 from frontier_jax.errors import BadInput
-from frontier_jax.run_policy import InterruptedBeforeTraining
+from frontier_jax.run.driver import InterruptedBeforeTraining
 
 
 def _start(out, body, setup=lambda: "prepared", resume=False, claim=None):

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from frontier_jax import ops, optim
-from frontier_jax import reference as ref
+from frontier_jax.ops import reference as ref
 from frontier_jax.config import ConfigError, ModelConfig, OptimConfig
 from frontier_jax.model import GPT
 from frontier_jax.steps import make_train_step
@@ -83,15 +83,6 @@ def test_direct_reference_equals_the_primitive_path():
         prim = jax.jit(jax.value_and_grad(loss))(params)
     for a, b in zip(jax.tree_util.tree_leaves(direct), jax.tree_util.tree_leaves(prim)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-
-
-def test_muon_ns_dtype_auto_resolves_per_platform():
-    oc = OptimConfig(muon_ns_dtype="auto")
-    assert optim.resolve_ns_dtype(oc, "cpu") == "float32" and optim.resolve_ns_dtype(oc, "neuron") == "bfloat16"
-    assert optim.resolve_ns_dtype(OptimConfig(), "cpu") == "bfloat16"  # the default stays the baseline's
-    optim.build_optimizer(oc)
-    with pytest.raises(ConfigError, match="auto|bfloat16|float32"):
-        OptimConfig(muon_ns_dtype="float16")
 
 
 def test_train_step_compiles_once_across_schedule_values():

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, TINY_OVERRIDES
+from helpers import REPO, TINY_OVERRIDES
 from frontier_jax import checkpoint
 from frontier_jax.data.shards import write_shard
 from frontier_jax.train import main
@@ -153,7 +153,7 @@ def test_sigint_twice_mid_training_still_saves_a_resumable_checkpoint(byte_data,
     assert f"--resume {out}" in stderr
     step, meta = checkpoint.read_meta(out)
     assert step >= 1 and meta["reason"] == "interrupted" and meta["data"]["position_tokens"] > 0
-    from frontier_jax.interop import restore_params
+    from frontier_jax.interop.state_dict import restore_params
 
     assert restore_params(out)[3] == step  # restorable with the run's own config
 
@@ -202,7 +202,7 @@ def test_disk_full_at_a_checkpoint_is_one_line_with_a_summary(byte_data, tmp_pat
     assert summary["checkpoint_step"] == 2 and "disk full" in summary["error"]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["2"]  # no temporary directory
     monkeypatch.undo()
-    from frontier_jax.interop import restore_params
+    from frontier_jax.interop.state_dict import restore_params
 
     assert restore_params(out)[3] == 2  # the last checkpoint is intact
 
@@ -264,7 +264,7 @@ def test_resume_with_every_checkpoint_corrupt_is_one_line(trained_run, tmp_path,
 
 
 def test_a_second_training_on_a_locked_directory_is_refused(trained_run, byte_data, tmp_path, capsys):
-    from frontier_jax.rundir import RunDirLock
+    from frontier_jax.run.rundir import RunDirLock
 
     run = _copy_run(trained_run, tmp_path / "run")
     holder = RunDirLock(run)  # another process's lock, as far as the trainer can tell (flock is per open file)
@@ -285,9 +285,9 @@ def test_a_second_training_on_a_locked_directory_is_refused(trained_run, byte_da
 
 
 def test_a_killed_owner_does_not_block_its_own_resume(tmp_path):
-    from frontier_jax.rundir import RunDirLock
+    from frontier_jax.run.rundir import RunDirLock
 
-    code = "import sys, time; from frontier_jax.rundir import RunDirLock; l = RunDirLock(sys.argv[1]); " \
+    code = "import sys, time; from frontier_jax.run.rundir import RunDirLock; l = RunDirLock(sys.argv[1]); " \
            "print('locked', flush=True); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
@@ -315,7 +315,7 @@ def test_help_text_reads_as_user_help(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     text = capsys.readouterr().out
-    assert "loop.run" not in text and "Nothing else" not in text
+    assert "trainer.run" not in text and "Nothing else" not in text
     assert "exit codes" in text and "--resume" in text
 
 
@@ -379,7 +379,8 @@ def test_resume_of_a_finished_run_with_a_corrupt_summary_is_one_line(trained_run
 def test_a_signal_in_the_warm_up_of_a_resume_leaves_config_json_as_it_was(trained_run, tmp_path, monkeypatch):
     """Round 3, cause 5: Ctrl-C in a resume's warm-up said 'the run is as it was' while the --set
     overrides had already been written to config.json."""
-    from frontier_jax import loop, rundir, startup
+    from frontier_jax import trainer
+    from frontier_jax.run import rundir, startup
     from frontier_jax.config import apply_overrides, load_run_config
 
     run = _copy_run(trained_run, tmp_path / "run")
@@ -399,6 +400,6 @@ def test_a_signal_in_the_warm_up_of_a_resume_leaves_config_json_as_it_was(traine
 
     monkeypatch.setattr(startup, "Signals", SignalInWarmUp)
     cfg = apply_overrides(load_run_config(run / "config.json"), ["train.max_steps=210", "train.val_every_steps=3"])
-    summary = loop.run(cfg, run, resume=True, echo=False)
+    summary = trainer.run(cfg, run, resume=True, echo=False)
     assert summary["stop_reason"] == "signal SIGINT before training" and SignalInWarmUp.reads >= 2
     assert (run / "config.json").read_text() == before

@@ -6,9 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import tiny_config
-from frontier_jax import checkpoint, loop
-from frontier_jax.interop import restore_params
+from helpers import tiny_config
+from frontier_jax import checkpoint, trainer
+from frontier_jax.interop.state_dict import restore_params
 
 
 def _train_rows(run_dir):
@@ -50,8 +50,8 @@ def test_an_existing_run_is_not_overwritten(trained_run, byte_data):
         return {p.name: p.stat().st_mtime_ns for p in trained_run[0].rglob("*") if p.name != ".lock"}
 
     before = files()
-    with pytest.raises(loop.RunError, match="already holds a run"):
-        loop.run(tiny_config(byte_data), trained_run[0], echo=False)
+    with pytest.raises(trainer.RunError, match="already holds a run"):
+        trainer.run(tiny_config(byte_data), trained_run[0], echo=False)
     assert files() == before
 
 
@@ -60,7 +60,7 @@ def test_non_finite_loss_keeps_the_last_finite_checkpoint(byte_data, tmp_path):
     """A checkpoint written right after a diverging update (finite but huge parameters) is not kept: the
     checkpoint kept is one whose parameters gave a finite loss on the next step."""
     cfg = tiny_config(byte_data, "optim.embed_lr=1e30", "train.checkpoint_every_steps=1")
-    summary = loop.run(cfg, tmp_path / "run", echo=False)
+    summary = trainer.run(cfg, tmp_path / "run", echo=False)
     assert summary["stop_reason"] == "non-finite loss" and summary["steps"] < cfg.train.max_steps
     assert "val_bpb" not in summary
     train, _ = _train_rows(tmp_path / "run")
@@ -81,18 +81,18 @@ def test_checkpoint_collisions_finished_resume_corrupt_fallback_and_metrics(byte
     budget (`--budget inf`, #12: the progress bar has no total then)."""
     sets = ("train.max_steps=4", "train.checkpoint_every_steps=2", "train.budget_seconds=inf")
     run_dir = tmp_path / "run"
-    first = loop.run(tiny_config(byte_data, *sets), run_dir, echo=False)
+    first = trainer.run(tiny_config(byte_data, *sets), run_dir, echo=False)
     assert first["stop_reason"] == "max_steps" and np.isfinite(first["val_bpb"])
     assert checkpoint.steps(run_dir) == [2, 4] and checkpoint.read_meta(run_dir)[1]["reason"] == "periodic"
 
-    done = loop.run(tiny_config(byte_data, *sets), run_dir, resume=True, echo=False)
+    done = trainer.run(tiny_config(byte_data, *sets), run_dir, resume=True, echo=False)
     assert done["stop_reason"] == "already finished" and "already finished at step 4" in done["note"]
 
     for f in (run_dir / "checkpoints" / "4" / "state").rglob("*"):
         if f.is_file() and f.parent.name == "d":
             f.write_bytes(b"garbage" * 8)
     more = ("train.max_steps=8", "train.checkpoint_every_steps=2")
-    part = loop.run(tiny_config(byte_data, *more), run_dir, resume=True, echo=False, stop_after_steps=2)
+    part = trainer.run(tiny_config(byte_data, *more), run_dir, resume=True, echo=False, stop_after_steps=2)
     assert part["stop_reason"].startswith("signal") and part["steps"] == 4  # stopped on periodic step 4
     log = (run_dir / "train.log").read_text()
     assert f"skipped {run_dir}/checkpoints/4: unreadable checkpoint" in log
@@ -111,11 +111,11 @@ def test_kill_and_resume_reproduces_the_uninterrupted_trajectory(byte_data, tmp_
     """Steps-mode warmdown and a step-count stop: the time-based warmdown depends on wall-clock, so it cannot
     be bit-identical; everything else (data position, optimizer state, schedule) must be."""
     sets = ("train.max_steps=8", "optim.warmdown_mode='steps'", "optim.warmdown_steps=4")
-    full = loop.run(tiny_config(byte_data, *sets), tmp_path / "full", echo=False)
-    part = loop.run(tiny_config(byte_data, *sets), tmp_path / "split", echo=False, stop_after_steps=3)
+    full = trainer.run(tiny_config(byte_data, *sets), tmp_path / "full", echo=False)
+    part = trainer.run(tiny_config(byte_data, *sets), tmp_path / "split", echo=False, stop_after_steps=3)
     assert part["stop_reason"].startswith("signal") and part["steps"] == 3
     assert checkpoint.read_meta(tmp_path / "split")[1]["reason"] == "interrupted"
-    resumed = loop.run(tiny_config(byte_data, *sets), tmp_path / "split", resume=True, echo=False)
+    resumed = trainer.run(tiny_config(byte_data, *sets), tmp_path / "split", resume=True, echo=False)
     assert resumed["steps"] == full["steps"] == 8
     a, _ = _train_rows(tmp_path / "full")
     b, _ = _train_rows(tmp_path / "split")
@@ -131,7 +131,7 @@ def test_attention_forward_is_chosen_on_the_host_and_each_variant_built_once():
     bound the previous step returned, each variant's steps built (so compiled) on first use, a switch logged;
     where both forwards are one program (the reference path) one pair of steps serves both."""
     from frontier_jax import ops
-    from frontier_jax.loop import _AttentionVariants
+    from frontier_jax.trainer import _AttentionVariants
 
     built, logged = [], []
     make = lambda kind: lambda exact: built.append((kind, exact)) or (kind, exact)

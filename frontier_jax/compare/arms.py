@@ -16,7 +16,7 @@ an arm that tries to set its own data, tokenizer, budget, seed or output is refu
 runs, as is a config whose vocabulary differs from the tokenizer or shards made by another tokenizer.
 Runs are interleaved (A B A B ...), each a subprocess with its own run directory under OUT/runs/.
 After every run OUT/results.json, OUT/results.md and OUT/val_bpb.png are rewritten, so an interrupted
-comparison keeps every finished run. Statistics: frontier_jax.compare_stats (Welch t, verdicts).
+comparison keeps every finished run. Statistics: frontier_jax.compare.stats (Welch t, verdicts).
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ import sys
 import time
 from pathlib import Path
 
-from frontier_jax.compare_collect import collect, strict_json
-from frontier_jax.compare_report import render_markdown, render_plot
-from frontier_jax.compare_stats import (THROUGHPUT_TOLERANCE, confounders, describe, score_key, throughput_flags,
+from frontier_jax.compare.collect import collect, strict_json
+from frontier_jax.compare.report import render_markdown, render_plot
+from frontier_jax.compare.stats import (THROUGHPUT_TOLERANCE, confounders, describe, score_key, throughput_flags,
                                         verdict)
 from frontier_jax.config import ConfigError, apply_overrides, load_config
 from frontier_jax.data.prepare import read_manifest
 from frontier_jax.data.shards import list_shards
 from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
 from frontier_jax.errors import EXIT_INTERRUPTED, EXIT_OK, BadInput, exit_on_error
-from frontier_jax.rundir import atomic_write_text
+from frontier_jax.data.shards import atomic_write_text
 
 KINDS = {"jax": "frontier_jax.train", "torch": "baseline_torch.train"}
 FORBIDDEN_ARGS = ("--data", "--tokenizer", "--budget", "--seed", "--out", "--resume")
@@ -373,7 +373,3 @@ def _run_all(order, arms, a, out: Path, meta: dict, runs: list[dict], timeout: f
             print(f"interrupted: {len(runs) - 1} finished run(s) kept in {out}/results.json", file=sys.stderr)
             return None
     return results
-
-
-if __name__ == "__main__":
-    sys.exit(main())

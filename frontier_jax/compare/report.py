@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from frontier_jax.compare_stats import NOISE_BPB, THROUGHPUT_TOLERANCE
+from frontier_jax.compare.stats import NOISE_BPB, THROUGHPUT_TOLERANCE
 
 CI_NOTE = (f"diff = mean(B) - mean(A) of the score (negative: B better). 95% CI: Welch's t "
            f"(se = sqrt(sA^2/nA + sB^2/nB), Welch-Satterthwaite df, Student t quantile); none with fewer than "

@@ -1,3 +1,2 @@
-"""Ops no production path calls, kept tested for benchmarks and as the standalone forms of work the model
-runs fused: importing `frontier_jax.experimental.ops` declares them (their kernels are the
-`kernels_nki.registry` rows with `experimental` set; the kernel table lists those "unused")."""
+"""`frontier_jax.experimental.ops` is `frontier_jax.ops.experimental` (the kernel test files still import this
+path)."""

@@ -25,11 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from frontier_jax import rundir
 from frontier_jax.config import Config, apply_overrides, load_config, model_hash, to_dict
 from frontier_jax.data.shards import DataError
 from frontier_jax.errors import exit_on_error
-from frontier_jax.npz import WeightsError, load_npz, save_npz
+from frontier_jax.interop.npz import WeightsError, load_npz, save_npz
+from frontier_jax.policies.dtypes import Dtypes
+from frontier_jax.policies.dtypes import resolve as resolve_dtypes
+from frontier_jax.run import rundir
 
 LINEAR_NAMES = ("c_q", "c_k", "c_v", "proj", "fc")  # stored [in, out] here, [out, in] in PyTorch
 META_PREFIX = "__"
@@ -113,22 +115,26 @@ def state_dict_to_params(sd: dict[str, np.ndarray], abstract_params, source: str
 # ----------------------------------------------------------------------------- run directories
 
 
-def read_run_config(run_dir) -> tuple:
-    """(resolved config, compute dtype the run trained in) of a run directory."""
+def read_run_config(run_dir) -> tuple[Config, Dtypes]:
+    """(resolved config, the dtypes the run trained in) of a run directory: env.json's, else the dtype policy
+    on JAX's backend (`policies.dtypes.resolve`)."""
+    import jax
     import jax.numpy as jnp
 
-    from frontier_jax.model import resolve_compute_dtype
-
     cfg = rundir.read_config(run_dir)
-    dtype = rundir.read_env(run_dir).get("compute_dtype")
+    env = rundir.read_env(run_dir)
+    recorded = env.get("compute_dtype"), env.get("muon_ns_dtype")
+    # the policy only where env.json does not say (it starts JAX's backend: after the allocator is tuned)
+    policy = Dtypes(*recorded) if all(recorded) else resolve_dtypes(cfg, jax.default_backend())
     try:
-        return cfg, (jnp.dtype(dtype) if dtype else resolve_compute_dtype(cfg.model))
+        return cfg, Dtypes(compute=jnp.dtype(recorded[0] or policy.compute).name,
+                           muon_ns=jnp.dtype(recorded[1] or policy.muon_ns).name)
     except TypeError as e:
         raise DataError(f"{Path(run_dir) / rundir.ENV}: unreadable run environment ({e})") from None
 
 
 def abstract_state(cfg: Config, compute_dtype, tx):
-    """(graphdef, abstract params, abstract opt_state) built as loop.init_state does, without allocating."""
+    """(graphdef, abstract params, abstract opt_state) built as trainer.init_state does, without allocating."""
     import jax
     from flax import nnx
 
@@ -143,11 +149,11 @@ def restore_params(run_dir, step: int | None = None, log=None):
     one (each unreadable newer one skipped with one line through `log`): the one way to restore a run."""
     from frontier_jax import checkpoint, optim
 
-    cfg, dtype = read_run_config(run_dir)
-    graphdef, aparams, aopt = abstract_state(cfg, dtype, optim.build_optimizer(cfg.optim))
+    cfg, dtypes = read_run_config(run_dir)
+    graphdef, aparams, aopt = abstract_state(cfg, dtypes.compute, optim.build_optimizer(cfg.optim, dtypes.muon_ns))
     state, meta = checkpoint.restore(Path(run_dir), {"params": aparams, "opt_state": aopt}, step=step,
                                      expect_model_hash=model_hash(cfg), log=log)
-    return cfg, graphdef, state["params"], int(meta["step"]) if step is None else step, dtype
+    return cfg, graphdef, state["params"], int(meta["step"]) if step is None else step, dtypes.compute
 
 
 def export_run(run_dir, out) -> dict:
@@ -160,21 +166,23 @@ def export_run(run_dir, out) -> dict:
 
 def import_run(npz, cfg: Config, out_dir) -> dict:
     """A new run directory holding the npz's parameters (fresh optimizer state) as checkpoint 0."""
-    from frontier_jax import checkpoint, optim, report
-    from frontier_jax.model import resolve_compute_dtype
+    import jax
+
+    from frontier_jax import checkpoint, optim, parallel
 
     out_dir = Path(out_dir)
     if (out_dir / rundir.CONFIG).exists() or rundir.holds_run(out_dir):
         raise DataError(f"{out_dir}: already holds a run; choose a new --out")
-    dtype = resolve_compute_dtype(cfg.model)
-    tx = optim.build_optimizer(cfg.optim)
-    _, aparams, _ = abstract_state(cfg, dtype, tx)
+    dtypes = resolve_dtypes(cfg, jax.default_backend())
+    tx = optim.build_optimizer(cfg.optim, dtypes.muon_ns)
+    _, aparams, _ = abstract_state(cfg, dtypes.compute, tx)
     sd, meta = load_npz(npz, expect=expected_shapes(aparams))  # keys and shapes from the headers, then arrays
     params = state_dict_to_params(sd, aparams, source=str(npz))  # checked before anything is written
     rundir.prepare_run_dir(out_dir, resume=False)
     rundir.write_json(out_dir / rundir.CONFIG, to_dict(cfg))
-    rundir.write_json(out_dir / rundir.ENV, {**report.environment(), "compute_dtype": str(dtype),
-                                             "imported_from": str(npz), "imported_meta": meta})
+    rundir.write_json(out_dir / rundir.ENV, {**parallel.environment(), "compute_dtype": dtypes.compute,
+                                             "muon_ns_dtype": dtypes.muon_ns, "imported_from": str(npz),
+                                             "imported_meta": meta})
     ckpt_meta = {"step": 0, "train_seconds": 0.0, "tokens": 0, "data": {"shard": 0, "offset": 0, "position_tokens": 0},
                  "model_hash": model_hash(cfg), "model": to_dict(cfg)["model"], "reason": f"imported {npz}"}
     checkpoint.save(out_dir, 0, {"params": params, "opt_state": tx.init(params)}, ckpt_meta)
@@ -202,7 +210,3 @@ def main(argv=None) -> int:
             r = import_run(args.npz, cfg, args.out)
             print(f"imported {r['keys']} arrays -> {r['out']} (checkpoint step 0, fresh optimizer state)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

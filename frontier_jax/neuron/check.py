@@ -1,14 +1,14 @@
 """python -m frontier_jax.neuron_check: the trainer's programs checked against AWS's documented JAX limits.
 
 The train (both qk_attention forwards), eval and optimizer steps of a config are traced as they run on
-Neuron (`frontier_jax.program.trace_steps`: kernel calls in place, the platform's dtype policy, an
+Neuron (`frontier_jax.neuron.program.trace_steps`: kernel calls in place, the platform's dtype policy, an
 abstract mesh of NeuronCores) and every equation, in every sub-jaxpr, is checked against one rule per
 item of AWS's JAX-on-Neuron known issues (aws-neuron-sdk `frameworks/jax/setup/jax-neuronx-known-issues.rst`,
 repeated in `release-notes/components/jax.rst`, 2.26.0 "Known Issues"), plus the project's own rule that
 every kernel call is inside a per-device region (`jax.shard_map`; frontier_jax.steps says why). `RULES`
 is the table, each rule with its source. Items the jaxpr cannot show are listed in `NOT_CHECKED`.
 
-On Neuron the trainer runs the check at start-up (`loop._setup`): it logs every finding, and
+On Neuron the trainer runs the check at start-up (`frontier_jax.trainer._setup`): it logs every finding, and
 `--kernels strict` refuses a program that fails it, in one line naming the rule and the op.
 """
 
@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
-import sys
 from typing import Callable
 
 import jax
 import numpy as np
 
-from frontier_jax.program import Site
+from frontier_jax.neuron.program import Site
 
 KNOWN_ISSUES = "aws-neuron-sdk frameworks/jax/setup/jax-neuronx-known-issues.rst"
 
@@ -174,7 +173,7 @@ def _where(s: Site) -> str:
 
 def check_program(name: str, closed) -> list[Finding]:
     """Every finding of every rule in one traced program (one per distinct (rule, detail, place))."""
-    from frontier_jax.program import walk
+    from frontier_jax.neuron.program import walk
 
     seen, out = set(), []
     for site in walk(closed):
@@ -187,11 +186,12 @@ def check_program(name: str, closed) -> list[Finding]:
     return out
 
 
-def check_config(cfg, num_devices: int = 2) -> list[Finding]:
-    """The findings for the trainer's programs of `cfg` on `num_devices` NeuronCores (empty: it passes)."""
-    from frontier_jax.program import trace_steps
+def check_config(cfg, num_devices: int, dtypes, tx) -> list[Finding]:
+    """The findings for the trainer's programs of `cfg` on `num_devices` NeuronCores (empty: it passes), in the
+    run's resolved `dtypes` with its optimizer `tx` (`program.trace_steps`; `program.on_neuron` gives Neuron's)."""
+    from frontier_jax.neuron.program import trace_steps
 
-    traced = trace_steps(cfg, num_devices)
+    traced = trace_steps(cfg, num_devices, dtypes, tx)
     return [f for name, closed in traced.programs.items() for f in check_program(name, closed)]
 
 
@@ -224,6 +224,7 @@ def strict_error(findings: list[Finding]) -> str:
 def main(argv=None) -> int:
     from frontier_jax.config import apply_overrides, load_config
     from frontier_jax.errors import exit_on_error
+    from frontier_jax.neuron.program import on_neuron
 
     p = argparse.ArgumentParser(prog="python -m frontier_jax.neuron_check", description=__doc__.splitlines()[0])
     p.add_argument("--config", action="append", default=[], metavar="PATH", help="configs/*.py (repeatable)")
@@ -238,11 +239,7 @@ def main(argv=None) -> int:
     with exit_on_error():
         for path in a.config:
             cfg = apply_overrides(load_config(path), a.set)
-            findings = check_config(cfg, a.devices)
+            findings = check_config(cfg, a.devices, *on_neuron(cfg))
             print(format_report(cfg.name, a.devices, findings))
             failed |= bool(findings)
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

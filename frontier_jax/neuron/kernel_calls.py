@@ -1,13 +1,13 @@
 """Every NKI kernel call of a training step, read off the traced step itself, and the work between them.
 
-The step is `frontier_jax.program.trace_steps(cfg, num_devices=2).programs["train"]`: the trainer's train step
+The step is `frontier_jax.neuron.program.trace_steps(cfg, 2, ...).programs["train"]`: the trainer's train step
 as it runs on Neuron (the per-device part inside `jax.shard_map`, the micro-batch scan, the optimizer, the
 config's n-gram bias, the bounded-shift attention forward), every kernel call a `frontier_<op>_fwd` / `_bwd`
 equation with the kernel's operands and static parameters; `program.walk` gives each equation with how many
 times it runs per step (the enclosing scans' lengths).
 
 `kernel_calls(cfg)` turns those equations into `KernelCall`s: the op, the direction, the kernel's operands
-(the primitive's avals through the op's kernel adapter, as frontier_jax.dispatch.kernel_call passes them),
+(the primitive's avals through the op's kernel adapter, as frontier_jax.ops.dispatch.kernel_call passes them),
 its static parameters (the kernel's compile-time constants) and calls per step; identical calls are merged.
 `glue(cfg)` is the rest of the step: bytes through HBM and matmul MACs of the equations outside kernels
 (`Glue`), per jaxpr of the same walk.
@@ -21,9 +21,10 @@ import math
 import numpy as np
 from jax.extend.core import Literal
 
-from frontier_jax import dispatch, program as _program
+from frontier_jax.ops import dispatch
+from frontier_jax.neuron import program as _program
 from frontier_jax.config import Config
-from frontier_jax.run_policy import split_batch
+from frontier_jax.policies.geometry import split_batch
 
 CORES = 2  # trn1.2xlarge: one chip, two NeuronCore-v2, data parallel
 PREFIX = _program.KERNEL_PREFIX
@@ -56,8 +57,8 @@ def microbatches(cfg: Config) -> tuple[int, int]:
 
 
 def program(cfg: Config):
-    """One core's training step as a ClosedJaxpr (frontier_jax.program, traced as on Neuron)."""
-    return _program.trace_steps(cfg, num_devices=CORES).programs["train"]
+    """One core's training step as a ClosedJaxpr (frontier_jax.neuron.program, traced as on Neuron)."""
+    return _program.trace_steps(cfg, CORES, *_program.on_neuron(cfg)).programs["train"]
 
 
 def _jaxprs(closed, multiplicity: int = 1):

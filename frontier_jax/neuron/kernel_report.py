@@ -1,7 +1,7 @@
 """The trn1 step estimate from the program: `python -m frontier_jax.kernel_report --config configs/baseline.py`.
 
 Every kernel call, its shapes, static parameters and calls per step come from the traced training step
-(`frontier_jax.kernel_calls`); each distinct call's kernel source runs in the emulator's count-only mode with
+(`frontier_jax.neuron.kernel_calls`); each distinct call's kernel source runs in the emulator's count-only mode with
 its instruction trace on (`kernels_nki.emulator.trace`) and is priced twice: by the busiest-engine model
 (`kernels_nki.emulator.cost`: each engine's work at its documented rate, engines overlapped perfectly: the
 lower bound) and by the schedule (`kernels_nki.emulator.schedule`: the trace ordered per engine with its
@@ -23,17 +23,16 @@ import copy
 import dataclasses
 import functools
 import json
-import sys
 from pathlib import Path
 
-from frontier_jax import kernel_calls as kc
+from frontier_jax.neuron import kernel_calls as kc
 from frontier_jax.config import Config, load_config
 from frontier_jax.errors import BadInput, exit_on_error
 from kernels_nki import emulator, registry
 from kernels_nki.emulator import cost, loader, schedule
 from kernels_nki.emulator.machine import Counters
 
-FRONTIER14 = Path(__file__).resolve().parents[1] / "configs" / "frontier14.py"
+FRONTIER14 = Path(__file__).resolve().parents[2] / "configs" / "frontier14.py"
 READINGS = tuple(schedule.ASSUMPTIONS)
 BATCHED = {"qk_attention"}  # ops whose 4-D operands lead with independent sequences
 # aws-neuron-sdk about-neuron/benchmarks/trn1/trn1_trn1n_nlp_data.csv, column MFU[%]: GPT3-175B pre-training,
@@ -109,7 +108,7 @@ def build_report(cfg: Config, target: str = "trn1") -> dict:
     calls = kc.kernel_calls(cfg, closed)
     rows = [measure(call, target) for call in calls]
     # the exact-max attention forward, the fallback the program does not run while the gains allow the bounded
-    # one (frontier_jax.attention_forward): priced beside it, outside the step
+    # one (frontier_jax.ops.softmax_shift): priced beside it, outside the step
     fallback = [measure(dataclasses.replace(c, constants=tuple((k, True if k == "exact_max" else v)
                                                                for k, v in c.constants)), target)
                 for c in calls if c.op == "qk_attention" and c.which == "fwd" and not dict(c.constants)["exact_max"]]
@@ -331,7 +330,3 @@ def main(argv=None) -> int:
     else:
         print(format_report(rep) + "\n\n" + format_comparison(side))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Timelines of kernel calls on one NeuronCore, in the manner of neuron-profile: `python -m frontier_jax.profile
 --op qk_attention --config configs/baseline.py --out prof/` (`--all`: every kernel call of the step).
 
-For each call of the op in the traced training step (`frontier_jax.kernel_calls`), the instruction trace is
+For each call of the op in the traced training step (`frontier_jax.neuron.kernel_calls`), the instruction trace is
 scheduled (`kernels_nki.emulator.schedule`, `--reading` low | central | high) and drawn as one PNG,
 `<out>/<op>_<pass>[_<n>].png`: one lane per compute engine and one per DMA engine, each instruction a bar
 (DMA bars coloured by queue: loads, stores, other), and before every bar the time its engine sat idle waiting
@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from pathlib import Path
 
-from frontier_jax import kernel_calls as kc
+from frontier_jax.neuron import kernel_calls as kc
 from frontier_jax.config import load_config
 from frontier_jax.errors import BadInput, exit_on_error
-from frontier_jax.kernel_report import BATCHED, kernel_of, with_batch
+from frontier_jax.neuron.kernel_report import BATCHED, kernel_of, with_batch
 from kernels_nki.emulator import loader, schedule
 from kernels_nki.emulator.trace import DMA_ENGINES
 
@@ -140,7 +139,3 @@ def main(argv=None) -> int:
         print(f"{r['name']:<28} {r['makespan_s'] * 1e6:>9.1f} us  " + "  ".join(
             f"{e} {sh[e]:>5.1%}" for e in schedule.LANES + ("dma",)) + f"  -> {r['path']}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

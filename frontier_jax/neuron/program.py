@@ -1,9 +1,9 @@
 """The trainer's jitted programs as they run on Neuron, as jaxprs, and a walk over every equation in them.
 
-`trace_steps(cfg, num_devices)` traces the train step (both qk_attention forwards), the eval step and
+`trace_steps(cfg, num_devices, dtypes, tx)` traces the train step (both qk_attention forwards), the eval step and
 the optimizer update exactly as the trainer builds them (`frontier_jax.steps`, the config's model,
 optimizer, n-gram bias and batch split), for a mesh of `num_devices` NeuronCores (an abstract mesh:
-no device is needed), with the platform's dtype policy and every kernel call standing where it is
+no device is needed), with Neuron's dtype policy (or the run's) and every kernel call standing where it is
 on Neuron (`dispatch.kernel_primitives`: a `frontier_<op>_fwd/_bwd` equation with the kernel's
 operands and static parameters). Nothing is compiled or run.
 
@@ -26,14 +26,15 @@ from jax.sharding import AbstractMesh
 from frontier_jax import ops, optim
 from frontier_jax.config import Config
 from frontier_jax.data.tokenizer import ByteTables
-from frontier_jax.model import build, resolve_compute_dtype
+from frontier_jax.model import build
 from frontier_jax.ngram import bias as ngram_bias
 from frontier_jax.ngram import runtime as ngram_runtime
 from frontier_jax.parallel import state_specs
-from frontier_jax.run_policy import split_batch
+from frontier_jax.policies import dtypes as dtype_policy
+from frontier_jax.policies.geometry import split_batch
 from frontier_jax.steps import AXIS, make_eval_step, make_optimizer_step, make_train_step
 
-KERNEL_PREFIX = "frontier_"  # the kernel-backed ops' primitives (frontier_jax.dispatch)
+KERNEL_PREFIX = "frontier_"  # the kernel-backed ops' primitives (frontier_jax.ops.dispatch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,15 +92,20 @@ def _abstract(tree):
     return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
 
 
-def trace_steps(cfg: Config, num_devices: int = 2, platform: str = "neuron") -> Traced:
-    """The trainer's steps for `cfg` on `num_devices` devices of `platform`, traced with the kernel calls
-    in place (module docstring). One trn1.2xlarge chip is 2 NeuronCores, 2 JAX devices."""
+def on_neuron(cfg: Config) -> tuple[dtype_policy.Dtypes, optim.Optimizer]:
+    """(dtypes, optimizer) of `cfg` on Neuron: its dtype policy there and the optimizer built for it (the command
+    lines trace with these; the trainer hands `trace_steps` the ones it resolved and built itself)."""
+    dtypes = dtype_policy.resolve(cfg, "neuron")
+    return dtypes, optim.build_optimizer(cfg.optim, dtypes.muon_ns)
+
+
+def trace_steps(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: optim.Optimizer) -> Traced:
+    """The trainer's steps for `cfg` on `num_devices` NeuronCores (one trn1.2xlarge chip is 2 NeuronCores, 2 JAX
+    devices), in `dtypes` with the optimizer `tx`, traced with the kernel calls in place (module docstring)."""
     t = cfg.train
     global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, num_devices)
     mesh = AbstractMesh((num_devices,), (AXIS,))
-    dtype = resolve_compute_dtype(cfg.model, platform)
-    tx = optim.build_optimizer(cfg.optim, platform)
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: build(cfg, dtype)))
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: build(cfg, dtypes.compute)))
     params = _abstract(params)
     opt_state = jax.eval_shape(tx.init, params)
     specs = state_specs(opt_state, num_devices, cfg.parallel.zero1)

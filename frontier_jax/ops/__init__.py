@@ -1,16 +1,21 @@
-"""The hot-path ops the model and the fused optimizer call (and only through here).
+"""The hot-path ops the model and the fused optimizer call (and only through here), declared in this package's
+`__init__` (the op table below); beside it the rules of the kernel table and the call paths (`dispatch`), an
+op's custom_vjp generated from its `Vjp` (`vjp`), the pure-JAX reference of every op, the kernels' spec
+(`reference`), the host's choice of the attention forward's softmax shift (`softmax_shift`) and the ops no
+production path calls (`experimental`). A module here imports `frontier_jax.config`, `frontier_jax.errors` and
+`kernels_nki` only: never the model, the optimizer or anything that runs them.
 
 Every kernel-backed op is declared the same way, once, below: `dispatch.declare(name, forward
 reference, backward reference, static parameters, kernel adapter, vjp)` (the references live in
-`frontier_jax.reference`, the kernel in `kernels_nki.registry.KERNELS[name]`). A differentiable op's
-`vjp` (`frontier_jax.vjp.Vjp`) names what its forward saves and what its backward returns; the op's
+`frontier_jax.ops.reference`, the kernel in `kernels_nki.registry.KERNELS[name]`). A differentiable op's
+`vjp` (`frontier_jax.ops.vjp.Vjp`) names what its forward saves and what its backward returns; the op's
 `apply` is the `jax.custom_vjp` generated from it, whose forward and backward each run one direction of
 the declared op: the NKI kernel on Neuron, the reference elsewhere, or the kernel source under the
-emulator in tests (`frontier_jax.dispatch` has the rules and the AWS documents behind them). Each
+emulator in tests (`frontier_jax.ops.dispatch` has the rules and the AWS documents behind them). Each
 public function is `@public(op, reference)`: when the op's row says "reference" it calls the
 reference directly under plain autodiff (`dispatch.direct`); its body is the kernel path, the
 genuine adapters only (reshapes to rows, dtype casts, the scale folded into a weight, the gain
-broadcast over the partitions). Ops no production path calls live in `frontier_jax.experimental`.
+broadcast over the partitions). Ops no production path calls live in `frontier_jax.ops.experimental`.
 
 The kernel table's API is re-exported here: `configure`, `kernel_table`, `format_kernel_table`,
 `emulated`, `through_primitives`, `KernelRow`, `KernelUnavailableError`, `OPS`, `FUSED_OPTIMIZER_OPS`.
@@ -21,14 +26,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from frontier_jax import reference as ref
-from frontier_jax.attention_forward import (  # noqa: F401 (re-exported: the trainer and tests use ops.*)
+from frontier_jax.ops import reference as ref
+from frontier_jax.ops.softmax_shift import (  # noqa: F401 (re-exported: the trainer and tests use ops.*)
     SHIFT_LIMIT, SHIFT_MARGIN, SHIFT_MAX_T, _ATTENTION, attention_forward, attention_forward_kind, bounded_shift_valid,
     score_bound)
-from frontier_jax.dispatch import (
+from frontier_jax.ops.dispatch import (
     MODES, KernelAdapter, KernelRow, KernelUnavailableError, configure, declare, direct, emulated,
     format_kernel_table, kernel_primitives, kernel_table, public, through_primitives)
-from frontier_jax.vjp import Vjp
+from frontier_jax.ops.vjp import Vjp
 
 __all__ = [
     "FUSED_OPTIMIZER_OPS", "unused_ops", "MODES", "OPS", "KernelRow", "KernelUnavailableError",
@@ -42,7 +47,7 @@ __all__ = [
 
 def _head_loss_kernel_args(which, arrays):
     """A run without a sparse bias has S = 0 sources; a zero-size kernel operand is invalid (see
-    frontier_jax.dispatch), so the kernel gets None for both bias operands (its no-bias form, which
+    frontier_jax.ops.dispatch), so the kernel gets None for both bias operands (its no-bias form, which
     returns no d(bias values))."""
     x_ND, emb_VD, tg_N1, ids_NS, vals_NS, *rest = arrays
     return arrays if ids_NS.shape[1] else (x_ND, emb_VD, tg_N1, None, None, *rest)
@@ -50,7 +55,7 @@ def _head_loss_kernel_args(which, arrays):
 
 def _mix_kernel_args(which, arrays):
     """No skip (a decoder block without one, every encoder block) is a skip of width 0 in the primitive; the
-    kernel gets None for skip_NI and sw_1I instead (no zero-size operand: frontier_jax.dispatch)."""
+    kernel gets None for skip_NI and sw_1I instead (no zero-size operand: frontier_jax.ops.dispatch)."""
     x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, *rest = arrays
     return arrays if skip_NI.shape[1] else (x_NI, x0_NI, mix_2I, w_IO, None, None, *rest)
 
@@ -105,7 +110,7 @@ def _projection_operands(x, w, s, r):
 # ----------------------------------------------------------------------------- the declarations (table order)
 # Each Vjp reads "forward operands -> outputs", "backward operands -> outputs": the forward saves the
 # backward's operands that are not cotangents (d<output>); an argument without a d<arg> gets a zero
-# cotangent (None for integers); every cotangent is cast to its argument's dtype (frontier_jax.vjp).
+# cotangent (None for integers); every cotangent is cast to its argument's dtype (frontier_jax.ops.vjp).
 RMS_NORM = declare("rms_norm", ref.rms_norm_fwd, ref.rms_norm_bwd,
                    vjp=Vjp("x -> y, inv", "x, inv, dy -> dx"))
 # saved: the inputs, o, lse and the forward's normed, rotated q / k with their inverse RMS and transposes

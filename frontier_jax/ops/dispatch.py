@@ -3,16 +3,16 @@ and wires which implementation it runs (its NKI kernel, its pure-JAX reference, 
 kernel source under the NumPy emulator, as a host callback).
 
 Declaring an op. `declare(name, fwd, bwd=None, static=(), adapter=None, vjp=None)` (called in
-`frontier_jax.ops`) takes the op's pure-JAX references (`frontier_jax.reference`: forward, and the
+`frontier_jax.ops`) takes the op's pure-JAX references (`frontier_jax.ops.reference`: forward, and the
 backward for a differentiable op) and the names of its static parameters (compile-time constants
 such as head_loss's softcap). It builds one JAX primitive per direction (`frontier_<op>_fwd` /
 `_bwd`; a single `frontier_<op>` for an op without backward, the optimizer updates) whose abstract
 output shapes are those of the reference (`jax.eval_shape`) and whose only lowering, on every
 platform, is the reference. The kernel lives in `kernels_nki.registry.KERNELS[name]` (module and
 function names); `adapter` (a `KernelAdapter`) maps the primitive's operands to the kernel's
-calling convention and its outputs back, where the two differ. `vjp` (a `frontier_jax.vjp.Vjp`) names
+calling convention and its outputs back, where the two differ. `vjp` (a `frontier_jax.ops.vjp.Vjp`) names
 what a differentiable op's forward saves and what its backward returns; the declaration's `apply` is
-then the op's `jax.custom_vjp`, generated from it (`frontier_jax.vjp`). `public(spec, reference)`
+then the op's `jax.custom_vjp`, generated from it (`frontier_jax.ops.vjp`). `public(spec, reference)`
 makes an op's public function call `reference` instead when its row says "reference" (`direct`).
 
 On Neuron an op whose row says "nki" calls its `@nki.jit` kernel directly on the JAX operands inside
@@ -20,7 +20,7 @@ the jitted program, the path AWS documents for JAX (aws-neuron-sdk `nki/guides/f
 "JAX" and "Using NKI in training graphs"; `nki.jit` picks its JAX integration from the argument type,
 `nki/api/nki/__init__.py`, `jit`): compile-time constants are keyword arguments, the kernel allocates
 and returns its own outputs, and training pairs the forward and backward kernels in a `jax.custom_vjp`
-(`frontier_jax.vjp`). (`jax_neuronx.nki_call` is gone since Neuron 2.23,
+(`frontier_jax.ops.vjp`). (`jax_neuronx.nki_call` is gone since Neuron 2.23,
 `release-notes/components/jax.rst`.) The primitives carry the reference everywhere else: their only
 lowering is the reference, and a primitive bound with kernel=True (`kernel_primitives()`, the program
 check's trace) refuses to lower, so it can never stand in for a kernel silently. No operand handed to
@@ -51,7 +51,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from frontier_jax import vjp as vjp_rules
+from frontier_jax.ops import vjp as vjp_rules
 from frontier_jax.errors import BadInput
 from kernels_nki import registry
 
@@ -145,7 +145,7 @@ def _primitive(name: str, ref: Callable, static: tuple[str, ...]) -> Primitive:
         if kernel:
             raise KernelPrimitiveLoweredError(
                 f"{name}: a kernel=True primitive (a program-check trace) was lowered; kernels are called, "
-                "not lowered (frontier_jax.dispatch)")
+                "not lowered (frontier_jax.ops.dispatch)")
         return tuple(ref(*a, **s))
 
     mlir.register_lowering(prim, mlir.lower_fun(lower, multiple_results=True))
@@ -351,7 +351,7 @@ def kernel_primitives():
     """Trace the program as it runs on Neuron with every kernel available (`--kernels strict`): each op
     binds its primitive with kernel=True where the kernel call would be (an eqn with the kernel's
     operands, shapes and static parameters), and no op takes the CPU shortcut (`direct`). For
-    inspecting jaxprs (frontier_jax.program, the Neuron program check); such a trace cannot be lowered."""
+    inspecting jaxprs (frontier_jax.neuron.program, the Neuron program check); such a trace cannot be lowered."""
     saved = _state["kernel_primitives"]
     _state["kernel_primitives"] = True
     jax.clear_caches()

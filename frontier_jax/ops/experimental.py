@@ -11,10 +11,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from frontier_jax import reference as ref
-from frontier_jax.dispatch import declare, public
+from frontier_jax.ops import reference as ref
+from frontier_jax.ops.dispatch import declare, public
 from frontier_jax.ops import gain_PH, gain_rows, qkv_reference
-from frontier_jax.vjp import Vjp
+from frontier_jax.ops.vjp import Vjp
 
 __all__ = ["rope", "rope_gain", "causal_attention", "norm_qkv_projection", "OPS"]
 

@@ -3,13 +3,13 @@
 Each kernel-backed op has a forward reference `<op>_fwd(*arrays, **static) -> tuple` (outputs, then the
 residuals its backward kernel takes) and, when differentiable, `<op>_bwd(inputs..., residuals...,
 cotangents...) -> tuple` (the input cotangents), with the kernels' calling convention;
-`frontier_jax.ops` declares them with `frontier_jax.dispatch`. The plain functions (`rms_norm`, `mlp`,
+`frontier_jax.ops` declares them with `frontier_jax.ops.dispatch`. The plain functions (`rms_norm`, `mlp`,
 ...) are what the model runs directly when no kernel is chosen.
 
 Axis letters: B batch, T sequence, D model width, H query heads, G kv heads, K head dim, F MLP hidden,
 V vocabulary, N flattened tokens (B*T), S sparse-bias sources, I/O a matrix's in/out sizes stored [in, out];
 in attention blocks: C query positions of a block, J key positions, R query heads per kv head (H / G).
-Nothing here reads the platform; `frontier_jax.dispatch` decides whether these or a kernel run.
+Nothing here reads the platform; `frontier_jax.ops.dispatch` decides whether these or a kernel run.
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
-"""The pure policies both trainers share and the model and optimizers read: the dtype policy (which dtype
-"auto" means on a platform) and the optimizer groups (which parameter Muon or Adam updates). Plain
-functions of the config; no JAX, no driver, no run directory."""
+"""The optimizer groups both trainers and the JAX optimizer read: which parameter Muon updates and which
+Adam (at which learning rate), from its path names. A plain function of the names; no JAX."""
 
 from __future__ import annotations
-
-from frontier_jax.config import ModelConfig, OptimConfig
-
-def compute_dtype_name(cfg: ModelConfig, platform: str) -> str:
-    """model.compute_dtype with "auto" resolved: bfloat16 matmuls on accelerators (the baseline), float32 on CPU."""
-    if cfg.compute_dtype != "auto":
-        return cfg.compute_dtype
-    return "float32" if platform == "cpu" else "bfloat16"
-
-
-def ns_dtype_name(cfg: OptimConfig, platform: str) -> str:
-    """optim.muon_ns_dtype with "auto" resolved: bfloat16 on accelerators (the baseline), float32 on CPU."""
-    if cfg.muon_ns_dtype != "auto":
-        return cfg.muon_ns_dtype
-    return "float32" if platform == "cpu" else "bfloat16"
-
 
 # Block parameters that are vectors/scalars (Adam), even when 2-D (resid_mix): the baseline's
 # CONTROL_TENSOR_NAME_PATTERNS.

@@ -1,14 +1,14 @@
-"""The run policy both trainers share: one budgeted-run driver, its stop rules, schedules and summary.
+"""The budgeted-run driver both trainers call: warm-up, resume, the timed loop, the finish and the summary.
 
-It imports no JAX (numpy at most), so the PyTorch baseline runs exactly the same semantics without
-loading JAX. A trainer (the JAX loop, `baseline_torch.train`) is a class implementing the
-`frontier_jax.trainer.Trainer` protocol (its step, evaluation sums, snapshot/restore and optional
+It imports no JAX, so the PyTorch baseline runs exactly the same semantics without loading JAX. A trainer
+(`frontier_jax.trainer.JaxTrainer`, `baseline_torch.train.Trainer`) is a class implementing the
+`frontier_jax.run.interface.Trainer` protocol (its step, evaluation sums, snapshot/restore and optional
 capabilities) and calls `run_budgeted`; plug-ins (the n-gram runtime, progress lines) are the
-`RunHook`s its `run_hooks` lists, as levanter's `add_hook`. How a run ended maps to the entry points'
-exit status and last line through one table (`ENDINGS`, `ending`).
+`RunHook`s its `run_hooks` lists, as levanter's `add_hook`. The stop reasons and how a run ends are
+`frontier_jax.run.endings`; the schedules, the step's geometry and the val score are `frontier_jax.policies`.
 
 Order of events (docs/training.md); the caller has installed the signal handlers (the start-up
-lifecycle, frontier_jax.startup) before its set-up, so a signal is never lost:
+lifecycle, frontier_jax.run.startup) before its set-up, so a signal is never lost:
 1. untimed compile warm-up: `warmup_steps` train steps (at least one, lr multiplier 1, Muon momentum
    of steps 0, 1, ...), each waited for, and one evaluation of `warmup_val_tokens`; then `restore`
    puts back the state from before it (fresh or resumed parameters and optimizer state, the data
@@ -44,109 +44,15 @@ import math
 import os
 import time
 
-import numpy as np
-
-from frontier_jax import quantize, rundir
-from frontier_jax.config import Config, ConfigError, OptimConfig
-from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, BadInput, describe_os_error
-from frontier_jax.trainer import RunHook, RunState, Trainer
-
-# The dtype policies and the optimizer groups both trainers use are in frontier_jax.policies.
-
-# ----------------------------------------------------------------------------- stop reasons, exit codes
-
-STOP_BUDGET = "budget"
-STOP_MAX_STEPS = "max_steps"
-STOP_NONFINITE = "non-finite loss"
-STOP_SAVE_FAILED = "checkpoint not written"
-STOP_WRITE_FAILED = "run file not written"  # an OSError writing the run's files (a full disk) in the loop
-STOP_FINISHED = "already finished"  # --resume of a run that reached its max_steps or budget (nothing trained)
-FINAL_VAL_INTERRUPTED = "during the final validation"  # suffix of a signal's stop reason there
-BEFORE_TRAINING = "before training"  # suffix of a signal's stop reason before the first timed step
-SIGNAL_PREFIX = "signal"
-STOP_REQUESTED = "stop requested"  # stop_after_steps (tests) behaves as a signal with this name
-
-
-def signal_reason(name: str | None) -> str:
-    return f"{SIGNAL_PREFIX} {name or STOP_REQUESTED}"
-
-
-def is_interrupted(stop_reason: str) -> bool:
-    return stop_reason.startswith(SIGNAL_PREFIX)
-
-
-@dataclasses.dataclass(frozen=True)
-class Ending:
-    """What an entry point does for a run that ended one way: its exit status, whether it prints the
-    run's result lines (progress.final_lines), and its last line for a trainer that resumes from
-    checkpoints (`resumable`) and for one that does not (`weights_only`; None: no line). A line is a
-    format string of the summary's fields and `out` (the run directory)."""
-
-    exit_code: int
-    results: bool = True
-    resumable: str | None = None
-    weights_only: str | None = None
-    to_stderr: bool = True
-
-    def line(self, summary: dict, out, checkpoints: bool) -> str | None:
-        text = self.resumable if checkpoints else self.weights_only
-        return None if text is None else text.format_map({**summary, "out": out})
-
-
-_TORCH_INTERRUPTED = (f"interrupted after {{steps}} steps; weights in {{out}}/{rundir.WEIGHTS} "
-                      "(the torch baseline has no resume)")
-_BEFORE = "interrupted before training started: nothing trained, "
-
-ENDINGS = {  # the kinds of `ending`, one row each
-    "done": Ending(EXIT_OK),  # budget, max_steps
-    "already finished": Ending(EXIT_OK, results=False, resumable="{note}", to_stderr=False),  # the note on stdout
-    "diverged": Ending(EXIT_DIVERGED),
-    "interrupted before training": Ending(
-        EXIT_INTERRUPTED, resumable=_BEFORE + "no checkpoint written", weights_only=_BEFORE + "nothing written"),
-    "interrupted before training a resume": Ending(
-        EXIT_INTERRUPTED, resumable=_BEFORE + "the run is as it was; continue with: python -m frontier_jax.train "
-                                              "--resume {out}", weights_only=_BEFORE + "nothing written"),
-    "interrupted in the final validation": Ending(
-        EXIT_INTERRUPTED, resumable="interrupted during the final validation: checkpoint step {checkpoint_step} saved; "
-                                    "score it with: python -m frontier_jax.evaluate --run {out}",
-        weights_only=_TORCH_INTERRUPTED),
-    "interrupted": Ending(EXIT_INTERRUPTED, resumable="interrupted: checkpoint step {checkpoint_step} saved; continue "
-                                                      "with: python -m frontier_jax.train --resume {out}",
-                          weights_only=_TORCH_INTERRUPTED),
-}
-
-
-def ending(stop_reason: str, resumed: bool = False) -> Ending:
-    """The `ENDINGS` row of a finished run's stop reason (`resumed`: the invocation was a --resume)."""
-    if stop_reason == STOP_FINISHED:
-        return ENDINGS["already finished"]
-    if stop_reason == STOP_NONFINITE:
-        return ENDINGS["diverged"]
-    if not is_interrupted(stop_reason):
-        return ENDINGS["done"]
-    if stop_reason.endswith(BEFORE_TRAINING):
-        return ENDINGS["interrupted before training a resume" if resumed else "interrupted before training"]
-    if stop_reason.endswith(FINAL_VAL_INTERRUPTED):
-        return ENDINGS["interrupted in the final validation"]
-    return ENDINGS["interrupted"]
-
-
-def exit_code(stop_reason: str) -> int:
-    """The entry points' exit status for a finished run: 3 diverged, 130 interrupted, else 0 (`ENDINGS`)."""
-    return ending(stop_reason).exit_code
-
-
-def decide_stop(signalled: str | None, step: int, max_steps: int, elapsed_s: float, budget_s: float) -> str | None:
-    """The stop reason before the next step, or None: a signal first, then max_steps, then the budget.
-
-    `signalled` is the signal's name ("" or None when none arrived; STOP_REQUESTED for stop_after_steps)."""
-    if signalled:
-        return signal_reason(signalled)
-    if step >= max_steps:
-        return STOP_MAX_STEPS
-    if elapsed_s >= budget_s:
-        return STOP_BUDGET
-    return None
+from frontier_jax.config import Config, OptimConfig
+from frontier_jax.errors import BadInput, describe_os_error
+from frontier_jax.policies.schedules import lr_scale, muon_momentum
+from frontier_jax.policies.scoring import val_result
+from frontier_jax.run import rundir, submission
+from frontier_jax.run.endings import (FINAL_VAL_INTERRUPTED, STOP_NONFINITE, STOP_REQUESTED, STOP_SAVE_FAILED,
+                                      STOP_WRITE_FAILED, InterruptedBeforeTraining, decide_stop, is_interrupted,
+                                      signal_reason)
+from frontier_jax.run.interface import RunHook, RunState, Trainer
 
 
 def val_due(step: int, start_step: int, every: int) -> bool:
@@ -157,94 +63,6 @@ def val_due(step: int, start_step: int, every: int) -> bool:
 def checkpoint_due(step: int, every: int) -> bool:
     """Periodic checkpoint after step `step` (0: never)."""
     return bool(every) and step % every == 0
-
-
-class InterruptedBeforeTraining(KeyboardInterrupt):
-    """A signal arrived before the first timed step: nothing was trained, nothing is saved (exit 130).
-    `reason` is the stop reason ("signal SIGINT before training")."""
-
-    def __init__(self, signal_name: str | None):
-        self.reason = f"{signal_reason(signal_name)} {BEFORE_TRAINING}"
-        super().__init__(self.reason)
-
-
-# ----------------------------------------------------------------------------- schedules
-
-
-def muon_momentum(cfg: OptimConfig, step: int) -> float:
-    """Linear warm-up of Muon's momentum from warmup_start to momentum over warmup_steps."""
-    if cfg.muon_momentum_warmup_steps <= 0:
-        return cfg.muon_momentum
-    frac = min(step / cfg.muon_momentum_warmup_steps, 1.0)
-    return (1 - frac) * cfg.muon_momentum_warmup_start + frac * cfg.muon_momentum
-
-
-def lr_scale(cfg: OptimConfig, step: int, elapsed_s: float, budget_s: float, max_steps: int) -> float:
-    """Constant, then linear warmdown to 0 over the last `warmdown_steps` steps (baseline lr_mul).
-
-    time mode: the warmdown length in seconds is warmdown_steps times the measured mean step time,
-    and it starts when the remaining budget drops below that. steps mode: by step count.
-    """
-    w = cfg.warmdown_steps
-    if w <= 0:
-        return 1.0
-    if cfg.warmdown_mode == "steps":
-        start = max(max_steps - w, 0)
-        return max((max_steps - step) / max(w, 1), 0.0) if start <= step < max_steps else 1.0
-    step_s = elapsed_s / max(step, 1)
-    warmdown_s = w * step_s
-    remaining_s = max(budget_s - elapsed_s, 0.0)
-    return remaining_s / max(warmdown_s, 1e-9) if remaining_s <= warmdown_s else 1.0
-
-
-# ----------------------------------------------------------------------------- step geometry, FLOPs, bpb
-
-
-def split_batch(seqs_per_step: int, micro_batch_seqs: int, num_devices: int, process_count: int = 1):
-    """(global sequences per micro-batch, accumulation steps) keeping tokens per step fixed.
-
-    micro_batch_seqs is per device; it shrinks when the global step is smaller than one micro-batch
-    on every device. An impossible split is a ConfigError naming the numbers.
-    """
-    if seqs_per_step % num_devices:
-        raise ConfigError(f"{seqs_per_step} sequences per step cannot be split over {num_devices} devices "
-                          "(train.tokens_per_step / train.seq_len must be a multiple of the device count)")
-    per_device = seqs_per_step // num_devices
-    micro = min(micro_batch_seqs, per_device)
-    if per_device % micro:
-        raise ConfigError(f"{per_device} sequences per device per step is not a multiple of "
-                          f"train.micro_batch_seqs={micro}")
-    global_micro = micro * num_devices
-    if global_micro % process_count:
-        raise ConfigError(f"a micro-batch of {global_micro} sequences cannot be split over {process_count} processes")
-    return global_micro, seqs_per_step // global_micro
-
-
-def step_batch(loader, seqs_per_step: int, accum: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """One step's rows of this process as [accum, rows / accum, T]: a single chunk of tokens_per_step + 1
-    tokens, so the data never depends on how a step is split into devices and micro-batches (and the
-    JAX and PyTorch trainers read exactly the same tokens)."""
-    x, y = loader.next_batch(seqs_per_step)
-    shape = (accum, x.shape[0] // accum, seq_len)
-    return x.reshape(shape), y.reshape(shape)
-
-
-def bpb(nll_nats: float, n_bytes: int) -> float:
-    return float(nll_nats / np.log(2.0) / max(n_bytes, 1))
-
-
-def val_result(sums: dict) -> dict:
-    """Evaluation sums (nll_sum_nats, tokens, bytes) plus the mean loss per token and bits per byte."""
-    return {**sums, "loss": sums["nll_sum_nats"] / max(sums["tokens"], 1), "bpb": bpb(sums["nll_sum_nats"], sums["bytes"])}
-
-
-def val_window_tokens(tokens: np.ndarray, max_tokens: int, seq_len: int) -> np.ndarray:
-    """The val tokens a validation of at most `max_tokens` targets scores (0: all), cut to whole windows."""
-    toks = tokens if not max_tokens else tokens[: min(tokens.size, max_tokens + 1)]
-    return toks[: ((toks.size - 1) // seq_len) * seq_len + 1]
-
-
-# ----------------------------------------------------------------------------- the driver
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,7 +264,7 @@ def _finish(trainer: Trainer, s: RunState, summary_base: dict, save_error: BadIn
             summary.update(val_loss=v["loss"], val_bpb=v["bpb"], val_nll_sum_nats=v["nll_sum_nats"],
                            val_tokens=v["tokens"], val_bytes=v["bytes"])
             # the full split again, on the artifact's weights (kind=roundtrip), unless the trainer has no round trip
-            summary.update(quantize.run_roundtrip(trainer.roundtrip, lambda: _validate(trainer, s, 0, kind="roundtrip"),
+            summary.update(submission.run_roundtrip(trainer.roundtrip, lambda: _validate(trainer, s, 0, kind="roundtrip"),
                                                   trainer.log))
         except KeyboardInterrupt:
             s.stop_reason = summary["stop_reason"] = f"{signal_reason(sig.received)} {FINAL_VAL_INTERRUPTED}"

@@ -1,6 +1,6 @@
-"""The trainer interface: what a trainer supplies to the driver (`frontier_jax.run_policy.run_budgeted`).
+"""The trainer interface: what a trainer supplies to the driver (`frontier_jax.run.driver.run_budgeted`).
 
-`Trainer` is a `typing.Protocol` both trainers implement as a class (`frontier_jax.loop.JaxTrainer`,
+`Trainer` is a `typing.Protocol` both trainers implement as a class (`frontier_jax.trainer.JaxTrainer`,
 `baseline_torch.train.Trainer`). Its required methods are the step, the evaluation sums, the warm-up's
 snapshot/restore, the log, the metrics sink and the summary writer. The optional capabilities have
 defaults here, which a class that names `Trainer` as its base inherits:
@@ -56,7 +56,7 @@ class RunHook:
 
 
 class Trainer(Protocol):
-    """What a trainer supplies to `run_policy.run_budgeted` (the order of the calls: run_policy's docstring)."""
+    """What a trainer supplies to `driver.run_budgeted` (the order of the calls: the driver's docstring)."""
 
     signals: Any
     """The installed signal handlers' state (`rundir.Signals`): `.received` names a signal that arrived (or

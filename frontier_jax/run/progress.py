@@ -1,6 +1,6 @@
 """What a run says while it trains and at its end, for both trainers (no JAX): progress, repetition, final lines.
 
-- `Progress`, a run hook (`frontier_jax.trainer.RunHook`'s methods): on a terminal a tqdm bar
+- `Progress`, a run hook (`frontier_jax.run.interface.RunHook`'s methods): on a terminal a tqdm bar
   (tokens/s, loss, elapsed/budget) and the same lines in train.log only; off a terminal (nohup, Slurm,
   a compare arm's log) one log line every `train.log_every_steps` steps or `train.log_every_seconds`
   seconds, whichever comes first: step, tokens, tokens/s since the previous line, loss, elapsed/budget.
@@ -9,7 +9,7 @@
   compile warm-up) and how many passes over the train split that is, with a WARNING past one pass.
 - `probe_summary`: the MFU denominator from repeated matmul probes (median, spread, how measured).
 - `final_lines`: what an entry point prints last: `val_bpb: X`, then the official script's two
-  round-trip lines (`frontier_jax.quantize.roundtrip_lines`).
+  round-trip lines (`frontier_jax.run.submission.roundtrip_lines`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import time
 
 from frontier_jax.data.shards import shard_token_count
-from frontier_jax.quantize import roundtrip_lines
+from frontier_jax.run.submission import roundtrip_lines
 
 ESTIMATE_STEPS = 10
 ESTIMATE_SECONDS = 10.0

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from frontier_jax.config import Config, apply_overrides, load_config, load_run_config
-from frontier_jax.rundir import CONFIG, RunError
+from frontier_jax.run.rundir import CONFIG, RunError
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 class ResolvedRun(NamedTuple):

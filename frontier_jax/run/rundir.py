@@ -1,6 +1,6 @@
 """The run directory: its file names, preparing it, the run log, signals, metrics, summary, reading it back
-(a run's start-up lifecycle: frontier_jax.startup; run resolution from the entry points' options:
-frontier_jax.resolve).
+(a run's start-up lifecycle: frontier_jax.run.startup; run resolution from the entry points' options:
+frontier_jax.run.resolve).
 
 It imports no JAX (numpy, and matplotlib for the plot), so both trainers write the same layout:
 
@@ -10,9 +10,9 @@ It imports no JAX (numpy, and matplotlib for the plot), so both trainers write t
     train.log      everything the run printed
     metrics.jsonl  one JSON object per train step (kind=train), validation (kind=val; the final one
                    final=true) or round-trip validation (kind=roundtrip)
-    summary.json   the run policy's summary (frontier_jax.run_policy); summary.txt the same as a table
-    curves.png     train loss and val bpb (periodic subset, final full split, round trip; frontier_jax.curves)
-    final_model.int8.ptz  the contest's int8 + zlib artifact (frontier_jax.quantize)
+    summary.json   the run policy's summary (frontier_jax.run.driver); summary.txt the same as a table
+    curves.png     train loss and val bpb (periodic subset, final full split, round trip; frontier_jax.run.curves)
+    final_model.int8.ptz  the contest's int8 + zlib artifact (frontier_jax.interop.quantize)
     checkpoints/   orbax checkpoints, one directory per step (JAX trainer)
     weights.npz    the weights in the interop format (PyTorch baseline)
 
@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 
-from frontier_jax import curves
+from frontier_jax.run import curves
 from frontier_jax.config import Config, load_run_config
 from frontier_jax.data.shards import DataError, atomic_write_text  # noqa: F401 - the one atomic text writer
 from frontier_jax.errors import BadInput

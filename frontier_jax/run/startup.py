@@ -1,7 +1,7 @@
 """A run's start-up, written once for both trainers: signals, claiming the run directory, the release,
 and the lines every run log starts with.
 
-`start_run` is the lifecycle (`frontier_jax.loop.run` and `baseline_torch.train.run` call it): the
+`start_run` is the lifecycle (`frontier_jax.trainer.run` and `baseline_torch.train.run` call it): the
 signal handlers first (a signal during set-up or warm-up stops cleanly), the trainer's set-up (every
 input checked before anything is written), a signal by then stopping with nothing written, the run
 directory created and locked (`rundir.claim_run_dir`: one process per directory), the trainer's body,
@@ -17,11 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from frontier_jax import rundir
+from frontier_jax.run import rundir
 from frontier_jax.config import Config, config_hash, model_hash
 from frontier_jax.errors import BadInput
-from frontier_jax.run_policy import BEFORE_TRAINING, STOP_FINISHED, InterruptedBeforeTraining, signal_reason
-from frontier_jax.rundir import RunLog, Signals
+from frontier_jax.run.endings import BEFORE_TRAINING, STOP_FINISHED, InterruptedBeforeTraining, signal_reason
+from frontier_jax.run.rundir import RunLog, Signals
 
 
 @dataclasses.dataclass
