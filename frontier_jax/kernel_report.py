@@ -1,4 +1,5 @@
-"""`python -m frontier_jax.kernel_report`: the trn1 step estimate from the traced program (the command line of `frontier_jax.neuron.kernel_report`)."""
+"""`python -m frontier_jax.kernel_report`: the trn1 step estimate from the traced program
+(the command line of `frontier_jax.neuron.kernel_report`)."""
 
 import sys
 

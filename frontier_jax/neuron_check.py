@@ -1,4 +1,5 @@
-"""`python -m frontier_jax.neuron_check`: the trainer's programs checked against AWS's documented JAX limits (the command line of `frontier_jax.neuron.check`)."""
+"""`python -m frontier_jax.neuron_check`: the trainer's programs checked against AWS's documented JAX limits
+(the command line of `frontier_jax.neuron.check`)."""
 
 import sys
 

@@ -1,4 +1,5 @@
-"""`python -m frontier_jax.profile`: timelines of kernel calls on one NeuronCore's engines (the command line of `frontier_jax.neuron.profile`)."""
+"""`python -m frontier_jax.profile`: timelines of kernel calls on one NeuronCore's engines
+(the command line of `frontier_jax.neuron.profile`)."""
 
 import sys
 

@@ -149,7 +149,7 @@ class Setup:
     global_micro: int
     accum: int
     kernel_rows: list
-    program_findings: list | None  # the Neuron program check's findings (None: not on Neuron)
+    program_report: str | None  # the Neuron program check's report for the log (None: not on Neuron)
     env: dict
     dtypes: dtype_policy.Dtypes  # resolved once, for every use below
     tx: object  # the optimizer, built once (the Neuron program check traces this one)
@@ -166,15 +166,16 @@ def _setup(cfg: Config) -> Setup:
     dtypes = dtype_policy.resolve(cfg, jax.default_backend())
     tx = optim.build_optimizer(cfg.optim, dtypes.muon_ns)
     kernel_rows = ops.configure(t.kernels, unused=ops.unused_ops(cfg.optim.fused))
-    program_findings = _neuron_program_check(cfg, dp, dtypes, tx)
+    program_report = _neuron_program_check(cfg, dp, dtypes, tx)
     env = {**parallel.environment(), "host_allocator": host.tune_allocator(t.allocator)}
-    return Setup(dp, global_micro, accum, kernel_rows, program_findings, env, dtypes, tx,
+    return Setup(dp, global_micro, accum, kernel_rows, program_report, env, dtypes, tx,
                  load_for_config(cfg))  # the data: all checks before the run directory is touched
 
 
-def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx):
-    """On Neuron, the trainer's programs against AWS's documented JAX limits (frontier_jax.neuron.check);
-    strict mode refuses a failing program in one line naming the rule and the op."""
+def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx) -> str | None:
+    """On Neuron, the trainer's programs (in its dtypes, with its optimizer) against AWS's documented JAX limits
+    (frontier_jax.neuron.check): the report for the run log; strict mode refuses a failing program in one line
+    naming the rule and the op."""
     if jax.default_backend() != "neuron":
         return None
     from frontier_jax.neuron import check as neuron_check
@@ -182,7 +183,7 @@ def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dt
     findings = neuron_check.check_config(cfg, dp.num_devices, dtypes, tx)
     if findings and cfg.train.kernels == "strict":
         raise ops.KernelUnavailableError(neuron_check.strict_error(findings))
-    return findings
+    return neuron_check.format_report(cfg.name, dp.num_devices, findings)
 
 
 class JaxTrainer(Trainer):
@@ -192,7 +193,8 @@ class JaxTrainer(Trainer):
 
     def __init__(self, cfg: Config, out_dir: Path, log: RunLog, s: Setup, restored, skipped=()):
         t, dp = cfg.train, s.dp
-        self.cfg, self.out_dir, self.log, self.dp, self.tx, self.compute_dtype = cfg, out_dir, log, dp, s.tx, s.dtypes.compute
+        self.cfg, self.out_dir, self.log, self.dp, self.tx = cfg, out_dir, log, dp, s.tx
+        self.compute_dtype = s.dtypes.compute
         self.restored, self.meta = restored, restored[2] if restored else None
         self.setup, self.skipped = s, list(skipped)
         self.seqs_per_step, self.accum, self.metrics_log = t.tokens_per_step // t.seq_len, s.accum, None
@@ -204,10 +206,8 @@ class JaxTrainer(Trainer):
             f"{s.dtypes.muon_ns} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
         log(ops.format_kernel_table(s.kernel_rows) + "\n(every kernel-backed op runs per device on its shard of the "
             "batch, inside jax.shard_map)")
-        if s.program_findings is not None:
-            from frontier_jax.neuron import check as neuron_check
-
-            log(neuron_check.format_report(cfg.name, dp.num_devices, s.program_findings))
+        if s.program_report is not None:
+            log(s.program_report)
         data = s.data
         self.val_tokens = data.val_tokens
         self.ngram = ngram_runtime.for_config(cfg.ngram, data.train_files, out_dir, log, dp.replicated)

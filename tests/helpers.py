@@ -127,7 +127,8 @@ class FakeTrainer(Trainer):
                  checkpoints=False, resume=None):
         self.clock, self.step_s, self.eval_s, self.save_s = clock or FakeClock(), step_s, eval_s, save_s
         self.nan_at, self.signal_at = set(nan_at), signal_at
-        self.trained, self.calls, self.events, self.rows, self.saves, self.evals, self.schedule = 0, 0, [], [], [], [], []
+        self.trained, self.calls, self.schedule = 0, 0, []
+        self.events, self.rows, self.saves, self.evals = [], [], [], []
         self.signals, self.summaries, self.discarded, self.plugins = FakeSignals(), [], [], []
         if checkpoints:
             self.checkpoints, self.save, self.discard = True, self._save, self.discarded.append

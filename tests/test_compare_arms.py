@@ -108,7 +108,7 @@ def test_other_bad_input_is_one_line_exit_2(byte_data, tmp_path, capsys, case):
 
 def test_interrupt_keeps_finished_runs(tmp_path):
     out = tmp_path / "cmp"
-    cmd = [sys.executable, "-m", "frontier_jax.compare.arms", "--arm", "fast=" + _py('print("val_bpb: 1.25")'),
+    cmd = [sys.executable, "-m", "frontier_jax.compare", "--arm", "fast=" + _py('print("val_bpb: 1.25")'),
            "--arm", "slow=" + _py("import time; time.sleep(60)"), "--budget", "3", "--seeds", "2", "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60

@@ -109,7 +109,7 @@ def test_artifact_written_atomically_and_bad_artifacts_refused_in_one_line(tmp_p
     assert [p.name for p in tmp_path.iterdir()] == [quantize.ARTIFACT]
     assert quantize.load_artifact(path)["__quant_format__"] == quantize.FORMAT
     cases = {"garbage": b"not zlib", "zlib of garbage": zlib.compress(b"garbage"),
-             "other format": zlib.compress(__import__("frontier_jax.interop.torch_format").torch_format.dumps({"a": 1}))}
+             "other format": zlib.compress(__import__("frontier_jax.interop.torch_format", fromlist=["dumps"]).dumps({"a": 1}))}
     for name, data in cases.items():
         (tmp_path / name).write_bytes(data)
         with pytest.raises(ArtifactError) as e:

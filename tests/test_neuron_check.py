@@ -134,7 +134,8 @@ def test_strict_mode_refuses_a_failing_program_in_one_line(monkeypatch, byte_dat
     with pytest.raises(ops.KernelUnavailableError) as e:
         trainer._neuron_program_check(strict, dp, dtypes, tx)
     assert "\n" not in str(e.value) and "rule cond" in str(e.value) and "shard_map/cond" in str(e.value)
-    assert trainer._neuron_program_check(auto, dp, dtypes, tx) == [bad]  # logged, not refused
+    report = trainer._neuron_program_check(auto, dp, dtypes, tx)  # logged, not refused
+    assert report == neuron_check.format_report(auto.name, 1, [bad]) and "FAIL  cond" in report
     assert seen == [(dtypes, tx)] * 2  # the run's own dtypes and optimizer are traced: built once, handed over
     monkeypatch.setattr(trainer.jax, "default_backend", lambda: "cpu")
     assert trainer._neuron_program_check(strict, dp, dtypes, tx) is None and len(seen) == 2

@@ -62,7 +62,7 @@ def test_experimental_kernels_are_listed_unused_with_the_reason():
 
 def test_the_production_path_imports_no_experimental_op():
     """Training and evaluation never import frontier_jax.ops.experimental; the table still lists its kernels."""
-    code = ("import sys; from frontier_jax import evaluate, loop, ops; rows = ops.configure('auto'); "
+    code = ("import sys; from frontier_jax import evaluate, ops, trainer; rows = ops.configure('auto'); "
             "print(any(m.startswith('frontier_jax.ops.experimental') for m in sys.modules), "
             "[r.op for r in rows if r.impl == 'unused'])")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -137,7 +137,7 @@ def _train_three_steps(cfg):
     from frontier_jax import optim
     from frontier_jax.model import GPT
 
-    graphdef, params = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=cfg.model.compute_dtype))
     tx = optim.build_optimizer(cfg.optim)
     opt_state = tx.init(params)
 

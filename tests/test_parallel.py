@@ -199,7 +199,7 @@ def test_mfu_peak_is_documented_for_trn1_and_a_repeated_probe_elsewhere(monkeypa
     assert doc["peak_source"].startswith("documented: AWS Trainium") and "trainium.rst" in doc["peak_source"]
     monkeypatch.undo()
     calls = []
-    monkeypatch.setattr(report, "measure_matmul_peak", lambda dtype, round_=0: calls.append(round_) or 100.0 + round_)
+    monkeypatch.setattr(parallel, "measure_matmul_peak", lambda dtype, round_=0: calls.append(round_) or 100.0 + round_)
     probe = parallel.matmul_peak(jnp.float32)
     assert calls == list(range(parallel.PROBE_ROUNDS)) and probe["matmul_peak_flops"] == 102.0
     assert probe["peak_spread"] == [100.0, 104.0] and probe["peak_source"].startswith("measured: median of 5 probes")

@@ -19,8 +19,9 @@ from helpers import REPO, FakeClock, FakeTrainer
 
 def test_the_run_room_and_the_policies_load_no_jax():
     mods = [p.stem for p in (REPO / "frontier_jax" / "run").glob("*.py") if p.stem != "__init__"]
-    code = (f"import sys, frontier_jax.policies.dtypes, frontier_jax.policies.geometry, frontier_jax.policies.groups, "
-            f"frontier_jax.policies.schedules, frontier_jax.policies.scoring, {', '.join('frontier_jax.run.' + m for m in mods)}; "
+    policies = ("dtypes", "geometry", "groups", "schedules", "scoring")
+    names = [f"frontier_jax.policies.{m}" for m in policies] + [f"frontier_jax.run.{m}" for m in mods]
+    code = (f"import sys, {', '.join(names)}; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'optax', 'orbax')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)

@@ -1,5 +1,5 @@
-"""The trainer interface (frontier_jax.run.interface): a trainer with only the required methods (tests/helpers.FakeTrainer
-as it comes) runs the driver with the optional capabilities' defaults."""
+"""The trainer interface (frontier_jax.run.interface): a trainer with only the required methods
+(tests/helpers.FakeTrainer as it comes) runs the driver with the optional capabilities' defaults."""
 
 from __future__ import annotations
 

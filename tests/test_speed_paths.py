@@ -74,7 +74,7 @@ def test_causality_by_gradient_with_blocks():
 
 def test_direct_reference_equals_the_primitive_path():
     cfg = ModelConfig(vocab_size=64, num_layers=2, model_dim=32, num_heads=4, num_kv_heads=2, compute_dtype="float32")
-    graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0), compute_dtype=cfg.compute_dtype))
     params = jax.tree_util.tree_map(lambda p: p + 0.01, params)  # zero-init projections get a gradient path
     x = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 128)), jnp.int32)
     loss = lambda p: jnp.mean(nnx.merge(graphdef, p)(x, jnp.roll(x, -1, 1)))
@@ -87,7 +87,7 @@ def test_direct_reference_equals_the_primitive_path():
 
 def test_train_step_compiles_once_across_schedule_values():
     cfg = ModelConfig(vocab_size=64, num_layers=1, model_dim=32, num_heads=4, num_kv_heads=2, compute_dtype="float32")
-    graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(GPT(cfg, rngs=nnx.Rngs(0), compute_dtype=cfg.compute_dtype))
     tx = optim.build_optimizer(OptimConfig(muon_ns_dtype="float32"))
     opt_state = tx.init(params)
     step = make_train_step(graphdef, tx)

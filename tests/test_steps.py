@@ -20,6 +20,7 @@ from frontier_jax.ops import dispatch
 from frontier_jax import trainer, ops, optim
 from frontier_jax.data.tokenizer import ByteTables
 from frontier_jax.parallel import make_data_parallel
+from frontier_jax.policies import dtypes
 from frontier_jax.steps import make_eval_step, make_train_step, q_gains
 
 EMULATED = ops.OPS  # every op a training run calls
@@ -95,7 +96,7 @@ def test_score_bound_metric_is_the_updated_gains_bound(byte_data):
     """The train step returns ops.score_bound of the gains after its update: the next step's choice."""
     cfg = tiny_config(byte_data)
     dp = make_data_parallel(1)
-    tx = optim.build_optimizer(cfg.optim)
+    tx = optim.build_optimizer(cfg.optim, dtypes.resolve(cfg, jax.default_backend()).muon_ns)
     graphdef, params, opt_state, _ = trainer.init_state(cfg, tx, jnp.float32, dp)
     step = make_train_step(graphdef, tx, mesh=dp.mesh, head_dim=cfg.model.head_dim, donate=False)
     x = np.random.default_rng(0).integers(0, 256, (1, 4, cfg.train.seq_len)).astype(np.int32)
