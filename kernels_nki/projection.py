@@ -209,17 +209,17 @@ def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, ident, dx_NI=None, wT=None):
             x_t, dy_t = tile(x_g, g, j, I), tile(dy_g, g, j, c1 - c0)
             if dx_NI != None:  # noqa: E711
                 matmul_rows(transposed(dy_t, p, O, dt, ident), wT, chunks(O), [tile(dx_g, g, j, I)], p)
-            for o in nl.affine_range(o1 - o0):
+            for o in range(o1 - o0):
                 w = min(W, c1 - c0 - o * W)
-                for i in nl.affine_range(cdiv(I, P)):
+                for i in range(cdiv(I, P)):
                     k = min(P, I - i * P)
                     nisa.nc_matmul(dst=acc[i][o][0:k, 0:w], stationary=x_t[0:p, i * P:i * P + k],
                                    moving=dy_t[0:p, o * W:o * W + w])
         if dx_NI != None:  # noqa: E711
             store(dx_NI, g, dx_g)
-    for o in nl.affine_range(o1 - o0):
+    for o in range(o1 - o0):
         w = min(W, c1 - c0 - o * W)
-        for i in nl.affine_range(cdiv(I, P)):
+        for i in range(cdiv(I, P)):
             k = min(P, I - i * P)
             out = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
             evacuate(out[0:k, 0:w], acc[i][o][0:k, 0:w], i % 2 == 0)
@@ -310,7 +310,7 @@ def projection_bwd(x_NI, w_IO, dy_NO):
     if banks <= PSUM_BANKS:  # every dw slice in one pass over x
         _dw_pass(x_NI, dy_NO, dw_IO, 0, slices, dt, ident)
         return dx_NI, dw_IO
-    for o in nl.affine_range(slices):  # one pass over x per 512-column slice
+    for o in range(slices):  # one pass over x per 512-column slice
         _dw_pass(x_NI, dy_NO, dw_IO, o, o + 1, dt, ident)
     return dx_NI, dw_IO
 
@@ -420,7 +420,7 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixin
         token_sums(pairs, g, I, mixing[3])
     if pend_dw != None:  # noqa: E711
         dw_block(acc, pend_dw[0], pend_dw[1], I, O)
-    for i in nl.affine_range(cdiv(I, P)):
+    for i in range(cdiv(I, P)):
         k = min(P, I - i * P)
         nisa.dma_copy(dst=dw_IO[i * P:i * P + k], src=acc[i][0:k])
 

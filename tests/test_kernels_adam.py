@@ -10,14 +10,14 @@ import pytest
 
 from frontier_jax import ops
 from frontier_jax import reference as ref
-from kernels_nki import emulator
+from kernels_nki import emulator, registry
 
 HP = dict(b1=0.9, b2=0.95, eps=1e-8)
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    return emulator.load_kernel_module("kernels_nki.adam").adam_update
+    return registry.load_emulated("adam_update").adam_update
 
 
 def _inputs(n, dtype, seed=0, t=3):

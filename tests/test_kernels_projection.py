@@ -11,12 +11,12 @@ import pytest
 from conftest import KERNEL_TOL as TOL
 from conftest import assert_close_max as _assert_close
 from frontier_jax import reference as ref
-from kernels_nki import emulator
+from kernels_nki import emulator, registry
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    return emulator.load_kernel_module("kernels_nki.projection")
+    return registry.load_emulated("projection")
 
 
 @pytest.mark.parametrize("dtype,N,I,O", [
