@@ -291,7 +291,11 @@ RULES: tuple[Rule, ...] = (
       "bank holds one accumulation group; a second group opened by inference in a bank another group has written "
       "(its first write overwrites per location, accumulates per bank), or a write covering locations the group "
       "has and has not written, is valid under one reading only. An explicit accumulate flag is the same under "
-      "both. A bank is fresh from its tile's allocation; the emulator computes per location (reading 'any').",
+      "both. A TensorE nc_transpose is such a matmul ('equivalent to calling nisa.nc_matmul directly with "
+      "is_transpose=True', its accumulate 'Not exposed'), so transposes sharing a bank go through nc_matmul with "
+      "explicit flags (AWS's nki-library attention_bwd puts several nc_transposes in one PSUM tile: refused "
+      "strict, run under 'any'). A bank is fresh from its tile's allocation; the emulator computes per location "
+      "(reading 'any').",
       strict=True),
     R("strict.row_tile_partitions", "a row-tiled nc_matmul (tile_position / tile_size) reads stationary and "
       "moving on its row tile's partitions (start_row .. start_row + row_size)", ALL,
