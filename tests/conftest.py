@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from frontier_jax.run import host
-from helpers import KERNEL_TOL, assert_close_max  # noqa: F401 (the kernel test files import these from here)
 from helpers import DEV_JSONL_NAME, SHARED_DATA, SP_MODEL_NAME, tiny_config, write_byte_dataset
 
 # JAX's persistent compilation cache, shared by this session and the processes its tests start (they inherit

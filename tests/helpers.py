@@ -5,6 +5,7 @@ for the driver's tests."""
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,43 @@ def assert_close_max(a, b, tol):
     assert not np.isnan(a).any()
     err, bound = np.abs(a - b).max(), tol + tol * np.abs(b).max()
     assert err <= bound, f"max |a-b| = {err:.3g} > {bound:.3g}"
+
+
+# Kernels written as source for the emulator's tests (tests/test_emulator_*.py), loaded as modules by name.
+_kernel_modules = [0]
+
+
+def write_kernel(tmp_path, monkeypatch, body: str, header: str = "", sig: str = "a", mark_jit: bool = False):
+    """Write a kernel module (`header` lines, then `@nki.jit def k(<sig>):` with `body`) importable by name.
+
+    Returns (module name, "path:line" of the line marked `# <-`, or of the @nki.jit line when mark_jit)."""
+    _kernel_modules[0] += 1
+    name = f"emu_case_{_kernel_modules[0]}"
+    src = f"import nki\nimport nki.language as nl\nimport nki.isa as nisa\n{header}\n\n"
+    src += f"@nki.jit{'  # <-' if mark_jit else ''}\ndef k({sig}):\n"
+    src += textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + "\n"
+    path = tmp_path / f"{name}.py"
+    path.write_text(src)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = next((i + 1 for i, text in enumerate(src.splitlines()) if "# <-" in text), None)
+    return name, f"{path}:{line}"
+
+
+def load_kernel(tmp_path, monkeypatch, body: str, reading: str = "any", **kw):
+    """Write and load (AST pass, then execution against the emulated nki, under `reading`) a kernel module ->
+    (its kernel k, the marked line)."""
+    from kernels_nki import emulator
+
+    name, where = write_kernel(tmp_path, monkeypatch, body, **kw)
+    return emulator.load_kernel_module(name, reading=reading).k, where
+
+
+def run_kernel(tmp_path, monkeypatch, body, *args, target="trn1", **kw):
+    """Write, load and run a kernel module on `args`: its first output."""
+    from kernels_nki import emulator
+
+    k, _ = load_kernel(tmp_path, monkeypatch, body, **kw)
+    return emulator.run(k, *args, target=target)[0]
 
 
 _WORDS = ("the of and to in is was for on that with as by at from his her it an were are which this be or "

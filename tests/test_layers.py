@@ -23,7 +23,6 @@ ROOMS = {"data", "ngram", "policies", "run", "ops", "neuron", "interop", "compar
 # `python -m frontier_jax.<name>` of a command line that moved into the neuron room
 ENTRY_ALIASES = {"neuron_check": "neuron.check", "kernel_report": "neuron.kernel_report", "profile": "neuron.profile"}
 # old paths the kernel test files (tests/test_kernels_*.py, owned by the kernel work) still import
-MODULE_ALIASES = {"reference": "ops.reference", "dispatch": "ops.dispatch", "experimental.ops": "ops.experimental"}
 
 
 def test_import_linter_contracts_are_kept():
@@ -93,8 +92,8 @@ def test_the_ground_contract_forbids_every_other_module():
 def test_the_top_level_holds_the_named_modules_and_rooms_only():
     modules = {p.stem for p in PKG.glob("*.py")} - {"__init__"}
     packages = {p.name for p in PKG.iterdir() if p.is_dir() and any(p.glob("*.py"))}
-    assert modules == TOP_LEVEL | set(ENTRY_ALIASES) | {m for m in MODULE_ALIASES if "." not in m}
-    assert packages == ROOMS | {m.split(".")[0] for m in MODULE_ALIASES if "." in m}
+    assert modules == TOP_LEVEL | set(ENTRY_ALIASES)
+    assert packages == ROOMS
 
 
 @pytest.mark.parametrize("room", sorted(ROOMS))
@@ -120,12 +119,3 @@ def test_an_entry_point_alias_only_hands_over_to_its_room(name, target):
     assert [type(s) for s in body] == [ast.Import, ast.ImportFrom, ast.If]
     assert body[1].module == f"frontier_jax.{target}" and [a.name for a in body[1].names] == ["main"]
     assert ast.unparse(body[2]) == "if __name__ == '__main__':\n    sys.exit(main())"
-
-
-@pytest.mark.parametrize("name, target", sorted(MODULE_ALIASES.items()))
-def test_a_module_alias_is_its_room_module(name, target):
-    import importlib
-
-    body = _alias_body(PKG / (name.replace(".", "/") + ".py"))
-    assert [type(s) for s in body] == [ast.Import, ast.ImportFrom, ast.Assign]
-    assert importlib.import_module(f"frontier_jax.{name}") is importlib.import_module(f"frontier_jax.{target}")

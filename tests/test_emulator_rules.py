@@ -1,9 +1,11 @@
-"""Every row of the emulator's rule table has a negative test (a tiny kernel breaking it is rejected with the
-rule id, its AWS source and the kernel's file:line) and a valid twin (passes and matches NumPy).
+"""The emulator's rule table (kernels_nki/emulator/rules.py): every row has a negative test (a tiny kernel breaking
+it is rejected with the rule id, its AWS source and the kernel's file:line) and a valid twin (passes and matches
+NumPy); a strict row's negative form runs under reading "any" (the other reading of AWS's documents) and is
+refused under reading "strict", its twin valid under both.
 
 A case: `bad` / `good` kernel bodies (`# <-` marks the line the error must name), optional per-twin
-`target`, `header`, `sig`, `args` (arguments built from the float32 input `a`), `launch` (e.g. an LNC grid);
-`bad_<key>` / `good_<key>` override a key for one twin;
+`target`, `header`, `sig`, `args` (arguments built from the float32 input `a`), `launch` (e.g. an LNC grid),
+`reading` ("strict" for the strict rows); `bad_<key>` / `good_<key>` override a key for one twin;
 and `ref` (the NumPy value of the good kernel's output, from `a`). `mark_jit`: the error names the
 @nki.jit line (interface rules).
 """
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_kernels_emulator import write_kernel
+from helpers import write_kernel
 
 from kernels_nki import emulator
 from kernels_nki.emulator import rules
@@ -302,7 +304,31 @@ CASES = {
                      "on_false_value=0.0, cmp_op=nl.greater_equal)  # <-"),
         good=unary("nisa.affine_select(r, [[-1, 64]], 1, t, -5.0, cmp_op=nl.greater_equal)"),
         ref=lambda a: np.where(np.arange(128)[:, None] >= np.arange(64)[None, :], a, -5.0)),
+    # ------------------------------------------------------------------ the strict reading
+    "strict.transpose_dtype": dict(  # bf16 data: nc_transpose refused; a matmul against the identity into fp32
+        reading="strict",
+        bad=HEAD + "q = nl.load(a[0:64], dtype=nl.bfloat16)\np = nl.ndarray((64, 64), dtype=nl.bfloat16, buffer=nl.psum)\n"
+        "nisa.nc_transpose(dst=p, data=q)  # <-\nr = t\n" + TAIL,
+        good="out = nl.ndarray((64, 64), dtype=a.dtype, buffer=nl.shared_hbm)\nq = nl.load(a[0:64], dtype=nl.bfloat16)\n"
+        "eye = nl.shared_identity_matrix(64, dtype=nl.bfloat16)\n"
+        "p = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.psum)\nnisa.nc_matmul(p, q, eye, is_transpose=True)\n"
+        "r = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.sbuf)\nnisa.activation(dst=r, op=nl.copy, data=p)\n"
+        + TAIL, ref=lambda a: bf(a[:64]).T),
+    "strict.accumulate_inference": dict(  # two accumulation groups in one bank: inferred, then explicit
+        reading="strict",
+        bad=matmul("nisa.nc_matmul(acc[:, 0:32], s, m[:, 0:32])\nnisa.nc_matmul(acc[:, 32:64], s, m[:, 32:64])  # <-"),
+        good=matmul("nisa.nc_matmul(acc[:, 0:32], s, m[:, 0:32], accumulate=False)\n"
+                    "nisa.nc_matmul(acc[:, 32:64], s, m[:, 32:64], accumulate=False)"),
+        ref=lambda a: bf(a).T @ bf(a)),
+    "strict.row_tile_partitions": dict(  # the bottom row tile multiplies partitions 64..127
+        reading="strict",
+        bad=matmul("nisa.nc_matmul(acc, s[0:64], m[0:64], tile_position=(64, 0), tile_size=(64, 128))  # <-"),
+        good=matmul("nisa.nc_matmul(acc, s[64:128], m[64:128], tile_position=(64, 0), tile_size=(64, 128))"),
+        ref=lambda a: bf(a)[64:, :64].T @ bf(a)[64:]),
+    "strict.loop_alias": dict(reading="strict", bad="for i in nl.affine_range(2):  # <-\n    a = a\n" + COPY,
+                              good="for i in range(2):\n    a = a\n" + COPY),
 }
+STRICT = sorted(r.id for r in rules.RULES if r.strict)
 
 
 def _build(tmp_path, monkeypatch, case: dict, which: str):
@@ -310,12 +336,12 @@ def _build(tmp_path, monkeypatch, case: dict, which: str):
     name, where = write_kernel(tmp_path, monkeypatch, case[which], header=get("header", ""), sig=get("sig", "a"),
                                mark_jit=case.get("mark_jit", False))
     args = get("args", lambda a: (a,))(A)
-    return name, where, args, get("target", "trn1"), get("launch", 1)
+    return name, where, args, get("target", "trn1"), get("launch", 1), get("reading", "any")
 
 
-def _run(name, args, target, launch):
+def _run(name, args, target, launch, reading="any"):
     k = emulator.load_kernel_module(name).k
-    return emulator.run(k[launch] if launch != 1 else k, *args, target=target)[0]
+    return emulator.run(k[launch] if launch != 1 else k, *args, target=target, reading=reading)[0]
 
 
 def test_every_rule_has_a_negative_case_and_a_valid_twin():
@@ -323,13 +349,16 @@ def test_every_rule_has_a_negative_case_and_a_valid_twin():
     for rule in rules.RULES:
         assert rule.targets and set(rule.targets) <= set(rules.TARGETS) and rule.source.strip(), rule.id
         assert rule.kind in ("runtime", "ast"), rule.id
+        # a strict row is checked under reading "strict" only, and says how the documents disagree
+        assert rule.strict == rule.id.startswith("strict.") == (CASES[rule.id].get("reading") == "strict"), rule.id
+        assert not rule.strict or (rule.reading and rule.source.count("'") >= 4), rule.id
 
 
 @pytest.mark.parametrize("rule_id", sorted(CASES))
 def test_violation_is_rejected_naming_rule_source_and_line(tmp_path, monkeypatch, rule_id):
-    name, where, args, target, launch = _build(tmp_path, monkeypatch, CASES[rule_id], "bad")
+    name, where, args, target, launch, reading = _build(tmp_path, monkeypatch, CASES[rule_id], "bad")
     with pytest.raises(emulator.NkiRuleError) as info:
-        _run(name, args, target, launch)
+        _run(name, args, target, launch, reading)
     err = info.value
     assert err.rule.id == rule_id, str(err)
     assert str(err).startswith(f"{where}: [{rule_id}]"), str(err)
@@ -339,10 +368,90 @@ def test_violation_is_rejected_naming_rule_source_and_line(tmp_path, monkeypatch
 @pytest.mark.parametrize("rule_id", sorted(CASES))
 def test_valid_twin_passes_and_matches_numpy(tmp_path, monkeypatch, rule_id):
     case = CASES[rule_id]
-    name, _, args, target, launch = _build(tmp_path, monkeypatch, case, "good")
-    out = _run(name, args, target, launch)
+    name, _, args, target, launch, reading = _build(tmp_path, monkeypatch, case, "good")
+    out = _run(name, args, target, launch, reading)
     ref = case.get("ref", lambda a: a)(A.astype(np.float64))
     np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("rule_id", STRICT)
+def test_strict_forms_run_under_the_reading_any(tmp_path, monkeypatch, rule_id):
+    """A strict row's negative form is valid under one documented reading: reading "any" (the default, AWS's
+    kernels run under it) accepts it."""
+    name, _, args, target, launch, _ = _build(tmp_path, monkeypatch, CASES[rule_id], "bad")
+    out = _run(name, args, target, launch, "any")
+    assert np.asarray(out).shape
+    with pytest.raises(emulator.NkiRuleError, match=rf"\[{rule_id}\]"):
+        _run(name, args, target, launch, "strict")
+    rules.violate(rule_id, "probe", "trn1")  # reading "any": returns
+
+
+def test_strict_transposes_on_trn1(tmp_path, monkeypatch):
+    """On NeuronCore-v2 a TensorE nc_transpose of bf16 data is valid under one reading whatever its PSUM dtype (bf16
+    by nc_transpose's text, fp32 by the matmul's): both refused; fp32 data into fp32 PSUM is valid under both;
+    on trn2 (transpose mode, bf16 PSUM output documented) the rule does not apply."""
+    body = ("out = nl.ndarray((64, 64), dtype=a.dtype, buffer=nl.shared_hbm)\nq = nl.load(a[0:64], dtype={dt})\n"
+            "p = nl.ndarray((64, 64), dtype={ps}, buffer=nl.psum)\nnisa.nc_transpose(dst=p, data=q)  # <-\n"
+            "r = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.sbuf)\nnisa.activation(dst=r, op=nl.copy, data=p)\n"
+            + TAIL)
+    for dt, ps in (("nl.bfloat16", "nl.bfloat16"), ("nl.bfloat16", "nl.float32"), ("nl.float32", "nl.float32")):
+        name, where = write_kernel(tmp_path, monkeypatch, body.format(dt=dt, ps=ps))
+        k = emulator.load_kernel_module(name).k
+        want = bf(A[:64]).T if dt == "nl.bfloat16" else A[:64].T
+        np.testing.assert_allclose(emulator.run(k, A)[0], want, rtol=1e-6)
+        np.testing.assert_allclose(emulator.run(k, A, target="trn2", reading="strict")[0], want, rtol=1e-6)
+        if dt == "nl.float32":
+            np.testing.assert_allclose(emulator.run(k, A, reading="strict")[0], want, rtol=1e-6)
+            continue
+        with pytest.raises(emulator.NkiRuleError, match=r"\[strict.transpose_dtype\]") as info:
+            emulator.run(k, A, reading="strict")
+        assert str(info.value).startswith(where)
+
+
+ACC = """
+out = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+s = nl.load(a, dtype=nl.bfloat16)
+m = s
+acc = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+other = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.psum)
+{lines}
+r = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.sbuf)
+nisa.tensor_copy(dst=r, src=acc[0:64, 0:64])
+nl.store(out, r)
+return out
+"""
+
+
+@pytest.mark.parametrize("lines,ok", [
+    # one group accumulating over the contraction by inference: valid
+    ("for i in range(2):\n    nisa.nc_matmul(acc[0:64, 0:64], s[64 * i:64 * i + 64], m[64 * i:64 * i + 64])", True),
+    # a second group in another tile (another bank) by inference: valid
+    ("nisa.nc_matmul(acc[0:64, 0:64], s, m)\nnisa.nc_matmul(other, s, m)", True),
+    # a second group beside the first in its bank by inference: overwrites per location, accumulates per bank
+    ("nisa.nc_matmul(acc[0:64, 0:32], s, m[:, 0:32])\nnisa.nc_matmul(acc[0:64, 32:64], s, m[:, 32:64])", False),
+    # a write covering written and unwritten locations of the group: half of it overwrites per location
+    ("nisa.nc_matmul(acc[0:64, 0:32], s, m[:, 0:32])\nnisa.nc_matmul(acc[0:64, 0:64], s, m)", False),
+    # other partitions (the column tile at 64) hold their own banks: valid
+    ("nisa.nc_matmul(acc[0:64, 0:64], s, m, tile_position=(0, 0), tile_size=(128, 64))\n"
+     "nisa.nc_matmul(acc[64:128, 0:64], s, m, tile_position=(0, 64), tile_size=(128, 64))", True),
+    # explicit flags: as many groups in a bank as the kernel opens
+    ("nisa.nc_matmul(acc[0:64, 0:32], s, m[:, 0:32], accumulate=False)\n"
+     "nisa.nc_matmul(acc[0:64, 32:64], s, m[:, 32:64], accumulate=False)\n"
+     "nisa.nc_matmul(acc[0:64, 32:64], s, m[:, 32:64], accumulate=True)", True),
+])
+def test_strict_accumulate_inference_per_bank_and_partition(tmp_path, monkeypatch, lines, ok):
+    """Inference reads the same per bank (of one partition: '8 PSUM banks per partition') and per location while
+    each partition's bank holds one accumulation group, in count-only mode too (the step estimate's)."""
+    name, _ = write_kernel(tmp_path, monkeypatch, ACC.format(lines=lines))
+    k = emulator.load_kernel_module(name).k
+    emulator.run(k, A)  # reading "any": every case runs
+    for run in (lambda: emulator.run(k, A, reading="strict"),
+                lambda: emulator.count(k, (A.shape, "float32"), reading="strict")):
+        if ok:
+            run()
+        else:
+            with pytest.raises(emulator.NkiRuleError, match=r"\[strict.accumulate_inference\]"):
+                run()
 
 
 def test_target_only_rules_are_skipped_on_other_targets():
@@ -350,9 +459,9 @@ def test_target_only_rules_are_skipped_on_other_targets():
     v2_only = [r for r in rules.RULES if r.targets == ("trn1",)]
     assert {r.id for r in v2_only} >= {"tensor_copy.scalar", "activation.bias_vector", "dma.indirect", "dma.hwdge"}
     for r in v2_only:
-        rules.violate(r.id, "probe", "trn2")  # returns without raising
+        rules.violate(r.id, "probe", "trn2", reading="strict")  # returns without raising
         with pytest.raises(emulator.NkiRuleError):
-            rules.violate(r.id, "probe", "trn1")
+            rules.violate(r.id, "probe", "trn1", reading="strict")
 
 
 def test_rule_listing_cli(capsys):
