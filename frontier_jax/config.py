@@ -255,6 +255,44 @@ class ParallelConfig:
             raise ConfigError("parallel.num_devices must be >= 0 (0: all devices)")
 
 
+# eval.artifact -> the prefix of its score lines (`final_int8_zlib_roundtrip`, the baseline's; `final_int6_roundtrip`,
+# record 2026-03-23's): docs/evaluation.md, "The final evaluation"
+ARTIFACT_LINES = {"int8_zlib": "final_int8_zlib", "int6_lzma": "final_int6"}
+# eval.score -> which final line is the run's score (the stage's suffix after the artifact's prefix)
+SCORE_STAGES = {"roundtrip": "_roundtrip", "sliding": "_sliding_window"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    # T of the round-trip and sliding-window validations (the record's EVAL_SEQ_LEN); 0: train.seq_len. The val
+    # split is cut to whole windows of max(train.seq_len, this), as the record cuts it.
+    seq_len: int = 0
+    # 0: no sliding-window line; else the final pipeline scores sliding windows at this stride on the round trip's
+    # weights (every target exactly once), after the round-trip line
+    stride: int = 0
+    artifact: str = "int8_zlib"  # int8_zlib (the baseline's final_model.int8.ptz) | int6_lzma (the record's .int6.ptz)
+    score: str = "roundtrip"  # which final line is the run's score (summary.json `score`): roundtrip | sliding
+    batch_seqs: int = 0  # windows per batch of the eval.seq_len validations; 0: train.val_batch_seqs
+
+    def __post_init__(self):
+        for name in ("seq_len", "stride", "batch_seqs"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"eval.{name} must be >= 0 (0: {_EVAL_ZERO[name]}), got {getattr(self, name)}")
+        if self.artifact not in ARTIFACT_LINES:
+            raise ConfigError(f"eval.artifact must be {'|'.join(ARTIFACT_LINES)}, got {self.artifact!r}")
+        if self.score not in SCORE_STAGES:
+            raise ConfigError(f"eval.score must be {'|'.join(SCORE_STAGES)}, got {self.score!r}")
+        if self.score == "sliding" and not self.stride:
+            raise ConfigError("eval.score='sliding' needs eval.stride > 0 (no sliding-window line is scored)")
+
+    def line(self, stage: str) -> str:
+        """The name of a final score line of this config's artifact, e.g. final_int6_sliding_window."""
+        return ARTIFACT_LINES[self.artifact] + SCORE_STAGES[stage]
+
+
+_EVAL_ZERO = {"seq_len": "train.seq_len", "stride": "no sliding-window line", "batch_seqs": "train.val_batch_seqs"}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Config:
     name: str = "baseline"  # the run's name (default run directory runs/<name>-<time>)
@@ -264,6 +302,23 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)  # batch, budget, validation, checkpoints
     ngram: NgramConfig = field(default_factory=NgramConfig)  # the optional n-gram logit bias
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # data parallelism
+    eval: EvalConfig = field(default_factory=EvalConfig)  # the final evaluation pipeline: lengths, stride, artifact
+
+    def __post_init__(self):
+        T, stride = self.eval_seq_len, self.eval.stride
+        if stride > T:
+            raise ConfigError(f"eval.stride={stride} is longer than the eval window of {T} tokens (eval.seq_len, "
+                              "0: train.seq_len)")
+
+    @property
+    def eval_seq_len(self) -> int:
+        """T of the round-trip and sliding-window validations: eval.seq_len, or train.seq_len when it is 0."""
+        return self.eval.seq_len or self.train.seq_len
+
+    @property
+    def val_seq_len(self) -> int:
+        """The val split is cut to whole windows of this many tokens (+1): the longer of the two lengths."""
+        return max(self.train.seq_len, self.eval_seq_len)
 
 
 # ----------------------------------------------------------------------------- loading / overrides
