@@ -161,11 +161,15 @@ class Trainer(TrainerInterface):
         return loss, gnorm
 
     @torch.no_grad()
-    def eval_sums(self, max_tokens: int) -> dict:
+    def eval_sums(self, max_tokens: int, seq_len: int | None = None, stride: int | None = None) -> dict:
+        """Evaluation sums over non-overlapping windows of `seq_len` (default train.seq_len), or sliding ones at
+        `stride` (eval.batch_seqs windows per batch) that score every target once (the JAX trainer's windows)."""
         t = self.cfg.train
-        toks = val_window_tokens(self.val_tokens, max_tokens, t.seq_len)
+        T = seq_len or t.seq_len
+        batch = (self.cfg.eval.batch_seqs or t.val_batch_seqs) if stride else t.val_batch_seqs
+        toks = self.val_tokens if stride and not max_tokens else val_window_tokens(self.val_tokens, max_tokens, T)
         sums, ntoks, nbytes = [], 0, 0
-        for x, y, mask in val_batches(toks, t.seq_len, t.val_batch_seqs):
+        for x, y, mask in val_batches(toks, T, batch, stride=stride):
             xt = torch.from_numpy(x).to(self.device, torch.long)
             yt = torch.from_numpy(y).to(self.device, torch.long)
             with self._autocast():
@@ -219,6 +223,9 @@ def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bo
     if cfg.ngram.enabled:  # never silently a different model than the config names
         raise ConfigError("ngram.enabled=True: the PyTorch baseline has no n-gram bias (use the JAX trainer, or "
                           "--set ngram.enabled=False)")
+    if cfg.eval.artifact != "int8_zlib":  # nor another artifact than the one it writes
+        raise ConfigError(f"eval.artifact={cfg.eval.artifact!r}: the PyTorch baseline writes the baseline's int8+zlib "
+                          "artifact only (use the JAX trainer, or --set eval.artifact=int8_zlib)")
     out_dir = Path(out_dir).absolute()
     log = RunLog(None, echo)
 

@@ -6,8 +6,10 @@
 Arm specs (`--arm`, two or more, optionally prefixed by `LABEL=`):
   jax:CONFIG [ARGS]    python -m frontier_jax.train --config CONFIG ARGS (e.g. --set model.num_layers=3)
   torch:CONFIG [ARGS]  python -m baseline_torch.train --config CONFIG ARGS (e.g. --compile, --threads 1)
-  cmd:COMMAND          any shell command (e.g. `cd DIR && python train_gpt.py`) whose output has a `val_bpb:`
-                       line (the last one counts; `final_int8_zlib_roundtrip(_exact)` lines give its round-trip score);
+  cmd:COMMAND          any shell command (e.g. `cd DIR && python train_gpt.py`, the official script or record
+                       2026-03-23's) whose output has a `val_bpb:` line (the last one counts; the final score lines
+                       `final_int8_zlib_roundtrip`, `final_int6_roundtrip`, `..._sliding_window`, `legal_ttt` and
+                       their `_exact` twins give its final pipeline's scores: frontier_jax.compare.collect);
                        {seed} {budget} {data} {tokenizer} {out} are substituted, and SEED,
                        MAX_WALLCLOCK_SECONDS, DATA_PATH, TOKENIZER_PATH, RUN_ID are set in its environment
                        (the names the official train_gpt.py reads).
@@ -17,6 +19,8 @@ runs, as is a config whose vocabulary differs from the tokenizer or shards made 
 Runs are interleaved (A B A B ...), each a subprocess with its own run directory under OUT/runs/.
 After every run OUT/results.json, OUT/results.md and OUT/val_bpb.png are rewritten, so an interrupted
 comparison keeps every finished run. Statistics: frontier_jax.compare.stats (Welch t, verdicts).
+The score every arm is compared by is `--score` (val, roundtrip, sliding, ttt; default auto: the round trip
+when every arm has one, else the plain val_bpb); a run without that score is not ok.
 """
 
 from __future__ import annotations
@@ -34,10 +38,10 @@ import sys
 import time
 from pathlib import Path
 
-from frontier_jax.compare.collect import collect, strict_json
+from frontier_jax.compare.collect import FIELDS, collect, log_tail, strict_json
 from frontier_jax.compare.report import render_markdown, render_plot
-from frontier_jax.compare.stats import (THROUGHPUT_TOLERANCE, confounders, describe, score_key, throughput_flags,
-                                        verdict)
+from frontier_jax.compare.stats import (SCORE_CHOICES, THROUGHPUT_TOLERANCE, confounders, describe, score_key,
+                                        throughput_flags, verdict)
 from frontier_jax.config import ConfigError, apply_overrides, load_config
 from frontier_jax.data.prepare import read_manifest
 from frontier_jax.data.shards import list_shards
@@ -206,10 +210,10 @@ def build_command(arm: Arm, seed: int, run_dir: Path, a: argparse.Namespace) -> 
     return ["env", *extra, "bash", "-c", command]
 
 
-def aggregate(arms: list[Arm], runs: list[dict]) -> tuple[list[dict], list[dict], dict]:
+def aggregate(arms: list[Arm], runs: list[dict], score: str = "auto") -> tuple[list[dict], list[dict], dict]:
     """Per-arm summaries, per-pair verdicts (every pair i < j, B = later arm, A = earlier arm) and the
-    conditions: which score (round-trip when every arm has one) and the throughput flags."""
-    key, scored_by = score_key(runs)
+    conditions: which score (`--score`; auto: round-trip when every arm has one) and the throughput flags."""
+    key, scored_by = score_key(runs, score)
     labels = [a.label for a in arms]
     flags = throughput_flags(labels, runs)
     per_arm = []
@@ -244,7 +248,7 @@ def aggregate(arms: list[Arm], runs: list[dict]) -> tuple[list[dict], list[dict]
 
 
 def write_outputs(out: Path, meta: dict, arms: list[Arm], runs: list[dict]) -> dict:
-    per_arm, pairs, conditions = aggregate(arms, runs)
+    per_arm, pairs, conditions = aggregate(arms, runs, meta.get("score", "auto"))
     results = strict_json({**meta, "arms": per_arm, "pairs": pairs, "conditions": conditions, "runs": runs})
     atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True, allow_nan=False) + "\n")
     atomic_write_text(out / "results.md", render_markdown(results))
@@ -264,6 +268,10 @@ def parse_args(argv):
     p.add_argument("--seed-base", type=int, default=1337, help="seeds are seed_base, seed_base + 1, ...")
     p.add_argument("--out", required=True, help="output directory (results.json, results.md, val_bpb.png, runs/)")
     p.add_argument("--timeout", type=float, help="seconds before a run is killed (default 3 x budget + 600)")
+    p.add_argument("--score", choices=SCORE_CHOICES, default="auto",
+                   help="the line every arm is scored by: val (the trained weights), roundtrip, sliding or ttt (the "
+                        "final pipeline's lines on the artifact's weights); auto (default): roundtrip when every arm "
+                        "has one, else val")
     return p.parse_args(argv)
 
 
@@ -289,7 +297,7 @@ def compare(a: argparse.Namespace) -> int:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     timeout = a.timeout or 3 * a.budget + 600
     meta = {"data": a.data, "tokenizer": a.tokenizer, "budget_seconds": a.budget, "seeds": a.seeds,
-            "seed_base": a.seed_base, "order": "interleaved", "started": time.strftime("%Y-%m-%d %H:%M:%S"), **facts,
+            "seed_base": a.seed_base, "score": a.score, "order": "interleaved", "started": time.strftime("%Y-%m-%d %H:%M:%S"), **facts,
             **({"core_count": core_notes} if core_notes else {})}
     runs: list[dict] = []
     order = [(k, arm) for k in range(a.seeds) for arm in arms]  # A B A B ...
@@ -363,6 +371,8 @@ def _run_all(order, arms, a, out: Path, meta: dict, runs: list[dict], timeout: f
                     proc.wait()
             _kill_group(proc, signal.SIGKILL)  # whatever the arm left behind in its group
         res = collect(run_dir, console, None if interrupted else rc, loads)
+        if a.score != "auto" and res["status"] == "ok" and res[FIELDS[a.score]] is None:
+            res["status"], res["log_tail"] = f"no {a.score} score (--score {a.score})", log_tail(console)
         runs.append({"arm": arm.label, "kind": arm.kind, "seed": seed, "run_dir": str(run_dir),
                      "wall_seconds": time.perf_counter() - t0, **res})
         results = write_outputs(out, meta, arms, runs)

@@ -9,10 +9,12 @@ It imports no JAX (numpy, and matplotlib for the plot), so both trainers write t
     kernels.json   the kernel table (JAX trainer)
     train.log      everything the run printed
     metrics.jsonl  one JSON object per train step (kind=train), validation (kind=val; the final one
-                   final=true) or round-trip validation (kind=roundtrip)
+                   final=true), round-trip validation (kind=roundtrip) or sliding-window one (kind=sliding)
+    final_steps.json  the final pipeline's stages done so far (frontier_jax.run.final; a resume runs the rest)
     summary.json   the run policy's summary (frontier_jax.run.driver); summary.txt the same as a table
     curves.png     train loss and val bpb (periodic subset, final full split, round trip; frontier_jax.run.curves)
-    final_model.int8.ptz  the contest's int8 + zlib artifact (frontier_jax.interop.quantize)
+    final_model.int8.ptz  the baseline's int8 + zlib artifact (eval.artifact int8_zlib), or
+    final_model.int6.ptz  record 2026-03-23's int6 + lzma one (int6_lzma; frontier_jax.interop.artifact)
     checkpoints/   orbax checkpoints, one directory per step (JAX trainer)
     weights.npz    the weights in the interop format (PyTorch baseline)
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import shutil
@@ -48,6 +51,7 @@ SUMMARY_JSON = "summary.json"
 SUMMARY_TXT = "summary.txt"
 CURVES = "curves.png"
 CHECKPOINTS = "checkpoints"
+FINAL_STEPS = "final_steps.json"
 WEIGHTS = "weights.npz"
 
 
@@ -304,9 +308,11 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         v = summary.get(key)
         return "-" if v is None else fmt.format(v)
 
-    sub = summary.get("submission_bytes")
-    size = "-" if sub is None else (f"{sub:,} bytes = {summary['artifact_bytes']:,} int8+zlib model + "
+    sub, fmt = summary.get("submission_bytes"), summary.get("artifact_format", "int8_zlib")
+    label = {"int8_zlib": "int8+zlib", "int6_lzma": "int6+lzma"}.get(fmt, fmt)
+    size = "-" if sub is None else (f"{sub:,} bytes = {summary['artifact_bytes']:,} {label} model + "
                                     f"{summary['code_bytes']:,} code")
+    score = summary.get("score") or {}
     return [
         ("run directory", f("run_dir")),
         ("config", f"{summary.get('config_name')} ({summary.get('config_hash')})"),
@@ -320,7 +326,11 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         ("final train loss", f("final_train_loss", "{:.4f}")),
         ("val loss", f("val_loss", "{:.4f}")),
         ("val bpb", f("val_bpb", "{:.4f}") + " (full val split, trained weights)"),
-        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + " (int8+zlib artifact: the contest's score)"),
+        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + f" ({label} artifact's weights)"),
+        *([("sliding val bpb", f("sliding_val_bpb", "{:.4f}") + f" (stride {summary.get('sliding_stride')}, the "
+                                                                "artifact's weights)")]
+          if summary.get("sliding_val_bpb") is not None else []),
+        ("score", f"{score['val_bpb']:.4f} ({score['line']})" if score else "-"),
         ("submission size", size),
         ("stopped by", f("stop_reason")),
     ]
@@ -377,3 +387,43 @@ def read_env(run_dir) -> dict:
     if not path.is_file():
         return {}
     return read_json_object(path, "run environment")
+
+
+# ----------------------------------------------------------------------------- the final steps of a run
+
+
+def write_final_steps(run_dir, step: int, records: dict) -> None:
+    """<run>/final_steps.json: the final pipeline's stages done for checkpoint `step` (frontier_jax.run.final)."""
+    write_json(Path(run_dir) / FINAL_STEPS, {"step": step, "stages": records})
+
+
+_SUMS = {"nll_sum_nats": float, "tokens": int, "bytes": int, "eval_seconds": float}
+_ARTIFACT = {"artifact_format": str, "artifact": str, "artifact_bytes": int, "code_bytes": int, "submission_bytes": int}
+
+
+def read_final_steps(run_dir, step: int) -> dict:
+    """The final stages recorded for checkpoint `step` ({} when none, or recorded for another step); DataError
+    (one line naming the file) when a record is not what `write_final_steps` writes."""
+    path = Path(run_dir) / FINAL_STEPS
+    if not path.is_file():
+        return {}
+    obj = read_json_object(path, "record of the final steps")
+    stages = obj.get("stages")
+    if obj.get("step") != step:
+        return {}
+    if not isinstance(stages, dict):
+        raise DataError(f"{path}: unreadable record of the final steps (no stages object)")
+    for stage, fields in stages.items():
+        schema = _ARTIFACT if stage == "artifact" else _SUMS if stage in ("val", "roundtrip", "sliding") else None
+        bad = schema is None or not isinstance(fields, dict) or any(
+            not isinstance(fields.get(k), t) or isinstance(fields.get(k), bool) or
+            (t is float and not math.isfinite(fields[k])) or (t is int and fields[k] < 0) for k, t in schema.items())
+        if bad or (schema is _SUMS and (fields["tokens"] == 0 or fields["bytes"] == 0)):
+            raise DataError(f"{path}: unreadable record of the final steps (stage {stage!r})")
+    return stages
+
+
+def finished(run_dir) -> bool:
+    """Whether a run's final steps completed: its summary.json exists and says so (`final_complete`)."""
+    path = Path(run_dir) / SUMMARY_JSON
+    return path.is_file() and read_json_object(path, "run summary").get("final_complete") is True
