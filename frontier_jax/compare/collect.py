@@ -9,7 +9,7 @@ and may have the final pipeline's scores, each from summary.json (`roundtrip_val
              script's and ours): the record prints its sliding-window score under the second name too (its
              train_gpt.py L1865), so in a log with the first, the second is not a round trip;
   sliding    `final_int6_sliding_window(_exact)` or `final_int8_zlib_sliding_window(_exact)` (the record's extra
-             `final_int6_sliding_window_s64` lines are not read);
+             `final_int6_sliding_window_s64` lines are not read, nor taken for the plain score);
   ttt        `legal_ttt(_exact)` (the record's score-first TTT).
 Which one is an arm's score is `compare --score` (frontier_jax.compare.stats.score_key). The final line decides:
 `val_bpb: nan` (or a value that overflows to inf) after an earlier finite one is a failed run, never scored by
@@ -37,6 +37,7 @@ STAGE_LINES = {"roundtrip": ("final_int6_roundtrip", "final_int8_zlib_roundtrip"
                "ttt": ("legal_ttt",)}
 LINE_RE = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(n for names in STAGE_LINES.values() for n in names)
                      + r")(_exact)?(?=\s)")
+FINAL_RE = re.compile(r"(?<![A-Za-z0-9_])(?:final_int|legal_ttt)\w*(?=\s)")  # any final line: never the plain score
 STAGES = ("val", *STAGE_LINES)  # a run's scores: the plain final val_bpb, then the final pipeline's
 FIELDS = {stage: "val_bpb" if stage == "val" else f"{stage}_val_bpb" for stage in STAGES}  # a run's field of each
 OFFICIAL_VAL_RE = re.compile(r"step:(\d+)/\d+\s+val_loss:\S+\s+val_bpb:(\S+)\s+train_time:(\d+)ms")
@@ -61,7 +62,7 @@ def stage_scores(text: str) -> dict[str, float | None]:
         m = LINE_RE.search(line)
         if m:
             seen[(m.group(1), bool(m.group(2)))] = _float(found[-1])
-        else:
+        elif not FINAL_RE.search(line):
             plain = _float(found[-1])
     out = {"val": plain}
     for stage, names in STAGE_LINES.items():
