@@ -67,20 +67,25 @@ def test_bad_initial_weights_are_refused_in_one_line_before_anything_is_written(
     assert not out.exists()
 
 
-def test_ngram_enabled_is_refused_not_ignored(byte_data, tmp_path, capsys):
-    """Round 3: the PyTorch baseline ignored ngram.enabled silently (another model than the config names)."""
+def _refused(byte_data, out, capsys, setting: str) -> str:
+    """The one-line error of a torch run with `setting` (exit 2, no run directory)."""
     from baseline_torch.train import main
 
-    out = tmp_path / "run"
-    sets = [s for o in (*TINY_OVERRIDES, "ngram.enabled=True") for s in ("--set", o)]
+    sets = [s for o in (*TINY_OVERRIDES, setting) for s in ("--set", o)]
     try:
         rc = main(["--config", "configs/tiny.py", "--data", str(byte_data), "--tokenizer", "bytes", "--out", str(out),
                    "--device", "cpu", *sets])
     except SystemExit as e:
         rc = e.code
     err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and "ngram.enabled=True: the PyTorch baseline has no" in err
-    assert not out.exists()
+    assert rc == 2 and err.count("\n") == 1 and not out.exists()
+    return err
+
+
+def test_ngram_enabled_is_refused_not_ignored(byte_data, tmp_path, capsys):
+    """Round 3: the PyTorch baseline ignored ngram.enabled silently (another model than the config names)."""
+    assert "ngram.enabled=True: the PyTorch baseline has no" in _refused(byte_data, tmp_path / "run", capsys,
+                                                                         "ngram.enabled=True")
 
 
 def test_the_eval_section_the_torch_baseline_runs_and_the_artifact_it_refuses(byte_data, tmp_path, capsys):
@@ -89,21 +94,13 @@ def test_the_eval_section_the_torch_baseline_runs_and_the_artifact_it_refuses(by
     import numpy as np
     import torch
 
-    from baseline_torch.train import Trainer, main
+    from baseline_torch.train import Trainer
     from frontier_jax.data.dataset import load_for_config
     from frontier_jax.data.stream import TrainLoader
     from helpers import tiny_config
 
-    out = tmp_path / "run"
-    sets = [s for o in (*TINY_OVERRIDES, "eval.artifact='int6_lzma'") for s in ("--set", o)]
-    try:
-        rc = main(["--config", "configs/tiny.py", "--data", str(byte_data), "--tokenizer", "bytes", "--out", str(out),
-                   "--device", "cpu", *sets])
-    except SystemExit as e:
-        rc = e.code
-    err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and "eval.artifact='int6_lzma': the PyTorch baseline writes" in err
-    assert not out.exists()
+    assert "eval.artifact='int6_lzma': the PyTorch baseline writes" in _refused(byte_data, tmp_path / "run", capsys,
+                                                                               "eval.artifact='int6_lzma'")
     cfg = tiny_config(byte_data, "eval.seq_len=128", "eval.stride=32", "eval.batch_seqs=8")
     data = load_for_config(cfg)
     assert (data.val_tokens.size - 1) % 128 == 0  # cut to whole windows of the longer length

@@ -77,12 +77,7 @@ def loads(blob: bytes, source: str = "<artifact>") -> tuple[str, dict[str, np.nd
 
 def load(path) -> tuple[str, dict[str, np.ndarray]]:
     """(format, dequantized state dict) of an artifact file (`loads`)."""
-    path = Path(path)
-    try:
-        blob = path.read_bytes()
-    except OSError as e:
-        raise ArtifactError(f"{path}: cannot read the artifact ({e.strerror or e})") from None
-    return loads(blob, str(path))
+    return loads(quantize.read_artifact(path), str(path))
 
 
 def encode(sd: dict[str, np.ndarray], fmt: str) -> tuple[bytes, int, dict]:

@@ -163,14 +163,17 @@ def write_artifact(path, blob: bytes) -> int:
     return path.stat().st_size
 
 
-def load_artifact(path) -> dict:
-    """The FORMAT object of a `final_model.int8.ptz` (ours, the PyTorch baseline's or the official script's)."""
-    path = Path(path)
+def read_artifact(path) -> bytes:
+    """An artifact file's bytes; ArtifactError (one line naming it) when it cannot be read."""
     try:
-        blob = path.read_bytes()
+        return Path(path).read_bytes()
     except OSError as e:
         raise ArtifactError(f"{path}: cannot read the artifact ({e.strerror or e})") from None
-    return loads_artifact(blob, str(path))
+
+
+def load_artifact(path) -> dict:
+    """The FORMAT object of a `final_model.int8.ptz` (ours, the PyTorch baseline's or the official script's)."""
+    return loads_artifact(read_artifact(path), str(path))
 
 
 def loads_artifact(blob: bytes, source: str = "<artifact>") -> dict:
