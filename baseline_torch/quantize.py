@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from frontier_jax.quantize import (ARTIFACT, CLIP_Q, CONTROL_PATTERNS, FORMAT, KEEP_FLOAT_MAX_NUMEL, ZLIB_LEVEL,
-                                   code_files)
+from frontier_jax.contest import codebytes
+from frontier_jax.quantize import ARTIFACT, CLIP_Q, CONTROL_PATTERNS, FORMAT, KEEP_FLOAT_MAX_NUMEL, ZLIB_LEVEL
 from frontier_jax.rundir import CONFIG
 
 
@@ -135,4 +135,4 @@ def roundtrip_scored(model: torch.nn.Module, run_dir: Path, evaluate) -> dict:
         sums = evaluate()
     finally:
         model.load_state_dict(trained)
-    return {**info, **sums, "code_files": code_files((Path(run_dir) / CONFIG,))}
+    return {**info, **sums, "code_files": codebytes.record_run(run_dir, Path(run_dir) / CONFIG)}

@@ -29,6 +29,7 @@ from jax.experimental import multihost_utils
 from frontier_jax import checkpoint, host, interop, ops, optim, progress, quantize, report, rundir, startup
 from frontier_jax import run_policy as policy
 from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
+from frontier_jax.contest import codebytes
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
 from frontier_jax.model import build, count_params, resolve_compute_dtype
@@ -233,7 +234,8 @@ class JaxTrainer(Trainer):
                        self.ngram]  # the n-gram runtime starts with the timed budget: its builder's time counts
         if on_step is not None:
             self._hooks.append(OnStep(on_step))
-        base = {"config_name": cfg.name, "config_hash": config_hash(cfg), **self.peak_info,
+        base = {"config_name": cfg.name, "config_hash": config_hash(cfg), "rules_profile": cfg.rules.profile,
+                **self.peak_info,
                 "matmul_peak_flops": self.peak, "flops_per_token": self.flops_per_token, "run_dir": str(self.out_dir)}
         try:
             return policy.run_budgeted(policy.Policy.from_config(cfg, stop_after_steps), self, base)
@@ -355,7 +357,8 @@ class JaxTrainer(Trainer):
         finally:
             self.params = trained
             self._steps.observe(bound)
-        return {**info, **sums, "code_files": quantize.code_files((self.out_dir / rundir.CONFIG,))}
+        return {**info, **sums, "code_files": codebytes.record_run(self.out_dir, self.out_dir / rundir.CONFIG,
+                                                                   write=self.dp.is_main)}
 
     def write_summary(self, summary: dict) -> None:
         if self.metrics_log is not None:

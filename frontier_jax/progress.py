@@ -128,7 +128,7 @@ def final_lines(summary: dict) -> list[str]:
     """The entry points' last stdout lines: `val_bpb: X`, then the official round-trip lines when there are."""
     lines = []
     if summary.get("val_bpb") is not None:
-        lines.append(f"val_bpb: {summary['val_bpb']:.6f}")
+        lines.append(f"val_bpb: {summary['val_bpb']:.6f}{summary.get('rules_tag', '')}")
         if summary.get("roundtrip_val_bpb") is not None:
             lines += roundtrip_lines(summary)
     return lines

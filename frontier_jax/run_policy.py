@@ -48,6 +48,7 @@ import numpy as np
 
 from frontier_jax import quantize, rundir
 from frontier_jax.config import Config, ConfigError, OptimConfig
+from frontier_jax.contest import limits
 from frontier_jax.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, BadInput, describe_os_error
 from frontier_jax.trainer import RunHook, RunState, Trainer
 
@@ -447,13 +448,14 @@ def _finish(trainer: Trainer, s: RunState, summary_base: dict, save_error: BadIn
                            val_tokens=v["tokens"], val_bytes=v["bytes"])
             # the full split again, on the artifact's weights (kind=roundtrip), unless the trainer has no round trip
             summary.update(quantize.run_roundtrip(trainer.roundtrip, lambda: _validate(trainer, s, 0, kind="roundtrip"),
-                                                  trainer.log))
+                                                  trainer.log, tag=lambda f: limits.end_of_run({**summary, **f})))
         except KeyboardInterrupt:
             s.stop_reason = summary["stop_reason"] = f"{signal_reason(sig.received)} {FINAL_VAL_INTERRUPTED}"
             trainer.log(f"final validation interrupted ({sig.received}); checkpoint step {s.saved_step} is saved")
         finally:
             if hasattr(sig, "interrupt"):
                 sig.interrupt = False
+    summary.update(limits.end_of_run(summary))  # the rules profile, the size rule (frontier_jax.contest)
     try:
         trainer.write_summary(summary)
     except OSError as e:
