@@ -119,15 +119,6 @@ def test_artifact_written_atomically_and_bad_artifacts_refused_in_one_line(tmp_p
         quantize.load_artifact(tmp_path / "missing.ptz")
 
 
-def test_code_bytes_count_the_imported_repository_sources_utf8(tmp_path):
-    cfg = tmp_path / "config.json"
-    cfg.write_text('{"name": "é"}', encoding="utf-8")
-    files = quantize.code_files((cfg,))
-    names = {f.name for f in files}
-    assert {"quantize.py", "torch_format.py", "config.json"} <= names and "test_quantize.py" not in names
-    assert quantize.code_bytes([cfg]) == len('{"name": "é"}'.encode()) == 14
-
-
 @pytest.mark.slow
 def test_a_trained_run_carries_the_artifact_and_both_scores(trained_run):
     """The artifact's dequantized weights equal the PyTorch port's round trip of the run's final weights; the

@@ -310,6 +310,18 @@ def test_the_round_trip_runs_after_the_final_validation_and_fills_the_summary(fa
         f"final_int8_zlib_roundtrip_exact val_loss:0.70000000 val_bpb:{s['roundtrip_val_bpb']:.8f}"
     assert fake.summaries == [s]
 
+    # the run's rules profile: every score line ends with it, a failing size rule named (frontier_jax.contest)
+    for profile, cap_fails in (("trainium-frontier", False), ("parameter-golf", True)):
+        fake, log = Fake(fake_time), []
+        big = lambda evaluate: {**roundtrip(evaluate), "artifact_bytes": 16_000_001 if cap_fails else 1000}
+        s = rp.run_budgeted(policy(max_steps=2), fake.hooks(roundtrip=big, log=log.append),
+                            {**BASE, "rules_profile": profile})
+        tag = f" rules:{profile}" + ("(fails:size)" if cap_fails else "")
+        assert s["rules_profile"] == profile and s["rules_tag"] == tag
+        assert [m for m in log if m.startswith("final_int8_zlib_roundtrip")] and all(
+            m.endswith(tag) for m in log if m.startswith("final_int8_zlib_roundtrip"))
+        assert s["rules_at_end"] == {"size": "fail" if cap_fails else "not checkable"}
+
     def broken(evaluate):
         raise OSError(28, "No space left on device", "run/.final_model.int8.ptz.tmp")
 

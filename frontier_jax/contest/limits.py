@@ -14,9 +14,6 @@ from dataclasses import dataclass
 
 from frontier_jax.contest.rules import FAIL, NOT_CHECKABLE, PASS, Hardware, Rule, Verdict, profile
 
-CHECK_COMMAND = "python -m frontier_jax.submission check"
-
-
 @dataclass(frozen=True)
 class RunHardware:
     device_kind: str | None

@@ -28,7 +28,7 @@ PASS, FAIL, NOT_CHECKABLE, NOT_APPLICABLE = "pass", "fail", "not checkable", "no
 VERDICTS = (PASS, FAIL, NOT_CHECKABLE, NOT_APPLICABLE)
 
 PG_REPO = "https://github.com/openai/parameter-golf/blob/main/"
-ENTRANTS = "entrants' accounts of the AWS Trainium Frontier contest (the project's issue \"Contest rules as code\")"
+ENTRANTS = "entrants' accounts of the AWS Trainium Frontier contest (issue \"Contest rules as code\")"
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,6 @@ class Profile:
     summary: str
     hardware: Hardware
     rules: tuple[Rule, ...]
-    facts: tuple[Source, ...] = ()  # what the sources state that is not a rule a run can be checked against
 
     def rule(self, rule_id: str) -> Rule | None:
         return next((r for r in self.rules if r.id == rule_id), None)
@@ -130,7 +129,6 @@ TRAINIUM_FRONTIER = Profile(
         Rule("ttt_order", "test-time training", "No rule on test-time training is stated (a TTT log is reported, "
              "not judged).", (_T_CONTEST,), known=False),
     ),
-    facts=(_T_CONTEST, _T_REVIEWER, _T_ACCEPTED),
 )
 
 # ----------------------------------------------------------------------------- parameter-golf
@@ -195,7 +193,6 @@ PARAMETER_GOLF = Profile(
         Rule("single_pass", "condition 4: one left-to-right pass", "Every validation token is scored once, in one "
              "left-to-right pass (no rescoring, no selection).", (_P_C4,)),
     ),
-    facts=(_P_SIZE, _P_TRAIN),
 )
 
 PROFILES = {p.name: p for p in (TRAINIUM_FRONTIER, PARAMETER_GOLF)}
@@ -226,3 +223,16 @@ def markdown_table() -> str:
                          (r.statement if r.known else f"unknown: {r.statement}"))
         lines.append(f"| `{rid}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def markdown_sources() -> str:
+    """Every rule's sources, per profile (docs/rules.md): where it is stated and the words."""
+    lines = []
+    for prof in PROFILES.values():
+        lines.append(f"`{prof.name}` ({prof.hardware.name}: {prof.hardware.source.where}, "
+                     f"\"{prof.hardware.source.quote}\"):\n")
+        for r in prof.rules:
+            quotes = "; ".join(f"{s.where}: \"{s.quote}\"" for s in r.sources)
+            lines.append(f"- `{r.id}` ({r.title}{'' if r.known else ', unknown'}): {quotes}")
+        lines.append("")
+    return "\n".join(lines).rstrip()

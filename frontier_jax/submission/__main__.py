@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--rules", metavar="NAME", help=f"the profile ({' | '.join(RULE_PROFILES)}; default: the "
                                                    "run's rules.profile)")
     r = sub.add_parser("rules", help="print the profiles: every rule with its source")
-    r.add_argument("--markdown", action="store_true", help="the side-by-side table of docs/rules.md")
+    r.add_argument("--markdown", action="store_true", help="docs/rules.md's side-by-side table and sources")
     return p
 
 
@@ -36,7 +36,7 @@ def _print_rules(markdown: bool) -> None:
     from frontier_jax.contest import rules
 
     if markdown:
-        print(rules.markdown_table())
+        print(rules.markdown_table() + "\n\n" + rules.markdown_sources())
         return
     for prof in rules.PROFILES.values():
         print(f"{prof.name}: {prof.summary}\n  hardware: {prof.hardware.name} ({prof.hardware.source.where})")

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from frontier_jax.data.shards import DataError
+from frontier_jax.ngram.runtime import RECORD_FILE, ngram_dir
 
 TTT_LOG = "ttt.jsonl"
 TTT_KEYS = ("chunk", "event", "first_target", "last_target")
 SCORE, TRAIN = "score", "train"
-NGRAM_RECORD = Path("ngram-p0") / "runtime.json"  # process 0's (frontier_jax.ngram.runtime.ngram_dir, RECORD_FILE)
+NGRAM_RECORD = ngram_dir("", 0) / RECORD_FILE  # process 0's record, relative to the run directory
 
 
 class TTTLogError(DataError):

@@ -174,7 +174,7 @@ def _random_params(abstract, rng):
     return jax.tree_util.tree_map(lambda a: jnp.asarray((0.5 * rng.standard_normal(a.shape)).astype(a.dtype)), abstract)
 
 
-def _probe(cfg: Config, seed: int = 0):
+def _probe(cfg: Config, model_fn=build, seed: int = 0):
     """(probe config, graphdef, random params, bias_fn, tables, token stream) for the measured checks."""
     from frontier_jax.ngram import runtime as ngram_runtime
     from frontier_jax.ngram.bias import DeviceTables, host_arrays
@@ -182,7 +182,7 @@ def _probe(cfg: Config, seed: int = 0):
 
     pc = probe_config(cfg)
     rng = np.random.default_rng(seed)
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build(pc, jnp.float32)))
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: model_fn(pc, jnp.float32)))
     params = _random_params(abstract, rng)
     half = rng.integers(0, pc.model.vocab_size, size=4 * PROBE_SEQ)
     stream = np.concatenate([half, half])  # repeated: the n-gram contexts of the second copy are in the tables
@@ -196,11 +196,11 @@ def _probe(cfg: Config, seed: int = 0):
     return pc, graphdef, params, bias_fn, tables, stream, rng
 
 
-def causal_and_normalized(cfg: Config) -> tuple[Verdict, Verdict]:
+def causal_and_normalized(cfg: Config, model_fn=build) -> tuple[Verdict, Verdict]:
     """parameter-golf's conditions 1 and 2, measured on the probe model (module docstring): per-token losses of
     the forward both steps call (`model(x, y, *bias_fn(model, x, tables))`, frontier_jax.steps), one compiled
-    program of V rows run twice."""
-    pc, graphdef, params, bias_fn, tables, stream, rng = _probe(cfg)
+    program of V rows run twice. `model_fn(cfg, dtype)`: the model (the trainer's: `model.build`)."""
+    pc, graphdef, params, bias_fn, tables, stream, rng = _probe(cfg, model_fn)
     V, T = pc.model.vocab_size, PROBE_SEQ
 
     @jax.jit
