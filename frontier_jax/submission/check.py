@@ -18,14 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from frontier_jax import rundir
-from frontier_jax.config import Config
+from frontier_jax.config import Config, DataConfig
 from frontier_jax.contest import codebytes, limits
 from frontier_jax.contest.rules import (ARTIFACT, FAIL, NOT_APPLICABLE, NOT_CHECKABLE, PASS, SCORED_VAL, TRAIN_SHARDS,
                                         VAL_SPLIT, Profile, Rule, Verdict, profile)
 from frontier_jax.data.shards import DataError
-from frontier_jax.submission import envscan, evidence
-
-SHOW = 3  # findings named per verdict
+from frontier_jax.submission import envscan, evidence, forward
+from frontier_jax.submission.forward import SHOW
 
 
 @dataclasses.dataclass
@@ -53,8 +52,6 @@ class Run:
 
     @functools.cached_property
     def measured(self) -> tuple[Verdict, Verdict]:
-        from frontier_jax.submission import forward
-
         return forward.causal_and_normalized(self.cfg)
 
 
@@ -118,13 +115,18 @@ def check_no_env(run: Run, rule: Rule, prof: Profile) -> Verdict:
     if run.code is None:
         return Verdict(rule.id, NOT_CHECKABLE, f"the run recorded no {codebytes.RECORD} (which files it imported is "
                                                "unknown)")
-    unchanged = [codebytes.current_path(f) for f in run.code if f.path.endswith(".py")]
-    paths = [p for p in unchanged if p is not None]
+    paths, missing = [], []  # the files as the run had them (by sha256), and the ones that are not
+    for f in run.code:
+        p = codebytes.current_path(f) if f.path.endswith(".py") else None
+        if p is not None and codebytes.sha256(p) == f.sha256:
+            paths.append(p)
+        elif f.path.endswith(".py"):
+            missing.append(f"{f.path} ({'changed' if p else 'missing'})")
     findings, unreadable = envscan.scan_files(paths)
     if findings:
         return Verdict(rule.id, FAIL, f"{len(findings)} environment access(es) in the code the run imported: "
                                       + "; ".join(str(f) for f in findings[:SHOW]))
-    missing = (run.changed_code or []) + unreadable
+    missing += unreadable
     if missing:
         return Verdict(rule.id, NOT_CHECKABLE, f"no environment access in {len(paths)} files, but "
                                                f"{len(missing)} cannot be scanned as the run had them: "
@@ -135,8 +137,6 @@ def check_no_env(run: Run, rule: Rule, prof: Profile) -> Verdict:
 
 
 def check_one_forward(run: Run, rule: Rule, prof: Profile) -> Verdict:
-    from frontier_jax.submission import forward
-
     return _code_unchanged(run, rule) or forward.one_forward(run.cfg, platform=run.env.get("backend") or "cpu")
 
 
@@ -218,7 +218,7 @@ def check_val_not_in_training(run: Run, rule: Rule, prof: Profile) -> Verdict:
             return Verdict(rule.id, FAIL, f"the n-gram builder read shards of {sorted(splits)}: "
                                           f"{run.ngram.get('builder_shards')}")
         parts.append("the n-gram builder read train shards only")
-    if d.max_val_duplicate_share > 0.001:
+    if d.max_val_duplicate_share > DataConfig().max_val_duplicate_share:
         return Verdict(rule.id, NOT_CHECKABLE, parts[0] + " (a share that lets val documents into training)")
     return Verdict(rule.id, PASS, "; ".join(parts))
 
