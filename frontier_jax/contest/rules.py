@@ -133,24 +133,23 @@ TRAINIUM_FRONTIER = Profile(
 
 # ----------------------------------------------------------------------------- parameter-golf
 
-_P_SIZE = Source(PG_REPO + "README.md", "The submission artifact is computed as code bytes plus compressed model "
-                                        "bytes. All counted code should live in the `train_gpt.py` script. The cap "
-                                        "is decimal 16MB, i.e. 16,000,000 total bytes, not 16 MiB / 16,777,216 bytes.")
+_README = PG_REPO + "README.md"
+_P_SIZE = Source(_README, "The submission artifact is computed as code bytes plus compressed model bytes. All counted "
+                          "code should live in the `train_gpt.py` script. The cap is decimal 16MB, i.e. 16,000,000 "
+                          "total bytes, not 16 MiB / 16,777,216 bytes.")
 _P_CODE = Source(PG_REPO + "train_gpt.py", 'code = Path(__file__).read_text(encoding="utf-8") ... '
                                            'code_bytes = len(code.encode("utf-8"))')
-_P_TRAIN = Source(PG_REPO + "README.md", "Final leaderboard submissions must run in under 10 minutes on 8xH100s "
-                                         "(specifically the SXM variant)")
-_P_EVAL = Source(PG_REPO + "README.md", "We won't accept submissions that take more than 10 minutes on 8xH100 to "
-                                        "evaluate (Note: This limit is in addition to the 10 minutes of training "
-                                        "time allowed!)")
-_P_EVAL_DATA = Source(PG_REPO + "README.md", "you aren't allowed to access any training data during evaluation, "
-                                             "unless you pay for those bits in the <16MB limit.")
-_P_NO_DATASET = Source(PG_REPO + "README.md", "No external downloads, training dataset access, or network calls "
-                                              "are allowed during evaluation.")
-_P_VAL = Source(PG_REPO + "README.md", "You CANNOT access validation data during training")
-_P_TTT = Source(PG_REPO + "README.md", "you are only allowed to test-time train on validation set tokens _you've "
-                                       "already evaluated your model on_, since those tokens have already been "
-                                       "graded!")
+_P_TRAIN, _P_EVAL, _P_EVAL_DATA, _P_NO_DATASET, _P_VAL, _P_TTT = (Source(_README, q) for q in (
+    "Final leaderboard submissions must run in under 10 minutes on 8xH100s (specifically the SXM variant)",
+    "We won't accept submissions that take more than 10 minutes on 8xH100 to evaluate (Note: This limit is in "
+    "addition to the 10 minutes of training time allowed!)",
+    "you aren't allowed to access any training data during evaluation, unless you pay for those bits in the <16MB "
+    "limit.",
+    "No external downloads, training dataset access, or network calls are allowed during evaluation.",
+    "You CANNOT access validation data during training",
+    "you are only allowed to test-time train on validation set tokens _you've already evaluated your model on_, "
+    "since those tokens have already been graded!",
+))
 _RECORD_0422 = PG_REPO + "records/track_10min_16mb/2026-04-22_SP8192_CaseOps_GatedAttn_QuantGate_Loop45_PhasedTTT_MLPClip12/README.md"
 _P_C1 = Source(_RECORD_0422, "Issue #1017 Condition 1 (causal dependence) ... no position-t prediction is ever "
                              "conditioned on y_t or on positions > t.")
