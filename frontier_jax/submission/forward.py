@@ -18,8 +18,9 @@ per-token losses (the train step's mean and gradient, the eval step's masked sum
 Causal and normalized (parameter-golf's conditions 1 and 2) are measured: the run's architecture at a
 small width (`probe_config`: the same code, layers, heads, vocabulary and n-gram orders), random weights
 (the zero-initialised projections too) and n-gram tables built from the probe's own tokens, so the bias
-is active. Causal: the eval step's summed score of the positions before t does not change when the
-tokens from t on change (and does change when an earlier token changes). Normalized: for every position,
+is active, and the per-token losses of the forward both steps call (one compiled program of V rows).
+Causal: the losses of the positions before t do not change when the tokens from t on change (and the loss
+at t-1 does change with token t-1, else the measurement says nothing). Normalized: at every position,
 exp(-loss) summed over all V possible targets is 1.
 """
 
