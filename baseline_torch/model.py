@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from frontier_jax import npz
+from frontier_jax.interop import npz
 
 # The JAX reference passes float32 eps explicitly; PyTorch's default for fp32/bf16 inputs is the same.
 RMS_EPS = torch.finfo(torch.float32).eps
@@ -175,7 +175,7 @@ def state_dict_numpy(model: nn.Module) -> dict[str, np.ndarray]:
 
 
 def save_npz(model: nn.Module, path, meta: dict | None = None) -> Path:
-    """Write the interop .npz (frontier_jax.npz.save_npz: float32 arrays + __dtypes__/__meta__)."""
+    """Write the interop .npz (frontier_jax.interop.npz.save_npz: float32 arrays + __dtypes__/__meta__)."""
     npz.save_npz(path, state_dict_numpy(model), meta)
     return Path(path)
 

@@ -1,7 +1,7 @@
 """The contest's int8 + zlib round trip in PyTorch, written from parameter-golf's `train_gpt.py` spec.
 
 `quantize_state_dict_int8` / `dequantize_state_dict_int8` follow the baseline's rules (the same as
-`frontier_jax.quantize`, whose docstring states them): small float tensors kept (float32 for the
+`frontier_jax.interop.quantize`, whose docstring states them): small float tensors kept (float32 for the
 control tensors, else float16), larger 2-D float tensors int8 per row with the row's 99.99984th
 percentile of |w| as the clip (`torch.quantile`) and float16 scales, other larger float tensors int8
 per tensor, format `int8_clean_per_row_v1`. `roundtrip` is the export after training: `torch.save`,
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from frontier_jax.contest import codebytes
-from frontier_jax.quantize import ARTIFACT, CLIP_Q, CONTROL_PATTERNS, FORMAT, KEEP_FLOAT_MAX_NUMEL, ZLIB_LEVEL
-from frontier_jax.rundir import CONFIG
+from frontier_jax.interop.quantize import ARTIFACT, CLIP_Q, CONTROL_PATTERNS, FORMAT, KEEP_FLOAT_MAX_NUMEL, ZLIB_LEVEL
+from frontier_jax.run.rundir import CONFIG
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -127,7 +127,7 @@ def roundtrip(model: torch.nn.Module, run_dir: Path) -> dict:
 
 
 def roundtrip_scored(model: torch.nn.Module, run_dir: Path, evaluate) -> dict:
-    """`Trainer.roundtrip` of the PyTorch baseline (frontier_jax.trainer): the round trip above, `evaluate()`
+    """`Trainer.roundtrip` of the PyTorch baseline (frontier_jax.run.interface): the round trip above, `evaluate()`
     on the dequantized model, then the trained weights put back (weights.npz holds the trained ones)."""
     trained = copy.deepcopy(model.state_dict())
     info = roundtrip(model, run_dir)

@@ -1,10 +1,10 @@
 """python -m baseline_torch.train: the PyTorch baseline in the project's harness.
 
 Same configs (`configs/*.py` + `--set`), same numpy data pipeline (TrainLoader, val windows, byte
-tables: identical tokens in identical order, identical byte counts), the same run policy as
-`python -m frontier_jax.train` by construction (`frontier_jax.run_policy.run_budgeted`: untimed
+tables: identical tokens in identical order, identical byte counts), the same driver as
+`python -m frontier_jax.train` by construction (`frontier_jax.run.driver.run_budgeted`: untimed
 compile warm-up then reset, stop order, validation cadence, schedules, summary, exit codes) and the
-same run directory (`frontier_jax.rundir`: config.json, env.json, metrics.jsonl, summary.json +
+same run directory (`frontier_jax.run.rundir`: config.json, env.json, metrics.jsonl, summary.json +
 summary.txt, curves.png, train.log), plus weights.npz (the interop format). No checkpoints and no
 resume. Prints `val_bpb: X` at the end. Imports no JAX. `--device xla` trains on PyTorch/XLA's device, a
 NeuronCore under torch-neuronx (baseline_torch.xla; torch_xla is imported only then).
@@ -24,18 +24,21 @@ import torch
 from baseline_torch import quantize, xla
 from baseline_torch.model import GPT, count_params, load_npz, save_npz
 from baseline_torch.optim import Optimizers
-from frontier_jax import policies, progress, rundir, startup
-from frontier_jax import run_policy as policy
+from frontier_jax.policies import dtypes as dtype_policy
+from frontier_jax.policies.geometry import split_batch, step_batch
+from frontier_jax.policies.scoring import val_window_tokens
+from frontier_jax.run import driver, progress, rundir, startup
+from frontier_jax.run.endings import STOP_NONFINITE, ending
 from frontier_jax.config import Config, ConfigError, config_hash, to_dict
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
 from frontier_jax.data.tokenizer import count_bytes
 from frontier_jax.errors import exit_on_error
-from frontier_jax.host import describe as describe_allocator
-from frontier_jax.host import tune_allocator
-from frontier_jax.resolve import resolve_run
-from frontier_jax.rundir import RunError, RunLog
-from frontier_jax.trainer import Trainer as TrainerInterface
+from frontier_jax.run.host import describe as describe_allocator
+from frontier_jax.run.host import tune_allocator
+from frontier_jax.run.resolve import resolve_run
+from frontier_jax.run.rundir import RunError, RunLog
+from frontier_jax.run.interface import Trainer as TrainerInterface
 
 PACKAGES = ("torch", "numpy", "sentencepiece", "torch-xla", "torch-neuronx", "neuronx-cc")
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -61,11 +64,6 @@ def resolve_device(device: str | None) -> torch.device:
 def device_platform(device: torch.device) -> str:
     """Where the arithmetic runs: "cpu", "cuda", or for the XLA device its PJRT type ("neuron", "cpu")."""
     return xla.platform() if device.type == "xla" else device.type
-
-
-def compute_dtype_for(cfg: Config, device: torch.device) -> torch.dtype:
-    """The dtype policy (frontier_jax.policies.compute_dtype_name) applied to this device."""
-    return _TORCH_DTYPES[policies.compute_dtype_name(cfg.model, device_platform(device))]
 
 
 def environment(device: torch.device) -> dict:
@@ -104,7 +102,7 @@ def _mark_step(device: torch.device) -> None:
 
 
 class Trainer(TrainerInterface):
-    """Model + optimizers + data, and the trainer interface (frontier_jax.trainer): train step (with grad
+    """Model + optimizers + data, and the trainer interface (frontier_jax.run.interface): train step (with grad
     accumulation), eval sums, snapshot/restore for the warm-up reset, the run's log, metrics and summary
     files (`start`), the int8 + zlib round trip. No checkpoints and no resume (the interface's defaults).
 
@@ -117,18 +115,19 @@ class Trainer(TrainerInterface):
     def __init__(self, cfg: Config, device: torch.device, loader: TrainLoader, val_tokens: np.ndarray, tables,
                  compile_model: bool = False):
         self.cfg, self.device, self.loader, self.val_tokens, self.tables = cfg, device, loader, val_tokens, tables
-        self.dtype = compute_dtype_for(cfg, device)
         self.platform = device_platform(device)
+        self.dtypes = dtype_policy.resolve(cfg, self.platform)  # resolved once: the model's and Newton-Schulz's
+        self.dtype = _TORCH_DTYPES[self.dtypes.compute]
         # NeuronCore-v2 computes no float64 (its engines: cFP8, FP16, BF16, TF32, FP32, INT8-32; aws-neuron-sdk
         # about-neuron/arch/neuron-hardware/neuron-core-v2.rst): per-batch sums in fp32 on XLA, float64 on the host.
         self.sum_dtype = torch.float32 if device.type == "xla" else torch.float64
         t = cfg.train
         self.seqs_per_step = t.tokens_per_step // t.seq_len
-        self.micro_seqs, self.accum = policy.split_batch(self.seqs_per_step, t.micro_batch_seqs, 1, 1)
+        self.micro_seqs, self.accum = split_batch(self.seqs_per_step, t.micro_batch_seqs, 1, 1)
         torch.manual_seed(t.seed)
         self.model = GPT(cfg.model, self.dtype).to(device)
         self.forward = torch.compile(self.model, dynamic=False, fullgraph=True) if compile_model else self.model
-        self.opt = Optimizers(self.model, cfg.optim, self.platform, xla=device.type == "xla")
+        self.opt = Optimizers(self.model, cfg.optim, self.dtypes.muon_ns, xla=device.type == "xla")
         _mark_step(device)  # parameters and optimizer state become device data before the first step
 
     def _autocast(self):
@@ -137,7 +136,7 @@ class Trainer(TrainerInterface):
     def train_step(self, lr_scale: float, momentum: float) -> tuple[float, float]:
         """One step on the loader's next batch; (loss, grad_norm) once it has finished."""
         t = self.cfg.train
-        x_MBT, y_MBT = policy.step_batch(self.loader, self.seqs_per_step, self.accum, t.seq_len)
+        x_MBT, y_MBT = step_batch(self.loader, self.seqs_per_step, self.accum, t.seq_len)
         M = x_MBT.shape[0]
         total = torch.zeros((), device=self.device)
         for m in range(M):
@@ -164,7 +163,7 @@ class Trainer(TrainerInterface):
     @torch.no_grad()
     def eval_sums(self, max_tokens: int) -> dict:
         t = self.cfg.train
-        toks = policy.val_window_tokens(self.val_tokens, max_tokens, t.seq_len)
+        toks = val_window_tokens(self.val_tokens, max_tokens, t.seq_len)
         sums, ntoks, nbytes = [], 0, 0
         for x, y, mask in val_batches(toks, t.seq_len, t.val_batch_seqs):
             xt = torch.from_numpy(x).to(self.device, torch.long)
@@ -186,7 +185,7 @@ class Trainer(TrainerInterface):
     def restore(self, snap) -> None:
         model_state, data_state = snap
         self.model.load_state_dict(model_state)
-        self.opt = Optimizers(self.model, self.cfg.optim, self.platform, xla=self.device.type == "xla")
+        self.opt = Optimizers(self.model, self.cfg.optim, self.dtypes.muon_ns, xla=self.device.type == "xla")
         self.loader.restore(data_state)
         _sync(self.device)
 
@@ -203,7 +202,7 @@ class Trainer(TrainerInterface):
     def write_summary(self, summary: dict) -> None:
         """summary.json/txt, curves.png and weights.npz (the interop format; not of a diverged model)."""
         self.metrics_log.close()
-        if summary["stop_reason"] != policy.STOP_NONFINITE:
+        if summary["stop_reason"] != STOP_NONFINITE:
             save_npz(self.model, self.out_dir / rundir.WEIGHTS, {"model": to_dict(self.cfg)["model"],
                                                                  "step": summary["steps"], "source": "baseline_torch"})
         rundir.write_summary(self.out_dir, summary)
@@ -214,7 +213,7 @@ class Trainer(TrainerInterface):
 
 def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bool = False,
         init_weights: str | None = None, echo: bool = True, allocator: dict | None = None) -> dict:
-    """Train `cfg` with PyTorch into `out_dir`; returns the summary dict (as frontier_jax.loop.run).
+    """Train `cfg` with PyTorch into `out_dir`; returns the summary dict (as frontier_jax.trainer.run).
     Every input (device, data, tokenizer, initial weights) is checked before anything is written; a
     signal before the first timed step leaves no run directory behind."""
     if cfg.ngram.enabled:  # never silently a different model than the config names
@@ -263,13 +262,13 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
         log(line)
     trainer.start(out_dir, log, signals, rundir.MetricsLog(out_dir / rundir.METRICS),
                   [*([xla.CompileWatch(log)] if device.type == "xla" else []),
-                   progress.Progress(log, policy.Policy.from_config(cfg), progress.train_tokens(data.train_files), t)])
+                   progress.Progress(log, driver.Policy.from_config(cfg), progress.train_tokens(data.train_files), t)])
     base = {"config_name": cfg.name, "config_hash": config_hash(cfg), "implementation": "torch",
             "rules_profile": cfg.rules.profile,
             **peak_info, "matmul_peak_flops": peak_info.get("matmul_peak_flops"),
             "flops_per_token": cfg.model.flops_per_token(t.seq_len), "run_dir": str(out_dir)}
     try:
-        return policy.run_budgeted(policy.Policy.from_config(cfg), trainer, base)
+        return driver.run_budgeted(driver.Policy.from_config(cfg), trainer, base)
     finally:
         trainer.metrics_log.close()
 
@@ -306,7 +305,7 @@ def main(argv=None) -> int:
             summary = run(cfg, out, str(device), args.compile, args.init_weights, allocator=allocator)
     except SystemExit as e:  # one line on stderr already printed
         return int(e.code)
-    end = policy.ending(summary["stop_reason"])
+    end = ending(summary["stop_reason"])
     for line in progress.final_lines(summary) if end.results else ():
         print(line)
     line = end.line(summary, out, checkpoints=False)

@@ -1,6 +1,6 @@
 """The cost model (kernels_nki/emulator/cost.py) and the schedule (schedule.py) against every figure AWS
 publishes for its own kernels: `python -m bench.cost_calibration [--target trn2] [--markdown]`. Tables and
-discussion: bench/README.md ("Cost model calibration"); tests/test_kernels_cost.py keeps them in sync.
+discussion: bench/README.md ("Cost model calibration"); tests/test_emulator_cost.py keeps them in sync.
 
 Published, checked (nothing here is fitted to them):
 - aws-neuron-sdk nki/guides/tutorials/kernel-optimization.rst, profiled with NEURON_PLATFORM_TARGET_OVERRIDE=trn2,
@@ -39,7 +39,7 @@ PUBLISHED = (
      {"tensor": 0.9950, "dma": 0.2154, "vector": 0.1055}),
 )
 ENGINES = ("tensor", "dma", "vector")
-TENSOR_TOLERANCE = 0.05  # |predicted - published| TensorE active share (tests/test_kernels_cost.py)
+TENSOR_TOLERANCE = 0.05  # |predicted - published| TensorE active share (tests/test_emulator_cost.py)
 EXAMPLE_1_NS = 1416.0  # nki-dma-overview.rst, Example 1
 SCALAR_II_NS = 189.0  # nki_perf_guide.rst, Opt #5a
 CURVE_WIDTHS = (128, 512, 2048, 8192)  # bytes per partition: points of the DMA overview's figure checked

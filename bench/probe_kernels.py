@@ -3,7 +3,7 @@ cases: the same bytes in wide or narrow DMAs (nki/deep-dives/nki-dma-bandwidth-g
 Payload Size"), the same VectorE instructions as a dependent chain or independent (trainium_inferentia2_arch.rst,
 "Vector Engine / Performance Consideration"), a DMA-bound and a compute-bound phase that can overlap (nki_perf_guide.rst,
 Opt #4), one transfer of the DMA overview's Example 1 (nki-dma-overview.rst), and a dependent tiny ScalarE chain
-(nki_perf_guide.rst, Opt #5a). Run by tests/test_kernels_schedule.py and bench/cost_calibration.py.
+(nki_perf_guide.rst, Opt #5a). Run by tests/test_emulator_schedule.py and bench/cost_calibration.py.
 """
 
 import nki

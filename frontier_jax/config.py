@@ -31,7 +31,7 @@ class ConfigError(BadInput):
 
 
 # train.kernels: NKI kernels where available, the pure-JAX reference only, or fail if any is missing
-# (frontier_jax.dispatch; the CLI's --kernels).
+# (frontier_jax.ops.dispatch; the CLI's --kernels).
 KERNEL_MODES = ("auto", "reference", "strict")
 MAX_SEED = (1 << 32) - 1  # train.seed: JAX's default (non-x64) PRNG key holds 32 bits; a larger seed aliases one
 # rules.profile: the contest rule sets a run can be checked against (frontier_jax.contest.rules, docs/rules.md)
@@ -55,7 +55,7 @@ class ModelConfig:
     tied_embed_init_std: float = 0.005  # init std of the tied input/output embedding
     # "auto": bfloat16 matmuls on accelerators (as the baseline), float32 on CPU (where bf16 dots were
     # measured slower: ~120 vs ~178 GFLOP/s). "bfloat16" / "float32" force it. The resolved choice is
-    # logged and written to the run directory (see frontier_jax.model.resolve_compute_dtype).
+    # logged and written to the run directory (see frontier_jax.policies.dtypes).
     compute_dtype: str = "auto"
 
     def __post_init__(self):
@@ -77,7 +77,7 @@ class ModelConfig:
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward = 3x forward) of this architecture, attention included
-        (the MFU numerator of both trainers and of frontier_jax.kernel_report).
+        (the MFU numerator of both trainers and of frontier_jax.neuron.kernel_report).
 
         Matmul FLOPs: 2 per MAC. Attention scores and values: causal, so on average T/2 keys per query
         (counted as the full T*T/2 triangle: 2 * 2 * H * K * T/2 per token forward).
@@ -104,7 +104,7 @@ class OptimConfig:
     muon_ns_steps: int = 5  # Newton-Schulz iterations of Muon's orthogonalisation
     # Newton-Schulz precision: the baseline runs it in bf16; "float32" exists for parity tests; "auto":
     # bfloat16 on accelerators, float32 on CPU (where bf16 dots are slower), resolved and logged at start-up
-    # (frontier_jax.optim.resolve_ns_dtype).
+    # (frontier_jax.policies.dtypes).
     muon_ns_dtype: str = "bfloat16"
     warmdown_steps: int = 1200  # the learning rate decays linearly to 0 over the last this-many steps
     # "time": the warmdown start is computed from measured wall-clock step time (the baseline);
@@ -149,10 +149,10 @@ class TrainConfig:
     val_batch_seqs: int = 64  # windows per validation batch (global; > 0)
     checkpoint_every_steps: int = 0  # 0: only final and on signals
     log_every_steps: int = 200  # progress: a train.log line every this many steps (metrics.jsonl has every step)
-    log_every_seconds: float = 30.0  # ... or every this many seconds, whichever comes first (frontier_jax.progress)
+    log_every_seconds: float = 30.0  # ... or every this many seconds, whichever comes first (frontier_jax.run.progress)
     seed: int = 1337  # parameter init seed
     kernels: str = "auto"  # one of KERNEL_MODES (see frontier_jax.ops)
-    # C allocator of the host process (frontier_jax.host): "reuse" keeps XLA's per-step temporary buffer
+    # C allocator of the host process (frontier_jax.run.host): "reuse" keeps XLA's per-step temporary buffer
     # in the heap instead of mmap/munmap + page faults every step (CPU: 1.1-1.3x faster steps); "system"
     # leaves glibc's defaults; "auto": reuse when JAX runs on the CPU, system with an accelerator.
     # Applied by the entry points before the JAX backend starts; the resolved choice goes to env.json.

@@ -9,7 +9,7 @@ masked rows. Default: the baseline protocol (docs/evaluation.md), non-overlappin
 windows over the whole val split, truncated to whole windows (+1 target token). With `--stride N` <
 seq_len, windows overlap and every target is still scored exactly once, with the longest context
 available: the sliding window is only a score mask, mask[b, t] = t >= score_from[b].
-`--artifact [PATH]` scores the int8 + zlib artifact instead (`frontier_jax.quantize`; default the run's
+`--artifact [PATH]` scores the int8 + zlib artifact instead (`frontier_jax.interop.quantize`; default the run's
 `final_model.int8.ptz`, written by either trainer): its dequantized weights, as the contest scores it;
 the result equals the run's own `roundtrip_val_bpb`.
 """
@@ -59,13 +59,14 @@ def _ngram_bias(run_dir: Path, cfg, log=None):
 
 def _artifact_params(run_dir: Path, artifact):
     """(config, graphdef, params, compute dtype) from an int8 + zlib artifact's dequantized weights."""
-    from frontier_jax import optim, quantize
-    from frontier_jax.interop import abstract_state, read_run_config, state_dict_to_params
+    from frontier_jax import optim
+    from frontier_jax.interop import quantize
+    from frontier_jax.interop.state_dict import abstract_state, read_run_config, state_dict_to_params
 
-    cfg, dtype = read_run_config(run_dir)
-    graphdef, aparams, _ = abstract_state(cfg, dtype, optim.build_optimizer(cfg.optim))
+    cfg, dtypes = read_run_config(run_dir)
+    graphdef, aparams, _ = abstract_state(cfg, dtypes.compute, optim.build_optimizer(cfg.optim, dtypes.muon_ns))
     sd = quantize.dequantize_state_dict(quantize.load_artifact(artifact))
-    return cfg, graphdef, state_dict_to_params(sd, aparams, source=str(artifact)), dtype
+    return cfg, graphdef, state_dict_to_params(sd, aparams, source=str(artifact)), dtypes.compute
 
 
 def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs=None, step=None, log=None,
@@ -73,11 +74,11 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     """Sums and bpb of a run's newest intact (or given) checkpoint on its val split (see the module docstring),
     or of the int8 + zlib artifact `artifact` (its dequantized weights, in the run's model)."""
     from frontier_jax import ops
-    from frontier_jax.run_policy import bpb
     from frontier_jax.data.dataset import load_dataset
     from frontier_jax.data.stream import val_batches
-    from frontier_jax.host import tune_allocator
-    from frontier_jax.interop import read_run_config, restore_params
+    from frontier_jax.policies.scoring import bpb
+    from frontier_jax.run.host import tune_allocator
+    from frontier_jax.interop.state_dict import read_run_config, restore_params
     from frontier_jax.steps import evaluate_batches, make_eval_step, q_gains
 
     run_dir = Path(run_dir)
@@ -85,7 +86,7 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
         raise DataError(f"{run_dir}: run directory does not exist")
     t0 = time.perf_counter()
     cfg, _ = read_run_config(run_dir)  # inputs are checked before any array is restored
-    tune_allocator(cfg.train.allocator)  # as the run trained; before the JAX backend starts (frontier_jax.host)
+    tune_allocator(cfg.train.allocator)  # as the run trained; before the JAX backend starts (frontier_jax.run.host)
     data_dir = data_dir or cfg.data.data_dir
     tok_spec = tokenizer or cfg.data.tokenizer
     if not data_dir:
@@ -146,7 +147,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     artifact = None
     if args.artifact is not None:
-        from frontier_jax.quantize import ARTIFACT
+        from frontier_jax.interop.quantize import ARTIFACT
 
         artifact = args.artifact or str(Path(args.run) / ARTIFACT)
     with exit_on_error():

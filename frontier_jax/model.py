@@ -18,15 +18,8 @@ import numpy as np
 from flax import nnx
 
 from frontier_jax import ops
-from frontier_jax import reference as ref
+from frontier_jax.ops import reference as ref
 from frontier_jax.config import Config, ModelConfig
-from frontier_jax.policies import compute_dtype_name
-
-
-def resolve_compute_dtype(cfg: ModelConfig, platform: str | None = None) -> jnp.dtype:
-    """The explicit dtype policy (policies.compute_dtype_name): bf16 matmuls on accelerators (as the
-    baseline), fp32 on CPU; the platform defaults to JAX's backend."""
-    return jnp.dtype(compute_dtype_name(cfg, platform or jax.default_backend()))
 
 
 def _torch_linear_init(rngs: nnx.Rngs, fan_in: int, fan_out: int) -> jax.Array:
@@ -106,10 +99,10 @@ class Block(nnx.Module):
 class GPT(nnx.Module):
     """Returns per-token cross-entropy (nats, float32, [B, T]); training and evaluation both call this."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype=None, num_bias_orders: int = 0,
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, compute_dtype, num_bias_orders: int = 0,
                  bias_buckets: int = 0):
         self.cfg = cfg
-        self.compute_dtype = jnp.dtype(compute_dtype or resolve_compute_dtype(cfg))
+        self.compute_dtype = jnp.dtype(compute_dtype)  # the run's resolved policy (frontier_jax.policies.dtypes)
         V, D = cfg.vocab_size, cfg.model_dim
         # The baseline stores the tied embedding in the compute dtype (bf16 on accelerators).
         emb = cfg.tied_embed_init_std * jax.random.normal(rngs.params(), (V, D), jnp.float32)
@@ -148,8 +141,8 @@ class GPT(nnx.Module):
         return loss_N.reshape(B, T)
 
 
-def build(cfg: Config, compute_dtype=None) -> GPT:
-    """The model of a run: `cfg.model` in `compute_dtype` (None: the dtype policy), seeded by
+def build(cfg: Config, compute_dtype) -> GPT:
+    """The model of a run: `cfg.model` in `compute_dtype` (the run's `policies.dtypes.resolve(...).compute`), seeded by
     `cfg.train.seed`, with the n-gram bias parameter when `cfg.ngram.enabled`. Wrap it in
     `nnx.eval_shape(lambda: build(cfg, dtype))` for the abstract model (restoring a checkpoint)."""
     ng = cfg.ngram

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 from frontier_jax.config import (Config, ConfigError, ModelConfig, apply_overrides, config_hash, from_dict, load_config,
                                  model_hash, to_dict)
 

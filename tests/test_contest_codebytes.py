@@ -13,8 +13,7 @@ import pytest
 
 from frontier_jax.config import CONFIG_MODULE_PREFIX, load_config
 from frontier_jax.contest import codebytes
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO
 
 # What a run's code record is, in a fresh interpreter: the trainer's modules imported as a run imports them,
 # its config loaded by load_config, then the files counted with the run's config.json.
@@ -22,11 +21,11 @@ PROBE = """
 import json, sys
 sys.path.insert(0, {repo!r})
 {extra}
-import frontier_jax.loop
+import frontier_jax.trainer
 from frontier_jax.config import load_config
 from frontier_jax.contest import codebytes
 load_config({repo!r} + "/configs/tiny.py")
-assert frontier_jax.loop.__file__.startswith({repo!r}), frontier_jax.loop.__file__
+assert frontier_jax.trainer.__file__.startswith({repo!r}), frontier_jax.trainer.__file__
 files = codebytes.imported_files(({repo!r} + "/config.json",))
 print(json.dumps({{"bytes": codebytes.count_bytes(files), "files": sorted(str(p) for p in files),
                   "modules": sorted(k for k in sys.modules if k.split(".")[0] == "venvdep")}}))

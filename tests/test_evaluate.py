@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import tiny_config
+from helpers import tiny_config
 from frontier_jax.config import apply_overrides
 from frontier_jax.data.stream import val_batches
 from frontier_jax.evaluate import evaluate_run, main
@@ -117,7 +117,7 @@ def test_val_byte_count_matches_the_sentencepiece_pieces(sp1024_data, tmp_path):
 
     from frontier_jax.data.shards import list_shards
     from frontier_jax.data.stream import load_val_tokens
-    from frontier_jax.interop import import_run, params_to_state_dict, save_npz
+    from frontier_jax.interop.state_dict import import_run, params_to_state_dict, save_npz
     from frontier_jax.model import GPT
 
     data_dir, model_path = sp1024_data

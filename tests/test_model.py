@@ -7,9 +7,9 @@ import pytest
 from flax import nnx
 
 from frontier_jax import ops
-from frontier_jax import reference as ref
+from frontier_jax.ops import reference as ref
 from frontier_jax.config import ModelConfig
-from frontier_jax.model import GPT, count_params, resolve_compute_dtype
+from frontier_jax.model import GPT, count_params
 
 TINY = ModelConfig(vocab_size=96, num_layers=3, model_dim=32, num_heads=4, num_kv_heads=2)
 
@@ -114,14 +114,6 @@ def test_embedding_is_stored_in_the_compute_dtype_and_other_params_in_fp32():
     assert all(x[...].dtype == jnp.float32 for x in others)
     x = jnp.zeros((1, 8), jnp.int32)
     assert _jitted(m)(x, x).dtype == jnp.float32  # cross-entropy in fp32 whatever the matmul dtype
-
-
-@pytest.mark.parametrize("setting, platform, expected", [
-    ("auto", "cpu", jnp.float32), ("auto", "neuron", jnp.bfloat16), ("auto", "gpu", jnp.bfloat16),
-    ("float32", "neuron", jnp.float32), ("bfloat16", "cpu", jnp.bfloat16),
-])
-def test_dtype_policy_is_explicit(setting, platform, expected):
-    assert resolve_compute_dtype(ModelConfig(compute_dtype=setting), platform) == jnp.dtype(expected)
 
 
 def test_flops_per_token_is_six_n_plus_attention(tiny_model):

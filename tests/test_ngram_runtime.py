@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_config
-from frontier_jax import loop
+from helpers import tiny_config
+from frontier_jax import trainer
 from frontier_jax.ngram import runtime as ngram_runtime
 from frontier_jax.ngram import snapshot as S
 
@@ -68,7 +68,7 @@ def test_run_with_bias_disjoint_shards_and_swap_without_recompiling(byte_data, t
     monkeypatch.setattr(ngram_runtime, "bias_fn", counting_bias_fn)
     hooked.wait_at_step = 3
     out = tmp_path / "run"
-    summary = loop.run(tiny_config(byte_data, *NGRAM_SETS), out, echo=False)
+    summary = trainer.run(tiny_config(byte_data, *NGRAM_SETS), out, echo=False)
     rt = HookedRuntime.instances[0]
     # (a) which shards each side used, and disjointness (runtime object, run log, runtime.json, snapshot sources)
     assert [f.name for f in rt.trainer_files] == ["synth_train_000000.bin"]
@@ -109,7 +109,7 @@ def _corrupt_builder_data(byte_data, tmp_path, monkeypatch) -> Path:
 def test_builder_crash_is_logged_and_training_continues(byte_data, tmp_path, hooked, monkeypatch):
     hooked.wait_at_step = 1
     out = tmp_path / "run"
-    summary = loop.run(tiny_config(_corrupt_builder_data(byte_data, tmp_path, monkeypatch), *NGRAM_SETS), out, echo=False)
+    summary = trainer.run(tiny_config(_corrupt_builder_data(byte_data, tmp_path, monkeypatch), *NGRAM_SETS), out, echo=False)
     assert summary["steps"] == 6 and summary["val_bpb"] > 0
     log_text = (out / "train.log").read_text()
     assert "NGRAM BUILDER FAILED; training continues on snapshot v-1" in log_text
@@ -132,7 +132,7 @@ def test_builder_crash_stops_the_run_in_strict_mode(byte_data, tmp_path, hooked,
     hooked.wait_at_step = 1
     cfg = tiny_config(_corrupt_builder_data(byte_data, tmp_path, monkeypatch), *NGRAM_SETS, "ngram.strict=True")
     with pytest.raises(ngram_runtime.NgramBuilderFailed, match="ngram builder failed .*bad magic"):
-        loop.run(cfg, tmp_path / "run", echo=False)
+        trainer.run(cfg, tmp_path / "run", echo=False)
     assert "NGRAM BUILDER FAILED; stopping (ngram.strict)" in (tmp_path / "run" / "train.log").read_text()
     _no_leftovers(HookedRuntime.instances[0])
 
@@ -150,11 +150,11 @@ def test_interrupt_or_crash_leaves_no_builder_and_no_temp_dirs(byte_data, tmp_pa
 
     cfg = tiny_config(byte_data, *NGRAM_SETS, "train.max_steps=50")
     if how == "sigint":
-        summary = loop.run(cfg, tmp_path / "run", echo=False, on_step=on_step)
+        summary = trainer.run(cfg, tmp_path / "run", echo=False, on_step=on_step)
         assert summary["stop_reason"].startswith("signal")
     else:
         with pytest.raises(RuntimeError, match="simulated trainer crash"):
-            loop.run(cfg, tmp_path / "run", echo=False, on_step=on_step)
+            trainer.run(cfg, tmp_path / "run", echo=False, on_step=on_step)
     _no_leftovers(HookedRuntime.instances[0])
 
 

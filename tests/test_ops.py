@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from frontier_jax import ops
-from frontier_jax import reference as ref
+from frontier_jax.ops import reference as ref
 from frontier_jax.config import apply_overrides, load_config
 from kernels_nki import registry
 
@@ -46,7 +46,7 @@ def test_default_table_on_cpu_is_reference_for_every_op_with_reason():
 def test_experimental_kernels_are_listed_unused_with_the_reason():
     """No production op calls rope, rope_gain, causal_attention or norm_projection (the model runs their work
     inside qk_attention / mix_norm_projection): the table lists them unused whether or not
-    frontier_jax.experimental declared them, and strict mode does not require their kernels."""
+    frontier_jax.ops.experimental declared them, and strict mode does not require their kernels."""
     assert EXPERIMENTAL == ["rope", "rope_gain", "causal_attention", "norm_projection"]
     assert not set(EXPERIMENTAL) & set(ops.OPS)
     rows = {r.op: r for r in ops.configure("auto")}
@@ -61,9 +61,9 @@ def test_experimental_kernels_are_listed_unused_with_the_reason():
 
 
 def test_the_production_path_imports_no_experimental_op():
-    """Training and evaluation never import frontier_jax.experimental; the table still lists its kernels."""
-    code = ("import sys; from frontier_jax import evaluate, loop, ops; rows = ops.configure('auto'); "
-            "print(any(m.startswith('frontier_jax.experimental') for m in sys.modules), "
+    """Training and evaluation never import frontier_jax.ops.experimental; the table still lists its kernels."""
+    code = ("import sys; from frontier_jax import evaluate, ops, trainer; rows = ops.configure('auto'); "
+            "print(any(m.startswith('frontier_jax.ops.experimental') for m in sys.modules), "
             "[r.op for r in rows if r.impl == 'unused'])")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
@@ -137,7 +137,7 @@ def _train_three_steps(cfg):
     from frontier_jax import optim
     from frontier_jax.model import GPT
 
-    graphdef, params = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=cfg.model.compute_dtype))
     tx = optim.build_optimizer(cfg.optim)
     opt_state = tx.init(params)
 

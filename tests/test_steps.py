@@ -15,10 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import tiny_config
-from frontier_jax import dispatch, loop, ops, optim
+from helpers import tiny_config
+from frontier_jax.ops import dispatch
+from frontier_jax import trainer, ops, optim
 from frontier_jax.data.tokenizer import ByteTables
 from frontier_jax.parallel import make_data_parallel
+from frontier_jax.policies import dtypes
 from frontier_jax.steps import make_eval_step, make_train_step, q_gains
 
 EMULATED = ops.OPS  # every op a training run calls
@@ -41,7 +43,7 @@ def calls(monkeypatch):
 def _one_step(cfg, n, x, y):
     dp = make_data_parallel(n, zero1=True)
     tx = optim.build_optimizer(cfg.optim)
-    graphdef, params, opt_state, _ = loop.init_state(cfg, tx, jnp.float32, dp)
+    graphdef, params, opt_state, _ = trainer.init_state(cfg, tx, jnp.float32, dp)
     step = make_train_step(graphdef, tx, mesh=dp.mesh, state_specs=dp.state_specs(opt_state),
                            head_dim=cfg.model.head_dim, donate=False)
     lr, mom = (jax.device_put(jnp.float32(v), dp.replicated) for v in (1.0, 0.9))
@@ -94,8 +96,8 @@ def test_score_bound_metric_is_the_updated_gains_bound(byte_data):
     """The train step returns ops.score_bound of the gains after its update: the next step's choice."""
     cfg = tiny_config(byte_data)
     dp = make_data_parallel(1)
-    tx = optim.build_optimizer(cfg.optim)
-    graphdef, params, opt_state, _ = loop.init_state(cfg, tx, jnp.float32, dp)
+    tx = optim.build_optimizer(cfg.optim, dtypes.resolve(cfg, jax.default_backend()).muon_ns)
+    graphdef, params, opt_state, _ = trainer.init_state(cfg, tx, jnp.float32, dp)
     step = make_train_step(graphdef, tx, mesh=dp.mesh, head_dim=cfg.model.head_dim, donate=False)
     x = np.random.default_rng(0).integers(0, 256, (1, 4, cfg.train.seq_len)).astype(np.int32)
     p, s = params, opt_state

@@ -12,16 +12,15 @@ from pathlib import Path
 
 import pytest
 
-import frontier_jax.loop  # noqa: F401 - the modules a run imports, so the fake runs' code.json is a run's
-from frontier_jax import rundir
+import frontier_jax.trainer  # noqa: F401 - the modules a run imports, so the fake runs' code.json is a run's
 from frontier_jax.config import CONFIG_MODULE_PREFIX, apply_overrides, load_config, to_dict
 from frontier_jax.contest import codebytes, rules
 from frontier_jax.contest.rules import FAIL, NOT_APPLICABLE, NOT_CHECKABLE, PASS
+from frontier_jax.run import rundir
 from frontier_jax.submission import check, evidence
 from frontier_jax.submission.__main__ import main
-from tests.conftest import tiny_config
+from helpers import REPO, tiny_config
 
-REPO = Path(__file__).resolve().parents[1]
 DATA = "/data/fineweb10B_sp1024"
 # The issue's account of the accepted 14-layer entry: about 24 MB after int8+zlib; its n-gram tables ~252 MB.
 FRONTIER14_ARTIFACT_BYTES = 24_000_000

@@ -1,13 +1,10 @@
 """The AST scan finds environment access in any spelling, and none in the project's own code."""
 
-from pathlib import Path
-
 import pytest
 
 from frontier_jax.contest.codebytes import PROJECT_PACKAGES
 from frontier_jax.submission import envscan
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO
 
 FOUND = [
     "import os\nn = os.environ['NUM_LAYERS']",

@@ -10,7 +10,7 @@ from frontier_jax import ops
 from frontier_jax.contest.rules import FAIL, PASS
 from frontier_jax.model import GPT
 from frontier_jax.submission import forward
-from tests.conftest import tiny_config
+from helpers import tiny_config
 
 CFG = tiny_config("unused", "model.vocab_size=64", "train.seq_len=32")
 

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the PyTorch baseline needs the optional extra: pip install -e .[torch]")
 
-from conftest import REPO, TINY_OVERRIDES  # noqa: E402
+from helpers import REPO, TINY_OVERRIDES  # noqa: E402
 
 NO_JAX = ("bad = [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'optax', 'orbax')]; "
           "assert not bad, bad")

@@ -5,7 +5,8 @@ A run on other hardware than the profile's has its times scaled by the ratio of 
 (summary.json `matmul_peak_flops`, all its devices: AWS's documented peak on trn1, a measured probe
 elsewhere) over the profile hardware's published dense BF16 peak (`rules.Hardware`). That assumes the same
 MFU on both and is reported as an estimate; without a recorded peak the time is not checkable.
-`end_of_run` is what every run states at its end (the run policy calls it): the profile and the size rule.
+`end_of_run` is what every run states at its end (`frontier_jax.run.driver` calls it): the profile and the size
+rule.
 """
 
 from __future__ import annotations

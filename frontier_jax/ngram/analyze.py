@@ -30,7 +30,7 @@ import numpy as np
 
 from frontier_jax.data.shards import DataError
 from frontier_jax.errors import exit_on_error
-from frontier_jax.rundir import read_json_object
+from frontier_jax.run.rundir import read_json_object
 from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram import tables as T
 
@@ -158,7 +158,7 @@ def _bpb(nll_N, bytes_N) -> float:
 def analyze_run(run_dir, data_dir=None, tokenizer=None, snapshot_path=None, max_tokens: int = 0) -> dict:
     """The network report of a trained run (see the module docstring)."""
     from frontier_jax.data.tokenizer import count_bytes, load_tokenizer
-    from frontier_jax.interop import read_run_config
+    from frontier_jax.interop.state_dict import read_run_config
     from frontier_jax.ngram import network_eval as NE
 
     run_dir = Path(run_dir)

@@ -20,7 +20,7 @@ from frontier_jax.ngram import snapshot as S
 
 def restore_run(run_dir):
     """(cfg, graphdef, params, step) of a run's newest intact checkpoint, n-gram bias parameter included."""
-    from frontier_jax.interop import restore_params
+    from frontier_jax.interop.state_dict import restore_params
 
     cfg, graphdef, params, step, _ = restore_params(run_dir)
     return cfg, graphdef, params, step

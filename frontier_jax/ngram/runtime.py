@@ -24,7 +24,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from frontier_jax.config import NgramConfig
-from frontier_jax.trainer import RunHook
+from frontier_jax.run.interface import RunHook
 from frontier_jax.errors import BadInput
 from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram.bias import DeviceTables, empty_tables, host_arrays, ngram_sparse_bias
@@ -65,7 +65,7 @@ def for_config(cfg: NgramConfig, train_files, run_dir: Path, log, replicated) ->
 
 
 class NgramRuntime(RunHook):
-    """The builder process and the tables the trainer uses, as a run hook (frontier_jax.trainer): the
+    """The builder process and the tables the trainer uses, as a run hook (frontier_jax.run.interface): the
     builder starts with the timed budget (its time counts against it), new snapshots are swapped in
     before steps, it stops at the end of the budget (the final evaluation uses the newest snapshot it
     published), and it is stopped whatever happens."""

@@ -1,7 +1,7 @@
 """The submission check: a run directory against a rules profile, one verdict per rule with its evidence.
 
 `check_run(run_dir, profile_name)` reads what the run recorded (config.json, summary.json, env.json,
-code.json, ngram-p0/runtime.json, ttt.jsonl: frontier_jax.rundir, frontier_jax.contest.codebytes,
+code.json, ngram-p0/runtime.json, ttt.jsonl: frontier_jax.run.rundir, frontier_jax.contest.codebytes,
 frontier_jax.submission.evidence) and runs the check of every rule of the profile (`CHECKS`, by rule id).
 Verdicts: pass, fail, not checkable (the profile states no limit, or the run lacks the record, or the code
 changed since the run), not applicable (e.g. TTT order for a run without TTT). The checks that run the
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from frontier_jax import rundir
 from frontier_jax.config import Config, DataConfig
 from frontier_jax.contest import codebytes, limits
 from frontier_jax.contest.rules import (ARTIFACT, FAIL, NOT_APPLICABLE, NOT_CHECKABLE, PASS, SCORED_VAL, TRAIN_SHARDS,
                                         VAL_SPLIT, Profile, Rule, Verdict, profile)
 from frontier_jax.data.shards import DataError
+from frontier_jax.run import rundir
 from frontier_jax.submission import envscan, evidence, forward
 from frontier_jax.submission.forward import SHOW
 
@@ -245,7 +245,7 @@ def check_single_pass(run: Run, rule: Rule, prof: Profile) -> Verdict:
         return Verdict(rule.id, PASS, f"{evidence.TTT_LOG}: {order.events} events, the scored ranges disjoint and "
                                       "in increasing order")
     from frontier_jax.data.stream import val_batches
-    from frontier_jax.run_policy import val_window_tokens
+    from frontier_jax.policies.scoring import val_window_tokens
 
     T, B = run.cfg.train.seq_len, run.cfg.train.val_batch_seqs
     ids = np.arange(7 * T + T // 2, dtype=np.int64)  # target i is token id i: a probe split of 7.5 windows

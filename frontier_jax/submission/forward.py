@@ -1,8 +1,8 @@
 """The checks on the model's forward: one forward for training and evaluation, causal scores, a normalized
 distribution. They run the project's code at the run's config (the run's recorded code must be the code here).
 
-One forward. Both steps are traced as the trainer builds them (`frontier_jax.program.trace_steps`, the
-config's model, optimizer and n-gram bias; nothing compiled). Every equation of a jaxpr carries the Python
+One forward. Both steps are traced as the trainer builds them (`frontier_jax.neuron.program.trace_steps`,
+the config's model, optimizer and n-gram bias; nothing compiled). Every equation of a jaxpr carries the Python
 call stack that made it; its frames in the model's own source files (the files of every nnx.Module class
 in the model) are its model call path, e.g. GPT.__call__:142 > GPT.hidden:133 > Block.__call__:89. The
 rule holds when the eval step's model paths all occur in the train step, the eval step reaches them
@@ -38,11 +38,13 @@ import numpy as np
 from flax import nnx
 from jax.extend.core import Literal, jaxprs_in_params
 
-from frontier_jax import program
+from frontier_jax import optim
 from frontier_jax.config import Config
 from frontier_jax.contest.codebytes import PROJECT_PACKAGES
 from frontier_jax.contest.rules import FAIL, NOT_CHECKABLE, PASS, Verdict
 from frontier_jax.model import build
+from frontier_jax.neuron import program
+from frontier_jax.policies import dtypes as dtype_policy
 
 PROBE_WIDTH_PER_HEAD = 8  # probe_config's head dim
 PROBE_SEQ = 32
@@ -123,7 +125,8 @@ def one_forward(cfg: Config, platform: str = "cpu", model_fn=build, eval_model_f
     """The one-forward rule for `cfg` (module docstring). `model_fn` / `eval_model_fn`: the models the steps
     are built from (the trainer builds both from `model.build`; a test gives another eval model)."""
     eval_fn = eval_model_fn or model_fn
-    traced = program.trace_steps(cfg, num_devices=1, platform=platform, model_fn=model_fn,
+    dtypes = dtype_policy.resolve(cfg, platform)
+    traced = program.trace_steps(cfg, 1, dtypes, optim.build_optimizer(cfg.optim, dtypes.muon_ns), model_fn=model_fn,
                                  eval_model_fn=eval_model_fn, only=("train", "eval"))
     files = model_files(cfg, model_fn, eval_fn)
     root = _call_name(cfg, model_fn)

@@ -1,0 +1,387 @@
+"""The run directory: its file names, preparing it, the run log, signals, metrics, summary, reading it back
+(a run's start-up lifecycle: frontier_jax.run.startup; run resolution from the entry points' options:
+frontier_jax.run.resolve).
+
+It imports no JAX (numpy, and matplotlib for the plot), so both trainers write the same layout:
+
+    config.json    the resolved config (frontier_jax.config.to_dict)
+    env.json       versions, git hash, devices, resolved dtypes, host allocator
+    kernels.json   the kernel table (JAX trainer)
+    train.log      everything the run printed
+    metrics.jsonl  one JSON object per train step (kind=train), validation (kind=val; the final one
+                   final=true) or round-trip validation (kind=roundtrip)
+    summary.json   the run policy's summary (frontier_jax.run.driver); summary.txt the same as a table
+    curves.png     train loss and val bpb (periodic subset, final full split, round trip; frontier_jax.run.curves)
+    final_model.int8.ptz  the contest's int8 + zlib artifact (frontier_jax.interop.quantize)
+    code.json      the project's source files the run imported, each with its bytes and sha256 (what the
+                   contests count as code and the submission check scans: frontier_jax.contest.codebytes)
+    ttt.jsonl      test-time training, when a run has it: its score and train events in the order they
+                   happened (the contract: frontier_jax.submission.evidence)
+    checkpoints/   orbax checkpoints, one directory per step (JAX trainer)
+    weights.npz    the weights in the interop format (PyTorch baseline)
+
+Every file is written to a temporary name and renamed into place; the metrics log is appended line
+by line and flushed, so an interrupted run keeps every line it finished.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+
+from frontier_jax.run import curves
+from frontier_jax.config import Config, load_run_config
+from frontier_jax.data.shards import DataError, atomic_write_text  # noqa: F401 - the one atomic text writer
+from frontier_jax.errors import BadInput
+
+CONFIG = "config.json"
+ENV = "env.json"
+KERNELS = "kernels.json"
+LOG = "train.log"
+METRICS = "metrics.jsonl"
+SUMMARY_JSON = "summary.json"
+SUMMARY_TXT = "summary.txt"
+CURVES = "curves.png"
+CHECKPOINTS = "checkpoints"
+WEIGHTS = "weights.npz"
+
+
+
+class RunError(BadInput):
+    """A run that cannot start or continue (message names the file/setting and the problem)."""
+
+
+# ----------------------------------------------------------------------------- preparing, log, signals
+
+
+class RunLog:
+    """Prints and appends to <run>/train.log; lines logged before the run directory exists (`attach`) are
+    kept and written when it does, so nothing is written before the inputs are checked."""
+
+    def __init__(self, path: Path | None = None, echo: bool = True, enabled: bool = True):
+        self.enabled = enabled
+        self.echo = echo and enabled
+        self._f = None
+        self._pending: list[str] = []
+        if path:
+            self.attach(path)
+
+    def attach(self, path: Path) -> None:
+        if not self.enabled:
+            return
+        self._f = open(path, "a")
+        self._f.write("".join(m + "\n" for m in self._pending))
+        self._f.flush()
+        self._pending = []
+
+    def __call__(self, msg: str = "") -> None:
+        if self.echo:
+            print(msg, flush=True)
+        if self._f:
+            self._f.write(msg + "\n")
+            self._f.flush()
+        elif self.enabled:
+            self._pending.append(msg)
+
+    def file(self, msg: str) -> None:
+        """To train.log only (progress lines while a progress bar holds the terminal)."""
+        echo, self.echo = self.echo, False
+        try:
+            self(msg)
+        finally:
+            self.echo = echo
+
+    def close(self) -> None:
+        if self._f:
+            self._f.close()
+            self._f = None
+
+
+class RunDirLock:
+    """One process owns a run directory: an exclusive `flock` on `<run>/.lock`, held until `release` or the
+    process's death (the kernel drops it, so a SIGKILLed run does not block its own `--resume`)."""
+
+    NAME = ".lock"
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / self.NAME
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self._fd)
+            raise RunError(f"{run_dir}: another process (pid {holder}) is running in this directory "
+                           f"({self.path} is locked); wait for it to end or choose another --out") from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor releases the flock
+            self._fd = None
+
+
+def check_writable(out_dir: Path) -> None:
+    """Refuse an output directory that cannot be created or written (one line)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".write_probe.{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise RunError(f"{out_dir}: output directory is not writable ({e.strerror or e})") from None
+
+
+def holds_run(out_dir: Path) -> bool:
+    """A directory holds a run when it has metrics, a checkpoint or weights (a trained run, or one that
+    `interop import` made: config.json, env.json, checkpoints/0); a config.json alone (a start that
+    stopped before training) is not one."""
+    out_dir = Path(out_dir)
+    ckpts = out_dir / CHECKPOINTS
+    return ((out_dir / METRICS).exists() or (out_dir / WEIGHTS).exists()
+            or (ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())))
+
+
+def prepare_run_dir(out_dir: Path, resume: bool) -> Path:
+    out_dir = Path(out_dir)
+    check_writable(out_dir)
+    if not resume and holds_run(out_dir):
+        raise RunError(f"{out_dir}: already holds a run; use --resume {out_dir} or another --out")
+    return out_dir
+
+
+def claim_run_dir(out_dir: Path, resume: bool, take_lock: bool = True) -> tuple[RunDirLock | None, bool]:
+    """(lock, created) for a run directory, taken before anything is written to it: created (and
+    checked writable) unless resuming, locked, then checked under the lock that a new run does not land
+    on an existing one. `created`: the directory did not exist before (removed again by `abandon`)."""
+    out_dir = Path(out_dir)
+    created = not out_dir.exists()
+    if resume and created:
+        raise RunError(f"{out_dir}: not a run directory (it does not exist)")
+    check_writable(out_dir)
+    try:
+        lock = RunDirLock(out_dir) if take_lock else None
+    except RunError:
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    if not resume and holds_run(out_dir):
+        if lock:
+            lock.release()
+        raise RunError(f"{out_dir}: already holds a run; use --resume {out_dir} or another --out")
+    return lock, created
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Drop the rows of steps after `step` (logged after the checkpoint a resume restores, e.g. before a
+    SIGKILL) and any torn last line; returns how many rows were dropped. Rewritten atomically."""
+    if not path.is_file():
+        return 0
+    keep, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += bool(line.strip())
+            continue
+        if row.get("step", 0) > step:
+            dropped += 1
+        else:
+            keep.append(line)
+    if dropped:
+        atomic_write_text(path, "".join(r + "\n" for r in keep))
+    return dropped
+
+
+class Signals:
+    """SIGINT/SIGTERM/SIGHUP (a closed terminal) set a flag that the run checks between steps (and between
+    its start-up phases).
+
+    The first signal prints what will happen (`stopping`, set by the run for its current phase); later
+    ones are ignored with a line until that is done (SIGKILL still ends the process at once). With
+    `interrupt` set (the final validation, after the last checkpoint is saved) a signal also raises
+    KeyboardInterrupt, so the run stops at once instead of finishing the evaluation."""
+
+    HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self):
+        self.received: str | None = None
+        self.stopping = "stopping before training starts; nothing to save"
+        self.interrupt = False
+        self._old = {}
+
+    def __enter__(self):
+        for sig in self.HANDLED:
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not in the main thread: no handlers
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.received:
+            msg = f"{name} again: still {self.stopping} (SIGKILL would end it without that)"
+        else:
+            self.received, msg = name, f"{name}: {self.stopping}"
+        os.write(2, (msg + "\n").encode())  # not print: a handler may run in the middle of a print
+        if self.interrupt:
+            self.interrupt = False
+            raise KeyboardInterrupt(name)
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def git_hash() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if out.returncode:
+        return "unknown"
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def environment(packages: tuple[str, ...]) -> dict:
+    """Python, platform, the given packages' versions (None when absent) and the git hash, for env.json."""
+    versions = {}
+    for name in packages:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"python": sys.version.split()[0], "platform": platform.platform(), "versions": versions, "git": git_hash()}
+
+
+class MetricsLog:
+    """Append-only JSONL sink (one object per line)."""
+
+    def __init__(self, path: Path, enabled: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled
+        self.rows: list[dict] = []
+        self._f = open(self.path, "a") if enabled else None
+
+    def log(self, **row) -> None:
+        self.rows.append(row)
+        if self._f:
+            try:
+                self._f.write(json.dumps(row, default=float) + "\n")
+                self._f.flush()
+            except OSError as e:  # a full disk: name the file (the write itself names none)
+                raise OSError(e.errno, e.strerror, str(self.path)) from None
+
+    def close(self) -> None:
+        if self._f:
+            self._f.close()
+            self._f = None
+
+
+def format_table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+
+
+def summary_rows(summary: dict) -> list[tuple[str, str]]:
+    def f(key, fmt="{}"):
+        v = summary.get(key)
+        return "-" if v is None else fmt.format(v)
+
+    sub = summary.get("submission_bytes")
+    size = "-" if sub is None else (f"{sub:,} bytes = {summary['artifact_bytes']:,} int8+zlib model + "
+                                    f"{summary['code_bytes']:,} code")
+    return [
+        ("run directory", f("run_dir")),
+        ("config", f"{summary.get('config_name')} ({summary.get('config_hash')})"),
+        ("steps", f("steps")),
+        ("tokens", f("tokens", "{:,}")),
+        ("train time", f("train_seconds", "{:.1f} s")),
+        ("tokens/s", f("tokens_per_second", "{:,.0f}")),
+        ("matmul peak", f("matmul_peak_flops", "{:.3g} FLOP/s") + (f" ({summary['peak_source']})"
+                                                                    if summary.get("peak_source") else "")),
+        ("MFU", f("mfu", "{:.1%}")),
+        ("final train loss", f("final_train_loss", "{:.4f}")),
+        ("val loss", f("val_loss", "{:.4f}")),
+        ("val bpb", f("val_bpb", "{:.4f}") + " (full val split, trained weights)"),
+        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + " (int8+zlib artifact: the score under the rules "
+                                                                  f"profile {summary.get('rules_profile') or '-'})"),
+        ("submission size", size),
+        ("rules", "-" if not summary.get("rules_profile") else
+         f"{summary.get('rules_line') or summary['rules_profile']} (every rule: python -m frontier_jax.submission "
+         f"check {summary.get('run_dir', 'RUN')})"),
+        ("stopped by", f("stop_reason")),
+    ]
+
+
+def write_summary(run_dir: Path, summary: dict, write: bool = True) -> str:
+    """summary.json, summary.txt and curves.png (from the whole metrics.jsonl, resumed parts included);
+    returns the summary table. write=False (not the main process): only the table."""
+    table = format_table(summary_rows(summary))
+    if write:
+        run_dir = Path(run_dir)
+        write_json(run_dir / SUMMARY_JSON, summary)
+        atomic_write_text(run_dir / SUMMARY_TXT, table + "\n")
+        curves.plot_run(read_metrics(run_dir), run_dir / CURVES,
+                 f"{run_dir.name}: {summary.get('config_name')} ({summary.get('implementation', 'jax')})")
+    return table
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The rows of <run>/metrics.jsonl ([] when there is none)."""
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_config(run_dir) -> Config:
+    """The resolved config of a run directory; one line (DataError / ConfigError) when it is not a run
+    or its config.json is unreadable."""
+    run_dir = Path(run_dir)
+    if not (run_dir / CONFIG).is_file():
+        raise DataError(f"{run_dir}: not a run directory (no {CONFIG})")
+    return load_run_config(run_dir / CONFIG)
+
+
+def read_json_object(path: Path, what: str) -> dict:
+    """A JSON object file of a run; DataError (one line naming the file) when unreadable or not an object."""
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: unreadable {what} ({str(e).splitlines()[0]})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: unreadable {what} (not a JSON object)")
+    return obj
+
+
+def read_env(run_dir) -> dict:
+    """<run>/env.json ({} when absent); DataError (one line) when unreadable."""
+    path = Path(run_dir) / ENV
+    if not path.is_file():
+        return {}
+    return read_json_object(path, "run environment")
