@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from frontier_jax.contest import codebytes
 from frontier_jax.interop.quantize import ARTIFACT, CLIP_Q, CONTROL_PATTERNS, FORMAT, KEEP_FLOAT_MAX_NUMEL, ZLIB_LEVEL
 from frontier_jax.run.rundir import CONFIG
-from frontier_jax.run.submission import code_files
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -130,7 +130,7 @@ def roundtrip_scored(model: torch.nn.Module, run_dir: Path, evaluate) -> dict:
     """`Trainer.roundtrip` of the PyTorch baseline (frontier_jax.run.interface): the round trip above, `evaluate(info)`
     on the dequantized model, then the trained weights put back (weights.npz holds the trained ones)."""
     trained = copy.deepcopy(model.state_dict())
-    info = {**roundtrip(model, run_dir), "code_files": code_files((Path(run_dir) / CONFIG,))}
+    info = {**roundtrip(model, run_dir), "code_files": codebytes.record_run(run_dir, Path(run_dir) / CONFIG)}
     try:
         sums = evaluate(info)
     finally:

@@ -19,6 +19,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import traceback
 import typing
 from dataclasses import dataclass, field
@@ -33,6 +34,11 @@ class ConfigError(BadInput):
 # (frontier_jax.ops.dispatch; the CLI's --kernels).
 KERNEL_MODES = ("auto", "reference", "strict")
 MAX_SEED = (1 << 32) - 1  # train.seed: JAX's default (non-x64) PRNG key holds 32 bits; a larger seed aliases one
+# rules.profile: the contest rule sets a run can be checked against (frontier_jax.contest.rules, docs/rules.md)
+RULE_PROFILES = ("trainium-frontier", "parameter-golf")
+# load_config imports a config file as a module of this name prefix (registered in sys.modules, so the run's
+# code record, frontier_jax.contest.codebytes, counts and scans it with the project's code)
+CONFIG_MODULE_PREFIX = "_frontier_config_"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -272,7 +278,7 @@ class EvalConfig:
     stride: int = 0
     artifact: str = "int8_zlib"  # int8_zlib (the baseline's final_model.int8.ptz) | int6_lzma (the record's .int6.ptz)
     score: str = "roundtrip"  # which final line is the run's score (summary.json `score`): roundtrip | sliding
-    batch_seqs: int = 0  # windows per batch of the eval.seq_len validations; 0: train.val_batch_seqs
+    batch_seqs: int = 0  # windows per batch of the sliding windows; 0: train.val_batch_seqs
 
     def __post_init__(self):
         for name in ("seq_len", "stride", "batch_seqs"):
@@ -285,12 +291,19 @@ class EvalConfig:
         if self.score == "sliding" and not self.stride:
             raise ConfigError("eval.score='sliding' needs eval.stride > 0 (no sliding-window line is scored)")
 
-    def line(self, stage: str) -> str:
-        """The name of a final score line of this config's artifact, e.g. final_int6_sliding_window."""
-        return ARTIFACT_LINES[self.artifact] + SCORE_STAGES[stage]
-
 
 _EVAL_ZERO = {"seq_len": "train.seq_len", "stride": "no sliding-window line", "batch_seqs": "train.val_batch_seqs"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RulesConfig:
+    # The contest rule set the run's score is claimed under (one of RULE_PROFILES): its summary and score
+    # lines name it, and `python -m frontier_jax.submission check RUN` reports the run against every rule of it.
+    profile: str = "trainium-frontier"
+
+    def __post_init__(self):
+        if self.profile not in RULE_PROFILES:
+            raise ConfigError(f"rules.profile must be {'|'.join(RULE_PROFILES)}, got {self.profile!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -302,6 +315,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)  # batch, budget, validation, checkpoints
     ngram: NgramConfig = field(default_factory=NgramConfig)  # the optional n-gram logit bias
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # data parallelism
+    rules: RulesConfig = field(default_factory=RulesConfig)  # the contest rule set (frontier_jax.contest)
     eval: EvalConfig = field(default_factory=EvalConfig)  # the final evaluation pipeline: lengths, stride, artifact
 
     def __post_init__(self):
@@ -329,12 +343,17 @@ def load_config(path: str | Path) -> Config:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    spec = importlib.util.spec_from_file_location(f"_frontier_config_{path.stem}", path)
+    spec = importlib.util.spec_from_file_location(f"{CONFIG_MODULE_PREFIX}{path.stem}", path)
     if spec is None:
         raise ConfigError(f"{path}: not a Python config file (expected a .py module defining get_config())")
     module = importlib.util.module_from_spec(spec)
-    with _config_errors(path, "loading"):
-        spec.loader.exec_module(module)
+    sys.modules[spec.name] = module  # an import like any other: the run's code record lists it
+    try:
+        with _config_errors(path, "loading"):
+            spec.loader.exec_module(module)
+    except ConfigError:
+        sys.modules.pop(spec.name, None)
+        raise
     if not hasattr(module, "get_config"):
         raise ConfigError(f"{path}: config file defines no get_config()")
     with _config_errors(path, "get_config()"):

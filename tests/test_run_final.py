@@ -9,7 +9,7 @@ import math
 import pytest
 
 from frontier_jax.config import Config, ConfigError, EvalConfig, OptimConfig, TrainConfig, apply_overrides
-from frontier_jax.run import driver, submission
+from frontier_jax.run import driver, roundtrip
 from frontier_jax.run.final import FinalPlan
 from frontier_jax.run.interface import RunState
 from helpers import FakeClock, FakeTrainer
@@ -19,7 +19,7 @@ from helpers import FakeClock, FakeTrainer
 def fake_time(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(driver, "time", clock)
-    monkeypatch.setattr(submission, "time", clock)
+    monkeypatch.setattr(roundtrip, "time", clock)
     return clock
 
 
@@ -38,15 +38,16 @@ INFO = {"format": "int6_lzma", "artifact": "run/final_model.int6.ptz", "artifact
 class Recording(FakeTrainer):
     """A fake trainer with the artifact round trip and the final records (kept in memory, as final_steps.json)."""
 
-    def __init__(self, clock, records=None, interrupt_on=None):
+    def __init__(self, clock, records=None, interrupt_on=None, info=INFO):
         super().__init__(clock, checkpoints=True, resume=RunState(step=2, tokens=64, train_seconds=2.0) if records
                          else None)
         self.kept, self.log_lines, self.roundtrips, self.interrupt_on = dict(records or {}), [], 0, interrupt_on
+        self.info = info
         self.log = self.log_lines.append
 
     def roundtrip(self, evaluate):
         self.roundtrips += 1
-        return {**INFO, **evaluate(dict(INFO))}
+        return {**self.info, **evaluate(dict(self.info))}
 
     def final_records(self):
         return dict(self.kept)
@@ -80,11 +81,12 @@ def test_the_record_pipeline_in_order_with_its_lines_and_the_score_it_names(fake
     assert s["final_complete"] and s["sliding_stride"] == 4 and s["eval_seq_len"] == 16
     assert s["artifact_format"] == "int6_lzma" and s["artifact_tensors"]["int6"] == 2 and s["payload_bytes"] == 2500
     assert set(fake.kept) == {"val", "artifact", "roundtrip", "sliding"}
-    assert submission.roundtrip_lines(s) == lines[first + 4:first + 8]  # the entry points' last lines
+    assert roundtrip.roundtrip_lines(s) == lines[first + 4:first + 8]  # the entry points' last lines
 
 
 def test_the_baseline_pipeline_is_unchanged_by_default(fake_time):
-    fake = Recording(fake_time)
+    fake = Recording(fake_time, info={**INFO, "format": "int8_zlib", "stats": {"int8_payload_bytes": 2000,
+                                                                              "baseline_tensor_bytes": 8000}})
     s = driver.run_budgeted(_policy(), fake, {})
     assert fake.evals[-2:] == [0, 0] and not any(m.startswith(("DIAGNOSTIC", "final_int6")) for m in fake.log_lines)
     assert f"final_int8_zlib_roundtrip_exact val_loss:0.70000000 val_bpb:{BPB:.8f}" in fake.log_lines

@@ -21,7 +21,7 @@ against `baseline_torch/quantize.py`, the PyTorch port of the same spec).
 
 The round trip of a run after training (write the artifact, read it back, dequantize, in either this
 format or the record's int6 + lzma) is `frontier_jax.interop.artifact`; what a run reports of it (the summary
-fields, the official lines, the code bytes the contest adds to the artifact's) is `frontier_jax.run.submission`.
+fields, the official lines, the code bytes the contest adds to the artifact's) is `frontier_jax.run.roundtrip`.
 """
 
 from __future__ import annotations

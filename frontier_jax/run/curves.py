@@ -16,8 +16,8 @@ from pathlib import Path
 def curve_series(rows: list[dict]) -> dict[str, dict]:
     """The series curves.png draws, from metrics.jsonl rows: "train" (loss per step), "val_periodic" (the
     periodic validations, on at most train.val_max_tokens tokens), "val_final" (the final validation,
-    the full val split), "roundtrip" and "sliding" (the artifact's full-split scores). Each: label,
-    panel ("loss" or "bpb"), and the points' train_seconds, tokens and values."""
+    the full val split), "roundtrip" and, when the run has it, "sliding" (the artifact's full-split scores).
+    Each: label, panel ("loss" or "bpb"), and the points' train_seconds, tokens and values."""
     def series(sel, key, label, panel):
         return {"label": label, "panel": panel, "train_seconds": [r["train_seconds"] for r in sel],
                 "tokens": [r["tokens"] for r in sel], "y": [r[key] for r in sel]}
@@ -36,7 +36,7 @@ def curve_series(rows: list[dict]) -> dict[str, dict]:
             "val_periodic": series(periodic, "bpb", f"periodic val (subset: {tokens_of(periodic)})", "bpb"),
             "val_final": series(final, "bpb", f"final val (full split: {tokens_of(final)})", "bpb"),
             "roundtrip": series(rt, "bpb", "artifact round trip (full split)", "bpb"),
-            "sliding": series(sliding, "bpb", "artifact, sliding windows (full split)", "bpb")}
+            **({"sliding": series(sliding, "bpb", "artifact, sliding windows (full split)", "bpb")} if sliding else {})}
 
 
 def plot_run(rows: list[dict], path: Path, title: str = "") -> None:

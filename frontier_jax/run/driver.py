@@ -46,6 +46,7 @@ import os
 import time
 
 from frontier_jax.config import Config, OptimConfig
+from frontier_jax.contest import limits
 from frontier_jax.errors import BadInput, describe_os_error
 from frontier_jax.policies.schedules import lr_scale, muon_momentum
 from frontier_jax.policies.scoring import val_result
@@ -282,6 +283,7 @@ def _finish(trainer: Trainer, policy: Policy, s: RunState, summary_base: dict,
         finally:
             if hasattr(sig, "interrupt"):
                 sig.interrupt = False
+    summary.update(limits.end_of_run(summary))  # the rules profile, the size rule (frontier_jax.contest)
     try:
         trainer.write_summary(summary)
     except OSError as e:

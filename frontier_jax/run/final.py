@@ -15,7 +15,8 @@ Which of those lines is the run's score is eval.score (summary.json `score`: the
 Every evaluation returns sums (the trainer's `eval_sums`, the training forward). Each stage's sums are recorded
 as soon as it is done (`Trainer.record_final`), so that a run stopped in its final steps (a signal, a full disk,
 a kill) is finished by `--resume` from its last checkpoint running only the stages that are missing
-(`Trainer.final_records`); summary.json's `final_complete` says that every stage is done. No JAX.
+(`Trainer.final_records`); summary.json's `final_complete` says that every stage is done. The score lines end
+with the run's rules tag (`frontier_jax.contest.limits.end_of_run`, known once the artifact's size is). No JAX.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from collections.abc import Callable
 from frontier_jax.config import ARTIFACT_LINES, SCORE_STAGES, Config
 from frontier_jax.errors import BadInput, describe_os_error
 from frontier_jax.policies.scoring import val_result
-from frontier_jax.run import submission
+from frontier_jax.contest import limits
+from frontier_jax.run import roundtrip
 
 STAGES = ("val", "artifact", "roundtrip", "sliding")  # the records of `Trainer.record_final`, in pipeline order
 
@@ -67,86 +69,87 @@ def run_final(trainer, plan: FinalPlan, validate: Callable[..., dict], summary: 
     whole val split (trainer.eval_sums) and logs its metrics row. An artifact that cannot be written or read is
     logged and reported as `roundtrip_error`, the stages before it kept."""
     records = dict(trainer.final_records())
+    if plan.seq_len:
+        summary["eval_seq_len"] = plan.seq_len
     if records:
         trainer.log(f"final steps recorded by an earlier invocation: {', '.join(s for s in STAGES if s in records)}; "
                     "running the rest")
+        for stage, fields in records.items():
+            _enter(summary, plan, stage, fields)
 
     def record(stage: str, fields: dict) -> None:
         records[stage] = fields
         trainer.record_final(dict(records))
+        _enter(summary, plan, stage, fields)
 
     def timed(kind: str, **kw) -> dict:
-        v = submission.timed(lambda: validate(kind, **kw))
+        v = roundtrip.timed(lambda: validate(kind, **kw))
         return {k: v[k] for k in ("nll_sum_nats", "tokens", "bytes", "eval_seconds")}
 
     label = trainer.final_weights() or "trained"
-    if "val" not in records:
-        record("val", timed("val", final=True))
-    summary.update(_entries("val", records["val"]))
-    if plan.artifact == "int6_lzma":
-        v = val_result(records["val"])
-        trainer.log(f"DIAGNOSTIC {label} val_loss:{v['loss']:.4f} val_bpb:{v['bpb']:.4f} "
-                    f"eval_time:{1000.0 * records['val']['eval_seconds']:.0f}ms")
     try:
-        if any(s not in records for s in plan.stages()):
-            _artifact_stages(trainer, plan, timed, record, records)
-    except (OSError, BadInput) as e:
-        msg = describe_os_error(e) if isinstance(e, OSError) else str(e)
-        trainer.log(f"{submission.FORMAT_LABELS[plan.artifact]} round trip failed: {msg}")
-        summary["roundtrip_error"] = msg
+        if "val" not in records:
+            record("val", timed("val", final=True))
+        if plan.artifact == "int6_lzma":
+            trainer.log(f"DIAGNOSTIC {label} val_loss:{summary['val_loss']:.4f} val_bpb:{summary['val_bpb']:.4f} "
+                        f"eval_time:{1000.0 * records['val']['eval_seconds']:.0f}ms")
+        try:
+            if any(s not in records for s in plan.stages()):
+                _artifact_stages(trainer, plan, timed, record, records, summary)
+        except (OSError, BadInput) as e:
+            msg = describe_os_error(e) if isinstance(e, OSError) else str(e)
+            trainer.log(f"{roundtrip.FORMAT_LABELS[plan.artifact]} round trip failed: {msg}")
+            summary["roundtrip_error"] = msg
     finally:
-        for stage in ("artifact", "roundtrip", "sliding"):
-            if stage in records:
-                summary.update(_entries(stage, records[stage]))
-        if "sliding" in records:
-            summary["sliding_stride"] = plan.stride
-        if plan.seq_len:
-            summary["eval_seq_len"] = plan.seq_len
         if plan.score in records:
             v = val_result(records[plan.score])
             summary["score"] = {"line": plan.line(plan.score), "val_loss": v["loss"], "val_bpb": v["bpb"]}
         summary["final_complete"] = all(s in records for s in plan.stages()) and "roundtrip_error" not in summary
 
 
-def _artifact_stages(trainer, plan: FinalPlan, timed, record, records: dict) -> None:
+def _artifact_stages(trainer, plan: FinalPlan, timed, record, records: dict, summary: dict) -> None:
     """The artifact and the evaluations of its weights that are missing (`Trainer.roundtrip`); each logged with
     the lines of the script that defines it and recorded as it is done."""
+    stages = ("roundtrip", "sliding") if plan.stride else ("roundtrip",)
+
     def evaluate(info: dict | None = None) -> dict:
+        summary.setdefault("artifact_format", plan.artifact)  # (the score lines' names)
         if info is not None:  # the artifact is written: its size lines before the scores, as the scripts print them
-            _artifact_done(trainer, record, info)
-        for stage in ("roundtrip", "sliding") if plan.stride else ("roundtrip",):
+            _artifact_done(trainer, record, summary, info)
+        for stage in stages:
             if stage not in records:
                 record(stage, timed(stage, **plan.geometry(sliding=stage == "sliding")))
-            for line in _stage_lines(plan, stage, records[stage]):
-                trainer.log(line)
+            if info is not None:  # (else once the artifact is known: the lines end with its size verdict)
+                for line in roundtrip.stage_lines(summary, stage):
+                    trainer.log(line)
         return dict(records["roundtrip"])
 
     result = trainer.roundtrip(evaluate)
     if result is not None and "artifact" not in records:  # a trainer that does not hand its info to `evaluate`
-        _artifact_done(trainer, record, result)
+        _artifact_done(trainer, record, summary, result)
+        for line in (line for stage in stages for line in roundtrip.stage_lines(summary, stage)):
+            trainer.log(line)
 
 
-def _artifact_done(trainer, record, info: dict) -> None:
-    fields = submission.artifact_fields(info)
-    record("artifact", fields)
-    for line in submission.export_lines(fields):
+def _artifact_done(trainer, record, summary: dict, info: dict) -> None:
+    record("artifact", roundtrip.artifact_fields(info))
+    for line in roundtrip.export_lines(summary):
         trainer.log(line)
 
 
-def _stage_lines(plan: FinalPlan, stage: str, fields: dict) -> list[str]:
-    v = val_result(fields)
-    return submission.score_lines(plan.line(stage), v["loss"], v["bpb"], fields["eval_seconds"],
-                                  f"stride:{plan.stride}" if stage == "sliding" else "")
-
-
-def _entries(stage: str, fields: dict) -> dict:
-    """summary.json's entries of one stage's record (`val_*`, `roundtrip_val_*`, `sliding_val_*`, the artifact's)."""
+def _enter(summary: dict, plan: FinalPlan, stage: str, fields: dict) -> None:
+    """summary.json's entries of one stage's record (`val_*`, `roundtrip_val_*`, `sliding_val_*`, the artifact's
+    and, with the artifact's size, the rules tag)."""
     if stage == "artifact":
-        return dict(fields)
+        summary.update(fields)
+        summary.update(limits.end_of_run(summary))
+        return
     v = val_result(fields)
     prefix = "" if stage == "val" else f"{stage}_"
-    out = {f"{prefix}val_loss": v["loss"], f"{prefix}val_bpb": v["bpb"], f"{prefix}val_nll_sum_nats": v["nll_sum_nats"],
-           f"{prefix}val_tokens": v["tokens"], f"{prefix}val_bytes": v["bytes"]}
+    summary.update({f"{prefix}val_loss": v["loss"], f"{prefix}val_bpb": v["bpb"],
+                    f"{prefix}val_nll_sum_nats": v["nll_sum_nats"], f"{prefix}val_tokens": v["tokens"],
+                    f"{prefix}val_bytes": v["bytes"]})
     if stage != "val":
-        out[f"{stage}_eval_seconds"] = fields["eval_seconds"]
-    return out
+        summary[f"{stage}_eval_seconds"] = fields["eval_seconds"]
+    if stage == "sliding":
+        summary["sliding_stride"] = plan.stride

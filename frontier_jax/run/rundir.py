@@ -15,6 +15,10 @@ It imports no JAX (numpy, and matplotlib for the plot), so both trainers write t
     curves.png     train loss and val bpb (periodic subset, final full split, round trip; frontier_jax.run.curves)
     final_model.int8.ptz  the baseline's int8 + zlib artifact (eval.artifact int8_zlib), or
     final_model.int6.ptz  record 2026-03-23's int6 + lzma one (int6_lzma; frontier_jax.interop.artifact)
+    code.json      the project's source files the run imported, each with its bytes and sha256 (what the
+                   contests count as code and the submission check scans: frontier_jax.contest.codebytes)
+    ttt.jsonl      test-time training, when a run has it: its score and train events in the order they
+                   happened (the contract: frontier_jax.submission.evidence)
     checkpoints/   orbax checkpoints, one directory per step (JAX trainer)
     weights.npz    the weights in the interop format (PyTorch baseline)
 
@@ -38,6 +42,7 @@ from pathlib import Path
 
 
 from frontier_jax.run import curves
+from frontier_jax.run.roundtrip import FORMAT_LABELS
 from frontier_jax.config import Config, load_run_config
 from frontier_jax.data.shards import DataError, atomic_write_text  # noqa: F401 - the one atomic text writer
 from frontier_jax.errors import BadInput
@@ -309,10 +314,14 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         return "-" if v is None else fmt.format(v)
 
     sub, fmt = summary.get("submission_bytes"), summary.get("artifact_format", "int8_zlib")
-    label = {"int8_zlib": "int8+zlib", "int6_lzma": "int6+lzma"}.get(fmt, fmt)
+    label = FORMAT_LABELS.get(fmt, fmt)
     size = "-" if sub is None else (f"{sub:,} bytes = {summary['artifact_bytes']:,} {label} model + "
                                     f"{summary['code_bytes']:,} code")
-    score = summary.get("score") or {}
+    sliding = (summary.get("score") or {}).get("line", "").endswith("_sliding_window")  # else the round trip scores
+
+    def scored(stage_is_score: bool) -> str:
+        return f": the score under the rules profile {summary.get('rules_profile') or '-'}" if stage_is_score else ""
+
     return [
         ("run directory", f("run_dir")),
         ("config", f"{summary.get('config_name')} ({summary.get('config_hash')})"),
@@ -326,12 +335,14 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         ("final train loss", f("final_train_loss", "{:.4f}")),
         ("val loss", f("val_loss", "{:.4f}")),
         ("val bpb", f("val_bpb", "{:.4f}") + " (full val split, trained weights)"),
-        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + f" ({label} artifact's weights)"),
-        *([("sliding val bpb", f("sliding_val_bpb", "{:.4f}") + f" (stride {summary.get('sliding_stride')}, the "
-                                                                "artifact's weights)")]
+        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + f" ({label} artifact{scored(not sliding)})"),
+        *([("sliding val bpb", f("sliding_val_bpb", "{:.4f}") + f" (stride {summary.get('sliding_stride')}, {label} "
+                                                                f"artifact{scored(sliding)})")]
           if summary.get("sliding_val_bpb") is not None else []),
-        ("score", f"{score['val_bpb']:.4f} ({score['line']})" if score else "-"),
         ("submission size", size),
+        ("rules", "-" if not summary.get("rules_profile") else
+         f"{summary.get('rules_line') or summary['rules_profile']} (every rule: python -m frontier_jax.submission "
+         f"check {summary.get('run_dir', 'RUN')})"),
         ("stopped by", f("stop_reason")),
     ]
 
