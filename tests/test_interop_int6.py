@@ -218,7 +218,7 @@ def test_the_file_is_torch_save_in_an_xz_container_and_reads_back(tmp_path):
     torch = pytest.importorskip("torch", reason="torch.load of the artifact needs the optional extra")
     loaded = torch.load(io.BytesIO(raw), map_location="cpu")
     assert loaded["m"] == obj["m"] and torch.equal(loaded["w"]["blocks.0.attn.c_q.weight.q"],
-                                                   torch.from_numpy(obj["w"]["blocks.0.attn.c_q.weight.q"]))
+                                                   torch.from_numpy(np.array(obj["w"]["blocks.0.attn.c_q.weight.q"])))
     assert loaded["w"]["bigram.scale"].shape == () and loaded["w"]["tok_emb.weight.scale"].dtype == torch.float16
 
 
