@@ -27,6 +27,7 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
+from frontier_jax.data.files import within
 from frontier_jax.data.shards import DataError
 from frontier_jax.errors import describe_os_error
 
@@ -114,7 +115,7 @@ def save(run_dir: Path, step: int, state, meta: dict) -> Path | None:
     leaves the older checkpoints as they were and raises CheckpointError in one line.
     """
     logging.getLogger("absl").setLevel(logging.WARNING)
-    ckpt_dir = Path(run_dir) / "checkpoints"
+    ckpt_dir = within(run_dir, Path(run_dir) / "checkpoints")  # a symlink out of the run is refused
     # Already saved: orbax renames a step's directory into place only once it is complete, and every
     # process returns from a save only after all have finished it, so all see the same answer here.
     # (Listing through `steps` would open a CheckpointManager, whose creation is a collective, on only
@@ -158,7 +159,7 @@ def set_aside(run_dir: Path, steps_to_move) -> list[Path]:
         src = run_dir / "checkpoints" / str(step)
         if not src.is_dir():
             continue
-        dst_dir = run_dir / SET_ASIDE
+        dst_dir = within(run_dir, run_dir / SET_ASIDE)
         dst_dir.mkdir(exist_ok=True)
         dst, n = dst_dir / str(step), 1
         while dst.exists():

@@ -59,13 +59,17 @@ def _ngram_bias(run_dir: Path, cfg, log=None):
 
 def _artifact_params(run_dir: Path, artifact):
     """(config, graphdef, params, compute dtype) from an int8 + zlib artifact's dequantized weights."""
+    import jax
+    import numpy as np
+
     from frontier_jax import optim
     from frontier_jax.interop import quantize
     from frontier_jax.interop.state_dict import abstract_state, read_run_config, state_dict_to_params
 
     cfg, dtypes = read_run_config(run_dir)
     graphdef, aparams, _ = abstract_state(cfg, dtypes.compute, optim.build_optimizer(cfg.optim, dtypes.muon_ns))
-    sd = quantize.dequantize_state_dict(quantize.load_artifact(artifact))
+    sizes = [int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(aparams)]
+    sd = quantize.dequantize_state_dict(quantize.load_artifact(artifact, quantize.raw_limit(sum(sizes), len(sizes))))
     return cfg, graphdef, state_dict_to_params(sd, aparams, source=str(artifact)), dtypes.compute
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from frontier_jax.data.manifest import INCOMPLETE, MANIFEST, MANIFEST_VERSION, read_manifest  # noqa: F401 - re-exported
+from frontier_jax.data.files import within
 from frontier_jax.data.shards import DataError, atomic_write_text, write_shard
 from frontier_jax.data.tokenizer import load_tokenizer, train_sentencepiece
 from frontier_jax.errors import exit_on_error
@@ -107,8 +109,9 @@ class _ShardWriter:
         if self.fill == 0:
             return
         name = f"{self.prefix}_{self.split}_{len(self.names):06d}.bin"
-        self.written.append(self.out_dir / name)
-        write_shard(self.out_dir / name, self.buf[: self.fill])
+        path = within(self.out_dir, self.out_dir / name)
+        self.written.append(path)
+        write_shard(path, self.buf[: self.fill])
         self.names.append(name)
         self.fill = 0
 
@@ -145,6 +148,9 @@ def prepare(
         raise DataError(f"{out_dir}: shard_tokens must be positive, got {shard_tokens}")
     if val_docs < 0:
         raise DataError(f"{out_dir}: val_docs must be >= 0, got {val_docs}")
+    if not prefix or os.sep in prefix or "/" in prefix:
+        raise DataError(f"{out_dir}: --prefix {prefix!r} must be a file name prefix (no directory part)")
+    within(out_dir, out_dir / f"{prefix}_train_000000.bin")  # every output inside --out (e.g. not --prefix ..)
     n_docs = count_documents(inputs)
     if n_docs == 0:
         raise DataError(f"{inputs[0]}: input holds no documents")

@@ -5,6 +5,7 @@ any array is read. No JAX (numpy only)."""
 
 from __future__ import annotations
 
+import io
 import json
 import zipfile
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from frontier_jax.config import host_memory_bytes
+from frontier_jax.data.files import atomic_write
 from frontier_jax.data.shards import DataError
 
 class WeightsError(DataError):
@@ -28,14 +30,9 @@ def save_npz(path, sd: dict[str, np.ndarray], meta: dict | None = None) -> None:
     arrays = {k: np.asarray(v, dtype=np.float32) for k, v in sd.items()}
     arrays["__dtypes__"] = np.array(json.dumps(dtypes, sort_keys=True))
     arrays["__meta__"] = np.array(json.dumps(meta or {}, sort_keys=True))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.npz")
-    try:
-        np.savez(tmp, **arrays)
-        tmp.replace(path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    atomic_write(path, [buf.getbuffer()])  # renamed into place: never written through a symlink
 
 
 def _dtype(name: str) -> np.dtype:

@@ -17,7 +17,9 @@ It imports no JAX (numpy, and matplotlib for the plot), so both trainers write t
     weights.npz    the weights in the interop format (PyTorch baseline)
 
 Every file is written to a temporary name and renamed into place; the metrics log is appended line
-by line and flushed, so an interrupted run keeps every line it finished.
+by line and flushed, so an interrupted run keeps every line it finished. No file is written through a
+symlink (`frontier_jax.data.files`: renames, and O_NOFOLLOW for the log, the metrics and the lock), so a run
+directory that arrives with `.lock` or `train.log` linked to a file elsewhere cannot make a run overwrite it.
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
 from frontier_jax.run import curves
 from frontier_jax.config import Config, load_run_config
+from frontier_jax.data import files
 from frontier_jax.data.shards import DataError, atomic_write_text  # noqa: F401 - the one atomic text writer
 from frontier_jax.errors import BadInput
 
@@ -74,7 +78,7 @@ class RunLog:
     def attach(self, path: Path) -> None:
         if not self.enabled:
             return
-        self._f = open(path, "a")
+        self._f = files.open_append(path, "the run log")
         self._f.write("".join(m + "\n" for m in self._pending))
         self._f.flush()
         self._pending = []
@@ -110,7 +114,7 @@ class RunDirLock:
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / self.NAME
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = files.open_lock(self.path, "the run directory's lock file")
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -131,9 +135,9 @@ def check_writable(out_dir: Path) -> None:
     """Refuse an output directory that cannot be created or written (one line)."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".write_probe.{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(dir=out_dir, prefix=".write_probe.")  # O_EXCL: never through a symlink
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         raise RunError(f"{out_dir}: output directory is not writable ({e.strerror or e})") from None
 
@@ -181,16 +185,18 @@ def claim_run_dir(out_dir: Path, resume: bool, take_lock: bool = True) -> tuple[
 def truncate_metrics(path: Path, step: int) -> int:
     """Drop the rows of steps after `step` (logged after the checkpoint a resume restores, e.g. before a
     SIGKILL) and any torn last line; returns how many rows were dropped. Rewritten atomically."""
-    if not path.is_file():
+    if not os.path.lexists(path):
         return 0
     keep, dropped = [], 0
-    for line in path.read_text().splitlines():
+    for line in files.read_regular(path, "the metrics log", follow=False).decode("utf-8", "replace").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             dropped += bool(line.strip())
             continue
-        if row.get("step", 0) > step:
+        if not _metrics_row(row):
+            dropped += 1
+        elif row.get("step", 0) > step:
             dropped += 1
         else:
             keep.append(line)
@@ -277,7 +283,7 @@ class MetricsLog:
         self.path = Path(path)
         self.enabled = enabled
         self.rows: list[dict] = []
-        self._f = open(self.path, "a") if enabled else None
+        self._f = files.open_append(self.path, "the metrics log") if enabled else None
 
     def log(self, **row) -> None:
         self.rows.append(row)
@@ -342,13 +348,33 @@ def write_summary(run_dir: Path, summary: dict, write: bool = True) -> str:
 # ----------------------------------------------------------------------------- reading
 
 
+def _metrics_row(row) -> bool:
+    """A metrics row as the runs write them: an object with a string kind and an integer step."""
+    return (isinstance(row, dict) and isinstance(row.get("kind"), str) and isinstance(row.get("step"), int)
+            and not isinstance(row.get("step"), bool))
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
-    """The rows of <run>/metrics.jsonl ([] when there is none)."""
+    """The rows of <run>/metrics.jsonl ([] when there is none); DataError naming the file and line for a
+    line that is not a metrics row (a torn last line, as a killed run leaves it, is skipped)."""
     path = Path(run_dir) / METRICS
-    if not path.is_file():
+    if not os.path.lexists(path):
         return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    lines = files.read_regular(path, "the metrics log", follow=False).decode("utf-8", "replace").splitlines()
+    rows = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):
+                continue
+            raise DataError(f"{path}:{i}: not a JSON line") from None
+        if not _metrics_row(row):
+            raise DataError(f"{path}:{i}: not a metrics row (an object with a string kind and an integer step)")
+        rows.append(row)
+    return rows
 
 
 def read_config(run_dir) -> Config:
