@@ -28,7 +28,7 @@ import numpy as np
 from frontier_jax.config import Config, apply_overrides, load_config, model_hash, to_dict
 from frontier_jax.data.shards import DataError
 from frontier_jax.errors import exit_on_error
-from frontier_jax.interop.npz import WeightsError, load_npz, save_npz
+from frontier_jax.interop.npz import WeightsError, check_weights, load_npz, save_npz
 from frontier_jax.policies.dtypes import Dtypes
 from frontier_jax.policies.dtypes import resolve as resolve_dtypes
 from frontier_jax.run import rundir
@@ -84,28 +84,11 @@ def state_dict_to_params(sd: dict[str, np.ndarray], abstract_params, source: str
     from frontier_jax.optim import path_names
 
     flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_params)
-    wanted = {}
-    for path, leaf in flat:
-        key, transposed = torch_name(path_names(path))
-        wanted[key] = (leaf, transposed)
-    given = {k for k in sd if not k.startswith(META_PREFIX)}
-    missing = [k for k in wanted if k not in given]
-    if missing:
-        raise InteropError(f"{source}: missing key {missing[0]!r} ({len(missing)} missing of {len(wanted)})")
-    extra = sorted(given - set(wanted))
-    if extra:
-        raise InteropError(f"{source}: unexpected key {extra[0]!r} ({len(extra)} not in the model)")
+    check_weights(sd, expected_shapes(abstract_params), source)  # the validator both trainers share
     leaves = []
     for path, leaf in flat:
         key, transposed = torch_name(path_names(path))
         arr = np.asarray(sd[key])
-        expect = tuple(leaf.shape[::-1]) if transposed else tuple(leaf.shape)
-        if arr.shape != expect:
-            raise InteropError(f"{source}: key {key!r} has shape {list(arr.shape)}, the model expects {list(expect)}")
-        if not jnp.issubdtype(arr.dtype, jnp.floating):
-            raise InteropError(f"{source}: key {key!r} has dtype {arr.dtype}; parameters must be floating point")
-        if not np.isfinite(arr.astype(np.float32)).all():
-            raise InteropError(f"{source}: key {key!r} holds non-finite values (NaN or inf)")
         if transposed:
             arr = arr.T
         leaves.append(jnp.asarray(arr.astype(np.float32), dtype=leaf.dtype))
