@@ -34,13 +34,13 @@ class UnsafeFile(BadInput):
     """A path outside its root, a symlink where a file is written, a non-regular input, JSON of the wrong shape."""
 
 
-def within(root, path) -> Path:
+def within(root, path, why: str = "refusing to write there") -> Path:
     """`path`, after proving that it lies inside `root` once every symlink (the last component's included) is
-    resolved; UnsafeFile otherwise."""
+    resolved; UnsafeFile otherwise (its message ends with `why`)."""
     root, path = Path(root), Path(path)
     real_root, real = root.resolve(), path.resolve()
     if real != real_root and real_root not in real.parents:
-        raise UnsafeFile(f"{path}: resolves to {real}, outside {root}; refusing to write there")
+        raise UnsafeFile(f"{path}: resolves to {real}, outside {root}; {why}")
     return path
 
 

@@ -203,8 +203,8 @@ class NgramRuntime(RunHook):
         self.builder.stop()
         self.check_builder()
         self.poll(step, force=True)
-        self.final = {"step": step, "version": self.version,
-                      "snapshot": str(self.out_dir / S.snapshot_name(self.version)) if self.version >= 0 else None}
+        self.final = {"step": step, "version": self.version,  # the snapshot relative to runtime.json's directory
+                      "snapshot": S.snapshot_name(self.version) if self.version >= 0 else None}
         if self.version < 0:
             self.log("ngram: WARNING no snapshot was published within the budget; the bias was never active")
         else:

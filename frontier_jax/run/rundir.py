@@ -386,15 +386,11 @@ def read_config(run_dir) -> Config:
     return load_run_config(run_dir / CONFIG)
 
 
-def read_json_object(path: Path, what: str) -> dict:
-    """A JSON object file of a run; DataError (one line naming the file) when unreadable or not an object."""
-    try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: unreadable {what} ({str(e).splitlines()[0]})") from None
-    if not isinstance(obj, dict):
-        raise DataError(f"{path}: unreadable {what} (not a JSON object)")
-    return obj
+def read_json_object(path: Path, what: str, schema: dict | None = None) -> dict:
+    """A JSON object file of a run, checked against `schema` (`frontier_jax.data.files.check_schema`; default:
+    any object); one line naming the file when unreadable (a truncated write), not a regular file or of
+    another shape."""
+    return files.read_json(path, schema or {}, what)
 
 
 def read_env(run_dir) -> dict:
