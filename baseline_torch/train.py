@@ -25,6 +25,7 @@ from baseline_torch import quantize, xla
 from baseline_torch.model import GPT, count_params, load_npz, save_npz
 from baseline_torch.optim import Optimizers
 from frontier_jax.policies import dtypes as dtype_policy
+from frontier_jax.policies import sizing
 from frontier_jax.policies.geometry import split_batch, step_batch
 from frontier_jax.policies.scoring import val_window_tokens
 from frontier_jax.run import driver, progress, rundir, startup
@@ -222,15 +223,18 @@ def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bo
     out_dir = Path(out_dir).absolute()
     log = RunLog(None, echo)
 
-    def setup() -> tuple[Trainer, Dataset]:
+    def setup(check) -> tuple[Trainer, Dataset]:
+        sizing.check_host_memory(cfg)  # before anything is allocated (as the JAX trainer)
         dev = resolve_device(device)
         if compile_model and dev.type == "xla":
             raise RunError("--compile with --device xla: torch.compile is not supported by torch-neuronx 2.9 "
                            "(aws-neuron-sdk archive/appnotes/torch-neuronx/introducing-pytorch-2-9.rst); the XLA "
                            "device compiles each marked step as one graph already")
         data = load_for_config(cfg)
+        check()  # a signal by now stops the start (startup.Start.check), before the model is built
         trainer = Trainer(cfg, dev, TrainLoader(data.train_files, cfg.train.seq_len), data.val_tokens, data.tables,
                           compile_model)
+        check()
         if init_weights:
             load_npz(trainer.model, init_weights)
         return trainer, data
