@@ -34,7 +34,7 @@ from frontier_jax.config import Config, ConfigError, config_hash, to_dict
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
 from frontier_jax.data.tokenizer import count_bytes
-from frontier_jax.errors import exit_on_error
+from frontier_jax.errors import ArgumentParser, exit_on_error, int_in
 from frontier_jax.run.host import describe as describe_allocator
 from frontier_jax.run.host import tune_allocator
 from frontier_jax.run.resolve import resolve_run
@@ -277,7 +277,7 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m baseline_torch.train", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m baseline_torch.train", description=__doc__.splitlines()[0])
     p.add_argument("--config", help="a configs/*.py file (default configs/tiny.py with the demo corpus)")
     p.add_argument("--data", help="directory of *_train_*.bin / *_val_*.bin shards")
     p.add_argument("--tokenizer", help="SentencePiece .model matching the shards, or 'bytes'")
@@ -289,7 +289,7 @@ def parse_args(argv):
                                                      "under torch-neuronx; auto picks it on a Neuron host)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (as the baseline does on GPU)")
     p.add_argument("--init-weights", metavar="NPZ", help="start from these weights (interop .npz, state_dict names)")
-    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice; 1 is faster on "
+    p.add_argument("--threads", type=int_in(1), help="torch intra-op threads (default: torch's choice; 1 is faster on "
                                                 "a CPU shared with other busy processes)")
     return p.parse_args(argv)
 

@@ -16,7 +16,6 @@ the result equals the run's own `roundtrip_val_bpb`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from frontier_jax.config import ConfigError
 from frontier_jax.data.shards import DataError
-from frontier_jax.errors import BadInput
+from frontier_jax.errors import ArgumentParser, BadInput, int_in
 
 
 class EvalError(BadInput):
@@ -137,13 +136,13 @@ def main(argv=None) -> int:
     """0 on success; bad input exits 2 with one line through `exit_on_error` (SystemExit)."""
     from frontier_jax.errors import exit_on_error
 
-    ap = argparse.ArgumentParser(prog="python -m frontier_jax.evaluate", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m frontier_jax.evaluate", description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True, help="run directory (config.json + checkpoints/)")
-    ap.add_argument("--step", type=int, help="checkpoint step to score (default: the newest intact one)")
+    ap.add_argument("--step", type=int_in(0), help="checkpoint step to score (default: the newest intact one)")
     ap.add_argument("--data", help="shard directory (default: the run's data.data_dir)")
     ap.add_argument("--tokenizer", help="tokenizer (default: the run's data.tokenizer)")
-    ap.add_argument("--stride", type=int, help="sliding-window stride (default seq_len: non-overlapping windows)")
-    ap.add_argument("--batch-seqs", type=int, help="windows per eval batch (default train.val_batch_seqs)")
+    ap.add_argument("--stride", type=int_in(1), help="sliding-window stride (default seq_len: non-overlapping windows)")
+    ap.add_argument("--batch-seqs", type=int_in(1), help="windows per eval batch (default train.val_batch_seqs)")
     ap.add_argument("--artifact", nargs="?", const="", metavar="PATH",
                     help="score an int8+zlib artifact instead of a checkpoint (default PATH: the run's "
                          "final_model.int8.ptz; the official script's artifact of the same model works too)")

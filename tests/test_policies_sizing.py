@@ -34,17 +34,18 @@ def test_a_model_over_the_hosts_memory_is_refused_in_one_line(tmp_path):
     assert sizing.available_memory_bytes() > 0
 
 
+@pytest.mark.parametrize("setting", ["model.num_layers=1000000", "train.tokens_per_step=1000000000000000000"])
 @pytest.mark.parametrize("trainer", ["jax", "torch"])
-def test_both_trainers_refuse_a_model_that_cannot_fit_before_allocating(byte_data, tmp_path, capsys, trainer):
-    """`--set model.num_layers=1000000` spent 13 minutes in set-up, deaf to SIGTERM: now one line, exit 2, at once,
-    and no run directory."""
+def test_both_trainers_refuse_a_run_that_cannot_fit_before_allocating(byte_data, tmp_path, capsys, trainer, setting):
+    """`--set model.num_layers=1000000` spent 13 minutes in set-up, deaf to SIGTERM, and
+    `train.tokens_per_step=1e18` ended in a traceback: now one line, exit 2, at once, and no run directory."""
     if trainer == "torch":
         pytest.importorskip("torch", reason="the PyTorch baseline needs the optional extra: pip install -e .[torch]")
         from baseline_torch.train import main
     else:
         from frontier_jax.train import main
     out = tmp_path / "run"
-    sets = [a for o in (*TINY_OVERRIDES, "model.num_layers=1000000") for a in ("--set", o)]
+    sets = [a for o in (*TINY_OVERRIDES, setting) for a in ("--set", o)]
     t0 = time.perf_counter()
     try:
         rc = main(["--config", str(REPO / "configs" / "tiny.py"), "--data", str(byte_data), "--tokenizer", "bytes",
@@ -52,5 +53,5 @@ def test_both_trainers_refuse_a_model_that_cannot_fit_before_allocating(byte_dat
     except SystemExit as e:
         rc = e.code
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and err.count("\n") == 0 and "model.num_layers=1000000" in err and "available" in err, err
+    assert rc == 2 and err.count("\n") == 0 and setting.split("=")[0] in err and "available" in err, err
     assert time.perf_counter() - t0 < 30 and not out.exists()

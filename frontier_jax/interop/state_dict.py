@@ -19,7 +19,6 @@ optimizer state and the data stream at its beginning.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import numpy as np
 
 from frontier_jax.config import Config, apply_overrides, load_config, model_hash, to_dict
 from frontier_jax.data.shards import DataError
-from frontier_jax.errors import exit_on_error
+from frontier_jax.errors import ArgumentParser, exit_on_error
 from frontier_jax.interop.npz import WeightsError, check_weights, load_npz, save_npz
 from frontier_jax.policies.dtypes import Dtypes
 from frontier_jax.policies.dtypes import resolve as resolve_dtypes
@@ -173,7 +172,7 @@ def import_run(npz, cfg: Config, out_dir) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m frontier_jax.interop", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m frontier_jax.interop", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export", help="a run's latest checkpoint -> npz in PyTorch state_dict layout")
     ex.add_argument("--run", required=True)
