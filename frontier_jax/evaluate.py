@@ -118,8 +118,9 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     sums = evaluate_batches(eval_step, params, batches, aux)
     score = bpb(sums["nll_sum_nats"], sums["bytes"])
     if not math.isfinite(score):
-        raise EvalError(f"{run_dir}/checkpoints/{step}: val bpb is {score} (a non-finite loss on the val split: "
-                        "the checkpoint's parameters or the shards are broken)")
+        what = artifact if artifact is not None else f"{run_dir}/checkpoints/{step}"
+        raise EvalError(f"{what}: val bpb is {score} (a non-finite loss on the val split: the "
+                        f"{'artifact' if artifact is not None else 'checkpoint'}'s parameters or the shards are broken)")
     return {
         **sums,
         "bpb": score,

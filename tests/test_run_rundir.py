@@ -246,3 +246,14 @@ def test_reading_metrics_names_a_bad_line_and_skips_a_torn_last_one(tmp_path):
     with pytest.raises(DataError, match=rf"{path}:2: not a metrics row"):
         rundir.read_metrics(tmp_path)
     assert rundir.truncate_metrics(path, 5) == 2 and [r["step"] for r in rundir.read_metrics(tmp_path)] == [1]
+
+
+def test_summary_json_is_strict_json_without_a_bare_nan(tmp_path):
+    """A diverged run's summary held a bare NaN (not JSON for strict readers); non-finite numbers are null."""
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in the JSON"))
+
+    rundir.write_summary(tmp_path, {"config_name": "t", "steps": 3, "final_train_loss": float("nan"),
+                                    "mfu": float("inf"), "nested": {"x": [1.0, float("-inf")]}})
+    s = strict((tmp_path / rundir.SUMMARY_JSON).read_text())
+    assert s["final_train_loss"] is None and s["mfu"] is None and s["nested"] == {"x": [1.0, None]}

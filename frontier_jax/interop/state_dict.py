@@ -19,6 +19,7 @@ optimizer state and the data stream at its beginning.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -160,14 +161,24 @@ def import_run(npz, cfg: Config, out_dir) -> dict:
     _, aparams, _ = abstract_state(cfg, dtypes.compute, tx)
     sd, meta = load_npz(npz, expect=expected_shapes(aparams))  # keys and shapes from the headers, then arrays
     params = state_dict_to_params(sd, aparams, source=str(npz))  # checked before anything is written
+    created = not out_dir.exists()
     rundir.prepare_run_dir(out_dir, resume=False)
-    rundir.write_json(out_dir / rundir.CONFIG, to_dict(cfg))
-    rundir.write_json(out_dir / rundir.ENV, {**parallel.environment(), "compute_dtype": dtypes.compute,
-                                             "muon_ns_dtype": dtypes.muon_ns, "imported_from": str(npz),
-                                             "imported_meta": meta})
-    ckpt_meta = {"step": 0, "train_seconds": 0.0, "tokens": 0, "data": {"shard": 0, "offset": 0, "position_tokens": 0},
-                 "model_hash": model_hash(cfg), "model": to_dict(cfg)["model"], "reason": f"imported {npz}"}
-    checkpoint.save(out_dir, 0, {"params": params, "opt_state": tx.init(params)}, ckpt_meta)
+    try:
+        rundir.write_json(out_dir / rundir.CONFIG, to_dict(cfg))
+        rundir.write_json(out_dir / rundir.ENV, {**parallel.environment(), "compute_dtype": dtypes.compute,
+                                                 "muon_ns_dtype": dtypes.muon_ns, "imported_from": str(npz),
+                                                 "imported_meta": meta})
+        ckpt_meta = {"step": 0, "train_seconds": 0.0, "tokens": 0,
+                     "data": {"shard": 0, "offset": 0, "position_tokens": 0},
+                     "model_hash": model_hash(cfg), "model": to_dict(cfg)["model"], "reason": f"imported {npz}"}
+        checkpoint.save(out_dir, 0, {"params": params, "opt_state": tx.init(params)}, ckpt_meta)
+    except BaseException:  # e.g. a full disk: nothing left behind, so a retry with the same --out works
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        else:
+            for name in (rundir.CONFIG, rundir.ENV):
+                (out_dir / name).unlink(missing_ok=True)
+        raise
     return {"keys": len(sd), "out": str(out_dir), "step": 0}
 
 

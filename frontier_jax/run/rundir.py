@@ -27,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import shutil
@@ -249,8 +250,22 @@ class Signals:
 # ----------------------------------------------------------------------------- writing
 
 
+def _finite(obj):
+    """`obj` with every non-finite float (a diverged run's loss) as None: strict JSON (null), never a bare NaN
+    that other JSON readers refuse."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def write_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    """`obj` as strict JSON (non-finite numbers as null), written by rename."""
+    text = json.dumps(_finite(obj), indent=2, sort_keys=True, default=str, allow_nan=False)
+    atomic_write_text(path, text + "\n")
 
 
 def git_hash() -> str:
