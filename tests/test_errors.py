@@ -23,6 +23,7 @@ CASES = [
     ("frontier_jax.compare.arms", ["--arm", "a=jax", "--budget", "nan", "--out", "o"], "argument --budget: nan is"),
     ("frontier_jax.compare.arms", ["--arm", "a=jax", "--budget", "5", "--seeds", "0", "--out", "o"], "--seeds"),
     ("frontier_jax.interop.state_dict", ["export", "--run", "x"], "the following arguments are required: --out"),
+    ("frontier_jax.submission.__main__", ["check"], "the following arguments are required: RUN"),
 ]
 
 
