@@ -49,7 +49,7 @@ def _kind(mode: int) -> str:
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
         if test(mode):
             return name
-    return "not a regular file"
+    return "a file of another kind"
 
 
 def _open(path: Path, flags: int, what: str, follow: bool = False) -> int:
