@@ -29,6 +29,7 @@ import zlib
 import numpy as np
 
 from frontier_jax.config import host_memory_bytes
+from frontier_jax.errors import BadInput
 
 ARCHIVE = "archive"
 FORMAT_VERSION = "3"
@@ -50,7 +51,7 @@ STORAGES = {"FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storag
 _STORAGE_OF = {v: k for k, v in STORAGES.items()}
 
 
-class TorchFormatError(ValueError):
+class TorchFormatError(BadInput):
     """Bytes that are not a torch.save archive this module can read (message says what is wrong)."""
 
 
