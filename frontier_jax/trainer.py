@@ -34,6 +34,7 @@ from frontier_jax.policies.geometry import split_batch, step_batch
 from frontier_jax.policies.scoring import val_window_tokens
 from frontier_jax.run import driver, host, progress, rundir, startup
 from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
+from frontier_jax.errors import BadInput
 from frontier_jax.contest import codebytes
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
@@ -131,7 +132,7 @@ def _claim(out_dir: Path, resume: bool, dp: DataParallel):
     if dp.is_main:
         try:
             lock, created = claim_run_dir(out_dir, resume)
-        except RunError as e:
+        except BadInput as e:  # RunError, or a lock file that is a symlink (data.files.UnsafeFile)
             err = e
     if dp.process_count > 1:
         ok = multihost_utils.process_allgather(np.array([err is None]))
