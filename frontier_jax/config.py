@@ -39,6 +39,20 @@ RULE_PROFILES = ("trainium-frontier", "parameter-golf")
 # load_config imports a config file as a module of this name prefix (registered in sys.modules, so the run's
 # code record, frontier_jax.contest.codebytes, counts and scans it with the project's code)
 CONFIG_MODULE_PREFIX = "_frontier_config_"
+MAX_VOCAB = 1 << 16  # model.vocab_size: shards hold uint16 token ids (frontier_jax.data.shards)
+
+
+def _check_ranges(section: str, obj, **intervals: str) -> None:
+    """ConfigError naming `section.field` for the first field outside its interval, written "[lo, hi)" ("(" and
+    ")" open, "inf" unbounded; a NaN is in none): every numeric setting is range-checked when its section is
+    built (a config file, `--set`, a run's config.json)."""
+    for name, spec in intervals.items():
+        value = getattr(obj, name)
+        lo, hi = (float(x) for x in spec[1:-1].split(","))
+        ok = (isinstance(value, int | float) and not isinstance(value, bool)
+              and (value >= lo if spec[0] == "[" else value > lo) and (value <= hi if spec[-1] == "]" else value < hi))
+        if not ok:
+            raise ConfigError(f"{section}.{name} must be in {spec}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +73,9 @@ class ModelConfig:
     compute_dtype: str = "auto"
 
     def __post_init__(self):
+        _check_ranges("model", self, vocab_size=f"[1, {MAX_VOCAB}]", num_layers="[1, inf)", model_dim="[1, inf)",
+                      num_heads="[1, inf)", num_kv_heads="[1, inf)", mlp_mult="[1, inf)", rope_base="(0, inf)",
+                      logit_softcap="(0, inf)", qk_gain_init="(-inf, inf)", tied_embed_init_std="[0, inf)")
         if self.model_dim % self.num_heads:
             raise ConfigError(f"model.model_dim={self.model_dim} is not divisible by model.num_heads={self.num_heads}")
         if self.num_heads % self.num_kv_heads:
@@ -67,9 +84,6 @@ class ModelConfig:
             raise ConfigError("model head dim must be even for the half-split RoPE")
         if self.compute_dtype not in ("auto", "bfloat16", "float32"):
             raise ConfigError(f"model.compute_dtype must be auto|bfloat16|float32, got {self.compute_dtype!r}")
-        for name in ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"model.{name} must be positive")
 
     @property
     def head_dim(self) -> int:
@@ -113,6 +127,10 @@ class OptimConfig:
     fused: bool = False  # fused Adam/Muon updates, one primitive (NKI kernel) per parameter
 
     def __post_init__(self):
+        _check_ranges("optim", self, matrix_lr="[0, inf)", scalar_lr="[0, inf)", embed_lr="[0, inf)",
+                      ngram_lr="[0, inf)", beta1="[0, 1)", beta2="[0, 1)", adam_eps="(0, inf)",
+                      muon_momentum="[0, 1)", muon_momentum_warmup_start="[0, 1)",
+                      muon_momentum_warmup_steps="[0, inf)", muon_ns_steps="[1, inf)", warmdown_steps="[0, inf)")
         if self.muon_ns_dtype not in ("auto", "bfloat16", "float32"):
             raise ConfigError(f"optim.muon_ns_dtype must be auto|bfloat16|float32, got {self.muon_ns_dtype!r}")
         if self.warmdown_mode not in ("time", "steps"):
@@ -132,6 +150,9 @@ class DataConfig:
     max_val_duplicate_share: float = 0.001
 
     def __post_init__(self):
+        for name in ("train_pattern", "val_pattern"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(f"data.{name} must be a non-empty glob pattern, got {getattr(self, name)!r}")
         if not 0.0 <= self.max_val_duplicate_share <= 1.0:
             raise ConfigError(f"data.max_val_duplicate_share must be in [0, 1], got {self.max_val_duplicate_share}")
 
@@ -164,8 +185,9 @@ class TrainConfig:
     def __post_init__(self):
         if self.allocator not in ("auto", "reuse", "system"):
             raise ConfigError(f"train.allocator must be auto|reuse|system, got {self.allocator!r}")
-        if self.budget_seconds <= 0:
+        if not self.budget_seconds > 0:  # (a NaN too)
             raise ConfigError(f"train.budget_seconds must be > 0, got {self.budget_seconds}")
+        _check_ranges("train", self, log_every_seconds="(0, inf]")
         if self.kernels not in KERNEL_MODES:
             raise ConfigError(f"train.kernels must be {'|'.join(KERNEL_MODES)}, got {self.kernels!r}")
         if self.seq_len <= 0 or self.tokens_per_step <= 0 or self.micro_batch_seqs <= 0:
@@ -227,6 +249,8 @@ class NgramConfig:
                               f"{self.table_bytes // self.num_orders}), over ngram.max_table_bytes={self.max_table_bytes}")
         if self.confidence_buckets <= 0 or self.snapshot_every_tokens <= 0:
             raise ConfigError("ngram.confidence_buckets and ngram.snapshot_every_tokens must be positive")
+        _check_ranges("ngram", self, builder_shards_from_end="[1, inf)", builder_niceness="[0, 19]",
+                      max_table_bytes="[1, inf)")
         if self.builder_processes != 1:
             raise ConfigError(f"ngram.builder_processes={self.builder_processes}: only 1 builder process is implemented")
         host = host_memory_bytes()
@@ -259,6 +283,7 @@ class ParallelConfig:
     def __post_init__(self):
         if self.num_devices < 0:
             raise ConfigError("parallel.num_devices must be >= 0 (0: all devices)")
+        _check_ranges("parallel", self, heartbeat_timeout_seconds="(0, inf)")
 
 
 # eval.artifact -> the prefix of its score lines (`final_int8_zlib_roundtrip`, the baseline's; `final_int6_roundtrip`,
@@ -281,18 +306,13 @@ class EvalConfig:
     batch_seqs: int = 0  # windows per batch of the sliding windows; 0: train.val_batch_seqs
 
     def __post_init__(self):
-        for name in ("seq_len", "stride", "batch_seqs"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"eval.{name} must be >= 0 (0: {_EVAL_ZERO[name]}), got {getattr(self, name)}")
+        _check_ranges("eval", self, seq_len="[0, inf)", stride="[0, inf)", batch_seqs="[0, inf)")
         if self.artifact not in ARTIFACT_LINES:
             raise ConfigError(f"eval.artifact must be {'|'.join(ARTIFACT_LINES)}, got {self.artifact!r}")
         if self.score not in SCORE_STAGES:
             raise ConfigError(f"eval.score must be {'|'.join(SCORE_STAGES)}, got {self.score!r}")
         if self.score == "sliding" and not self.stride:
             raise ConfigError("eval.score='sliding' needs eval.stride > 0 (no sliding-window line is scored)")
-
-
-_EVAL_ZERO = {"seq_len": "train.seq_len", "stride": "no sliding-window line", "batch_seqs": "train.val_batch_seqs"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -318,12 +338,6 @@ class Config:
     rules: RulesConfig = field(default_factory=RulesConfig)  # the contest rule set (frontier_jax.contest)
     eval: EvalConfig = field(default_factory=EvalConfig)  # the final evaluation pipeline: lengths, stride, artifact
 
-    def __post_init__(self):
-        T, stride = self.eval_seq_len, self.eval.stride
-        if stride > T:
-            raise ConfigError(f"eval.stride={stride} is longer than the eval window of {T} tokens (eval.seq_len, "
-                              "0: train.seq_len)")
-
     @property
     def eval_seq_len(self) -> int:
         """T of the round-trip and sliding-window validations: eval.seq_len, or train.seq_len when it is 0."""
@@ -333,6 +347,22 @@ class Config:
     def val_seq_len(self) -> int:
         """The val split is cut to whole windows of this many tokens (+1): the longer of the two lengths."""
         return max(self.train.seq_len, self.eval_seq_len)
+
+    def __post_init__(self):
+        """Each section of its type (a config file's `get_config` returning `model=None` failed much later), a
+        name that can be a run directory's (runs/<name>-<time>): no directory part, and a sliding-window stride
+        within the eval window."""
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            if f.name != "name" and not isinstance(getattr(self, f.name), hints[f.name]):
+                raise ConfigError(f"config section {f.name} is {type(getattr(self, f.name)).__name__}, expected "
+                                  f"{hints[f.name].__name__}")
+        if not isinstance(self.name, str) or not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ConfigError(f"config name {self.name!r} must be a file name (runs/<name>-<time>), with no '/'")
+        T, stride = self.eval_seq_len, self.eval.stride
+        if stride > T:
+            raise ConfigError(f"eval.stride={stride} is longer than the eval window of {T} tokens (eval.seq_len, "
+                              "0: train.seq_len)")
 
 
 # ----------------------------------------------------------------------------- loading / overrides

@@ -19,7 +19,6 @@ weights are scored, as the contest scores them: the result equals the run's own 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 
 from frontier_jax.config import ConfigError
 from frontier_jax.data.shards import DataError
-from frontier_jax.errors import BadInput
+from frontier_jax.errors import ArgumentParser, BadInput, int_in
 
 
 class EvalError(BadInput):
@@ -61,14 +60,19 @@ def _ngram_bias(run_dir: Path, cfg, log=None):
 
 
 def _artifact_params(run_dir: Path, path):
-    """(config, graphdef, params, compute dtype, format) from an artifact's dequantized weights (either format)."""
+    """(config, graphdef, params, compute dtype, format) from an artifact's dequantized weights (either format),
+    its decompression bounded by the model's size."""
+    import jax
+    import numpy as np
+
     from frontier_jax import optim
-    from frontier_jax.interop import artifact
+    from frontier_jax.interop import artifact, quantize
     from frontier_jax.interop.state_dict import abstract_state, read_run_config, state_dict_to_params
 
     cfg, dtypes = read_run_config(run_dir)
     graphdef, aparams, _ = abstract_state(cfg, dtypes.compute, optim.build_optimizer(cfg.optim, dtypes.muon_ns))
-    fmt, sd = artifact.load(path)
+    sizes = [int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(aparams)]
+    fmt, sd = artifact.load(path, quantize.raw_limit(sum(sizes), len(sizes)))
     # (the record's own artifact holds its unbanked names: state_dict_to_params maps the recipe's parameters)
     return cfg, graphdef, state_dict_to_params(sd, aparams, source=str(path)), dtypes.compute, fmt
 
@@ -123,9 +127,9 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     sums = evaluate_batches(eval_step, params, batches, aux)
     score = bpb(sums["nll_sum_nats"], sums["bytes"])
     if not math.isfinite(score):
-        what = f"artifact {artifact}" if artifact is not None else f"{run_dir}/checkpoints/{step}"
-        raise EvalError(f"{what}: val bpb is {score} (a non-finite loss on the val split: the weights or the "
-                        "shards are broken)")
+        what = artifact if artifact is not None else f"{run_dir}/checkpoints/{step}"
+        raise EvalError(f"{what}: val bpb is {score} (a non-finite loss on the val split: the "
+                        f"{'artifact' if artifact is not None else 'checkpoint'}'s parameters or the shards are broken)")
     return {
         **sums,
         "bpb": score,
@@ -150,17 +154,17 @@ def main(argv=None) -> int:
     """0 on success; bad input exits 2 with one line through `exit_on_error` (SystemExit)."""
     from frontier_jax.errors import exit_on_error
 
-    ap = argparse.ArgumentParser(prog="python -m frontier_jax.evaluate", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m frontier_jax.evaluate", description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True, help="run directory (config.json + checkpoints/)")
-    ap.add_argument("--step", type=int, help="checkpoint step to score (default: the newest intact one)")
+    ap.add_argument("--step", type=int_in(0), help="checkpoint step to score (default: the newest intact one)")
     ap.add_argument("--data", help="shard directory (default: the run's data.data_dir)")
     ap.add_argument("--tokenizer", help="tokenizer (default: the run's data.tokenizer)")
-    ap.add_argument("--eval-seq-len", type=int, metavar="T",
+    ap.add_argument("--eval-seq-len", type=int_in(1), metavar="T",
                     help="window length (default the run's eval.seq_len, else train.seq_len)")
-    ap.add_argument("--stride", type=int, help="sliding-window stride, every target scored once (default the window "
-                                               "length: non-overlapping windows)")
-    ap.add_argument("--batch-seqs", type=int, help="windows per eval batch (default train.val_batch_seqs; sliding: "
-                                                   "eval.batch_seqs when set)")
+    ap.add_argument("--stride", type=int_in(1), help="sliding-window stride, every target scored once (default the "
+                                                     "window length: non-overlapping windows)")
+    ap.add_argument("--batch-seqs", type=int_in(1), help="windows per eval batch (default train.val_batch_seqs; "
+                                                         "sliding: eval.batch_seqs when set)")
     ap.add_argument("--artifact", nargs="?", const="", metavar="PATH",
                     help="score an artifact instead of a checkpoint: int8+zlib or int6+lzma, told apart by its bytes "
                          "(default PATH: the run's final_model.int8.ptz or final_model.int6.ptz, by its "

@@ -60,7 +60,8 @@ def test_non_positive_budget_is_rejected(item):
     (dict(model_dim=100, num_heads=8), "not divisible"),
     (dict(num_heads=8, num_kv_heads=3), "not a multiple"),
     (dict(model_dim=24, num_heads=8, num_kv_heads=4), "even"),
-    (dict(num_layers=0), "positive"),
+    (dict(num_layers=0), r"model.num_layers must be in \[1, inf\)"),
+    (dict(num_heads=0), r"model.num_heads must be in \[1, inf\)"),  # was a ZeroDivisionError traceback
 ])
 def test_impossible_model_shapes_are_rejected(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment):
@@ -197,7 +198,8 @@ def test_every_config_field_has_a_comment():
     from frontier_jax import config as C
 
     lines = (REPO / "frontier_jax" / "config.py").read_text().splitlines()
-    for cls in (C.ModelConfig, C.OptimConfig, C.DataConfig, C.TrainConfig, C.NgramConfig, C.ParallelConfig, C.Config):
+    for cls in (C.ModelConfig, C.OptimConfig, C.DataConfig, C.TrainConfig, C.NgramConfig, C.ParallelConfig, C.EvalConfig,
+                C.Config):
         for f in dataclasses.fields(cls):
             i = next(i for i, line in enumerate(lines) if line.startswith(f"    {f.name}: ") and
                      any(lines[j].startswith(f"class {cls.__name__}") for j in range(max(0, i - 60), i)))
@@ -260,3 +262,38 @@ def test_unknown_keys_in_a_run_config_are_refused_not_dropped(tmp_path):
     path.write_text(__import__("json").dumps(d))
     with pytest.raises(ConfigError, match=re.escape(f"{path}: bad run config (train.val_evry_steps: unknown key")):
         load_run_config(path)
+
+
+@pytest.mark.parametrize("item, fragment", [
+    ("optim.beta2=1.5", r"optim.beta2 must be in \[0, 1\), got 1.5"),
+    ("optim.warmdown_steps=-5", r"optim.warmdown_steps must be in \[0, inf\), got -5"),
+    ("optim.adam_eps=0", r"optim.adam_eps must be in \(0, inf\)"),
+    ("optim.matrix_lr=-0.1", "optim.matrix_lr must be in"),
+    ("optim.muon_momentum=1.0", "optim.muon_momentum must be in"),
+    ("optim.muon_ns_steps=0", "optim.muon_ns_steps must be in"),
+    ("model.rope_base=0", "model.rope_base must be in"),
+    ("model.logit_softcap=-30", "model.logit_softcap must be in"),
+    ("model.vocab_size=70000", r"model.vocab_size must be in \[1, 65536\]"),
+    ("train.log_every_seconds=0", "train.log_every_seconds must be in"),
+    ("train.budget_seconds=nan", "expected float"),  # a bare word; a NaN from a config file is refused below
+    ("parallel.heartbeat_timeout_seconds=0", "parallel.heartbeat_timeout_seconds must be in"),
+    ("data.val_pattern=''", "data.val_pattern must be a non-empty glob pattern"),
+])
+def test_every_numeric_setting_is_range_checked_in_one_line(item, fragment):
+    """The probe accepted `optim.beta2=1.5` and `optim.warmdown_steps=-5` (and trained on them)."""
+    with pytest.raises(ConfigError, match=fragment) as e:
+        apply_overrides(Config(), [item])
+    assert "\n" not in str(e.value)
+
+
+def test_a_config_file_with_a_missing_section_or_a_nan_is_refused_naming_the_file(tmp_path):
+    """A config returning `model=None` failed much later with a traceback; a NaN budget from a config file
+    passed `budget_seconds <= 0`."""
+    for body, fragment in (("Config(model=None)", "config section model is NoneType, expected ModelConfig"),
+                           ("Config(train=TrainConfig(budget_seconds=float('nan')))", "budget_seconds must be > 0"),
+                           ("Config(name='../elsewhere')", "must be a file name")):
+        path = tmp_path / "c.py"
+        path.write_text(f"from frontier_jax.config import *\n\ndef get_config():\n    return {body}\n")
+        with pytest.raises(ConfigError, match=fragment) as e:
+            load_config(path)
+        assert str(e.value).startswith(str(path)) and "\n" not in str(e.value)

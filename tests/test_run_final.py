@@ -119,7 +119,7 @@ def test_a_resume_runs_only_the_missing_stages(fake_time):
     (["eval.artifact=int4"], "eval.artifact must be int8_zlib|int6_lzma"),
     (["eval.score=ttt"], "eval.score must be roundtrip|sliding"),
     (["eval.score=sliding"], "needs eval.stride > 0"),
-    (["eval.stride=-1"], "eval.stride must be >= 0"),
+    (["eval.stride=-1"], "eval.stride must be in [0, inf), got -1"),
     (["eval.stride=512"], "eval.stride=512 is longer than the eval window of 256"),
     (["eval.seq_len=128", "eval.stride=200"], "eval.stride=200 is longer than the eval window of 128"),
 ])

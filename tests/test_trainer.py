@@ -197,3 +197,22 @@ def test_a_run_stopped_in_its_final_steps_is_finished_by_resume(byte_data, tmp_p
     assert evaluate_run(run, artifact=art, stride=32)["nll_sum_nats"] == s["sliding_val_nll_sum_nats"]
     again = trainer.run(tiny_config(byte_data, *sets[len(TINY_OVERRIDES):]), run, resume=True, echo=False)
     assert again["stop_reason"] == "already finished"
+
+
+def test_a_signal_in_the_set_up_stops_before_the_model_is_built(byte_data, tmp_path, monkeypatch):
+    """`--set model.num_layers=1000000` ignored SIGTERM for 13 minutes: the set-up checks the stop flag between its
+    phases, so a signal before the model is built stops there (exit 130's summary; no run directory)."""
+    import os
+    import signal
+
+    real = trainer.ngram_runtime.for_config
+
+    def signalled(*args, **kw):  # the signal arrives during the phase before the model is built
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(trainer.ngram_runtime, "for_config", signalled)
+    monkeypatch.setattr(trainer, "init_state", lambda *a, **k: pytest.fail("the model was built after the signal"))
+    out = tmp_path / "run"
+    summary = trainer.run(tiny_config(byte_data), out, echo=False)
+    assert summary["stop_reason"] == "signal SIGTERM before training" and not out.exists()

@@ -6,9 +6,9 @@
                torch.save({"w", "m"}) of its mixed int6 quantization (`frontier_jax.interop.int6`), written from
                the state dict as the record holds it (its unbanked order, the embedding tables in bfloat16)
 
-A file is recognised by its first bytes (an xz stream starts with FD 37 7A 58 5A 00, a zlib stream with a
-deflate header whose first two bytes are a multiple of 31), whatever its name. Decompression is bounded by
-half of this host's memory. numpy only: no torch, no JAX.
+A file is recognised by what it holds (a zlib or an lzma stream, `quantize.decompress`; the baseline's object or
+the record's), whatever its name; decompression is bounded (`quantize.raw_limit`) and the object is checked
+before any use. numpy only: no torch, no JAX.
 """
 
 from __future__ import annotations
@@ -19,14 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from frontier_jax.config import host_memory_bytes
 from frontier_jax.interop import int6, quantize, torch_format
 from frontier_jax.interop.quantize import ArtifactError
 
 NAMES = {"int8_zlib": quantize.ARTIFACT, "int6_lzma": "final_model.int6.ptz"}
-LABELS = {"int8_zlib": "int8+zlib", "int6_lzma": "int6+lzma"}  # as the size lines name them
 LZMA_PRESET = 6
-XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 def artifact_path(run_dir, fmt: str) -> Path:
@@ -34,50 +31,29 @@ def artifact_path(run_dir, fmt: str) -> Path:
     return Path(run_dir) / NAMES[fmt]
 
 
-def detect(blob: bytes, source: str = "<artifact>") -> str:
-    """The format of an artifact's bytes; ArtifactError (one line naming `source`) for anything else."""
-    if blob.startswith(XZ_MAGIC):
-        return "int6_lzma"
-    if len(blob) >= 2 and blob[0] & 0x0F == 8 and (blob[0] << 8 | blob[1]) % 31 == 0:
-        return "int8_zlib"
-    raise ArtifactError(f"{source}: not an artifact: not a zlib stream (int8+zlib, {NAMES['int8_zlib']}) nor an xz "
-                        f"stream (int6+lzma, {NAMES['int6_lzma']})")
-
-
-def _decompress_lzma(blob: bytes, source: str) -> bytes:
-    limit = max((host_memory_bytes() or 8 << 30) // 2, 1 << 20)
-    dec = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
-    try:
-        raw = dec.decompress(blob, max_length=limit)
-    except lzma.LZMAError as e:
-        raise ArtifactError(f"{source}: not a readable xz stream ({e})") from None
-    if not dec.eof:
-        why = "truncated" if dec.needs_input else f"it decompresses to more than {limit} bytes (half of this host's memory)"
-        raise ArtifactError(f"{source}: unreadable int6+lzma artifact ({why})")
-    return raw
-
-
-def loads(blob: bytes, source: str = "<artifact>") -> tuple[str, dict[str, np.ndarray]]:
+def loads(blob: bytes, source: str = "<artifact>", max_raw_bytes: int | None = None) -> tuple[str, dict[str, np.ndarray]]:
     """(format, dequantized state dict) of an artifact's bytes (ours, the PyTorch baseline's, the official
-    script's or the record's): the int6 tensors in the dtypes the record holds them in."""
-    fmt = detect(blob, source)
-    if fmt == "int8_zlib":
-        return fmt, quantize.dequantize_state_dict(quantize.loads_artifact(blob, source))
+    script's or the record's), decompressed (zlib or lzma) to at most `max_raw_bytes` (`quantize.raw_limit`) and
+    its object checked before any use; the int6 tensors in the dtypes the record holds them in."""
+    limit = quantize.raw_limit() if max_raw_bytes is None else max_raw_bytes
+    raw = quantize.decompress(blob, limit, source)
     try:
-        obj = torch_format.loads(_decompress_lzma(blob, source))
+        obj = torch_format.loads(raw, max_bytes=limit)
     except torch_format.TorchFormatError as e:
         raise ArtifactError(f"{source}: {e}") from None
-    if not (isinstance(obj, dict) and isinstance(obj.get("w"), dict) and isinstance(obj.get("m"), dict)):
-        raise ArtifactError(f"{source}: not an int6+lzma artifact (no {{'w': tensors, 'm': meta}} object)")
-    try:
-        return fmt, int6.dequantize_mixed(obj)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ArtifactError(f"{source}: unreadable int6+lzma artifact ({type(e).__name__}: {str(e)[:120]})") from None
+    if isinstance(obj, dict) and "__quant_format__" in obj:
+        return "int8_zlib", quantize.dequantize_state_dict(quantize.check_artifact(obj, source))
+    if isinstance(obj, dict) and set(obj) == {"w", "m"}:
+        return "int6_lzma", int6.dequantize_mixed(int6.check_mixed(obj, source))
+    raise ArtifactError(f"{source}: not an artifact (neither the baseline's {quantize.FORMAT} object nor the "
+                        "record's {'w': tensors, 'm': meta} one)")
 
 
-def load(path) -> tuple[str, dict[str, np.ndarray]]:
-    """(format, dequantized state dict) of an artifact file (`loads`)."""
-    return loads(quantize.read_artifact(path), str(path))
+def load(path, max_raw_bytes: int | None = None) -> tuple[str, dict[str, np.ndarray]]:
+    """(format, dequantized state dict) of an artifact file (`loads`; a FIFO, a device or an oversized file is
+    refused unread)."""
+    limit = quantize.raw_limit() if max_raw_bytes is None else max_raw_bytes
+    return loads(quantize.read_artifact(path, limit), str(path), limit)
 
 
 def encode(sd: dict[str, np.ndarray], fmt: str) -> tuple[bytes, int, dict]:
@@ -101,6 +77,6 @@ def roundtrip(sd: dict[str, np.ndarray], run_dir, fmt: str, write: bool = True) 
     if write:
         quantize.write_artifact(path, blob)
         blob = path.read_bytes()
-    _, back = loads(blob, str(path))
+    _, back = loads(blob, str(path), quantize.raw_limit(sum(int(np.asarray(t).size) for t in sd.values()), len(sd)))
     return back, {"format": fmt, "artifact": str(path), "artifact_bytes": len(blob), "raw_bytes": raw_bytes,
                   "stats": stats}

@@ -31,7 +31,7 @@ import re
 import ml_dtypes
 import numpy as np
 
-from frontier_jax.interop.quantize import KEEP_FLOAT_MAX_NUMEL, quantile_last_axis, quantize_float
+from frontier_jax.interop.quantize import KEEP_FLOAT_MAX_NUMEL, ArtifactError, quantile_last_axis, quantize_float
 
 INT6_CATEGORIES = ("mlp", "attn")
 CLIP_RANGE = 31  # int6 values -31..31 (one int8 byte each: lzma removes the slack)
@@ -149,6 +149,32 @@ def mixed_quantize(sd: dict[str, np.ndarray]) -> tuple[dict, dict]:
     stats = {**{k: len(v) for k, v in kinds.items()}, "names": kinds,
              "payload_bytes": int(sum(np.asarray(v).nbytes for v in result.values()))}
     return {"w": result, "m": meta}, stats
+
+
+def check_mixed(obj: dict, source: str = "<artifact>") -> dict:
+    """`obj` when it is an {"w", "m"} object `dequantize_mixed` can use (checked before any use): every meta entry
+    names a kept tensor or an int8 tensor of int6 / int8 values with its float scale (one per row, or one);
+    ArtifactError naming `source` and the first entry that is not."""
+    def bad(what: str):
+        raise ArtifactError(f"{source}: malformed int6+lzma artifact ({what})")
+
+    w, m = obj.get("w"), obj.get("m")
+    for key, table in (("w", w), ("m", m)):
+        if not isinstance(table, dict) or not all(isinstance(k, str) for k in table):
+            bad(f"{key} is {type(table).__name__}, expected a dict of tensor names")
+    for name, info in m.items():
+        if info in ("passthrough", "passthrough_ctrl"):
+            if not isinstance(w.get(name), np.ndarray):
+                bad(f"kept tensor {name!r} is missing or not a tensor")
+            continue
+        if not isinstance(info, dict) or info.get("type") not in ("int6", "int8"):
+            bad(f"meta[{name!r}] is {info!r:.40}")
+        q, s = w.get(name + ".q"), w.get(name + ".scale")
+        if not isinstance(q, np.ndarray) or q.dtype != np.int8 or q.ndim == 0:
+            bad(f"{name}.q is not an int8 tensor")
+        if not isinstance(s, np.ndarray) or not _is_float(s) or (s.shape != (q.shape[0],) and s.size != 1):
+            bad(f"{name}.scale is not a float scale per row of {name}.q (or one)")
+    return obj
 
 
 def dequantize_mixed(obj: dict, dtypes: dict[str, np.dtype] | None = None) -> dict[str, np.ndarray]:

@@ -19,7 +19,7 @@ optimizer state and the data stream at its beginning.
 
 from __future__ import annotations
 
-import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -27,8 +27,8 @@ import numpy as np
 
 from frontier_jax.config import Config, apply_overrides, load_config, model_hash, to_dict
 from frontier_jax.data.shards import DataError
-from frontier_jax.errors import exit_on_error
-from frontier_jax.interop.npz import WeightsError, load_npz, save_npz
+from frontier_jax.errors import ArgumentParser, exit_on_error
+from frontier_jax.interop.npz import WeightsError, check_weights, load_npz, save_npz
 from frontier_jax.policies.dtypes import Dtypes
 from frontier_jax.policies.dtypes import resolve as resolve_dtypes
 from frontier_jax.run import rundir
@@ -84,28 +84,11 @@ def state_dict_to_params(sd: dict[str, np.ndarray], abstract_params, source: str
     from frontier_jax.optim import path_names
 
     flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_params)
-    wanted = {}
-    for path, leaf in flat:
-        key, transposed = torch_name(path_names(path))
-        wanted[key] = (leaf, transposed)
-    given = {k for k in sd if not k.startswith(META_PREFIX)}
-    missing = [k for k in wanted if k not in given]
-    if missing:
-        raise InteropError(f"{source}: missing key {missing[0]!r} ({len(missing)} missing of {len(wanted)})")
-    extra = sorted(given - set(wanted))
-    if extra:
-        raise InteropError(f"{source}: unexpected key {extra[0]!r} ({len(extra)} not in the model)")
+    check_weights(sd, expected_shapes(abstract_params), source)  # the validator both trainers share
     leaves = []
     for path, leaf in flat:
         key, transposed = torch_name(path_names(path))
         arr = np.asarray(sd[key])
-        expect = tuple(leaf.shape[::-1]) if transposed else tuple(leaf.shape)
-        if arr.shape != expect:
-            raise InteropError(f"{source}: key {key!r} has shape {list(arr.shape)}, the model expects {list(expect)}")
-        if not jnp.issubdtype(arr.dtype, jnp.floating):
-            raise InteropError(f"{source}: key {key!r} has dtype {arr.dtype}; parameters must be floating point")
-        if not np.isfinite(arr.astype(np.float32)).all():
-            raise InteropError(f"{source}: key {key!r} holds non-finite values (NaN or inf)")
         if transposed:
             arr = arr.T
         leaves.append(jnp.asarray(arr.astype(np.float32), dtype=leaf.dtype))
@@ -178,19 +161,29 @@ def import_run(npz, cfg: Config, out_dir) -> dict:
     _, aparams, _ = abstract_state(cfg, dtypes.compute, tx)
     sd, meta = load_npz(npz, expect=expected_shapes(aparams))  # keys and shapes from the headers, then arrays
     params = state_dict_to_params(sd, aparams, source=str(npz))  # checked before anything is written
+    created = not out_dir.exists()
     rundir.prepare_run_dir(out_dir, resume=False)
-    rundir.write_json(out_dir / rundir.CONFIG, to_dict(cfg))
-    rundir.write_json(out_dir / rundir.ENV, {**parallel.environment(), "compute_dtype": dtypes.compute,
-                                             "muon_ns_dtype": dtypes.muon_ns, "imported_from": str(npz),
-                                             "imported_meta": meta})
-    ckpt_meta = {"step": 0, "train_seconds": 0.0, "tokens": 0, "data": {"shard": 0, "offset": 0, "position_tokens": 0},
-                 "model_hash": model_hash(cfg), "model": to_dict(cfg)["model"], "reason": f"imported {npz}"}
-    checkpoint.save(out_dir, 0, {"params": params, "opt_state": tx.init(params)}, ckpt_meta)
+    try:
+        rundir.write_json(out_dir / rundir.CONFIG, to_dict(cfg))
+        rundir.write_json(out_dir / rundir.ENV, {**parallel.environment(), "compute_dtype": dtypes.compute,
+                                                 "muon_ns_dtype": dtypes.muon_ns, "imported_from": str(npz),
+                                                 "imported_meta": meta})
+        ckpt_meta = {"step": 0, "train_seconds": 0.0, "tokens": 0,
+                     "data": {"shard": 0, "offset": 0, "position_tokens": 0},
+                     "model_hash": model_hash(cfg), "model": to_dict(cfg)["model"], "reason": f"imported {npz}"}
+        checkpoint.save(out_dir, 0, {"params": params, "opt_state": tx.init(params)}, ckpt_meta)
+    except BaseException:  # e.g. a full disk: nothing left behind, so a retry with the same --out works
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        else:
+            for name in (rundir.CONFIG, rundir.ENV):
+                (out_dir / name).unlink(missing_ok=True)
+        raise
     return {"keys": len(sd), "out": str(out_dir), "step": 0}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m frontier_jax.interop", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m frontier_jax.interop", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export", help="a run's latest checkpoint -> npz in PyTorch state_dict layout")
     ex.add_argument("--run", required=True)

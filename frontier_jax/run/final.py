@@ -28,9 +28,9 @@ from frontier_jax.config import ARTIFACT_LINES, SCORE_STAGES, Config
 from frontier_jax.errors import BadInput, describe_os_error
 from frontier_jax.policies.scoring import val_result
 from frontier_jax.contest import limits
-from frontier_jax.run import roundtrip
+from frontier_jax.run import roundtrip, rundir
 
-STAGES = ("val", "artifact", "roundtrip", "sliding")  # the records of `Trainer.record_final`, in pipeline order
+STAGES = rundir.FINAL_STAGES  # the records of `Trainer.record_final`, in pipeline order
 
 
 @dataclasses.dataclass(frozen=True)
