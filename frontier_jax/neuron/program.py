@@ -117,7 +117,7 @@ def trace_steps(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: 
     tok = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
     f32 = jax.ShapeDtypeStruct((), jnp.float32)
     programs = {}
-    with ops.kernel_primitives():
+    with ops.kernel_primitives(cfg.model):  # an op whose kernel lacks a model switch traces its reference
         for exact in (False, True):
             step = make_train_step(graphdef, tx, bias_fn, mesh=mesh, state_specs=specs, head_dim=cfg.model.head_dim,
                                    attention_exact=exact).jitted
