@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from helpers import REPO
+from helpers import REPO, exit_code
 from frontier_jax.config import apply_overrides, load_config
 from frontier_jax.interop import pg_record, torch_format
 from frontier_jax.interop.pg_record import RecordFormatError
@@ -167,10 +167,7 @@ def test_an_environment_our_model_cannot_build_is_refused(env, fragment):
 
 
 def _exit_code(argv) -> int:
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return e.code
+    return exit_code(main, argv)
 
 
 @pytest.fixture(scope="module")
