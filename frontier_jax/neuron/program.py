@@ -99,13 +99,19 @@ def on_neuron(cfg: Config) -> tuple[dtype_policy.Dtypes, optim.Optimizer]:
     return dtypes, optim.build_optimizer(cfg.optim, dtypes.muon_ns)
 
 
-def trace_steps(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: optim.Optimizer) -> Traced:
+def trace_steps(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: optim.Optimizer, *, model_fn=build,
+                eval_model_fn=None, only: tuple[str, ...] | None = None) -> Traced:
     """The trainer's steps for `cfg` on `num_devices` NeuronCores (one trn1.2xlarge chip is 2 NeuronCores, 2 JAX
-    devices), in `dtypes` with the optimizer `tx`, traced with the kernel calls in place (module docstring)."""
+    devices), in `dtypes` with the optimizer `tx`, traced with the kernel calls in place (module docstring).
+    `model_fn(cfg, compute_dtype)` builds the model both steps use (the trainer's: `model.build`); `eval_model_fn`,
+    when given, the one the eval step uses instead (what the one-forward check compares,
+    frontier_jax.submission.forward). `only`: trace just these programs (default all four)."""
     t = cfg.train
     global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, num_devices)
     mesh = AbstractMesh((num_devices,), (AXIS,))
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: build(cfg, dtypes.compute)))
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: model_fn(cfg, dtypes.compute)))
+    eval_graphdef = graphdef if eval_model_fn is None else nnx.split(
+        nnx.eval_shape(lambda: eval_model_fn(cfg, dtypes.compute)))[0]
     params = _abstract(params)
     opt_state = jax.eval_shape(tx.init, params)
     specs = state_specs(opt_state, num_devices, cfg.parallel.zero1)
@@ -119,14 +125,18 @@ def trace_steps(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: 
     programs = {}
     with ops.kernel_primitives(cfg.model):  # an op whose kernel lacks a model switch traces its reference
         for exact in (False, True):
+            name = "train (exact-max attention)" if exact else "train"
+            if only is not None and name not in only:
+                continue
             step = make_train_step(graphdef, tx, bias_fn, mesh=mesh, state_specs=specs, head_dim=cfg.model.head_dim,
                                    attention_exact=exact).jitted
-            name = "train (exact-max attention)" if exact else "train"
             programs[name] = jax.make_jaxpr(step)(params, opt_state, tok(accum, global_micro, T),
                                                   tok(accum, global_micro, T), f32, f32, aux)
-        eval_step = make_eval_step(graphdef, tables, bias_fn, mesh=mesh).jitted
-        B = t.val_batch_seqs
-        programs["eval"] = jax.make_jaxpr(eval_step)(params, tok(B, T), tok(B, T), tok(B, T), aux)
-        update = make_optimizer_step(tx, mesh=mesh, state_specs=specs).jitted
-        programs["optimizer"] = jax.make_jaxpr(update)(params, opt_state, params, f32, f32)
+        if only is None or "eval" in only:
+            eval_step = make_eval_step(eval_graphdef, tables, bias_fn, mesh=mesh).jitted
+            B = t.val_batch_seqs
+            programs["eval"] = jax.make_jaxpr(eval_step)(params, tok(B, T), tok(B, T), tok(B, T), aux)
+        if only is None or "optimizer" in only:
+            update = make_optimizer_step(tx, mesh=mesh, state_specs=specs).jitted
+            programs["optimizer"] = jax.make_jaxpr(update)(params, opt_state, params, f32, f32)
     return Traced(programs, num_devices, global_micro, accum)
