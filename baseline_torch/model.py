@@ -195,15 +195,10 @@ def load_state_numpy(model: nn.Module, arrays: dict[str, np.ndarray], where: str
     """Copy numpy arrays into the model (each cast to the parameter's dtype); names and shapes must match.
     Keys starting with "__" are metadata and ignored."""
     own = model.state_dict()
-    given = {k: v for k, v in arrays.items() if not k.startswith("__")}
-    missing, extra = sorted(set(own) - set(given)), sorted(set(given) - set(own))
-    if missing or extra:
-        raise npz.WeightsError(f"{where}: weights do not match the model (missing {missing[:3]}, unexpected {extra[:3]})")
+    npz.check_weights(arrays, {k: tuple(t.shape) for k, t in own.items()}, where)  # as `interop import` checks
     with torch.no_grad():
         for k, t in own.items():
-            a = np.asarray(given[k])
-            if tuple(a.shape) != tuple(t.shape):
-                raise npz.WeightsError(f"{where}: {k} has shape {tuple(a.shape)}, the model expects {tuple(t.shape)}")
+            a = np.asarray(arrays[k])
             t.copy_(torch.from_numpy(np.ascontiguousarray(a.astype(np.float32))).to(t.dtype))
 
 

@@ -25,6 +25,7 @@ from baseline_torch import quantize, xla
 from baseline_torch.model import GPT, count_params, load_npz, refuse_recipe, save_npz
 from baseline_torch.optim import Optimizers
 from frontier_jax.policies import dtypes as dtype_policy
+from frontier_jax.policies import sizing
 from frontier_jax.policies.geometry import split_batch, step_batch
 from frontier_jax.policies.scoring import val_window_tokens
 from frontier_jax.run import driver, progress, rundir, startup
@@ -33,7 +34,7 @@ from frontier_jax.config import Config, ConfigError, config_hash, to_dict
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
 from frontier_jax.data.tokenizer import count_bytes
-from frontier_jax.errors import exit_on_error
+from frontier_jax.errors import ArgumentParser, exit_on_error, int_in
 from frontier_jax.run.host import describe as describe_allocator
 from frontier_jax.run.host import tune_allocator
 from frontier_jax.run.resolve import resolve_run
@@ -223,15 +224,18 @@ def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bo
     out_dir = Path(out_dir).absolute()
     log = RunLog(None, echo)
 
-    def setup() -> tuple[Trainer, Dataset]:
+    def setup(check) -> tuple[Trainer, Dataset]:
+        sizing.check_host_memory(cfg)  # before anything is allocated (as the JAX trainer)
         dev = resolve_device(device)
         if compile_model and dev.type == "xla":
             raise RunError("--compile with --device xla: torch.compile is not supported by torch-neuronx 2.9 "
                            "(aws-neuron-sdk archive/appnotes/torch-neuronx/introducing-pytorch-2-9.rst); the XLA "
                            "device compiles each marked step as one graph already")
         data = load_for_config(cfg)
+        check()  # a signal by now stops the start (startup.Start.check), before the model is built
         trainer = Trainer(cfg, dev, TrainLoader(data.train_files, cfg.train.seq_len), data.val_tokens, data.tables,
                           compile_model)
+        check()
         if init_weights:
             load_npz(trainer.model, init_weights)
         return trainer, data
@@ -275,7 +279,7 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m baseline_torch.train", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m baseline_torch.train", description=__doc__.splitlines()[0])
     p.add_argument("--config", help="a configs/*.py file (default configs/tiny.py with the demo corpus)")
     p.add_argument("--data", help="directory of *_train_*.bin / *_val_*.bin shards")
     p.add_argument("--tokenizer", help="SentencePiece .model matching the shards, or 'bytes'")
@@ -287,7 +291,7 @@ def parse_args(argv):
                                                      "under torch-neuronx; auto picks it on a Neuron host)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (as the baseline does on GPU)")
     p.add_argument("--init-weights", metavar="NPZ", help="start from these weights (interop .npz, state_dict names)")
-    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice; 1 is faster on "
+    p.add_argument("--threads", type=int_in(1), help="torch intra-op threads (default: torch's choice; 1 is faster on "
                                                 "a CPU shared with other busy processes)")
     return p.parse_args(argv)
 

@@ -45,6 +45,20 @@ RULE_PROFILES = ("trainium-frontier", "parameter-golf")
 # load_config imports a config file as a module of this name prefix (registered in sys.modules, so the run's
 # code record, frontier_jax.contest.codebytes, counts and scans it with the project's code)
 CONFIG_MODULE_PREFIX = "_frontier_config_"
+MAX_VOCAB = 1 << 16  # model.vocab_size: shards hold uint16 token ids (frontier_jax.data.shards)
+
+
+def _check_ranges(section: str, obj, **intervals: str) -> None:
+    """ConfigError naming `section.field` for the first field outside its interval, written "[lo, hi)" ("(" and
+    ")" open, "inf" unbounded; a NaN is in none): every numeric setting is range-checked when its section is
+    built (a config file, `--set`, a run's config.json)."""
+    for name, spec in intervals.items():
+        value = getattr(obj, name)
+        lo, hi = (float(x) for x in spec[1:-1].split(","))
+        ok = (isinstance(value, int | float) and not isinstance(value, bool)
+              and (value >= lo if spec[0] == "[" else value > lo) and (value <= hi if spec[-1] == "]" else value < hi))
+        if not ok:
+            raise ConfigError(f"{section}.{name} must be in {spec}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +94,11 @@ class ModelConfig:
     init: str = "baseline"  # "baseline" (PyTorch-default linears) | "record" (orthogonal, the record's init)
 
     def __post_init__(self):
+        _check_ranges("model", self, vocab_size=f"[1, {MAX_VOCAB}]", num_layers="[1, inf)", model_dim="[1, inf)",
+                      num_heads="[1, inf)", num_kv_heads="[1, inf)", mlp_mult="(0, inf)", rope_base="(0, inf)",
+                      logit_softcap="(0, inf)", qk_gain_init="(-inf, inf)", tied_embed_init_std="[0, inf)",
+                      mlp_negative_slope="(-inf, inf)", rope_dims="[0, inf)", rope_rescale_from="[0, inf)",
+                      xsa_last_n="[0, inf)", bigram_buckets="[0, inf)", bigram_dim="[1, inf)", ve_dim="[1, inf)")
         if self.model_dim % self.num_heads:
             raise ConfigError(f"model.model_dim={self.model_dim} is not divisible by model.num_heads={self.num_heads}")
         if self.num_heads % self.num_kv_heads:
@@ -88,33 +107,28 @@ class ModelConfig:
             raise ConfigError("model head dim must be even for the half-split RoPE")
         if self.compute_dtype not in ("auto", "bfloat16", "float32"):
             raise ConfigError(f"model.compute_dtype must be auto|bfloat16|float32, got {self.compute_dtype!r}")
-        for name in ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"model.{name} must be positive")
         object.__setattr__(self, "mlp_mult", float(self.mlp_mult))  # an int from a config file is the same float
         object.__setattr__(self, "ve_layers", tuple(self.ve_layers))
         self._check_recipe()
 
     def _check_recipe(self):
+        """The recipe's settings against each other and the shape (their ranges are in __post_init__)."""
         if self.embed_dtype not in ("compute", "bfloat16", "float32"):
             raise ConfigError(f"model.embed_dtype must be compute|bfloat16|float32, got {self.embed_dtype!r}")
         if self.init not in MODEL_INITS:
             raise ConfigError(f"model.init must be {'|'.join(MODEL_INITS)}, got {self.init!r}")
         if self.mlp_hidden <= 0:
             raise ConfigError(f"model.mlp_mult={self.mlp_mult} gives no MLP hidden unit at model_dim={self.model_dim}")
+        _check_ranges("model", self, xsa_last_n=f"[0, {self.num_layers}]")
         K, R = self.head_dim, self.rope_dims
-        if R < 0 or R % 2 or R > K:
+        if R % 2 or R > K:
             raise ConfigError(f"model.rope_dims={R} must be even and in [0, head dim {K}] (0: the whole head)")
-        if self.rope_rescale_from < 0:
-            raise ConfigError(f"model.rope_rescale_from must be >= 0 (0: never), got {self.rope_rescale_from}")
         if self.rope_rescale_from and self.rotary_dims <= 2:
             raise ConfigError(f"model.rope_rescale_from needs more than 2 rotated dims (the exponent is R / (R - 2)), "
                               f"got {self.rotary_dims}")
-        if not 0 <= self.xsa_last_n <= self.num_layers:
-            raise ConfigError(f"model.xsa_last_n must be in [0, num_layers={self.num_layers}], got {self.xsa_last_n}")
-        if self.bigram_buckets < 0 or self.bigram_buckets == 1 or self.bigram_dim <= 0:
-            raise ConfigError("model.bigram_buckets must be 0 (off) or >= 2 (one bucket is reserved for position 0) "
-                              f"and model.bigram_dim positive, got {self.bigram_buckets} and {self.bigram_dim}")
+        if self.bigram_buckets == 1:
+            raise ConfigError("model.bigram_buckets must be 0 (off) or >= 2 (one bucket is reserved for position 0), "
+                              "got 1")
         if self.bigram_buckets and self.vocab_size * max(BIGRAM_HASH) >= 2 ** 31:
             raise ConfigError(f"model.vocab_size={self.vocab_size}: BigramHash's int32 products "
                               f"{BIGRAM_HASH} x token id overflow from id {2 ** 31 // max(BIGRAM_HASH)}")
@@ -122,8 +136,6 @@ class ModelConfig:
         if bad or len(set(self.ve_layers)) != len(self.ve_layers):
             raise ConfigError(f"model.ve_layers={self.ve_layers}: distinct layer indices in [0, {self.num_layers}) "
                               "expected")
-        if self.ve_dim <= 0:
-            raise ConfigError(f"model.ve_dim must be positive, got {self.ve_dim}")
 
     @property
     def head_dim(self) -> int:
@@ -194,6 +206,10 @@ class OptimConfig:
     fused: bool = False  # fused Adam/Muon updates, one primitive (NKI kernel) per parameter
 
     def __post_init__(self):
+        _check_ranges("optim", self, matrix_lr="[0, inf)", scalar_lr="[0, inf)", embed_lr="[0, inf)",
+                      ngram_lr="[0, inf)", beta1="[0, 1)", beta2="[0, 1)", adam_eps="(0, inf)",
+                      muon_momentum="[0, 1)", muon_momentum_warmup_start="[0, 1)",
+                      muon_momentum_warmup_steps="[0, inf)", muon_ns_steps="[1, inf)", warmdown_steps="[0, inf)")
         if self.muon_ns_dtype not in ("auto", "bfloat16", "float32"):
             raise ConfigError(f"optim.muon_ns_dtype must be auto|bfloat16|float32, got {self.muon_ns_dtype!r}")
         if self.warmdown_mode not in ("time", "steps"):
@@ -213,6 +229,9 @@ class DataConfig:
     max_val_duplicate_share: float = 0.001
 
     def __post_init__(self):
+        for name in ("train_pattern", "val_pattern"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(f"data.{name} must be a non-empty glob pattern, got {getattr(self, name)!r}")
         if not 0.0 <= self.max_val_duplicate_share <= 1.0:
             raise ConfigError(f"data.max_val_duplicate_share must be in [0, 1], got {self.max_val_duplicate_share}")
 
@@ -245,8 +264,9 @@ class TrainConfig:
     def __post_init__(self):
         if self.allocator not in ("auto", "reuse", "system"):
             raise ConfigError(f"train.allocator must be auto|reuse|system, got {self.allocator!r}")
-        if self.budget_seconds <= 0:
+        if not self.budget_seconds > 0:  # (a NaN too)
             raise ConfigError(f"train.budget_seconds must be > 0, got {self.budget_seconds}")
+        _check_ranges("train", self, log_every_seconds="(0, inf]")
         if self.kernels not in KERNEL_MODES:
             raise ConfigError(f"train.kernels must be {'|'.join(KERNEL_MODES)}, got {self.kernels!r}")
         if self.seq_len <= 0 or self.tokens_per_step <= 0 or self.micro_batch_seqs <= 0:
@@ -308,6 +328,8 @@ class NgramConfig:
                               f"{self.table_bytes // self.num_orders}), over ngram.max_table_bytes={self.max_table_bytes}")
         if self.confidence_buckets <= 0 or self.snapshot_every_tokens <= 0:
             raise ConfigError("ngram.confidence_buckets and ngram.snapshot_every_tokens must be positive")
+        _check_ranges("ngram", self, builder_shards_from_end="[1, inf)", builder_niceness="[0, 19]",
+                      max_table_bytes="[1, inf)")
         if self.builder_processes != 1:
             raise ConfigError(f"ngram.builder_processes={self.builder_processes}: only 1 builder process is implemented")
         host = host_memory_bytes()
@@ -340,6 +362,7 @@ class ParallelConfig:
     def __post_init__(self):
         if self.num_devices < 0:
             raise ConfigError("parallel.num_devices must be >= 0 (0: all devices)")
+        _check_ranges("parallel", self, heartbeat_timeout_seconds="(0, inf)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -363,6 +386,17 @@ class Config:
     ngram: NgramConfig = field(default_factory=NgramConfig)  # the optional n-gram logit bias
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # data parallelism
     rules: RulesConfig = field(default_factory=RulesConfig)  # the contest rule set (frontier_jax.contest)
+
+    def __post_init__(self):
+        """Each section of its type (a config file's `get_config` returning `model=None` failed much later), and
+        a name that can be a run directory's (runs/<name>-<time>): no directory part."""
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            if f.name != "name" and not isinstance(getattr(self, f.name), hints[f.name]):
+                raise ConfigError(f"config section {f.name} is {type(getattr(self, f.name)).__name__}, expected "
+                                  f"{hints[f.name].__name__}")
+        if not isinstance(self.name, str) or not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ConfigError(f"config name {self.name!r} must be a file name (runs/<name>-<time>), with no '/'")
 
 
 # ----------------------------------------------------------------------------- loading / overrides

@@ -16,7 +16,6 @@ the result equals the run's own `roundtrip_val_bpb`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from frontier_jax.config import ConfigError
 from frontier_jax.data.shards import DataError
-from frontier_jax.errors import BadInput
+from frontier_jax.errors import ArgumentParser, BadInput, int_in
 
 
 class EvalError(BadInput):
@@ -59,13 +58,17 @@ def _ngram_bias(run_dir: Path, cfg, log=None):
 
 def _artifact_params(run_dir: Path, artifact):
     """(config, graphdef, params, compute dtype) from an int8 + zlib artifact's dequantized weights."""
+    import jax
+    import numpy as np
+
     from frontier_jax import optim
     from frontier_jax.interop import quantize
     from frontier_jax.interop.state_dict import abstract_state, read_run_config, state_dict_to_params
 
     cfg, dtypes = read_run_config(run_dir)
     graphdef, aparams, _ = abstract_state(cfg, dtypes.compute, optim.build_optimizer(cfg.optim, dtypes.muon_ns))
-    sd = quantize.dequantize_state_dict(quantize.load_artifact(artifact))
+    sizes = [int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(aparams)]
+    sd = quantize.dequantize_state_dict(quantize.load_artifact(artifact, quantize.raw_limit(sum(sizes), len(sizes))))
     return cfg, graphdef, state_dict_to_params(sd, aparams, source=str(artifact)), dtypes.compute
 
 
@@ -115,8 +118,9 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     sums = evaluate_batches(eval_step, params, batches, aux)
     score = bpb(sums["nll_sum_nats"], sums["bytes"])
     if not math.isfinite(score):
-        raise EvalError(f"{run_dir}/checkpoints/{step}: val bpb is {score} (a non-finite loss on the val split: "
-                        "the checkpoint's parameters or the shards are broken)")
+        what = artifact if artifact is not None else f"{run_dir}/checkpoints/{step}"
+        raise EvalError(f"{what}: val bpb is {score} (a non-finite loss on the val split: the "
+                        f"{'artifact' if artifact is not None else 'checkpoint'}'s parameters or the shards are broken)")
     return {
         **sums,
         "bpb": score,
@@ -133,13 +137,13 @@ def main(argv=None) -> int:
     """0 on success; bad input exits 2 with one line through `exit_on_error` (SystemExit)."""
     from frontier_jax.errors import exit_on_error
 
-    ap = argparse.ArgumentParser(prog="python -m frontier_jax.evaluate", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m frontier_jax.evaluate", description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True, help="run directory (config.json + checkpoints/)")
-    ap.add_argument("--step", type=int, help="checkpoint step to score (default: the newest intact one)")
+    ap.add_argument("--step", type=int_in(0), help="checkpoint step to score (default: the newest intact one)")
     ap.add_argument("--data", help="shard directory (default: the run's data.data_dir)")
     ap.add_argument("--tokenizer", help="tokenizer (default: the run's data.tokenizer)")
-    ap.add_argument("--stride", type=int, help="sliding-window stride (default seq_len: non-overlapping windows)")
-    ap.add_argument("--batch-seqs", type=int, help="windows per eval batch (default train.val_batch_seqs)")
+    ap.add_argument("--stride", type=int_in(1), help="sliding-window stride (default seq_len: non-overlapping windows)")
+    ap.add_argument("--batch-seqs", type=int_in(1), help="windows per eval batch (default train.val_batch_seqs)")
     ap.add_argument("--artifact", nargs="?", const="", metavar="PATH",
                     help="score an int8+zlib artifact instead of a checkpoint (default PATH: the run's "
                          "final_model.int8.ptz; the official script's artifact of the same model works too)")

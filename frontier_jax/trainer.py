@@ -29,10 +29,12 @@ from jax.experimental import multihost_utils
 from frontier_jax import checkpoint, ops, optim, parallel
 from frontier_jax.interop import quantize, state_dict
 from frontier_jax.policies import dtypes as dtype_policy
+from frontier_jax.policies import sizing
 from frontier_jax.policies.geometry import split_batch, step_batch
 from frontier_jax.policies.scoring import val_window_tokens
 from frontier_jax.run import driver, host, progress, rundir, startup
 from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
+from frontier_jax.errors import BadInput
 from frontier_jax.contest import codebytes
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
@@ -115,11 +117,12 @@ def run(cfg: Config, out_dir: Path, resume: bool = False, echo: bool = True, sto
             start.resumed_step = meta["step"]
             if meta["step"] >= t.max_steps or meta["train_seconds"] >= t.budget_seconds:
                 return startup.finished_summary(out_dir, meta, t)
-        trainer = JaxTrainer(cfg, out_dir, log, s, restored, skipped)
+            start.check()
+        trainer = JaxTrainer(cfg, out_dir, log, s, restored, skipped, check=start.check)
         return trainer.run(start.signals, stop_after_steps, on_step)
 
     # signals from the start (a signal during start-up or warm-up stops cleanly), then the checks, the claim
-    return startup.start_run(out_dir, resume, log, lambda: _setup(cfg), body,
+    return startup.start_run(out_dir, resume, log, lambda check: _setup(cfg, check), body,
                              claim=lambda s: _claim(out_dir, resume, s.dp))
 
 
@@ -129,7 +132,7 @@ def _claim(out_dir: Path, resume: bool, dp: DataParallel):
     if dp.is_main:
         try:
             lock, created = claim_run_dir(out_dir, resume)
-        except RunError as e:
+        except BadInput as e:  # RunError, or a lock file that is a symlink (data.files.UnsafeFile)
             err = e
     if dp.process_count > 1:
         ok = multihost_utils.process_allgather(np.array([err is None]))
@@ -157,8 +160,12 @@ class Setup:
     data: Dataset
 
 
-def _setup(cfg: Config) -> Setup:
+def _setup(cfg: Config, check=lambda: None) -> Setup:
+    """Every check before the run directory is claimed; `check` (startup.Start.check) between the phases, so a
+    signal stops the set-up there. The model's size against the host's memory comes first, before anything
+    is allocated (policies.sizing.check_host_memory)."""
     t = cfg.train
+    sizing.check_host_memory(cfg)
     dp = make_data_parallel(cfg.parallel.num_devices, cfg.parallel.zero1)
     global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, dp.num_devices,
                                       dp.process_count)
@@ -167,7 +174,9 @@ def _setup(cfg: Config) -> Setup:
     dtypes = dtype_policy.resolve(cfg, jax.default_backend())
     tx = optim.build_optimizer(cfg.optim, dtypes.muon_ns)
     kernel_rows = ops.configure(t.kernels, unused=ops.unused_ops(cfg.optim.fused), model=cfg.model)
+    check()
     program_report = _neuron_program_check(cfg, dp, dtypes, tx)
+    check()
     env = {**parallel.environment(), "host_allocator": host.tune_allocator(t.allocator)}
     return Setup(dp, global_micro, accum, kernel_rows, program_report, env, dtypes, tx,
                  load_for_config(cfg))  # the data: all checks before the run directory is touched
@@ -192,7 +201,7 @@ class JaxTrainer(Trainer):
 
     checkpoints = True
 
-    def __init__(self, cfg: Config, out_dir: Path, log: RunLog, s: Setup, restored, skipped=()):
+    def __init__(self, cfg: Config, out_dir: Path, log: RunLog, s: Setup, restored, skipped=(), check=lambda: None):
         t, dp = cfg.train, s.dp
         self.cfg, self.out_dir, self.log, self.dp, self.tx = cfg, out_dir, log, dp, s.tx
         self.compute_dtype = s.dtypes.compute
@@ -213,9 +222,11 @@ class JaxTrainer(Trainer):
         self.val_tokens = data.val_tokens
         self.ngram = ngram_runtime.for_config(cfg.ngram, data.train_files, out_dir, log, dp.replicated)
         self.loader = TrainLoader(self.ngram.trainer_files, t.seq_len, dp.process_index, dp.process_count)
+        check()  # a signal by now: stop before the model is built (startup.Start.check)
 
         # ---- model, optimizer, compiled steps
         graphdef, self.params, self.opt_state, _ = init_state(cfg, s.tx, s.dtypes.compute, dp)
+        check()
         specs = dp.state_specs(self.opt_state)
         make_train = lambda exact: make_train_step(graphdef, s.tx, self.ngram.bias_fn, mesh=dp.mesh, state_specs=specs,
                                                    head_dim=cfg.model.head_dim, attention_exact=exact)
@@ -226,6 +237,7 @@ class JaxTrainer(Trainer):
         self.flops_per_token = cfg.model.flops_per_token(t.seq_len)
         self.peak_info = parallel.matmul_peak(s.dtypes.compute, dp.num_devices) if t.measure_peak else {}
         self.peak = self.peak_info.get("matmul_peak_flops")
+        check()
         for line in startup.start_lines(cfg, data, len(self.ngram.trainer_files), s.accum, s.global_micro,
                                         count_params(nnx.merge(graphdef, self.params)), self.peak_info, "all devices"):
             log(line)

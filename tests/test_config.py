@@ -42,6 +42,18 @@ def test_override_parses_and_keeps_types():
     ("nosection.x=1", "unknown key"),
     ("model=1", "is a section"),
     ("model.num_layers", "expected key=value"),
+    # the recipe's switches
+    ("model.ve_layers=2", "expected a tuple of int, got int"),
+    ("model.ve_layers=(1.0,)", "model.ve_layers[0]=1.0: expected int, got float"),
+    ("model.ve_layers=(1,1)", "distinct layer indices in [0, 9)"),
+    ("model.ve_layers=(9,)", "distinct layer indices in [0, 9)"),
+    ("model.rope_dims=3", "must be even and in [0, head dim 64]"),
+    ("model.rope_dims=66", "must be even"),
+    ("model.xsa_last_n=10", "model.xsa_last_n must be in [0, 9], got 10"),
+    ("model.bigram_buckets=1", "one bucket is reserved for position 0"),
+    ("model.init=xavier", "model.init must be baseline|record"),
+    ("model.embed_dtype=fp8", "model.embed_dtype must be compute|bfloat16|float32"),
+    ("model.mlp_mult=0.001", "gives no MLP hidden unit"),
 ])
 def test_bad_overrides_are_one_line_config_errors(item, fragment):
     with pytest.raises(ConfigError) as e:
@@ -60,7 +72,8 @@ def test_non_positive_budget_is_rejected(item):
     (dict(model_dim=100, num_heads=8), "not divisible"),
     (dict(num_heads=8, num_kv_heads=3), "not a multiple"),
     (dict(model_dim=24, num_heads=8, num_kv_heads=4), "even"),
-    (dict(num_layers=0), "positive"),
+    (dict(num_layers=0), r"model.num_layers must be in \[1, inf\)"),
+    (dict(num_heads=0), r"model.num_heads must be in \[1, inf\)"),  # was a ZeroDivisionError traceback
 ])
 def test_impossible_model_shapes_are_rejected(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment):
@@ -262,6 +275,49 @@ def test_unknown_keys_in_a_run_config_are_refused_not_dropped(tmp_path):
         load_run_config(path)
 
 
+@pytest.mark.parametrize("item, fragment", [
+    ("optim.beta2=1.5", r"optim.beta2 must be in \[0, 1\), got 1.5"),
+    ("optim.warmdown_steps=-5", r"optim.warmdown_steps must be in \[0, inf\), got -5"),
+    ("optim.adam_eps=0", r"optim.adam_eps must be in \(0, inf\)"),
+    ("optim.matrix_lr=-0.1", "optim.matrix_lr must be in"),
+    ("optim.muon_momentum=1.0", "optim.muon_momentum must be in"),
+    ("optim.muon_ns_steps=0", "optim.muon_ns_steps must be in"),
+    ("model.rope_base=0", "model.rope_base must be in"),
+    ("model.logit_softcap=-30", "model.logit_softcap must be in"),
+    ("model.vocab_size=70000", r"model.vocab_size must be in \[1, 65536\]"),
+    ("model.bigram_dim=0", r"model.bigram_dim must be in \[1, inf\), got 0"),
+    ("model.ve_dim=-1", r"model.ve_dim must be in \[1, inf\), got -1"),
+    ("model.rope_dims=-2", r"model.rope_dims must be in \[0, inf\)"),
+    ("model.rope_rescale_from=-1", "model.rope_rescale_from must be in"),
+    ("model.bigram_buckets=-3", "model.bigram_buckets must be in"),
+    ("model.mlp_mult=-2.0", r"model.mlp_mult must be in \(0, inf\)"),
+    ("train.log_every_seconds=0", "train.log_every_seconds must be in"),
+    ("train.budget_seconds=nan", "expected float"),  # a bare word; a NaN from a config file is refused below
+    ("parallel.heartbeat_timeout_seconds=0", "parallel.heartbeat_timeout_seconds must be in"),
+    ("data.val_pattern=''", "data.val_pattern must be a non-empty glob pattern"),
+])
+def test_every_numeric_setting_is_range_checked_in_one_line(item, fragment):
+    """The probe accepted `optim.beta2=1.5` and `optim.warmdown_steps=-5` (and trained on them)."""
+    with pytest.raises(ConfigError, match=fragment) as e:
+        apply_overrides(Config(), [item])
+    assert "\n" not in str(e.value)
+
+
+def test_a_config_file_with_a_missing_section_or_a_nan_is_refused_naming_the_file(tmp_path):
+    """A config returning `model=None` failed much later with a traceback; a NaN budget from a config file
+    passed `budget_seconds <= 0`."""
+    for body, fragment in (("Config(model=None)", "config section model is NoneType, expected ModelConfig"),
+                           ("Config(train=TrainConfig(budget_seconds=float('nan')))", "budget_seconds must be > 0"),
+                           ("Config(name='../elsewhere')", "must be a file name"),
+                           ("Config(model=ModelConfig(mlp_negative_slope=float('inf')))",
+                            r"model.mlp_negative_slope must be in \(-inf, inf\), got inf")):
+        path = tmp_path / "c.py"
+        path.write_text(f"from frontier_jax.config import *\n\ndef get_config():\n    return {body}\n")
+        with pytest.raises(ConfigError, match=fragment) as e:
+            load_config(path)
+        assert str(e.value).startswith(str(path)) and "\n" not in str(e.value)
+
+
 # ----------------------------------------------------------------------------- the recipe's switches
 
 
@@ -272,25 +328,6 @@ def test_ve_layers_is_a_typed_tuple_of_ints_through_set_and_json():
     assert apply_overrides(cfg, ["model.ve_layers=()"]).model.ve_layers == ()
     assert from_dict(to_dict(cfg)) == cfg  # JSON turns the tuple into a list; the field is a tuple again
     assert isinstance(from_dict(to_dict(cfg)).model.ve_layers, tuple)
-
-
-@pytest.mark.parametrize("item, fragment", [
-    ("model.ve_layers=2", "expected a tuple of int, got int"),
-    ("model.ve_layers=(1.0,)", "model.ve_layers[0]=1.0: expected int, got float"),
-    ("model.ve_layers=(1,1)", "distinct layer indices in [0, 9)"),
-    ("model.ve_layers=(9,)", "distinct layer indices in [0, 9)"),
-    ("model.rope_dims=3", "must be even and in [0, head dim 64]"),
-    ("model.rope_dims=66", "must be even"),
-    ("model.xsa_last_n=10", "model.xsa_last_n must be in [0, num_layers=9]"),
-    ("model.bigram_buckets=1", "one bucket is reserved for position 0"),
-    ("model.init=xavier", "model.init must be baseline|record"),
-    ("model.embed_dtype=fp8", "model.embed_dtype must be compute|bfloat16|float32"),
-    ("model.mlp_mult=0.001", "gives no MLP hidden unit"),
-])
-def test_impossible_recipe_settings_are_one_line_config_errors(item, fragment):
-    with pytest.raises(ConfigError) as e:
-        apply_overrides(Config(), [item])
-    assert fragment in str(e.value) and "\n" not in str(e.value)
 
 
 def test_rescaling_rope_needs_more_than_two_rotated_dims_and_bigram_ids_must_not_overflow_int32():

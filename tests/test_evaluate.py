@@ -35,7 +35,7 @@ def test_artifact_scoring_from_the_command_line(trained_run, capsys):
     assert e.value.code == 2 and "choose one" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["--run", str(run_dir), "--artifact", str(run_dir / "config.json")])
-    assert e.value.code == 2 and "not a zlib stream" in capsys.readouterr().err
+    assert e.value.code == 2 and "not a zlib or lzma stream" in capsys.readouterr().err
 
 
 @pytest.mark.slow

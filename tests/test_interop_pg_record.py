@@ -239,3 +239,27 @@ def test_exporting_a_run_the_record_cannot_express_is_one_line_exit_2_and_writes
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "model.smear_gate=False: the record's script cannot express it" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_failed_pg_record_import_removes_what_it_wrote_and_a_fifo_state_is_refused(record_dir, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """Both imports write their run directory through one writer, which removes what it wrote on a failure (so the
+    retry with the same --out works); the record's files are read only when they are regular files."""
+    import os
+
+    from frontier_jax import checkpoint
+
+    def full_disk(*a, **k):
+        raise checkpoint.CheckpointError(f"{tmp_path}/run/checkpoints/0: checkpoint not written (disk full (ENOSPC))")
+
+    monkeypatch.setattr(checkpoint, "save", full_disk)
+    assert _exit_code(["import", "--format", "pg-record", str(record_dir), "--out", str(tmp_path / "run")]) == 2
+    assert "disk full" in capsys.readouterr().err and not (tmp_path / "run").exists()
+    src = tmp_path / "src"
+    src.mkdir()
+    os.mkfifo(src / "final_model.pt")
+    (src / "record.env").write_bytes((record_dir / "record.env").read_bytes())
+    assert _exit_code(["import", "--format", "pg-record", str(src), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the record's state dict is a FIFO, not a regular file" in err
+    assert not (tmp_path / "run").exists()

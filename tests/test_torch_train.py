@@ -69,6 +69,32 @@ def test_bad_initial_weights_are_refused_in_one_line_before_anything_is_written(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("spoil, message", [
+    (lambda sd: sd.update({"tok_emb.weight": sd["tok_emb.weight"].astype("int8")}), "has dtype int8; parameters must be"),
+    (lambda sd: sd["blocks.0.attn.c_q.weight"].__setitem__((0, 0), float("nan")), "holds non-finite values"),
+])
+def test_init_weights_are_checked_as_interop_import_checks_them(byte_data, tmp_path, capsys, spoil, message):
+    """`--init-weights` skipped `interop import`'s dtype and NaN checks: an int8 npz trained from a zero embedding
+    (exit 0), a NaN npz exited 3 blaming divergence. Both trainers share one validator (interop.npz.check_weights)."""
+    import torch
+
+    from baseline_torch.model import GPT, state_dict_numpy
+    from baseline_torch.train import main
+    from frontier_jax.interop import npz
+    from helpers import tiny_config
+
+    sd = state_dict_numpy(GPT(tiny_config(byte_data).model, torch.float32))
+    spoil(sd)
+    npz.save_npz(tmp_path / "w.npz", sd)
+    out = tmp_path / "run"
+    sets = [s for o in TINY_OVERRIDES for s in ("--set", o)]
+    rc = main(["--config", "configs/tiny.py", "--data", str(byte_data), "--tokenizer", "bytes", "--out", str(out),
+               "--threads", "1", "--device", "cpu", "--init-weights", str(tmp_path / "w.npz"), *sets])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and f"{tmp_path / 'w.npz'}: key " in err and message in err, err
+    assert not out.exists()
+
+
 def test_ngram_enabled_is_refused_not_ignored(byte_data, tmp_path, capsys):
     """Round 3: the PyTorch baseline ignored ngram.enabled silently (another model than the config names)."""
     from baseline_torch.train import main

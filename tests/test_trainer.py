@@ -146,3 +146,22 @@ def test_attention_forward_is_chosen_on_the_host_and_each_variant_built_once():
     same = _AttentionVariants(make("train"), make("eval"), False, 1024, logged.append)
     same.observe(ops.SHIFT_LIMIT * 2)
     assert same.train() == ("train", False) and same.switches == 0
+
+
+def test_a_signal_in_the_set_up_stops_before_the_model_is_built(byte_data, tmp_path, monkeypatch):
+    """`--set model.num_layers=1000000` ignored SIGTERM for 13 minutes: the set-up checks the stop flag between its
+    phases, so a signal before the model is built stops there (exit 130's summary; no run directory)."""
+    import os
+    import signal
+
+    real = trainer.ngram_runtime.for_config
+
+    def signalled(*args, **kw):  # the signal arrives during the phase before the model is built
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(trainer.ngram_runtime, "for_config", signalled)
+    monkeypatch.setattr(trainer, "init_state", lambda *a, **k: pytest.fail("the model was built after the signal"))
+    out = tmp_path / "run"
+    summary = trainer.run(tiny_config(byte_data), out, echo=False)
+    assert summary["stop_reason"] == "signal SIGTERM before training" and not out.exists()

@@ -38,11 +38,11 @@ from frontier_jax.compare.collect import collect, strict_json
 from frontier_jax.compare.report import render_markdown, render_plot
 from frontier_jax.compare.stats import (THROUGHPUT_TOLERANCE, confounders, describe, score_key, throughput_flags,
                                         verdict)
-from frontier_jax.config import ConfigError, apply_overrides, load_config
+from frontier_jax.config import MAX_SEED, ConfigError, apply_overrides, load_config
 from frontier_jax.data.prepare import read_manifest
 from frontier_jax.data.shards import list_shards
 from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
-from frontier_jax.errors import EXIT_INTERRUPTED, EXIT_OK, BadInput, exit_on_error
+from frontier_jax.errors import ArgumentParser, BadInput, EXIT_INTERRUPTED, EXIT_OK, exit_on_error, float_in, int_in
 from frontier_jax.data.shards import atomic_write_text
 
 KINDS = {"jax": "frontier_jax.train", "torch": "baseline_torch.train"}
@@ -253,17 +253,17 @@ def write_outputs(out: Path, meta: dict, arms: list[Arm], runs: list[dict]) -> d
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m frontier_jax.compare", description=__doc__.splitlines()[0],
+    p = ArgumentParser(prog="python -m frontier_jax.compare", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 2)[2])
     p.add_argument("--arm", action="append", default=[], required=True, metavar="SPEC")
     p.add_argument("--data", help="shard directory shared by all jax/torch arms")
     p.add_argument("--tokenizer", help="tokenizer (.model or 'bytes') shared by all jax/torch arms")
-    p.add_argument("--budget", type=float, required=True, help="training budget in seconds for every run")
-    p.add_argument("--seeds", type=int, default=2, help="runs per arm (default 2)")
-    p.add_argument("--seed-base", type=int, default=1337, help="seeds are seed_base, seed_base + 1, ...")
+    p.add_argument("--budget", type=float_in(0, lo_open=True), required=True, help="training budget in seconds for every run")
+    p.add_argument("--seeds", type=int_in(1), default=2, help="runs per arm (default 2)")
+    p.add_argument("--seed-base", type=int_in(0, MAX_SEED), default=1337, help="seeds are seed_base, seed_base + 1, ...")
     p.add_argument("--out", required=True, help="output directory (results.json, results.md, val_bpb.png, runs/)")
-    p.add_argument("--timeout", type=float, help="seconds before a run is killed (default 3 x budget + 600)")
+    p.add_argument("--timeout", type=float_in(0, lo_open=True), help="seconds before a run is killed (default 3 x budget + 600)")
     return p.parse_args(argv)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from frontier_jax.config import Config, ConfigError, ModelConfig, OptimConfig, TrainConfig
+from frontier_jax.data.files import read_regular
 
 BANKS = ("qo_bank", "kv_bank", "mlp_up_bank", "mlp_down_bank")
 BF16_KEYS = ("tok_emb.weight", "bigram.embed.weight", "ve_shared.embed.weight")  # the record's bf16 parameters
@@ -216,7 +217,7 @@ def read_env(path) -> dict[str, str]:
     file and line for anything else or for a variable the record's script does not read."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular(path, "the record's environment", max_bytes=1 << 20).decode("utf-8")
     except FileNotFoundError:
         raise RecordFormatError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:

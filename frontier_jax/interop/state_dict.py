@@ -30,18 +30,18 @@ optimizer state and the data stream at its beginning.
 
 from __future__ import annotations
 
-import argparse
-import os
+import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from frontier_jax.config import Config, apply_overrides, load_config, model_hash, to_dict
+from frontier_jax.config import Config, apply_overrides, host_memory_bytes, load_config, model_hash, to_dict
 from frontier_jax.data.shards import DataError
-from frontier_jax.errors import exit_on_error
+from frontier_jax.data.files import atomic_write, read_regular
+from frontier_jax.errors import ArgumentParser, exit_on_error
 from frontier_jax.interop import pg_record, torch_format
-from frontier_jax.interop.npz import WeightsError, load_npz, save_npz
+from frontier_jax.interop.npz import WeightsError, check_weights, load_npz, save_npz
 from frontier_jax.policies.dtypes import Dtypes
 from frontier_jax.policies.dtypes import resolve as resolve_dtypes
 from frontier_jax.run import rundir
@@ -102,28 +102,11 @@ def state_dict_to_params(sd: dict[str, np.ndarray], abstract_params, source: str
     from frontier_jax.optim import path_names
 
     flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_params)
-    wanted = {}
-    for path, leaf in flat:
-        key, transposed = torch_name(path_names(path))
-        wanted[key] = (leaf, transposed)
-    given = {k for k in sd if not k.startswith(META_PREFIX)}
-    missing = [k for k in wanted if k not in given]
-    if missing:
-        raise InteropError(f"{source}: missing key {missing[0]!r} ({len(missing)} missing of {len(wanted)})")
-    extra = sorted(given - set(wanted))
-    if extra:
-        raise InteropError(f"{source}: unexpected key {extra[0]!r} ({len(extra)} not in the model)")
+    check_weights(sd, expected_shapes(abstract_params), source)  # the validator both trainers share
     leaves = []
     for path, leaf in flat:
         key, transposed = torch_name(path_names(path))
         arr = np.asarray(sd[key])
-        expect = tuple(leaf.shape[::-1]) if transposed else tuple(leaf.shape)
-        if arr.shape != expect:
-            raise InteropError(f"{source}: key {key!r} has shape {list(arr.shape)}, the model expects {list(expect)}")
-        if not jnp.issubdtype(arr.dtype, jnp.floating):
-            raise InteropError(f"{source}: key {key!r} has dtype {arr.dtype}; parameters must be floating point")
-        if not np.isfinite(arr.astype(np.float32)).all():
-            raise InteropError(f"{source}: key {key!r} holds non-finite values (NaN or inf)")
         if transposed:
             arr = arr.T
         leaves.append(jnp.asarray(arr.astype(np.float32), dtype=leaf.dtype))
@@ -196,17 +179,28 @@ def _import_target(cfg: Config, out_dir: Path):
 
 
 def _write_imported_run(out_dir: Path, cfg: Config, dtypes, tx, params, source, meta) -> None:
-    """The run directory of imported parameters: config.json, env.json and checkpoint 0 (fresh optimizer state)."""
+    """The run directory of imported parameters: config.json, env.json and checkpoint 0 (fresh optimizer state).
+    On any failure (e.g. a full disk) what it wrote is removed, so a retry with the same --out works."""
     from frontier_jax import checkpoint, parallel
 
+    created = not out_dir.exists()
     rundir.prepare_run_dir(out_dir, resume=False)
-    rundir.write_json(out_dir / rundir.CONFIG, to_dict(cfg))
-    rundir.write_json(out_dir / rundir.ENV, {**parallel.environment(), "compute_dtype": dtypes.compute,
-                                             "muon_ns_dtype": dtypes.muon_ns, "imported_from": str(source),
-                                             "imported_meta": meta})
-    ckpt_meta = {"step": 0, "train_seconds": 0.0, "tokens": 0, "data": {"shard": 0, "offset": 0, "position_tokens": 0},
-                 "model_hash": model_hash(cfg), "model": to_dict(cfg)["model"], "reason": f"imported {source}"}
-    checkpoint.save(out_dir, 0, {"params": params, "opt_state": tx.init(params)}, ckpt_meta)
+    try:
+        rundir.write_json(out_dir / rundir.CONFIG, to_dict(cfg))
+        rundir.write_json(out_dir / rundir.ENV, {**parallel.environment(), "compute_dtype": dtypes.compute,
+                                                 "muon_ns_dtype": dtypes.muon_ns, "imported_from": str(source),
+                                                 "imported_meta": meta})
+        ckpt_meta = {"step": 0, "train_seconds": 0.0, "tokens": 0,
+                     "data": {"shard": 0, "offset": 0, "position_tokens": 0},
+                     "model_hash": model_hash(cfg), "model": to_dict(cfg)["model"], "reason": f"imported {source}"}
+        checkpoint.save(out_dir, 0, {"params": params, "opt_state": tx.init(params)}, ckpt_meta)
+    except BaseException:
+        if created:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        else:
+            for name in (rundir.CONFIG, rundir.ENV):
+                (out_dir / name).unlink(missing_ok=True)
+        raise
 
 
 def import_run(npz, cfg: Config, out_dir) -> dict:
@@ -220,21 +214,6 @@ def import_run(npz, cfg: Config, out_dir) -> dict:
 
 
 # ----------------------------------------------------------------------------- the record's format (pg-record)
-
-
-def _write_files(out_dir: Path, files: dict[str, bytes]) -> None:
-    """Each file written under a temporary name first, then all renamed: none is left half-written."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmps = {}
-    try:
-        for name, data in files.items():
-            tmps[name] = out_dir / f".{name}.tmp.{os.getpid()}"
-            tmps[name].write_bytes(data)
-        for name, tmp in tmps.items():
-            tmp.replace(out_dir / name)
-    finally:
-        for tmp in tmps.values():
-            tmp.unlink(missing_ok=True)
 
 
 def record_state_dict(params, cfg: Config, source: str = "<params>") -> dict[str, np.ndarray]:
@@ -251,7 +230,8 @@ def export_pg_record(run_dir, out_dir) -> dict:
     cfg, _, params, step, _ = restore_params(run_dir)
     env = pg_record.record_env(cfg)  # refused before any file is written when the script cannot express it
     sd = record_state_dict(params, cfg, source=f"{run_dir} checkpoint {step}")
-    _write_files(out_dir, {PG_RECORD_STATE: torch_format.dumps(sd), PG_RECORD_ENV: pg_record.format_env(env).encode()})
+    for name, data in ((PG_RECORD_STATE, torch_format.dumps(sd)), (PG_RECORD_ENV, pg_record.format_env(env).encode())):
+        atomic_write(out_dir / name, [data])  # each whole under a temporary name, then renamed into place
     return {"keys": len(sd), "params": int(sum(v.size for v in sd.values())), "step": step, "out": str(out_dir)}
 
 
@@ -260,7 +240,8 @@ def read_record_state(path, m) -> dict[str, np.ndarray]:
     record's keys, shapes and dtypes for model `m`; InteropError naming the file and the first mismatch."""
     path = Path(path)
     try:
-        sd = torch_format.loads(path.read_bytes())
+        limit = host_memory_bytes()
+        sd = torch_format.loads(read_regular(path, "the record's state dict", None if limit is None else limit // 2))
     except FileNotFoundError:
         raise InteropError(f"{path}: no such file") from None
     except (OSError, torch_format.TorchFormatError) as e:
@@ -296,7 +277,7 @@ def import_pg_record(src_dir, out_dir, sets=()) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m frontier_jax.interop", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m frontier_jax.interop", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export", help="a run's latest checkpoint -> npz in PyTorch state_dict layout, or the "
                                        "record's final_model.pt + record.env (--format pg-record)")

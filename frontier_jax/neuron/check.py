@@ -14,7 +14,6 @@ On Neuron the trainer runs the check at start-up (`frontier_jax.trainer._setup`)
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 from typing import Callable
@@ -23,6 +22,7 @@ import jax
 import numpy as np
 
 from frontier_jax import ops
+from frontier_jax.errors import ArgumentParser, int_in
 from frontier_jax.neuron.program import Site
 
 KNOWN_ISSUES = "aws-neuron-sdk frameworks/jax/setup/jax-neuronx-known-issues.rst"
@@ -230,9 +230,9 @@ def main(argv=None) -> int:
     from frontier_jax.errors import exit_on_error
     from frontier_jax.neuron.program import on_neuron
 
-    p = argparse.ArgumentParser(prog="python -m frontier_jax.neuron_check", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m frontier_jax.neuron_check", description=__doc__.splitlines()[0])
     p.add_argument("--config", action="append", default=[], metavar="PATH", help="configs/*.py (repeatable)")
-    p.add_argument("--devices", type=int, default=2, help="NeuronCores in the mesh (a trn1.2xlarge chip: 2)")
+    p.add_argument("--devices", type=int_in(1), default=2, help="NeuronCores in the mesh (a trn1.2xlarge chip: 2)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     p.add_argument("--markdown", action="store_true", help="print the rule table (with sources) as markdown and exit")
     a = p.parse_args(argv)

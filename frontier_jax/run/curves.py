@@ -9,8 +9,10 @@ titled with the run's name.
 
 from __future__ import annotations
 
-import os
+import io
 from pathlib import Path
+
+from frontier_jax.data.files import atomic_write
 
 
 def curve_series(rows: list[dict]) -> dict[str, dict]:
@@ -69,7 +71,7 @@ def plot_run(rows: list[dict], path: Path, title: str = "") -> None:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=90)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
-    os.replace(tmp, path)
+    atomic_write(path, [buf.getvalue()])  # renamed into place: never written through a symlink
