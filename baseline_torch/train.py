@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from baseline_torch import quantize, xla
-from baseline_torch.model import GPT, count_params, load_npz, save_npz
+from baseline_torch.model import GPT, count_params, load_npz, refuse_recipe, save_npz
 from baseline_torch.optim import Optimizers
 from frontier_jax.policies import dtypes as dtype_policy
 from frontier_jax.policies import sizing
@@ -224,6 +224,7 @@ def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bo
     if cfg.ngram.enabled:  # never silently a different model than the config names
         raise ConfigError("ngram.enabled=True: the PyTorch baseline has no n-gram bias (use the JAX trainer, or "
                           "--set ngram.enabled=False)")
+    refuse_recipe(cfg.model)  # before anything is written
     if cfg.eval.artifact != "int8_zlib":  # nor another artifact than the one it writes
         raise ConfigError(f"eval.artifact={cfg.eval.artifact!r}: the PyTorch baseline writes the baseline's int8+zlib "
                           "artifact only (use the JAX trainer, or --set eval.artifact=int8_zlib)")

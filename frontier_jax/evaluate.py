@@ -112,7 +112,7 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     data = load_dataset(data_dir, tok_spec, cfg.model.vocab_size, max(cfg.val_seq_len, T), cfg.data.train_pattern,
                         cfg.data.val_pattern, f"model.vocab_size of {run_dir}")
     tok, tokens = data.tokenizer, data.val_tokens
-    ops.configure(cfg.train.kernels)
+    ops.configure(cfg.train.kernels, model=cfg.model)
     fmt = None
     if artifact is not None:
         cfg, graphdef, params, dtype, fmt = _artifact_params(run_dir, Path(artifact))

@@ -179,7 +179,7 @@ def _setup(cfg: Config, check=lambda: None) -> Setup:
         raise ConfigError(f"eval.batch_seqs={cfg.eval.batch_seqs} is not a multiple of the {dp.num_devices} devices")
     dtypes = dtype_policy.resolve(cfg, jax.default_backend())
     tx = optim.build_optimizer(cfg.optim, dtypes.muon_ns)
-    kernel_rows = ops.configure(t.kernels, unused=ops.unused_ops(cfg.optim.fused))
+    kernel_rows = ops.configure(t.kernels, unused=ops.unused_ops(cfg.optim.fused), model=cfg.model)
     check()
     program_report = _neuron_program_check(cfg, dp, dtypes, tx)
     check()
@@ -199,7 +199,7 @@ def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dt
     findings = neuron_check.check_config(cfg, dp.num_devices, dtypes, tx)
     if findings and cfg.train.kernels == "strict":
         raise ops.KernelUnavailableError(neuron_check.strict_error(findings))
-    return neuron_check.format_report(cfg.name, dp.num_devices, findings)
+    return neuron_check.format_report(cfg.name, dp.num_devices, findings, ops.switch_fallbacks(cfg.model))
 
 
 class JaxTrainer(Trainer):

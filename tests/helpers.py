@@ -40,6 +40,15 @@ TINY_OVERRIDES = [
     "train.measure_peak=False",  # no start-up matmul probe (seconds per run); tests of MFU turn it back on
 ]
 
+def exit_code(main, argv) -> int:
+    """An entry point's exit status: what `main(argv)` returns, or the code of the SystemExit it raises (bad input
+    exits 2 through `exit_on_error`)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
 # Kernel-vs-reference tolerances, max mode: |a - b| <= tol + tol * max|b| (docs/testing.md).
 KERNEL_TOL = {"float32": 1e-5, "bfloat16": 2e-2}
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from helpers import REPO, TINY_OVERRIDES
+from helpers import REPO, TINY_OVERRIDES, exit_code
 from frontier_jax.config import ModelConfig
 from frontier_jax.interop.state_dict import (InteropError, load_npz, main, params_to_state_dict, restore_params, save_npz,
                                   state_dict_to_params)
@@ -97,10 +97,7 @@ def test_cli_export_then_import_restores_the_same_weights(trained_run, tmp_path,
 
 
 def _exit_code(argv) -> int:
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return e.code
+    return exit_code(main, argv)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from helpers import REPO, TINY_OVERRIDES, tiny_config
-from frontier_jax.config import ConfigError
+from frontier_jax.config import ConfigError, load_config
 from frontier_jax.model import build, count_params
 from frontier_jax.policies import sizing
 
@@ -20,6 +20,14 @@ from frontier_jax.policies import sizing
 def test_the_parameter_count_is_the_built_models(tmp_path, extra):
     cfg = tiny_config(tmp_path, *extra)
     assert sizing.num_params(cfg) == count_params(nnx.eval_shape(lambda: build(cfg, "float32")))
+
+
+@pytest.mark.parametrize("name, count", [("record11.py", 26_928_220), ("record11_tiny.py", 969_108)])
+def test_the_recipes_parameter_count_is_the_built_models_and_the_records(name, count):
+    """BigramHash, SmearGate, the value embeddings and their per-layer scales, the MLP's float multiple: record11's
+    count is the record's log's `model_params:26928220`."""
+    cfg = load_config(REPO / "configs" / name)
+    assert sizing.num_params(cfg) == count_params(nnx.eval_shape(lambda: build(cfg, "float32"))) == count
 
 
 def test_a_model_over_the_hosts_memory_is_refused_in_one_line(tmp_path):

@@ -144,3 +144,24 @@ def test_the_eval_section_the_torch_baseline_runs_and_the_artifact_it_refuses(by
         torch.set_num_threads(threads)
     assert sliding["tokens"] == rt["tokens"] == data.val_tokens.size - 1 and sliding["bytes"] == rt["bytes"]
     assert np.isfinite(sliding["nll_sum_nats"]) and sliding["nll_sum_nats"] != rt["nll_sum_nats"]
+
+
+def test_a_config_with_recipe_switches_is_refused_in_one_line(byte_data, tmp_path, capsys):
+    """The PyTorch port is the baseline's: configs/record11_tiny.py (the recipe's switches) is refused, naming them,
+    before anything is written; the model class refuses them too."""
+    from baseline_torch.model import GPT
+    from baseline_torch.train import main
+    from frontier_jax.config import ConfigError, ModelConfig
+
+    out = tmp_path / "run"
+    try:
+        rc = main(["--config", "configs/record11_tiny.py", "--data", str(byte_data), "--tokenizer", "bytes", "--out",
+                   str(out), "--device", "cpu", "--set", "model.vocab_size=260"])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "baseline_torch implements the baseline only" in err
+    assert "model.mlp_negative_slope=0.5" in err and "model.xsa_last_n=2" in err and not out.exists()
+    with pytest.raises(ConfigError, match="model.ln_scale=True"):
+        GPT(ModelConfig(num_layers=2, model_dim=64, ln_scale=True))
+    GPT(ModelConfig(num_layers=1, model_dim=64, mlp_mult=2.5))  # a non-integer mlp_mult is a shape, not a switch

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import re
 
-import ml_dtypes
 import numpy as np
 
+from frontier_jax.interop.pg_record import record_dtype  # the template dtype of the dequantization
 from frontier_jax.interop.quantize import KEEP_FLOAT_MAX_NUMEL, ArtifactError, quantile_last_axis, quantize_float
 
 INT6_CATEGORIES = ("mlp", "attn")
@@ -40,9 +40,6 @@ CLIP_PERCENTILES = (0.9990, 0.9995, 0.9999, 0.99999, 1.0)  # tried in this order
 CONTROL_PATTERNS = ("attn_scale", "attn_scales", "mlp_scale", "mlp_scales", "resid_mix", "resid_mixes", "q_gain",
                     "skip_weight", "skip_weights", "smear", "dtg_gate", "ve_layer_scales", "ve_shared.scale",
                     "attn_gate", "vr_lambda")
-# the tensors the record holds in bfloat16 (its main casts the model to bf16, then restores every other
-# parameter to float32: SPEC §2.11); every other float tensor is float32
-BF16_TENSORS = ("tok_emb.weight", "bigram.embed.weight", "ve_shared.embed.weight")
 
 
 def classify(name: str) -> str:
@@ -54,11 +51,6 @@ def classify(name: str) -> str:
     if ".attn." in name or (".proj." in name and ".mlp." not in name):
         return "attn"
     return "other"
-
-
-def record_dtype(name: str) -> np.dtype:
-    """The dtype the record holds the tensor `name` in (the template dtype of its dequantization)."""
-    return np.dtype(ml_dtypes.bfloat16) if name in BF16_TENSORS else np.dtype(np.float32)
 
 
 def as_record_dtypes(sd: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

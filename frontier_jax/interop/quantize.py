@@ -91,7 +91,8 @@ def quantize_state_dict(sd: dict[str, np.ndarray]) -> tuple[dict, dict]:
     stats = dict.fromkeys(("param_count", "num_tensors", "num_float_tensors", "num_nonfloat_tensors",
                            "baseline_tensor_bytes", "int8_payload_bytes"), 0)
     for name, tensor in sd.items():
-        t = np.ascontiguousarray(tensor)
+        t = np.asarray(tensor)
+        t = t if t.flags.c_contiguous else t.copy()  # (np.ascontiguousarray makes a 0-d array 1-d)
         stats["param_count"] += int(t.size)
         stats["num_tensors"] += 1
         stats["baseline_tensor_bytes"] += int(t.nbytes)

@@ -21,6 +21,7 @@ from typing import Callable
 import jax
 import numpy as np
 
+from frontier_jax import ops
 from frontier_jax.errors import ArgumentParser, int_in
 from frontier_jax.neuron.program import Site
 
@@ -195,8 +196,10 @@ def check_config(cfg, num_devices: int, dtypes, tx) -> list[Finding]:
     return [f for name, closed in traced.programs.items() for f in check_program(name, closed)]
 
 
-def format_report(cfg_name: str, num_devices: int, findings: list[Finding]) -> str:
-    """One line per rule (ok / FAIL and, for a failure, its source and up to five findings)."""
+def format_report(cfg_name: str, num_devices: int, findings: list[Finding], fallbacks=()) -> str:
+    """One line per rule (ok / FAIL and, for a failure, its source and up to five findings), then the ops the
+    program runs as their reference because their kernel lacks a model switch (`ops.switch_fallbacks`: traced
+    as plain JAX, checked by the same rules; `--kernels strict` refuses them)."""
     lines = [f"Neuron program check: {cfg_name} on {num_devices} NeuronCore(s): "
              f"{'FAIL' if findings else 'pass'} ({len(RULES)} rules, train / eval / optimizer steps)"]
     for rule in RULES:
@@ -205,6 +208,7 @@ def format_report(cfg_name: str, num_devices: int, findings: list[Finding]) -> s
         lines += [f"        {f.program}: {f.detail} [{f.op}]" for f in hits[:5]]
         if len(hits) > 5:
             lines.append(f"        ... {len(hits) - 5} more")
+    lines += [f"  reference fallback: {r.op} ({r.reason})" for r in fallbacks]
     return "\n".join(lines)
 
 
@@ -240,6 +244,6 @@ def main(argv=None) -> int:
         for path in a.config:
             cfg = apply_overrides(load_config(path), a.set)
             findings = check_config(cfg, a.devices, *on_neuron(cfg))
-            print(format_report(cfg.name, a.devices, findings))
+            print(format_report(cfg.name, a.devices, findings, ops.switch_fallbacks(cfg.model)))
             failed |= bool(findings)
     return 1 if failed else 0

@@ -123,7 +123,7 @@ def trace_steps(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: 
     tok = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
     f32 = jax.ShapeDtypeStruct((), jnp.float32)
     programs = {}
-    with ops.kernel_primitives():
+    with ops.kernel_primitives(cfg.model):  # an op whose kernel lacks a model switch traces its reference
         for exact in (False, True):
             name = "train (exact-max attention)" if exact else "train"
             if only is not None and name not in only:

@@ -2,8 +2,8 @@
 
 `num_params(cfg)` counts the model's parameters from its config alone (frontier_jax.model's GPT, and the PyTorch
 port's: the tied embedding, per block the attention and MLP matrices, the query gains, the two scales and the
-residual mix, the U-Net skip weights and, with the n-gram bias on, its table; tests/test_policies_sizing.py
-checks it against the built model). `check_host_memory(cfg)` is the cheap pre-allocation guard: a lower bound of
+residual mix, the U-Net skip weights, with the n-gram bias on its table, and the recipe's BigramHash, SmearGate
+and value embeddings with their per-layer scales; tests/test_policies_sizing.py checks it against the built model). `check_host_memory(cfg)` is the cheap pre-allocation guard: a lower bound of
 what training holds in host memory - 16 bytes a parameter (float32 weights, gradients and two optimizer moments:
 Adam's m and v, Muon's one buffer being fewer) and the step's int32 inputs and targets (8 bytes a token) - against
 the memory this host has available (`available_memory_bytes`: Linux's MemAvailable). A model that cannot fit
@@ -23,14 +23,21 @@ BYTES_PER_STEP_TOKEN = 8  # the step's inputs and targets, int32 each, built on 
 
 
 def num_params(cfg: Config) -> int:
-    """Parameters of the model `cfg` describes (without building it)."""
+    """Parameters of the model `cfg` describes (without building it), the recipe's (docs/recipe.md) included."""
     m = cfg.model
     D, H, G, K, L = m.model_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.num_layers
-    F = m.mlp_mult * D
+    F = m.mlp_hidden
     per_block = 2 * D * H * K + 2 * D * G * K + 2 * D * F + H + 4 * D  # q, proj, k, v, fc, proj, gains, scales, mix
     skips = min(L // 2, L - L // 2) * D
     bias = cfg.ngram.bias_orders * cfg.ngram.confidence_buckets
-    return m.vocab_size * D + L * per_block + skips + bias
+
+    def table(rows: int, width: int, out: int) -> int:  # BigramHash / value embeddings: table, projection, scale
+        return rows * width + (width * out if width != out else 0) + 1
+
+    bigram = table(m.bigram_buckets, m.bigram_dim, D) if m.bigram_buckets else 0
+    smear = D if m.smear_gate else 0
+    ve = table(m.vocab_size, m.ve_dim, G * K) + len(m.ve_layers) if m.ve_layers else 0  # + one scale a VE layer
+    return m.vocab_size * D + L * per_block + skips + bias + bigram + smear + ve
 
 
 def available_memory_bytes() -> int | None:
