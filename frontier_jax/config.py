@@ -569,7 +569,13 @@ def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Conf
 
 
 def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
+    """The config as a dict of JSON values: an infinite float (`--budget inf`) as the word "inf" / "-inf", which
+    `from_dict` reads back (strict JSON has no Infinity, and a run directory's JSON is strict)."""
+    def word(v):
+        return ("inf" if v > 0 else "-inf") if isinstance(v, float) and math.isinf(v) else v
+
+    return {k: ({f: word(x) for f, x in v.items()} if isinstance(v, dict) else word(v))
+            for k, v in dataclasses.asdict(cfg).items()}
 
 
 def from_dict(d: dict) -> Config:

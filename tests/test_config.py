@@ -369,3 +369,15 @@ def test_the_record_configs_are_the_records_run_command_and_its_tiny_shape():
     for field in ("mlp_negative_slope", "rope_dims", "rope_rescale_from", "ln_scale", "smear_gate", "bigram_buckets",
                   "ve_dim", "init", "embed_dtype", "mlp_mult"):
         assert getattr(tm, field) == getattr(m, field), field
+
+
+def test_an_infinite_budget_survives_the_run_directorys_strict_json(tmp_path):
+    """`--budget inf` (or a pg-record import of MAX_WALLCLOCK_SECONDS=0) wrote budget_seconds as null into
+    config.json, which a resume or `evaluate` then refused."""
+    from frontier_jax.config import load_run_config
+    from frontier_jax.run import rundir
+
+    cfg = apply_overrides(Config(), ["train.budget_seconds=inf"])
+    rundir.write_json(tmp_path / "config.json", to_dict(cfg))
+    assert '"budget_seconds": "inf"' in (tmp_path / "config.json").read_text()
+    assert load_run_config(tmp_path / "config.json") == cfg and config_hash(from_dict(to_dict(cfg))) == config_hash(cfg)
