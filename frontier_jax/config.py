@@ -368,8 +368,16 @@ class ParallelConfig:
 # eval.artifact -> the prefix of its score lines (`final_int8_zlib_roundtrip`, the baseline's; `final_int6_roundtrip`,
 # record 2026-03-23's): docs/evaluation.md, "The final evaluation"
 ARTIFACT_LINES = {"int8_zlib": "final_int8_zlib", "int6_lzma": "final_int6"}
-# eval.score -> which final line is the run's score (the stage's suffix after the artifact's prefix)
-SCORE_STAGES = {"roundtrip": "_roundtrip", "sliding": "_sliding_window"}
+# eval.score -> which final line is the run's score (the stage's suffix after the artifact's prefix; the TTT stage's
+# line is the record's `legal_ttt`, whatever the artifact: `line_name`)
+SCORE_STAGES = {"roundtrip": "_roundtrip", "sliding": "_sliding_window", "ttt": ""}
+TTT_LINE = "legal_ttt"  # the score line of score-first test-time training (record 2026-03-23, train_gpt.py:1892-1894)
+
+
+def line_name(artifact: str, stage: str) -> str:
+    """The score line of a final stage (`roundtrip`, `sliding`, `ttt`) for an eval.artifact, e.g.
+    final_int6_sliding_window, final_int8_zlib_roundtrip, legal_ttt."""
+    return TTT_LINE if stage == "ttt" else ARTIFACT_LINES[artifact] + SCORE_STAGES[stage]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -381,7 +389,7 @@ class EvalConfig:
     # weights (every target exactly once), after the round-trip line
     stride: int = 0
     artifact: str = "int8_zlib"  # int8_zlib (the baseline's final_model.int8.ptz) | int6_lzma (the record's .int6.ptz)
-    score: str = "roundtrip"  # which final line is the run's score (summary.json `score`): roundtrip | sliding
+    score: str = "roundtrip"  # which final line is the run's score (summary.json `score`): roundtrip | sliding | ttt
     batch_seqs: int = 0  # windows per batch of the sliding windows; 0: train.val_batch_seqs
 
     def __post_init__(self):
@@ -392,6 +400,31 @@ class EvalConfig:
             raise ConfigError(f"eval.score must be {'|'.join(SCORE_STAGES)}, got {self.score!r}")
         if self.score == "sliding" and not self.stride:
             raise ConfigError("eval.score='sliding' needs eval.stride > 0 (no sliding-window line is scored)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TTTConfig:
+    """Score-first test-time training, record 2026-03-23's `eval_val_sliding_ttt` (docs/evaluation.md, "Score-first
+    test-time training"): the val split cut into chunks of chunk_tokens targets; each sliding window (eval.stride,
+    windows of train.seq_len) belongs to the chunk of its first scored target; each chunk's windows are scored,
+    then the weights train on the chunk's whole rows of train.seq_len for `epochs` epochs of SGD; the last chunk is
+    scored and never trained on. Each default is the record's run command's."""
+
+    enabled: bool = False  # a TTT stage after the sliding windows (the run's final pipeline; evaluate --ttt)
+    lr: float = 0.002  # SGD learning rate of chunk 0, cosine-decayed across chunks to 0 at the last
+    epochs: int = 3  # passes over each chunk's rows
+    chunk_tokens: int = 32768  # targets per chunk (at least one row of train.seq_len)
+    # the first N blocks' parameters (everything under blocks.{i}, i < N: matrices and control tensors) stay fixed;
+    # the record's TTT_FREEZE_BLOCKS reaches only its blocks' control tensors (its matrices live in banks outside
+    # blocks.*), docs/recipe.md; the record's run uses 0
+    freeze_blocks: int = 0
+    momentum: float = 0.9  # SGD momentum (no Nesterov, no dampening, no weight decay; its buffers carry across chunks)
+    batch_seqs: int = 32  # rows per SGD step (global)
+    grad_clip: float = 1.0  # global gradient-norm clip over the trained parameters before each step; 0: off
+
+    def __post_init__(self):
+        _check_ranges("ttt", self, lr="[0, inf)", epochs="[0, inf)", chunk_tokens="[1, inf)",
+                      freeze_blocks="[0, inf)", momentum="[0, 1)", batch_seqs="[1, inf)", grad_clip="[0, inf)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -416,6 +449,7 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # data parallelism
     rules: RulesConfig = field(default_factory=RulesConfig)  # the contest rule set (frontier_jax.contest)
     eval: EvalConfig = field(default_factory=EvalConfig)  # the final evaluation pipeline: lengths, stride, artifact
+    ttt: TTTConfig = field(default_factory=TTTConfig)  # score-first test-time training (the final pipeline's last stage)
 
     @property
     def eval_seq_len(self) -> int:
@@ -442,6 +476,30 @@ class Config:
         if stride > T:
             raise ConfigError(f"eval.stride={stride} is longer than the eval window of {T} tokens (eval.seq_len, "
                               "0: train.seq_len)")
+        self._check_ttt()
+
+    @property
+    def ttt_stride(self) -> int:
+        """The stride of the TTT windows: eval.stride (the record's EVAL_STRIDE), or train.seq_len when it is 0
+        (non-overlapping windows)."""
+        return self.eval.stride or self.train.seq_len
+
+    def _check_ttt(self) -> None:
+        """The TTT stage against the other sections: its windows are train.seq_len long (the record's, SPEC Q12)."""
+        t, T = self.ttt, self.train.seq_len
+        if self.eval.score == "ttt" and not t.enabled:
+            raise ConfigError("eval.score='ttt' needs ttt.enabled=True (no TTT line is scored)")
+        if not t.enabled:
+            return
+        if self.ttt_stride > T:
+            raise ConfigError(f"ttt.enabled: eval.stride={self.eval.stride} is longer than the TTT windows of "
+                              f"train.seq_len={T} tokens")
+        if t.chunk_tokens < T:
+            raise ConfigError(f"ttt.chunk_tokens={t.chunk_tokens} holds no whole row of train.seq_len={T}: TTT "
+                              "would never train")
+        if t.freeze_blocks > self.model.num_layers:
+            raise ConfigError(f"ttt.freeze_blocks={t.freeze_blocks} is more than the model's "
+                              f"{self.model.num_layers} blocks")
 
 
 # ----------------------------------------------------------------------------- loading / overrides

@@ -204,3 +204,34 @@ def evaluate_batches(eval_step, params, batches, aux=None) -> dict:
         toks += int(s[1])
         nbytes += int(s[2])
     return {"nll_sum_nats": nll, "tokens": toks, "bytes": nbytes}
+
+
+def make_ttt_step(graphdef, tx: optax.GradientTransformation, bias_fn: Callable | None = None,
+                  mesh: jax.sharding.Mesh | None = None, attention_exact: bool = False):
+    """step(params, opt_state, x_BT, y_BT, rows_B, lr, aux) -> (params, opt_state, loss): one SGD step of score-first
+    test-time training (frontier_jax.ttt). The loss is the mean per-token loss over the rows with rows_B = 1 (rows
+    with 0 pad a short batch to the compiled shape: they add nothing), the training forward; the gradient goes
+    through `tx` (clipping and momentum over the trained parameters, zero for the frozen ones) and the update is
+    params - lr * update (`lr` a traced scalar: the cosine schedule never recompiles). Per device on its rows
+    (sharded along `data`), the loss's sum and the gradient `psum`-med: the mean over every device's rows.
+    Parameters and optimizer state are donated."""
+    mesh = mesh or single_device_mesh()
+
+    def per_device(params, opt_state, x_BT, y_BT, rows_B, lr, aux):
+        T = x_BT.shape[1]
+        count = jax.lax.psum(jnp.sum(rows_B.astype(jnp.float32)), AXIS) * T
+
+        def loss_fn(p):
+            loss_BT = _forward(graphdef, p, x_BT, y_BT, bias_fn, aux)
+            return jnp.sum(jnp.where(rows_B.astype(bool)[:, None], loss_BT, 0.0)) / count
+
+        with ops.attention_forward(attention_exact):
+            loss, grads = jax.value_and_grad(loss_fn)(params)
+        loss, grads = jax.lax.psum((loss, grads), AXIS)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        updates = jax.tree_util.tree_map(lambda u: -lr * u, updates)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    in_specs = (P(), P(), P(AXIS), P(AXIS), P(AXIS), P(), P())
+    step = jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=(P(), P(), P()), check_vma=False)
+    return Placed(jax.jit(step, donate_argnums=(0, 1)), _shardings(mesh, in_specs))
