@@ -233,6 +233,7 @@ class JaxTrainer(Trainer):
 
         # ---- model, optimizer, compiled steps
         graphdef, self.params, self.opt_state, _ = init_state(cfg, s.tx, s.dtypes.compute, dp)
+        self.graphdef, self._ttt_steps = graphdef, None
         check()
         specs = dp.state_specs(self.opt_state)
         make_train = lambda exact: make_train_step(graphdef, s.tx, self.ngram.bias_fn, mesh=dp.mesh, state_specs=specs,
@@ -389,6 +390,29 @@ class JaxTrainer(Trainer):
             self.params = trained
             self._steps.observe(bound)
         return {**info, **sums}
+
+    def ttt_sums(self) -> dict:
+        """Score-first test-time training (frontier_jax.ttt) from the parameters in place (in the final pipeline the
+        artifact's dequantized ones: `roundtrip` calls it through `evaluate`), on the run's val split, over the
+        data axis (each process its windows and rows); ttt.jsonl written by process 0. Its steps run the exact-max
+        qk_attention forward (frontier_jax.ops.softmax_shift), valid whatever the gains become while it trains."""
+        from frontier_jax import ttt
+        from frontier_jax.steps import make_ttt_step
+        from frontier_jax.submission.evidence import write_ttt_log
+
+        cfg, dp = self.cfg, self.dp
+        if self._ttt_steps is None:
+            self._ttt_steps = (make_eval_step(self.graphdef, self.setup.data.tables, self.ngram.bias_fn, mesh=dp.mesh,
+                                              attention_exact=True),
+                               make_ttt_step(self.graphdef, ttt.sgd(cfg.ttt), self.ngram.bias_fn, mesh=dp.mesh,
+                                             attention_exact=True))
+        r = ttt.run(self.params, self.val_tokens, cfg, *self._ttt_steps, aux=self.ngram.tables, log=self.log,
+                    put=dp.put_batch, process_index=dp.process_index, process_count=dp.process_count,
+                    num_devices=dp.num_devices)
+        if dp.is_main:
+            write_ttt_log(self.out_dir, r["events"])
+        return {"nll_sum_nats": r["nll_sum_nats"], "tokens": r["tokens"], "bytes": r["bytes"],
+                "estimate_full_val_seconds": r["estimate"]["seconds"], "hardware": r["hardware"]}
 
     def final_records(self) -> dict:
         """The final stages an earlier invocation recorded for the checkpoint being finished (<run>/final_steps.json,

@@ -11,6 +11,7 @@ defaults here, which a class that names `Trainer` as its base inherits:
 - more summary entries: `summary_fields` returns {};
 - the artifact and its round trip: `roundtrip` returns None (none is run);
 - averaged weights for the final evaluation: `final_weights` returns None (the trained weights are scored);
+- score-first test-time training (ttt.enabled): `ttt_sums` raises (a trainer without it refuses such a config);
 - finishing a run's final steps on a resume: `final_records` returns {} and `record_final` keeps nothing.
 
 Plug-ins (the n-gram runtime, progress lines, a compile watch) are `RunHook`s the trainer lists in
@@ -140,6 +141,12 @@ class Trainer(Protocol):
         """Put in place the weights the final evaluation scores when they are not the trained ones (averaged
         weights) and return their label for the DIAGNOSTIC line; None (the default): the trained weights."""
         return None
+
+    def ttt_sums(self) -> dict:
+        """Score-first test-time training (frontier_jax.ttt) from the weights in place (the final pipeline: the
+        artifact's, inside `roundtrip`): the sums of every target it scored, plus the TTT record
+        (`rundir.TTT_RECORD`), its log written to <run>/ttt.jsonl. Called only with ttt.enabled."""
+        raise NotImplementedError(f"{type(self).__name__} has no test-time training")
 
     def final_records(self) -> dict:
         """The final stages an earlier invocation recorded for the resumed checkpoint ({stage: sums or artifact
