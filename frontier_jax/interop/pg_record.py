@@ -15,12 +15,13 @@ and `ve_shared.embed.weight` in bfloat16 and everything else in float32 (train_g
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import numpy as np
 
-from frontier_jax.config import Config, ConfigError, EvalConfig, ModelConfig, OptimConfig, TrainConfig
+from frontier_jax.config import Config, ConfigError, EvalConfig, ModelConfig, OptimConfig, TrainConfig, TTTConfig
 from frontier_jax.data.files import read_regular
 
 BANKS = ("qo_bank", "kv_bank", "mlp_up_bank", "mlp_down_bank")
@@ -186,13 +187,18 @@ def expressible(cfg: Config) -> None:
                                     f"(it needs {value!r}: {why})")
     if cfg.ngram.enabled:
         raise RecordFormatError("ngram.enabled=True: the record's script has no n-gram logit bias")
+    if cfg.ttt.enabled and cfg.ttt.freeze_blocks:
+        raise RecordFormatError(f"ttt.freeze_blocks={cfg.ttt.freeze_blocks}: the record's TTT_FREEZE_BLOCKS freezes "
+                                "only its blocks' control tensors (its matrices are banks outside blocks.*), not "
+                                "whole blocks")
 
 
 def record_env(cfg: Config) -> dict[str, str]:
-    """The record script's environment that builds `cfg`'s model and evaluation (`expressible` first)."""
+    """The record script's environment that builds `cfg`'s model and evaluation, its test-time training included
+    (`expressible` first)."""
     expressible(cfg)
     m, t = cfg.model, cfg.train
-    return {
+    return {**{key: _TTT_OUT[key](getattr(cfg.ttt, field)) for key, (field, _) in _TTT.items()},
         "NUM_LAYERS": str(m.num_layers), "MODEL_DIM": str(m.model_dim), "NUM_HEADS": str(m.num_heads),
         "NUM_KV_HEADS": str(m.num_kv_heads), "MLP_MULT": repr(m.mlp_mult),
         "BIGRAM_VOCAB_SIZE": str(m.bigram_buckets), "BIGRAM_DIM": str(m.bigram_dim),
@@ -264,9 +270,13 @@ _TRAIN = {"TRAIN_SEQ_LEN": ("seq_len", _int), "TRAIN_BATCH_TOKENS": ("tokens_per
 _NOT_APPLIED = ("DATA_PATH", "TOKENIZER_PATH", "RUN_ID", "VAL_BATCH_SIZE", "EMBED_LR", "HEAD_LR", "MTP_LOSS_WEIGHT",
                 "MUON_BETA2", "GRAD_CLIP_NORM", "SWA_ENABLED", "SWA_EVERY",
                 "LAWA_ENABLED", "LAWA_K", "LAWA_FREQ", "MUON_WD", "ADAM_WD", "QAT_ENABLED", "LATE_QAT_THRESHOLD",
-                "TTT_ENABLED", "TTT_LR", "TTT_EPOCHS", "TTT_CHUNK_TOKENS", "TTT_FREEZE_BLOCKS", "TTT_MOMENTUM",
-                "TTT_BATCH_SEQS", "TTT_GRAD_CLIP", "CONTROL_TENSOR_NAME_PATTERNS",
-                "INT8_KEEP_FLOAT_FP32_NAME_PATTERNS")
+                "CONTROL_TENSOR_NAME_PATTERNS", "INT8_KEEP_FLOAT_FP32_NAME_PATTERNS")
+# the record's TTT variables (train_gpt.py:93-100) -> the ttt section's fields, and how each is written back
+_TTT = {"TTT_ENABLED": ("enabled", _bool), "TTT_LR": ("lr", float), "TTT_EPOCHS": ("epochs", _int),
+        "TTT_CHUNK_TOKENS": ("chunk_tokens", _int), "TTT_FREEZE_BLOCKS": ("freeze_blocks", _int),
+        "TTT_MOMENTUM": ("momentum", float), "TTT_BATCH_SEQS": ("batch_seqs", _int),
+        "TTT_GRAD_CLIP": ("grad_clip", float)}
+_TTT_OUT = {k: (lambda v: str(int(v))) if parse in (_bool, _int) else repr for k, (_, parse) in _TTT.items()}
 
 
 def config_from_env(env: dict[str, str], source: str = "record.env") -> tuple[Config, list[str]]:
@@ -293,20 +303,36 @@ def config_from_env(env: dict[str, str], source: str = "record.env") -> tuple[Co
                             init="record")
         optim = OptimConfig(**sections["optim"], warmdown_mode="time" if wallclock > 0 else "steps")
         train = TrainConfig(**sections["train"], budget_seconds=wallclock if wallclock > 0 else math.inf)
-        evaluation = _eval_from_env(full, train.seq_len)
-        cfg = Config(name="pg-record", model=model, optim=optim, train=train, eval=evaluation)
+        ttt = _ttt_from_env(full)
+        evaluation = _eval_from_env(full, train.seq_len, ttt.enabled)
+        cfg = Config(name="pg-record", model=model, optim=optim, train=train, eval=evaluation, ttt=ttt)
     except (ConfigError, ValueError) as e:
         raise RecordFormatError(f"{source}: {e}") from None
     ignored = [k for k in env if k in _NOT_APPLIED]
     return cfg, ignored
 
 
-def _eval_from_env(full: dict[str, str], train_seq_len: int) -> EvalConfig:
+def _eval_from_env(full: dict[str, str], train_seq_len: int, ttt: bool) -> EvalConfig:
     """The record's final evaluation as the eval section: its int6 + lzma artifact, the round trip at EVAL_SEQ_LEN
     (<= 0: TRAIN_SEQ_LEN), sliding windows at EVAL_STRIDE when 0 < stride < that length (the record's condition,
-    train_gpt.py L1849-1865), the sliding line the score when there is one."""
+    train_gpt.py L1849-1865); the score its last line: legal_ttt with TTT, else the sliding line when there is one."""
     seq_len = _int(full["EVAL_SEQ_LEN"])
     seq_len = seq_len if seq_len > 0 and seq_len != train_seq_len else 0
     stride = _int(full["EVAL_STRIDE"])
     stride = stride if 0 < stride < (seq_len or train_seq_len) else 0
-    return EvalConfig(seq_len=seq_len, stride=stride, artifact="int6_lzma", score="sliding" if stride else "roundtrip")
+    score = "ttt" if ttt else "sliding" if stride else "roundtrip"
+    return EvalConfig(seq_len=seq_len, stride=stride, artifact="int6_lzma", score=score)
+
+
+def _ttt_from_env(full: dict[str, str]) -> TTTConfig:
+    """The record's TTT variables as the ttt section. With TTT on, a TTT_FREEZE_BLOCKS > 0 is refused: the record's
+    freeze reaches only its blocks' control tensors (SPEC Q14), ttt.freeze_blocks whole blocks; with TTT off it has
+    no effect and is not kept."""
+    ttt = TTTConfig(**{field: parse(full[key]) for key, (field, parse) in _TTT.items()})
+    if not ttt.enabled:
+        return TTTConfig(**{**dataclasses.asdict(ttt), "freeze_blocks": 0})
+    if ttt.freeze_blocks:
+        raise RecordFormatError(f"TTT_FREEZE_BLOCKS={ttt.freeze_blocks}: the record freezes only those "
+                                "blocks' control tensors (its matrices are banks outside blocks.*), ttt.freeze_blocks "
+                                "whole blocks: not the same training (TTT_FREEZE_BLOCKS=0, as the record's run)")
+    return ttt
