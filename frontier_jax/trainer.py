@@ -291,13 +291,32 @@ class JaxTrainer(Trainer):
         """Evaluation sums over non-overlapping windows of `seq_len` (default train.seq_len), or sliding ones at
         `stride` (eval.batch_seqs windows per batch) that score every target once."""
         t, dp = self.cfg.train, self.dp
-        T = seq_len or t.seq_len
-        batch = (self.cfg.eval.batch_seqs or t.val_batch_seqs) if stride else t.val_batch_seqs
+        T, batch = seq_len or t.seq_len, self._eval_rows(stride)
         # sliding windows cover the whole split (cut to whole windows of the longer length, Config.val_seq_len)
         toks = self.val_tokens if stride and not max_tokens else val_window_tokens(self.val_tokens, max_tokens, T)
         batches = ((dp.put_batch(x), dp.put_batch(y), dp.put_batch(m)) for x, y, m in
                    val_batches(toks, T, batch, dp.process_index, dp.process_count, stride=stride))
         return evaluate_batches(self._steps.eval(T), self.params, batches, self.ngram.tables)
+
+    def _eval_rows(self, stride: int | None) -> int:
+        """Windows per eval batch: eval.batch_seqs for sliding windows (0: the validation's), else train.val_batch_seqs."""
+        t = self.cfg.train
+        return (self.cfg.eval.batch_seqs or t.val_batch_seqs) if stride else t.val_batch_seqs
+
+    def warm_up_programs(self, evals: list[dict]) -> int:
+        """The warm-up's other programs (`_AttentionVariants.warm_up`): a train step with every qk_attention forward
+        the run can switch to, and one batch of every eval shape of `evals` (eval_sums' geometries) with every
+        forward possible at its length, so that neither a switch nor the final pipeline's windows compile later
+        (the warm-up resets the state afterwards). Logs the programs; returns how many."""
+        t, windows = self.cfg.train, {}
+        for g in evals:
+            T = g.get("seq_len") or t.seq_len
+            windows.setdefault(f"{self._eval_rows(g.get('stride'))}x{T}", (T, g))
+        names = self._steps.warm_up(lambda: jax.block_until_ready(self.train_step(1.0, 0.0)),
+                                    lambda window: self.eval_sums(windows[window][0], **windows[window][1]),
+                                    [(T, window) for window, (T, _) in windows.items()])
+        self.log(f"compile warm-up: {len(names)} programs: {', '.join(names)}")
+        return len(names)
 
     def restore(self, data_state: dict) -> None:
         """Undo the warm-up: the restored (resume) or fresh parameters and optimizer state, the data position."""
@@ -423,15 +442,17 @@ def _score_bound(params, head_dim: int) -> float:
 class _AttentionVariants:
     """The train and eval steps for the two qk_attention forward kernels, the one to run chosen on the host
     from the score bound of the gains the next step uses (the previous step's metric, read before the next
-    is dispatched; or the parameters after a reset): no `lax.cond` in the program. Each variant compiles
-    on first use; a switch is logged. Where both forwards are the same program (the reference path), one
-    pair of steps serves both."""
+    is dispatched; or the parameters after a reset): no `lax.cond` in the program. `warm_up` runs (so
+    compiles) every forward's steps in the untimed warm-up, so that a switch mid-run compiles nothing; a
+    switch is logged. Where both forwards are the same program (the reference path), one pair of steps
+    serves both."""
 
     def __init__(self, make_train, make_eval, differ: bool, seq_len: int, log):
         self._make = {"train": make_train, "eval": make_eval}
         self._built: dict = {}
         self.differ, self.seq_len, self.log = differ, seq_len, log
         self.bound, self.exact, self.switches = 0.0, None, 0
+        self._forced: bool | None = None  # the forward `warm_up` runs, whatever the bound
 
     def observe(self, bound: float) -> None:
         self.bound = bound
@@ -439,8 +460,33 @@ class _AttentionVariants:
         if self.exact is not None and exact != self.exact and self.differ:
             self.switches += 1
             self.log(f"qk_attention forward: {ops.attention_forward_kind(bound, self.seq_len)} "
-                     "(the other forward's steps compile on first use)")
+                     "(its steps were compiled in the warm-up)")
         self.exact = exact
+
+    def forwards(self, seq_len: int) -> tuple[bool, ...]:
+        """The forwards (exact max or not) a step over windows of `seq_len` can run: both where they differ and
+        the bounded shift is exact for some gains at that length, else the one."""
+        if not self.differ:
+            return (False,)
+        return (False, True) if ops.bounded_shift_valid(0.0, seq_len) else (True,)
+
+    def warm_up(self, run_train, run_eval, eval_windows) -> list[str]:
+        """Runs (so compiles) `run_train()` with the train step of every forward the training length can run,
+        and `run_eval(window)` with the eval step of every forward each of the (seq_len, window) `eval_windows`
+        (one a distinct eval shape) can run, each forward put in place whatever the bound; returns the names of
+        the programs."""
+        names = []
+        runs = [(exact, run_train, f"train step T={self.seq_len}") for exact in self.forwards(self.seq_len)]
+        runs += [(exact, lambda w=window: run_eval(w), f"eval step {window}") for seq_len, window in eval_windows
+                 for exact in self.forwards(seq_len)]
+        try:
+            for exact, run, name in runs:
+                self._forced = exact
+                run()
+                names.append(name + (f" ({'exact max' if exact else 'bounded shift'})" if self.differ else ""))
+        finally:
+            self._forced = None
+        return names
 
     def _get(self, kind: str, exact: bool):
         exact = exact and self.differ
@@ -449,10 +495,12 @@ class _AttentionVariants:
         return self._built[(kind, exact)]
 
     def train(self):
-        return self._get("train", self.exact)
+        return self._get("train", self.exact if self._forced is None else self._forced)
 
     def eval(self, seq_len: int | None = None):
         """The eval step for windows of `seq_len` (default the training length: the forward chosen by `observe`)."""
+        if self._forced is not None:
+            return self._get("eval", self._forced)
         if seq_len is None or seq_len == self.seq_len:
             return self._get("eval", self.exact)
         return self._get("eval", not ops.bounded_shift_valid(self.bound, seq_len))
