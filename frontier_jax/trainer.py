@@ -299,7 +299,7 @@ class JaxTrainer(Trainer):
         return evaluate_batches(self._steps.eval(T), self.params, batches, self.ngram.tables)
 
     def _eval_rows(self, stride: int | None) -> int:
-        """Windows per eval batch: eval.batch_seqs for sliding windows (0: the validation's), else train.val_batch_seqs."""
+        """Windows per eval batch: eval.batch_seqs for sliding windows (0: train.val_batch_seqs), else the latter."""
         t = self.cfg.train
         return (self.cfg.eval.batch_seqs or t.val_batch_seqs) if stride else t.val_batch_seqs
 

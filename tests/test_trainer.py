@@ -154,8 +154,8 @@ def test_attention_forward_is_chosen_on_the_host_and_each_variant_built_once():
                       [(1024, "4x1024"), (ops.SHIFT_MAX_T * 2, "4x8192")])
     assert ran == [("train", False), ("train", True), (("eval", False), "4x1024"), (("eval", True), "4x1024"),
                    (("eval", True), "4x8192")]
-    assert names == ["train step T=1024 (bounded shift)", "train step T=1024 (exact max)",
-                     "eval step 4x1024 (bounded shift)", "eval step 4x1024 (exact max)", "eval step 4x8192 (exact max)"]
+    assert names == ["train step T=1024 (bounded shift)", "train step T=1024 (exact max)", "eval step 4x1024 "
+                     "(bounded shift)", "eval step 4x1024 (exact max)", "eval step 4x8192 (exact max)"]
     w.observe(ops.SHIFT_LIMIT * 2)  # after the warm-up the forced forward is gone: the bound decides again
     assert w.train() == ("train", True) and w.eval(1024) == ("eval", True) and w.eval() == ("eval", True)
     w.observe(10.0)
