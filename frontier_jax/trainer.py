@@ -303,18 +303,18 @@ class JaxTrainer(Trainer):
         t = self.cfg.train
         return (self.cfg.eval.batch_seqs or t.val_batch_seqs) if stride else t.val_batch_seqs
 
-    def warm_up_programs(self, evals: list[dict]) -> int:
+    def warm_up_programs(self, evals: list[dict], check) -> int:
         """The warm-up's other programs (`_AttentionVariants.warm_up`): a train step with every qk_attention forward
         the run can switch to, and one batch of every eval shape of `evals` (eval_sums' geometries) with every
         forward possible at its length, so that neither a switch nor the final pipeline's windows compile later
-        (the warm-up resets the state afterwards). Logs the programs; returns how many."""
+        (the warm-up resets the state afterwards); `check` after each. Logs the programs; returns how many."""
         t, windows = self.cfg.train, {}
         for g in evals:
             T = g.get("seq_len") or t.seq_len
             windows.setdefault(f"{self._eval_rows(g.get('stride'))}x{T}", (T, g))
         names = self._steps.warm_up(lambda: jax.block_until_ready(self.train_step(1.0, 0.0)),
                                     lambda window: self.eval_sums(windows[window][0], **windows[window][1]),
-                                    [(T, window) for window, (T, _) in windows.items()])
+                                    [(T, window) for window, (T, _) in windows.items()], check)
         self.log(f"compile warm-up: {len(names)} programs: {', '.join(names)}")
         return len(names)
 
@@ -470,11 +470,11 @@ class _AttentionVariants:
             return (False,)
         return (False, True) if ops.bounded_shift_valid(0.0, seq_len) else (True,)
 
-    def warm_up(self, run_train, run_eval, eval_windows) -> list[str]:
+    def warm_up(self, run_train, run_eval, eval_windows, check) -> list[str]:
         """Runs (so compiles) `run_train()` with the train step of every forward the training length can run,
         and `run_eval(window)` with the eval step of every forward each of the (seq_len, window) `eval_windows`
-        (one a distinct eval shape) can run, each forward put in place whatever the bound; returns the names of
-        the programs."""
+        (one a distinct eval shape) can run, each forward put in place whatever the bound, `check()` after
+        each; returns the names of the programs."""
         names = []
         runs = [(exact, run_train, f"train step T={self.seq_len}") for exact in self.forwards(self.seq_len)]
         runs += [(exact, lambda w=window: run_eval(w), f"eval step {window}") for seq_len, window in eval_windows
@@ -484,6 +484,7 @@ class _AttentionVariants:
                 self._forced = exact
                 run()
                 names.append(name + (f" ({'exact max' if exact else 'bounded shift'})" if self.differ else ""))
+                check()
         finally:
             self._forced = None
         return names

@@ -242,7 +242,7 @@ def test_the_warm_up_compiles_the_programs_of_every_eval_window_the_run_uses(fak
     asked, logged = [], []
     fake = FakeTrainer(fake_time, checkpoints=True)
 
-    def programs(evals):
+    def programs(evals, check):
         asked.append(evals)
         fake.events.append("programs")
         return 7
@@ -259,9 +259,10 @@ def test_the_warm_up_compiles_the_programs_of_every_eval_window_the_run_uses(fak
 
     fake = FakeTrainer(fake_time, checkpoints=True)
 
-    def signalled(evals):
+    def signalled(evals, check):
         fake.signals.received = "SIGTERM"
-        return 1
+        check()  # the trainer checks after each program: a signal stops the warm-up there
+        raise AssertionError("check() returned after a signal")
 
     with pytest.raises(endings.InterruptedBeforeTraining):
         driver.run_budgeted(policy(), fake.hooks(warm_up_programs=signalled), BASE)

@@ -151,9 +151,9 @@ def test_attention_forward_is_chosen_on_the_host_and_each_variant_built_once():
     w = _AttentionVariants(make("train"), make("eval"), True, 1024, logged.append)
     ran = []
     names = w.warm_up(lambda: ran.append(w.train()), lambda window: ran.append((w.eval(), window)),
-                      [(1024, "4x1024"), (ops.SHIFT_MAX_T * 2, "4x8192")])
-    assert ran == [("train", False), ("train", True), (("eval", False), "4x1024"), (("eval", True), "4x1024"),
-                   (("eval", True), "4x8192")]
+                      [(1024, "4x1024"), (ops.SHIFT_MAX_T * 2, "4x8192")], lambda: ran.append("check"))
+    assert ran[::2] == [("train", False), ("train", True), (("eval", False), "4x1024"), (("eval", True), "4x1024"),
+                        (("eval", True), "4x8192")] and ran[1::2] == ["check"] * 5  # a signal checked after each
     assert names == ["train step T=1024 (bounded shift)", "train step T=1024 (exact max)", "eval step 4x1024 "
                      "(bounded shift)", "eval step 4x1024 (exact max)", "eval step 4x8192 (exact max)"]
     w.observe(ops.SHIFT_LIMIT * 2)  # after the warm-up the forced forward is gone: the bound decides again
@@ -165,8 +165,8 @@ def test_attention_forward_is_chosen_on_the_host_and_each_variant_built_once():
     same = _AttentionVariants(make("train"), make("eval"), False, 1024, logged.append)
     same.observe(ops.SHIFT_LIMIT * 2)
     assert same.train() == ("train", False) and same.switches == 0
-    assert same.warm_up(lambda: None, lambda window: None, [(1024, "4x1024")]) == ["train step T=1024",
-                                                                                   "eval step 4x1024"]
+    assert same.warm_up(lambda: None, lambda window: None, [(1024, "4x1024")], lambda: None) == [
+        "train step T=1024", "eval step 4x1024"]
 
 
 @pytest.mark.slow

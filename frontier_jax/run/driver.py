@@ -14,8 +14,8 @@ lifecycle, frontier_jax.run.startup) before its set-up, so a signal is never los
    `warm_up_programs` for the eval windows of the validations and the final pipeline (the JAX trainer
    runs there every program a switch of the attention forward or the final pipeline would run); then `restore`
    puts back the state from before it (fresh or resumed parameters and optimizer state, the data
-   position), as the baseline. A signal here (checked after each warm-up step and after the
-   evaluation, agreed across processes) raises `InterruptedBeforeTraining`: nothing trained, nothing
+   position), as the baseline. A signal here (checked after each warm-up step, after the
+   evaluation and after each of the other programs, agreed across processes) raises `InterruptedBeforeTraining`: nothing trained, nothing
    saved, exit 130;
 2. an optional resume (`Trainer.resume`: step, tokens and trained seconds carry on);
 3. the timed loop. Each iteration, in this order:
@@ -113,7 +113,7 @@ def warm_up(policy: Policy, trainer: Trainer) -> float:
     check_signal()
     final = policy.final  # the other programs: every eval geometry of the validations and the final pipeline
     programs = trainer.warm_up_programs([{}, final.geometry(), *([final.geometry(sliding=True)] if final.stride
-                                                                   else [])])
+                                                                   else [])], check_signal)
     check_signal()
     trainer.restore(token)
     seconds = time.perf_counter() - t0

@@ -125,12 +125,13 @@ class Trainer(Protocol):
         """Several processes agree on (stop, elapsed seconds); the default: this one process decides."""
         return local_stop, elapsed
 
-    def warm_up_programs(self, evals: list[dict]) -> int | None:
+    def warm_up_programs(self, evals: list[dict], check: Callable[[], None]) -> int | None:
         """At the end of the compile warm-up (after its steps and evaluation, before `restore`): run once, so
         compile, every other program the run may call, the steps of another forward and the eval steps of each
         of `evals` (`eval_sums`' keyword arguments: {} for the validation's windows, the final pipeline's
-        others), so that nothing compiles in the timed loop or the final evaluation; returns how many programs
-        the warm-up compiled, or None (the default: none is added, the warm-up's steps and evaluation are all)."""
+        others), calling `check` (it raises on a signal) after each, so that nothing compiles in the timed loop
+        or the final evaluation; returns how many programs the warm-up compiled, or None (the default: none is
+        added, the warm-up's steps and evaluation are all)."""
         return None
 
     def summary_fields(self) -> dict:
