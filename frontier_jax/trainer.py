@@ -36,6 +36,7 @@ from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
 from frontier_jax.model import build, count_params
+from frontier_jax.neuron import memory, program
 from frontier_jax.ngram import runtime as ngram_runtime
 from frontier_jax.parallel import DataParallel, make_data_parallel
 from frontier_jax.run.rundir import RunError, RunLog, claim_run_dir, truncate_metrics
@@ -148,6 +149,7 @@ class Setup:
     dp: DataParallel
     global_micro: int
     accum: int
+    fit: memory.Fit  # the micro-batch per device and the step's estimated peak against a device's memory
     kernel_rows: list
     program_report: str | None  # the Neuron program check's report for the log (None: not on Neuron)
     env: dict
@@ -159,28 +161,42 @@ class Setup:
 def _setup(cfg: Config) -> Setup:
     t = cfg.train
     dp = make_data_parallel(cfg.parallel.num_devices, cfg.parallel.zero1)
-    global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, dp.num_devices,
-                                      dp.process_count)
+    if t.micro_batch_seqs:  # a set micro-batch the devices cannot split fails before anything is traced
+        split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, dp.num_devices, dp.process_count)
     if t.val_batch_seqs % dp.num_devices:
         raise ConfigError(f"train.val_batch_seqs={t.val_batch_seqs} is not a multiple of the {dp.num_devices} devices")
     dtypes = dtype_policy.resolve(cfg, jax.default_backend())
     tx = optim.build_optimizer(cfg.optim, dtypes.muon_ns)
     kernel_rows = ops.configure(t.kernels, unused=ops.unused_ops(cfg.optim.fused))
-    program_report = _neuron_program_check(cfg, dp, dtypes, tx)
+    fit = _fit_memory(cfg, dp, dtypes, tx)  # the step's peak memory against the devices', before any allocation
+    global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, fit.micro_seqs, dp.num_devices,
+                                      dp.process_count)
+    program_report = _neuron_program_check(cfg, dp, dtypes, tx, fit.micro_seqs)
     env = {**parallel.environment(), "host_allocator": host.tune_allocator(t.allocator)}
-    return Setup(dp, global_micro, accum, kernel_rows, program_report, env, dtypes, tx,
+    return Setup(dp, global_micro, accum, fit, kernel_rows, program_report, env, dtypes, tx,
                  load_for_config(cfg))  # the data: all checks before the run directory is touched
 
 
-def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx) -> str | None:
-    """On Neuron, the trainer's programs (in its dtypes, with its optimizer) against AWS's documented JAX limits
-    (frontier_jax.neuron.check): the report for the run log; strict mode refuses a failing program in one line
-    naming the rule and the op."""
+def _fit_memory(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx) -> memory.Fit:
+    """The train and eval steps' estimated peak per device (frontier_jax.neuron.memory, a walk of the traced
+    steps) against what a device has: the CPU devices of this process share its available RAM. A set
+    train.micro_batch_seqs that cannot fit is refused in one line (exit 2); 0 (auto) takes the largest that fits."""
+    backend = jax.default_backend()
+    limit = memory.device_memory(backend, dp.num_devices // dp.process_count, jax.local_devices()[0])
+    return program.fit_memory(cfg, dp.num_devices, dtypes, tx, limit)
+
+
+def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx,
+                          micro_seqs: int) -> str | None:
+    """On Neuron, the trainer's programs (in its dtypes, with its optimizer, at its micro-batch) against AWS's
+    documented JAX limits (frontier_jax.neuron.check): the report for the run log; strict mode refuses a failing
+    program in one line naming the rule and the op."""
     if jax.default_backend() != "neuron":
         return None
     from frontier_jax.neuron import check as neuron_check
 
-    findings = neuron_check.check_config(cfg, dp.num_devices, dtypes, tx)
+    at_fit = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_seqs=micro_seqs))
+    findings = neuron_check.check_config(at_fit, dp.num_devices, dtypes, tx)
     if findings and cfg.train.kernels == "strict":
         raise ops.KernelUnavailableError(neuron_check.strict_error(findings))
     return neuron_check.format_report(cfg.name, dp.num_devices, findings)
@@ -206,6 +222,7 @@ class JaxTrainer(Trainer):
             f"{s.dtypes.muon_ns} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
         log(ops.format_kernel_table(s.kernel_rows) + "\n(every kernel-backed op runs per device on its shard of the "
             "batch, inside jax.shard_map)")
+        log(s.fit.line())
         if s.program_report is not None:
             log(s.program_report)
         data = s.data
