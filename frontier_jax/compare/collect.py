@@ -6,7 +6,8 @@ value), and may have a round-trip score: the int8+zlib round trip the contest sc
 `roundtrip_val_bpb`; for a `cmd:` arm the last `final_int8_zlib_roundtrip_exact ... val_bpb:Y` line,
 else the last `final_int8_zlib_roundtrip ... val_bpb:Y` line, the official train_gpt.py's formats).
 The final line decides: `val_bpb: nan` (or a value that overflows to inf) after an earlier finite one
-is a failed run, never scored by the earlier value.
+is a failed run, never scored by the earlier value; so is a score that is not a positive finite number
+(`score_problem`: `val_bpb: -5`, or `1e-400`, which underflows to 0).
 
 Throughput. Per run, the rate over time (tokens/s from metrics.jsonl's train rows; steps/s from the
 official script's `step:N/M train_loss:... train_time:Xms` lines), over the first quarter of its
@@ -56,6 +57,18 @@ def final_scores(text: str) -> tuple[float | None, float | None]:
 
 def finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def score_problem(name: str, value) -> str | None:
+    """Why `value` (a run's `name` score) cannot be scored, or None: a score is a positive finite number of bits
+    per byte (`val_bpb: -5` would win by 6.6 bpb; `1e-400` underflows to 0; `nan` or `1e400` is no score)."""
+    if value is None:
+        return None
+    if not finite(value):
+        return f"non-finite final {name}"
+    if value <= 0:
+        return f"{name} {value:g} is not a positive score" + (" (it underflowed to 0)" if value == 0 else "")
+    return None
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -144,8 +157,9 @@ def collect(run_dir: Path, console: Path, rc: int | None, load_samples: list[flo
         res["status"] = note
     elif res["val_bpb"] is None and res["roundtrip_val_bpb"] is None:
         res["status"] = "no val_bpb line"
-    elif any(v is not None and not finite(v) for v in (res["val_bpb"], res["roundtrip_val_bpb"])):
-        res["status"] = "failed: non-finite final val_bpb"
+    elif any(score_problem(k, res[k]) for k in ("val_bpb", "roundtrip_val_bpb")):
+        res["status"] = "failed: " + next(score_problem(k, res[k]) for k in ("val_bpb", "roundtrip_val_bpb")
+                                          if score_problem(k, res[k]))
     if res["status"] != "ok":
         res["log_tail"] = _tail(console)
     return res
