@@ -237,8 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     tk.add_argument("--train-tokenizer", type=int, metavar="VOCAB", help="train a SentencePiece BPE on the train docs")
     tk.add_argument("--bytes", action="store_true", help="byte-level tokenizer (vocab 260)")
     ap.add_argument("--val-docs", type=int, default=50, help="first N documents form val (default 50)")
-    ap.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS)
-    ap.add_argument("--prefix", default="fineweb")
+    ap.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
+                    help=f"tokens per shard file (default {DEFAULT_SHARD_TOKENS:,}, the competition's); the n-gram "
+                         "bias's builder reads the last ngram.builder_shards_from_end train shards, so a small corpus "
+                         "needs smaller shards to leave the trainer some")
+    ap.add_argument("--prefix", default="fineweb",
+                    help="shard file names: PREFIX_train_NNNNNN.bin, PREFIX_val_NNNNNN.bin (default fineweb)")
     ap.add_argument("--overwrite", action="store_true", help="replace existing shards with this prefix")
     args = ap.parse_args(argv)
     spec = "bytes" if args.bytes else args.tokenizer

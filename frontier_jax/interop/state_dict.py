@@ -192,14 +192,19 @@ def import_run(npz, cfg: Config, out_dir) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m frontier_jax.interop", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    ex = sub.add_parser("export", help="a run's latest checkpoint -> npz in PyTorch state_dict layout")
-    ex.add_argument("--run", required=True)
-    ex.add_argument("--out", required=True)
-    im = sub.add_parser("import", help="npz in PyTorch state_dict layout -> a new run directory")
-    im.add_argument("--npz", required=True)
+    what = "a run's latest checkpoint -> npz in PyTorch state_dict layout"
+    ex = sub.add_parser("export", help=what, description=f"Write {what}.")
+    ex.add_argument("--run", required=True, help="the run directory whose latest intact checkpoint is exported")
+    ex.add_argument("--out", required=True, help="the .npz file to write (PyTorch state_dict names and layout)")
+    what = "npz in PyTorch state_dict layout -> a new run directory"
+    im = sub.add_parser("import", help=what, description=f"Read {what} (checkpoint step 0, fresh optimizer "
+                                                          "state), which train --resume continues.")
+    im.add_argument("--npz", required=True, help="the .npz to read (state_dict names; e.g. from "
+                                                  "baseline_torch or interop export)")
     im.add_argument("--config", required=True, help="a configs/*.py file describing the model")
-    im.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    im.add_argument("--out", required=True)
+    im.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one config value of the model, e.g. model.num_layers=4 (repeatable)")
+    im.add_argument("--out", required=True, help="the run directory to create (it must not exist)")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     with exit_on_error():
         if args.cmd == "export":

@@ -6,16 +6,16 @@ output allocated when its equation runs and freed after its last use, the progra
 throughout, a sub-program (jit, the micro-batch scan's body, the per-device shard_map body, custom_vjp, cond,
 while) adding its own peak above its inputs while it runs. It counts every intermediate as a buffer (XLA fuses
 many away) and packs buffers perfectly (XLA's buffer assignment does not): measured against XLA's own memory
-analysis of the compiled CPU train step (`python -m bench.memory_estimate`, table in bench/README.md), the walk
-reads 0.76x to 1.06x of XLA's figure. `estimate_bytes` is the walk times `MARGIN`, a bound above every
-measured XLA figure.
+analysis of the compiled CPU train step (`python -m bench.memory_estimate`, table in bench/README.md), XLA's
+figure is 0.96x to 1.39x the walk's. `estimate_bytes` is the walk times `MARGIN`, a bound above every measured
+XLA figure.
 
 `device_memory(backend, local_devices)` is what one device may use: a trn1 NeuronCore-v2's HBM as AWS documents
 it, the host's available RAM shared by the local CPU devices, an accelerator's own limit where its runtime
 reports one. `fit(...)` checks a set `train.micro_batch_seqs` against it (`DoesNotFit`, a one-line ConfigError:
 exit 2 before anything is allocated) or, for `0` (auto), chooses the largest micro-batch that fits, up to
-`AUTO_MAX_MICRO_SEQS`; accumulation fills the rest of the step, whose tokens and result do not change. The
-walk reads jaxprs the caller traced (`frontier_jax.neuron.program`).
+`policies.geometry.AUTO_MAX_MICRO_SEQS`; accumulation fills the rest of the step, whose tokens and result do
+not change. The walk reads jaxprs the caller traced (`frontier_jax.neuron.program`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import numpy as np
 from jax.extend.core import Literal
 
 from frontier_jax.config import ConfigError
+from frontier_jax.policies.geometry import AUTO_MAX_MICRO_SEQS, micro_batch_candidates
 
 GiB = 1 << 30
 # AWS: "16GiB per Inferentia2/Trainium1 NeuronCore" (aws-neuron-sdk
@@ -39,12 +40,10 @@ NEURONCORE_V2_HBM = 16 * GiB
 NEURON_SOURCE = ("16 GiB HBM per trn1 NeuronCore-v2 (aws-neuron-sdk "
                  "about-neuron/transformers/generative-llm-inference-with-neuron.rst; 32 GiB per 2-core chip, "
                  "about-neuron/arch/neuron-hardware/trainium.rst)")
-# The walk times MARGIN bounds every XLA figure measured (`python -m bench.memory_estimate`: XLA / walk
-# 0.94 to 1.31, the largest for the baseline at 64 sequences: T x T attention probabilities XLA packs with gaps).
-MARGIN = 1.4
-# Auto (train.micro_batch_seqs = 0) chooses at most the baseline's micro-batch: train_gpt.py runs 524,288
-# tokens per step on 8 GPUs as 64 sequences of 1,024 per GPU; where that fits, auto runs the same program.
-AUTO_MAX_MICRO_SEQS = 64
+# The walk times MARGIN bounds every XLA figure measured (`python -m bench.memory_estimate`, bench/README.md:
+# XLA / walk 0.96 to 1.39, the largest for the baseline in bfloat16, whose element-wise work XLA:CPU widens to
+# float32 buffers; 1.32 for the baseline at 64 sequences), with room for programs not measured.
+MARGIN = 1.5
 
 
 class DoesNotFit(ConfigError):
@@ -202,9 +201,7 @@ class Fit:
         return f"memory: step peak estimated {gb(self.estimate)} per {self.limit.unit} at {seqs} per micro-batch ({how}){over}"
 
 
-def candidates(per_device_seqs: int, cap: int = AUTO_MAX_MICRO_SEQS) -> list[int]:
-    """The micro-batches auto may choose, largest first: divisors of the per-device step up to `cap`."""
-    return [m for m in range(min(cap, per_device_seqs), 0, -1) if per_device_seqs % m == 0]
+candidates = micro_batch_candidates
 
 
 def fit(name: str, setting: int, per_device_seqs: int, estimate: Callable[[int], int], limit: DeviceMemory,

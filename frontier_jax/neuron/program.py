@@ -18,6 +18,7 @@ scan, while, cond, shard_map, ...), with how many times the equation runs per ca
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Iterator
 
 import jax
@@ -158,8 +159,43 @@ def fit_memory(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: o
                limit: _memory.DeviceMemory) -> _memory.Fit:
     """The trainer's check before anything is compiled or allocated: its steps traced as they run here (the
     configured kernel table, not Neuron's), the micro-batch per device (`train.micro_batch_seqs`, or auto's
-    choice) against `limit`; DoesNotFit (exit 2) when the step cannot fit."""
-    return StepPrograms(cfg, num_devices, dtypes, tx).fit(limit, strict=True)
+    choice) against `limit`; DoesNotFit (exit 2) when the step cannot fit. The estimates are kept per process
+    for the programs they depend on (`_program_key`): a second run of the same step is not traced again."""
+    known = _ESTIMATES.setdefault(_program_key(cfg, num_devices, dtypes), {})
+    steps: list[StepPrograms] = []
+
+    def traced() -> StepPrograms:
+        if not steps:
+            steps.append(StepPrograms(cfg, num_devices, dtypes, tx))
+        return steps[0]
+
+    def estimate(m: int) -> int:
+        if m not in known:
+            known[m] = _memory.estimate_bytes([traced().train(m)])
+        return known[m]
+
+    def fixed() -> int:
+        if "eval" not in known:
+            known["eval"] = _memory.estimate_bytes([traced().eval()])
+        return known["eval"]
+
+    t = cfg.train
+    split_batch(t.tokens_per_step // t.seq_len, 1, num_devices)  # a step the devices cannot share: one line
+    return _memory.fit(cfg.name, t.micro_batch_seqs, t.tokens_per_step // t.seq_len // num_devices, estimate, limit,
+                       fixed=fixed, strict=True)
+
+
+_ESTIMATES: dict[str, dict] = {}  # fit_memory's estimates per `_program_key`
+
+
+def _program_key(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes) -> str:
+    """What the traced steps depend on: the model, optimizer and n-gram sections, the step's shape, ZeRO-1, the
+    device count, the dtypes, the backend and the configured kernel table."""
+    t = cfg.train
+    return json.dumps([dataclasses.asdict(cfg.model), dataclasses.asdict(cfg.optim), dataclasses.asdict(cfg.ngram),
+                       [t.seq_len, t.tokens_per_step, t.val_batch_seqs], cfg.parallel.zero1, num_devices,
+                       dataclasses.asdict(dtypes), jax.default_backend(),
+                       [(r.op, r.impl) for r in ops.kernel_table()]], sort_keys=True, default=str)
 
 
 def trace_steps(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: optim.Optimizer) -> Traced:

@@ -269,7 +269,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data", help="directory holding the val shards (default: the run's data.data_dir)")
     ap.add_argument("--tokenizer", help="SentencePiece .model path or 'bytes' (default: the run's)")
     ap.add_argument("--seq-len", type=int, default=1024, help="window length for --tables alone")
-    ap.add_argument("--val-pattern", default="*_val_*.bin")
+    ap.add_argument("--val-pattern", default="*_val_*.bin",
+                    help="glob of the val shards in --data (default *_val_*.bin, data.val_pattern's default)")
     ap.add_argument("--max-tokens", type=int, default=0, help="score at most this many val tokens (0: all)")
     ap.add_argument("--json", action="store_true", help="print JSON only")
     args = ap.parse_args(argv)
