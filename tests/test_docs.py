@@ -96,3 +96,23 @@ def test_the_readme_layout_block_is_the_tree():
     for room, names in rooms.items():
         assert names == {p.stem for p in (pkg / room).glob("*.py")} - {"__init__", "__main__"}, room
     assert len(rooms) >= 8  # the rooms are listed with their modules, not only named
+
+
+def test_what_the_documented_commands_write_in_the_checkout_is_ignored_by_git():
+    """Following the README (`prepare --out data/sp1024`, the tokenizer beside it) must not mark every later run
+    `-dirty`: each relative --out of a command in the README and docs, and the README's input files, is ignored."""
+    import subprocess
+
+    pages = [README, *_pages(), REPO / "bench" / "README.md"]
+    outs = {m for page in pages for m in re.findall(r"--out[ =]([A-Za-z0-9_./-]+)", page.read_text())
+            if not m.startswith("/") and not re.search(r"\b[A-Z]{2,}\b", m)}  # placeholders: DIR, FILE.npz
+    files = set(re.findall(r"--(?:input|tokenizer) ([A-Za-z0-9_.-]+\.(?:jsonl|model))\b", README.read_text()))
+    assert {"data/sp1024", "prof/"} <= outs and "fineweb_1024_bpe.model" in files
+    res = subprocess.run(["git", "check-ignore", "--no-index", *sorted(outs | files)], cwd=REPO,
+                         capture_output=True, text=True)
+    if res.returncode == 128:
+        import pytest
+
+        pytest.skip(f"not a git checkout: {res.stderr.strip()}")
+    ignored = set(res.stdout.split())
+    assert ignored == outs | files, f"not in .gitignore: {sorted((outs | files) - ignored)}"
