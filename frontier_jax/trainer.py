@@ -216,12 +216,14 @@ class JaxTrainer(Trainer):
         self.seqs_per_step, self.accum, self.metrics_log = t.tokens_per_step // t.seq_len, s.accum, None
         log.attach(out_dir / rundir.LOG)
         env = s.env
+        self.env_backend = env["backend"]
         log(startup.run_line("frontier_jax", out_dir, cfg, env["git"]))
         log(f"backend {env['backend']} | {dp.describe()} | allocator {host.describe(env['host_allocator'])}")
         log(f"compute dtype {s.dtypes.compute} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
             f"{s.dtypes.muon_ns} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
-        log(ops.format_kernel_table(s.kernel_rows) + "\n(every kernel-backed op runs per device on its shard of the "
-            "batch, inside jax.shard_map)")
+        table = ops.run_log_table(s.kernel_rows, env["backend"])
+        log(table if table.count("\n") == 0 else table + "\n(every kernel-backed op runs per device on its shard of "
+            "the batch, inside jax.shard_map)")
         log(s.fit.line())
         if s.program_report is not None:
             log(s.program_report)
@@ -353,7 +355,8 @@ class JaxTrainer(Trainer):
 
     def summary_fields(self) -> dict:
         kind = ops.attention_forward_kind(self._steps.bound, self.cfg.train.seq_len)
-        self.log(f"qk_attention forward on Neuron for the final gains: {kind}")
+        if self.env_backend == "neuron":  # summary.json keeps it everywhere
+            self.log(f"qk_attention forward for the final gains: {kind}")
         return {"checkpoint_step": checkpoint.latest_step(self.out_dir),  # every process (orbax collectives)
                 "attention_forward": kind, "attention_forward_switches": self._steps.switches}
 

@@ -17,7 +17,7 @@ reference directly under plain autodiff (`dispatch.direct`); its body is the ker
 genuine adapters only (reshapes to rows, dtype casts, the scale folded into a weight, the gain
 broadcast over the partitions). Ops no production path calls live in `frontier_jax.ops.experimental`.
 
-The kernel table's API is re-exported here: `configure`, `kernel_table`, `format_kernel_table`,
+The kernel table's API is re-exported here: `configure`, `kernel_table`, `format_kernel_table`, `run_log_table`,
 `emulated`, `through_primitives`, `KernelRow`, `KernelUnavailableError`, `OPS`, `FUSED_OPTIMIZER_OPS`.
 """
 
@@ -32,13 +32,13 @@ from frontier_jax.ops.softmax_shift import (  # noqa: F401 (re-exported: the tra
     score_bound)
 from frontier_jax.ops.dispatch import (
     MODES, KernelAdapter, KernelRow, KernelUnavailableError, configure, declare, direct, emulated,
-    format_kernel_table, kernel_primitives, kernel_table, public, through_primitives)
+    format_kernel_table, kernel_primitives, kernel_table, public, run_log_table, through_primitives)
 from frontier_jax.ops.vjp import Vjp
 
 __all__ = [
     "FUSED_OPTIMIZER_OPS", "unused_ops", "MODES", "OPS", "KernelRow", "KernelUnavailableError",
     "configure", "emulated",
-    "format_kernel_table", "kernel_table", "through_primitives",
+    "format_kernel_table", "kernel_table", "run_log_table", "through_primitives",
     "rms_norm", "qk_attention", "norm_mlp", "embed", "head_loss", "mix_norm_qkv_projection",
     "out_projection", "adam_update", "muon_update", "scalars_PK", "kernel_primitives",
     "attention_forward", "score_bound", "bounded_shift_valid", "attention_forward_kind", "attention_variants_differ",
