@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from frontier_jax.contest import codebytes
 from frontier_jax.interop.quantize import ARTIFACT, CLIP_Q, CONTROL_PATTERNS, FORMAT, KEEP_FLOAT_MAX_NUMEL, ZLIB_LEVEL
 from frontier_jax.run.rundir import CONFIG
-from frontier_jax.run.submission import code_files
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -135,4 +135,4 @@ def roundtrip_scored(model: torch.nn.Module, run_dir: Path, evaluate) -> dict:
         sums = evaluate()
     finally:
         model.load_state_dict(trained)
-    return {**info, **sums, "code_files": code_files((Path(run_dir) / CONFIG,))}
+    return {**info, **sums, "code_files": codebytes.record_run(run_dir, Path(run_dir) / CONFIG)}

@@ -270,6 +270,7 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
                   [*([xla.CompileWatch(log)] if device.type == "xla" else []),
                    progress.Progress(log, driver.Policy.from_config(cfg), progress.train_tokens(data.train_files), t)])
     base = {"config_name": cfg.name, "config_hash": config_hash(cfg), "implementation": "torch",
+            "rules_profile": cfg.rules.profile,
             **peak_info, "matmul_peak_flops": peak_info.get("matmul_peak_flops"),
             "flops_per_token": cfg.model.flops_per_token(t.seq_len), "run_dir": str(out_dir)}
     try:

@@ -19,6 +19,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import traceback
 import typing
 from dataclasses import dataclass, field
@@ -33,6 +34,11 @@ class ConfigError(BadInput):
 # (frontier_jax.ops.dispatch; the CLI's --kernels).
 KERNEL_MODES = ("auto", "reference", "strict")
 MAX_SEED = (1 << 32) - 1  # train.seed: JAX's default (non-x64) PRNG key holds 32 bits; a larger seed aliases one
+# rules.profile: the contest rule sets a run can be checked against (frontier_jax.contest.rules, docs/rules.md)
+RULE_PROFILES = ("trainium-frontier", "parameter-golf")
+# load_config imports a config file as a module of this name prefix (registered in sys.modules, so the run's
+# code record, frontier_jax.contest.codebytes, counts and scans it with the project's code)
+CONFIG_MODULE_PREFIX = "_frontier_config_"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,6 +268,17 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RulesConfig:
+    # The contest rule set the run's score is claimed under (one of RULE_PROFILES): its summary and score
+    # lines name it, and `python -m frontier_jax.submission check RUN` reports the run against every rule of it.
+    profile: str = "trainium-frontier"
+
+    def __post_init__(self):
+        if self.profile not in RULE_PROFILES:
+            raise ConfigError(f"rules.profile must be {'|'.join(RULE_PROFILES)}, got {self.profile!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     name: str = "baseline"  # the run's name (default run directory runs/<name>-<time>)
     model: ModelConfig = field(default_factory=ModelConfig)  # the network's shape and init
@@ -270,6 +287,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)  # batch, budget, validation, checkpoints
     ngram: NgramConfig = field(default_factory=NgramConfig)  # the optional n-gram logit bias
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # data parallelism
+    rules: RulesConfig = field(default_factory=RulesConfig)  # the contest rule set (frontier_jax.contest)
 
 
 # ----------------------------------------------------------------------------- loading / overrides
@@ -280,12 +298,17 @@ def load_config(path: str | Path) -> Config:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    spec = importlib.util.spec_from_file_location(f"_frontier_config_{path.stem}", path)
+    spec = importlib.util.spec_from_file_location(f"{CONFIG_MODULE_PREFIX}{path.stem}", path)
     if spec is None:
         raise ConfigError(f"{path}: not a Python config file (expected a .py module defining get_config())")
     module = importlib.util.module_from_spec(spec)
-    with _config_errors(path, "loading"):
-        spec.loader.exec_module(module)
+    sys.modules[spec.name] = module  # an import like any other: the run's code record lists it
+    try:
+        with _config_errors(path, "loading"):
+            spec.loader.exec_module(module)
+    except ConfigError:
+        sys.modules.pop(spec.name, None)
+        raise
     if not hasattr(module, "get_config"):
         raise ConfigError(f"{path}: config file defines no get_config()")
     with _config_errors(path, "get_config()"):

@@ -135,6 +135,7 @@ def environment() -> dict:
         **rundir.environment(PACKAGES),
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
+        "device_kind": jax.devices()[0].device_kind,  # the rules profiles' hardware (frontier_jax.contest.limits)
         "process_index": jax.process_index(),
         "process_count": jax.process_count(),
     }

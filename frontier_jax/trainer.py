@@ -31,8 +31,9 @@ from frontier_jax.interop import quantize, state_dict
 from frontier_jax.policies import dtypes as dtype_policy
 from frontier_jax.policies.geometry import split_batch, step_batch
 from frontier_jax.policies.scoring import val_window_tokens
-from frontier_jax.run import driver, host, progress, rundir, startup, submission
+from frontier_jax.run import driver, host, progress, rundir, startup
 from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
+from frontier_jax.contest import codebytes
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
 from frontier_jax.model import build, count_params
@@ -256,7 +257,8 @@ class JaxTrainer(Trainer):
                        self.ngram]  # the n-gram runtime starts with the timed budget: its builder's time counts
         if on_step is not None:
             self._hooks.append(OnStep(on_step))
-        base = {"config_name": cfg.name, "config_hash": config_hash(cfg), **self.peak_info,
+        base = {"config_name": cfg.name, "config_hash": config_hash(cfg), "rules_profile": cfg.rules.profile,
+                **self.peak_info,
                 "matmul_peak_flops": self.peak, "flops_per_token": self.flops_per_token, "run_dir": str(self.out_dir)}
         try:
             return driver.run_budgeted(driver.Policy.from_config(cfg, stop_after_steps), self, base)
@@ -379,7 +381,8 @@ class JaxTrainer(Trainer):
         finally:
             self.params = trained
             self._steps.observe(bound)
-        return {**info, **sums, "code_files": submission.code_files((self.out_dir / rundir.CONFIG,))}
+        return {**info, **sums, "code_files": codebytes.record_run(self.out_dir, self.out_dir / rundir.CONFIG,
+                                                                   write=self.dp.is_main)}
 
     def write_summary(self, summary: dict) -> None:
         if self.metrics_log is not None:

@@ -15,7 +15,7 @@ ENTRY_POINTS = {
     "frontier_jax.train": "main", "frontier_jax.evaluate": "main", "frontier_jax.data.prepare": "main",
     "frontier_jax.compare.arms": "main", "frontier_jax.interop.state_dict": "main", "frontier_jax.ngram.analyze": "main",
     "frontier_jax.neuron.check": "main", "frontier_jax.neuron.kernel_report": "main", "frontier_jax.neuron.profile": "main",
-    "baseline_torch.train": "main", "kernels_nki.emulator.rules": "main",
+    "baseline_torch.train": "main", "kernels_nki.emulator.rules": "main", "frontier_jax.submission.__main__": "main",
 }
 
 

@@ -12,7 +12,7 @@ import pytest
 from frontier_jax.config import Config, OptimConfig, TrainConfig
 from frontier_jax.errors import EXIT_INTERRUPTED, BadInput
 from frontier_jax.policies import scoring
-from frontier_jax.run import driver, endings, submission
+from frontier_jax.run import driver, endings, roundtrip
 from frontier_jax.run.interface import RunHook, RunState
 from helpers import REPO, FakeClock, FakeTrainer
 
@@ -117,15 +117,15 @@ def test_the_round_trip_runs_after_the_final_validation_and_fills_the_summary(fa
     """Trainer.roundtrip gets an `evaluate` that scores with the trainer's own eval_sums (the full split); its
     artifact fields and the official lines follow; a failure is reported and the run still ends with a summary."""
     fake, log, order = FakeTrainer(fake_time, checkpoints=True), [], []
-    monkeypatch.setattr(submission, "time", fake_time)  # the round trip's eval timer too
+    monkeypatch.setattr(roundtrip, "time", fake_time)  # the round trip's eval timer too
 
-    def roundtrip(evaluate):
+    def fake_roundtrip(evaluate):
         order.append(("roundtrip", list(fake.evals)))
         v = evaluate()
         return {**v, "artifact": "run/final_model.int8.ptz", "artifact_bytes": 1000, "raw_bytes": 3000,
                 "stats": {"int8_payload_bytes": 2000, "baseline_tensor_bytes": 8000}, "code_files": []}
 
-    s = driver.run_budgeted(policy(max_steps=2), fake.hooks(roundtrip=roundtrip, log=log.append), BASE)
+    s = driver.run_budgeted(policy(max_steps=2), fake.hooks(roundtrip=fake_roundtrip, log=log.append), BASE)
     assert order == [("roundtrip", [4 * 8, 0])]  # after the warm-up's and the final validation
     assert fake.evals[-1] == 0 and fake.rows[-1]["kind"] == "roundtrip" and fake.rows[-2].get("final")
     assert s["roundtrip_val_bpb"] == s["val_bpb"] and s["artifact_bytes"] == 1000
@@ -134,6 +134,18 @@ def test_the_round_trip_runs_after_the_final_validation_and_fills_the_summary(fa
     assert log[log.index(next(m for m in log if m.startswith("final_int8_zlib_roundtrip "))) + 1] == \
         f"final_int8_zlib_roundtrip_exact val_loss:0.70000000 val_bpb:{s['roundtrip_val_bpb']:.8f}"
     assert fake.summaries == [s]
+
+    # the run's rules profile: every score line ends with it, a failing size rule named (frontier_jax.contest)
+    for profile, cap_fails in (("trainium-frontier", False), ("parameter-golf", True)):
+        fake, log = FakeTrainer(fake_time, checkpoints=True), []
+        big = lambda evaluate: {**fake_roundtrip(evaluate), "artifact_bytes": 16_000_001 if cap_fails else 1000}
+        s = driver.run_budgeted(policy(max_steps=2), fake.hooks(roundtrip=big, log=log.append),
+                                {**BASE, "rules_profile": profile})
+        tag = f" rules:{profile}" + ("(fails:size)" if cap_fails else "")
+        assert s["rules_profile"] == profile and s["rules_tag"] == tag
+        assert [m for m in log if m.startswith("final_int8_zlib_roundtrip")] and all(
+            m.endswith(tag) for m in log if m.startswith("final_int8_zlib_roundtrip"))
+        assert s["rules_at_end"] == {"size": "fail" if cap_fails else "not checkable"}
 
     def broken(evaluate):
         raise OSError(28, "No space left on device", "run/.final_model.int8.ptz.tmp")

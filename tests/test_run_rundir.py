@@ -87,6 +87,11 @@ def test_summary_table_names_the_run_directory_both_scores_and_the_sizes():
     assert table["run directory"] == "/runs/a" and table["round-trip val bpb"].startswith("1.5100")
     assert table["submission size"] == "1,300 bytes = 1,000 int8+zlib model + 300 code"
     assert table["matmul peak"] == "1e+11 FLOP/s (measured: x)"
+    assert table["rules"] == "-"
+    table = dict(rundir.summary_rows({**s, "rules_profile": "parameter-golf", "rules_line": "parameter-golf: size pass"}))
+    assert table["rules"] == ("parameter-golf: size pass (every rule: python -m frontier_jax.submission check "
+                              "/runs/a)")
+    assert table["round-trip val bpb"].endswith("(int8+zlib artifact: the score under the rules profile parameter-golf)")
 
 
 def test_read_config_and_env_round_trip_and_refuse_what_is_not_a_run(tmp_path):

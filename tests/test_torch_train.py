@@ -34,11 +34,13 @@ def test_a_whole_torch_run_loads_no_jax_and_follows_the_run_policy(byte_data, tm
     assert p.returncode == 0, p.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     last = p.stdout.strip().splitlines()[-3:]  # the plain score, then the official script's two round-trip lines
-    assert last[0] == f"val_bpb: {summary['val_bpb']:.6f}"
+    tag = " rules:trainium-frontier"  # the run's rules profile ends every score line (docs/rules.md)
+    assert last[0] == f"val_bpb: {summary['val_bpb']:.6f}{tag}"
     assert last[1].startswith(f"final_int8_zlib_roundtrip val_loss:{summary['roundtrip_val_loss']:.4f} "
-                              f"val_bpb:{summary['roundtrip_val_bpb']:.4f} eval_time:")
+                              f"val_bpb:{summary['roundtrip_val_bpb']:.4f} eval_time:") and last[1].endswith(tag)
     assert last[2] == (f"final_int8_zlib_roundtrip_exact val_loss:{summary['roundtrip_val_loss']:.8f} "
-                       f"val_bpb:{summary['roundtrip_val_bpb']:.8f}")
+                       f"val_bpb:{summary['roundtrip_val_bpb']:.8f}{tag}")
+    assert (out / "code.json").is_file() and summary["rules_profile"] == "trainium-frontier"
     assert summary["artifact_bytes"] == (out / "final_model.int8.ptz").stat().st_size
     assert summary["submission_bytes"] == summary["artifact_bytes"] + summary["code_bytes"] > 0
     assert summary["stop_reason"] == "max_steps" and summary["steps"] == 3 and summary["implementation"] == "torch"

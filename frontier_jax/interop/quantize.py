@@ -21,7 +21,7 @@ against `baseline_torch/quantize.py`, the PyTorch port of the same spec).
 
 The round trip of a run after training (`roundtrip_state_dict`: write the artifact, read it back,
 dequantize) is below; what a run reports of it (the summary fields, the official lines, the code bytes
-the contest adds to the artifact's) is `frontier_jax.run.submission`.
+the contest adds to the artifact's) is `frontier_jax.run.roundtrip`.
 """
 
 from __future__ import annotations

@@ -106,13 +106,16 @@ class StepPrograms:
     """The trainer's steps of one config on an abstract mesh of `num_devices`, traced on demand (nothing is
     compiled or allocated): the train step per micro-batch size (cached), the eval and optimizer steps."""
 
-    def __init__(self, cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: optim.Optimizer):
+    def __init__(self, cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: optim.Optimizer,
+                 model_fn=build, eval_model_fn=None):
         t = cfg.train
         self.cfg, self.tx, self.num_devices = cfg, tx, num_devices
         self.seqs_per_step = t.tokens_per_step // t.seq_len
         split_batch(self.seqs_per_step, 1, num_devices)  # a step the devices cannot share fails here, in one line
         self.mesh = AbstractMesh((num_devices,), (AXIS,))
-        self.graphdef, params = nnx.split(nnx.eval_shape(lambda: build(cfg, dtypes.compute)))
+        self.graphdef, params = nnx.split(nnx.eval_shape(lambda: model_fn(cfg, dtypes.compute)))
+        self.eval_graphdef = self.graphdef if eval_model_fn is None else nnx.split(
+            nnx.eval_shape(lambda: eval_model_fn(cfg, dtypes.compute)))[0]
         self.params = _abstract(params)
         self.opt_state = jax.eval_shape(tx.init, self.params)
         self.specs = state_specs(self.opt_state, num_devices, cfg.parallel.zero1)
@@ -137,7 +140,7 @@ class StepPrograms:
         cfg = self.cfg
         V, T, B = cfg.model.vocab_size, cfg.train.seq_len, cfg.train.val_batch_seqs
         tables = ByteTables(np.zeros(V, np.int32), np.zeros(V, bool), np.zeros(V, bool))
-        eval_step = make_eval_step(self.graphdef, tables, self.bias_fn, mesh=self.mesh).jitted
+        eval_step = make_eval_step(self.eval_graphdef, tables, self.bias_fn, mesh=self.mesh).jitted
         tok = jax.ShapeDtypeStruct((B, T), jnp.int32)
         return jax.make_jaxpr(eval_step)(self.params, tok, tok, tok, self.aux)
 
@@ -198,17 +201,24 @@ def _program_key(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes) -> 
                        [(r.op, r.impl) for r in ops.kernel_table()]], sort_keys=True, default=str)
 
 
-def trace_steps(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: optim.Optimizer) -> Traced:
+def trace_steps(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: optim.Optimizer, *, model_fn=build,
+                eval_model_fn=None, only: tuple[str, ...] | None = None) -> Traced:
     """The trainer's steps for `cfg` on `num_devices` NeuronCores (one trn1.2xlarge chip is 2 NeuronCores, 2 JAX
     devices), in `dtypes` with the optimizer `tx`, traced with the kernel calls in place (module docstring), at
     the config's micro-batch or, for train.micro_batch_seqs=0, the largest that fits a NeuronCore's HBM
-    (`Traced.memory` says whether the step fits)."""
+    (`Traced.memory` says whether the step fits). `model_fn(cfg, compute_dtype)` builds the model both steps use
+    (the trainer's: `model.build`); `eval_model_fn`, when given, the one the eval step uses instead (what the
+    one-forward check compares, frontier_jax.submission.forward). `only`: trace just these programs (default all
+    four; the estimate is then of the train step and those)."""
+    names = ("train", "train (exact-max attention)", "eval", "optimizer")
     with ops.kernel_primitives():
-        steps = StepPrograms(cfg, num_devices, dtypes, tx)
+        steps = StepPrograms(cfg, num_devices, dtypes, tx, model_fn, eval_model_fn)
         fit = steps.fit(_memory.device_memory("neuron"), strict=False)
-        programs = {"train": steps.train(fit.micro_seqs),
-                    "train (exact-max attention)": steps.train(fit.micro_seqs, exact=True),
-                    "eval": steps.eval(), "optimizer": steps.optimizer()}
+        make = {"train": lambda: steps.train(fit.micro_seqs),
+                "train (exact-max attention)": lambda: steps.train(fit.micro_seqs, exact=True),
+                "eval": steps.eval, "optimizer": steps.optimizer}
+        programs = {name: make[name]() for name in names if only is None or name in only}
     global_micro, accum = split_batch(steps.seqs_per_step, fit.micro_seqs, num_devices)
-    fit = dataclasses.replace(fit, estimate=_memory.estimate_bytes(programs.values()))  # every program's peak
+    traced = [steps.train(fit.micro_seqs), *programs.values()]
+    fit = dataclasses.replace(fit, estimate=_memory.estimate_bytes(traced))  # every traced program's peak
     return Traced(programs, num_devices, global_micro, accum, fit)

@@ -229,7 +229,8 @@ class NgramRuntime(RunHook):
         self._record()
 
     def _record(self) -> None:
-        record = {
+        record = {  # what the tables are built from, and their size: the rules' eval-state check reads these
+            "built_from": "train shards", "table_bytes": self.cfg.table_bytes,
             "trainer_shards": [str(f) for f in self.trainer_files],
             "builder_shards": [str(f) for f in self.builder_files],
             "builder_pid": self._builder_pid, "strict": self.strict, "swaps": self.swaps, "final": self.final,

@@ -45,10 +45,11 @@ import os
 import time
 
 from frontier_jax.config import Config, OptimConfig
+from frontier_jax.contest import limits
 from frontier_jax.errors import BadInput, describe_os_error
 from frontier_jax.policies.schedules import lr_scale, muon_momentum
 from frontier_jax.policies.scoring import val_result
-from frontier_jax.run import rundir, submission
+from frontier_jax.run import roundtrip, rundir
 from frontier_jax.run.endings import (FINAL_VAL_INTERRUPTED, STOP_NONFINITE, STOP_REQUESTED, STOP_SAVE_FAILED,
                                       STOP_WRITE_FAILED, InterruptedBeforeTraining, decide_stop, is_interrupted,
                                       signal_reason)
@@ -264,14 +265,15 @@ def _finish(trainer: Trainer, s: RunState, summary_base: dict, save_error: BadIn
             summary.update(val_loss=v["loss"], val_bpb=v["bpb"], val_nll_sum_nats=v["nll_sum_nats"],
                            val_tokens=v["tokens"], val_bytes=v["bytes"])
             # the full split again, on the artifact's weights (kind=roundtrip), unless the trainer has no round trip
-            summary.update(submission.run_roundtrip(trainer.roundtrip, lambda: _validate(trainer, s, 0, kind="roundtrip"),
-                                                  trainer.log))
+            summary.update(roundtrip.run_roundtrip(trainer.roundtrip, lambda: _validate(trainer, s, 0, kind="roundtrip"),
+                                                    trainer.log, tag=lambda f: limits.end_of_run({**summary, **f})))
         except KeyboardInterrupt:
             s.stop_reason = summary["stop_reason"] = f"{signal_reason(sig.received)} {FINAL_VAL_INTERRUPTED}"
             trainer.log(f"final validation interrupted ({sig.received}); checkpoint step {s.saved_step} is saved")
         finally:
             if hasattr(sig, "interrupt"):
                 sig.interrupt = False
+    summary.update(limits.end_of_run(summary))  # the rules profile, the size rule (frontier_jax.contest)
     try:
         trainer.write_summary(summary)
     except OSError as e:

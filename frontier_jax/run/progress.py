@@ -9,7 +9,7 @@
   compile warm-up) and how many passes over the train split that is, with a WARNING past one pass.
 - `probe_summary`: the MFU denominator from repeated matmul probes (median, spread, how measured).
 - `final_lines`: what an entry point prints last: `val_bpb: X`, then the official script's two
-  round-trip lines (`frontier_jax.run.submission.roundtrip_lines`).
+  round-trip lines (`frontier_jax.run.roundtrip.roundtrip_lines`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import time
 
 from frontier_jax.data.shards import shard_token_count
-from frontier_jax.run.submission import roundtrip_lines
+from frontier_jax.run.roundtrip import roundtrip_lines
 
 ESTIMATE_STEPS = 10
 ESTIMATE_SECONDS = 10.0
@@ -128,7 +128,7 @@ def final_lines(summary: dict) -> list[str]:
     """The entry points' last stdout lines: `val_bpb: X`, then the official round-trip lines when there are."""
     lines = []
     if summary.get("val_bpb") is not None:
-        lines.append(f"val_bpb: {summary['val_bpb']:.6f}")
+        lines.append(f"val_bpb: {summary['val_bpb']:.6f}{summary.get('rules_tag', '')}")
         if summary.get("roundtrip_val_bpb") is not None:
             lines += roundtrip_lines(summary)
     return lines

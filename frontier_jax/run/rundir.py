@@ -13,6 +13,10 @@ It imports no JAX (numpy, and matplotlib for the plot), so both trainers write t
     summary.json   the run policy's summary (frontier_jax.run.driver); summary.txt the same as a table
     curves.png     train loss and val bpb (periodic subset, final full split, round trip; frontier_jax.run.curves)
     final_model.int8.ptz  the contest's int8 + zlib artifact (frontier_jax.interop.quantize)
+    code.json      the project's source files the run imported, each with its bytes and sha256 (what the
+                   contests count as code and the submission check scans: frontier_jax.contest.codebytes)
+    ttt.jsonl      test-time training, when a run has it: its score and train events in the order they
+                   happened (the contract: frontier_jax.submission.evidence)
     checkpoints/   orbax checkpoints, one directory per step (JAX trainer)
     weights.npz    the weights in the interop format (PyTorch baseline)
 
@@ -320,8 +324,12 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         ("final train loss", f("final_train_loss", "{:.4f}")),
         ("val loss", f("val_loss", "{:.4f}")),
         ("val bpb", f("val_bpb", "{:.4f}") + " (full val split, trained weights)"),
-        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + " (int8+zlib artifact: the contest's score)"),
+        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + " (int8+zlib artifact: the score under the rules "
+                                                                  f"profile {summary.get('rules_profile') or '-'})"),
         ("submission size", size),
+        ("rules", "-" if not summary.get("rules_profile") else
+         f"{summary.get('rules_line') or summary['rules_profile']} (every rule: python -m frontier_jax.submission "
+         f"check {summary.get('run_dir', 'RUN')})"),
         ("stopped by", f("stop_reason")),
     ]
 
