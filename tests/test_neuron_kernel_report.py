@@ -108,6 +108,10 @@ def test_docs_step_estimate_is_the_reports():
     md = kernel_report.format_markdown(reps) + "\n\n" + kernel_report.format_against(reps[0], old)
     assert md in (docs / "step-estimate.md").read_text(), "rerun python -m frontier_jax.kernel_report --config " \
         "configs/baseline.py --markdown --against docs/kernels/step-estimate-row-major.json into the page"
+    # docs/kernels/optimizer.md's per-step figures are frontier14's report's
+    lines = kernel_report.optimizer_lines(reps[1])
+    ratio = {line.split(":")[0]: line.split(", ")[1].split("x")[0] for line in lines}
+    assert f"Adam {ratio['adam_update']}x, Muon {ratio['muon_update']}x per step" in (docs / "optimizer.md").read_text()
 
 
 def test_markdown_tables(rep):
