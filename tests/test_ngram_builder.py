@@ -48,7 +48,7 @@ def test_split_is_disjoint_and_logged(tmp_path):
     with pytest.raises(ValueError) as e:
         split_shards_for_builder(one, CFG)
     msg = str(e.value)
-    assert "\n" not in msg and "(1 train shard(s)" in msg and "--shard-tokens 2,250, 4 shards of its 9,000" in msg
+    assert "\n" not in msg and "(1 train shard(s)" in msg and "--shard-tokens 2250, 4 shards of its 9,000" in msg
     with pytest.raises(ValueError, match="share shards"):
         assert_disjoint(files[:3], files[2:])
 

@@ -54,7 +54,7 @@ def _too_few_shards(files: list[Path], k: int) -> str:
         total = sum(shard_token_count(f) for f in files)
     except (OSError, ValueError):
         total = 0
-    size = f" {-(-total // (k + 3)):,}" if total else " N"
+    size = f" {-(-total // (k + 3))}" if total else " N"
     return (f"{where}ngram.builder_shards_from_end={k} leaves the trainer no shards ({len(files)} train shard(s); the "
             f"n-gram builder reads the last {k} on its own): prepare the data in more, smaller shards "
             f"(python -m frontier_jax.data.prepare ... --shard-tokens{size}"
