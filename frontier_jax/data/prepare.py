@@ -149,12 +149,12 @@ def prepare(
     if n_docs == 0:
         raise DataError(f"{inputs[0]}: input holds no documents")
     if val_docs >= n_docs:
-        raise DataError(f"{inputs[0]}: val_docs {val_docs} leaves no training documents (input has {n_docs})")
+        raise DataError(f"{inputs[0]}: --val-docs {val_docs} leaves no training documents (the input has {n_docs})")
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     stale = _existing_outputs(out_dir, prefix)
     if stale and not overwrite:
-        raise DataError(f"{out_dir}: already holds {stale[0].name} (and {len(stale) - 1} more); use an empty directory or overwrite")
+        raise DataError(f"{out_dir}: already holds {stale[0].name} (and {len(stale) - 1} more); use an empty directory or --overwrite")
     atomic_write_text(out_dir / INCOMPLETE, "data.prepare has not finished writing this directory\n")
     for p in stale:
         if p.name != INCOMPLETE:
