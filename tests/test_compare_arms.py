@@ -318,6 +318,9 @@ def test_a_confounded_comparison_says_the_remedy_titles_and_marks_its_plot(tmp_p
     fig = figures[-1]
     assert fig._suptitle.get_text().startswith("val bits/byte (lower is better): steady vs jumpy; 2 seed(s) x 3 s")
     assert any(t.get_text().startswith("CONFOUNDED: the arms did not run under the same conditions") for t in fig.texts)
+    from matplotlib.ticker import EngFormatter
+
+    assert isinstance(fig.axes[1].xaxis.get_major_formatter(), EngFormatter)  # tokens as 200k, not 200000
 
 
 def test_threads_pins_every_run_and_progress_lines_come_while_a_run_is_silent(tmp_path, capsys, monkeypatch):

@@ -80,6 +80,7 @@ def render_plot(runs: list[dict], labels: list[str], path: Path, title: str = ""
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -93,6 +94,7 @@ def render_plot(runs: list[dict], labels: list[str], path: Path, title: str = ""
             if not pts:
                 continue
             ax.plot(*zip(*pts), ls, marker="o", ms=3, color=c, label=f"{run['arm']} s{run['seed']}")
+    axes[1].xaxis.set_major_formatter(EngFormatter(sep=""))  # 200k, 1.5M: full counts run into each other
     for ax, xlabel in zip(axes, ("training steps", "training tokens")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel("val bits/byte")

@@ -182,7 +182,7 @@ def remedies(flags: dict, runs: list[dict], budget: float, threads: int | None, 
     busy = cpus is not None and loads and max(loads) > cpus
     if busy or max_load is None:
         seen = f" (the 1-minute load averaged up to {max(loads):.1f} on {cpus} CPU(s) during the runs)" if busy else ""
-        out.append(f"a quieter machine{seen}: stop other jobs, or --max-load {max(0.5, (cpus or 2) / 4):g} (compare "
+        out.append(f"a quieter machine{seen}: stop other jobs, or --max-load {max(0.5, (cpus or 2) / 2):g} (compare "
                    "waits before each run until the 1-minute load average is below it)")
     return out
 

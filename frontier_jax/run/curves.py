@@ -49,14 +49,6 @@ def run_overrides(run_dir: Path, config_name: str | None) -> list[str]:
         return []
 
 
-def _tokens(x, _pos=None) -> str:
-    """A token count as the axis reads it: 0, 950, 200k, 1.5M, 2B."""
-    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g}{unit}"
-    return f"{x:.0f}"
-
-
 def curve_series(rows: list[dict]) -> dict[str, dict]:
     """The series curves.png draws, from metrics.jsonl rows: "train" (loss per step), "val_periodic" (the
     periodic validations, on at most train.val_max_tokens tokens), "val_final" (the final validation,
@@ -93,7 +85,7 @@ def plot_run(rows: list[dict], path: Path, title: str = "") -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, MaxNLocator
+    from matplotlib.ticker import EngFormatter, MaxNLocator
 
     series = curve_series(rows)
     styles = {"train": dict(lw=0.8), "val_periodic": dict(marker="o", ls="-", ms=4),
@@ -114,7 +106,7 @@ def plot_run(rows: list[dict], path: Path, title: str = "") -> None:
             ax.ticklabel_format(axis="y", useOffset=False)  # 2.8612, not 0.0012 under a "+2.86"
             if xkey == "tokens":  # 200k, 1.5M: full counts ran into each other
                 ax.xaxis.set_major_locator(MaxNLocator(6))
-                ax.xaxis.set_major_formatter(FuncFormatter(_tokens))
+                ax.xaxis.set_major_formatter(EngFormatter(sep=""))
             ax.margins(0.05, 0.15)  # a point at the edge of the data (a run's last validations) stays visible
             right = max((max(v[xkey]) for v in series.values() if v["panel"] == panel and v[xkey]), default=0)
             ax.set_xlim(0, 1.05 * right or 1.0)
