@@ -180,3 +180,4 @@ def test_the_check_prints_the_estimate_per_neuroncore_and_fails_over_hbm(monkeyp
     assert "FAIL  memory.hbm" in out and "per NeuronCore at 16 sequences per micro-batch, over its 1.0 MiB of HBM" in out
     assert neuron_check.main(["--config", tiny, "--set", "train.micro_batch_seqs=0"]) == 1  # auto: even 1 is over
     assert "at 1 sequence per micro-batch (auto: the largest that fits)" in capsys.readouterr().out
+    assert neuron_check.CONFIGS == REPO / "configs"  # no --config: every configs/*.py (test_every_config... runs them)

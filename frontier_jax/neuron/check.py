@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+from pathlib import Path
 from typing import Callable
 
 import jax
@@ -28,6 +29,7 @@ from frontier_jax.neuron.memory import NEURON_SOURCE, gb
 from frontier_jax.neuron.program import Site
 
 KNOWN_ISSUES = "aws-neuron-sdk frameworks/jax/setup/jax-neuronx-known-issues.rst"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # checked when no --config is given
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +258,8 @@ def main(argv=None) -> int:
     from frontier_jax.neuron.program import on_neuron, trace_steps
 
     p = argparse.ArgumentParser(prog="python -m frontier_jax.neuron_check", description=__doc__.splitlines()[0])
-    p.add_argument("--config", action="append", default=[], metavar="PATH", help="configs/*.py (repeatable)")
+    p.add_argument("--config", action="append", default=[], metavar="PATH",
+                   help="a configs/*.py file (repeatable; default: every one of the repository's configs/*.py)")
     p.add_argument("--devices", type=int, default=2, help="NeuronCores in the mesh (a trn1.2xlarge chip: 2)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     p.add_argument("--markdown", action="store_true", help="print the rule table (with sources) as markdown and exit")
@@ -266,7 +269,7 @@ def main(argv=None) -> int:
         return 0
     failed = False
     with exit_on_error():
-        for path in a.config:
+        for path in a.config or sorted(str(f) for f in CONFIGS.glob("*.py") if f.name != "__init__.py"):
             cfg = apply_overrides(load_config(path), a.set)
             traced = trace_steps(cfg, a.devices, *on_neuron(cfg))
             findings = check_traced(traced)
