@@ -327,15 +327,18 @@ def test_threads_pins_every_run_and_progress_lines_come_while_a_run_is_silent(tm
     """--threads 1: the arm's process may run on one CPU only (torch arms get --threads 1); a line every
     PROGRESS_EVERY_S while a run runs, with its console's last line."""
     import argparse
+    import os
 
     from frontier_jax.compare import arms
 
     monkeypatch.setattr(arms, "PROGRESS_EVERY_S", 0.5)
     code = 'import os, time; print("cpus", len(os.sched_getaffinity(0)), flush=True); time.sleep(2.5); print("val_bpb: 1.2")'
     out = tmp_path / "cmp"
+    before = os.sched_getaffinity(0)
     assert main(["--arm", "a=" + _py(code), "--arm", "b=" + _py(code), "--budget", "3", "--seeds", "1",
                  "--threads", "1", "--out", str(out)]) == 0
     assert "cpus 1" in (out / "runs" / "a-s1337" / "console.log").read_text()
+    assert os.sched_getaffinity(0) == before  # compare's own CPUs are put back
     screen = capsys.readouterr().out
     assert any(x.startswith("    a seed 1337: ") and x.endswith(" s | cpus 1") for x in screen.splitlines())
     torch_arm = arms.parse_arm("torch:configs/tiny.py", 0)

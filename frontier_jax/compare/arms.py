@@ -379,12 +379,18 @@ def _wait_for_quiet(max_load: float) -> None:
         time.sleep(2.0)
 
 
-def _pin(threads: int | None):
-    """A Popen preexec_fn pinning the child to the first `threads` CPUs this process may use (None: no pinning)."""
+def _start_pinned(cmd: list[str], threads: int | None, **kw) -> subprocess.Popen:
+    """Popen(cmd), the child pinned to the first `threads` CPUs this process may use (None: not pinned): the
+    calling thread takes that affinity, the child inherits it, the thread's own is put back (no preexec_fn, which
+    forks a multithreaded process unsafely)."""
     if not threads:
-        return None
-    cpus = sorted(os.sched_getaffinity(0))[:threads]
-    return lambda: os.sched_setaffinity(0, cpus)
+        return subprocess.Popen(cmd, **kw)
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sorted(mine)[:threads])
+    try:
+        return subprocess.Popen(cmd, **kw)
+    finally:
+        os.sched_setaffinity(0, mine)
 
 
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:
@@ -415,8 +421,8 @@ def _run_all(order, arms, a, out: Path, meta: dict, runs: list[dict], timeout: f
             # Own session (and process group): a terminal Ctrl-C reaches only compare, which forwards exactly
             # one SIGINT to the group (a second one would make the trainers abort without saving); the
             # timeout kills the whole group, so nothing the arm started runs into the next arms' budgets.
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=_pin(getattr(a, "threads", None)))
+            proc = _start_pinned(cmd, getattr(a, "threads", None), stdout=f, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
             try:
                 rc = _wait_sampling_load(proc, timeout, loads, progress=progress)
             except subprocess.TimeoutExpired:
