@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import copy
 import io
-import os
 import zlib
 from pathlib import Path
 
 import torch
 
 from frontier_jax.contest import codebytes
+from frontier_jax.data.files import atomic_write
 from frontier_jax.interop.quantize import ARTIFACT, CLIP_Q, CONTROL_PATTERNS, FORMAT, KEEP_FLOAT_MAX_NUMEL, ZLIB_LEVEL
 from frontier_jax.run.rundir import CONFIG
 
@@ -114,25 +114,19 @@ def roundtrip(model: torch.nn.Module, run_dir: Path) -> dict:
     torch.save(obj, buf)
     raw = buf.getvalue()
     path = Path(run_dir) / ARTIFACT
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_bytes(zlib.compress(raw, level=ZLIB_LEVEL))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write(path, [zlib.compress(raw, level=ZLIB_LEVEL)])  # renamed into place, never through a symlink
     state = torch.load(io.BytesIO(zlib.decompress(path.read_bytes())), map_location="cpu")
     model.load_state_dict(dequantize_state_dict_int8(state), strict=True)
     return {"artifact": str(path), "artifact_bytes": path.stat().st_size, "raw_bytes": len(raw), "stats": stats}
 
 
 def roundtrip_scored(model: torch.nn.Module, run_dir: Path, evaluate) -> dict:
-    """`Trainer.roundtrip` of the PyTorch baseline (frontier_jax.run.interface): the round trip above, `evaluate()`
+    """`Trainer.roundtrip` of the PyTorch baseline (frontier_jax.run.interface): the round trip above, `evaluate(info)`
     on the dequantized model, then the trained weights put back (weights.npz holds the trained ones)."""
     trained = copy.deepcopy(model.state_dict())
-    info = roundtrip(model, run_dir)
+    info = {**roundtrip(model, run_dir), "code_files": codebytes.record_run(run_dir, Path(run_dir) / CONFIG)}
     try:
-        sums = evaluate()
+        sums = evaluate(info)
     finally:
         model.load_state_dict(trained)
-    return {**info, **sums, "code_files": codebytes.record_run(run_dir, Path(run_dir) / CONFIG)}
+    return {**info, **sums}

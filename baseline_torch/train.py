@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from baseline_torch import quantize, xla
-from baseline_torch.model import GPT, count_params, load_npz, save_npz
+from baseline_torch.model import GPT, count_params, load_npz, refuse_recipe, save_npz
 from baseline_torch.optim import Optimizers
 from frontier_jax.policies import dtypes as dtype_policy
+from frontier_jax.policies import sizing
 from frontier_jax.policies.geometry import micro_batch_candidates, split_batch, step_batch
 from frontier_jax.policies.scoring import val_window_tokens
 from frontier_jax.run import driver, progress, rundir, startup
@@ -33,7 +34,7 @@ from frontier_jax.config import Config, ConfigError, config_hash, to_dict
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
 from frontier_jax.data.tokenizer import count_bytes
-from frontier_jax.errors import exit_on_error
+from frontier_jax.errors import ArgumentParser, exit_on_error, int_in
 from frontier_jax.run.host import describe as describe_allocator
 from frontier_jax.run.host import tune_allocator
 from frontier_jax.run.resolve import resolve_run
@@ -164,11 +165,15 @@ class Trainer(TrainerInterface):
         return loss, gnorm
 
     @torch.no_grad()
-    def eval_sums(self, max_tokens: int) -> dict:
+    def eval_sums(self, max_tokens: int, seq_len: int | None = None, stride: int | None = None) -> dict:
+        """Evaluation sums over non-overlapping windows of `seq_len` (default train.seq_len), or sliding ones at
+        `stride` (eval.batch_seqs windows per batch) that score every target once (the JAX trainer's windows)."""
         t = self.cfg.train
-        toks = val_window_tokens(self.val_tokens, max_tokens, t.seq_len)
+        T = seq_len or t.seq_len
+        batch = (self.cfg.eval.batch_seqs or t.val_batch_seqs) if stride else t.val_batch_seqs
+        toks = self.val_tokens if stride and not max_tokens else val_window_tokens(self.val_tokens, max_tokens, T)
         sums, ntoks, nbytes = [], 0, 0
-        for x, y, mask in val_batches(toks, t.seq_len, t.val_batch_seqs):
+        for x, y, mask in val_batches(toks, T, batch, stride=stride):
             xt = torch.from_numpy(x).to(self.device, torch.long)
             yt = torch.from_numpy(y).to(self.device, torch.long)
             with self._autocast():
@@ -222,18 +227,25 @@ def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bo
     if cfg.ngram.enabled:  # never silently a different model than the config names
         raise ConfigError("ngram.enabled=True: the PyTorch baseline has no n-gram bias (use the JAX trainer, or "
                           "--set ngram.enabled=False)")
+    refuse_recipe(cfg.model)  # before anything is written
+    if cfg.eval.artifact != "int8_zlib":  # nor another artifact than the one it writes
+        raise ConfigError(f"eval.artifact={cfg.eval.artifact!r}: the PyTorch baseline writes the baseline's int8+zlib "
+                          "artifact only (use the JAX trainer, or --set eval.artifact=int8_zlib)")
     out_dir = Path(out_dir).absolute()
     log = RunLog(None, echo)
 
-    def setup() -> tuple[Trainer, Dataset]:
+    def setup(check) -> tuple[Trainer, Dataset]:
+        sizing.check_host_memory(cfg)  # before anything is allocated (as the JAX trainer)
         dev = resolve_device(device)
         if compile_model and dev.type == "xla":
             raise RunError("--compile with --device xla: torch.compile is not supported by torch-neuronx 2.9 "
                            "(aws-neuron-sdk archive/appnotes/torch-neuronx/introducing-pytorch-2-9.rst); the XLA "
                            "device compiles each marked step as one graph already")
         data = load_for_config(cfg)
+        check()  # a signal by now stops the start (startup.Start.check), before the model is built
         trainer = Trainer(cfg, dev, TrainLoader(data.train_files, cfg.train.seq_len), data.val_tokens, data.tables,
                           compile_model)
+        check()
         if init_weights:
             load_npz(trainer.model, init_weights)
         return trainer, data
@@ -280,7 +292,7 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m baseline_torch.train", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m baseline_torch.train", description=__doc__.splitlines()[0])
     p.add_argument("--config", help="a configs/*.py file (default configs/tiny.py with the demo corpus)")
     p.add_argument("--data", help="directory of *_train_*.bin / *_val_*.bin shards")
     p.add_argument("--tokenizer", help="SentencePiece .model matching the shards, or 'bytes'")
@@ -292,7 +304,7 @@ def parse_args(argv):
                                                      "under torch-neuronx; auto picks it on a Neuron host)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (as the baseline does on GPU)")
     p.add_argument("--init-weights", metavar="NPZ", help="start from these weights (interop .npz, state_dict names)")
-    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice; 1 is faster on "
+    p.add_argument("--threads", type=int_in(1), help="torch intra-op threads (default: torch's choice; 1 is faster on "
                                                 "a CPU shared with other busy processes)")
     return p.parse_args(argv)
 

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from frontier_jax.config import KERNEL_MODES
-from frontier_jax.errors import exit_on_error
+from frontier_jax.errors import ArgumentParser, exit_on_error, int_in
 from frontier_jax.run.resolve import ResolvedRun, resolve_run
 
 DESCRIPTION = """Train a small language model for a time budget and report its validation bits per byte.
@@ -25,7 +25,7 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m frontier_jax.train", description=DESCRIPTION, epilog=EPILOG,
+    p = ArgumentParser(prog="python -m frontier_jax.train", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="PATH", help="a configs/*.py file (default: configs/tiny.py for the demo, "
                                                     "or the run's own config with --resume)")
@@ -42,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "(a finished run: raise train.max_steps or --budget)")
     g = p.add_argument_group("multi-host (jax.distributed)")
     g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0's coordinator")
-    g.add_argument("--num-processes", type=int, metavar="N", help="number of processes in the job")
-    g.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 .. N-1")
+    g.add_argument("--num-processes", type=int_in(1), metavar="N", help="number of processes in the job")
+    g.add_argument("--process-id", type=int_in(0), metavar="I", help="this process's index, 0 .. N-1")
     g.add_argument("--distributed-auto", action="store_true",
                    help="let jax.distributed detect the cluster (Slurm, Kubernetes, ...)")
     return p

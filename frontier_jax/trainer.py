@@ -11,8 +11,9 @@ schedule and the stop, any process's signal stops all at the same step). The sta
 `frontier_jax.run.startup.start_run`: SIGINT/SIGTERM are handled from the start, and before the first step a
 signal stops with nothing to save. The n-gram runtime is a
 run hook (`ngram_runtime.for_config`: a null hook when it is off), as are the progress lines
-(`frontier_jax.run.progress`) and `on_step`. After the final validation, the contest's int8 + zlib round
-trip (`JaxTrainer.roundtrip`, `frontier_jax.interop.quantize`).
+(`frontier_jax.run.progress`) and `on_step`. After the final validation, the artifact's round trip
+(`JaxTrainer.roundtrip`, `frontier_jax.interop.artifact`: eval.artifact) and the final pipeline's records
+(`final_records`, `record_final`: a resume finishes a run's final steps, `frontier_jax.run.final`).
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from frontier_jax import checkpoint, ops, optim, parallel
-from frontier_jax.interop import quantize, state_dict
+from frontier_jax.interop import artifact, state_dict
 from frontier_jax.policies import dtypes as dtype_policy
+from frontier_jax.policies import sizing
 from frontier_jax.policies.geometry import split_batch, step_batch
 from frontier_jax.policies.scoring import val_window_tokens
 from frontier_jax.run import driver, host, progress, rundir, startup
 from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
+from frontier_jax.errors import BadInput
 from frontier_jax.contest import codebytes
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
@@ -100,8 +103,9 @@ def run(cfg: Config, out_dir: Path, resume: bool = False, echo: bool = True, sto
         on_step=None) -> dict:
     """Train `cfg` into `out_dir` and return the summary dict.
 
-    resume: continue from the newest intact checkpoint in `out_dir` (a finished run returns at once
-    with stop_reason "already finished"). stop_after_steps (tests): behave as if a signal arrived
+    resume: continue from the newest intact checkpoint in `out_dir` (a finished run, one whose summary says
+    its final steps completed, returns at once with stop_reason "already finished"; one at its last step whose
+    final steps did not complete runs only those, `frontier_jax.run.final`). stop_after_steps (tests): behave as if a signal arrived
     after that many steps of this invocation. on_step(step, row) receives each finished step's host
     metrics. Every input is checked before the run directory is created, locked or written to.
     """
@@ -109,18 +113,21 @@ def run(cfg: Config, out_dir: Path, resume: bool = False, echo: bool = True, sto
     log = RunLog(None, echo, enabled=jax.process_index() == 0)
 
     def body(s: Setup, start: startup.Start) -> dict:
-        restored, skipped, t = None, [], cfg.train
+        restored, skipped, t, at_end = None, [], cfg.train, False
         if resume:  # the checkpoint is read (and another model's refused) before anything is written
             restored = _restore(cfg, s.tx, s.dtypes.compute, s.dp, out_dir, log, skipped)
             meta = restored[2]
             start.resumed_step = meta["step"]
-            if meta["step"] >= t.max_steps or meta["train_seconds"] >= t.budget_seconds:
+            at_end = meta["step"] >= t.max_steps or meta["train_seconds"] >= t.budget_seconds
+            if at_end and rundir.finished(out_dir):
                 return startup.finished_summary(out_dir, meta, t)
-        trainer = JaxTrainer(cfg, out_dir, log, s, restored, skipped)
-        return trainer.run(start.signals, stop_after_steps, on_step)
+            start.check()
+        trainer = JaxTrainer(cfg, out_dir, log, s, restored, skipped, check=start.check)
+        # a run at its end whose final steps did not complete (a signal, a full disk, a kill): only those run
+        return trainer.run(start.signals, stop_after_steps, on_step, finish_only=resume and at_end)
 
     # signals from the start (a signal during start-up or warm-up stops cleanly), then the checks, the claim
-    return startup.start_run(out_dir, resume, log, lambda: _setup(cfg), body,
+    return startup.start_run(out_dir, resume, log, lambda check: _setup(cfg, check), body,
                              claim=lambda s: _claim(out_dir, resume, s.dp))
 
 
@@ -130,7 +137,7 @@ def _claim(out_dir: Path, resume: bool, dp: DataParallel):
     if dp.is_main:
         try:
             lock, created = claim_run_dir(out_dir, resume)
-        except RunError as e:
+        except BadInput as e:  # RunError, or a lock file that is a symlink (data.files.UnsafeFile)
             err = e
     if dp.process_count > 1:
         ok = multihost_utils.process_allgather(np.array([err is None]))
@@ -159,20 +166,29 @@ class Setup:
     data: Dataset
 
 
-def _setup(cfg: Config) -> Setup:
+def _setup(cfg: Config, check=lambda: None) -> Setup:
+    """Every check before the run directory is claimed; `check` (startup.Start.check) between the phases, so a
+    signal stops the set-up there. The model's size against the host's memory comes first, before anything
+    is allocated (policies.sizing.check_host_memory)."""
     t = cfg.train
+    sizing.check_host_memory(cfg)
     dp = make_data_parallel(cfg.parallel.num_devices, cfg.parallel.zero1)
     if t.micro_batch_seqs:  # a set micro-batch the devices cannot split fails before anything is traced
         split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, dp.num_devices, dp.process_count)
     if t.val_batch_seqs % dp.num_devices:
         raise ConfigError(f"train.val_batch_seqs={t.val_batch_seqs} is not a multiple of the {dp.num_devices} devices")
+    if cfg.eval.batch_seqs % dp.num_devices:
+        raise ConfigError(f"eval.batch_seqs={cfg.eval.batch_seqs} is not a multiple of the {dp.num_devices} devices")
     dtypes = dtype_policy.resolve(cfg, jax.default_backend())
     tx = optim.build_optimizer(cfg.optim, dtypes.muon_ns)
-    kernel_rows = ops.configure(t.kernels, unused=ops.unused_ops(cfg.optim.fused))
+    kernel_rows = ops.configure(t.kernels, unused=ops.unused_ops(cfg.optim.fused), model=cfg.model)
+    check()
     fit = _fit_memory(cfg, dp, dtypes, tx)  # the step's peak memory against the devices', before any allocation
     global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, fit.micro_seqs, dp.num_devices,
                                       dp.process_count)
+    check()
     program_report = _neuron_program_check(cfg, dp, dtypes, tx, fit.micro_seqs)
+    check()
     env = {**parallel.environment(), "host_allocator": host.tune_allocator(t.allocator)}
     return Setup(dp, global_micro, accum, fit, kernel_rows, program_report, env, dtypes, tx,
                  load_for_config(cfg))  # the data: all checks before the run directory is touched
@@ -200,7 +216,7 @@ def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dt
     findings = neuron_check.check_config(at_fit, dp.num_devices, dtypes, tx)
     if findings and cfg.train.kernels == "strict":
         raise ops.KernelUnavailableError(neuron_check.strict_error(findings))
-    return neuron_check.format_report(cfg.name, dp.num_devices, findings)
+    return neuron_check.format_report(cfg.name, dp.num_devices, findings, ops.switch_fallbacks(cfg.model))
 
 
 class JaxTrainer(Trainer):
@@ -208,11 +224,12 @@ class JaxTrainer(Trainer):
 
     checkpoints = True
 
-    def __init__(self, cfg: Config, out_dir: Path, log: RunLog, s: Setup, restored, skipped=()):
+    def __init__(self, cfg: Config, out_dir: Path, log: RunLog, s: Setup, restored, skipped=(), check=lambda: None):
         t, dp = cfg.train, s.dp
         self.cfg, self.out_dir, self.log, self.dp, self.tx = cfg, out_dir, log, dp, s.tx
         self.compute_dtype = s.dtypes.compute
         self.restored, self.meta = restored, restored[2] if restored else None
+        self.saved_step: int | None = None
         self.setup, self.skipped = s, list(skipped)
         self.seqs_per_step, self.accum, self.metrics_log = t.tokens_per_step // t.seq_len, s.accum, None
         log.attach(out_dir / rundir.LOG)
@@ -232,9 +249,11 @@ class JaxTrainer(Trainer):
         self.val_tokens = data.val_tokens
         self.ngram = ngram_runtime.for_config(cfg.ngram, data.train_files, out_dir, log, dp.replicated)
         self.loader = TrainLoader(self.ngram.trainer_files, t.seq_len, dp.process_index, dp.process_count)
+        check()  # a signal by now: stop before the model is built (startup.Start.check)
 
         # ---- model, optimizer, compiled steps
         graphdef, self.params, self.opt_state, _ = init_state(cfg, s.tx, s.dtypes.compute, dp)
+        check()
         specs = dp.state_specs(self.opt_state)
         make_train = lambda exact: make_train_step(graphdef, s.tx, self.ngram.bias_fn, mesh=dp.mesh, state_specs=specs,
                                                    head_dim=cfg.model.head_dim, attention_exact=exact)
@@ -245,11 +264,12 @@ class JaxTrainer(Trainer):
         self.flops_per_token = cfg.model.flops_per_token(t.seq_len)
         self.peak_info = parallel.matmul_peak(s.dtypes.compute, dp.num_devices) if t.measure_peak else {}
         self.peak = self.peak_info.get("matmul_peak_flops")
+        check()
         for line in startup.start_lines(cfg, data, len(self.ngram.trainer_files), s.accum, s.global_micro,
                                         count_params(nnx.merge(graphdef, self.params)), self.peak_info, "all devices"):
             log(line)
 
-    def run(self, signals, stop_after_steps: int | None, on_step) -> dict:
+    def run(self, signals, stop_after_steps: int | None, on_step, finish_only: bool = False) -> dict:
         cfg, dp = self.cfg, self.dp
         self.signals = signals
         self._hooks = [progress.Progress(self.log, driver.Policy.from_config(cfg),
@@ -261,7 +281,7 @@ class JaxTrainer(Trainer):
                 **self.peak_info,
                 "matmul_peak_flops": self.peak, "flops_per_token": self.flops_per_token, "run_dir": str(self.out_dir)}
         try:
-            return driver.run_budgeted(driver.Policy.from_config(cfg, stop_after_steps), self, base)
+            return driver.run_budgeted(driver.Policy.from_config(cfg, stop_after_steps), self, base, finish_only)
         finally:
             if self.metrics_log is not None:
                 self.metrics_log.close()
@@ -287,12 +307,17 @@ class JaxTrainer(Trainer):
         self._steps.observe(float(m["score_bound"]))
         return float(m["loss"]), float(m["grad_norm"])
 
-    def eval_sums(self, max_tokens: int) -> dict:
+    def eval_sums(self, max_tokens: int, seq_len: int | None = None, stride: int | None = None) -> dict:
+        """Evaluation sums over non-overlapping windows of `seq_len` (default train.seq_len), or sliding ones at
+        `stride` (eval.batch_seqs windows per batch) that score every target once."""
         t, dp = self.cfg.train, self.dp
-        toks = val_window_tokens(self.val_tokens, max_tokens, t.seq_len)
+        T = seq_len or t.seq_len
+        batch = (self.cfg.eval.batch_seqs or t.val_batch_seqs) if stride else t.val_batch_seqs
+        # sliding windows cover the whole split (cut to whole windows of the longer length, Config.val_seq_len)
+        toks = self.val_tokens if stride and not max_tokens else val_window_tokens(self.val_tokens, max_tokens, T)
         batches = ((dp.put_batch(x), dp.put_batch(y), dp.put_batch(m)) for x, y, m in
-                   val_batches(toks, t.seq_len, t.val_batch_seqs, dp.process_index, dp.process_count))
-        return evaluate_batches(self._steps.eval(), self.params, batches, self.ngram.tables)
+                   val_batches(toks, T, batch, dp.process_index, dp.process_count, stride=stride))
+        return evaluate_batches(self._steps.eval(T), self.params, batches, self.ngram.tables)
 
     def restore(self, data_state: dict) -> None:
         """Undo the warm-up: the restored (resume) or fresh parameters and optimizer state, the data position."""
@@ -342,6 +367,7 @@ class JaxTrainer(Trainer):
         meta = {"step": s.step, "train_seconds": s.train_seconds, "tokens": s.tokens, "data": self.loader.state(),
                 "model_hash": model_hash(self.cfg), "model": to_dict(self.cfg)["model"], "reason": reason}
         path = checkpoint.save(self.out_dir, s.step, {"params": self.params, "opt_state": self.opt_state}, meta)
+        self.saved_step = s.step  # the step a final pipeline after this save scores (final_steps.json)
         self.log(f"checkpoint step {s.step} -> {path} ({reason})" if path else
                  f"checkpoint step {s.step}: already saved ({reason} save not needed)")
 
@@ -363,12 +389,14 @@ class JaxTrainer(Trainer):
                 "attention_forward": kind, "attention_forward_switches": self._steps.switches}
 
     def roundtrip(self, evaluate) -> dict:
-        """The contest's int8 + zlib round trip of the trained parameters (frontier_jax.interop.quantize, in the
-        baseline's state_dict layout): the artifact written by process 0, its dequantized parameters
-        scored by `evaluate` (the run's own eval step), then the trained parameters put back."""
+        """The artifact of the trained parameters (eval.artifact: int8+zlib or int6+lzma, frontier_jax.interop.artifact,
+        from the state dict in the baseline's names and layout): written by process 0, read back, its dequantized
+        parameters scored by `evaluate` (the run's own eval step), then the trained parameters put back."""
         host_params = jax.tree_util.tree_map(lambda a: np.asarray(a.addressable_shards[0].data), self.params)
-        back, info = quantize.roundtrip_state_dict(state_dict.params_to_state_dict(host_params), self.out_dir,
-                                                   write=self.dp.is_main)
+        # (the record's names of the recipe's parameters: state_dict.params_to_state_dict's mapping)
+        back, info = artifact.roundtrip(state_dict.params_to_state_dict(host_params), self.out_dir,
+                                        self.cfg.eval.artifact, write=self.dp.is_main)
+        info["code_files"] = codebytes.record_run(self.out_dir, self.out_dir / rundir.CONFIG, write=self.dp.is_main)
         deq = state_dict.state_dict_to_params(back, host_params, source=info["artifact"])
         trained = self.params
         self.params = jax.tree_util.tree_map(  # replicated as the trained ones, on every process's devices
@@ -377,12 +405,29 @@ class JaxTrainer(Trainer):
         bound = self._steps.bound
         self._steps.observe(_score_bound(self.params, self.cfg.model.head_dim))  # the dequantized gains' forward
         try:
-            sums = evaluate()
+            sums = evaluate(info)
         finally:
             self.params = trained
             self._steps.observe(bound)
-        return {**info, **sums, "code_files": codebytes.record_run(self.out_dir, self.out_dir / rundir.CONFIG,
-                                                                   write=self.dp.is_main)}
+        return {**info, **sums}
+
+    def final_records(self) -> dict:
+        """The final stages an earlier invocation recorded for the checkpoint being finished (<run>/final_steps.json,
+        kept for one step); an artifact record whose file is gone or changed is dropped (written again)."""
+        if self.saved_step is None:
+            return {}
+        records = rundir.read_final_steps(self.out_dir, self.saved_step)
+        a = records.get("artifact")
+        if a is not None:
+            path = artifact.artifact_path(self.out_dir, self.cfg.eval.artifact)
+            if a["artifact_format"] != self.cfg.eval.artifact or not path.is_file() or \
+                    path.stat().st_size != a["artifact_bytes"]:
+                records.pop("artifact")
+        return records
+
+    def record_final(self, records: dict) -> None:
+        if self.dp.is_main:
+            rundir.write_final_steps(self.out_dir, self.saved_step, records)
 
     def write_summary(self, summary: dict) -> None:
         if self.metrics_log is not None:
@@ -418,17 +463,20 @@ class _AttentionVariants:
                      "(the other forward's steps compile on first use)")
         self.exact = exact
 
-    def _get(self, kind: str):
-        exact = self.exact and self.differ
+    def _get(self, kind: str, exact: bool):
+        exact = exact and self.differ
         if (kind, exact) not in self._built:
             self._built[(kind, exact)] = self._make[kind](exact)
         return self._built[(kind, exact)]
 
     def train(self):
-        return self._get("train")
+        return self._get("train", self.exact)
 
-    def eval(self):
-        return self._get("eval")
+    def eval(self, seq_len: int | None = None):
+        """The eval step for windows of `seq_len` (default the training length: the forward chosen by `observe`)."""
+        if seq_len is None or seq_len == self.seq_len:
+            return self._get("eval", self.exact)
+        return self._get("eval", not ops.bounded_shift_valid(self.bound, seq_len))
 
 
 class OnStep(RunHook):

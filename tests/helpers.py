@@ -40,6 +40,15 @@ TINY_OVERRIDES = [
     "train.measure_peak=False",  # no start-up matmul probe (seconds per run); tests of MFU turn it back on
 ]
 
+def exit_code(main, argv) -> int:
+    """An entry point's exit status: what `main(argv)` returns, or the code of the SystemExit it raises (bad input
+    exits 2 through `exit_on_error`)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
 # Kernel-vs-reference tolerances, max mode: |a - b| <= tol + tol * max|b| (docs/testing.md).
 KERNEL_TOL = {"float32": 1e-5, "bfloat16": 2e-2}
 
@@ -186,9 +195,9 @@ class FakeTrainer(Trainer):
         loss = math.nan if handle in self.nan_at else 1.0 / (1 + handle)
         return loss, 1.0
 
-    def eval_sums(self, max_tokens):
+    def eval_sums(self, max_tokens, **geometry):
         self.clock.now += self.eval_s
-        self.evals.append(max_tokens)
+        self.evals.append((max_tokens, geometry) if geometry else max_tokens)
         return {"nll_sum_nats": 7.0, "tokens": 10, "bytes": 20}
 
     def snapshot(self):

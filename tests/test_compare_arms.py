@@ -345,3 +345,57 @@ def test_threads_pins_every_run_and_progress_lines_come_while_a_run_is_silent(tm
     ns = argparse.Namespace(data="d", tokenizer="t", budget=3.0, threads=1)
     cmd = arms.build_command(torch_arm, 1337, tmp_path, ns)
     assert cmd[cmd.index("--threads") + 1] == "1"
+
+
+RECORD_LOG = """step:7179/9000 val_loss:1.9214 val_bpb:1.1379 train_time:600128ms step_avg:83.59ms
+DIAGNOSTIC post_ema val_loss:1.9196 val_bpb:1.1369 eval_time:1971ms
+Serialized model int6+lzma: 15887928 bytes
+final_int6_roundtrip val_loss:1.9336 val_bpb:1.1452 eval_time:6562ms
+final_int6_roundtrip_exact val_loss:1.93358885 val_bpb:1.14518023
+final_int6_sliding_window val_loss:1.8939 val_bpb:1.1217 stride:64 eval_time:74066ms
+final_int6_sliding_window_exact val_loss:1.89385556 val_bpb:1.12165091
+final_int8_zlib_roundtrip_exact val_loss:1.89385556 val_bpb:1.12165091
+final_int6_sliding_window_s64_exact val_loss:1.80000000 val_bpb:1.10000000
+ttt_sliding:done val_loss=1.889768 val_bpb=1.119230 elapsed=409.8s
+legal_ttt val_loss:1.8898 val_bpb:1.1192 eval_time:410268ms
+legal_ttt_exact val_loss:1.88976776 val_bpb:1.11922988
+"""
+
+
+def test_the_records_final_lines_give_each_stage_its_score():
+    """Record 2026-03-23's log (seed 1337's final lines, plus an `_s64` line): the plain score is its DIAGNOSTIC
+    line, the round trip its final_int6_roundtrip_exact line (not the final_int8_zlib_roundtrip_exact line, which
+    repeats its sliding score), the sliding and TTT scores their _exact lines; ours are read by the same rule."""
+    from frontier_jax.compare.collect import stage_scores
+
+    assert stage_scores(RECORD_LOG) == {"val": 1.1369, "roundtrip": 1.14518023, "sliding": 1.12165091,
+                                        "ttt": 1.11922988}
+    ours = ("val_bpb: 1.300000\nfinal_int8_zlib_roundtrip val_loss:2.0 val_bpb:1.3100 eval_time:5ms\n"
+            "final_int8_zlib_roundtrip_exact val_loss:2.0 val_bpb:1.31000001\n"
+            "final_int8_zlib_sliding_window val_loss:2.0 val_bpb:1.2900 stride:64 eval_time:5ms rules:trainium\n")
+    assert stage_scores(ours) == {"val": 1.3, "roundtrip": 1.31000001, "sliding": 1.29, "ttt": None}
+
+
+def test_a_record_style_command_is_compared_by_the_line_score_names(tmp_path):
+    """`--score` picks the line every arm is scored by (a cmd: arm printing the record's lines); an arm without
+    that line is a failed run; auto keeps the project's rule (the round trip when every arm has one)."""
+    def arm(rt, sliding, ttt=None):
+        lines = [f"final_int6_roundtrip_exact val_loss:2 val_bpb:{rt}",
+                 f"final_int6_sliding_window_exact val_loss:2 val_bpb:{sliding}",
+                 f"final_int8_zlib_roundtrip_exact val_loss:2 val_bpb:{sliding}"]
+        lines += [f"legal_ttt_exact val_loss:2 val_bpb:{ttt}"] if ttt else []
+        return _py("; ".join(f'print("{line}")' for line in ["DIAGNOSTIC post_ema val_loss:2 val_bpb:1.5", *lines]))
+
+    for score, diff in (("auto", 1.20 - 1.25), ("sliding", 1.10 - 1.12), ("ttt", 1.05 - 1.11)):
+        out = tmp_path / score
+        assert main(["--arm", "a=" + arm(1.25, 1.12, 1.11), "--arm", "b=" + arm(1.20, 1.10, 1.05), "--budget", "3",
+                     "--seeds", "1", "--out", str(out), "--score", score]) == 0
+        res = _strict(out / "results.json")
+        assert res["pairs"][0]["diff"] == pytest.approx(diff), score
+        assert res["conditions"]["score"] == {"auto": "roundtrip", "sliding": "sliding", "ttt": "ttt"}[score] + "_val_bpb"
+    assert "final_int6_roundtrip" in res["conditions"]["scored_by"] or "legal_ttt" in res["conditions"]["scored_by"]
+    out = tmp_path / "missing"
+    assert main(["--arm", "a=" + arm(1.25, 1.12, 1.11), "--arm", "b=" + arm(1.20, 1.10), "--budget", "3", "--seeds", "1",
+                 "--out", str(out), "--score", "ttt"]) == 0
+    res = _strict(out / "results.json")
+    assert [r["status"] for r in res["runs"]] == ["ok", "no ttt score (--score ttt)"]

@@ -152,3 +152,65 @@ def test_a_trained_run_carries_the_artifact_and_both_scores(trained_run):
     r = evaluate_run(run_dir, artifact=art)
     assert r["artifact"] == str(art) and r["checkpoint_step"] is None
     assert r["bpb"] == summary["roundtrip_val_bpb"] and r["nll_sum_nats"] == summary["roundtrip_val_nll_sum_nats"]
+
+
+def test_malformed_artifact_content_is_refused_in_one_line_naming_the_file(tmp_path):
+    """The decoded object is checked before use: tables that are not dicts, a missing dtype or scale, an unknown
+    dtype name, a per-row scale that does not fit its rows, a non-tensor passthrough, a non-dict qmeta: each one
+    line naming the file (each was a different traceback)."""
+    from frontier_jax.interop import torch_format
+
+    obj, _ = quantize.quantize_state_dict(_state_dict())
+    name = "blocks.0.attn.c_q.weight"
+    forged = {"quantized is a list": lambda o: o.update(quantized=[1, 2]),
+              "no dtype": lambda o: o["dtypes"].pop(name),
+              "unknown dtype": lambda o: o["dtypes"].update({name: "complex1024"}),
+              "scale of the wrong shape": lambda o: o["scales"].update({name: np.ones(3, np.float16)}),
+              "int scale": lambda o: o["scales"].update({name: np.ones(300, np.int32)}),
+              "passthrough string": lambda o: o["passthrough"].update(counter="abc"),
+              "qmeta not a dict": lambda o: o["qmeta"].update({name: ["per_row"]}),
+              "quantized not int8": lambda o: o["quantized"].update({name: o["quantized"][name].astype(np.int16)})}
+    for what, change in forged.items():
+        o = {k: (dict(v) if isinstance(v, dict) else v) for k, v in obj.items()}
+        change(o)
+        path = tmp_path / f"{what}.ptz"
+        path.write_bytes(zlib.compress(torch_format.dumps(o)))
+        with pytest.raises(ArtifactError, match="malformed") as e:
+            quantize.dequantize_state_dict(quantize.load_artifact(path))
+        assert str(path) in str(e.value) and "\n" not in str(e.value), what
+
+
+def test_decompression_is_bounded_for_zlib_and_lzma(tmp_path):
+    """A compression bomb stops at the limit of the model it is for (a 50 MB stream of zeros against a 1 MB
+    model: refused at once, never decompressed whole); zlib and lzma (xz and .lzma) streams decompress through the
+    same function; a cut-short stream is refused."""
+    import lzma
+    import time
+
+    raw = quantize.torch_format.dumps({"a": np.arange(10, dtype=np.int8)})
+    for blob in (zlib.compress(raw), lzma.compress(raw), lzma.compress(raw, format=lzma.FORMAT_ALONE)):
+        assert quantize.decompress(blob, len(raw), "x") == raw
+        with pytest.raises(ArtifactError, match="over 100 bytes"):
+            quantize.decompress(blob, 100, "x")
+        with pytest.raises(ArtifactError, match="cut short|not a"):
+            quantize.decompress(blob[: len(blob) // 2], len(raw), "x")
+    bomb = tmp_path / "bomb.ptz"
+    bomb.write_bytes(zlib.compress(bytes(50_000_000), 9))
+    limit = quantize.raw_limit(100_000, 10)
+    assert 800_000 < limit < 2_000_000
+    t0 = time.perf_counter()
+    with pytest.raises(ArtifactError, match=f"{bomb}: decompresses to over {limit:,} bytes"):
+        quantize.load_artifact(bomb, limit)
+    assert time.perf_counter() - t0 < 2.0
+
+
+def test_an_artifact_that_is_not_a_regular_file_is_refused_not_read(tmp_path):
+    """`evaluate --artifact` on a FIFO blocked forever: it is refused in one line (a directory too)."""
+    import os
+
+    fifo = tmp_path / "fifo.ptz"
+    os.mkfifo(fifo)
+    with pytest.raises(ArtifactError, match="is a FIFO, not a regular file"):
+        quantize.load_artifact(fifo)
+    with pytest.raises(ArtifactError, match="is a directory"):
+        quantize.load_artifact(tmp_path)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from helpers import REPO, TINY_OVERRIDES
+from helpers import REPO, TINY_OVERRIDES, exit_code
 from frontier_jax.config import ModelConfig
 from frontier_jax.interop.state_dict import (InteropError, load_npz, main, params_to_state_dict, restore_params, save_npz,
                                   state_dict_to_params)
@@ -97,10 +97,7 @@ def test_cli_export_then_import_restores_the_same_weights(trained_run, tmp_path,
 
 
 def _exit_code(argv) -> int:
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return e.code
+    return exit_code(main, argv)
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +189,25 @@ def test_the_command_line_answers_help_without_loading_jax():
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-1000:]
     assert "export" in r.stdout and "import" in r.stdout
+
+
+def test_a_failed_import_leaves_nothing_that_blocks_its_retry(params, tmp_path, monkeypatch):
+    """A disk-full `interop import` left config.json behind, and its retry said 'already holds a run'. A failed
+    import removes what it wrote; the retry with the same --out works."""
+    from frontier_jax import checkpoint
+    from frontier_jax.config import Config
+    from frontier_jax.interop.state_dict import import_run
+
+    save_npz(tmp_path / "w.npz", params_to_state_dict(params))
+    cfg = Config(model=ModelConfig(**{**CFG.__dict__, "compute_dtype": "bfloat16"}))
+    real = checkpoint.save
+
+    def full_disk(*a, **k):
+        raise checkpoint.CheckpointError(f"{tmp_path}/run/checkpoints/0: checkpoint not written (disk full (ENOSPC))")
+
+    monkeypatch.setattr(checkpoint, "save", full_disk)
+    with pytest.raises(checkpoint.CheckpointError, match="disk full"):
+        import_run(tmp_path / "w.npz", cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    monkeypatch.setattr(checkpoint, "save", real)
+    assert import_run(tmp_path / "w.npz", cfg, tmp_path / "run")["step"] == 0

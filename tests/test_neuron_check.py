@@ -47,6 +47,23 @@ def test_the_traced_steps_call_kernels_per_device_at_the_per_device_shape():
         assert rows == {per_device}, (n, rows)
 
 
+def test_a_recipe_config_traces_the_reference_where_a_kernel_lacks_its_switch_and_reports_it():
+    """configs/record11_tiny.py on Neuron: norm_mlp's kernel computes relu^2 only, so the traced program runs its
+    reference (no norm_mlp kernel call) and the other ops' kernels; the report names the fallback and its switch."""
+    from frontier_jax.neuron.program import kernel_sites, trace_steps
+
+    cfg = load_config(REPO / "configs" / "record11_tiny.py")
+    traced = trace_steps(cfg, 2, *on_neuron(cfg))
+    called = {s.primitive for s in kernel_sites(traced.programs["train"])}
+    assert not any(p.startswith("frontier_norm_mlp") for p in called)
+    assert {"frontier_qk_attention_fwd", "frontier_qk_attention_bwd", "frontier_mix_norm_projection_fwd",
+            "frontier_projection_fwd", "frontier_head_loss_fwd", "frontier_embed_fwd"} <= called
+    findings = [f for name, closed in traced.programs.items() for f in neuron_check.check_program(name, closed)]
+    report = neuron_check.format_report(cfg.name, 2, findings, ops.switch_fallbacks(cfg.model))
+    assert findings == [] and report.endswith(
+        "reference fallback: norm_mlp (model.mlp_negative_slope=0.5: the kernel computes relu(h)^2 only)")
+
+
 def test_cond_fails_and_a_host_choice_passes():
     x = jnp.ones(4)
     assert _rules(lambda x: jax.lax.cond(x[0] > 0, jnp.sin, jnp.cos, x), x) == {"cond"}

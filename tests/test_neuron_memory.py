@@ -112,18 +112,24 @@ def test_a_set_micro_batch_that_cannot_fit_is_one_line_naming_the_estimate_limit
 
 
 def test_device_memory_neuron_is_the_documented_hbm_cpu_is_available_ram_shared(tmp_path):
+    """A NeuronCore: AWS's 16 GiB. The CPU: the host's available RAM within its memory cgroup's room (the reader
+    the set-up's floor uses, policies.sizing), shared by the local CPU devices."""
+    from frontier_jax.policies import sizing
+
     assert memory.device_memory("neuron").bytes == 16 * memory.GiB
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24683792 kB\nMemFree:        1 kB\nMemAvailable:   2048 kB\n")
-    assert memory._meminfo_available(meminfo) == 2048 * 1024
+    cgroup = tmp_path / "cg"
+    cgroup.mkdir()
+    assert sizing.available_memory_bytes(meminfo, cgroup) == 2048 * 1024
+    (cgroup / "memory.max").write_text("1000000\n")
+    (cgroup / "memory.current").write_text("400000\n")
+    assert sizing.available_memory_bytes(meminfo, cgroup) == 600000  # the container's room, under MemAvailable
+    (cgroup / "memory.max").write_text("max\n")
+    assert sizing.available_memory_bytes(meminfo, cgroup) == 2048 * 1024
     one, four = memory.device_memory("cpu", 1), memory.device_memory("cpu", 4)
     assert one.bytes > 0 and abs(four.bytes - one.bytes // 4) < one.bytes // 8  # (read twice: RAM moves)
     assert "over 4 CPU devices" in four.source
-    (tmp_path / "memory.max").write_text("1000000\n")
-    (tmp_path / "memory.current").write_text("400000\n")
-    assert memory._cgroup_room(tmp_path) == 600000
-    (tmp_path / "memory.max").write_text("max\n")
-    assert memory._cgroup_room(tmp_path) is None
 
 
 class _Limit:

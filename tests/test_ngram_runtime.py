@@ -78,7 +78,7 @@ def test_run_with_bias_disjoint_shards_and_swap_without_recompiling(byte_data, t
     assert "builder reads 1 shards from the far end (synth_train_000001.bin); disjoint: yes" in log_text
     record = json.loads((out / "ngram-p0" / "runtime.json").read_text())
     assert not set(record["trainer_shards"]) & set(record["builder_shards"])
-    final = S.load_snapshot(record["final"]["snapshot"])
+    final = S.load_snapshot(out / "ngram-p0" / record["final"]["snapshot"])  # relative to runtime.json
     assert {Path(s["file"]).name for s in final.header["sources"]} == {"synth_train_000001.bin"}
     assert final.header["complete"] and final.header["tokens_consumed"] == 30_000
     # (b) the swap happened between steps 2 and 3, and nothing was traced again after it
@@ -221,3 +221,34 @@ def test_a_snapshot_that_fails_to_load_is_logged_and_skipped(byte_data, tmp_path
     assert rt.poll(1, force=True) is False and rt.tables is before and rt.version == -1
     assert len(lines) == 2 and "WARNING snapshot v0 could not be loaded" in lines[1] and "\n" not in lines[1]
     assert rt.poll(2, force=True) is False and len(lines) == 2  # not retried
+
+
+def test_runtime_json_is_checked_and_its_snapshot_kept_inside_the_run(tmp_path):
+    """runtime.json's absolute snapshot path was followed out of the run (a copied n-gram run was scored with
+    the original's tables); a truncated runtime.json was a traceback. The snapshot is named relative to its
+    directory and must lie inside the run; a bad record is one line naming the file."""
+    from frontier_jax.errors import BadInput
+    from frontier_jax.ngram.network_eval import run_snapshot
+
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    for run in (original, copy):
+        (run / "ngram-p0" / S.snapshot_name(1)).mkdir(parents=True)
+        (run / "ngram-p0" / S.snapshot_name(2)).mkdir()
+    rec = copy / "ngram-p0" / ngram_runtime.RECORD_FILE
+    rec.write_text(json.dumps({"final": {"snapshot": str(original / "ngram-p0" / S.snapshot_name(1))}}))
+    with pytest.raises(BadInput, match=f"outside {copy}; a run's n-gram snapshot must lie inside the run"):
+        run_snapshot(copy)
+    rec.write_text(json.dumps({"final": {"snapshot": S.snapshot_name(1)}}))
+    assert run_snapshot(copy) == copy / "ngram-p0" / S.snapshot_name(1)
+    rec.write_text(json.dumps({"final": {"snapshot": "../../original/ngram-p0/snap_000001"}}))
+    with pytest.raises(BadInput, match="outside"):
+        run_snapshot(copy)
+    for text, message in (('{"final": {"snap', "unreadable n-gram runtime record"),
+                          ('{"final": [1]}', r"final is \[1\], expected dict or null"),
+                          ('{"final": {"snapshot": 7}}', "final: snapshot is 7, expected str or null")):
+        rec.write_text(text)
+        with pytest.raises(BadInput, match=message) as e:
+            run_snapshot(copy)
+        assert str(e.value).startswith(str(rec)) and "\n" not in str(e.value)
+    rec.write_text(json.dumps({"final": None}))
+    assert run_snapshot(copy) is None  # none recorded, none published (these directories hold no tables)

@@ -197,3 +197,115 @@ def test_adam_update_is_the_textbook_step_and_newton_schulz_orthogonalises():
     o = np.asarray(ref.newton_schulz(_normal(8, 16), 5, jnp.float32), np.float64)
     sv = np.linalg.svd(o, compute_uv=False)
     assert 0.5 < sv.min() and sv.max() < 1.5  # the quintic iteration drives singular values towards 1
+
+
+# ----------------------------------------------------------------------------- the recipe's switches
+
+
+def _record_partial_rope(x, cos, sin, R):
+    """The record's apply_rotary_emb (train_gpt.py:591-597) in float64: the first R dims rotated with dim j paired
+    with j + R/2, the rest passed through."""
+    x = np.asarray(x, np.float64)
+    c, s = np.asarray(cos, np.float64)[None, :, None, :], np.asarray(sin, np.float64)[None, :, None, :]
+    x1, x2, rest = x[..., :R // 2], x[..., R // 2:R], x[..., R:]
+    return np.concatenate([x1 * c + x2 * s, -x1 * s + x2 * c, rest], axis=-1)
+
+
+@pytest.mark.parametrize("R", [2, 4, 6])
+def test_partial_rope_leaves_dims_from_rope_dims_untouched_and_is_the_records_formula(R):
+    cos, sin = ref.rope_tables(T, R, 10000.0)
+    x = _normal(B, T, H, K)
+    y = ref.rope(x, cos, sin)
+    np.testing.assert_array_equal(np.asarray(y)[..., R:], np.asarray(x)[..., R:])  # bit for bit
+    _close(y, _record_partial_rope(x, cos, sin, R))
+    assert not np.allclose(np.asarray(y)[:, 1:, :, :R], np.asarray(x)[:, 1:, :, :R])  # the first R dims do turn
+    _close(ref.rope_bwd(y, cos, sin)[0], x)  # the inverse rotation, on the same dims
+
+
+def test_the_rope_base_is_rescaled_only_above_the_length_it_is_rescaled_from():
+    for T_, R, base in ((2048, 16, 10000.0), (1280, 16, 10000.0), (4096, 8, 500.0), (1025, 64, 10000.0)):
+        assert ref.rope_base(T_, R, base, 1024) == pytest.approx(base * (T_ / 1024) ** (R / (R - 2)), rel=1e-15)
+    assert ref.rope_base(2048, 16, 10000.0, 1024) == pytest.approx(22081.790273476247, rel=1e-15)  # the record's
+    for T_ in (1, 256, 1024):
+        assert ref.rope_base(T_, 16, 10000.0, 1024) == 10000.0  # at or below: no rescaling
+    assert ref.rope_base(4096, 16, 10000.0, 0) == 10000.0  # 0: never
+    inv_freq = 1.0 / (ref.rope_base(2048, 16, 10000.0, 1024) ** (np.arange(0, 16, 2, dtype=np.float32) / 16))
+    np.testing.assert_allclose(inv_freq, [1.0, 0.28641495, 0.08203353, 0.023495633, 0.0067295013, 0.0019274298,
+                                          0.00055204472, 0.00015811388], rtol=1e-6)  # the record's (SPEC 2.5)
+
+
+def test_xsa_removes_each_heads_component_along_its_kv_groups_own_value():
+    y, v = _normal(B, T, H, K), _normal(B, T, G, K)
+    out = np.asarray(ref.xsa(y, v), np.float64)
+    vn = np.asarray(v, np.float64) / np.linalg.norm(np.asarray(v, np.float64), axis=-1, keepdims=True)
+    R = H // G
+    for h in range(H):
+        g = h // R  # consecutive query heads share a kv head (FA3's GQA mapping)
+        _close(np.sum(out[:, :, h] * vn[:, :, g], axis=-1), np.zeros((B, T)), atol=1e-5)  # orthogonal to own v
+        yh = np.asarray(y, np.float64)[:, :, h]
+        _close(out[:, :, h], yh - np.sum(yh * vn[:, :, g], -1, keepdims=True) * vn[:, :, g])
+        other = vn[:, :, (g + 1) % G]
+        assert np.abs(np.sum(out[:, :, h] * other, -1)).max() > 1e-2  # not orthogonal to another group's v
+    _close(ref.xsa(3.0 * jnp.repeat(v, R, axis=2), v), np.zeros((B, T, H, K)), atol=1e-5)  # y along v: nothing left
+    _close(ref.xsa(y, jnp.zeros_like(v)), y)  # a zero value vector removes nothing (norm floor 1e-12)
+
+
+def test_qk_attention_with_xsa_is_xsa_of_the_attention_output():
+    q, k, v = _normal(B, T, H, K), _normal(B, T, G, K), _normal(B, T, G, K)
+    cos, sin = ref.rope_tables(T, 4, 10000.0)
+    gain = jnp.full((H,), 1.5, jnp.float32)
+    plain = ref.qk_attention(q, k, v, cos, sin, gain)
+    _close(ref.qk_attention(q, k, v, cos, sin, gain, True), ref.xsa(plain, v))
+
+
+def test_leaky_relu_squared_mlp_with_slope_0_is_relu_squared_bit_for_bit():
+    x, w_fc, w_proj = _normal(6, D), _normal(D, F, scale=0.3), _normal(F, D, scale=0.3)
+    h = jnp.maximum(x @ w_fc, 0)  # the baseline's expression
+    np.testing.assert_array_equal(ref.mlp(x, w_fc, w_proj, 0.0), (h * h) @ w_proj)
+    z = np.asarray(x @ w_fc, np.float64)
+    a = np.where(z > 0, z, 0.5 * z)  # LeakyReLU(0.5): z^2 above 0, z^2 / 4 below
+    _close(ref.mlp(x, w_fc, w_proj, 0.5), (a * a) @ np.asarray(w_proj, np.float64), rtol=1e-4, atol=1e-5)
+    _close(ref.leaky_relu(jnp.asarray([-2.0, 0.0, 3.0]), 0.5), [-1.0, 0.0, 3.0])
+
+
+def test_ln_scale_multiplies_the_normed_input_of_the_mlp():
+    x, w_fc, w_proj = _normal(6, D), _normal(D, F, scale=0.3), _normal(F, D, scale=0.3)
+    s = 1 / np.sqrt(3)
+    xn = jnp.asarray(_naive_rms_norm(x) * s, jnp.float32)
+    _close(ref.norm_mlp(x, w_fc, w_proj, 0.5, s), ref.mlp(xn, w_fc, w_proj, 0.5), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(ref.ln_scaled(x, 1.0), x)
+
+
+def _record_bigram_hash(ids, buckets):
+    """The record's bigram_hash (train_gpt.py:695-700) written out: int32 products, XOR, mod (buckets - 1), the
+    reserved bucket buckets - 1 at position 0."""
+    t = np.asarray(ids, np.int64)
+    out = np.empty_like(t)
+    out[..., 0] = buckets - 1
+    out[..., 1:] = np.bitwise_xor(36313 * t[..., 1:], 27191 * t[..., :-1]) % (buckets - 1)
+    return out
+
+
+def test_bigram_hash_is_the_records_formula_on_edge_tokens():
+    # the harness's example (SPEC 2.7: the record's own function on these ids, 1536 buckets)
+    ids = jnp.asarray([[1, 0, 1, 1023, 1023, 5, 1]], jnp.int32)
+    np.testing.assert_array_equal(ref.bigram_hash(ids, 1536), [[1535, 1096, 1008, 660, 121, 30, 1337]])
+    # position 0 of every row is the reserved bucket whatever its token; BOS (1), token 0, the largest id
+    rows = jnp.asarray([[0, 0, 1023, 1, 0, 1023, 1023], [1023, 1, 1, 0, 1023, 0, 5], [5, 7, 0, 1, 2, 3, 4]], jnp.int32)
+    for U in (2, 3, 1536, 2048):
+        h = np.asarray(ref.bigram_hash(rows, U))
+        np.testing.assert_array_equal(h, _record_bigram_hash(rows, U))
+        assert np.all(h[:, 0] == U - 1) and np.all((0 <= h[:, 1:]) & (h[:, 1:] <= U - 2))  # pairs never reach U-1
+    assert ref.bigram_hash(rows, 1536).dtype == jnp.int32
+    big = jnp.asarray([[59137, 59137]], jnp.int32)  # the largest id whose int32 products do not overflow
+    np.testing.assert_array_equal(ref.bigram_hash(big, 1536), _record_bigram_hash(big, 1536))
+
+
+def test_smear_blends_each_position_with_its_predecessor_and_zero_at_each_row_start():
+    x, gate = _normal(B, T, D), _normal(D)
+    g = 1 / (1 + np.exp(-np.asarray(gate, np.float64)))
+    x64 = np.asarray(x, np.float64)
+    prev = np.concatenate([np.zeros_like(x64[:, :1]), x64[:, :-1]], axis=1)
+    _close(ref.smear(x, gate), (1 - g) * x64 + g * prev)
+    _close(ref.smear(x, jnp.zeros((D,))), 0.5 * x64 + 0.5 * prev)  # gate 0 at init: g = 0.5
+    _close(ref.smear(x, gate)[:, 0], (1 - g) * x64[:, 0])  # every row starts with a zero predecessor

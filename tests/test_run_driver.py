@@ -293,7 +293,8 @@ def test_policy_from_config_keeps_one_warm_up_step_at_least():
 
 def test_bpb_from_sums():
     assert scoring.bpb(8 * math.log(2.0), 4) == 2.0  # 8 bits over 4 bytes
-    assert scoring.bpb(0.0, 0) == 0.0  # no bytes: no division by zero
+    with pytest.raises(BadInput, match="0 scored bytes"):  # no bytes: no score (never a division by max(0, 1))
+        scoring.bpb(0.0, 0)
 
 
 def test_a_signal_in_the_final_validation_stops_it_with_the_checkpoint_saved(fake_time):

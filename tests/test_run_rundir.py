@@ -180,15 +180,23 @@ def test_a_directory_made_by_interop_import_holds_a_run(tmp_path):
     assert not created
 
 
-def test_a_full_disk_under_the_metrics_log_names_the_file():
+def test_a_full_disk_under_the_metrics_log_names_the_file(tmp_path):
     """Round 3: disk full outside a checkpoint named no file (a write reports none)."""
     import errno
-    from pathlib import Path
 
-    log = rundir.MetricsLog(Path("/dev/full"))  # every write to /dev/full fails with ENOSPC
+    class Full:  # a file on a full disk: every write fails with ENOSPC (as /dev/full, a device the log refuses)
+        def write(self, _):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def close(self):
+            pass
+
+    log = rundir.MetricsLog(tmp_path / rundir.METRICS)
+    log._f.close()
+    log._f = Full()
     with pytest.raises(OSError) as e:
         log.log(kind="train", step=1)
-    assert e.value.errno == errno.ENOSPC and e.value.filename == "/dev/full"
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / rundir.METRICS)
 
 
 def test_sighup_is_handled_like_sigterm():
@@ -200,3 +208,70 @@ def test_sighup_is_handled_like_sigterm():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGTERM)
 
+
+
+def test_no_run_file_is_written_through_a_symlink(tmp_path):
+    """`cp -a RUN lk; ln -s victim lk/.lock; train --resume lk` wrote a pid into the victim; train.log and
+    metrics.jsonl were appended to through symlinks. Every such file is refused in one line and the victim is
+    untouched; the files written by rename (summary, plot) replace a symlink, never write through it."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    run = tmp_path / "lk"
+    run.mkdir()
+    (run / rundir.METRICS).write_text('{"kind": "train", "step": 1}\n')
+    (run / rundir.RunDirLock.NAME).symlink_to(victim)
+    with pytest.raises(BadInput, match=r"\.lock: the run directory's lock file is a symlink"):
+        rundir.claim_run_dir(run, resume=True)
+    (run / rundir.RunDirLock.NAME).unlink()
+    for name, open_it in ((rundir.LOG, lambda p: rundir.RunLog(p)), (rundir.METRICS, rundir.MetricsLog),
+                          (rundir.METRICS, lambda p: rundir.truncate_metrics(p, 0))):
+        (run / name).unlink(missing_ok=True)
+        (run / name).symlink_to(victim)
+        with pytest.raises(BadInput, match="is a symlink"):
+            open_it(run / name)
+    (run / rundir.METRICS).unlink()
+    (run / rundir.SUMMARY_JSON).symlink_to(victim)
+    (run / rundir.CURVES).symlink_to(victim)
+    rundir.write_summary(run, {"config_name": "t", "steps": 1})
+    assert victim.read_text() == "precious\n" and not (run / rundir.SUMMARY_JSON).is_symlink()
+    assert not (run / rundir.CURVES).is_symlink()
+    fifo = run / "fifo.log"
+    os.mkfifo(fifo)
+    with pytest.raises(BadInput, match="is a FIFO, not a regular file"):
+        rundir.RunLog(fifo)
+
+
+def test_reading_metrics_names_a_bad_line_and_skips_a_torn_last_one(tmp_path):
+    """A row that is not a metrics row (a string step, not an object) is one line naming the file and line; the
+    torn last line a killed run leaves is skipped; `truncate_metrics` drops both kinds on resume."""
+    path = tmp_path / rundir.METRICS
+    path.write_text('{"kind": "train", "step": 1}\n{"kind": "train", "step": 2}\n{"kind": "tr')
+    assert [r["step"] for r in rundir.read_metrics(tmp_path)] == [1, 2]
+    path.write_text('{"kind": "train", "step": 1}\n{"kind": "train", "step": "7"}\n[1]\n')
+    with pytest.raises(DataError, match=rf"{path}:2: not a metrics row"):
+        rundir.read_metrics(tmp_path)
+    assert rundir.truncate_metrics(path, 5) == 2 and [r["step"] for r in rundir.read_metrics(tmp_path)] == [1]
+
+
+def test_summary_json_is_strict_json_without_a_bare_nan(tmp_path):
+    """A diverged run's summary held a bare NaN (not JSON for strict readers); non-finite numbers are null."""
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in the JSON"))
+
+    rundir.write_summary(tmp_path, {"config_name": "t", "steps": 3, "final_train_loss": float("nan"),
+                                    "mfu": float("inf"), "nested": {"x": [1.0, float("-inf")]}})
+    s = strict((tmp_path / rundir.SUMMARY_JSON).read_text())
+    assert s["final_train_loss"] is None and s["mfu"] is None and s["nested"] == {"x": [1.0, None]}
+
+
+def test_the_final_steps_record_is_read_back_only_for_its_step_and_only_when_well_formed(tmp_path):
+    from frontier_jax.errors import BadInput
+
+    sums = {"nll_sum_nats": 7.0, "tokens": 10, "bytes": 20, "eval_seconds": 0.5}
+    rundir.write_final_steps(tmp_path, 6, {"val": sums, "roundtrip": sums})
+    assert rundir.read_final_steps(tmp_path, 6) == {"val": sums, "roundtrip": sums}
+    assert rundir.read_final_steps(tmp_path, 7) == {} and rundir.read_final_steps(tmp_path / "none", 6) == {}
+    for bad in ({"val": {**sums, "tokens": "10"}}, {"val": {**sums, "bytes": 0}}, {"artifact": {"artifact": 1}}):
+        rundir.write_final_steps(tmp_path, 6, bad)
+        with pytest.raises(BadInput, match="final_steps.json"):
+            rundir.read_final_steps(tmp_path, 6)

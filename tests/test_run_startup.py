@@ -16,7 +16,7 @@ from frontier_jax.errors import BadInput
 from frontier_jax.run.driver import InterruptedBeforeTraining
 
 
-def _start(out, body, setup=lambda: "prepared", resume=False, claim=None):
+def _start(out, body, setup=lambda check: "prepared", resume=False, claim=None):
     log = rundir.RunLog(None, echo=False)
     return startup.start_run(out, resume, log, setup, body, claim=claim), log
 
@@ -24,7 +24,7 @@ def _start(out, body, setup=lambda: "prepared", resume=False, claim=None):
 def test_a_signal_during_the_set_up_writes_nothing_and_claims_nothing(tmp_path):
     out, claims = tmp_path / "run", []
 
-    def setup():
+    def setup(check):
         os.kill(os.getpid(), signal.SIGTERM)  # the handlers are installed before the set-up
         return "prepared"
 
@@ -33,6 +33,32 @@ def test_a_signal_during_the_set_up_writes_nothing_and_claims_nothing(tmp_path):
     assert s == {"stop_reason": "signal SIGTERM before training", "steps": 0, "run_dir": str(out),
                  "checkpoint_step": None}
     assert not out.exists() and claims == []
+
+
+def test_a_signal_between_set_up_phases_stops_before_the_next_phase(tmp_path):
+    """A signal during a long set-up phase (a model being built) was only seen after the whole set-up: the set-up
+    checks the flag between its phases (`check`), and the body between its own (`start.check`), exit 130."""
+    out, phases = tmp_path / "run", []
+
+    def setup(check):
+        phases.append("data")
+        os.kill(os.getpid(), signal.SIGTERM)
+        check()
+        phases.append("model")  # never reached
+        return "prepared"
+
+    s, _ = _start(out, lambda p, start: pytest.fail("no body after a signal"), setup)
+    assert phases == ["data"] and s["stop_reason"] == "signal SIGTERM before training" and not out.exists()
+
+    def body(prepared, start):
+        phases.append("claimed")
+        os.kill(os.getpid(), signal.SIGINT)
+        start.check()
+        phases.append("built")  # never reached
+        return {}
+
+    s, _ = _start(out, body)
+    assert phases[-1] == "claimed" and s["stop_reason"] == "signal SIGINT before training" and not out.exists()
 
 
 def test_the_body_runs_on_a_claimed_directory_and_the_lock_is_released(tmp_path):

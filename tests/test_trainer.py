@@ -147,3 +147,73 @@ def test_attention_forward_is_chosen_on_the_host_and_each_variant_built_once():
     same = _AttentionVariants(make("train"), make("eval"), False, 1024, logged.append)
     same.observe(ops.SHIFT_LIMIT * 2)
     assert same.train() == ("train", False) and same.switches == 0
+
+
+@pytest.mark.slow
+def test_a_run_stopped_in_its_final_steps_is_finished_by_resume(byte_data, tmp_path):
+    """SIGTERM once the final validation is recorded (sent from inside the artifact's round trip, after the
+    "(final)" checkpoint): exit 130, a summary that says the final steps did not complete; `--resume` then
+    runs only the missing stages (the artifact, its round trip and sliding windows), trains nothing, and
+    writes the complete summary, whose round-trip and sliding scores `evaluate --artifact` reproduces. The
+    record's pipeline at a shape where its int6 branch runs (MLP matrices of 131,072 elements)."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO, TINY_OVERRIDES
+    from frontier_jax.evaluate import evaluate_run
+
+    run = tmp_path / "run"
+    sets = [*TINY_OVERRIDES, "model.model_dim=256", "train.max_steps=3", "eval.artifact='int6_lzma'",
+            "eval.seq_len=128", "eval.stride=32", "eval.score='sliding'"]
+    args = ["--config", str(REPO / "configs" / "tiny.py"), "--data", str(byte_data), "--tokenizer", "bytes",
+            "--out", str(run), *[a for s in sets for a in ("--set", s)]]
+    stop = ("import os, signal, sys; from frontier_jax.interop import artifact; real = artifact.roundtrip\n"
+            "def roundtrip(*a, **k):\n    os.kill(os.getpid(), signal.SIGTERM)\n    return real(*a, **k)\n"
+            "artifact.roundtrip = roundtrip\nfrom frontier_jax.train import main\nsys.exit(main(sys.argv[1:]))")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = subprocess.run([sys.executable, "-c", stop, *args], cwd=REPO, capture_output=True, text=True, env=env,
+                           timeout=600)
+    assert first.returncode == 130, first.stderr[-2000:]
+    assert "(final)" in first.stdout and f"its final steps run with: python -m frontier_jax.train --resume {run}" \
+        in first.stderr
+    cut = json.loads((run / "summary.json").read_text())
+    assert cut["stop_reason"] == "signal SIGTERM during the final validation" and not cut["final_complete"]
+    assert set(json.loads((run / "final_steps.json").read_text())["stages"]) == {"val"}
+    second = subprocess.run([sys.executable, "-m", "frontier_jax.train", "--resume", str(run)], cwd=REPO,
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    s = json.loads((run / "summary.json").read_text())
+    assert s["final_complete"] and s["stop_reason"] == "max_steps" and s["steps"] == 3 and s["val_bpb"] == cut["val_bpb"]
+    assert s["artifact_tensors"]["int6"] == 4 and s["score"]["line"] == "final_int6_sliding_window"
+    log = (run / "train.log").read_text()
+    assert "final steps recorded by an earlier invocation: val; running the rest" in log
+    assert "compile warm-up" not in log.split("final steps did not complete")[1]  # nothing trained after the cut
+    train, _ = _train_rows(run)
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert f"final_int6_sliding_window_exact val_loss:{s['sliding_val_loss']:.8f} val_bpb:{s['sliding_val_bpb']:.8f}" \
+        in second.stdout
+    art = run / "final_model.int6.ptz"
+    assert evaluate_run(run, artifact=art)["bpb"] == s["roundtrip_val_bpb"]
+    assert evaluate_run(run, artifact=art, stride=32)["nll_sum_nats"] == s["sliding_val_nll_sum_nats"]
+    again = trainer.run(tiny_config(byte_data, *sets[len(TINY_OVERRIDES):]), run, resume=True, echo=False)
+    assert again["stop_reason"] == "already finished"
+
+
+def test_a_signal_in_the_set_up_stops_before_the_model_is_built(byte_data, tmp_path, monkeypatch):
+    """`--set model.num_layers=1000000` ignored SIGTERM for 13 minutes: the set-up checks the stop flag between its
+    phases, so a signal before the model is built stops there (exit 130's summary; no run directory)."""
+    import os
+    import signal
+
+    real = trainer.ngram_runtime.for_config
+
+    def signalled(*args, **kw):  # the signal arrives during the phase before the model is built
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(trainer.ngram_runtime, "for_config", signalled)
+    monkeypatch.setattr(trainer, "init_state", lambda *a, **k: pytest.fail("the model was built after the signal"))
+    out = tmp_path / "run"
+    summary = trainer.run(tiny_config(byte_data), out, echo=False)
+    assert summary["stop_reason"] == "signal SIGTERM before training" and not out.exists()

@@ -6,8 +6,10 @@
 Arm specs (`--arm`, two or more, optionally prefixed by `LABEL=`):
   jax:CONFIG [ARGS]    python -m frontier_jax.train --config CONFIG ARGS (e.g. --set model.num_layers=3)
   torch:CONFIG [ARGS]  python -m baseline_torch.train --config CONFIG ARGS (e.g. --compile, --threads 1)
-  cmd:COMMAND          any shell command (e.g. `cd DIR && python train_gpt.py`) whose output has a `val_bpb:`
-                       line (the last one counts; `final_int8_zlib_roundtrip(_exact)` lines give its round-trip score);
+  cmd:COMMAND          any shell command (e.g. `cd DIR && python train_gpt.py`, the official script or record
+                       2026-03-23's) whose output has a `val_bpb:` line (the last one counts; the final score lines
+                       `final_int8_zlib_roundtrip`, `final_int6_roundtrip`, `..._sliding_window`, `legal_ttt` and
+                       their `_exact` twins give its final pipeline's scores: frontier_jax.compare.collect);
                        {seed} {budget} {data} {tokenizer} {out} are substituted, and SEED,
                        MAX_WALLCLOCK_SECONDS, DATA_PATH, TOKENIZER_PATH, RUN_ID are set in its environment
                        (the names the official train_gpt.py reads).
@@ -17,6 +19,8 @@ runs, as is a config whose vocabulary differs from the tokenizer or shards made 
 Runs are interleaved (A B A B ...), each a subprocess with its own run directory under OUT/runs/.
 After every run OUT/results.json, OUT/results.md and OUT/val_bpb.png are rewritten, so an interrupted
 comparison keeps every finished run. Statistics: frontier_jax.compare.stats (Welch t, verdicts).
+The score every arm is compared by is `--score` (val, roundtrip, sliding, ttt; default auto: the round trip
+when every arm has one, else the plain val_bpb); a run without that score is not ok.
 """
 
 from __future__ import annotations
@@ -34,15 +38,15 @@ import sys
 import time
 from pathlib import Path
 
-from frontier_jax.compare.collect import collect, strict_json
+from frontier_jax.compare.collect import FIELDS, collect, log_tail, strict_json
 from frontier_jax.compare.report import plot_title, render_markdown, render_plot
-from frontier_jax.compare.stats import (THROUGHPUT_TOLERANCE, confounders, describe, remedies, score_key,
-                                        throughput_flags, verdict)
-from frontier_jax.config import ConfigError, apply_overrides, load_config
+from frontier_jax.compare.stats import (SCORE_CHOICES, THROUGHPUT_TOLERANCE, confounders, describe, remedies,
+                                        score_key, throughput_flags, verdict)
+from frontier_jax.config import MAX_SEED, ConfigError, apply_overrides, load_config
 from frontier_jax.data.prepare import read_manifest
 from frontier_jax.data.shards import list_shards
 from frontier_jax.data.tokenizer import check_vocab, load_tokenizer
-from frontier_jax.errors import EXIT_INTERRUPTED, EXIT_OK, BadInput, exit_on_error
+from frontier_jax.errors import ArgumentParser, BadInput, EXIT_INTERRUPTED, EXIT_OK, exit_on_error, float_in, int_in
 from frontier_jax.data.shards import atomic_write_text
 
 KINDS = {"jax": "frontier_jax.train", "torch": "baseline_torch.train"}
@@ -207,12 +211,13 @@ def build_command(arm: Arm, seed: int, run_dir: Path, a: argparse.Namespace) -> 
     return ["env", *extra, "bash", "-c", command]
 
 
-def aggregate(arms: list[Arm], runs: list[dict], meta: dict | None = None) -> tuple[list[dict], list[dict], dict]:
+def aggregate(arms: list[Arm], runs: list[dict], score: str = "auto",
+              meta: dict | None = None) -> tuple[list[dict], list[dict], dict]:
     """Per-arm summaries, per-pair verdicts (every pair i < j, B = later arm, A = earlier arm) and the
-    conditions: which score (round-trip when every arm has one), the throughput flags and, when a flag
-    confounds a verdict, the remedies (`stats.remedies`, from `meta`'s budget, threads, CPUs and max load)."""
+    conditions: which score (`--score`; auto: round-trip when every arm has one), the throughput flags and, when
+    a flag confounds a verdict, the remedies (`stats.remedies`, from `meta`'s budget, threads, CPUs and max load)."""
     meta = meta or {}
-    key, scored_by = score_key(runs)
+    key, scored_by = score_key(runs, score)
     labels = [a.label for a in arms]
     flags = throughput_flags(labels, runs)
     per_arm = []
@@ -249,7 +254,7 @@ def aggregate(arms: list[Arm], runs: list[dict], meta: dict | None = None) -> tu
 
 
 def write_outputs(out: Path, meta: dict, arms: list[Arm], runs: list[dict]) -> dict:
-    per_arm, pairs, conditions = aggregate(arms, runs, meta)
+    per_arm, pairs, conditions = aggregate(arms, runs, meta.get("score", "auto"), meta)
     results = strict_json({**meta, "arms": per_arm, "pairs": pairs, "conditions": conditions, "runs": runs})
     atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True, allow_nan=False) + "\n")
     atomic_write_text(out / "results.md", render_markdown(results))
@@ -258,7 +263,7 @@ def write_outputs(out: Path, meta: dict, arms: list[Arm], runs: list[dict]) -> d
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m frontier_jax.compare", description=__doc__.splitlines()[0],
+    p = ArgumentParser(prog="python -m frontier_jax.compare", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 2)[2])
     p.add_argument("--arm", action="append", default=[], required=True, metavar="SPEC",
@@ -266,14 +271,18 @@ def parse_args(argv):
                         "see below)")
     p.add_argument("--data", help="shard directory shared by all jax/torch arms")
     p.add_argument("--tokenizer", help="tokenizer (.model or 'bytes') shared by all jax/torch arms")
-    p.add_argument("--budget", type=float, required=True, help="training budget in seconds for every run")
-    p.add_argument("--seeds", type=int, default=2, help="runs per arm (default 2)")
-    p.add_argument("--seed-base", type=int, default=1337, help="seeds are seed_base, seed_base + 1, ...")
+    p.add_argument("--budget", type=float_in(0, lo_open=True), required=True, help="training budget in seconds for every run")
+    p.add_argument("--seeds", type=int_in(1), default=2, help="runs per arm (default 2)")
+    p.add_argument("--seed-base", type=int_in(0, MAX_SEED), default=1337, help="seeds are seed_base, seed_base + 1, ...")
     p.add_argument("--out", required=True, help="output directory (results.json, results.md, val_bpb.png, runs/)")
-    p.add_argument("--timeout", type=float, help="seconds before a run is killed (default 3 x budget + 600)")
-    p.add_argument("--threads", type=int, metavar="N",
+    p.add_argument("--timeout", type=float_in(0, lo_open=True), help="seconds before a run is killed (default 3 x budget + 600)")
+    p.add_argument("--score", choices=SCORE_CHOICES, default="auto",
+                   help="the line every arm is scored by: val (the trained weights), roundtrip, sliding or ttt (the "
+                        "final pipeline's lines on the artifact's weights); auto (default): roundtrip when every arm "
+                        "has one, else val")
+    p.add_argument("--threads", type=int_in(1), metavar="N",
                    help="pin every run to N CPUs (torch arms: --threads N); default: all CPUs this process may use")
-    p.add_argument("--max-load", type=float, metavar="L",
+    p.add_argument("--max-load", type=float_in(0, lo_open=True), metavar="L",
                    help="before each run, wait until the machine's 1-minute load average is below L (a quieter "
                         "machine; default: start at once)")
     return p.parse_args(argv)
@@ -294,8 +303,6 @@ def compare(a: argparse.Namespace) -> int:
         raise CompareError("--seeds must be >= 1 and --budget > 0")
     if a.threads is not None and not 1 <= a.threads <= default_threads():
         raise CompareError(f"--threads {a.threads}: must be 1 .. {default_threads()} (the CPUs this process may use)")
-    if a.max_load is not None and not a.max_load > 0:
-        raise CompareError(f"--max-load {a.max_load}: must be > 0")
     arms = [parse_arm(s, i) for i, s in enumerate(a.arm)]
     core_notes = match_core_count(arms)
     facts = validate(arms, a.data, a.tokenizer)
@@ -305,7 +312,7 @@ def compare(a: argparse.Namespace) -> int:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     timeout = a.timeout or 3 * a.budget + 600
     meta = {"data": a.data, "tokenizer": a.tokenizer, "budget_seconds": a.budget, "seeds": a.seeds,
-            "seed_base": a.seed_base, "order": "interleaved", "started": time.strftime("%Y-%m-%d %H:%M:%S"), **facts,
+            "seed_base": a.seed_base, "score": a.score, "order": "interleaved", "started": time.strftime("%Y-%m-%d %H:%M:%S"), **facts,
             "threads": a.threads, "cpus": default_threads(), "max_load": a.max_load,
             **({"core_count": core_notes} if core_notes else {})}
     runs: list[dict] = []
@@ -440,6 +447,8 @@ def _run_all(order, arms, a, out: Path, meta: dict, runs: list[dict], timeout: f
                     proc.wait()
             _kill_group(proc, signal.SIGKILL)  # whatever the arm left behind in its group
         res = collect(run_dir, console, None if interrupted else rc, loads)
+        if a.score != "auto" and res["status"] == "ok" and res[FIELDS[a.score]] is None:
+            res["status"], res["log_tail"] = f"no {a.score} score (--score {a.score})", log_tail(console)
         runs.append({"arm": arm.label, "kind": arm.kind, "seed": seed, "run_dir": str(run_dir),
                      "wall_seconds": time.perf_counter() - t0, **res})
         results = write_outputs(out, meta, arms, runs)

@@ -15,6 +15,8 @@ import math
 import numpy as np
 from scipy import stats
 
+from frontier_jax.compare.collect import FIELDS, STAGES
+
 NOISE_BPB = 0.0005
 MAX_RUNS = 1000
 
@@ -192,12 +194,28 @@ def confounders(flags: dict, a: str, b: str) -> list[str]:
     return flags["arms"].get(a, []) + flags["arms"].get(b, []) + flags["pairs"].get(f"{a}|{b}", [])
 
 
-def score_key(runs: list[dict]) -> tuple[str, str]:
-    """(run field, sentence): the round-trip score when every successful run has one, else the plain val_bpb."""
+SCORE_CHOICES = ("auto", *STAGES)  # compare --score
+_SCORE_WORDS = {"val": "the plain final val_bpb (the trained weights)",
+                "roundtrip": "the round-trip val_bpb (the artifact's weights: summary.json roundtrip_val_bpb, or the "
+                             "final_int8_zlib_roundtrip / final_int6_roundtrip(_exact) line)",
+                "sliding": "the sliding-window val_bpb of the artifact's weights (summary.json sliding_val_bpb, or the "
+                           "final_int8_zlib_sliding_window / final_int6_sliding_window(_exact) line)",
+                "ttt": "the score-first TTT val_bpb (summary.json ttt_val_bpb, or the legal_ttt(_exact) line)"}
+
+
+def score_key(runs: list[dict], choice: str = "auto") -> tuple[str, str]:
+    """(run field, sentence) of the score every arm is compared by. `choice` names a stage of the final pipeline
+    (`collect.STAGES`: val, roundtrip, sliding, ttt); "auto" is the project's rule: the round-trip score when
+    every successful run has one (no arm scored before quantization against another scored after it), else
+    the plain val_bpb."""
+    if choice != "auto":
+        return FIELDS[choice], f"every arm scored by {_SCORE_WORDS[choice]} (--score {choice})"
     ok = [r for r in runs if r.get("status") == "ok"]
     missing = sorted({r["arm"] for r in ok if r.get("roundtrip_val_bpb") is None})
     if ok and not missing:
         return "roundtrip_val_bpb", ("every arm scored by the int8+zlib round-trip val_bpb (the contest's score: "
-                                     "summary.json roundtrip_val_bpb, or the final_int8_zlib_roundtrip(_exact) line)")
+                                     "summary.json roundtrip_val_bpb, or the final_int8_zlib_roundtrip(_exact) line)"
+                                     if all(r.get("artifact_format") in (None, "int8_zlib") for r in ok) else
+                                     f"every arm scored by {_SCORE_WORDS['roundtrip']}")
     why = f"{', '.join(missing)} reported no round-trip score" if missing else "no successful run"
     return "val_bpb", f"every arm scored by the plain final val_bpb ({why})"

@@ -1,5 +1,6 @@
 """Data: token shards, the training stream and validation windows, tokenizers and the bpb byte tables, in
-`shards` (the binary shard format, atomic writes), `stream` (TokenStream, TrainLoader, the validation batcher),
+`shards` (the binary shard format), `files` (safe reads and writes: paths inside their root, no write through
+a symlink, regular-file inputs, atomic writes, JSON against a schema), `stream` (TokenStream, TrainLoader, the validation batcher),
 `tokenizer` (SentencePiece / byte tokenizers, ByteTables, count_bytes), `dataset` (the start-up loader: every
 check, provenance and token ids included), `integrity` (distinct files, duplicate documents), `manifest` (what
 `prepare` wrote), `prepare` (the command line that builds shards and their manifest, `python -m

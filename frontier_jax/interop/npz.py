@@ -5,6 +5,7 @@ any array is read. No JAX (numpy only)."""
 
 from __future__ import annotations
 
+import io
 import json
 import zipfile
 from pathlib import Path
@@ -12,10 +13,35 @@ from pathlib import Path
 import numpy as np
 
 from frontier_jax.config import host_memory_bytes
+from frontier_jax.data.files import atomic_write
 from frontier_jax.data.shards import DataError
 
 class WeightsError(DataError):
     """An npz that cannot be read, or does not fit the model."""
+
+
+FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")  # what a parameter may be stored as
+
+
+def check_weights(sd: dict, expect: dict[str, tuple], source: str) -> None:
+    """The one validator of weights a model is given (`interop import`, the artifact's dequantized weights,
+    `baseline_torch --init-weights`): exactly the keys of `expect` ({state_dict key: shape}; metadata keys
+    `__*` aside), each of its shape, floating point and finite. WeightsError naming `source` and the key."""
+    given = {k for k in sd if not k.startswith("__")}
+    missing, extra = [k for k in expect if k not in given], sorted(given - set(expect))
+    if missing:
+        raise WeightsError(f"{source}: missing key {missing[0]!r} ({len(missing)} missing of {len(expect)})")
+    if extra:
+        raise WeightsError(f"{source}: unexpected key {extra[0]!r} ({len(extra)} not in the model)")
+    for key, shape in expect.items():
+        a = np.asarray(sd[key])
+        if a.shape != tuple(shape):
+            raise WeightsError(f"{source}: key {key!r} has shape {list(a.shape)}, the model expects {list(shape)}")
+        if a.dtype.name not in FLOAT_DTYPES:
+            raise WeightsError(f"{source}: key {key!r} has dtype {a.dtype}; parameters must be floating point "
+                               f"({', '.join(FLOAT_DTYPES)})")
+        if not np.isfinite(a.astype(np.float32)).all():
+            raise WeightsError(f"{source}: key {key!r} holds non-finite values (NaN or inf)")
 
 
 def save_npz(path, sd: dict[str, np.ndarray], meta: dict | None = None) -> None:
@@ -28,14 +54,9 @@ def save_npz(path, sd: dict[str, np.ndarray], meta: dict | None = None) -> None:
     arrays = {k: np.asarray(v, dtype=np.float32) for k, v in sd.items()}
     arrays["__dtypes__"] = np.array(json.dumps(dtypes, sort_keys=True))
     arrays["__meta__"] = np.array(json.dumps(meta or {}, sort_keys=True))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.npz")
-    try:
-        np.savez(tmp, **arrays)
-        tmp.replace(path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    atomic_write(path, [buf.getbuffer()])  # renamed into place: never written through a symlink
 
 
 def _dtype(name: str) -> np.dtype:

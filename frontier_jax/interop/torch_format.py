@@ -13,7 +13,9 @@ PyTorch's `torch/serialization.py` defines it (the zip "new" format, the default
 
 Supported: dicts, lists, tuples, strings, numbers, None and numpy arrays of the dtypes in `STORAGES`
 (bfloat16 through ml_dtypes). Reading accepts only those globals (as `torch.load(weights_only=True)`
-accepts only an allowlist): anything else in a pickle is refused, never executed.
+accepts only an allowlist): anything else in a pickle is refused, never executed. A tensor is rebuilt only
+from inside its storage (`rebuild_in_bounds`: strides >= 0, offset and extent within the storage), and an
+archive's storages and tensors together may take at most a quarter of the host's memory.
 """
 
 from __future__ import annotations
@@ -22,8 +24,12 @@ import collections
 import io
 import pickle
 import zipfile
+import zlib
 
 import numpy as np
+
+from frontier_jax.config import host_memory_bytes
+from frontier_jax.errors import BadInput
 
 ARCHIVE = "archive"
 FORMAT_VERSION = "3"
@@ -45,7 +51,7 @@ STORAGES = {"FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storag
 _STORAGE_OF = {v: k for k, v in STORAGES.items()}
 
 
-class TorchFormatError(ValueError):
+class TorchFormatError(BadInput):
     """Bytes that are not a torch.save archive this module can read (message says what is wrong)."""
 
 
@@ -139,22 +145,62 @@ def dumps(obj) -> bytes:
 # ----------------------------------------------------------------------------- reading
 
 
-def _rebuild_tensor(storage: np.ndarray, offset: int, size, stride, requires_grad=False, hooks=None, *rest):
-    item = storage.itemsize
-    if not size:
-        return np.array(storage[offset])  # a 0-d array
-    view = np.lib.stride_tricks.as_strided(storage[offset:], shape=tuple(size), strides=tuple(s * item for s in stride))
-    return np.ascontiguousarray(view)
+def max_tensor_bytes() -> int:
+    """The most bytes the tensors of one archive may take once rebuilt: a quarter of this host's memory (a
+    declared (10^6, 10^6) tensor, or a stride-0 view that would expand to one, is refused, not allocated)."""
+    host = host_memory_bytes()
+    return host // 4 if host else 1 << 32
+
+
+def _count(value, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise TorchFormatError(f"tensor {what} {value!r:.40} is not a non-negative integer")
+    return value
+
+
+def rebuild_in_bounds(storage: np.ndarray, offset, size, stride, budget: list[int]) -> np.ndarray:
+    """The tensor `torch._utils._rebuild_tensor_v2` describes, read only from inside `storage`: strides >= 0,
+    offset + extent within the storage, the elements against what is left of `budget` (bytes, [remaining]).
+    TorchFormatError otherwise (never a read before or past the buffer, never a clamped offset)."""
+    if not isinstance(storage, np.ndarray):
+        raise TorchFormatError(f"tensor storage is a {type(storage).__name__}, not a storage")
+    offset = _count(offset, "offset")
+    if not isinstance(size, tuple | list) or not isinstance(stride, tuple | list) or len(size) != len(stride):
+        raise TorchFormatError(f"tensor size {size!r:.60} and stride {stride!r:.60} do not describe a tensor")
+    size = tuple(_count(n, "size") for n in size)
+    stride = tuple(_count(s, "stride") for s in stride)
+    numel = int(np.prod(size, dtype=object)) if size else 1
+    nbytes = numel * storage.itemsize
+    if nbytes > budget[0]:
+        raise TorchFormatError(f"tensor of shape {list(size)} needs {nbytes:,} bytes, over the {budget[0]:,} "
+                               "this host can give the archive's tensors")
+    budget[0] -= nbytes
+    if numel == 0:
+        if offset > storage.size:
+            raise TorchFormatError(f"tensor offset {offset} is past its storage of {storage.size} elements")
+        return np.zeros(size, storage.dtype)
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride))  # the highest element index it reads
+    if last >= storage.size:
+        raise TorchFormatError(f"tensor of shape {list(size)}, offset {offset}, stride {list(stride)} reads element "
+                               f"{last}, past its storage of {storage.size} elements")
+    stride = tuple(s if n > 1 else 0 for n, s in zip(size, stride))  # a dimension of one reads no stride
+    view = np.lib.stride_tricks.as_strided(storage[offset:], shape=size, strides=tuple(s * storage.itemsize
+                                                                                      for s in stride))
+    return np.array(view)  # proven in bounds above; a copy, so nothing aliases the archive's buffer
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, zf: zipfile.ZipFile, prefix: str):
+    def __init__(self, data: bytes, zf: zipfile.ZipFile, prefix: str, max_bytes: int):
         super().__init__(io.BytesIO(data))
         self.zf, self.prefix, self.cache = zf, prefix, {}
+        self.budget = [max_bytes]  # bytes the storages and the rebuilt tensors may still take
+
+    def _rebuild(self, storage, offset, size, stride, *rest):
+        return rebuild_in_bounds(storage, offset, size, stride, self.budget)
 
     def find_class(self, module: str, name: str):
         if (module, name) == _REBUILD:
-            return _rebuild_tensor
+            return self._rebuild
         if module == "torch" and name in STORAGES:
             return ("dtype", STORAGES[name])
         if (module, name) == ("collections", "OrderedDict"):
@@ -166,18 +212,34 @@ class _Unpickler(pickle.Unpickler):
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
             raise TorchFormatError(f"unsupported persistent id {pid!r:.80}")
         _, kind, key, _location, numel = pid
+        if not (isinstance(kind, tuple) and len(kind) == 2 and kind[0] == "dtype" and kind[1] in _STORAGE_OF
+                and isinstance(key, str)):
+            raise TorchFormatError(f"unsupported persistent id {pid!r:.80}")
         if key not in self.cache:
             dt = _dtype(kind[1]).newbyteorder("<")
-            raw = self.zf.read(f"{self.prefix}data/{key}")
+            name = f"{self.prefix}data/{key}"
+            try:
+                info = self.zf.getinfo(name)
+            except KeyError:
+                raise TorchFormatError(f"storage {key}: no entry {name} in the archive") from None
+            if info.file_size > self.budget[0]:
+                raise TorchFormatError(f"storage {key}: {info.file_size:,} bytes, over the {self.budget[0]:,} "
+                                       "this host can give the archive's tensors")
+            self.budget[0] -= info.file_size
+            raw = self.zf.read(name)
+            if len(raw) % dt.itemsize:
+                raise TorchFormatError(f"storage {key}: {len(raw)} bytes are not whole {dt.name} elements")
             arr = np.frombuffer(raw, dtype=dt)
             if arr.size != numel:
-                raise TorchFormatError(f"storage {key}: {arr.size} elements, the pickle says {numel}")
+                raise TorchFormatError(f"storage {key}: {arr.size} elements, the pickle says {numel!r:.40}")
             self.cache[key] = arr
         return self.cache[key]
 
 
-def loads(data: bytes):
-    """The object in `torch.save` bytes, tensors as numpy arrays; TorchFormatError when it cannot be read."""
+def loads(data: bytes, max_bytes: int | None = None):
+    """The object in `torch.save` bytes, tensors as numpy arrays; TorchFormatError when it cannot be read.
+    Its storages and tensors may take at most `max_bytes` (default `max_tensor_bytes()`)."""
+    limit = max_tensor_bytes() if max_bytes is None else max_bytes
     try:
         zf = zipfile.ZipFile(io.BytesIO(data))
         names = zf.namelist()
@@ -187,8 +249,13 @@ def loads(data: bytes):
         prefix = pkl[: -len("data.pkl")]
         if f"{prefix}byteorder" in names and zf.read(f"{prefix}byteorder") != b"little":
             raise TorchFormatError("big-endian archive: not supported")
-        return _Unpickler(zf.read(pkl), zf, prefix).load()
+        if zf.getinfo(pkl).file_size > limit:
+            raise TorchFormatError(f"data.pkl of {zf.getinfo(pkl).file_size:,} bytes, over the limit of {limit:,}")
+        return _Unpickler(zf.read(pkl), zf, prefix, limit).load()
     except zipfile.BadZipFile as e:
         raise TorchFormatError(f"not a torch.save archive ({e})") from None
-    except (pickle.UnpicklingError, EOFError, KeyError, AttributeError) as e:
+    except (pickle.UnpicklingError, EOFError, KeyError, AttributeError, TypeError, ValueError, IndexError,
+            RecursionError, zlib.error, NotImplementedError) as e:
+        if isinstance(e, TorchFormatError):
+            raise
         raise TorchFormatError(f"unreadable torch.save archive ({type(e).__name__}: {str(e)[:120]})") from None

@@ -16,7 +16,6 @@ On Neuron the trainer runs the check at start-up (`frontier_jax.trainer._setup`)
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import re
 from pathlib import Path
@@ -25,6 +24,8 @@ from typing import Callable
 import jax
 import numpy as np
 
+from frontier_jax import ops
+from frontier_jax.errors import ArgumentParser, int_in
 from frontier_jax.neuron.memory import NEURON_SOURCE, gb
 from frontier_jax.neuron.program import Site
 
@@ -222,9 +223,12 @@ def check_config(cfg, num_devices: int, dtypes, tx) -> list[Finding]:
     return check_traced(trace_steps(cfg, num_devices, dtypes, tx))
 
 
-def format_report(cfg_name: str, num_devices: int, findings: list[Finding], memory_line: str | None = None) -> str:
-    """One line per rule (ok / FAIL and, for a failure, its source and up to five findings); `memory_line`, the
-    step's estimated peak per NeuronCore (`memory.Fit.line`), after the first."""
+def format_report(cfg_name: str, num_devices: int, findings: list[Finding], fallbacks=(),
+                  memory_line: str | None = None) -> str:
+    """One line per rule (ok / FAIL and, for a failure, its source and up to five findings), then the ops the
+    program runs as their reference because their kernel lacks a model switch (`ops.switch_fallbacks`: traced
+    as plain JAX, checked by the same rules; `--kernels strict` refuses them); `memory_line`, the step's
+    estimated peak per NeuronCore (`memory.Fit.line`), after the first."""
     rules = RULES + STEP_RULES
     lines = [f"Neuron program check: {cfg_name} on {num_devices} NeuronCore(s): "
              f"{'FAIL' if findings else 'pass'} ({len(rules)} rules, train / eval / optimizer steps)"]
@@ -236,6 +240,7 @@ def format_report(cfg_name: str, num_devices: int, findings: list[Finding], memo
         lines += [f"        {f.program}: {f.detail} [{f.op}]" for f in hits[:5]]
         if len(hits) > 5:
             lines.append(f"        ... {len(hits) - 5} more")
+    lines += [f"  reference fallback: {r.op} ({r.reason})" for r in fallbacks]
     return "\n".join(lines)
 
 
@@ -257,10 +262,10 @@ def main(argv=None) -> int:
     from frontier_jax.errors import exit_on_error
     from frontier_jax.neuron.program import on_neuron, trace_steps
 
-    p = argparse.ArgumentParser(prog="python -m frontier_jax.neuron_check", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m frontier_jax.neuron_check", description=__doc__.splitlines()[0])
     p.add_argument("--config", action="append", default=[], metavar="PATH",
                    help="a configs/*.py file (repeatable; default: every one of the repository's configs/*.py)")
-    p.add_argument("--devices", type=int, default=2, help="NeuronCores in the mesh (a trn1.2xlarge chip: 2)")
+    p.add_argument("--devices", type=int_in(1), default=2, help="NeuronCores in the mesh (a trn1.2xlarge chip: 2)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     p.add_argument("--markdown", action="store_true", help="print the rule table (with sources) as markdown and exit")
     a = p.parse_args(argv)
@@ -273,6 +278,7 @@ def main(argv=None) -> int:
             cfg = apply_overrides(load_config(path), a.set)
             traced = trace_steps(cfg, a.devices, *on_neuron(cfg))
             findings = check_traced(traced)
-            print(format_report(cfg.name, a.devices, findings, traced.memory.line()), flush=True)
+            print(format_report(cfg.name, a.devices, findings, ops.switch_fallbacks(cfg.model), traced.memory.line()),
+                  flush=True)
             failed |= bool(findings)
     return 1 if failed else 0

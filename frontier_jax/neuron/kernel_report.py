@@ -18,7 +18,6 @@ per-sequence work this separates; tests/test_kernel_report.py bounds the schedul
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import functools
@@ -31,7 +30,7 @@ import numpy as np
 
 from frontier_jax.neuron import kernel_calls as kc
 from frontier_jax.config import Config, load_config
-from frontier_jax.errors import BadInput, exit_on_error
+from frontier_jax.errors import ArgumentParser, BadInput, exit_on_error
 from kernels_nki import emulator, registry
 from kernels_nki.emulator import cost, loader, schedule
 from kernels_nki.emulator.machine import Counters
@@ -360,7 +359,7 @@ def _saved_report(path: Path, config: str, target: str) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m frontier_jax.kernel_report", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m frontier_jax.kernel_report", description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="a configs/*.py file")
     ap.add_argument("--target", default="trn1", choices=sorted(cost.TARGETS),
                     help="the NeuronCore the kernels are priced on: trn1 (NeuronCore-v2, default) or trn2 (v3)")

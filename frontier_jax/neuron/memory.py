@@ -11,8 +11,9 @@ figure is 0.96x to 1.39x the walk's. `estimate_bytes` is the walk times `MARGIN`
 XLA figure.
 
 `device_memory(backend, local_devices)` is what one device may use: a trn1 NeuronCore-v2's HBM as AWS documents
-it, the host's available RAM shared by the local CPU devices, an accelerator's own limit where its runtime
-reports one. `fit(...)` checks a set `train.micro_batch_seqs` against it (`DoesNotFit`, a one-line ConfigError:
+it, the host's available RAM shared by the local CPU devices (read as the set-up's cheaper floor reads it,
+`policies.sizing.available_memory_bytes`; that floor, parameters and inputs only, runs first, before anything is
+traced), an accelerator's own limit where its runtime reports one. `fit(...)` checks a set `train.micro_batch_seqs` against it (`DoesNotFit`, a one-line ConfigError:
 exit 2 before anything is allocated) or, for `0` (auto), chooses the largest micro-batch that fits, up to
 `policies.geometry.AUTO_MAX_MICRO_SEQS`; accumulation fills the rest of the step, whose tokens and result do
 not change. The walk reads jaxprs the caller traced (`frontier_jax.neuron.program`).
@@ -22,14 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 from jax.extend.core import Literal
 
 from frontier_jax.config import ConfigError
+from frontier_jax.policies import sizing
 from frontier_jax.policies.geometry import AUTO_MAX_MICRO_SEQS, micro_batch_candidates
 
 GiB = 1 << 30
@@ -116,43 +116,10 @@ class DeviceMemory:
     unit: str = "device"  # what one device is called in a report line
 
 
-def _meminfo_available(path: Path = Path("/proc/meminfo")) -> int | None:
-    try:
-        for line in path.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """What this process's memory cgroup still allows (v2 memory.max - memory.current, v1 likewise), or None."""
-    for limit, usage in (("memory.max", "memory.current"),
-                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
-        try:
-            cap = (root / limit).read_text().strip()
-            if cap == "max" or int(cap) >= 1 << 60:
-                continue
-            return max(0, int(cap) - int((root / usage).read_text().strip()))
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-def host_available_bytes() -> tuple[int | None, str]:
-    """(bytes, where read): the host's available RAM (/proc/meminfo MemAvailable, else sysconf's free pages),
-    capped by the memory cgroup's room; no environment variable is read."""
-    avail, source = _meminfo_available(), "MemAvailable of /proc/meminfo"
-    if avail is None:
-        try:
-            avail, source = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"), "sysconf SC_AVPHYS_PAGES"
-        except (ValueError, OSError, AttributeError):
-            return None, "available host memory unknown"
-    room = _cgroup_room()
-    if room is not None and room < avail:
-        return room, "the memory cgroup's limit less its usage"
-    return avail, source
+def host_available_bytes() -> int | None:
+    """The host's available RAM, as the set-up's floor reads it (policies.sizing.available_memory_bytes:
+    MemAvailable within the memory cgroup's room); no environment variable is read."""
+    return sizing.available_memory_bytes()
 
 
 def device_memory(backend: str, local_devices: int = 1, device=None) -> DeviceMemory:
@@ -161,11 +128,11 @@ def device_memory(backend: str, local_devices: int = 1, device=None) -> DeviceMe
     if backend == "neuron":
         return DeviceMemory(NEURONCORE_V2_HBM, "a trn1 NeuronCore-v2's HBM, as AWS documents it", "NeuronCore")
     if backend == "cpu":
-        avail, source = host_available_bytes()
+        avail = host_available_bytes()
         if avail is None:
-            return DeviceMemory(None, source)
+            return DeviceMemory(None, "available host memory unknown")
         share = f" over {local_devices} CPU devices" if local_devices > 1 else ""
-        return DeviceMemory(avail // max(local_devices, 1), f"available RAM ({source}){share}")
+        return DeviceMemory(avail // max(local_devices, 1), f"available RAM{share}")
     stats = getattr(device, "memory_stats", lambda: None)() if device is not None else None
     if stats and stats.get("bytes_limit"):
         return DeviceMemory(int(stats["bytes_limit"]), f"{backend} device memory_stats() bytes_limit")

@@ -11,7 +11,6 @@ time; `dma`: any DMA engine busy). qk_attention is drawn for one sequence of its
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 from frontier_jax import ops
 from frontier_jax.neuron import kernel_calls as kc
 from frontier_jax.config import load_config
-from frontier_jax.errors import BadInput, exit_on_error
+from frontier_jax.errors import ArgumentParser, BadInput, exit_on_error
 from frontier_jax.neuron.kernel_report import BATCHED, kernel_of, with_batch
 from kernels_nki.emulator import loader, schedule
 from kernels_nki.emulator.trace import DMA_ENGINES
@@ -128,7 +127,7 @@ def profile(cfg_path: str, ops: list[str] | None, out: Path, reading: str = "cen
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m frontier_jax.profile", description=DESCRIPTION)
+    ap = ArgumentParser(prog="python -m frontier_jax.profile", description=DESCRIPTION)
     ap.add_argument("--config", required=True, help="a configs/*.py file")
     ap.add_argument("--op", action="append", metavar="OP",
                     help=f"a kernel op of the step (repeatable): {', '.join(ops.OPS)}")

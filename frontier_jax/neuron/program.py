@@ -211,7 +211,7 @@ def trace_steps(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: 
     one-forward check compares, frontier_jax.submission.forward). `only`: trace just these programs (default all
     four; the estimate is then of the train step and those)."""
     names = ("train", "train (exact-max attention)", "eval", "optimizer")
-    with ops.kernel_primitives():
+    with ops.kernel_primitives(cfg.model):  # an op whose kernel lacks a model switch traces its reference
         steps = StepPrograms(cfg, num_devices, dtypes, tx, model_fn, eval_model_fn)
         fit = steps.fit(_memory.device_memory("neuron"), strict=False)
         make = {"train": lambda: steps.train(fit.micro_seqs),

@@ -21,7 +21,6 @@ does, so a context never reaches before its window. Exact bytes (bpb) come from
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from frontier_jax.data.shards import DataError
-from frontier_jax.errors import exit_on_error
+from frontier_jax.errors import ArgumentParser, exit_on_error, int_in
 from frontier_jax.run.rundir import read_json_object
 from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram import tables as T
@@ -269,15 +268,15 @@ def format_tables_report(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m frontier_jax.ngram.analyze", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="python -m frontier_jax.ngram.analyze", description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", help="a run directory (config.json, checkpoints/, ngram-p0/)")
     ap.add_argument("--tables", help="a published snapshot directory (snap_NNNNNN); with --run it replaces the run's")
     ap.add_argument("--data", help="directory holding the val shards (default: the run's data.data_dir)")
     ap.add_argument("--tokenizer", help="SentencePiece .model path or 'bytes' (default: the run's)")
-    ap.add_argument("--seq-len", type=int, default=1024, help="window length for --tables alone")
+    ap.add_argument("--seq-len", type=int_in(1), default=1024, help="window length for --tables alone")
     ap.add_argument("--val-pattern", default="*_val_*.bin",
                     help="glob of the val shards in --data (default *_val_*.bin, data.val_pattern's default)")
-    ap.add_argument("--max-tokens", type=int, default=0, help="score at most this many val tokens (0: all)")
+    ap.add_argument("--max-tokens", type=int_in(0), default=0, help="score at most this many val tokens (0: all)")
     ap.add_argument("--json", action="store_true", help="print JSON only")
     args = ap.parse_args(argv)
     if not (args.run or (args.tables and args.data)):

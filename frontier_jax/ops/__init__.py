@@ -17,8 +17,16 @@ reference directly under plain autodiff (`dispatch.direct`); its body is the ker
 genuine adapters only (reshapes to rows, dtype casts, the scale folded into a weight, the gain
 broadcast over the partitions). Ops no production path calls live in `frontier_jax.ops.experimental`.
 
+The model's switches (the recipe, docs/recipe.md) are keyword arguments of the ops they change. Where the
+existing kernels compute them exactly, the kernel path adapts them (the LN-scale factor folded into the
+projection's and the MLP's first weight; partial RoPE as a fixed permutation of q's and k's head dims with
+cos = 1, sin = 0 at the passed-through pairs; XSA applied to the attention kernel's output); a switch no kernel
+computes is an op's declared `Switch`: for a model that sets it the kernel table shows the op as "reference"
+with the switch named, strict mode fails naming it, and the op's calls run its reference.
+
 The kernel table's API is re-exported here: `configure`, `kernel_table`, `format_kernel_table`, `run_log_table`,
-`emulated`, `through_primitives`, `KernelRow`, `KernelUnavailableError`, `OPS`, `FUSED_OPTIMIZER_OPS`.
+`emulated`, `through_primitives`, `switch_fallbacks`, `KernelRow`, `KernelUnavailableError`, `Switch`, `OPS`,
+`FUSED_OPTIMIZER_OPS`.
 """
 
 from __future__ import annotations
@@ -31,13 +39,13 @@ from frontier_jax.ops.softmax_shift import (  # noqa: F401 (re-exported: the tra
     SHIFT_LIMIT, SHIFT_MARGIN, SHIFT_MAX_T, _ATTENTION, attention_forward, attention_forward_kind, bounded_shift_valid,
     score_bound)
 from frontier_jax.ops.dispatch import (
-    MODES, KernelAdapter, KernelRow, KernelUnavailableError, configure, declare, direct, emulated,
-    format_kernel_table, kernel_primitives, kernel_table, public, run_log_table, through_primitives)
+    MODES, KernelAdapter, KernelRow, KernelUnavailableError, Switch, configure, declare, direct, emulated,
+    format_kernel_table, kernel_primitives, kernel_table, public, run_log_table, switch_fallbacks, through_primitives)
 from frontier_jax.ops.vjp import Vjp
 
 __all__ = [
-    "FUSED_OPTIMIZER_OPS", "unused_ops", "MODES", "OPS", "KernelRow", "KernelUnavailableError",
-    "configure", "emulated",
+    "FUSED_OPTIMIZER_OPS", "unused_ops", "MODES", "OPS", "KernelRow", "KernelUnavailableError", "Switch",
+    "configure", "emulated", "switch_fallbacks",
     "format_kernel_table", "kernel_table", "run_log_table", "through_primitives",
     "rms_norm", "qk_attention", "norm_mlp", "embed", "head_loss", "mix_norm_qkv_projection",
     "out_projection", "adam_update", "muon_update", "scalars_PK", "kernel_primitives",
@@ -102,6 +110,12 @@ def _mlp_operands(x, w_fc, w_proj, s):
     return x, w_fc.astype(x.dtype), _fold(w_proj, s, x.dtype)
 
 
+def _ln_folded(w, ln_scale: float):
+    """w * ln_scale in w's dtype (fp32 product, one rounding): a sublayer's LN-scale factor folded into its first
+    weight, rms_norm(x) * s @ w = rms_norm(x) @ (s w); factor 1: w itself. Autodiff carries the factor to dw."""
+    return w if ln_scale == 1.0 else (w.astype(jnp.float32) * ln_scale).astype(w.dtype)
+
+
 def _projection_operands(x, w, s, r):
     """projection's kernel operands: the scale folded into w (`_fold`)."""
     return x, _fold(w, s, x.dtype), r
@@ -124,6 +138,7 @@ QK_ATTENTION = declare(
 # folded weight's fp32 gradient (`_unfold`)
 NORM_MLP = declare(
     "norm_mlp", ref.resid_norm_mlp_fwd, ref.resid_norm_mlp_bwd,
+    switches=(Switch("mlp_negative_slope", "negative_slope", 0.0, "the kernel computes relu(h)^2 only"),),
     vjp=Vjp("x, w_fc, wpf -> y, inv, rT", "x, w_fc, wpf, inv, rT, dy -> dx, dw_fc, dwpf",
             args="x, w_fc, w_proj, s", prepare=_mlp_operands, keep="w_proj, s",
             grads=lambda d: _unfolded(d, "dwpf", "w_proj", "s")))
@@ -178,22 +193,49 @@ def attention_variants_differ() -> bool:
     return not direct("qk_attention")
 
 
-def _qk_attention_reference(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, gain_H):
-    return ref.qk_attention(q_BTHK, k_BTGK, v_BTGK, jnp.asarray(cos_TK2), jnp.asarray(sin_TK2), gain_H)
+def _qk_attention_reference(q_BTHK, k_BTGK, v_BTGK, cos_TR2, sin_TR2, gain_H, *, xsa: bool = False):
+    return ref.qk_attention(q_BTHK, k_BTGK, v_BTGK, jnp.asarray(cos_TR2), jnp.asarray(sin_TR2), gain_H, xsa)
+
+
+def rope_permutation(K: int, R: int) -> list[tuple[int, int]]:
+    """Partial RoPE (dim j paired with j + R/2 for j < R/2, dims >= R passed through) as the whole-head rotation
+    (j paired with j + K/2): the [start, stop) ranges of the original head dims that, concatenated, give the
+    permuted head. Positions j < R/2 hold dims j and their partners (position j + K/2) dims j + R/2; the other
+    pairs hold the passed-through dims, which a cos = 1, sin = 0 table leaves exactly as they are (x * 1 + y * 0
+    = x). q . k, the per-head RMS norm and the per-head gain do not change under a permutation applied to both
+    q's and k's head dims; v and the output keep the natural order."""
+    P = (K - R) // 2
+    return [(0, R // 2), (R, R + P), (R // 2, R), (R + P, K)]
+
+
+def _whole_head_rope(q_BTHK, k_BTGK, cos_TR2, sin_TR2):
+    """(q, k, cos, sin) for the whole-head rotation kernel that compute a partial RoPE's rotation exactly
+    (`rope_permutation`): q's and k's head dims permuted, the tables [T, K/2] with cos 1 and sin 0 past R/2."""
+    K, R = q_BTHK.shape[-1], 2 * cos_TR2.shape[-1]
+    if R == K:
+        return q_BTHK, k_BTGK, cos_TR2, sin_TR2
+    perm = lambda x: jnp.concatenate([x[..., a:b] for a, b in rope_permutation(K, R)], axis=-1)
+    T, fill = cos_TR2.shape[0], (K - R) // 2
+    cos = jnp.concatenate([jnp.asarray(cos_TR2, jnp.float32), jnp.ones((T, fill), jnp.float32)], axis=1)
+    sin = jnp.concatenate([jnp.asarray(sin_TR2, jnp.float32), jnp.zeros((T, fill), jnp.float32)], axis=1)
+    return perm(q_BTHK), perm(k_BTGK), cos, sin
 
 
 @public(QK_ATTENTION, _qk_attention_reference)
-def qk_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, cos_TK2, sin_TK2,
-                 gain_H: jax.Array) -> jax.Array:
+def qk_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, cos_TR2, sin_TR2,
+                 gain_H: jax.Array, *, xsa: bool = False) -> jax.Array:
     """The model's attention on the raw projections (reference.qk_attention): QK-norm, RoPE, the query
     gain and causal GQA attention as one op, so that q and k are normed and rotated on chip inside the
     attention kernel (kernels_nki/attention.py) instead of by three HBM-bound kernels. The softmax shift
     is chosen at trace time (`attention_forward`); sequences longer than SHIFT_MAX_T always take the
-    exact forward."""
+    exact forward. Tables [T, R/2] with R < K: partial RoPE, which the kernel path computes with the whole-head
+    rotation on permuted heads (`rope_permutation`); `xsa`: XSA (reference.xsa) on the kernel's output."""
     dt, T = q_BTHK.dtype, q_BTHK.shape[1]  # the reference casts cos/sin and the gain to dt
-    return QK_ATTENTION.apply(q_BTHK, k_BTGK.astype(dt), v_BTGK.astype(dt), _in_dtype(cos_TK2, dt),
-                              _in_dtype(sin_TK2, dt), gain_PH(gain_H, dt),
-                              exact_max=_ATTENTION["exact_max"] or T > SHIFT_MAX_T)
+    q_BTHK, k_BTGK, cos_TK2, sin_TK2 = _whole_head_rope(q_BTHK, k_BTGK, cos_TR2, sin_TR2)
+    o_BTHK = QK_ATTENTION.apply(q_BTHK, k_BTGK.astype(dt), v_BTGK.astype(dt), _in_dtype(cos_TK2, dt),
+                                _in_dtype(sin_TK2, dt), gain_PH(gain_H, dt),
+                                exact_max=_ATTENTION["exact_max"] or T > SHIFT_MAX_T)
+    return ref.xsa(o_BTHK, v_BTGK.astype(dt)) if xsa else o_BTHK
 
 
 def _in_dtype(t, dt) -> jax.Array:
@@ -206,18 +248,20 @@ def gain_PH(gain_H, dt) -> jax.Array:
     return jnp.broadcast_to(_in_dtype(gain_H, dt)[None, :], (SCALAR_ROWS, gain_H.shape[0]))
 
 
-def _norm_mlp_reference(x, w_fc_DF, w_proj_FD, scale_D):
+def _norm_mlp_reference(x, w_fc_DF, w_proj_FD, scale_D, *, negative_slope: float = 0.0, ln_scale: float = 1.0):
     """What the unfused block computed: weights and scale cast to x's dtype at use, product and add in it."""
-    return x + scale_D.astype(x.dtype) * ref.norm_mlp(x, w_fc_DF, w_proj_FD)
+    return x + scale_D.astype(x.dtype) * ref.norm_mlp(x, w_fc_DF, w_proj_FD, negative_slope, ln_scale)
 
 
 @public(NORM_MLP, _norm_mlp_reference)
-def norm_mlp(x: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array, scale_D: jax.Array) -> jax.Array:
-    """x + scale * relu(rms_norm(x) W_fc)^2 W_proj for x of any leading shape [..., D]: the block's MLP half
-    with its pre-norm and its scaled residual add (kernels_nki/mlp.py). The kernel path folds the scale
-    into W_proj's columns (`_fold`) and adds x as y leaves PSUM."""
+def norm_mlp(x: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array, scale_D: jax.Array, *,
+             negative_slope: float = 0.0, ln_scale: float = 1.0) -> jax.Array:
+    """x + scale * act(rms_norm(x) * ln_scale W_fc)^2 W_proj for x of any leading shape [..., D], act =
+    LeakyReLU(negative_slope) (0: relu): the block's MLP half with its pre-norm and its scaled residual add
+    (kernels_nki/mlp.py, relu^2 only: another slope is the op's declared switch). The kernel path folds
+    ln_scale into W_fc (`_ln_folded`) and the scale into W_proj's columns (`_fold`) and adds x as y leaves PSUM."""
     D = x.shape[-1]
-    return NORM_MLP.apply(x.reshape(-1, D), w_fc_DF, w_proj_FD, scale_D).reshape(x.shape)
+    return NORM_MLP.apply(x.reshape(-1, D), _ln_folded(w_fc_DF, ln_scale), w_proj_FD, scale_D).reshape(x.shape)
 
 
 def embed(ids_N: jax.Array, emb_VD: jax.Array) -> jax.Array:
@@ -242,38 +286,39 @@ def head_loss(x_ND, emb_VD, targets_N, softcap, bias_ids_NS=None, bias_vals_NS=N
     return loss_N1[:, 0]
 
 
-def qkv_reference(x, w_q, w_k, w_v):
-    """(xn w_q, xn w_k, xn w_v), xn = rms_norm(x), the weights cast to x's dtype: the unfused model's."""
-    xn, dt = ref.rms_norm(x), x.dtype
+def qkv_reference(x, w_q, w_k, w_v, ln_scale: float = 1.0):
+    """(xn w_q, xn w_k, xn w_v), xn = rms_norm(x) * ln_scale, the weights cast to x's dtype: the unfused model's."""
+    xn, dt = ref.ln_scaled(ref.rms_norm(x), ln_scale), x.dtype
     return xn @ w_q.astype(dt), xn @ w_k.astype(dt), xn @ w_v.astype(dt)
 
 
-def _mix_reference(x_in, x0, mix_2D, w_q, w_k, w_v, skip=None, skip_w=None):
+def _mix_reference(x_in, x0, mix_2D, w_q, w_k, w_v, skip=None, skip_w=None, *, ln_scale: float = 1.0):
     """Exactly the unfused model's expressions (the skip add, resid_mix in x_in's dtype, the q/k/v projection)."""
     dt = x_in.dtype
     if skip is not None:
         x_in = x_in + skip_w.astype(dt) * skip
     mix = mix_2D.astype(dt)
     x = mix[0] * x_in + mix[1] * x0
-    return (x, *qkv_reference(x, w_q, w_k, w_v))
+    return (x, *qkv_reference(x, w_q, w_k, w_v, ln_scale))
 
 
 @public(MIX_NORM_PROJECTION, _mix_reference)
-def mix_norm_qkv_projection(x_in, x0, mix_2D, w_q, w_k, w_v, skip=None, skip_w=None):
+def mix_norm_qkv_projection(x_in, x0, mix_2D, w_q, w_k, w_v, skip=None, skip_w=None, *, ln_scale: float = 1.0):
     """(x, q, k, v) with x = mix[0] * x_in' + mix[1] * x0, x_in' = x_in + skip_w * skip (a decoder block's U-Net
-    skip add; none when skip is None), and (q, k, v) = rms_norm(x) (w_q, w_k, w_v): the block's residual mix
-    fused into its pre-attention norm and q/k/v projection; x is the residual stream the block continues
-    with. The weights are cast to x_in's dtype at use, as the unfused model did (reference.resid_mix). On a
-    kernel it is one `mix_norm_projection` call with q/k/v as one [I, O_q + O_k + O_v] weight
-    (kernels_nki/projection.py) that writes x, q, k and v once each and returns the gradients of the mix and
-    skip weights as fp32 sums over the tokens; each weight gets its slice of the fp32 dw."""
+    skip add; none when skip is None), and (q, k, v) = rms_norm(x) * ln_scale (w_q, w_k, w_v): the block's
+    residual mix fused into its pre-attention norm and q/k/v projection; x is the residual stream the block
+    continues with. The weights are cast to x_in's dtype at use, as the unfused model did (reference.resid_mix).
+    On a kernel it is one `mix_norm_projection` call with q/k/v as one [I, O_q + O_k + O_v] weight
+    (kernels_nki/projection.py), ln_scale folded into it (`_ln_folded`), that writes x, q, k and v once each and
+    returns the gradients of the mix and skip weights as fp32 sums over the tokens; each weight gets its slice of
+    the fp32 dw."""
     dt, D = x_in.dtype, x_in.shape[-1]
     rows = lambda t: t.reshape(-1, D)
     if skip is None:  # width 0: no skip (the kernel adapter above passes None)
         skip_NI, sw_1I = jnp.zeros((rows(x_in).shape[0], 0), dt), jnp.zeros((1, 0), jnp.float32)
     else:
         skip_NI, sw_1I = rows(skip), _in_dtype(skip_w, dt).reshape(1, D)
-    w = jnp.concatenate([w_q.astype(dt), w_k.astype(dt), w_v.astype(dt)], axis=1)
+    w = jnp.concatenate([_ln_folded(w.astype(jnp.float32), ln_scale).astype(dt) for w in (w_q, w_k, w_v)], axis=1)
     widths = (w_q.shape[1], w_k.shape[1], w_v.shape[1])
     outs = MIX_NORM_PROJECTION.apply(rows(x_in), rows(x0), _in_dtype(mix_2D, dt), w, skip_NI, sw_1I, widths=widths)
     lead = x_in.shape[:-1]

@@ -37,6 +37,13 @@ registry, impl nki | reference | emulated | unused and the reason; an experiment
 prints it at start-up and `dataclasses.asdict` makes each row JSON. `configure("strict")` raises
 `KernelUnavailableError` naming every op that would not run its NKI kernel. Call `configure` before
 tracing: the choice is made at trace time (`configure` and `emulated` clear JAX's caches).
+
+Model switches. An op declares the switches its kernel does not compute (`Switch`: a `ModelConfig` field, the
+op's keyword argument it sets and the one value the kernel implements). `configure(..., model=cfg.model)`
+evaluates them for the run's model (`switch_fallbacks`): an op whose kernel cannot compute the model's setting
+is "reference" in the table with the setting named in the reason, whatever the platform (strict mode therefore
+fails naming it), and its calls run the reference. A call with such a setting on an op the table says runs its
+kernel is an error, never a silent reference (the table was configured for another model).
 """
 
 from __future__ import annotations
@@ -83,6 +90,17 @@ class KernelAdapter:
 
 
 @dataclasses.dataclass(frozen=True)
+class Switch:
+    """A model setting that changes an op and that its kernel does not compute: `ModelConfig.<field>` is passed
+    to the op as keyword `param`; the kernel implements `param` = `kernel_value` only (`what` says what it does)."""
+
+    field: str
+    param: str
+    kernel_value: object
+    what: str
+
+
+@dataclasses.dataclass(frozen=True)
 class OpSpec:
     name: str
     refs: dict  # {"fwd": fn, "bwd": fn}: the pure-JAX references, (*arrays, **static) -> tuple
@@ -92,6 +110,7 @@ class OpSpec:
     unused_reason: str  # the table's reason when the run never calls it
     vjp: vjp_rules.Vjp | None = None  # what the forward saves and the backward returns
     apply: Callable | None = None  # (*args, **static) -> outputs: the op's custom_vjp, built from `vjp`
+    switches: tuple[Switch, ...] = ()  # model settings its kernel does not compute
 
     def __call__(self, which: str, *arrays, **static) -> tuple:
         """Run direction `which` ("fwd" | "bwd") with the implementation the table chose."""
@@ -110,13 +129,14 @@ SPECS: dict[str, OpSpec] = {}  # declaration order = the kernel table's row orde
 
 def declare(name: str, fwd: Callable, bwd: Callable | None = None, static: tuple[str, ...] = (),
             adapter: KernelAdapter | None = None, unused_reason: str = "not used by this run",
-            vjp: vjp_rules.Vjp | None = None) -> OpSpec:
-    """Declare a kernel-backed op: its references, static parameters, kernel adapter and, for a
-    differentiable op, its residual and cotangent rules (module doc)."""
+            vjp: vjp_rules.Vjp | None = None, switches: tuple[Switch, ...] = ()) -> OpSpec:
+    """Declare a kernel-backed op: its references, static parameters, kernel adapter, the model switches its
+    kernel does not compute and, for a differentiable op, its residual and cotangent rules (module doc)."""
     refs = {"fwd": fwd} if bwd is None else {"fwd": fwd, "bwd": bwd}
     prims = {w: _primitive(f"frontier_{name}" + (f"_{w}" if bwd is not None else ""), ref, static)
              for w, ref in refs.items()}
-    spec = OpSpec(name, refs, tuple(static), adapter or KernelAdapter(), prims, unused_reason, vjp)
+    spec = OpSpec(name, refs, tuple(static), adapter or KernelAdapter(), prims, unused_reason, vjp,
+                  switches=tuple(switches))
     if vjp is not None:
         spec = dataclasses.replace(spec, apply=vjp_rules.build(spec, vjp))
     SPECS[name] = spec
@@ -125,13 +145,37 @@ def declare(name: str, fwd: Callable, bwd: Callable | None = None, static: tuple
 
 def public(spec: OpSpec, reference: Callable) -> Callable:
     """Decorator of an op's public function: it calls `reference` (same arguments) when the op's row says
-    "reference" (`direct`: plain autodiff, no custom_vjp), its own body (the kernel path) otherwise."""
+    "reference" (`direct`: plain autodiff, no custom_vjp) or the call sets a switch its kernel does not compute
+    (`_switched`), its own body (the kernel path) otherwise."""
     def wrap(kernel_path: Callable) -> Callable:
         @functools.wraps(kernel_path)
         def op(*args, **kwargs):
-            return reference(*args, **kwargs) if direct(spec.name) else kernel_path(*args, **kwargs)
+            if _switched(spec, kwargs) or direct(spec.name):
+                return reference(*args, **kwargs)
+            return kernel_path(*args, **kwargs)
         return op
     return wrap
+
+
+class SwitchNotConfiguredError(RuntimeError):
+    """An op was called with a switch its kernel does not compute while its table row says the kernel runs."""
+
+
+def _switched(spec: OpSpec, kwargs: dict) -> bool:
+    """Whether this call sets a switch the op's kernel does not compute (it then runs the reference): allowed
+    where the table shows the op as reference (for this switch, `configure(model=...)`, or for any other reason
+    outside a kernel trace); an error where the table says the kernel runs."""
+    on = [f"{s.param}={kwargs[s.param]!r}" for s in spec.switches
+          if s.param in kwargs and kwargs[s.param] != s.kernel_value]
+    if not on:
+        return False
+    if spec.name in _state["switched"]:
+        return True
+    if not _state["kernel_primitives"] and _impl(spec.name) in ("reference", "unused"):
+        return True
+    raise SwitchNotConfiguredError(
+        f"{spec.name} called with {', '.join(on)}, which its kernel does not compute, but the kernel table was "
+        "configured for a model without it: configure the table (and kernel_primitives) with the run's model")
 
 
 def _primitive(name: str, ref: Callable, static: tuple[str, ...]) -> Primitive:
@@ -235,7 +279,7 @@ mlir.register_lowering(_emulated_p, _emulated_lowering, cacheable=False)
 # ----------------------------------------------------------------------------- the kernel table
 
 _state = {"mode": "auto", "platform": None, "rows": None, "emulated": frozenset(), "unused": frozenset(),
-          "direct": True, "kernel_primitives": False}
+          "direct": True, "kernel_primitives": False, "model": None, "switched": frozenset()}
 
 
 def table_ops() -> list[str]:
@@ -245,12 +289,27 @@ def table_ops() -> list[str]:
     return [op for op in SPECS if op not in experimental] + experimental
 
 
-def _resolve(op: str, mode: str, platform: str, unused: frozenset) -> KernelRow:
+def switch_fallbacks(model) -> list[KernelRow]:
+    """The "reference" rows of the declared ops whose kernel cannot compute `model`'s settings (a `ModelConfig`;
+    None: the baseline's, none), each reason naming the settings: what such a model runs instead of the kernels
+    on every platform (the kernel table, strict mode, the Neuron program check)."""
+    rows = []
+    for op, spec in SPECS.items():
+        off = [s for s in spec.switches if model is not None and getattr(model, s.field) != s.kernel_value]
+        if off and op in registry.KERNELS:
+            rows.append(KernelRow(op, "reference", "; ".join(f"model.{s.field}={getattr(model, s.field)!r}: {s.what}"
+                                                             for s in off)))
+    return rows
+
+
+def _resolve(op: str, mode: str, platform: str, unused: frozenset, switched: dict) -> KernelRow:
     if op in unused:
         return KernelRow(op, "unused", SPECS[op].unused_reason)
     experimental = op in registry.KERNELS and registry.KERNELS[op].experimental
     if experimental and not (op in _state["emulated"] and op in SPECS):
         return KernelRow(op, "unused", f"experimental: {experimental}")
+    if op in switched:
+        return switched[op]
     if op in _state["emulated"]:
         return KernelRow(op, "emulated", "NumPy emulator of the NKI kernel via a host callback (tests only)")
     kspec = registry.KERNELS.get(op)
@@ -267,35 +326,38 @@ def _resolve(op: str, mode: str, platform: str, unused: frozenset) -> KernelRow:
     return KernelRow(op, "nki", f"{kspec.module}." + "/".join(n for n in (kspec.fwd, kspec.bwd) if n))
 
 
-def configure(mode: str = "auto", platform: str | None = None, unused=()) -> list[KernelRow]:
+def configure(mode: str = "auto", platform: str | None = None, unused=(), model=None) -> list[KernelRow]:
     """Decide every op's implementation for this process; strict raises if any op misses its kernel.
 
     `unused`: ops this run never calls (e.g. the fused optimizer ops when optim.fused is off); they are
-    listed as such and do not count for strict mode.
+    listed as such and do not count for strict mode. `model`: the run's `ModelConfig` (None: the baseline's);
+    an op whose kernel cannot compute its settings is "reference" with them named (`switch_fallbacks`).
     """
-    rows = _configure(mode, platform, frozenset(unused))
+    rows = _configure(mode, platform, frozenset(unused), model)
     jax.clear_caches()
     return rows
 
 
-def _configure(mode: str, platform: str | None, unused: frozenset = frozenset()) -> list[KernelRow]:
+def _configure(mode: str, platform: str | None, unused: frozenset = frozenset(), model=None) -> list[KernelRow]:
     if mode not in MODES:
         raise BadInput(f"kernels mode must be one of {'|'.join(MODES)}, got {mode!r}")
     platform = platform or jax.default_backend()
-    rows = [_resolve(op, mode, platform, unused) for op in table_ops()]
+    switched = {r.op: r for r in switch_fallbacks(model) if r.op not in unused}
+    rows = [_resolve(op, mode, platform, unused, switched) for op in table_ops()]
     if mode == "strict":
         missing = [r for r in rows if r.impl not in ("nki", "unused")]
         if missing:
             raise KernelUnavailableError(
                 "strict kernels: no NKI kernel will run for " + ", ".join(f"{r.op} ({r.reason})" for r in missing))
-    _state.update(mode=mode, platform=platform, rows={r.op: r for r in rows}, unused=unused)
+    _state.update(mode=mode, platform=platform, rows={r.op: r for r in rows}, unused=unused, model=model,
+                  switched=frozenset(switched))
     return rows
 
 
 def kernel_table() -> list[KernelRow]:
     """The current table (configured with mode "auto" on first use)."""
     if _state["rows"] is None or list(_state["rows"]) != table_ops():
-        _configure(_state["mode"], _state["platform"], _state["unused"])
+        _configure(_state["mode"], _state["platform"], _state["unused"], _state["model"])
     return [_state["rows"][op] for op in table_ops()]
 
 
@@ -325,7 +387,8 @@ def emulated(op_names):
             raise ValueError(f"{op} has no NKI kernel to emulate")
     saved = dict(_state)
     _state["emulated"] = names
-    configure(_state["mode"], _state["platform"], _state["unused"] - names)  # an op emulated is one the run calls
+    # an op emulated is one the run calls
+    configure(_state["mode"], _state["platform"], _state["unused"] - names, _state["model"])
     try:
         yield kernel_table()
     finally:
@@ -342,7 +405,9 @@ def direct(op: str) -> bool:
     directly, under plain JAX autodiff (`public`): the custom_vjp would pin the kernel's residuals (mlp's relu(h)^T) and recompute in the backward (the
     attention forward), and on CPU that measured 10-70% slower per op (bench/README.md). The
     primitives are bound when a kernel (or the emulator) runs, or inside `through_primitives()`."""
-    return _state["direct"] and not _state["kernel_primitives"] and _impl(op) in ("reference", "unused")
+    if _state["kernel_primitives"]:
+        return op in _state["switched"]
+    return _state["direct"] and _impl(op) in ("reference", "unused")
 
 
 @contextlib.contextmanager
@@ -359,16 +424,19 @@ def through_primitives():
 
 
 @contextlib.contextmanager
-def kernel_primitives():
+def kernel_primitives(model=None):
     """Trace the program as it runs on Neuron with every kernel available (`--kernels strict`): each op
     binds its primitive with kernel=True where the kernel call would be (an eqn with the kernel's
-    operands, shapes and static parameters), and no op takes the CPU shortcut (`direct`). For
-    inspecting jaxprs (frontier_jax.neuron.program, the Neuron program check); such a trace cannot be lowered."""
-    saved = _state["kernel_primitives"]
-    _state["kernel_primitives"] = True
+    operands, shapes and static parameters), and no op takes the CPU shortcut (`direct`), except the ops
+    whose kernel cannot compute `model`'s settings (`switch_fallbacks`: the reference, as on Neuron). For
+    inspecting jaxprs (frontier_jax.neuron.program, the Neuron program check); such a trace cannot be lowered.
+    Yields the switch fallbacks."""
+    saved = _state["kernel_primitives"], _state["switched"]
+    fallbacks = switch_fallbacks(model)
+    _state["kernel_primitives"], _state["switched"] = True, frozenset(r.op for r in fallbacks)
     jax.clear_caches()
     try:
-        yield
+        yield fallbacks
     finally:
-        _state["kernel_primitives"] = saved
+        _state["kernel_primitives"], _state["switched"] = saved
         jax.clear_caches()

@@ -20,8 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from frontier_jax.config import BIGRAM_HASH
+
 # PyTorch's F.rms_norm without eps uses the epsilon of the op-math type (float32 for bf16/fp32 inputs).
 RMS_EPS = float(np.finfo(np.float32).eps)
+XSA_EPS = 1e-12  # F.normalize's default eps: v / max(||v||, eps)
 
 
 def rms_norm_fwd(x_ND: jax.Array):
@@ -43,18 +46,32 @@ def rms_norm(x_ND: jax.Array) -> jax.Array:
 
 
 def rope_tables(seq_len: int, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin [T, K/2] in float32, computed once per sequence length on the host (constants under jit)."""
+    """cos/sin [T, R/2] in float32 for R = head_dim rotated dims (the whole head, or a partial RoPE's first R),
+    computed once per sequence length on the host (constants under jit)."""
     inv_freq = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
     t = np.arange(seq_len, dtype=np.float32)
     freqs_TK2 = np.outer(t, inv_freq).astype(np.float32)
     return np.cos(freqs_TK2), np.sin(freqs_TK2)
 
 
-def rope(x_BTHK: jax.Array, cos_TK2: jax.Array, sin_TK2: jax.Array) -> jax.Array:
-    """Half-split rotary embedding as the baseline: (x1 cos + x2 sin, -x1 sin + x2 cos)."""
-    half = x_BTHK.shape[-1] // 2
-    cos = cos_TK2.astype(x_BTHK.dtype)[None, :, None, :]
-    sin = sin_TK2.astype(x_BTHK.dtype)[None, :, None, :]
+def rope_base(seq_len: int, rotary_dims: int, base: float, rescale_from: int) -> float:
+    """The RoPE base of a length-T forward: base * (T / rescale_from)^(R / (R - 2)) when rescale_from > 0 and
+    T > rescale_from (the record's NTK-style rescaling, in double precision as Python computes it), else base."""
+    if rescale_from and seq_len > rescale_from:
+        return base * (seq_len / rescale_from) ** (rotary_dims / (rotary_dims - 2))
+    return base
+
+
+def rope(x_BTHK: jax.Array, cos_TR2: jax.Array, sin_TR2: jax.Array) -> jax.Array:
+    """Half-split rotary embedding as the baseline, (x1 cos + x2 sin, -x1 sin + x2 cos), on the first
+    R = 2 * cos.shape[-1] dims of each head (dim j paired with j + R/2); dims >= R pass through untouched
+    (partial RoPE; R = K: the whole head)."""
+    K, R = x_BTHK.shape[-1], 2 * cos_TR2.shape[-1]
+    if R < K:
+        return jnp.concatenate([rope(x_BTHK[..., :R], cos_TR2, sin_TR2), x_BTHK[..., R:]], axis=-1)
+    half = K // 2
+    cos = cos_TR2.astype(x_BTHK.dtype)[None, :, None, :]
+    sin = sin_TR2.astype(x_BTHK.dtype)[None, :, None, :]
     x1, x2 = x_BTHK[..., :half], x_BTHK[..., half:]
     return jnp.concatenate([x1 * cos + x2 * sin, x2 * cos - x1 * sin], axis=-1)
 
@@ -279,10 +296,24 @@ def attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK):
     return causal_attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK)
 
 
-def qk_attention(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, gain_H) -> jax.Array:
-    """The model's attention after its projections: QK-norm, RoPE, the query gain, causal GQA attention."""
-    q_BTHK = rope_gain(rms_norm(q_BTHK), cos_TK2, sin_TK2, gain_H)
-    return causal_attention(q_BTHK, rope(rms_norm(k_BTGK), cos_TK2, sin_TK2), v_BTGK)
+def xsa(y_BTHK: jax.Array, v_BTGK: jax.Array) -> jax.Array:
+    """Exclusive self attention: each head's output minus its component along its own position's value vector,
+    y - (y . vn) vn with vn = v / max(||v||, 1e-12) of the head's kv group (query head h reads kv head h // (H/G),
+    consecutive heads share a group); in y's dtype."""
+    B, T, H, K = y_BTHK.shape
+    G = v_BTGK.shape[2]
+    y_BTGRK = y_BTHK.reshape(B, T, G, H // G, K)
+    v = v_BTGK.astype(y_BTHK.dtype)
+    vn_BTG1K = (v / jnp.maximum(jnp.sqrt(jnp.sum(v * v, axis=-1, keepdims=True)), XSA_EPS))[:, :, :, None, :]
+    return (y_BTGRK - jnp.sum(y_BTGRK * vn_BTG1K, axis=-1, keepdims=True) * vn_BTG1K).reshape(B, T, H, K)
+
+
+def qk_attention(q_BTHK, k_BTGK, v_BTGK, cos_TR2, sin_TR2, gain_H, xsa_on: bool = False) -> jax.Array:
+    """The model's attention after its projections: QK-norm, RoPE (partial when the tables cover R < K dims),
+    the query gain, causal GQA attention, then XSA when `xsa_on`."""
+    q_BTHK = rope_gain(rms_norm(q_BTHK), cos_TR2, sin_TR2, gain_H)
+    o_BTHK = causal_attention(q_BTHK, rope(rms_norm(k_BTGK), cos_TR2, sin_TR2), v_BTGK)
+    return xsa(o_BTHK, v_BTGK) if xsa_on else o_BTHK
 
 
 def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=True):
@@ -316,9 +347,15 @@ def qk_attention_bwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse
     return rms_norm_bwd(q_BTHK, qinv, dqn)[0], rms_norm_bwd(k_BTGK, kinv, dkn)[0], dv, dg_BH1
 
 
-def mlp(x_ND: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array) -> jax.Array:
-    """relu(x W_fc)^2 W_proj; weights are cast to the activation dtype at use."""
-    h_NF = jnp.maximum(x_ND @ w_fc_DF.astype(x_ND.dtype), 0)
+def leaky_relu(h: jax.Array, negative_slope: float = 0.0) -> jax.Array:
+    """h where h > 0, else negative_slope * h (slope 0: relu, as jnp.maximum(h, 0))."""
+    return jnp.maximum(h, 0) if negative_slope == 0 else jnp.where(h > 0, h, h * negative_slope)
+
+
+def mlp(x_ND: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array, negative_slope: float = 0.0) -> jax.Array:
+    """LeakyReLU(x W_fc, negative_slope)^2 W_proj (slope 0: the baseline's relu^2); weights are cast to the
+    activation dtype at use."""
+    h_NF = leaky_relu(x_ND @ w_fc_DF.astype(x_ND.dtype), negative_slope)
     return (h_NF * h_NF) @ w_proj_FD.astype(x_ND.dtype)
 
 
@@ -341,11 +378,16 @@ def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, rT_FN, dy_ND):
             ((r_NF * r_NF).T @ dy_ND).astype(w_proj_FD.dtype))
 
 
-def norm_mlp(x, w_fc_DF, w_proj_FD):
-    """mlp(rms_norm(x)) for x of any leading shape [..., D]: the block's pre-MLP RMSNorm and the MLP as one
-    op; the norm on x's own shape and the MLP on [N, D], as the unfused model ran them (the same program)."""
+def ln_scaled(xn: jax.Array, ln_scale: float) -> jax.Array:
+    """A normed sublayer input times its layer's LN-scale factor in xn's dtype (factor 1: xn itself)."""
+    return xn if ln_scale == 1.0 else xn * ln_scale
+
+
+def norm_mlp(x, w_fc_DF, w_proj_FD, negative_slope: float = 0.0, ln_scale: float = 1.0):
+    """mlp(rms_norm(x) * ln_scale) for x of any leading shape [..., D]: the block's pre-MLP RMSNorm and the MLP
+    as one op; the norm on x's own shape and the MLP on [N, D], as the unfused model ran them (the same program)."""
     D = x.shape[-1]
-    return mlp(rms_norm(x).reshape(-1, D), w_fc_DF, w_proj_FD).reshape(x.shape)
+    return mlp(ln_scaled(rms_norm(x), ln_scale).reshape(-1, D), w_fc_DF, w_proj_FD, negative_slope).reshape(x.shape)
 
 
 def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
@@ -434,6 +476,38 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
     loss = lambda x, emb, vals: head_loss_fwd(x, emb, targets_N1, bias_ids_NS, vals, softcap=softcap)[0]
     dx, demb, dvals = jax.vjp(loss, x_ND, emb_VD, bias_vals_NS)[1](dloss_N1)
     return (dx, demb, dvals) if bias_ids_NS.shape[1] else (dx, demb)
+
+
+# ----------------------------------------------------------------------------- the recipe's embedding stage
+# (BigramHash, SmearGate, value embeddings: gathers, small projections and elementwise ops XLA runs on every
+# platform; no NKI kernel exists for them)
+
+
+def bigram_hash(ids_BT: jax.Array, buckets: int) -> jax.Array:
+    """BigramHash's bucket of every position, int32 [B, T]: (a * ids[t]) XOR (b * ids[t-1]) mod (buckets - 1) with
+    (a, b) = config.BIGRAM_HASH in int32, and bucket buckets - 1 (reserved) at position 0 of every row."""
+    t = ids_BT.astype(jnp.int32)
+    a, b = BIGRAM_HASH
+    mod = buckets - 1
+    pairs = jnp.bitwise_xor(a * t[..., 1:], b * t[..., :-1]) % mod
+    return jnp.concatenate([jnp.full(t.shape[:-1] + (1,), mod, jnp.int32), pairs], axis=-1)
+
+
+def smear(x_BTD: jax.Array, gate_D: jax.Array) -> jax.Array:
+    """SmearGate: (1 - g) x_t + g x_(t-1), g = sigmoid(gate) per channel in x's dtype, with a zero predecessor at
+    position 0 of every row."""
+    g = jax.nn.sigmoid(gate_D.astype(x_BTD.dtype))[None, None, :]
+    prev_BTD = jnp.concatenate([jnp.zeros_like(x_BTD[:, :1]), x_BTD[:, :-1]], axis=1)
+    return (1 - g) * x_BTD + g * prev_BTD
+
+
+def scaled_table_projection(ids_BT, table_VE, proj_EO, scale, dt) -> jax.Array:
+    """(table[ids] w) * scale in dt: a BigramHash or value-embedding lookup, its projection (None: the table
+    already has the output width) and its learned scalar scale, weights cast to dt at use."""
+    e_BTE = embed(ids_BT, table_VE).astype(dt)
+    if proj_EO is not None:
+        e_BTE = e_BTE @ proj_EO.astype(dt)
+    return e_BTE * scale.astype(dt)
 
 
 # ----------------------------------------------------------------------------- optimizer updates

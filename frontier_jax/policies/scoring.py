@@ -6,8 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from frontier_jax.errors import BadInput
+
+
 def bpb(nll_nats: float, n_bytes: int) -> float:
-    return float(nll_nats / np.log(2.0) / max(n_bytes, 1))
+    """Bits per byte of `nll_nats` over `n_bytes` scored bytes; BadInput when there are none (a split whose
+    targets carry no bytes has no bpb: the start-up check, frontier_jax.data.dataset.check_scored_bytes,
+    refuses such a split before anything trains)."""
+    if n_bytes <= 0:
+        raise BadInput(f"bits per byte of {n_bytes} scored bytes: the scored targets carry no bytes (BOS, <unk> "
+                       "or control ids only), so there is no score")
+    return float(nll_nats / np.log(2.0) / n_bytes)
 
 
 def val_result(sums: dict) -> dict:

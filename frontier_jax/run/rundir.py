@@ -9,10 +9,12 @@ It imports no JAX (numpy, and matplotlib for the plot), so both trainers write t
     kernels.json   the kernel table (JAX trainer)
     train.log      everything the run printed
     metrics.jsonl  one JSON object per train step (kind=train), validation (kind=val; the final one
-                   final=true) or round-trip validation (kind=roundtrip)
+                   final=true), round-trip validation (kind=roundtrip) or sliding-window one (kind=sliding)
+    final_steps.json  the final pipeline's stages done so far (frontier_jax.run.final; a resume runs the rest)
     summary.json   the run policy's summary (frontier_jax.run.driver); summary.txt the same as a table
     curves.png     train loss and val bpb (periodic subset, final full split, round trip; frontier_jax.run.curves)
-    final_model.int8.ptz  the contest's int8 + zlib artifact (frontier_jax.interop.quantize)
+    final_model.int8.ptz  the baseline's int8 + zlib artifact (eval.artifact int8_zlib), or
+    final_model.int6.ptz  record 2026-03-23's int6 + lzma one (int6_lzma; frontier_jax.interop.artifact)
     code.json      the project's source files the run imported, each with its bytes and sha256 (what the
                    contests count as code and the submission check scans: frontier_jax.contest.codebytes)
     ttt.jsonl      test-time training, when a run has it: its score and train events in the order they
@@ -21,7 +23,9 @@ It imports no JAX (numpy, and matplotlib for the plot), so both trainers write t
     weights.npz    the weights in the interop format (PyTorch baseline)
 
 Every file is written to a temporary name and renamed into place; the metrics log is appended line
-by line and flushed, so an interrupted run keeps every line it finished.
+by line and flushed, so an interrupted run keeps every line it finished. No file is written through a
+symlink (`frontier_jax.data.files`: renames, and O_NOFOLLOW for the log, the metrics and the lock), so a run
+directory that arrives with `.lock` or `train.log` linked to a file elsewhere cannot make a run overwrite it.
 """
 
 from __future__ import annotations
@@ -29,17 +33,21 @@ from __future__ import annotations
 import fcntl
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
 from frontier_jax.run import curves
+from frontier_jax.run.roundtrip import FORMAT_LABELS
 from frontier_jax.config import Config, load_run_config
+from frontier_jax.data import files
 from frontier_jax.data.shards import DataError, atomic_write_text  # noqa: F401 - the one atomic text writer
 from frontier_jax.errors import BadInput
 
@@ -52,6 +60,7 @@ SUMMARY_JSON = "summary.json"
 SUMMARY_TXT = "summary.txt"
 CURVES = "curves.png"
 CHECKPOINTS = "checkpoints"
+FINAL_STEPS = "final_steps.json"
 WEIGHTS = "weights.npz"
 
 
@@ -78,7 +87,7 @@ class RunLog:
     def attach(self, path: Path) -> None:
         if not self.enabled:
             return
-        self._f = open(path, "a")
+        self._f = files.open_append(path, "the run log")
         self._f.write("".join(m + "\n" for m in self._pending))
         self._f.flush()
         self._pending = []
@@ -114,7 +123,7 @@ class RunDirLock:
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / self.NAME
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = files.open_lock(self.path, "the run directory's lock file")
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -135,9 +144,9 @@ def check_writable(out_dir: Path) -> None:
     """Refuse an output directory that cannot be created or written (one line)."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".write_probe.{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(dir=out_dir, prefix=".write_probe.")  # O_EXCL: never through a symlink
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         raise RunError(f"{out_dir}: output directory is not writable ({e.strerror or e})") from None
 
@@ -185,16 +194,18 @@ def claim_run_dir(out_dir: Path, resume: bool, take_lock: bool = True) -> tuple[
 def truncate_metrics(path: Path, step: int) -> int:
     """Drop the rows of steps after `step` (logged after the checkpoint a resume restores, e.g. before a
     SIGKILL) and any torn last line; returns how many rows were dropped. Rewritten atomically."""
-    if not path.is_file():
+    if not os.path.lexists(path):
         return 0
     keep, dropped = [], 0
-    for line in path.read_text().splitlines():
+    for line in files.read_regular(path, "the metrics log", follow=False).decode("utf-8", "replace").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             dropped += bool(line.strip())
             continue
-        if row.get("step", 0) > step:
+        if not _metrics_row(row):
+            dropped += 1
+        elif row.get("step", 0) > step:
             dropped += 1
         else:
             keep.append(line)
@@ -247,8 +258,22 @@ class Signals:
 # ----------------------------------------------------------------------------- writing
 
 
+def _finite(obj):
+    """`obj` with every non-finite float (a diverged run's loss) as None: strict JSON (null), never a bare NaN
+    that other JSON readers refuse."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def write_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    """`obj` as strict JSON (non-finite numbers as null), written by rename."""
+    text = json.dumps(_finite(obj), indent=2, sort_keys=True, default=str, allow_nan=False)
+    atomic_write_text(path, text + "\n")
 
 
 def git_hash() -> str:
@@ -281,7 +306,7 @@ class MetricsLog:
         self.path = Path(path)
         self.enabled = enabled
         self.rows: list[dict] = []
-        self._f = open(self.path, "a") if enabled else None
+        self._f = files.open_append(self.path, "the metrics log") if enabled else None
 
     def log(self, **row) -> None:
         self.rows.append(row)
@@ -308,9 +333,15 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         v = summary.get(key)
         return "-" if v is None else fmt.format(v)
 
-    sub = summary.get("submission_bytes")
-    size = "-" if sub is None else (f"{sub:,} bytes = {summary['artifact_bytes']:,} int8+zlib model + "
+    sub, fmt = summary.get("submission_bytes"), summary.get("artifact_format", "int8_zlib")
+    label = FORMAT_LABELS.get(fmt, fmt)
+    size = "-" if sub is None else (f"{sub:,} bytes = {summary['artifact_bytes']:,} {label} model + "
                                     f"{summary['code_bytes']:,} code")
+    sliding = (summary.get("score") or {}).get("line", "").endswith("_sliding_window")  # else the round trip scores
+
+    def scored(stage_is_score: bool) -> str:
+        return f": the score under the rules profile {summary.get('rules_profile') or '-'}" if stage_is_score else ""
+
     return [
         ("run directory", f("run_dir")),
         ("config", f"{summary.get('config_name')} ({summary.get('config_hash')})"),
@@ -324,8 +355,10 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         ("final train loss", f("final_train_loss", "{:.4f}")),
         ("val loss", f("val_loss", "{:.4f}")),
         ("val bpb", f("val_bpb", "{:.4f}") + " (full val split, trained weights)"),
-        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + " (int8+zlib artifact: the score under the rules "
-                                                                  f"profile {summary.get('rules_profile') or '-'})"),
+        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + f" ({label} artifact{scored(not sliding)})"),
+        *([("sliding val bpb", f("sliding_val_bpb", "{:.4f}") + f" (stride {summary.get('sliding_stride')}, {label} "
+                                                                f"artifact{scored(sliding)})")]
+          if summary.get("sliding_val_bpb") is not None else []),
         ("submission size", size),
         ("rules", "-" if not summary.get("rules_profile") else
          f"{summary.get('rules_line') or summary['rules_profile']} (every rule: python -m frontier_jax.submission "
@@ -352,13 +385,33 @@ def write_summary(run_dir: Path, summary: dict, write: bool = True) -> str:
 # ----------------------------------------------------------------------------- reading
 
 
+def _metrics_row(row) -> bool:
+    """A metrics row as the runs write them: an object with a string kind and an integer step."""
+    return (isinstance(row, dict) and isinstance(row.get("kind"), str) and isinstance(row.get("step"), int)
+            and not isinstance(row.get("step"), bool))
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
-    """The rows of <run>/metrics.jsonl ([] when there is none)."""
+    """The rows of <run>/metrics.jsonl ([] when there is none); DataError naming the file and line for a
+    line that is not a metrics row (a torn last line, as a killed run leaves it, is skipped)."""
     path = Path(run_dir) / METRICS
-    if not path.is_file():
+    if not os.path.lexists(path):
         return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    lines = files.read_regular(path, "the metrics log", follow=False).decode("utf-8", "replace").splitlines()
+    rows = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines):
+                continue
+            raise DataError(f"{path}:{i}: not a JSON line") from None
+        if not _metrics_row(row):
+            raise DataError(f"{path}:{i}: not a metrics row (an object with a string kind and an integer step)")
+        rows.append(row)
+    return rows
 
 
 def read_config(run_dir) -> Config:
@@ -370,15 +423,11 @@ def read_config(run_dir) -> Config:
     return load_run_config(run_dir / CONFIG)
 
 
-def read_json_object(path: Path, what: str) -> dict:
-    """A JSON object file of a run; DataError (one line naming the file) when unreadable or not an object."""
-    try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: unreadable {what} ({str(e).splitlines()[0]})") from None
-    if not isinstance(obj, dict):
-        raise DataError(f"{path}: unreadable {what} (not a JSON object)")
-    return obj
+def read_json_object(path: Path, what: str, schema: dict | None = None) -> dict:
+    """A JSON object file of a run, checked against `schema` (`frontier_jax.data.files.check_schema`; default:
+    any object); one line naming the file when unreadable (a truncated write), not a regular file or of
+    another shape."""
+    return files.read_json(path, schema or {}, what)
 
 
 def read_env(run_dir) -> dict:
@@ -387,3 +436,43 @@ def read_env(run_dir) -> dict:
     if not path.is_file():
         return {}
     return read_json_object(path, "run environment")
+
+
+# ----------------------------------------------------------------------------- the final steps of a run
+
+
+def write_final_steps(run_dir, step: int, records: dict) -> None:
+    """<run>/final_steps.json: the final pipeline's stages done for checkpoint `step` (frontier_jax.run.final)."""
+    write_json(Path(run_dir) / FINAL_STEPS, {"step": step, "stages": records})
+
+
+_SUMS = {"nll_sum_nats": float, "tokens": int, "bytes": int, "eval_seconds": float}
+FINAL_STEPS_SCHEMA = {"step": int, "stages": {
+    "val?": _SUMS, "roundtrip?": _SUMS, "sliding?": _SUMS,
+    "artifact?": {"artifact_format": str, "artifact": str, "artifact_bytes": int, "code_bytes": int,
+                  "submission_bytes": int}}}
+FINAL_STAGES = ("val", "artifact", "roundtrip", "sliding")  # frontier_jax.run.final.STAGES
+
+
+def read_final_steps(run_dir, step: int) -> dict:
+    """The final stages recorded for checkpoint `step` ({} when none, or recorded for another step); DataError
+    (one line naming the file) when it is not what `write_final_steps` writes (`FINAL_STEPS_SCHEMA`, sums that
+    score something)."""
+    path = Path(run_dir) / FINAL_STEPS
+    if not os.path.lexists(path):
+        return {}
+    obj = read_json_object(path, "record of the final steps", FINAL_STEPS_SCHEMA)
+    if obj["step"] != step:
+        return {}
+    stages = {k: v for k, v in obj["stages"].items() if k in FINAL_STAGES}
+    for stage, fields in stages.items():
+        if stage != "artifact" and not (math.isfinite(fields["nll_sum_nats"]) and fields["tokens"] > 0 and
+                                        fields["bytes"] > 0):
+            raise DataError(f"{path}: stage {stage} scores nothing (its sums: {fields})")
+    return stages
+
+
+def finished(run_dir) -> bool:
+    """Whether a run's final steps completed: its summary.json exists and says so (`final_complete`)."""
+    path = Path(run_dir) / SUMMARY_JSON
+    return path.is_file() and read_json_object(path, "run summary").get("final_complete") is True

@@ -34,26 +34,37 @@ class Start:
     created: bool = False  # the run directory did not exist before this start claimed it
     resumed_step: int | None = None  # the checkpoint's step, once the body has read it (a resume)
 
+    def check(self) -> None:
+        """Between two phases of the set-up (before the first step): a signal received by now stops the start
+        (InterruptedBeforeTraining: nothing trained, exit 130) instead of the next phase running."""
+        if self.signals.received:
+            raise InterruptedBeforeTraining(self.signals.received)
 
-def start_run(out_dir: Path, resume: bool, log: RunLog, setup: Callable[[], Any],
+
+def start_run(out_dir: Path, resume: bool, log: RunLog, setup: Callable[[Callable[[], None]], Any],
               body: Callable[[Any, Start], dict], claim: Callable[[Any], tuple] | None = None) -> dict:
     """The start-up lifecycle; returns the summary `body(setup(), start)` returns, or the "before training"
     summary of a signal before the first timed step.
 
     1. SIGINT/SIGTERM/SIGHUP are handled from here on (`rundir.Signals`);
-    2. `setup()` checks every input and builds what it can before anything is written;
+    2. `setup(check)` checks every input and builds what it can before anything is written, calling `check`
+       (`Start.check`) between its phases, so a signal stops it there;
     3. a signal by then: nothing written, no run directory;
     4. `claim(prepared)` -> (lock or None, created) takes the run directory (default
        `rundir.claim_run_dir(out_dir, resume)`; the JAX trainer's agrees across processes);
     5. `body(prepared, start)`: a signal in its warm-up (InterruptedBeforeTraining) gives the "before
-       training" summary and removes a directory this start created; a BadInput before the first
+       training" summary and removes a directory this start created (the body calls `start.check` between
+       its own phases before the warm-up); a BadInput before the first
        metrics row removes such a directory too (a failed start leaves no partial run);
     6. the lock is released and `log` closed, however it ends."""
     out_dir = Path(out_dir)
     try:
         with Signals() as signals:
-            prepared = setup()
             start = Start(out_dir, resume, signals)
+            try:
+                prepared = setup(start.check)
+            except InterruptedBeforeTraining:
+                return stopped_before_training(start)
             if signals.received:
                 return stopped_before_training(start)
             lock, start.created = claim(prepared) if claim else rundir.claim_run_dir(out_dir, resume)

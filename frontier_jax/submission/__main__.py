@@ -15,11 +15,11 @@ import argparse
 import sys
 
 from frontier_jax.config import RULE_PROFILES
-from frontier_jax.errors import exit_on_error
+from frontier_jax.errors import ArgumentParser, exit_on_error
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m frontier_jax.submission", description=__doc__.splitlines()[0],
+    p = ArgumentParser(prog="python -m frontier_jax.submission", description=__doc__.splitlines()[0],
                                 epilog="exit codes: 0 every checkable rule passes, 1 a rule fails, 2 bad input; "
                                        "the rules and how each is checked: docs/rules.md")
     sub = p.add_subparsers(dest="command", required=True)
