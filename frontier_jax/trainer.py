@@ -40,6 +40,7 @@ from frontier_jax.contest import codebytes
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
 from frontier_jax.model import build, count_params
+from frontier_jax.neuron import memory, program
 from frontier_jax.ngram import runtime as ngram_runtime
 from frontier_jax.parallel import DataParallel, make_data_parallel
 from frontier_jax.run.rundir import RunError, RunLog, claim_run_dir, truncate_metrics
@@ -156,6 +157,7 @@ class Setup:
     dp: DataParallel
     global_micro: int
     accum: int
+    fit: memory.Fit  # the micro-batch per device and the step's estimated peak against a device's memory
     kernel_rows: list
     program_report: str | None  # the Neuron program check's report for the log (None: not on Neuron)
     env: dict
@@ -171,8 +173,8 @@ def _setup(cfg: Config, check=lambda: None) -> Setup:
     t = cfg.train
     sizing.check_host_memory(cfg)
     dp = make_data_parallel(cfg.parallel.num_devices, cfg.parallel.zero1)
-    global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, dp.num_devices,
-                                      dp.process_count)
+    if t.micro_batch_seqs:  # a set micro-batch the devices cannot split fails before anything is traced
+        split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, dp.num_devices, dp.process_count)
     if t.val_batch_seqs % dp.num_devices:
         raise ConfigError(f"train.val_batch_seqs={t.val_batch_seqs} is not a multiple of the {dp.num_devices} devices")
     if cfg.eval.batch_seqs % dp.num_devices:
@@ -181,22 +183,37 @@ def _setup(cfg: Config, check=lambda: None) -> Setup:
     tx = optim.build_optimizer(cfg.optim, dtypes.muon_ns)
     kernel_rows = ops.configure(t.kernels, unused=ops.unused_ops(cfg.optim.fused), model=cfg.model)
     check()
-    program_report = _neuron_program_check(cfg, dp, dtypes, tx)
+    fit = _fit_memory(cfg, dp, dtypes, tx)  # the step's peak memory against the devices', before any allocation
+    global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, fit.micro_seqs, dp.num_devices,
+                                      dp.process_count)
+    check()
+    program_report = _neuron_program_check(cfg, dp, dtypes, tx, fit.micro_seqs)
     check()
     env = {**parallel.environment(), "host_allocator": host.tune_allocator(t.allocator)}
-    return Setup(dp, global_micro, accum, kernel_rows, program_report, env, dtypes, tx,
+    return Setup(dp, global_micro, accum, fit, kernel_rows, program_report, env, dtypes, tx,
                  load_for_config(cfg))  # the data: all checks before the run directory is touched
 
 
-def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx) -> str | None:
-    """On Neuron, the trainer's programs (in its dtypes, with its optimizer) against AWS's documented JAX limits
-    (frontier_jax.neuron.check): the report for the run log; strict mode refuses a failing program in one line
-    naming the rule and the op."""
+def _fit_memory(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx) -> memory.Fit:
+    """The train and eval steps' estimated peak per device (frontier_jax.neuron.memory, a walk of the traced
+    steps) against what a device has: the CPU devices of this process share its available RAM. A set
+    train.micro_batch_seqs that cannot fit is refused in one line (exit 2); 0 (auto) takes the largest that fits."""
+    backend = jax.default_backend()
+    limit = memory.device_memory(backend, dp.num_devices // dp.process_count, jax.local_devices()[0])
+    return program.fit_memory(cfg, dp.num_devices, dtypes, tx, limit)
+
+
+def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx,
+                          micro_seqs: int) -> str | None:
+    """On Neuron, the trainer's programs (in its dtypes, with its optimizer, at its micro-batch) against AWS's
+    documented JAX limits (frontier_jax.neuron.check): the report for the run log; strict mode refuses a failing
+    program in one line naming the rule and the op."""
     if jax.default_backend() != "neuron":
         return None
     from frontier_jax.neuron import check as neuron_check
 
-    findings = neuron_check.check_config(cfg, dp.num_devices, dtypes, tx)
+    at_fit = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_seqs=micro_seqs))
+    findings = neuron_check.check_config(at_fit, dp.num_devices, dtypes, tx)
     if findings and cfg.train.kernels == "strict":
         raise ops.KernelUnavailableError(neuron_check.strict_error(findings))
     return neuron_check.format_report(cfg.name, dp.num_devices, findings, ops.switch_fallbacks(cfg.model))
@@ -217,12 +234,15 @@ class JaxTrainer(Trainer):
         self.seqs_per_step, self.accum, self.metrics_log = t.tokens_per_step // t.seq_len, s.accum, None
         log.attach(out_dir / rundir.LOG)
         env = s.env
+        self.env_backend = env["backend"]
         log(startup.run_line("frontier_jax", out_dir, cfg, env["git"]))
         log(f"backend {env['backend']} | {dp.describe()} | allocator {host.describe(env['host_allocator'])}")
         log(f"compute dtype {s.dtypes.compute} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
             f"{s.dtypes.muon_ns} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
-        log(ops.format_kernel_table(s.kernel_rows) + "\n(every kernel-backed op runs per device on its shard of the "
-            "batch, inside jax.shard_map)")
+        table = ops.run_log_table(s.kernel_rows, env["backend"])
+        log(table if table.count("\n") == 0 else table + "\n(every kernel-backed op runs per device on its shard of "
+            "the batch, inside jax.shard_map)")
+        log(s.fit.line())
         if s.program_report is not None:
             log(s.program_report)
         data = s.data
@@ -382,7 +402,8 @@ class JaxTrainer(Trainer):
 
     def summary_fields(self) -> dict:
         kind = ops.attention_forward_kind(self._steps.bound, self.cfg.train.seq_len)
-        self.log(f"qk_attention forward on Neuron for the final gains: {kind}")
+        if self.env_backend == "neuron":  # summary.json keeps it everywhere
+            self.log(f"qk_attention forward for the final gains: {kind}")
         return {"checkpoint_step": checkpoint.latest_step(self.out_dir),  # every process (orbax collectives)
                 "attention_forward": kind, "attention_forward_switches": self._steps.switches}
 
