@@ -231,6 +231,9 @@ def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bo
     if cfg.eval.artifact != "int8_zlib":  # nor another artifact than the one it writes
         raise ConfigError(f"eval.artifact={cfg.eval.artifact!r}: the PyTorch baseline writes the baseline's int8+zlib "
                           "artifact only (use the JAX trainer, or --set eval.artifact=int8_zlib)")
+    if cfg.ttt.enabled:  # nor a final pipeline without the config's test-time training stage
+        raise ConfigError("ttt.enabled=True: the PyTorch baseline has no test-time training (use the JAX trainer, or "
+                          "--set ttt.enabled=False)")
     out_dir = Path(out_dir).absolute()
     log = RunLog(None, echo)
 

@@ -328,7 +328,8 @@ class JaxTrainer(Trainer):
         """The warm-up's other programs (`_AttentionVariants.warm_up`): a train step with every qk_attention forward
         the run can switch to, and one batch of every eval shape of `evals` (eval_sums' geometries) with every
         forward possible at its length, so that neither a switch nor the final pipeline's windows compile later
-        (the warm-up resets the state afterwards); `check` after each. Logs the programs; returns how many."""
+        (the warm-up resets the state afterwards), and with ttt.enabled the test-time training's scoring and SGD
+        steps (`ttt.warm_up`); `check` after each. Logs the programs; returns how many."""
         t, windows = self.cfg.train, {}
         for g in evals:
             T = g.get("seq_len") or t.seq_len
@@ -336,6 +337,11 @@ class JaxTrainer(Trainer):
         names = self._steps.warm_up(lambda: jax.block_until_ready(self.train_step(1.0, 0.0)),
                                     lambda window: self.eval_sums(windows[window][0], **windows[window][1]),
                                     [(T, window) for window, (T, _) in windows.items()], check)
+        if self.cfg.ttt.enabled:  # the final pipeline's test-time training (frontier_jax.ttt)
+            from frontier_jax import ttt
+
+            steps, kw = self._ttt()
+            names += ttt.warm_up(self.params, self.val_tokens.shape[0], self.cfg, *steps, check=check, **kw)
         self.log(f"compile warm-up: {len(names)} programs: {', '.join(names)}")
         return len(names)
 
@@ -431,25 +437,35 @@ class JaxTrainer(Trainer):
             self._steps.observe(bound)
         return {**info, **sums}
 
+    def _ttt(self):
+        """(score step, SGD step) of test-time training: the eval step of the exact-max qk_attention forward
+        (frontier_jax.ops.softmax_shift, valid whatever the gains become while TTT trains; the same program as the
+        validations' where the two forwards are one) and `steps.make_ttt_step`; the keyword arguments of
+        `ttt.run` / `ttt.warm_up` beside them."""
+        from frontier_jax import ttt
+        from frontier_jax.steps import make_ttt_step
+
+        dp = self.dp
+        if self._ttt_steps is None:
+            self._ttt_steps = (self._steps.eval_exact(),
+                               make_ttt_step(self.graphdef, ttt.sgd(self.cfg.ttt), self.ngram.bias_fn, mesh=dp.mesh,
+                                             attention_exact=True))
+        kw = {"aux": self.ngram.tables, "put": dp.put_batch, "process_count": dp.process_count,
+              "num_devices": dp.num_devices}
+        return self._ttt_steps, kw
+
     def ttt_sums(self) -> dict:
         """Score-first test-time training (frontier_jax.ttt) from the parameters in place (in the final pipeline the
         artifact's dequantized ones: `roundtrip` calls it through `evaluate`), on the run's val split, over the
-        data axis (each process its windows and rows); ttt.jsonl written by process 0. Its steps run the exact-max
-        qk_attention forward (frontier_jax.ops.softmax_shift), valid whatever the gains become while it trains."""
+        data axis (each process its windows and rows); ttt.jsonl written by process 0. Its programs were compiled
+        in the warm-up (`warm_up_programs`)."""
         from frontier_jax import ttt
-        from frontier_jax.steps import make_ttt_step
         from frontier_jax.submission.evidence import write_ttt_log
 
-        cfg, dp = self.cfg, self.dp
-        if self._ttt_steps is None:
-            self._ttt_steps = (make_eval_step(self.graphdef, self.setup.data.tables, self.ngram.bias_fn, mesh=dp.mesh,
-                                              attention_exact=True),
-                               make_ttt_step(self.graphdef, ttt.sgd(cfg.ttt), self.ngram.bias_fn, mesh=dp.mesh,
-                                             attention_exact=True))
-        r = ttt.run(self.params, self.val_tokens, cfg, *self._ttt_steps, aux=self.ngram.tables, log=self.log,
-                    put=dp.put_batch, process_index=dp.process_index, process_count=dp.process_count,
-                    num_devices=dp.num_devices)
-        if dp.is_main:
+        steps, kw = self._ttt()
+        r = ttt.run(self.params, self.val_tokens, self.cfg, *steps, log=self.log,
+                    process_index=self.dp.process_index, **kw)
+        if self.dp.is_main:
             write_ttt_log(self.out_dir, r["events"])
         return {"nll_sum_nats": r["nll_sum_nats"], "tokens": r["tokens"], "bytes": r["bytes"],
                 "estimate_full_val_seconds": r["estimate"]["seconds"], "hardware": r["hardware"]}
@@ -542,6 +558,10 @@ class _AttentionVariants:
 
     def train(self):
         return self._get("train", self.exact if self._forced is None else self._forced)
+
+    def eval_exact(self):
+        """The eval step of the exact-max forward, whatever the bound (test-time training's scoring step)."""
+        return self._get("eval", True)
 
     def eval(self, seq_len: int | None = None):
         """The eval step for windows of `seq_len` (default the training length: the forward chosen by `observe`)."""

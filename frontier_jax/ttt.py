@@ -21,7 +21,8 @@ The protocol (`Plan`, then `run`):
 The training step (`steps.make_ttt_step`) is one jitted, pure SGD step (parameters and momentum donated, the
 learning rate a traced scalar); a trained chunk always has chunk_tokens // train.seq_len rows (only the last chunk
 is short, and it is never trained on), so the steps have at most two shapes (the full batch and the remainder),
-each compiled once before the clock starts, as the evaluation step. The events, in the order they happen, are the
+each compiled, with the scoring step, before any clock starts (`warm_up`: a run's untimed compile warm-up,
+`Trainer.warm_up_programs`), so the pass compiles nothing. The events, in the order they happen, are the
 run's `ttt.jsonl` (`frontier_jax.submission.evidence`: a "score" event per chunk, a "train" event per SGD step), so
 the submission check verifies score-before-update. With the n-gram bias, its tables (built from the train shards
 only) are the same in scoring and training, and its learned per-order values train with the other parameters.
@@ -176,7 +177,8 @@ def run(params, tokens: np.ndarray, cfg: Config, eval_step, train_step, aux=None
     (`steps.make_ttt_step` with `sgd(cfg.ttt)`) trains; `aux` is both steps' extra argument (the n-gram tables);
     `put` turns this process's rows into the steps' global arrays. Returns the sums of every scored target
     (nll_sum_nats, tokens, bytes), the events (ttt.jsonl), the counts, the timed seconds, the estimate of a pass
-    over the full val split at this speed and the trained parameters, and prints the record's progress lines."""
+    over the full val split at this speed and the trained parameters, and prints the record's progress lines.
+    `warm_up` with the same arguments compiles its programs beforehand (else the first chunk's time holds them)."""
     t, T = cfg.ttt, cfg.train.seq_len
     plan = Plan.for_config(tokens.shape[0], cfg)
     batch = batch_seqs or cfg.eval.batch_seqs or cfg.train.val_batch_seqs
@@ -190,7 +192,6 @@ def run(params, tokens: np.ndarray, cfg: Config, eval_step, train_step, aux=None
     params = _copy(params)
     state = tx.init(params)
     shapes = batch_shapes(plan, t.batch_seqs, num_devices) if t.epochs else []
-    _compile(params, state, eval_step, train_step, shapes, batch, T, aux, put, process_count)
 
     nll, scored, nbytes, events = 0.0, 0, 0, []
     score_s = train_s = 0.0
@@ -251,13 +252,29 @@ def _rows(tokens: np.ndarray, plan: Plan, c: int, rows: tuple[int, int], shapes:
     return x_BT[lo:lo + local], y_BT[lo:lo + local], valid_B[lo:lo + local]
 
 
-def _compile(params, state, eval_step, train_step, shapes: list[int], batch: int, T: int, aux, put,
-             process_count: int) -> None:
-    """Compile the evaluation step and each training shape before the clock starts: each run once on a batch of
-    zeros (the training steps on copies, at lr 0, their results dropped)."""
+def warm_up(params, n_tokens: int, cfg: Config, eval_step, train_step, aux=None,
+            put: Callable[[np.ndarray], object] = lambda a: a, process_count: int = 1, num_devices: int = 1,
+            batch_seqs: int | None = None, check: Callable[[], None] = lambda: None) -> list[str]:
+    """Runs (so compiles) every program a `run` over `n_tokens` val tokens with these arguments calls: the scoring
+    step on one batch of zeros and the SGD step at each of its row counts (`batch_shapes`) on copies of the
+    parameters and a fresh momentum at lr 0 (their results dropped; `params` untouched), the copies and the
+    momentum's initialisation included; `check()` after each. Called before any clock starts (the trainer's
+    untimed warm-up, `Trainer.warm_up_programs`; `evaluate --ttt` before its pass). Returns the programs' names."""
+    T = cfg.train.seq_len
+    plan = Plan.for_config(n_tokens, cfg)
+    batch = batch_seqs or cfg.eval.batch_seqs or cfg.train.val_batch_seqs
     zeros = lambda rows, *shape: put(np.zeros((rows // process_count, *shape), np.int32))  # noqa: E731
     jax.block_until_ready(eval_step(params, zeros(batch, T), zeros(batch, T), zeros(batch, T), aux))
-    for rows in shapes:
+    names = [f"ttt score step {batch}x{T}"]
+    check()
+    if not cfg.ttt.epochs:
+        return names
+    tx = sgd(cfg.ttt)
+    for rows in batch_shapes(plan, cfg.ttt.batch_seqs, num_devices):
         ones = put(np.ones((rows // process_count,), np.int32))
-        out = train_step(_copy(params), _copy(state), zeros(rows, T), zeros(rows, T), ones, jnp.float32(0.0), aux)
+        copy = _copy(params)
+        out = train_step(copy, tx.init(copy), zeros(rows, T), zeros(rows, T), ones, jnp.float32(0.0), aux)
         jax.block_until_ready(out)
+        names.append(f"ttt train step {rows}x{T}")
+        check()
+    return names

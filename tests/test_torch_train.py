@@ -110,10 +110,13 @@ def _refused(byte_data, out, capsys, setting: str) -> str:
     return err
 
 
-def test_ngram_enabled_is_refused_not_ignored(byte_data, tmp_path, capsys):
-    """Round 3: the PyTorch baseline ignored ngram.enabled silently (another model than the config names)."""
+def test_ngram_and_ttt_enabled_are_refused_not_ignored(byte_data, tmp_path, capsys):
+    """Round 3: the PyTorch baseline ignored ngram.enabled silently (another model than the config names); nor does
+    it skip a test-time training stage the config asks for."""
     assert "ngram.enabled=True: the PyTorch baseline has no" in _refused(byte_data, tmp_path / "run", capsys,
                                                                          "ngram.enabled=True")
+    assert "ttt.enabled=True: the PyTorch baseline has no test-time training" in _refused(
+        byte_data, tmp_path / "run", capsys, "ttt.enabled=True")
 
 
 def test_the_eval_section_the_torch_baseline_runs_and_the_artifact_it_refuses(byte_data, tmp_path, capsys):

@@ -176,8 +176,11 @@ def test_a_switch_of_the_attention_forward_mid_run_compiles_nothing(byte_data, t
     forward's steps are still their own jitted programs), the untimed warm-up runs the train step of both and
     the eval step of both at every eval window the run uses (train.seq_len; eval.seq_len for the round trip;
     eval.batch_seqs windows of it for the sliding line). The forward switching mid-run (the bound the host
-    reads forced over the limit after steps 2 and 4, under it after step 3) and the final pipeline then
-    compile nothing: XLA compilations counted through jax.monitoring from the end of the warm-up."""
+    reads forced over the limit after steps 2 and 4, under it after step 3) and the final pipeline, its
+    score-first test-time training included (its scoring step, the exact-max eval step at train.seq_len, and its
+    SGD step at both row counts), then compile nothing: XLA compilations counted through jax.monitoring from the
+    end of the warm-up. The run's TTT log obeys score-before-update, and `evaluate --ttt --artifact` (the same
+    weights, the same protocol) reproduces its legal_ttt score."""
     from jax import monitoring
 
     from frontier_jax import ops
@@ -202,7 +205,9 @@ def test_a_switch_of_the_attention_forward_mid_run_compiles_nothing(byte_data, t
     monkeypatch.setattr(driver, "warm_up", warm_up)
     monkeypatch.setattr(_AttentionVariants, "observe", observe)
     monkeypatch.setattr(ops, "attention_variants_differ", lambda: True)
-    cfg = tiny_config(byte_data, "eval.seq_len=128", "eval.stride=32", "eval.batch_seqs=8")
+    # TTT: 5,888 targets in 4 chunks of 1,536 (24 rows each: SGD steps of 16 and 8 rows), stride 32 over windows of 64
+    cfg = tiny_config(byte_data, "eval.seq_len=128", "eval.stride=32", "eval.batch_seqs=8", "ttt.enabled=True",
+                      "ttt.chunk_tokens=1536", "ttt.batch_seqs=16", "ttt.epochs=1", "ttt.lr=0.01", "eval.score='ttt'")
     monitoring.register_event_duration_secs_listener(count)
     try:
         summary = trainer.run(cfg, tmp_path / "run", echo=False,
@@ -214,9 +219,22 @@ def test_a_switch_of_the_attention_forward_mid_run_compiles_nothing(byte_data, t
     assert summary["final_complete"] and np.isfinite(summary["sliding_val_bpb"])
     log = (tmp_path / "run" / "train.log").read_text()
     programs = [f"train step T=64 ({f})" for f in ("bounded shift", "exact max")] + [
-        f"eval step {w} ({f})" for w in ("4x64", "4x128", "8x128") for f in ("bounded shift", "exact max")]
-    assert f"compile warm-up: 8 programs: {', '.join(programs)}" in log and "compile warm-up: 8 programs, " in log
-    assert len(compiled[:mark[0]]) >= 8
+        f"eval step {w} ({f})" for w in ("4x64", "4x128", "8x128") for f in ("bounded shift", "exact max")] + [
+        "ttt score step 8x64", "ttt train step 16x64", "ttt train step 8x64"]
+    assert f"compile warm-up: 11 programs: {', '.join(programs)}" in log and "compile warm-up: 11 programs, " in log
+    assert len(compiled[:mark[0]]) >= 10  # (the TTT score step 8x64 is the exact eval step of that shape: new)
+
+    from frontier_jax.evaluate import evaluate_run
+    from frontier_jax.submission import evidence
+
+    order = evidence.ttt_order(evidence.read_ttt_log(tmp_path / "run"))
+    assert order.chunks == 4 and order.events == 4 + 3 * 2 and not order.order_violations + order.pass_violations
+    assert summary["score"]["line"] == "legal_ttt" and summary["ttt_val_tokens"] == summary["sliding_val_tokens"]
+    assert "ttt_sliding:start chunks=4 chunk_tokens=1536 total_windows=" in log and "\nlegal_ttt_exact val_loss:" in log
+    again = evaluate_run(tmp_path / "run", artifact=tmp_path / "run" / "final_model.int8.ptz", ttt=True)
+    assert again["nll_sum_nats"] == pytest.approx(summary["ttt_val_nll_sum_nats"], rel=1e-9)
+    assert (again["tokens"], again["bytes"]) == (summary["ttt_val_tokens"], summary["ttt_val_bytes"])
+    assert again["ttt"]["sgd_steps"] == 6 and again["ttt"]["chunks"] == 4
 
 
 @pytest.mark.slow
