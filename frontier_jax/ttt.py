@@ -145,6 +145,14 @@ def batch_shapes(plan: Plan, batch_seqs: int, multiple: int) -> list[int]:
     return sorted({-(-n // multiple) * multiple for n in sizes}, reverse=True)
 
 
+def step_rows(cfg: Config, multiple: int) -> list[int]:
+    """The SGD steps' row counts (`batch_shapes`, largest first) of any val split of more than one chunk: every
+    trained chunk is whole, so a two-chunk split has them all."""
+    t = cfg.ttt
+    return batch_shapes(Plan.build(2 * t.chunk_tokens + 1, cfg.train.seq_len, cfg.ttt_stride, t.chunk_tokens),
+                        t.batch_seqs, multiple)
+
+
 def full_val_estimate(plan: Plan, cfg: TTTConfig, score_seconds: float, train_seconds: float, windows: int,
                       steps: int, targets: int = FULL_VAL_TARGETS) -> dict:
     """The seconds of a pass over `targets` val targets at this pass's measured speed (scoring per window,
