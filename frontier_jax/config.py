@@ -455,7 +455,7 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # data parallelism
     rules: RulesConfig = field(default_factory=RulesConfig)  # the contest rule set (frontier_jax.contest)
     eval: EvalConfig = field(default_factory=EvalConfig)  # the final evaluation pipeline: lengths, stride, artifact
-    ttt: TTTConfig = field(default_factory=TTTConfig)  # score-first test-time training (the final pipeline's last stage)
+    ttt: TTTConfig = field(default_factory=TTTConfig)  # score-first test-time training (the final pipeline's end)
 
     @property
     def eval_seq_len(self) -> int:

@@ -230,7 +230,8 @@ def run(params, tokens: np.ndarray, cfg: Config, eval_step, train_step, aux=None
         jax.block_until_ready(params)
         train_s += time.perf_counter() - b
         if c % LOG_EVERY_CHUNKS == 0 or c == plan.num_chunks - 1:
-            log(f"  ttt_chunk [{c + 1}/{plan.num_chunks}] bpb={bpb(nll, nbytes):.6f} time={time.perf_counter() - t0:.1f}s")
+            log(f"  ttt_chunk [{c + 1}/{plan.num_chunks}] bpb={bpb(nll, nbytes):.6f} "
+                f"time={time.perf_counter() - t0:.1f}s")
     elapsed = time.perf_counter() - t0
     loss, score = nll / max(scored, 1), bpb(nll, nbytes)
     log(f"ttt_sliding:done val_loss={loss:.6f} val_bpb={score:.6f} elapsed={elapsed:.1f}s")

@@ -25,12 +25,13 @@ from frontier_jax.submission import evidence
 from helpers import REPO
 
 # configs/record11_tiny.py's recipe (BigramHash with its projection, SmearGate, XSA, partial RoPE, a value-embedding
-# layer, bf16 tables) at 2 x 64; rows of 32, stride 8, chunks of 3 rows trained in batches of 2 (two step shapes)
+# layer, bf16 tables) at 2 x 64; rows of 32, stride 8, chunks of 3 rows trained in batches of 2 (two step shapes),
+# block 0 frozen (one pair of compiled steps serves every test)
 SMALL = ["model.vocab_size=64", "model.num_layers=2", "model.model_dim=64", "model.num_heads=4", "model.num_kv_heads=2",
          "model.bigram_buckets=96", "model.bigram_dim=32", "model.ve_layers=(1,)", "model.ve_dim=16",
          "model.xsa_last_n=1", "model.compute_dtype='float32'", "train.seq_len=32", "train.tokens_per_step=128",
          "train.micro_batch_seqs=4", "train.val_batch_seqs=4", "eval.stride=8", "ttt.chunk_tokens=96",
-         "ttt.batch_seqs=2", "ttt.epochs=2", "ttt.lr=0.05"]
+         "ttt.batch_seqs=2", "ttt.epochs=2", "ttt.lr=0.05", "ttt.freeze_blocks=1"]
 N_TOKENS = 32 * 9 + 1  # 288 targets: 3 chunks of 96
 
 
@@ -208,10 +209,7 @@ def test_a_protocol_that_trains_before_it_scores_is_caught(setup):
 
 
 def test_frozen_blocks_keep_their_weights_and_the_rest_train(setup):
-    cfg, params, tokens, eval_step, _, tables = setup
-    cfg = apply_overrides(cfg, ["ttt.freeze_blocks=1"])
-    graphdef = nnx.graphdef(build(cfg, jnp.float32))
-    train_step = make_ttt_step(graphdef, ttt.sgd(cfg.ttt), attention_exact=True)
+    cfg, params, tokens, eval_step, train_step, _ = setup
     lines = []
     r = ttt.run(params, tokens, cfg, eval_step, train_step, log=lines.append)
     flat_before = dict(jax.tree_util.tree_flatten_with_path(params)[0])
@@ -229,7 +227,7 @@ def test_the_progress_lines_and_the_estimate(setup):
     lines = []
     r = ttt.run(params, tokens, cfg, eval_step, train_step, log=lines.append)
     assert lines[0] == ("ttt_sliding:start chunks=3 chunk_tokens=96 total_windows=33 stride=8 ttt_lr=0.05 "
-                        "ttt_epochs=2 freeze_blocks=0")
+                        "ttt_epochs=2 freeze_blocks=1")
     assert lines[2].startswith("  ttt_chunk [1/3] bpb=") and lines[3].startswith("  ttt_chunk [3/3] bpb=")
     assert lines[4].startswith(f"ttt_sliding:done val_loss={r['nll_sum_nats'] / r['tokens']:.6f}")
     est = r["estimate"]

@@ -189,7 +189,8 @@ def val_batches(tokens: np.ndarray, seq_len: int, batch_seqs: int, process_index
 
 
 def window_batches(tokens: np.ndarray, starts: np.ndarray, score_from: np.ndarray, seq_len: int, batch_seqs: int,
-                   process_index: int = 0, process_count: int = 1) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+                   process_index: int = 0,
+                   process_count: int = 1) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """`val_batches` of given windows (start_W, score_from_W, e.g. a subset of `window_starts`' in order: the
     windows of one test-time-training chunk): (x, y, mask) of this process, fixed shape, short batches padded
     with mask-0 rows, the windows dealt to processes contiguously."""
