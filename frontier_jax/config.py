@@ -210,10 +210,9 @@ class OptimConfig:
     fused: bool = False  # fused Adam/Muon updates, one primitive (NKI kernel) per parameter
     # ---- the record's optimizer and averaging (docs/recipe.md); each default is the baseline's behaviour
     # Decoupled weight decay, as the record's Muon and AdamW apply it: p *= 1 - lr * wd before the update, lr the
-    # scheduled learning rate of the parameter's group. Muon: the block matrices; Adam: every Adam parameter (the
-    # tied embedding and the recipe's tables, the scalars, gates and projections, the n-gram bias table).
-    muon_weight_decay: float = 0.0
-    adam_weight_decay: float = 0.0
+    # scheduled learning rate of the parameter's group.
+    muon_weight_decay: float = 0.0  # on the block matrices (Muon)
+    adam_weight_decay: float = 0.0  # on every Adam parameter: tables, scalars, gates, projections, n-gram bias
     # Global gradient-norm clipping before the update (torch's clip_grad_norm_): every gradient times
     # min(1, grad_clip_norm / (norm + 1e-6)), norm the L2 norm over all of them; 0: off.
     grad_clip_norm: float = 0.0
@@ -228,8 +227,8 @@ class OptimConfig:
     ema_decay: float = 0.0
     # SWA as the record keeps it: the weights summed every swa_every steps once the lr scale is below
     # swa_threshold (counted in the optimizer state, checkpointed); collected, never applied. 0: off.
-    swa_every: int = 0
-    swa_threshold: float = 0.2
+    swa_every: int = 0  # steps between the weights taken (0: no SWA)
+    swa_threshold: float = 0.2  # the weights are taken only below this lr scale
     # Late QAT: once the lr scale falls below this, the recipe's two side projections (BigramHash's and the value
     # embeddings') are fake-quantized to int6 in training forwards (straight-through); it never switches off. inf:
     # from the first step; 0: off.

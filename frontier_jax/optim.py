@@ -208,7 +208,8 @@ def averaged(tx: Optimizer, ema_decay: float, swa_every: int, swa_threshold: flo
     (`SwaState`, decided in the step from the traced lr scale, so neither recompiles)."""
 
     def init(params):
-        ema = jax.tree_util.tree_map(lambda p: p.astype(jnp.float32), params) if ema_decay else ()
+        # a copy even of fp32 parameters (astype would alias them: a step donating both would donate one buffer twice)
+        ema = jax.tree_util.tree_map(lambda p: jnp.array(p, jnp.float32, copy=True), params) if ema_decay else ()
         swa = SwaState(jax.tree_util.tree_map(jnp.zeros_like, params), jnp.zeros([], jnp.int32),
                        jnp.zeros([], jnp.int32)) if swa_every else ()
         return AveragedState(tx.init(params), ema, swa)
