@@ -128,10 +128,12 @@ def trace_steps(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: 
             name = "train (exact-max attention)" if exact else "train"
             if only is not None and name not in only:
                 continue
+            late_qat = cfg.optim.late_qat_threshold > 0  # the trainer's step then takes the late-QAT flag
             step = make_train_step(graphdef, tx, bias_fn, mesh=mesh, state_specs=specs, head_dim=cfg.model.head_dim,
-                                   attention_exact=exact).jitted
+                                   attention_exact=exact, late_qat=late_qat).jitted
+            qat = (jax.ShapeDtypeStruct((), jnp.bool_),) if late_qat else ()
             programs[name] = jax.make_jaxpr(step)(params, opt_state, tok(accum, global_micro, T),
-                                                  tok(accum, global_micro, T), f32, f32, aux)
+                                                  tok(accum, global_micro, T), f32, f32, aux, *qat)
         if only is None or "eval" in only:
             eval_step = make_eval_step(eval_graphdef, tables, bias_fn, mesh=mesh).jitted
             B = t.val_batch_seqs
