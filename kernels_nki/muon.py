@@ -29,9 +29,8 @@ is unsupported on v2: isa docs tensor_copy); no divide
 (not an ALU operator: nki/api/nki.api.shared.rst operator table; release-notes/components/nki.rst
 lists nl.divide as unsupported): x / n is x * reciprocal(n) on VectorE; `tensor_scalar` operands
 and `activation` scales are fp32 (isa docs tensor_scalar, activation), so the NS constants are fp32
-columns holding their NS-dtype-rounded values, rounded on chip by a dtype cast (a kernel may only
-use the NKI meta-programming subset at specialization time, nki/get-started/nki-language-guide.rst
-"Compilation Model" / "NKI Values": no host libraries such as struct); sqrt's input is clamped into
+columns of their fp32 values, each product by one rounded once on its write to the NS dtype (torch's
+bf16 tensor times a Python float, the reference's rule); sqrt's input is clamped into
 its valid range [2^-116, 2^118] (nki.api.shared.rst, activation functions table), which changes
 only an all-zero gradient's norm (0, whose update stays 0).
 """
@@ -48,19 +47,15 @@ PSUM_N = 512  # fp32 columns of one PSUM bank (nl.tile_size.psum_fmax)
 SQRT_MIN, SQRT_MAX = 2.0 ** -116, 2.0 ** 118  # ScalarE sqrt's valid input range (nki.api.shared.rst)
 
 
-def _constants(values, dt, P):
-    """The compile-time constants as an fp32 [P, len(values)] tile of their values rounded to the NS
-    dtype on chip (memset in fp32, one cast to dt and back), as JAX rounds weak-typed Python scalars
-    to a bf16 array's dtype before multiplying (the reference's a * X, b * A, c * AA, + eps, * scale).
-    fp32 tiles because `tensor_scalar` / `activation` scale operands must be float32 (isa docs)."""
+def _constants(values, P):
+    """The compile-time constants as an fp32 [P, len(values)] tile (memset in fp32): the reference multiplies by
+    them in fp32 as torch multiplies a bf16 tensor by a Python float (a * X, b * A, c * AA, + eps, * scale), each
+    product rounded once on its write. fp32 tiles because `tensor_scalar` / `activation` scale operands must be
+    float32 (isa docs)."""
     n = len(values)
-    raw = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
-    for i in range(n):
-        nisa.memset(dst=raw[:, i:i + 1], value=values[i])
-    rounded = nl.ndarray((P, n), dtype=dt, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=rounded, src=raw)
     out = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=rounded)
+    for i in range(n):
+        nisa.memset(dst=out[:, i:i + 1], value=values[i])
     return out
 
 
@@ -111,7 +106,7 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16", we
     wide = O <= I  # PyTorch [out, in] is not tall: X = ge^T, natural [in, out] tiles are X^T
     R, C = (O, I) if wide else (I, O)
     scale = max(1.0, O / I) ** 0.5
-    k_P5 = _constants((NS_A, NS_B, NS_C, NS_EPS, scale), dt, P)  # columns: a, b, c, eps, scale
+    k_P5 = _constants((NS_A, NS_B, NS_C, NS_EPS, scale), P)  # columns: a, b, c, eps, scale
     po_IO = nl.ndarray((I, O), dtype=p_IO.dtype, buffer=nl.shared_hbm)
     bo_IO = nl.ndarray((I, O), dtype=buf_IO.dtype, buffer=nl.shared_hbm)
     s_P2 = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)

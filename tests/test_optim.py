@@ -360,3 +360,77 @@ def test_record_settings_fused_equal_the_unfused_chain(recipe_params, ns_dtype):
     for a, b in zip(jax.tree_util.tree_leaves(s_fused.ema), jax.tree_util.tree_leaves(s_ref.ema)):
         assert _max_rel(a, b) <= 1e-5
     assert all(b.dtype == jnp.bfloat16 for b in s_fused.inner["muon"].momentum_buffer)
+
+
+# ----------------------------------------------------------------------------- the record's banked Muon in torch
+
+# the record's four banks at a small width ([n, out, in], PyTorch orientation): qo [2L, D, D], kv [2L, G K, D],
+# mlp_up [L, F, D] (tall: shape scale sqrt(3)), mlp_down [L, D, F]
+BANKS = {"qo": (4, 64, 64), "kv": (4, 32, 64), "mlp_up": (2, 192, 64), "mlp_down": (2, 64, 192)}
+
+
+def _torch_bank_muon_step(torch, p_NOI, grad_NOI, buf_NOI, lr: float, momentum: float, wd: float):
+    """The record's Parallel Muon step on one bank at world size 1, written from its definition (train_gpt.py:
+    104-123 and 226-253): the gradient rounded to bf16, buf = buf * momentum + g in bf16, Nesterov g + momentum buf
+    (one rounding to bf16, alpha in fp32 as torch's CUDA add computes it; its CPU kernel rounds alpha to bf16
+    first), Newton-Schulz batched over the bank in bf16 (each matrix normalised by its own Frobenius norm, tall
+    ones transposed), then p *= 1 - lr wd and p -= lr sqrt(max(1, out / in)) update. In place."""
+    a, b, c = reference.NS_COEFFS
+    g = grad_NOI.bfloat16()
+    buf_NOI.mul_(momentum).add_(g)
+    x = (g.float() + momentum * buf_NOI.float()).bfloat16()
+    tall = x.size(-2) > x.size(-1)
+    x = x.mT if tall else x
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + reference.NS_EPS)
+    for _ in range(5):
+        a_NRR = x @ x.mT
+        x = a * x + (b * a_NRR + c * (a_NRR @ a_NRR)) @ x
+    update = x.mT if tall else x
+    p_NOI.mul_(1 - lr * wd)
+    p_NOI.add_(update.to(p_NOI.dtype), alpha=-lr * max(1, p_NOI.shape[-2] / p_NOI.shape[-1]) ** 0.5)
+
+
+def test_the_records_banked_muon_is_this_per_matrix_muon():
+    """Parallel Muon on one process is per-matrix Muon: three steps of the record's bank update (torch, bf16
+    gradient, momentum and Newton-Schulz, the shape scale in the lr, decoupled weight decay) equal, bank by bank,
+    the same steps of each bank's matrices updated one by one in torch, and of frontier_jax's unfused Muon on the
+    unbanked matrices ([in, out], optim.muon_momentum_dtype="bfloat16", muon_shape_scale="lr",
+    muon_weight_decay): the bf16 momentum buffers bit for bit, and the updates to fp32 rounding in most matrices; a
+    bf16 product rounded one ulp apart (XLA's dot against torch's) spreads through Newton-Schulz to about 1e-3
+    of a few matrices' updates."""
+    torch = pytest.importorskip("torch")
+    cfg = OptimConfig(muon_weight_decay=0.04, muon_momentum_dtype="bfloat16", muon_shape_scale="lr",
+                      muon_ns_dtype="bfloat16")
+    rng = np.random.default_rng(0)
+    p0 = {k: (0.1 * rng.standard_normal(s)).astype(np.float32) for k, s in BANKS.items()}
+    unbank = lambda banks: {"blocks": [{"mlp": {"fc": [jnp.asarray(m.T) for k in BANKS for m in banks[k]]}}]}
+    tx = optim.build_optimizer(cfg)
+    params = unbank(p0)
+    assert set(jax.tree_util.tree_leaves(optim.param_labels(params))) == {"muon"}
+    state = tx.init(params)
+    step = jax.jit(lambda g, s, p, lr, m: tx.apply(g, s, p, lr_scale=lr, momentum=m))
+    banks = {k: torch.from_numpy(v.copy()) for k, v in p0.items()}
+    bufs = {k: torch.zeros(s, dtype=torch.bfloat16) for k, s in BANKS.items()}
+    single = {k: [torch.from_numpy(m.copy()) for m in v] for k, v in p0.items()}
+    single_bufs = {k: [torch.zeros(s[1:], dtype=torch.bfloat16) for _ in range(s[0])] for k, s in BANKS.items()}
+    for scale, mom in ((1.0, 0.92), (0.8, 0.95), (0.5, 0.99)):
+        g = {k: rng.standard_normal(s).astype(np.float32) for k, s in BANKS.items()}
+        lr = cfg.matrix_lr * scale
+        for k in BANKS:
+            _torch_bank_muon_step(torch, banks[k], torch.from_numpy(g[k]), bufs[k], lr, mom, cfg.muon_weight_decay)
+            for i in range(BANKS[k][0]):
+                _torch_bank_muon_step(torch, single[k][i], torch.from_numpy(g[k][i]), single_bufs[k][i], lr, mom,
+                                      cfg.muon_weight_decay)
+        params, state = step(unbank(g), state, params, jnp.float32(scale), jnp.float32(mom))
+    for k in BANKS:  # batched Newton-Schulz over a bank = the matrices one by one
+        assert torch.equal(banks[k], torch.stack(single[k])) and torch.equal(bufs[k], torch.stack(single_bufs[k]))
+    ours = [np.asarray(x) for x in jax.tree_util.tree_leaves(params)]
+    ours_buf = jax.tree_util.tree_leaves(state.inner_states["muon"].inner_state[0].momentum_buffer)
+    theirs = [m.T for k in BANKS for m in banks[k].numpy()]
+    theirs_buf = [m.T for k in BANKS for m in bufs[k].float().numpy()]
+    start = [m.T for k in BANKS for m in p0[k]]
+    assert all(b.dtype == jnp.bfloat16 for b in ours_buf)
+    for a, b in zip(ours_buf, theirs_buf):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), b)
+    rel = [np.linalg.norm((o - z) - (t - z)) / np.linalg.norm(t - z) for o, t, z in zip(ours, theirs, start)]
+    assert np.median(rel) <= 1e-5 and max(rel) <= 1e-2, rel

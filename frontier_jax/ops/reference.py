@@ -517,25 +517,35 @@ NS_EPS = 1e-7
 
 
 def newton_schulz(g_RC: jax.Array, steps: int, dtype) -> jax.Array:
-    """Orthogonalise a matrix in PyTorch [rows, cols] orientation exactly as the baseline's
-    zeropower_via_newtonschulz5: Frobenius-normalise, transpose if tall, 5 quintic iterations."""
+    """Orthogonalise a matrix in PyTorch [rows, cols] orientation as the record's zeropower_via_newtonschulz5
+    computes it in torch: Frobenius-normalise, transpose if tall, 5 quintic iterations, every product and sum
+    rounded to `dtype` once, the coefficients and eps in fp32 (torch multiplies a bf16 tensor by a Python float in
+    fp32; JAX's weak typing would round them to bf16 first), the matmuls accumulated in fp32. The baseline's
+    differs in one rounding point: its `c * A @ A` is (c A) A, here c (A A), the record's."""
     a, b, c = NS_COEFFS
-    x = g_RC.astype(dtype)
-    x = x / (jnp.linalg.norm(x.astype(jnp.float32)).astype(dtype) + NS_EPS)
+    f32, dt = jnp.float32, jnp.dtype(dtype)
+    scaled = lambda k, v: (k * v.astype(f32)).astype(dt)  # a bf16 tensor times a Python float, as torch
+    added = lambda u, v: (u.astype(f32) + v.astype(f32)).astype(dt)
+    dot = lambda u, v: jnp.dot(u, v, preferred_element_type=f32).astype(dt)
+    x = g_RC.astype(dt)
+    norm = (jnp.linalg.norm(x.astype(f32)).astype(dt).astype(f32) + NS_EPS).astype(dt)
+    x = (x.astype(f32) / norm.astype(f32)).astype(dt)
     transposed = g_RC.shape[0] > g_RC.shape[1]
     if transposed:
         x = x.T
     for _ in range(steps):
-        a_RR = x @ x.T
-        b_RR = b * a_RR + c * (a_RR @ a_RR)
-        x = a * x + b_RR @ x
+        a_RR = dot(x, x.T)
+        b_RR = added(scaled(b, a_RR), scaled(c, dot(a_RR, a_RR)))
+        x = added(scaled(a, x), dot(b_RR, x))
     return x.T if transposed else x
 
 
 def muon_momentum(g_IO, buf_IO, momentum):
     """(buf', Nesterov g + momentum buf' as float32) of Muon's momentum, in the buffer's dtype: float32 (the
     baseline: fp32 until Newton-Schulz) or bfloat16 (the record's Muon, train_gpt.py:232-240: the gradient rounded
-    to bf16, buf' = bf16(bf16(momentum buf) + g) with a rounding after each op, the Nesterov sum rounded to bf16)."""
+    to bf16, buf' = bf16(bf16(momentum buf) + g) with a rounding after each op, the Nesterov sum rounded to bf16
+    once with the momentum in fp32, as torch's CUDA `g.add(buf, alpha=momentum)` computes it; its CPU kernel
+    rounds alpha to bf16 first)."""
     if buf_IO.dtype == jnp.float32:
         g32 = g_IO.astype(jnp.float32)
         buf_IO = momentum * buf_IO + g32
@@ -560,8 +570,8 @@ def muon_direction(g_IO, buf_IO, momentum, ns_steps: int, ns_dtype, shape_scale:
     scale = max(1.0, rows / cols) ** 0.5
     if shape_scale == "lr":
         return o_RC.T.astype(jnp.float32) * scale, buf_IO
-    o_RC = o_RC * scale
-    return o_RC.T.astype(dtype).astype(jnp.float32), buf_IO
+    o_RC = (o_RC.astype(jnp.float32) * scale).astype(dtype)  # the NS dtype's update times a Python float, as torch
+    return o_RC.T.astype(jnp.float32), buf_IO
 
 
 def adam_update(p, g, m, v, scal_P4, *, b1, b2, eps, weight_decay):
