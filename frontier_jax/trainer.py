@@ -373,9 +373,10 @@ class JaxTrainer(Trainer):
         return "post_ema"
 
     def roundtrip(self, evaluate) -> dict:
-        """The contest's int8 + zlib round trip of the trained parameters (frontier_jax.interop.quantize, in the
-        baseline's state_dict layout): the artifact written by process 0, its dequantized parameters
-        scored by `evaluate` (the run's own eval step), then the trained parameters put back."""
+        """The contest's int8 + zlib round trip of the scored parameters (the trained ones, or the EMA that
+        `final_weights` put in their place; frontier_jax.interop.quantize, in the baseline's state_dict layout): the
+        artifact written by process 0, its dequantized parameters scored by `evaluate` (the run's own eval step),
+        then the scored parameters put back."""
         host_params = jax.tree_util.tree_map(lambda a: np.asarray(a.addressable_shards[0].data), self.params)
         back, info = quantize.roundtrip_state_dict(state_dict.params_to_state_dict(host_params), self.out_dir,
                                                    write=self.dp.is_main)

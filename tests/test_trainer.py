@@ -192,8 +192,11 @@ def _train_state(run_dir):
 def test_kill_and_resume_restores_ema_swa_and_late_qat_bit_identically(byte_data, tmp_path):
     """A run with weight decay, clipping, bf16 momentum, EMA, SWA and late QAT, stopped after step 7 (late QAT
     on, one SWA snapshot taken) and resumed: the same losses, the same switch step, and the final checkpoint's
-    parameters, EMA and SWA state bit for bit; the final evaluation and `restore_params` use the EMA."""
+    parameters, EMA and SWA state bit for bit; the final evaluation, the artifact and `restore_params` (evaluate,
+    export) use the EMA."""
     from frontier_jax import optim
+    from frontier_jax.interop import quantize
+    from frontier_jax.interop.state_dict import params_to_state_dict
 
     full = trainer.run(tiny_config(byte_data, *RECORD_OPTIM), tmp_path / "full", echo=False)
     part = trainer.run(tiny_config(byte_data, *RECORD_OPTIM), tmp_path / "split", echo=False, stop_after_steps=7)
@@ -215,4 +218,9 @@ def test_kill_and_resume_restores_ema_swa_and_late_qat_bit_identically(byte_data
                                                                                 jax.tree_util.tree_leaves(pa)))
     log = (tmp_path / "full" / "train.log").read_text()
     assert "late QAT on from step 7" in log and "final evaluation on the post_ema weights" in log
+    # the artifact is the EMA's: quantizing the EMA again writes the same bytes
+    mine = tmp_path / "from_ema"
+    mine.mkdir()
+    quantize.roundtrip_state_dict(params_to_state_dict(jax.device_get(ema)), mine)
+    assert (mine / quantize.ARTIFACT).read_bytes() == (tmp_path / "full" / quantize.ARTIFACT).read_bytes()
     assert resumed["val_nll_sum_nats"] == full["val_nll_sum_nats"]
