@@ -11,7 +11,8 @@ initial weights on the same batches:
 
 - the config, for parity: fp32 compute and tables (the record's fp32 run), bf16 Newton-Schulz (the record's),
   a step-based warmdown of W steps ending at step N (default W = N + 2: the lr scale falls from N / W to 1 / W, so at
-  N = 5 late QAT (below 0.15) switches on for the last step and SWA (below 0.2) takes the last weights);
+  N = 5 late QAT (below 0.15) switches on for the last step; SWA (below 0.2) takes the weights after the steps that
+  are a multiple of optim.swa_every: none in 5 steps at its 50, the last one with `--set optim.swa_every=1`);
 - the record's side is its script under the environment of that config (`pg_record.record_env`,
   `record_training_env`); its initial state is its own initialisation (seeded as its main), which our side
   imports the way `python -m frontier_jax.interop import --format pg-record` does;
@@ -24,7 +25,8 @@ initial weights on the same batches:
 Prints per step both losses, both gradient norms (before clipping) and their relative differences, then the
 relative RMS difference of the final trained weights and of the EMAs, sqrt(sum |ours - record|^2) / sqrt(sum
 |record|^2) over all tensors (and the worst tensor). With --json the last line is one object {"ours": {"loss",
-"grad_norm"}, "record": {...}, "param_rel_rms", "ema_rel_rms", "ttt"}. Exit 1 when a loss differs by more than
+"grad_norm"}, "record": {...}, "param_rel_rms", "ema_rel_rms", "ttt", "worst"} ("worst": each comparison's
+worst tensor and its own relative RMS). Exit 1 when a loss differs by more than
 1e-3 relative or the trained weights by more than 1e-2 relative RMS (the acceptance), 2 on bad input.
 
 "ttt" (both final models scored with legal score-first TTT on the same val tokens) is null: frontier_jax's TTT is
@@ -179,20 +181,36 @@ def verdict(res: dict) -> list[str]:
     return bad
 
 
+def step_cells(res: dict, i: int) -> list[str]:
+    """Step i's loss and gradient-norm cells of the report's table (both sides and their relative differences)."""
+    o, r = res["ours"], res["record"]
+    return [f"{i + 1}", f"{o['loss'][i]:.7f}", f"{r['loss'][i]:.7f}", f"{_rel(o['loss'][i], r['loss'][i]):.1e}",
+            f"{o['grad_norm'][i]:.7f}", f"{r['grad_norm'][i]:.7f}", f"{_rel(o['grad_norm'][i], r['grad_norm'][i]):.1e}"]
+
+
+def averages_lines(res: dict) -> list[str]:
+    """The report's lines of the final weights' and the EMAs' relative RMS."""
+    w = res["worst"]
+    return [f"final weights: relative RMS {res['param_rel_rms']:.3e} (worst tensor {w['param'][0]}: "
+            f"{w['param'][1]:.3e})",
+            f"EMA: relative RMS {res['ema_rel_rms']:.3e} (worst tensor {w['ema'][0]}: {w['ema'][1]:.3e})"]
+
+
+def _shown(path) -> str:
+    """A config path as the report names it: relative to the repository when inside it."""
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(path)
+
+
 def format_report(res: dict) -> str:
     o, r = res["ours"], res["record"]
-    lines = [f"{res['steps']} steps of {res['config']} (fp32, the record's batches), frontier_jax vs the record's "
-             "train_gpt.py", "",
+    lines = [f"{res['steps']} steps of {_shown(res['config'])} (fp32, the record's batches), frontier_jax vs the "
+             "record's train_gpt.py", "",
              "| step | loss ours | loss record | rel | grad norm ours | grad norm record | rel | late QAT ours / record |",
              "|---:|---:|---:|---:|---:|---:|---:|---|"]
     for i in range(len(o["loss"])):
-        lines.append(f"| {i + 1} | {o['loss'][i]:.7f} | {r['loss'][i]:.7f} | {_rel(o['loss'][i], r['loss'][i]):.1e} "
-                     f"| {o['grad_norm'][i]:.7f} | {r['grad_norm'][i]:.7f} "
-                     f"| {_rel(o['grad_norm'][i], r['grad_norm'][i]):.1e} | {int(o['qat'][i])} / {int(r['qat'][i])} |")
-    w = res["worst"]
-    lines += ["", f"final weights: relative RMS {res['param_rel_rms']:.3e} (worst tensor {w['param'][0]}: "
-                  f"{w['param'][1]:.3e})",
-              f"EMA: relative RMS {res['ema_rel_rms']:.3e} (worst tensor {w['ema'][0]}: {w['ema'][1]:.3e})",
+        lines.append("| " + " | ".join(step_cells(res, i)) + f" | {int(o['qat'][i])} / {int(r['qat'][i])} |")
+    lines += ["", *averages_lines(res),
               f"SWA snapshots: ours {res['swa_count']['ours']}, record {res['swa_count']['record']}",
               "batches: the record's loader's, fed to both; frontier_jax's own stream gives the same windows at "
               f"steps {[i + 1 for i, s in enumerate(res['same_windows']) if s] or 'none'}",
@@ -207,10 +225,11 @@ def format_report(res: dict) -> str:
 def to_json(res: dict) -> str:
     keep = ("loss", "grad_norm")
     return json.dumps({"ours": {k: res["ours"][k] for k in keep}, "record": {k: res["record"][k] for k in keep},
-                       "param_rel_rms": res["param_rel_rms"], "ema_rel_rms": res["ema_rel_rms"], "ttt": res["ttt"]})
+                       "param_rel_rms": res["param_rel_rms"], "ema_rel_rms": res["ema_rel_rms"], "ttt": res["ttt"],
+                       "worst": res["worst"]})
 
 
-def main(argv=None) -> int:
+def parser() -> ArgumentParser:
     ap = ArgumentParser(prog="python -m bench.record_parity", description=__doc__.splitlines()[0])
     ap.add_argument("--record", required=True, help="your copy of the record's train_gpt.py")
     ap.add_argument("--data", required=True, help="a directory of fineweb_train_*.bin / fineweb_val_*.bin shards")
@@ -220,7 +239,11 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
     ap.add_argument("--warmdown-steps", type=int_in(1), default=None, help="default: steps + 2")
     ap.add_argument("--json", action="store_true", help="end with one JSON line")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
     with exit_on_error():
         res = run(a.record, a.data, a.tokenizer, a.steps, a.config, a.warmdown_steps, a.set)
     print(format_report(res))

@@ -131,7 +131,7 @@ def test_the_report_the_json_line_and_the_verdict():
     assert "| 3 | 6.3006300 | 6.3000000 | 1.0e-04 |" in text and "acceptance" in text and "met" in text
     assert "NOT met" in record_parity.format_report(bad)
     line = json.loads(record_parity.to_json(ok))
-    assert set(line) == {"ours", "record", "param_rel_rms", "ema_rel_rms", "ttt"} and line["ttt"] is None
+    assert set(line) == {"ours", "record", "param_rel_rms", "ema_rel_rms", "ttt", "worst"} and line["ttt"] is None
     assert set(line["ours"]) == {"loss", "grad_norm"} and line["record"]["grad_norm"][1] == 0.81
     rms, worst, worst_rel = record_parity.rel_rms({"a": np.ones(4) * 1.1, "b": np.zeros(2)},
                                                   {"a": np.ones(4), "b": np.zeros(2)})
@@ -149,3 +149,27 @@ def test_bad_input_is_one_line_exit_2(fake, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and "missing.py: the record's train_gpt.py not found" in err[0]
     assert "does not read" in err[1] and "not a SentencePiece .model file" in err[2]
+
+
+def test_the_docs_parity_section_is_one_run_of_the_bench_that_meets_the_acceptance():
+    """docs/recipe.md's parity numbers: its command is the bench's (its own argument parser reads it), the table's
+    loss and gradient-norm cells and the averages lines are what the bench prints for the JSON line quoted beside
+    them (one run's output, not edited), and that run meets the acceptance."""
+    import re
+    import shlex
+
+    from helpers import REPO
+
+    section = (REPO / "docs" / "recipe.md").read_text().split("## Step-for-step parity with the record", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    command = next(line for line in section.splitlines() if line.startswith("python -m bench.record_parity"))
+    args = record_parity.parser().parse_args(shlex.split(command)[3:])
+    assert args.json and args.steps == 5 and args.config == str(record_parity.DEFAULT_CONFIG) and not args.set
+    res = json.loads(next(line for line in section.splitlines() if line.startswith('{"ours"')))
+    rows = [line for line in section.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert len(rows) == len(res["ours"]["loss"]) == len(res["record"]["loss"]) == args.steps
+    for i, row in enumerate(rows):
+        assert [c.strip() for c in row.strip("|").split("|")][:7] == record_parity.step_cells(res, i)
+    for line in record_parity.averages_lines(res):
+        assert line in section
+    assert record_parity.verdict(res) == []
