@@ -121,12 +121,12 @@ def roundtrip(model: torch.nn.Module, run_dir: Path) -> dict:
 
 
 def roundtrip_scored(model: torch.nn.Module, run_dir: Path, evaluate) -> dict:
-    """`Trainer.roundtrip` of the PyTorch baseline (frontier_jax.run.interface): the round trip above, `evaluate()`
+    """`Trainer.roundtrip` of the PyTorch baseline (frontier_jax.run.interface): the round trip above, `evaluate(info)`
     on the dequantized model, then the trained weights put back (weights.npz holds the trained ones)."""
     trained = copy.deepcopy(model.state_dict())
-    info = roundtrip(model, run_dir)
+    info = {**roundtrip(model, run_dir), "code_files": codebytes.record_run(run_dir, Path(run_dir) / CONFIG)}
     try:
-        sums = evaluate()
+        sums = evaluate(info)
     finally:
         model.load_state_dict(trained)
-    return {**info, **sums, "code_files": codebytes.record_run(run_dir, Path(run_dir) / CONFIG)}
+    return {**info, **sums}

@@ -9,12 +9,16 @@ embedding and tables), decoupled weight decay 0.04 on both, gradient clipping at
 (collected, never applied), late QAT below lr scale 0.15, warmdown 3500 steps, 600 s, at most 9000 steps, seed
 1337.
 
+The final evaluation is the record's (docs/evaluation.md): its int6 + lzma artifact, the round trip at the
+training length (EVAL_SEQ_LEN=2048) and sliding windows at EVAL_STRIDE=64, the sliding line the score (the
+record's last stage before its test-time training).
+
 Settings of the run command this config does not set yet (evaluation settings the config has no field for):
-EVAL_SEQ_LEN=2048 / EVAL_STRIDE=64 (the final evaluation), TTT_ENABLED=1 with TTT_LR=0.002, TTT_EPOCHS=3,
-TTT_CHUNK_TOKENS=32768, TTT_FREEZE_BLOCKS=0, TTT_MOMENTUM=0.9, TTT_BATCH_SEQS=32, TTT_GRAD_CLIP=1.0.
+TTT_ENABLED=1 with TTT_LR=0.002, TTT_EPOCHS=3, TTT_CHUNK_TOKENS=32768, TTT_FREEZE_BLOCKS=0, TTT_MOMENTUM=0.9,
+TTT_BATCH_SEQS=32, TTT_GRAD_CLIP=1.0.
 """
 
-from frontier_jax.config import Config, ModelConfig, OptimConfig, TrainConfig
+from frontier_jax.config import Config, EvalConfig, ModelConfig, OptimConfig, TrainConfig
 
 
 def recipe(**shape) -> ModelConfig:
@@ -37,7 +41,8 @@ def get_config() -> Config:
                           muon_ns_dtype="bfloat16", muon_momentum_dtype="bfloat16", muon_shape_scale="lr",
                           muon_weight_decay=0.04, adam_weight_decay=0.04, grad_clip_norm=0.3, ema_decay=0.997,
                           swa_every=50, swa_threshold=0.2, late_qat_threshold=0.15),
-        train=TrainConfig(seq_len=2048, tokens_per_step=786_432, micro_batch_seqs=48, budget_seconds=600.0,
+        train=TrainConfig(seq_len=2048, tokens_per_step=786_432, micro_batch_seqs=0, budget_seconds=600.0,
                           max_steps=9000, compile_warmup_steps=20, val_every_steps=4000, log_every_steps=500,
                           seed=1337),
+        eval=EvalConfig(stride=64, artifact="int6_lzma", score="sliding"),
     )

@@ -282,7 +282,10 @@ class DataConfig:
 class TrainConfig:
     seq_len: int = 1024  # T, tokens per training and validation window
     tokens_per_step: int = 524_288  # global, across all devices and accumulation steps
-    micro_batch_seqs: int = 64  # sequences per device per micro-batch (accumulation fills the rest)
+    # Sequences per device per micro-batch (accumulation fills the rest of the step, whose result does not
+    # change). 0: auto, the largest that fits the device's memory up to 64, the baseline's (estimated before
+    # anything is compiled or allocated: frontier_jax.neuron.memory); a set value that cannot fit is refused.
+    micro_batch_seqs: int = 0
     budget_seconds: float = 1800.0  # wall-clock training budget (warm-up and validation excluded)
     max_steps: int = 20_000  # stop after this many steps even if budget remains
     compile_warmup_steps: int = 20  # untimed steps, then weights/optimizer/data are reset
@@ -311,8 +314,11 @@ class TrainConfig:
         _check_ranges("train", self, log_every_seconds="(0, inf]")
         if self.kernels not in KERNEL_MODES:
             raise ConfigError(f"train.kernels must be {'|'.join(KERNEL_MODES)}, got {self.kernels!r}")
-        if self.seq_len <= 0 or self.tokens_per_step <= 0 or self.micro_batch_seqs <= 0:
-            raise ConfigError("train.seq_len, train.tokens_per_step and train.micro_batch_seqs must be positive")
+        if self.seq_len <= 0 or self.tokens_per_step <= 0:
+            raise ConfigError("train.seq_len and train.tokens_per_step must be positive")
+        if self.micro_batch_seqs < 0:
+            raise ConfigError(f"train.micro_batch_seqs must be >= 0 (0: auto, the largest that fits), got "
+                              f"{self.micro_batch_seqs}")
         if self.tokens_per_step % self.seq_len:
             raise ConfigError(f"train.tokens_per_step={self.tokens_per_step} is not a multiple of train.seq_len={self.seq_len}")
         if self.max_steps <= 0:
@@ -407,6 +413,35 @@ class ParallelConfig:
         _check_ranges("parallel", self, heartbeat_timeout_seconds="(0, inf)")
 
 
+# eval.artifact -> the prefix of its score lines (`final_int8_zlib_roundtrip`, the baseline's; `final_int6_roundtrip`,
+# record 2026-03-23's): docs/evaluation.md, "The final evaluation"
+ARTIFACT_LINES = {"int8_zlib": "final_int8_zlib", "int6_lzma": "final_int6"}
+# eval.score -> which final line is the run's score (the stage's suffix after the artifact's prefix)
+SCORE_STAGES = {"roundtrip": "_roundtrip", "sliding": "_sliding_window"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    # T of the round-trip and sliding-window validations (the record's EVAL_SEQ_LEN); 0: train.seq_len. The val
+    # split is cut to whole windows of max(train.seq_len, this), as the record cuts it.
+    seq_len: int = 0
+    # 0: no sliding-window line; else the final pipeline scores sliding windows at this stride on the round trip's
+    # weights (every target exactly once), after the round-trip line
+    stride: int = 0
+    artifact: str = "int8_zlib"  # int8_zlib (the baseline's final_model.int8.ptz) | int6_lzma (the record's .int6.ptz)
+    score: str = "roundtrip"  # which final line is the run's score (summary.json `score`): roundtrip | sliding
+    batch_seqs: int = 0  # windows per batch of the sliding windows; 0: train.val_batch_seqs
+
+    def __post_init__(self):
+        _check_ranges("eval", self, seq_len="[0, inf)", stride="[0, inf)", batch_seqs="[0, inf)")
+        if self.artifact not in ARTIFACT_LINES:
+            raise ConfigError(f"eval.artifact must be {'|'.join(ARTIFACT_LINES)}, got {self.artifact!r}")
+        if self.score not in SCORE_STAGES:
+            raise ConfigError(f"eval.score must be {'|'.join(SCORE_STAGES)}, got {self.score!r}")
+        if self.score == "sliding" and not self.stride:
+            raise ConfigError("eval.score='sliding' needs eval.stride > 0 (no sliding-window line is scored)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RulesConfig:
     # The contest rule set the run's score is claimed under (one of RULE_PROFILES): its summary and score
@@ -428,10 +463,22 @@ class Config:
     ngram: NgramConfig = field(default_factory=NgramConfig)  # the optional n-gram logit bias
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # data parallelism
     rules: RulesConfig = field(default_factory=RulesConfig)  # the contest rule set (frontier_jax.contest)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # the final evaluation pipeline: lengths, stride, artifact
+
+    @property
+    def eval_seq_len(self) -> int:
+        """T of the round-trip and sliding-window validations: eval.seq_len, or train.seq_len when it is 0."""
+        return self.eval.seq_len or self.train.seq_len
+
+    @property
+    def val_seq_len(self) -> int:
+        """The val split is cut to whole windows of this many tokens (+1): the longer of the two lengths."""
+        return max(self.train.seq_len, self.eval_seq_len)
 
     def __post_init__(self):
-        """Each section of its type (a config file's `get_config` returning `model=None` failed much later), and
-        a name that can be a run directory's (runs/<name>-<time>): no directory part."""
+        """Each section of its type (a config file's `get_config` returning `model=None` failed much later), a
+        name that can be a run directory's (runs/<name>-<time>): no directory part, and a sliding-window stride
+        within the eval window."""
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             if f.name != "name" and not isinstance(getattr(self, f.name), hints[f.name]):
@@ -439,6 +486,10 @@ class Config:
                                   f"{hints[f.name].__name__}")
         if not isinstance(self.name, str) or not self.name or "/" in self.name or self.name in (".", ".."):
             raise ConfigError(f"config name {self.name!r} must be a file name (runs/<name>-<time>), with no '/'")
+        T, stride = self.eval_seq_len, self.eval.stride
+        if stride > T:
+            raise ConfigError(f"eval.stride={stride} is longer than the eval window of {T} tokens (eval.seq_len, "
+                              "0: train.seq_len)")
 
 
 # ----------------------------------------------------------------------------- loading / overrides
@@ -566,7 +617,13 @@ def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Conf
 
 
 def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
+    """The config as a dict of JSON values: an infinite float (`--budget inf`) as the word "inf" / "-inf", which
+    `from_dict` reads back (strict JSON has no Infinity, and a run directory's JSON is strict)."""
+    def word(v):
+        return ("inf" if v > 0 else "-inf") if isinstance(v, float) and math.isinf(v) else v
+
+    return {k: ({f: word(x) for f, x in v.items()} if isinstance(v, dict) else word(v))
+            for k, v in dataclasses.asdict(cfg).items()}
 
 
 def from_dict(d: dict) -> Config:

@@ -11,8 +11,9 @@ schedule and the stop, any process's signal stops all at the same step). The sta
 `frontier_jax.run.startup.start_run`: SIGINT/SIGTERM are handled from the start, and before the first step a
 signal stops with nothing to save. The n-gram runtime is a
 run hook (`ngram_runtime.for_config`: a null hook when it is off), as are the progress lines
-(`frontier_jax.run.progress`) and `on_step`. After the final validation, the contest's int8 + zlib round
-trip (`JaxTrainer.roundtrip`, `frontier_jax.interop.quantize`).
+(`frontier_jax.run.progress`) and `on_step`. After the final validation, the artifact's round trip
+(`JaxTrainer.roundtrip`, `frontier_jax.interop.artifact`: eval.artifact) and the final pipeline's records
+(`final_records`, `record_final`: a resume finishes a run's final steps, `frontier_jax.run.final`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from frontier_jax import checkpoint, ops, optim, parallel
-from frontier_jax.interop import quantize, state_dict
+from frontier_jax.interop import artifact, state_dict
 from frontier_jax.policies import dtypes as dtype_policy
 from frontier_jax.policies import sizing
 from frontier_jax.policies.geometry import split_batch, step_batch
@@ -39,6 +40,7 @@ from frontier_jax.contest import codebytes
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
 from frontier_jax.model import build, count_params
+from frontier_jax.neuron import memory, program
 from frontier_jax.ngram import runtime as ngram_runtime
 from frontier_jax.parallel import DataParallel, make_data_parallel
 from frontier_jax.run.rundir import RunError, RunLog, claim_run_dir, truncate_metrics
@@ -101,8 +103,9 @@ def run(cfg: Config, out_dir: Path, resume: bool = False, echo: bool = True, sto
         on_step=None) -> dict:
     """Train `cfg` into `out_dir` and return the summary dict.
 
-    resume: continue from the newest intact checkpoint in `out_dir` (a finished run returns at once
-    with stop_reason "already finished"). stop_after_steps (tests): behave as if a signal arrived
+    resume: continue from the newest intact checkpoint in `out_dir` (a finished run, one whose summary says
+    its final steps completed, returns at once with stop_reason "already finished"; one at its last step whose
+    final steps did not complete runs only those, `frontier_jax.run.final`). stop_after_steps (tests): behave as if a signal arrived
     after that many steps of this invocation. on_step(step, row) receives each finished step's host
     metrics. Every input is checked before the run directory is created, locked or written to.
     """
@@ -110,16 +113,18 @@ def run(cfg: Config, out_dir: Path, resume: bool = False, echo: bool = True, sto
     log = RunLog(None, echo, enabled=jax.process_index() == 0)
 
     def body(s: Setup, start: startup.Start) -> dict:
-        restored, skipped, t = None, [], cfg.train
+        restored, skipped, t, at_end = None, [], cfg.train, False
         if resume:  # the checkpoint is read (and another model's refused) before anything is written
             restored = _restore(cfg, s.tx, s.dtypes.compute, s.dp, out_dir, log, skipped)
             meta = restored[2]
             start.resumed_step = meta["step"]
-            if meta["step"] >= t.max_steps or meta["train_seconds"] >= t.budget_seconds:
+            at_end = meta["step"] >= t.max_steps or meta["train_seconds"] >= t.budget_seconds
+            if at_end and rundir.finished(out_dir):
                 return startup.finished_summary(out_dir, meta, t)
             start.check()
         trainer = JaxTrainer(cfg, out_dir, log, s, restored, skipped, check=start.check)
-        return trainer.run(start.signals, stop_after_steps, on_step)
+        # a run at its end whose final steps did not complete (a signal, a full disk, a kill): only those run
+        return trainer.run(start.signals, stop_after_steps, on_step, finish_only=resume and at_end)
 
     # signals from the start (a signal during start-up or warm-up stops cleanly), then the checks, the claim
     return startup.start_run(out_dir, resume, log, lambda check: _setup(cfg, check), body,
@@ -152,6 +157,7 @@ class Setup:
     dp: DataParallel
     global_micro: int
     accum: int
+    fit: memory.Fit  # the micro-batch per device and the step's estimated peak against a device's memory
     kernel_rows: list
     program_report: str | None  # the Neuron program check's report for the log (None: not on Neuron)
     env: dict
@@ -167,30 +173,47 @@ def _setup(cfg: Config, check=lambda: None) -> Setup:
     t = cfg.train
     sizing.check_host_memory(cfg)
     dp = make_data_parallel(cfg.parallel.num_devices, cfg.parallel.zero1)
-    global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, dp.num_devices,
-                                      dp.process_count)
+    if t.micro_batch_seqs:  # a set micro-batch the devices cannot split fails before anything is traced
+        split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, dp.num_devices, dp.process_count)
     if t.val_batch_seqs % dp.num_devices:
         raise ConfigError(f"train.val_batch_seqs={t.val_batch_seqs} is not a multiple of the {dp.num_devices} devices")
+    if cfg.eval.batch_seqs % dp.num_devices:
+        raise ConfigError(f"eval.batch_seqs={cfg.eval.batch_seqs} is not a multiple of the {dp.num_devices} devices")
     dtypes = dtype_policy.resolve(cfg, jax.default_backend())
     tx = optim.build_optimizer(cfg.optim, dtypes.muon_ns)
     kernel_rows = ops.configure(t.kernels, unused=ops.unused_ops(cfg.optim.fused), model=cfg.model)
     check()
-    program_report = _neuron_program_check(cfg, dp, dtypes, tx)
+    fit = _fit_memory(cfg, dp, dtypes, tx)  # the step's peak memory against the devices', before any allocation
+    global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, fit.micro_seqs, dp.num_devices,
+                                      dp.process_count)
+    check()
+    program_report = _neuron_program_check(cfg, dp, dtypes, tx, fit.micro_seqs)
     check()
     env = {**parallel.environment(), "host_allocator": host.tune_allocator(t.allocator)}
-    return Setup(dp, global_micro, accum, kernel_rows, program_report, env, dtypes, tx,
+    return Setup(dp, global_micro, accum, fit, kernel_rows, program_report, env, dtypes, tx,
                  load_for_config(cfg))  # the data: all checks before the run directory is touched
 
 
-def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx) -> str | None:
-    """On Neuron, the trainer's programs (in its dtypes, with its optimizer) against AWS's documented JAX limits
-    (frontier_jax.neuron.check): the report for the run log; strict mode refuses a failing program in one line
-    naming the rule and the op."""
+def _fit_memory(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx) -> memory.Fit:
+    """The train and eval steps' estimated peak per device (frontier_jax.neuron.memory, a walk of the traced
+    steps) against what a device has: the CPU devices of this process share its available RAM. A set
+    train.micro_batch_seqs that cannot fit is refused in one line (exit 2); 0 (auto) takes the largest that fits."""
+    backend = jax.default_backend()
+    limit = memory.device_memory(backend, dp.num_devices // dp.process_count, jax.local_devices()[0])
+    return program.fit_memory(cfg, dp.num_devices, dtypes, tx, limit)
+
+
+def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx,
+                          micro_seqs: int) -> str | None:
+    """On Neuron, the trainer's programs (in its dtypes, with its optimizer, at its micro-batch) against AWS's
+    documented JAX limits (frontier_jax.neuron.check): the report for the run log; strict mode refuses a failing
+    program in one line naming the rule and the op."""
     if jax.default_backend() != "neuron":
         return None
     from frontier_jax.neuron import check as neuron_check
 
-    findings = neuron_check.check_config(cfg, dp.num_devices, dtypes, tx)
+    at_fit = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_seqs=micro_seqs))
+    findings = neuron_check.check_config(at_fit, dp.num_devices, dtypes, tx)
     if findings and cfg.train.kernels == "strict":
         raise ops.KernelUnavailableError(neuron_check.strict_error(findings))
     return neuron_check.format_report(cfg.name, dp.num_devices, findings, ops.switch_fallbacks(cfg.model))
@@ -206,16 +229,20 @@ class JaxTrainer(Trainer):
         self.cfg, self.out_dir, self.log, self.dp, self.tx = cfg, out_dir, log, dp, s.tx
         self.compute_dtype = s.dtypes.compute
         self.restored, self.meta = restored, restored[2] if restored else None
+        self.saved_step: int | None = None
         self.setup, self.skipped = s, list(skipped)
         self.seqs_per_step, self.accum, self.metrics_log = t.tokens_per_step // t.seq_len, s.accum, None
         log.attach(out_dir / rundir.LOG)
         env = s.env
+        self.env_backend = env["backend"]
         log(startup.run_line("frontier_jax", out_dir, cfg, env["git"]))
         log(f"backend {env['backend']} | {dp.describe()} | allocator {host.describe(env['host_allocator'])}")
         log(f"compute dtype {s.dtypes.compute} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
             f"{s.dtypes.muon_ns} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
-        log(ops.format_kernel_table(s.kernel_rows) + "\n(every kernel-backed op runs per device on its shard of the "
-            "batch, inside jax.shard_map)")
+        table = ops.run_log_table(s.kernel_rows, env["backend"])
+        log(table if table.count("\n") == 0 else table + "\n(every kernel-backed op runs per device on its shard of "
+            "the batch, inside jax.shard_map)")
+        log(s.fit.line())
         if s.program_report is not None:
             log(s.program_report)
         data = s.data
@@ -244,7 +271,7 @@ class JaxTrainer(Trainer):
                                         count_params(nnx.merge(graphdef, self.params)), self.peak_info, "all devices"):
             log(line)
 
-    def run(self, signals, stop_after_steps: int | None, on_step) -> dict:
+    def run(self, signals, stop_after_steps: int | None, on_step, finish_only: bool = False) -> dict:
         cfg, dp = self.cfg, self.dp
         self.signals = signals
         self._hooks = [progress.Progress(self.log, driver.Policy.from_config(cfg),
@@ -256,7 +283,7 @@ class JaxTrainer(Trainer):
                 **self.peak_info,
                 "matmul_peak_flops": self.peak, "flops_per_token": self.flops_per_token, "run_dir": str(self.out_dir)}
         try:
-            return driver.run_budgeted(driver.Policy.from_config(cfg, stop_after_steps), self, base)
+            return driver.run_budgeted(driver.Policy.from_config(cfg, stop_after_steps), self, base, finish_only)
         finally:
             if self.metrics_log is not None:
                 self.metrics_log.close()
@@ -284,12 +311,36 @@ class JaxTrainer(Trainer):
         self._steps.observe(float(m["score_bound"]))
         return float(m["loss"]), float(m["grad_norm"])
 
-    def eval_sums(self, max_tokens: int) -> dict:
+    def eval_sums(self, max_tokens: int, seq_len: int | None = None, stride: int | None = None) -> dict:
+        """Evaluation sums over non-overlapping windows of `seq_len` (default train.seq_len), or sliding ones at
+        `stride` (eval.batch_seqs windows per batch) that score every target once."""
         t, dp = self.cfg.train, self.dp
-        toks = val_window_tokens(self.val_tokens, max_tokens, t.seq_len)
+        T, batch = seq_len or t.seq_len, self._eval_rows(stride)
+        # sliding windows cover the whole split (cut to whole windows of the longer length, Config.val_seq_len)
+        toks = self.val_tokens if stride and not max_tokens else val_window_tokens(self.val_tokens, max_tokens, T)
         batches = ((dp.put_batch(x), dp.put_batch(y), dp.put_batch(m)) for x, y, m in
-                   val_batches(toks, t.seq_len, t.val_batch_seqs, dp.process_index, dp.process_count))
-        return evaluate_batches(self._steps.eval(), self.params, batches, self.ngram.tables)
+                   val_batches(toks, T, batch, dp.process_index, dp.process_count, stride=stride))
+        return evaluate_batches(self._steps.eval(T), self.params, batches, self.ngram.tables)
+
+    def _eval_rows(self, stride: int | None) -> int:
+        """Windows per eval batch: eval.batch_seqs for sliding windows (0: train.val_batch_seqs), else the latter."""
+        t = self.cfg.train
+        return (self.cfg.eval.batch_seqs or t.val_batch_seqs) if stride else t.val_batch_seqs
+
+    def warm_up_programs(self, evals: list[dict], check) -> int:
+        """The warm-up's other programs (`_AttentionVariants.warm_up`): a train step with every qk_attention forward
+        the run can switch to, and one batch of every eval shape of `evals` (eval_sums' geometries) with every
+        forward possible at its length, so that neither a switch nor the final pipeline's windows compile later
+        (the warm-up resets the state afterwards); `check` after each. Logs the programs; returns how many."""
+        t, windows = self.cfg.train, {}
+        for g in evals:
+            T = g.get("seq_len") or t.seq_len
+            windows.setdefault(f"{self._eval_rows(g.get('stride'))}x{T}", (T, g))
+        names = self._steps.warm_up(lambda: jax.block_until_ready(self.train_step(1.0, 0.0)),
+                                    lambda window: self.eval_sums(windows[window][0], **windows[window][1]),
+                                    [(T, window) for window, (T, _) in windows.items()], check)
+        self.log(f"compile warm-up: {len(names)} programs: {', '.join(names)}")
+        return len(names)
 
     def restore(self, data_state: dict) -> None:
         """Undo the warm-up: the restored (resume) or fresh parameters and optimizer state, the data position."""
@@ -341,6 +392,7 @@ class JaxTrainer(Trainer):
                 "model_hash": model_hash(self.cfg), "model": to_dict(self.cfg)["model"], "reason": reason,
                 "late_qat_step": s.late_qat_step}
         path = checkpoint.save(self.out_dir, s.step, {"params": self.params, "opt_state": self.opt_state}, meta)
+        self.saved_step = s.step  # the step a final pipeline after this save scores (final_steps.json)
         self.log(f"checkpoint step {s.step} -> {path} ({reason})" if path else
                  f"checkpoint step {s.step}: already saved ({reason} save not needed)")
 
@@ -356,7 +408,8 @@ class JaxTrainer(Trainer):
 
     def summary_fields(self) -> dict:
         kind = ops.attention_forward_kind(self._steps.bound, self.cfg.train.seq_len)
-        self.log(f"qk_attention forward on Neuron for the final gains: {kind}")
+        if self.env_backend == "neuron":  # summary.json keeps it everywhere
+            self.log(f"qk_attention forward for the final gains: {kind}")
         swa = {"swa_count": int(self.opt_state.swa.count)} if self.cfg.optim.swa_every else {}  # collected, unused
         return {"checkpoint_step": checkpoint.latest_step(self.out_dir),  # every process (orbax collectives)
                 "attention_forward": kind, "attention_forward_switches": self._steps.switches, **swa}
@@ -373,13 +426,15 @@ class JaxTrainer(Trainer):
         return "post_ema"
 
     def roundtrip(self, evaluate) -> dict:
-        """The contest's int8 + zlib round trip of the scored parameters (the trained ones, or the EMA that
-        `final_weights` put in their place; frontier_jax.interop.quantize, in the baseline's state_dict layout): the
-        artifact written by process 0, its dequantized parameters scored by `evaluate` (the run's own eval step),
-        then the scored parameters put back."""
+        """The artifact of the scored parameters (the trained ones, or the EMA `final_weights` put in their place;
+        eval.artifact: int8+zlib or int6+lzma, frontier_jax.interop.artifact, from the state dict in the baseline's
+        names and layout): written by process 0, read back, its dequantized parameters scored by `evaluate` (the
+        run's own eval step), then the scored parameters put back."""
         host_params = jax.tree_util.tree_map(lambda a: np.asarray(a.addressable_shards[0].data), self.params)
-        back, info = quantize.roundtrip_state_dict(state_dict.params_to_state_dict(host_params), self.out_dir,
-                                                   write=self.dp.is_main)
+        # (the record's names of the recipe's parameters: state_dict.params_to_state_dict's mapping)
+        back, info = artifact.roundtrip(state_dict.params_to_state_dict(host_params), self.out_dir,
+                                        self.cfg.eval.artifact, write=self.dp.is_main)
+        info["code_files"] = codebytes.record_run(self.out_dir, self.out_dir / rundir.CONFIG, write=self.dp.is_main)
         deq = state_dict.state_dict_to_params(back, host_params, source=info["artifact"])
         trained = self.params
         self.params = jax.tree_util.tree_map(  # replicated as the trained ones, on every process's devices
@@ -388,12 +443,29 @@ class JaxTrainer(Trainer):
         bound = self._steps.bound
         self._steps.observe(_score_bound(self.params, self.cfg.model.head_dim))  # the dequantized gains' forward
         try:
-            sums = evaluate()
+            sums = evaluate(info)
         finally:
             self.params = trained
             self._steps.observe(bound)
-        return {**info, **sums, "code_files": codebytes.record_run(self.out_dir, self.out_dir / rundir.CONFIG,
-                                                                   write=self.dp.is_main)}
+        return {**info, **sums}
+
+    def final_records(self) -> dict:
+        """The final stages an earlier invocation recorded for the checkpoint being finished (<run>/final_steps.json,
+        kept for one step); an artifact record whose file is gone or changed is dropped (written again)."""
+        if self.saved_step is None:
+            return {}
+        records = rundir.read_final_steps(self.out_dir, self.saved_step)
+        a = records.get("artifact")
+        if a is not None:
+            path = artifact.artifact_path(self.out_dir, self.cfg.eval.artifact)
+            if a["artifact_format"] != self.cfg.eval.artifact or not path.is_file() or \
+                    path.stat().st_size != a["artifact_bytes"]:
+                records.pop("artifact")
+        return records
+
+    def record_final(self, records: dict) -> None:
+        if self.dp.is_main:
+            rundir.write_final_steps(self.out_dir, self.saved_step, records)
 
     def write_summary(self, summary: dict) -> None:
         if self.metrics_log is not None:
@@ -410,15 +482,17 @@ def _score_bound(params, head_dim: int) -> float:
 class _AttentionVariants:
     """The train and eval steps for the two qk_attention forward kernels, the one to run chosen on the host
     from the score bound of the gains the next step uses (the previous step's metric, read before the next
-    is dispatched; or the parameters after a reset): no `lax.cond` in the program. Each variant compiles
-    on first use; a switch is logged. Where both forwards are the same program (the reference path), one
-    pair of steps serves both."""
+    is dispatched; or the parameters after a reset): no `lax.cond` in the program. `warm_up` runs (so
+    compiles) every forward's steps in the untimed warm-up, so that a switch mid-run compiles nothing; a
+    switch is logged. Where both forwards are the same program (the reference path), one pair of steps
+    serves both."""
 
     def __init__(self, make_train, make_eval, differ: bool, seq_len: int, log):
         self._make = {"train": make_train, "eval": make_eval}
         self._built: dict = {}
         self.differ, self.seq_len, self.log = differ, seq_len, log
         self.bound, self.exact, self.switches = 0.0, None, 0
+        self._forced: bool | None = None  # the forward `warm_up` runs, whatever the bound
 
     def observe(self, bound: float) -> None:
         self.bound = bound
@@ -426,20 +500,51 @@ class _AttentionVariants:
         if self.exact is not None and exact != self.exact and self.differ:
             self.switches += 1
             self.log(f"qk_attention forward: {ops.attention_forward_kind(bound, self.seq_len)} "
-                     "(the other forward's steps compile on first use)")
+                     "(its steps were compiled in the warm-up)")
         self.exact = exact
 
-    def _get(self, kind: str):
-        exact = self.exact and self.differ
+    def forwards(self, seq_len: int) -> tuple[bool, ...]:
+        """The forwards (exact max or not) a step over windows of `seq_len` can run: both where they differ and
+        the bounded shift is exact for some gains at that length, else the one."""
+        if not self.differ:
+            return (False,)
+        return (False, True) if ops.bounded_shift_valid(0.0, seq_len) else (True,)
+
+    def warm_up(self, run_train, run_eval, eval_windows, check) -> list[str]:
+        """Runs (so compiles) `run_train()` with the train step of every forward the training length can run,
+        and `run_eval(window)` with the eval step of every forward each of the (seq_len, window) `eval_windows`
+        (one a distinct eval shape) can run, each forward put in place whatever the bound, `check()` after
+        each; returns the names of the programs."""
+        names = []
+        runs = [(exact, run_train, f"train step T={self.seq_len}") for exact in self.forwards(self.seq_len)]
+        runs += [(exact, lambda w=window: run_eval(w), f"eval step {window}") for seq_len, window in eval_windows
+                 for exact in self.forwards(seq_len)]
+        try:
+            for exact, run, name in runs:
+                self._forced = exact
+                run()
+                names.append(name + (f" ({'exact max' if exact else 'bounded shift'})" if self.differ else ""))
+                check()
+        finally:
+            self._forced = None
+        return names
+
+    def _get(self, kind: str, exact: bool):
+        exact = exact and self.differ
         if (kind, exact) not in self._built:
             self._built[(kind, exact)] = self._make[kind](exact)
         return self._built[(kind, exact)]
 
     def train(self):
-        return self._get("train")
+        return self._get("train", self.exact if self._forced is None else self._forced)
 
-    def eval(self):
-        return self._get("eval")
+    def eval(self, seq_len: int | None = None):
+        """The eval step for windows of `seq_len` (default the training length: the forward chosen by `observe`)."""
+        if self._forced is not None:
+            return self._get("eval", self._forced)
+        if seq_len is None or seq_len == self.seq_len:
+            return self._get("eval", self.exact)
+        return self._get("eval", not ops.bounded_shift_valid(self.bound, seq_len))
 
 
 class OnStep(RunHook):

@@ -196,9 +196,9 @@ class FakeTrainer(Trainer):
         loss = math.nan if handle in self.nan_at else 1.0 / (1 + handle)
         return loss, 1.0
 
-    def eval_sums(self, max_tokens):
+    def eval_sums(self, max_tokens, **geometry):
         self.clock.now += self.eval_s
-        self.evals.append(max_tokens)
+        self.evals.append((max_tokens, geometry) if geometry else max_tokens)
         return {"nll_sum_nats": 7.0, "tokens": 10, "bytes": 20}
 
     def snapshot(self):

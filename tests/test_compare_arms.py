@@ -273,3 +273,129 @@ def test_a_corrupt_manifest_is_one_line(byte_data, tmp_path, capsys):
               "--budget", "3", "--out", str(tmp_path / "cmp")])
     err = capsys.readouterr().err
     assert exit_.value.code == EXIT_BAD_INPUT and err.count("\n") == 1 and "manifest.json: unreadable manifest" in err
+
+
+def test_only_positive_finite_scores_are_scored_one_line_naming_the_arm(tmp_path, capsys):
+    """`val_bpb: -5` won "better by 6.6471 bpb"; `1e-400` underflowed to 0 and won too: each run is not scored,
+    one line names the arm, and the pair has no verdict."""
+    out = tmp_path / "cmp"
+    assert main(["--arm", "a=" + _py('print("val_bpb: 1.5{seed}")'), "--arm", "b=" + _py('print("val_bpb: -5.{seed}")'),
+                 "--arm", "tiny=" + _py('print("val_bpb: 1e-400")'), "--budget", "3", "--seeds", "2",
+                 "--out", str(out)]) == 0
+    res = _strict(out / "results.json")
+    status = {(r["arm"], r["seed"]): r["status"] for r in res["runs"]}
+    assert status[("b", 1337)] == "failed: val_bpb -5.1337 is not a positive score"
+    assert status[("tiny", 1338)] == "failed: val_bpb 0 is not a positive score (it underflowed to 0)"
+    pairs = {(p["a"], p["b"]): p["verdict"] for p in res["pairs"]}
+    assert pairs[("a", "b")] == pairs[("a", "tiny")] == "no data"
+    shown = capsys.readouterr().out.splitlines()
+    assert any(x.startswith("    b seed 1338: not scored: val_bpb -5.1338 is not a positive score (") for x in shown)
+    from frontier_jax.compare.collect import score_problem
+
+    assert [score_problem("val_bpb", v) for v in (1.2, None, 1e-300)] == [None, None, None]
+
+
+def test_a_confounded_comparison_says_the_remedy_titles_and_marks_its_plot(tmp_path, capsys, monkeypatch):
+    """An arm whose runs differ 2x in throughput: the remedies (with the options that apply them) in results.md,
+    results.json and last on the screen; the plot titled and marked CONFOUNDED."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    steps = lambda scale: (f'[print("step:%d/20 train_loss:2.0 train_time:%dms step_avg:1ms" % (s, {scale} * s)) '
+                           f'for s in range(1, 21)]; print("val_bpb: 1.30")')
+    out = tmp_path / "cmp"
+    assert main(["--arm", "steady=" + _py(steps(100)), "--arm", "jumpy=" + _py(steps("100 * ({seed} - 1336)")),
+                 "--budget", "3", "--seeds", "2", "--out", str(out)]) == 0
+    res = _strict(out / "results.json")
+    fixes = res["conditions"]["remedies"]
+    assert any(f.startswith("--threads 1: every run pinned to one CPU") for f in fixes)
+    assert any("--max-load" in f for f in fixes)
+    md = (out / "results.md").read_text()
+    assert "**Remedy** (what compare would change, and the option that does it):" in md and "- --threads 1" in md
+    screen = capsys.readouterr().out
+    assert "CONFOUNDED: remedy: --threads 1" in screen.splitlines()[-3] + screen.splitlines()[-2]
+    fig = figures[-1]
+    assert fig._suptitle.get_text().startswith("val bits/byte (lower is better): steady vs jumpy; 2 seed(s) x 3 s")
+    assert any(t.get_text().startswith("CONFOUNDED: the arms did not run under the same conditions") for t in fig.texts)
+    from matplotlib.ticker import EngFormatter
+
+    assert isinstance(fig.axes[1].xaxis.get_major_formatter(), EngFormatter)  # tokens as 200k, not 200000
+
+
+def test_threads_pins_every_run_and_progress_lines_come_while_a_run_is_silent(tmp_path, capsys, monkeypatch):
+    """--threads 1: the arm's process may run on one CPU only (torch arms get --threads 1); a line every
+    PROGRESS_EVERY_S while a run runs, with its console's last line."""
+    import argparse
+    import os
+
+    from frontier_jax.compare import arms
+
+    monkeypatch.setattr(arms, "PROGRESS_EVERY_S", 0.5)
+    code = 'import os, time; print("cpus", len(os.sched_getaffinity(0)), flush=True); time.sleep(2.5); print("val_bpb: 1.2")'
+    out = tmp_path / "cmp"
+    before = os.sched_getaffinity(0)
+    assert main(["--arm", "a=" + _py(code), "--arm", "b=" + _py(code), "--budget", "3", "--seeds", "1",
+                 "--threads", "1", "--out", str(out)]) == 0
+    assert "cpus 1" in (out / "runs" / "a-s1337" / "console.log").read_text()
+    assert os.sched_getaffinity(0) == before  # compare's own CPUs are put back
+    screen = capsys.readouterr().out
+    assert any(x.startswith("    a seed 1337: ") and x.endswith(" s | cpus 1") for x in screen.splitlines())
+    torch_arm = arms.parse_arm("torch:configs/tiny.py", 0)
+    ns = argparse.Namespace(data="d", tokenizer="t", budget=3.0, threads=1)
+    cmd = arms.build_command(torch_arm, 1337, tmp_path, ns)
+    assert cmd[cmd.index("--threads") + 1] == "1"
+
+
+RECORD_LOG = """step:7179/9000 val_loss:1.9214 val_bpb:1.1379 train_time:600128ms step_avg:83.59ms
+DIAGNOSTIC post_ema val_loss:1.9196 val_bpb:1.1369 eval_time:1971ms
+Serialized model int6+lzma: 15887928 bytes
+final_int6_roundtrip val_loss:1.9336 val_bpb:1.1452 eval_time:6562ms
+final_int6_roundtrip_exact val_loss:1.93358885 val_bpb:1.14518023
+final_int6_sliding_window val_loss:1.8939 val_bpb:1.1217 stride:64 eval_time:74066ms
+final_int6_sliding_window_exact val_loss:1.89385556 val_bpb:1.12165091
+final_int8_zlib_roundtrip_exact val_loss:1.89385556 val_bpb:1.12165091
+final_int6_sliding_window_s64_exact val_loss:1.80000000 val_bpb:1.10000000
+ttt_sliding:done val_loss=1.889768 val_bpb=1.119230 elapsed=409.8s
+legal_ttt val_loss:1.8898 val_bpb:1.1192 eval_time:410268ms
+legal_ttt_exact val_loss:1.88976776 val_bpb:1.11922988
+"""
+
+
+def test_the_records_final_lines_give_each_stage_its_score():
+    """Record 2026-03-23's log (seed 1337's final lines, plus an `_s64` line): the plain score is its DIAGNOSTIC
+    line, the round trip its final_int6_roundtrip_exact line (not the final_int8_zlib_roundtrip_exact line, which
+    repeats its sliding score), the sliding and TTT scores their _exact lines; ours are read by the same rule."""
+    from frontier_jax.compare.collect import stage_scores
+
+    assert stage_scores(RECORD_LOG) == {"val": 1.1369, "roundtrip": 1.14518023, "sliding": 1.12165091,
+                                        "ttt": 1.11922988}
+    ours = ("val_bpb: 1.300000\nfinal_int8_zlib_roundtrip val_loss:2.0 val_bpb:1.3100 eval_time:5ms\n"
+            "final_int8_zlib_roundtrip_exact val_loss:2.0 val_bpb:1.31000001\n"
+            "final_int8_zlib_sliding_window val_loss:2.0 val_bpb:1.2900 stride:64 eval_time:5ms rules:trainium\n")
+    assert stage_scores(ours) == {"val": 1.3, "roundtrip": 1.31000001, "sliding": 1.29, "ttt": None}
+
+
+def test_a_record_style_command_is_compared_by_the_line_score_names(tmp_path):
+    """`--score` picks the line every arm is scored by (a cmd: arm printing the record's lines); an arm without
+    that line is a failed run; auto keeps the project's rule (the round trip when every arm has one)."""
+    def arm(rt, sliding, ttt=None):
+        lines = [f"final_int6_roundtrip_exact val_loss:2 val_bpb:{rt}",
+                 f"final_int6_sliding_window_exact val_loss:2 val_bpb:{sliding}",
+                 f"final_int8_zlib_roundtrip_exact val_loss:2 val_bpb:{sliding}"]
+        lines += [f"legal_ttt_exact val_loss:2 val_bpb:{ttt}"] if ttt else []
+        return _py("; ".join(f'print("{line}")' for line in ["DIAGNOSTIC post_ema val_loss:2 val_bpb:1.5", *lines]))
+
+    for score, diff in (("auto", 1.20 - 1.25), ("sliding", 1.10 - 1.12), ("ttt", 1.05 - 1.11)):
+        out = tmp_path / score
+        assert main(["--arm", "a=" + arm(1.25, 1.12, 1.11), "--arm", "b=" + arm(1.20, 1.10, 1.05), "--budget", "3",
+                     "--seeds", "1", "--out", str(out), "--score", score]) == 0
+        res = _strict(out / "results.json")
+        assert res["pairs"][0]["diff"] == pytest.approx(diff), score
+        assert res["conditions"]["score"] == {"auto": "roundtrip", "sliding": "sliding", "ttt": "ttt"}[score] + "_val_bpb"
+    assert "final_int6_roundtrip" in res["conditions"]["scored_by"] or "legal_ttt" in res["conditions"]["scored_by"]
+    out = tmp_path / "missing"
+    assert main(["--arm", "a=" + arm(1.25, 1.12, 1.11), "--arm", "b=" + arm(1.20, 1.10), "--budget", "3", "--seeds", "1",
+                 "--out", str(out), "--score", "ttt"]) == 0
+    res = _strict(out / "results.json")
+    assert [r["status"] for r in res["runs"]] == ["ok", "no ttt score (--score ttt)"]

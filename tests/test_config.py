@@ -210,7 +210,8 @@ def test_every_config_field_has_a_comment():
     from frontier_jax import config as C
 
     lines = (REPO / "frontier_jax" / "config.py").read_text().splitlines()
-    for cls in (C.ModelConfig, C.OptimConfig, C.DataConfig, C.TrainConfig, C.NgramConfig, C.ParallelConfig, C.Config):
+    for cls in (C.ModelConfig, C.OptimConfig, C.DataConfig, C.TrainConfig, C.NgramConfig, C.ParallelConfig, C.EvalConfig,
+                C.Config):
         for f in dataclasses.fields(cls):
             i = next(i for i, line in enumerate(lines) if line.startswith(f"    {f.name}: ") and
                      any(lines[j].startswith(f"class {cls.__name__}") for j in range(max(0, i - 60), i)))
@@ -360,6 +361,7 @@ def test_the_record_configs_are_the_records_run_command_and_its_tiny_shape():
     assert (o.matrix_lr, o.scalar_lr, o.embed_lr, o.muon_momentum, o.muon_momentum_warmup_start) == (
         0.025, 0.025, 0.035, 0.99, 0.92)
     assert (o.muon_momentum_warmup_steps, o.warmdown_steps, t.budget_seconds, t.max_steps) == (1500, 3500, 600.0, 9000)
+    assert (r.eval_seq_len, r.eval.stride, r.eval.artifact, r.eval.score) == (2048, 64, "int6_lzma", "sliding")
     tiny = load_config(CONFIGS / "record11_tiny.py")
     tm = tiny.model
     assert (tm.num_layers, tm.model_dim, tm.num_heads, tm.num_kv_heads, tm.bigram_dim) == (4, 128, 4, 2, 64)
@@ -367,3 +369,15 @@ def test_the_record_configs_are_the_records_run_command_and_its_tiny_shape():
     for field in ("mlp_negative_slope", "rope_dims", "rope_rescale_from", "ln_scale", "smear_gate", "bigram_buckets",
                   "ve_dim", "init", "embed_dtype", "mlp_mult"):
         assert getattr(tm, field) == getattr(m, field), field
+
+
+def test_an_infinite_budget_survives_the_run_directorys_strict_json(tmp_path):
+    """`--budget inf` (or a pg-record import of MAX_WALLCLOCK_SECONDS=0) wrote budget_seconds as null into
+    config.json, which a resume or `evaluate` then refused."""
+    from frontier_jax.config import load_run_config
+    from frontier_jax.run import rundir
+
+    cfg = apply_overrides(Config(), ["train.budget_seconds=inf"])
+    rundir.write_json(tmp_path / "config.json", to_dict(cfg))
+    assert '"budget_seconds": "inf"' in (tmp_path / "config.json").read_text()
+    assert load_run_config(tmp_path / "config.json") == cfg and config_hash(from_dict(to_dict(cfg))) == config_hash(cfg)

@@ -171,3 +171,18 @@ def test_a_missing_step_is_one_line_naming_the_steps(trained_run, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.strip() == \
         f"error: {trained_run[0]}/checkpoints/7: no checkpoint of step 7 (steps saved: 200)"
+
+
+@pytest.mark.slow
+def test_eval_seq_len_windows_and_the_cut_of_the_val_split(trained_run, capsys):
+    """--eval-seq-len T: non-overlapping windows of T over the val split cut to whole windows of max(train.seq_len,
+    T), as the run's final pipeline and the record cut it; with --stride every target of that cut once."""
+    run_dir, summary = trained_run
+    r = evaluate_run(run_dir, eval_seq_len=128)
+    n = summary["val_tokens"] // 128 * 128  # the run's split cut to whole 128-token windows
+    assert r["seq_len"] == 128 and r["tokens"] == n and r["stride"] == 128
+    s = evaluate_run(run_dir, eval_seq_len=128, stride=32, batch_seqs=8)
+    assert s["tokens"] == n and s["bytes"] == r["bytes"] and s["batch_seqs"] == 8
+    assert "argument --eval-seq-len: 0 is outside [1, inf]" in _err(["--run", str(run_dir), "--eval-seq-len", "0"], capsys)
+    assert "--stride 129: must be in [1, eval seq_len=128]" in _err(
+        ["--run", str(run_dir), "--eval-seq-len", "128", "--stride", "129"], capsys)

@@ -24,7 +24,8 @@ TINY = load_config(REPO / "configs" / "record11_tiny.py")
 SMALL = apply_overrides(TINY, ["model.vocab_size=64", "model.num_layers=2", "model.model_dim=64",
                                "model.num_heads=2", "model.num_kv_heads=1", "model.bigram_buckets=24",
                                "model.bigram_dim=16", "model.ve_dim=16", "model.ve_layers=(0,1)",
-                               "model.xsa_last_n=1", "train.seq_len=32", "train.tokens_per_step=64"])
+                               "model.xsa_last_n=1", "train.seq_len=32", "train.tokens_per_step=64",
+                               "eval.stride=16"])
 
 
 def _record_names_tiny():
@@ -104,8 +105,8 @@ def test_record_env_round_trips_to_the_same_model_and_is_the_records_environment
         env = pg_record.record_env(cfg)
         assert set(env) <= set(pg_record.RECORD_ENV_DEFAULTS)  # variables the record's script reads
         back, ignored = pg_record.config_from_env(env)
-        assert back.model == cfg.model and back.train.seq_len == cfg.train.seq_len
-        assert ignored == ["EVAL_SEQ_LEN", "EVAL_STRIDE"]
+        assert back.model == cfg.model and back.train.seq_len == cfg.train.seq_len and back.eval == cfg.eval
+        assert ignored == []
     env = pg_record.record_env(TINY)
     assert (env["VE_LAYERS"], env["ROPE_DIMS"], env["XSA_LAST_N"], env["MLP_MULT"], env["LN_SCALE"]) == (
         "2,3", "16", "2", "3.0", "1")
@@ -125,7 +126,7 @@ def test_the_run_commands_environment_builds_configs_record11():
            "SEED": "1337"}
     cfg, ignored = pg_record.config_from_env(env)
     want = load_config(REPO / "configs" / "record11.py")
-    assert cfg.model == want.model and cfg.optim == want.optim
+    assert cfg.model == want.model and cfg.optim == want.optim and cfg.eval == want.eval
     for field in ("seq_len", "tokens_per_step", "budget_seconds", "max_steps", "seed", "compile_warmup_steps",
                   "val_every_steps", "log_every_steps"):
         assert getattr(cfg.train, field) == getattr(want.train, field), field

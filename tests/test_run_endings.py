@@ -43,7 +43,7 @@ def test_every_stop_reason_maps_to_its_ending_through_the_one_table():
     assert line("signal SIGINT", False, False) == line("signal SIGINT during the final validation", False, False) == \
         "interrupted after 7 steps; weights in runs/x/weights.npz (the torch baseline has no resume)"
     assert line("signal SIGINT during the final validation", False, True).endswith(
-        "checkpoint step 6 saved; score it with: python -m frontier_jax.evaluate --run runs/x")
+        "checkpoint step 6 saved; its final steps run with: python -m frontier_jax.train --resume runs/x")
     assert line("signal SIGINT before training", True, True).endswith("train --resume runs/x")
     assert line("signal SIGINT before training", False, True).endswith("nothing trained, no checkpoint written")
     assert line("signal SIGINT before training", True, False).endswith("nothing trained, nothing written")

@@ -262,3 +262,16 @@ def test_summary_json_is_strict_json_without_a_bare_nan(tmp_path):
                                     "mfu": float("inf"), "nested": {"x": [1.0, float("-inf")]}})
     s = strict((tmp_path / rundir.SUMMARY_JSON).read_text())
     assert s["final_train_loss"] is None and s["mfu"] is None and s["nested"] == {"x": [1.0, None]}
+
+
+def test_the_final_steps_record_is_read_back_only_for_its_step_and_only_when_well_formed(tmp_path):
+    from frontier_jax.errors import BadInput
+
+    sums = {"nll_sum_nats": 7.0, "tokens": 10, "bytes": 20, "eval_seconds": 0.5}
+    rundir.write_final_steps(tmp_path, 6, {"val": sums, "roundtrip": sums})
+    assert rundir.read_final_steps(tmp_path, 6) == {"val": sums, "roundtrip": sums}
+    assert rundir.read_final_steps(tmp_path, 7) == {} and rundir.read_final_steps(tmp_path / "none", 6) == {}
+    for bad in ({"val": {**sums, "tokens": "10"}}, {"val": {**sums, "bytes": 0}}, {"artifact": {"artifact": 1}}):
+        rundir.write_final_steps(tmp_path, 6, bad)
+        with pytest.raises(BadInput, match="final_steps.json"):
+            rundir.read_final_steps(tmp_path, 6)

@@ -140,3 +140,38 @@ def test_late_qat_flag_is_traced_and_fake_quantizes_the_side_projections(byte_da
     quantized = float(jnp.mean(model(x[0], y[0])))
     assert losses[False] == pytest.approx(plain, rel=1e-6) and losses[True] == pytest.approx(quantized, rel=1e-6)
     assert abs(quantized - plain) > 1e-4  # the grid moves the loss: the flag reached the projections
+
+
+@pytest.mark.slow
+def test_each_eval_window_starts_fresh(byte_data):
+    """A window's sums depend neither on the rows beside it nor on what precedes it in the stream: each row of an
+    eval batch starts at its own position 0 (the record's sliding windows too), so a batch scores as its rows
+    scored one by one, and a window cut from the middle of the stream scores the same beside other rows."""
+    cfg = tiny_config(byte_data)
+    dp = make_data_parallel(1, zero1=False)
+    tx = optim.build_optimizer(cfg.optim, "float32")
+    graphdef, params, _, _ = trainer.init_state(cfg, tx, jnp.float32, dp)
+    keys = iter(jax.random.split(jax.random.key(0), len(jax.tree_util.tree_leaves(params))))
+    params = jax.tree_util.tree_map(lambda p: p + 0.05 * jax.random.normal(next(keys), p.shape, p.dtype), params)
+    V, T = cfg.model.vocab_size, cfg.train.seq_len
+    tables = ByteTables(np.ones(V, np.int32), np.zeros(V, bool), np.zeros(V, bool))
+    ev = make_eval_step(graphdef, tables, mesh=dp.mesh)
+    rng = np.random.default_rng(0)
+    stream = rng.integers(0, V, 3 * T + 1).astype(np.int32)
+    x = np.stack([stream[s:s + T] for s in (0, T // 2, 2 * T)])  # row 1: a window from the middle of the stream
+    y = np.stack([stream[s + 1:s + T + 1] for s in (0, T // 2, 2 * T)])
+    mask = np.ones_like(x)
+    mask[1, : T // 4] = 0
+
+    def sums(x, y, rows):
+        m = np.zeros_like(mask)
+        m[rows] = mask[rows]
+        return np.asarray(jax.device_get(ev(params, x, y, m, None)), np.float64)
+
+    together = sums(x, y, [0, 1, 2])
+    assert together[0] == pytest.approx(sum(sums(x, y, [r])[0] for r in range(3)), rel=1e-6)
+    assert together[1:].tolist() == [3 * T - T // 4, 3 * T - T // 4]
+    other = rng.integers(0, V, x.shape).astype(np.int32)
+    other[1], other_y = x[1], rng.integers(0, V, x.shape).astype(np.int32)
+    other_y[1] = y[1]
+    assert sums(other, other_y, [1])[0] == pytest.approx(sums(x, y, [1])[0], rel=1e-6)  # other neighbours

@@ -95,20 +95,55 @@ def test_init_weights_are_checked_as_interop_import_checks_them(byte_data, tmp_p
     assert not out.exists()
 
 
-def test_ngram_enabled_is_refused_not_ignored(byte_data, tmp_path, capsys):
-    """Round 3: the PyTorch baseline ignored ngram.enabled silently (another model than the config names)."""
+def _refused(byte_data, out, capsys, setting: str) -> str:
+    """The one-line error of a torch run with `setting` (exit 2, no run directory)."""
     from baseline_torch.train import main
 
-    out = tmp_path / "run"
-    sets = [s for o in (*TINY_OVERRIDES, "ngram.enabled=True") for s in ("--set", o)]
+    sets = [s for o in (*TINY_OVERRIDES, setting) for s in ("--set", o)]
     try:
         rc = main(["--config", "configs/tiny.py", "--data", str(byte_data), "--tokenizer", "bytes", "--out", str(out),
                    "--device", "cpu", *sets])
     except SystemExit as e:
         rc = e.code
     err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and "ngram.enabled=True: the PyTorch baseline has no" in err
-    assert not out.exists()
+    assert rc == 2 and err.count("\n") == 1 and not out.exists()
+    return err
+
+
+def test_ngram_enabled_is_refused_not_ignored(byte_data, tmp_path, capsys):
+    """Round 3: the PyTorch baseline ignored ngram.enabled silently (another model than the config names)."""
+    assert "ngram.enabled=True: the PyTorch baseline has no" in _refused(byte_data, tmp_path / "run", capsys,
+                                                                         "ngram.enabled=True")
+
+
+def test_the_eval_section_the_torch_baseline_runs_and_the_artifact_it_refuses(byte_data, tmp_path, capsys):
+    """The PyTorch baseline scores the round trip at eval.seq_len and sliding windows at eval.stride with the same
+    windows as the JAX trainer (every target once); an int6+lzma artifact, which it does not write, is refused."""
+    import numpy as np
+    import torch
+
+    from baseline_torch.train import Trainer
+    from frontier_jax.data.dataset import load_for_config
+    from frontier_jax.data.stream import TrainLoader
+    from helpers import tiny_config
+
+    assert "eval.artifact='int6_lzma': the PyTorch baseline writes" in _refused(byte_data, tmp_path / "run", capsys,
+                                                                               "eval.artifact='int6_lzma'")
+    cfg = tiny_config(byte_data, "eval.seq_len=128", "eval.stride=32", "eval.batch_seqs=8")
+    data = load_for_config(cfg)
+    assert (data.val_tokens.size - 1) % 128 == 0  # cut to whole windows of the longer length
+    t = Trainer(cfg, torch.device("cpu"), TrainLoader(data.train_files, 64), data.val_tokens, data.tables)
+    with torch.no_grad():  # weights that read their context (at init the zero output projections do not)
+        for p in t.model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # (two shared cores: more threads only contend)
+    try:
+        sliding, rt = t.eval_sums(0, seq_len=128, stride=32), t.eval_sums(0, seq_len=128)
+    finally:
+        torch.set_num_threads(threads)
+    assert sliding["tokens"] == rt["tokens"] == data.val_tokens.size - 1 and sliding["bytes"] == rt["bytes"]
+    assert np.isfinite(sliding["nll_sum_nats"]) and sliding["nll_sum_nats"] != rt["nll_sum_nats"]
 
 
 def test_a_config_with_recipe_switches_is_refused_in_one_line(byte_data, tmp_path, capsys):

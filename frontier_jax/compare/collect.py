@@ -1,12 +1,20 @@
 """What one run of `python -m frontier_jax.compare` produced: status, scores, curve, throughput over time.
 
-Scores. Every run has a plain score, the final `val_bpb` (summary.json's `val_bpb` for a jax/torch
-arm; for a `cmd:` arm the last line of its output, other than the round-trip lines, with a `val_bpb:`
-value), and may have a round-trip score: the int8+zlib round trip the contest scores (summary.json's
-`roundtrip_val_bpb`; for a `cmd:` arm the last `final_int8_zlib_roundtrip_exact ... val_bpb:Y` line,
-else the last `final_int8_zlib_roundtrip ... val_bpb:Y` line, the official train_gpt.py's formats).
-The final line decides: `val_bpb: nan` (or a value that overflows to inf) after an earlier finite one
-is a failed run, never scored by the earlier value.
+Scores (`stage_scores`). Every run has a plain score, the final `val_bpb` (summary.json's `val_bpb` for a
+jax/torch arm; for a `cmd:` arm the last line of its output, other than the final score lines below, with a
+`val_bpb:` value: the official script's last `step:N/M val_loss:... val_bpb:` line, the record's DIAGNOSTIC line),
+and may have the final pipeline's scores, each from summary.json (`roundtrip_val_bpb`, `sliding_val_bpb`,
+`ttt_val_bpb`) or from the last of its lines in the output, the `_exact` line when there is one:
+  roundtrip  `final_int6_roundtrip(_exact)` (the record's), else `final_int8_zlib_roundtrip(_exact)` (the official
+             script's and ours): the record prints its sliding-window score under the second name too (its
+             train_gpt.py L1865), so in a log with the first, the second is not a round trip;
+  sliding    `final_int6_sliding_window(_exact)` or `final_int8_zlib_sliding_window(_exact)` (the record's extra
+             `final_int6_sliding_window_s64` lines are not read, nor taken for the plain score);
+  ttt        `legal_ttt(_exact)` (the record's score-first TTT).
+Which one is an arm's score is `compare --score` (frontier_jax.compare.stats.score_key). The final line decides:
+`val_bpb: nan` (or a value that overflows to inf) after an earlier finite one is a failed run, never scored by
+the earlier value; so is a score that is not a positive finite number (`score_problem`: `val_bpb: -5`, or
+`1e-400`, which underflows to 0).
 
 Throughput. Per run, the rate over time (tokens/s from metrics.jsonl's train rows; steps/s from the
 official script's `step:N/M train_loss:... train_time:Xms` lines), over the first quarter of its
@@ -24,7 +32,15 @@ from pathlib import Path
 _NUM = (r"([-+]?(?:nan|inf(?:inity)?|[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?))"
         r"(?![A-Za-z0-9_.])")
 BPB_RE = re.compile(r"val_bpb:\s*" + _NUM, re.I)
-ROUNDTRIP_MARK = "final_int8_zlib_roundtrip"
+# the final score lines, by stage: (line name, preference) pairs, the first name present in a log wins
+STAGE_LINES = {"roundtrip": ("final_int6_roundtrip", "final_int8_zlib_roundtrip"),
+               "sliding": ("final_int6_sliding_window", "final_int8_zlib_sliding_window"),
+               "ttt": ("legal_ttt",)}
+LINE_RE = re.compile(r"(?<![A-Za-z0-9_])(" + "|".join(n for names in STAGE_LINES.values() for n in names)
+                     + r")(_exact)?(?=\s)")
+FINAL_RE = re.compile(r"(?<![A-Za-z0-9_])(?:final_int|legal_ttt)\w*(?=\s)")  # any final line: never the plain score
+STAGES = ("val", *STAGE_LINES)  # a run's scores: the plain final val_bpb, then the final pipeline's
+FIELDS = {stage: "val_bpb" if stage == "val" else f"{stage}_val_bpb" for stage in STAGES}  # a run's field of each
 OFFICIAL_VAL_RE = re.compile(r"step:(\d+)/\d+\s+val_loss:\S+\s+val_bpb:(\S+)\s+train_time:(\d+)ms")
 OFFICIAL_TRAIN_RE = re.compile(r"step:(\d+)/\d+\s+train_loss:\S+\s+train_time:(\d+)ms")
 EARLY_FRACTION = 0.25  # "first steps": the first quarter of a run's timed steps
@@ -37,28 +53,48 @@ def _float(text: str) -> float:
         return math.nan
 
 
-def final_scores(text: str) -> tuple[float | None, float | None]:
-    """(plain, round-trip) final val_bpb of a command's output (module docstring); None where absent."""
-    plain, exact, roundtrip = None, None, None
+def stage_scores(text: str) -> dict[str, float | None]:
+    """{stage: the final val_bpb of that stage} of a command's output (module docstring); None where absent."""
+    plain, seen = None, {}  # seen[(name, exact)] = the last value of that line
     for line in text.splitlines():
         found = BPB_RE.findall(line)
         if not found:
             continue
-        value = _float(found[-1])
-        if ROUNDTRIP_MARK + "_exact" in line:
-            exact = value
-        elif ROUNDTRIP_MARK in line:
-            roundtrip = value
-        else:
-            plain = value
-    return plain, (exact if exact is not None else roundtrip)
+        m = LINE_RE.search(line)
+        if m:
+            seen[(m.group(1), bool(m.group(2)))] = _float(found[-1])
+        elif not FINAL_RE.search(line):
+            plain = _float(found[-1])
+    out = {"val": plain}
+    for stage, names in STAGE_LINES.items():
+        name = next((n for n in names if (n, True) in seen or (n, False) in seen), None)
+        out[stage] = None if name is None else seen.get((name, True), seen.get((name, False)))
+    return out
+
+
+def final_scores(text: str) -> tuple[float | None, float | None]:
+    """(plain, round-trip) final val_bpb of a command's output (`stage_scores`); None where absent."""
+    s = stage_scores(text)
+    return s["val"], s["roundtrip"]
 
 
 def finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def score_problem(name: str, value) -> str | None:
+    """Why `value` (a run's `name` score) cannot be scored, or None: a score is a positive finite number of bits
+    per byte (`val_bpb: -5` would win by 6.6 bpb; `1e-400` underflows to 0; `nan` or `1e400` is no score)."""
+    if value is None:
+        return None
+    if not finite(value):
+        return f"non-finite final {name}"
+    if value <= 0:
+        return f"{name} {value:g} is not a positive score" + (" (it underflowed to 0)" if value == 0 else "")
+    return None
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -102,9 +138,10 @@ def collect(run_dir: Path, console: Path, rc: int | None, load_samples: list[flo
     """What one finished run produced: status, steps, tokens, tokens/s, plain and round-trip val bpb, the
     val curve (step, tokens, seconds, bpb), throughput over time and the machine's load."""
     text = console.read_text(errors="replace") if console.exists() else ""
-    plain, roundtrip = final_scores(text)
+    scores = stage_scores(text)
     res = {"status": "ok", "rc": rc, "steps": None, "tokens": None, "train_seconds": None,
-           "tokens_per_second": None, "val_bpb": plain, "roundtrip_val_bpb": roundtrip, "curve": []}
+           "tokens_per_second": None, "curve": [], **{FIELDS[stage]: scores[stage] for stage in STAGES},
+           "artifact_format": "int6_lzma" if "final_int6_roundtrip" in text else None}
     summary_path, note = run_dir / "summary.json", None
     if summary_path.is_file():
         try:
@@ -116,8 +153,11 @@ def collect(run_dir: Path, console: Path, rc: int | None, load_samples: list[flo
             res[k] = s.get(k)
         if "val_bpb" in s:  # the trainer's own final value (None: no final validation)
             res["val_bpb"] = s["val_bpb"]
-        if s.get("roundtrip_val_bpb") is not None:
-            res["roundtrip_val_bpb"] = s["roundtrip_val_bpb"]
+        if isinstance(s.get("artifact_format"), str):
+            res["artifact_format"] = s["artifact_format"]
+        for key in (FIELDS[stage] for stage in STAGES[1:]):
+            if s.get(key) is not None:
+                res[key] = s[key]
     metrics, loads = run_dir / "metrics.jsonl", []
     if metrics.is_file():
         rows = _read_rows(metrics)
@@ -142,12 +182,13 @@ def collect(run_dir: Path, console: Path, rc: int | None, load_samples: list[flo
         res["status"] = "failed"
     elif note is not None:
         res["status"] = note
-    elif res["val_bpb"] is None and res["roundtrip_val_bpb"] is None:
+    elif all(res[key] is None for key in FIELDS.values()):
         res["status"] = "no val_bpb line"
-    elif any(v is not None and not finite(v) for v in (res["val_bpb"], res["roundtrip_val_bpb"])):
-        res["status"] = "failed: non-finite final val_bpb"
+    elif any(score_problem(key, res[key]) for key in FIELDS.values()):
+        res["status"] = "failed: " + next(score_problem(key, res[key]) for key in FIELDS.values()
+                                          if score_problem(key, res[key]))
     if res["status"] != "ok":
-        res["log_tail"] = _tail(console)
+        res["log_tail"] = log_tail(console)
     return res
 
 

@@ -15,6 +15,8 @@ import math
 import numpy as np
 from scipy import stats
 
+from frontier_jax.compare.collect import FIELDS, STAGES
+
 NOISE_BPB = 0.0005
 MAX_RUNS = 1000
 
@@ -161,17 +163,59 @@ def throughput_flags(labels: list[str], runs: list[dict], tol: float = THROUGHPU
     return flags
 
 
+def remedies(flags: dict, runs: list[dict], budget: float, threads: int | None, cpus: int | None,
+             max_load: float | None) -> list[str]:
+    """What would remove the confounders `flags` found, each with the compare option that applies it: a run
+    whose first quarter ran at another rate than its rest (warm-up and compilation weigh on a short run): a
+    longer --budget; runs or pairs whose rates moved between seeds (the machine's other load): --threads 1 (each
+    run on one CPU: less exposed to other processes); a load average above the CPUs while the runs ran: a
+    quieter machine, or --max-load (compare waits before each run until the load falls below it)."""
+    between = any(x not in flags["runs"].values() for v in flags["arms"].values() for x in v) or bool(flags["pairs"])
+    if not (flags["runs"] or between):
+        return []
+    out = []
+    if flags["runs"]:
+        out.append(f"a longer budget: --budget {2 * budget:g} (twice this one; warm-up and compilation weigh less "
+                   "in a longer run's first quarter)")
+    if between and threads != 1:
+        out.append("--threads 1: every run pinned to one CPU (torch arms --threads 1), less exposed to the "
+                   "machine's other load")
+    loads = [r["load_1m"]["mean"] for r in runs if r.get("load_1m")]
+    busy = cpus is not None and loads and max(loads) > cpus
+    if busy or max_load is None:
+        seen = f" (the 1-minute load averaged up to {max(loads):.1f} on {cpus} CPU(s) during the runs)" if busy else ""
+        out.append(f"a quieter machine{seen}: stop other jobs, or --max-load {max(0.5, (cpus or 2) / 2):g} (compare "
+                   "waits before each run until the 1-minute load average is below it)")
+    return out
+
+
 def confounders(flags: dict, a: str, b: str) -> list[str]:
     """The reasons a pair's comparison is confounded (its arms' flags and the pair's own)."""
     return flags["arms"].get(a, []) + flags["arms"].get(b, []) + flags["pairs"].get(f"{a}|{b}", [])
 
 
-def score_key(runs: list[dict]) -> tuple[str, str]:
-    """(run field, sentence): the round-trip score when every successful run has one, else the plain val_bpb."""
+SCORE_CHOICES = ("auto", *STAGES)  # compare --score
+_SCORE_WORDS = {"val": "the plain final val_bpb (the trained weights)",
+                "roundtrip": "the round-trip val_bpb (the artifact's weights: summary.json roundtrip_val_bpb, or the "
+                             "final_int8_zlib_roundtrip / final_int6_roundtrip(_exact) line)",
+                "sliding": "the sliding-window val_bpb of the artifact's weights (summary.json sliding_val_bpb, or the "
+                           "final_int8_zlib_sliding_window / final_int6_sliding_window(_exact) line)",
+                "ttt": "the score-first TTT val_bpb (summary.json ttt_val_bpb, or the legal_ttt(_exact) line)"}
+
+
+def score_key(runs: list[dict], choice: str = "auto") -> tuple[str, str]:
+    """(run field, sentence) of the score every arm is compared by. `choice` names a stage of the final pipeline
+    (`collect.STAGES`: val, roundtrip, sliding, ttt); "auto" is the project's rule: the round-trip score when
+    every successful run has one (no arm scored before quantization against another scored after it), else
+    the plain val_bpb."""
+    if choice != "auto":
+        return FIELDS[choice], f"every arm scored by {_SCORE_WORDS[choice]} (--score {choice})"
     ok = [r for r in runs if r.get("status") == "ok"]
     missing = sorted({r["arm"] for r in ok if r.get("roundtrip_val_bpb") is None})
     if ok and not missing:
         return "roundtrip_val_bpb", ("every arm scored by the int8+zlib round-trip val_bpb (the contest's score: "
-                                     "summary.json roundtrip_val_bpb, or the final_int8_zlib_roundtrip(_exact) line)")
+                                     "summary.json roundtrip_val_bpb, or the final_int8_zlib_roundtrip(_exact) line)"
+                                     if all(r.get("artifact_format") in (None, "int8_zlib") for r in ok) else
+                                     f"every arm scored by {_SCORE_WORDS['roundtrip']}")
     why = f"{', '.join(missing)} reported no round-trip score" if missing else "no successful run"
     return "val_bpb", f"every arm scored by the plain final val_bpb ({why})"

@@ -84,10 +84,11 @@ def load_dataset(data_dir, tokenizer_spec: str, vocab_size: int, seq_len: int, t
 
 
 def load_for_config(cfg) -> Dataset:
-    """`load_dataset` of what a config names (data.data_dir, data.tokenizer, the patterns, model.vocab_size,
-    train.seq_len): the one call both trainers make at start-up."""
+    """`load_dataset` of what a config names (data.data_dir, data.tokenizer, the patterns, model.vocab_size, the
+    val split cut to whole windows of the longer of train.seq_len and the eval length, `Config.val_seq_len`):
+    the one call both trainers make at start-up."""
     d = cfg.data
-    return load_dataset(d.data_dir, d.tokenizer, cfg.model.vocab_size, cfg.train.seq_len, d.train_pattern, d.val_pattern,
+    return load_dataset(d.data_dir, d.tokenizer, cfg.model.vocab_size, cfg.val_seq_len, d.train_pattern, d.val_pattern,
                         max_val_duplicate_share=d.max_val_duplicate_share, val_max_tokens=cfg.train.val_max_tokens)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from frontier_jax.config import Config, ConfigError, ModelConfig, OptimConfig, TrainConfig
+from frontier_jax.config import Config, ConfigError, EvalConfig, ModelConfig, OptimConfig, TrainConfig
 from frontier_jax.data.files import read_regular
 
 BANKS = ("qo_bank", "kv_bank", "mlp_up_bank", "mlp_down_bank")
@@ -196,8 +196,6 @@ def record_env(cfg: Config) -> dict[str, str]:
     """The record script's environment that builds `cfg`'s model and evaluation (`expressible` first)."""
     expressible(cfg)
     m, t = cfg.model, cfg.train
-    # eval.seq_len / eval.stride once the config has an eval section; the training length and the record's
-    # stride 64 until then
     return {
         "NUM_LAYERS": str(m.num_layers), "MODEL_DIM": str(m.model_dim), "NUM_HEADS": str(m.num_heads),
         "NUM_KV_HEADS": str(m.num_kv_heads), "MLP_MULT": repr(m.mlp_mult),
@@ -205,7 +203,7 @@ def record_env(cfg: Config) -> dict[str, str]:
         "XSA_LAST_N": str(m.xsa_last_n), "ROPE_DIMS": str(m.rope_dims), "LN_SCALE": str(int(m.ln_scale)),
         "VE_ENABLED": str(int(bool(m.ve_layers))), "VE_DIM": str(m.ve_dim),
         "VE_LAYERS": ",".join(str(i) for i in m.ve_layers), "TRAIN_SEQ_LEN": str(t.seq_len),
-        "EVAL_SEQ_LEN": str(t.seq_len), "EVAL_STRIDE": "64", "VOCAB_SIZE": str(m.vocab_size),
+        "EVAL_SEQ_LEN": str(cfg.eval_seq_len), "EVAL_STRIDE": str(cfg.eval.stride), "VOCAB_SIZE": str(m.vocab_size),
         "LOGIT_SOFTCAP": repr(m.logit_softcap), "QK_GAIN_INIT": repr(m.qk_gain_init), "ROPE_BASE": repr(m.rope_base),
         "TIE_EMBEDDINGS": "1", "TIED_EMBED_INIT_STD": repr(m.tied_embed_init_std),
         "MTP_NUM_HEADS": "0", "DTG_ENABLED": "0", "GATED_ATTENTION": "0", "VALUE_RESIDUAL": "0",
@@ -297,9 +295,9 @@ _TRAIN = {"TRAIN_SEQ_LEN": ("seq_len", _int), "TRAIN_BATCH_TOKENS": ("tokens_per
           "ITERATIONS": ("max_steps", _int), "SEED": ("seed", _int), "WARMUP_STEPS": ("compile_warmup_steps", _int),
           "VAL_LOSS_EVERY": ("val_every_steps", _int), "TRAIN_LOG_EVERY": ("log_every_steps", _int)}
 # read by the record but settings of its data paths, its logging, its untied head, its dead code, or of what our
-# config does not have (evaluation, LAWA, TTT); the import lists them
+# config does not have (LAWA, TTT); the import lists them
 _NOT_APPLIED = ("DATA_PATH", "TOKENIZER_PATH", "RUN_ID", "VAL_BATCH_SIZE", "EMBED_LR", "HEAD_LR", "MTP_LOSS_WEIGHT",
-                "MUON_BETA2", "EVAL_SEQ_LEN", "EVAL_STRIDE", "LAWA_ENABLED", "LAWA_K", "LAWA_FREQ",
+                "MUON_BETA2", "LAWA_ENABLED", "LAWA_K", "LAWA_FREQ",
                 "TTT_ENABLED", "TTT_LR", "TTT_EPOCHS", "TTT_CHUNK_TOKENS", "TTT_FREEZE_BLOCKS", "TTT_MOMENTUM",
                 "TTT_BATCH_SEQS", "TTT_GRAD_CLIP", "CONTROL_TENSOR_NAME_PATTERNS",
                 "INT8_KEEP_FLOAT_FP32_NAME_PATTERNS")
@@ -335,7 +333,20 @@ def config_from_env(env: dict[str, str], source: str = "record.env") -> tuple[Co
                             init="record")
         optim = OptimConfig(**sections["optim"], **RECORD_OPTIM, warmdown_mode="time" if wallclock > 0 else "steps")
         train = TrainConfig(**sections["train"], budget_seconds=wallclock if wallclock > 0 else math.inf)
-    except ConfigError as e:
+        evaluation = _eval_from_env(full, train.seq_len)
+        cfg = Config(name="pg-record", model=model, optim=optim, train=train, eval=evaluation)
+    except (ConfigError, ValueError) as e:
         raise RecordFormatError(f"{source}: {e}") from None
     ignored = [k for k in env if k in _NOT_APPLIED]
-    return Config(name="pg-record", model=model, optim=optim, train=train), ignored
+    return cfg, ignored
+
+
+def _eval_from_env(full: dict[str, str], train_seq_len: int) -> EvalConfig:
+    """The record's final evaluation as the eval section: its int6 + lzma artifact, the round trip at EVAL_SEQ_LEN
+    (<= 0: TRAIN_SEQ_LEN), sliding windows at EVAL_STRIDE when 0 < stride < that length (the record's condition,
+    train_gpt.py L1849-1865), the sliding line the score when there is one."""
+    seq_len = _int(full["EVAL_SEQ_LEN"])
+    seq_len = seq_len if seq_len > 0 and seq_len != train_seq_len else 0
+    stride = _int(full["EVAL_STRIDE"])
+    stride = stride if 0 < stride < (seq_len or train_seq_len) else 0
+    return EvalConfig(seq_len=seq_len, stride=stride, artifact="int6_lzma", score="sliding" if stride else "roundtrip")

@@ -19,9 +19,9 @@ and the export after training), applied to a state dict in the baseline's names 
 The arithmetic is float32 as in PyTorch, so the payload equals the baseline's bit for bit (tested
 against `baseline_torch/quantize.py`, the PyTorch port of the same spec).
 
-The round trip of a run after training (`roundtrip_state_dict`: write the artifact, read it back,
-dequantize) is below; what a run reports of it (the summary fields, the official lines, the code bytes
-the contest adds to the artifact's) is `frontier_jax.run.roundtrip`.
+The round trip of a run after training (write the artifact, read it back, dequantize, in either this
+format or the record's int6 + lzma) is `frontier_jax.interop.artifact`; what a run reports of it (the summary
+fields, the official lines, the code bytes the contest adds to the artifact's) is `frontier_jax.run.roundtrip`.
 """
 
 from __future__ import annotations
@@ -54,10 +54,11 @@ def _is_float(a: np.ndarray) -> bool:
     return a.dtype.name in FLOAT_NAMES
 
 
-def _quantile_last_axis(a_RN: np.ndarray, q: float) -> np.ndarray:
-    """torch.quantile(a, q, dim=-1) (linear interpolation) in float32 arithmetic, for float32 rows."""
+def quantile_last_axis(a_RN: np.ndarray, q: float, presorted: bool = False) -> np.ndarray:
+    """torch.quantile(a, q, dim=-1) (linear interpolation) in float32 arithmetic, for float32 rows (`presorted`:
+    the rows are sorted already, so several quantiles share one sort)."""
     n = a_RN.shape[-1]
-    s = np.sort(a_RN, axis=-1)
+    s = a_RN if presorted else np.sort(a_RN, axis=-1)
     rank = np.float32(np.float32(q) * np.float32(n - 1))
     lo = int(np.floor(rank))
     hi = min(lo + 1, n - 1)
@@ -72,12 +73,12 @@ def quantize_float(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(int8 values, scale): per row (float16 scales) for a 2-D tensor, else one float32 scale."""
     t32 = np.asarray(t).astype(np.float32)
     if t32.ndim == 2:
-        clip = _quantile_last_axis(np.abs(t32), CLIP_Q) if t32.size else np.zeros(t32.shape[0], np.float32)
+        clip = quantile_last_axis(np.abs(t32), CLIP_Q) if t32.size else np.zeros(t32.shape[0], np.float32)
         clipped = np.maximum(np.minimum(t32, clip[:, None]), -clip[:, None])
         scale = np.maximum(clip / np.float32(127.0), np.float32(1.0 / 127.0))
         q = np.clip(np.rint(clipped / scale[:, None]), -127, 127).astype(np.int8)
         return q, scale.astype(np.float16)
-    clip = float(_quantile_last_axis(np.abs(t32).reshape(1, -1), CLIP_Q)[0]) if t32.size else 0.0
+    clip = float(quantile_last_axis(np.abs(t32).reshape(1, -1), CLIP_Q)[0]) if t32.size else 0.0
     scale = np.array(clip / 127.0 if clip > 0 else 1.0, dtype=np.float32)
     clipped = np.clip(t32, np.float32(-clip), np.float32(clip))
     q = np.clip(np.rint(clipped / scale), -127, 127).astype(np.int8)
@@ -237,19 +238,23 @@ def check_artifact(obj, source: str = "<artifact>") -> dict:
     return obj
 
 
-def load_artifact(path, max_raw_bytes: int | None = None) -> dict:
-    """The FORMAT object of a `final_model.int8.ptz` (ours, the PyTorch baseline's or the official script's),
-    decompressed to at most `max_raw_bytes` (default `raw_limit()`; `raw_limit(params, tensors)` of the model
-    it is for bounds it tightly). A FIFO or a device is refused (never read), as is a file over the limit."""
-    path = Path(path)
-    limit = raw_limit() if max_raw_bytes is None else max_raw_bytes
+def read_artifact(path, max_raw_bytes: int) -> bytes:
+    """An artifact file's bytes (at most what decompresses to `max_raw_bytes` could take); a FIFO or a device is
+    refused (never read), as is a file over the limit: ArtifactError naming it."""
     try:
-        blob = read_regular(path, "the artifact", max_bytes=limit + (1 << 20))
+        return read_regular(Path(path), "the artifact", max_bytes=max_raw_bytes + (1 << 20))
     except OSError as e:
         raise ArtifactError(f"{path}: cannot read the artifact ({e.strerror or e})") from None
     except UnsafeFile as e:
         raise ArtifactError(str(e)) from None
-    return loads_artifact(blob, str(path), limit)
+
+
+def load_artifact(path, max_raw_bytes: int | None = None) -> dict:
+    """The FORMAT object of a `final_model.int8.ptz` (ours, the PyTorch baseline's or the official script's),
+    decompressed to at most `max_raw_bytes` (default `raw_limit()`; `raw_limit(params, tensors)` of the model
+    it is for bounds it tightly)."""
+    limit = raw_limit() if max_raw_bytes is None else max_raw_bytes
+    return loads_artifact(read_artifact(path, limit), str(path), limit)
 
 
 def loads_artifact(blob: bytes, source: str = "<artifact>", max_raw_bytes: int | None = None) -> dict:
@@ -260,22 +265,3 @@ def loads_artifact(blob: bytes, source: str = "<artifact>", max_raw_bytes: int |
     except torch_format.TorchFormatError as e:
         raise ArtifactError(f"{source}: {e}") from None
     return check_artifact(obj, source)
-
-
-# ----------------------------------------------------------------------------- the round trip of a run
-
-
-def roundtrip_state_dict(sd: dict[str, np.ndarray], run_dir, write: bool = True) -> tuple[dict, dict]:
-    """(dequantized state dict, info) of the export after training: quantize, compress, write
-    `<run_dir>/final_model.int8.ptz` (write=False: a process that does not write; it uses its own
-    bytes, which are the same), read it back from disk, dequantize. info: artifact path and bytes,
-    torch.save bytes, the quantizer's stats."""
-    obj, stats = quantize_state_dict(sd)
-    blob, raw_bytes = compress(obj)
-    path = Path(run_dir) / ARTIFACT
-    if write:
-        write_artifact(path, blob)
-        blob = path.read_bytes()
-    limit = raw_limit(sum(int(np.asarray(t).size) for t in sd.values()), len(sd))
-    back = dequantize_state_dict(loads_artifact(blob, str(path), limit))
-    return back, {"artifact": str(path), "artifact_bytes": len(blob), "raw_bytes": raw_bytes, "stats": stats}

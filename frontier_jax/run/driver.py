@@ -10,10 +10,12 @@ capabilities) and calls `run_budgeted`; plug-ins (the n-gram runtime, progress l
 Order of events (docs/training.md); the caller has installed the signal handlers (the start-up
 lifecycle, frontier_jax.run.startup) before its set-up, so a signal is never lost:
 1. untimed compile warm-up: `warmup_steps` train steps (at least one, lr multiplier 1, Muon momentum
-   of steps 0, 1, ...), each waited for, and one evaluation of `warmup_val_tokens`; then `restore`
+   of steps 0, 1, ...), each waited for, one evaluation of `warmup_val_tokens`, and the trainer's
+   `warm_up_programs` for the eval windows of the validations and the final pipeline (the JAX trainer
+   runs there every program a switch of the attention forward or the final pipeline would run); then `restore`
    puts back the state from before it (fresh or resumed parameters and optimizer state, the data
-   position), as the baseline. A signal here (checked after each warm-up step and after the
-   evaluation, agreed across processes) raises `InterruptedBeforeTraining`: nothing trained, nothing
+   position), as the baseline. A signal here (checked after each warm-up step, after the
+   evaluation and after each of the other programs, agreed across processes) raises `InterruptedBeforeTraining`: nothing trained, nothing
    saved, exit 130;
 2. an optional resume (`Trainer.resume`: step, tokens and trained seconds carry on);
 3. the timed loop. Each iteration, in this order:
@@ -33,10 +35,10 @@ lifecycle, frontier_jax.run.startup) before its set-up, so a signal is never los
       e.g. a full disk) stops the run ("checkpoint not written");
 4. the hooks' `on_end`; a final checkpoint ("final", or "interrupted" after a signal; none after a
    non-finite loss, so the last finite one stays; saving a step that is already saved is the
-   trainer's no-op); unless interrupted, diverged or unsaved, the final weights put in place
-   (`Trainer.final_weights`: the EMA where the run keeps one) and the final validation over the whole val
-   split, then the contest's int8 + zlib round trip (`Trainer.roundtrip`, scored by the same `eval_sums`);
-   the summary (`Trainer.write_summary`, logged as a table); a failed save is raised last (exit 2).
+   trainer's no-op); unless interrupted, diverged or unsaved, the final evaluation pipeline
+   (`frontier_jax.run.final`: the final validation over the whole val split, the artifact, its round trip
+   and sliding windows, scored by the same `eval_sums`; a signal stops it at once); the summary
+   (`Trainer.write_summary`, logged as a table); a failed save is raised last (exit 2).
 """
 
 from __future__ import annotations
@@ -51,10 +53,11 @@ from frontier_jax.contest import limits
 from frontier_jax.errors import BadInput, describe_os_error
 from frontier_jax.policies.schedules import late_qat_due, lr_scale, muon_momentum
 from frontier_jax.policies.scoring import val_result
-from frontier_jax.run import roundtrip, rundir
+from frontier_jax.run import rundir
 from frontier_jax.run.endings import (FINAL_VAL_INTERRUPTED, STOP_NONFINITE, STOP_REQUESTED, STOP_SAVE_FAILED,
                                       STOP_WRITE_FAILED, InterruptedBeforeTraining, decide_stop, is_interrupted,
                                       signal_reason)
+from frontier_jax.run.final import FinalPlan, run_final
 from frontier_jax.run.interface import RunHook, RunState, Trainer
 
 
@@ -82,6 +85,7 @@ class Policy:
     checkpoint_every_steps: int
     optim: OptimConfig
     stop_after_steps: int | None = None  # tests: behave as if a signal arrived after this many steps
+    final: FinalPlan = FinalPlan()  # the final evaluation pipeline (eval.*)
 
     @classmethod
     def from_config(cls, cfg: Config, stop_after_steps: int | None = None) -> Policy:
@@ -90,7 +94,7 @@ class Policy:
                    val_every_steps=t.val_every_steps, val_max_tokens=t.val_max_tokens,
                    warmup_steps=max(t.compile_warmup_steps, 1), warmup_val_tokens=t.val_batch_seqs * t.seq_len,
                    checkpoint_every_steps=t.checkpoint_every_steps, optim=cfg.optim,
-                   stop_after_steps=stop_after_steps)
+                   stop_after_steps=stop_after_steps, final=FinalPlan.from_config(cfg))
 
 
 def warm_up(policy: Policy, trainer: Trainer) -> float:
@@ -108,18 +112,30 @@ def warm_up(policy: Policy, trainer: Trainer) -> float:
         check_signal()
     trainer.eval_sums(policy.warmup_val_tokens)  # compiles the eval step
     check_signal()
+    final = policy.final  # the other programs: every eval geometry of the validations and the final pipeline
+    programs = trainer.warm_up_programs([{}, final.geometry(), *([final.geometry(sliding=True)] if final.stride
+                                                                   else [])], check_signal)
+    check_signal()
     trainer.restore(token)
     seconds = time.perf_counter() - t0
-    trainer.log(f"compile warm-up: {seconds:.1f} s (untimed; state reset)")
+    trainer.log(f"compile warm-up: {'' if programs is None else f'{programs} programs, '}{seconds:.1f} s "
+                "(untimed; state reset)")
     return seconds
 
 
-def run_budgeted(policy: Policy, trainer: Trainer, summary_base: dict) -> dict:
+def run_budgeted(policy: Policy, trainer: Trainer, summary_base: dict, finish_only: bool = False) -> dict:
     """Warm-up, resume, the timed loop and the finish (module docstring); returns the summary dict:
     `summary_base` (config name/hash, run dir, matmul peak, FLOPs per token, ...) plus steps, tokens,
-    train seconds, tokens/s, MFU, final train loss, stop reason, `summary_fields()` and the final val
-    sums/loss/bpb."""
-    warm_up(policy, trainer)
+    train seconds, tokens/s, MFU, final train loss, stop reason, `summary_fields()` and the final pipeline's
+    entries (`frontier_jax.run.final`). finish_only: the resumed checkpoint is at the run's end and its final
+    steps did not complete: no warm-up (nothing is trained: the loop stops before its first step), the
+    restored state put in place, then the finish runs the stages that are missing."""
+    if finish_only:
+        trainer.log("the run reached its end but its final steps did not complete: running them from the last "
+                    "checkpoint (no training)")
+        trainer.restore(trainer.snapshot())
+    else:
+        warm_up(policy, trainer)
     resumed = trainer.resume()
     state = resumed or RunState()
     state.start_step = state.step
@@ -137,7 +153,7 @@ def run_budgeted(policy: Policy, trainer: Trainer, summary_base: dict) -> dict:
             state.stop_reason, save_error = STOP_WRITE_FAILED, BadInput(describe_os_error(e))
         for h in plugins:
             h.on_end(state)
-        return _finish(trainer, state, summary_base, save_error)
+        return _finish(trainer, policy, state, summary_base, save_error)
     finally:
         for h in plugins:
             h.close()
@@ -163,8 +179,11 @@ def _record(trainer: Trainer, plugins: list[RunHook], state: RunState, pending: 
     return loss
 
 
-def _validate(trainer: Trainer, state: RunState, max_tokens: int, final: bool = False, kind: str = "val") -> dict:
-    v = val_result(trainer.eval_sums(max_tokens))
+def _validate(trainer: Trainer, state: RunState, max_tokens: int, final: bool = False, kind: str = "val",
+              **geometry) -> dict:
+    """Evaluation sums (`geometry`: the eval windows' seq_len / stride where not the training validation's) and
+    their metrics row."""
+    v = val_result(trainer.eval_sums(max_tokens, **geometry))
     trainer.metrics(kind=kind, step=state.step, tokens=state.tokens, train_seconds=state.train_seconds,
                     loss=v["loss"], bpb=v["bpb"], val_tokens=v["tokens"], **({"final": True} if final else {}))
     return v
@@ -243,7 +262,8 @@ def _save(trainer: Trainer, s: RunState, reason: str) -> None:
     s.saved_step = s.step
 
 
-def _finish(trainer: Trainer, s: RunState, summary_base: dict, save_error: BadInput | None) -> dict:
+def _finish(trainer: Trainer, policy: Policy, s: RunState, summary_base: dict,
+            save_error: BadInput | None) -> dict:
     interrupted = is_interrupted(s.stop_reason)
     if s.stop_reason == STOP_NONFINITE:
         trainer.log(f"STOP: non-finite training loss at step {s.step}; the last checkpoint kept is the last finite one")
@@ -267,16 +287,9 @@ def _finish(trainer: Trainer, s: RunState, summary_base: dict, save_error: BadIn
         sig = trainer.signals
         if hasattr(sig, "interrupt"):  # a signal now stops the evaluation at once (the checkpoint is saved)
             sig.stopping, sig.interrupt = "stopping the final validation (the checkpoint is saved)", True
-        try:
-            label = trainer.final_weights()  # averaged weights (the EMA) in place of the trained ones, if any
-            if label is not None:
-                trainer.log(f"final evaluation on the {label} weights")
-            v = _validate(trainer, s, 0, final=True)
-            summary.update(val_loss=v["loss"], val_bpb=v["bpb"], val_nll_sum_nats=v["nll_sum_nats"],
-                           val_tokens=v["tokens"], val_bytes=v["bytes"])
-            # the full split again, on the artifact's weights (kind=roundtrip), unless the trainer has no round trip
-            summary.update(roundtrip.run_roundtrip(trainer.roundtrip, lambda: _validate(trainer, s, 0, kind="roundtrip"),
-                                                    trainer.log, tag=lambda f: limits.end_of_run({**summary, **f})))
+        try:  # the final validation, the artifact, its round trip and sliding windows (frontier_jax.run.final)
+            run_final(trainer, policy.final, lambda kind, final=False, **geometry: _validate(
+                trainer, s, 0, final=final, kind=kind, **geometry), summary)
         except KeyboardInterrupt:
             s.stop_reason = summary["stop_reason"] = f"{signal_reason(sig.received)} {FINAL_VAL_INTERRUPTED}"
             trainer.log(f"final validation interrupted ({sig.received}); checkpoint step {s.saved_step} is saved")

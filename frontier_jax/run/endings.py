@@ -63,7 +63,7 @@ ENDINGS = {  # the kinds of `ending`, one row each
                                               "--resume {out}", weights_only=_BEFORE + "nothing written"),
     "interrupted in the final validation": Ending(
         EXIT_INTERRUPTED, resumable="interrupted during the final validation: checkpoint step {checkpoint_step} saved; "
-                                    "score it with: python -m frontier_jax.evaluate --run {out}",
+                                    "its final steps run with: python -m frontier_jax.train --resume {out}",
         weights_only=_TORCH_INTERRUPTED),
     "interrupted": Ending(EXIT_INTERRUPTED, resumable="interrupted: checkpoint step {checkpoint_step} saved; continue "
                                                       "with: python -m frontier_jax.train --resume {out}",

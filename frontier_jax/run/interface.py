@@ -8,8 +8,11 @@ defaults here, which a class that names `Trainer` as its base inherits:
 - checkpoints: `checkpoints` False (the default) means the driver never calls `save` or `discard`;
 - resume: `resume` returns None (a fresh run);
 - several processes: `agree` returns this process's own stop decision and clock;
+- more programs compiled in the warm-up: `warm_up_programs` runs none and returns None;
 - more summary entries: `summary_fields` returns {};
-- the contest's int8 + zlib round trip: `roundtrip` returns None (none is run).
+- the artifact and its round trip: `roundtrip` returns None (none is run);
+- averaged weights for the final evaluation: `final_weights` returns None (the trained weights are scored);
+- finishing a run's final steps on a resume: `final_records` returns {} and `record_final` keeps nothing.
 
 Plug-ins (the n-gram runtime, progress lines, a compile watch) are `RunHook`s the trainer lists in
 `run_hooks`, as levanter's `add_hook`. Nothing here imports JAX.
@@ -76,8 +79,10 @@ class Trainer(Protocol):
         """(loss, grad_norm) of a step `train_step` returned, as floats (waits for that step)."""
         ...
 
-    def eval_sums(self, max_tokens: int) -> dict:
-        """{"nll_sum_nats", "tokens", "bytes"} over at most `max_tokens` val targets (0: all)."""
+    def eval_sums(self, max_tokens: int, seq_len: int | None = None, stride: int | None = None) -> dict:
+        """{"nll_sum_nats", "tokens", "bytes"} over at most `max_tokens` val targets (0: all), in non-overlapping
+        windows of train.seq_len; `seq_len` (the round trip's eval.seq_len) and `stride` (sliding windows that
+        score every target once) are passed only where the final pipeline asks for other windows."""
         ...
 
     def snapshot(self) -> Any:
@@ -122,16 +127,36 @@ class Trainer(Protocol):
         """Several processes agree on (stop, elapsed seconds); the default: this one process decides."""
         return local_stop, elapsed
 
+    def warm_up_programs(self, evals: list[dict], check: Callable[[], None]) -> int | None:
+        """At the end of the compile warm-up (after its steps and evaluation, before `restore`): run once, so
+        compile, every other program the run may call, the steps of another forward and the eval steps of each
+        of `evals` (`eval_sums`' keyword arguments: {} for the validation's windows, the final pipeline's
+        others), calling `check` (it raises on a signal) after each, so that nothing compiles in the timed loop
+        or the final evaluation; returns how many programs the warm-up compiled, or None (the default: none is
+        added, the warm-up's steps and evaluation are all)."""
+        return None
+
     def summary_fields(self) -> dict:
         """More summary entries, computed at the end (e.g. the newest checkpoint); default none."""
         return {}
+
+    def roundtrip(self, evaluate: Callable[[dict], dict]) -> dict | None:
+        """The artifact (eval.artifact) of the final weights: written, read back, its dequantized weights put in
+        place while `evaluate(info)` scores them (info: the artifact's format, path, bytes, torch.save bytes,
+        quantizer stats and the run's code files), then the final weights put back; returns info plus the sums
+        `evaluate` returned (frontier_jax.run.final logs and records them), or None: this trainer has no round
+        trip (the default)."""
+        return None
 
     def final_weights(self) -> str | None:
         """Put in place the weights the final evaluation scores when they are not the trained ones (averaged
         weights) and return their label for the DIAGNOSTIC line; None (the default): the trained weights."""
         return None
 
-    def roundtrip(self, evaluate: Callable[[], dict]) -> dict | None:
-        """The int8 + zlib artifact of the trained parameters scored by `evaluate()` (quantize.run_roundtrip
-        logs and reports it), or None: this trainer has no round trip (the default)."""
-        return None
+    def final_records(self) -> dict:
+        """The final stages an earlier invocation recorded for the resumed checkpoint ({stage: sums or artifact
+        entries}, frontier_jax.run.final.STAGES); {} (the default): none, every stage runs."""
+        return {}
+
+    def record_final(self, records: dict) -> None:
+        """Keep the final stages done so far, so that a resume runs only what is missing (default: kept nowhere)."""

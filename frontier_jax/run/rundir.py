@@ -9,10 +9,12 @@ It imports no JAX (numpy, and matplotlib for the plot), so both trainers write t
     kernels.json   the kernel table (JAX trainer)
     train.log      everything the run printed
     metrics.jsonl  one JSON object per train step (kind=train), validation (kind=val; the final one
-                   final=true) or round-trip validation (kind=roundtrip)
+                   final=true), round-trip validation (kind=roundtrip) or sliding-window one (kind=sliding)
+    final_steps.json  the final pipeline's stages done so far (frontier_jax.run.final; a resume runs the rest)
     summary.json   the run policy's summary (frontier_jax.run.driver); summary.txt the same as a table
     curves.png     train loss and val bpb (periodic subset, final full split, round trip; frontier_jax.run.curves)
-    final_model.int8.ptz  the contest's int8 + zlib artifact (frontier_jax.interop.quantize)
+    final_model.int8.ptz  the baseline's int8 + zlib artifact (eval.artifact int8_zlib), or
+    final_model.int6.ptz  record 2026-03-23's int6 + lzma one (int6_lzma; frontier_jax.interop.artifact)
     code.json      the project's source files the run imported, each with its bytes and sha256 (what the
                    contests count as code and the submission check scans: frontier_jax.contest.codebytes)
     ttt.jsonl      test-time training, when a run has it: its score and train events in the order they
@@ -43,6 +45,7 @@ from pathlib import Path
 
 
 from frontier_jax.run import curves
+from frontier_jax.run.roundtrip import FORMAT_LABELS
 from frontier_jax.config import Config, load_run_config
 from frontier_jax.data import files
 from frontier_jax.data.shards import DataError, atomic_write_text  # noqa: F401 - the one atomic text writer
@@ -57,6 +60,7 @@ SUMMARY_JSON = "summary.json"
 SUMMARY_TXT = "summary.txt"
 CURVES = "curves.png"
 CHECKPOINTS = "checkpoints"
+FINAL_STEPS = "final_steps.json"
 WEIGHTS = "weights.npz"
 
 
@@ -329,9 +333,15 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         v = summary.get(key)
         return "-" if v is None else fmt.format(v)
 
-    sub = summary.get("submission_bytes")
-    size = "-" if sub is None else (f"{sub:,} bytes = {summary['artifact_bytes']:,} int8+zlib model + "
+    sub, fmt = summary.get("submission_bytes"), summary.get("artifact_format", "int8_zlib")
+    label = FORMAT_LABELS.get(fmt, fmt)
+    size = "-" if sub is None else (f"{sub:,} bytes = {summary['artifact_bytes']:,} {label} model + "
                                     f"{summary['code_bytes']:,} code")
+    sliding = (summary.get("score") or {}).get("line", "").endswith("_sliding_window")  # else the round trip scores
+
+    def scored(stage_is_score: bool) -> str:
+        return f": the score under the rules profile {summary.get('rules_profile') or '-'}" if stage_is_score else ""
+
     return [
         ("run directory", f("run_dir")),
         ("config", f"{summary.get('config_name')} ({summary.get('config_hash')})"),
@@ -345,8 +355,10 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         ("final train loss", f("final_train_loss", "{:.4f}")),
         ("val loss", f("val_loss", "{:.4f}")),
         ("val bpb", f("val_bpb", "{:.4f}") + " (full val split, trained weights)"),
-        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + " (int8+zlib artifact: the score under the rules "
-                                                                  f"profile {summary.get('rules_profile') or '-'})"),
+        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + f" ({label} artifact{scored(not sliding)})"),
+        *([("sliding val bpb", f("sliding_val_bpb", "{:.4f}") + f" (stride {summary.get('sliding_stride')}, {label} "
+                                                                f"artifact{scored(sliding)})")]
+          if summary.get("sliding_val_bpb") is not None else []),
         ("submission size", size),
         ("rules", "-" if not summary.get("rules_profile") else
          f"{summary.get('rules_line') or summary['rules_profile']} (every rule: python -m frontier_jax.submission "
@@ -363,8 +375,10 @@ def write_summary(run_dir: Path, summary: dict, write: bool = True) -> str:
         run_dir = Path(run_dir)
         write_json(run_dir / SUMMARY_JSON, summary)
         atomic_write_text(run_dir / SUMMARY_TXT, table + "\n")
+        changed = curves.run_overrides(run_dir, summary.get("config_name"))
         curves.plot_run(read_metrics(run_dir), run_dir / CURVES,
-                 f"{run_dir.name}: {summary.get('config_name')} ({summary.get('implementation', 'jax')})")
+                        f"{run_dir.name}: {summary.get('config_name')} ({summary.get('implementation', 'jax')})"
+                        + (f"; {', '.join(changed)}" if changed else ""))
     return table
 
 
@@ -422,3 +436,43 @@ def read_env(run_dir) -> dict:
     if not path.is_file():
         return {}
     return read_json_object(path, "run environment")
+
+
+# ----------------------------------------------------------------------------- the final steps of a run
+
+
+def write_final_steps(run_dir, step: int, records: dict) -> None:
+    """<run>/final_steps.json: the final pipeline's stages done for checkpoint `step` (frontier_jax.run.final)."""
+    write_json(Path(run_dir) / FINAL_STEPS, {"step": step, "stages": records})
+
+
+_SUMS = {"nll_sum_nats": float, "tokens": int, "bytes": int, "eval_seconds": float}
+FINAL_STEPS_SCHEMA = {"step": int, "stages": {
+    "val?": _SUMS, "roundtrip?": _SUMS, "sliding?": _SUMS,
+    "artifact?": {"artifact_format": str, "artifact": str, "artifact_bytes": int, "code_bytes": int,
+                  "submission_bytes": int}}}
+FINAL_STAGES = ("val", "artifact", "roundtrip", "sliding")  # frontier_jax.run.final.STAGES
+
+
+def read_final_steps(run_dir, step: int) -> dict:
+    """The final stages recorded for checkpoint `step` ({} when none, or recorded for another step); DataError
+    (one line naming the file) when it is not what `write_final_steps` writes (`FINAL_STEPS_SCHEMA`, sums that
+    score something)."""
+    path = Path(run_dir) / FINAL_STEPS
+    if not os.path.lexists(path):
+        return {}
+    obj = read_json_object(path, "record of the final steps", FINAL_STEPS_SCHEMA)
+    if obj["step"] != step:
+        return {}
+    stages = {k: v for k, v in obj["stages"].items() if k in FINAL_STAGES}
+    for stage, fields in stages.items():
+        if stage != "artifact" and not (math.isfinite(fields["nll_sum_nats"]) and fields["tokens"] > 0 and
+                                        fields["bytes"] > 0):
+            raise DataError(f"{path}: stage {stage} scores nothing (its sums: {fields})")
+    return stages
+
+
+def finished(run_dir) -> bool:
+    """Whether a run's final steps completed: its summary.json exists and says so (`final_complete`)."""
+    path = Path(run_dir) / SUMMARY_JSON
+    return path.is_file() and read_json_object(path, "run summary").get("final_complete") is True
