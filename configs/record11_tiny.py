@@ -1,8 +1,9 @@
 """configs/record11.py's recipe at the tiny shape (the record's parity checks use the same shape): 4 x 128, 4 / 2
 heads, MLP 3x LeakyReLU(0.5)^2, BigramHash 1536 x 64, XSA on the last 2 layers, partial RoPE on 16 of 32 head dims,
-LN scale, value embeddings 128 on layers 2 and 3, SmearGate, the record's init; sequences of 256 and 4,096 tokens
-per step (a CPU demo in about two minutes, and the tests); test-time training in chunks of 4,096 targets (the
-record's parity checks' TTT_CHUNK_TOKENS)."""
+LN scale, value embeddings 128 on layers 2 and 3, SmearGate, the record's init; the record's optimizer, clipping,
+EMA, SWA and late QAT (configs/record11.py) with a warmdown of 60 steps; sequences of 256 and 4,096 tokens per step
+(a CPU demo in about two minutes, and the tests); test-time training in chunks of 4,096 targets (the record's parity
+checks' TTT_CHUNK_TOKENS)."""
 
 import dataclasses
 

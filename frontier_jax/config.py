@@ -36,6 +36,10 @@ KERNEL_MODES = ("auto", "reference", "strict")
 MODEL_INITS = ("baseline", "record")  # model.init (frontier_jax.model)
 # BigramHash's multipliers of (token, previous token), the record's (docs/recipe.md)
 BIGRAM_HASH = (36313, 27191)
+MUON_SHAPE_SCALES = ("update", "lr")  # optim.muon_shape_scale (frontier_jax.ops.reference.muon_direction)
+# OptimConfig's record settings, in docs/recipe.md's order (defaults: the baseline's behaviour)
+OPTIM_RECIPE_FIELDS = ("muon_weight_decay", "adam_weight_decay", "grad_clip_norm", "muon_momentum_dtype",
+                       "muon_shape_scale", "ema_decay", "swa_every", "late_qat_threshold")
 # ModelConfig's recipe switches, in docs/recipe.md's order (defaults: the baseline's behaviour)
 RECIPE_SWITCHES = ("mlp_negative_slope", "rope_dims", "rope_rescale_from", "ln_scale", "xsa_last_n", "smear_gate",
                    "bigram_buckets", "bigram_dim", "ve_layers", "ve_dim")
@@ -204,16 +208,54 @@ class OptimConfig:
     # "steps": from train.max_steps (deterministic; used by the kill-and-resume test).
     warmdown_mode: str = "time"
     fused: bool = False  # fused Adam/Muon updates, one primitive (NKI kernel) per parameter
+    # ---- the record's optimizer and averaging (docs/recipe.md); each default is the baseline's behaviour
+    # Decoupled weight decay, as the record's Muon and AdamW apply it: p *= 1 - lr * wd before the update, lr the
+    # scheduled learning rate of the parameter's group.
+    muon_weight_decay: float = 0.0  # on the block matrices (Muon)
+    adam_weight_decay: float = 0.0  # on every Adam parameter: tables, scalars, gates, projections, n-gram bias
+    # Global gradient-norm clipping before the update (torch's clip_grad_norm_): every gradient times
+    # min(1, grad_clip_norm / (norm + 1e-6)), norm the L2 norm over all of them; 0: off.
+    grad_clip_norm: float = 0.0
+    # Muon's gradient copy and momentum buffer: "float32" (the baseline) or "bfloat16" (the record: the gradient
+    # rounded to bf16, the buffer bf16, rounded after each of its multiply and add).
+    muon_momentum_dtype: str = "float32"
+    # Where Muon's shape scale sqrt(max(1, out / in)) goes: "update" (the baseline: it multiplies the
+    # Newton-Schulz output, rounded to the NS dtype) or "lr" (the record: into the learning rate, in fp32).
+    muon_shape_scale: str = "update"
+    # EMA of all weights in fp32 after every optimizer step, ema = decay * ema + (1 - decay) * p, from the initial
+    # weights; the final evaluation, the export and the artifact use it (cast to each parameter's dtype). 0: off.
+    ema_decay: float = 0.0
+    # SWA as the record keeps it: the weights summed every swa_every steps once the lr scale is below
+    # swa_threshold (counted in the optimizer state, checkpointed); collected, never applied. 0: off.
+    swa_every: int = 0  # steps between the weights taken (0: no SWA)
+    swa_threshold: float = 0.2  # the weights are taken only below this lr scale
+    # Late QAT: once the lr scale falls below this, the recipe's two side projections (BigramHash's and the value
+    # embeddings') are fake-quantized to int6 in training forwards (straight-through); it never switches off. inf:
+    # from the first step; 0: off.
+    late_qat_threshold: float = 0.0
 
     def __post_init__(self):
         _check_ranges("optim", self, matrix_lr="[0, inf)", scalar_lr="[0, inf)", embed_lr="[0, inf)",
                       ngram_lr="[0, inf)", beta1="[0, 1)", beta2="[0, 1)", adam_eps="(0, inf)",
                       muon_momentum="[0, 1)", muon_momentum_warmup_start="[0, 1)",
-                      muon_momentum_warmup_steps="[0, inf)", muon_ns_steps="[1, inf)", warmdown_steps="[0, inf)")
+                      muon_momentum_warmup_steps="[0, inf)", muon_ns_steps="[1, inf)", warmdown_steps="[0, inf)",
+                      muon_weight_decay="[0, inf)", adam_weight_decay="[0, inf)", grad_clip_norm="[0, inf)",
+                      ema_decay="[0, 1)", swa_every="[0, inf)", swa_threshold="[0, inf]",
+                      late_qat_threshold="[0, inf]")
         if self.muon_ns_dtype not in ("auto", "bfloat16", "float32"):
             raise ConfigError(f"optim.muon_ns_dtype must be auto|bfloat16|float32, got {self.muon_ns_dtype!r}")
         if self.warmdown_mode not in ("time", "steps"):
             raise ConfigError(f"optim.warmdown_mode must be time|steps, got {self.warmdown_mode!r}")
+        if self.muon_momentum_dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"optim.muon_momentum_dtype must be float32|bfloat16, got {self.muon_momentum_dtype!r}")
+        if self.muon_shape_scale not in MUON_SHAPE_SCALES:
+            raise ConfigError(f"optim.muon_shape_scale must be {'|'.join(MUON_SHAPE_SCALES)}, got "
+                              f"{self.muon_shape_scale!r}")
+
+    def recipe_settings(self) -> list[str]:
+        """`optim.<field>=<value>` of every record setting (weight decay to late QAT) set away from its default."""
+        base = OptimConfig()
+        return [f"optim.{f}={getattr(self, f)!r}" for f in OPTIM_RECIPE_FIELDS if getattr(self, f) != getattr(base, f)]
 
 
 @dataclass(frozen=True, kw_only=True)

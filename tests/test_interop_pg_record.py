@@ -130,7 +130,14 @@ def test_the_run_commands_environment_builds_configs_record11():
     for field in ("seq_len", "tokens_per_step", "budget_seconds", "max_steps", "seed", "compile_warmup_steps",
                   "val_every_steps", "log_every_steps"):
         assert getattr(cfg.train, field) == getattr(want.train, field), field
-    assert "MUON_WD" in ignored and not {"TTT_ENABLED", "NUM_LAYERS"} & set(ignored)
+    assert not {"TTT_ENABLED", "NUM_LAYERS", "MUON_WD"} & set(ignored)
+    # the training variables back from the config: the same optimizer and schedule
+    again, _ = pg_record.config_from_env({**pg_record.record_env(want), **pg_record.record_training_env(want)})
+    assert again.optim == want.optim and again.train.max_steps == want.train.max_steps
+    qat_from_start = pg_record.config_from_env({**env, "QAT_ENABLED": "1"})[0]
+    assert qat_from_start.optim.late_qat_threshold == float("inf")
+    with pytest.raises(pg_record.RecordFormatError, match="optim.ema_decay=0.0: the record's script cannot express"):
+        pg_record.record_training_env(apply_overrides(want, ["optim.ema_decay=0.0"]))
 
 
 def test_the_ttt_variables_round_trip_and_a_block_freeze_is_refused():

@@ -130,11 +130,13 @@ class StepPrograms:
         if (micro_seqs, exact) not in self._train:
             cfg, T = self.cfg, self.cfg.train.seq_len
             global_micro, accum = split_batch(self.seqs_per_step, micro_seqs, self.num_devices)
+            late_qat = cfg.optim.late_qat_threshold > 0  # the trainer's step then takes the late-QAT flag
             step = make_train_step(self.graphdef, self.tx, self.bias_fn, mesh=self.mesh, state_specs=self.specs,
-                                   head_dim=cfg.model.head_dim, attention_exact=exact).jitted
+                                   head_dim=cfg.model.head_dim, attention_exact=exact, late_qat=late_qat).jitted
             tok = jax.ShapeDtypeStruct((accum, global_micro, T), jnp.int32)
+            qat = (jax.ShapeDtypeStruct((), jnp.bool_),) if late_qat else ()
             self._train[(micro_seqs, exact)] = jax.make_jaxpr(step)(self.params, self.opt_state, tok, tok, _F32,
-                                                                    _F32, self.aux)
+                                                                    _F32, self.aux, *qat)
         return self._train[(micro_seqs, exact)]
 
     def eval(self):

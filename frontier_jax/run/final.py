@@ -94,7 +94,10 @@ def run_final(trainer, plan: FinalPlan, validate: Callable[..., dict], summary: 
         v = roundtrip.timed(lambda: validate(kind, **kw))
         return {k: v[k] for k in ("nll_sum_nats", "tokens", "bytes", "eval_seconds", *TTT_FIELDS) if k in v}
 
-    label = trainer.final_weights() or "trained"
+    label = trainer.final_weights()  # averaged weights (the EMA) in place of the trained ones, if any
+    if label is not None:
+        trainer.log(f"final evaluation on the {label} weights")
+    label = label or "trained"
     try:
         if "val" not in records:
             record("val", timed("val", final=True))

@@ -38,6 +38,7 @@ class RunState:
     final_loss: float = math.nan
     stop_reason: str | None = None
     saved_step: int | None = None  # the newest step with a checkpoint (resumed from, or saved)
+    late_qat_step: int | None = None  # the step late QAT switched on at (optim.late_qat_threshold), or None: off
 
 
 class RunHook:
@@ -70,8 +71,9 @@ class Trainer(Protocol):
     checkpoints: bool = False
     """Whether the trainer saves checkpoints: only then does the driver call `save` and `discard`."""
 
-    def train_step(self, lr_scale: float, momentum: float) -> Any:
-        """One step on the next batch; returns a handle of its metrics (the step may still be running)."""
+    def train_step(self, lr_scale: float, momentum: float, qat: bool = False) -> Any:
+        """One step on the next batch; returns a handle of its metrics (the step may still be running). `qat`: the
+        late-QAT flag of the step's forward (a trainer without late QAT refuses a config that sets it)."""
         ...
 
     def read_metrics(self, handle: Any) -> tuple[float, float]:
