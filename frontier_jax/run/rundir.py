@@ -220,15 +220,20 @@ class Signals:
     its start-up phases).
 
     The first signal prints what will happen (`stopping`, set by the run for its current phase); later
-    ones are ignored with a line until that is done (SIGKILL still ends the process at once). With
+    ones are ignored with a line until that is done (SIGKILL still ends the process at once), except before
+    training starts: there nothing is to be saved, so a second signal runs `discard` (set by the start-up: a
+    run directory it created is removed) and ends the process at once (exit 128 + its number) instead of
+    waiting for a warm-up step, which on a slow device can take minutes. With
     `interrupt` set (the final validation, after the last checkpoint is saved) a signal also raises
     KeyboardInterrupt, so the run stops at once instead of finishing the evaluation."""
 
     HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    BEFORE_TRAINING = "stopping before training starts; nothing to save"
 
     def __init__(self):
         self.received: str | None = None
-        self.stopping = "stopping before training starts; nothing to save"
+        self.stopping = self.BEFORE_TRAINING
+        self.discard = None  # what a second signal before training runs before it exits (a new run directory removed)
         self.interrupt = False
         self._old = {}
 
@@ -242,6 +247,11 @@ class Signals:
 
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
+        if self.received and not self.interrupt and self.stopping == self.BEFORE_TRAINING:
+            os.write(2, f"{name} again: exiting before training starts (nothing to save)\n".encode())
+            if self.discard is not None:
+                self.discard()
+            os._exit(128 + signum)
         if self.received:
             msg = f"{name} again: still {self.stopping} (SIGKILL would end it without that)"
         else:
