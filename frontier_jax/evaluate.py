@@ -1,7 +1,7 @@
 """Score a run's checkpoint or artifact on the full val split in exact bits per byte: `python -m frontier_jax.evaluate`.
 
     python -m frontier_jax.evaluate --run DIR [--step N | --artifact [PATH]] [--data DIR] [--tokenizer PATH]
-                                    [--eval-seq-len T] [--stride N] [--batch-seqs N] [--ttt] [--json]
+                                    [--eval-seq-len T] [--stride N] [--batch-seqs N] [--ttt [--ttt-qat 0|1]] [--json]
 
 The run's config.json and its newest intact checkpoint (a corrupt newer one is skipped with one line
 on stderr naming it; `--step N` picks one) give the model; the forward is the training one
@@ -18,7 +18,10 @@ weights are scored, as the contest scores them: the result equals the run's own 
 `--ttt` scores with score-first test-time training instead (`frontier_jax.ttt`, the run's `ttt` section, enabled
 for this evaluation: windows of train.seq_len at `--stride`, else eval.stride, each chunk scored before the weights
 train on it), from the checkpoint's weights, or the artifact's with `--artifact` (as the run's TTT stage): the
-record's progress lines on stderr, then `legal_ttt` and `legal_ttt_exact`.
+record's progress lines on stderr, then `legal_ttt` and `legal_ttt_exact`. TTT's training forwards run with the
+late-QAT flag the weights were trained to (`_ttt_qat`): the checkpoint's (on once its run switched late QAT on);
+an artifact's is its config's (`schedules.late_qat_at_end`: on where a run of the config that reaches its end has
+it on, the record's case); `--ttt-qat 0|1` sets it (a state from elsewhere, e.g. an imported one).
 """
 
 from __future__ import annotations
@@ -82,10 +85,10 @@ def _artifact_params(run_dir: Path, path):
 
 
 def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs=None, step=None, log=None,
-                 artifact=None, eval_seq_len=None, ttt=False) -> dict:
+                 artifact=None, eval_seq_len=None, ttt=False, ttt_qat=None) -> dict:
     """Sums and bpb of a run's newest intact (or given) checkpoint on its val split (see the module docstring),
     or of the artifact `artifact` (its dequantized weights, in the run's model); with `ttt`, of score-first
-    test-time training from those weights."""
+    test-time training from those weights (`ttt_qat` 0 / 1: its late-QAT flag, default `_ttt_qat`'s)."""
     from frontier_jax import ops
     from frontier_jax.data.dataset import load_dataset
     from frontier_jax.data.stream import val_batches
@@ -132,7 +135,8 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     bias_fn, aux = _ngram_bias(run_dir, cfg, log)
     extra = {}
     if ttt:
-        sums, extra = _ttt_sums(cfg, graphdef, params, tokens, data.tables, bias_fn, aux, batch_seqs, log)
+        sums, extra = _ttt_sums(cfg, graphdef, params, tokens, data.tables, bias_fn, aux, batch_seqs, log,
+                                _ttt_qat(run_dir, cfg, step, artifact, ttt_qat))
     else:
         # the qk_attention forward the kernel path runs for these gains (frontier_jax.ops.attention_forward)
         exact = not ops.bounded_shift_valid(float(ops.score_bound(q_gains(params), cfg.model.head_dim)), T)
@@ -171,20 +175,42 @@ def _ttt_config(cfg, stride, eval_seq_len):
         raise ConfigError(f"--ttt: {e}") from None
 
 
-def _ttt_sums(cfg, graphdef, params, tokens, tables, bias_fn, aux, batch_seqs, log) -> tuple[dict, dict]:
-    """(sums, the pass's counts and times) of score-first TTT from `params` (frontier_jax.ttt)."""
+def _ttt_qat(run_dir: Path, cfg, step, artifact, ttt_qat) -> tuple[bool, str]:
+    """(the late-QAT flag of TTT's training forwards, where it comes from): `--ttt-qat` when given; else an
+    artifact's from its config (`schedules.late_qat_at_end`: the artifact holds no flag); else the checkpoint's
+    (its meta's `late_qat_step`: the run's steps from then on trained with it, and so does its TTT)."""
+    from frontier_jax import checkpoint
+    from frontier_jax.policies.schedules import late_qat_at_end
+
+    if ttt_qat is not None:
+        return bool(ttt_qat), "--ttt-qat"
+    if artifact is not None:
+        return late_qat_at_end(cfg.optim), f"the config's: optim.late_qat_threshold={cfg.optim.late_qat_threshold}"
+    on = checkpoint.read_meta(run_dir, step)[1].get("late_qat_step")
+    return on is not None, f"checkpoint {step}'s" + (f": on from step {on + 1}" if on is not None else "")
+
+
+def _ttt_sums(cfg, graphdef, params, tokens, tables, bias_fn, aux, batch_seqs, log,
+              qat: tuple[bool, str]) -> tuple[dict, dict]:
+    """(sums, the pass's counts and times) of score-first TTT from `params` (frontier_jax.ttt), the training
+    forwards with the late-QAT flag `qat` (`_ttt_qat`: flag, source)."""
     import dataclasses
 
     from frontier_jax import ttt
     from frontier_jax.steps import make_eval_step, make_ttt_step
 
+    log = log or (lambda msg: None)
+    flag = qat[0] if qat[0] or cfg.optim.late_qat_threshold > 0 else None  # (None: a step without the flag)
+    log(f"late QAT in TTT's training forwards: {'on' if qat[0] else 'off'} ({qat[1]})")
     eval_step = make_eval_step(graphdef, tables, bias_fn, attention_exact=True)
-    train_step = make_ttt_step(graphdef, ttt.sgd(cfg.ttt), bias_fn, attention_exact=True)
-    ttt.warm_up(params, tokens.shape[0], cfg, eval_step, train_step, aux, batch_seqs=batch_seqs)  # before the pass
-    r = ttt.run(params, tokens, cfg, eval_step, train_step, aux, log=log or (lambda msg: None), batch_seqs=batch_seqs)
+    train_step = make_ttt_step(graphdef, ttt.sgd(cfg.ttt), bias_fn, attention_exact=True, late_qat=flag is not None)
+    ttt.warm_up(params, tokens.shape[0], cfg, eval_step, train_step, aux, batch_seqs=batch_seqs,
+                qat=flag)  # before the pass
+    r = ttt.run(params, tokens, cfg, eval_step, train_step, aux, log=log, batch_seqs=batch_seqs, qat=flag)
     info = {k: r[k] for k in ("chunks", "windows", "sgd_steps", "seconds", "score_seconds", "train_seconds",
                               "estimate", "hardware")}
-    return {k: r[k] for k in ("nll_sum_nats", "tokens", "bytes")}, {"ttt": {**info, **dataclasses.asdict(cfg.ttt)}}
+    return {k: r[k] for k in ("nll_sum_nats", "tokens", "bytes")}, {
+        "ttt": {**info, **dataclasses.asdict(cfg.ttt), "late_qat": qat[0], "late_qat_from": qat[1]}}
 
 
 def _run_artifact(run_dir: Path) -> Path:
@@ -218,6 +244,9 @@ def main(argv=None) -> int:
                     help="score with score-first test-time training (the run's ttt section; from the checkpoint's "
                          "weights, or the artifact's with --artifact): the record's progress lines on stderr, then "
                          "legal_ttt")
+    ap.add_argument("--ttt-qat", type=int, choices=(0, 1),
+                    help="with --ttt: the late-QAT flag of TTT's training forwards (default: the checkpoint's; "
+                         "with --artifact, on where the config's run ends with late QAT on)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     with exit_on_error():
@@ -226,9 +255,11 @@ def main(argv=None) -> int:
             artifact = args.artifact or str(_run_artifact(Path(args.run)))
         if artifact is not None and args.step is not None:
             raise ConfigError("--step and --artifact: choose one (an artifact has no checkpoint step)")
+        if args.ttt_qat is not None and not args.ttt:
+            raise ConfigError("--ttt-qat: only with --ttt (the late-QAT flag of test-time training)")
         r = evaluate_run(args.run, args.data, args.tokenizer, args.stride, args.batch_seqs, args.step,
                          log=lambda msg: print(msg, file=sys.stderr, flush=True), artifact=artifact,
-                         eval_seq_len=args.eval_seq_len, ttt=args.ttt)
+                         eval_seq_len=args.eval_seq_len, ttt=args.ttt, ttt_qat=args.ttt_qat)
     if args.json:
         print(json.dumps(r, sort_keys=True, allow_nan=False))
     elif args.ttt:

@@ -211,22 +211,25 @@ def evaluate_batches(eval_step, params, batches, aux=None) -> dict:
 
 
 def make_ttt_step(graphdef, tx: optax.GradientTransformation, bias_fn: Callable | None = None,
-                  mesh: jax.sharding.Mesh | None = None, attention_exact: bool = False):
+                  mesh: jax.sharding.Mesh | None = None, attention_exact: bool = False, late_qat: bool = False):
     """step(params, opt_state, x_BT, y_BT, rows_B, lr, aux) -> (params, opt_state, loss): one SGD step of score-first
     test-time training (frontier_jax.ttt). The loss is the mean per-token loss over the rows with rows_B = 1 (rows
     with 0 pad a short batch to the compiled shape: they add nothing), the training forward; the gradient goes
     through `tx` (clipping and momentum over the trained parameters, zero for the frozen ones) and the update is
     params - lr * update (`lr` a traced scalar: the cosine schedule never recompiles). Per device on its rows
     (sharded along `data`), the loss's sum and the gradient `psum`-med: the mean over every device's rows.
-    Parameters and optimizer state are donated."""
+    Parameters and optimizer state are donated. With `late_qat`, one more argument, `qat` (a bool scalar, traced
+    as the train step's: one program for both values): the late-QAT flag of the training forward, the record's
+    class flag that stays on in its TTT's training forwards once training switched it on (frontier_jax.ttt)."""
     mesh = mesh or single_device_mesh()
 
-    def per_device(params, opt_state, x_BT, y_BT, rows_B, lr, aux):
+    def per_device(params, opt_state, x_BT, y_BT, rows_B, lr, aux, *qat):
         T = x_BT.shape[1]
         count = jax.lax.psum(jnp.sum(rows_B.astype(jnp.float32)), AXIS) * T
+        qat = qat[0] if qat else None
 
         def loss_fn(p):
-            loss_BT = _forward(graphdef, p, x_BT, y_BT, bias_fn, aux)
+            loss_BT = _forward(graphdef, p, x_BT, y_BT, bias_fn, aux, qat)
             return jnp.sum(jnp.where(rows_B.astype(bool)[:, None], loss_BT, 0.0)) / count
 
         with ops.attention_forward(attention_exact):
@@ -236,6 +239,6 @@ def make_ttt_step(graphdef, tx: optax.GradientTransformation, bias_fn: Callable 
         updates = jax.tree_util.tree_map(lambda u: -lr * u, updates)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    in_specs = (P(), P(), P(AXIS), P(AXIS), P(AXIS), P(), P())
+    in_specs = (P(), P(), P(AXIS), P(AXIS), P(AXIS), P(), P()) + ((P(),) if late_qat else ())
     step = jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=(P(), P(), P()), check_vma=False)
     return Placed(jax.jit(step, donate_argnums=(0, 1)), _shardings(mesh, in_specs))

@@ -344,8 +344,9 @@ class JaxTrainer(Trainer):
         if self.cfg.ttt.enabled:  # the final pipeline's test-time training (frontier_jax.ttt)
             from frontier_jax import ttt
 
-            steps, kw = self._ttt()
-            names += ttt.warm_up(self.params, self.val_tokens.shape[0], self.cfg, *steps, check=check, **kw)
+            steps, kw = self._ttt()  # (the SGD step's late-QAT flag is traced: the program of either value)
+            names += ttt.warm_up(self.params, self.val_tokens.shape[0], self.cfg, *steps, check=check,
+                                 qat=False if self.late_qat else None, **kw)
         self.log(f"compile warm-up: {len(names)} programs: {', '.join(names)}")
         return len(names)
 
@@ -459,8 +460,8 @@ class JaxTrainer(Trainer):
     def _ttt(self):
         """(score step, SGD step) of test-time training: the eval step of the exact-max qk_attention forward
         (frontier_jax.ops.softmax_shift, valid whatever the gains become while TTT trains; the same program as the
-        validations' where the two forwards are one) and `steps.make_ttt_step`; the keyword arguments of
-        `ttt.run` / `ttt.warm_up` beside them."""
+        validations' where the two forwards are one) and `steps.make_ttt_step` (taking the late-QAT flag where the
+        train step does); the keyword arguments of `ttt.run` / `ttt.warm_up` beside them."""
         from frontier_jax import ttt
         from frontier_jax.steps import make_ttt_step
 
@@ -468,22 +469,25 @@ class JaxTrainer(Trainer):
         if self._ttt_steps is None:
             self._ttt_steps = (self._steps.eval_exact(),
                                make_ttt_step(self.graphdef, ttt.sgd(self.cfg.ttt), self.ngram.bias_fn, mesh=dp.mesh,
-                                             attention_exact=True))
+                                             attention_exact=True, late_qat=self.late_qat))
         kw = {"aux": self.ngram.tables, "put": dp.put_batch, "process_count": dp.process_count,
               "num_devices": dp.num_devices}
         return self._ttt_steps, kw
 
-    def ttt_sums(self) -> dict:
+    def ttt_sums(self, qat: bool = False) -> dict:
         """Score-first test-time training (frontier_jax.ttt) from the parameters in place (in the final pipeline the
         artifact's dequantized ones: `roundtrip` calls it through `evaluate`), on the run's val split, over the
-        data axis (each process its windows and rows); ttt.jsonl written by process 0. Its programs were compiled
-        in the warm-up (`warm_up_programs`)."""
+        data axis (each process its windows and rows), its training forwards with the late-QAT flag `qat` (the
+        run's last step's); ttt.jsonl written by process 0. Its programs were compiled in the warm-up
+        (`warm_up_programs`)."""
         from frontier_jax import ttt
         from frontier_jax.submission.evidence import write_ttt_log
 
         steps, kw = self._ttt()
+        if qat and not self.late_qat:
+            raise ValueError("late QAT on in TTT without optim.late_qat_threshold > 0")
         r = ttt.run(self.params, self.val_tokens, self.cfg, *steps, log=self.log,
-                    process_index=self.dp.process_index, **kw)
+                    process_index=self.dp.process_index, qat=qat if self.late_qat else None, **kw)
         if self.dp.is_main:
             write_ttt_log(self.out_dir, r["events"])
         return {"nll_sum_nats": r["nll_sum_nats"], "tokens": r["tokens"], "bytes": r["bytes"],

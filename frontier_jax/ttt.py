@@ -16,7 +16,13 @@ The protocol (`Plan`, then `run`):
   the learning rate ttt.lr * (1 + cos(pi c / max(C - 1, 1))) / 2 (`chunk_lr`) (train_gpt.py:1175-1207);
 - the first ttt.freeze_blocks blocks are frozen: every parameter under `blocks.{i}` for i < freeze_blocks
   (`frozen`); the record's own freeze reaches only its blocks' control tensors, its matrices being banks outside
-  `blocks.*` (SPEC Q14; its run uses 0, as configs/record11.py).
+  `blocks.*` (SPEC Q14; its run uses 0, as configs/record11.py);
+- the training forwards run with the late-QAT flag the weights were trained to (`qat`): the record's flag is a
+  class attribute of its CastedLinear that stays set once late QAT switched on, so its TTT's training forwards
+  (train mode) fake-quantize BigramHash's and the value embeddings' projections while its scoring forwards (eval
+  mode) do not (train_gpt.py:541-553, 1199-1200); here the scoring step never fake-quantizes, and the SGD step
+  takes the flag as a traced argument (`steps.make_ttt_step` with `late_qat`): the run's last step's flag in the
+  final pipeline, the checkpoint's in `evaluate --ttt` (an artifact alone: `schedules.late_qat_at_end`).
 
 The training step (`steps.make_ttt_step`) is one jitted, pure SGD step (parameters and momentum donated, the
 learning rate a traced scalar); a trained chunk always has chunk_tokens // train.seq_len rows (only the last chunk
@@ -178,12 +184,13 @@ def _copy(tree):
 
 def run(params, tokens: np.ndarray, cfg: Config, eval_step, train_step, aux=None, log: Callable[[str], None] = print,
         put: Callable[[np.ndarray], object] = lambda a: a, process_index: int = 0, process_count: int = 1,
-        num_devices: int = 1, batch_seqs: int | None = None) -> dict:
+        num_devices: int = 1, batch_seqs: int | None = None, qat: bool | None = None) -> dict:
     """Score-first TTT of `params` over the val stream `tokens` (the module docstring); the caller's parameters are
     left as they are (training works on a copy). `eval_step` (`steps.make_eval_step`) scores windows of
     train.seq_len, `batch_seqs` (default eval.batch_seqs, else train.val_batch_seqs) per batch; `train_step`
     (`steps.make_ttt_step` with `sgd(cfg.ttt)`) trains; `aux` is both steps' extra argument (the n-gram tables);
-    `put` turns this process's rows into the steps' global arrays. Returns the sums of every scored target
+    `put` turns this process's rows into the steps' global arrays; `qat` the late-QAT flag of the training forwards
+    (None: a step made without `late_qat`, which takes none). Returns the sums of every scored target
     (nll_sum_nats, tokens, bytes), the events (ttt.jsonl), the counts, the timed seconds, the estimate of a pass
     over the full val split at this speed and the trained parameters, and prints the record's progress lines.
     `warm_up` with the same arguments compiles its programs beforehand (else the first chunk's time holds them)."""
@@ -196,10 +203,13 @@ def run(params, tokens: np.ndarray, cfg: Config, eval_step, train_step, aux=None
         f"stride={plan.stride} ttt_lr={t.lr} ttt_epochs={t.epochs} freeze_blocks={t.freeze_blocks}")
     log(f"ttt_sliding:params unfrozen={sum(n for n, lab in zip(sizes, labels) if lab == 'train')} "
         f"frozen={sum(n for n, lab in zip(sizes, labels) if lab == 'frozen')}")
+    if qat is not None:
+        log(f"ttt_sliding:late_qat {'on' if qat else 'off'} (the training forwards' fake int6 of the side projections)")
     tx = sgd(t)
     params = _copy(params)
     state = tx.init(params)
     shapes = batch_shapes(plan, t.batch_seqs, num_devices) if t.epochs else []
+    flag = _flag(qat)
 
     nll, scored, nbytes, events = 0.0, 0, 0, []
     score_s = train_s = 0.0
@@ -223,7 +233,7 @@ def run(params, tokens: np.ndarray, cfg: Config, eval_step, train_step, aux=None
         for _ in range(t.epochs):
             for rows in plan.row_batches(c, t.batch_seqs):
                 x, y, valid = _rows(tokens, plan, c, rows, shapes, process_index, process_count)
-                params, state, _ = train_step(params, state, put(x), put(y), put(valid), lr, aux)
+                params, state, _ = train_step(params, state, put(x), put(y), put(valid), lr, aux, *flag)
                 first, last = plan.trained_targets(c, rows)
                 events.append({"chunk": c, "event": TRAIN, "first_target": first, "last_target": last})
                 steps += 1
@@ -242,6 +252,11 @@ def run(params, tokens: np.ndarray, cfg: Config, eval_step, train_step, aux=None
     return {"nll_sum_nats": nll, "tokens": scored, "bytes": nbytes, "events": events, "chunks": plan.num_chunks,
             "windows": windows, "sgd_steps": steps, "score_seconds": score_s, "train_seconds": train_s,
             "seconds": elapsed, "estimate": est, "hardware": hardware(num_devices), "params": params}
+
+
+def _flag(qat: bool | None) -> tuple:
+    """The SGD step's trailing late-QAT argument: none for a step without it, else the flag as a bool scalar."""
+    return () if qat is None else (np.bool_(qat),)
 
 
 def _rows(tokens: np.ndarray, plan: Plan, c: int, rows: tuple[int, int], shapes: list[int], process_index: int,
@@ -263,11 +278,13 @@ def _rows(tokens: np.ndarray, plan: Plan, c: int, rows: tuple[int, int], shapes:
 
 def warm_up(params, n_tokens: int, cfg: Config, eval_step, train_step, aux=None,
             put: Callable[[np.ndarray], object] = lambda a: a, process_count: int = 1, num_devices: int = 1,
-            batch_seqs: int | None = None, check: Callable[[], None] = lambda: None) -> list[str]:
+            batch_seqs: int | None = None, check: Callable[[], None] = lambda: None,
+            qat: bool | None = None) -> list[str]:
     """Runs (so compiles) every program a `run` over `n_tokens` val tokens with these arguments calls: the scoring
     step on one batch of zeros and the SGD step at each of its row counts (`batch_shapes`) on copies of the
     parameters and a fresh momentum at lr 0 (their results dropped; `params` untouched), the copies and the
-    momentum's initialisation included; `check()` after each. Called before any clock starts (the trainer's
+    momentum's initialisation included; `check()` after each. `qat` as `run`'s: the step's flag is traced, so one
+    program serves both values (the trainer warms it up before training decides the flag). Called before any clock starts (the trainer's
     untimed warm-up, `Trainer.warm_up_programs`; `evaluate --ttt` before its pass). Returns the programs' names."""
     T = cfg.train.seq_len
     plan = Plan.for_config(n_tokens, cfg)
@@ -282,7 +299,8 @@ def warm_up(params, n_tokens: int, cfg: Config, eval_step, train_step, aux=None,
     for rows in batch_shapes(plan, cfg.ttt.batch_seqs, num_devices):
         ones = put(np.ones((rows // process_count,), np.int32))
         copy = _copy(params)
-        out = train_step(copy, tx.init(copy), zeros(rows, T), zeros(rows, T), ones, jnp.float32(0.0), aux)
+        out = train_step(copy, tx.init(copy), zeros(rows, T), zeros(rows, T), ones, jnp.float32(0.0), aux,
+                         *_flag(qat))
         jax.block_until_ready(out)
         names.append(f"ttt train step {rows}x{T}")
         check()

@@ -220,7 +220,7 @@ class FakeTrainer(Trainer):
 
     def _resume(self, at: RunState) -> RunState:
         self.trained = at.step
-        return RunState(step=at.step, tokens=at.tokens, train_seconds=at.train_seconds)
+        return RunState(step=at.step, tokens=at.tokens, train_seconds=at.train_seconds, late_qat_step=at.late_qat_step)
 
     def _save(self, state, reason):
         self.clock.now += self.save_s

@@ -208,3 +208,28 @@ def test_ttt_from_the_command_line_and_its_errors(trained_run, capsys):
     assert "ttt_estimate: the full FineWeb val split (62,021,632 targets" in err
     assert "--ttt --eval-seq-len 128" in _err(["--run", str(run_dir), "--ttt", "--eval-seq-len", "128"], capsys)
     assert "--ttt: eval.stride=65 is longer than" in _err(["--run", str(run_dir), "--ttt", "--stride", "65"], capsys)
+    assert (r["ttt"]["late_qat"], r["ttt"]["late_qat_from"]) == (False, "checkpoint 200's")  # never switched on
+    assert "late QAT in TTT's training forwards: off (checkpoint 200's)" in err
+    assert "--ttt-qat: only with --ttt" in _err(["--run", str(run_dir), "--ttt-qat", "1"], capsys)
+
+
+def test_the_late_qat_flag_of_ttt_is_the_checkpoints_or_the_configs(tmp_path):
+    """evaluate --ttt trains with the flag its weights were trained to: a checkpoint's (its meta's late_qat_step);
+    an artifact's from its config (on where a run of it ends with late QAT on); --ttt-qat overrides both."""
+    import jax.numpy as jnp
+
+    from frontier_jax import checkpoint
+    from frontier_jax.config import load_config
+    from frontier_jax.evaluate import _ttt_qat
+    from helpers import REPO
+
+    meta = {"step": 5, "train_seconds": 1.0, "tokens": 10, "data": {"shard": 0, "offset": 0}, "model_hash": "h"}
+    checkpoint.save(tmp_path / "on", 5, {"w": jnp.zeros(2)}, {**meta, "late_qat_step": 3})
+    checkpoint.save(tmp_path / "off", 5, {"w": jnp.zeros(2)}, {**meta, "late_qat_step": None})
+    record, tiny = (load_config(REPO / "configs" / name) for name in ("record11_tiny.py", "tiny.py"))
+    assert _ttt_qat(tmp_path / "on", tiny, 5, None, None) == (True, "checkpoint 5's: on from step 4")
+    assert _ttt_qat(tmp_path / "off", record, 5, None, None) == (False, "checkpoint 5's")
+    assert _ttt_qat(tmp_path / "off", record, None, "a.ptz", None)[0]  # a warmdown by time ends near scale 0
+    assert not _ttt_qat(tmp_path / "off", tiny, None, "a.ptz", None)[0]  # no late QAT
+    assert _ttt_qat(tmp_path / "off", tiny, 5, None, 1) == (True, "--ttt-qat")
+    assert _ttt_qat(tmp_path / "on", record, None, "a.ptz", 0) == (False, "--ttt-qat")

@@ -3,6 +3,8 @@ by steps or by the time budget, and Muon's momentum warm-up."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from frontier_jax.config import OptimConfig, load_config
@@ -63,3 +65,15 @@ def test_the_records_schedule():
     assert schedules.late_qat_due(cfg, 0.1498) and not schedules.late_qat_due(cfg, 0.15)
     assert not schedules.late_qat_due(OptimConfig(), 0.0)  # off by default
     assert (cfg.swa_every, cfg.swa_threshold, cfg.late_qat_threshold) == (50, 0.2, 0.15)
+    assert schedules.late_qat_at_end(cfg)  # the wall-clock warmdown ends near scale 0: the record's TTT has it on
+
+
+def test_late_qat_at_end_is_the_flag_of_a_runs_last_step():
+    """The last step's lr scale: 1 / warmdown_steps by steps (QAT on below a threshold above it), towards 0 by time,
+    1 without a warmdown (on only for a threshold above 1: from the first step)."""
+    at_end = lambda **kw: schedules.late_qat_at_end(OptimConfig(**kw))  # noqa: E731
+    assert at_end(warmdown_mode="steps", warmdown_steps=4, late_qat_threshold=0.3)
+    assert not at_end(warmdown_mode="steps", warmdown_steps=4, late_qat_threshold=0.25)
+    assert at_end(warmdown_mode="time", warmdown_steps=4, late_qat_threshold=0.01)
+    assert not at_end(warmdown_steps=0, late_qat_threshold=0.5) and at_end(warmdown_steps=0, late_qat_threshold=math.inf)
+    assert not at_end(warmdown_mode="time", warmdown_steps=4)  # off

@@ -25,10 +25,10 @@ def fake_time(monkeypatch):
     return clock
 
 
-def _policy(ttt=False, **eval_kw):
+def _policy(ttt=False, optim=(), **eval_kw):
     cfg = Config(train=TrainConfig(seq_len=8, tokens_per_step=32, micro_batch_seqs=4, compile_warmup_steps=1,
                                    val_batch_seqs=4, max_steps=2, budget_seconds=1000.0),
-                 optim=OptimConfig(warmdown_mode="steps"), eval=EvalConfig(**eval_kw),
+                 optim=OptimConfig(warmdown_mode="steps", **dict(optim)), eval=EvalConfig(**eval_kw),
                  ttt=TTTConfig(enabled=ttt, chunk_tokens=16))
     return driver.Policy.from_config(cfg)
 
@@ -41,10 +41,11 @@ INFO = {"format": "int6_lzma", "artifact": "run/final_model.int6.ptz", "artifact
 class Recording(FakeTrainer):
     """A fake trainer with the artifact round trip and the final records (kept in memory, as final_steps.json)."""
 
-    def __init__(self, clock, records=None, interrupt_on=None, info=INFO):
-        super().__init__(clock, checkpoints=True, resume=RunState(step=2, tokens=64, train_seconds=2.0) if records
-                         else None)
+    def __init__(self, clock, records=None, interrupt_on=None, info=INFO, late_qat_step=None):
+        super().__init__(clock, checkpoints=True, resume=RunState(step=2, tokens=64, train_seconds=2.0,
+                                                                  late_qat_step=late_qat_step) if records else None)
         self.kept, self.log_lines, self.roundtrips, self.interrupt_on = dict(records or {}), [], 0, interrupt_on
+        self.ttt_qat = []  # the late-QAT flag of each TTT pass
         self.info = info
         self.log = self.log_lines.append
 
@@ -63,8 +64,9 @@ class Recording(FakeTrainer):
             raise KeyboardInterrupt
         return super().eval_sums(max_tokens, **geometry)
 
-    def ttt_sums(self):
+    def ttt_sums(self, qat=False):
         """A TTT pass: 12 fake seconds, a better score than the other stages (6 nats over 20 bytes)."""
+        self.ttt_qat.append(qat)
         if self.interrupt_on == "ttt":
             raise KeyboardInterrupt
         self.clock.now += 12.0
@@ -193,3 +195,28 @@ def test_a_run_stopped_during_ttt_resumes_with_the_ttt_stage_alone(fake_time):
     s2 = driver.run_budgeted(policy, again, {}, finish_only=True)
     assert again.evals == ["ttt"] and s2["final_complete"] and s2["score"]["line"] == "legal_ttt"
     assert s2["sliding_val_bpb"] == s["sliding_val_bpb"] and s2["ttt_estimate_full_val_seconds"] == 4321.0
+
+
+@pytest.mark.parametrize("threshold, qat", [(0.0, False), (0.4, False), (0.6, True)])
+def test_ttt_trains_with_the_late_qat_flag_of_the_runs_last_step(fake_time, threshold, qat):
+    """The record's late-QAT flag stays on in its TTT's training forwards once training switched it on: the TTT
+    stage gets the flag of the run's last step (2 steps, warmdown 2: lr scales 1 and 0.5, so a threshold of 0.6
+    switches it on for the last step, 0.4 never)."""
+    fake = Recording(fake_time)
+    policy = _policy(ttt=True, stride=4, score="ttt", optim={"warmdown_steps": 2, "late_qat_threshold": threshold})
+    s = driver.run_budgeted(policy, fake, {})
+    assert fake.qat[-2:] == [False, qat] and fake.ttt_qat == [qat] and s["final_complete"]
+    assert s.get("late_qat_step") == (1 if qat else None)
+
+
+@pytest.mark.parametrize("late_qat_step", [None, 1])
+def test_a_resume_that_finishes_the_ttt_stage_passes_the_checkpointed_flag(fake_time, late_qat_step):
+    """Stopped during TTT, the run's last checkpoint (its `late_qat_step`) gives the finishing invocation's TTT its
+    flag: nothing is trained there."""
+    fake = Recording(fake_time, interrupt_on="ttt")
+    fake.signals.interrupt = False
+    optim = {"warmdown_steps": 2, "late_qat_threshold": 0.6}
+    driver.run_budgeted(_policy(ttt=True, stride=4, score="ttt", optim=optim), fake, {})
+    again = Recording(fake_time, records=fake.kept, late_qat_step=late_qat_step)
+    s = driver.run_budgeted(_policy(ttt=True, stride=4, score="ttt", optim=optim), again, {}, finish_only=True)
+    assert again.qat == [] and again.ttt_qat == [late_qat_step is not None] and s["final_complete"]

@@ -178,9 +178,10 @@ def test_a_switch_of_the_attention_forward_mid_run_compiles_nothing(byte_data, t
     eval.batch_seqs windows of it for the sliding line). The forward switching mid-run (the bound the host
     reads forced over the limit after steps 2 and 4, under it after step 3) and the final pipeline, its
     score-first test-time training included (its scoring step, the exact-max eval step at train.seq_len, and its
-    SGD step at both row counts), then compile nothing: XLA compilations counted through jax.monitoring from the
-    end of the warm-up. The run's TTT log obeys score-before-update, and `evaluate --ttt --artifact` (the same
-    weights, the same protocol) reproduces its legal_ttt score."""
+    SGD step at both row counts, warmed up before training decides its late-QAT flag, which late QAT switched on
+    at step 5 then sets), then compile nothing: XLA compilations counted through jax.monitoring from the end of
+    the warm-up. The run's TTT log obeys score-before-update, and `evaluate --ttt --artifact` (the same weights,
+    the same protocol, the flag from the config) reproduces its legal_ttt score."""
     from jax import monitoring
 
     from frontier_jax import ops
@@ -205,9 +206,12 @@ def test_a_switch_of_the_attention_forward_mid_run_compiles_nothing(byte_data, t
     monkeypatch.setattr(driver, "warm_up", warm_up)
     monkeypatch.setattr(_AttentionVariants, "observe", observe)
     monkeypatch.setattr(ops, "attention_variants_differ", lambda: True)
-    # TTT: 5,888 targets in 4 chunks of 1,536 (24 rows each: SGD steps of 16 and 8 rows), stride 32 over windows of 64
+    # TTT: 5,888 targets in 4 chunks of 1,536 (24 rows each: SGD steps of 16 and 8 rows), stride 32 over windows of 64;
+    # BigramHash's projection fake-quantized by late QAT from step 5 (lr scales 1, 1, 1, 0.75, 0.5, 0.25 by steps)
     cfg = tiny_config(byte_data, "eval.seq_len=128", "eval.stride=32", "eval.batch_seqs=8", "ttt.enabled=True",
-                      "ttt.chunk_tokens=1536", "ttt.batch_seqs=16", "ttt.epochs=1", "ttt.lr=0.01", "eval.score='ttt'")
+                      "ttt.chunk_tokens=1536", "ttt.batch_seqs=16", "ttt.epochs=1", "ttt.lr=0.01", "eval.score='ttt'",
+                      "model.bigram_buckets=64", "model.bigram_dim=32", "optim.warmdown_mode='steps'",
+                      "optim.late_qat_threshold=0.6")
     monitoring.register_event_duration_secs_listener(count)
     try:
         summary = trainer.run(cfg, tmp_path / "run", echo=False,
@@ -231,10 +235,11 @@ def test_a_switch_of_the_attention_forward_mid_run_compiles_nothing(byte_data, t
     assert order.chunks == 4 and order.events == 4 + 3 * 2 and not order.order_violations + order.pass_violations
     assert summary["score"]["line"] == "legal_ttt" and summary["ttt_val_tokens"] == summary["sliding_val_tokens"]
     assert "ttt_sliding:start chunks=4 chunk_tokens=1536 total_windows=" in log and "\nlegal_ttt_exact val_loss:" in log
+    assert summary["late_qat_step"] == 4 and "ttt_sliding:late_qat on " in log
     again = evaluate_run(tmp_path / "run", artifact=tmp_path / "run" / "final_model.int8.ptz", ttt=True)
     assert again["nll_sum_nats"] == pytest.approx(summary["ttt_val_nll_sum_nats"], rel=1e-9)
     assert (again["tokens"], again["bytes"]) == (summary["ttt_val_tokens"], summary["ttt_val_bytes"])
-    assert again["ttt"]["sgd_steps"] == 6 and again["ttt"]["chunks"] == 4
+    assert again["ttt"]["sgd_steps"] == 6 and again["ttt"]["chunks"] == 4 and again["ttt"]["late_qat"]
 
 
 @pytest.mark.slow

@@ -3,7 +3,8 @@ with every target scored exactly once; each chunk is scored before the weights t
 never saw its targets (replayed chunk by chunk), and a protocol that trains first is caught by the submission
 check's reading of its log; the scoring step cannot change a weight; the SGD step is the record's (momentum
 carried, clipping over the trained parameters, frozen blocks untouched, the cosine rate) and compiles once per
-batch shape."""
+batch shape; with the late-QAT flag on, its training forwards (not its scoring) fake-quantize the side
+projections, straight-through."""
 
 from __future__ import annotations
 
@@ -20,13 +21,16 @@ from frontier_jax.config import ConfigError, apply_overrides, load_config
 from frontier_jax.data.stream import window_batches
 from frontier_jax.data.tokenizer import ByteTables
 from frontier_jax.model import build
+from frontier_jax.ops import reference
+from frontier_jax.optim import path_names
 from frontier_jax.steps import evaluate_batches, make_eval_step, make_ttt_step
 from frontier_jax.submission import evidence
 from helpers import REPO
 
 # configs/record11_tiny.py's recipe (BigramHash with its projection, SmearGate, XSA, partial RoPE, a value-embedding
 # layer, bf16 tables) at 2 x 64; rows of 32, stride 8, chunks of 3 rows trained in batches of 2 (two step shapes),
-# block 0 frozen (one pair of compiled steps serves every test)
+# block 0 frozen (one pair of compiled steps serves every test: the SGD step takes the late-QAT flag, as the
+# trainer's for this recipe)
 SMALL = ["model.vocab_size=64", "model.num_layers=2", "model.model_dim=64", "model.num_heads=4", "model.num_kv_heads=2",
          "model.bigram_buckets=96", "model.bigram_dim=32", "model.ve_layers=(1,)", "model.ve_dim=16",
          "model.xsa_last_n=1", "model.compute_dtype='float32'", "train.seq_len=32", "train.tokens_per_step=128",
@@ -52,8 +56,11 @@ def setup():
     tokens = np.tile(rng.integers(1, 64, size=40), 8)[:N_TOKENS].astype(np.int32)
     tables = ByteTables(np.full(64, 2, np.int16), np.arange(64) % 3 == 0, np.arange(64) == 0)
     eval_step = make_eval_step(graphdef, tables, attention_exact=True)
-    train_step = make_ttt_step(graphdef, ttt.sgd(cfg.ttt), attention_exact=True)
+    train_step = make_ttt_step(graphdef, ttt.sgd(cfg.ttt), attention_exact=True, late_qat=True)
     return cfg, params, tokens, eval_step, train_step, tables
+
+
+OFF = np.bool_(False)  # the late-QAT flag off
 
 
 def _record_chunks(n_tokens: int, T: int, stride: int, C: int) -> dict[int, int]:
@@ -162,7 +169,7 @@ def test_each_chunk_is_scored_before_it_is_trained_on_by_weights_that_never_saw_
     after training on chunks 0 .. c-1 only (replayed here with the same steps): no target is scored by a model
     that trained on it. Each step shape compiles once."""
     cfg, params, tokens, eval_step, train_step, _ = setup
-    r = ttt.run(params, tokens, cfg, eval_step, train_step, log=lambda m: None)
+    r = ttt.run(params, tokens, cfg, eval_step, train_step, log=lambda m: None, qat=False)
     events = [evidence.TTTEvent(i + 1, e["chunk"], e["event"], e["first_target"], e["last_target"])
               for i, e in enumerate(r["events"])]
     order = evidence.ttt_order(events)
@@ -180,7 +187,7 @@ def test_each_chunk_is_scored_before_it_is_trained_on_by_weights_that_never_saw_
         for _ in range(cfg.ttt.epochs):
             for rows in plan.row_batches(c, cfg.ttt.batch_seqs):
                 x, y, valid = ttt._rows(tokens, plan, c, rows, [2, 1], 0, 1)
-                p, state, _ = train_step(p, state, x, y, valid, jnp.float32(ttt.chunk_lr(0.05, c, 3)), None)
+                p, state, _ = train_step(p, state, x, y, valid, jnp.float32(ttt.chunk_lr(0.05, c, 3)), None, OFF)
                 trained |= set(range(*np.add(plan.trained_targets(c, rows), (0, 1))))
     assert total == r["nll_sum_nats"]
     for a, b in zip(jax.tree_util.tree_leaves(p), jax.tree_util.tree_leaves(r["params"])):
@@ -198,7 +205,7 @@ def test_a_protocol_that_trains_before_it_scores_is_caught(setup):
     for c in range(plan.num_chunks - 1):
         for rows in plan.row_batches(c, cfg.ttt.batch_seqs) * cfg.ttt.epochs:
             x, y, valid = ttt._rows(tokens, plan, c, rows, [2, 1], 0, 1)
-            p, state, _ = train_step(p, state, x, y, valid, jnp.float32(0.05), None)
+            p, state, _ = train_step(p, state, x, y, valid, jnp.float32(0.05), None, OFF)
             events.append(evidence.TTTEvent(len(events) + 1, c, "train", *plan.trained_targets(c, rows)))
         leaky.append(evaluate_batches(eval_step, p, window_batches(tokens, *plan.windows(c), 32, 4))["nll_sum_nats"])
         events.append(evidence.TTTEvent(len(events) + 1, c, "score", *plan.scored(c)))
@@ -211,7 +218,7 @@ def test_a_protocol_that_trains_before_it_scores_is_caught(setup):
 def test_frozen_blocks_keep_their_weights_and_the_rest_train(setup):
     cfg, params, tokens, eval_step, train_step, _ = setup
     lines = []
-    r = ttt.run(params, tokens, cfg, eval_step, train_step, log=lines.append)
+    r = ttt.run(params, tokens, cfg, eval_step, train_step, log=lines.append, qat=False)
     flat_before = dict(jax.tree_util.tree_flatten_with_path(params)[0])
     changed = {jax.tree_util.keystr(k): not np.array_equal(np.asarray(v), np.asarray(flat_before[k]))
                for k, v in jax.tree_util.tree_flatten_with_path(r["params"])[0]}
@@ -225,17 +232,65 @@ def test_frozen_blocks_keep_their_weights_and_the_rest_train(setup):
 def test_the_progress_lines_and_the_estimate(setup):
     cfg, params, tokens, eval_step, train_step, _ = setup
     lines = []
-    r = ttt.run(params, tokens, cfg, eval_step, train_step, log=lines.append)
+    r = ttt.run(params, tokens, cfg, eval_step, train_step, log=lines.append, qat=False)
     assert lines[0] == ("ttt_sliding:start chunks=3 chunk_tokens=96 total_windows=33 stride=8 ttt_lr=0.05 "
                         "ttt_epochs=2 freeze_blocks=1")
-    assert lines[2].startswith("  ttt_chunk [1/3] bpb=") and lines[3].startswith("  ttt_chunk [3/3] bpb=")
-    assert lines[4].startswith(f"ttt_sliding:done val_loss={r['nll_sum_nats'] / r['tokens']:.6f}")
+    assert lines[2] == "ttt_sliding:late_qat off (the training forwards' fake int6 of the side projections)"
+    assert lines[3].startswith("  ttt_chunk [1/3] bpb=") and lines[4].startswith("  ttt_chunk [3/3] bpb=")
+    assert lines[5].startswith(f"ttt_sliding:done val_loss={r['nll_sum_nats'] / r['tokens']:.6f}")
     est = r["estimate"]
     # the full split in chunks of 96: every chunk but the last trained with 2 steps per epoch
     assert est["targets"] == ttt.FULL_VAL_TARGETS and est["chunks"] == -(-ttt.FULL_VAL_TARGETS // 96)
     assert est["sgd_steps"] == (est["chunks"] - 1) * 4
     assert est["seconds"] == pytest.approx(est["score_seconds"] + est["train_seconds"])
-    assert lines[5].startswith("ttt_estimate: the full FineWeb val split (62,021,632 targets") and "1 x cpu" in lines[5]
+    assert lines[6].startswith("ttt_estimate: the full FineWeb val split (62,021,632 targets") and "1 x cpu" in lines[6]
+
+
+def _side_projection(path) -> bool:
+    """BigramHash's and the value embeddings' projections: the record's CastedLinear layers late QAT reaches."""
+    return path_names(path)[:2] in (["bigram", "proj"], ["ve_shared", "proj"])
+
+
+def test_the_late_qat_flag_fake_quantizes_the_side_projections_in_training_only(setup):
+    """The record's late-QAT class flag stays on in its TTT's training forwards (train mode), not in its scoring
+    (train_gpt.py:541-553, 1199-1200). One compiled SGD step serves both values; with the flag on, the step is the
+    plain step at the side projections' int6 grid values (reference.fake_int6) with the update applied to the
+    unquantized weights (straight-through): every other parameter ends where the plain step from the quantized
+    projections leaves it, and each projection moves by that step's update. A pass with the flag on scores its
+    first chunk (untouched weights, the scoring forward) as the pass with it off does, and then differs."""
+    cfg, params, tokens, eval_step, train_step, _ = setup
+    plan, tx = ttt.Plan.for_config(tokens.size, cfg), ttt.sgd(cfg.ttt)
+    x, y, valid = ttt._rows(tokens, plan, 0, (0, 2), [2, 1], 0, 1)
+
+    def step(p, flag):
+        p = jax.tree_util.tree_map(jnp.copy, p)  # (donated)
+        return train_step(p, tx.init(p), x, y, valid, jnp.float32(0.05), None, np.bool_(flag))
+
+    quantized = jax.tree_util.tree_map_with_path(
+        lambda path, w: reference.fake_int6(w, w.dtype) if _side_projection(path) else w, params)
+    on, _, loss_on = step(params, True)
+    compiled = train_step.jitted._cache_size()
+    off, _, loss_q = step(quantized, False)
+    _, _, loss_plain = step(params, False)
+    assert train_step.jitted._cache_size() == compiled  # the flag is traced: no second program
+    assert float(loss_on) == pytest.approx(float(loss_q), rel=1e-6) and abs(float(loss_on - loss_plain)) > 1e-5
+    flat = lambda t: jax.tree_util.tree_flatten_with_path(t)[0]  # noqa: E731
+    sides = 0
+    for (path, a), (_, b), (_, w), (_, q) in zip(flat(on), flat(off), flat(params), flat(quantized)):
+        if _side_projection(path):  # the same update, from the unquantized weights
+            sides += 1
+            np.testing.assert_allclose(np.asarray(a) - np.asarray(w), np.asarray(b) - np.asarray(q), atol=1e-6)
+            assert not np.array_equal(np.asarray(a), np.asarray(b))
+        else:
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6, err_msg=str(path))
+    assert sides == 2
+
+    lines = {False: [], True: []}
+    passes = {flag: ttt.run(params, tokens, cfg, eval_step, train_step, log=lines[flag].append, qat=flag)
+              for flag in (False, True)}
+    assert lines[True][2].startswith("ttt_sliding:late_qat on ")
+    assert lines[True][3] == lines[False][3] and lines[True][3].startswith("  ttt_chunk [1/3] bpb=")
+    assert passes[True]["nll_sum_nats"] != passes[False]["nll_sum_nats"]
 
 
 @pytest.mark.parametrize("sets, fragment", [

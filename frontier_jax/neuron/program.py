@@ -158,10 +158,14 @@ class StepPrograms:
         cfg, T = self.cfg, self.cfg.train.seq_len
         tx = ttt.sgd(cfg.ttt)
         rows = ttt.step_rows(cfg, self.num_devices)[0]
-        step = make_ttt_step(self.graphdef, tx, self.bias_fn, mesh=self.mesh, attention_exact=True).jitted
+        late_qat = cfg.optim.late_qat_threshold > 0  # the trainer's SGD step then takes the late-QAT flag
+        step = make_ttt_step(self.graphdef, tx, self.bias_fn, mesh=self.mesh, attention_exact=True,
+                             late_qat=late_qat).jitted
         tok = jax.ShapeDtypeStruct((rows, T), jnp.int32)
         valid = jax.ShapeDtypeStruct((rows,), jnp.int32)
-        return jax.make_jaxpr(step)(self.params, jax.eval_shape(tx.init, self.params), tok, tok, valid, _F32, self.aux)
+        qat = (jax.ShapeDtypeStruct((), jnp.bool_),) if late_qat else ()
+        return jax.make_jaxpr(step)(self.params, jax.eval_shape(tx.init, self.params), tok, tok, valid, _F32, self.aux,
+                                    *qat)
 
     def fit(self, limit: _memory.DeviceMemory, strict: bool) -> _memory.Fit:
         """The micro-batch per device (the config's, or auto's choice) and its estimated peak (`memory.fit`)."""

@@ -38,3 +38,12 @@ def late_qat_due(cfg: OptimConfig, lr_scale: float) -> bool:
     """Whether late QAT switches on before a step of this lr scale (the record's train_gpt.py:1676-1678: when the
     scale is below optim.late_qat_threshold > 0; the driver keeps it on from then on)."""
     return cfg.late_qat_threshold > 0 and lr_scale < cfg.late_qat_threshold
+
+
+def late_qat_at_end(cfg: OptimConfig) -> bool:
+    """Whether a run of this optimizer config that reaches its end has late QAT on: the lr scale of its last step
+    (the warmdown's last, 1 / warmdown_steps by steps, towards 0 by time; 1 without a warmdown) is below the
+    threshold (`late_qat_due`). The flag of weights known only by their config (an artifact alone)."""
+    w = cfg.warmdown_steps
+    last = 1.0 if w <= 0 else (1.0 / w if cfg.warmdown_mode == "steps" else 0.0)
+    return late_qat_due(cfg, last)

@@ -37,8 +37,8 @@ lifecycle, frontier_jax.run.startup) before its set-up, so a signal is never los
    non-finite loss, so the last finite one stays; saving a step that is already saved is the
    trainer's no-op); unless interrupted, diverged or unsaved, the final evaluation pipeline
    (`frontier_jax.run.final`: the final validation over the whole val split, the artifact, its round trip
-   and sliding windows, scored by the same `eval_sums`, and test-time training, `ttt_sums`; a signal stops it
-   at once); the summary
+   and sliding windows, scored by the same `eval_sums`, and test-time training, `ttt_sums`, its training forwards
+   with the late-QAT flag of the run's last step; a signal stops it at once); the summary
    (`Trainer.write_summary`, logged as a table); a failed save is raised last (exit 2).
 """
 
@@ -183,8 +183,10 @@ def _record(trainer: Trainer, plugins: list[RunHook], state: RunState, pending: 
 def _validate(trainer: Trainer, state: RunState, max_tokens: int, final: bool = False, kind: str = "val",
               **geometry) -> dict:
     """Evaluation sums (`geometry`: the eval windows' seq_len / stride where not the training validation's; kind
-    "ttt": the test-time training pass, `Trainer.ttt_sums`) and their metrics row."""
-    v = val_result(trainer.ttt_sums() if kind == "ttt" else trainer.eval_sums(max_tokens, **geometry))
+    "ttt": the test-time training pass, `Trainer.ttt_sums`, with the late-QAT flag of the run's last step, restored
+    with the checkpoint on a resume) and their metrics row."""
+    v = val_result(trainer.ttt_sums(qat=state.late_qat_step is not None) if kind == "ttt"
+                   else trainer.eval_sums(max_tokens, **geometry))
     trainer.metrics(kind=kind, step=state.step, tokens=state.tokens, train_seconds=state.train_seconds,
                     loss=v["loss"], bpb=v["bpb"], val_tokens=v["tokens"], **({"final": True} if final else {}))
     return v

@@ -11,7 +11,9 @@
 5. with eval.stride > 0, sliding windows at that stride on the same weights, every target scored exactly once
    (`final_int8_zlib_sliding_window` / `final_int6_sliding_window`, `stride:N`, and `_exact`);
 6. with ttt.enabled, score-first test-time training from the same dequantized weights (`Trainer.ttt_sums`,
-   frontier_jax.ttt: the record's progress lines, then `legal_ttt` and `legal_ttt_exact`).
+   frontier_jax.ttt: the record's progress lines, then `legal_ttt` and `legal_ttt_exact`), its training forwards
+   with the late-QAT flag of the run's last step (the driver's `validate` passes it: `RunState.late_qat_step`,
+   checkpointed, so a resume that finishes the pipeline passes the same).
 
 Which of those lines is the run's score is eval.score (summary.json `score`: the line's name, loss and bpb).
 Every evaluation returns sums (the trainer's `eval_sums`, the training forward). Each stage's sums are recorded

@@ -154,9 +154,10 @@ class Trainer(Protocol):
         weights) and return their label for the DIAGNOSTIC line; None (the default): the trained weights."""
         return None
 
-    def ttt_sums(self) -> dict:
+    def ttt_sums(self, qat: bool = False) -> dict:
         """Score-first test-time training (frontier_jax.ttt) from the weights in place (the final pipeline: the
-        artifact's, inside `roundtrip`): the sums of every target it scored, plus the TTT record
+        artifact's, inside `roundtrip`), its training forwards with the late-QAT flag `qat` (the run's last step's,
+        as the record's class flag stays on in its TTT): the sums of every target it scored, plus the TTT record
         (`rundir.TTT_RECORD`), its log written to <run>/ttt.jsonl. Called only with ttt.enabled."""
         raise NotImplementedError(f"{type(self).__name__} has no test-time training")
 
