@@ -17,6 +17,7 @@ import numpy as np
 from kernels_nki.emulator import isa as _isa
 from kernels_nki.emulator import machine as _m
 from kernels_nki.emulator.optable import *  # noqa: F401,F403 (dtypes, buffers, tile_size and the Op table: nl.* names)
+from kernels_nki.emulator.scheduling import no_reorder  # noqa: F401 (an nl name: scheduling.py)
 from kernels_nki.emulator.optable import Op, _not_emulated, add, copy, maximum, minimum, multiply, negative, psum, rsqrt, sbuf, uint8
 
 

@@ -340,6 +340,8 @@ class Machine:
         self.compute = compute
         self.target = target
         self.trace = [] if trace else None  # trace.Instr per instruction, in program order (loader.record)
+        self.order = _trace.Order()  # issue indices and explicit scheduling edges (scheduling.py)
+        self.allocations = {}  # traced calls: on-chip allocation serial -> (buffer, bytes per partition | banks)
         self.spec = _rules.spec(target)
         self.counters = Counters()
         self.sbuf_live = 0
@@ -398,6 +400,9 @@ class Machine:
         spec = self.spec
         if buffer == "sbuf" and direct:  # placed by the kernel (checked by its address), not by the allocator
             return
+        if self.trace is not None:  # what the schedule's capacity constraint counts (schedule.py)
+            self.allocations[alloc.serial] = (buffer, per_partition if buffer == "sbuf"
+                                              else -(-per_partition // spec.psum_bank_bytes))
         if buffer == "sbuf":  # beyond the capacity the compiler spills (rule sbuf.capacity's reading): counted
             self.sbuf_live += per_partition
             self.counters.sbuf_peak_bytes = max(self.counters.sbuf_peak_bytes, self.sbuf_live)
@@ -438,6 +443,7 @@ class Machine:
         setattr(c, f"{engine}_instructions", getattr(c, f"{engine}_instructions") + 1)
         setattr(c, f"{engine}_elems_issued", getattr(c, f"{engine}_elems_issued") + issued)
         setattr(c, f"{engine}_elems_useful", getattr(c, f"{engine}_elems_useful") + partitions * free)
+        self.order.issue()
         if self.trace is not None:
             self.trace.append(_trace.engine(engine, op, issued // PMAX, free, partitions, reads,
                                             (tile,) if writes is None else writes))
@@ -454,6 +460,7 @@ class Machine:
         c.dma_buffers += -(-nbytes // size) if nbytes else 0
         c.dma_bytes_under_256 += nbytes if size < 256 else 0
         c.dma_bytes_under_2k += nbytes if size < 2048 else 0
+        self.order.issue()
         if self.trace is not None:
             self.trace.append(_trace.dma(op, nbytes, size, dst, srcs))
 
@@ -470,6 +477,7 @@ class Machine:
         c.pe_macs_issued += issued
         c.pe_macs_issued_fp32 += issued if fp32 else 0
         c.pe_macs_useful += k * m * n if useful else 0
+        self.order.issue()
         if self.trace is not None:
             self.trace.append(_trace.matmul(op, n, rows * cols / (PMAX * PMAX), fp32, m, stationary, reads, writes))
 

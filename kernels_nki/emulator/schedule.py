@@ -1,18 +1,41 @@
 """An instruction schedule of one kernel call on a NeuronCore: the trace (`trace.py`) priced at AWS's documented
-costs and ordered as the engines run it. `cost.py`'s busiest-engine figure stays beside it as the lower bound.
+costs and ordered as the compiler may order it. `cost.py`'s busiest-engine figure stays beside it as the lower bound.
 
-Order. Each compute engine runs its instructions in program order, one at a time (each engine has its own
-sequencer and instruction stream: aws-neuron-sdk `nki/guides/architecture/trainium_inferentia2_arch.rst`,
-"NeuronCore-v2 Compute Engines"); an instruction starts when its engine is free and its inputs are ready:
-read-after-write, write-after-read and write-after-write through overlapping tile regions (the compiler's
-semaphores, same section). DMA: 16 engines, each processing one transfer at a time (arch guide, "Data
+Order. Each compute engine has its own sequencer and issues its own instruction stream, one instruction at a
+time; the engines synchronise through semaphores the compiler inserts for the data dependencies (aws-neuron-sdk
+`nki/guides/architecture/trainium_inferentia2_arch.rst`, "NeuronCore-v2 Compute Engines"). The order of each
+stream is the compiler's: "The compiler may reorder operations that have no data dependencies" after unrolling
+every loop (`nki/get-started/nki-language-guide.rst`); "Without this directive, the compiler scheduler is free to
+reorder independent operations" (`nki/api/nki/language/__init__.py`, `no_reorder`); `nki/guides/
+how-to-scheduling-apis.rst` adds dependency edges "before scheduling" to "constrain the reordering that the
+automatic scheduler will do". None of them limits the freedom to one engine or excludes DMAs; DMA transfers
+"within a queue on the same DMA engine are executed in order", queues served round robin on NeuronCore-v2
+(`nki/get-started/about/nki-dma-overview.rst`, "DMA Queues"), so the queue order is the order the compiler
+triggers them in. The documents agree on this; they differ only on what `no_reorder` guarantees ("execute in
+program order", API page; "dependency edges between every pair of instructions", how-to page), and
+`scheduling.py` builds the chain that is valid under both. How the scheduler chooses is not published.
+
+Two orders are scheduled (`order=`):
+- "list" (the estimate): a list scheduler over the unrolled instruction graph. An instruction waits for its
+  data dependencies (read-after-write, write-after-read, write-after-write through overlapping tile regions)
+  and its scheduling edges (`trace.edges`: no_reorder, with_schedule, depends_on); whenever a stream can issue,
+  the first instruction in program order among its ready ones whose resources are free issues. An engine thus
+  runs program order except where an instruction waits, and a later independent one then takes its slot: the
+  estimate no longer depends on where independent statements are written (tests/test_emulator_schedule_deps.py).
+  Two other priorities were tried on the project's kernels and rejected: the longest path to the end
+  (critical path) and the earliest unconstrained start both run the loads or first stages of every loop
+  iteration ahead of the rest, and schedule most of the step's kernels slower than program order does.
+- "source" (the in-order reading): every stream in program order (topological where an explicit edge
+  reorders), an instruction starting when its engine is free and its inputs are ready. Reported beside the
+  estimate as the in-order bound.
+Both hold the same resources: DMA: 16 engines, each processing one transfer at a time (arch guide, "Data
 movement between HBM and SBUF using DMAs"; a dma_copy is one transfer per DMA engine it spans, same section:
-"16 DMA transfers (one per DMA engine)" for a [128, 512] load), transfers within a queue in order
-(`nki/get-started/about/nki-dma-overview.rst`, "DMA Queues"). Shared ports: VectorE and GpSimdE cannot access
+"16 DMA transfers (one per DMA engine)" for a [128, 512] load). Shared ports: VectorE and GpSimdE cannot access
 SBUF in parallel, VectorE and ScalarE cannot access PSUM in parallel (arch guide, "Data Movement" and
 "Accessing SBUF/PSUM ... Performance Consideration"): such instructions hold the port for their duration.
-The scheduler is a list scheduler: of the streams' next instructions whose inputs are scheduled, the one that
-can start first runs first.
+Memory: an on-chip allocation holds its bytes (SBUF per partition) or banks (PSUM) from its first instruction's
+start to its last one's end, within the target's capacity (`_Memory`: how run-ahead is bounded so that program
+order stays possible).
 
 Costs (engine cycles; clocks and widths in `cost.TARGETS`):
 - Vector/Scalar/GpSimd: the counters' max(MIN_II, N) (2N for two VectorE inputs) plus, for VectorE and
@@ -57,6 +80,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import math
 
 from kernels_nki.emulator import cost
@@ -120,6 +144,8 @@ class Schedule:
     makespan_s: float
     assumptions: str
     target: str
+    order: str = "list"
+    over_capacity: int = 0  # allocations the list scheduler opened beyond the room (_Memory)
 
     def busy_s(self) -> dict:
         """Busy seconds per lane: compute engines, and `dma` (any DMA engine busy: the union)."""
@@ -220,32 +246,95 @@ def _price(ins: Instr, dependent: bool, t: cost.Target, a: Assumptions, last_sta
     return cyc * cost.PE / a.gpsimd_elems_per_cycle / t.gpsimd_hz, res + [_RES["sbuf_vg"]]
 
 
-def schedule(trace: Trace | list, assumptions: str = "central", target: str | None = None) -> Schedule:
-    """Schedule a trace (or a list of Instr) on `target` (default: the trace's) under ASSUMPTIONS[assumptions]."""
-    a = ASSUMPTIONS[assumptions]
-    target = target or getattr(trace, "target", cost.DEFAULT_TARGET)
-    t = cost.target(target)
-    instrs = trace.instrs if isinstance(trace, Trace) else trace
-    n = len(instrs)
+ORDERS = ("list", "source")  # the compiler's reordering (the estimate) / program order (the in-order reading)
+SCAN = 8  # candidates a stream tries per issue slot when the first one's resources are busy
+
+
+def predecessors(trace, instrs) -> tuple[list, list]:
+    """(preds, raws): per instruction the instructions it waits for (data dependencies and the explicit
+    scheduling edges of `trace.edges`), and its RAW producers."""
     cached = getattr(trace, "_deps", None)
     deps, raws = cached if cached is not None else dependencies(instrs)
     if isinstance(trace, Trace):
         trace._deps = deps, raws
+    edges = getattr(trace, "edges", None)
+    if not edges:
+        return deps, raws
+    preds = [set(d) for d in deps]
+    for c, p in edges:
+        preds[c].add(p)
+    return preds, raws
+
+
+def topological(preds) -> list:
+    """Program order, except where an explicit edge needs a later instruction first (Kahn's algorithm, the
+    lowest index first); a cycle (edges against the data dependencies) raises."""
+    n = len(preds)
+    if all(not p or max(p) < i for i, p in enumerate(preds)):
+        return list(range(n))
+    succ = [[] for _ in range(n)]
+    remaining = [len(p) for p in preds]
+    for i, p in enumerate(preds):
+        for j in p:
+            succ[j].append(i)
+    heap = [i for i in range(n) if remaining[i] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        i = heapq.heappop(heap)
+        out.append(i)
+        for j in succ[i]:
+            remaining[j] -= 1
+            if remaining[j] == 0:
+                heapq.heappush(heap, j)
+    if len(out) != n:
+        raise ValueError(f"schedule: the scheduling edges form a cycle with the data dependencies ({n - len(out)} "
+                         "instructions on it or after it): no order satisfies them")
+    return out
+
+
+def schedule(trace: Trace | list, assumptions: str = "central", target: str | None = None,
+             order: str = "list") -> Schedule:
+    """Schedule a trace (or a list of Instr) on `target` (default: the trace's) under ASSUMPTIONS[assumptions]:
+    `order="list"` lets the compiler order each engine's stream (the list scheduler), `"source"` keeps
+    program order (the in-order reading)."""
+    a = ASSUMPTIONS[assumptions]
+    if order not in ORDERS:
+        raise ValueError(f"unknown order {order!r}: expected one of {', '.join(ORDERS)}")
+    target = target or getattr(trace, "target", cost.DEFAULT_TARGET)
+    t = cost.target(target)
+    instrs = trace.instrs if isinstance(trace, Trace) else trace
+    preds, raws = predecessors(trace, instrs)
+    topo = topological(preds)
+    run = _list if order == "list" else _in_order
+    start, end, wait, over = run(instrs, preds, raws, topo, t, a, trace)
+    return Schedule(instrs, start, end, wait, max(end, default=0.0), assumptions, target, order, over)
+
+
+def _latency(ins: Instr, a: Assumptions) -> float:
+    return 0.0 if ins.engine != "dma" or a.dma_fixed_on_engine else DMA_FIXED_S
+
+
+def _in_order(instrs, preds, raws, topo, t, a, trace):
+    """Each stream in program order (topological where an explicit edge reorders): of the streams' next
+    instructions whose inputs are scheduled, the one that can start first runs first."""
+    n = len(instrs)
     streams, pos, prev = {}, [0] * n, [None] * n
-    for i, ins in enumerate(instrs):
-        lst = streams.setdefault(ins.stream, [])
+    for i in topo:
+        lst = streams.setdefault(instrs[i].stream, [])
         prev[i] = lst[-1] if lst else None
         pos[i] = len(lst)
         lst.append(i)
     dur, res = [0.0] * n, [None] * n
     last_stat = None
-    for i, ins in enumerate(instrs):
+    for i in topo:
+        ins = instrs[i]
         dur[i], res[i] = _price(ins, prev[i] is not None and prev[i] in raws[i], t, a, last_stat)
         if ins.engine == "tensor":
             last_stat = ins.stationary
     users = [[] for _ in range(n)]
-    remaining = [len(d) for d in deps]
-    for i, d in enumerate(deps):
+    remaining = [len(d) for d in preds]
+    for i, d in enumerate(preds):
         for j in d:
             users[j].append(i)
     ready = [0.0] * n
@@ -253,30 +342,55 @@ def schedule(trace: Trace | list, assumptions: str = "central", target: str | No
     avail = {s: 0.0 for s in streams}  # a stream's next instruction may start from here
     head = {s: 0 for s in streams}
     start, end, wait = [0.0] * n, [0.0] * n, [0.0] * n
-    latency = 0.0 if a.dma_fixed_on_engine else DMA_FIXED_S
     heap = []
-
     gpsimd, dge = _RES["gpsimd"], a.swdge_s
+    mem = _Memory(trace, instrs, topo)
+    tpos, issued, parked = [0] * n, [False] * n, []
+    for k, i in enumerate(topo):
+        tpos[i] = k
+    front = 0
 
     def earliest(i):
         r0 = ready[i]
         if instrs[i].engine == "dma":
             if dge:  # its descriptors first, on GpSimd (swdge)
                 r0 = max(r0, free[gpsimd]) + dge
-            r0 += latency
+            r0 += _latency(instrs[i], a)
         return max([r0, avail[instrs[i].stream]] + [free[r] for r in res[i]])
 
     for s, lst in streams.items():
         if remaining[lst[0]] == 0:
             heapq.heappush(heap, (earliest(lst[0]), lst[0]))
     done = 0
-    while heap:
+    while heap or parked:
+        if not heap:  # every stream head waits for room that nothing will release: the frontier opens beyond it
+            heapq.heappush(heap, (earliest(topo[front]), topo[front]))
+            parked = [p for p in parked if p != topo[front]]
+            forced = topo[front]
+        else:
+            forced = None
         key, i = heapq.heappop(heap)
-        s0 = earliest(i)
+        s0 = max(earliest(i), key)  # key: not before a release it waited for
         if s0 > key + 1e-15:
             heapq.heappush(heap, (s0, i))
             continue
+        mem.release_until(s0)
+        if i != forced and not mem.fits(i, tpos, issued):
+            nxt = mem.releases[0][0] if mem.releases else None
+            if nxt is not None:
+                heapq.heappush(heap, (max(nxt, s0), i))
+            else:
+                parked.append(i)
+            continue
         ins, s = instrs[i], instrs[i].stream
+        issued[i] = True
+        while front < n and issued[topo[front]]:
+            front += 1
+        mem.advance(front)
+        for _ in mem.issue(i, s0 + dur[i]):
+            for p in parked:
+                heapq.heappush(heap, (earliest(p), p))
+            parked = []
         start[i], end[i] = s0, s0 + dur[i]
         wait[i] = s0 - avail[s]
         for r in res[i]:
@@ -296,17 +410,385 @@ def schedule(trace: Trace | list, assumptions: str = "central", target: str | No
             heapq.heappush(heap, (earliest(lst[head[s]]), lst[head[s]]))
     if done != n:
         raise RuntimeError(f"schedule: {n - done} of {n} instructions never became ready (a dependency cycle)")
-    return Schedule(instrs, start, end, wait, max(end, default=0.0), assumptions, target)
+    return start, end, wait, 0
+
+
+class _MaxTree:
+    """Range add, range max over positions 0..n-1 (a segment tree with lazy adds)."""
+
+    def __init__(self, values):
+        self.n = max(1, len(values))
+        size = 1
+        while size < self.n:
+            size *= 2
+        self.size = size
+        self.top = [-math.inf] * (2 * size)
+        self.add_ = [0] * (2 * size)
+        for k, v in enumerate(values):
+            self.top[size + k] = v
+        for k in range(size - 1, 0, -1):
+            self.top[k] = max(self.top[2 * k], self.top[2 * k + 1])
+
+    def add(self, lo, hi, v, node=1, nlo=0, nhi=None):
+        """values[lo:hi] += v."""
+        nhi = self.size if nhi is None else nhi
+        if hi <= nlo or nhi <= lo:
+            return
+        if lo <= nlo and nhi <= hi:
+            self.top[node] += v
+            self.add_[node] += v
+            return
+        mid = (nlo + nhi) // 2
+        self.add(lo, hi, v, 2 * node, nlo, mid)
+        self.add(lo, hi, v, 2 * node + 1, mid, nhi)
+        self.top[node] = max(self.top[2 * node], self.top[2 * node + 1]) + self.add_[node]
+
+    def max(self, lo, hi) -> float:
+        """max(values[lo:hi])."""
+        top, add_, best = self.top, self.add_, -math.inf
+        stack = [(1, 0, self.size, 0)]
+        while stack:
+            node, nlo, nhi, acc = stack.pop()
+            if hi <= nlo or nhi <= lo:
+                continue
+            if lo <= nlo and nhi <= hi:
+                if top[node] + acc > best:
+                    best = top[node] + acc
+                continue
+            if top[node] + acc <= best:  # nothing below can beat it
+                continue
+            acc += add_[node]
+            mid = (nlo + nhi) // 2
+            stack.append((2 * node, nlo, mid, acc))
+            stack.append((2 * node + 1, mid, nhi, acc))
+        return best
+
+
+class _Memory:
+    """The capacity constraint of the schedule. An on-chip allocation is live from the start of the first
+    instruction that touches it to the end of the last; an instruction that opens allocations issues only if
+    the live ones of their memory leave room (SBUF bytes per partition, PSUM banks: `trace.capacity`,
+    rules.TARGET_SPECS). The room is at least program order's peak, which the emulator lets through (rule
+    sbuf.capacity's reading: the compiler spills beyond it), so program order always fits.
+
+    Run-ahead keeps program order possible: with f the frontier (the first unissued instruction in program
+    order), an allocation opened ahead (first touched in program order at p > f) must leave room, at every
+    position k of [f, p), for program order's live allocations at k plus every allocation opened ahead of k.
+    The frontier can then always issue once what runs has ended: the scheduler cannot deadlock on memory
+    (should it, the first unissued instruction in program order opens beyond the room: `over_capacity`).
+    Among instructions waiting for room the oldest goes first: a younger one opens only if room remains for
+    the oldest one denied room and for the oldest unissued opener of its own stream."""
+
+    def __init__(self, trace, instrs, topo):
+        allocs = getattr(trace, "allocations", None) or {}
+        self.amount = allocs
+        self.touch = [sorted({r[0] for r in ins.reads + ins.writes if r[0] in allocs}) for ins in instrs]
+        self.left, self.first = {}, {}
+        last = {}
+        for k, i in enumerate(topo):
+            for ser in self.touch[i]:
+                self.left[ser] = self.left.get(ser, 0) + 1
+                self.first.setdefault(ser, k)
+                last[ser] = k
+        n = len(topo)
+        delta = {b: [0] * (n + 1) for b in ("sbuf", "psum")}
+        for ser, k in self.first.items():
+            buf, amt = allocs[ser]
+            delta[buf][k] += amt
+            delta[buf][last[ser] + 1] -= amt
+        cap = getattr(trace, "capacity", None) or {}
+        self.need_ahead, self.room = {}, {}
+        for buf, d in delta.items():
+            live, cur = [0] * n, 0
+            for k in range(n):
+                cur += d[k]
+                live[k] = cur
+            self.need_ahead[buf] = _MaxTree(live)  # program order's live at k + what was opened ahead of k
+            self.room[buf] = max(cap.get(buf, math.inf), max(live, default=0))
+        self.live = {"sbuf": 0, "psum": 0}
+        self.opened, self.until, self.releases = set(), {}, []
+        self.frontier = 0
+        self.stream = [ins.stream for ins in instrs]
+        self.openers, self.opener_at = {}, {}  # per stream, its instructions that open an allocation, in order
+        for k, i in enumerate(topo):
+            if any(self.first[ser] == k for ser in self.touch[i]):
+                self.openers.setdefault(self.stream[i], []).append(i)
+        self.blocked, self.waiting = [], set()  # (program position, i): instructions denied room, the oldest first
+        self.relief, self.memo = 0, {}  # fits() refusals, kept until a release or the frontier moves
+
+    def advance(self, frontier: int) -> None:
+        self.frontier = frontier
+        self.relief += 1
+
+    def fits(self, i, tpos, issued) -> bool:
+        """Room for what `i` opens (see the class); the answer is kept until the memory's state changes."""
+        while self.blocked and issued[self.blocked[0][1]]:
+            self.waiting.discard(heapq.heappop(self.blocked)[1])
+        if not self.touch[i]:
+            return True
+        if self.memo.get(i) == self.relief:  # refused, and nothing released since nor the frontier moved
+            return False
+        ok = self._fits(i, tpos, issued)
+        if not ok:
+            self.memo[i] = self.relief
+            if i not in self.waiting:
+                self.waiting.add(i)
+                heapq.heappush(self.blocked, (tpos[i], i))
+        return ok
+
+    def _fits(self, i, tpos, issued) -> bool:
+        need, ahead = self._need(i)
+        if not need:
+            return True
+        reserve = {}
+        older = {b for b in (self.blocked[0][1] if self.blocked else None, self._oldest_opener(i, issued))
+                 if b is not None and tpos[b] < tpos[i]}
+        for b in older:
+            for buf, v in self._need(b)[0].items():
+                reserve[buf] = reserve.get(buf, 0) + v
+        return all(self.live[b] + v + reserve.get(b, 0) <= self.room[b] for b, v in need.items()) and all(
+            self.need_ahead[b].max(self.frontier, p) + v + reserve.get(b, 0) <= self.room[b]
+            for b, (v, p) in ahead.items())
+
+    def opens(self, i) -> bool:
+        return any(ser not in self.opened for ser in self.touch[i])
+
+    def _oldest_opener(self, i, issued):
+        """The oldest unissued instruction of i's stream that opens an allocation in program order."""
+        lst, k = self.openers.get(self.stream[i], ()), self.opener_at.get(self.stream[i], 0)
+        while k < len(lst) and issued[lst[k]]:
+            k += 1
+        self.opener_at[self.stream[i]] = k
+        return lst[k] if k < len(lst) else None
+
+    def _need(self, i) -> tuple[dict, dict]:
+        """What `i` would open per memory; of it, what opens ahead of the frontier (amount, furthest first use)."""
+        need, ahead = {}, {}
+        for ser in self.touch[i]:
+            if ser not in self.opened:
+                buf, amt = self.amount[ser]
+                need[buf] = need.get(buf, 0) + amt
+                if self.first[ser] > self.frontier:
+                    v, p = ahead.get(buf, (0, 0))
+                    ahead[buf] = (v + amt, max(p, self.first[ser]))
+        return need, ahead
+
+    def issue(self, i, end) -> list:
+        """Open what `i` opens; the release times its end makes known."""
+        known = []
+        for ser in self.touch[i]:
+            if ser not in self.opened:
+                self.opened.add(ser)
+                buf, amt = self.amount[ser]
+                self.live[buf] += amt
+                if self.first[ser] > self.frontier:
+                    self.need_ahead[buf].add(self.frontier, self.first[ser], amt)
+            self.until[ser] = max(self.until.get(ser, 0.0), end)
+            self.left[ser] -= 1
+            if self.left[ser] == 0:
+                heapq.heappush(self.releases, (self.until[ser], ser))
+                known.append(self.until[ser])
+        return known
+
+    def release_until(self, now) -> None:
+        while self.releases and self.releases[0][0] <= now:
+            self.relief += 1
+            _, ser = heapq.heappop(self.releases)
+            buf, amt = self.amount[ser]
+            self.live[buf] -= amt
+
+
+def _list(instrs, preds, raws, topo, t, a, trace):
+    """The list scheduler. Decisions are taken in time order: whenever a stream (an engine, a DMA queue) can
+    issue, of its instructions whose inputs are complete (data dependencies and scheduling edges) and whose
+    resources are free (its DMA engines, a shared port, room for the allocations it opens: _Memory), the first
+    in program order issues. Streams deciding at the same time go in the program order of their choices. So an
+    engine runs its instructions in program order except where one waits: a later independent instruction
+    then issues in its place (the compiler's freedom to reorder independent instructions, used to fill stalls)."""
+    n = len(instrs)
+    res = [_price(ins, False, t, a, ins.stationary)[1] for ins in instrs]
+    lat = [_latency(ins, a) for ins in instrs]
+    succ = [[] for _ in range(n)]
+    remaining = [len(p) for p in preds]
+    for i, p in enumerate(preds):
+        for j in p:
+            succ[j].append(i)
+    gpsimd, dge = _RES["gpsimd"], a.swdge_s
+    mem = _Memory(trace, instrs, topo)
+    tpos = [0] * n
+    for k, i in enumerate(topo):
+        tpos[i] = k
+    streams = {ins.stream for ins in instrs}
+    ready = [0.0] * n
+    free = [0.0] * (_DMA0 + DMA_ENGINES)
+    avail = dict.fromkeys(streams, 0.0)
+    last_on = dict.fromkeys(streams)
+    waiting = {s: [] for s in streams}  # (data-ready time + latency, i)
+    cands = {s: [] for s in streams}  # (program position, i): inputs complete by the stream's clock
+    next_key = dict.fromkeys(streams, math.inf)
+    events, seq = [], itertools.count()
+    start, end, wait = [0.0] * n, [0.0] * n, [0.0] * n
+    state = {"last_stat": None, "force": False, "over": 0}
+    clock = {"now": 0.0}
+    cap_wait = set()
+    eps = 1e-13
+
+    def wake(s, when):
+        if when < next_key[s]:
+            next_key[s] = when
+            heapq.heappush(events, (when, next(seq), s))
+
+    def pend(i):
+        s = instrs[i].stream
+        heapq.heappush(waiting[s], (ready[i] + lat[i], i))
+        wake(s, max(ready[i] + lat[i], avail[s]))
+
+    def earliest(i, now):
+        r0 = now
+        if dge and instrs[i].engine == "dma":  # its descriptors first, on GpSimd (swdge)
+            r0 = max(r0, max(ready[i], free[gpsimd]) + dge + lat[i])
+        return max([r0] + [free[r] for r in res[i]])
+
+    issued, in_cands = [False] * n, [False] * n
+    front = {"k": 0}
+
+    def issue(i, now):
+        ins, s = instrs[i], instrs[i].stream
+        issued[i] = True
+        k = front["k"]
+        while k < n and issued[topo[k]]:
+            k += 1
+        if k != front["k"]:
+            front["k"] = k
+            mem.advance(k)
+        dependent = last_on[s] is not None and last_on[s] in raws[i]
+        d, _ = _price(ins, dependent, t, a, state["last_stat"])
+        start[i], end[i] = now, now + d
+        wait[i] = now - avail[s]
+        for r in res[i]:
+            free[r] = end[i]
+        if dge and ins.engine == "dma":
+            free[gpsimd] = max(ready[i], free[gpsimd]) + dge
+        avail[s] = now if ins.engine == "dma" else end[i]
+        last_on[s] = i
+        if ins.engine == "tensor":
+            state["last_stat"] = ins.stationary
+        for rt in mem.issue(i, end[i]):
+            for w in cap_wait:
+                wake(w, max(rt, now))
+            cap_wait.clear()
+        for j in succ[i]:
+            ready[j] = max(ready[j], end[i])
+            remaining[j] -= 1
+            if remaining[j] == 0:
+                pend(j)
+
+    def _decide(s) -> int:
+        """Stream `s` issues its best candidate that can start now (1), or sleeps until one may (0)."""
+        W, C = waiting[s], cands[s]
+        if not C:
+            return 0
+        tried, best, retry, full = [], None, math.inf, False
+        when = clock["now"]
+        if state["force"]:
+            tried = [heapq.heappop(C) for _ in range(len(C))]
+            best = min(tried)[1]
+            tried = [it for it in tried if it[1] != best]
+            state["force"] = False
+            state["over"] += 1
+            when = earliest(best, when)
+        else:
+            while C and len(tried) < SCAN:
+                item = heapq.heappop(C)
+                i = item[1]
+                if issued[i]:
+                    continue
+                st = earliest(i, when)
+                if st > when + eps:
+                    retry = min(retry, st)
+                    tried.append(item)
+                elif (full and mem.opens(i)) or not mem.fits(i, tpos, issued):  # room goes oldest first
+                    full = True
+                    tried.append(item)
+                else:
+                    best = i
+                    break
+        for it in tried:
+            heapq.heappush(C, it)
+        if best is None and full:  # the frontier (first unissued in program order) always has room eventually
+            f = topo[front["k"]]
+            if instrs[f].stream == s and in_cands[f] and mem.fits(f, tpos, issued):
+                st = earliest(f, when)
+                if st <= when + eps:
+                    best = f
+                else:
+                    retry = min(retry, st)
+        if best is None:
+            nxt = min(retry, W[0][0] if W else math.inf)
+            if full:  # until an allocation is released (a known release, or one made known later)
+                cap_wait.add(s)
+                if mem.releases:
+                    nxt = min(nxt, mem.releases[0][0])
+            if nxt < math.inf:
+                wake(s, nxt)
+            return 0
+        issue(best, when)
+        if C or W:
+            wake(s, avail[s])
+        return 1
+
+    for i in range(n):
+        if remaining[i] == 0:
+            pend(i)
+    done = 0
+    while done < n:
+        if not events:
+            if not cap_wait:
+                raise RuntimeError(f"schedule: {n - done} of {n} instructions never became ready (a dependency cycle)")
+            state["force"] = True  # no choice left can open its allocations: the first in program order does
+            for w in sorted(cap_wait):
+                wake(w, clock["now"])
+            cap_wait.clear()
+            continue
+        key = events[0][0]
+        batch = []  # the streams deciding at this time
+        while events and events[0][0] <= key + eps:
+            when, _, s = heapq.heappop(events)
+            if when == next_key[s]:
+                next_key[s] = math.inf
+                batch.append(s)
+        clock["now"] = now = key
+        mem.release_until(now)
+        order = []
+        for s in batch:
+            if avail[s] > now + eps:
+                wake(s, avail[s])
+                continue
+            W, C = waiting[s], cands[s]
+            while W and W[0][0] <= now + eps:
+                _, i = heapq.heappop(W)
+                heapq.heappush(C, (tpos[i], i))
+                in_cands[i] = True
+            if not C:
+                if W:
+                    wake(s, W[0][0])
+                continue
+            order.append((C[0], s))
+        for _, s in sorted(order):
+            done += _decide(s)
+    return start, end, wait, state["over"]
 
 
 def estimate(trace: Trace) -> dict:
-    """The schedule's makespan under each bracket of ASSUMPTIONS, with the busiest-engine lower bound and the
-    central schedule's active shares (`shares`)."""
+    """The list schedule's makespan under each bracket of ASSUMPTIONS, the in-order reading's (program order,
+    central assumptions: `in_order`), the busiest-engine lower bound and the central schedule's active shares
+    (`shares`)."""
     out = {}
     for name in ASSUMPTIONS:
         s = schedule(trace, name)
         out[name] = s.makespan_s
         if name == "central":
             out["shares"] = s.active_share()
+    out["in_order"] = schedule(trace, "central", order="source").makespan_s
     out["busiest_engine"] = cost.estimate(trace.counters, trace.target).total_s
     return out
