@@ -16,6 +16,13 @@ Published, checked (nothing here is fitted to them):
   takes its rate from this figure, so there it only checks that the schedule keeps 16 engines fed.
 - nki/deep-dives/nki_perf_guide.rst, Opt #5a: dependent one-element ScalarE instructions issue every 189 ns on
   NC-v2 (trn1). The schedule charges that interval as documented: an input, shown for completeness.
+- nki/guides/tutorials/fused_mamba.rst: the device latency of its three Mamba kernels (fp32, batch 1, 16
+  states): mamba_v1 at 256 and 4096 channels (seq_len 512), mamba_v2 and mamba_v3 at 4096 channels and
+  seq_len 512 - 8192 (its scaling table): the 20 NeuronCore-v2 kernel latencies AWS publishes (the page
+  first appeared in Neuron SDK 2.20.0, before Trn2 support; it names no instance). Ours are
+  bench/calibration_kernels.py's mamba_v1 / mamba_v2 (seq_tile=512: mamba_v3), written from the page's text;
+  each point is predicted on trn1 under every reading (`MAMBA`). mamba_v3 past 1024 is extrapolated from 2
+  and 3 sequence tiles, as the step estimate extrapolates qk_attention (tests/test_kernels_cost.py bounds it).
 """
 
 from __future__ import annotations
@@ -44,6 +51,26 @@ EXAMPLE_1_NS = 1416.0  # nki-dma-overview.rst, Example 1
 SCALAR_II_NS = 189.0  # nki_perf_guide.rst, Opt #5a
 CURVE_WIDTHS = (128, 512, 2048, 8192)  # bytes per partition: points of the DMA overview's figure checked
 READINGS = tuple(schedule.ASSUMPTIONS)
+ORDERS = READINGS + ("in_order",)  # the list schedule's readings, then program order (central assumptions)
+# fused_mamba.rst: "Performance Check" (v1, 256 channels), "Increasing input channels size" (v1, 4096 channels),
+# the table after "Mitigate spilling by tiling seq_len" (v2 and v3, 4096 channels); ms
+MAMBA_SEQ = (512, 1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192)
+MAMBA_V2_MS = (1.6, 4.4, 8.9, 13.1, 17.6, 23.7, 27.5, 41.3, 52.2)
+MAMBA_V3_MS = (1.6, 3.3, 6.6, 10.1, 13.3, 17.3, 19.6, 24.2, 27.8)
+MAMBA_STATES, MAMBA_SEQ_TILE = 16, 512
+# (version, channels, seq_len, published ms)
+MAMBA = ((("v1", 256, 512, 0.17293), ("v1", 4096, 512, 2.34))
+         + tuple(("v2", 4096, L, ms) for L, ms in zip(MAMBA_SEQ, MAMBA_V2_MS))
+         + tuple(("v3", 4096, L, ms) for L, ms in zip(MAMBA_SEQ, MAMBA_V3_MS)))
+MISS = 0.25  # |predicted / published - 1| beyond this is a miss whose cause bench/README.md gives
+# The matrix multiplication tutorial as published up to Neuron SDK 2.26 (aws-neuron-sdk commit 1db4d74e,
+# nki/tutorials/matrix_multiplication.rst, "Testing Correctness and Benchmarking": "[4096,8192] @ [8192,8192]",
+# "BF16", "Trn1.32xlarge"): its four kernels, the same steps as kernel-optimization.rst's; ms
+MATMUL_TRN1 = (("tiled", "matmul_schedule", {"schedule": "tiled"}, 51.80),
+               ("hoisted", "matmul_schedule", {"schedule": "hoisted"}, 42.96),
+               ("blocked", "matmul_schedule", {"schedule": "blocked", "block_m": 2, "block_n": 2}, 22.07),
+               ("blocked_k", "matmul_blocked_k", {"block_m": 16, "block_n": 2, "block_k": 8}, 6.97))
+MATMUL_TRN1_SHAPE = (8192, 4096, 8192)  # K, M, N
 
 
 def calibrate(target: str = "trn2") -> list[dict]:
@@ -87,6 +114,88 @@ def scalar_ii_ns() -> float:
     return (st[-1] - st[1]) / (len(st) - 2) * 1e9
 
 
+def _mamba_specs(channels: int, seq_len: int) -> tuple:
+    f = "float32"
+    return (((1, channels, seq_len), f), ((1, channels, seq_len), f), ((channels, MAMBA_STATES), f),
+            ((1, MAMBA_STATES, seq_len), f), ((1, MAMBA_STATES, seq_len), f))
+
+
+def _mamba_estimate(version: str, channels: int, seq_len: int, hoist: bool = False) -> dict:
+    """Seconds under every reading (ORDERS) and the busiest-engine bound, on trn1."""
+    module = emulator.load_kernel_module("bench.calibration_kernels")
+    kernel = module.mamba_v1 if version == "v1" else module.mamba_v2
+    consts = {} if version == "v1" else {"seq_tile": MAMBA_SEQ_TILE if version == "v3" else 0, "hoist_delta_u": hoist}
+
+    def at(L):
+        return schedule.estimate(loader.record(kernel, *_mamba_specs(channels, L), target="trn1", **consts))
+
+    tiles = seq_len // MAMBA_SEQ_TILE
+    if version == "v3" and tiles > 2:  # the sequence tiles after the first cost the same: extrapolated
+        two, three = at(2 * MAMBA_SEQ_TILE), at(3 * MAMBA_SEQ_TILE)
+        return {k: two[k] + (tiles - 2) * (three[k] - two[k]) for k in ORDERS + ("busiest_engine",)}
+    return {k: v for k, v in at(seq_len).items() if k != "shares"}
+
+
+def matmul_trn1() -> list[dict]:
+    """The matrix multiplication tutorial's trn1 latencies beside the schedule's predictions."""
+    module = emulator.load_kernel_module("bench.calibration_kernels")
+    K, M, N = MATMUL_TRN1_SHAPE
+    rows = []
+    for name, kernel, consts, ms in MATMUL_TRN1:
+        tr = loader.record(getattr(module, kernel), ((K, M), "bfloat16"), ((K, N), "bfloat16"), target="trn1",
+                           input_dtype_result=True, **consts)
+        est = {k: v for k, v in schedule.estimate(tr).items() if k != "shares"}
+        rows.append({"kernel": f"matmul {name}", "shape": f"{M}x{K} @ {K}x{N} bf16", "published_s": ms / 1e3,
+                     "predicted_s": est, "hoisted_s": None})
+    return rows
+
+
+def mamba(points=MAMBA) -> list[dict]:
+    """The fused-Mamba tutorial's published latencies beside the schedule's predictions (and, for v2 / v3, the
+    same with delta * u computed once per channel tile)."""
+    rows = []
+    for version, channels, seq_len, ms in points:
+        est = _mamba_estimate(version, channels, seq_len)
+        hoisted = _mamba_estimate(version, channels, seq_len, hoist=True)["central"] if version != "v1" else None
+        rows.append({"kernel": f"mamba_{version}", "shape": f"{channels} ch, seq {seq_len}", "published_s": ms / 1e3,
+                     "predicted_s": est, "hoisted_s": hoisted})
+    return rows
+
+
+def spread(rows: list[dict], reading: str = "central") -> dict:
+    """Predicted / published over the rows: min, median, max, and how many lie within MISS."""
+    ratios = sorted(r["predicted_s"][reading] / r["published_s"] for r in rows)
+    return {"n": len(ratios), "min": ratios[0], "median": ratios[len(ratios) // 2], "max": ratios[-1],
+            "within": sum(abs(x - 1) <= MISS for x in ratios)}
+
+
+def latency_table(rows: list[dict]) -> str:
+    """The published NeuronCore-v2 kernel latencies as Markdown (bench/README.md carries it verbatim)."""
+    ms = lambda v: f"{v * 1e3:.3g}"
+    out = ["AWS's published NeuronCore-v2 kernel latencies beside the schedule on trn1 (ms; ratio: predicted / "
+           "published under the central reading)", "",
+           "| kernel | shape | published | busiest-engine | low | central | high | in-order | ratio "
+           "| central, delta * u once per tile (ratio) |", "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        p, pub = r["predicted_s"], r["published_s"]
+        hoisted = "-" if r["hoisted_s"] is None else f"{ms(r['hoisted_s'])} ({r['hoisted_s'] / pub:.2f})"
+        out.append(f"| {r['kernel']} | {r['shape']} | {ms(pub)} | {ms(p['busiest_engine'])} | "
+                   + " | ".join(ms(p[a]) for a in ORDERS) + f" | {p['central'] / pub:.2f} | {hoisted} |")
+    out.append("")
+    for name, sel in (("all", rows), ("fused-Mamba", [r for r in rows if r["kernel"].startswith("mamba")])):
+        cells = []
+        for a in ORDERS:
+            sp = spread(sel, a)
+            cells.append(f"{a} {sp['min']:.2f}-{sp['max']:.2f} ({sp['within']} within {MISS:.0%})")
+        out.append(f"- {name} ({len(sel)} points), predicted / published: " + "; ".join(cells) + ".")
+    mamba_rows = [r for r in rows if r["kernel"].startswith("mamba")]
+    within_h = sum(abs((r["hoisted_s"] if r["hoisted_s"] is not None else r["predicted_s"]["central"])
+                       / r["published_s"] - 1) <= MISS for r in mamba_rows)
+    out.append(f"- fused-Mamba with delta * u once per channel tile in v2 / v3 (central): {within_h} of "
+               f"{len(mamba_rows)} within {MISS:.0%}.")
+    return "\n".join(out)
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -124,9 +233,16 @@ def tables(m: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="trn2", choices=("trn1", "trn2"))
+    ap.add_argument("--target", default="trn2", choices=("trn1", "trn2"),
+                    help="the target of the tutorial matmuls' profiles (the published latencies are trn1's)")
+    ap.add_argument("--part", default="all", choices=("all", "profiles", "latencies"))
     args = ap.parse_args(argv)
-    print(tables(measure(args.target)))
+    parts = []
+    if args.part in ("all", "profiles"):
+        parts.append(tables(measure(args.target)))
+    if args.part in ("all", "latencies"):
+        parts.append(latency_table(matmul_trn1() + mamba()))
+    print("\n\n".join(parts))
     return 0
 
 
