@@ -28,7 +28,10 @@ Published, checked (nothing here is fitted to them):
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+from pathlib import Path
 
 from kernels_nki import emulator
 from kernels_nki.emulator import loader, schedule
@@ -231,17 +234,37 @@ def tables(m: dict) -> str:
     return "\n".join(out)
 
 
+LATENCIES_JSON = Path(__file__).resolve().parents[1] / "docs" / "kernels" / "published-latencies.json"
+SAVE_COMMAND = "python -m bench.cost_calibration --part latencies --save docs/kernels/published-latencies.json"
+
+
+def latency_record(rows: list[dict]) -> dict:
+    """What --save writes: the rows and their spread per reading (kernel_report quotes the spread beside MFU)."""
+    return {"command": SAVE_COMMAND, "rows": rows, "spread": {a: spread(rows, a) for a in ORDERS}}
+
+
+def _save(record: dict, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="trn2", choices=("trn1", "trn2"),
                     help="the target of the tutorial matmuls' profiles (the published latencies are trn1's)")
     ap.add_argument("--part", default="all", choices=("all", "profiles", "latencies"))
+    ap.add_argument("--save", type=Path, default=None,
+                    help="write the published latencies and the predictions (JSON) to this file as well")
     args = ap.parse_args(argv)
     parts = []
     if args.part in ("all", "profiles"):
         parts.append(tables(measure(args.target)))
     if args.part in ("all", "latencies"):
-        parts.append(latency_table(matmul_trn1() + mamba()))
+        rows = matmul_trn1() + mamba()
+        if args.save:
+            _save(latency_record(rows), args.save)
+        parts.append(latency_table(rows))
     print("\n\n".join(parts))
     return 0
 

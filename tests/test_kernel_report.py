@@ -33,7 +33,7 @@ def rep():
 
 
 def test_step_is_the_kernels_plus_the_glue_under_every_reading(rep):
-    for k in ("busiest",) + kernel_report.READINGS:
+    for k in ("busiest", kernel_report.IN_ORDER) + kernel_report.READINGS:
         assert rep["step_s"][k] == pytest.approx(rep["kernel_s"][k] + rep["glue_s"][k])
         assert rep["mfu"][k] == pytest.approx(rep["flops_per_step_per_core"] / (rep["step_s"][k] * 2 * 2.8e9 * 128 ** 2))
     s = rep["step_s"]
@@ -51,8 +51,10 @@ def test_text_and_json_output(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["report"]["config"] == "tiny" and out["comparison"] == []
     text = kernel_report.format_report(out["report"]) + "\n" + kernel_report.format_comparison([out["report"]])
-    assert "step per core: schedule" in text and "busiest-engine lower bound" in text and "range" in text
-    assert "AWS's best published trn1 training MFU 33.1%" in text and "side by side" in text
+    assert "step per core: schedule" in text and "busiest-engine lower bound" in text and "in program order" in text
+    assert "MFU range" in text and "MFU:" not in text and "side by side" in text
+    assert "AWS's published trn1 training runs report 13.8% - 33.1% MFU" in text and "not a ceiling" in text
+    assert "kernel latencies AWS publishes at" in text  # the validation beside the range
 
 
 def test_batch_extrapolation_bounds_the_full_trace():
@@ -66,6 +68,8 @@ def test_batch_extrapolation_bounds_the_full_trace():
     assert got["batch_extrapolated"] and got["counters"] == full.counters.as_dict()
     for a in kernel_report.READINGS:
         assert got["schedule_s"][a] == pytest.approx(schedule.schedule(full, a).makespan_s, rel=0.02)
+    in_order = schedule.schedule(full, "central", order="source").makespan_s
+    assert got["schedule_s"][kernel_report.IN_ORDER] == pytest.approx(in_order, rel=0.02)
 
 
 def test_counted_work_equals_a_full_emulated_run():
