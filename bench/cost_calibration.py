@@ -87,7 +87,7 @@ def calibrate(target: str = "trn2") -> list[dict]:
         est = emulator.estimate(c, target)
         rows.append({"schedule": name, "bound": est.bound, "published": published, "est_s": est.total_s,
                      "predicted": {e: est.engine_s[e] / est.total_s for e in est.engine_s},
-                     "scheduled": {a: schedule.schedule(tr, a).active_share() for a in READINGS},
+                     "scheduled": {a: schedule.best(tr, a)[0].active_share() for a in READINGS},
                      "dma_bytes": c.dma_bytes, "dma_bytes_per_buffer": c.dma_bytes / c.dma_buffers})
     return rows
 
@@ -96,14 +96,14 @@ def dma_checks() -> dict:
     """Example 1 (trn2) and the payload curve, predicted under each reading."""
     probes = emulator.load_kernel_module("bench.probe_kernels")
     ex1 = loader.record(probes.dma_example_1, ((4, 4096), "bfloat16"), target="trn2")
-    example = {a: (lambda s: (s.end[0] - s.start[0]) * 1e9)(schedule.schedule(ex1, a)) for a in READINGS}
+    example = {a: (lambda s: (s.end[0] - s.start[0]) * 1e9)(schedule.best(ex1, a)[0]) for a in READINGS}
     curve = {}
     for a in READINGS:
         rate = {}
         for width in CURVE_WIDTHS + (32768,):
             elems = width // 2
             tr = loader.record(probes.copy_in_chunks, ((128, elems * 8), "bfloat16"), target="trn2", chunk=elems)
-            s = schedule.schedule(tr, a)
+            s = schedule.best(tr, a)[0]
             rate[width] = tr.counters.dma_bytes / s.makespan_s
         curve[a] = {w: rate[w] / rate[32768] for w in CURVE_WIDTHS}
     published = {w: schedule.payload_share(w) for w in CURVE_WIDTHS}
@@ -136,7 +136,7 @@ def _mamba_estimate(version: str, channels: int, seq_len: int, hoist: bool = Fal
     if version == "v3" and tiles > 2:  # the sequence tiles after the first cost the same: extrapolated
         two, three = at(2 * MAMBA_SEQ_TILE), at(3 * MAMBA_SEQ_TILE)
         return {k: two[k] + (tiles - 2) * (three[k] - two[k]) for k in ORDERS + ("busiest_engine",)}
-    return {k: v for k, v in at(seq_len).items() if k != "shares"}
+    return {k: v for k, v in at(seq_len).items() if k in ORDERS + ("busiest_engine",)}
 
 
 def matmul_trn1() -> list[dict]:
@@ -147,7 +147,7 @@ def matmul_trn1() -> list[dict]:
     for name, kernel, consts, ms in MATMUL_TRN1:
         tr = loader.record(getattr(module, kernel), ((K, M), "bfloat16"), ((K, N), "bfloat16"), target="trn1",
                            input_dtype_result=True, **consts)
-        est = {k: v for k, v in schedule.estimate(tr).items() if k != "shares"}
+        est = {k: v for k, v in schedule.estimate(tr).items() if k in ORDERS + ("busiest_engine",)}
         rows.append({"kernel": f"matmul {name}", "shape": f"{M}x{K} @ {K}x{N} bf16", "published_s": ms / 1e3,
                      "predicted_s": est, "hoisted_s": None})
     return rows
