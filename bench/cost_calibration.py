@@ -135,7 +135,9 @@ def _mamba_estimate(version: str, channels: int, seq_len: int, hoist: bool = Fal
     tiles = seq_len // MAMBA_SEQ_TILE
     if version == "v3" and tiles > 2:  # the sequence tiles after the first cost the same: extrapolated
         two, three = at(2 * MAMBA_SEQ_TILE), at(3 * MAMBA_SEQ_TILE)
-        return {k: two[k] + (tiles - 2) * (three[k] - two[k]) for k in ORDERS + ("busiest_engine",)}
+        lin = lambda x, y: x + (tiles - 2) * (y - x)
+        by = {o: {a: lin(two["by_order"][o][a], three["by_order"][o][a]) for a in READINGS} for o in two["by_order"]}
+        return {**schedule.combined(by), "busiest_engine": lin(two["busiest_engine"], three["busiest_engine"])}
     return {k: v for k, v in at(seq_len).items() if k in ORDERS + ("busiest_engine",)}
 
 

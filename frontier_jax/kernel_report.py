@@ -85,7 +85,9 @@ def _priced(call: kc.KernelCall, target: str) -> dict:
         one = loader.record(kernel, *with_batch(call, BASE), target=target, **consts)
         two = loader.record(kernel, *with_batch(call, BASE + 1), target=target, **consts)
         m1, m2 = schedule.estimate(one), schedule.estimate(two)
-        sched = {a: m1[a] + (B - BASE) * (m2[a] - m1[a]) for a in READINGS + (IN_ORDER,)}
+        by = {o: {a: m1["by_order"][o][a] + (B - BASE) * (m2["by_order"][o][a] - m1["by_order"][o][a])
+                  for a in READINGS} for o in m1["by_order"]}  # each order extrapolated, then combined
+        sched = schedule.combined(by)
         shares = m2["shares"]
         counters = _extrapolated(one.counters, two.counters, B)
     else:

@@ -318,6 +318,16 @@ def _latency(ins: Instr, a: Assumptions) -> float:
     return 0.0 if ins.engine != "dma" or a.dma_fixed_on_engine else DMA_FIXED_S
 
 
+def _hold(ins: Instr, i: int, start: float, end: float, res, free, ready, dge: float, avail: dict) -> None:
+    """An issued instruction holds its resources until its end (a DMA's descriptors first hold GpSimd, swdge);
+    its stream's next instruction may start at its start (a DMA queue) or its end (an engine)."""
+    for r in res:
+        free[r] = end
+    if dge and ins.engine == "dma":
+        free[_RES["gpsimd"]] = max(ready[i], free[_RES["gpsimd"]]) + dge
+    avail[ins.stream] = start if ins.engine == "dma" else end
+
+
 def _in_order(instrs, preds, raws, topo, t, a, trace):
     """Each stream in program order (topological where an explicit edge reorders): of the streams' next
     instructions whose inputs are scheduled, the one that can start first runs first."""
@@ -396,11 +406,7 @@ def _in_order(instrs, preds, raws, topo, t, a, trace):
             parked = []
         start[i], end[i] = s0, s0 + dur[i]
         wait[i] = s0 - avail[s]
-        for r in res[i]:
-            free[r] = end[i]
-        if dge and ins.engine == "dma":
-            free[gpsimd] = max(ready[i], free[gpsimd]) + dge
-        avail[s] = s0 if ins.engine == "dma" else end[i]
+        _hold(ins, i, s0, end[i], res[i], free, ready, dge, avail)
         done += 1
         for j in users[i]:
             ready[j] = max(ready[j], end[i])
@@ -668,11 +674,7 @@ def _list(instrs, preds, raws, topo, t, a, trace):
         d, _ = _price(ins, dependent, t, a, state["last_stat"])
         start[i], end[i] = now, now + d
         wait[i] = now - avail[s]
-        for r in res[i]:
-            free[r] = end[i]
-        if dge and ins.engine == "dma":
-            free[gpsimd] = max(ready[i], free[gpsimd]) + dge
-        avail[s] = now if ins.engine == "dma" else end[i]
+        _hold(ins, i, now, end[i], res[i], free, ready, dge, avail)
         last_on[s] = i
         if ins.engine == "tensor":
             state["last_stat"] = ins.stationary
@@ -782,24 +784,32 @@ def _list(instrs, preds, raws, topo, t, a, trace):
     return start, end, wait, state["over"]
 
 
-def best(trace: Trace, assumptions: str = "central") -> tuple[Schedule, Schedule]:
-    """(the estimate's schedule: the shorter of the list schedule and program order, program order's)."""
+def best(trace: Trace, assumptions: str = "central") -> tuple[Schedule, Schedule, Schedule]:
+    """(the estimate's schedule: the shorter of the list schedule and program order; the list schedule;
+    program order's)."""
     listed, src = schedule(trace, assumptions), schedule(trace, assumptions, order="source")
-    return (listed if listed.makespan_s <= src.makespan_s else src), src
+    return (listed if listed.makespan_s <= src.makespan_s else src), listed, src
+
+
+def combined(by_order: dict) -> dict:
+    """The estimate from the makespans of both orders per reading ({"list": {reading: s}, "source": {...}}):
+    the shorter per reading, and the in-order reading (program order, central assumptions: `in_order`).
+    Extrapolations (the step estimate's per-sequence one) extrapolate each order first, then combine."""
+    out = {a: min(by_order["list"][a], by_order["source"][a]) for a in ASSUMPTIONS}
+    out["in_order"] = by_order["source"]["central"]
+    return out
 
 
 def estimate(trace: Trace) -> dict:
     """Per bracket of ASSUMPTIONS the estimate: the shorter of the list schedule's makespan and program order's (a
-    scheduler free to reorder may keep program order; `order_used` says which); the in-order reading (program
-    order, central assumptions: `in_order`); the busiest-engine lower bound; the central estimate's active
-    shares (`shares`)."""
-    out, used = {}, {}
+    scheduler free to reorder may keep program order); the in-order reading (`in_order`); both orders'
+    makespans (`by_order`); the busiest-engine lower bound; the central estimate's active shares (`shares`)."""
+    by = {"list": {}, "source": {}}
     for name in ASSUMPTIONS:
-        chosen, src = best(trace, name)
-        out[name], used[name] = chosen.makespan_s, chosen.order
+        chosen, listed, src = best(trace, name)
+        by["list"][name], by["source"][name] = listed.makespan_s, src.makespan_s
         if name == "central":
-            out["shares"] = chosen.active_share()
-            out["in_order"] = src.makespan_s
-    out["order_used"] = used
-    out["busiest_engine"] = cost.estimate(trace.counters, trace.target).total_s
+            shares = chosen.active_share()
+    out = combined(by)
+    out.update(by_order=by, shares=shares, busiest_engine=cost.estimate(trace.counters, trace.target).total_s)
     return out
