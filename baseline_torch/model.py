@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from frontier_jax import npz
+from frontier_jax.config import ConfigError
+from frontier_jax.interop import npz
 
 # The JAX reference passes float32 eps explicitly; PyTorch's default for fp32/bf16 inputs is the same.
 RMS_EPS = torch.finfo(torch.float32).eps
@@ -25,6 +26,15 @@ RMS_EPS = torch.finfo(torch.float32).eps
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.size(-1),), eps=RMS_EPS)
+
+
+def refuse_recipe(mc) -> None:
+    """This port is the baseline's: a model config with the recipe's switches (docs/recipe.md) on is refused in
+    one line (the PyTorch side of a recipe comparison is the record's own script)."""
+    switches = mc.recipe_switches()
+    if switches:
+        raise ConfigError(f"baseline_torch implements the baseline only; this config sets {', '.join(switches)} "
+                          "(the PyTorch side of a recipe comparison is the record's own train_gpt.py)")
 
 
 class CastedLinear(nn.Linear):
@@ -86,7 +96,7 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, mc):
         super().__init__()
-        hidden = mc.mlp_mult * mc.model_dim
+        hidden = mc.mlp_hidden
         self.fc = CastedLinear(mc.model_dim, hidden)
         self.proj = CastedLinear(hidden, mc.model_dim, zero_init=True)
 
@@ -115,6 +125,7 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, mc, compute_dtype: torch.dtype = torch.float32):
         super().__init__()
+        refuse_recipe(mc)
         self.mc = mc
         self.compute_dtype = compute_dtype
         self.tok_emb = nn.Embedding(mc.vocab_size, mc.model_dim)
@@ -175,7 +186,7 @@ def state_dict_numpy(model: nn.Module) -> dict[str, np.ndarray]:
 
 
 def save_npz(model: nn.Module, path, meta: dict | None = None) -> Path:
-    """Write the interop .npz (frontier_jax.npz.save_npz: float32 arrays + __dtypes__/__meta__)."""
+    """Write the interop .npz (frontier_jax.interop.npz.save_npz: float32 arrays + __dtypes__/__meta__)."""
     npz.save_npz(path, state_dict_numpy(model), meta)
     return Path(path)
 
@@ -184,15 +195,10 @@ def load_state_numpy(model: nn.Module, arrays: dict[str, np.ndarray], where: str
     """Copy numpy arrays into the model (each cast to the parameter's dtype); names and shapes must match.
     Keys starting with "__" are metadata and ignored."""
     own = model.state_dict()
-    given = {k: v for k, v in arrays.items() if not k.startswith("__")}
-    missing, extra = sorted(set(own) - set(given)), sorted(set(given) - set(own))
-    if missing or extra:
-        raise npz.WeightsError(f"{where}: weights do not match the model (missing {missing[:3]}, unexpected {extra[:3]})")
+    npz.check_weights(arrays, {k: tuple(t.shape) for k, t in own.items()}, where)  # as `interop import` checks
     with torch.no_grad():
         for k, t in own.items():
-            a = np.asarray(given[k])
-            if tuple(a.shape) != tuple(t.shape):
-                raise npz.WeightsError(f"{where}: {k} has shape {tuple(a.shape)}, the model expects {tuple(t.shape)}")
+            a = np.asarray(arrays[k])
             t.copy_(torch.from_numpy(np.ascontiguousarray(a.astype(np.float32))).to(t.dtype))
 
 

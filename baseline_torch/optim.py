@@ -1,11 +1,11 @@
 """Muon + Adam exactly as the baseline (docs/model.md), groups and schedules shared
 with the JAX side.
 
-Groups (`frontier_jax.policies.param_label`, the same rule as the JAX optimizer's labels): Muon for
+Groups (`frontier_jax.policies.groups.param_label`, the same rule as the JAX optimizer's labels): Muon for
 every 2-D matrix inside the blocks except control tensors; Adam (torch.optim.Adam, betas (beta1,
 beta2), eps adam_eps, no weight decay) for the tied embedding at embed_lr and for vectors/scalars/
 control tensors (+ skip_weights) at scalar_lr. The learning-rate multiplier and Muon's momentum come
-from `frontier_jax.run_policy.lr_scale` / `muon_momentum` (the driver passes them to `step`), so both
+from `frontier_jax.policies.schedules.lr_scale` / `muon_momentum` (the driver passes them to `step`), so both
 implementations schedule identically.
 
 On the XLA device (`xla=True`, baseline_torch.xla) the step must trace the same graph every time:
@@ -24,7 +24,8 @@ import dataclasses
 import torch
 
 from frontier_jax.config import OptimConfig
-from frontier_jax.policies import ns_dtype_name, param_label
+from frontier_jax.policies.dtypes import AUTO
+from frontier_jax.policies.groups import param_label
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
@@ -100,10 +101,14 @@ def split_params(model) -> dict[str, list[torch.nn.Parameter]]:
 class Optimizers:
     """The three optimizers, stepped together with the schedule's lr multiplier and Muon momentum."""
 
-    def __init__(self, model, cfg: OptimConfig, platform: str = "cpu", xla: bool = False):
-        """platform ("cpu", "cuda", "neuron", ...) resolves optim.muon_ns_dtype="auto" as the JAX side does;
-        xla: the parameters live on the XLA device (module docstring: one graph per step)."""
-        cfg = dataclasses.replace(cfg, muon_ns_dtype=ns_dtype_name(cfg, platform))
+    def __init__(self, model, cfg: OptimConfig, ns_dtype: str | None = None, xla: bool = False):
+        """ns_dtype: Newton-Schulz's dtype as the run resolved it (frontier_jax.policies.dtypes.resolve, as the
+        JAX side); None: cfg.muon_ns_dtype, which must then name a dtype. xla: the parameters live on the XLA
+        device (module docstring: one graph per step)."""
+        ns_dtype = ns_dtype or cfg.muon_ns_dtype
+        if ns_dtype == AUTO:
+            raise ValueError('optim.muon_ns_dtype="auto" depends on the platform: pass the run\'s resolved dtype')
+        cfg = dataclasses.replace(cfg, muon_ns_dtype=ns_dtype)
         groups = split_params(model)
         self.cfg, self.xla = cfg, xla
         self.device = model.tok_emb.weight.device

@@ -1,7 +1,7 @@
 """The contest's int8 + zlib round trip in PyTorch, written from parameter-golf's `train_gpt.py` spec.
 
 `quantize_state_dict_int8` / `dequantize_state_dict_int8` follow the baseline's rules (the same as
-`frontier_jax.quantize`, whose docstring states them): small float tensors kept (float32 for the
+`frontier_jax.interop.quantize`, whose docstring states them): small float tensors kept (float32 for the
 control tensors, else float16), larger 2-D float tensors int8 per row with the row's 99.99984th
 percentile of |w| as the clip (`torch.quantile`) and float16 scales, other larger float tensors int8
 per tensor, format `int8_clean_per_row_v1`. `roundtrip` is the export after training: `torch.save`,
@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import copy
 import io
-import os
 import zlib
 from pathlib import Path
 
 import torch
 
-from frontier_jax.quantize import (ARTIFACT, CLIP_Q, CONTROL_PATTERNS, FORMAT, KEEP_FLOAT_MAX_NUMEL, ZLIB_LEVEL,
-                                   code_files)
-from frontier_jax.rundir import CONFIG
+from frontier_jax.contest import codebytes
+from frontier_jax.data.files import atomic_write
+from frontier_jax.interop.quantize import ARTIFACT, CLIP_Q, CONTROL_PATTERNS, FORMAT, KEEP_FLOAT_MAX_NUMEL, ZLIB_LEVEL
+from frontier_jax.run.rundir import CONFIG
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -114,25 +114,19 @@ def roundtrip(model: torch.nn.Module, run_dir: Path) -> dict:
     torch.save(obj, buf)
     raw = buf.getvalue()
     path = Path(run_dir) / ARTIFACT
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_bytes(zlib.compress(raw, level=ZLIB_LEVEL))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write(path, [zlib.compress(raw, level=ZLIB_LEVEL)])  # renamed into place, never through a symlink
     state = torch.load(io.BytesIO(zlib.decompress(path.read_bytes())), map_location="cpu")
     model.load_state_dict(dequantize_state_dict_int8(state), strict=True)
     return {"artifact": str(path), "artifact_bytes": path.stat().st_size, "raw_bytes": len(raw), "stats": stats}
 
 
 def roundtrip_scored(model: torch.nn.Module, run_dir: Path, evaluate) -> dict:
-    """`Trainer.roundtrip` of the PyTorch baseline (frontier_jax.trainer): the round trip above, `evaluate()`
+    """`Trainer.roundtrip` of the PyTorch baseline (frontier_jax.run.interface): the round trip above, `evaluate(info)`
     on the dequantized model, then the trained weights put back (weights.npz holds the trained ones)."""
     trained = copy.deepcopy(model.state_dict())
-    info = roundtrip(model, run_dir)
+    info = {**roundtrip(model, run_dir), "code_files": codebytes.record_run(run_dir, Path(run_dir) / CONFIG)}
     try:
-        sums = evaluate()
+        sums = evaluate(info)
     finally:
         model.load_state_dict(trained)
-    return {**info, **sums, "code_files": code_files((Path(run_dir) / CONFIG,))}
+    return {**info, **sums}

@@ -1,10 +1,10 @@
 """python -m baseline_torch.train: the PyTorch baseline in the project's harness.
 
 Same configs (`configs/*.py` + `--set`), same numpy data pipeline (TrainLoader, val windows, byte
-tables: identical tokens in identical order, identical byte counts), the same run policy as
-`python -m frontier_jax.train` by construction (`frontier_jax.run_policy.run_budgeted`: untimed
+tables: identical tokens in identical order, identical byte counts), the same driver as
+`python -m frontier_jax.train` by construction (`frontier_jax.run.driver.run_budgeted`: untimed
 compile warm-up then reset, stop order, validation cadence, schedules, summary, exit codes) and the
-same run directory (`frontier_jax.rundir`: config.json, env.json, metrics.jsonl, summary.json +
+same run directory (`frontier_jax.run.rundir`: config.json, env.json, metrics.jsonl, summary.json +
 summary.txt, curves.png, train.log), plus weights.npz (the interop format). No checkpoints and no
 resume. Prints `val_bpb: X` at the end. Imports no JAX. `--device xla` trains on PyTorch/XLA's device, a
 NeuronCore under torch-neuronx (baseline_torch.xla; torch_xla is imported only then).
@@ -22,20 +22,24 @@ import numpy as np
 import torch
 
 from baseline_torch import quantize, xla
-from baseline_torch.model import GPT, count_params, load_npz, save_npz
+from baseline_torch.model import GPT, count_params, load_npz, refuse_recipe, save_npz
 from baseline_torch.optim import Optimizers
-from frontier_jax import policies, progress, rundir, startup
-from frontier_jax import run_policy as policy
+from frontier_jax.policies import dtypes as dtype_policy
+from frontier_jax.policies import sizing
+from frontier_jax.policies.geometry import split_batch, step_batch
+from frontier_jax.policies.scoring import val_window_tokens
+from frontier_jax.run import driver, progress, rundir, startup
+from frontier_jax.run.endings import STOP_NONFINITE, ending
 from frontier_jax.config import Config, ConfigError, config_hash, to_dict
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
 from frontier_jax.data.tokenizer import count_bytes
-from frontier_jax.errors import exit_on_error
-from frontier_jax.host import describe as describe_allocator
-from frontier_jax.host import tune_allocator
-from frontier_jax.resolve import resolve_run
-from frontier_jax.rundir import RunError, RunLog
-from frontier_jax.trainer import Trainer as TrainerInterface
+from frontier_jax.errors import ArgumentParser, exit_on_error, int_in
+from frontier_jax.run.host import describe as describe_allocator
+from frontier_jax.run.host import tune_allocator
+from frontier_jax.run.resolve import resolve_run
+from frontier_jax.run.rundir import RunError, RunLog
+from frontier_jax.run.interface import Trainer as TrainerInterface
 
 PACKAGES = ("torch", "numpy", "sentencepiece", "torch-xla", "torch-neuronx", "neuronx-cc")
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -61,11 +65,6 @@ def resolve_device(device: str | None) -> torch.device:
 def device_platform(device: torch.device) -> str:
     """Where the arithmetic runs: "cpu", "cuda", or for the XLA device its PJRT type ("neuron", "cpu")."""
     return xla.platform() if device.type == "xla" else device.type
-
-
-def compute_dtype_for(cfg: Config, device: torch.device) -> torch.dtype:
-    """The dtype policy (frontier_jax.policies.compute_dtype_name) applied to this device."""
-    return _TORCH_DTYPES[policies.compute_dtype_name(cfg.model, device_platform(device))]
 
 
 def environment(device: torch.device) -> dict:
@@ -104,7 +103,7 @@ def _mark_step(device: torch.device) -> None:
 
 
 class Trainer(TrainerInterface):
-    """Model + optimizers + data, and the trainer interface (frontier_jax.trainer): train step (with grad
+    """Model + optimizers + data, and the trainer interface (frontier_jax.run.interface): train step (with grad
     accumulation), eval sums, snapshot/restore for the warm-up reset, the run's log, metrics and summary
     files (`start`), the int8 + zlib round trip. No checkpoints and no resume (the interface's defaults).
 
@@ -117,18 +116,19 @@ class Trainer(TrainerInterface):
     def __init__(self, cfg: Config, device: torch.device, loader: TrainLoader, val_tokens: np.ndarray, tables,
                  compile_model: bool = False):
         self.cfg, self.device, self.loader, self.val_tokens, self.tables = cfg, device, loader, val_tokens, tables
-        self.dtype = compute_dtype_for(cfg, device)
         self.platform = device_platform(device)
+        self.dtypes = dtype_policy.resolve(cfg, self.platform)  # resolved once: the model's and Newton-Schulz's
+        self.dtype = _TORCH_DTYPES[self.dtypes.compute]
         # NeuronCore-v2 computes no float64 (its engines: cFP8, FP16, BF16, TF32, FP32, INT8-32; aws-neuron-sdk
         # about-neuron/arch/neuron-hardware/neuron-core-v2.rst): per-batch sums in fp32 on XLA, float64 on the host.
         self.sum_dtype = torch.float32 if device.type == "xla" else torch.float64
         t = cfg.train
         self.seqs_per_step = t.tokens_per_step // t.seq_len
-        self.micro_seqs, self.accum = policy.split_batch(self.seqs_per_step, t.micro_batch_seqs, 1, 1)
+        self.micro_seqs, self.accum = split_batch(self.seqs_per_step, t.micro_batch_seqs, 1, 1)
         torch.manual_seed(t.seed)
         self.model = GPT(cfg.model, self.dtype).to(device)
         self.forward = torch.compile(self.model, dynamic=False, fullgraph=True) if compile_model else self.model
-        self.opt = Optimizers(self.model, cfg.optim, self.platform, xla=device.type == "xla")
+        self.opt = Optimizers(self.model, cfg.optim, self.dtypes.muon_ns, xla=device.type == "xla")
         _mark_step(device)  # parameters and optimizer state become device data before the first step
 
     def _autocast(self):
@@ -137,7 +137,7 @@ class Trainer(TrainerInterface):
     def train_step(self, lr_scale: float, momentum: float) -> tuple[float, float]:
         """One step on the loader's next batch; (loss, grad_norm) once it has finished."""
         t = self.cfg.train
-        x_MBT, y_MBT = policy.step_batch(self.loader, self.seqs_per_step, self.accum, t.seq_len)
+        x_MBT, y_MBT = step_batch(self.loader, self.seqs_per_step, self.accum, t.seq_len)
         M = x_MBT.shape[0]
         total = torch.zeros((), device=self.device)
         for m in range(M):
@@ -162,11 +162,15 @@ class Trainer(TrainerInterface):
         return loss, gnorm
 
     @torch.no_grad()
-    def eval_sums(self, max_tokens: int) -> dict:
+    def eval_sums(self, max_tokens: int, seq_len: int | None = None, stride: int | None = None) -> dict:
+        """Evaluation sums over non-overlapping windows of `seq_len` (default train.seq_len), or sliding ones at
+        `stride` (eval.batch_seqs windows per batch) that score every target once (the JAX trainer's windows)."""
         t = self.cfg.train
-        toks = policy.val_window_tokens(self.val_tokens, max_tokens, t.seq_len)
+        T = seq_len or t.seq_len
+        batch = (self.cfg.eval.batch_seqs or t.val_batch_seqs) if stride else t.val_batch_seqs
+        toks = self.val_tokens if stride and not max_tokens else val_window_tokens(self.val_tokens, max_tokens, T)
         sums, ntoks, nbytes = [], 0, 0
-        for x, y, mask in val_batches(toks, t.seq_len, t.val_batch_seqs):
+        for x, y, mask in val_batches(toks, T, batch, stride=stride):
             xt = torch.from_numpy(x).to(self.device, torch.long)
             yt = torch.from_numpy(y).to(self.device, torch.long)
             with self._autocast():
@@ -186,7 +190,7 @@ class Trainer(TrainerInterface):
     def restore(self, snap) -> None:
         model_state, data_state = snap
         self.model.load_state_dict(model_state)
-        self.opt = Optimizers(self.model, self.cfg.optim, self.platform, xla=self.device.type == "xla")
+        self.opt = Optimizers(self.model, self.cfg.optim, self.dtypes.muon_ns, xla=self.device.type == "xla")
         self.loader.restore(data_state)
         _sync(self.device)
 
@@ -203,7 +207,7 @@ class Trainer(TrainerInterface):
     def write_summary(self, summary: dict) -> None:
         """summary.json/txt, curves.png and weights.npz (the interop format; not of a diverged model)."""
         self.metrics_log.close()
-        if summary["stop_reason"] != policy.STOP_NONFINITE:
+        if summary["stop_reason"] != STOP_NONFINITE:
             save_npz(self.model, self.out_dir / rundir.WEIGHTS, {"model": to_dict(self.cfg)["model"],
                                                                  "step": summary["steps"], "source": "baseline_torch"})
         rundir.write_summary(self.out_dir, summary)
@@ -214,24 +218,31 @@ class Trainer(TrainerInterface):
 
 def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bool = False,
         init_weights: str | None = None, echo: bool = True, allocator: dict | None = None) -> dict:
-    """Train `cfg` with PyTorch into `out_dir`; returns the summary dict (as frontier_jax.loop.run).
+    """Train `cfg` with PyTorch into `out_dir`; returns the summary dict (as frontier_jax.trainer.run).
     Every input (device, data, tokenizer, initial weights) is checked before anything is written; a
     signal before the first timed step leaves no run directory behind."""
     if cfg.ngram.enabled:  # never silently a different model than the config names
         raise ConfigError("ngram.enabled=True: the PyTorch baseline has no n-gram bias (use the JAX trainer, or "
                           "--set ngram.enabled=False)")
+    refuse_recipe(cfg.model)  # before anything is written
+    if cfg.eval.artifact != "int8_zlib":  # nor another artifact than the one it writes
+        raise ConfigError(f"eval.artifact={cfg.eval.artifact!r}: the PyTorch baseline writes the baseline's int8+zlib "
+                          "artifact only (use the JAX trainer, or --set eval.artifact=int8_zlib)")
     out_dir = Path(out_dir).absolute()
     log = RunLog(None, echo)
 
-    def setup() -> tuple[Trainer, Dataset]:
+    def setup(check) -> tuple[Trainer, Dataset]:
+        sizing.check_host_memory(cfg)  # before anything is allocated (as the JAX trainer)
         dev = resolve_device(device)
         if compile_model and dev.type == "xla":
             raise RunError("--compile with --device xla: torch.compile is not supported by torch-neuronx 2.9 "
                            "(aws-neuron-sdk archive/appnotes/torch-neuronx/introducing-pytorch-2-9.rst); the XLA "
                            "device compiles each marked step as one graph already")
         data = load_for_config(cfg)
+        check()  # a signal by now stops the start (startup.Start.check), before the model is built
         trainer = Trainer(cfg, dev, TrainLoader(data.train_files, cfg.train.seq_len), data.val_tokens, data.tables,
                           compile_model)
+        check()
         if init_weights:
             load_npz(trainer.model, init_weights)
         return trainer, data
@@ -263,18 +274,19 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
         log(line)
     trainer.start(out_dir, log, signals, rundir.MetricsLog(out_dir / rundir.METRICS),
                   [*([xla.CompileWatch(log)] if device.type == "xla" else []),
-                   progress.Progress(log, policy.Policy.from_config(cfg), progress.train_tokens(data.train_files), t)])
+                   progress.Progress(log, driver.Policy.from_config(cfg), progress.train_tokens(data.train_files), t)])
     base = {"config_name": cfg.name, "config_hash": config_hash(cfg), "implementation": "torch",
+            "rules_profile": cfg.rules.profile,
             **peak_info, "matmul_peak_flops": peak_info.get("matmul_peak_flops"),
             "flops_per_token": cfg.model.flops_per_token(t.seq_len), "run_dir": str(out_dir)}
     try:
-        return policy.run_budgeted(policy.Policy.from_config(cfg), trainer, base)
+        return driver.run_budgeted(driver.Policy.from_config(cfg), trainer, base)
     finally:
         trainer.metrics_log.close()
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m baseline_torch.train", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="python -m baseline_torch.train", description=__doc__.splitlines()[0])
     p.add_argument("--config", help="a configs/*.py file (default configs/tiny.py with the demo corpus)")
     p.add_argument("--data", help="directory of *_train_*.bin / *_val_*.bin shards")
     p.add_argument("--tokenizer", help="SentencePiece .model matching the shards, or 'bytes'")
@@ -286,7 +298,7 @@ def parse_args(argv):
                                                      "under torch-neuronx; auto picks it on a Neuron host)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (as the baseline does on GPU)")
     p.add_argument("--init-weights", metavar="NPZ", help="start from these weights (interop .npz, state_dict names)")
-    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice; 1 is faster on "
+    p.add_argument("--threads", type=int_in(1), help="torch intra-op threads (default: torch's choice; 1 is faster on "
                                                 "a CPU shared with other busy processes)")
     return p.parse_args(argv)
 
@@ -305,7 +317,7 @@ def main(argv=None) -> int:
             summary = run(cfg, out, str(device), args.compile, args.init_weights, allocator=allocator)
     except SystemExit as e:  # one line on stderr already printed
         return int(e.code)
-    end = policy.ending(summary["stop_reason"])
+    end = ending(summary["stop_reason"])
     for line in progress.final_lines(summary) if end.results else ():
         print(line)
     line = end.line(summary, out, checkpoints=False)

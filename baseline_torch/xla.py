@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from frontier_jax.trainer import RunHook, RunState
+from frontier_jax.run.interface import RunHook, RunState
 
 DEV = Path("/dev")
 

@@ -1,6 +1,6 @@
 """The cost model (kernels_nki/emulator/cost.py) and the schedule (schedule.py) against every figure AWS
 publishes for its own kernels: `python -m bench.cost_calibration [--target trn2] [--markdown]`. Tables and
-discussion: bench/README.md ("Cost model calibration"); tests/test_kernels_cost.py keeps them in sync.
+discussion: bench/README.md ("Cost model calibration"); tests/test_emulator_cost.py keeps them in sync.
 
 Published, checked (nothing here is fitted to them):
 - aws-neuron-sdk nki/guides/tutorials/kernel-optimization.rst, profiled with NEURON_PLATFORM_TARGET_OVERRIDE=trn2,
@@ -22,7 +22,7 @@ Published, checked (nothing here is fitted to them):
   first appeared in Neuron SDK 2.20.0, before Trn2 support; it names no instance). Ours are
   bench/calibration_kernels.py's mamba_v1 / mamba_v2 (seq_tile=512: mamba_v3), written from the page's text;
   each point is predicted on trn1 under every reading (`MAMBA`). mamba_v3 past 1024 is extrapolated from 2
-  and 3 sequence tiles, as the step estimate extrapolates qk_attention (tests/test_kernels_cost.py bounds it).
+  and 3 sequence tiles, as the step estimate extrapolates qk_attention (tests/test_bench_cost_calibration.py bounds it).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ PUBLISHED = (
      {"tensor": 0.9950, "dma": 0.2154, "vector": 0.1055}),
 )
 ENGINES = ("tensor", "dma", "vector")
-TENSOR_TOLERANCE = 0.05  # |predicted - published| TensorE active share (tests/test_kernels_cost.py)
+TENSOR_TOLERANCE = 0.05  # |predicted - published| TensorE active share (tests/test_emulator_cost.py)
 EXAMPLE_1_NS = 1416.0  # nki-dma-overview.rst, Example 1
 SCALAR_II_NS = 189.0  # nki_perf_guide.rst, Opt #5a
 CURVE_WIDTHS = (128, 512, 2048, 8192)  # bytes per partition: points of the DMA overview's figure checked
@@ -74,11 +74,19 @@ MATMUL_TRN1 = (("tiled", "matmul_schedule", {"schedule": "tiled"}, 51.80),
                ("blocked", "matmul_schedule", {"schedule": "blocked", "block_m": 2, "block_n": 2}, 22.07),
                ("blocked_k", "matmul_blocked_k", {"block_m": 16, "block_n": 2, "block_k": 8}, 6.97))
 MATMUL_TRN1_SHAPE = (8192, 4096, 8192)  # K, M, N
+# the emulator's reading of AWS's rules (kernels_nki.emulator.rules.READINGS) that the bench kernels run under:
+# the strict one, as the project's kernels (their loops are range(), not the deprecated nl aliases)
+KERNEL_READING = "strict"
+
+
+def kernels(module: str):
+    """A bench kernel module (bench.calibration_kernels, bench.probe_kernels) under KERNEL_READING."""
+    return emulator.load_kernel_module(module, reading=KERNEL_READING)
 
 
 def calibrate(target: str = "trn2") -> list[dict]:
     """The tutorial matmuls: busiest-engine shares and the schedule's active shares under each reading."""
-    module = emulator.load_kernel_module("bench.calibration_kernels")
+    module = kernels("bench.calibration_kernels")
     rows = []
     for name, kernel, (K, M, N), consts, published in PUBLISHED:
         tr = loader.record(getattr(module, kernel), ((K, M), "float32"), ((K, N), "float32"), target=target,
@@ -94,7 +102,7 @@ def calibrate(target: str = "trn2") -> list[dict]:
 
 def dma_checks() -> dict:
     """Example 1 (trn2) and the payload curve, predicted under each reading."""
-    probes = emulator.load_kernel_module("bench.probe_kernels")
+    probes = kernels("bench.probe_kernels")
     ex1 = loader.record(probes.dma_example_1, ((4, 4096), "bfloat16"), target="trn2")
     example = {a: (lambda s: (s.end[0] - s.start[0]) * 1e9)(schedule.best(ex1, a)[0]) for a in READINGS}
     curve = {}
@@ -111,7 +119,7 @@ def dma_checks() -> dict:
 
 
 def scalar_ii_ns() -> float:
-    probes = emulator.load_kernel_module("bench.probe_kernels")
+    probes = kernels("bench.probe_kernels")
     s = schedule.schedule(loader.record(probes.scalar_tiny_chain, ((128, 1), "float32"), steps=16))
     st = [a for a, i in zip(s.start, s.instrs) if i.engine == "scalar"]
     return (st[-1] - st[1]) / (len(st) - 2) * 1e9
@@ -125,7 +133,7 @@ def _mamba_specs(channels: int, seq_len: int) -> tuple:
 
 def _mamba_estimate(version: str, channels: int, seq_len: int, hoist: bool = False) -> dict:
     """Seconds under every reading (ORDERS) and the busiest-engine bound, on trn1."""
-    module = emulator.load_kernel_module("bench.calibration_kernels")
+    module = kernels("bench.calibration_kernels")
     kernel = module.mamba_v1 if version == "v1" else module.mamba_v2
     consts = {} if version == "v1" else {"seq_tile": MAMBA_SEQ_TILE if version == "v3" else 0, "hoist_delta_u": hoist}
 
@@ -143,7 +151,7 @@ def _mamba_estimate(version: str, channels: int, seq_len: int, hoist: bool = Fal
 
 def matmul_trn1() -> list[dict]:
     """The matrix multiplication tutorial's trn1 latencies beside the schedule's predictions."""
-    module = emulator.load_kernel_module("bench.calibration_kernels")
+    module = kernels("bench.calibration_kernels")
     K, M, N = MATMUL_TRN1_SHAPE
     rows = []
     for name, kernel, consts, ms in MATMUL_TRN1:

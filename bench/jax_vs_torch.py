@@ -10,7 +10,7 @@ while the other is timed). Warm-up steps (compilation included) are excluded; th
 are timed interleaved (J E C J E C ...), `--reps` rounds of `--steps` steps each, the worker timing
 only its own steps, and the median round gives tokens/s. Prints tokens/s per implementation and the
 ratio JAX / best PyTorch. The JAX worker applies the trainer's allocator setting (`train.allocator`,
-frontier_jax.host: "auto" = reuse on CPU); the PyTorch workers keep glibc's defaults unless
+frontier_jax.run.host: "auto" = reuse on CPU); the PyTorch workers keep glibc's defaults unless
 `--torch-allocator` says otherwise. A benchmark, not a test: on a CPU shared with other work the numbers move;
 compare the ratios printed side by side, and rerun.
 """
@@ -74,7 +74,7 @@ def torch_runner(cfg, x_BT, y_BT, compiled: bool):
 def _worker(impl: str, cfg, x_BT, y_BT, warmup: int, threads: int | None, allocator: str, torch_allocator: str,
             conn) -> None:
     """One implementation in its own process: build, warm up, then run `n` steps per request."""
-    from frontier_jax.host import tune_allocator
+    from frontier_jax.run.host import tune_allocator
 
     tune_allocator(allocator if impl == "jax" else torch_allocator)  # before any backend starts
     if impl.startswith("torch") and threads:
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--allocator", choices=("auto", "reuse", "system"), default="auto",
-                   help="the JAX worker's glibc allocator setting (frontier_jax.host; default auto, as the trainer)")
+                   help="the JAX worker's glibc allocator setting (frontier_jax.run.host; default auto, as the trainer)")
     p.add_argument("--torch-allocator", choices=("auto", "reuse", "system"), default="system",
                    help="the PyTorch workers' setting (default system: PyTorch as its users run it)")
     a = p.parse_args(argv)

@@ -145,11 +145,11 @@ def bench_trainer(config_path: str, builder_tokens: int, steps_per_block: int, b
     from frontier_jax import optim
     from frontier_jax.config import load_config
     from frontier_jax.data.shards import write_shard
-    from frontier_jax.model import resolve_compute_dtype
+    from frontier_jax.policies.dtypes import resolve as resolve_dtypes
     from frontier_jax.ngram.bias import empty_tables
     from frontier_jax.ngram.builder import NgramBuilder
     from frontier_jax.ngram.runtime import bias_fn
-    from frontier_jax.loop import init_state
+    from frontier_jax.trainer import init_state
     from frontier_jax.parallel import make_data_parallel
     from frontier_jax.steps import make_train_step
 
@@ -158,8 +158,9 @@ def bench_trainer(config_path: str, builder_tokens: int, steps_per_block: int, b
     cfg = replace(cfg, ngram=ng)
     t = cfg.train
     dp = make_data_parallel(0, False)
-    tx = optim.build_optimizer(cfg.optim)
-    graphdef, params, opt_state, shardings = init_state(cfg, tx, resolve_compute_dtype(cfg.model), dp)
+    dtypes = resolve_dtypes(cfg, jax.default_backend())
+    tx = optim.build_optimizer(cfg.optim, dtypes.muon_ns)
+    graphdef, params, opt_state, shardings = init_state(cfg, tx, dtypes.compute, dp)
     step = make_train_step(graphdef, tx, bias_fn, mesh=dp.mesh, state_specs=dp.state_specs(opt_state))
     rows = min(t.tokens_per_step // t.seq_len, t.micro_batch_seqs * dp.num_devices)
     rng = np.random.default_rng(0)

@@ -3,7 +3,8 @@ cases: the same bytes in wide or narrow DMAs (nki/deep-dives/nki-dma-bandwidth-g
 Payload Size"), the same VectorE instructions as a dependent chain or independent (trainium_inferentia2_arch.rst,
 "Vector Engine / Performance Consideration"), a DMA-bound and a compute-bound phase that can overlap (nki_perf_guide.rst,
 Opt #4), one transfer of the DMA overview's Example 1 (nki-dma-overview.rst), and a dependent tiny ScalarE chain
-(nki_perf_guide.rst, Opt #5a). Run by tests/test_kernels_schedule.py and bench/cost_calibration.py.
+(nki_perf_guide.rst, Opt #5a). Run by tests/test_emulator_schedule.py, test_emulator_scheduling.py and
+bench/cost_calibration.py.
 """
 
 import nki
@@ -16,7 +17,7 @@ def copy_in_chunks(x, chunk=4096):
     """out = x [128, F] bf16, moved HBM -> SBUF -> HBM in DMAs of `chunk` elements per partition."""
     P, F = x.shape
     out = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.shared_hbm)
-    for c in nl.affine_range(F // chunk):
+    for c in range(F // chunk):
         t = nl.ndarray((P, chunk), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=t, src=x[0:P, c * chunk:(c + 1) * chunk])
         nisa.dma_copy(dst=out[0:P, c * chunk:(c + 1) * chunk], src=t)

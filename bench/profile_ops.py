@@ -28,10 +28,11 @@ from flax import nnx
 
 from bench.common import CASES, PROFILE_CASES, random_batch
 from frontier_jax import ops, optim
-from frontier_jax import reference as ref
+from frontier_jax.ops import reference as ref
 from frontier_jax.config import apply_overrides
-from frontier_jax.experimental import ops as xops
-from frontier_jax.host import tune_allocator
+from frontier_jax.policies.dtypes import resolve as resolve_dtypes
+from frontier_jax.ops import experimental as xops
+from frontier_jax.run.host import tune_allocator
 from frontier_jax.model import _rope_tables, build
 from frontier_jax.steps import make_train_step
 
@@ -153,6 +154,7 @@ def interleaved(thunks: dict, rounds: int) -> dict:
 def profile_case(name: str, rounds: int, variants: bool, sets=()) -> None:
     case = CASES[name]
     cfg = case.load(*sets)
+    cfg = apply_overrides(cfg, [f"optim.muon_ns_dtype={resolve_dtypes(cfg, jax.default_backend()).muon_ns!r}"])
     B, T = case.batch, case.seq_len
     dtype = jnp.float32
     graphdef, params = nnx.split(build(cfg, dtype))
@@ -212,7 +214,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", action="store_true")
     p.add_argument("--set", action="append", default=[], help="config override, e.g. optim.muon_ns_dtype=float32")
     a = p.parse_args(argv)
-    tune_allocator("auto")  # as the trainer (frontier_jax.host), before the backend starts
+    tune_allocator("auto")  # as the trainer (frontier_jax.run.host), before the backend starts
     ops.configure("auto")
     print(f"jax {jax.__version__} ({jax.default_backend()})")
     for name in a.cases:

@@ -8,7 +8,7 @@ attention op the model calls (`ops.qk_attention`: QK-norm, RoPE, gain and causal
 `q + repeat(k + v)` (same shape; the projections stay live); the step
 with Muon + Adam replaced by plain SGD. Cost of a family = full minus the ablated step. Unlike timing
 an op alone, this includes what XLA fuses around it and the memory it keeps for the backward.
-The process applies the trainer's allocator setting first (frontier_jax.host). A benchmark, not a test.
+The process applies the trainer's allocator setting first (frontier_jax.run.host). A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from frontier_jax.host import tune_allocator
+from frontier_jax.run.host import tune_allocator
 
 import jax
 import jax.numpy as jnp

@@ -60,7 +60,7 @@ def _torch_halves(cfg, x_BT, y_BT):
 
 
 def _worker(impl, cfg, x_BT, y_BT, reps, conn):
-    from frontier_jax.host import tune_allocator
+    from frontier_jax.run.host import tune_allocator
 
     tune_allocator("auto" if impl == "jax" else "system")  # as bench/jax_vs_torch.py
     fb, update = (_jax_halves if impl == "jax" else _torch_halves)(cfg, x_BT, y_BT)

@@ -3,7 +3,7 @@
     python -m bench.train_throughput [--quick] [--reps N] [--dtype float32|bfloat16] [--cases ...]
 
 MFU = tokens/s x ModelConfig.flops_per_token (frontier_jax.config) / matmul peak measured on this device in
-the same dtype (frontier_jax.report.measure_matmul_peak). Compilation and one warm-up step are
+the same dtype (frontier_jax.parallel.measure_matmul_peak). Compilation and one warm-up step are
 excluded; each repetition is one full optimizer step (one micro-batch), timed to completion.
 Synthetic random tokens: the step's cost does not depend on the data. A benchmark, not a test.
 """
@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from bench.common import CASES, PROFILE_CASES, Case, random_batch
-from frontier_jax import optim, report
-from frontier_jax.host import tune_allocator
+from frontier_jax import optim, parallel
+from frontier_jax.policies.dtypes import resolve as resolve_dtypes
+from frontier_jax.run.host import tune_allocator
 from frontier_jax.model import build
 from frontier_jax.steps import make_train_step
 
@@ -28,7 +29,7 @@ from frontier_jax.steps import make_train_step
 def bench(case: Case, cfg, dtype, reps: int, peak: float) -> dict:
     from flax import nnx
 
-    tx = optim.build_optimizer(cfg.optim)
+    tx = optim.build_optimizer(cfg.optim, resolve_dtypes(cfg, jax.default_backend()).muon_ns)
     model = build(cfg, dtype)
     graphdef, params = nnx.split(model)
     opt_state = tx.init(params)
@@ -61,12 +62,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", nargs="+", choices=sorted(CASES), default=PROFILE_CASES)
     args = ap.parse_args(argv)
     reps = 3 if args.quick else args.reps
-    tune_allocator("auto")  # as the trainer (frontier_jax.host), before the backend starts
-    from frontier_jax.model import resolve_compute_dtype
-
-    base_model = CASES["baseline-shaped-8k"].load().model
-    dtype = jnp.dtype(args.dtype) if args.dtype else resolve_compute_dtype(base_model)
-    peak = report.measure_matmul_peak(dtype, n=1024 if args.quick else 2048)
+    tune_allocator("auto")  # as the trainer (frontier_jax.run.host), before the backend starts
+    base = CASES["baseline-shaped-8k"].load()
+    dtype = jnp.dtype(args.dtype) if args.dtype else jnp.dtype(resolve_dtypes(base, jax.default_backend()).compute)
+    peak = parallel.measure_matmul_peak(dtype, n=1024 if args.quick else 2048)
     print(f"backend {jax.default_backend()} ({jax.devices()[0].device_kind}), compute dtype {dtype}, "
           f"measured matmul peak {peak / 1e9:.1f} GFLOP/s; {reps} timed steps after compile+warm-up")
     for name in args.cases:

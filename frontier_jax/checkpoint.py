@@ -27,11 +27,17 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
+from frontier_jax.data.files import NUMBER, UnsafeFile, check_schema, within
 from frontier_jax.data.shards import DataError
 from frontier_jax.errors import describe_os_error
 
 SET_ASIDE = "corrupt-checkpoints"  # <run>/corrupt-checkpoints/<step>[-n]: checkpoints restore could not read
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's temporary directory marker (orbax/checkpoint/_src/path/atomicity_types.py)
+
+
+# what a checkpoint's meta holds (trainer.JaxTrainer.save, interop import), checked before any use
+META_SCHEMA = {"step": int, "train_seconds": NUMBER, "tokens": int, "data": {"shard": int, "offset": int},
+               "model_hash": str}
 
 
 class CheckpointError(DataError):
@@ -114,7 +120,7 @@ def save(run_dir: Path, step: int, state, meta: dict) -> Path | None:
     leaves the older checkpoints as they were and raises CheckpointError in one line.
     """
     logging.getLogger("absl").setLevel(logging.WARNING)
-    ckpt_dir = Path(run_dir) / "checkpoints"
+    ckpt_dir = within(run_dir, Path(run_dir) / "checkpoints")  # a symlink out of the run is refused
     # Already saved: orbax renames a step's directory into place only once it is complete, and every
     # process returns from a save only after all have finished it, so all see the same answer here.
     # (Listing through `steps` would open a CheckpointManager, whose creation is a collective, on only
@@ -158,7 +164,7 @@ def set_aside(run_dir: Path, steps_to_move) -> list[Path]:
         src = run_dir / "checkpoints" / str(step)
         if not src.is_dir():
             continue
-        dst_dir = run_dir / SET_ASIDE
+        dst_dir = within(run_dir, run_dir / SET_ASIDE)
         dst_dir.mkdir(exist_ok=True)
         dst, n = dst_dir / str(step), 1
         while dst.exists():
@@ -222,7 +228,16 @@ def read_meta(run_dir: Path, step: int | None = None) -> tuple[int, dict]:
             out = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     except Exception as e:  # orbax and TensorStore raise many types (plain Exception included) for a bad file
         raise CheckpointError(f"{run_dir}/checkpoints/{step}: unreadable checkpoint ({_first_line(e)})") from None
-    return step, dict(out["meta"])
+    meta = out["meta"]
+    try:
+        check_schema(meta, META_SCHEMA, "meta")
+    except UnsafeFile as e:  # as unreadable: restore falls back to the next older checkpoint
+        raise CheckpointError(f"{run_dir}/checkpoints/{step}: unreadable checkpoint ({e})") from None
+    if meta["step"] != step or min(meta["tokens"], meta["train_seconds"], meta["data"]["shard"],
+                                   meta["data"]["offset"]) < 0:
+        raise CheckpointError(f"{run_dir}/checkpoints/{step}: unreadable checkpoint (meta step {meta['step']}, "
+                              f"tokens {meta['tokens']}, train_seconds {meta['train_seconds']}, data {meta['data']})")
+    return step, dict(meta)
 
 
 def _restore_one(run_dir: Path, step: int, abstract, expect_model_hash: str | None):

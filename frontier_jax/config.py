@@ -19,6 +19,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import traceback
 import typing
 from dataclasses import dataclass, field
@@ -30,9 +31,34 @@ class ConfigError(BadInput):
 
 
 # train.kernels: NKI kernels where available, the pure-JAX reference only, or fail if any is missing
-# (frontier_jax.dispatch; the CLI's --kernels).
+# (frontier_jax.ops.dispatch; the CLI's --kernels).
 KERNEL_MODES = ("auto", "reference", "strict")
+MODEL_INITS = ("baseline", "record")  # model.init (frontier_jax.model)
+# BigramHash's multipliers of (token, previous token), the record's (docs/recipe.md)
+BIGRAM_HASH = (36313, 27191)
+# ModelConfig's recipe switches, in docs/recipe.md's order (defaults: the baseline's behaviour)
+RECIPE_SWITCHES = ("mlp_negative_slope", "rope_dims", "rope_rescale_from", "ln_scale", "xsa_last_n", "smear_gate",
+                   "bigram_buckets", "bigram_dim", "ve_layers", "ve_dim")
 MAX_SEED = (1 << 32) - 1  # train.seed: JAX's default (non-x64) PRNG key holds 32 bits; a larger seed aliases one
+# rules.profile: the contest rule sets a run can be checked against (frontier_jax.contest.rules, docs/rules.md)
+RULE_PROFILES = ("trainium-frontier", "parameter-golf")
+# load_config imports a config file as a module of this name prefix (registered in sys.modules, so the run's
+# code record, frontier_jax.contest.codebytes, counts and scans it with the project's code)
+CONFIG_MODULE_PREFIX = "_frontier_config_"
+MAX_VOCAB = 1 << 16  # model.vocab_size: shards hold uint16 token ids (frontier_jax.data.shards)
+
+
+def _check_ranges(section: str, obj, **intervals: str) -> None:
+    """ConfigError naming `section.field` for the first field outside its interval, written "[lo, hi)" ("(" and
+    ")" open, "inf" unbounded; a NaN is in none): every numeric setting is range-checked when its section is
+    built (a config file, `--set`, a run's config.json)."""
+    for name, spec in intervals.items():
+        value = getattr(obj, name)
+        lo, hi = (float(x) for x in spec[1:-1].split(","))
+        ok = (isinstance(value, int | float) and not isinstance(value, bool)
+              and (value >= lo if spec[0] == "[" else value > lo) and (value <= hi if spec[-1] == "]" else value < hi))
+        if not ok:
+            raise ConfigError(f"{section}.{name} must be in {spec}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,17 +68,37 @@ class ModelConfig:
     model_dim: int = 512  # D, the residual width
     num_heads: int = 8  # H, query heads (head dim K = model_dim / num_heads, even for RoPE)
     num_kv_heads: int = 4  # G, key/value heads (grouped-query attention; divides num_heads)
-    mlp_mult: int = 2  # MLP hidden width F = mlp_mult * model_dim (relu^2)
+    mlp_mult: float = 2.0  # MLP hidden width F = int(mlp_mult * model_dim) (a float product, truncated)
     rope_base: float = 10000.0  # RoPE frequency base
     logit_softcap: float = 30.0  # logits are softcap * tanh(logits / softcap)
     qk_gain_init: float = 1.5  # initial per-head gain on the QK-normed queries
     tied_embed_init_std: float = 0.005  # init std of the tied input/output embedding
     # "auto": bfloat16 matmuls on accelerators (as the baseline), float32 on CPU (where bf16 dots were
     # measured slower: ~120 vs ~178 GFLOP/s). "bfloat16" / "float32" force it. The resolved choice is
-    # logged and written to the run directory (see frontier_jax.model.resolve_compute_dtype).
+    # logged and written to the run directory (see frontier_jax.policies.dtypes).
     compute_dtype: str = "auto"
+    # Storage dtype of the embedding tables (tok_emb, bigram.embed, ve_shared.embed): "compute" (the compute
+    # dtype, as the baseline) or "bfloat16" / "float32" whatever the compute dtype (the record holds them in bf16).
+    embed_dtype: str = "compute"
+    # ---- the recipe's switches (docs/recipe.md); each default is the baseline's behaviour
+    mlp_negative_slope: float = 0.0  # MLP activation LeakyReLU(slope)^2; 0: relu^2
+    rope_dims: int = 0  # RoPE on the first rope_dims dims of each head, the rest pass through; 0: the whole head
+    rope_rescale_from: int = 0  # for T > this, RoPE base * (T / this)^(R / (R - 2)), R the rotated dims; 0: never
+    ln_scale: bool = False  # both sublayer inputs rms_norm(x) * 1 / sqrt(layer + 1)
+    xsa_last_n: int = 0  # XSA (the own value's component removed from the attention output) on the last N layers
+    smear_gate: bool = False  # SmearGate after the embedding norm: (1 - g) x_t + g x_(t-1), g = sigmoid(gate)
+    bigram_buckets: int = 0  # BigramHash: a table of this many buckets added to the embedding; 0: off
+    bigram_dim: int = 128  # BigramHash table width (projected to model_dim when different)
+    ve_layers: tuple[int, ...] = ()  # value embeddings added to v on these layers (absolute indices); (): off
+    ve_dim: int = 128  # value-embedding table width (projected to the kv width when different)
+    init: str = "baseline"  # "baseline" (PyTorch-default linears) | "record" (orthogonal, the record's init)
 
     def __post_init__(self):
+        _check_ranges("model", self, vocab_size=f"[1, {MAX_VOCAB}]", num_layers="[1, inf)", model_dim="[1, inf)",
+                      num_heads="[1, inf)", num_kv_heads="[1, inf)", mlp_mult="(0, inf)", rope_base="(0, inf)",
+                      logit_softcap="(0, inf)", qk_gain_init="(-inf, inf)", tied_embed_init_std="[0, inf)",
+                      mlp_negative_slope="(-inf, inf)", rope_dims="[0, inf)", rope_rescale_from="[0, inf)",
+                      xsa_last_n="[0, inf)", bigram_buckets="[0, inf)", bigram_dim="[1, inf)", ve_dim="[1, inf)")
         if self.model_dim % self.num_heads:
             raise ConfigError(f"model.model_dim={self.model_dim} is not divisible by model.num_heads={self.num_heads}")
         if self.num_heads % self.num_kv_heads:
@@ -61,26 +107,79 @@ class ModelConfig:
             raise ConfigError("model head dim must be even for the half-split RoPE")
         if self.compute_dtype not in ("auto", "bfloat16", "float32"):
             raise ConfigError(f"model.compute_dtype must be auto|bfloat16|float32, got {self.compute_dtype!r}")
-        for name in ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads", "mlp_mult"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"model.{name} must be positive")
+        object.__setattr__(self, "mlp_mult", float(self.mlp_mult))  # an int from a config file is the same float
+        object.__setattr__(self, "ve_layers", tuple(self.ve_layers))
+        self._check_recipe()
+
+    def _check_recipe(self):
+        """The recipe's settings against each other and the shape (their ranges are in __post_init__)."""
+        if self.embed_dtype not in ("compute", "bfloat16", "float32"):
+            raise ConfigError(f"model.embed_dtype must be compute|bfloat16|float32, got {self.embed_dtype!r}")
+        if self.init not in MODEL_INITS:
+            raise ConfigError(f"model.init must be {'|'.join(MODEL_INITS)}, got {self.init!r}")
+        if self.mlp_hidden <= 0:
+            raise ConfigError(f"model.mlp_mult={self.mlp_mult} gives no MLP hidden unit at model_dim={self.model_dim}")
+        _check_ranges("model", self, xsa_last_n=f"[0, {self.num_layers}]")
+        K, R = self.head_dim, self.rope_dims
+        if R % 2 or R > K:
+            raise ConfigError(f"model.rope_dims={R} must be even and in [0, head dim {K}] (0: the whole head)")
+        if self.rope_rescale_from and self.rotary_dims <= 2:
+            raise ConfigError(f"model.rope_rescale_from needs more than 2 rotated dims (the exponent is R / (R - 2)), "
+                              f"got {self.rotary_dims}")
+        if self.bigram_buckets == 1:
+            raise ConfigError("model.bigram_buckets must be 0 (off) or >= 2 (one bucket is reserved for position 0), "
+                              "got 1")
+        if self.bigram_buckets and self.vocab_size * max(BIGRAM_HASH) >= 2 ** 31:
+            raise ConfigError(f"model.vocab_size={self.vocab_size}: BigramHash's int32 products "
+                              f"{BIGRAM_HASH} x token id overflow from id {2 ** 31 // max(BIGRAM_HASH)}")
+        bad = [i for i in self.ve_layers if not (isinstance(i, int) and 0 <= i < self.num_layers)]
+        if bad or len(set(self.ve_layers)) != len(self.ve_layers):
+            raise ConfigError(f"model.ve_layers={self.ve_layers}: distinct layer indices in [0, {self.num_layers}) "
+                              "expected")
 
     @property
     def head_dim(self) -> int:
         return self.model_dim // self.num_heads
 
+    @property
+    def mlp_hidden(self) -> int:
+        """F = int(mlp_mult * model_dim): the float product truncated (3.0 * 512 = 1536; 2.9 * 512 -> 1484)."""
+        return int(self.mlp_mult * self.model_dim)
+
+    @property
+    def rotary_dims(self) -> int:
+        """R, the head dims RoPE rotates: rope_dims, or the whole head (rope_dims = 0)."""
+        return self.rope_dims or self.head_dim
+
+    def layer_ln_scale(self, layer: int) -> float:
+        """The factor on both sublayer inputs of block `layer` (0-based): 1 / sqrt(layer + 1) with ln_scale, else 1."""
+        return 1.0 / math.sqrt(layer + 1) if self.ln_scale else 1.0
+
+    def xsa_layers(self) -> range:
+        """The blocks whose attention uses XSA: the last xsa_last_n."""
+        return range(self.num_layers - self.xsa_last_n, self.num_layers)
+
+    def recipe_switches(self) -> list[str]:
+        """`model.<field>=<value>` of every recipe switch (and init / table dtype) set away from its default."""
+        base = ModelConfig()
+        fields = ("embed_dtype",) + RECIPE_SWITCHES + ("init",)
+        return [f"model.{f}={getattr(self, f)!r}" for f in fields if getattr(self, f) != getattr(base, f)]
+
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward = 3x forward) of this architecture, attention included
-        (the MFU numerator of both trainers and of frontier_jax.kernel_report).
+        (the MFU numerator of both trainers and of frontier_jax.neuron.kernel_report).
 
         Matmul FLOPs: 2 per MAC. Attention scores and values: causal, so on average T/2 keys per query
-        (counted as the full T*T/2 triangle: 2 * 2 * H * K * T/2 per token forward).
+        (counted as the full T*T/2 triangle: 2 * 2 * H * K * T/2 per token forward). The recipe's BigramHash and
+        value-embedding projections count once per token (table lookups are not FLOPs).
         """
         D, H, G, K = self.model_dim, self.num_heads, self.num_kv_heads, self.head_dim
-        F, V, L = self.mlp_mult * D, self.vocab_size, self.num_layers
+        F, V, L = self.mlp_hidden, self.vocab_size, self.num_layers
         per_layer = 2 * (D * H * K + 2 * D * G * K + H * K * D + 2 * D * F)
         attn = 2 * 2 * H * K * (seq_len / 2)
-        return 3.0 * (L * (per_layer + attn) + 2 * D * V)
+        bigram = 2 * self.bigram_dim * D if self.bigram_buckets and self.bigram_dim != D else 0
+        ve = 2 * self.ve_dim * G * K if self.ve_layers and self.ve_dim != G * K else 0
+        return 3.0 * (L * (per_layer + attn) + 2 * D * V + bigram + ve)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,7 +197,7 @@ class OptimConfig:
     muon_ns_steps: int = 5  # Newton-Schulz iterations of Muon's orthogonalisation
     # Newton-Schulz precision: the baseline runs it in bf16; "float32" exists for parity tests; "auto":
     # bfloat16 on accelerators, float32 on CPU (where bf16 dots are slower), resolved and logged at start-up
-    # (frontier_jax.optim.resolve_ns_dtype).
+    # (frontier_jax.policies.dtypes).
     muon_ns_dtype: str = "bfloat16"
     warmdown_steps: int = 1200  # the learning rate decays linearly to 0 over the last this-many steps
     # "time": the warmdown start is computed from measured wall-clock step time (the baseline);
@@ -107,6 +206,10 @@ class OptimConfig:
     fused: bool = False  # fused Adam/Muon updates, one primitive (NKI kernel) per parameter
 
     def __post_init__(self):
+        _check_ranges("optim", self, matrix_lr="[0, inf)", scalar_lr="[0, inf)", embed_lr="[0, inf)",
+                      ngram_lr="[0, inf)", beta1="[0, 1)", beta2="[0, 1)", adam_eps="(0, inf)",
+                      muon_momentum="[0, 1)", muon_momentum_warmup_start="[0, 1)",
+                      muon_momentum_warmup_steps="[0, inf)", muon_ns_steps="[1, inf)", warmdown_steps="[0, inf)")
         if self.muon_ns_dtype not in ("auto", "bfloat16", "float32"):
             raise ConfigError(f"optim.muon_ns_dtype must be auto|bfloat16|float32, got {self.muon_ns_dtype!r}")
         if self.warmdown_mode not in ("time", "steps"):
@@ -126,6 +229,9 @@ class DataConfig:
     max_val_duplicate_share: float = 0.001
 
     def __post_init__(self):
+        for name in ("train_pattern", "val_pattern"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ConfigError(f"data.{name} must be a non-empty glob pattern, got {getattr(self, name)!r}")
         if not 0.0 <= self.max_val_duplicate_share <= 1.0:
             raise ConfigError(f"data.max_val_duplicate_share must be in [0, 1], got {self.max_val_duplicate_share}")
 
@@ -143,10 +249,10 @@ class TrainConfig:
     val_batch_seqs: int = 64  # windows per validation batch (global; > 0)
     checkpoint_every_steps: int = 0  # 0: only final and on signals
     log_every_steps: int = 200  # progress: a train.log line every this many steps (metrics.jsonl has every step)
-    log_every_seconds: float = 30.0  # ... or every this many seconds, whichever comes first (frontier_jax.progress)
+    log_every_seconds: float = 30.0  # ... or every this many seconds, whichever comes first (frontier_jax.run.progress)
     seed: int = 1337  # parameter init seed
     kernels: str = "auto"  # one of KERNEL_MODES (see frontier_jax.ops)
-    # C allocator of the host process (frontier_jax.host): "reuse" keeps XLA's per-step temporary buffer
+    # C allocator of the host process (frontier_jax.run.host): "reuse" keeps XLA's per-step temporary buffer
     # in the heap instead of mmap/munmap + page faults every step (CPU: 1.1-1.3x faster steps); "system"
     # leaves glibc's defaults; "auto": reuse when JAX runs on the CPU, system with an accelerator.
     # Applied by the entry points before the JAX backend starts; the resolved choice goes to env.json.
@@ -158,8 +264,9 @@ class TrainConfig:
     def __post_init__(self):
         if self.allocator not in ("auto", "reuse", "system"):
             raise ConfigError(f"train.allocator must be auto|reuse|system, got {self.allocator!r}")
-        if self.budget_seconds <= 0:
+        if not self.budget_seconds > 0:  # (a NaN too)
             raise ConfigError(f"train.budget_seconds must be > 0, got {self.budget_seconds}")
+        _check_ranges("train", self, log_every_seconds="(0, inf]")
         if self.kernels not in KERNEL_MODES:
             raise ConfigError(f"train.kernels must be {'|'.join(KERNEL_MODES)}, got {self.kernels!r}")
         if self.seq_len <= 0 or self.tokens_per_step <= 0 or self.micro_batch_seqs <= 0:
@@ -221,6 +328,8 @@ class NgramConfig:
                               f"{self.table_bytes // self.num_orders}), over ngram.max_table_bytes={self.max_table_bytes}")
         if self.confidence_buckets <= 0 or self.snapshot_every_tokens <= 0:
             raise ConfigError("ngram.confidence_buckets and ngram.snapshot_every_tokens must be positive")
+        _check_ranges("ngram", self, builder_shards_from_end="[1, inf)", builder_niceness="[0, 19]",
+                      max_table_bytes="[1, inf)")
         if self.builder_processes != 1:
             raise ConfigError(f"ngram.builder_processes={self.builder_processes}: only 1 builder process is implemented")
         host = host_memory_bytes()
@@ -253,6 +362,47 @@ class ParallelConfig:
     def __post_init__(self):
         if self.num_devices < 0:
             raise ConfigError("parallel.num_devices must be >= 0 (0: all devices)")
+        _check_ranges("parallel", self, heartbeat_timeout_seconds="(0, inf)")
+
+
+# eval.artifact -> the prefix of its score lines (`final_int8_zlib_roundtrip`, the baseline's; `final_int6_roundtrip`,
+# record 2026-03-23's): docs/evaluation.md, "The final evaluation"
+ARTIFACT_LINES = {"int8_zlib": "final_int8_zlib", "int6_lzma": "final_int6"}
+# eval.score -> which final line is the run's score (the stage's suffix after the artifact's prefix)
+SCORE_STAGES = {"roundtrip": "_roundtrip", "sliding": "_sliding_window"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    # T of the round-trip and sliding-window validations (the record's EVAL_SEQ_LEN); 0: train.seq_len. The val
+    # split is cut to whole windows of max(train.seq_len, this), as the record cuts it.
+    seq_len: int = 0
+    # 0: no sliding-window line; else the final pipeline scores sliding windows at this stride on the round trip's
+    # weights (every target exactly once), after the round-trip line
+    stride: int = 0
+    artifact: str = "int8_zlib"  # int8_zlib (the baseline's final_model.int8.ptz) | int6_lzma (the record's .int6.ptz)
+    score: str = "roundtrip"  # which final line is the run's score (summary.json `score`): roundtrip | sliding
+    batch_seqs: int = 0  # windows per batch of the sliding windows; 0: train.val_batch_seqs
+
+    def __post_init__(self):
+        _check_ranges("eval", self, seq_len="[0, inf)", stride="[0, inf)", batch_seqs="[0, inf)")
+        if self.artifact not in ARTIFACT_LINES:
+            raise ConfigError(f"eval.artifact must be {'|'.join(ARTIFACT_LINES)}, got {self.artifact!r}")
+        if self.score not in SCORE_STAGES:
+            raise ConfigError(f"eval.score must be {'|'.join(SCORE_STAGES)}, got {self.score!r}")
+        if self.score == "sliding" and not self.stride:
+            raise ConfigError("eval.score='sliding' needs eval.stride > 0 (no sliding-window line is scored)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RulesConfig:
+    # The contest rule set the run's score is claimed under (one of RULE_PROFILES): its summary and score
+    # lines name it, and `python -m frontier_jax.submission check RUN` reports the run against every rule of it.
+    profile: str = "trainium-frontier"
+
+    def __post_init__(self):
+        if self.profile not in RULE_PROFILES:
+            raise ConfigError(f"rules.profile must be {'|'.join(RULE_PROFILES)}, got {self.profile!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,6 +414,34 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)  # batch, budget, validation, checkpoints
     ngram: NgramConfig = field(default_factory=NgramConfig)  # the optional n-gram logit bias
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # data parallelism
+    rules: RulesConfig = field(default_factory=RulesConfig)  # the contest rule set (frontier_jax.contest)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # the final evaluation pipeline: lengths, stride, artifact
+
+    @property
+    def eval_seq_len(self) -> int:
+        """T of the round-trip and sliding-window validations: eval.seq_len, or train.seq_len when it is 0."""
+        return self.eval.seq_len or self.train.seq_len
+
+    @property
+    def val_seq_len(self) -> int:
+        """The val split is cut to whole windows of this many tokens (+1): the longer of the two lengths."""
+        return max(self.train.seq_len, self.eval_seq_len)
+
+    def __post_init__(self):
+        """Each section of its type (a config file's `get_config` returning `model=None` failed much later), a
+        name that can be a run directory's (runs/<name>-<time>): no directory part, and a sliding-window stride
+        within the eval window."""
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            if f.name != "name" and not isinstance(getattr(self, f.name), hints[f.name]):
+                raise ConfigError(f"config section {f.name} is {type(getattr(self, f.name)).__name__}, expected "
+                                  f"{hints[f.name].__name__}")
+        if not isinstance(self.name, str) or not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ConfigError(f"config name {self.name!r} must be a file name (runs/<name>-<time>), with no '/'")
+        T, stride = self.eval_seq_len, self.eval.stride
+        if stride > T:
+            raise ConfigError(f"eval.stride={stride} is longer than the eval window of {T} tokens (eval.seq_len, "
+                              "0: train.seq_len)")
 
 
 # ----------------------------------------------------------------------------- loading / overrides
@@ -274,12 +452,17 @@ def load_config(path: str | Path) -> Config:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    spec = importlib.util.spec_from_file_location(f"_frontier_config_{path.stem}", path)
+    spec = importlib.util.spec_from_file_location(f"{CONFIG_MODULE_PREFIX}{path.stem}", path)
     if spec is None:
         raise ConfigError(f"{path}: not a Python config file (expected a .py module defining get_config())")
     module = importlib.util.module_from_spec(spec)
-    with _config_errors(path, "loading"):
-        spec.loader.exec_module(module)
+    sys.modules[spec.name] = module  # an import like any other: the run's code record lists it
+    try:
+        with _config_errors(path, "loading"):
+            spec.loader.exec_module(module)
+    except ConfigError:
+        sys.modules.pop(spec.name, None)
+        raise
     if not hasattr(module, "get_config"):
         raise ConfigError(f"{path}: config file defines no get_config()")
     with _config_errors(path, "get_config()"):
@@ -316,7 +499,13 @@ def _parse_value(raw: str):
 
 
 def _check_type(key: str, annotation, value, where: str = "--set "):
-    """`value` for a field of type `annotation` (int widened to float); ConfigError naming `where``key`."""
+    """`value` for a field of type `annotation` (int widened to float; a tuple of ints from a tuple or a list, e.g.
+    `--set model.ve_layers=(2,3)` or a JSON list); ConfigError naming `where``key`."""
+    if typing.get_origin(annotation) is tuple:
+        item = typing.get_args(annotation)[0]
+        if not isinstance(value, (tuple, list)):
+            raise ConfigError(f"{where}{key}={value!r}: expected a tuple of {item.__name__}, got {type(value).__name__}")
+        return tuple(_check_type(f"{key}[{i}]", item, v, where) for i, v in enumerate(value))
     hints = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
     allowed = hints.get(annotation)
     if allowed is None:
@@ -380,7 +569,13 @@ def apply_overrides(cfg: Config, overrides: list[str] | tuple[str, ...]) -> Conf
 
 
 def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
+    """The config as a dict of JSON values: an infinite float (`--budget inf`) as the word "inf" / "-inf", which
+    `from_dict` reads back (strict JSON has no Infinity, and a run directory's JSON is strict)."""
+    def word(v):
+        return ("inf" if v > 0 else "-inf") if isinstance(v, float) and math.isinf(v) else v
+
+    return {k: ({f: word(x) for f, x in v.items()} if isinstance(v, dict) else word(v))
+            for k, v in dataclasses.asdict(cfg).items()}
 
 
 def from_dict(d: dict) -> Config:
@@ -425,11 +620,20 @@ def config_hash(cfg: Config) -> str:
 
 def model_hash(cfg: Config) -> str:
     """Identity of a model's parameter shapes (a checkpoint from another model is refused): the model's
-    sizes and, with the n-gram bias on, the bias parameter's [orders, confidence buckets] (frontier_jax.model
-    `build`). A config without the bias hashes its model sizes alone."""
+    sizes, the recipe's parameters that are present (BigramHash, SmearGate, value embeddings, the tables' storage
+    dtype) and, with the n-gram bias on, the bias parameter's [orders, confidence buckets] (frontier_jax.model
+    `build`). A config without them hashes its model sizes alone."""
     m, ng = cfg.model, cfg.ngram
-    shapes = {k: getattr(m, k) for k in ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads",
-                                         "mlp_mult")}
+    shapes = {k: getattr(m, k) for k in ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads")}
+    shapes["mlp_mult"] = int(m.mlp_mult) if m.mlp_mult.is_integer() else m.mlp_mult  # an integral one as it was
+    base = ModelConfig()
+    for k in ("embed_dtype", "smear_gate", "bigram_buckets", "ve_layers"):  # the recipe's parameters, when present
+        if getattr(m, k) != getattr(base, k):
+            shapes[k] = getattr(m, k)
+    if m.bigram_buckets:
+        shapes["bigram_dim"] = m.bigram_dim
+    if m.ve_layers:
+        shapes["ve_dim"] = m.ve_dim
     if ng.bias_orders:
         shapes["ngram_bias"] = [ng.bias_orders, ng.confidence_buckets]
     return hashlib.sha256(json.dumps(shapes, sort_keys=True).encode()).hexdigest()[:12]

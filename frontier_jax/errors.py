@@ -9,8 +9,10 @@ below; anything else is a bug and keeps its traceback. This module imports nothi
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
+import math
 import sys
 
 EXIT_OK = 0
@@ -52,6 +54,46 @@ def exit_on_error():
         _leave(f"error: {describe_os_error(e)}", EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         _leave("interrupted", EXIT_INTERRUPTED)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser for every entry point: a bad option (missing, unknown, out of range: `int_in` and
+    `float_in` below) is one line on stderr and exit 2, as every other bad input (argparse would print its
+    usage first); `--help` gives the usage."""
+
+    def error(self, message):
+        _leave(f"error: {self.prog}: {message} (see --help)", EXIT_BAD_INPUT)
+
+
+def int_in(lo: int, hi: int | None = None):
+    """An argparse `type`: an integer in [lo, hi] (hi None: no upper bound)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"{value} is outside [{lo}, {'inf' if hi is None else hi}]")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def float_in(lo: float, hi: float | None = None, lo_open: bool = False):
+    """An argparse `type`: a finite number in [lo, hi] ((lo, hi] with lo_open; hi None: no upper bound)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < lo or (lo_open and value == lo) or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"{value} is outside {'(' if lo_open else '['}{lo:g}, "
+                                             f"{'inf' if hi is None else f'{hi:g}'}] (a finite number)")
+        return value
+
+    parse.__name__ = "number"
+    return parse
 
 
 def _leave(line: str, code: int):

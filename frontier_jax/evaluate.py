@@ -1,22 +1,24 @@
-"""Score a run's checkpoint on the full val split in exact bits per byte: `python -m frontier_jax.evaluate`.
+"""Score a run's checkpoint or artifact on the full val split in exact bits per byte: `python -m frontier_jax.evaluate`.
 
-    python -m frontier_jax.evaluate --run DIR [--step N | --artifact [PATH]] [--data DIR] [--tokenizer PATH] [--stride N] [--batch-seqs N] [--json]
+    python -m frontier_jax.evaluate --run DIR [--step N | --artifact [PATH]] [--data DIR] [--tokenizer PATH]
+                                    [--eval-seq-len T] [--stride N] [--batch-seqs N] [--json]
 
 The run's config.json and its newest intact checkpoint (a corrupt newer one is skipped with one line
 on stderr naming it; `--step N` picks one) give the model; the forward is the training one
 (`steps.make_eval_step` over `GPT.__call__`), jit-compiled once: the last batch is padded with
-masked rows. Default: the baseline protocol (docs/evaluation.md), non-overlapping `seq_len`
-windows over the whole val split, truncated to whole windows (+1 target token). With `--stride N` <
-seq_len, windows overlap and every target is still scored exactly once, with the longest context
-available: the sliding window is only a score mask, mask[b, t] = t >= score_from[b].
-`--artifact [PATH]` scores the int8 + zlib artifact instead (`frontier_jax.quantize`; default the run's
-`final_model.int8.ptz`, written by either trainer): its dequantized weights, as the contest scores it;
-the result equals the run's own `roundtrip_val_bpb`.
+masked rows. Default: the baseline protocol (docs/evaluation.md), non-overlapping windows of the run's
+eval length (eval.seq_len, else train.seq_len; `--eval-seq-len T` another) over the whole val split, cut to
+whole windows of the longer of train.seq_len and that length (+1 target token), as the run and the record cut
+it. With `--stride N` <= T, windows overlap and every target is still scored exactly once, with the longest
+context available: the sliding window is only a score mask, mask[b, t] = t >= score_from[b].
+`--artifact [PATH]` scores an artifact instead (`frontier_jax.interop.artifact`; default the run's own,
+`final_model.int8.ptz` or `final_model.int6.ptz` by its eval.artifact): int8+zlib (written by either trainer or
+the official script) or int6+lzma (ours or record 2026-03-23's), told apart by the file's bytes; its dequantized
+weights are scored, as the contest scores them: the result equals the run's own round-trip line.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from frontier_jax.config import ConfigError
 from frontier_jax.data.shards import DataError
-from frontier_jax.errors import BadInput
+from frontier_jax.errors import ArgumentParser, BadInput, int_in
 
 
 class EvalError(BadInput):
@@ -57,27 +59,34 @@ def _ngram_bias(run_dir: Path, cfg, log=None):
                         f"{(str(e).splitlines() or [''])[0][:160]})") from None
 
 
-def _artifact_params(run_dir: Path, artifact):
-    """(config, graphdef, params, compute dtype) from an int8 + zlib artifact's dequantized weights."""
-    from frontier_jax import optim, quantize
-    from frontier_jax.interop import abstract_state, read_run_config, state_dict_to_params
+def _artifact_params(run_dir: Path, path):
+    """(config, graphdef, params, compute dtype, format) from an artifact's dequantized weights (either format),
+    its decompression bounded by the model's size."""
+    import jax
+    import numpy as np
 
-    cfg, dtype = read_run_config(run_dir)
-    graphdef, aparams, _ = abstract_state(cfg, dtype, optim.build_optimizer(cfg.optim))
-    sd = quantize.dequantize_state_dict(quantize.load_artifact(artifact))
-    return cfg, graphdef, state_dict_to_params(sd, aparams, source=str(artifact)), dtype
+    from frontier_jax import optim
+    from frontier_jax.interop import artifact, quantize
+    from frontier_jax.interop.state_dict import abstract_state, read_run_config, state_dict_to_params
+
+    cfg, dtypes = read_run_config(run_dir)
+    graphdef, aparams, _ = abstract_state(cfg, dtypes.compute, optim.build_optimizer(cfg.optim, dtypes.muon_ns))
+    sizes = [int(np.prod(leaf.shape)) for leaf in jax.tree_util.tree_leaves(aparams)]
+    fmt, sd = artifact.load(path, quantize.raw_limit(sum(sizes), len(sizes)))
+    # (the record's own artifact holds its unbanked names: state_dict_to_params maps the recipe's parameters)
+    return cfg, graphdef, state_dict_to_params(sd, aparams, source=str(path)), dtypes.compute, fmt
 
 
 def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs=None, step=None, log=None,
-                 artifact=None) -> dict:
+                 artifact=None, eval_seq_len=None) -> dict:
     """Sums and bpb of a run's newest intact (or given) checkpoint on its val split (see the module docstring),
-    or of the int8 + zlib artifact `artifact` (its dequantized weights, in the run's model)."""
+    or of the artifact `artifact` (its dequantized weights, in the run's model)."""
     from frontier_jax import ops
-    from frontier_jax.run_policy import bpb
     from frontier_jax.data.dataset import load_dataset
     from frontier_jax.data.stream import val_batches
-    from frontier_jax.host import tune_allocator
-    from frontier_jax.interop import read_run_config, restore_params
+    from frontier_jax.policies.scoring import bpb
+    from frontier_jax.run.host import tune_allocator
+    from frontier_jax.interop.state_dict import read_run_config, restore_params
     from frontier_jax.steps import evaluate_batches, make_eval_step, q_gains
 
     run_dir = Path(run_dir)
@@ -85,24 +94,28 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
         raise DataError(f"{run_dir}: run directory does not exist")
     t0 = time.perf_counter()
     cfg, _ = read_run_config(run_dir)  # inputs are checked before any array is restored
-    tune_allocator(cfg.train.allocator)  # as the run trained; before the JAX backend starts (frontier_jax.host)
+    tune_allocator(cfg.train.allocator)  # as the run trained; before the JAX backend starts (frontier_jax.run.host)
     data_dir = data_dir or cfg.data.data_dir
     tok_spec = tokenizer or cfg.data.tokenizer
     if not data_dir:
         raise DataError(f"{run_dir}/config.json: no data directory recorded; pass --data DIR")
-    T = cfg.train.seq_len
+    T = cfg.eval_seq_len if eval_seq_len is None else int(eval_seq_len)
+    if T <= 0:
+        raise ConfigError(f"--eval-seq-len {T}: must be positive")
     stride = T if stride is None else int(stride)
     if not 0 < stride <= T:
-        raise ConfigError(f"--stride {stride}: must be in [1, seq_len={T}]")
-    batch_seqs = int(batch_seqs or cfg.train.val_batch_seqs)
+        raise ConfigError(f"--stride {stride}: must be in [1, eval seq_len={T}]")
+    sliding = stride != T
+    batch_seqs = int(batch_seqs or (cfg.eval.batch_seqs if sliding else 0) or cfg.train.val_batch_seqs)
     if batch_seqs <= 0:
         raise ConfigError(f"--batch-seqs {batch_seqs}: must be positive")
-    data = load_dataset(data_dir, tok_spec, cfg.model.vocab_size, T, cfg.data.train_pattern, cfg.data.val_pattern,
-                        f"model.vocab_size of {run_dir}")
+    data = load_dataset(data_dir, tok_spec, cfg.model.vocab_size, max(cfg.val_seq_len, T), cfg.data.train_pattern,
+                        cfg.data.val_pattern, f"model.vocab_size of {run_dir}")
     tok, tokens = data.tokenizer, data.val_tokens
-    ops.configure(cfg.train.kernels)
+    ops.configure(cfg.train.kernels, model=cfg.model)
+    fmt = None
     if artifact is not None:
-        cfg, graphdef, params, dtype = _artifact_params(run_dir, Path(artifact))
+        cfg, graphdef, params, dtype, fmt = _artifact_params(run_dir, Path(artifact))
         step = None
     else:
         cfg, graphdef, params, step, dtype = restore_params(run_dir, step, log)
@@ -110,50 +123,63 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     # the qk_attention forward the kernel path runs for these gains (frontier_jax.ops.attention_forward)
     exact = not ops.bounded_shift_valid(float(ops.score_bound(q_gains(params), cfg.model.head_dim)), T)
     eval_step = make_eval_step(graphdef, data.tables, bias_fn, attention_exact=exact)
-    batches = val_batches(tokens, T, batch_seqs, stride=None if stride == T else stride)
+    batches = val_batches(tokens, T, batch_seqs, stride=stride if sliding else None)
     sums = evaluate_batches(eval_step, params, batches, aux)
     score = bpb(sums["nll_sum_nats"], sums["bytes"])
     if not math.isfinite(score):
-        raise EvalError(f"{run_dir}/checkpoints/{step}: val bpb is {score} (a non-finite loss on the val split: "
-                        "the checkpoint's parameters or the shards are broken)")
+        what = artifact if artifact is not None else f"{run_dir}/checkpoints/{step}"
+        raise EvalError(f"{what}: val bpb is {score} (a non-finite loss on the val split: the "
+                        f"{'artifact' if artifact is not None else 'checkpoint'}'s parameters or the shards are broken)")
     return {
         **sums,
         "bpb": score,
         "loss": sums["nll_sum_nats"] / max(sums["tokens"], 1),
         "stride": stride, "seq_len": T, "batch_seqs": batch_seqs,
         "run": str(run_dir), "checkpoint_step": step, "compute_dtype": str(dtype),
-        "artifact": None if artifact is None else str(artifact),
+        "artifact": None if artifact is None else str(artifact), "artifact_format": fmt,
         "data_dir": str(data_dir), "tokenizer": str(tok.path), "data_provenance": data.provenance,
         "seconds": time.perf_counter() - t0,
     }
+
+
+def _run_artifact(run_dir: Path) -> Path:
+    """The artifact a run writes (its eval.artifact's file name)."""
+    from frontier_jax.interop.artifact import artifact_path
+    from frontier_jax.run.rundir import read_config
+
+    return artifact_path(run_dir, read_config(run_dir).eval.artifact)
 
 
 def main(argv=None) -> int:
     """0 on success; bad input exits 2 with one line through `exit_on_error` (SystemExit)."""
     from frontier_jax.errors import exit_on_error
 
-    ap = argparse.ArgumentParser(prog="python -m frontier_jax.evaluate", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m frontier_jax.evaluate", description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True, help="run directory (config.json + checkpoints/)")
-    ap.add_argument("--step", type=int, help="checkpoint step to score (default: the newest intact one)")
+    ap.add_argument("--step", type=int_in(0), help="checkpoint step to score (default: the newest intact one)")
     ap.add_argument("--data", help="shard directory (default: the run's data.data_dir)")
     ap.add_argument("--tokenizer", help="tokenizer (default: the run's data.tokenizer)")
-    ap.add_argument("--stride", type=int, help="sliding-window stride (default seq_len: non-overlapping windows)")
-    ap.add_argument("--batch-seqs", type=int, help="windows per eval batch (default train.val_batch_seqs)")
+    ap.add_argument("--eval-seq-len", type=int_in(1), metavar="T",
+                    help="window length (default the run's eval.seq_len, else train.seq_len)")
+    ap.add_argument("--stride", type=int_in(1), help="sliding-window stride, every target scored once (default the "
+                                                     "window length: non-overlapping windows)")
+    ap.add_argument("--batch-seqs", type=int_in(1), help="windows per eval batch (default train.val_batch_seqs; "
+                                                         "sliding: eval.batch_seqs when set)")
     ap.add_argument("--artifact", nargs="?", const="", metavar="PATH",
-                    help="score an int8+zlib artifact instead of a checkpoint (default PATH: the run's "
-                         "final_model.int8.ptz; the official script's artifact of the same model works too)")
+                    help="score an artifact instead of a checkpoint: int8+zlib or int6+lzma, told apart by its bytes "
+                         "(default PATH: the run's final_model.int8.ptz or final_model.int6.ptz, by its "
+                         "eval.artifact; the official script's or the record's artifact of the same model works too)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    artifact = None
-    if args.artifact is not None:
-        from frontier_jax.quantize import ARTIFACT
-
-        artifact = args.artifact or str(Path(args.run) / ARTIFACT)
     with exit_on_error():
+        artifact = None
+        if args.artifact is not None:
+            artifact = args.artifact or str(_run_artifact(Path(args.run)))
         if artifact is not None and args.step is not None:
             raise ConfigError("--step and --artifact: choose one (an artifact has no checkpoint step)")
         r = evaluate_run(args.run, args.data, args.tokenizer, args.stride, args.batch_seqs, args.step,
-                         log=lambda msg: print(msg, file=sys.stderr, flush=True), artifact=artifact)
+                         log=lambda msg: print(msg, file=sys.stderr, flush=True), artifact=artifact,
+                         eval_seq_len=args.eval_seq_len)
     if args.json:
         print(json.dumps(r, sort_keys=True, allow_nan=False))
     else:

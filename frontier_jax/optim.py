@@ -29,9 +29,9 @@ import optax
 
 from frontier_jax import ops
 from frontier_jax.config import OptimConfig
-from frontier_jax.policies import ns_dtype_name
-from frontier_jax.policies import param_label as label_for
-from frontier_jax.reference import muon_direction
+from frontier_jax.policies.dtypes import AUTO
+from frontier_jax.policies.groups import param_label as label_for
+from frontier_jax.ops.reference import muon_direction
 
 
 def path_names(path) -> list[str]:
@@ -102,15 +102,15 @@ def scale_by_scheduled_lr(base_lr: float) -> optax.GradientTransformationExtraAr
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def resolve_ns_dtype(cfg: OptimConfig, platform: str | None = None) -> str:
-    """optim.muon_ns_dtype with "auto" resolved: bfloat16 on accelerators (the baseline), float32 on CPU."""
-    return ns_dtype_name(cfg, platform or jax.default_backend())
-
-
-def build_optimizer(cfg: OptimConfig, platform: str | None = None) -> Optimizer:
-    """Muon / Adam by label, unfused or fused (`optim.fused`): same groups, learning rates and hyper-parameters;
-    the dtype policy of `platform` (default: JAX's backend)."""
-    cfg = dataclasses.replace(cfg, muon_ns_dtype=resolve_ns_dtype(cfg, platform))
+def build_optimizer(cfg: OptimConfig, ns_dtype: str | None = None) -> Optimizer:
+    """Muon / Adam by label, unfused or fused (`optim.fused`): same groups, learning rates and hyper-parameters.
+    `ns_dtype`: Newton-Schulz's dtype as the run resolved it (`policies.dtypes.resolve(cfg, platform).muon_ns`);
+    None: `cfg.muon_ns_dtype`, which must then name a dtype ("auto" is resolved per platform, once, by the run)."""
+    ns_dtype = ns_dtype or cfg.muon_ns_dtype
+    if ns_dtype == AUTO:
+        raise ValueError('optim.muon_ns_dtype="auto" depends on the platform: pass the run\'s resolved dtype '
+                         "(frontier_jax.policies.dtypes.resolve(cfg, platform).muon_ns)")
+    cfg = dataclasses.replace(cfg, muon_ns_dtype=ns_dtype)
     if cfg.fused:
         adam = lambda lr: fused_adam(lr, cfg.beta1, cfg.beta2, cfg.adam_eps)
         return fused_partition({"muon": fused_muon(cfg.matrix_lr, cfg.muon_ns_steps, cfg.muon_ns_dtype),

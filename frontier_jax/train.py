@@ -1,4 +1,4 @@
-"""python -m frontier_jax.train: parse arguments -> config -> loop.run(). Nothing else.
+"""python -m frontier_jax.train: parse arguments -> config -> trainer.run(). Nothing else.
 
 With no arguments it runs the embedded demo: a small corpus prepared offline from the Python
 standard library's bundled documentation, `configs/tiny.py`, a val bpb at the end. Expected failures
@@ -11,8 +11,8 @@ import argparse
 import sys
 
 from frontier_jax.config import KERNEL_MODES
-from frontier_jax.errors import exit_on_error
-from frontier_jax.resolve import ResolvedRun, resolve_run
+from frontier_jax.errors import ArgumentParser, exit_on_error, int_in
+from frontier_jax.run.resolve import ResolvedRun, resolve_run
 
 DESCRIPTION = """Train a small language model for a time budget and report its validation bits per byte.
 With no arguments: a demo on a small offline corpus (configs/tiny.py)."""
@@ -25,7 +25,7 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m frontier_jax.train", description=DESCRIPTION, epilog=EPILOG,
+    p = ArgumentParser(prog="python -m frontier_jax.train", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="PATH", help="a configs/*.py file (default: configs/tiny.py for the demo, "
                                                     "or the run's own config with --resume)")
@@ -42,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "(a finished run: raise train.max_steps or --budget)")
     g = p.add_argument_group("multi-host (jax.distributed)")
     g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0's coordinator")
-    g.add_argument("--num-processes", type=int, metavar="N", help="number of processes in the job")
-    g.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0 .. N-1")
+    g.add_argument("--num-processes", type=int_in(1), metavar="N", help="number of processes in the job")
+    g.add_argument("--process-id", type=int_in(0), metavar="I", help="this process's index, 0 .. N-1")
     g.add_argument("--distributed-auto", action="store_true",
                    help="let jax.distributed detect the cluster (Slurm, Kubernetes, ...)")
     return p
@@ -54,7 +54,7 @@ def parse_args(argv):
 
 
 def resolve(args) -> ResolvedRun:
-    """(config, out_dir, resume, demo) of the parsed options (frontier_jax.resolve)."""
+    """(config, out_dir, resume, demo) of the parsed options (frontier_jax.run.resolve)."""
     return resolve_run(config=args.config, data=args.data, tokenizer=args.tokenizer, budget=args.budget,
                        seed=args.seed, kernels=args.kernels, sets=args.set, out=args.out, resume=args.resume)
 
@@ -76,20 +76,21 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> int:
-    from frontier_jax import host, loop
-    from frontier_jax import run_policy as policy
-    from frontier_jax.progress import final_lines
+    from frontier_jax import trainer
     from frontier_jax.parallel import initialize
+    from frontier_jax.run import host
+    from frontier_jax.run.endings import ending
+    from frontier_jax.run.progress import final_lines
 
     cfg, out, resume, demo = resolve(args)
     host.tune_allocator(cfg.train.allocator)  # before any JAX backend exists
     initialize(args.coordinator, args.num_processes, args.process_id,
                cfg.parallel.heartbeat_timeout_seconds, auto=args.distributed_auto)
-    summary = loop.run(cfg, out, resume=resume)
+    summary = trainer.run(cfg, out, resume=resume)
     import jax
 
     main_process = jax.process_index() == 0
-    end = policy.ending(summary["stop_reason"], resume)
+    end = ending(summary["stop_reason"], resume)
     if end.results:
         if main_process:
             for line in final_lines(summary):

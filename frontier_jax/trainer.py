@@ -1,130 +1,468 @@
-"""The trainer interface: what a trainer supplies to the driver (`frontier_jax.run_policy.run_budgeted`).
+"""The JAX trainer: the trainer interface (frontier_jax.run.interface) for a Flax NNX model on a device mesh.
 
-`Trainer` is a `typing.Protocol` both trainers implement as a class (`frontier_jax.loop.JaxTrainer`,
-`baseline_torch.train.Trainer`). Its required methods are the step, the evaluation sums, the warm-up's
-snapshot/restore, the log, the metrics sink and the summary writer. The optional capabilities have
-defaults here, which a class that names `Trainer` as its base inherits:
-
-- checkpoints: `checkpoints` False (the default) means the driver never calls `save` or `discard`;
-- resume: `resume` returns None (a fresh run);
-- several processes: `agree` returns this process's own stop decision and clock;
-- more summary entries: `summary_fields` returns {};
-- the contest's int8 + zlib round trip: `roundtrip` returns None (none is run).
-
-Plug-ins (the n-gram runtime, progress lines, a compile watch) are `RunHook`s the trainer lists in
-`run_hooks`, as levanter's `add_hook`. Nothing here imports JAX.
+`frontier_jax.run.driver.run_budgeted` decides the order of events (untimed compile warm-up then reset, the timed
+loop and its stop order, validation cadence, checkpoints, the final validation, the summary). This
+module does what is JAX's: every input (config, data, the checkpoint a resume restores) is checked
+before the run directory is created, locked (one process per directory, `rundir.claim_run_dir`) or
+written; the state is created with its shardings; the jitted train and eval steps (dispatched one
+step ahead: a step's host metrics are read at the next iteration); snapshot/restore for the warm-up
+reset; orbax checkpoints and resume; the multi-process agreement (process 0's clock decides the
+schedule and the stop, any process's signal stops all at the same step). The start-up lifecycle is
+`frontier_jax.run.startup.start_run`: SIGINT/SIGTERM are handled from the start, and before the first step a
+signal stops with nothing to save. The n-gram runtime is a
+run hook (`ngram_runtime.for_config`: a null hook when it is off), as are the progress lines
+(`frontier_jax.run.progress`) and `on_step`. After the final validation, the artifact's round trip
+(`JaxTrainer.roundtrip`, `frontier_jax.interop.artifact`: eval.artifact) and the final pipeline's records
+(`final_records`, `record_final`: a resume finishes a run's final steps, `frontier_jax.run.final`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable
-from typing import Any, Protocol
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+
+from frontier_jax import checkpoint, ops, optim, parallel
+from frontier_jax.interop import artifact, state_dict
+from frontier_jax.policies import dtypes as dtype_policy
+from frontier_jax.policies import sizing
+from frontier_jax.policies.geometry import split_batch, step_batch
+from frontier_jax.policies.scoring import val_window_tokens
+from frontier_jax.run import driver, host, progress, rundir, startup
+from frontier_jax.config import Config, ConfigError, config_hash, model_hash, to_dict
+from frontier_jax.errors import BadInput
+from frontier_jax.contest import codebytes
+from frontier_jax.data.dataset import Dataset, load_for_config
+from frontier_jax.data.stream import TrainLoader, val_batches
+from frontier_jax.model import build, count_params
+from frontier_jax.ngram import runtime as ngram_runtime
+from frontier_jax.parallel import DataParallel, make_data_parallel
+from frontier_jax.run.rundir import RunError, RunLog, claim_run_dir, truncate_metrics
+from frontier_jax.steps import evaluate_batches, make_eval_step, make_train_step, q_gains
+from frontier_jax.run.interface import RunHook, RunState, Trainer
+
+__all__ = ["run", "init_state", "RunError"]
+
+
+def _initializer(cfg: Config, tx, compute_dtype, dp: DataParallel):
+    """(graphdef, init() -> (params, opt_state), shardings of that pair)."""
+
+    def make_model():
+        return build(cfg, compute_dtype)
+
+    graphdef, _ = nnx.split(nnx.eval_shape(make_model))
+
+    def init():
+        _, params = nnx.split(make_model())
+        return params, tx.init(params)
+
+    abstract = jax.eval_shape(init)
+    shardings = (jax.tree_util.tree_map(lambda _: dp.replicated, abstract[0]), dp.state_shardings(abstract[1]))
+    return graphdef, init, shardings
+
+
+def init_state(cfg: Config, tx, compute_dtype, dp: DataParallel):
+    """(graphdef, params, opt_state, shardings): initialised on the host CPU (the same values on every
+    platform; AWS: run RNG initialisation on the CPU backend, Threefry "is not completely supported" on
+    Neuron, aws-neuron-sdk frameworks/jax/setup/jax-neuronx-known-issues.rst), then placed with the run's
+    shardings, each process filling its own devices' shards."""
+    graphdef, init, shardings = _initializer(cfg, tx, compute_dtype, dp)
+    with jax.default_device(_host_cpu()):
+        host_state = jax.tree_util.tree_map(np.asarray, jax.jit(init)())
+    params, opt_state = jax.tree_util.tree_map(
+        lambda x, s: jax.make_array_from_callback(x.shape, s, lambda idx: x[idx]), host_state, shardings)
+    return graphdef, params, opt_state, shardings
+
+
+def _host_cpu():
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError as e:  # JAX_PLATFORMS without cpu
+        raise ConfigError(f"the host CPU backend is not available to JAX ({e}); it initialises the model: "
+                          "allow it, e.g. JAX_PLATFORMS=neuron,cpu") from e
+
+
+def _restore(cfg: Config, tx, compute_dtype, dp: DataParallel, out_dir: Path, log, skipped: list):
+    """(params, opt_state, meta) of the newest intact checkpoint, read straight into their shardings; the
+    unreadable newer steps it skipped are appended to `skipped`."""
+    _, init, shardings = _initializer(cfg, tx, compute_dtype, dp)
+    abstract = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                      jax.eval_shape(init), shardings)
+    state, meta = checkpoint.restore(out_dir, {"params": abstract[0], "opt_state": abstract[1]},
+                                     expect_model_hash=model_hash(cfg), log=log, skipped_steps=skipped)
+    return state["params"], state["opt_state"], meta
+
+
+def run(cfg: Config, out_dir: Path, resume: bool = False, echo: bool = True, stop_after_steps: int | None = None,
+        on_step=None) -> dict:
+    """Train `cfg` into `out_dir` and return the summary dict.
+
+    resume: continue from the newest intact checkpoint in `out_dir` (a finished run, one whose summary says
+    its final steps completed, returns at once with stop_reason "already finished"; one at its last step whose
+    final steps did not complete runs only those, `frontier_jax.run.final`). stop_after_steps (tests): behave as if a signal arrived
+    after that many steps of this invocation. on_step(step, row) receives each finished step's host
+    metrics. Every input is checked before the run directory is created, locked or written to.
+    """
+    out_dir = Path(out_dir).absolute()
+    log = RunLog(None, echo, enabled=jax.process_index() == 0)
+
+    def body(s: Setup, start: startup.Start) -> dict:
+        restored, skipped, t, at_end = None, [], cfg.train, False
+        if resume:  # the checkpoint is read (and another model's refused) before anything is written
+            restored = _restore(cfg, s.tx, s.dtypes.compute, s.dp, out_dir, log, skipped)
+            meta = restored[2]
+            start.resumed_step = meta["step"]
+            at_end = meta["step"] >= t.max_steps or meta["train_seconds"] >= t.budget_seconds
+            if at_end and rundir.finished(out_dir):
+                return startup.finished_summary(out_dir, meta, t)
+            start.check()
+        trainer = JaxTrainer(cfg, out_dir, log, s, restored, skipped, check=start.check)
+        # a run at its end whose final steps did not complete (a signal, a full disk, a kill): only those run
+        return trainer.run(start.signals, stop_after_steps, on_step, finish_only=resume and at_end)
+
+    # signals from the start (a signal during start-up or warm-up stops cleanly), then the checks, the claim
+    return startup.start_run(out_dir, resume, log, lambda check: _setup(cfg, check), body,
+                             claim=lambda s: _claim(out_dir, resume, s.dp))
+
+
+def _claim(out_dir: Path, resume: bool, dp: DataParallel):
+    """Process 0 creates and locks the run directory; every process learns whether that worked."""
+    lock, created, err = None, False, None
+    if dp.is_main:
+        try:
+            lock, created = claim_run_dir(out_dir, resume)
+        except BadInput as e:  # RunError, or a lock file that is a symlink (data.files.UnsafeFile)
+            err = e
+    if dp.process_count > 1:
+        ok = multihost_utils.process_allgather(np.array([err is None]))
+        if not ok.all() and err is None:
+            if lock:
+                lock.release()
+            raise RunError(f"{out_dir}: process 0 could not claim the run directory")
+    if err is not None:
+        raise err
+    return lock, created
 
 
 @dataclasses.dataclass
-class RunState:
-    """Where a run stands: what a checkpoint records and what the summary reports."""
+class Setup:
+    """What the set-up checked and built before the run directory is claimed."""
 
-    step: int = 0
-    tokens: int = 0
-    train_seconds: float = 0.0
-    start_step: int = 0  # the step this invocation started at (resume)
-    final_loss: float = math.nan
-    stop_reason: str | None = None
-    saved_step: int | None = None  # the newest step with a checkpoint (resumed from, or saved)
-
-
-class RunHook:
-    """A plug-in of the run (no-op by default): the n-gram runtime, a progress bar, a per-step log."""
-
-    def on_start(self, state: RunState) -> None:
-        """The timed part begins (after warm-up and resume)."""
-
-    def before_step(self, state: RunState) -> None:
-        """Just before the train step that will make step `state.step + 1`."""
-
-    def after_step(self, state: RunState, row: dict) -> None:
-        """A finished step's metrics row (kind=train), in step order."""
-
-    def on_end(self, state: RunState) -> None:
-        """The timed loop ended (state.stop_reason set); before the final checkpoint and validation."""
-
-    def close(self) -> None:
-        """Always called at the end, also on an exception after `on_start`."""
+    dp: DataParallel
+    global_micro: int
+    accum: int
+    kernel_rows: list
+    program_report: str | None  # the Neuron program check's report for the log (None: not on Neuron)
+    env: dict
+    dtypes: dtype_policy.Dtypes  # resolved once, for every use below
+    tx: object  # the optimizer, built once (the Neuron program check traces this one)
+    data: Dataset
 
 
-class Trainer(Protocol):
-    """What a trainer supplies to `run_policy.run_budgeted` (the order of the calls: run_policy's docstring)."""
+def _setup(cfg: Config, check=lambda: None) -> Setup:
+    """Every check before the run directory is claimed; `check` (startup.Start.check) between the phases, so a
+    signal stops the set-up there. The model's size against the host's memory comes first, before anything
+    is allocated (policies.sizing.check_host_memory)."""
+    t = cfg.train
+    sizing.check_host_memory(cfg)
+    dp = make_data_parallel(cfg.parallel.num_devices, cfg.parallel.zero1)
+    global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, dp.num_devices,
+                                      dp.process_count)
+    if t.val_batch_seqs % dp.num_devices:
+        raise ConfigError(f"train.val_batch_seqs={t.val_batch_seqs} is not a multiple of the {dp.num_devices} devices")
+    if cfg.eval.batch_seqs % dp.num_devices:
+        raise ConfigError(f"eval.batch_seqs={cfg.eval.batch_seqs} is not a multiple of the {dp.num_devices} devices")
+    dtypes = dtype_policy.resolve(cfg, jax.default_backend())
+    tx = optim.build_optimizer(cfg.optim, dtypes.muon_ns)
+    kernel_rows = ops.configure(t.kernels, unused=ops.unused_ops(cfg.optim.fused), model=cfg.model)
+    check()
+    program_report = _neuron_program_check(cfg, dp, dtypes, tx)
+    check()
+    env = {**parallel.environment(), "host_allocator": host.tune_allocator(t.allocator)}
+    return Setup(dp, global_micro, accum, kernel_rows, program_report, env, dtypes, tx,
+                 load_for_config(cfg))  # the data: all checks before the run directory is touched
 
-    signals: Any
-    """The installed signal handlers' state (`rundir.Signals`): `.received` names a signal that arrived (or
-    is None); `.stopping`, when present, is what the first signal prints (set by the driver for the timed
-    loop); `.interrupt`, when present, makes a signal raise KeyboardInterrupt (the final validation)."""
 
-    checkpoints: bool = False
-    """Whether the trainer saves checkpoints: only then does the driver call `save` and `discard`."""
+def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx) -> str | None:
+    """On Neuron, the trainer's programs (in its dtypes, with its optimizer) against AWS's documented JAX limits
+    (frontier_jax.neuron.check): the report for the run log; strict mode refuses a failing program in one line
+    naming the rule and the op."""
+    if jax.default_backend() != "neuron":
+        return None
+    from frontier_jax.neuron import check as neuron_check
 
-    def train_step(self, lr_scale: float, momentum: float) -> Any:
-        """One step on the next batch; returns a handle of its metrics (the step may still be running)."""
-        ...
+    findings = neuron_check.check_config(cfg, dp.num_devices, dtypes, tx)
+    if findings and cfg.train.kernels == "strict":
+        raise ops.KernelUnavailableError(neuron_check.strict_error(findings))
+    return neuron_check.format_report(cfg.name, dp.num_devices, findings, ops.switch_fallbacks(cfg.model))
 
-    def read_metrics(self, handle: Any) -> tuple[float, float]:
-        """(loss, grad_norm) of a step `train_step` returned, as floats (waits for that step)."""
-        ...
 
-    def eval_sums(self, max_tokens: int) -> dict:
-        """{"nll_sum_nats", "tokens", "bytes"} over at most `max_tokens` val targets (0: all)."""
-        ...
+class JaxTrainer(Trainer):
+    """The run directory's files and the trainer interface (frontier_jax.run.interface) for one invocation of `run`."""
 
-    def snapshot(self) -> Any:
-        """A token of the state before the warm-up (parameters, optimizer state, data position)."""
-        ...
+    checkpoints = True
 
-    def restore(self, token: Any) -> None:
-        """Undo the warm-up: put back the state `snapshot` returned `token` for."""
-        ...
+    def __init__(self, cfg: Config, out_dir: Path, log: RunLog, s: Setup, restored, skipped=(), check=lambda: None):
+        t, dp = cfg.train, s.dp
+        self.cfg, self.out_dir, self.log, self.dp, self.tx = cfg, out_dir, log, dp, s.tx
+        self.compute_dtype = s.dtypes.compute
+        self.restored, self.meta = restored, restored[2] if restored else None
+        self.saved_step: int | None = None
+        self.setup, self.skipped = s, list(skipped)
+        self.seqs_per_step, self.accum, self.metrics_log = t.tokens_per_step // t.seq_len, s.accum, None
+        log.attach(out_dir / rundir.LOG)
+        env = s.env
+        log(startup.run_line("frontier_jax", out_dir, cfg, env["git"]))
+        log(f"backend {env['backend']} | {dp.describe()} | allocator {host.describe(env['host_allocator'])}")
+        log(f"compute dtype {s.dtypes.compute} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
+            f"{s.dtypes.muon_ns} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
+        log(ops.format_kernel_table(s.kernel_rows) + "\n(every kernel-backed op runs per device on its shard of the "
+            "batch, inside jax.shard_map)")
+        if s.program_report is not None:
+            log(s.program_report)
+        data = s.data
+        self.val_tokens = data.val_tokens
+        self.ngram = ngram_runtime.for_config(cfg.ngram, data.train_files, out_dir, log, dp.replicated)
+        self.loader = TrainLoader(self.ngram.trainer_files, t.seq_len, dp.process_index, dp.process_count)
+        check()  # a signal by now: stop before the model is built (startup.Start.check)
 
-    def log(self, msg: str) -> None:
-        """One message of the run log."""
-        ...
+        # ---- model, optimizer, compiled steps
+        graphdef, self.params, self.opt_state, _ = init_state(cfg, s.tx, s.dtypes.compute, dp)
+        check()
+        specs = dp.state_specs(self.opt_state)
+        make_train = lambda exact: make_train_step(graphdef, s.tx, self.ngram.bias_fn, mesh=dp.mesh, state_specs=specs,
+                                                   head_dim=cfg.model.head_dim, attention_exact=exact)
+        make_eval = lambda exact: make_eval_step(graphdef, data.tables, self.ngram.bias_fn, mesh=dp.mesh,
+                                                 attention_exact=exact)
+        self._steps = _AttentionVariants(make_train, make_eval, ops.attention_variants_differ(), t.seq_len, log)
+        self._steps.observe(_score_bound(self.params, cfg.model.head_dim))
+        self.flops_per_token = cfg.model.flops_per_token(t.seq_len)
+        self.peak_info = parallel.matmul_peak(s.dtypes.compute, dp.num_devices) if t.measure_peak else {}
+        self.peak = self.peak_info.get("matmul_peak_flops")
+        check()
+        for line in startup.start_lines(cfg, data, len(self.ngram.trainer_files), s.accum, s.global_micro,
+                                        count_params(nnx.merge(graphdef, self.params)), self.peak_info, "all devices"):
+            log(line)
 
-    def metrics(self, **row) -> None:
-        """The metrics sink: one row per train step, validation or round-trip validation."""
-        ...
+    def run(self, signals, stop_after_steps: int | None, on_step, finish_only: bool = False) -> dict:
+        cfg, dp = self.cfg, self.dp
+        self.signals = signals
+        self._hooks = [progress.Progress(self.log, driver.Policy.from_config(cfg),
+                                         progress.train_tokens(self.ngram.trainer_files), cfg.train, dp.is_main),
+                       self.ngram]  # the n-gram runtime starts with the timed budget: its builder's time counts
+        if on_step is not None:
+            self._hooks.append(OnStep(on_step))
+        base = {"config_name": cfg.name, "config_hash": config_hash(cfg), "rules_profile": cfg.rules.profile,
+                **self.peak_info,
+                "matmul_peak_flops": self.peak, "flops_per_token": self.flops_per_token, "run_dir": str(self.out_dir)}
+        try:
+            return driver.run_budgeted(driver.Policy.from_config(cfg, stop_after_steps), self, base, finish_only)
+        finally:
+            if self.metrics_log is not None:
+                self.metrics_log.close()
 
-    def write_summary(self, summary: dict) -> None:
-        """Write the summary files (summary.json/txt, curves.png) and whatever ends the run's files."""
-        ...
+    # ---- the trainer interface (frontier_jax.run.interface.Trainer)
 
     def run_hooks(self) -> list[RunHook]:
-        """The plug-ins of this run, called in this order (default: none)."""
-        return []
+        return self._hooks
+
+    def snapshot(self) -> dict:
+        """The data position before the warm-up (`restore` re-creates or restores the parameters)."""
+        return self.loader.state()
+
+    def train_step(self, lr_scale: float, momentum: float):
+        x, y = step_batch(self.loader, self.seqs_per_step, self.accum, self.cfg.train.seq_len)
+        lr, mom = (jax.device_put(jnp.float32(v), self.dp.replicated) for v in (lr_scale, momentum))
+        self.params, self.opt_state, m = self._steps.train()(self.params, self.opt_state, self.dp.put_batch(x, 1),
+                                                             self.dp.put_batch(y, 1), lr, mom, self.ngram.tables)
+        return m
+
+    def read_metrics(self, m) -> tuple[float, float]:
+        """(loss, grad_norm); the step's score bound (its updated gains) picks the next step's attention forward."""
+        self._steps.observe(float(m["score_bound"]))
+        return float(m["loss"]), float(m["grad_norm"])
+
+    def eval_sums(self, max_tokens: int, seq_len: int | None = None, stride: int | None = None) -> dict:
+        """Evaluation sums over non-overlapping windows of `seq_len` (default train.seq_len), or sliding ones at
+        `stride` (eval.batch_seqs windows per batch) that score every target once."""
+        t, dp = self.cfg.train, self.dp
+        T = seq_len or t.seq_len
+        batch = (self.cfg.eval.batch_seqs or t.val_batch_seqs) if stride else t.val_batch_seqs
+        # sliding windows cover the whole split (cut to whole windows of the longer length, Config.val_seq_len)
+        toks = self.val_tokens if stride and not max_tokens else val_window_tokens(self.val_tokens, max_tokens, T)
+        batches = ((dp.put_batch(x), dp.put_batch(y), dp.put_batch(m)) for x, y, m in
+                   val_batches(toks, T, batch, dp.process_index, dp.process_count, stride=stride))
+        return evaluate_batches(self._steps.eval(T), self.params, batches, self.ngram.tables)
+
+    def restore(self, data_state: dict) -> None:
+        """Undo the warm-up: the restored (resume) or fresh parameters and optimizer state, the data position."""
+        if self.restored:
+            self.params, self.opt_state, _ = self.restored
+            self.restored = None
+        else:
+            _, self.params, self.opt_state, _ = init_state(self.cfg, self.tx, self.compute_dtype, self.dp)
+        self._steps.observe(_score_bound(self.params, self.cfg.model.head_dim))
+        self.loader.restore(data_state)
+
+    def _write_run_files(self) -> None:
+        """config.json, env.json, kernels.json: written once the run is certain to start (after the warm-up
+        and the resume position), so a failed or interrupted start leaves a run's files as they were."""
+        s = self.setup
+        if self.dp.is_main:
+            rundir.write_json(self.out_dir / rundir.CONFIG, to_dict(self.cfg))
+            rundir.write_json(self.out_dir / rundir.ENV, {**s.env, "compute_dtype": s.dtypes.compute,
+                                                          "muon_ns_dtype": s.dtypes.muon_ns})
+            rundir.write_json(self.out_dir / rundir.KERNELS, {"dispatch": f"per device, {self.dp.num_devices} device(s)",
+                                                              "ops": [dataclasses.asdict(r) for r in s.kernel_rows]})
 
     def resume(self) -> RunState | None:
-        """After the warm-up: the resumed checkpoint's step, tokens and trained seconds (restored into the
-        trainer), or None for a fresh run (the default)."""
-        return None
+        """After the warm-up: the resumed checkpoint's counters (metrics.jsonl cut back to its step), or
+        None; then the run's files are written (config.json etc.), the unreadable checkpoints restore
+        skipped are moved aside, and metrics.jsonl is opened, as the run's first timed file."""
+        meta, state = self.meta, None
+        if meta is not None:
+            step = meta["step"]
+            self.loader.restore(meta["data"])  # a --data that does not fit the position fails here, unwritten
+            if self.skipped and self.dp.is_main:
+                for moved in checkpoint.set_aside(self.out_dir, self.skipped):
+                    self.log(f"moved the unreadable checkpoint {moved.name} aside to {moved} (later saves of "
+                             "its step are written)")
+            dropped = truncate_metrics(self.out_dir / rundir.METRICS, step) if self.dp.is_main else 0
+            self.log(f"resumed from step {step} ({meta['train_seconds']:.1f} s trained, data position {meta['data']})"
+                     + (f"; dropped {dropped} metrics row(s) logged after that step" if dropped else ""))
+            state = RunState(step=step, tokens=meta["tokens"], train_seconds=meta["train_seconds"])
+        self._write_run_files()
+        self.metrics_log = rundir.MetricsLog(self.out_dir / rundir.METRICS, enabled=self.dp.is_main)
+        return state
 
-    def save(self, state: RunState, reason: str) -> None:
-        """A checkpoint of `state` ("periodic", "final", "interrupted"); called only when `checkpoints`.
-        Saving a step that is already saved is a no-op; a save that fails raises BadInput."""
-        raise NotImplementedError(f"{type(self).__name__} has no checkpoints")
+    def metrics(self, **row) -> None:
+        self.metrics_log.log(**row)
+
+    def save(self, s: RunState, reason: str) -> None:
+        meta = {"step": s.step, "train_seconds": s.train_seconds, "tokens": s.tokens, "data": self.loader.state(),
+                "model_hash": model_hash(self.cfg), "model": to_dict(self.cfg)["model"], "reason": reason}
+        path = checkpoint.save(self.out_dir, s.step, {"params": self.params, "opt_state": self.opt_state}, meta)
+        self.saved_step = s.step  # the step a final pipeline after this save scores (final_steps.json)
+        self.log(f"checkpoint step {s.step} -> {path} ({reason})" if path else
+                 f"checkpoint step {s.step}: already saved ({reason} save not needed)")
 
     def discard(self, step: int) -> None:
-        """Remove checkpoint `step` (its parameters gave a non-finite loss); called only when `checkpoints`."""
-        raise NotImplementedError(f"{type(self).__name__} has no checkpoints")
+        checkpoint.discard(self.out_dir, step)  # every process: orbax coordinates them
 
     def agree(self, local_stop: bool, elapsed: float) -> tuple[bool, float]:
-        """Several processes agree on (stop, elapsed seconds); the default: this one process decides."""
-        return local_stop, elapsed
+        """Multi-process: any process's signal stops all; process 0's clock is everyone's clock."""
+        if self.dp.process_count == 1:
+            return local_stop, elapsed
+        g = multihost_utils.process_allgather(np.array([float(local_stop), elapsed]))
+        return bool(g[:, 0].max()), float(g[0, 1])
 
     def summary_fields(self) -> dict:
-        """More summary entries, computed at the end (e.g. the newest checkpoint); default none."""
-        return {}
+        kind = ops.attention_forward_kind(self._steps.bound, self.cfg.train.seq_len)
+        self.log(f"qk_attention forward on Neuron for the final gains: {kind}")
+        return {"checkpoint_step": checkpoint.latest_step(self.out_dir),  # every process (orbax collectives)
+                "attention_forward": kind, "attention_forward_switches": self._steps.switches}
 
-    def roundtrip(self, evaluate: Callable[[], dict]) -> dict | None:
-        """The int8 + zlib artifact of the trained parameters scored by `evaluate()` (quantize.run_roundtrip
-        logs and reports it), or None: this trainer has no round trip (the default)."""
-        return None
+    def roundtrip(self, evaluate) -> dict:
+        """The artifact of the trained parameters (eval.artifact: int8+zlib or int6+lzma, frontier_jax.interop.artifact,
+        from the state dict in the baseline's names and layout): written by process 0, read back, its dequantized
+        parameters scored by `evaluate` (the run's own eval step), then the trained parameters put back."""
+        host_params = jax.tree_util.tree_map(lambda a: np.asarray(a.addressable_shards[0].data), self.params)
+        # (the record's names of the recipe's parameters: state_dict.params_to_state_dict's mapping)
+        back, info = artifact.roundtrip(state_dict.params_to_state_dict(host_params), self.out_dir,
+                                        self.cfg.eval.artifact, write=self.dp.is_main)
+        info["code_files"] = codebytes.record_run(self.out_dir, self.out_dir / rundir.CONFIG, write=self.dp.is_main)
+        deq = state_dict.state_dict_to_params(back, host_params, source=info["artifact"])
+        trained = self.params
+        self.params = jax.tree_util.tree_map(  # replicated as the trained ones, on every process's devices
+            lambda a, like: jax.make_array_from_callback(a.shape, like.sharding, lambda idx, h=np.asarray(a): h[idx]),
+            deq, trained)
+        bound = self._steps.bound
+        self._steps.observe(_score_bound(self.params, self.cfg.model.head_dim))  # the dequantized gains' forward
+        try:
+            sums = evaluate(info)
+        finally:
+            self.params = trained
+            self._steps.observe(bound)
+        return {**info, **sums}
+
+    def final_records(self) -> dict:
+        """The final stages an earlier invocation recorded for the checkpoint being finished (<run>/final_steps.json,
+        kept for one step); an artifact record whose file is gone or changed is dropped (written again)."""
+        if self.saved_step is None:
+            return {}
+        records = rundir.read_final_steps(self.out_dir, self.saved_step)
+        a = records.get("artifact")
+        if a is not None:
+            path = artifact.artifact_path(self.out_dir, self.cfg.eval.artifact)
+            if a["artifact_format"] != self.cfg.eval.artifact or not path.is_file() or \
+                    path.stat().st_size != a["artifact_bytes"]:
+                records.pop("artifact")
+        return records
+
+    def record_final(self, records: dict) -> None:
+        if self.dp.is_main:
+            rundir.write_final_steps(self.out_dir, self.saved_step, records)
+
+    def write_summary(self, summary: dict) -> None:
+        if self.metrics_log is not None:
+            self.metrics_log.close()
+        rundir.write_summary(self.out_dir, summary, write=self.dp.is_main)
+
+
+def _score_bound(params, head_dim: int) -> float:
+    """ops.score_bound of the parameters' query gains, on the host (replicated: any shard is the value)."""
+    gains = [np.asarray(leaf.addressable_shards[0].data) for leaf in q_gains(params)]
+    return float(ops.score_bound(gains, head_dim))
+
+
+class _AttentionVariants:
+    """The train and eval steps for the two qk_attention forward kernels, the one to run chosen on the host
+    from the score bound of the gains the next step uses (the previous step's metric, read before the next
+    is dispatched; or the parameters after a reset): no `lax.cond` in the program. Each variant compiles
+    on first use; a switch is logged. Where both forwards are the same program (the reference path), one
+    pair of steps serves both."""
+
+    def __init__(self, make_train, make_eval, differ: bool, seq_len: int, log):
+        self._make = {"train": make_train, "eval": make_eval}
+        self._built: dict = {}
+        self.differ, self.seq_len, self.log = differ, seq_len, log
+        self.bound, self.exact, self.switches = 0.0, None, 0
+
+    def observe(self, bound: float) -> None:
+        self.bound = bound
+        exact = not ops.bounded_shift_valid(bound, self.seq_len)
+        if self.exact is not None and exact != self.exact and self.differ:
+            self.switches += 1
+            self.log(f"qk_attention forward: {ops.attention_forward_kind(bound, self.seq_len)} "
+                     "(the other forward's steps compile on first use)")
+        self.exact = exact
+
+    def _get(self, kind: str, exact: bool):
+        exact = exact and self.differ
+        if (kind, exact) not in self._built:
+            self._built[(kind, exact)] = self._make[kind](exact)
+        return self._built[(kind, exact)]
+
+    def train(self):
+        return self._get("train", self.exact)
+
+    def eval(self, seq_len: int | None = None):
+        """The eval step for windows of `seq_len` (default the training length: the forward chosen by `observe`)."""
+        if seq_len is None or seq_len == self.seq_len:
+            return self._get("eval", self.exact)
+        return self._get("eval", not ops.bounded_shift_valid(self.bound, seq_len))
+
+
+class OnStep(RunHook):
+    """Calls fn(step, row) with each finished step's host metrics (tests, tools)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def after_step(self, state: RunState, row: dict) -> None:
+        self.fn(row["step"], row)

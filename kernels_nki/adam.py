@@ -1,6 +1,6 @@
 """Fused Adam(W) update of one parameter as an NKI kernel for trn1 (NeuronCore-v2), NKI 0.3+ API.
 
-Spec: frontier_jax.reference.adam_update (optax.scale_by_adam -> scale by -lr -> apply_updates, plus
+Spec: frontier_jax.ops.reference.adam_update (optax.scale_by_adam -> scale by -lr -> apply_updates, plus
 optional decoupled weight decay as optax.add_decayed_weights before the learning rate):
     m' = (1 - b1) g + b1 m                v' = (1 - b2) g^2 + b2 v
     u  = (m' / bc1) / (sqrt(v' / bc2) + eps) + wd * p
@@ -95,7 +95,7 @@ def adam_update(p_N, g_N, m_N, v_N, scal_P4, b1=0.9, b2=0.95, eps=1e-8, weight_d
     F = N // P
     if F > 0:
         views = [x[0:P * F].reshape((P, F)) for x in (p_N, g_N, m_N, v_N, po_N, mo_N, vo_N)]
-        for c in nl.affine_range((F + FREE_TILE - 1) // FREE_TILE):
+        for c in range((F + FREE_TILE - 1) // FREE_TILE):
             f0 = c * FREE_TILE
             w = min(FREE_TILE, F - f0)
             _adam_tile(*[x[:, f0:f0 + w] for x in views], nlr_P1, rbc1_P1, rbc2_P1, floor_P1, *consts)

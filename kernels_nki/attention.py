@@ -2,7 +2,7 @@
 (`attention_fwd` / `_bwd`: the causal_attention op) and with the model's QK-norm, RoPE and query gain
 fused in (`qk_attention_fwd` / `_bwd`: the qk_attention op, what the model runs).
 
-Spec: frontier_jax.reference.causal_attention: o = softmax(q k^T / sqrt(K) + causal mask) v, softmax
+Spec: frontier_jax.ops.reference.causal_attention: o = softmax(q k^T / sqrt(K) + causal mask) v, softmax
 in fp32, G kv heads each shared by R = H/G query heads. Shapes: q [B, T, H, K], k/v [B, T, G, K]
 (the model's layout: rows of one head are strided in HBM, K contiguous elements each), K <= 128.
 reference.qk_attention: the same on rope(rms_norm(q)) * gain and rope(rms_norm(k)) (weightless
@@ -69,9 +69,12 @@ transpose). dq and dk take the
 instead of transposing the rows again; a chunk's ds^T blocks leave PSUM together (one copy when every
 block is full) on ScalarE, and its dq matmuls issue a step later (`bwd_heads`).
 
-TensorE: q k^T and dO v^T contract over K = 64 and run in row tiling mode on alternating 64-row
-halves of the PE array, which run in parallel (nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
-2 x 64-row tiles on NeuronCore-v2). Every transpose is `kernels_nki.tiles.transpose`: two <= 64-row
+TensorE: a contraction over K = 64 runs in row tiling mode on the 64-row half of the PE array whose
+partitions hold its operands, so that matmuls on the two halves run in parallel (nki/api/nki/isa/__init__.py
+nc_matmul, "Tiling mode": 2 x 64-row tiles on NeuronCore-v2; a row tile multiplies its own partitions: rule
+strict.row_tile_partitions of kernels_nki.emulator.rules): dO v^T of a kv head's two query heads, whose dO^T
+are stacked on the two halves (v^T on both). q k^T, whose q^T and k^T sit on partitions 0 .. 63 only, runs
+on the whole array. Every transpose is `kernels_nki.tiles.transpose`: two <= 64-row
 halves on the two row tiles, a [128, 128] transpose streaming 64 identity columns per tile, not 128
 (a [rows, K <= 64] tile on two 64 x 64 tiles: column tiling, the same "Tiling mode"). At K = 64 two heads'
 transposes share one PSUM tile (the second on the column tile at 64: PE column c writes PSUM partition c)
@@ -155,15 +158,13 @@ def _fwd_chunk(qT, kT, vs, t0, rows, c0, kc, bias, scale, state, last, dt):
     transpose(negm_row[0:1, 0:rows], negm[0:rows], rows, 1, ident)
     ones_row = bias[2]  # [0:1] of the [128, 128] ones tile: the K = 1 stationary
     o_ps = nl.ndarray((P, K + 1), dtype=nl.float32, buffer=nl.psum)
-    for j in nl.affine_range(cdiv(kc, P)):
+    for j in range(cdiv(kc, P)):
         kr = min(P, kc - j * P)
         k0 = c0 + j * P
-        half = (t0 // P + k0 // P) % 2
         sT_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
-        half_matmul(sT_ps[0:kr, 0:rows], kT[0:K, k0:k0 + kr], qT[0:K, 0:rows], half, name="recompute s^T")
+        half_matmul(sT_ps[0:kr, 0:rows], kT[0:K, k0:k0 + kr], qT[0:K, 0:rows], None, name="recompute s^T")
         nisa.nc_matmul(dst=sT_ps[0:kr, 0:rows], stationary=ones_row[0:1, 0:kr], moving=negm_row[0:1, 0:rows],
-                       accumulate=True, is_stationary_onezero=True, tile_position=((1 - half) * 64, 0),
-                       tile_size=(64, 128))
+                       accumulate=True, is_stationary_onezero=True)
         pT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
         nisa.activation(dst=pT[0:kr, 0:rows], op=nl.exp, data=sT_ps[0:kr, 0:rows], scale=scale)
         if k0 == t0:  # the diagonal block: p^T[key, query] = 0 where key > query
@@ -198,35 +199,35 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
     ident32 = identity(nl.float32)
     tables = rope_tiles(rope[0], rope[1], perm=True) if rope else ()
     g_sb = gain_tile(rope[2]) if rope else None
-    for b in nl.affine_range(B):
+    for b in range(B):
         q_sb, k_sb = seq_tile(q_BTHK, dt, b, perm=True), seq_tile(k_BTGK, dt, b, perm=True)
         v_sb = seq_tile(v_BTGK, dt, b)
         o_sb, lse_sb = seq_tile(o_BTHK, dt), nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
         outs = _saved_tiles(saved, dt)
-        for g in nl.affine_range(G):
+        for g in range(G):
             if rope:
                 k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, bias[0], tables, (outs[2], outs[3]), saved[5], b,
                                             perm=True)
             else:
                 k_tiles, kT, _ = kv_head(k_sb, G, g, T, dt, bias[0], perm=True)
             vs = v_aug(v_sb, G, g, T, dt)
-            for r in nl.affine_range(R):
+            for r in range(R):
                 h = g * R + r
                 gain = gain_column(g_sb, h, K) if rope else ()
                 qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
                 o_nat = nl.ndarray((P, cdiv(T, P) * K), dtype=dt, buffer=nl.sbuf)  # o in natural blocks
                 ys = (prep_head(q_sb, H, h, T, tables, gain, outs, dt) if rope else
                       [block(q_sb, i, h, H, K) for i in range(cdiv(T, P))])
-                for i in nl.affine_range(cdiv(T, P)):
+                for i in range(cdiv(T, P)):
                     rows = min(P, T - i * P)
                     transpose(natural_cols(qT_h, i, T, True), ys[i][0:rows], rows, K, bias[0], on_vector=not rope)
-                for i in nl.affine_range(cdiv(T, P)):
+                for i in range(cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
                     qT = qT_h[0:K, t0:t0 + rows]
                     state = ()
                     chunks = cdiv(t0 + rows, KC)
-                    for c in nl.sequential_range(chunks):
+                    for c in range(chunks):
                         c0 = c * KC
                         state = _fwd_chunk(qT, kT, vs, t0, rows, c0, min(KC, t0 + rows - c0), bias, scale,
                                            state, c == chunks - 1, dt)
@@ -311,7 +312,7 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
         def qside(r):
             h = g * R + r
             ys = prep_head(sq["q"], H, h, T, tables, gains[h], outs, dt)
-            for i in nl.affine_range(cdiv(T, P)):
+            for i in range(cdiv(T, P)):
                 rows = min(P, T - i * P)
                 transpose(natural_cols(res["qTs"][r], i, T, True), ys[i][0:rows], rows, K, ident, on_vector=False)
             nisa.dma_copy(dst=saved[4][b, h], src=res["qTs"][r])
@@ -322,9 +323,9 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
     res, units = prep(cur, 0)
     for u in units:
         u()
-    for b in nl.sequential_range(B):
+    for b in range(B):
         nseq = None
-        for g in nl.sequential_range(G):  # the next kv head's (the next sequence's first) prep as side work
+        for g in range(G):  # the next kv head's (the next sequence's first) prep as side work
             if g + 1 < G:
                 nxt, units = prep(cur, g + 1)
             elif b + 1 < B:

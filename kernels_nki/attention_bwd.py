@@ -145,7 +145,7 @@ def _setup(c, seqs, bg, js=None):
 
     def dots(r):  # dO^T of head r (even with `stack`), and of r + 1 stacked beside it
         h = g * R + r
-        for i in nl.affine_range(cdiv(T, P)):
+        for i in range(cdiv(T, P)):
             rows = min(P, T - i * P)
             if paired[r]:
                 stacked_transpose(natural_cols(pair_tiles[r // 2], i, T, True),
@@ -162,7 +162,7 @@ def _setup(c, seqs, bg, js=None):
         doT_h = doTs[r]
         rows_from_transpose(st["do_nat"], H, h, doT_h, T, bias[0], p0=(r % 2) * K if paired[r] else 0)
         row = []
-        for i in nl.affine_range(cdiv(T, P)):
+        for i in range(cdiv(T, P)):
             t0 = i * P
             rows = min(P, T - t0)
             dO = (block(st["do_nat"], i, h, H, K), doT_h[0:K, t0:t0 + rows])

@@ -79,7 +79,7 @@ def lse_store(lse_BHT1, b, cols, ident32):
     B, H, T, _ = lse_BHT1.shape
     P = nl.tile_size.pmax
     rows_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
-    for i in nl.affine_range(cdiv(T, P)):
+    for i in range(cdiv(T, P)):
         r = min(P, T - i * P)
         transpose(rows_HT[0:H, i * P:i * P + r], cols[0:r, i * H:(i + 1) * H], r, H, ident32, on_vector=True)
     nisa.dma_copy(dst=lse_BHT1[b].reshape((H, T)), src=rows_HT)
@@ -96,7 +96,7 @@ def neg_lse_load(lse_BHT1, b, ident32, rows_HT=None, cols=None):
         nisa.dma_copy(dst=rows_HT, src=lse_BHT1[b].reshape((H, T)))
     if cols is None:
         cols = nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
-    for i in nl.affine_range(cdiv(T, P)):
+    for i in range(cdiv(T, P)):
         r = min(P, T - i * P)
         t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
         transpose_to_psum(t_ps[0:r, 0:H], rows_HT[0:H, i * P:i * P + r], H, ident32)

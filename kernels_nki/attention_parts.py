@@ -14,9 +14,9 @@ compiler inlines the functions a kernel calls, whichever file holds them; under 
   them (and forms xn = x inv from the raw rows) and takes dq / dk back through them (`prep_grad`): w =
   rope^-1(d), dot = rowsum(w xn), dx = gain inv (w - xn dot / K); the gain's gradient is rowsum(w xn)
   summed over the rows.
-- `half_matmul`: a contraction over K <= 64 rows runs on one 64-row half of the PE array (row tiling
-  mode, nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode": 2 x 64-row tiles on NeuronCore-v2), so that
-  two such matmuls on different halves run in parallel.
+- `half_matmul`: a contraction over K <= 64 rows whose operands sit on one half of the partitions runs on
+  that 64-row half of the PE array (row tiling mode, nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
+  2 x 64-row tiles on NeuronCore-v2), so that two such matmuls on different halves run in parallel.
 - `causal_bias`: the identity (the moving side of every transpose), the 0 / -1e30 causal bias of a
   diagonal block and a ones tile, built once per call by GpSimd affine_select.
 """
@@ -103,7 +103,7 @@ def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), vec=False, out=(), pe
     else:
         tiles, norms = views, [()] * nt
     if not saved:
-        for i in nl.affine_range(nt):
+        for i in range(nt):
             if dup:
                 stacked_transpose(natural_cols(xT, i, T, perm), [tiles[i], tiles[i]], rows[i], ident)
             else:
@@ -137,7 +137,7 @@ def rope_tiles(cos_TK2, sin_TK2, perm=False):
         seq_dma(t, x_TK2.reshape((1, T, 1, K2)), 0, True, perm)
         both.append(t)
     tiles = []
-    for i in nl.affine_range(nt):
+    for i in range(nt):
         r = min(P, T - i * P)
         c2 = nl.ndarray((P, 2 * K2), dtype=nl.float32, buffer=nl.sbuf)
         ns = nl.ndarray((P, K2), dtype=nl.float32, buffer=nl.sbuf)
@@ -310,11 +310,14 @@ def gain_column(g_sb, h, K):
 
 
 def half_matmul(dst, stationary, moving, half, name=None):
-    """nc_matmul; a contraction of <= 64 rows runs on one 64-row half of the PE array (row tiling mode,
-    NeuronCore-v2 or newer: nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode"), so that two such
-    matmuls on different halves (`half` 0 / 1) run in parallel. `name`: the instruction's name (a
-    "recompute..." name marks a product computed a second time: kernels_nki.emulator counts it not useful)."""
-    if stationary.shape[0] <= 64:
+    """nc_matmul; with `half` (0 / 1) a contraction of <= 64 rows whose operands both sit on that half of the
+    partitions (64 half .. 64 half + 63) runs on the 64-row tile of the PE array there (row tiling mode,
+    NeuronCore-v2 or newer: nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode"), so that two such matmuls
+    on different halves run in parallel; `half` None: the whole array (a row tile multiplies its own
+    partitions: rule strict.row_tile_partitions of kernels_nki.emulator.rules). `name`: the instruction's name
+    (a "recompute..." name marks a product computed a second time: kernels_nki.emulator counts it not
+    useful)."""
+    if half != None and stationary.shape[0] <= 64:  # noqa: E711 (NKI has no `is`)
         nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, tile_position=(half * 64, 0),
                        tile_size=(64, 128), name=name)
     else:

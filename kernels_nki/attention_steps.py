@@ -23,15 +23,14 @@ BWD_LAG = 1  # the backward's: its dq matmuls already wait a step (`bwd_heads`)
 LAG = 2  # `pipelined` steps between a step's two halves
 
 
-def scores(qT, kT, t0, rows, c0, kc, bias, masked, half=None):
+def scores(qT, kT, t0, rows, c0, kc, bias, masked):
     """Raw scores q k^T of the query rows against keys c0:c0+kc in fp32 PSUM; with `masked` (the forward)
     the diagonal block gets the causal bias by a 0/1-stationary matmul (the backward masks p instead); on the
-    PE array's row tile `half`, else alternating."""
+    whole PE array (q^T and k^T sit on partitions 0 .. K: `half_matmul`)."""
     K = qT.shape[0]
     P = nl.tile_size.pmax
     s_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
-    half_matmul(s_ps[0:rows, 0:kc], qT[0:K, 0:rows], kT[0:K, c0:c0 + kc],
-                (t0 // P + c0 // KC) % 2 if half is None else half)
+    half_matmul(s_ps[0:rows, 0:kc], qT[0:K, 0:rows], kT[0:K, c0:c0 + kc], None)
     if masked and c0 + kc == t0 + rows:  # the chunk ends with the diagonal block (keys t0 .. t0+rows): += I^T bias
         ident, mask = bias[0], bias[1]
         nisa.nc_matmul(dst=s_ps[0:rows, t0 - c0:t0 - c0 + rows], stationary=ident[0:rows, 0:rows],
@@ -92,7 +91,7 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=()
         q0 = max(c0, k0)  # the first query of the chunk that sees key tile j
         nj = c0 + n - q0
         sT_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
-        half_matmul(sT_ps[0:kr, 0:nj], kT[0:K, k0:k0 + kr], qTs[r][0:K, q0:q0 + nj], (j + r) % 2)
+        half_matmul(sT_ps[0:kr, 0:nj], kT[0:K, k0:k0 + kr], qTs[r][0:K, q0:q0 + nj], None)
         if k0 >= c0:  # the diagonal block leads: += I^T maskT, NEG where key > query, so that p^T = 0 there
             nisa.nc_matmul(dst=sT_ps[0:kr, 0:kr], stationary=ident[0:kr, 0:kr], moving=maskT[0:kr, 0:kr],
                            accumulate=True, is_stationary_onezero=True)
@@ -111,7 +110,8 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=()
             if t0 >= k0:
                 rows = min(P, c0 + n - t0)
                 nisa.nc_matmul(dst=o_ps[r][0][0:rows, i * W:(i + 1) * W],
-                               stationary=pT[0:kr, t0 - q0:t0 - q0 + rows], moving=vs[j][0:kr, 0:W])
+                               stationary=pT[0:kr, t0 - q0:t0 - q0 + rows], moving=vs[j][0:kr, 0:W],
+                               accumulate=j > 0)
         for f in late:  # the previous chunk ends' second halves, their 1 / l and log(l) done by now
             f()
         late.clear()
@@ -184,17 +184,16 @@ def bwd_tile(views, t0, rows, bias, dt, qk=()):
 def bwd_scores(tile, c0, kc, kT, vT, bias, scale, dt, half=None):
     """First half of a (query tile, key chunk) step: p = exp(scale s - lse) recomputed (no max, no sum), the
     diagonal block zeroed above the diagonal (GpSimd, SBUF in place), and ds = p (dp - Di), dp = dO v^T on the
-    PE array's other row tile than the scores' (`half`: dp's, where dO^T and v^T sit on one half of the
-    partitions; else alternating). -> (p, ds) in SBUF."""
+    PE array's row tile `half`, where dO^T and v^T sit on one half of the partitions (else, None, on the whole
+    array). -> (p, ds) in SBUF."""
     q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows = tile[0:9]
     K = qT.shape[0]
     P = nl.tile_size.pmax
-    dp_half = 1 - (t0 // P + c0 // KC) % 2 if half is None else half
-    s_ps = scores(qT, kT, t0, rows, c0, kc, bias, True, 1 - dp_half)  # NEG above the diagonal: exp gives p = 0
+    s_ps = scores(qT, kT, t0, rows, c0, kc, bias, True)  # NEG above the diagonal: exp gives p = 0
     p_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
     nisa.activation(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s_ps[0:rows, 0:kc], bias=negl_P1[0:rows], scale=scale)
     dp_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
-    half_matmul(dp_ps[0:rows, 0:kc], doT[0:K, 0:rows], vT[0:K, c0:c0 + kc], dp_half)
+    half_matmul(dp_ps[0:rows, 0:kc], doT[0:K, 0:rows], vT[0:K, c0:c0 + kc], half)
     # ds = p (dp - Di): dp - Di leaves PSUM on ScalarE (its bias), the product with p runs on GpSimd (both
     # operands in SBUF): VectorE and GpSimd share the SBUF port, so the VectorE forms would cost that port
     t_f = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.sbuf)
@@ -205,9 +204,11 @@ def bwd_scores(tile, c0, kc, kT, vT, bias, scale, dt, half=None):
     return p_t, ds_t
 
 
-def bwd_values(tile, c0, kc, p_t, ds_t, dq_ps, k_tiles, acc, ident, dt):
+def bwd_values(tile, c0, kc, p_t, ds_t, dq_ps, k_tiles, acc, ident, dt, first_head):
     """Second half of a step, per 128-key block j of the chunk: dv += p^T dO, dk += ds^T q (PSUM accumulators
-    across the kv head's query heads and tiles), dq += ds k (ds^T by a transpose); every block's ds^T
+    across the kv head's query heads and tiles, KC / K key blocks' to a bank: each block's accumulation
+    opened by an explicit overwrite, at its diagonal query tile of the `first_head`), dq += ds k (ds^T by a
+    transpose); every block's ds^T
     transpose first, its PSUM copy on ScalarE (VectorE's would hold the PSUM port and GpSimd's SBUF port, both
     busier than ScalarE's share of the step). -> a callable
     issuing the dq matmuls (which wait for the copies: `bwd_heads` issues them a step later)."""
@@ -229,8 +230,11 @@ def bwd_values(tile, c0, kc, p_t, ds_t, dq_ps, k_tiles, acc, ident, dt):
     for j, kt, kr in blocks:
         cols, col = slice(j * P, j * P + kr), (kt % per_bank) * K
         dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
-        nisa.nc_matmul(dst=dv_acc[0:kr, col:col + K], stationary=p_t[0:rows, cols], moving=do_t[0:rows, 0:K])
-        nisa.nc_matmul(dst=dk_acc[0:kr, col:col + K], stationary=ds_t[0:rows, cols], moving=q_t[0:rows, 0:K])
+        more = not (first_head and kt == t0 // P)  # key block kt's first query tile is its diagonal one
+        nisa.nc_matmul(dst=dv_acc[0:kr, col:col + K], stationary=p_t[0:rows, cols], moving=do_t[0:rows, 0:K],
+                       accumulate=more)
+        nisa.nc_matmul(dst=dk_acc[0:kr, col:col + K], stationary=ds_t[0:rows, cols], moving=q_t[0:rows, 0:K],
+                       accumulate=more)
 
     def dq():
         for (j, kt, kr), dsT in zip(blocks, dsTs):
@@ -292,7 +296,7 @@ def bwd_heads(tiles, kT, vTs, k_tiles, acc, bias, scale, dt, qk, side=(), halves
             dq_open[r].append(nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum))
         finished = catch_up()
         late.append(bwd_values(tiles[r][i], c * KC, min(KC, t0 + rows - c * KC), res[0], res[1], dq_open[r][0],
-                               k_tiles, acc, bias[0], dt))
+                               k_tiles, acc, bias[0], dt, r == 0))
         evacuate(finished)
         if (c + 1) * KC >= t0 + rows:
             done.append((r, tiles[r][i], dq_open[r].pop(0)))
@@ -310,7 +314,7 @@ def store_kv_grad(dst_sb, G, acc, g, T, K, scale, dt, tables=(), norms=()):
     P = nl.tile_size.pmax
     per_bank = KC // K
     items = []
-    for kt in nl.affine_range(cdiv(T, P)):
+    for kt in range(cdiv(T, P)):
         kr = min(P, T - kt * P)
         col = (kt % per_bank) * K
         out = block(dst_sb, kt, g, G, K)

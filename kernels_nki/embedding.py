@@ -1,6 +1,6 @@
 """Token embedding forward (row gather) and backward (scatter-add into [V, D]) as NKI kernels, trn1.
 
-Spec: frontier_jax.reference.embed (jnp.take(emb_VD, ids_N, axis=0)) and its gradient: demb[v] is
+Spec: frontier_jax.ops.reference.embed (jnp.take(emb_VD, ids_N, axis=0)) and its gradient: demb[v] is
 the sum of dy[n] over every n with ids[n] == v, duplicates included.
 
 Design: both directions are one-hot matmuls on TensorE. NeuronCore-v2 (trn1) has no indirect DMA:
@@ -60,7 +60,7 @@ def _onehot_T(ids_N, g, vcol_PK, KV, V, PV, dt):
     ids_PB = nl.ndarray((P, NB), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=ids_PB[0:PV, 0:nb], src=ids_N.ap(pattern=[[0, PV], [1, nb]], offset=g[0]))
     ohT = []
-    for k in nl.affine_range(KV):
+    for k in range(KV):
         vr = min(P, V - k * P)
         oh_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=oh_t[0:vr, 0:nb], data=ids_PB[0:vr, 0:nb], op0=nl.equal, operand0=vcol_PK[0:vr, k:k + 1])
@@ -76,10 +76,10 @@ def _gather_rows(ohT, g, emb_t, out_ND, KV, V, dt):
     p = g[1]
     y_g = nl.ndarray((P, NB // P * D), dtype=dt, buffer=nl.sbuf)
     for j in range(g[2]):
-        for c in nl.affine_range(cdiv(D, DC)):
+        for c in range(cdiv(D, DC)):
             dc = min(DC, D - c * DC)
             y_ps = nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.psum)
-            for k in nl.affine_range(KV):
+            for k in range(KV):
                 vr = min(P, V - k * P)
                 nisa.nc_matmul(dst=y_ps[0:p, 0:dc], stationary=ohT[k][0:vr, columns(g, j)],
                                moving=emb_t[k][0:vr, c * DC:c * DC + dc])
@@ -99,7 +99,7 @@ def embed_fwd(ids_N, emb_VD):
     out_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     # emb as V/128 row tiles (the moving operands) and vcol[p, k] = 128 k + p (the one-hot compare values)
     emb_t = []
-    for k in nl.affine_range(KV):
+    for k in range(KV):
         vr = min(P, V - k * P)
         e_t = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
         nisa.dma_copy(dst=e_t[0:vr], src=emb_VD[k * P:k * P + vr])

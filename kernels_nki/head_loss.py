@@ -1,6 +1,6 @@
 """Tied output head + softcap + cross-entropy (per-token losses) as NKI kernels for trn1, fwd and bwd.
 
-Spec: frontier_jax.reference.head_loss: l = softcap * tanh(x emb^T / softcap) (+ an optional sparse
+Spec: frontier_jax.ops.reference.head_loss: l = softcap * tanh(x emb^T / softcap) (+ an optional sparse
 bias: one (token id, value) pair per position and source), loss = logsumexp(l) - l[target], fp32.
 
 Layout: row tiles of 128 tokens on the partition axis, the vocabulary on the free axis. The token-major
@@ -51,7 +51,8 @@ publish, so the order written overlaps the engines by itself). SBUF per partitio
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): PSUM is evacuated by
 ScalarE `activation(op=nl.copy)` or VectorE, never ScalarE `tensor_copy` (unsupported on v2:
 nki/api/nki/isa/__init__.py, tensor_copy) and never GpSimd (no PSUM access: isa docs tensor_copy,
-nc_n_gather); TensorE transposes write PSUM in their input's dtype, VectorE transposes are at most
+nc_n_gather); TensorE transposes are matmuls against the identity into fp32 PSUM (isa docs
+nc_matmul: a float32 dst on v2; `kernels_nki.tiles.transpose`), VectorE transposes are at most
 32 x 32 (isa docs nc_transpose); `activation`'s bias is always an [N, 1] fp32 tile (v2 takes no
 immediate bias: isa docs activation "Layout"); `tensor_scalar` operands are fp32 columns (ids and
 targets cast on VectorE first: isa docs tensor_scalar); `nc_n_gather` indices are uint32 (isa docs
@@ -67,46 +68,41 @@ import nki.language as nl
 
 from kernels_nki.packing import blocks, groups, load, row_tile_ap, rows_per_partition, store, tile
 from kernels_nki.head_loss_parts import VC, Z_BANKS, bwd_dx, bwd_dz, bwd_r, demb_block, z_chunk
-from kernels_nki.tiles import cdiv
+from kernels_nki.tiles import cdiv, identity, transpose
 
 DZ_BYTES = 32 * 1024  # SBUF bytes per partition for one demb block's dz tiles (backward)
 LOG_MAX = 2.0 ** 64  # log's valid input range on ScalarE is [2^-64, 2^64] (nki/api/nki.api.shared.rst)
 E = 2.718281828459045
 
 
-def _emb_tiles(emb_VD, dt):
-    """emb as V/128 row tiles [v, D] and emb^T as D/128 tiles [d, V] (TensorE transposes, once per call)."""
+def _emb_tiles(emb_VD, ident):
+    """emb as V/128 row tiles [v, D] and emb^T as D/128 tiles [d, V] (TensorE transposes against `ident`, the
+    identity in emb's dtype, through fp32 PSUM: `tiles.transpose`; once per call)."""
     V, D = emb_VD.shape
     P = nl.tile_size.pmax
+    dt = ident.dtype
     rows, embT = [], [nl.ndarray((P, V), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(D, P))]
-    for v in nl.affine_range(cdiv(V, P)):
+    for v in range(cdiv(V, P)):
         vr = min(P, V - v * P)
         e_t = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
         nisa.dma_copy(dst=e_t[0:vr], src=emb_VD[v * P:v * P + vr])
-        for k in nl.affine_range(cdiv(D, P)):
+        for k in range(cdiv(D, P)):
             dk = min(P, D - k * P)
-            t_ps = nl.ndarray((dk, vr), dtype=dt, buffer=nl.psum)
-            nisa.nc_transpose(dst=t_ps, data=e_t[0:vr, k * P:k * P + dk])
-            nisa.activation(dst=embT[k][0:dk, v * P:v * P + vr], op=nl.copy, data=t_ps)
+            transpose(embT[k][0:dk, v * P:v * P + vr], e_t[0:vr, k * P:k * P + dk], vr, dk, ident)
         rows.append(e_t)
     return rows, embT
 
 
-def _x_T(x_PD, rows, dt, copy_on_vector):
-    """x_PD's D/128 tiles of x^T [d, rows] (x_PD a [rows, D] row tile): TensorE transposes, copied out of PSUM
-    by VectorE (copy_on_vector) or ScalarE."""
+def _x_T(x_PD, rows, ident, copy_on_vector):
+    """x_PD's D/128 tiles of x^T [d, rows] (x_PD a [rows, D] row tile): TensorE transposes against `ident`
+    through fp32 PSUM (`tiles.transpose`), copied out of PSUM by VectorE (copy_on_vector) or ScalarE."""
     D = x_PD.shape[1]
     P = nl.tile_size.pmax
     xT = []
-    for k in nl.affine_range(cdiv(D, P)):
+    for k in range(cdiv(D, P)):
         dk = min(P, D - k * P)
-        tt = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-        t_ps = nl.ndarray((dk, rows), dtype=dt, buffer=nl.psum)
-        nisa.nc_transpose(dst=t_ps, data=x_PD[0:rows, k * P:k * P + dk])
-        if copy_on_vector:
-            nisa.tensor_copy(dst=tt[0:dk, 0:rows], src=t_ps, engine=nisa.engine.vector)
-        else:
-            nisa.activation(dst=tt[0:dk, 0:rows], op=nl.copy, data=t_ps)
+        tt = nl.ndarray((P, P), dtype=ident.dtype, buffer=nl.sbuf)
+        transpose(tt[0:dk, 0:rows], x_PD[0:rows, k * P:k * P + dk], rows, dk, ident, on_vector=copy_on_vector)
         xT.append(tt)
     return xT
 
@@ -147,7 +143,7 @@ def _tanh_chunk(t_PV, xT, embT, c0, vc, rows, D, softcap):
     bank, tanh on ScalarE straight out of PSUM."""
     P = nl.tile_size.pmax
     z_ps = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum)
-    for k in nl.affine_range(cdiv(D, P)):
+    for k in range(cdiv(D, P)):
         dk = min(P, D - k * P)
         nisa.nc_matmul(dst=z_ps[0:rows, 0:vc], stationary=xT[k][0:dk, 0:rows], moving=embT[k][0:dk, c0:c0 + vc])
     nisa.activation(dst=t_PV[0:rows, c0:c0 + vc], op=nl.tanh, data=z_ps[0:rows, 0:vc], scale=1.0 / softcap)
@@ -161,7 +157,7 @@ def _bias_stats(cols, vals_PS, tg, rows, S, softcap):
     ids = cols[0:rows, 1:1 + S]
     same = nl.ndarray((P, S, S), dtype=nl.float32, buffer=nl.sbuf)
     summed = nl.ndarray((P, S, S), dtype=nl.float32, buffer=nl.sbuf)
-    for s in nl.affine_range(S):
+    for s in range(S):
         nisa.tensor_scalar(dst=same[0:rows, s], data=ids, op0=nl.equal, operand0=cols[0:rows, 1 + s:2 + s])
         nisa.scalar_tensor_tensor(dst=summed[0:rows, s], data=ids, op0=nl.equal, operand0=cols[0:rows, 1 + s:2 + s],
                                   op1=nl.multiply, operand1=vals_PS[0:rows])
@@ -297,23 +293,24 @@ def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS=None, bias_vals_NS=None,
     fixed = _fixed_shift(V, S, softcap)
     loss_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     lse_N1 = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
-    _, embT = _emb_tiles(emb_VD, dt)
+    ident = identity(dt)
+    _, embT = _emb_tiles(emb_VD, ident)
     R = rows_per_partition(D, cap=16)
     tiles = [(g, j) for g in groups(N, R) for j in range(g[2])]  # row tile j of group g: rows r0 + p R + j
     grp = _fwd_group(x_ND, targets_N1, bias_ids_NS, tiles[0][0], S, R, dt)
-    xT = _x_T(tile(grp[0], tiles[0][0], 0, D), tiles[0][0][1], dt, True)
+    xT = _x_T(tile(grp[0], tiles[0][0], 0, D), tiles[0][0][1], ident, True)
     prev = None
     for t in range(len(tiles)):
         g, j = tiles[t]
         t_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
-        for c in nl.affine_range(cdiv(V, VC)):
+        for c in range(cdiv(V, VC)):
             _tanh_chunk(t_PV, xT, embT, c * VC, min(VC, V - c * VC), g[1], D, softcap)
         cur = (t_PV, grp[1][0][0:g[1], j], grp[1][1][0:g[1], j], g, j, grp[2])
         if t + 1 < len(tiles):
             g1, j1 = tiles[t + 1]
             if j1 == 0:
                 grp = _fwd_group(x_ND, targets_N1, bias_ids_NS, g1, S, R, dt)
-            xT = _x_T(tile(grp[0], g1, j1, D), g1[1], dt, True)
+            xT = _x_T(tile(grp[0], g1, j1, D), g1[1], ident, True)
         if prev != None:  # noqa: E711
             _fwd_loss(prev[0], prev[1], prev[2], prev[3], prev[4], prev[5], bias_vals_NS, V, S, softcap, fixed,
                       loss_N1, lse_N1)
@@ -361,19 +358,19 @@ def _bwd_group(x_ND, targets_N1, lse_N1, dloss_N1, bias_ids_NS, g, S, R, dt):
     return x_g, cols_g, idx_g, neg_lse_g, g_g, neg_g_g, nl.ndarray((P, x_g.shape[1]), dtype=dt, buffer=nl.sbuf)
 
 
-def _bwd_tanh(grp, g, jr, embT, V, D, softcap, dt):
+def _bwd_tanh(grp, g, jr, embT, V, D, softcap, ident):
     """Row tile jr of group g, first stage: x^T and z = x emb^T into fp32 PSUM banks (`_z_chunk`), left there for
     `_bwd_t`."""
     P = nl.tile_size.pmax
     x_g, cols_g, idx_g, neg_lse_g, g_g, neg_g_g, dx_g = grp
     rows = g[1]
     x_PD = tile(x_g, g, jr, D)
-    xT = _x_T(x_PD, rows, dt, False)
+    xT = _x_T(x_PD, rows, ident, False)
     cols, idx = cols_g[0:rows, jr], idx_g[0:rows, jr]
     neg_lse, g_P1, neg_g = neg_lse_g[0:rows, jr:jr + 1], g_g[0:rows, jr:jr + 1], neg_g_g[0:rows, jr:jr + 1]
     if cdiv(V, VC) > Z_BANKS:  # z cannot wait in PSUM: t at once (`_bwd_t` takes it as it is)
         z_ps = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
-        for c in nl.affine_range(cdiv(V, VC)):
+        for c in range(cdiv(V, VC)):
             _tanh_chunk(z_ps, xT, embT, c * VC, min(VC, V - c * VC), rows, D, softcap)
     else:
         z_ps = [z_chunk(xT, embT, c * VC, min(VC, V - c * VC), rows, D) for c in range(cdiv(V, VC))]
@@ -413,7 +410,8 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
     dx_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     demb_VD = nl.ndarray((V, D), dtype=emb_VD.dtype, buffer=nl.shared_hbm)
     dvals_NS = nl.ndarray((N, S), dtype=nl.float32, buffer=nl.shared_hbm) if S else None
-    emb_rows, embT = _emb_tiles(emb_VD, dt)
+    ident = identity(dt)
+    emb_rows, embT = _emb_tiles(emb_VD, ident)
     iota_PV = _iota(V)
     acc = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(cdiv(V, P))]
     R = rows_per_partition(D, cap=16)
@@ -428,18 +426,18 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
             b, g, jr = tiles[t]
             if jr == 0:
                 grp = _bwd_group(x_ND, targets_N1, lse_N1, dloss_N1, bias_ids_NS, g, S, R, dt)
-            nxt = _bwd_tanh(grp, g, jr, embT, V, D, softcap, dt)
+            nxt = _bwd_tanh(grp, g, jr, embT, V, D, softcap, ident)
             nxt[0] = tiles[t]
         if tail != None:  # noqa: E711 (NKI has no `is`)
             tail()
             tail = None
         if cur != None:  # noqa: E711
-            bwd_dz(cur, V, dt)
+            bwd_dz(cur, V, ident)
         if mid != None:  # noqa: E711
             bwd_r(mid, iota_PV, V, S, softcap)
         if cur != None:  # noqa: E711
             cb, cg, cjr = cur[0]
-            tail = bwd_dx(cur, emb_rows, V, D, dt, dx_ND, cjr == cg[2] - 1)
+            tail = bwd_dx(cur, emb_rows, V, D, ident, dx_ND, cjr == cg[2] - 1)
             blk_s[0].append(cur[1])
             blk_s[1].append(cur[2])
             blk_s[2].append(cg[1])
@@ -451,7 +449,7 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
             nxt = _bwd_t(nxt, bias_vals_NS, dvals_NS, V, S, softcap, dt)
     if tail != None:  # noqa: E711
         tail()
-    for v in nl.affine_range(cdiv(V, P)):
+    for v in range(cdiv(V, P)):
         vr = min(P, V - v * P)
         out = nl.ndarray((P, D), dtype=emb_VD.dtype, buffer=nl.sbuf)
         nisa.activation(dst=out[0:vr], op=nl.copy, data=acc[v][0:vr])

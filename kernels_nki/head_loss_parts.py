@@ -6,7 +6,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.packing import store
-from kernels_nki.tiles import cdiv
+from kernels_nki.tiles import cdiv, transpose_to_psum
 
 VC = 512  # vocabulary chunk (one PSUM bank of fp32)
 Z_BANKS = 2  # backward: PSUM banks of z (and of dz^T) that may wait while the other stages run
@@ -16,7 +16,7 @@ def z_chunk(xT, embT, c0, vc, rows, D):
     """z = x emb^T for vocab c0:c0+vc: D/128 matmuls into one fp32 PSUM bank (returned)."""
     P = nl.tile_size.pmax
     z_ps = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum)
-    for k in nl.affine_range(cdiv(D, P)):
+    for k in range(cdiv(D, P)):
         dk = min(P, D - k * P)
         nisa.nc_matmul(dst=z_ps[0:rows, 0:vc], stationary=xT[k][0:dk, 0:rows], moving=embT[k][0:dk, c0:c0 + vc])
     return z_ps
@@ -39,7 +39,7 @@ def r_chunk(r_PV, t_PV, iota_PV, cols, corr, neg_lse, c0, vc, rows, S, softcap):
     nisa.activation(dst=r, op=nl.square, data=t_PV[0:rows, c0:c0 + vc])
     nisa.scalar_tensor_tensor(dst=r, data=r, op0=nl.subtract, operand0=1.0,
                               op1=nl.multiply, operand1=p[0:rows, 0:vc])
-    for s in nl.affine_range(S):
+    for s in range(S):
         nisa.tensor_scalar(dst=hot[0:rows, 0:vc], data=iota_PV[0:rows, c0:c0 + vc], op0=nl.equal,
                            operand0=cols[0:rows, 1 + s:2 + s], op1=nl.multiply, operand1=corr[0:rows, s:s + 1])
         nisa.tensor_tensor(dst=r, data1=r, data2=hot[0:rows, 0:vc], op=nl.add,
@@ -50,12 +50,12 @@ def demb_block(acc, blk_s, V, D):
     """demb += dz^T x over a block's row tiles (PSUM accumulation), one VectorE add per block into fp32 SBUF."""
     P = nl.tile_size.pmax
     x_s, dz_s, rows_s = blk_s
-    for v in nl.affine_range(cdiv(V, P)):
+    for v in range(cdiv(V, P)):
         vr = min(P, V - v * P)
-        for d in nl.affine_range(cdiv(D, VC)):
+        for d in range(cdiv(D, VC)):
             dc = min(VC, D - d * VC)
             g_ps = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum)
-            for st in nl.affine_range(len(rows_s)):
+            for st in range(len(rows_s)):
                 nisa.nc_matmul(dst=g_ps[0:vr, 0:dc], stationary=dz_s[st][0:rows_s[st], v * P:v * P + vr],
                                moving=x_s[st][0:rows_s[st], d * VC:d * VC + dc])
             a = acc[v][0:vr, d * VC:d * VC + dc]
@@ -67,15 +67,15 @@ def bwd_r(st, iota_PV, V, S, softcap):
     P = nl.tile_size.pmax
     t_PV, cols, corr, neg_lse, neg_g, rows, dx_g = st[3]
     st[4] = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
-    for c in nl.affine_range(cdiv(V, VC)):
+    for c in range(cdiv(V, VC)):
         r_chunk(st[4], t_PV, iota_PV, cols, corr, neg_lse, c * VC, min(VC, V - c * VC), rows, S, softcap)
 
 
-def bwd_dz(st, V, dt):
+def bwd_dz(st, V, ident):
     """Row tile third stage, first half: dz = -g r (ScalarE) and, with at most Z_BANKS vocabulary chunks, dz^T:
-    every chunk's scaling, then every chunk's transposes (TensorE, into PSUM), then every chunk's copy out
-    (ScalarE), issued before the next row tile's r, so that neither engine waits on the other (`bwd_dx` takes
-    them)."""
+    every chunk's scaling, then every chunk's transposes (TensorE against `ident`, the identity in dz's dtype,
+    into fp32 PSUM), then every chunk's copy out (ScalarE), issued before the next row tile's r, so that neither
+    engine waits on the other (`bwd_dx` takes them)."""
     dz_PV = st[2]
     t_PV, cols, corr, neg_lse, neg_g, rows, dx_g = st[3]
     chunks = [(c * VC, min(VC, V - c * VC)) for c in range(cdiv(V, VC))]
@@ -84,18 +84,19 @@ def bwd_dz(st, V, dt):
     if len(chunks) > Z_BANKS:  # PSUM holds no more: the transposes wait for `bwd_dx`
         st.append([None] * len(chunks))
         return
-    ps = [_dz_T(dz_PV, c0, vc, rows, V, dt) for c0, vc in chunks]
-    st.append([_dz_copy(t, vc, dt) for t, (c0, vc) in zip(ps, chunks)])
+    ps = [_dz_T(dz_PV, c0, vc, rows, V, ident) for c0, vc in chunks]
+    st.append([_dz_copy(t, vc, ident.dtype) for t, (c0, vc) in zip(ps, chunks)])
 
 
-def _dz_T(dz_PV, c0, vc, rows, V, dt):
-    """A vocabulary chunk's dz^T slices side by side in one [128, 512] PSUM tile (TensorE transposes)."""
+def _dz_T(dz_PV, c0, vc, rows, V, ident):
+    """A vocabulary chunk's dz^T slices side by side in one fp32 [128, 512] PSUM tile (`tiles.transpose_to_psum`:
+    TensorE transposes against `ident`, each overwriting its columns)."""
     P = nl.tile_size.pmax
-    dzT_ps = nl.ndarray((P, VC), dtype=dt, buffer=nl.psum)
-    for jv in nl.affine_range(cdiv(vc, P)):
+    dzT_ps = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum)
+    for jv in range(cdiv(vc, P)):
         v0 = c0 + jv * P
         vj = min(P, V - v0)
-        nisa.nc_transpose(dst=dzT_ps[0:vj, jv * P:jv * P + rows], data=dz_PV[0:rows, v0:v0 + vj])
+        transpose_to_psum(dzT_ps[0:vj, jv * P:jv * P + rows], dz_PV[0:rows, v0:v0 + vj], rows, ident)
     return dzT_ps
 
 
@@ -109,7 +110,7 @@ def _dz_copy(dzT_ps, vc, dt):
     return dzT
 
 
-def bwd_dx(st, emb_rows, V, D, dt, dx_ND, last):
+def bwd_dx(st, emb_rows, V, D, ident, dx_ND, last):
     """Row tile third stage: dx = dz emb (dz^T, `bwd_dz`'s, as stationary; emb rows as moving; accumulated over
     the vocabulary in one PSUM bank) -> a callable moving it into the group's dx tile (and, for the group's
     `last` row tile, storing the group to dx_ND), for the caller to issue after the next row tile's z matmuls."""
@@ -117,21 +118,23 @@ def bwd_dx(st, emb_rows, V, D, dt, dx_ND, last):
     jr = st[0][2]
     t_PV, cols, corr, neg_lse, neg_g, rows, dx_g = st[3]
     dx_ps = [nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum) for _ in range(cdiv(D, VC))]
-    for c in nl.affine_range(cdiv(V, VC)):
+    for c in range(cdiv(V, VC)):
         c0 = c * VC
         vc = min(VC, V - c0)
         nv = cdiv(vc, P)
-        dzT = st[5][c] if st[5][c] != None else _dz_copy(_dz_T(st[2], c0, vc, rows, V, dt), vc, dt)  # noqa: E711
-        for jv in nl.affine_range(nv):
+        dzT = st[5][c]
+        if dzT == None:  # noqa: E711 (NKI has no `is`)
+            dzT = _dz_copy(_dz_T(st[2], c0, vc, rows, V, ident), vc, ident.dtype)
+        for jv in range(nv):
             v0 = c0 + jv * P
             vj = min(P, V - v0)
-            for d in nl.affine_range(cdiv(D, VC)):
+            for d in range(cdiv(D, VC)):
                 dc = min(VC, D - d * VC)
                 nisa.nc_matmul(dst=dx_ps[d][0:rows, 0:dc], stationary=dzT[0:vj, jv * P:jv * P + rows],
                                moving=emb_rows[v0 // P][0:vj, d * VC:d * VC + dc])
 
     def out():
-        for d in nl.affine_range(cdiv(D, VC)):
+        for d in range(cdiv(D, VC)):
             dc, o0 = min(VC, D - d * VC), jr * D + d * VC
             nisa.activation(dst=dx_g[0:rows, o0:o0 + dc], op=nl.copy, data=dx_ps[d][0:rows, 0:dc])
         if last:

@@ -100,15 +100,17 @@ def token_sums(pairs, g, I, red):
     128] block per pair and 128-column slice): sum_t a[t, c] b[t, c'] for every c, c' of a slice is one matmul
     over a row tile (the tokens are the contraction axis: stationary a's slice, moving b's), accumulating in
     PSUM over every tile of the call; the sums wanted are its diagonal (`store_sums`). TensorE forms the
-    products exactly (fp32 accumulation), instead of an element-wise pass per product on the SBUF port."""
+    products exactly (fp32 accumulation), instead of an element-wise pass per product on the SBUF port. A bank
+    holds several blocks, each its own accumulation group, so the flag is explicit: the call's first row tile
+    (tile 0 of the group at row 0) overwrites, every later one accumulates."""
     P = nl.tile_size.pmax
     nb = cdiv(I, P)
     for j, (a, b) in enumerate(pairs):
         for r in range(g[2]):
-            for c in nl.affine_range(nb):
+            for c in range(nb):
                 k, c0, col = min(P, I - c * P), r * I + c * P, (j * nb + c) * P
                 nisa.nc_matmul(dst=red[0:k, col:col + k], stationary=a[0:g[1], c0:c0 + k],
-                               moving=b[0:g[1], c0:c0 + k])
+                               moving=b[0:g[1], c0:c0 + k], accumulate=g[0] + r > 0)
 
 
 def store_sums(red, j0, dst_KI, ident32):
@@ -119,7 +121,7 @@ def store_sums(red, j0, dst_KI, ident32):
     K, I = dst_KI.shape
     nb = cdiv(I, P)
     for j in range(K):
-        for c in nl.affine_range(nb):
+        for c in range(nb):
             k, col = min(P, I - c * P), ((j0 + j) * nb + c) * P
             d = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=d[0:k, 0:k], data1=red[0:k, col:col + k], data2=ident32[0:k, 0:k], op=nl.multiply)

@@ -1,7 +1,7 @@
 """The block's MLP branch with its pre-norm and residual add, y = x + relu(rms_norm(x) W_fc)^2 W_proj, forward
 and backward as fused NKI kernels for trn1 (the `norm_mlp` op).
 
-Spec: frontier_jax.reference.resid_norm_mlp_fwd / resid_norm_mlp_bwd (x + mlp(rms_norm(x)); weights
+Spec: frontier_jax.ops.reference.resid_norm_mlp_fwd / resid_norm_mlp_bwd (x + mlp(rms_norm(x)); weights
 already cast to x's dtype by frontier_jax.ops, which folds the block's residual scale s into W_proj's
 columns, x + s mlp = x + relu(.)^2 (W_proj diag s), and derives dW_proj and ds from the kernel's fp32
 dW_proj; the forward also returns the backward's residuals inv_N1 = rsqrt(mean(x^2) + eps), fp32, eps =
@@ -93,7 +93,7 @@ def _load_rows(w_RC, dt):
     R, C = w_RC.shape
     P = nl.tile_size.pmax
     tiles = []
-    for i in nl.affine_range(cdiv(R, P)):
+    for i in range(cdiv(R, P)):
         r = min(P, R - i * P)
         t = nl.ndarray((P, C), dtype=dt, buffer=nl.sbuf)
         nisa.dma_copy(dst=t[0:r], src=w_RC[i * P:i * P + r])
@@ -105,9 +105,9 @@ def _transposed_rows(tiles, R, C, dt, ident):
     """Row tiles of a [R, C] matrix -> row tiles of its [C, R] transpose."""
     P = nl.tile_size.pmax
     out = [nl.ndarray((P, R), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(C, P))]
-    for i in nl.affine_range(cdiv(R, P)):
+    for i in range(cdiv(R, P)):
         r = min(P, R - i * P)
-        for j in nl.affine_range(cdiv(C, P)):
+        for j in range(cdiv(C, P)):
             c = min(P, C - j * P)
             transpose(out[j][0:c, i * P:i * P + r], tiles[i][0:r, j * P:j * P + c], r, c, ident)
     return out
@@ -122,7 +122,7 @@ def _group_T(tiles, g, dt, ident, width, natural):
     xT = [nl.ndarray((P, width), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(D, P))]
     for j in range(len(tiles)):
         cols = columns(g, j) if natural else slice(j * P, j * P + p)
-        for k in nl.affine_range(cdiv(D, P)):
+        for k in range(cdiv(D, P)):
             dk = min(P, D - k * P)
             transpose(xT[k][0:dk, cols], tiles[j][0:p, k * P:k * P + dk], p, dk, ident)
     return xT
@@ -168,10 +168,10 @@ def _fwd_hidden(st, wfc, rT_s, b0, dt):
     nb = g[1] * g[2]
     D, F = x_g.shape[1] // (NB // P), wfc[0].shape[1]
     aT = []
-    for jf in nl.affine_range(cdiv(F, P)):
+    for jf in range(cdiv(F, P)):
         fj = min(P, F - jf * P)
         h_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-        for k in nl.affine_range(cdiv(D, P)):
+        for k in range(cdiv(D, P)):
             dk = min(P, D - k * P)
             nisa.nc_matmul(dst=h_ps[0:fj, 0:nb], stationary=wfc[k][0:dk, jf * P:jf * P + fj], moving=xT[k][0:dk, 0:nb])
         r_T = rT_s[jf][0:fj, g[0] - b0:g[0] - b0 + nb]
@@ -194,10 +194,10 @@ def _fwd_out(st, aT, wproj, y_ND, dt):
     D = y_ND.shape[1]
     y_g = nl.ndarray((P, NB // P * D), dtype=dt, buffer=nl.sbuf)
     for j in range(g[2]):
-        for c in nl.affine_range(cdiv(D, NB)):
+        for c in range(cdiv(D, NB)):
             dc = min(NB, D - c * NB)
             y_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-            for jf in nl.affine_range(len(aT)):
+            for jf in range(len(aT)):
                 fj = wproj[jf].shape[0]
                 nisa.nc_matmul(dst=y_ps[0:p, 0:dc], stationary=aT[jf][0:fj, columns(g, j)],
                                moving=wproj[jf][0:fj, c * NB:c * NB + dc])
@@ -237,7 +237,7 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
         aT = _fwd_hidden(st, wfc, rT_s, b0, dt)
         if g == blks[b][-1]:  # the block's relu(h)^T out
             nt = g[0] + g[1] * g[2] - b0
-            for jf in nl.affine_range(cdiv(F, P)):
+            for jf in range(cdiv(F, P)):
                 fj = min(P, F - jf * P)
                 nisa.dma_copy(dst=rT_FN[jf * P:jf * P + fj, b0:b0 + nt], src=rT_s[jf][0:fj, 0:nt])
         if nxt != None:  # noqa: E711 (NKI has no `is`)
@@ -272,7 +272,7 @@ def _relu_rows(a_t, dh_t, rT, tok, rows, da_ps, c, fc, dt, ident):
     P = nl.tile_size.pmax
     F = a_t.shape[1]
     r_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-    for jj in nl.affine_range(cdiv(fc, P)):
+    for jj in range(cdiv(fc, P)):
         j = c * NB // P + jj
         fj = min(P, F - j * P)
         transpose_to_psum(r_ps[0:rows, jj * P:jj * P + fj], rT[j][0:fj, tok], fj, ident)
@@ -298,7 +298,7 @@ def _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, g, dt, ident):
     dy_s = [tile(dy_g, g, j, D) for j in range(nr)]
     xn_s = [_scaled(x_s[j], inv[0:p, j:j + 1], p, dt) for j in range(nr)]  # rms_norm(x), ScalarE
     rT = []
-    for jf in nl.affine_range(cdiv(F, P)):  # relu(h)^T from the forward, [F_j, tokens] (the group's tokens in order)
+    for jf in range(cdiv(F, P)):  # relu(h)^T from the forward, [F_j, tokens] (the group's tokens in order)
         fj = min(P, F - jf * P)
         t = nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf)
         nisa.dma_copy(dst=t[0:fj, 0:p * nr], src=rT_FN[jf * P:jf * P + fj, n0:n0 + p * nr])
@@ -317,10 +317,10 @@ def _bwd_hidden(st, wprojT, dt, ident):
     for j in range(nr):
         a_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
         dh_t = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
-        for c in nl.affine_range(cdiv(F, NB)):
+        for c in range(cdiv(F, NB)):
             fc = min(NB, F - c * NB)
             da_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-            for k in nl.affine_range(cdiv(D, P)):
+            for k in range(cdiv(D, P)):
                 dk = min(P, D - k * P)
                 nisa.nc_matmul(dst=da_ps[0:p, 0:fc], stationary=dyT[k][0:dk, j * P:j * P + p],
                                moving=wprojT[k][0:dk, c * NB:c * NB + fc])
@@ -337,7 +337,7 @@ def _bwd_hT(g, dh_s, dt, ident):
     F = dh_s[0].shape[1]
     dhT = [nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(F, P))]
     for j in range(g[2]):
-        for jf in nl.affine_range(cdiv(F, P)):
+        for jf in range(cdiv(F, P)):
             fj = min(P, F - jf * P)
             transpose(dhT[jf][0:fj, j * P:j * P + g[1]], dh_s[j][0:g[1], jf * P:jf * P + fj], g[1], fj, ident)
     return dhT
@@ -348,9 +348,9 @@ def _accumulate(acc, lhs_s, rhs_s, p, K, C):
     bank per [128, 512] slice, copied out by ScalarE (one input: less time on the VectorE/ScalarE PSUM port than
     a VectorE add reading PSUM), then one GpSimd add from SBUF."""
     P = nl.tile_size.pmax
-    for i in nl.affine_range(cdiv(K, P)):
+    for i in range(cdiv(K, P)):
         ki = min(P, K - i * P)
-        for c in nl.affine_range(cdiv(C, NB)):
+        for c in range(cdiv(C, NB)):
             cw = min(NB, C - c * NB)
             g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
             for j in range(len(lhs_s)):
@@ -371,10 +371,10 @@ def _bwd_dx(st, dhT, wfcT, F, dx_ND, dt):
     D = dx_ND.shape[1]
     for j in range(nr):
         gr = []
-        for c in nl.affine_range(cdiv(D, NB)):
+        for c in range(cdiv(D, NB)):
             dc = min(NB, D - c * NB)
             dx_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-            for jf in nl.affine_range(len(dhT)):
+            for jf in range(len(dhT)):
                 fj = min(P, F - jf * P)
                 nisa.nc_matmul(dst=dx_ps[0:p, 0:dc], stationary=dhT[jf][0:fj, j * P:j * P + p],
                                moving=wfcT[jf][0:fj, c * NB:c * NB + dc])
@@ -422,12 +422,12 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
         prev = (st, dh_s, gs[k])
         st, a_s, dh_s = nxt, None, None
     finish(*prev)
-    for k in nl.affine_range(KD):
+    for k in range(KD):
         dk = min(P, D - k * P)
         out = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
         nisa.activation(dst=out[0:dk], op=nl.copy, data=acc_fc[k][0:dk], scale=2.0)
         nisa.dma_copy(dst=dwfc_DF[k * P:k * P + dk], src=out[0:dk])
-    for jf in nl.affine_range(KF):
+    for jf in range(KF):
         fj = min(P, F - jf * P)
         nisa.dma_copy(dst=dwproj_FD[jf * P:jf * P + fj], src=acc_proj[jf][0:fj])
     return dx_ND, dwfc_DF, dwproj_FD

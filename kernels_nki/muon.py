@@ -1,6 +1,6 @@
 """Fused Muon update of one weight matrix as an NKI kernel for trn1 (NeuronCore-v2), NKI 0.3+ API.
 
-Spec: frontier_jax.reference.muon_update (reference.muon_direction -> scale by -lr -> apply):
+Spec: frontier_jax.ops.reference.muon_update (reference.muon_direction -> scale by -lr -> apply):
     buf' = mom * buf + g;  ge = g + mom * buf'                  (Nesterov)
     X    = ge in PyTorch orientation [out, in], transposed if tall, cast to the NS dtype, / ||X||_F
     5 x  A = X X^T;  B = b A + c A A;  X = a X + B X            (quintic Newton-Schulz)
@@ -9,15 +9,17 @@ HBM traffic is the minimum: p, g, buf read once, p' and buf' written once (20 B 
 plus one [128, 2] fp32 tensor of runtime scalars (lr, momentum), every row identical. The
 Newton-Schulz iterate never leaves the chip: X [R, C] (R = min(in, out) <= C) is held twice, as
 R-row tiles (X, the moving operand of B X) and as C-row tiles (X^T, both operands of X X^T), both
-in the NS dtype; after each iteration X^T is rebuilt from X by TensorE transposes (R C 128 MACs,
-cheaper than a second B X product when R > 128). A and B are R-row tiles [P, R].
+in the NS dtype; after each iteration X^T is rebuilt from X by TensorE transposes (matmuls against the
+identity on 64-row tiles of the PE array, R C 64 MACs, cheaper than a second B X product). A and B are R-row tiles [P, R].
 
 Limits (checked by the emulator): R <= 512 per PSUM bank row in the transposes is chunked, so any
 R, C work; SBUF holds ~ (3 C + 3 R) * 2 B + 16 KiB of scratch per partition for R, C <= ~4096 in bf16.
 All baseline and frontier14 matrices (R <= 512, C <= 1024: ~25 KiB per partition) fit.
 
-NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): TensorE transposes write
-PSUM in their input's dtype (nki/api/nki/isa/__init__.py, nc_transpose "Data types") and PSUM is
+NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): TensorE transposes are
+matmuls against the identity into fp32 PSUM (nki/api/nki/isa/__init__.py, nc_matmul "Transpose mode" and
+"Data types": no native transpose mode, a float32 dst on NeuronCore-v2; nc_transpose, whose dst would
+take bf16 data's dtype, is not used: `kernels_nki.tiles`) and PSUM is
 read back by VectorE `tensor_copy`, named explicitly (GpSimd cannot read PSUM, ScalarE tensor_copy
 is unsupported on v2: isa docs tensor_copy); no divide
 (not an ALU operator: nki/api/nki.api.shared.rst operator table; release-notes/components/nki.rst
@@ -34,8 +36,10 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-NS_A, NS_B, NS_C = 3.4445, -4.7750, 2.0315  # = frontier_jax.reference.NS_COEFFS
-NS_EPS = 1e-7  # = frontier_jax.reference.NS_EPS
+from kernels_nki.tiles import identity, transpose_to_psum
+
+NS_A, NS_B, NS_C = 3.4445, -4.7750, 2.0315  # = frontier_jax.ops.reference.NS_COEFFS
+NS_EPS = 1e-7  # = frontier_jax.ops.reference.NS_EPS
 PSUM_N = 512  # fp32 columns of one PSUM bank (nl.tile_size.psum_fmax)
 SQRT_MIN, SQRT_MAX = 2.0 ** -116, 2.0 ** 118  # ScalarE sqrt's valid input range (nki.api.shared.rst)
 
@@ -60,17 +64,19 @@ def _row_tiles(n, P):
     return [(r0, min(P, n - r0)) for r0 in range(0, n, P)]
 
 
-def _transpose(src, src_rows, src_cols, dtype, P):
-    """C-row tiles [P, src_rows] of the transpose of R-row tiles `src` (each [P, src_cols]); TensorE + PSUM."""
+def _transpose(src, src_rows, src_cols, ident, P):
+    """C-row tiles [P, src_rows] of the transpose of R-row tiles `src` (each [P, src_cols]): TensorE transposes
+    against `ident` (the identity in the NS dtype) into fp32 PSUM (`tiles.transpose_to_psum`), a bank's row of
+    them out by one VectorE copy."""
     out = []
     for j0, cj in _row_tiles(src_cols, P):
-        t = nl.ndarray((P, src_rows), dtype=dtype, buffer=nl.sbuf)
+        t = nl.ndarray((P, src_rows), dtype=ident.dtype, buffer=nl.sbuf)
         for n0 in range(0, src_rows, PSUM_N):
             nw = min(PSUM_N, src_rows - n0)
-            pt = nl.ndarray((P, nw), dtype=dtype, buffer=nl.psum)  # transpose output dtype = input dtype
+            pt = nl.ndarray((P, nw), dtype=nl.float32, buffer=nl.psum)
             for i, (r0, ri) in enumerate(_row_tiles(src_rows, P)):
                 if n0 <= r0 < n0 + nw:
-                    nisa.nc_transpose(dst=pt[0:cj, r0 - n0:r0 - n0 + ri], data=src[i][0:ri, j0:j0 + cj])
+                    transpose_to_psum(pt[0:cj, r0 - n0:r0 - n0 + ri], src[i][0:ri, j0:j0 + cj], ri, ident)
             nisa.tensor_copy(dst=t[0:cj, n0:n0 + nw], src=pt[0:cj, 0:nw], engine=nisa.engine.vector)
         out.append(t)
     return out
@@ -145,10 +151,11 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16"):
         nisa.tensor_scalar(dst=nat[i][0:ri], data=nat[i][0:ri], op0=nl.multiply, operand0=rn_P1[0:ri])
 
     # ---- Newton-Schulz on chip: X as R-row tiles, X^T as C-row tiles
+    ident = identity(dt)
     if wide:
-        xt, x = nat, _transpose(nat, C, R, dt, P)
+        xt, x = nat, _transpose(nat, C, R, ident, P)
     else:
-        x, xt = nat, _transpose(nat, R, C, dt, P)
+        x, xt = nat, _transpose(nat, R, C, ident, P)
     for it in range(ns_steps):
         a_t = [nl.ndarray((P, R), dtype=dt, buffer=nl.sbuf) for _ in _row_tiles(R, P)]
         b_t = [nl.ndarray((P, R), dtype=dt, buffer=nl.sbuf) for _ in _row_tiles(R, P)]
@@ -180,7 +187,7 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16"):
         _gram((b_t, x), R, R, C, P, store_x)
         x = xn
         if it < ns_steps - 1 or wide:
-            xt = _transpose(x, R, C, dt, P)
+            xt = _transpose(x, R, C, ident, P)
 
     # ---- shape scale, round to the NS dtype, p' = p - lr * u (natural [in, out] tiles)
     out = xt if wide else x

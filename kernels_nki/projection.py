@@ -4,17 +4,17 @@ projection) and the same with the block's resid_mix (and a decoder block's U-Net
 (`mix_norm_projection`). Helpers: `kernels_nki/projection_parts.py` (transposes, weights, matmuls, the norm),
 `kernels_nki/mix_parts.py` (the mix front-end), `kernels_nki/packing.py` (the row groups).
 
-Spec: `projection` (frontier_jax.reference.resid_projection_fwd / projection_bwd): y_NO = r_NO + x_NI @ w_IO
+Spec: `projection` (frontier_jax.ops.reference.resid_projection_fwd / projection_bwd): y_NO = r_NO + x_NI @ w_IO
 (x, r in the compute dtype, the weight cast to it, fp32 accumulation and add, y in x's dtype); backward
 dx_NI = dy_NO @ w_IO^T (x's dtype), dw_IO = x_NI^T @ dy_NO (fp32, summed over all N tokens); r's gradient
 is dy itself (ops.py passes it through: no operand, no pass). ops.out_projection folds the block's
 residual scale s into w's columns (x + s (o w) = x + o (w diag s)) and derives dw and ds from the fp32
-dw of the folded weight. `norm_projection` (frontier_jax.reference.norm_projection_fwd / _bwd): y = rms_norm(x) w,
+dw of the folded weight. `norm_projection` (frontier_jax.ops.reference.norm_projection_fwd / _bwd): y = rms_norm(x) w,
 with inv_N1 = rsqrt(mean(x^2) + eps) (fp32, eps = float32 epsilon) as the residual; backward g = dy w^T,
 dx = inv (g + x c) with c = -mean(g x) inv^2 (fp32 math), dw = rms_norm(x)^T dy. ops.out_projection
-runs `projection`; `norm_projection` is the experimental op (frontier_jax.experimental.ops.norm_qkv_projection).
+runs `projection`; `norm_projection` is the experimental op (frontier_jax.ops.experimental.norm_qkv_projection).
 dw leaves in fp32 and ops casts it to the weight's dtype. `mix_norm_projection`
-(frontier_jax.reference.mix_norm_projection_fwd / _bwd; ops.mix_norm_qkv_projection, what the model calls):
+(frontier_jax.ops.reference.mix_norm_projection_fwd / _bwd; ops.mix_norm_qkv_projection, what the model calls):
 x = m0 x_in' + m1 x0 with x_in' = x_in (+ sw skip), m = resid_mix and sw the skip weight (fp32 operands
 holding values of x's dtype), then norm_projection of x with q/k/v fused as one [D, (H + 2G) K] weight; x is
 written once (the residual stream the block continues with) and y leaves as three outputs q, k, v (`widths`,
@@ -211,17 +211,17 @@ def _dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, ident, dx_NI=None, wT=None):
             x_t, dy_t = tile(x_g, g, j, I), tile(dy_g, g, j, c1 - c0)
             if dx_NI != None:  # noqa: E711
                 matmul_rows(transposed(dy_t, p, O, dt, ident), wT, chunks(O), [tile(dx_g, g, j, I)], p)
-            for o in nl.affine_range(o1 - o0):
+            for o in range(o1 - o0):
                 w = min(W, c1 - c0 - o * W)
-                for i in nl.affine_range(cdiv(I, P)):
+                for i in range(cdiv(I, P)):
                     k = min(P, I - i * P)
                     nisa.nc_matmul(dst=acc[i][o][0:k, 0:w], stationary=x_t[0:p, i * P:i * P + k],
                                    moving=dy_t[0:p, o * W:o * W + w])
         if dx_NI != None:  # noqa: E711
             store(dx_NI, g, dx_g)
-    for o in nl.affine_range(o1 - o0):
+    for o in range(o1 - o0):
         w = min(W, c1 - c0 - o * W)
-        for i in nl.affine_range(cdiv(I, P)):
+        for i in range(cdiv(I, P)):
             k = min(P, I - i * P)
             out = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
             evacuate(out[0:k, 0:w], acc[i][o][0:k, 0:w], i % 2 == 0)
@@ -312,7 +312,7 @@ def projection_bwd(x_NI, w_IO, dy_NO):
     if banks <= PSUM_BANKS:  # every dw slice in one pass over x
         _dw_pass(x_NI, dy_NO, dw_IO, 0, slices, dt, ident)
         return dx_NI, dw_IO
-    for o in nl.affine_range(slices):  # one pass over x per 512-column slice
+    for o in range(slices):  # one pass over x per 512-column slice
         _dw_pass(x_NI, dy_NO, dw_IO, o, o + 1, dt, ident)
     return dx_NI, dw_IO
 
@@ -422,7 +422,7 @@ def _norm_projection_bwd(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mixin
         token_sums(pairs, g, I, mixing[3])
     if pend_dw != None:  # noqa: E711
         dw_block(acc, pend_dw[0], pend_dw[1], I, O)
-    for i in nl.affine_range(cdiv(I, P)):
+    for i in range(cdiv(I, P)):
         k = min(P, I - i * P)
         nisa.dma_copy(dst=dw_IO[i * P:i * P + k], src=acc[i][0:k])
 

@@ -34,7 +34,7 @@ def transposed(t, rows, cols, dt, ident, first_on_vector=True, on_scalar=False):
     of PSUM alternately by VectorE and ScalarE (with `on_scalar`, all by ScalarE)."""
     P = nl.tile_size.pmax
     out = []
-    for i in nl.affine_range(cdiv(cols, P)):
+    for i in range(cdiv(cols, P)):
         k = min(P, cols - i * P)
         t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
         transpose_to_psum(t_ps[0:k, 0:rows], t[0:rows, i * P:i * P + k], rows, ident)
@@ -57,7 +57,7 @@ def weight_tiles(w_IO, dt):
     P = nl.tile_size.pmax
     I, O = w_IO.shape
     tiles = []
-    for i in nl.affine_range(cdiv(I, P)):
+    for i in range(cdiv(I, P)):
         k = min(P, I - i * P)
         t = nl.ndarray((k, O), dtype=dt, buffer=nl.sbuf)
         nisa.dma_copy(dst=t, src=w_IO[i * P:i * P + k])
@@ -95,7 +95,7 @@ def weight_transposed(w_IO, dt, ident, ks):
     P = nl.tile_size.pmax
     I = w_IO.shape[0]
     wT = [nl.ndarray((P, I), dtype=dt, buffer=nl.sbuf) for _ in ks]
-    for i in nl.affine_range(cdiv(I, P)):
+    for i in range(cdiv(I, P)):
         k = min(P, I - i * P)
         w_t = row_tile(w_IO, i * P, k, dt)
         c0 = 0
@@ -112,7 +112,7 @@ def products(lhsT, rhs, ks, O, rows):
     tiles, rhs as [128, O] tiles (tile i holds chunk i's contraction rows)."""
     P = nl.tile_size.pmax
     out = []
-    for o in nl.affine_range(cdiv(O, W)):
+    for o in range(cdiv(O, W)):
         w = min(W, O - o * W)
         ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
         for i in range(len(ks)):
@@ -186,18 +186,19 @@ def norm_bwd_stages(dx, g, x_t, inv, rows, dxo=None):
 def dw_block(acc, xn_s, dy_s, I, O):
     """acc[i] += xn^T dy over a block's row tiles (dy's row tiles per part, side by side: `pieces`): one PSUM bank
     per [128, 512] slice, then one ScalarE copy out of PSUM and a GpSimd add (SBUF only: a VectorE add would hold
-    the PSUM port ScalarE needs for twice as long)."""
+    the PSUM port ScalarE needs for twice as long). A slice of several parts holds one accumulation group per
+    part in its bank, so the flag is explicit: the block's first row tile overwrites, the rest accumulate."""
     P = nl.tile_size.pmax
-    for i in nl.affine_range(cdiv(I, P)):
+    for i in range(cdiv(I, P)):
         k = min(P, I - i * P)
-        for o in nl.affine_range(cdiv(O, W)):
+        for o in range(cdiv(O, W)):
             w = min(W, O - o * W)
             g_ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
             for s in range(len(xn_s)):
                 p, xn = xn_s[s]
                 for t, a, b, off in pieces(dy_s[s], o * W, o * W + w):
                     nisa.nc_matmul(dst=g_ps[0:k, off:off + b - a], stationary=xn[0:p, i * P:i * P + k],
-                                   moving=dy_s[s][t][0:p, a:b])
+                                   moving=dy_s[s][t][0:p, a:b], accumulate=s > 0)
             a = acc[i][0:k, o * W:o * W + w]
             g_s = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=g_s[0:k, 0:w], op=nl.copy, data=g_ps[0:k, 0:w])

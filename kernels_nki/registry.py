@@ -1,13 +1,15 @@
 """Which op has an NKI kernel, where its forward/backward live, and how to load them.
 
 An op is declared once in `frontier_jax.ops` (its references, static parameters and kernel adapter);
-its kernel is one row here. `frontier_jax.dispatch` reads `KERNELS` to build the kernel table: a
+its kernel is one row here. `frontier_jax.ops.dispatch` reads `KERNELS` to build the kernel table: a
 declared op absent here runs its pure-JAX reference everywhere (and the table says "no kernel").
 `load_nki(op)` imports the kernel module against the real `nki` package (a Neuron DLAMI);
-`load_emulated(op)` runs the same source under the NumPy emulator. Each kernel takes the op's
-operands positionally and its static parameters as keyword arguments (compile-time constants).
+`load_emulated(op)` runs the same source under the NumPy emulator's strict reading (a form valid under only one
+of AWS's conflicting documented readings is refused: the rows of `kernels_nki.emulator.rules` with strict=True);
+the kernels' tests, the dispatch's emulated path and the step estimate all load kernels here. Each kernel takes
+the op's operands positionally and its static parameters as keyword arguments (compile-time constants).
 A row with `experimental` set is a kernel no production op calls (its op, declared in
-`frontier_jax.experimental`, exists for tests and benchmarks): the kernel table lists it "unused" with
+`frontier_jax.ops.experimental`, exists for tests and benchmarks): the kernel table lists it "unused" with
 that reason and strict mode does not require it.
 """
 
@@ -25,7 +27,7 @@ class KernelSpec:
     module: str  # importable module holding the @nki.jit kernels
     fwd: str  # forward kernel: returns (outputs..., residuals...)
     bwd: str  # backward kernel: (inputs, residuals, cotangents) -> input cotangents
-    experimental: str = ""  # why no production op calls it (its op is declared in frontier_jax.experimental)
+    experimental: str = ""  # why no production op calls it (its op is declared in frontier_jax.ops.experimental)
 
 
 _INSIDE = "the model runs it fused, inside {}"
@@ -77,4 +79,4 @@ def load_nki(op: str) -> types.ModuleType:
 def load_emulated(op: str) -> types.ModuleType:
     from kernels_nki import emulator
 
-    return emulator.load_kernel_module(KERNELS[op].module)
+    return emulator.load_kernel_module(KERNELS[op].module, reading="strict")

@@ -1,6 +1,6 @@
 """Weightless RMSNorm forward and backward as NKI kernels for trn1 (NeuronCore-v2), NKI 0.3+ API.
 
-Spec: frontier_jax.reference.rms_norm (fp32 math, eps = float32 epsilon, output in the input dtype).
+Spec: frontier_jax.ops.reference.rms_norm (fp32 math, eps = float32 epsilon, output in the input dtype).
 Layout: rows on the partition axis, R = 4096 // D consecutive rows per partition (a full tile is
 128 x R rows, [P, R, D] in SBUF, one DMA each way: partition p reads rows r0 + p R .. + R, contiguous
 in HBM), then the rest as 128 x R' rows and a last tile of fewer than 128 single rows (sliced, never
@@ -57,12 +57,12 @@ def _fwd_tile(x_ND, y_ND, inv_N1, eps_P1, r0, parts, R):
     # sum of squares per row (ScalarE); the squares land in y, overwritten below
     y = nl.ndarray((P, R, D), dtype=dt, buffer=nl.sbuf)
     ss = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
-    for j in nl.affine_range(R):
+    for j in range(R):
         nisa.activation_reduce(dst=y[0:parts, j], op=nl.square, data=x[0:parts, j], reduce_op=nl.add,
                                reduce_res=ss[0:parts, j:j + 1])
     inv = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=inv[0:parts], op=nl.rsqrt, data=ss[0:parts], scale=1.0 / D, bias=eps_P1[0:parts])
-    for j in nl.affine_range(R):
+    for j in range(R):
         nisa.tensor_scalar(dst=y[0:parts, j], data=x[0:parts, j], op0=nl.multiply, operand0=inv[0:parts, j:j + 1])
     nisa.dma_copy(dst=_rows(y_ND, r0, parts, R), src=y[0:parts])
     nisa.dma_copy(dst=_rows(inv_N1, r0, parts, R), src=inv[0:parts])
@@ -97,7 +97,7 @@ def _bwd_tile(x_ND, inv_N1, dy_ND, dx_ND, r0, parts, R):
     nisa.tensor_tensor(dst=work[0:parts], data1=dy[0:parts], data2=x[0:parts], op=nl.multiply,
                        engine=nisa.engine.gpsimd)
     dot = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
-    for j in nl.affine_range(R):
+    for j in range(R):
         nisa.activation_reduce(dst=work[0:parts, j], op=nl.copy, data=work[0:parts, j], reduce_op=nl.add,
                                reduce_res=dot[0:parts, j:j + 1])
     # e = -dot inv^3 / D for the tile's rows at once (3 small VectorE instructions)
@@ -109,7 +109,7 @@ def _bwd_tile(x_ND, inv_N1, dy_ND, dx_ND, r0, parts, R):
     nisa.tensor_tensor(dst=e[0:parts], data1=e[0:parts], data2=inv[0:parts], op=nl.multiply)
     # dx = dy inv + x e: x e on ScalarE (e its [P, 1] scale), the multiply-add on VectorE
     dx = nl.ndarray((P, R, D), dtype=dt, buffer=nl.sbuf)
-    for j in nl.affine_range(R):
+    for j in range(R):
         nisa.activation(dst=work[0:parts, j], op=nl.copy, data=x[0:parts, j], scale=e[0:parts, j:j + 1])
         nisa.scalar_tensor_tensor(dst=dx[0:parts, j], data=dy[0:parts, j], op0=nl.multiply,
                                   operand0=inv[0:parts, j:j + 1], op1=nl.add, operand1=work[0:parts, j])

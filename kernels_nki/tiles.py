@@ -2,7 +2,7 @@
 functions a kernel calls, whichever file holds them; under the emulator `kernels_nki.emulator.loader`
 loads this file against the emulated nki for the kernel files that import from it).
 
-- `cdiv`, `EPS` (the RMSNorm epsilon, float32 machine epsilon == frontier_jax.reference.RMS_EPS).
+- `cdiv`, `EPS` (the RMSNorm epsilon, float32 machine epsilon == frontier_jax.ops.reference.RMS_EPS).
 - `identity(dt)`: the [128, 128] identity, the moving operand of every TensorE transpose.
 - `transpose_ve`: a transpose by VectorE 32 x 32 blocks (no TensorE, no PSUM).
 - `transpose_to_psum` / `transpose`: a TensorE transpose as two <= 64-row halves, each on its own 64-row
@@ -16,7 +16,7 @@ loads this file against the emulated nki for the kernel files that import from i
 import nki.isa as nisa
 import nki.language as nl
 
-EPS = 1.1920928955078125e-07  # float32 machine epsilon == frontier_jax.reference.RMS_EPS
+EPS = 1.1920928955078125e-07  # float32 machine epsilon == frontier_jax.ops.reference.RMS_EPS
 HALF = 64  # a row tile of the PE array in row tiling mode on NeuronCore-v2
 
 
@@ -40,7 +40,9 @@ def transpose_to_psum(dst_ps, src, rows, ident, col0=0, p0=0):
     fits a 64-column tile (column tiling, the same "Tiling mode"; the tile at column col0, 0 or 64, since PE
     column c writes PSUM partition c: dst_ps starts at partition col0), so each half costs 64 x 64 PEs instead
     of 64 x 128. p0 (0 or 64): the partition src starts at, for <= 64 rows: the row tile and the identity's
-    block there, so both operands sit on the tile's partitions."""
+    block there, so both operands sit on the tile's partitions. Each half overwrites its PSUM locations
+    (accumulate=False): other transposes may share dst_ps's bank, where inferring the flag would accumulate
+    if inference is per bank (rule strict.accumulate_inference of kernels_nki.emulator.rules)."""
     cols = src.shape[1]
     ctile = HALF if cols <= HALF else nl.tile_size.pmax
     for h in range(cdiv(rows, HALF)):
@@ -48,7 +50,7 @@ def transpose_to_psum(dst_ps, src, rows, ident, col0=0, p0=0):
         rh = min(HALF, rows - r0)
         i0 = p0 + r0
         nisa.nc_matmul(dst=dst_ps[:, r0:r0 + rh], stationary=src[r0:r0 + rh], moving=ident[i0:i0 + rh, i0:i0 + rh],
-                       is_transpose=True, tile_position=(i0, col0), tile_size=(HALF, ctile))
+                       is_transpose=True, accumulate=False, tile_position=(i0, col0), tile_size=(HALF, ctile))
 
 
 def stacked_transpose(dst, srcs, rows, ident):
@@ -79,9 +81,9 @@ def transpose_ve(dst, src, p, f):
     """dst[0:f, 0:p] = src[0:p, 0:f]^T (p, f <= 128) by VectorE 32 x 32 transposes, SBUF to SBUF (VectorE
     transposes up to 32 x 32: nki/api/nki/isa/__init__.py nc_transpose): 16 instructions per [128, 128]
     block instead of a TensorE transpose and its PSUM copy."""
-    for i in nl.affine_range(cdiv(p, 32)):
+    for i in range(cdiv(p, 32)):
         pi = min(32, p - i * 32)
-        for j in nl.affine_range(cdiv(f, 32)):
+        for j in range(cdiv(f, 32)):
             fj = min(32, f - j * 32)
             nisa.nc_transpose(dst=dst[j * 32:j * 32 + fj, i * 32:i * 32 + pi],
                               data=src[i * 32:i * 32 + pi, j * 32:j * 32 + fj], engine=nisa.engine.vector)
@@ -109,7 +111,7 @@ def norm_grad_products(g, x_t, rows, width, split=True):
     D = x_t.shape[1]
     g_s = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf) if split else None
     work = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
-    for c in nl.affine_range(len(g)):
+    for c in range(len(g)):
         cw = min(width, D - c * width)
         cols = slice(c * width, c * width + cw)
         if split:
@@ -150,7 +152,7 @@ def norm_grad_combine(st, g, x_t, rows, width, split=True, sum_on_gpsimd=True):
         nisa.tensor_tensor(dst=work[0:rows], data1=work[0:rows], data2=g_s[0:rows], op=nl.add,
                            engine=nisa.engine.gpsimd)
         return work
-    for c in nl.affine_range(len(g)):
+    for c in range(len(g)):
         cw = min(width, D - c * width)
         cols = slice(c * width, c * width + cw)
         g_c = g_s[0:rows, cols] if split else g[c][0:rows, 0:cw]

@@ -54,7 +54,7 @@ def test_step_estimate_quotes_the_saved_spread(saved):
 def test_mamba_v3_extrapolation_bounds_the_full_trace():
     """mamba_v3 past two sequence tiles is extrapolated from 2 and 3 of them: within 3% of the full trace at 4."""
     got = cc._mamba_estimate("v3", 1024, 4 * cc.MAMBA_SEQ_TILE)
-    module = cc.emulator.load_kernel_module("bench.calibration_kernels")
+    module = cc.kernels("bench.calibration_kernels")
     tr = cc.loader.record(module.mamba_v2, *cc._mamba_specs(1024, 4 * cc.MAMBA_SEQ_TILE), target="trn1",
                           seq_tile=cc.MAMBA_SEQ_TILE)
     full = cc.schedule.estimate(tr)

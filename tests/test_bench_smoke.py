@@ -1,7 +1,7 @@
 """bench/: each script runs at tiny shapes (the `smoke` case of bench/common.py, or small CLI values) and prints
 its table, run as `python -m bench.<name>` in a subprocess (the scripts set up the allocator before JAX starts).
 
-Smoke-tested elsewhere: aws_kernels (tests/test_bench_aws_kernels.py), cost_calibration (tests/test_kernels_cost.py,
+Smoke-tested elsewhere: aws_kernels (tests/test_bench_aws_kernels.py), cost_calibration (tests/test_emulator_cost.py,
 its tables in sync with bench/README.md). Not scripts: common (the cases), aws_cases, calibration_kernels and
 probe_kernels (kernels those two run). data_checks writes synthetic shards and needs the sp1024 tokenizer
 (../shared/data: skipped without it).

@@ -226,3 +226,21 @@ def test_tensorstores_resource_exhausted_is_reported_as_disk_full():
     e = ValueError('RESOURCE_EXHAUSTED: Failed writing: "/x/checkpoints/2.orbax-checkpoint-tmp/state/d/96f7": '
                    "Failed to write 3289 bytes to file 11: No space ")
     assert checkpoint._is_environment_failure(e) and checkpoint._first_line(e) == "disk full (ENOSPC)"
+
+
+@pytest.mark.parametrize("bad, what", [({"step": "3"}, 'step is "3", expected int'),
+                                       ({"train_seconds": None}, "train_seconds is null, expected int or float"),
+                                       ({"data": {"shard": 0}}, "missing key data.offset"),
+                                       ({"step": 4}, "meta step 4")])
+def test_checkpoint_meta_is_checked_against_its_schema(tmp_path, bad, what):
+    """A string checkpoint `step` gave a traceback (comparing it with max_steps). The meta is checked before
+    use; a bad one is an unreadable checkpoint (one line; restore falls back to an older intact one)."""
+    state = {"w": jnp.arange(4, dtype=jnp.float32)}
+    checkpoint.save(tmp_path, 1, state, _meta(step=1))
+    checkpoint.save(tmp_path, 3, state, {**_meta(), **bad})
+    with pytest.raises(checkpoint.CheckpointError, match="unreadable checkpoint") as e:
+        checkpoint.read_meta(tmp_path, 3)
+    assert what in str(e.value) and "\n" not in str(e.value)
+    skipped = []
+    _, meta = checkpoint.restore(tmp_path, jax.eval_shape(lambda: state), log=skipped.append)
+    assert meta["step"] == 1 and "checkpoints/3: unreadable checkpoint" in skipped[0]

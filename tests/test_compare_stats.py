@@ -1,4 +1,4 @@
-"""frontier_jax.compare_stats: Welch intervals against scipy and a textbook case, the run count that settles a
+"""frontier_jax.compare.stats: Welch intervals against scipy and a textbook case, the run count that settles a
 comparison, verdicts in words."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 from scipy import stats
 
-from frontier_jax.compare_stats import MAX_RUNS, NOISE_BPB, describe, runs_to_settle, verdict, welch
+from frontier_jax.compare.stats import MAX_RUNS, NOISE_BPB, describe, runs_to_settle, verdict, welch
 
 # Welch's t-test, Wikipedia ("Welch's t-test", Examples, first example): t = -2.46, df = 25.0, p = 0.021,
 # means 20.82 and 22.99, sample sds 2.804 and 1.953; 2.060 is the printed-table t quantile (0.975, 25 df).

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 from frontier_jax.config import (Config, ConfigError, ModelConfig, apply_overrides, config_hash, from_dict, load_config,
                                  model_hash, to_dict)
 
@@ -42,6 +42,18 @@ def test_override_parses_and_keeps_types():
     ("nosection.x=1", "unknown key"),
     ("model=1", "is a section"),
     ("model.num_layers", "expected key=value"),
+    # the recipe's switches
+    ("model.ve_layers=2", "expected a tuple of int, got int"),
+    ("model.ve_layers=(1.0,)", "model.ve_layers[0]=1.0: expected int, got float"),
+    ("model.ve_layers=(1,1)", "distinct layer indices in [0, 9)"),
+    ("model.ve_layers=(9,)", "distinct layer indices in [0, 9)"),
+    ("model.rope_dims=3", "must be even and in [0, head dim 64]"),
+    ("model.rope_dims=66", "must be even"),
+    ("model.xsa_last_n=10", "model.xsa_last_n must be in [0, 9], got 10"),
+    ("model.bigram_buckets=1", "one bucket is reserved for position 0"),
+    ("model.init=xavier", "model.init must be baseline|record"),
+    ("model.embed_dtype=fp8", "model.embed_dtype must be compute|bfloat16|float32"),
+    ("model.mlp_mult=0.001", "gives no MLP hidden unit"),
 ])
 def test_bad_overrides_are_one_line_config_errors(item, fragment):
     with pytest.raises(ConfigError) as e:
@@ -60,7 +72,8 @@ def test_non_positive_budget_is_rejected(item):
     (dict(model_dim=100, num_heads=8), "not divisible"),
     (dict(num_heads=8, num_kv_heads=3), "not a multiple"),
     (dict(model_dim=24, num_heads=8, num_kv_heads=4), "even"),
-    (dict(num_layers=0), "positive"),
+    (dict(num_layers=0), r"model.num_layers must be in \[1, inf\)"),
+    (dict(num_heads=0), r"model.num_heads must be in \[1, inf\)"),  # was a ZeroDivisionError traceback
 ])
 def test_impossible_model_shapes_are_rejected(kwargs, fragment):
     with pytest.raises(ConfigError, match=fragment):
@@ -197,7 +210,8 @@ def test_every_config_field_has_a_comment():
     from frontier_jax import config as C
 
     lines = (REPO / "frontier_jax" / "config.py").read_text().splitlines()
-    for cls in (C.ModelConfig, C.OptimConfig, C.DataConfig, C.TrainConfig, C.NgramConfig, C.ParallelConfig, C.Config):
+    for cls in (C.ModelConfig, C.OptimConfig, C.DataConfig, C.TrainConfig, C.NgramConfig, C.ParallelConfig, C.EvalConfig,
+                C.Config):
         for f in dataclasses.fields(cls):
             i = next(i for i, line in enumerate(lines) if line.startswith(f"    {f.name}: ") and
                      any(lines[j].startswith(f"class {cls.__name__}") for j in range(max(0, i - 60), i)))
@@ -260,3 +274,110 @@ def test_unknown_keys_in_a_run_config_are_refused_not_dropped(tmp_path):
     path.write_text(__import__("json").dumps(d))
     with pytest.raises(ConfigError, match=re.escape(f"{path}: bad run config (train.val_evry_steps: unknown key")):
         load_run_config(path)
+
+
+@pytest.mark.parametrize("item, fragment", [
+    ("optim.beta2=1.5", r"optim.beta2 must be in \[0, 1\), got 1.5"),
+    ("optim.warmdown_steps=-5", r"optim.warmdown_steps must be in \[0, inf\), got -5"),
+    ("optim.adam_eps=0", r"optim.adam_eps must be in \(0, inf\)"),
+    ("optim.matrix_lr=-0.1", "optim.matrix_lr must be in"),
+    ("optim.muon_momentum=1.0", "optim.muon_momentum must be in"),
+    ("optim.muon_ns_steps=0", "optim.muon_ns_steps must be in"),
+    ("model.rope_base=0", "model.rope_base must be in"),
+    ("model.logit_softcap=-30", "model.logit_softcap must be in"),
+    ("model.vocab_size=70000", r"model.vocab_size must be in \[1, 65536\]"),
+    ("model.bigram_dim=0", r"model.bigram_dim must be in \[1, inf\), got 0"),
+    ("model.ve_dim=-1", r"model.ve_dim must be in \[1, inf\), got -1"),
+    ("model.rope_dims=-2", r"model.rope_dims must be in \[0, inf\)"),
+    ("model.rope_rescale_from=-1", "model.rope_rescale_from must be in"),
+    ("model.bigram_buckets=-3", "model.bigram_buckets must be in"),
+    ("model.mlp_mult=-2.0", r"model.mlp_mult must be in \(0, inf\)"),
+    ("train.log_every_seconds=0", "train.log_every_seconds must be in"),
+    ("train.budget_seconds=nan", "expected float"),  # a bare word; a NaN from a config file is refused below
+    ("parallel.heartbeat_timeout_seconds=0", "parallel.heartbeat_timeout_seconds must be in"),
+    ("data.val_pattern=''", "data.val_pattern must be a non-empty glob pattern"),
+])
+def test_every_numeric_setting_is_range_checked_in_one_line(item, fragment):
+    """The probe accepted `optim.beta2=1.5` and `optim.warmdown_steps=-5` (and trained on them)."""
+    with pytest.raises(ConfigError, match=fragment) as e:
+        apply_overrides(Config(), [item])
+    assert "\n" not in str(e.value)
+
+
+def test_a_config_file_with_a_missing_section_or_a_nan_is_refused_naming_the_file(tmp_path):
+    """A config returning `model=None` failed much later with a traceback; a NaN budget from a config file
+    passed `budget_seconds <= 0`."""
+    for body, fragment in (("Config(model=None)", "config section model is NoneType, expected ModelConfig"),
+                           ("Config(train=TrainConfig(budget_seconds=float('nan')))", "budget_seconds must be > 0"),
+                           ("Config(name='../elsewhere')", "must be a file name"),
+                           ("Config(model=ModelConfig(mlp_negative_slope=float('inf')))",
+                            r"model.mlp_negative_slope must be in \(-inf, inf\), got inf")):
+        path = tmp_path / "c.py"
+        path.write_text(f"from frontier_jax.config import *\n\ndef get_config():\n    return {body}\n")
+        with pytest.raises(ConfigError, match=fragment) as e:
+            load_config(path)
+        assert str(e.value).startswith(str(path)) and "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- the recipe's switches
+
+
+def test_ve_layers_is_a_typed_tuple_of_ints_through_set_and_json():
+    cfg = apply_overrides(Config(), ["model.ve_layers=(2,3)", "model.mlp_mult=2.9"])
+    assert cfg.model.ve_layers == (2, 3) and cfg.model.mlp_hidden == 1484
+    assert apply_overrides(Config(), ["model.ve_layers=[7]"]).model.ve_layers == (7,)
+    assert apply_overrides(cfg, ["model.ve_layers=()"]).model.ve_layers == ()
+    assert from_dict(to_dict(cfg)) == cfg  # JSON turns the tuple into a list; the field is a tuple again
+    assert isinstance(from_dict(to_dict(cfg)).model.ve_layers, tuple)
+
+
+def test_rescaling_rope_needs_more_than_two_rotated_dims_and_bigram_ids_must_not_overflow_int32():
+    with pytest.raises(ConfigError, match="more than 2 rotated dims"):
+        ModelConfig(rope_dims=2, rope_rescale_from=1024)
+    with pytest.raises(ConfigError, match="overflow from id 59138"):
+        ModelConfig(vocab_size=60_000, bigram_buckets=16)
+    assert ModelConfig(vocab_size=60_000).bigram_buckets == 0  # off: no hash, no limit
+
+
+def test_the_baselines_model_hash_and_switches_do_not_move_and_the_recipes_parameters_enter_the_hash():
+    base = Config()
+    assert model_hash(base) == "7f9b7a36c47a" and base.model.recipe_switches() == []  # the hash before the recipe
+    assert base.model.mlp_mult == 2.0 and base.model.mlp_hidden == 1024
+    recipe = load_config(CONFIGS / "record11.py")
+    hashes = {model_hash(apply_overrides(recipe, [s])) for s in (
+        "model.bigram_dim=64", "model.ve_dim=64", "model.ve_layers=(9,)", "model.embed_dtype=float32",
+        "model.smear_gate=False", "model.bigram_buckets=0")}
+    assert len(hashes | {model_hash(recipe)}) == 7
+    assert model_hash(apply_overrides(recipe, ["model.xsa_last_n=2", "model.ln_scale=False"])) == model_hash(recipe)
+
+
+def test_the_record_configs_are_the_records_run_command_and_its_tiny_shape():
+    r = load_config(CONFIGS / "record11.py")
+    m, o, t = r.model, r.optim, r.train
+    assert (m.num_layers, m.model_dim, m.num_heads, m.num_kv_heads, m.mlp_hidden) == (11, 512, 8, 4, 1536)
+    assert (m.mlp_negative_slope, m.bigram_buckets, m.bigram_dim, m.xsa_last_n, m.rope_dims) == (0.5, 1536, 128, 4, 16)
+    assert (m.rope_rescale_from, m.ln_scale, m.ve_layers, m.ve_dim, m.smear_gate) == (1024, True, (9, 10), 128, True)
+    assert (m.init, m.embed_dtype, t.seq_len, t.tokens_per_step, t.seed) == ("record", "bfloat16", 2048, 786_432, 1337)
+    assert (o.matrix_lr, o.scalar_lr, o.embed_lr, o.muon_momentum, o.muon_momentum_warmup_start) == (
+        0.025, 0.025, 0.035, 0.99, 0.92)
+    assert (o.muon_momentum_warmup_steps, o.warmdown_steps, t.budget_seconds, t.max_steps) == (1500, 3500, 600.0, 9000)
+    assert (r.eval_seq_len, r.eval.stride, r.eval.artifact, r.eval.score) == (2048, 64, "int6_lzma", "sliding")
+    tiny = load_config(CONFIGS / "record11_tiny.py")
+    tm = tiny.model
+    assert (tm.num_layers, tm.model_dim, tm.num_heads, tm.num_kv_heads, tm.bigram_dim) == (4, 128, 4, 2, 64)
+    assert (tm.ve_layers, tm.xsa_layers(), tiny.train.seq_len) == ((2, 3), range(2, 4), 256)
+    for field in ("mlp_negative_slope", "rope_dims", "rope_rescale_from", "ln_scale", "smear_gate", "bigram_buckets",
+                  "ve_dim", "init", "embed_dtype", "mlp_mult"):
+        assert getattr(tm, field) == getattr(m, field), field
+
+
+def test_an_infinite_budget_survives_the_run_directorys_strict_json(tmp_path):
+    """`--budget inf` (or a pg-record import of MAX_WALLCLOCK_SECONDS=0) wrote budget_seconds as null into
+    config.json, which a resume or `evaluate` then refused."""
+    from frontier_jax.config import load_run_config
+    from frontier_jax.run import rundir
+
+    cfg = apply_overrides(Config(), ["train.budget_seconds=inf"])
+    rundir.write_json(tmp_path / "config.json", to_dict(cfg))
+    assert '"budget_seconds": "inf"' in (tmp_path / "config.json").read_text()
+    assert load_run_config(tmp_path / "config.json") == cfg and config_hash(from_dict(to_dict(cfg))) == config_hash(cfg)

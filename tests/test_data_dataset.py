@@ -231,3 +231,22 @@ def test_a_killed_prepare_is_reported_by_its_marker_not_as_no_val_shard(prepared
     (prepared / P.INCOMPLETE).write_text("")
     with pytest.raises(DataError, match=re.escape(f"{prepared / P.INCOMPLETE}: data.prepare did not finish")):
         _load(prepared)
+
+
+@pytest.mark.parametrize("ids, what", [(1, "BOS only"), (3, "<unk> only"), (0, "pad (a control id) only")])
+def test_a_val_split_whose_targets_carry_no_bytes_is_refused(prepared, ids, what):
+    """The probe: a val shard of 20,000 ones (BOS), no manifest, scored val_bpb 13,489 with exit 0. A split with
+    fewer scored bytes than half a byte per target is refused at start-up in one line naming the shard; so is
+    a periodic validation window (train.val_max_tokens) of such targets in front of real text."""
+    (prepared / P.MANIFEST).unlink()
+    val = sorted(prepared.glob("*_val_*.bin"))[0]
+    real = np.asarray(read_shard(val))
+    write_shard(val, np.full(20_000, ids, np.uint16))
+    with pytest.raises(DataError, match=rf"^{re.escape(str(val))}: the val split's targets carry 0 bytes for "
+                                        r"19,968 scored targets, under the floor of 0.5 byte per target"):
+        _load(prepared)
+    write_shard(val, np.concatenate([np.full(640, ids, np.uint16), real]))
+    ds, _ = _load(prepared)  # the whole split is text enough
+    assert "scored bytes" in ds.provenance
+    with pytest.raises(DataError, match=r"the first 640 val targets \(train.val_max_tokens\) carry 0 bytes"):
+        _load(prepared, val_max_tokens=640)

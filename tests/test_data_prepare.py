@@ -13,6 +13,7 @@ import pytest
 from frontier_jax.data.demo import DEMO_VAL_DOCS, demo_corpus, prepare_demo
 from frontier_jax.data.prepare import main, prepare, read_manifest
 from frontier_jax.data.shards import DataError, list_shards, read_shard
+from frontier_jax.errors import BadInput
 from frontier_jax.data.tokenizer import ByteTokenizer, SentencePieceTokenizer, count_bytes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,6 +134,25 @@ def test_refusals(tmp_path, capsys):
     m = prepare([two], tmp_path / "o", tokenizer_spec="bytes", val_docs=0, overwrite=True)
     assert m["splits"]["val"] == {"documents": 0, "tokens": 0, "bytes": 0, "shards": []}
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["fineweb_train_000000.bin", "manifest.json"]
+
+
+def test_prepare_writes_nothing_outside_out(tmp_path, capsys):
+    """`prepare --prefix ../x` wrote its shards next to --out; a prefix with a directory part is refused in one
+    line (exit 2) and nothing is written anywhere; a shard name inside --out that is a symlink to elsewhere is
+    refused too (every output proven inside --out: frontier_jax.data.files.within)."""
+    two = tmp_path / "two.jsonl"
+    two.write_text('{"text": "a"}\n{"text": "b"}\n', encoding="utf-8")
+    out = tmp_path / "o"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert _exit_code(["--input", str(two), "--out", str(out), "--bytes", "--val-docs", "1", "--prefix", "../x"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--prefix '../x' must be a file name prefix" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    out.mkdir()
+    (out / "fineweb_train_000000.bin").symlink_to(tmp_path / "elsewhere.bin")
+    with pytest.raises(BadInput, match="outside"):
+        prepare([two], out, tokenizer_spec="bytes", val_docs=1)
+    assert not (tmp_path / "elsewhere.bin").exists()
 
 
 def test_demo_corpus_deterministic():

@@ -52,3 +52,47 @@ def test_the_pattern_catches_progress_wording():
         assert PROGRESS.search(line), line
     assert not PROGRESS.search("the forward at 34.4 us per sequence, thence knowable")
     assert not PROGRESS.search(QUOTE.sub("", "NKI 0.4.0 ('the namespace now raises a compilation error')"))
+
+
+def _layout() -> tuple[set[str], set[str], dict[str, set[str]]]:
+    """(top-level modules, packages, each room's modules) as the README's layout block names them: an entry line
+    starts with two spaces (more: a description goes on); its leading `X.py` / `X/` names are entries, and a room
+    line's words up to the first one ending in ":" are the room's modules."""
+    block = README.read_text().split("## Layout", 1)[1].split("```")[1].splitlines()
+    modules, packages, rooms = set(), set(), {}
+    for line in block[block.index("frontier_jax/") + 1:]:
+        if not line.startswith("  "):
+            break
+        if line.startswith("   "):
+            continue
+        first, *rest = line.split()
+        if first.endswith("/") and not first.endswith(":"):
+            packages.add(first[:-1])
+            rooms[first[:-1]] = set()
+            for word in rest:
+                rooms[first[:-1]].add(word.rstrip(":"))
+                if word.endswith(":"):
+                    break
+            continue
+        for word in [first, *rest]:
+            name = word.rstrip(":")
+            if name.endswith(".py"):
+                modules.add(name[:-3])
+            elif name.endswith("/"):
+                packages.add(name[:-1])
+            else:
+                break
+            if word.endswith(":"):
+                break
+    return modules, packages, rooms
+
+
+def test_the_readme_layout_block_is_the_tree():
+    """Every top-level module and package of frontier_jax, and every module of each room, as the tree has them."""
+    pkg = REPO / "frontier_jax"
+    modules, packages, rooms = _layout()
+    assert modules == {p.stem for p in pkg.glob("*.py")} - {"__init__"}
+    assert packages == {p.name for p in pkg.iterdir() if p.is_dir() and any(p.glob("*.py"))}
+    for room, names in rooms.items():
+        assert names == {p.stem for p in (pkg / room).glob("*.py")} - {"__init__", "__main__"}, room
+    assert len(rooms) >= 8  # the rooms are listed with their modules, not only named

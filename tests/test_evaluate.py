@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import tiny_config
+from helpers import tiny_config
 from frontier_jax.config import apply_overrides
 from frontier_jax.data.stream import val_batches
 from frontier_jax.evaluate import evaluate_run, main
@@ -35,7 +35,7 @@ def test_artifact_scoring_from_the_command_line(trained_run, capsys):
     assert e.value.code == 2 and "choose one" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["--run", str(run_dir), "--artifact", str(run_dir / "config.json")])
-    assert e.value.code == 2 and "not a zlib stream" in capsys.readouterr().err
+    assert e.value.code == 2 and "not a zlib or lzma stream" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -117,7 +117,7 @@ def test_val_byte_count_matches_the_sentencepiece_pieces(sp1024_data, tmp_path):
 
     from frontier_jax.data.shards import list_shards
     from frontier_jax.data.stream import load_val_tokens
-    from frontier_jax.interop import import_run, params_to_state_dict, save_npz
+    from frontier_jax.interop.state_dict import import_run, params_to_state_dict, save_npz
     from frontier_jax.model import GPT
 
     data_dir, model_path = sp1024_data
@@ -171,3 +171,18 @@ def test_a_missing_step_is_one_line_naming_the_steps(trained_run, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.strip() == \
         f"error: {trained_run[0]}/checkpoints/7: no checkpoint of step 7 (steps saved: 200)"
+
+
+@pytest.mark.slow
+def test_eval_seq_len_windows_and_the_cut_of_the_val_split(trained_run, capsys):
+    """--eval-seq-len T: non-overlapping windows of T over the val split cut to whole windows of max(train.seq_len,
+    T), as the run's final pipeline and the record cut it; with --stride every target of that cut once."""
+    run_dir, summary = trained_run
+    r = evaluate_run(run_dir, eval_seq_len=128)
+    n = summary["val_tokens"] // 128 * 128  # the run's split cut to whole 128-token windows
+    assert r["seq_len"] == 128 and r["tokens"] == n and r["stride"] == 128
+    s = evaluate_run(run_dir, eval_seq_len=128, stride=32, batch_seqs=8)
+    assert s["tokens"] == n and s["bytes"] == r["bytes"] and s["batch_seqs"] == 8
+    assert "argument --eval-seq-len: 0 is outside [1, inf]" in _err(["--run", str(run_dir), "--eval-seq-len", "0"], capsys)
+    assert "--stride 129: must be in [1, eval seq_len=128]" in _err(
+        ["--run", str(run_dir), "--eval-seq-len", "128", "--stride", "129"], capsys)

@@ -1,4 +1,4 @@
-"""The fused Adam(W) NKI kernel under the NumPy emulator against its pure-JAX reference (frontier_jax.reference.adam_update)."""
+"""The fused Adam(W) NKI kernel under the NumPy emulator against its pure-JAX reference (frontier_jax.ops.reference.adam_update)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 from frontier_jax import ops
-from frontier_jax import reference as ref
-from kernels_nki import emulator
+from frontier_jax.ops import reference as ref
+from kernels_nki import emulator, registry
 
 HP = dict(b1=0.9, b2=0.95, eps=1e-8)
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    return emulator.load_kernel_module("kernels_nki.adam").adam_update
+    return registry.load_emulated("adam_update").adam_update
 
 
 def _inputs(n, dtype, seed=0, t=3):

@@ -1,4 +1,4 @@
-"""The causal GQA flash-attention NKI kernels (under the emulator) against frontier_jax.reference.causal_attention."""
+"""The causal GQA flash-attention NKI kernels (under the emulator) against frontier_jax.ops.reference.causal_attention."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import KERNEL_TOL as TOL
-from conftest import assert_close_max as _assert_close
+from helpers import KERNEL_TOL as TOL
+from helpers import assert_close_max as _assert_close
 from frontier_jax import ops
-from frontier_jax import reference as ref
+from frontier_jax.ops import reference as ref
 from kernels_nki import emulator, registry
 
 
@@ -64,10 +64,12 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     fwd = emulator.count(kernels.attention_fwd, q, kv, kv)
     bwd = emulator.count(kernels.attention_bwd, q, kv, kv, q, ((B, H, T, 1), "float32"), q)
     unit, nb, nt = 128 * 128, _blocks(T), T // 128
-    # per block, in 128 x 128 x N units: fwd s (N=128 on one 64-row tile: charged 64 rows, all useful), s^T
-    # again in key-major layout (a 64-row tile, named "recompute": not useful), the -max shift added into it
-    # (a K=1 matmul on a 64-row tile, 0/1 stationary: not useful), p^T [v | 1] (N=K+1, the ones column
-    # giving the row sums); bwd s, dp (64-row tiles, N=128 each), p^T dO, ds^T q, ds k (N=K each), ds^T
+    # per block, in 128 x 128 x N units: fwd s (N=128 on the whole array: q^T and k^T sit on partitions
+    # 0 .. 63 only, so no row tile of their own; all useful), s^T again in key-major layout (the whole array,
+    # named "recompute": not useful), the -max shift added into it (a K=1 matmul, 0/1 stationary: not
+    # useful), p^T [v | 1] (N=K+1, the ones column giving the row sums); bwd s (the whole array), dp (a 64-row
+    # tile: a stacked head's dO^T and v^T on its half of the partitions; N=128), p^T dO, ds^T q, ds k (N=K
+    # each), ds^T
     # (two 64-row tiles of N=64: 64, transpose); per query tile the q^T (and dO^T) transposes (32 each: two
     # 64 x 64 tiles of N=64, the data being 64 columns wide) and the diagonal block's mask matmul (identity
     # stationary: zero useful MACs, N=128; the backward's masks its scores too, so that its exp gives p = 0
@@ -78,7 +80,7 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     chunks = sum(-(-(i + 1) * 128 // 512) for i in range(nt))
     assert fwd.pe_macs_useful == H * nb * unit * (2 * K + 1)
     # (+ o to the consecutive-rows layout: two transposes per 128-row block and head, 32 each)
-    assert fwd.pe_macs_issued == unit * (H * (nb * (K + K + 64 + K + 1) + nt * (32 + 128) + chunks * 32) + G * nt * 32
+    assert fwd.pe_macs_issued == unit * (H * (nb * (128 + 128 + 128 + K + 1) + nt * (32 + 128) + chunks * 32) + G * nt * 32
                                          + nt * 32 + H * nt * 64)
     # the backward's -Di = -rowsum(dO o), made in the consecutive-rows layout, to natural columns the same
     # way: per tile [128, H] -> [H, 128] rows (32) and back (4)
@@ -87,10 +89,11 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     # backward: dO arrives in the consecutive-rows layout, its rows are dO^T transposed back (32 per tile);
     # dq, dk, dv leave in natural rows, as made (no transposes); a kv head's two query heads have their dO^T
     # stacked on the two halves of the partitions, so its v^T is transposed onto both halves (one 32 more per tile)
-    assert bwd.pe_macs_issued == unit * (H * (nb * (2 * K + 3 * K + 64) + nt * (3 * 32 + 128)) + G * 3 * nt * 32
+    assert bwd.pe_macs_issued == unit * (H * (nb * (128 + 64 + 3 * K + 64) + nt * (3 * 32 + 128)) + G * 3 * nt * 32
                                          + nt * (4 + 32 + 4))
-    # the transposes above (and the backward's mask matmuls: TensorE time for GpSimd's, TensorE having room)
-    assert emulator.pe_utilisation(fwd) > 0.40 and emulator.pe_utilisation(bwd) > 0.65
+    # the transposes above, the whole array for the K = 64 scores (and the backward's mask matmuls: TensorE time
+    # for GpSimd's, TensorE having room)
+    assert emulator.pe_utilisation(fwd) > 0.25 and emulator.pe_utilisation(bwd) > 0.6
     # at the documented engine rates (cost.py, two-input VectorE instructions at 2N) the softmax's
     # Vector/Scalar work, not TensorE, bounds both directions
     for c in (fwd, bwd):
@@ -103,15 +106,18 @@ def test_counts_at_seq_1024_skip_every_block_above_the_diagonal(kernels):
     assert fwd.dma_bytes == 2 * (2 * B * T * H * K + 2 * B * T * G * K) + 4 * B * H * T
 
 
-def test_head_dim_64_contractions_run_on_half_the_pe_array(kernels, monkeypatch):
-    """q k^T and dO v^T contract over K = 64: row tiling mode, the halves alternating so that consecutive
-    ones can run in parallel (nc_matmul "Tiling mode", NeuronCore-v2 or newer)."""
+def test_head_dim_64_contractions_run_on_the_row_tile_of_their_operands(kernels, monkeypatch):
+    """K = 64 contractions run in row tiling mode (nc_matmul "Tiling mode", NeuronCore-v2 or newer) where their
+    operands sit on that 64-row half of the partitions: transposes, and the dp matmuls of a kv head's two query
+    heads, whose dO^T are stacked on the two halves (v^T on both); q k^T, whose q^T and k^T sit on partitions
+    0 .. 63 only, runs on the whole array (a row tile multiplies its own partitions: the strict reading)."""
     from kernels_nki.emulator import isa
 
     seen, real = [], isa.nc_matmul
 
     def spy(dst, stationary, moving, *args, **kw):
-        seen.append((stationary.shape[0], kw.get("tile_position", ()), kw.get("tile_size", ())))
+        seen.append((stationary.shape[0], stationary.pstart, moving.pstart, kw.get("tile_position", ()),
+                     kw.get("tile_size", ())))
         return real(dst, stationary, moving, *args, **kw)
 
     monkeypatch.setattr(isa, "nc_matmul", spy)
@@ -119,14 +125,20 @@ def test_head_dim_64_contractions_run_on_half_the_pe_array(kernels, monkeypatch)
     q, kv = ((B, T, H, K), "bfloat16"), ((B, T, G, K), "bfloat16")
     emulator.count(kernels.attention_fwd, q, kv, kv)
     emulator.count(kernels.attention_bwd, q, kv, kv, q, ((B, H, T, 1), "float32"), q)
-    tiled = [pos for k, pos, size in seen if size]
-    # K = 64 contractions: a 64-row tile (64-column too when the stationary is <= 64 wide: transposes of
-    # [rows, K] tiles)
-    assert all(size in ((64, 128), (64, 64)) for k, _, size in seen if k <= 64)
-    assert all(not size for k, _, size in seen if k > 64)
-    assert {pos for pos in tiled} == {(0, 0), (64, 0), (0, 64), (64, 64)} and len(tiled) > 0
+    tiled = [(k, s0, m0, pos, size) for k, s0, m0, pos, size in seen if size]
+    # every tiled matmul: a <= 64-row tile (64-column too when the stationary is <= 64 wide: transposes of
+    # [rows, K] tiles), both operands on its partitions
+    assert tiled and all(size in ((64, 128), (64, 64)) for *_, size in tiled)
+    assert all(pos[0] <= s0 and s0 + k <= pos[0] + 64 and pos[0] <= m0 and m0 + k <= pos[0] + 64
+               for k, s0, m0, pos, _ in tiled)
+    assert {pos for *_, pos, _ in tiled} == {(0, 0), (64, 0), (0, 64), (64, 64)}
+    # the upper row tile multiplies operands of its own (transposes' second halves, the odd head's dp)
+    assert any(pos == (64, 0) and k == 64 and s0 == 64 for k, s0, _, pos, _ in tiled)
+    # the whole array: q k^T (q^T and k^T on partitions 0 .. 63) and the contractions over more than 64 rows
+    assert any(k == K and not size and s0 == 0 for k, s0, _, _, size in seen)
+    assert all(not size for k, *_, size in seen if k > 64)
     # the column tile at 64 only for 64-column transposes (two heads' stacked on the two halves of PSUM)
-    assert all(size == (64, 64) for k, pos, size in seen if pos and pos[1] == 64)
+    assert all(size == (64, 64) for *_, pos, size in tiled if pos[1] == 64)
 
 
 def test_transposes_run_as_two_parallel_64_row_tiles(kernels, monkeypatch):
@@ -314,9 +326,9 @@ def test_qk_attention_counts_at_seq_1024(qk_kernels, kernels):
     gain's gradient); the forward writes the normed, rotated q / k and their inverse RMS once, the
     backward reads their transposes and the inverse RMS once (and q, k, v, dO, o once); the kernel stays
     Vector/Scalar/GpSimd-bound.
-    The bounded forward issues s^T once per block (useful) and p^T [v | 1], nothing else but transposes (q^T
-    / k^T, o to the consecutive-rows layout) and the diagonal blocks' mask matmuls: TensorE useful/issued > 0.7,
-    and it is the faster forward. The backward loads q^T / k^T
+    The bounded forward issues s^T once per block (useful, on the whole PE array: q^T and k^T sit on partitions
+    0 .. 63 only) and p^T [v | 1], nothing else but transposes (q^T / k^T, o to the consecutive-rows layout) and
+    the diagonal blocks' mask matmuls: TensorE useful/issued > 0.5, and it is the faster forward. The backward loads q^T / k^T
     (saved by the forward) instead of transposing them again, and makes the rows qg / kr from them."""
     B, T, H, G, K = 1, 1024, 8, 4, 64
     q, kv, lse = ((B, T, H, K), "bfloat16"), ((B, T, G, K), "bfloat16"), ((B, H, T, 1), "float32")
@@ -328,9 +340,9 @@ def test_qk_attention_counts_at_seq_1024(qk_kernels, kernels):
     # + the lse rows; + o to the consecutive-rows layout: two transposes per 128-row block (32 units each); + per
     # diagonal block the causal bias added to s^T (identity stationary, N = 128: TensorE time instead of a GpSimd
     # select of p^T, GpSimd sharing VectorE's SBUF port)
-    assert bounded.pe_macs_issued == unit * (H * (nb * (K + K + 1) + nt * (32 + 128)) + G * nt * 32 + nt * 32
+    assert bounded.pe_macs_issued == unit * (H * (nb * (128 + K + 1) + nt * (32 + 128)) + G * nt * 32 + nt * 32
                                              + H * nt * 64)
-    assert emulator.pe_utilisation(bounded) > 0.7
+    assert emulator.pe_utilisation(bounded) > 0.5
     fwd = emulator.count(qk_kernels.qk_attention_fwd, q, kv, kv, *tabs, g, exact_max=True)
     assert emulator.estimate(bounded).total_s < 0.7 * emulator.estimate(fwd).total_s
     assert bounded.dma_bytes == fwd.dma_bytes

@@ -9,10 +9,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import KERNEL_TOL as TOL
-from conftest import assert_close_max as _assert_close
+from helpers import KERNEL_TOL as TOL
+from helpers import assert_close_max as _assert_close
 from frontier_jax import ops
-from frontier_jax import reference as ref
+from frontier_jax.ops import reference as ref
 from kernels_nki import emulator, registry
 
 

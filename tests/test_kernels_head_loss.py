@@ -8,10 +8,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import KERNEL_TOL as TOL
-from conftest import assert_close_max as _assert_close
+from helpers import KERNEL_TOL as TOL
+from helpers import assert_close_max as _assert_close
 from frontier_jax import ops
-from frontier_jax import reference as ref
+from frontier_jax.ops import reference as ref
 from kernels_nki import emulator, registry
 
 
@@ -57,20 +57,24 @@ def test_loss_and_gradients_match_reference(kernels, dtype, N, D, V, S):
 
 
 def test_counts_at_baseline_shapes_no_logits_in_hbm(kernels):
-    """At the baseline's shapes both kernels are TensorE-bound; every x^T block, dz^T block and emb^T block is a
+    """At the baseline's shapes the backward is TensorE-bound and the forward's TensorE time is within 1% of its
+    ScalarE time (tanh over the vocabulary), its bound; every x^T block, dz^T block and emb^T block is a
     TensorE transpose (VectorE 32 x 32 transposes pay their per-instruction overhead in the schedule, more than
-    the TensorE time they save), so TensorE issues exactly the useful MACs plus 128^3 per transposed block; the
-    [N, V] logits never reach HBM; the target logit is one GpSimd gather per token tile."""
+    the TensorE time they save), a matmul against the identity on two 64-row tiles of the PE array
+    (`kernels_nki.tiles.transpose_to_psum`), so TensorE issues exactly the useful MACs plus 128^3 / 2 per
+    transposed block; the [N, V] logits never reach HBM; the target logit is one GpSimd gather per token tile
+    (and the identity one GpSimd select per call)."""
     N, D, V = 65536, 512, 1024
     ins = (((N, D), "bfloat16"), ((V, D), "bfloat16"), ((N, 1), "int32"), None, None)
     fwd = emulator.count(kernels.head_loss_fwd, *ins, softcap=30.0)
     bwd = emulator.count(kernels.head_loss_bwd, *ins, ((N, 1), "float32"), ((N, 1), "float32"), softcap=30.0)
-    block, emb_blocks = 128 ** 3, (V // 128) * (D // 128)
+    block, emb_blocks = 128 ** 3 // 2, (V // 128) * (D // 128)
     assert fwd.pe_macs_useful == N * D * V and bwd.pe_macs_useful == 3 * N * D * V  # bwd: z recomputed, dx, demb
     assert fwd.pe_macs_issued - fwd.pe_macs_useful == block * ((N // 128) * (D // 128) + emb_blocks)
     assert bwd.pe_macs_issued - bwd.pe_macs_useful == block * ((N // 128) * (D // 128 + V // 128) + emb_blocks)
-    assert emulator.estimate(fwd).bound == "tensor" and emulator.estimate(bwd).bound == "tensor"
-    assert fwd.gpsimd_instructions == N // 128  # one gather per token tile (the forward needs no iota)
+    est = emulator.estimate(fwd)
+    assert est.engine_s["tensor"] >= 0.99 * est.total_s and emulator.estimate(bwd).bound == "tensor"
+    assert fwd.gpsimd_instructions == N // 128 + 1  # a gather per token tile, the identity (no iota)
     assert fwd.dma_bytes == N * D * 2 + V * D * 2 + 4 * N + 8 * N  # x, emb, targets in; loss, lse out
 
 

@@ -1,5 +1,5 @@
 """The fused RMSNorm + relu^2 MLP + residual add NKI kernels (under the emulator) against
-frontier_jax.reference.resid_norm_mlp_fwd / resid_norm_mlp_bwd (x + mlp(rms_norm(x)), the scale folded into
+frontier_jax.ops.reference.resid_norm_mlp_fwd / resid_norm_mlp_bwd (x + mlp(rms_norm(x)), the scale folded into
 W_proj by frontier_jax.ops)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import KERNEL_TOL as TOL
-from conftest import assert_close_max as _assert_close
+from helpers import KERNEL_TOL as TOL
+from helpers import assert_close_max as _assert_close
 from frontier_jax import ops
-from frontier_jax import reference as ref
+from frontier_jax.ops import reference as ref
 from kernels_nki import emulator, registry
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from frontier_jax import ops
-from frontier_jax import reference
-from kernels_nki import emulator
+from frontier_jax.ops import reference
+from kernels_nki import emulator, registry
 
 TOL = {"float32": 1e-5, "bfloat16": 1e-2}
 # bf16 with contractions > 128 (two PSUM accumulation tiles vs XLA's single f32 dot): observed <= 2e-2
@@ -18,7 +18,7 @@ BF16_MULTI_TILE_TOL = 3e-2
 
 @pytest.fixture(scope="module")
 def kernel():
-    return emulator.load_kernel_module("kernels_nki.muon").muon_update
+    return registry.load_emulated("muon_update").muon_update
 
 
 def _inputs(shape, seed=0):
@@ -96,5 +96,5 @@ def test_primitive_emulated_equals_reference_path():
 
 
 def test_kernel_constants_equal_the_reference():
-    m = emulator.load_kernel_module("kernels_nki.muon")
+    m = registry.load_emulated("muon_update")
     assert (m.NS_A, m.NS_B, m.NS_C) == reference.NS_COEFFS and m.NS_EPS == reference.NS_EPS

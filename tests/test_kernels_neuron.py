@@ -9,7 +9,7 @@
 
 `tests/conftest.py` skips the `neuron` tests elsewhere with the reason. The inputs are the fp32 shapes of
 the emulator tests (tests/test_kernels_<module>.py): ragged tiles, GQA, duplicate ids, a sparse bias
-with S = 3 and none (S = 0, the kernel gets one stand-in source: frontier_jax.dispatch), any-shape Adam,
+with S = 3 and none (S = 0, the kernel gets one stand-in source: frontier_jax.ops.dispatch), any-shape Adam,
 a multi-tile Muon matrix. Each runner calls the kernel through `dispatch.kernel_call`, so the kernel
 adapters are what is tested, as in training.
 """
@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import KERNEL_TOL, assert_close_max
-from frontier_jax import dispatch, ops
-from frontier_jax import reference as ref
-from frontier_jax.experimental import ops as _experimental  # noqa: F401 (declares the experimental kernels' ops)
+from helpers import KERNEL_TOL, assert_close_max
+from frontier_jax import ops
+from frontier_jax.ops import dispatch
+from frontier_jax.ops import reference as ref
+from frontier_jax.ops import experimental as _experimental  # noqa: F401 (declares the experimental kernels' ops)
 from kernels_nki import registry
 
 f32 = np.float32

@@ -1,6 +1,6 @@
 """The projection NKI kernels (kernels_nki/projection.py) under the emulator: `projection` (with the residual
 add of the attention's output projection) against NumPy, `norm_projection` (the pre-attention RMSNorm fused
-in) against frontier_jax.reference."""
+in) against frontier_jax.ops.reference."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import KERNEL_TOL as TOL
-from conftest import assert_close_max as _assert_close
-from frontier_jax import reference as ref
-from kernels_nki import emulator
+from helpers import KERNEL_TOL as TOL
+from helpers import assert_close_max as _assert_close
+from frontier_jax.ops import reference as ref
+from kernels_nki import emulator, registry
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    return emulator.load_kernel_module("kernels_nki.projection")
+    return registry.load_emulated("projection")
 
 
 @pytest.mark.parametrize("dtype,N,I,O", [
@@ -128,7 +128,7 @@ def _mix_inputs(dtype, N, I, O, skip, seed):
 ])
 def test_mix_norm_projection_matches_reference(kernels, dtype, N, I, O, skip):
     """The resid_mix (and skip add) fused into the q/k/v kernel: x, q, k, v, inv and every gradient (dx_in, dx0,
-    the fp32 token sums dmix / dsw, dw, dskip) against frontier_jax.reference on the same values in fp32."""
+    the fp32 token sums dmix / dsw, dw, dskip) against frontier_jax.ops.reference on the same values in fp32."""
     (x_in, x0, mix, w, sk, sw), (dxo, dy) = _mix_inputs(dtype, N, I, O, skip, N + I + O)
     dt = x_in.dtype
     f32 = lambda a: np.asarray(a, np.float32)
@@ -193,7 +193,7 @@ def test_ops_routed_through_emulated_kernel_match_reference():
     import jax.numpy as jnp
 
     from frontier_jax import ops
-    from frontier_jax.experimental import ops as experimental
+    from frontier_jax.ops import experimental as experimental
 
     k = jax.random.split(jax.random.key(0), 6)
     x = jax.random.normal(k[0], (2, 100, 64), jnp.float32).astype(jnp.bfloat16)

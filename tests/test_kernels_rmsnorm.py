@@ -1,4 +1,4 @@
-"""The RMSNorm NKI kernels (run under the emulator) against frontier_jax.reference, forward and backward."""
+"""The RMSNorm NKI kernels (run under the emulator) against frontier_jax.ops.reference, forward and backward."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from frontier_jax import ops
-from frontier_jax import reference as ref
+from frontier_jax.ops import reference as ref
 from kernels_nki import emulator, registry
 
 TOL = {"float32": 1e-5, "bfloat16": 2e-2}

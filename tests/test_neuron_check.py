@@ -1,4 +1,4 @@
-"""frontier_jax.neuron_check: every config's programs pass AWS's documented JAX limits; each rule fails on a
+"""frontier_jax.neuron.check: every config's programs pass AWS's documented JAX limits; each rule fails on a
 program made to break it (and passes its valid twin); strict mode refuses a failing program in one line;
 docs/trn1.md's rule table is the module's; the constraints files pin what AWS documents."""
 
@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from conftest import REPO
-from frontier_jax import loop, neuron_check, ops
+from helpers import REPO
+from frontier_jax import trainer, ops
+from frontier_jax.neuron import check as neuron_check
+from frontier_jax.neuron.program import on_neuron
 from frontier_jax.config import load_config
 
 CONFIGS = sorted((REPO / "configs").glob("*.py"))
@@ -28,21 +30,38 @@ def _rules(fn, *args) -> set[str]:
 @pytest.mark.parametrize("path", [p for p in CONFIGS if p.name != "__init__.py"], ids=lambda p: p.stem)
 def test_every_config_passes_on_one_chip(path: Path):
     cfg = load_config(path)
-    findings = neuron_check.check_config(cfg, num_devices=2)
+    findings = neuron_check.check_config(cfg, 2, *on_neuron(cfg))
     assert findings == [], [f.line() for f in findings]
 
 
 def test_the_traced_steps_call_kernels_per_device_at_the_per_device_shape():
-    from frontier_jax.program import kernel_sites, trace_steps
+    from frontier_jax.neuron.program import kernel_sites, trace_steps
 
     cfg = load_config(REPO / "configs" / "tiny.py")
     for n in (1, 4):
-        traced = trace_steps(cfg, n)
+        traced = trace_steps(cfg, n, *on_neuron(cfg))
         sites = kernel_sites(traced.programs["train"])
         assert sites and all(s.per_device for s in sites)
         rows = {s.eqn.invars[0].aval.shape[0] for s in sites if s.primitive == "frontier_head_loss_fwd"}
         per_device = cfg.train.tokens_per_step // n // traced.accum  # tokens of one micro-batch on one device
         assert rows == {per_device}, (n, rows)
+
+
+def test_a_recipe_config_traces_the_reference_where_a_kernel_lacks_its_switch_and_reports_it():
+    """configs/record11_tiny.py on Neuron: norm_mlp's kernel computes relu^2 only, so the traced program runs its
+    reference (no norm_mlp kernel call) and the other ops' kernels; the report names the fallback and its switch."""
+    from frontier_jax.neuron.program import kernel_sites, trace_steps
+
+    cfg = load_config(REPO / "configs" / "record11_tiny.py")
+    traced = trace_steps(cfg, 2, *on_neuron(cfg))
+    called = {s.primitive for s in kernel_sites(traced.programs["train"])}
+    assert not any(p.startswith("frontier_norm_mlp") for p in called)
+    assert {"frontier_qk_attention_fwd", "frontier_qk_attention_bwd", "frontier_mix_norm_projection_fwd",
+            "frontier_projection_fwd", "frontier_head_loss_fwd", "frontier_embed_fwd"} <= called
+    findings = [f for name, closed in traced.programs.items() for f in neuron_check.check_program(name, closed)]
+    report = neuron_check.format_report(cfg.name, 2, findings, ops.switch_fallbacks(cfg.model))
+    assert findings == [] and report.endswith(
+        "reference fallback: norm_mlp (model.mlp_negative_slope=0.5: the kernel computes relu(h)^2 only)")
 
 
 def test_cond_fails_and_a_host_choice_passes():
@@ -121,18 +140,22 @@ def test_sparse_and_dot_algorithm_presets_fail():
 
 
 def test_strict_mode_refuses_a_failing_program_in_one_line(monkeypatch, byte_data):
-    from conftest import tiny_config
+    from helpers import tiny_config
 
     bad = neuron_check.Finding("train", "cond", "shard_map/cond", "cond in the program", "known issues")
-    monkeypatch.setattr(loop.jax, "default_backend", lambda: "neuron")
-    monkeypatch.setattr(neuron_check, "check_config", lambda cfg, n: [bad])
-    cfg = tiny_config(byte_data)
+    monkeypatch.setattr(trainer.jax, "default_backend", lambda: "neuron")
+    seen = []
+    monkeypatch.setattr(neuron_check, "check_config", lambda cfg, n, dtypes, tx: seen.append((dtypes, tx)) or [bad])
+    strict, auto = (tiny_config(byte_data, f"train.kernels={mode!r}") for mode in ("strict", "auto"))
+    dtypes, tx, dp = object(), object(), trainer.make_data_parallel(1)
     with pytest.raises(ops.KernelUnavailableError) as e:
-        loop._neuron_program_check(cfg, loop.make_data_parallel(1), "strict")
+        trainer._neuron_program_check(strict, dp, dtypes, tx)
     assert "\n" not in str(e.value) and "rule cond" in str(e.value) and "shard_map/cond" in str(e.value)
-    assert loop._neuron_program_check(cfg, loop.make_data_parallel(1), "auto") == [bad]  # logged, not refused
-    monkeypatch.setattr(loop.jax, "default_backend", lambda: "cpu")
-    assert loop._neuron_program_check(cfg, loop.make_data_parallel(1), "strict") is None
+    report = trainer._neuron_program_check(auto, dp, dtypes, tx)  # logged, not refused
+    assert report == neuron_check.format_report(auto.name, 1, [bad]) and "FAIL  cond" in report
+    assert seen == [(dtypes, tx)] * 2  # the run's own dtypes and optimizer are traced: built once, handed over
+    monkeypatch.setattr(trainer.jax, "default_backend", lambda: "cpu")
+    assert trainer._neuron_program_check(strict, dp, dtypes, tx) is None and len(seen) == 2
 
 
 def test_docs_rule_table_is_the_modules():

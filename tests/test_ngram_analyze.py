@@ -18,8 +18,8 @@ import json
 import numpy as np
 import pytest
 
-from conftest import tiny_config
-from frontier_jax import loop
+from helpers import tiny_config
+from frontier_jax import trainer
 from frontier_jax.data.shards import write_shard
 from frontier_jax.ngram import analyze
 from frontier_jax.ngram import runtime as ngram_runtime
@@ -62,7 +62,7 @@ def write_corpus(d, repeats: bool, seed: int = 0):
 def _train(data, out, *sets, monkeypatch):
     monkeypatch.setattr(ngram_runtime, "NgramRuntime", HookedRuntime)
     HookedRuntime.wait_at_step = 0
-    return loop.run(tiny_config(data, *sets), out, echo=False)
+    return trainer.run(tiny_config(data, *sets), out, echo=False)
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from frontier_jax import reference
+from frontier_jax.ops import reference
 from frontier_jax.config import NgramConfig
 from frontier_jax.ngram import bias as B
 from frontier_jax.ngram import snapshot as S

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_config
-from frontier_jax import loop
+from helpers import tiny_config
+from frontier_jax import trainer
 from frontier_jax.ngram import runtime as ngram_runtime
 from frontier_jax.ngram import snapshot as S
 
@@ -68,7 +68,7 @@ def test_run_with_bias_disjoint_shards_and_swap_without_recompiling(byte_data, t
     monkeypatch.setattr(ngram_runtime, "bias_fn", counting_bias_fn)
     hooked.wait_at_step = 3
     out = tmp_path / "run"
-    summary = loop.run(tiny_config(byte_data, *NGRAM_SETS), out, echo=False)
+    summary = trainer.run(tiny_config(byte_data, *NGRAM_SETS), out, echo=False)
     rt = HookedRuntime.instances[0]
     # (a) which shards each side used, and disjointness (runtime object, run log, runtime.json, snapshot sources)
     assert [f.name for f in rt.trainer_files] == ["synth_train_000000.bin"]
@@ -78,7 +78,7 @@ def test_run_with_bias_disjoint_shards_and_swap_without_recompiling(byte_data, t
     assert "builder reads 1 shards from the far end (synth_train_000001.bin); disjoint: yes" in log_text
     record = json.loads((out / "ngram-p0" / "runtime.json").read_text())
     assert not set(record["trainer_shards"]) & set(record["builder_shards"])
-    final = S.load_snapshot(record["final"]["snapshot"])
+    final = S.load_snapshot(out / "ngram-p0" / record["final"]["snapshot"])  # relative to runtime.json
     assert {Path(s["file"]).name for s in final.header["sources"]} == {"synth_train_000001.bin"}
     assert final.header["complete"] and final.header["tokens_consumed"] == 30_000
     # (b) the swap happened between steps 2 and 3, and nothing was traced again after it
@@ -109,7 +109,7 @@ def _corrupt_builder_data(byte_data, tmp_path, monkeypatch) -> Path:
 def test_builder_crash_is_logged_and_training_continues(byte_data, tmp_path, hooked, monkeypatch):
     hooked.wait_at_step = 1
     out = tmp_path / "run"
-    summary = loop.run(tiny_config(_corrupt_builder_data(byte_data, tmp_path, monkeypatch), *NGRAM_SETS), out, echo=False)
+    summary = trainer.run(tiny_config(_corrupt_builder_data(byte_data, tmp_path, monkeypatch), *NGRAM_SETS), out, echo=False)
     assert summary["steps"] == 6 and summary["val_bpb"] > 0
     log_text = (out / "train.log").read_text()
     assert "NGRAM BUILDER FAILED; training continues on snapshot v-1" in log_text
@@ -132,7 +132,7 @@ def test_builder_crash_stops_the_run_in_strict_mode(byte_data, tmp_path, hooked,
     hooked.wait_at_step = 1
     cfg = tiny_config(_corrupt_builder_data(byte_data, tmp_path, monkeypatch), *NGRAM_SETS, "ngram.strict=True")
     with pytest.raises(ngram_runtime.NgramBuilderFailed, match="ngram builder failed .*bad magic"):
-        loop.run(cfg, tmp_path / "run", echo=False)
+        trainer.run(cfg, tmp_path / "run", echo=False)
     assert "NGRAM BUILDER FAILED; stopping (ngram.strict)" in (tmp_path / "run" / "train.log").read_text()
     _no_leftovers(HookedRuntime.instances[0])
 
@@ -150,11 +150,11 @@ def test_interrupt_or_crash_leaves_no_builder_and_no_temp_dirs(byte_data, tmp_pa
 
     cfg = tiny_config(byte_data, *NGRAM_SETS, "train.max_steps=50")
     if how == "sigint":
-        summary = loop.run(cfg, tmp_path / "run", echo=False, on_step=on_step)
+        summary = trainer.run(cfg, tmp_path / "run", echo=False, on_step=on_step)
         assert summary["stop_reason"].startswith("signal")
     else:
         with pytest.raises(RuntimeError, match="simulated trainer crash"):
-            loop.run(cfg, tmp_path / "run", echo=False, on_step=on_step)
+            trainer.run(cfg, tmp_path / "run", echo=False, on_step=on_step)
     _no_leftovers(HookedRuntime.instances[0])
 
 
@@ -221,3 +221,34 @@ def test_a_snapshot_that_fails_to_load_is_logged_and_skipped(byte_data, tmp_path
     assert rt.poll(1, force=True) is False and rt.tables is before and rt.version == -1
     assert len(lines) == 2 and "WARNING snapshot v0 could not be loaded" in lines[1] and "\n" not in lines[1]
     assert rt.poll(2, force=True) is False and len(lines) == 2  # not retried
+
+
+def test_runtime_json_is_checked_and_its_snapshot_kept_inside_the_run(tmp_path):
+    """runtime.json's absolute snapshot path was followed out of the run (a copied n-gram run was scored with
+    the original's tables); a truncated runtime.json was a traceback. The snapshot is named relative to its
+    directory and must lie inside the run; a bad record is one line naming the file."""
+    from frontier_jax.errors import BadInput
+    from frontier_jax.ngram.network_eval import run_snapshot
+
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    for run in (original, copy):
+        (run / "ngram-p0" / S.snapshot_name(1)).mkdir(parents=True)
+        (run / "ngram-p0" / S.snapshot_name(2)).mkdir()
+    rec = copy / "ngram-p0" / ngram_runtime.RECORD_FILE
+    rec.write_text(json.dumps({"final": {"snapshot": str(original / "ngram-p0" / S.snapshot_name(1))}}))
+    with pytest.raises(BadInput, match=f"outside {copy}; a run's n-gram snapshot must lie inside the run"):
+        run_snapshot(copy)
+    rec.write_text(json.dumps({"final": {"snapshot": S.snapshot_name(1)}}))
+    assert run_snapshot(copy) == copy / "ngram-p0" / S.snapshot_name(1)
+    rec.write_text(json.dumps({"final": {"snapshot": "../../original/ngram-p0/snap_000001"}}))
+    with pytest.raises(BadInput, match="outside"):
+        run_snapshot(copy)
+    for text, message in (('{"final": {"snap', "unreadable n-gram runtime record"),
+                          ('{"final": [1]}', r"final is \[1\], expected dict or null"),
+                          ('{"final": {"snapshot": 7}}', "final: snapshot is 7, expected str or null")):
+        rec.write_text(text)
+        with pytest.raises(BadInput, match=message) as e:
+            run_snapshot(copy)
+        assert str(e.value).startswith(str(rec)) and "\n" not in str(e.value)
+    rec.write_text(json.dumps({"final": None}))
+    assert run_snapshot(copy) is None  # none recorded, none published (these directories hold no tables)

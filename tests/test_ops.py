@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from frontier_jax import ops
-from frontier_jax import reference as ref
+from frontier_jax.ops import reference as ref
 from frontier_jax.config import apply_overrides, load_config
 from kernels_nki import registry
 
@@ -46,7 +46,7 @@ def test_default_table_on_cpu_is_reference_for_every_op_with_reason():
 def test_experimental_kernels_are_listed_unused_with_the_reason():
     """No production op calls rope, rope_gain, causal_attention or norm_projection (the model runs their work
     inside qk_attention / mix_norm_projection): the table lists them unused whether or not
-    frontier_jax.experimental declared them, and strict mode does not require their kernels."""
+    frontier_jax.ops.experimental declared them, and strict mode does not require their kernels."""
     assert EXPERIMENTAL == ["rope", "rope_gain", "causal_attention", "norm_projection"]
     assert not set(EXPERIMENTAL) & set(ops.OPS)
     rows = {r.op: r for r in ops.configure("auto")}
@@ -61,9 +61,9 @@ def test_experimental_kernels_are_listed_unused_with_the_reason():
 
 
 def test_the_production_path_imports_no_experimental_op():
-    """Training and evaluation never import frontier_jax.experimental; the table still lists its kernels."""
-    code = ("import sys; from frontier_jax import evaluate, loop, ops; rows = ops.configure('auto'); "
-            "print(any(m.startswith('frontier_jax.experimental') for m in sys.modules), "
+    """Training and evaluation never import frontier_jax.ops.experimental; the table still lists its kernels."""
+    code = ("import sys; from frontier_jax import evaluate, ops, trainer; rows = ops.configure('auto'); "
+            "print(any(m.startswith('frontier_jax.ops.experimental') for m in sys.modules), "
             "[r.op for r in rows if r.impl == 'unused'])")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
@@ -137,7 +137,7 @@ def _train_three_steps(cfg):
     from frontier_jax import optim
     from frontier_jax.model import GPT
 
-    graphdef, params = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(GPT(cfg.model, rngs=nnx.Rngs(0), compute_dtype=cfg.model.compute_dtype))
     tx = optim.build_optimizer(cfg.optim)
     opt_state = tx.init(params)
 
@@ -282,3 +282,104 @@ def test_attention_forward_choice_is_made_on_the_host_from_the_score_bound():
                     return ops.qk_attention(*a)
             jaxpr = str(jax.make_jaxpr(f)(*args))
         assert f"exact_max={exact}" in jaxpr and "cond[" not in jaxpr
+
+
+# ----------------------------------------------------------------------------- the recipe's switches
+
+
+def _recipe_model(**kw):
+    from frontier_jax.config import ModelConfig
+
+    return ModelConfig(**{**dict(num_layers=2, model_dim=64, num_heads=2, num_kv_heads=1, mlp_negative_slope=0.5,
+                                 rope_dims=16, ln_scale=True, xsa_last_n=1), **kw})
+
+
+def test_a_switch_no_kernel_computes_is_a_reference_row_naming_it_and_fails_strict():
+    """The kernel table for the run's model: norm_mlp's kernel computes relu^2 only, so a model with a negative
+    slope shows it as reference with the setting named, on every platform and even where the kernel would be
+    emulated; strict mode fails naming it; the baseline's model has no such row."""
+    m = _recipe_model()
+    why = "model.mlp_negative_slope=0.5: the kernel computes relu(h)^2 only"
+    assert ops.switch_fallbacks(None) == [] and ops.switch_fallbacks(_recipe_model(mlp_negative_slope=0.0)) == []
+    assert ops.switch_fallbacks(m) == [ops.KernelRow("norm_mlp", "reference", why)]
+    for platform in (None, "neuron"):
+        rows = {r.op: r for r in ops.configure("auto", platform=platform, model=m)}
+        assert rows["norm_mlp"] == ops.KernelRow("norm_mlp", "reference", why)
+        assert rows["qk_attention"].reason != why  # partial RoPE, LN scale and XSA run with the kernels
+        with pytest.raises(ops.KernelUnavailableError, match=re.escape(f"norm_mlp ({why})")):
+            ops.configure("strict", platform=platform, model=m)
+    ops.configure("auto", model=m)
+    with ops.emulated(["norm_mlp", "rms_norm"]) as rows:
+        assert {r.op: r.impl for r in rows}["norm_mlp"] == "reference" and rows[0].impl == "emulated"
+    assert ops.kernel_table()[ops.OPS.index("norm_mlp")].reason == why  # the model survives re-configuring
+
+
+def test_a_switched_call_where_the_table_says_kernel_is_an_error_never_a_silent_reference():
+    x, w_fc, w_proj, s = jnp.ones((4, 16)), jnp.ones((16, 24)) / 8, jnp.ones((24, 16)) / 8, jnp.ones((16,))
+    ops.configure("auto")  # a table for the baseline's model
+    with ops.emulated(["norm_mlp"]):
+        with pytest.raises(ops.dispatch.SwitchNotConfiguredError, match="negative_slope=0.5"):
+            ops.norm_mlp(x, w_fc, w_proj, s, negative_slope=0.5)
+    np.testing.assert_array_equal(ops.norm_mlp(x, w_fc, w_proj, s, negative_slope=0.5),  # a reference row: fine
+                                  ops._norm_mlp_reference(x, w_fc, w_proj, s, negative_slope=0.5))
+
+
+def _recipe_op_cases():
+    """op name -> (function of x, the kernel-path adapter it exercises)."""
+    T, H, G, K = 16, 4, 2, 32
+    cos, sin = ref.rope_tables(T, 12, 10000.0)  # partial RoPE on 12 of 32 head dims
+    gain = jnp.asarray([0.5, 1.0, 1.5, 2.0])
+    w = lambda i, *shape: jax.random.normal(jax.random.key(i), shape) / 6
+
+    def attention(x):
+        q, k, v = x[..., :H * K].reshape(2, T, H, K), x[..., :G * K].reshape(2, T, G, K), jnp.cos(x[..., :G * K])
+        return ops.qk_attention(q, k, v.reshape(2, T, G, K), cos, sin, gain, xsa=True)
+
+    return {
+        "qk_attention": attention,
+        "mix_norm_projection": lambda x: jnp.concatenate(ops.mix_norm_qkv_projection(
+            x, jnp.cos(x), 1 + w(1, 2, 128), w(2, 128, 64), w(3, 128, 32), w(4, 128, 32), jnp.sin(x),
+            jnp.full((128,), 0.7), ln_scale=1 / np.sqrt(3)), axis=-1),
+        "norm_mlp": lambda x: ops.norm_mlp(x, w(5, 128, 96), w(6, 96, 128), 1.5 - x[0, 0] / 4, ln_scale=0.5),
+    }
+
+
+@pytest.mark.parametrize("op", ["qk_attention", "mix_norm_projection", "norm_mlp"])
+def test_the_kernel_paths_compute_the_switches_they_adapt_exactly(op):
+    """Partial RoPE (head dims permuted for the whole-head rotation, cos 1 / sin 0 past R/2) with XSA on the
+    attention's output, and the LN-scale factor folded into the first weight: the kernel path (its primitives,
+    lowered to the kernels' references) equals the direct reference in values and gradients."""
+    x = jax.random.normal(jax.random.key(0), (2, 16, 128))
+    op_fn = _recipe_op_cases()[op]
+    f = lambda x: jnp.sum(jnp.sin(op_fn(x)))
+    ops.configure("auto")
+    with ops.through_primitives():
+        jaxpr = str(jax.make_jaxpr(jax.grad(f))(x))
+        y_prim, g_prim = jax.jit(op_fn)(x), jax.jit(jax.grad(f))(x)
+    assert f"frontier_{op}_fwd[" in jaxpr  # the kernel path ran
+    y_ref, g_ref = jax.jit(op_fn)(x), jax.jit(jax.grad(f))(x)
+    assert "frontier_" not in str(jax.make_jaxpr(jax.grad(f))(x))
+    np.testing.assert_allclose(y_prim, y_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(g_prim, g_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_rope_permutation_pairs_each_rotated_dim_with_its_partner_and_keeps_every_dim():
+    for K, R in ((32, 16), (64, 16), (32, 2), (16, 16)):
+        order = [d for a, b in ops.rope_permutation(K, R) for d in range(a, b)]
+        assert sorted(order) == list(range(K))
+        for j in range(R // 2):  # position j and j + K/2 hold the record's pair (j, j + R/2)
+            assert (order[j], order[j + K // 2]) == (j, j + R // 2)
+
+
+def test_a_kernel_trace_runs_the_reference_of_an_op_whose_kernel_lacks_the_models_switch():
+    """kernel_primitives(model): the program as on Neuron for that model: norm_mlp with a negative slope traces
+    its reference (plain JAX), the other ops their kernel primitives."""
+    x, w_fc, w_proj, s = jnp.ones((4, 16)), jnp.ones((16, 24)) / 8, jnp.ones((24, 16)) / 8, jnp.ones((16,))
+    with ops.kernel_primitives(_recipe_model()) as fallbacks:
+        slope = str(jax.make_jaxpr(lambda x: ops.norm_mlp(x, w_fc, w_proj, s, negative_slope=0.5))(x))
+        norm = str(jax.make_jaxpr(ops.rms_norm)(x))
+    assert [r.op for r in fallbacks] == ["norm_mlp"]
+    assert "frontier_norm_mlp" not in slope and "frontier_rms_norm_fwd[kernel=True" in norm
+    with ops.kernel_primitives():  # traced for the baseline's model: a switched call is refused
+        with pytest.raises(ops.dispatch.SwitchNotConfiguredError):
+            jax.make_jaxpr(lambda x: ops.norm_mlp(x, w_fc, w_proj, s, negative_slope=0.5))(x)

@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 
 from frontier_jax import ops, optim
-from frontier_jax import reference
-from frontier_jax import run_policy as policy
+from frontier_jax.ops import reference
+from frontier_jax.policies import schedules
 from frontier_jax.config import ModelConfig, OptimConfig
 from frontier_jax.model import GPT
 from frontier_jax.steps import make_train_step
@@ -96,32 +96,6 @@ def test_groups_get_their_own_learning_rate(split_model):
     assert all(float(jnp.abs(x).max()) == 0.0 for x in jax.tree_util.tree_leaves(u0))
 
 
-def test_schedule_steps_mode_at_hand_computed_points():
-    cfg = OptimConfig(warmdown_steps=20, warmdown_mode="steps")
-    f = lambda step: policy.lr_scale(cfg, step, 0.0, 1.0, 100)
-    assert [f(s) for s in (0, 50, 79, 80, 90, 99)] == pytest.approx([1.0, 1.0, 1.0, 1.0, 0.5, 0.05])
-
-
-def test_schedule_time_mode_at_hand_computed_points():
-    cfg = OptimConfig(warmdown_steps=10, warmdown_mode="time")
-    # 1 s/step measured, budget 100 s: warmdown spans the last 10 s.
-    f = lambda step, elapsed: policy.lr_scale(cfg, step, elapsed, 100.0, 10_000)
-    assert f(50, 50.0) == 1.0 and f(89, 89.0) == 1.0
-    assert f(90, 90.0) == pytest.approx(1.0) and f(95, 95.0) == pytest.approx(0.5) and f(100, 100.0) == 0.0
-    # 2 s/step: 10 steps are 20 s, so at 85 s (15 s left) the scale is 0.75.
-    assert f(40, 85.0) == pytest.approx(15 / (10 * 85 / 40))
-    assert policy.lr_scale(OptimConfig(warmdown_steps=0), 5, 99.0, 100.0, 10) == 1.0
-
-
-def test_momentum_warmup_endpoints():
-    cfg = OptimConfig()
-    assert policy.muon_momentum(cfg, 0) == pytest.approx(0.85)
-    assert policy.muon_momentum(cfg, 250) == pytest.approx(0.90)
-    assert policy.muon_momentum(cfg, 500) == pytest.approx(0.95)
-    assert policy.muon_momentum(cfg, 5000) == pytest.approx(0.95)
-    assert policy.muon_momentum(OptimConfig(muon_momentum_warmup_steps=0), 0) == 0.95
-
-
 def test_loss_falls_on_a_repeating_corpus(split_model):
     graphdef, params = split_model
     params = jax.tree_util.tree_map(jnp.copy, params)
@@ -136,7 +110,7 @@ def test_loss_falls_on_a_repeating_corpus(split_model):
         starts = (np.arange(4) * 7 + i * 5) % (corpus.size - 33)
         x = np.stack([corpus[s:s + 32] for s in starts])[None]
         y = np.stack([corpus[s + 1:s + 33] for s in starts])[None]
-        params, opt_state, m = step(params, opt_state, x, y, jnp.float32(1.0), jnp.float32(policy.muon_momentum(cfg, i)), None)
+        params, opt_state, m = step(params, opt_state, x, y, jnp.float32(1.0), jnp.float32(schedules.muon_momentum(cfg, i)), None)
         losses.append(float(m["loss"]))
     assert np.isfinite(losses).all()
     assert losses[0] > np.log(CFG.vocab_size) - 0.3
@@ -190,7 +164,7 @@ def test_100_steps_equal_the_unfused_chain(fused_model, ns_dtype):
     worst = {"muon": 0.0, "adam": 0.0}
     for i in range(100):
         x, y = jnp.asarray(data[i, :, :-1]), jnp.asarray(data[i, :, 1:])
-        lr, mom = policy.lr_scale(cfg, i, 0.0, 1.0, 100), policy.muon_momentum(cfg, i)
+        lr, mom = schedules.lr_scale(cfg, i, 0.0, 1.0, 100), schedules.muon_momentum(cfg, i)
         p_new, p_fused, s_ref, s_fused = both(p, s_ref, s_fused, x, y, jnp.float32(lr), jnp.float32(mom))
         for lab, a, b in zip(labels, jax.tree_util.tree_leaves(p_fused), jax.tree_util.tree_leaves(p_new)):
             kind = "muon" if lab == "muon" else "adam"

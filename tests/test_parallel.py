@@ -1,4 +1,5 @@
-"""Data parallelism: simulated CPU devices (conftest sets 4) and real multi-process runs on localhost."""
+"""Data parallelism: simulated CPU devices (conftest sets 4) and real multi-process runs on localhost; the matmul peak
+(MFU denominator): documented for trn1, elsewhere a FLOP rate measured once per process and setting."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO, TINY_OVERRIDES, tiny_config
-from frontier_jax import checkpoint, loop
+from helpers import REPO, TINY_OVERRIDES, tiny_config
+from frontier_jax import checkpoint, parallel, trainer
 from frontier_jax.config import ConfigError
 from frontier_jax.parallel import make_data_parallel
-from frontier_jax.run_policy import split_batch
+from frontier_jax.policies.dtypes import resolve as resolve_dtypes
+
 
 
 def _losses(run_dir: Path) -> list[float]:
@@ -30,18 +33,6 @@ def _losses(run_dir: Path) -> list[float]:
 def _rel(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-12)))
-
-
-def test_split_batch_keeps_tokens_per_step_and_rejects_impossible_splits():
-    assert split_batch(64, 64, 1) == (64, 1)
-    assert split_batch(512, 64, 1) == (64, 8)  # the baseline: 8 micro-batches of 64 on one device
-    assert split_batch(512, 64, 2) == (128, 4)  # one trn1 chip: 2 NeuronCores
-    assert split_batch(512, 64, 32) == (512, 1)
-    assert split_batch(8, 4, 4) == (8, 1)  # fewer sequences than a micro-batch per device
-    with pytest.raises(ConfigError, match="cannot be split over 3 devices"):
-        split_batch(8, 4, 3)
-    with pytest.raises(ConfigError, match="not a multiple of train.micro_batch_seqs"):
-        split_batch(12, 8, 1)
 
 
 def test_mesh_over_simulated_devices():
@@ -59,7 +50,7 @@ def test_one_two_four_devices_same_trajectory_and_eval_sums(byte_data, tmp_path)
     results = {}
     for n in (1, 2, 4):
         cfg = tiny_config(byte_data, f"parallel.num_devices={n}", "train.max_steps=5", "optim.warmdown_mode='steps'")
-        summary = loop.run(cfg, tmp_path / f"d{n}", echo=False)
+        summary = trainer.run(cfg, tmp_path / f"d{n}", echo=False)
         results[n] = (_losses(tmp_path / f"d{n}"), summary)
     ref_losses, ref = results[1]
     assert len(ref_losses) == 5
@@ -76,16 +67,16 @@ def test_one_two_four_devices_same_trajectory_and_eval_sums(byte_data, tmp_path)
 @pytest.mark.slow
 def test_zero1_shards_optimizer_state_and_matches_replicated(byte_data, tmp_path):
     base = ["parallel.num_devices=4", "train.max_steps=4", "optim.warmdown_mode='steps'"]
-    loop.run(tiny_config(byte_data, *base), tmp_path / "rep", echo=False)
-    loop.run(tiny_config(byte_data, *base, "parallel.zero1=True"), tmp_path / "z1", echo=False)
+    trainer.run(tiny_config(byte_data, *base), tmp_path / "rep", echo=False)
+    trainer.run(tiny_config(byte_data, *base, "parallel.zero1=True"), tmp_path / "z1", echo=False)
     assert _rel(_losses(tmp_path / "z1"), _losses(tmp_path / "rep")) < 1e-5
     # the state layout really is sharded: a momentum buffer lives in quarters on the 4 devices
     from frontier_jax import optim
-    from frontier_jax.model import resolve_compute_dtype
 
     cfg = tiny_config(byte_data, *base, "parallel.zero1=True")
     dp = make_data_parallel(4, zero1=True)
-    _, _, opt_state, _ = loop.init_state(cfg, optim.build_optimizer(cfg.optim), resolve_compute_dtype(cfg.model), dp)
+    dtypes = resolve_dtypes(cfg, jax.default_backend())
+    _, _, opt_state, _ = trainer.init_state(cfg, optim.build_optimizer(cfg.optim, dtypes.muon_ns), dtypes.compute, dp)
     specs = {str(x.sharding.spec) for x in jax.tree_util.tree_leaves(opt_state) if x.ndim >= 1 and x.shape[0] % 4 == 0}
     assert any("data" in s for s in specs)
 
@@ -127,7 +118,7 @@ def test_two_processes_train_checkpoint_resume_and_match_single_process(byte_dat
     assert codes == [0, 0], (out.parent / "mp-p0-resume.log").read_text()[-3000:]
     multi = _losses(out)
     single_cfg = tiny_config(byte_data, *common, "train.max_steps=6", "parallel.num_devices=4")
-    loop.run(single_cfg, tmp_path / "single", echo=False)
+    trainer.run(single_cfg, tmp_path / "single", echo=False)
     single = _losses(tmp_path / "single")
     assert len(multi) == len(single) == 6
     # same 4-device mesh; the cross-process (gloo) all-reduce sums in another order than the in-process
@@ -168,3 +159,47 @@ def test_a_dead_process_fails_the_other_within_bounded_time(byte_data, tmp_path)
 def checkpoint_steps(out: Path) -> int:
     d = out / "checkpoints"
     return len([p for p in d.iterdir() if p.name.isdigit()]) if d.is_dir() else 0
+
+
+def test_matmul_peak_is_the_best_timing_measured_once_per_setting(monkeypatch):
+    """The probe's rate is 2 n^3 FLOPs over the fastest of its `reps` timed runs (a scripted clock: runs of 5, 2
+    and 3 s give 2 n^3 / 2 s), measured once per setting: the same dtype spelled otherwise reuses the
+    measurement without timing again, another size is measured anew."""
+    class Clock:
+        def __init__(self, *stamps):
+            self.stamps = list(stamps)
+
+        def perf_counter(self):
+            return self.stamps.pop(0)
+
+    parallel._matmul_peak.cache_clear()
+    try:
+        clock = Clock(0.0, 5.0, 10.0, 12.0, 20.0, 23.0)  # (start, end) of each timed run
+        monkeypatch.setattr(parallel, "time", clock)
+        first = parallel.measure_matmul_peak(jnp.float32, n=128, reps=3)
+        assert first == 2.0 * 128**3 / 2.0 and clock.stamps == []
+        assert parallel.measure_matmul_peak(np.float32, n=128, reps=3) == first  # reused: the clock is not read
+        info = parallel._matmul_peak.cache_info()
+        assert (info.hits, info.misses) == (1, 1)
+        clock.stamps = [0.0, 4.0]
+        assert parallel.measure_matmul_peak(jnp.float32, n=64, reps=1) == 2.0 * 64**3 / 4.0  # another size: anew
+        assert parallel._matmul_peak.cache_info().misses == 2 and clock.stamps == []
+    finally:
+        parallel._matmul_peak.cache_clear()  # no scripted rate is left for a later run's MFU
+
+
+def test_mfu_peak_is_documented_for_trn1_and_a_repeated_probe_elsewhere(monkeypatch):
+    """AWS documents the XLA device kind NC_v2 for Trainium1 and 190 BF16 TFLOPS per 2-core chip."""
+    class Dev:
+        device_kind = "NC_v2"
+
+    monkeypatch.setattr(parallel.jax, "devices", lambda: [Dev()])
+    doc = parallel.matmul_peak(jnp.bfloat16, num_devices=2)
+    assert doc["matmul_peak_flops"] == 190e12 and doc["peak_spread"] is None
+    assert doc["peak_source"].startswith("documented: AWS Trainium") and "trainium.rst" in doc["peak_source"]
+    monkeypatch.undo()
+    calls = []
+    monkeypatch.setattr(parallel, "measure_matmul_peak", lambda dtype, round_=0: calls.append(round_) or 100.0 + round_)
+    probe = parallel.matmul_peak(jnp.float32)
+    assert calls == list(range(parallel.PROBE_ROUNDS)) and probe["matmul_peak_flops"] == 102.0
+    assert probe["peak_spread"] == [100.0, 104.0] and probe["peak_source"].startswith("measured: median of 5 probes")

@@ -15,10 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import tiny_config
-from frontier_jax import dispatch, loop, ops, optim
+from helpers import tiny_config
+from frontier_jax.ops import dispatch
+from frontier_jax import trainer, ops, optim
 from frontier_jax.data.tokenizer import ByteTables
 from frontier_jax.parallel import make_data_parallel
+from frontier_jax.policies import dtypes
 from frontier_jax.steps import make_eval_step, make_train_step, q_gains
 
 EMULATED = ops.OPS  # every op a training run calls
@@ -41,7 +43,7 @@ def calls(monkeypatch):
 def _one_step(cfg, n, x, y):
     dp = make_data_parallel(n, zero1=True)
     tx = optim.build_optimizer(cfg.optim)
-    graphdef, params, opt_state, _ = loop.init_state(cfg, tx, jnp.float32, dp)
+    graphdef, params, opt_state, _ = trainer.init_state(cfg, tx, jnp.float32, dp)
     step = make_train_step(graphdef, tx, mesh=dp.mesh, state_specs=dp.state_specs(opt_state),
                            head_dim=cfg.model.head_dim, donate=False)
     lr, mom = (jax.device_put(jnp.float32(v), dp.replicated) for v in (1.0, 0.9))
@@ -94,8 +96,8 @@ def test_score_bound_metric_is_the_updated_gains_bound(byte_data):
     """The train step returns ops.score_bound of the gains after its update: the next step's choice."""
     cfg = tiny_config(byte_data)
     dp = make_data_parallel(1)
-    tx = optim.build_optimizer(cfg.optim)
-    graphdef, params, opt_state, _ = loop.init_state(cfg, tx, jnp.float32, dp)
+    tx = optim.build_optimizer(cfg.optim, dtypes.resolve(cfg, jax.default_backend()).muon_ns)
+    graphdef, params, opt_state, _ = trainer.init_state(cfg, tx, jnp.float32, dp)
     step = make_train_step(graphdef, tx, mesh=dp.mesh, head_dim=cfg.model.head_dim, donate=False)
     x = np.random.default_rng(0).integers(0, 256, (1, 4, cfg.train.seq_len)).astype(np.int32)
     p, s = params, opt_state
@@ -104,3 +106,38 @@ def test_score_bound_metric_is_the_updated_gains_bound(byte_data):
     want = ops.score_bound([np.asarray(g) for g in q_gains(p)], cfg.model.head_dim)
     assert float(m["score_bound"]) == pytest.approx(float(want), rel=1e-6)
     assert float(m["score_bound"]) != pytest.approx(float(ops.score_bound(q_gains(params), cfg.model.head_dim)))
+
+
+@pytest.mark.slow
+def test_each_eval_window_starts_fresh(byte_data):
+    """A window's sums depend neither on the rows beside it nor on what precedes it in the stream: each row of an
+    eval batch starts at its own position 0 (the record's sliding windows too), so a batch scores as its rows
+    scored one by one, and a window cut from the middle of the stream scores the same beside other rows."""
+    cfg = tiny_config(byte_data)
+    dp = make_data_parallel(1, zero1=False)
+    tx = optim.build_optimizer(cfg.optim, "float32")
+    graphdef, params, _, _ = trainer.init_state(cfg, tx, jnp.float32, dp)
+    keys = iter(jax.random.split(jax.random.key(0), len(jax.tree_util.tree_leaves(params))))
+    params = jax.tree_util.tree_map(lambda p: p + 0.05 * jax.random.normal(next(keys), p.shape, p.dtype), params)
+    V, T = cfg.model.vocab_size, cfg.train.seq_len
+    tables = ByteTables(np.ones(V, np.int32), np.zeros(V, bool), np.zeros(V, bool))
+    ev = make_eval_step(graphdef, tables, mesh=dp.mesh)
+    rng = np.random.default_rng(0)
+    stream = rng.integers(0, V, 3 * T + 1).astype(np.int32)
+    x = np.stack([stream[s:s + T] for s in (0, T // 2, 2 * T)])  # row 1: a window from the middle of the stream
+    y = np.stack([stream[s + 1:s + T + 1] for s in (0, T // 2, 2 * T)])
+    mask = np.ones_like(x)
+    mask[1, : T // 4] = 0
+
+    def sums(x, y, rows):
+        m = np.zeros_like(mask)
+        m[rows] = mask[rows]
+        return np.asarray(jax.device_get(ev(params, x, y, m, None)), np.float64)
+
+    together = sums(x, y, [0, 1, 2])
+    assert together[0] == pytest.approx(sum(sums(x, y, [r])[0] for r in range(3)), rel=1e-6)
+    assert together[1:].tolist() == [3 * T - T // 4, 3 * T - T // 4]
+    other = rng.integers(0, V, x.shape).astype(np.int32)
+    other[1], other_y = x[1], rng.integers(0, V, x.shape).astype(np.int32)
+    other_y[1] = y[1]
+    assert sums(other, other_y, [1])[0] == pytest.approx(sums(x, y, [1])[0], rel=1e-6)  # other neighbours

@@ -22,10 +22,10 @@ from flax import nnx  # noqa: E402
 from baseline_torch.model import GPT as TorchGPT  # noqa: E402
 from baseline_torch.model import load_state_numpy, state_dict_numpy  # noqa: E402
 from baseline_torch.optim import Optimizers  # noqa: E402
-from conftest import TINY_OVERRIDES  # noqa: E402
-from frontier_jax import interop, npz  # noqa: E402
+from helpers import TINY_OVERRIDES  # noqa: E402
+from frontier_jax.interop import npz, state_dict  # noqa: E402
 from frontier_jax import optim as jax_optim  # noqa: E402
-from frontier_jax import run_policy as policy  # noqa: E402
+from frontier_jax.policies import schedules  # noqa: E402
 from frontier_jax.config import ModelConfig, OptimConfig  # noqa: E402
 from frontier_jax.model import GPT as JaxGPT  # noqa: E402
 from frontier_jax.steps import make_train_step  # noqa: E402
@@ -48,7 +48,7 @@ def _randomised_state_dict(params, seed: int = 1) -> dict[str, np.ndarray]:
     """The JAX init with every tensor (zero-init projections, scales, gains included) perturbed, so
     every parameter takes part in the forward pass and receives a gradient."""
     rng = np.random.default_rng(seed)
-    sd = interop.params_to_state_dict(params)
+    sd = state_dict.params_to_state_dict(params)
     return {k: (v + 0.05 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in sd.items()}
 
 
@@ -88,14 +88,14 @@ def _rel_fro(a, b) -> float:
 def test_same_weights_same_loss_and_logits():
     graphdef, params = _jax_model()
     sd = _randomised_state_dict(params)
-    params = interop.state_dict_to_params(sd, params)
+    params = state_dict.state_dict_to_params(sd, params)
     tmodel = _torch_model(sd)
     x, y = _batch(0)
     x, y = x[0], y[0]
 
     @jax.jit
     def forward(params_, x_BT, y_BT):
-        from frontier_jax import reference as ref
+        from frontier_jax.ops import reference as ref
 
         model = nnx.merge(graphdef, params_)
         h_ND = model.hidden(x_BT).reshape(B * T, MC.model_dim)
@@ -128,7 +128,7 @@ def test_one_optimizer_step_same_parameters(jax_step):
     graphdef, tx, step = jax_step
     _, params = _jax_model()
     sd0 = _randomised_state_dict(params)
-    params = interop.state_dict_to_params(sd0, params)
+    params = state_dict.state_dict_to_params(sd0, params)
     opt_state = tx.init(params)
     tmodel = _torch_model(sd0)
     topt = Optimizers(tmodel, OC)
@@ -137,13 +137,13 @@ def test_one_optimizer_step_same_parameters(jax_step):
     assert groups == {"muon": 6 * MC.num_layers, "embed": 1, "scalar": 4 * MC.num_layers + 1}
 
     x, y = _batch(1, micro=2)  # two micro-batches: gradient accumulation on both sides
-    mom = policy.muon_momentum(OC, 0)
+    mom = schedules.muon_momentum(OC, 0)
     params, opt_state, m = step(params, opt_state, jnp.asarray(x), jnp.asarray(y), jnp.float32(1.0),
                                 jnp.float32(mom), None)
     tloss = _torch_train_step(tmodel, topt, x, y, 1.0, mom)
     assert abs(tloss - float(m["loss"])) / float(m["loss"]) < 1e-5
 
-    jsd = interop.params_to_state_dict(params)
+    jsd = state_dict.params_to_state_dict(params)
     tsd = state_dict_numpy(tmodel)
     moved = 0
     for k in sd0:
@@ -156,15 +156,15 @@ def test_one_optimizer_step_same_parameters(jax_step):
 def test_twenty_steps_losses_agree(jax_step):
     graphdef, tx, step = jax_step
     _, params = _jax_model(seed=3)
-    sd0 = interop.params_to_state_dict(params)  # the plain JAX init (zero-init projections), shared
+    sd0 = state_dict.params_to_state_dict(params)  # the plain JAX init (zero-init projections), shared
     opt_state = tx.init(params)
     tmodel = _torch_model(sd0)
     topt = Optimizers(tmodel, OC)
     jl, tl = [], []
     for i in range(20):
         x, y = _batch(100 + i % 4, micro=2)  # a few batches repeated, so the loss goes down
-        scale = policy.lr_scale(OptimConfig(warmdown_mode="steps", warmdown_steps=5), i, 0.0, 1.0, 20)
-        mom = policy.muon_momentum(OC, i)
+        scale = schedules.lr_scale(OptimConfig(warmdown_mode="steps", warmdown_steps=5), i, 0.0, 1.0, 20)
+        mom = schedules.muon_momentum(OC, i)
         params, opt_state, m = step(params, opt_state, jnp.asarray(x), jnp.asarray(y), jnp.float32(scale),
                                     jnp.float32(mom), None)
         jl.append(float(m["loss"]))

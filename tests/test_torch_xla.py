@@ -43,7 +43,7 @@ from frontier_jax.config import apply_overrides, load_config  # noqa: E402
 from frontier_jax.data.dataset import load_for_config  # noqa: E402
 from frontier_jax.data.shards import write_shard  # noqa: E402
 from frontier_jax.data.stream import TrainLoader  # noqa: E402
-from frontier_jax.rundir import RunError  # noqa: E402
+from frontier_jax.run.rundir import RunError  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # configs/tiny.py made small (two layers, GQA, a tied embedding, encoder/decoder skips) and fp32 throughout,

@@ -1,71 +1,218 @@
-"""The trainer interface (frontier_jax.trainer): a trainer with only the required methods runs the driver
-with the optional capabilities' defaults."""
+"""The training loop end to end on synthetic byte data: run directory, NaN stop, kill-and-resume."""
 
-from __future__ import annotations
+import json
 
-import math
+import jax
+import numpy as np
+import pytest
 
-from frontier_jax import run_policy as rp
-from frontier_jax.config import Config, OptimConfig, TrainConfig
-from frontier_jax.trainer import Trainer
-
-
-class Signals:
-    received = None
-    stopping = "stopping before training starts; nothing to save"
+from helpers import tiny_config
+from frontier_jax import checkpoint, trainer
+from frontier_jax.interop.state_dict import restore_params
 
 
-class Minimal(Trainer):
-    """The required methods only; the step that makes handle `nan_at` gives a non-finite loss."""
-
-    def __init__(self, nan_at=None):
-        self.signals, self.rows, self.summaries, self.n, self.nan_at = Signals(), [], [], 0, nan_at
-
-    def train_step(self, lr_scale, momentum):
-        self.n += 1
-        return self.n
-
-    def read_metrics(self, handle):
-        return (math.nan if handle == self.nan_at else 1.0 / handle), 1.0
-
-    def eval_sums(self, max_tokens):
-        return {"nll_sum_nats": 7.0, "tokens": 10, "bytes": 20}
-
-    def snapshot(self):
-        return self.n
-
-    def restore(self, token):
-        self.n = token
-
-    def log(self, msg):
-        pass
-
-    def metrics(self, **row):
-        self.rows.append(row)
-
-    def write_summary(self, summary):
-        self.summaries.append(summary)
+def _train_rows(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["kind"] == "train"], [r for r in rows if r["kind"] == "val"]
 
 
-def _policy(**train):
-    cfg = Config(train=TrainConfig(seq_len=8, tokens_per_step=32, micro_batch_seqs=4, val_batch_seqs=4,
-                                   budget_seconds=1e9, **train), optim=OptimConfig())
-    return rp.Policy.from_config(cfg)
+@pytest.mark.slow
+def test_run_end_to_end_writes_a_complete_run_directory(trained_run):
+    run_dir, summary = trained_run
+    assert summary["stop_reason"] == "max_steps" and summary["steps"] == 200
+    assert np.isfinite(summary["val_bpb"]) and 0 < summary["val_bpb"] < 8
+    assert summary["tokens"] == 200 * 512 and summary["mfu"] > 0
+    for name in ("config.json", "env.json", "kernels.json", "metrics.jsonl", "summary.json", "summary.txt",
+                 "curves.png", "train.log"):
+        assert (run_dir / name).is_file(), name
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["versions"]["jax"] == jax.__version__ and env["git"] and env["compute_dtype"] == "float32"
+    assert json.loads((run_dir / "config.json").read_text())["model"]["num_layers"] == 2
+    assert json.loads((run_dir / "summary.json").read_text())["val_bpb"] == summary["val_bpb"]
+    assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    train, val = _train_rows(run_dir)
+    assert [r["step"] for r in train] == list(range(1, 201))
+    assert val[-1]["final"] and val[-1]["bpb"] == summary["val_bpb"]
+    assert np.mean([r["loss"] for r in train[-10:]]) < train[0]["loss"] - 1.0  # it learned something
+    assert checkpoint.latest_step(run_dir) == 200
+    assert checkpoint.read_meta(run_dir)[1]["reason"] == "final"
+    # progress off a terminal (train.log_every_steps=200), the repetition estimate, the run directory at the end
+    log = (run_dir / "train.log").read_text()
+    assert "step 200/200 | 102,400 tokens | " in log and "train split: 60,000 tokens" in log
+    assert "repetition: at " in log and "WARNING: more than one pass" in log  # 102,400 tokens over 60,000
+    assert f"run directory       {run_dir}" in (run_dir / "summary.txt").read_text()
+    assert all(r["tokens_per_second"] > 0 and "loadavg_1m" in r for r in train)
+    assert summary["peak_source"].startswith("measured: median of 5 probes") and len(summary["peak_spread"]) == 2
 
 
-def test_the_defaults_no_checkpoints_no_resume_one_process_no_round_trip():
-    t = Minimal()
-    assert not t.checkpoints and t.resume() is None and t.agree(True, 2.5) == (True, 2.5)
-    assert t.summary_fields() == {} and t.run_hooks() == [] and t.roundtrip(lambda: {}) is None
-    s = rp.run_budgeted(_policy(max_steps=3, checkpoint_every_steps=1), t, {"config_name": "t"})
-    assert s["stop_reason"] == rp.STOP_MAX_STEPS and s["steps"] == 3 and t.summaries == [s]
-    assert t.signals.stopping == "stopping after this step"  # no "checkpoint follows": it has none
-    assert "val_bpb" in s and not any(k.startswith("roundtrip") for k in s)
-    assert [r["kind"] for r in t.rows] == ["train"] * 3 + ["val"]  # no round-trip validation row
+def test_an_existing_run_is_not_overwritten(trained_run, byte_data):
+    def files():  # all but the lock file, which a start takes (and writes its pid to) before it checks
+        return {p.name: p.stat().st_mtime_ns for p in trained_run[0].rglob("*") if p.name != ".lock"}
+
+    before = files()
+    with pytest.raises(trainer.RunError, match="already holds a run"):
+        trainer.run(tiny_config(byte_data), trained_run[0], echo=False)
+    assert files() == before
 
 
-def test_a_diverged_run_without_checkpoints_discards_nothing():
-    t = Minimal(nan_at=5)  # the warm-up's steps are undone (restore), so timed step k returns handle k
-    s = rp.run_budgeted(_policy(max_steps=10, checkpoint_every_steps=2), t, {"config_name": "t"})
-    assert s["stop_reason"] == rp.STOP_NONFINITE and s["steps"] == 5 and rp.exit_code(s["stop_reason"]) == 3
-    assert t.rows[-1]["step"] == 5 and math.isnan(t.rows[-1]["loss"]) and "val_bpb" not in s
+@pytest.mark.slow
+def test_non_finite_loss_keeps_the_last_finite_checkpoint(byte_data, tmp_path):
+    """A checkpoint written right after a diverging update (finite but huge parameters) is not kept: the
+    checkpoint kept is one whose parameters gave a finite loss on the next step."""
+    cfg = tiny_config(byte_data, "optim.embed_lr=1e30", "train.checkpoint_every_steps=1")
+    summary = trainer.run(cfg, tmp_path / "run", echo=False)
+    assert summary["stop_reason"] == "non-finite loss" and summary["steps"] < cfg.train.max_steps
+    assert "val_bpb" not in summary
+    train, _ = _train_rows(tmp_path / "run")
+    finite = {r["step"]: np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in train}
+    first_bad = min(s for s, ok in finite.items() if not ok)
+    kept = checkpoint.steps(tmp_path / "run")
+    assert all(s < first_bad - 1 for s in kept)  # checkpoint s is good only if step s + 1's loss was finite
+    if kept:
+        _, _, params, _, _ = restore_params(tmp_path / "run")
+        assert all(np.isfinite(np.asarray(x, np.float32)).all() for x in jax.tree_util.tree_leaves(params))
+
+
+@pytest.mark.slow
+def test_checkpoint_collisions_finished_resume_corrupt_fallback_and_metrics(byte_data, tmp_path):
+    """max_steps a multiple of checkpoint_every_steps (the final save meets a periodic one); resuming a
+    finished run; a corrupt newest checkpoint on resume (falls back, says so); a signal on a periodic
+    step; metrics.jsonl cut back to the restored step (no step twice). The first run has an infinite
+    budget (`--budget inf`, #12: the progress bar has no total then)."""
+    sets = ("train.max_steps=4", "train.checkpoint_every_steps=2", "train.budget_seconds=inf")
+    run_dir = tmp_path / "run"
+    first = trainer.run(tiny_config(byte_data, *sets), run_dir, echo=False)
+    assert first["stop_reason"] == "max_steps" and np.isfinite(first["val_bpb"])
+    assert checkpoint.steps(run_dir) == [2, 4] and checkpoint.read_meta(run_dir)[1]["reason"] == "periodic"
+
+    done = trainer.run(tiny_config(byte_data, *sets), run_dir, resume=True, echo=False)
+    assert done["stop_reason"] == "already finished" and "already finished at step 4" in done["note"]
+
+    for f in (run_dir / "checkpoints" / "4" / "state").rglob("*"):
+        if f.is_file() and f.parent.name == "d":
+            f.write_bytes(b"garbage" * 8)
+    more = ("train.max_steps=8", "train.checkpoint_every_steps=2")
+    part = trainer.run(tiny_config(byte_data, *more), run_dir, resume=True, echo=False, stop_after_steps=2)
+    assert part["stop_reason"].startswith("signal") and part["steps"] == 4  # stopped on periodic step 4
+    log = (run_dir / "train.log").read_text()
+    assert f"skipped {run_dir}/checkpoints/4: unreadable checkpoint" in log
+    assert "resumed from step 2" in log and "dropped 4 metrics row(s)" in log  # train rows 3, 4, the final val, the round trip
+    assert checkpoint.latest_step(run_dir) == 4 and part["checkpoint_step"] == 4
+    # which qk_attention forward the kernel would run for the final gains (initialised at 1.5: the fast one)
+    assert part["attention_forward"].startswith("bounded shift: score bound")
+    assert "qk_attention forward on Neuron for the final gains: bounded shift" in log
+    train, val = _train_rows(run_dir)
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+    assert [r["step"] for r in val] == []  # the final val of the cut-back steps went with them
+
+
+@pytest.mark.slow
+def test_kill_and_resume_reproduces_the_uninterrupted_trajectory(byte_data, tmp_path):
+    """Steps-mode warmdown and a step-count stop: the time-based warmdown depends on wall-clock, so it cannot
+    be bit-identical; everything else (data position, optimizer state, schedule) must be."""
+    sets = ("train.max_steps=8", "optim.warmdown_mode='steps'", "optim.warmdown_steps=4")
+    full = trainer.run(tiny_config(byte_data, *sets), tmp_path / "full", echo=False)
+    part = trainer.run(tiny_config(byte_data, *sets), tmp_path / "split", echo=False, stop_after_steps=3)
+    assert part["stop_reason"].startswith("signal") and part["steps"] == 3
+    assert checkpoint.read_meta(tmp_path / "split")[1]["reason"] == "interrupted"
+    resumed = trainer.run(tiny_config(byte_data, *sets), tmp_path / "split", resume=True, echo=False)
+    assert resumed["steps"] == full["steps"] == 8
+    a, _ = _train_rows(tmp_path / "full")
+    b, _ = _train_rows(tmp_path / "split")
+    assert [r["step"] for r in b] == list(range(1, 9))
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert [r["grad_norm"] for r in a] == [r["grad_norm"] for r in b]
+    assert [r["lr_scale"] for r in a] == [r["lr_scale"] for r in b]
+    assert resumed["val_nll_sum_nats"] == full["val_nll_sum_nats"]
+
+
+def test_attention_forward_is_chosen_on_the_host_and_each_variant_built_once():
+    """The trainer's choice between the bounded-shift and the exact-max qk_attention forward: from the score
+    bound the previous step returned, each variant's steps built (so compiled) on first use, a switch logged;
+    where both forwards are one program (the reference path) one pair of steps serves both."""
+    from frontier_jax import ops
+    from frontier_jax.trainer import _AttentionVariants
+
+    built, logged = [], []
+    make = lambda kind: lambda exact: built.append((kind, exact)) or (kind, exact)
+    v = _AttentionVariants(make("train"), make("eval"), True, 1024, logged.append)
+    v.observe(10.0)
+    assert v.train() == ("train", False) and v.eval() == ("eval", False)
+    v.observe(ops.SHIFT_LIMIT * 1.01)
+    assert v.train() == ("train", True) and v.switches == 1 and "exact max" in logged[-1]
+    v.observe(10.0)
+    assert v.train() == ("train", False) and v.switches == 2
+    assert built == [("train", False), ("eval", False), ("train", True)]  # each built once
+    same = _AttentionVariants(make("train"), make("eval"), False, 1024, logged.append)
+    same.observe(ops.SHIFT_LIMIT * 2)
+    assert same.train() == ("train", False) and same.switches == 0
+
+
+@pytest.mark.slow
+def test_a_run_stopped_in_its_final_steps_is_finished_by_resume(byte_data, tmp_path):
+    """SIGTERM once the final validation is recorded (sent from inside the artifact's round trip, after the
+    "(final)" checkpoint): exit 130, a summary that says the final steps did not complete; `--resume` then
+    runs only the missing stages (the artifact, its round trip and sliding windows), trains nothing, and
+    writes the complete summary, whose round-trip and sliding scores `evaluate --artifact` reproduces. The
+    record's pipeline at a shape where its int6 branch runs (MLP matrices of 131,072 elements)."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO, TINY_OVERRIDES
+    from frontier_jax.evaluate import evaluate_run
+
+    run = tmp_path / "run"
+    sets = [*TINY_OVERRIDES, "model.model_dim=256", "train.max_steps=3", "eval.artifact='int6_lzma'",
+            "eval.seq_len=128", "eval.stride=32", "eval.score='sliding'"]
+    args = ["--config", str(REPO / "configs" / "tiny.py"), "--data", str(byte_data), "--tokenizer", "bytes",
+            "--out", str(run), *[a for s in sets for a in ("--set", s)]]
+    stop = ("import os, signal, sys; from frontier_jax.interop import artifact; real = artifact.roundtrip\n"
+            "def roundtrip(*a, **k):\n    os.kill(os.getpid(), signal.SIGTERM)\n    return real(*a, **k)\n"
+            "artifact.roundtrip = roundtrip\nfrom frontier_jax.train import main\nsys.exit(main(sys.argv[1:]))")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = subprocess.run([sys.executable, "-c", stop, *args], cwd=REPO, capture_output=True, text=True, env=env,
+                           timeout=600)
+    assert first.returncode == 130, first.stderr[-2000:]
+    assert "(final)" in first.stdout and f"its final steps run with: python -m frontier_jax.train --resume {run}" \
+        in first.stderr
+    cut = json.loads((run / "summary.json").read_text())
+    assert cut["stop_reason"] == "signal SIGTERM during the final validation" and not cut["final_complete"]
+    assert set(json.loads((run / "final_steps.json").read_text())["stages"]) == {"val"}
+    second = subprocess.run([sys.executable, "-m", "frontier_jax.train", "--resume", str(run)], cwd=REPO,
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    s = json.loads((run / "summary.json").read_text())
+    assert s["final_complete"] and s["stop_reason"] == "max_steps" and s["steps"] == 3 and s["val_bpb"] == cut["val_bpb"]
+    assert s["artifact_tensors"]["int6"] == 4 and s["score"]["line"] == "final_int6_sliding_window"
+    log = (run / "train.log").read_text()
+    assert "final steps recorded by an earlier invocation: val; running the rest" in log
+    assert "compile warm-up" not in log.split("final steps did not complete")[1]  # nothing trained after the cut
+    train, _ = _train_rows(run)
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert f"final_int6_sliding_window_exact val_loss:{s['sliding_val_loss']:.8f} val_bpb:{s['sliding_val_bpb']:.8f}" \
+        in second.stdout
+    art = run / "final_model.int6.ptz"
+    assert evaluate_run(run, artifact=art)["bpb"] == s["roundtrip_val_bpb"]
+    assert evaluate_run(run, artifact=art, stride=32)["nll_sum_nats"] == s["sliding_val_nll_sum_nats"]
+    again = trainer.run(tiny_config(byte_data, *sets[len(TINY_OVERRIDES):]), run, resume=True, echo=False)
+    assert again["stop_reason"] == "already finished"
+
+
+def test_a_signal_in_the_set_up_stops_before_the_model_is_built(byte_data, tmp_path, monkeypatch):
+    """`--set model.num_layers=1000000` ignored SIGTERM for 13 minutes: the set-up checks the stop flag between its
+    phases, so a signal before the model is built stops there (exit 130's summary; no run directory)."""
+    import os
+    import signal
+
+    real = trainer.ngram_runtime.for_config
+
+    def signalled(*args, **kw):  # the signal arrives during the phase before the model is built
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(trainer.ngram_runtime, "for_config", signalled)
+    monkeypatch.setattr(trainer, "init_state", lambda *a, **k: pytest.fail("the model was built after the signal"))
+    out = tmp_path / "run"
+    summary = trainer.run(tiny_config(byte_data), out, echo=False)
+    assert summary["stop_reason"] == "signal SIGTERM before training" and not out.exists()

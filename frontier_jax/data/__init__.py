@@ -1,10 +1,11 @@
-"""Data: token shards, the training stream and validation windows, tokenizers and the bpb byte tables.
-
-Submodules: `shards` (binary shard format), `stream` (TokenStream, TrainLoader, the validation
-batcher), `tokenizer` (SentencePiece / byte tokenizers, ByteTables, count_bytes), `dataset` (the
-start-up loader: every check, provenance and token ids included), `prepare` (the CLI that builds
-shards and their manifest), `demo` (the offline demo corpus).
-"""
+"""Data: token shards, the training stream and validation windows, tokenizers and the bpb byte tables, in
+`shards` (the binary shard format), `files` (safe reads and writes: paths inside their root, no write through
+a symlink, regular-file inputs, atomic writes, JSON against a schema), `stream` (TokenStream, TrainLoader, the validation batcher),
+`tokenizer` (SentencePiece / byte tokenizers, ByteTables, count_bytes), `dataset` (the start-up loader: every
+check, provenance and token ids included), `integrity` (distinct files, duplicate documents), `manifest` (what
+`prepare` wrote), `prepare` (the command line that builds shards and their manifest, `python -m
+frontier_jax.data.prepare`) and `demo` (the offline demo corpus). The ground of the house: a module here imports
+`frontier_jax.config` and `frontier_jax.errors` only, no JAX."""
 
 from frontier_jax.data.dataset import Dataset, load_dataset
 from frontier_jax.data.shards import DataError, list_shards, read_shard, shard_token_count, write_shard

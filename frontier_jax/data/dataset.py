@@ -32,7 +32,7 @@ from frontier_jax.data.integrity import check_distinct_files, check_duplicates, 
 from frontier_jax.data.manifest import INCOMPLETE, MANIFEST, read_manifest
 from frontier_jax.data.shards import DataError, atomic_write_text, list_shards, read_shard, shard_token_count
 from frontier_jax.data.stream import load_val_tokens
-from frontier_jax.data.tokenizer import ByteTables, check_vocab, load_tokenizer
+from frontier_jax.data.tokenizer import ByteTables, check_vocab, count_bytes, load_tokenizer
 
 ID_CACHE = ".token_ids.json"
 _CHUNK_TOKENS = 1 << 24  # tokens per vectorised max (32 MiB of uint16)
@@ -49,7 +49,7 @@ class Dataset:
 
 def load_dataset(data_dir, tokenizer_spec: str, vocab_size: int, seq_len: int, train_pattern: str = "*_train_*.bin",
                  val_pattern: str = "*_val_*.bin", vocab_where: str = "model.vocab_size",
-                 max_val_duplicate_share: float = 0.001) -> Dataset:
+                 max_val_duplicate_share: float = 0.001, val_max_tokens: int = 0) -> Dataset:
     """Every start-up check of the module docstring; DataError (one line naming the file) on the first failure."""
     if not data_dir:
         raise DataError("<data>: no data directory given (--data DIR or data.data_dir)")
@@ -72,20 +72,52 @@ def load_dataset(data_dir, tokenizer_spec: str, vocab_size: int, seq_len: int, t
                                                  max_val_duplicate_share)
     dup_seconds = time.perf_counter() - t0
     val_tokens = load_val_tokens(val_files, seq_len)
+    tables = tokenizer.byte_tables(vocab_size)
+    val_bytes = check_scored_bytes(val_files[0] if len(val_files) == 1 else data_dir, tables, val_tokens, seq_len,
+                                   val_max_tokens)
     n_train = sum(counts[f] for f in train_files)
     line = (f"data: {data_dir}: {len(train_files)} train shards ({n_train:,} tokens), val {val_tokens.shape[0]:,} "
-            f"tokens; {source}; token ids < {vocab_size} ({fresh} of {len(counts)} shards read, {id_seconds:.2f} s); "
+            f"tokens ({val_bytes:,} scored bytes); {source}; token ids < {vocab_size} ({fresh} of {len(counts)} shards read, {id_seconds:.2f} s); "
             f"train/val distinct files, {share:.3%} of {val_docs:,} val documents' tokens duplicated in train "
             f"(limit {max_val_duplicate_share:g}; {dup_read} of {len(train_files)} train shards read, {dup_seconds:.2f} s)")
-    return Dataset(tokenizer, tokenizer.byte_tables(vocab_size), train_files, val_tokens, line)
+    return Dataset(tokenizer, tables, train_files, val_tokens, line)
 
 
 def load_for_config(cfg) -> Dataset:
-    """`load_dataset` of what a config names (data.data_dir, data.tokenizer, the patterns, model.vocab_size,
-    train.seq_len): the one call both trainers make at start-up."""
+    """`load_dataset` of what a config names (data.data_dir, data.tokenizer, the patterns, model.vocab_size, the
+    val split cut to whole windows of the longer of train.seq_len and the eval length, `Config.val_seq_len`):
+    the one call both trainers make at start-up."""
     d = cfg.data
-    return load_dataset(d.data_dir, d.tokenizer, cfg.model.vocab_size, cfg.train.seq_len, d.train_pattern, d.val_pattern,
-                        max_val_duplicate_share=d.max_val_duplicate_share)
+    return load_dataset(d.data_dir, d.tokenizer, cfg.model.vocab_size, cfg.val_seq_len, d.train_pattern, d.val_pattern,
+                        max_val_duplicate_share=d.max_val_duplicate_share, val_max_tokens=cfg.train.val_max_tokens)
+
+
+# A split is scored in bits per byte only when at least this share of its scored targets carry bytes on average
+# (scored bytes >= MIN_BYTES_PER_TARGET x targets). Every piece of real text counts at least one byte (a byte-
+# fallback piece one, any other its UTF-8 length: sp1024 averages about 2.4); only BOS, <unk>, control and unused
+# ids count none, and text has one BOS per document (hundreds of targets). Below half, most of the loss is charged
+# to targets that carry no bytes and bpb measures no text (a split of BOS only scored val_bpb 13,489).
+MIN_BYTES_PER_TARGET = 0.5
+
+
+def check_scored_bytes(where, tables, val_tokens: np.ndarray, seq_len: int, val_max_tokens: int = 0) -> int:
+    """The bytes the val split's scored targets carry (the bpb rule, `count_bytes`); DataError naming `where`
+    when they are fewer than MIN_BYTES_PER_TARGET per target, over the whole split or over the periodic
+    validation's first `val_max_tokens` targets (train.val_max_tokens; 0: the whole split only)."""
+    cuts = sorted({val_tokens.size - 1, *([min(val_max_tokens, val_tokens.size - 1) // seq_len * seq_len]
+                                          if val_max_tokens else [])})
+    total, done = 0, 0
+    for cut in cuts:
+        for lo in range(done, cut, _CHUNK_TOKENS):
+            hi = min(cut, lo + _CHUNK_TOKENS)
+            total += int(count_bytes(tables, val_tokens[lo:hi], val_tokens[lo + 1 : hi + 1]).sum())
+        done = cut
+        if total < MIN_BYTES_PER_TARGET * cut:
+            part = "val split's targets" if cut == val_tokens.size - 1 else f"first {cut:,} val targets (train.val_max_tokens)"
+            raise DataError(f"{where}: the {part} carry {total:,} bytes for {cut:,} scored targets, under the floor of "
+                            f"{MIN_BYTES_PER_TARGET:g} byte per target: the targets are BOS, <unk> or control ids, "
+                            "not text, and bits per byte would divide their loss by bytes that are not there")
+    return total
 
 
 def check_provenance(data_dir: Path, tokenizer, train_files: list[Path], val_files: list[Path], counts: dict) -> str:

@@ -23,8 +23,8 @@ manifest.
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,9 +33,10 @@ import numpy as np
 from tqdm import tqdm
 
 from frontier_jax.data.manifest import INCOMPLETE, MANIFEST, MANIFEST_VERSION, read_manifest  # noqa: F401 - re-exported
+from frontier_jax.data.files import within
 from frontier_jax.data.shards import DataError, atomic_write_text, write_shard
 from frontier_jax.data.tokenizer import load_tokenizer, train_sentencepiece
-from frontier_jax.errors import exit_on_error
+from frontier_jax.errors import ArgumentParser, exit_on_error, int_in
 
 DEFAULT_SHARD_TOKENS = 100_000_000
 _ENCODE_CHUNK = 256  # documents encoded per call (SentencePiece batches them across threads)
@@ -107,8 +108,9 @@ class _ShardWriter:
         if self.fill == 0:
             return
         name = f"{self.prefix}_{self.split}_{len(self.names):06d}.bin"
-        self.written.append(self.out_dir / name)
-        write_shard(self.out_dir / name, self.buf[: self.fill])
+        path = within(self.out_dir, self.out_dir / name)
+        self.written.append(path)
+        write_shard(path, self.buf[: self.fill])
         self.names.append(name)
         self.fill = 0
 
@@ -145,6 +147,9 @@ def prepare(
         raise DataError(f"{out_dir}: shard_tokens must be positive, got {shard_tokens}")
     if val_docs < 0:
         raise DataError(f"{out_dir}: val_docs must be >= 0, got {val_docs}")
+    if not prefix or os.sep in prefix or "/" in prefix:
+        raise DataError(f"{out_dir}: --prefix {prefix!r} must be a file name prefix (no directory part)")
+    within(out_dir, out_dir / f"{prefix}_train_000000.bin")  # every output inside --out (e.g. not --prefix ..)
     n_docs = count_documents(inputs)
     if n_docs == 0:
         raise DataError(f"{inputs[0]}: input holds no documents")
@@ -229,15 +234,15 @@ def _write_shards(inputs, out_dir: Path, tokenizer_spec, train_tokenizer_vocab, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m frontier_jax.data.prepare", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m frontier_jax.data.prepare", description=__doc__.splitlines()[0])
     ap.add_argument("--input", nargs="+", required=True, type=Path, help=".jsonl ({'text':...} per line) or text files")
     ap.add_argument("--out", required=True, type=Path, help="output directory for shards and manifest.json")
     tk = ap.add_mutually_exclusive_group(required=True)
     tk.add_argument("--tokenizer", help="a SentencePiece .model file")
-    tk.add_argument("--train-tokenizer", type=int, metavar="VOCAB", help="train a SentencePiece BPE on the train docs")
+    tk.add_argument("--train-tokenizer", type=int_in(261, 65536), metavar="VOCAB", help="train a SentencePiece BPE on the train docs")
     tk.add_argument("--bytes", action="store_true", help="byte-level tokenizer (vocab 260)")
-    ap.add_argument("--val-docs", type=int, default=50, help="first N documents form val (default 50)")
-    ap.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS)
+    ap.add_argument("--val-docs", type=int_in(0), default=50, help="first N documents form val (default 50)")
+    ap.add_argument("--shard-tokens", type=int_in(1), default=DEFAULT_SHARD_TOKENS)
     ap.add_argument("--prefix", default="fineweb")
     ap.add_argument("--overwrite", action="store_true", help="replace existing shards with this prefix")
     args = ap.parse_args(argv)

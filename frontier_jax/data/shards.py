@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from frontier_jax.errors import BadInput
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from frontier_jax.data.files import UnsafeFile, atomic_write, atomic_write_text, check_regular  # noqa: F401 - atomic_write_text: the one text writer
 
 MAGIC = 20240520
 VERSION = 1
@@ -84,36 +84,22 @@ def write_shard(path, tokens: np.ndarray) -> None:
     header = np.zeros(HEADER_WORDS, dtype="<i4")
     header[:3] = (MAGIC, VERSION, tokens.size)
     body = tokens.astype("<u2", copy=False)
-    _atomic_write(path, [header.tobytes(), body.tobytes()])
-
-
-def _atomic_write(path: Path, chunks) -> None:
-    """Write bytes chunks to a temporary file beside `path`, then rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; shards and manifests are ordinary readable files
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path, text: str) -> None:
-    """Atomically write UTF-8 `text` to `path` (used for manifests)."""
-    _atomic_write(Path(path), [text.encode("utf-8")])
+    atomic_write(path, [header.tobytes(), body.tobytes()])
 
 
 def list_shards(data_dir, pattern: str) -> list[Path]:
-    """The files in `data_dir` matching the glob `pattern`, sorted by name; DataError if none."""
+    """The files in `data_dir` matching the glob `pattern`, sorted by name; DataError if none, or when a
+    match is not a readable regular file (a dangling symlink, a symlink loop, a directory, a device): a
+    shard that cannot be read is an error, never a split scored on the shards that remain."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise DataError(f"{data_dir}: data directory does not exist")
-    files = sorted(p for p in data_dir.glob(pattern) if p.is_file())
+    files = sorted(data_dir.glob(pattern))
     if not files:
         raise DataError(f"{data_dir}: no files matching {pattern!r}")
+    for f in files:
+        try:
+            check_regular(f, f"matches the shard pattern {pattern!r} but")
+        except UnsafeFile as e:
+            raise DataError(str(e)) from None
     return files

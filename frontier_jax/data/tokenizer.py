@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from frontier_jax.data.shards import DataError, _atomic_write
+from frontier_jax.data.files import atomic_write
+from frontier_jax.data.shards import DataError
 
 BYTE_VOCAB = 260
 BYTE_OFFSET = 4  # ids 0..3: pad, bos, eos, unk; ids 4..259: bytes 0..255
@@ -211,5 +212,5 @@ def train_sentencepiece(text_iter: Iterable[str], vocab_size: int, out_prefix, m
     except RuntimeError as e:
         reason = str(e).splitlines()[0].split("] ", 1)[-1]  # drop the "INTERNAL: file.cc(638) [check]" prefix
         raise DataError(f"{out}: SentencePiece training failed ({reason[:200]})") from None
-    _atomic_write(out, [model.getvalue()])
+    atomic_write(out, [model.getvalue()])
     return out

@@ -21,7 +21,6 @@ does, so a context never reaches before its window. Exact bytes (bpb) come from
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -29,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from frontier_jax.data.shards import DataError
-from frontier_jax.errors import exit_on_error
-from frontier_jax.rundir import read_json_object
+from frontier_jax.errors import ArgumentParser, exit_on_error, int_in
+from frontier_jax.run.rundir import read_json_object
 from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram import tables as T
 
@@ -158,7 +157,7 @@ def _bpb(nll_N, bytes_N) -> float:
 def analyze_run(run_dir, data_dir=None, tokenizer=None, snapshot_path=None, max_tokens: int = 0) -> dict:
     """The network report of a trained run (see the module docstring)."""
     from frontier_jax.data.tokenizer import count_bytes, load_tokenizer
-    from frontier_jax.interop import read_run_config
+    from frontier_jax.interop.state_dict import read_run_config
     from frontier_jax.ngram import network_eval as NE
 
     run_dir = Path(run_dir)
@@ -263,14 +262,14 @@ def format_tables_report(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m frontier_jax.ngram.analyze", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="python -m frontier_jax.ngram.analyze", description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", help="a run directory (config.json, checkpoints/, ngram-p0/)")
     ap.add_argument("--tables", help="a published snapshot directory (snap_NNNNNN); with --run it replaces the run's")
     ap.add_argument("--data", help="directory holding the val shards (default: the run's data.data_dir)")
     ap.add_argument("--tokenizer", help="SentencePiece .model path or 'bytes' (default: the run's)")
-    ap.add_argument("--seq-len", type=int, default=1024, help="window length for --tables alone")
+    ap.add_argument("--seq-len", type=int_in(1), default=1024, help="window length for --tables alone")
     ap.add_argument("--val-pattern", default="*_val_*.bin")
-    ap.add_argument("--max-tokens", type=int, default=0, help="score at most this many val tokens (0: all)")
+    ap.add_argument("--max-tokens", type=int_in(0), default=0, help="score at most this many val tokens (0: all)")
     ap.add_argument("--json", action="store_true", help="print JSON only")
     args = ap.parse_args(argv)
     if not (args.run or (args.tables and args.data)):

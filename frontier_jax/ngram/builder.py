@@ -24,6 +24,7 @@ import traceback
 import weakref
 from pathlib import Path
 
+from frontier_jax.data.files import atomic_write_text
 from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram import tables as T
 
@@ -196,9 +197,7 @@ def _builder_main(cfg, shard_files, out_dir, stop_event, parent_pid, chunk_token
         _build(cfg, [Path(f) for f in shard_files], out_dir, stop_event, parent_pid, chunk_tokens, keep)
     except BaseException:
         text = f"ngram builder (pid {os.getpid()}) failed:\n{traceback.format_exc()}"
-        tmp = out_dir / f".{ERROR_FILE}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out_dir / ERROR_FILE)
+        atomic_write_text(out_dir / ERROR_FILE, text)  # renamed into place, never through a symlink
         cleanup_temp(out_dir)
         raise SystemExit(1)
 

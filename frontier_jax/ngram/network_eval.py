@@ -7,7 +7,7 @@ windows of the val split, so a context never reaches before its window (as in tr
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 
 import jax
@@ -15,27 +15,38 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from frontier_jax.data.files import check_schema, read_json, within
 from frontier_jax.ngram import snapshot as S
 
 
 def restore_run(run_dir):
     """(cfg, graphdef, params, step) of a run's newest intact checkpoint, n-gram bias parameter included."""
-    from frontier_jax.interop import restore_params
+    from frontier_jax.interop.state_dict import restore_params
 
     cfg, graphdef, params, step, _ = restore_params(run_dir)
     return cfg, graphdef, params, step
 
 
+# runtime.json as its reader needs it (frontier_jax.ngram.runtime writes it): the final snapshot, if any
+RECORD_SCHEMA = {"final?": (dict, type(None))}
+FINAL_SCHEMA = {"snapshot?": (str, type(None))}
+
+
 def run_snapshot(run_dir, process_index: int = 0) -> Path | None:
-    """The snapshot the run's final evaluation used (runtime.json), else the newest published one."""
+    """The snapshot the run's final evaluation used (runtime.json, checked against its schema; the path it
+    names is relative to its directory and must lie inside the run: a copied run is scored with its own
+    tables, never with those of the run it was copied from), else the newest published one."""
     from frontier_jax.ngram.runtime import RECORD_FILE, ngram_dir
 
     d = ngram_dir(run_dir, process_index)
     rec = d / RECORD_FILE
-    if rec.is_file():
-        final = (json.loads(rec.read_text()).get("final") or {}).get("snapshot")
-        if final and Path(final).is_dir():
-            return Path(final)
+    if os.path.lexists(rec):
+        final = read_json(rec, RECORD_SCHEMA, "n-gram runtime record").get("final") or {}
+        name = check_schema(final, FINAL_SCHEMA, f"{rec}: final").get("snapshot")
+        if name:
+            path = within(run_dir, d / name, "a run's n-gram snapshot must lie inside the run")
+            if path.is_dir():
+                return path
     snaps = S.list_snapshots(d)
     return snaps[-1][1] if snaps else None
 

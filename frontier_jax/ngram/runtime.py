@@ -24,7 +24,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from frontier_jax.config import NgramConfig
-from frontier_jax.trainer import RunHook
+from frontier_jax.run.interface import RunHook
+from frontier_jax.data.files import atomic_write_text, within
 from frontier_jax.errors import BadInput
 from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram.bias import DeviceTables, empty_tables, host_arrays, ngram_sparse_bias
@@ -65,7 +66,7 @@ def for_config(cfg: NgramConfig, train_files, run_dir: Path, log, replicated) ->
 
 
 class NgramRuntime(RunHook):
-    """The builder process and the tables the trainer uses, as a run hook (frontier_jax.trainer): the
+    """The builder process and the tables the trainer uses, as a run hook (frontier_jax.run.interface): the
     builder starts with the timed budget (its time counts against it), new snapshots are swapped in
     before steps, it stops at the end of the budget (the final evaluation uses the newest snapshot it
     published), and it is stopped whatever happens."""
@@ -86,7 +87,8 @@ class NgramRuntime(RunHook):
 
             raise ConfigError(str(e)) from None
         log(shard_usage_text(self.trainer_files, self.builder_files))
-        self.out_dir = ngram_dir(run_dir, jax.process_index())
+        self.run_dir = Path(run_dir)
+        self.out_dir = within(run_dir, ngram_dir(run_dir, jax.process_index()))  # never a symlink out of the run
         chunk = max(1024, min(1 << 20, int(cfg.snapshot_every_tokens)))  # snapshots fall between chunks
         self.builder = NgramBuilder(cfg, self.builder_files, self.out_dir, chunk_tokens=chunk)
         self.tables = jax.device_put(empty_tables(cfg), replicated)
@@ -201,8 +203,8 @@ class NgramRuntime(RunHook):
         self.builder.stop()
         self.check_builder()
         self.poll(step, force=True)
-        self.final = {"step": step, "version": self.version,
-                      "snapshot": str(self.out_dir / S.snapshot_name(self.version)) if self.version >= 0 else None}
+        self.final = {"step": step, "version": self.version,  # the snapshot relative to runtime.json's directory
+                      "snapshot": S.snapshot_name(self.version) if self.version >= 0 else None}
         if self.version < 0:
             self.log("ngram: WARNING no snapshot was published within the budget; the bias was never active")
         else:
@@ -229,13 +231,11 @@ class NgramRuntime(RunHook):
         self._record()
 
     def _record(self) -> None:
-        record = {
+        record = {  # what the tables are built from, and their size: the rules' eval-state check reads these
+            "built_from": "train shards", "table_bytes": self.cfg.table_bytes,
             "trainer_shards": [str(f) for f in self.trainer_files],
             "builder_shards": [str(f) for f in self.builder_files],
             "builder_pid": self._builder_pid, "strict": self.strict, "swaps": self.swaps, "final": self.final,
             "builder_error": self.builder.error() if self._failure_logged else None,
         }
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.out_dir / f".{RECORD_FILE}.tmp"
-        tmp.write_text(json.dumps(record, indent=1))
-        tmp.replace(self.out_dir / RECORD_FILE)
+        atomic_write_text(self.out_dir / RECORD_FILE, json.dumps(record, indent=1), root=self.run_dir)

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from kernels_nki.emulator import machine as _m
+from kernels_nki.emulator import trace as _trace
 from kernels_nki.emulator.dma import dge_mode, dma_compute, dma_copy, oob_mode  # noqa: F401 (nki.isa names)
 from kernels_nki.emulator.gather import nc_n_gather  # noqa: F401 (an nki.isa name)
 from kernels_nki.emulator.search import max8, nc_find_index8, nc_match_replace8  # noqa: F401 (nki.isa names)
@@ -158,13 +159,15 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         rule("matmul.contraction", f"dst {dst.shape} must be [{mm}, {n}]")
     if dst.dtype != np.float32:
         rule("matmul.dst_fp32", f"dst dtype {dst.dtype}")
-    rows, cols = _matmul_tiling(tile_position, tile_size, k, mm, dst)
+    rows, cols = _matmul_tiling(tile_position, tile_size, k, mm, dst,
+                                (("stationary", stationary), ("moving", moving)))
     fp32 = [stationary.dtype == np.float32, moving.dtype == np.float32]
     if (any(fp32) and not all(fp32)) or not all(_m.is_float(t.dtype) for t in (stationary, moving)):
         rule("matmul.dtypes", f"stationary {stationary.dtype}, moving {moving.dtype}")
     m = _m.current()
     if accumulate is True and m.compute and not dst.mask.all():
         rule("matmul.accumulate", "accumulate=True into PSUM not written by a matmul before")
+    _inference(dst, accumulate, "nc_matmul")
     recompute = str(name or "").startswith(RECOMPUTE)
     m.count_matmul(k, mm, n, fp32=all(fp32), useful=not (is_transpose or is_stationary_onezero or recompute),
                    rows=rows, cols=cols, op=name or "nc_matmul", stationary=stationary,
@@ -181,13 +184,14 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     dst.mask[...] = True
 
 
-def _matmul_tiling(position, size, k, mm, dst) -> tuple[int, int]:
+def _matmul_tiling(position, size, k, mm, dst, operands) -> tuple[int, int]:
     """Checks tile_position/tile_size; returns the (rows, columns) of the PE array the matmul occupies
     ((128, 128) without tiling mode). Row and column tiles run in parallel (nc_matmul, "Tiling mode"), so
     a matmul is charged its tile. PE column c writes PSUM partition c: a matmul on the column tile at
     start_column writes dst partitions start_column .. start_column + M (AWS's nki-library does so:
     core/mlp/mlp_tkg/mlp_tkg_down_projection.py, core/router_topk/router_topk.py), and one without tiling
-    mode partitions 0 .. M."""
+    mode partitions 0 .. M. Under the strict reading the (name, tile) `operands` sit on the row tile's
+    partitions (rule strict.row_tile_partitions)."""
     if not position and not size:
         if dst.pstart != 0:
             rule("matmul.tiling_dst", f"dst starts at partition {dst.pstart} without column tiling (must be 0)")
@@ -202,7 +206,41 @@ def _matmul_tiling(position, size, k, mm, dst) -> tuple[int, int]:
         rule("matmul.tiling", f"stationary [{k}, {mm}] exceeds tile_size {tuple(size)}")
     if dst.pstart != col:
         rule("matmul.tiling_dst", f"dst starts at partition {dst.pstart}, the column tile at {col}")
+    for what, t in operands:
+        if not row <= t.pstart <= t.pstart + k <= row + rows:
+            rule("strict.row_tile_partitions", f"{what} on partitions {t.pstart}..{t.pstart + k - 1}, the row tile "
+                 f"at {row} of {rows} rows (partitions {row}..{row + rows - 1})")
     return int(rows), int(cols)
+
+
+def _inference(dst, accumulate, what):
+    """Under the strict reading, a TensorE write leaving accumulate to inference (None) must mean the same per
+    bank and per location (rule strict.accumulate_inference): in each of dst's partitions either no matmul has
+    written the bank since the tile was allocated, or one has written every location dst covers. The matmul-
+    written locations are kept per allocation (`_Allocation.matmul_groups`, count-only mode too) at the view's
+    place (its `layout`)."""
+    m = _m.current()
+    if m.reading != "strict":
+        return
+    alloc = dst.alloc
+    storage = alloc.storage
+    per_row = math.prod(storage.shape[1:]) or 1
+    if alloc.matmul_groups is None:
+        alloc.matmul_groups = np.zeros((storage.shape[0], per_row), dtype=bool)
+    lay = dst.layout
+    off = lay.ctypes.data - _trace.LAYOUT_BASE
+    written = np.lib.stride_tricks.as_strided(alloc.matmul_groups.reshape(-1)[off:], lay.shape, lay.strides)
+    if accumulate is None:
+        _, p0, p1, f0, f1 = _trace.region(dst)[:5]
+        bank = m.spec.psum_bank_bytes // dst.dtype.itemsize
+        opened = alloc.matmul_groups[p0:p1, f0 // bank * bank:-(-f1 // bank) * bank].any(axis=1)
+        full = written.reshape(written.shape[0], -1).all(axis=1)
+        if (opened & ~full).any():
+            p = p0 + int(np.argmax(opened & ~full))
+            rule("strict.accumulate_inference", f"{what} with accumulate=None into {dst!r} at partitions {p0}..{p1 - 1}"
+                 f", columns {f0}..{f1 - 1}: partition {p}'s bank holds matmul results elsewhere or in part of dst "
+                 "(accumulates per bank, overwrites per location): pass accumulate, or use another bank")
+    written[...] = True
 
 
 def nc_transpose(dst, data, engine=engine.unknown, name=None):
@@ -216,6 +254,9 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
         engine = "tensor" if dst.buffer == "psum" else "vector"
     if dst.dtype != data.dtype and not (engine == "tensor" and dst.dtype == np.float32):
         rule("transpose.dtype", f"data {data.dtype} -> dst {dst.dtype}")
+    if engine == "tensor" and data.dtype != np.float32:
+        rule("strict.transpose_dtype", f"TensorE nc_transpose of {data.dtype} data into {dst.dtype} PSUM (transpose "
+             "by nc_matmul against an identity into float32 PSUM)")
     m = _m.current()
     if engine == "vector":
         if p > 32 or f > 32:
@@ -226,6 +267,7 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
             rule("transpose.engine", f"TensorE transpose {data.buffer} -> {dst.buffer} (must be sbuf -> psum)")
         if f > _m.PMAX:
             rule("transpose.engine", f"TensorE transpose of {data.shape} (limit 128 x 128)")
+        _inference(dst, None, "nc_transpose")
         m.count_matmul(p, f, p, fp32=data.dtype == np.float32, useful=False, op="nc_transpose", stationary=data,
                        reads=(data,), writes=(dst,))
     if m.compute:

@@ -165,12 +165,19 @@ def zeros_like(a, dtype=None, buffer=None, name=None):
     return zeros(a.shape, dtype or a.dtype, buffer or a.buffer, name)
 
 
-def affine_range(*args):
-    return range(*args)
+def _range_alias(name: str):
+    def alias(*args):
+        """A deprecated alias of range() (NKI 0.6); refused under the strict reading (rule strict.loop_alias)."""
+        _m.rule("strict.loop_alias", f"nl.{name}({', '.join(map(str, args))}): iterate range() instead")
+        return range(*args)
+
+    alias.__name__ = name
+    return alias
 
 
-sequential_range = affine_range
-static_range = affine_range
+affine_range = _range_alias("affine_range")
+sequential_range = _range_alias("sequential_range")
+static_range = _range_alias("static_range")
 
 
 def ds(start, size):

@@ -6,6 +6,11 @@ removed again as soon as the module body has run (the kernel functions keep thei
 real module of that name is never created or replaced. The emulator refuses to load anything if a
 real `nki` package is importable or imported: on a machine with the Neuron SDK, simulate with
 `nki.simulate` instead, so the emulator can never silently stand in for the real `nki`.
+
+Readings (`rules.READINGS`): `run` / `count` / `record` take `reading="any"` (every documented reading of AWS's
+documents accepted) or `"strict"` (`rules.RULES` rows with `strict=True` checked too); left out (None), a call
+runs under its kernel's reading, which is the one its module was loaded with (`load_kernel_module(name,
+reading=...)`, default "any").
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ import numpy as np
 
 from kernels_nki.emulator import ast_pass, isa, language, nki_typing, scheduling
 from kernels_nki.emulator import machine as _m
+from kernels_nki.emulator import rules as _rules
 from kernels_nki.emulator import trace as _trace
 
 
 _lock = threading.Lock()
-_modules: dict[str, types.ModuleType] = {}
+_modules: dict[tuple[str, str], types.ModuleType] = {}
 
 
 class EmulatorConflictError(RuntimeError):
@@ -34,35 +40,37 @@ class EmulatorConflictError(RuntimeError):
 
 class EmulatedKernel:
     """What `nki.jit` returns under the emulator: call it on NumPy arrays; `kernel[lnc]` sets the launch grid
-    (checked against the target when it runs: trn1 has 1 logical NeuronCore, trn2 up to 2)."""
+    (checked against the target when it runs: trn1 has 1 logical NeuronCore, trn2 up to 2). `reading`: the
+    reading its calls run under unless they name one (its module's)."""
 
-    def __init__(self, fn, lnc: int = 1, schedule: tuple = ()):
-        self.fn, self.lnc, self.schedule = fn, lnc, schedule
+    def __init__(self, fn, lnc: int = 1, reading: str = "any", schedule: tuple = ()):
+        self.fn, self.lnc, self.reading, self.schedule = fn, lnc, _rules.check_reading(reading), schedule
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, lnc):
-        return EmulatedKernel(self.fn, int(lnc[0] if isinstance(lnc, tuple) else lnc), self.schedule)
+        return EmulatedKernel(self.fn, int(lnc[0] if isinstance(lnc, tuple) else lnc), self.reading, self.schedule)
 
     def with_schedule(self, edges) -> EmulatedKernel:
         """The kernel with extra dependency edges between named instructions (scheduling.py)."""
-        return EmulatedKernel(self.fn, self.lnc, self.schedule + scheduling.check_schedule(edges))
+        return EmulatedKernel(self.fn, self.lnc, self.reading, self.schedule + scheduling.check_schedule(edges))
 
     def __call__(self, *args, **kwargs):
         outputs, _ = run(self, *args, **kwargs)  # target= selects the NeuronCore (default trn1)
         return outputs
 
 
-def jit(fn=None, **options):
-    """`@nki.jit` / `@nki.jit(...)`: options (e.g. debug flags) are accepted and ignored."""
+def jit(fn=None, reading: str = "any", **options):
+    """`@nki.jit` / `@nki.jit(...)`: options (e.g. debug flags) are accepted and ignored; `reading` is the
+    loader's (the module's), not a kernel option."""
     if fn is None:
-        return lambda f: EmulatedKernel(f)
-    return EmulatedKernel(fn)
+        return lambda f: EmulatedKernel(f, reading=reading)
+    return EmulatedKernel(fn, reading=reading)
 
 
-def _fake_nki() -> types.ModuleType:
+def _fake_nki(reading: str = "any") -> types.ModuleType:
     mod = types.ModuleType("nki", "NumPy emulator of nki (kernels_nki.emulator); never the real package")
     mod.__nki_emulator__ = True
-    mod.jit = jit
+    mod.jit = functools.partial(jit, reading=reading)
     mod.simulate = lambda kernel: kernel
     mod.language = language
     mod.isa = isa
@@ -72,9 +80,10 @@ def _fake_nki() -> types.ModuleType:
 
 
 @contextlib.contextmanager
-def emulated_nki(**extra):
-    """`nki`, its submodules (and `extra` modules by name) stand in sys.modules for the duration."""
-    fake = _fake_nki()
+def emulated_nki(reading: str = "any", **extra):
+    """`nki`, its submodules (and `extra` modules by name) stand in sys.modules for the duration; `nki.jit`
+    makes kernels of `reading`."""
+    fake = _fake_nki(reading)
     mods = {"nki": fake, "nki.language": language, "nki.isa": isa, "nki.isa.constants": isa.constants,
             "nki.typing": nki_typing, **nki_typing.legacy_modules(), **extra}
     saved = {k: sys.modules.get(k) for k in mods}
@@ -96,34 +105,36 @@ def real_nki_present() -> bool:
     return importlib.util.find_spec("nki") is not None
 
 
-def load_kernel_module(name: str) -> types.ModuleType:
-    """The kernel module `name` (e.g. "kernels_nki.rmsnorm") executed against the emulated nki (cached).
-    The project's kernel-helper modules it imports from (`from kernels_nki.tiles import ...`) are loaded the
-    same way first and stand in sys.modules under their names only while its body runs."""
+def load_kernel_module(name: str, reading: str = "any") -> types.ModuleType:
+    """The kernel module `name` (e.g. "kernels_nki.rmsnorm") executed against the emulated nki (cached per
+    reading), its kernels running under `reading` unless a call names another. The project's kernel-helper
+    modules it imports from (`from kernels_nki.tiles import ...`) are loaded the same way first and stand in
+    sys.modules under their names only while its body runs."""
+    _rules.check_reading(reading)
     with _lock:
         if real_nki_present():
             raise EmulatorConflictError(
                 "a real `nki` package is importable: the NumPy emulator refuses to stand in for it "
                 "(use nki.simulate with the real package)")
-        return _load(name)
+        return _load(name, reading)
 
 
-def _load(name: str) -> types.ModuleType:
-    if name in _modules:
-        return _modules[name]
+def _load(name: str, reading: str) -> types.ModuleType:
+    if (name, reading) in _modules:
+        return _modules[name, reading]
     spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None:
         raise ImportError(f"kernel module {name} not found")
     with open(spec.origin, encoding="utf-8") as f:
         source = f.read()
     tree = ast_pass.check_source(source, spec.origin)
-    helpers = {h: _load(h) for h in ast_pass.helper_modules(tree)}
+    helpers = {h: _load(h, reading) for h in ast_pass.helper_modules(tree)}
     module = types.ModuleType(name, f"{name} executed against the NKI emulator")
     module.__file__ = spec.origin
     module.__nki_emulated__ = True
-    with emulated_nki(**helpers, **{name: module}):  # the module itself too, while its body runs (dataclasses)
+    with emulated_nki(reading, **helpers, **{name: module}):  # the module itself too, while its body runs
         ast_pass.exec_kernel_code(tree, spec.origin, module.__dict__)
-    _modules[name] = module
+    _modules[name, reading] = module
     return module
 
 
@@ -186,12 +197,17 @@ def _launch(kernel, machine: _m.Machine, inputs, constants):
     return result
 
 
-def run(kernel, *arrays, compute: bool = True, target: str = "trn1", **constants):
-    """Run an emulated kernel on NumPy arrays on `target` (one of TARGETS) -> (outputs, Counters).
+def _reading(kernel: EmulatedKernel, reading: str | None) -> str:
+    return kernel.reading if reading is None else reading
 
-    Keyword args other than compute/target are the kernel's compile-time constants."""
+
+def run(kernel, *arrays, compute: bool = True, target: str = "trn1", reading: str | None = None, **constants):
+    """Run an emulated kernel on NumPy arrays on `target` (one of TARGETS) under `reading` (one of READINGS;
+    None: the kernel's, "any" unless its module was loaded strict) -> (outputs, Counters).
+
+    Keyword args other than compute/target/reading are the kernel's compile-time constants."""
     kernel = _kernel(kernel)
-    machine = _m.Machine(compute=compute, target=target)
+    machine = _m.Machine(compute=compute, target=target, reading=_reading(kernel, reading))
     with _m.running(machine):
         inputs = [_input(machine, a) for a in arrays]
         constants = {k: _input(machine, v) for k, v in constants.items()}  # a tensor may be passed by keyword
@@ -201,14 +217,15 @@ def run(kernel, *arrays, compute: bool = True, target: str = "trn1", **constants
     return outputs, machine.counters
 
 
-def count(kernel, *specs, target: str = "trn1", **constants):
-    """Counters of one call on inputs described by (shape, dtype) pairs or ShapeDtypeStructs.
+def count(kernel, *specs, target: str = "trn1", reading: str | None = None, **constants):
+    """Counters of one call on inputs described by (shape, dtype) pairs or ShapeDtypeStructs (`reading` as
+    `run`'s).
 
     Count-only mode: every instruction is issued, checked and counted; no arithmetic is done and the
     tensors take no memory, so this is exact and cheap at full training shapes.
     """
     kernel = _kernel(kernel)
-    machine = _m.Machine(compute=False, target=target)
+    machine = _m.Machine(compute=False, target=target, reading=_reading(kernel, reading))
     with _m.running(machine):
         inputs = []
         for spec in specs:
@@ -222,11 +239,11 @@ def count(kernel, *specs, target: str = "trn1", **constants):
     return machine.counters
 
 
-def record(kernel, *specs, target: str = "trn1", **constants) -> _trace.Trace:
+def record(kernel, *specs, target: str = "trn1", reading: str | None = None, **constants) -> _trace.Trace:
     """The trace of one call on inputs given as (shape, dtype) pairs (None: an optional input left out), in
-    count-only mode, as `emulator.count` runs it."""
+    count-only mode, as `emulator.count` runs it (`reading` as `run`'s)."""
     kernel = _kernel(kernel)
-    m = _m.Machine(compute=False, target=target, trace=True)
+    m = _m.Machine(compute=False, target=target, trace=True, reading=_reading(kernel, reading))
     with _m.running(m):
         inputs = []
         for spec in specs:

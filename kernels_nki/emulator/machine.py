@@ -2,9 +2,9 @@
 
 One `Machine` exists per emulated kernel call (held in a thread-local, so `jax.pure_callback` threads
 do not share one) and carries its target (`trn1` = NeuronCore-v2, `trn2` = NeuronCore-v3; limits in
-`rules.TARGET_SPECS`). Tensors are NumPy views plus the buffer they live in and, on chip, the partition
-they start at. Every limit is a row of `rules.RULES` (AWS sources there) checked through `rule()`.
-Live on-chip memory is what the kernel can still reach: an allocation is released when its last
+`rules.TARGET_SPECS`) and its reading of AWS's documents (`rules.READINGS`: "any" or "strict"). Tensors
+are NumPy views plus the buffer they live in and, on chip, the partition they start at. Every limit is a row
+of `rules.RULES` (AWS sources there) checked through `rule()`. Live on-chip memory is what the kernel can still reach: an allocation is released when its last
 Python reference (the tile or a view of it) dies, so a tile re-allocated in a loop is counted twice
 for a moment, as double buffering on the hardware would.
 
@@ -50,9 +50,13 @@ class Buffer(str):
 
 
 def rule(rule_id: str, detail: str, location: str | None = None) -> None:
-    """Raise the rule's NkiRuleError at the kernel's line (or `location`) if it applies to the running target."""
+    """Raise the rule's NkiRuleError at the kernel's line (or `location`) if it applies to the running target
+    and reading."""
     machine = getattr(_local, "machine", None)
-    _rules.violate(rule_id, detail, machine.target if machine is not None else "trn1", location)
+    if machine is None:
+        _rules.violate(rule_id, detail, "trn1", location)
+    else:
+        _rules.violate(rule_id, detail, machine.target, location, machine.reading)
 
 
 def as_dtype(dtype) -> np.dtype:
@@ -121,13 +125,14 @@ class _Allocation:
     """Owns the on-chip bytes of one nl.ndarray; freed when the last tile/view referencing it dies.
 
     `storage` is the whole allocation (what `.ap()` addresses); PSUM also tracks, per element, whether a
-    matmul has written it (the first matmul write overwrites, later ones accumulate)."""
+    matmul has written it (the first matmul write overwrites, later ones accumulate), and under the strict
+    reading `matmul_groups`, the same in count-only mode too (`isa._inference`)."""
 
-    __slots__ = ("__weakref__", "buffer", "storage", "psum_matmul_written", "serial")
+    __slots__ = ("__weakref__", "buffer", "storage", "psum_matmul_written", "matmul_groups", "serial")
 
     def __init__(self, buffer: str, storage=None):
         self.buffer, self.storage = buffer, storage
-        self.psum_matmul_written = None
+        self.psum_matmul_written = self.matmul_groups = None
         self.serial = next(_trace.SERIALS)  # names the allocation in an instruction trace (`trace.region`)
 
 
@@ -336,9 +341,10 @@ def _normalise_index(index, shape, on_chip: bool):
 class Machine:
     """Counters, live on-chip memory and ScalarE reduce registers of one emulated kernel call on `target`."""
 
-    def __init__(self, compute: bool = True, target: str = "trn1", trace: bool = False):
+    def __init__(self, compute: bool = True, target: str = "trn1", trace: bool = False, reading: str = "any"):
         self.compute = compute
         self.target = target
+        self.reading = _rules.check_reading(reading)
         self.trace = [] if trace else None  # trace.Instr per instruction, in program order (loader.record)
         self.order = _trace.Order()  # issue indices and explicit scheduling edges (scheduling.py)
         self.allocations = {}  # traced calls: on-chip allocation serial -> (buffer, bytes per partition | banks)

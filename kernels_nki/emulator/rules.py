@@ -7,6 +7,12 @@ NeuronCore-v3) and its source: a path in aws-neuron/aws-neuron-sdk and the secti
 and its source; a rule whose targets exclude the running target is skipped. Rows with `kind="ast"` are
 checked on the kernel source before it runs (`kernels_nki.emulator.ast_pass`).
 
+Readings (`READINGS`): where AWS's documents disagree, `reading="any"` (the emulator's default) accepts a form
+valid under any of them, so AWS's own kernels run; `reading="strict"` also checks the rows with `strict=True`,
+each refusing a form that is valid under only one of the readings (both sources quoted in the row). A kernel
+module loaded with `load_kernel_module(name, reading="strict")` runs under the strict reading unless a call
+says otherwise (the project's kernels are: `kernels_nki.registry.load_emulated`).
+
 The emulator follows NKI 0.6.0 (`NKI_VERSION`, Neuron SDK 2.32; the supported SDKs 2.30-2.32 ship NKI 0.4-0.6);
 `CHANGES` lists the differences from NKI 0.3 that matter, each with its release-notes section
 (aws-neuron-sdk release-notes/components/nki.rst) and where the emulator follows it.
@@ -22,6 +28,7 @@ import dataclasses
 from kernels_nki.emulator.errors import NkiRuleError, kernel_location
 
 TARGETS = ("trn1", "trn2")
+READINGS = ("any", "strict")
 V2 = ("trn1",)
 ALL = TARGETS
 
@@ -61,6 +68,7 @@ class Rule:
     source: str
     kind: str = "runtime"  # "runtime": checked as the kernel runs; "ast": on its source before it runs
     reading: str = ""
+    strict: bool = False  # checked under reading="strict" only (valid under one documented reading, not another)
 
 
 R = Rule
@@ -198,7 +206,8 @@ RULES: tuple[Rule, ...] = (
       "nc_matmul (Data types: dst float32 on NeuronCore-v2 and -v3)", "runtime",
       "The two documents disagree for a TensorE transpose of a non-fp32 tile on NeuronCore-v2/-v3 (same dtype "
       "vs the matmul's fp32 PSUM dst); both are accepted, as AWS's nki-library qkv_cte writes a bf16 transpose "
-      "into an fp32 PSUM tile. A VectorE transpose keeps the dtype."),
+      "into an fp32 PSUM tile; the strict reading refuses both on NeuronCore-v2 (rule strict.transpose_dtype). "
+      "A VectorE transpose keeps the dtype."),
     R("transpose.engine", "TensorE nc_transpose: SBUF -> PSUM, up to 128 x 128; VectorE: up to 32 x 32", ALL,
       f"{ISA} nc_transpose (Memory types, Tile size)"),
     # ---------------------------------------------------------------- ScalarE / VectorE
@@ -250,6 +259,69 @@ RULES: tuple[Rule, ...] = (
     R("affine_select.args", "affine_select: dst and on_true_tile in SBUF, on_false_value a number, the pattern "
       "matches dst's free shape (0.3 order: dst, pattern, channel_multiplier, on_true_tile, on_false_value, "
       "cmp_op, offset)", ALL, f"{ISA} affine_select; {NOTES} NKI 0.3.0 Breaking Changes"),
+    # ---------------------------------------------------------------- the strict reading (reading="strict")
+    R("strict.transpose_dtype", "a TensorE nc_transpose transposes float32 data only on NeuronCore-v2 (transpose "
+      "other dtypes by nc_matmul against an identity into float32 PSUM)", V2,
+      f"{ISA} nc_transpose (Data types: 'The output dst tile must have the same data type as that of data'; "
+      "'This is equivalent to calling nisa.nc_matmul directly with is_transpose=True'); "
+      f"{ISA} nc_matmul (Transpose mode: 'On NeuronCore-v2, Tensor Engine does not support transpose mode "
+      "natively'; Data types: 'The dst tile must be a float32 tile in NeuronCore-v2 and NeuronCore-v3'); "
+      f"{ARCH1} Tensor Engine ('the output data of a TensorE calculation is always in FP32'); {ARCH2} Built-in "
+      "Transpose Support ('FP16/BF16 PSUM output for FP16/BF16 transpose' is a benefit of the transpose mode "
+      "'Starting with NeuronCore-v3')", "runtime",
+      "nc_transpose's own text gives dst data's dtype; on NeuronCore-v2, where TensorE has no transpose mode and "
+      "the transpose is a plain matmul against the identity, the matmul and architecture pages give a float32 "
+      "PSUM dst, and the bf16 PSUM output is documented only as new in NeuronCore-v3. bf16 data into bf16 PSUM "
+      "is valid under the first reading only, into float32 PSUM under the second only (rule transpose.dtype "
+      "accepts both: AWS's nki-library qkv_cte writes a bf16 transpose into float32 PSUM). float32 data into "
+      "float32 PSUM, and nc_matmul(stationary=data, moving=identity) into float32 PSUM, are valid under both.",
+      strict=True),
+    R("strict.accumulate_inference", "an nc_matmul (or TensorE transpose) leaving accumulate to inference "
+      "(accumulate=None) writes either a partition's PSUM bank no matmul wrote yet or only locations a matmul "
+      "already wrote (otherwise pass accumulate=False / True, or use another bank)", ALL,
+      f"{ARCH1} Near-memory accumulation in PSUM ('the first write to a PSUM bank overwrites, and subsequent writes "
+      "accumulate'; 'with 8 PSUM banks per partition, TensorE can have up to eight outstanding matmul "
+      "accumulation groups'), against the same section's note and "
+      f"{ISA} nc_matmul (Accumulation mode: 'first write overwrites, subsequent writes accumulate' per 'PSUM "
+      "location'; accumulate: 'auto-detect based on whether this PSUM location was previously written'); "
+      f"{NOTES} NKI 0.6.0 Bug Fixes ('nc_matmul warns on PSUM accumulation patterns that produce incorrect "
+      "results on hardware')", "runtime",
+      "The architecture guide infers overwrite / accumulate per bank (the bank of one partition: '8 PSUM banks "
+      "per partition'), the ISA page and the guide's own note per location. They agree while each partition's "
+      "bank holds one accumulation group; a second group opened by inference in a bank another group has written "
+      "(its first write overwrites per location, accumulates per bank), or a write covering locations the group "
+      "has and has not written, is valid under one reading only. An explicit accumulate flag is the same under "
+      "both. A TensorE nc_transpose is such a matmul ('equivalent to calling nisa.nc_matmul directly with "
+      "is_transpose=True', its accumulate 'Not exposed'), so transposes sharing a bank go through nc_matmul with "
+      "explicit flags (AWS's nki-library attention_bwd puts several nc_transposes in one PSUM tile: refused "
+      "strict, run under 'any'). A bank is fresh from its tile's allocation; the emulator computes per location "
+      "(reading 'any').",
+      strict=True),
+    R("strict.row_tile_partitions", "a row-tiled nc_matmul (tile_position / tile_size) reads stationary and "
+      "moving on its row tile's partitions (start_row .. start_row + row_size)", ALL,
+      f"{ISA} nc_matmul (Tiling mode: 'Row tiling mode slices the 128 PE rows into 2x 64 row tiles'; 'setting "
+      "tile_position to (64, 0) and tile_size to (64, 128) means using the bottom half of the systolic array'); "
+      f"{ARCH1} Tensor Engine (Tile Size: the partition size 'must never exceed 128, due to the number of PE rows "
+      "and also the number of SBUF partitions'); release-notes/components/nki-lib.rst Neuron 2.32.0 Bug Fixes "
+      "(Attention CTE: 'disabled row-tiled attention with manual allocation')", "runtime",
+      "No AWS document says which SBUF partitions feed a row tile. The contraction runs along the partitions, "
+      "one PE row per partition (the Tile Size limit counts both); read so, the bottom half of the array "
+      "multiplies partitions 64-127, and operands on partitions 0-63 give it nothing to multiply. Read as the "
+      "compiler routing any partitions to any row tile, they are valid. AWS's nki-library tiles columns only "
+      "(tile_position (0, c): core/mlp/mlp_tkg, core/qkv/qkv_tkg.py, core/router_topk/router_topk.py) and its "
+      "2.32 notes disabled its row-tiled attention; the strict reading keeps operands on the tile's partitions.",
+      strict=True),
+    R("strict.loop_alias", "loops iterate range(), not the deprecated nl.affine_range / nl.sequential_range / "
+      "nl.static_range", ALL,
+      f"{LANG} affine_range, sequential_range, static_range ('This function is an alias for Python's range() "
+      "function. Prefer using range() directly instead.'; 'This API is deprecated and will be removed in future "
+      "releases.'); nki/get-started/about/index.rst ('nl.static_range, nl.sequential_range, and nl.affine_range "
+      "are deprecated. They behave as aliases of range()')", "runtime",
+      "NKI 0.6 runs the aliases as range(), so both readings of NKI 0.6 accept them; the documents announce their "
+      "removal, and a kernel using them is valid under the current release only. The strict reading refuses "
+      "them (an error, not a warning, so that kernels held to it cannot take them up again); the emulator runs "
+      "them as range() under reading 'any'.",
+      strict=True),
 )
 
 # The NKI the emulator follows: 0.6.0, the newest of the supported SDKs (Neuron 2.30-2.32 ship NKI 0.4.0-0.6.0).
@@ -309,6 +381,12 @@ RULES_BY_ID = {r.id: r for r in RULES}
 assert len(RULES_BY_ID) == len(RULES), "duplicate rule id"
 
 
+def check_reading(reading: str) -> str:
+    if reading not in READINGS:
+        raise ValueError(f"unknown reading {reading!r}: expected one of {', '.join(READINGS)}")
+    return reading
+
+
 def spec(target: str) -> TargetSpec:
     if target not in TARGET_SPECS:
         raise ValueError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
@@ -319,10 +397,11 @@ def message(rule: Rule, detail: str) -> str:
     return f"[{rule.id}] {detail} (rule: {rule.checks}; source: aws-neuron-sdk {rule.source})"
 
 
-def violate(rule_id: str, detail: str, target: str, location: str | None = None) -> None:
-    """Raise NkiRuleError for `rule_id` at the kernel's line, unless the rule does not apply to `target`."""
+def violate(rule_id: str, detail: str, target: str, location: str | None = None, reading: str = "any") -> None:
+    """Raise NkiRuleError for `rule_id` at the kernel's line, unless the rule does not apply to `target` or (a
+    strict row) to `reading`."""
     rule = RULES_BY_ID[rule_id]
-    if target not in rule.targets:
+    if target not in rule.targets or (rule.strict and reading != "strict"):
         return
     where = location or kernel_location()
     raise NkiRuleError(f"{where}: {message(rule, detail)}", rule, where)
@@ -334,7 +413,8 @@ def table(target: str | None = None, markdown: bool = False) -> str:
         lines = ["| id | checks | targets | source |", "|---|---|---|---|"]
         lines += [f"| `{r.id}` | {r.checks} | {', '.join(r.targets)} | {r.source} |" for r in rows]
     else:
-        lines = [f"{r.id:28s} [{','.join(r.targets)}] {r.checks}\n{'':28s} source: {r.source}"
+        lines = [f"{r.id:28s} [{','.join(r.targets)}{'; strict' if r.strict else ''}] {r.checks}\n"
+                 f"{'':28s} source: {r.source}"
                  + (f"\n{'':28s} reading: {r.reading}" if r.reading else "") for r in rows]
     return "\n".join(lines)
 

@@ -22,7 +22,7 @@ Two orders are scheduled (`order=`):
   the first instruction in program order among its ready ones whose resources are free issues. An engine thus
   runs program order except where an instruction waits, and a later independent one then takes its slot: where
   an independent statement is written no longer decides whether an engine stalls behind a waiting one
-  (tests/test_emulator_schedule_deps.py). Among ready instructions the rule still follows program order.
+  (tests/test_emulator_schedule.py). Among ready instructions the rule still follows program order.
   Two other priorities were tried on the project's kernels and rejected: the longest path to the end
   (critical path) and the earliest unconstrained start both run the loads or first stages of every loop
   iteration ahead of the rest, and schedule most of the step's kernels slower than program order does.

@@ -1,11 +1,11 @@
 """Half-split rotary embedding (RoPE) forward and backward as NKI kernels for trn1, NKI 0.3+ API.
 
-Spec: frontier_jax.reference.rope: y = (x1 cos + x2 sin, x2 cos - x1 sin) on x [B, T, H, K] with
+Spec: frontier_jax.ops.reference.rope: y = (x1 cos + x2 sin, x2 cos - x1 sin) on x [B, T, H, K] with
 x1, x2 the two halves of the head dim. The backward is the inverse rotation, i.e. the same kernel
 with sin negated: dx = (dy1 cos - dy2 sin, dy2 cos + dy1 sin).
 
 cos/sin [T, K/2] are host constants computed once per sequence length
-(`frontier_jax.model._rope_tables`); `frontier_jax.experimental.ops` casts them to x's dtype, as the
+(`frontier_jax.model._rope_tables`); `frontier_jax.ops.experimental` casts them to x's dtype, as the
 reference does, before the call. No production op calls these kernels: the model's attention kernel
 (kernels_nki/attention.py, `qk_attention`) rotates q and k on chip.
 
@@ -24,7 +24,7 @@ the [P, H, K] full-table layout this replaced. The cos/sin rows of a T tile are 
 turned into fp32 [P, K/2] columns (cos, sin, -sin) once per T tile, reused for the whole batch.
 
 `rope_gain_fwd` / `rope_gain_bwd` fuse the per-head query gain, y = rope(x) * g[h]
-(frontier_jax.reference.rope_gain), into the rotation. g comes broadcast over the partitions as
+(frontier_jax.ops.reference.rope_gain), into the rotation. g comes broadcast over the partitions as
 [128, H] fp32 (the fused optimizers' convention for runtime scalars, frontier_jax.ops.scalars_PK),
 so g[h] is a per-partition column: the forward first scales x by g[h] on ScalarE (one `activation`
 per head over the contiguous [P, nb, K] view), then rotates. The backward rotates dy back
@@ -32,7 +32,7 @@ per head over the contiguous [P, nb, K] view), then rotates. The backward rotate
 the sum over b, k of r x (= dy . rope(x), the rotation being orthogonal): the product r x on GpSimd
 (`tensor_tensor`, SBUF only: GpSimd cannot reach PSUM), its sum over (b, k) on ScalarE
 (`activation_reduce`, per head), one partial per (t, h, chunk), summed over the chunks on VectorE
-and returned as fp32 partials [T, H] that frontier_jax.experimental.ops sums over T.
+and returned as fp32 partials [T, H] that frontier_jax.ops.experimental sums over T.
 
 Engine time per element at the model's shapes (`python -m frontier_jax.kernel_report`, cost model of
 kernels_nki/emulator/cost.py): rope and rope_gain forward ScalarE 1 (rope_gain 2) pass, VectorE one
@@ -107,7 +107,7 @@ def _rotate_chunk(y, x, cols, rows, nbj):
     _, nb, H, K = x.shape
     K2 = K // 2
     c, ps, ns = cols
-    for k in nl.affine_range(K2):
+    for k in range(K2):
         x1, x2 = x[0:rows, 0:nbj, :, k], x[0:rows, 0:nbj, :, K2 + k]
         a = nl.ndarray((P, nb, H), dtype=nl.float32, buffer=nl.sbuf)
         b = nl.ndarray((P, nb, H), dtype=nl.float32, buffer=nl.sbuf)
@@ -130,7 +130,7 @@ def _gain(g_PH):
 def _scale_heads(dst, src, gain_PH, rows, nbj):
     """dst[:, :, h] = src[:, :, h] * g[h] on ScalarE, one `activation` per head ([P, nb, K] views)."""
     H = src.shape[2]
-    for h in nl.affine_range(H):
+    for h in range(H):
         nisa.activation(dst=dst[0:rows, 0:nbj, h], op=nl.copy, data=src[0:rows, 0:nbj, h],
                         scale=gain_PH[0:rows, h:h + 1])
 
@@ -145,11 +145,11 @@ def _rotate(x_BTHK, cos_TK2, sin_TK2, sign, g_PH):
     y_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     if gained:
         gain_PH = _gain(g_PH)
-    for tt in nl.affine_range((T + P - 1) // P):
+    for tt in range((T + P - 1) // P):
         t0 = tt * P
         rows = min(P, T - t0)
         cols = _columns(cos_TK2, sin_TK2, t0, rows, sign)
-        for bc in nl.affine_range((B + nb - 1) // nb):
+        for bc in range((B + nb - 1) // nb):
             b0 = bc * nb
             nbj = min(nb, B - b0)
             x = _load(x_BTHK, b0, nb, nbj, t0, rows, dt)
@@ -192,12 +192,12 @@ def rope_gain_bwd(x_BTHK, cos_TK2, sin_TK2, g_PH, dy_BTHK):
     dx_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     dg_TH = nl.ndarray((T, H), dtype=nl.float32, buffer=nl.shared_hbm)
     gain_PH = _gain(g_PH)
-    for tt in nl.affine_range((T + P - 1) // P):
+    for tt in range((T + P - 1) // P):
         t0 = tt * P
         rows = min(P, T - t0)
         cols = _columns(cos_TK2, sin_TK2, t0, rows, -1.0)
         part_PHC = nl.ndarray((P, H, nchunks), dtype=nl.float32, buffer=nl.sbuf)  # one partial per chunk
-        for bc in nl.affine_range(nchunks):
+        for bc in range(nchunks):
             b0 = bc * nb
             nbj = min(nb, B - b0)
             dy = _load(dy_BTHK, b0, nb, nbj, t0, rows, dt)
@@ -210,7 +210,7 @@ def rope_gain_bwd(x_BTHK, cos_TK2, sin_TK2, g_PH, dy_BTHK):
             # the gain's gradient: r x on GpSimd (in place of r), its sum over (b, k) per head on ScalarE
             nisa.tensor_tensor(dst=r[0:rows, 0:nbj], data1=r[0:rows, 0:nbj], data2=x[0:rows, 0:nbj], op=nl.multiply,
                                engine=nisa.engine.gpsimd)
-            for h in nl.affine_range(H):
+            for h in range(H):
                 nisa.activation_reduce(dst=r[0:rows, 0:nbj, h], op=nl.copy, data=r[0:rows, 0:nbj, h],
                                        reduce_op=nl.add, reduce_res=part_PHC[0:rows, h, bc:bc + 1])
         acc_PH = nl.ndarray((P, H), dtype=nl.float32, buffer=nl.sbuf)

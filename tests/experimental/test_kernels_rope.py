@@ -1,5 +1,5 @@
 """The RoPE NKI kernels (kernels_nki/experimental/rope.py, under the emulator) against
-frontier_jax.reference.rope / rope_gain, forward and backward, and the experimental ops routed through them."""
+frontier_jax.ops.reference.rope / rope_gain, forward and backward, and the experimental ops routed through them."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import KERNEL_TOL as TOL
-from conftest import assert_close_max as _assert_close
+from helpers import KERNEL_TOL as TOL
+from helpers import assert_close_max as _assert_close
 from frontier_jax import ops
-from frontier_jax import reference as ref
-from frontier_jax.experimental import ops as xops
+from frontier_jax.ops import reference as ref
+from frontier_jax.ops import experimental as xops
 from kernels_nki import emulator, registry
 
 
