@@ -95,6 +95,20 @@ def test_counted_work_equals_a_full_emulated_run():
         assert counted == full, (call.op, call.which)
 
 
+def test_workers_price_the_same_report(rep):
+    """The kernel calls traced and scheduled in two spawned processes give the report of one process, each
+    distinct call (the step's and the exact-max forward's) traced once."""
+    kernel_report._TRACED.clear()
+    kernel_report._priced.cache_clear()
+    cfg = small_config()
+    calls = kc.kernel_calls(cfg)
+    keys = {k for c in calls for k in kernel_report._traced_calls(c, "trn1")}
+    lines = []
+    assert kernel_report.build_report(cfg, progress=lines.append, workers=2) == rep
+    assert f"kernel_report: tracing and scheduling {len(keys) + 1} distinct kernel calls in 2 processes" in lines
+    assert len(kernel_report._TRACED) == len(keys) + 1  # and the exact-max forward's
+
+
 def test_report_bad_config_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         kernel_report.main(["--config", str(tmp_path / "missing.py")])
@@ -105,7 +119,8 @@ def test_report_bad_config_is_one_line(tmp_path, capsys):
 def test_docs_step_estimate_is_the_reports():
     """docs/kernels/step-estimate.md carries `kernel_report --config configs/baseline.py --markdown --against
     docs/kernels/step-estimate-row-major.json` verbatim (baseline and the default comparison, frontier14)."""
-    reps = [kernel_report.build_report(load_config(REPO / "configs" / name)) for name in ("baseline.py", "frontier14.py")]
+    reps = kernel_report.build_reports([load_config(REPO / "configs" / name) for name in ("baseline.py", "frontier14.py")],
+                                       workers=kernel_report.cpus())
     docs = REPO / "docs" / "kernels"
     old = kernel_report._saved_report(docs / "step-estimate-row-major.json", "baseline", "trn1")
     md = kernel_report.format_markdown(reps) + "\n\n" + kernel_report.format_against(reps[0], old)

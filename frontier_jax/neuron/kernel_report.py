@@ -21,11 +21,14 @@ per-sequence work this separates; tests/test_neuron_kernel_report.py bounds the 
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import dataclasses
 import functools
 import json
 import math
+import multiprocessing
+import os
 import sys
 from pathlib import Path
 
@@ -33,7 +36,7 @@ import numpy as np
 
 from frontier_jax.neuron import kernel_calls as kc
 from frontier_jax.config import Config, load_config
-from frontier_jax.errors import ArgumentParser, BadInput, exit_on_error
+from frontier_jax.errors import ArgumentParser, BadInput, exit_on_error, int_in
 from kernels_nki import emulator, registry
 from kernels_nki.emulator import cost, loader, schedule
 from kernels_nki.emulator.machine import Counters
@@ -95,27 +98,74 @@ def measure(call: kc.KernelCall, target: str = "trn1") -> dict:
             "calls_per_step": call.calls_per_step}
 
 
+def _traced_calls(call: kc.KernelCall, target: str) -> list[tuple]:
+    """The traces `call` is priced from, as _trace's keys: the call itself, or (BATCHED) the call at BASE and
+    BASE + 1 sequences, which is the same for every B and config."""
+    if _batch(call) > BASE + 1:
+        return [(call.op, call.which, with_batch(call, b), call.constants, target) for b in (BASE, BASE + 1)]
+    return [(call.op, call.which, call.inputs, call.constants, target)]
+
+
+def _trace(key: tuple) -> tuple[dict, Counters]:
+    """One kernel call (a _traced_calls key) traced and scheduled: (schedule.estimate, its counters)."""
+    op, which, inputs, constants, target = key
+    tr = loader.record(kernel_of(kc.KernelCall(op, which, inputs, constants, 0)), *inputs, target=target,
+                       **dict(constants))
+    return schedule.estimate(tr), tr.counters
+
+
+_TRACED: dict = {}  # _trace's answers: each distinct kernel call is traced and scheduled once per process
+
+
+def _traced(key: tuple) -> tuple[dict, Counters]:
+    if key not in _TRACED:
+        _TRACED[key] = _trace(key)
+    return _TRACED[key]
+
+
+def _operand_elements(key: tuple) -> int:
+    return sum(math.prod(s[0]) for s in key[2] if s is not None)
+
+
+def cpus() -> int:
+    """The CPUs this process may run on (the command line's default --workers)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def trace_calls(calls, target: str = "trn1", workers: int = 1, progress=None) -> None:
+    """Trace and schedule, in `workers` processes, every distinct kernel call that `calls` are priced from and
+    this process has not traced (what takes a report its time: each call independent of the others; a spawned
+    process, as this one runs JAX's threads; the largest operands first, so that no large call runs last
+    alone). With one worker each call is traced in this process when it is first priced."""
+    keys = list(dict.fromkeys(k for c in calls for k in _traced_calls(c, target) if k not in _TRACED))
+    if workers < 2 or len(keys) < 2:
+        return
+    keys.sort(key=_operand_elements, reverse=True)
+    n = min(workers, len(keys))
+    (progress or (lambda line: None))(f"kernel_report: tracing and scheduling {len(keys)} distinct kernel calls in "
+                                      f"{n} processes")
+    with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for key, got in zip(keys, pool.map(_trace, keys)):
+            _TRACED[key] = got
+
+
 @functools.lru_cache(maxsize=None)
 def _priced(call: kc.KernelCall, target: str) -> dict:
-    kernel, consts, B = kernel_of(call), dict(call.constants), _batch(call)
-    if B > BASE + 1:
-        one = loader.record(kernel, *with_batch(call, BASE), target=target, **consts)
-        two = loader.record(kernel, *with_batch(call, BASE + 1), target=target, **consts)
-        m1, m2 = schedule.estimate(one), schedule.estimate(two)
+    traced = [_traced(k) for k in _traced_calls(call, target)]
+    if len(traced) == 2:  # BATCHED: extrapolated from BASE and BASE + 1 sequences
+        B, ((m1, c1), (m2, c2)) = _batch(call), traced
         by = {o: {a: m1["by_order"][o][a] + (B - BASE) * (m2["by_order"][o][a] - m1["by_order"][o][a])
                   for a in READINGS} for o in m1["by_order"]}  # each order extrapolated, then combined
         sched = schedule.combined(by)
         shares = m2["shares"]
-        counters = _extrapolated(one.counters, two.counters, B)
+        counters = _extrapolated(c1, c2, B)
     else:
-        tr = loader.record(kernel, *call.inputs, target=target, **consts)
-        m = schedule.estimate(tr)
+        ((m, counters),) = traced
         sched, shares = {a: m[a] for a in READINGS + (IN_ORDER,)}, m["shares"]
-        counters = tr.counters
     est = emulator.estimate(counters, target)
     c = counters
     return {"op": call.op, "which": call.which, "shape": call.label, "calls_per_step": call.calls_per_step,
-            "constants": dict(call.constants), "batch_extrapolated": B > BASE + 1,
+            "constants": dict(call.constants), "batch_extrapolated": len(traced) == 2,
             "pe_useful_over_issued": emulator.pe_utilisation(c), "dma_bytes": c.dma_bytes,
             "dma_bytes_per_buffer": c.dma_bytes / c.dma_buffers if c.dma_buffers else None,
             "dma_share_under_2k": c.dma_bytes_under_2k / c.dma_bytes if c.dma_bytes else 0.0,
@@ -132,12 +182,28 @@ def glue_times(g: kc.Glue, target: str = "trn1") -> dict:
             IN_ORDER: fused}
 
 
-def build_report(cfg: Config, target: str = "trn1", progress=None) -> dict:
-    """The report of `cfg` on `target`; `progress(line)` hears where it is (the command line prints it on stderr)."""
+def build_report(cfg: Config, target: str = "trn1", progress=None, workers: int = 1) -> dict:
+    """The report of `cfg` on `target`; `progress(line)` hears where it is (the command line prints it on stderr);
+    `workers`: processes tracing the kernel calls (trace_calls)."""
+    return build_reports([cfg], target, progress, workers)[0]
+
+
+def build_reports(cfgs, target: str = "trn1", progress=None, workers: int = 1) -> list[dict]:
+    """The report of each config; the kernel calls of all of them traced first, together (trace_calls)."""
     say = progress or (lambda line: None)
-    say(f"kernel_report: {cfg.name}: tracing the train step as it runs on Neuron")
-    closed = kc.program(cfg)
-    calls = kc.kernel_calls(cfg, closed)
+    steps = []
+    for cfg in cfgs:
+        say(f"kernel_report: {cfg.name}: tracing the train step as it runs on Neuron")
+        closed = kc.program(cfg)
+        calls = kc.kernel_calls(cfg, closed)
+        steps.append((cfg, closed, calls, [dataclasses.replace(c, constants=tuple(
+            (k, True if k == "exact_max" else v) for k, v in c.constants)) for c in calls
+            if c.op == "qk_attention" and c.which == "fwd" and not dict(c.constants)["exact_max"]]))
+    trace_calls([c for step in steps for c in step[2] + step[3]], target, workers, say)
+    return [_report(*step, target, say) for step in steps]
+
+
+def _report(cfg: Config, closed, calls, fallback_calls, target: str, say) -> dict:
     rows = []
     for i, call in enumerate(calls, 1):
         say(f"kernel_report: {cfg.name}: pricing kernel call {i}/{len(calls)}, {call.op} {call.which} [{call.label}]")
@@ -147,9 +213,7 @@ def build_report(cfg: Config, target: str = "trn1", progress=None) -> dict:
             rows[-1].update(min_bytes=least, bytes_over_min=rows[-1]["dma_bytes"] / least)
     # the exact-max attention forward, the fallback the program does not run while the gains allow the bounded
     # one (frontier_jax.ops.softmax_shift): priced beside it, outside the step
-    fallback = [measure(dataclasses.replace(c, constants=tuple((k, True if k == "exact_max" else v)
-                                                               for k, v in c.constants)), target)
-                for c in calls if c.op == "qk_attention" and c.which == "fwd" and not dict(c.constants)["exact_max"]]
+    fallback = [measure(c, target) for c in fallback_calls]
     g = kc.glue(cfg, closed)
     glue = glue_times(g, target)
     kern = {"busiest": sum(r["busiest_s"] * r["calls_per_step"] for r in rows)}
@@ -420,6 +484,8 @@ def main(argv=None) -> int:
     ap.add_argument("--against", type=Path, default=None,
                     help="a saved --json report of other kernels at the same config: with --markdown, each kernel "
                          "call and the step's totals beside it")
+    ap.add_argument("--workers", type=int_in(1), default=cpus(),
+                    help="processes tracing and scheduling the kernel calls (default: the CPUs this process may use)")
     args = ap.parse_args(argv)
     with exit_on_error():  # a bad config: one line, exit 2, before anything is traced
         cfg = load_config(args.config)
@@ -427,8 +493,8 @@ def main(argv=None) -> int:
                                             ([str(FRONTIER14)] if FRONTIER14.exists() else []))]
         old = _saved_report(args.against, cfg.name, args.target) if args.against else None
     say = lambda line: print(line, file=sys.stderr, flush=True)  # progress: minutes of silence otherwise
-    rep = build_report(cfg, args.target, say)
-    side = [rep] + [build_report(o, args.target, say) for o in others if o.name != cfg.name]
+    side = build_reports([cfg] + [o for o in others if o.name != cfg.name], args.target, say, args.workers)
+    rep = side[0]
     if args.json:
         print(json.dumps({"report": rep, "comparison": side[1:]}, indent=1, default=str))
     elif args.markdown:

@@ -140,12 +140,13 @@ class Tensor:
     """A tile (SBUF/PSUM) or an HBM tensor. Dimension 0 of an on-chip tile is the partition dim, which
     starts at partition `pstart` of the allocation."""
 
-    __slots__ = ("data", "buffer", "alloc", "machine", "mask", "pstart", "layout")
+    __slots__ = ("data", "buffer", "alloc", "machine", "mask", "pstart", "layout", "traced_region")
 
     def __init__(self, data: np.ndarray, buffer: str, alloc: _Allocation, machine: Machine, mask=None, pstart=0,
                  layout=None):
         self.data, self.buffer, self.alloc, self.machine, self.mask = data, buffer, alloc, machine, mask
         self.pstart = pstart
+        self.traced_region = None  # trace.region's answer, once asked (a view's place never changes)
         self.layout = _layout(data.shape) if layout is None else layout
 
     @property

@@ -87,6 +87,8 @@ import heapq
 import itertools
 import math
 
+import numpy as np
+
 from kernels_nki.emulator import cost
 from kernels_nki.emulator.trace import DMA_ENGINES, Instr, Trace
 
@@ -220,34 +222,48 @@ def dependencies(instrs) -> tuple[list, list]:
     return deps, raws
 
 
-def _price(ins: Instr, dependent: bool, t: cost.Target, a: Assumptions, last_stationary) -> tuple[float, list]:
-    """(seconds, resource ids) of one instruction."""
+def _resources(ins: Instr) -> list:
+    """The resource ids an instruction holds while it runs: its DMA engines, or its engine and the shared
+    ports it uses (whatever the reading)."""
+    e = ins.engine
+    if e == "dma":
+        lo, hi = ins.engines
+        return list(range(_DMA0 + lo, _DMA0 + hi))
+    if e == "tensor":
+        return [_RES["tensor"]]
+    res = [_RES[e]]
+    if e == "vector":
+        return res + ([_RES["sbuf_vg"]] if ins.sbuf else []) + ([_RES["psum_vs"]] if ins.psum else [])
+    if e == "scalar":
+        return res + ([_RES["psum_vs"]] if ins.psum else [])
+    return res + [_RES["sbuf_vg"]]
+
+
+def _seconds(ins: Instr, dependent: bool, t: cost.Target, a: Assumptions, last_stationary) -> float:
+    """The seconds one instruction runs."""
     e = ins.engine
     if e == "dma":
         lo, hi = ins.engines
         per_engine = ins.nbytes / (hi - lo)
         rate = t.dma_bytes_per_s / DMA_ENGINES * (payload_share(ins.buffer or ins.nbytes) if a.payload_curve else 1.0)
-        return per_engine / rate + (DMA_FIXED_S if a.dma_fixed_on_engine else 0.0), \
-            list(range(_DMA0 + lo, _DMA0 + hi))
+        return per_engine / rate + (DMA_FIXED_S if a.dma_fixed_on_engine else 0.0)
     if e == "tensor":
         f = t.tensor_fp32_cost if ins.fp32 else 1.0
         cyc = max(ins.cycles * f, t.mm_init_cycles)
         if ins.stationary != last_stationary:
             cyc = max(cyc, ins.stationary_free / LS_SPEEDUP * f)
-        return cyc / t.tensor_hz, [_RES["tensor"]]
+        return cyc / t.tensor_hz
     cyc = float(ins.cycles) + a.access_overhead_cycles
     if e in ("vector", "scalar"):
         if e == "scalar" and dependent:
             cyc = max(SCALAR_DEPENDENT_II_CYCLES, cyc + STATIC_OVERHEAD_CYCLES)
         elif dependent or ins.free < a.small_free:
             cyc += STATIC_OVERHEAD_CYCLES
-    res = [_RES[e]]
     if e == "vector":
-        res += ([_RES["sbuf_vg"]] if ins.sbuf else []) + ([_RES["psum_vs"]] if ins.psum else [])
-        return cyc / t.vector_elems_per_cycle * cost.PE / t.vector_hz, res
+        return cyc / t.vector_elems_per_cycle * cost.PE / t.vector_hz
     if e == "scalar":
-        return cyc / t.scalar_hz, res + ([_RES["psum_vs"]] if ins.psum else [])
-    return cyc * cost.PE / a.gpsimd_elems_per_cycle / t.gpsimd_hz, res + [_RES["sbuf_vg"]]
+        return cyc / t.scalar_hz
+    return cyc * cost.PE / a.gpsimd_elems_per_cycle / t.gpsimd_hz
 
 
 ORDERS = ("list", "source")  # the compiler's reordering (the estimate) / program order (the in-order reading)
@@ -257,10 +273,7 @@ SCAN = 8  # candidates a stream tries per issue slot when the first one's resour
 def predecessors(trace, instrs) -> tuple[list, list]:
     """(preds, raws): per instruction the instructions it waits for (data dependencies and the explicit
     scheduling edges of `trace.edges`), and its RAW producers."""
-    cached = getattr(trace, "_deps", None)
-    deps, raws = cached if cached is not None else dependencies(instrs)
-    if isinstance(trace, Trace):
-        trace._deps = deps, raws
+    deps, raws = dependencies(instrs)
     edges = getattr(trace, "edges", None)
     if not edges:
         return deps, raws
@@ -297,6 +310,40 @@ def topological(preds) -> list:
     return out
 
 
+class _Graph:
+    """What every schedule of one trace shares, whatever its reading and order: the instruction graph
+    (predecessors, RAW producers, successors), program order (`topo`, each instruction's place in it: `tpos`),
+    each instruction's stream and resources, and the memory plan (_Plan). Computed once per Trace (kept on it:
+    `graph`), so the six schedules of `estimate` trace the graph once."""
+
+    def __init__(self, trace, instrs):
+        self.preds, self.raws = predecessors(trace, instrs)
+        self.topo = topological(self.preds)
+        n = len(instrs)
+        self.tpos = [0] * n
+        for k, i in enumerate(self.topo):
+            self.tpos[i] = k
+        self.succ = [[] for _ in range(n)]
+        for i, p in enumerate(self.preds):
+            for j in p:
+                self.succ[j].append(i)
+        self.npreds = [len(p) for p in self.preds]
+        self.stream = [ins.stream for ins in instrs]
+        self.dma = [ins.engine == "dma" for ins in instrs]
+        self.res = [_resources(ins) for ins in instrs]
+        self.plan = _Plan(trace, instrs, self.topo, self.stream)
+
+
+def graph(trace) -> _Graph:
+    """The trace's _Graph (a Trace keeps it; a list of Instr is analysed on every call)."""
+    instrs = trace.instrs if isinstance(trace, Trace) else trace
+    if not isinstance(trace, Trace):
+        return _Graph(trace, instrs)
+    if trace._graph is None:
+        trace._graph = _Graph(trace, instrs)
+    return trace._graph
+
+
 def schedule(trace: Trace | list, assumptions: str = "central", target: str | None = None,
              order: str = "list") -> Schedule:
     """Schedule a trace (or a list of Instr) on `target` (default: the trace's) under ASSUMPTIONS[assumptions]:
@@ -308,10 +355,9 @@ def schedule(trace: Trace | list, assumptions: str = "central", target: str | No
     target = target or getattr(trace, "target", cost.DEFAULT_TARGET)
     t = cost.target(target)
     instrs = trace.instrs if isinstance(trace, Trace) else trace
-    preds, raws = predecessors(trace, instrs)
-    topo = topological(preds)
+    g = graph(trace)
     run = _list if order == "list" else _in_order
-    start, end, wait, over = run(instrs, preds, raws, topo, t, a, trace)
+    start, end, wait, over = run(instrs, g, t, a)
     return Schedule(instrs, start, end, wait, max(end, default=0.0), assumptions, target, order, over)
 
 
@@ -319,159 +365,162 @@ def _latency(ins: Instr, a: Assumptions) -> float:
     return 0.0 if ins.engine != "dma" or a.dma_fixed_on_engine else DMA_FIXED_S
 
 
-def _hold(ins: Instr, i: int, start: float, end: float, res, free, ready, dge: float, avail: dict) -> None:
+def _hold(is_dma: bool, s, i: int, start: float, end: float, res, free, ready, dge: float, avail: dict) -> None:
     """An issued instruction holds its resources until its end (a DMA's descriptors first hold GpSimd, swdge);
-    its stream's next instruction may start at its start (a DMA queue) or its end (an engine)."""
+    its stream `s`'s next instruction may start at its start (a DMA queue) or its end (an engine)."""
     for r in res:
         free[r] = end
-    if dge and ins.engine == "dma":
-        free[_RES["gpsimd"]] = max(ready[i], free[_RES["gpsimd"]]) + dge
-    avail[ins.stream] = start if ins.engine == "dma" else end
+    if dge and is_dma:
+        free[_GPSIMD] = max(ready[i], free[_GPSIMD]) + dge
+    avail[s] = start if is_dma else end
 
 
-def _in_order(instrs, preds, raws, topo, t, a, trace):
+_GPSIMD = _RES["gpsimd"]
+
+
+def _in_order(instrs, g, t, a):
     """Each stream in program order (topological where an explicit edge reorders): of the streams' next
     instructions whose inputs are scheduled, the one that can start first runs first."""
     n = len(instrs)
+    preds, raws, topo, stream, is_dma, res = g.preds, g.raws, g.topo, g.stream, g.dma, g.res
     streams, pos, prev = {}, [0] * n, [None] * n
     for i in topo:
-        lst = streams.setdefault(instrs[i].stream, [])
+        lst = streams.setdefault(stream[i], [])
         prev[i] = lst[-1] if lst else None
         pos[i] = len(lst)
         lst.append(i)
-    dur, res = [0.0] * n, [None] * n
+    dur = [0.0] * n
     last_stat = None
     for i in topo:
         ins = instrs[i]
-        dur[i], res[i] = _price(ins, prev[i] is not None and prev[i] in raws[i], t, a, last_stat)
+        dur[i] = _seconds(ins, prev[i] is not None and prev[i] in raws[i], t, a, last_stat)
         if ins.engine == "tensor":
             last_stat = ins.stationary
-    users = [[] for _ in range(n)]
-    remaining = [len(d) for d in preds]
-    for i, d in enumerate(preds):
-        for j in d:
-            users[j].append(i)
+    users = g.succ
+    remaining = list(g.npreds)
     ready = [0.0] * n
     free = [0.0] * (_DMA0 + DMA_ENGINES)
     avail = {s: 0.0 for s in streams}  # a stream's next instruction may start from here
     head = {s: 0 for s in streams}
     start, end, wait = [0.0] * n, [0.0] * n, [0.0] * n
     heap = []
-    gpsimd, dge = _RES["gpsimd"], a.swdge_s
-    mem = _Memory(trace, instrs, topo)
-    tpos, issued, parked = [0] * n, [False] * n, []
-    for k, i in enumerate(topo):
-        tpos[i] = k
+    push, pop = heapq.heappush, heapq.heappop
+    dge = a.swdge_s
+    lat = DMA_FIXED_S if not a.dma_fixed_on_engine else 0.0  # _latency of a DMA
+    mem = _Memory(g.plan)
+    tpos, issued, parked = g.tpos, [False] * n, []
     front = 0
 
     def earliest(i):
         r0 = ready[i]
-        if instrs[i].engine == "dma":
+        if is_dma[i]:
             if dge:  # its descriptors first, on GpSimd (swdge)
-                r0 = max(r0, free[gpsimd]) + dge
-            r0 += _latency(instrs[i], a)
-        return max([r0, avail[instrs[i].stream]] + [free[r] for r in res[i]])
+                r0 = max(r0, free[_GPSIMD]) + dge
+            r0 += lat
+        m = avail[stream[i]]
+        if r0 > m:
+            m = r0
+        for r in res[i]:
+            if free[r] > m:
+                m = free[r]
+        return m
 
     for s, lst in streams.items():
         if remaining[lst[0]] == 0:
-            heapq.heappush(heap, (earliest(lst[0]), lst[0]))
+            push(heap, (earliest(lst[0]), lst[0]))
     done = 0
     while heap or parked:
         if not heap:  # every stream head waits for room that nothing will release: the frontier opens beyond it
-            heapq.heappush(heap, (earliest(topo[front]), topo[front]))
+            push(heap, (earliest(topo[front]), topo[front]))
             parked = [p for p in parked if p != topo[front]]
             forced = topo[front]
         else:
             forced = None
-        key, i = heapq.heappop(heap)
-        s0 = max(earliest(i), key)  # key: not before a release it waited for
+        key, i = pop(heap)
+        s0 = earliest(i)
+        if key > s0:  # key: not before a release it waited for
+            s0 = key
         if s0 > key + 1e-15:
-            heapq.heappush(heap, (s0, i))
+            push(heap, (s0, i))
             continue
         mem.release_until(s0)
         if i != forced and not mem.fits(i, tpos, issued):
             nxt = mem.releases[0][0] if mem.releases else None
             if nxt is not None:
-                heapq.heappush(heap, (max(nxt, s0), i))
+                push(heap, (max(nxt, s0), i))
             else:
                 parked.append(i)
             continue
-        ins, s = instrs[i], instrs[i].stream
+        s = stream[i]
         issued[i] = True
         while front < n and issued[topo[front]]:
             front += 1
         mem.advance(front)
-        for _ in mem.issue(i, s0 + dur[i]):
-            for p in parked:
-                heapq.heappush(heap, (earliest(p), p))
-            parked = []
-        start[i], end[i] = s0, s0 + dur[i]
+        e = s0 + dur[i]
+        if mem.touch[i]:
+            for _ in mem.issue(i, e):
+                for p in parked:
+                    push(heap, (earliest(p), p))
+                parked = []
+        start[i], end[i] = s0, e
         wait[i] = s0 - avail[s]
-        _hold(ins, i, s0, end[i], res[i], free, ready, dge, avail)
+        _hold(is_dma[i], s, i, s0, e, res[i], free, ready, dge, avail)
         done += 1
         for j in users[i]:
-            ready[j] = max(ready[j], end[i])
+            if e > ready[j]:
+                ready[j] = e
             remaining[j] -= 1
-            if remaining[j] == 0 and head[instrs[j].stream] == pos[j]:
-                heapq.heappush(heap, (earliest(j), j))
+            if remaining[j] == 0 and head[stream[j]] == pos[j]:
+                push(heap, (earliest(j), j))
         head[s] += 1
         lst = streams[s]
         if head[s] < len(lst) and remaining[lst[head[s]]] == 0:
-            heapq.heappush(heap, (earliest(lst[head[s]]), lst[head[s]]))
+            push(heap, (earliest(lst[head[s]]), lst[head[s]]))
     if done != n:
         raise RuntimeError(f"schedule: {n - done} of {n} instructions never became ready (a dependency cycle)")
     return start, end, wait, 0
 
 
-class _MaxTree:
-    """Range add, range max over positions 0..n-1 (a segment tree with lazy adds)."""
+class _Plan:
+    """The memory constraint's part that depends on the trace only (_Memory's docstring): each allocation the
+    trace touches numbered in the order of its serial (`buf`, `amount`: its memory and size), the allocations
+    each instruction touches, each allocation's first use and number of uses in program order, program order's
+    live amount at every position per memory, the room, and per stream its instructions that open an
+    allocation."""
 
-    def __init__(self, values):
-        self.n = max(1, len(values))
-        size = 1
-        while size < self.n:
-            size *= 2
-        self.size = size
-        self.top = [-math.inf] * (2 * size)
-        self.add_ = [0] * (2 * size)
-        for k, v in enumerate(values):
-            self.top[size + k] = v
-        for k in range(size - 1, 0, -1):
-            self.top[k] = max(self.top[2 * k], self.top[2 * k + 1])
-
-    def add(self, lo, hi, v, node=1, nlo=0, nhi=None):
-        """values[lo:hi] += v."""
-        nhi = self.size if nhi is None else nhi
-        if hi <= nlo or nhi <= lo:
-            return
-        if lo <= nlo and nhi <= hi:
-            self.top[node] += v
-            self.add_[node] += v
-            return
-        mid = (nlo + nhi) // 2
-        self.add(lo, hi, v, 2 * node, nlo, mid)
-        self.add(lo, hi, v, 2 * node + 1, mid, nhi)
-        self.top[node] = max(self.top[2 * node], self.top[2 * node + 1]) + self.add_[node]
-
-    def max(self, lo, hi) -> float:
-        """max(values[lo:hi])."""
-        top, add_, best = self.top, self.add_, -math.inf
-        stack = [(1, 0, self.size, 0)]
-        while stack:
-            node, nlo, nhi, acc = stack.pop()
-            if hi <= nlo or nhi <= lo:
-                continue
-            if lo <= nlo and nhi <= hi:
-                if top[node] + acc > best:
-                    best = top[node] + acc
-                continue
-            if top[node] + acc <= best:  # nothing below can beat it
-                continue
-            acc += add_[node]
-            mid = (nlo + nhi) // 2
-            stack.append((2 * node, nlo, mid, acc))
-            stack.append((2 * node + 1, mid, nhi, acc))
-        return best
+    def __init__(self, trace, instrs, topo, stream):
+        allocs = getattr(trace, "allocations", None) or {}
+        number = {ser: k for k, ser in enumerate(sorted(allocs))}
+        self.buf = [allocs[ser][0] for ser in sorted(allocs)]
+        self.amount = [allocs[ser][1] for ser in sorted(allocs)]
+        self.touch = [sorted({number[r[0]] for r in ins.reads + ins.writes if r[0] in number}) if number else []
+                      for ins in instrs]
+        m = len(number)
+        self.left, self.first = [0] * m, [-1] * m
+        last = [0] * m
+        for k, i in enumerate(topo):
+            for a in self.touch[i]:
+                self.left[a] += 1
+                if self.first[a] < 0:
+                    self.first[a] = k
+                last[a] = k
+        n = len(topo)
+        delta = {b: np.zeros(n + 1, np.int64) for b in ("sbuf", "psum")}
+        for a in range(m):
+            if self.first[a] >= 0:
+                delta[self.buf[a]][self.first[a]] += self.amount[a]
+                delta[self.buf[a]][last[a] + 1] -= self.amount[a]
+        cap = getattr(trace, "capacity", None) or {}
+        self.live, self.room = {}, {}
+        for b, d in delta.items():
+            live = np.cumsum(d[:n])
+            self.live[b] = live  # program order's live at k
+            self.room[b] = max(cap.get(b, math.inf), int(live.max()) if n else 0)
+        self.openers = {}  # per stream, its instructions that open an allocation, in program order
+        for k, i in enumerate(topo):
+            if any(self.first[a] == k for a in self.touch[i]):
+                self.openers.setdefault(stream[i], []).append(i)
+        self.stream = stream
 
 
 class _Memory:
@@ -489,40 +538,16 @@ class _Memory:
     Among instructions waiting for room the oldest goes first: a younger one opens only if room remains for
     the oldest one denied room and for the oldest unissued opener of its own stream."""
 
-    def __init__(self, trace, instrs, topo):
-        allocs = getattr(trace, "allocations", None) or {}
-        self.amount = allocs
-        self.touch = [sorted({r[0] for r in ins.reads + ins.writes if r[0] in allocs}) for ins in instrs]
-        self.left, self.first = {}, {}
-        last = {}
-        for k, i in enumerate(topo):
-            for ser in self.touch[i]:
-                self.left[ser] = self.left.get(ser, 0) + 1
-                self.first.setdefault(ser, k)
-                last[ser] = k
-        n = len(topo)
-        delta = {b: [0] * (n + 1) for b in ("sbuf", "psum")}
-        for ser, k in self.first.items():
-            buf, amt = allocs[ser]
-            delta[buf][k] += amt
-            delta[buf][last[ser] + 1] -= amt
-        cap = getattr(trace, "capacity", None) or {}
-        self.need_ahead, self.room = {}, {}
-        for buf, d in delta.items():
-            live, cur = [0] * n, 0
-            for k in range(n):
-                cur += d[k]
-                live[k] = cur
-            self.need_ahead[buf] = _MaxTree(live)  # program order's live at k + what was opened ahead of k
-            self.room[buf] = max(cap.get(buf, math.inf), max(live, default=0))
+    def __init__(self, plan: _Plan):
+        self.buf, self.amount, self.touch, self.first, self.room = plan.buf, plan.amount, plan.touch, plan.first, plan.room
+        self.left = list(plan.left)
+        # per memory and position k: program order's live at k + what was opened ahead of k
+        self.need_ahead = {b: live.copy() for b, live in plan.live.items()}
         self.live = {"sbuf": 0, "psum": 0}
-        self.opened, self.until, self.releases = set(), {}, []
+        self.opened, self.until, self.releases = [False] * len(plan.buf), [0.0] * len(plan.buf), []
         self.frontier = 0
-        self.stream = [ins.stream for ins in instrs]
-        self.openers, self.opener_at = {}, {}  # per stream, its instructions that open an allocation, in order
-        for k, i in enumerate(topo):
-            if any(self.first[ser] == k for ser in self.touch[i]):
-                self.openers.setdefault(self.stream[i], []).append(i)
+        self.stream = plan.stream
+        self.openers, self.opener_at = plan.openers, {}
         self.blocked, self.waiting = [], set()  # (program position, i): instructions denied room, the oldest first
         self.relief, self.memo = 0, {}  # fits() refusals, kept until a release or the frontier moves
 
@@ -532,83 +557,105 @@ class _Memory:
 
     def fits(self, i, tpos, issued) -> bool:
         """Room for what `i` opens (see the class); the answer is kept until the memory's state changes."""
-        while self.blocked and issued[self.blocked[0][1]]:
-            self.waiting.discard(heapq.heappop(self.blocked)[1])
-        if not self.touch[i]:
+        blocked = self.blocked
+        while blocked and issued[blocked[0][1]]:
+            self.waiting.discard(heapq.heappop(blocked)[1])
+        touch = self.touch[i]
+        if not touch:
             return True
         if self.memo.get(i) == self.relief:  # refused, and nothing released since nor the frontier moved
             return False
+        opened = self.opened
+        for a in touch:
+            if not opened[a]:
+                break
+        else:  # opens nothing
+            return True
         ok = self._fits(i, tpos, issued)
         if not ok:
             self.memo[i] = self.relief
             if i not in self.waiting:
                 self.waiting.add(i)
-                heapq.heappush(self.blocked, (tpos[i], i))
+                heapq.heappush(blocked, (tpos[i], i))
         return ok
 
     def _fits(self, i, tpos, issued) -> bool:
         need, ahead = self._need(i)
-        if not need:
-            return True
         reserve = {}
         older = {b for b in (self.blocked[0][1] if self.blocked else None, self._oldest_opener(i, issued))
                  if b is not None and tpos[b] < tpos[i]}
         for b in older:
             for buf, v in self._need(b)[0].items():
                 reserve[buf] = reserve.get(buf, 0) + v
-        return all(self.live[b] + v + reserve.get(b, 0) <= self.room[b] for b, v in need.items()) and all(
-            self.need_ahead[b].max(self.frontier, p) + v + reserve.get(b, 0) <= self.room[b]
-            for b, (v, p) in ahead.items())
+        room, live = self.room, self.live
+        for b, v in need.items():
+            if live[b] + v + reserve.get(b, 0) > room[b]:
+                return False
+        f = self.frontier
+        for b, (v, p) in ahead.items():  # p > f: the range is never empty
+            if int(self.need_ahead[b][f:p].max()) + v + reserve.get(b, 0) > room[b]:
+                return False
+        return True
 
     def opens(self, i) -> bool:
-        return any(ser not in self.opened for ser in self.touch[i])
+        opened = self.opened
+        for a in self.touch[i]:
+            if not opened[a]:
+                return True
+        return False
 
     def _oldest_opener(self, i, issued):
         """The oldest unissued instruction of i's stream that opens an allocation in program order."""
-        lst, k = self.openers.get(self.stream[i], ()), self.opener_at.get(self.stream[i], 0)
+        s = self.stream[i]
+        lst, k = self.openers.get(s, ()), self.opener_at.get(s, 0)
         while k < len(lst) and issued[lst[k]]:
             k += 1
-        self.opener_at[self.stream[i]] = k
+        self.opener_at[s] = k
         return lst[k] if k < len(lst) else None
 
     def _need(self, i) -> tuple[dict, dict]:
         """What `i` would open per memory; of it, what opens ahead of the frontier (amount, furthest first use)."""
         need, ahead = {}, {}
-        for ser in self.touch[i]:
-            if ser not in self.opened:
-                buf, amt = self.amount[ser]
-                need[buf] = need.get(buf, 0) + amt
-                if self.first[ser] > self.frontier:
-                    v, p = ahead.get(buf, (0, 0))
-                    ahead[buf] = (v + amt, max(p, self.first[ser]))
+        opened, buf, amount, first, frontier = self.opened, self.buf, self.amount, self.first, self.frontier
+        for a in self.touch[i]:
+            if not opened[a]:
+                b, amt = buf[a], amount[a]
+                need[b] = need.get(b, 0) + amt
+                fs = first[a]
+                if fs > frontier:
+                    v, p = ahead.get(b, (0, 0))
+                    ahead[b] = (v + amt, max(p, fs))
         return need, ahead
 
     def issue(self, i, end) -> list:
         """Open what `i` opens; the release times its end makes known."""
         known = []
-        for ser in self.touch[i]:
-            if ser not in self.opened:
-                self.opened.add(ser)
-                buf, amt = self.amount[ser]
-                self.live[buf] += amt
-                if self.first[ser] > self.frontier:
-                    self.need_ahead[buf].add(self.frontier, self.first[ser], amt)
-            self.until[ser] = max(self.until.get(ser, 0.0), end)
-            self.left[ser] -= 1
-            if self.left[ser] == 0:
-                heapq.heappush(self.releases, (self.until[ser], ser))
-                known.append(self.until[ser])
+        opened, until, left = self.opened, self.until, self.left
+        for a in self.touch[i]:
+            if not opened[a]:
+                opened[a] = True
+                b, amt = self.buf[a], self.amount[a]
+                self.live[b] += amt
+                fs = self.first[a]
+                if fs > self.frontier:
+                    self.need_ahead[b][self.frontier:fs] += amt
+            if end > until[a]:
+                until[a] = end
+            left[a] -= 1
+            if left[a] == 0:
+                heapq.heappush(self.releases, (until[a], a))
+                known.append(until[a])
         return known
 
     def release_until(self, now) -> None:
-        while self.releases and self.releases[0][0] <= now:
+        releases = self.releases
+        while releases and releases[0][0] <= now:
             self.relief += 1
-            _, ser = heapq.heappop(self.releases)
-            buf, amt = self.amount[ser]
-            self.live[buf] -= amt
+            _, a = heapq.heappop(releases)
+            self.live[self.buf[a]] -= self.amount[a]
 
 
-def _list(instrs, preds, raws, topo, t, a, trace):
+def _list(instrs, g, t, a):
     """The list scheduler. Decisions are taken in time order: whenever a stream (an engine, a DMA queue) can
     issue, of its instructions whose inputs are complete (data dependencies and scheduling edges) and whose
     resources are free (its DMA engines, a shared port, room for the allocations it opens: _Memory), the first
@@ -616,19 +663,13 @@ def _list(instrs, preds, raws, topo, t, a, trace):
     engine runs its instructions in program order except where one waits: a later independent instruction
     then issues in its place (the compiler's freedom to reorder independent instructions, used to fill stalls)."""
     n = len(instrs)
-    res = [_price(ins, False, t, a, ins.stationary)[1] for ins in instrs]
-    lat = [_latency(ins, a) for ins in instrs]
-    succ = [[] for _ in range(n)]
-    remaining = [len(p) for p in preds]
-    for i, p in enumerate(preds):
-        for j in p:
-            succ[j].append(i)
-    gpsimd, dge = _RES["gpsimd"], a.swdge_s
-    mem = _Memory(trace, instrs, topo)
-    tpos = [0] * n
-    for k, i in enumerate(topo):
-        tpos[i] = k
-    streams = {ins.stream for ins in instrs}
+    raws, topo, tpos, succ, stream, is_dma, res = g.raws, g.topo, g.tpos, g.succ, g.stream, g.dma, g.res
+    dma_lat = DMA_FIXED_S if not a.dma_fixed_on_engine else 0.0  # _latency of a DMA
+    lat = [dma_lat if d else 0.0 for d in is_dma]
+    remaining = list(g.npreds)
+    dge = a.swdge_s
+    mem = _Memory(g.plan)
+    streams = set(stream)
     ready = [0.0] * n
     free = [0.0] * (_DMA0 + DMA_ENGINES)
     avail = dict.fromkeys(streams, 0.0)
@@ -642,28 +683,33 @@ def _list(instrs, preds, raws, topo, t, a, trace):
     clock = {"now": 0.0}
     cap_wait = set()
     eps = 1e-13
+    push, pop = heapq.heappush, heapq.heappop
 
     def wake(s, when):
         if when < next_key[s]:
             next_key[s] = when
-            heapq.heappush(events, (when, next(seq), s))
+            push(events, (when, next(seq), s))
 
     def pend(i):
-        s = instrs[i].stream
-        heapq.heappush(waiting[s], (ready[i] + lat[i], i))
-        wake(s, max(ready[i] + lat[i], avail[s]))
+        s = stream[i]
+        r = ready[i] + lat[i]
+        push(waiting[s], (r, i))
+        wake(s, max(r, avail[s]))
 
     def earliest(i, now):
-        r0 = now
-        if dge and instrs[i].engine == "dma":  # its descriptors first, on GpSimd (swdge)
-            r0 = max(r0, max(ready[i], free[gpsimd]) + dge + lat[i])
-        return max([r0] + [free[r] for r in res[i]])
+        m = now
+        if dge and is_dma[i]:  # its descriptors first, on GpSimd (swdge)
+            m = max(m, max(ready[i], free[_GPSIMD]) + dge + lat[i])
+        for r in res[i]:
+            if free[r] > m:
+                m = free[r]
+        return m
 
     issued, in_cands = [False] * n, [False] * n
     front = {"k": 0}
 
     def issue(i, now):
-        ins, s = instrs[i], instrs[i].stream
+        ins, s = instrs[i], stream[i]
         issued[i] = True
         k = front["k"]
         while k < n and issued[topo[k]]:
@@ -672,19 +718,21 @@ def _list(instrs, preds, raws, topo, t, a, trace):
             front["k"] = k
             mem.advance(k)
         dependent = last_on[s] is not None and last_on[s] in raws[i]
-        d, _ = _price(ins, dependent, t, a, state["last_stat"])
-        start[i], end[i] = now, now + d
+        e = now + _seconds(ins, dependent, t, a, state["last_stat"])
+        start[i], end[i] = now, e
         wait[i] = now - avail[s]
-        _hold(ins, i, now, end[i], res[i], free, ready, dge, avail)
+        _hold(is_dma[i], s, i, now, e, res[i], free, ready, dge, avail)
         last_on[s] = i
         if ins.engine == "tensor":
             state["last_stat"] = ins.stationary
-        for rt in mem.issue(i, end[i]):
-            for w in cap_wait:
-                wake(w, max(rt, now))
-            cap_wait.clear()
+        if mem.touch[i]:
+            for rt in mem.issue(i, e):
+                for w in cap_wait:
+                    wake(w, max(rt, now))
+                cap_wait.clear()
         for j in succ[i]:
-            ready[j] = max(ready[j], end[i])
+            if e > ready[j]:
+                ready[j] = e
             remaining[j] -= 1
             if remaining[j] == 0:
                 pend(j)
@@ -697,7 +745,7 @@ def _list(instrs, preds, raws, topo, t, a, trace):
         tried, best, retry, full = [], None, math.inf, False
         when = clock["now"]
         if state["force"]:
-            tried = [heapq.heappop(C) for _ in range(len(C))]
+            tried = [pop(C) for _ in range(len(C))]
             best = min(tried)[1]
             tried = [it for it in tried if it[1] != best]
             state["force"] = False
@@ -705,7 +753,7 @@ def _list(instrs, preds, raws, topo, t, a, trace):
             when = earliest(best, when)
         else:
             while C and len(tried) < SCAN:
-                item = heapq.heappop(C)
+                item = pop(C)
                 i = item[1]
                 if issued[i]:
                     continue
@@ -720,10 +768,10 @@ def _list(instrs, preds, raws, topo, t, a, trace):
                     best = i
                     break
         for it in tried:
-            heapq.heappush(C, it)
+            push(C, it)
         if best is None and full:  # the frontier (first unissued in program order) always has room eventually
             f = topo[front["k"]]
-            if instrs[f].stream == s and in_cands[f] and mem.fits(f, tpos, issued):
+            if stream[f] == s and in_cands[f] and mem.fits(f, tpos, issued):
                 st = earliest(f, when)
                 if st <= when + eps:
                     best = f
@@ -759,7 +807,7 @@ def _list(instrs, preds, raws, topo, t, a, trace):
         key = events[0][0]
         batch = []  # the streams deciding at this time
         while events and events[0][0] <= key + eps:
-            when, _, s = heapq.heappop(events)
+            when, _, s = pop(events)
             if when == next_key[s]:
                 next_key[s] = math.inf
                 batch.append(s)
@@ -772,8 +820,8 @@ def _list(instrs, preds, raws, topo, t, a, trace):
                 continue
             W, C = waiting[s], cands[s]
             while W and W[0][0] <= now + eps:
-                _, i = heapq.heappop(W)
-                heapq.heappush(C, (tpos[i], i))
+                _, i = pop(W)
+                push(C, (tpos[i], i))
                 in_cands[i] = True
             if not C:
                 if W:

@@ -115,16 +115,24 @@ class Trace:
     edges: list = dataclasses.field(default_factory=list)  # (consumer, producer) explicit scheduling edges
     allocations: dict = dataclasses.field(default_factory=dict)  # serial -> ("sbuf", bytes per partition) | ("psum", banks)
     capacity: dict = dataclasses.field(default_factory=dict)  # "sbuf": bytes per partition, "psum": banks
-    _deps: tuple | None = dataclasses.field(default=None, repr=False)  # schedule.dependencies, once computed
+    _graph: object = dataclasses.field(default=None, repr=False, compare=False)  # schedule.graph, once computed
 
     def __len__(self):
         return len(self.instrs)
 
 
 def region(t):
-    """The region a Tensor view (or an indirect AccessPattern: its whole base) covers; None for a number."""
+    """The region a Tensor view (or an indirect AccessPattern: its whole base) covers; None for a number.
+    A view's region is computed once (kept on it: a view's place in its allocation never changes)."""
     if t is None or not hasattr(t, "buffer"):
         return None
+    r = getattr(t, "traced_region", None)
+    if r is None:
+        r = t.traced_region = _region(t)
+    return r
+
+
+def _region(t):
     lay = getattr(t, "layout", None)
     if lay is None:  # AccessPattern: the whole HBM tensor
         size = t.base.size
