@@ -45,11 +45,14 @@ def test_the_traced_steps_call_kernels_per_device_at_the_per_device_shape():
         rows = {s.eqn.invars[0].aval.shape[0] for s in sites if s.primitive == "frontier_head_loss_fwd"}
         per_device = cfg.train.tokens_per_step // n // traced.accum  # tokens of one micro-batch on one device
         assert rows == {per_device}, (n, rows)
+        assert "ttt" not in traced.programs  # no test-time training: no SGD step
 
 
 def test_a_recipe_config_traces_the_reference_where_a_kernel_lacks_its_switch_and_reports_it():
     """configs/record11_tiny.py on Neuron: norm_mlp's kernel computes relu^2 only, so the traced program runs its
-    reference (no norm_mlp kernel call) and the other ops' kernels; the report names the fallback and its switch."""
+    reference (no norm_mlp kernel call) and the other ops' kernels; the report names the fallback and its switch.
+    Its test-time training's SGD step is traced and checked too: the same kernels, per device, at a chunk's 16 rows
+    of 256 (ttt.batch_seqs=32 is more than a chunk of 4,096 holds), 8 per NeuronCore."""
     from frontier_jax.neuron.program import kernel_sites, trace_steps
 
     cfg = load_config(REPO / "configs" / "record11_tiny.py")
@@ -58,10 +61,15 @@ def test_a_recipe_config_traces_the_reference_where_a_kernel_lacks_its_switch_an
     assert not any(p.startswith("frontier_norm_mlp") for p in called)
     assert {"frontier_qk_attention_fwd", "frontier_qk_attention_bwd", "frontier_mix_norm_projection_fwd",
             "frontier_projection_fwd", "frontier_head_loss_fwd", "frontier_embed_fwd"} <= called
+    ttt_sites = kernel_sites(traced.programs["ttt"])
+    assert {s.primitive for s in ttt_sites} == called and all(s.per_device for s in ttt_sites)
+    assert {s.eqn.invars[0].aval.shape[0] for s in ttt_sites if s.primitive == "frontier_head_loss_fwd"} == {8 * 256}
     findings = [f for name, closed in traced.programs.items() for f in neuron_check.check_program(name, closed)]
-    report = neuron_check.format_report(cfg.name, 2, findings, ops.switch_fallbacks(cfg.model))
+    report = neuron_check.format_report(cfg.name, 2, findings, ops.switch_fallbacks(cfg.model), ttt=True)
     assert findings == [] and report.endswith(
         "reference fallback: norm_mlp (model.mlp_negative_slope=0.5: the kernel computes relu(h)^2 only)")
+    assert report.startswith("Neuron program check: record11_tiny on 2 NeuronCore(s): pass (14 rules, train / eval / "
+                             "optimizer / TTT steps)")
 
 
 def test_cond_fails_and_a_host_choice_passes():

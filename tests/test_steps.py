@@ -108,6 +108,40 @@ def test_score_bound_metric_is_the_updated_gains_bound(byte_data):
     assert float(m["score_bound"]) != pytest.approx(float(ops.score_bound(q_gains(params), cfg.model.head_dim)))
 
 
+def test_late_qat_flag_is_traced_and_fake_quantizes_the_side_projections(byte_data):
+    """The late-QAT flag is a runtime argument: switching it on does not recompile the step (one compiled program
+    for both values); on, the step's loss is the forward with BigramHash's and the value embeddings' projections
+    replaced by their int6 grid values (reference.fake_int6, the record's per-output-row scale), off the plain one."""
+    from flax import nnx
+
+    from frontier_jax.ops import reference
+
+    cfg = tiny_config(byte_data, "model.bigram_buckets=64", "model.bigram_dim=32", "model.ve_layers=(1,)",
+                      "model.ve_dim=16", "optim.late_qat_threshold=0.15")
+    dp = make_data_parallel(1)
+    tx = optim.build_optimizer(cfg.optim, dtypes.resolve(cfg, jax.default_backend()).muon_ns)
+    graphdef, params, opt_state, _ = trainer.init_state(cfg, tx, jnp.float32, dp)
+    # away from the init, whose zero output projections and BigramHash table hide both projections from the loss
+    rng = np.random.default_rng(0)  # (NumPy: JAX's random draws for every leaf compile for seconds)
+    params = jax.tree_util.tree_map(lambda p: p + (0.1 * rng.standard_normal(p.shape)).astype(p.dtype), params)
+    step = make_train_step(graphdef, tx, mesh=dp.mesh, donate=False, late_qat=True)
+    x = np.random.default_rng(1).integers(0, 256, (1, 4, cfg.train.seq_len)).astype(np.int32)
+    y = np.roll(x, -1, axis=2)
+    losses = {}
+    for flag in (False, True, False):
+        _, _, m = step(params, opt_state, x, y, jnp.float32(0.1), jnp.float32(0.9), None, jnp.bool_(flag))
+        losses.setdefault(flag, float(m["loss"]))
+    assert step._cache_size() == 1
+    loss_of = jax.jit(lambda p: jnp.mean(nnx.merge(graphdef, p)(x[0], y[0])))  # the plain forward, compiled once
+    plain = float(loss_of(params))
+    model = nnx.merge(graphdef, params)
+    for mod in (model.bigram, model.ve_shared):
+        mod.proj[...] = reference.fake_int6(mod.proj[...], jnp.float32)
+    quantized = float(loss_of(nnx.split(model)[1]))
+    assert losses[False] == pytest.approx(plain, rel=1e-6) and losses[True] == pytest.approx(quantized, rel=1e-6)
+    assert abs(quantized - plain) > 1e-4  # the grid moves the loss: the flag reached the projections
+
+
 @pytest.mark.slow
 def test_each_eval_window_starts_fresh(byte_data):
     """A window's sums depend neither on the rows beside it nor on what precedes it in the stream: each row of an

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from frontier_jax import ops
 from frontier_jax.neuron import kernel_calls as kc
 from frontier_jax.config import Config, load_config
 from frontier_jax.errors import ArgumentParser, BadInput, exit_on_error, int_in
@@ -227,6 +228,8 @@ def _report(cfg: Config, closed, calls, fallback_calls, target: str, say) -> dic
     return {"config": cfg.name, "target": target, "cores": kc.CORES, "num_layers": cfg.model.num_layers,
             "kernels": rows, "glue": dataclasses.asdict(g), "glue_s": glue, "kernel_s": kern, "step_s": step,
             "dma_per_step": dma, "exact_max_forward": fallback,
+            # ops whose kernel lacks the model's settings: traced as their reference, priced in the glue
+            "reference_fallbacks": [{"op": r.op, "reason": r.reason} for r in ops.switch_fallbacks(cfg.model)],
             "flops_per_step_per_core": flops, "mfu": mfu, "aws_trn1_mfu": AWS_TRN1_MFU,
             "validation": validation(),
             "tokens_per_30min": {k: 1800.0 / v * cfg.train.tokens_per_step for k, v in step.items()}}
@@ -296,6 +299,8 @@ def format_report(rep: dict) -> str:
               f"outside kernels ({g['equations']:,} equation runs per step): {g['fused_bytes'] / 1e9:.2f} GB through "
               f"HBM fused ({g['unfused_bytes'] / 1e9:.2f} GB unfused), {2 * g['dot_macs'] / 1e12:.3f} TFLOP of "
               f"matmuls: {gs['central'] * 1e3:.1f} ms ({gs['high'] * 1e3:.1f} ms unfused)"]
+    lines += [f"  of which the reference path of {r['op']} (no kernel call: {r['reason']})"
+              for r in rep.get("reference_fallbacks", [])]
     lines.append(dma_line(rep["dma_per_step"]))
     k, st, mfu = rep["kernel_s"], rep["step_s"], rep["mfu"]
     lines += [f"kernels per step: busiest-engine {k['busiest'] * 1e3:.1f} ms; schedule {k['central'] * 1e3:.1f} ms "
