@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import cost_calibration as cc
-from frontier_jax import kernel_report
+from frontier_jax.neuron import kernel_report
 
 REPO = Path(__file__).resolve().parents[1]
 
