@@ -106,6 +106,7 @@ def test_workers_price_the_same_report(rep):
     lines = []
     assert kernel_report.build_report(cfg, progress=lines.append, workers=2) == rep
     assert f"kernel_report: tracing and scheduling {len(keys) + 1} distinct kernel calls in 2 processes" in lines
+    assert any(x.startswith(f"kernel_report: traced {len(keys) + 1}/{len(keys) + 1}, ") for x in lines)
     assert len(kernel_report._TRACED) == len(keys) + 1  # and the exact-max forward's
 
 

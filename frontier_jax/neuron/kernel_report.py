@@ -143,11 +143,12 @@ def trace_calls(calls, target: str = "trn1", workers: int = 1, progress=None) ->
         return
     keys.sort(key=_operand_elements, reverse=True)
     n = min(workers, len(keys))
-    (progress or (lambda line: None))(f"kernel_report: tracing and scheduling {len(keys)} distinct kernel calls in "
-                                      f"{n} processes")
+    say = progress or (lambda line: None)
+    say(f"kernel_report: tracing and scheduling {len(keys)} distinct kernel calls in {n} processes")
     with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for key, got in zip(keys, pool.map(_trace, keys)):
+        for i, (key, got) in enumerate(zip(keys, pool.map(_trace, keys)), 1):
             _TRACED[key] = got
+            say(f"kernel_report: traced {i}/{len(keys)}, {key[0]} {key[1]} [{kc.KernelCall(*key[:4], 0).label}]")
 
 
 @functools.lru_cache(maxsize=None)
