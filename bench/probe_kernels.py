@@ -3,7 +3,8 @@ cases: the same bytes in wide or narrow DMAs (nki/deep-dives/nki-dma-bandwidth-g
 Payload Size"), the same VectorE instructions as a dependent chain or independent (trainium_inferentia2_arch.rst,
 "Vector Engine / Performance Consideration"), a DMA-bound and a compute-bound phase that can overlap (nki_perf_guide.rst,
 Opt #4), one transfer of the DMA overview's Example 1 (nki-dma-overview.rst), and a dependent tiny ScalarE chain
-(nki_perf_guide.rst, Opt #5a). Run by tests/test_emulator_schedule.py and bench/cost_calibration.py.
+(nki_perf_guide.rst, Opt #5a). Run by tests/test_emulator_schedule.py, test_emulator_scheduling.py and
+bench/cost_calibration.py.
 """
 
 import nki
@@ -16,7 +17,7 @@ def copy_in_chunks(x, chunk=4096):
     """out = x [128, F] bf16, moved HBM -> SBUF -> HBM in DMAs of `chunk` elements per partition."""
     P, F = x.shape
     out = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.shared_hbm)
-    for c in nl.affine_range(F // chunk):
+    for c in range(F // chunk):
         t = nl.ndarray((P, chunk), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=t, src=x[0:P, c * chunk:(c + 1) * chunk])
         nisa.dma_copy(dst=out[0:P, c * chunk:(c + 1) * chunk], src=t)
@@ -89,3 +90,44 @@ def scalar_tiny_chain(x, steps=64):
         cur = t
     nisa.dma_copy(dst=out, src=cur)
     return out
+
+
+@nki.jit
+def stall_probe(x, order="ab", steps=8, width=2048, block=False, edge=False):
+    """Two independent pieces of work on VectorE, their statements in either program order: A, one pass over
+    a [128, F] fp32 tile that a DMA must load first (its VectorE instruction waits for the load); B, `steps`
+    passes over a resident [128, width] tile. order="ab" writes A's VectorE instruction first (program order
+    stalls VectorE behind the load), "ba" writes B's first. block=True writes both inside `nl.no_reorder()`;
+    edge=True makes B's first pass depend on A's (`NkiInstruction.depends_on`). Names: "a" (A's pass),
+    "b0", "b1", ... (B's passes), for `with_schedule`."""
+    P, F = x.shape
+    out = nl.ndarray((P, F + width), dtype=x.dtype, buffer=nl.shared_hbm)
+    a = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=a, src=x)
+    b = nl.ndarray((P, width), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=b, value=1.0)
+    if block:
+        with nl.no_reorder():
+            _stall_work(a, b, out, order, steps, edge)
+    else:
+        _stall_work(a, b, out, order, steps, edge)
+    return out
+
+
+def _stall_work(a, b, out, order, steps, edge):
+    P, F = a.shape
+    width = b.shape[1]
+    ta = nl.ndarray((P, F), dtype=a.dtype, buffer=nl.sbuf)
+    tb = nl.ndarray((P, width), dtype=b.dtype, buffer=nl.sbuf)
+    for part in order:
+        if part == "a":
+            ins_a = nisa.tensor_scalar(dst=ta, data=a, op0=nl.multiply, operand0=2.0, name="a")
+            nisa.dma_copy(dst=out[0:P, 0:F], src=ta)
+        else:
+            for k in range(steps):
+                ins_b = nisa.tensor_scalar(dst=tb, data=b, op0=nl.add, operand0=float(k), name=f"b{k}")
+                if edge and k == 0:
+                    first_b = ins_b
+            nisa.dma_copy(dst=out[0:P, F:F + width], src=tb)
+    if edge:
+        first_b.depends_on(ins_a)

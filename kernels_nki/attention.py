@@ -107,8 +107,9 @@ kr_BTGK. lse [B, H, T,
 (`lse_store`), the backward's columns come back the same way (`neg_lse_load`). The query gains arrive once
 per call ([128, H]), cos / sin once per call per layout (`rope_tiles`), dg once per sequence ([1, H]).
 
-Instruction order: the engines run their instruction streams in program order, so the kernels interleave
-independent chains: per kv head the (chunk, key tile) steps of the bounded forward and the (query tile, key
+Instruction order: each engine issues its stream in order, and the compiler may reorder independent
+instructions (aws-neuron-sdk nki/get-started/nki-language-guide.rst) by rules AWS does not publish, so the
+kernels write an order that overlaps the engines by itself, interleaving independent chains: per kv head the (chunk, key tile) steps of the bounded forward and the (query tile, key
 chunk) steps of the backward run two steps (backward: one, its dq matmuls a step later) apart
 (`pipelined`) and alternate between the R query heads, with the next kv head's prep (k^T, [v | 1], q^T; in a
 sequence's last kv head the next sequence's loads and its first kv head's prep) as side work between them;

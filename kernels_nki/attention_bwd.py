@@ -6,10 +6,11 @@ rows and transposes, its query heads' q / dO rows and transposes and per-tile vi
 and its tail (dq / dk through the rotation and the norm, the gain's gradient and, for a sequence's last kv
 head, the stores of its gradients from their natural rows: `_tail`).
 
-The engines run their instruction streams in program order (aws-neuron-sdk
-nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute Engines"), so the set-up and
-tail of a job issued between two jobs' steps would leave TensorE and ScalarE idle while they run on VectorE
-and GpSimd, and the steps' engines idle in turn; instead job n's steps carry job n - 1's tail and job n + 1's
+Each engine issues its stream in order (aws-neuron-sdk nki/guides/architecture/trainium_inferentia2_arch.rst,
+"NeuronCore-v2 Compute Engines"); the compiler may reorder independent instructions (nki/get-started/
+nki-language-guide.rst) but does not publish how, so the order written overlaps the engines by itself: the
+set-up and tail of a job issued between two jobs' steps would leave TensorE and ScalarE idle while they run on
+VectorE and GpSimd, and the steps' engines idle in turn; instead job n's steps carry job n - 1's tail and job n + 1's
 set-up as side work (`pipelined`'s `side`: small units spread over the steps, the set-up built once the tail
 has run, so that at most two jobs' tiles are live); a sequence's tiles come in two sets used in turn
 (`_seq_tiles`).

@@ -3,10 +3,11 @@ kernels_nki/attention_parts.py): the score matmul both directions share (`scores
 (chunk, key tile) steps per kv head (`bounded_heads`) and the backward's (query tile, key chunk) steps
 (`bwd_tile`, `bwd_heads`), the backward's dk / dv evacuation (`store_kv_grad`) and gain sum (`gain_grad`).
 
-The engines run their instruction streams in program order (aws-neuron-sdk
-nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute Engines": each engine has its
-own sequencer), so a step's cross-engine chain (matmul -> exp -> mask -> matmul) would leave every engine
-waiting; `pipelined` issues the second half of each step `LAG` steps after its first and the steps of the
+Each engine issues its stream in order (aws-neuron-sdk nki/guides/architecture/trainium_inferentia2_arch.rst,
+"NeuronCore-v2 Compute Engines": each engine has its own sequencer) and the compiler may reorder independent
+instructions (nki/get-started/nki-language-guide.rst) by rules AWS does not publish, so the order written
+keeps the engines busy by itself: a step's cross-engine chain (matmul -> exp -> mask -> matmul) would leave
+every engine waiting; `pipelined` issues the second half of each step `LAG` steps after its first and the steps of the
 kv head's R query heads alternate, so independent work fills the waits.
 """
 

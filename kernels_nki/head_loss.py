@@ -42,9 +42,10 @@ program order puts row tile t + 1's x^T before row tile t - 1's loss; the backwa
 emb^T, row tile t - 3's dx out of PSUM, row tile t - 2's dz and dz^T, row tile t - 1's r = (t^2 - 1)
 dl, row tile t - 2's dx matmuls, then row tile t's t = tanh(z / softcap), so that no engine's next instruction
 waits on the one another engine has just been given (z and dz^T wait in Z_BANKS PSUM banks; a larger
-vocabulary takes t at once and transposes dz with its dx matmuls) (each engine runs its instruction stream
-in order: trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute
-Engines"). SBUF per partition: emb^T and emb rows 2 x V x D x 2 / 128 bytes, the demb accumulators V x D x 4
+vocabulary takes t at once and transposes dz with its dx matmuls) (each engine issues its stream in order:
+trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute Engines"; the
+compiler may reorder independent instructions, nki/get-started/nki-language-guide.rst, by rules AWS does not
+publish, so the order written overlaps the engines by itself). SBUF per partition: emb^T and emb rows 2 x V x D x 2 / 128 bytes, the demb accumulators V x D x 4
 / 128 (V=8192 needs D <= 256).
 
 NeuronCore-v2 (trn1) rules this kernel follows (AWS docs, aws-neuron-sdk): PSUM is evacuated by
@@ -282,7 +283,8 @@ def _fwd_group(x_ND, targets_N1, bias_ids_NS, g, S, R, dt):
 @nki.jit
 def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS=None, bias_vals_NS=None, softcap=30.0):
     """(loss_N1, lse_N1), fp32. bias_ids_NS int32 / bias_vals_NS fp32 [N, S >= 1], or None: no bias. Token tile
-    t + 1's x^T comes before tile t - 1's loss in program order (each engine runs its stream in order)."""
+    t + 1's x^T comes before tile t - 1's loss in program order (an order that overlaps the engines without the
+    compiler's reordering: module docstring)."""
     N, D = x_ND.shape
     V = emb_VD.shape[0]
     S = _sources(bias_ids_NS, bias_vals_NS)

@@ -43,8 +43,10 @@ isa docs; the norm's forward alternates VectorE and ScalarE); then per 512-colum
 sum over I slices of x^T (stationary [128, 128]) x w (moving [128, 512], SBUF-resident for the call), one
 PSUM bank, scaled/cast out (`projection`: the residual tile added by one VectorE tensor_tensor, its one PSUM
 input the product). Program order: row tile t's matmuls come after row tile t + 1's transposes, so TensorE
-does not wait on each tile's PSUM copies (each engine runs its instruction stream in order: trn1 arch guide
-nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute Engines").
+does not wait on each tile's PSUM copies (each engine issues its stream in order: trn1 arch guide
+nki/guides/architecture/trainium_inferentia2_arch.rst, "NeuronCore-v2 Compute Engines"; the compiler may
+reorder independent instructions, nki/get-started/nki-language-guide.rst, by rules AWS does not publish, so
+the order written overlaps the engines by itself).
 Transposes: TensorE transposes a tile as a matmul with the tile stationary and an identity moving
 (isa docs nc_transpose; nc_matmul "Transpose mode": is_transpose=True labels it). Each 128-token
 transpose is issued as two matmuls of 64 tokens in the two 64-row tiles of the PE array (nc_matmul

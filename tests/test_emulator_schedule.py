@@ -8,6 +8,8 @@ import pytest
 from kernels_nki import emulator
 from kernels_nki.emulator import loader, schedule, trace
 
+STALL_X = ((128, 8192), "float32")  # stall_probe's input (bench/probe_kernels.py)
+
 
 @pytest.fixture(scope="module")
 def probes():
@@ -95,3 +97,47 @@ def test_payload_curve_is_monotone_and_saturates():
     shares = [schedule.payload_share(b) for b in sizes]
     assert shares == sorted(shares) and shares[-1] == 1.0
     assert schedule.payload_share(128) == pytest.approx(0.05) and schedule.payload_share(2048) == pytest.approx(0.813)
+
+
+def test_independent_statements_permuted_cost_the_same(probes):
+    ab, ba = (schedule.estimate(loader.record(probes.stall_probe, STALL_X, order=o)) for o in ("ab", "ba"))
+    for reading in schedule.ASSUMPTIONS:
+        assert ab[reading] == pytest.approx(ba[reading], rel=0.01), reading
+    # program order is what the in-order reading runs: there the order written first stalls VectorE
+    assert ab["in_order"] > 1.05 * ba["in_order"]
+    assert ab["central"] <= ab["in_order"] and ab["busiest_engine"] <= ab["low"]
+
+
+def test_list_schedule_fills_the_stall_with_later_independent_work(probes):
+    tr = loader.record(probes.stall_probe, STALL_X, order="ab")
+    listed, src = schedule.schedule(tr), schedule.schedule(tr, order="source")
+    a = next(i for i, ins in enumerate(tr.instrs) if ins.op == "tensor_scalar.multiply")
+    b0 = next(i for i, ins in enumerate(tr.instrs) if ins.op == "tensor_scalar.add")
+    assert a < b0  # A first in program order
+    assert src.start[b0] >= src.end[a]  # in order: B waits behind A, which waits for its load
+    assert listed.start[b0] < listed.start[a]  # the list scheduler issues B while A's input loads
+    assert listed.order == "list" and src.order == "source"
+    with pytest.raises(ValueError, match="unknown order"):
+        schedule.schedule(tr, order="any")
+
+
+def test_run_ahead_stays_within_the_memory(probes):
+    """32 loads of 8 KiB per partition (256 KiB in all, beyond trn1's 192 KiB SBUF partition) may run ahead of
+    their stores only as far as the SBUF holds them."""
+    tr = loader.record(probes.copy_in_chunks, ((128, 131072), "bfloat16"), chunk=4096)
+    room = tr.capacity["sbuf"]
+    for order in schedule.ORDERS:
+        s = schedule.schedule(tr, order=order)
+        spans = {}
+        for ins, a, b in zip(s.instrs, s.start, s.end):
+            for r in ins.reads + ins.writes:
+                if r[0] in tr.allocations:
+                    lo, hi = spans.get(r[0], (a, b))
+                    spans[r[0]] = (min(lo, a), max(hi, b))
+        events = sorted([(lo, tr.allocations[k][1]) for k, (lo, _) in spans.items()]
+                        + [(hi, -tr.allocations[k][1]) for k, (_, hi) in spans.items()], key=lambda e: (e[0], e[1]))
+        live = peak = 0
+        for _, amount in events:
+            live += amount
+            peak = max(peak, live)
+        assert s.over_capacity == 0 and 8192 < peak <= room, order

@@ -34,7 +34,7 @@ DESCRIPTION = ("Timelines of the step's kernel calls on one NeuronCore, in the m
 def schedule_call(call: kc.KernelCall, reading: str = "central", target: str = "trn1") -> schedule.Schedule:
     inputs = with_batch(call, 1) if call.op in BATCHED else call.inputs
     tr = loader.record(kernel_of(call), *inputs, target=target, **dict(call.constants))
-    return schedule.schedule(tr, reading)
+    return schedule.best(tr, reading)[0]
 
 
 def lanes(s: schedule.Schedule) -> dict:

@@ -19,8 +19,11 @@ Public API:
   source, reading); list them with `python -m kernels_nki.emulator [--target trn2] [--markdown]`.
 - `estimate(counters) -> Estimate` (trn1 time per engine, bounding engine; constants in `cost`): the lower bound.
 - `loader.record(kernel, *specs, target=..., **constants) -> Trace` (every instruction with its engine or DMA
-  queue, work and tile regions, count-only) and `schedule.schedule(trace, reading)` / `schedule.estimate(trace)`
-  (the trace ordered on the engines at the documented costs; unpublished ones bracketed low / central / high).
+  queue, work and tile regions, count-only) and `schedule.schedule(trace, reading, order="list" | "source")` /
+  `schedule.estimate(trace)` (the instruction graph ordered on the engines as the compiler may order it, or in
+  program order, at the documented costs; unpublished ones bracketed low / central / high).
+- NKI's scheduling APIs (`scheduling.py`): `nl.no_reorder()`, `kernel.with_schedule(edges)`, and the
+  `NkiInstruction` every `nki.isa` call returns (`.depends_on(*producers)`); their edges go into the trace.
 - Errors: `NkiRuleError` (a rule of the table; message "file:line: [rule.id] detail (rule: ...; source:
   ...)", with `.rule` and `.location`), a subclass of `NkiLimitError`; `NkiEmulatorError` (API misuse or
   an unemulated feature), `EmulatorConflictError` (a real `nki` is present).

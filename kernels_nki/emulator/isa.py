@@ -492,3 +492,10 @@ def _register(name: str):
 
 register_alloc, register_load = _register("register_alloc"), _register("register_load")
 register_store, register_move = _register("register_store"), _register("register_move")
+
+
+# every instruction returns its NkiInstruction (nki/api/nki/isa/__init__.py, NkiInstruction: "Returned by nki.isa
+# operations during tracing"): scheduling.py
+from kernels_nki.emulator.scheduling import NkiInstruction, wrap_instructions  # noqa: E402,F401 (an nki.isa name)
+
+wrap_instructions(globals())

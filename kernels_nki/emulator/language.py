@@ -17,6 +17,7 @@ import numpy as np
 from kernels_nki.emulator import isa as _isa
 from kernels_nki.emulator import machine as _m
 from kernels_nki.emulator.optable import *  # noqa: F401,F403 (dtypes, buffers, tile_size and the Op table: nl.* names)
+from kernels_nki.emulator.scheduling import no_reorder  # noqa: F401 (an nl name: scheduling.py)
 from kernels_nki.emulator.optable import Op, _not_emulated, add, copy, maximum, minimum, multiply, negative, psum, rsqrt, sbuf, uint8
 
 
@@ -118,14 +119,25 @@ def empty_like(x, dtype=None, buffer=None, name=None):
 
 
 def broadcast_to(x, shape, dtype=None):
-    """A new SBUF tile of `shape` (same rank as x; each dim equal or broadcast from 1) holding x's values
-    (one VectorE copy)."""
+    """A new tile of `shape` (same rank as x; each dim equal or broadcast from 1) holding x's values. Across
+    partitions (an on-chip x on one partition) it is a TensorE matmul of a ones stationary with x moving, one
+    per 512 columns ("NKI invokes such matmul under the hood when broadcast_input.broadcast_to((M,
+    broadcast_input.shape[1])) is called": aws-neuron-sdk nki/guides/architecture/trainium_inferentia2_arch.rst,
+    "Tensor Engine / Alternative Use Case"); its result is in PSUM, where a consumer reads it in place (the
+    emulator keeps it as an SBUF tile and charges no copy out). Along the free axes: one VectorE copy."""
     shape = tuple(int(s) for s in shape)
     if len(shape) != x.ndim or any(a not in (1, b) for a, b in zip(x.shape, shape)):
         _m.rule("alu.no_broadcast", f"nl.broadcast_to {x.shape} -> {shape}")
     m = _m.current()
     out = m.allocate(shape, dtype or x.dtype, sbuf)
-    m.count_engine("vector", out)
+    free = math.prod(shape[1:])
+    if getattr(x, "on_chip", False) and x.shape[0] == 1 and shape[0] > 1:
+        w = _m.PMAX * 4  # moving free size per matmul (nc_matmul: at most 512)
+        for c0 in range(0, free, w):
+            m.count_matmul(1, shape[0], w if free - c0 > w else free - c0, fp32=x.dtype == np.float32, useful=False,
+                           op="broadcast", reads=(x,), writes=(out,))
+    else:
+        m.count_engine("vector", out, reads=(x,))
     if m.compute:
         out.data[...] = np.broadcast_to(x.data.astype(np.float32), shape).astype(out.dtype)
     return out

@@ -24,7 +24,7 @@ import types
 
 import numpy as np
 
-from kernels_nki.emulator import ast_pass, isa, language, nki_typing
+from kernels_nki.emulator import ast_pass, isa, language, nki_typing, scheduling
 from kernels_nki.emulator import machine as _m
 from kernels_nki.emulator import rules as _rules
 from kernels_nki.emulator import trace as _trace
@@ -43,12 +43,16 @@ class EmulatedKernel:
     (checked against the target when it runs: trn1 has 1 logical NeuronCore, trn2 up to 2). `reading`: the
     reading its calls run under unless they name one (its module's)."""
 
-    def __init__(self, fn, lnc: int = 1, reading: str = "any"):
-        self.fn, self.lnc, self.reading = fn, lnc, _rules.check_reading(reading)
+    def __init__(self, fn, lnc: int = 1, reading: str = "any", schedule: tuple = ()):
+        self.fn, self.lnc, self.reading, self.schedule = fn, lnc, _rules.check_reading(reading), schedule
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, lnc):
-        return EmulatedKernel(self.fn, int(lnc[0] if isinstance(lnc, tuple) else lnc), self.reading)
+        return EmulatedKernel(self.fn, int(lnc[0] if isinstance(lnc, tuple) else lnc), self.reading, self.schedule)
+
+    def with_schedule(self, edges) -> EmulatedKernel:
+        """The kernel with extra dependency edges between named instructions (scheduling.py)."""
+        return EmulatedKernel(self.fn, self.lnc, self.reading, self.schedule + scheduling.check_schedule(edges))
 
     def __call__(self, *args, **kwargs):
         outputs, _ = run(self, *args, **kwargs)  # target= selects the NeuronCore (default trn1)
@@ -188,7 +192,9 @@ def _launch(kernel, machine: _m.Machine, inputs, constants):
                 f"{machine.spec.max_lnc} logical NeuronCore(s))", _where(kernel))
     if kernel.lnc > 1:
         raise _m.NkiEmulatorError(f"{kernel.fn.__name__}[{kernel.lnc}]: LNC > 1 launches are not emulated")
-    return kernel.fn(*inputs, **constants)
+    result = kernel.fn(*inputs, **constants)
+    scheduling.apply_schedule(machine, kernel.schedule, _where(kernel))
+    return result
 
 
 def _reading(kernel: EmulatedKernel, reading: str | None) -> str:
@@ -247,4 +253,5 @@ def record(kernel, *specs, target: str = "trn1", reading: str | None = None, **c
             shape, dtype = (spec.shape, spec.dtype) if hasattr(spec, "shape") else spec
             inputs.append(m.wrap_hbm(np.broadcast_to(np.zeros((), dtype=_m.as_dtype(dtype)), tuple(shape))))
         _outputs(_launch(kernel, m, inputs, constants), m, _where(kernel))
-    return _trace.Trace(m.trace, m.counters, target)
+    return _trace.Trace(m.trace, m.counters, target, m.order.edges, m.allocations,
+                        {"sbuf": m.spec.sbuf_partition_bytes, "psum": m.spec.psum_banks})

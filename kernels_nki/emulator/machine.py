@@ -140,12 +140,13 @@ class Tensor:
     """A tile (SBUF/PSUM) or an HBM tensor. Dimension 0 of an on-chip tile is the partition dim, which
     starts at partition `pstart` of the allocation."""
 
-    __slots__ = ("data", "buffer", "alloc", "machine", "mask", "pstart", "layout")
+    __slots__ = ("data", "buffer", "alloc", "machine", "mask", "pstart", "layout", "traced_region")
 
     def __init__(self, data: np.ndarray, buffer: str, alloc: _Allocation, machine: Machine, mask=None, pstart=0,
                  layout=None):
         self.data, self.buffer, self.alloc, self.machine, self.mask = data, buffer, alloc, machine, mask
         self.pstart = pstart
+        self.traced_region = None  # trace.region's answer, once asked (a view's place never changes)
         self.layout = _layout(data.shape) if layout is None else layout
 
     @property
@@ -346,6 +347,8 @@ class Machine:
         self.target = target
         self.reading = _rules.check_reading(reading)
         self.trace = [] if trace else None  # trace.Instr per instruction, in program order (loader.record)
+        self.order = _trace.Order()  # issue indices and explicit scheduling edges (scheduling.py)
+        self.allocations = {}  # traced calls: on-chip allocation serial -> (buffer, bytes per partition | banks)
         self.spec = _rules.spec(target)
         self.counters = Counters()
         self.sbuf_live = 0
@@ -404,6 +407,9 @@ class Machine:
         spec = self.spec
         if buffer == "sbuf" and direct:  # placed by the kernel (checked by its address), not by the allocator
             return
+        if self.trace is not None:  # what the schedule's capacity constraint counts (schedule.py)
+            self.allocations[alloc.serial] = (buffer, per_partition if buffer == "sbuf"
+                                              else -(-per_partition // spec.psum_bank_bytes))
         if buffer == "sbuf":  # beyond the capacity the compiler spills (rule sbuf.capacity's reading): counted
             self.sbuf_live += per_partition
             self.counters.sbuf_peak_bytes = max(self.counters.sbuf_peak_bytes, self.sbuf_live)
@@ -444,6 +450,7 @@ class Machine:
         setattr(c, f"{engine}_instructions", getattr(c, f"{engine}_instructions") + 1)
         setattr(c, f"{engine}_elems_issued", getattr(c, f"{engine}_elems_issued") + issued)
         setattr(c, f"{engine}_elems_useful", getattr(c, f"{engine}_elems_useful") + partitions * free)
+        self.order.issue()
         if self.trace is not None:
             self.trace.append(_trace.engine(engine, op, issued // PMAX, free, partitions, reads,
                                             (tile,) if writes is None else writes))
@@ -460,6 +467,7 @@ class Machine:
         c.dma_buffers += -(-nbytes // size) if nbytes else 0
         c.dma_bytes_under_256 += nbytes if size < 256 else 0
         c.dma_bytes_under_2k += nbytes if size < 2048 else 0
+        self.order.issue()
         if self.trace is not None:
             self.trace.append(_trace.dma(op, nbytes, size, dst, srcs))
 
@@ -476,6 +484,7 @@ class Machine:
         c.pe_macs_issued += issued
         c.pe_macs_issued_fp32 += issued if fp32 else 0
         c.pe_macs_useful += k * m * n if useful else 0
+        self.order.issue()
         if self.trace is not None:
             self.trace.append(_trace.matmul(op, n, rows * cols / (PMAX * PMAX), fp32, m, stationary, reads, writes))
 

@@ -5,6 +5,11 @@ and the tiles it reads and writes.
 `loader.record(kernel, *specs, target=..., **constants) -> Trace` runs the kernel in count-only mode (no
 arithmetic, full shapes) with the trace on; `emulator.run` / `count` leave it off. The schedule
 (`schedule.py`) prices and orders the trace; `Trace.counters` are the same work counters `count` returns.
+Program order is the order the kernel issues its instructions in: the data dependencies are read from it,
+the schedule's in-order reading keeps it, its central reading does not (the compiler may reorder).
+Beside the instructions a trace carries what the scheduler needs besides them: the explicit scheduling edges
+(`edges`: `nl.no_reorder` blocks, `kernel.with_schedule`, `NkiInstruction.depends_on`; `scheduling.py`), the
+on-chip allocations' sizes (`allocations`) and the target's capacities (`capacity`).
 
 A region is (allocation serial, first row, row end, first column, column end, row size R, first element,
 element end) within one allocation, element offsets in the flat allocation: on chip a row is a partition;
@@ -74,21 +79,60 @@ class Instr:
         return f"dma.{self.queue}" if self.engine == "dma" else self.engine
 
 
+class Order:
+    """Issue bookkeeping of one kernel call (machine.Machine.order), kept in compute mode too: every instruction's
+    index in program order (its index in the trace when one is recorded), the explicit scheduling edges
+    (consumer index, producer index) and the instructions issued under each `name=`."""
+
+    __slots__ = ("issued", "depth", "last_in_block", "edges", "names", "nesting")
+
+    def __init__(self):
+        self.issued = 0
+        self.depth = 0  # nl.no_reorder blocks entered
+        self.last_in_block = None
+        self.edges = []
+        self.names = {}  # name -> [(first index, stop index)] per instruction call that passed it
+        self.nesting = 0  # instruction calls running (an nki.isa call made by another one is part of it)
+
+    def issue(self) -> int:
+        """The next instruction's index; inside a no_reorder block it depends on the block's previous one
+        (aws-neuron-sdk nki/guides/how-to-scheduling-apis.rst: "dependency edges ... between every pair of
+        instructions"; a chain carries every pair's order)."""
+        i = self.issued
+        self.issued += 1
+        if self.depth:
+            if self.last_in_block is not None:
+                self.edges.append((i, self.last_in_block))
+            self.last_in_block = i
+        return i
+
+
 @dataclasses.dataclass
 class Trace:
     instrs: list
     counters: object  # machine.Counters of the same call
     target: str
-    _deps: tuple | None = dataclasses.field(default=None, repr=False)  # schedule.dependencies, once computed
+    edges: list = dataclasses.field(default_factory=list)  # (consumer, producer) explicit scheduling edges
+    allocations: dict = dataclasses.field(default_factory=dict)  # serial -> ("sbuf", bytes per partition) | ("psum", banks)
+    capacity: dict = dataclasses.field(default_factory=dict)  # "sbuf": bytes per partition, "psum": banks
+    _graph: object = dataclasses.field(default=None, repr=False, compare=False)  # schedule.graph, once computed
 
     def __len__(self):
         return len(self.instrs)
 
 
 def region(t):
-    """The region a Tensor view (or an indirect AccessPattern: its whole base) covers; None for a number."""
+    """The region a Tensor view (or an indirect AccessPattern: its whole base) covers; None for a number.
+    A view's region is computed once (kept on it: a view's place in its allocation never changes)."""
     if t is None or not hasattr(t, "buffer"):
         return None
+    r = getattr(t, "traced_region", None)
+    if r is None:
+        r = t.traced_region = _region(t)
+    return r
+
+
+def _region(t):
     lay = getattr(t, "layout", None)
     if lay is None:  # AccessPattern: the whole HBM tensor
         size = t.base.size
