@@ -179,8 +179,9 @@ class FusedMuonState(NamedTuple):
     momentum_buffer: optax.Updates  # fp32, as MuonState
 
 
-def fused_muon(base_lr: float, ns_steps: int = 5, ns_dtype: str = "bfloat16") -> Optimizer:
-    """Muon (lr = base_lr * lr_scale, runtime `momentum`): one `ops.muon_update` per 2-D parameter."""
+def fused_muon(base_lr: float, ns_steps: int = 5, ns_dtype: str = "bfloat16", weight_decay: float = 0.0) -> Optimizer:
+    """Muon (lr = base_lr * lr_scale, runtime `momentum`) with decoupled weight decay p' = p - lr (u + wd p), as
+    `fused_adam`'s: one `ops.muon_update` per 2-D parameter."""
 
     def init(params):
         return FusedMuonState(jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
@@ -188,7 +189,8 @@ def fused_muon(base_lr: float, ns_steps: int = 5, ns_dtype: str = "bfloat16") ->
     def apply(grads, state, params, *, lr_scale, momentum, **extra):
         scal = ops.scalars_PK(base_lr * lr_scale, momentum)
         out = jax.tree_util.tree_map(
-            lambda p, g, b: ops.muon_update(p, g, b, scal, ns_steps=ns_steps, ns_dtype=ns_dtype),
+            lambda p, g, b: ops.muon_update(p, g, b, scal, ns_steps=ns_steps, ns_dtype=ns_dtype,
+                                            weight_decay=weight_decay),
             params, grads, state.momentum_buffer)
         p2, b2 = _unzip(params, out, 2)
         return p2, FusedMuonState(b2)

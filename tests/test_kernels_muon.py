@@ -58,6 +58,24 @@ def test_matches_reference(kernel, shape, ns_dtype):
     assert c.pe_macs_issued > 0 and c.psum_peak_banks <= 8
 
 
+def test_decoupled_weight_decay_matches_reference_at_the_minimum_bytes(kernel, ns_dtype="bfloat16"):
+    """weight_decay (the record's 0.04): p' = p - lr (u + wd p), the kernel's equal to the reference's (the same
+    Newton-Schulz update u, so the same bound as the p' check above) and the decay alone exactly the difference to
+    the update without it (g = buf = 0: u = 0); HBM bytes as without it (20 B per element, the minimum)."""
+    p, g, b, scal = _inputs((64, 96), seed=5)
+    ref = jax.jit(lambda *a: reference.muon_update(*a, ns_steps=5, ns_dtype=ns_dtype, weight_decay=0.04))
+    (p2, b2), c = emulator.run(kernel, p, g, b, scal, ns_steps=5, ns_dtype=ns_dtype, weight_decay=0.04)
+    rp, rb = ref(p, g, b, scal)
+    assert _max_rel(p2, rp) <= 1e-3 and _max_rel(b2, rb) <= 1e-6
+    assert c.dma_bytes == 20 * p.size + 128 * 2 * 4
+    zero = np.zeros_like(g)
+    (p0, _), _ = emulator.run(kernel, p, zero, zero, scal, ns_steps=5, ns_dtype=ns_dtype, weight_decay=0.04)
+    np.testing.assert_allclose(p0, p - np.float32(0.04 * 0.8) * np.float32(0.04) * p, rtol=1e-6)
+    # op for op (unjitted: XLA's fusion may contract the products into one rounding)
+    np.testing.assert_array_equal(p0, reference.muon_update(p, zero, zero, scal, ns_steps=5, ns_dtype=ns_dtype,
+                                                            weight_decay=0.04)[0])
+
+
 @pytest.mark.parametrize("ns_dtype", ["float32", "bfloat16"])
 def test_zero_gradient_gives_zero_update(kernel, ns_dtype):
     """g = buf = 0: the Frobenius norm is 0, outside ScalarE sqrt's valid input range; the kernel

@@ -558,9 +558,12 @@ def adam_update(p, g, m, v, scal_P4, *, b1, b2, eps, weight_decay):
     return jnp.asarray(p + u).astype(p.dtype), m2.astype(m.dtype), v2.astype(v.dtype)
 
 
-def muon_update(p_IO, g_IO, buf_IO, scal_P2, *, ns_steps, ns_dtype):
-    """(p', buf'): optim.scale_by_muon -> x (-lr) -> apply_updates, op for op; scal_P2 rows [lr, momentum]."""
+def muon_update(p_IO, g_IO, buf_IO, scal_P2, *, ns_steps, ns_dtype, weight_decay=0.0):
+    """(p', buf'): optim.scale_by_muon (+ add_decayed_weights) -> x (-lr) -> apply_updates, op for op; scal_P2 rows
+    [lr, momentum]. weight_decay: decoupled, as `adam_update`'s: p' = p - lr (u + wd p)."""
     lr, mom = scal_P2[0, 0], scal_P2[0, 1]
     u, buf_IO = muon_direction(g_IO, buf_IO, mom, ns_steps, ns_dtype)
+    if weight_decay:
+        u = u + weight_decay * p_IO
     u = (-lr * u).astype(u.dtype)
     return jnp.asarray(p_IO + u).astype(p_IO.dtype), buf_IO
