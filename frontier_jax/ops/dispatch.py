@@ -91,12 +91,13 @@ class KernelAdapter:
 
 @dataclasses.dataclass(frozen=True)
 class Switch:
-    """A model setting that changes an op and that its kernel does not compute: `ModelConfig.<field>` is passed
-    to the op as keyword `param`; the kernel implements `param` = `kernel_value` only (`what` says what it does)."""
+    """A model setting that changes an op and whose every value its kernel does not compute: `ModelConfig.<field>`
+    is passed to the op as keyword `param`; the kernel computes the values for which `computes(value)` holds
+    (`what` says which)."""
 
     field: str
     param: str
-    kernel_value: object
+    computes: Callable[[object], bool]
     what: str
 
 
@@ -165,8 +166,8 @@ def _switched(spec: OpSpec, kwargs: dict) -> bool:
     """Whether this call sets a switch the op's kernel does not compute (it then runs the reference): allowed
     where the table shows the op as reference (for this switch, `configure(model=...)`, or for any other reason
     outside a kernel trace); an error where the table says the kernel runs."""
-    on = [f"{s.param}={kwargs[s.param]!r}" for s in spec.switches
-          if s.param in kwargs and kwargs[s.param] != s.kernel_value]
+    on = [f"{s.param}={kwargs[s.param]!r}" for s in SPECS[spec.name].switches
+          if s.param in kwargs and not s.computes(kwargs[s.param])]
     if not on:
         return False
     if spec.name in _state["switched"]:
@@ -295,7 +296,7 @@ def switch_fallbacks(model) -> list[KernelRow]:
     on every platform (the kernel table, strict mode, the Neuron program check)."""
     rows = []
     for op, spec in SPECS.items():
-        off = [s for s in spec.switches if model is not None and getattr(model, s.field) != s.kernel_value]
+        off = [s for s in spec.switches if model is not None and not s.computes(getattr(model, s.field))]
         if off and op in registry.KERNELS:
             rows.append(KernelRow(op, "reference", "; ".join(f"model.{s.field}={getattr(model, s.field)!r}: {s.what}"
                                                              for s in off)))
