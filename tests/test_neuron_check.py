@@ -4,6 +4,7 @@ docs/trn1.md's rule table is the module's; the constraints files pin what AWS do
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -47,21 +48,28 @@ def test_the_traced_steps_call_kernels_per_device_at_the_per_device_shape():
         assert rows == {per_device}, (n, rows)
 
 
-def test_a_recipe_config_traces_the_reference_where_a_kernel_lacks_its_switch_and_reports_it():
-    """configs/record11_tiny.py on Neuron: norm_mlp's kernel computes relu^2 only, so the traced program runs its
-    reference (no norm_mlp kernel call) and the other ops' kernels; the report names the fallback and its switch."""
+def test_the_record_config_runs_every_op_on_its_kernel_and_passes():
+    """configs/record11_tiny.py on Neuron: the recipe's switches run inside the kernels (norm_mlp with the record's
+    LeakyReLU slope, qk_attention with XSA on its last layers and without on the others), so the traced program
+    calls every op's kernel, no op falls back to its reference (what `--kernels strict` requires) and the program
+    check passes; a model whose setting a kernel lacks (a negative slope) gets the fallback named in the report."""
     from frontier_jax.neuron.program import kernel_sites, trace_steps
 
     cfg = load_config(REPO / "configs" / "record11_tiny.py")
     traced = trace_steps(cfg, 2, *on_neuron(cfg))
-    called = {s.primitive for s in kernel_sites(traced.programs["train"])}
-    assert not any(p.startswith("frontier_norm_mlp") for p in called)
-    assert {"frontier_qk_attention_fwd", "frontier_qk_attention_bwd", "frontier_mix_norm_projection_fwd",
-            "frontier_projection_fwd", "frontier_head_loss_fwd", "frontier_embed_fwd"} <= called
+    sites = kernel_sites(traced.programs["train"])
+    called = {s.primitive for s in sites}
+    assert {f"frontier_{op}_{d}" for op in ("qk_attention", "norm_mlp", "mix_norm_projection", "projection",
+                                             "head_loss", "embed", "rms_norm") for d in ("fwd", "bwd")} <= called
+    assert {s.eqn.params["negative_slope"] for s in sites if s.primitive.startswith("frontier_norm_mlp")} == {0.5}
+    assert {s.eqn.params["xsa_on"] for s in sites if s.primitive.startswith("frontier_qk_attention")} == {True, False}
     findings = [f for name, closed in traced.programs.items() for f in neuron_check.check_program(name, closed)]
-    report = neuron_check.format_report(cfg.name, 2, findings, ops.switch_fallbacks(cfg.model))
-    assert findings == [] and report.endswith(
-        "reference fallback: norm_mlp (model.mlp_negative_slope=0.5: the kernel computes relu(h)^2 only)")
+    assert findings == [] and ops.switch_fallbacks(cfg.model) == []
+    assert "reference fallback" not in neuron_check.format_report(cfg.name, 2, findings, [])
+    leaky = dataclasses.replace(cfg.model, mlp_negative_slope=-0.25)
+    report = neuron_check.format_report(cfg.name, 2, findings, ops.switch_fallbacks(leaky))
+    assert report.endswith("reference fallback: norm_mlp (model.mlp_negative_slope=-0.25: the kernel reads the "
+                           "activation's sign off the stored LeakyReLU(h), which needs a slope >= 0)")
 
 
 def test_cond_fails_and_a_host_choice_passes():

@@ -17,12 +17,15 @@ reference directly under plain autodiff (`dispatch.direct`); its body is the ker
 genuine adapters only (reshapes to rows, dtype casts, the scale folded into a weight, the gain
 broadcast over the partitions). Ops no production path calls live in `frontier_jax.ops.experimental`.
 
-The model's switches (the recipe, docs/recipe.md) are keyword arguments of the ops they change. Where the
-existing kernels compute them exactly, the kernel path adapts them (the LN-scale factor folded into the
-projection's and the MLP's first weight; partial RoPE as a fixed permutation of q's and k's head dims with
-cos = 1, sin = 0 at the passed-through pairs; XSA applied to the attention kernel's output); a switch no kernel
-computes is an op's declared `Switch`: for a model that sets it the kernel table shows the op as "reference"
-with the switch named, strict mode fails naming it, and the op's calls run its reference.
+The model's switches (the recipe, docs/recipe.md) are keyword arguments of the ops they change. The kernels
+compute them: the LeakyReLU slope is the MLP kernel's compile-time constant, XSA the attention kernel's epilogue
+(both directions), and the kernel path adapts the rest exactly (the LN-scale factor folded into the projection's
+and the MLP's first weight; partial RoPE as a fixed permutation of q's and k's head dims with cos = 1, sin = 0 at
+the passed-through pairs); a setting no kernel computes (a negative slope) is an op's declared `Switch`: for a
+model that sets it the kernel table shows the op as "reference" with the switch named, strict mode fails naming
+it, and the op's calls run its reference. BigramHash, SmearGate and the value embeddings are not ops: small XLA
+computations of the model (frontier_jax.model) on every platform, which the trn1 step estimate prices by name
+(frontier_jax.neuron.kernel_report).
 
 The kernel table's API is re-exported here: `configure`, `kernel_table`, `format_kernel_table`,
 `emulated`, `through_primitives`, `switch_fallbacks`, `KernelRow`, `KernelUnavailableError`, `Switch`, `OPS`,
