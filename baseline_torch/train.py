@@ -26,7 +26,7 @@ from baseline_torch.model import GPT, count_params, load_npz, refuse_recipe, sav
 from baseline_torch.optim import Optimizers
 from frontier_jax.policies import dtypes as dtype_policy
 from frontier_jax.policies import sizing
-from frontier_jax.policies.geometry import split_batch, step_batch
+from frontier_jax.policies.geometry import micro_batch_candidates, split_batch, step_batch
 from frontier_jax.policies.scoring import val_window_tokens
 from frontier_jax.run import driver, progress, rundir, startup
 from frontier_jax.run.endings import STOP_NONFINITE, ending
@@ -124,7 +124,10 @@ class Trainer(TrainerInterface):
         self.sum_dtype = torch.float32 if device.type == "xla" else torch.float64
         t = cfg.train
         self.seqs_per_step = t.tokens_per_step // t.seq_len
-        self.micro_seqs, self.accum = split_batch(self.seqs_per_step, t.micro_batch_seqs, 1, 1)
+        # train.micro_batch_seqs = 0 (auto): the PyTorch baseline estimates no memory (the JAX trainer does,
+        # frontier_jax.neuron.memory); it takes the baseline's micro-batch, 64 sequences (a divisor of the step)
+        micro = t.micro_batch_seqs or micro_batch_candidates(self.seqs_per_step)[0]
+        self.micro_seqs, self.accum = split_batch(self.seqs_per_step, micro, 1, 1)
         torch.manual_seed(t.seed)
         self.model = GPT(cfg.model, self.dtype).to(device)
         self.forward = torch.compile(self.model, dynamic=False, fullgraph=True) if compile_model else self.model
@@ -272,6 +275,9 @@ def _run(cfg: Config, out_dir: Path, trainer: Trainer, data, compile_model: bool
     for line in startup.start_lines(cfg, data, len(data.train_files), trainer.accum, trainer.micro_seqs,
                                     count_params(trainer.model), peak_info):
         log(line)
+    if not t.micro_batch_seqs:
+        log(f"micro-batch {trainer.micro_seqs} sequences (train.micro_batch_seqs=0): the PyTorch baseline estimates "
+            "no memory and takes the baseline's micro-batch; set train.micro_batch_seqs lower if the step does not fit")
     trainer.start(out_dir, log, signals, rundir.MetricsLog(out_dir / rundir.METRICS),
                   [*([xla.CompileWatch(log)] if device.type == "xla" else []),
                    progress.Progress(log, driver.Policy.from_config(cfg), progress.train_tokens(data.train_files), t)])
@@ -292,7 +298,7 @@ def parse_args(argv):
     p.add_argument("--tokenizer", help="SentencePiece .model matching the shards, or 'bytes'")
     p.add_argument("--budget", type=float, help="training budget in seconds (train.budget_seconds)")
     p.add_argument("--out", help="run directory (default runs/<config>-torch-<time>)")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="initialisation seed (train.seed)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. model.num_layers=4")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N | xla (PyTorch/XLA: a NeuronCore "
                                                      "under torch-neuronx; auto picks it on a Neuron host)")

@@ -146,6 +146,7 @@ def bench_trainer(config_path: str, builder_tokens: int, steps_per_block: int, b
     from frontier_jax.config import load_config
     from frontier_jax.data.shards import write_shard
     from frontier_jax.policies.dtypes import resolve as resolve_dtypes
+    from frontier_jax.policies.geometry import micro_batch_candidates
     from frontier_jax.ngram.bias import empty_tables
     from frontier_jax.ngram.builder import NgramBuilder
     from frontier_jax.ngram.runtime import bias_fn
@@ -162,7 +163,8 @@ def bench_trainer(config_path: str, builder_tokens: int, steps_per_block: int, b
     tx = optim.build_optimizer(cfg.optim, dtypes.muon_ns)
     graphdef, params, opt_state, shardings = init_state(cfg, tx, dtypes.compute, dp)
     step = make_train_step(graphdef, tx, bias_fn, mesh=dp.mesh, state_specs=dp.state_specs(opt_state))
-    rows = min(t.tokens_per_step // t.seq_len, t.micro_batch_seqs * dp.num_devices)
+    per_device = t.tokens_per_step // t.seq_len // dp.num_devices
+    rows = min(per_device, t.micro_batch_seqs or micro_batch_candidates(per_device)[0]) * dp.num_devices
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.integers(0, cfg.model.vocab_size, (1, rows, t.seq_len)), jnp.int32)
     y = jnp.roll(x, -1, axis=-1)

@@ -74,7 +74,7 @@ def _families(cfg, B: int, T: int, variants: bool, dtype=jnp.float32) -> dict:
     """name -> (thunk, calls per step)."""
     m = cfg.model
     D, H, G, K, V, L = m.model_dim, m.num_heads, m.num_kv_heads, m.head_dim, m.vocab_size, m.num_layers
-    F, N = m.mlp_mult * D, B * T
+    F, N = m.mlp_hidden, B * T
     r = np.random.default_rng(0)
     a = lambda *s: jnp.asarray(r.standard_normal(s).astype(np.float32) * 0.1, dtype)
     ids = jnp.asarray(r.integers(0, V, N), jnp.int32)

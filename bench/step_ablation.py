@@ -30,7 +30,7 @@ from bench.jax_vs_torch import jax_runner  # the same step as jax_vs_torch
 from frontier_jax import ops, optim
 
 
-def _cheap_attention(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, gain_H):
+def _cheap_attention(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, gain_H, *, xsa: bool = False):
     """A same-shape stand-in for `ops.qk_attention` (what `model.Block` calls)."""
     return q_BTHK + jnp.repeat(k_BTGK + v_BTGK, q_BTHK.shape[2] // k_BTGK.shape[2], axis=2)
 

@@ -36,7 +36,7 @@ def get_config() -> Config:
         model=recipe(),
         optim=OptimConfig(matrix_lr=0.025, scalar_lr=0.025, embed_lr=0.035, muon_momentum=0.99,
                           muon_momentum_warmup_start=0.92, muon_momentum_warmup_steps=1500, warmdown_steps=3500),
-        train=TrainConfig(seq_len=2048, tokens_per_step=786_432, micro_batch_seqs=48, budget_seconds=600.0,
+        train=TrainConfig(seq_len=2048, tokens_per_step=786_432, micro_batch_seqs=0, budget_seconds=600.0,
                           max_steps=9000, compile_warmup_steps=20, val_every_steps=4000, log_every_steps=500,
                           seed=1337),
         eval=EvalConfig(stride=64, artifact="int6_lzma", score="sliding"),

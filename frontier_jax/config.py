@@ -240,7 +240,10 @@ class DataConfig:
 class TrainConfig:
     seq_len: int = 1024  # T, tokens per training and validation window
     tokens_per_step: int = 524_288  # global, across all devices and accumulation steps
-    micro_batch_seqs: int = 64  # sequences per device per micro-batch (accumulation fills the rest)
+    # Sequences per device per micro-batch (accumulation fills the rest of the step, whose result does not
+    # change). 0: auto, the largest that fits the device's memory up to 64, the baseline's (estimated before
+    # anything is compiled or allocated: frontier_jax.neuron.memory); a set value that cannot fit is refused.
+    micro_batch_seqs: int = 0
     budget_seconds: float = 1800.0  # wall-clock training budget (warm-up and validation excluded)
     max_steps: int = 20_000  # stop after this many steps even if budget remains
     compile_warmup_steps: int = 20  # untimed steps, then weights/optimizer/data are reset
@@ -269,8 +272,11 @@ class TrainConfig:
         _check_ranges("train", self, log_every_seconds="(0, inf]")
         if self.kernels not in KERNEL_MODES:
             raise ConfigError(f"train.kernels must be {'|'.join(KERNEL_MODES)}, got {self.kernels!r}")
-        if self.seq_len <= 0 or self.tokens_per_step <= 0 or self.micro_batch_seqs <= 0:
-            raise ConfigError("train.seq_len, train.tokens_per_step and train.micro_batch_seqs must be positive")
+        if self.seq_len <= 0 or self.tokens_per_step <= 0:
+            raise ConfigError("train.seq_len and train.tokens_per_step must be positive")
+        if self.micro_batch_seqs < 0:
+            raise ConfigError(f"train.micro_batch_seqs must be >= 0 (0: auto, the largest that fits), got "
+                              f"{self.micro_batch_seqs}")
         if self.tokens_per_step % self.seq_len:
             raise ConfigError(f"train.tokens_per_step={self.tokens_per_step} is not a multiple of train.seq_len={self.seq_len}")
         if self.max_steps <= 0:

@@ -143,12 +143,15 @@ def environment() -> dict:
 
 # Documented dense matmul peaks per device, keyed by the XLA device kind. AWS documents the kind
 # "NC_v2" for Trainium1 (aws-neuron-sdk `archive/nxd-training/pytorch-neuron-programming-guide.rst`,
-# `xla_device_kind`); a Trainium chip is two NeuronCore-v2 with 190 FP16/BF16 and 47.5 FP32 TFLOPS
-# (`about-neuron/arch/neuron-hardware/trainium.rst`, the Trainium table): per core half of that.
+# `xla_device_kind`) and a NeuronCore-v2's TensorE at "a maximum throughput of 92 TFLOPS, as well as 23 TFLOPS
+# for FP32 inputs" (`nki/guides/architecture/trainium_inferentia2_arch.rst`, "Tensor Engine"): the per-core
+# figure, the one the trn1 step estimate uses too (kernels_nki/emulator/cost.py: 128 x 128 MACs at 2.8 GHz).
+# The chip table's 190 BF16 / 47.5 FP32 TFLOPS per 2-core chip (`about-neuron/arch/neuron-hardware/trainium.rst`)
+# halves to 95 / 23.75, a rounder figure of the same engines.
 DOCUMENTED_PEAKS = {
-    "NC_v2": {"bfloat16": 190e12 / 2, "float32": 47.5e12 / 2,
-              "source": "documented: AWS Trainium (trn1) 190 BF16 / 47.5 FP32 TFLOPS per chip of 2 NeuronCore-v2, "
-                        "aws-neuron-sdk about-neuron/arch/neuron-hardware/trainium.rst"},
+    "NC_v2": {"bfloat16": 92e12, "float32": 23e12,
+              "source": "documented: AWS NeuronCore-v2 (trn1) TensorE 92 BF16 / 23 FP32 TFLOPS, aws-neuron-sdk "
+                        "nki/guides/architecture/trainium_inferentia2_arch.rst"},
 }
 PROBE_ROUNDS = 5
 

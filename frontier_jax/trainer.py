@@ -40,6 +40,7 @@ from frontier_jax.contest import codebytes
 from frontier_jax.data.dataset import Dataset, load_for_config
 from frontier_jax.data.stream import TrainLoader, val_batches
 from frontier_jax.model import build, count_params
+from frontier_jax.neuron import memory, program
 from frontier_jax.ngram import runtime as ngram_runtime
 from frontier_jax.parallel import DataParallel, make_data_parallel
 from frontier_jax.run.rundir import RunError, RunLog, claim_run_dir, truncate_metrics
@@ -156,6 +157,7 @@ class Setup:
     dp: DataParallel
     global_micro: int
     accum: int
+    fit: memory.Fit  # the micro-batch per device and the step's estimated peak against a device's memory
     kernel_rows: list
     program_report: str | None  # the Neuron program check's report for the log (None: not on Neuron)
     env: dict
@@ -171,8 +173,8 @@ def _setup(cfg: Config, check=lambda: None) -> Setup:
     t = cfg.train
     sizing.check_host_memory(cfg)
     dp = make_data_parallel(cfg.parallel.num_devices, cfg.parallel.zero1)
-    global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, dp.num_devices,
-                                      dp.process_count)
+    if t.micro_batch_seqs:  # a set micro-batch the devices cannot split fails before anything is traced
+        split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, dp.num_devices, dp.process_count)
     if t.val_batch_seqs % dp.num_devices:
         raise ConfigError(f"train.val_batch_seqs={t.val_batch_seqs} is not a multiple of the {dp.num_devices} devices")
     if cfg.eval.batch_seqs % dp.num_devices:
@@ -181,22 +183,37 @@ def _setup(cfg: Config, check=lambda: None) -> Setup:
     tx = optim.build_optimizer(cfg.optim, dtypes.muon_ns)
     kernel_rows = ops.configure(t.kernels, unused=ops.unused_ops(cfg.optim.fused), model=cfg.model)
     check()
-    program_report = _neuron_program_check(cfg, dp, dtypes, tx)
+    fit = _fit_memory(cfg, dp, dtypes, tx)  # the step's peak memory against the devices', before any allocation
+    global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, fit.micro_seqs, dp.num_devices,
+                                      dp.process_count)
+    check()
+    program_report = _neuron_program_check(cfg, dp, dtypes, tx, fit.micro_seqs)
     check()
     env = {**parallel.environment(), "host_allocator": host.tune_allocator(t.allocator)}
-    return Setup(dp, global_micro, accum, kernel_rows, program_report, env, dtypes, tx,
+    return Setup(dp, global_micro, accum, fit, kernel_rows, program_report, env, dtypes, tx,
                  load_for_config(cfg))  # the data: all checks before the run directory is touched
 
 
-def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx) -> str | None:
-    """On Neuron, the trainer's programs (in its dtypes, with its optimizer) against AWS's documented JAX limits
-    (frontier_jax.neuron.check): the report for the run log; strict mode refuses a failing program in one line
-    naming the rule and the op."""
+def _fit_memory(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx) -> memory.Fit:
+    """The train and eval steps' estimated peak per device (frontier_jax.neuron.memory, a walk of the traced
+    steps) against what a device has: the CPU devices of this process share its available RAM. A set
+    train.micro_batch_seqs that cannot fit is refused in one line (exit 2); 0 (auto) takes the largest that fits."""
+    backend = jax.default_backend()
+    limit = memory.device_memory(backend, dp.num_devices // dp.process_count, jax.local_devices()[0])
+    return program.fit_memory(cfg, dp.num_devices, dtypes, tx, limit)
+
+
+def _neuron_program_check(cfg: Config, dp: DataParallel, dtypes: dtype_policy.Dtypes, tx,
+                          micro_seqs: int) -> str | None:
+    """On Neuron, the trainer's programs (in its dtypes, with its optimizer, at its micro-batch) against AWS's
+    documented JAX limits (frontier_jax.neuron.check): the report for the run log; strict mode refuses a failing
+    program in one line naming the rule and the op."""
     if jax.default_backend() != "neuron":
         return None
     from frontier_jax.neuron import check as neuron_check
 
-    findings = neuron_check.check_config(cfg, dp.num_devices, dtypes, tx)
+    at_fit = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_seqs=micro_seqs))
+    findings = neuron_check.check_config(at_fit, dp.num_devices, dtypes, tx)
     if findings and cfg.train.kernels == "strict":
         raise ops.KernelUnavailableError(neuron_check.strict_error(findings))
     return neuron_check.format_report(cfg.name, dp.num_devices, findings, ops.switch_fallbacks(cfg.model))
@@ -217,12 +234,15 @@ class JaxTrainer(Trainer):
         self.seqs_per_step, self.accum, self.metrics_log = t.tokens_per_step // t.seq_len, s.accum, None
         log.attach(out_dir / rundir.LOG)
         env = s.env
+        self.env_backend = env["backend"]
         log(startup.run_line("frontier_jax", out_dir, cfg, env["git"]))
         log(f"backend {env['backend']} | {dp.describe()} | allocator {host.describe(env['host_allocator'])}")
         log(f"compute dtype {s.dtypes.compute} (model.compute_dtype={cfg.model.compute_dtype}) | Muon NS dtype "
             f"{s.dtypes.muon_ns} (optim.muon_ns_dtype={cfg.optim.muon_ns_dtype})")
-        log(ops.format_kernel_table(s.kernel_rows) + "\n(every kernel-backed op runs per device on its shard of the "
-            "batch, inside jax.shard_map)")
+        table = ops.run_log_table(s.kernel_rows, env["backend"])
+        log(table if table.count("\n") == 0 else table + "\n(every kernel-backed op runs per device on its shard of "
+            "the batch, inside jax.shard_map)")
+        log(s.fit.line())
         if s.program_report is not None:
             log(s.program_report)
         data = s.data
@@ -291,13 +311,32 @@ class JaxTrainer(Trainer):
         """Evaluation sums over non-overlapping windows of `seq_len` (default train.seq_len), or sliding ones at
         `stride` (eval.batch_seqs windows per batch) that score every target once."""
         t, dp = self.cfg.train, self.dp
-        T = seq_len or t.seq_len
-        batch = (self.cfg.eval.batch_seqs or t.val_batch_seqs) if stride else t.val_batch_seqs
+        T, batch = seq_len or t.seq_len, self._eval_rows(stride)
         # sliding windows cover the whole split (cut to whole windows of the longer length, Config.val_seq_len)
         toks = self.val_tokens if stride and not max_tokens else val_window_tokens(self.val_tokens, max_tokens, T)
         batches = ((dp.put_batch(x), dp.put_batch(y), dp.put_batch(m)) for x, y, m in
                    val_batches(toks, T, batch, dp.process_index, dp.process_count, stride=stride))
         return evaluate_batches(self._steps.eval(T), self.params, batches, self.ngram.tables)
+
+    def _eval_rows(self, stride: int | None) -> int:
+        """Windows per eval batch: eval.batch_seqs for sliding windows (0: train.val_batch_seqs), else the latter."""
+        t = self.cfg.train
+        return (self.cfg.eval.batch_seqs or t.val_batch_seqs) if stride else t.val_batch_seqs
+
+    def warm_up_programs(self, evals: list[dict], check) -> int:
+        """The warm-up's other programs (`_AttentionVariants.warm_up`): a train step with every qk_attention forward
+        the run can switch to, and one batch of every eval shape of `evals` (eval_sums' geometries) with every
+        forward possible at its length, so that neither a switch nor the final pipeline's windows compile later
+        (the warm-up resets the state afterwards); `check` after each. Logs the programs; returns how many."""
+        t, windows = self.cfg.train, {}
+        for g in evals:
+            T = g.get("seq_len") or t.seq_len
+            windows.setdefault(f"{self._eval_rows(g.get('stride'))}x{T}", (T, g))
+        names = self._steps.warm_up(lambda: jax.block_until_ready(self.train_step(1.0, 0.0)),
+                                    lambda window: self.eval_sums(windows[window][0], **windows[window][1]),
+                                    [(T, window) for window, (T, _) in windows.items()], check)
+        self.log(f"compile warm-up: {len(names)} programs: {', '.join(names)}")
+        return len(names)
 
     def restore(self, data_state: dict) -> None:
         """Undo the warm-up: the restored (resume) or fresh parameters and optimizer state, the data position."""
@@ -363,7 +402,8 @@ class JaxTrainer(Trainer):
 
     def summary_fields(self) -> dict:
         kind = ops.attention_forward_kind(self._steps.bound, self.cfg.train.seq_len)
-        self.log(f"qk_attention forward on Neuron for the final gains: {kind}")
+        if self.env_backend == "neuron":  # summary.json keeps it everywhere
+            self.log(f"qk_attention forward for the final gains: {kind}")
         return {"checkpoint_step": checkpoint.latest_step(self.out_dir),  # every process (orbax collectives)
                 "attention_forward": kind, "attention_forward_switches": self._steps.switches}
 
@@ -423,15 +463,17 @@ def _score_bound(params, head_dim: int) -> float:
 class _AttentionVariants:
     """The train and eval steps for the two qk_attention forward kernels, the one to run chosen on the host
     from the score bound of the gains the next step uses (the previous step's metric, read before the next
-    is dispatched; or the parameters after a reset): no `lax.cond` in the program. Each variant compiles
-    on first use; a switch is logged. Where both forwards are the same program (the reference path), one
-    pair of steps serves both."""
+    is dispatched; or the parameters after a reset): no `lax.cond` in the program. `warm_up` runs (so
+    compiles) every forward's steps in the untimed warm-up, so that a switch mid-run compiles nothing; a
+    switch is logged. Where both forwards are the same program (the reference path), one pair of steps
+    serves both."""
 
     def __init__(self, make_train, make_eval, differ: bool, seq_len: int, log):
         self._make = {"train": make_train, "eval": make_eval}
         self._built: dict = {}
         self.differ, self.seq_len, self.log = differ, seq_len, log
         self.bound, self.exact, self.switches = 0.0, None, 0
+        self._forced: bool | None = None  # the forward `warm_up` runs, whatever the bound
 
     def observe(self, bound: float) -> None:
         self.bound = bound
@@ -439,8 +481,34 @@ class _AttentionVariants:
         if self.exact is not None and exact != self.exact and self.differ:
             self.switches += 1
             self.log(f"qk_attention forward: {ops.attention_forward_kind(bound, self.seq_len)} "
-                     "(the other forward's steps compile on first use)")
+                     "(its steps were compiled in the warm-up)")
         self.exact = exact
+
+    def forwards(self, seq_len: int) -> tuple[bool, ...]:
+        """The forwards (exact max or not) a step over windows of `seq_len` can run: both where they differ and
+        the bounded shift is exact for some gains at that length, else the one."""
+        if not self.differ:
+            return (False,)
+        return (False, True) if ops.bounded_shift_valid(0.0, seq_len) else (True,)
+
+    def warm_up(self, run_train, run_eval, eval_windows, check) -> list[str]:
+        """Runs (so compiles) `run_train()` with the train step of every forward the training length can run,
+        and `run_eval(window)` with the eval step of every forward each of the (seq_len, window) `eval_windows`
+        (one a distinct eval shape) can run, each forward put in place whatever the bound, `check()` after
+        each; returns the names of the programs."""
+        names = []
+        runs = [(exact, run_train, f"train step T={self.seq_len}") for exact in self.forwards(self.seq_len)]
+        runs += [(exact, lambda w=window: run_eval(w), f"eval step {window}") for seq_len, window in eval_windows
+                 for exact in self.forwards(seq_len)]
+        try:
+            for exact, run, name in runs:
+                self._forced = exact
+                run()
+                names.append(name + (f" ({'exact max' if exact else 'bounded shift'})" if self.differ else ""))
+                check()
+        finally:
+            self._forced = None
+        return names
 
     def _get(self, kind: str, exact: bool):
         exact = exact and self.differ
@@ -449,10 +517,12 @@ class _AttentionVariants:
         return self._built[(kind, exact)]
 
     def train(self):
-        return self._get("train", self.exact)
+        return self._get("train", self.exact if self._forced is None else self._forced)
 
     def eval(self, seq_len: int | None = None):
         """The eval step for windows of `seq_len` (default the training length: the forward chosen by `observe`)."""
+        if self._forced is not None:
+            return self._get("eval", self._forced)
         if seq_len is None or seq_len == self.seq_len:
             return self._get("eval", self.exact)
         return self._get("eval", not ops.bounded_shift_valid(self.bound, seq_len))

@@ -275,6 +275,78 @@ def test_a_corrupt_manifest_is_one_line(byte_data, tmp_path, capsys):
     assert exit_.value.code == EXIT_BAD_INPUT and err.count("\n") == 1 and "manifest.json: unreadable manifest" in err
 
 
+def test_only_positive_finite_scores_are_scored_one_line_naming_the_arm(tmp_path, capsys):
+    """`val_bpb: -5` won "better by 6.6471 bpb"; `1e-400` underflowed to 0 and won too: each run is not scored,
+    one line names the arm, and the pair has no verdict."""
+    out = tmp_path / "cmp"
+    assert main(["--arm", "a=" + _py('print("val_bpb: 1.5{seed}")'), "--arm", "b=" + _py('print("val_bpb: -5.{seed}")'),
+                 "--arm", "tiny=" + _py('print("val_bpb: 1e-400")'), "--budget", "3", "--seeds", "2",
+                 "--out", str(out)]) == 0
+    res = _strict(out / "results.json")
+    status = {(r["arm"], r["seed"]): r["status"] for r in res["runs"]}
+    assert status[("b", 1337)] == "failed: val_bpb -5.1337 is not a positive score"
+    assert status[("tiny", 1338)] == "failed: val_bpb 0 is not a positive score (it underflowed to 0)"
+    pairs = {(p["a"], p["b"]): p["verdict"] for p in res["pairs"]}
+    assert pairs[("a", "b")] == pairs[("a", "tiny")] == "no data"
+    shown = capsys.readouterr().out.splitlines()
+    assert any(x.startswith("    b seed 1338: not scored: val_bpb -5.1338 is not a positive score (") for x in shown)
+    from frontier_jax.compare.collect import score_problem
+
+    assert [score_problem("val_bpb", v) for v in (1.2, None, 1e-300)] == [None, None, None]
+
+
+def test_a_confounded_comparison_says_the_remedy_titles_and_marks_its_plot(tmp_path, capsys, monkeypatch):
+    """An arm whose runs differ 2x in throughput: the remedies (with the options that apply them) in results.md,
+    results.json and last on the screen; the plot titled and marked CONFOUNDED."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    steps = lambda scale: (f'[print("step:%d/20 train_loss:2.0 train_time:%dms step_avg:1ms" % (s, {scale} * s)) '
+                           f'for s in range(1, 21)]; print("val_bpb: 1.30")')
+    out = tmp_path / "cmp"
+    assert main(["--arm", "steady=" + _py(steps(100)), "--arm", "jumpy=" + _py(steps("100 * ({seed} - 1336)")),
+                 "--budget", "3", "--seeds", "2", "--out", str(out)]) == 0
+    res = _strict(out / "results.json")
+    fixes = res["conditions"]["remedies"]
+    assert any(f.startswith("--threads 1: every run pinned to one CPU") for f in fixes)
+    assert any("--max-load" in f for f in fixes)
+    md = (out / "results.md").read_text()
+    assert "**Remedy** (what compare would change, and the option that does it):" in md and "- --threads 1" in md
+    screen = capsys.readouterr().out
+    assert "CONFOUNDED: remedy: --threads 1" in screen.splitlines()[-3] + screen.splitlines()[-2]
+    fig = figures[-1]
+    assert fig._suptitle.get_text().startswith("val bits/byte (lower is better): steady vs jumpy; 2 seed(s) x 3 s")
+    assert any(t.get_text().startswith("CONFOUNDED: the arms did not run under the same conditions") for t in fig.texts)
+    from matplotlib.ticker import EngFormatter
+
+    assert isinstance(fig.axes[1].xaxis.get_major_formatter(), EngFormatter)  # tokens as 200k, not 200000
+
+
+def test_threads_pins_every_run_and_progress_lines_come_while_a_run_is_silent(tmp_path, capsys, monkeypatch):
+    """--threads 1: the arm's process may run on one CPU only (torch arms get --threads 1); a line every
+    PROGRESS_EVERY_S while a run runs, with its console's last line."""
+    import argparse
+    import os
+
+    from frontier_jax.compare import arms
+
+    monkeypatch.setattr(arms, "PROGRESS_EVERY_S", 0.5)
+    code = 'import os, time; print("cpus", len(os.sched_getaffinity(0)), flush=True); time.sleep(2.5); print("val_bpb: 1.2")'
+    out = tmp_path / "cmp"
+    before = os.sched_getaffinity(0)
+    assert main(["--arm", "a=" + _py(code), "--arm", "b=" + _py(code), "--budget", "3", "--seeds", "1",
+                 "--threads", "1", "--out", str(out)]) == 0
+    assert "cpus 1" in (out / "runs" / "a-s1337" / "console.log").read_text()
+    assert os.sched_getaffinity(0) == before  # compare's own CPUs are put back
+    screen = capsys.readouterr().out
+    assert any(x.startswith("    a seed 1337: ") and x.endswith(" s | cpus 1") for x in screen.splitlines())
+    torch_arm = arms.parse_arm("torch:configs/tiny.py", 0)
+    ns = argparse.Namespace(data="d", tokenizer="t", budget=3.0, threads=1)
+    cmd = arms.build_command(torch_arm, 1337, tmp_path, ns)
+    assert cmd[cmd.index("--threads") + 1] == "1"
+
+
 RECORD_LOG = """step:7179/9000 val_loss:1.9214 val_bpb:1.1379 train_time:600128ms step_avg:83.59ms
 DIAGNOSTIC post_ema val_loss:1.9196 val_bpb:1.1369 eval_time:1971ms
 Serialized model int6+lzma: 15887928 bytes

@@ -123,7 +123,7 @@ def test_refusals(tmp_path, capsys):
     two = tmp_path / "two.jsonl"
     two.write_text('{"text": "a"}\n{"text": "b"}\n', encoding="utf-8")
     assert _exit_code(["--input", str(two), "--out", str(tmp_path / "o"), "--bytes", "--val-docs", "2"]) == 2
-    assert "val_docs 2 leaves no training documents (input has 2)" in capsys.readouterr().err
+    assert "--val-docs 2 leaves no training documents (the input has 2)" in capsys.readouterr().err
     with pytest.raises(DataError, match="input file does not exist"):
         prepare([tmp_path / "missing.jsonl"], tmp_path / "o", tokenizer_spec="bytes")
     with pytest.raises(DataError, match="exactly one of"):

@@ -96,3 +96,52 @@ def test_the_readme_layout_block_is_the_tree():
     for room, names in rooms.items():
         assert names == {p.stem for p in (pkg / room).glob("*.py")} - {"__init__", "__main__"}, room
     assert len(rooms) >= 8  # the rooms are listed with their modules, not only named
+
+
+def test_what_the_documented_commands_write_in_the_checkout_is_ignored_by_git():
+    """Following the README (`prepare --out data/sp1024`, the tokenizer beside it) must not mark every later run
+    `-dirty`: each relative --out of a command in the README and docs, and the README's input files, is ignored."""
+    import subprocess
+
+    pages = [README, *_pages(), REPO / "bench" / "README.md"]
+    outs = {m for page in pages for m in re.findall(r"--out[ =]([A-Za-z0-9_./-]+)", page.read_text())
+            if not m.startswith("/") and not re.search(r"\b[A-Z]{2,}\b", m)}  # placeholders: DIR, FILE.npz
+    files = set(re.findall(r"--(?:input|tokenizer) ([A-Za-z0-9_.-]+\.(?:jsonl|model))\b", README.read_text()))
+    assert {"data/sp1024", "prof/"} <= outs and "fineweb_1024_bpe.model" in files
+    res = subprocess.run(["git", "check-ignore", "--no-index", *sorted(outs | files)], cwd=REPO,
+                         capture_output=True, text=True)
+    if res.returncode == 128:
+        import pytest
+
+        pytest.skip(f"not a git checkout: {res.stderr.strip()}")
+    ignored = set(res.stdout.split())
+    assert ignored == outs | files, f"not in .gitignore: {sorted((outs | files) - ignored)}"
+
+
+SECTION = re.compile(r"\]\(([^)#\s]+)\),? \"([^\"]+)\"")
+
+
+def test_every_section_a_page_names_beside_its_link_exists():
+    """`[page](path), "Section"` or `(README, "Section")`: the page has a heading that starts with the section's
+    name (bench/README.md named a README section that had moved to docs/)."""
+    missing = []
+    for page in [README, *_pages(), REPO / "bench" / "README.md"]:
+        text = page.read_text()
+        named = SECTION.findall(text) + [(str(README), s) for s in re.findall(r"\(README(?:\.md)?, \"([^\"]+)\"", text)]
+        for target, section in named:
+            path = (page.parent / target).resolve()
+            heads = [line.lstrip("#").strip() for line in path.read_text().splitlines() if line.startswith("#")]
+            if not any(h.startswith(" ".join(section.split())) for h in heads):  # a name may wrap
+                missing.append(f"{page.relative_to(REPO)}: {target}, \"{section}\"")
+    assert not missing, missing
+
+
+def test_every_documented_training_command_names_its_data():
+    """A `train` command with a --config runs only with --data (no config file names a data directory; the
+    H200 row of docs/results.md once lacked it); usage lines ([--data DIR]) and elided commands (...) aside."""
+    pages = [README, *_pages(), REPO / "bench" / "README.md"]
+    commands = [c for page in pages for c in re.findall(r"python -m (?:frontier_jax|baseline_torch)\.train [^`|\n]*",
+                                                       page.read_text().replace("\\\n", " "))]
+    checked = [c for c in commands if "--config" in c and "[--" not in c and "..." not in c]
+    assert len(checked) >= 8
+    assert all("--data " in c and "--tokenizer " in c for c in checked), [c for c in checked if "--data " not in c]

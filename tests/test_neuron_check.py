@@ -157,13 +157,13 @@ def test_strict_mode_refuses_a_failing_program_in_one_line(monkeypatch, byte_dat
     strict, auto = (tiny_config(byte_data, f"train.kernels={mode!r}") for mode in ("strict", "auto"))
     dtypes, tx, dp = object(), object(), trainer.make_data_parallel(1)
     with pytest.raises(ops.KernelUnavailableError) as e:
-        trainer._neuron_program_check(strict, dp, dtypes, tx)
+        trainer._neuron_program_check(strict, dp, dtypes, tx, 4)
     assert "\n" not in str(e.value) and "rule cond" in str(e.value) and "shard_map/cond" in str(e.value)
-    report = trainer._neuron_program_check(auto, dp, dtypes, tx)  # logged, not refused
+    report = trainer._neuron_program_check(auto, dp, dtypes, tx, 4)  # logged, not refused
     assert report == neuron_check.format_report(auto.name, 1, [bad]) and "FAIL  cond" in report
     assert seen == [(dtypes, tx)] * 2  # the run's own dtypes and optimizer are traced: built once, handed over
     monkeypatch.setattr(trainer.jax, "default_backend", lambda: "cpu")
-    assert trainer._neuron_program_check(strict, dp, dtypes, tx) is None and len(seen) == 2
+    assert trainer._neuron_program_check(strict, dp, dtypes, tx, 4) is None and len(seen) == 2
 
 
 def test_docs_rule_table_is_the_modules():
@@ -185,3 +185,24 @@ def test_constraints_pin_the_documented_jax_within_the_projects_range():
         v = tuple(int(p) for p in pins["jax"].split("."))
         assert tuple(int(p) for p in lo.split(".")) <= v < tuple(int(p) for p in hi.split("."))
         assert f.stem.split("-")[1] in (REPO / "docs" / "trn1.md").read_text()
+
+
+def test_the_check_prints_the_estimate_per_neuroncore_and_fails_over_hbm(monkeypatch, capsys):
+    """Every config's report carries its step's estimated peak per NeuronCore against the HBM AWS documents;
+    a step over it fails the rule memory.hbm (exit 1)."""
+    from frontier_jax.neuron import memory, program
+
+    tiny = str(REPO / "configs" / "tiny.py")
+    assert neuron_check.main(["--config", tiny]) == 0
+    out = capsys.readouterr().out
+    assert "  memory: step peak estimated " in out and " per NeuronCore at 16 sequences per micro-batch " \
+        "(train.micro_batch_seqs) of 16.0 GiB (a trn1 NeuronCore-v2's HBM, as AWS documents it)" in out
+    assert "  ok  memory.hbm" in out
+    small = memory.DeviceMemory(1 << 20, "a test's HBM", "NeuronCore")
+    monkeypatch.setattr(program._memory, "device_memory", lambda backend: small)
+    assert neuron_check.main(["--config", tiny]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  memory.hbm" in out and "per NeuronCore at 16 sequences per micro-batch, over its 1.0 MiB of HBM" in out
+    assert neuron_check.main(["--config", tiny, "--set", "train.micro_batch_seqs=0"]) == 1  # auto: even 1 is over
+    assert "at 1 sequence per micro-batch (auto: the largest that fits)" in capsys.readouterr().out
+    assert neuron_check.CONFIGS == REPO / "configs"  # no --config: every configs/*.py (test_every_config... runs them)

@@ -108,6 +108,10 @@ def test_docs_step_estimate_is_the_reports():
     md = kernel_report.format_markdown(reps) + "\n\n" + kernel_report.format_against(reps[0], old)
     assert md in (docs / "step-estimate.md").read_text(), "rerun python -m frontier_jax.kernel_report --config " \
         "configs/baseline.py --markdown --against docs/kernels/step-estimate-row-major.json into the page"
+    # docs/kernels/optimizer.md's per-step figures are frontier14's report's
+    lines = kernel_report.optimizer_lines(reps[1])
+    ratio = {line.split(":")[0]: line.split(", ")[1].split("x")[0] for line in lines}
+    assert f"Adam {ratio['adam_update']}x, Muon {ratio['muon_update']}x per step" in (docs / "optimizer.md").read_text()
 
 
 def test_markdown_tables(rep):
@@ -133,3 +137,30 @@ def test_against_sets_each_call_beside_the_saved_one(rep, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:  # another config's report: one line, exit 2, before anything runs
         kernel_report.main(["--config", str(REPO / "configs" / "tiny.py"), "--markdown", "--against", str(saved)])
     assert exc.value.code == 2 and "not tiny on trn1" in capsys.readouterr().err
+
+
+def test_fused_optimizer_rows_carry_their_bytes_over_the_minimum_and_qk_attention_its_sequences(capsys):
+    """Every fused-optimizer row of --json has bytes_over_min (DMA over each state read and written once, >= 1),
+    the tables print it, and the text says how many sequences one qk_attention call runs (profile draws one)."""
+    cfg = small_config()
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, fused=True))
+    lines = []
+    rep = kernel_report.build_report(cfg, progress=lines.append)
+    opt = [r for r in rep["kernels"] if r["op"] in ("adam_update", "muon_update")]
+    assert {r["op"] for r in opt} == {"adam_update", "muon_update"}
+    # never below the least; a large state moves close to it (the [128, k] fp32 runtime scalars weigh on tiny ones)
+    assert all(r["bytes_over_min"] >= 1.0 and r["min_bytes"] > 0 for r in opt)
+    assert max(opt, key=lambda r: r["min_bytes"])["bytes_over_min"] < 1.01
+    assert all("bytes_over_min" not in r for r in rep["kernels"] if r not in opt)
+    adam = next(r for r in opt if r["op"] == "adam_update")
+    state = lambda shape, dt: ((shape, dt),)
+    call = kc.KernelCall("adam_update", "fwd", state((10,), "bfloat16") * 4 + state((128, 4), "float32"), (), 1)
+    assert kernel_report.min_bytes(call) == 7 * 2 * 10  # p, g, m, v read and p', m', v' written once
+    call = kc.KernelCall("muon_update", "fwd", state((4, 8), "float32") * 3 + state((128, 2), "float32"), (), 1)
+    assert kernel_report.min_bytes(call) == 5 * 4 * 32  # p, g, buf read and p', buf' written once
+    text = kernel_report.format_report(rep)
+    assert "x min" in text and "adam_update: " in text and "x the least it must move" in text
+    assert "qk_attention: a call runs 3 sequences" in text and "profile draws one sequence" in text
+    md = kernel_report.format_markdown([rep])
+    assert "| DMA / least |" in md and f"{adam['bytes_over_min']:.3f}x" in md
+    assert lines[0].startswith("kernel_report: small: tracing") and any("pricing kernel call" in x for x in lines)

@@ -52,3 +52,11 @@ def test_unknown_op_is_a_clear_error(small_cfg, tmp_path, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "--op nope: not called by config small" in err and not (tmp_path / "p").exists()
+
+
+def test_qk_attention_is_said_to_be_one_sequence_of_its_call(small_cfg, tmp_path, capsys):
+    """profile draws one sequence of a qk_attention call; its output says so, and that kernel_report prices the
+    whole call (the two figures differ by about the call's sequences)."""
+    assert profile.main(["--op", "qk_attention", "--config", small_cfg, "--out", str(tmp_path / "p")]) == 0
+    text = capsys.readouterr().out
+    assert "(one sequence of 3)" in text and "kernel_report prices the whole call" in text

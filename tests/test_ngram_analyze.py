@@ -83,7 +83,11 @@ def test_bias_wins_big_on_repeated_documents(tmp_path, monkeypatch, capsys):
     # the CLI prints the same numbers
     capsys.readouterr()
     assert analyze.main(["--run", str(tmp_path / "on"), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["bpb_with_bias"] == pytest.approx(r["bpb_with_bias"], abs=1e-9)
+    shown = capsys.readouterr()
+    assert json.loads(shown.out)["bpb_with_bias"] == pytest.approx(r["bpb_with_bias"], abs=1e-9)
+    passes = len(r["orders"]) + 2  # progress on stderr before each pass over the val split (JSON on stdout intact)
+    assert "ngram.analyze: scoring " in shown.err and f"with the bias (1/{passes})" in shown.err
+    assert f"({passes}/{passes})" in shown.err
     off_r = analyze.analyze_run(tmp_path / "off")
     assert abs(off_r["bpb_network"] - off["val_bpb"]) < 1e-4 and "bpb_with_bias" not in off_r
 

@@ -40,8 +40,15 @@ def test_split_is_disjoint_and_logged(tmp_path):
     trainer, builder = split_shards_for_builder(files, replace(CFG, builder_shards_from_end=2))
     assert trainer == files[:3] and builder == files[3:]
     assert "d_train_3.bin, d_train_4.bin" in shard_usage_text(trainer, builder)
-    with pytest.raises(ValueError, match="leaves the trainer no shards"):
+    with pytest.raises(ValueError, match="leaves the trainer no shards") as e:
         split_shards_for_builder(files, replace(CFG, builder_shards_from_end=5))
+    assert "--shard-tokens N" in str(e.value) and "--set ngram.enabled=False" in str(e.value)
+    (tmp_path / "one").mkdir()
+    one = _shards(tmp_path / "one", 1, 9_000)  # a small corpus prepared in one shard: the remedy's size is named
+    with pytest.raises(ValueError) as e:
+        split_shards_for_builder(one, CFG)
+    msg = str(e.value)
+    assert "\n" not in msg and "(1 train shard(s)" in msg and "--shard-tokens 2250, 4 shards of its 9,000" in msg
     with pytest.raises(ValueError, match="share shards"):
         assert_disjoint(files[:3], files[2:])
 

@@ -41,6 +41,10 @@ def test_default_table_on_cpu_is_reference_for_every_op_with_reason():
     json.dumps([dataclasses.asdict(r) for r in rows])  # written to the run directory
     text = ops.format_kernel_table(rows)
     assert all(f"{r.op}" in text and r.reason in text for r in rows)
+    # a CPU run's log: one line, the unused ops and Neuron's kernels counted (kernels.json has every row)
+    line = ops.run_log_table(rows, "cpu")
+    assert "\n" not in line and f"the {len(ops.OPS)} ops this run calls" in line and f"{len(EXPERIMENTAL)} it does" in line
+    assert ops.run_log_table(rows, "neuron") == text
 
 
 def test_experimental_kernels_are_listed_unused_with_the_reason():

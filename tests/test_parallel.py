@@ -189,14 +189,18 @@ def test_matmul_peak_is_the_best_timing_measured_once_per_setting(monkeypatch):
 
 
 def test_mfu_peak_is_documented_for_trn1_and_a_repeated_probe_elsewhere(monkeypatch):
-    """AWS documents the XLA device kind NC_v2 for Trainium1 and 190 BF16 TFLOPS per 2-core chip."""
+    """AWS documents the XLA device kind NC_v2 for Trainium1 and 92 BF16 TFLOPS per NeuronCore-v2's TensorE: the
+    peak the trn1 step estimate uses too (one number for trn1 everywhere)."""
+    from kernels_nki.emulator import cost
+
     class Dev:
         device_kind = "NC_v2"
 
     monkeypatch.setattr(parallel.jax, "devices", lambda: [Dev()])
     doc = parallel.matmul_peak(jnp.bfloat16, num_devices=2)
-    assert doc["matmul_peak_flops"] == 190e12 and doc["peak_spread"] is None
-    assert doc["peak_source"].startswith("documented: AWS Trainium") and "trainium.rst" in doc["peak_source"]
+    assert doc["matmul_peak_flops"] == 2 * 92e12 and doc["peak_spread"] is None
+    assert doc["matmul_peak_flops"] == pytest.approx(2 * 2 * cost.TARGETS["trn1"].tensor_macs_per_s, rel=0.01)
+    assert doc["peak_source"].startswith("documented: AWS NeuronCore-v2") and "inferentia2_arch.rst" in doc["peak_source"]
     monkeypatch.undo()
     calls = []
     monkeypatch.setattr(parallel, "measure_matmul_peak", lambda dtype, round_=0: calls.append(round_) or 100.0 + round_)

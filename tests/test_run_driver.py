@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from frontier_jax.config import Config, OptimConfig, TrainConfig
 from frontier_jax.errors import EXIT_INTERRUPTED, BadInput
 from frontier_jax.policies import scoring
 from frontier_jax.run import driver, endings, roundtrip
+from frontier_jax.run.final import FinalPlan
 from frontier_jax.run.interface import RunHook, RunState
 from helpers import REPO, FakeClock, FakeTrainer
 
@@ -232,6 +234,41 @@ def test_signal_during_warm_up_stops_before_anything_is_trained(fake_time):
     assert fake.signals.stopping.startswith("stopping before training")
 
 
+def test_the_warm_up_compiles_the_programs_of_every_eval_window_the_run_uses(fake_time):
+    """After the warm-up's steps and evaluation, before the reset: the trainer's `warm_up_programs` with the
+    eval geometries of the validations and the final pipeline (the round trip at eval.seq_len, the sliding
+    windows), the count it returns in the warm-up's last line (none where it counts none); a signal there
+    stops before anything is trained."""
+    asked, logged = [], []
+    fake = FakeTrainer(fake_time, checkpoints=True)
+
+    def programs(evals, check):
+        asked.append(evals)
+        fake.events.append("programs")
+        return 7
+
+    plan = dataclasses.replace(policy(), final=FinalPlan(seq_len=16, stride=4))
+    driver.run_budgeted(plan, fake.hooks(warm_up_programs=programs, log=logged.append), BASE)
+    assert asked == [[{}, {"seq_len": 16}, {"seq_len": 16, "stride": 4}]]
+    assert fake.events[:3] == ["snapshot", "programs", "restore after 2 warm-up steps"]
+    assert [line for line in logged if line.startswith("compile warm-up: 7 programs, ")]
+    plain, logged = FakeTrainer(fake_time), []
+    driver.run_budgeted(policy(), plain.hooks(log=logged.append), BASE)
+    last = [line for line in logged if line.startswith("compile warm-up: ") and line.endswith("(untimed; state reset)")]
+    assert last and "programs" not in last[0]
+
+    fake = FakeTrainer(fake_time, checkpoints=True)
+
+    def signalled(evals, check):
+        fake.signals.received = "SIGTERM"
+        check()  # the trainer checks after each program: a signal stops the warm-up there
+        raise AssertionError("check() returned after a signal")
+
+    with pytest.raises(endings.InterruptedBeforeTraining):
+        driver.run_budgeted(policy(), fake.hooks(warm_up_programs=signalled), BASE)
+    assert fake.trained == 2 and fake.saves == [] and fake.rows == [] and fake.events == ["snapshot"]
+
+
 def test_resume_continues_counts_and_schedule_and_does_not_resave_its_step(fake_time):
     fake = FakeTrainer(fake_time, checkpoints=True, resume=RunState(step=4, tokens=128, train_seconds=40.0))
     s = driver.run_budgeted(policy(max_steps=6, val_every_steps=2), fake.hooks(), BASE)
@@ -263,7 +300,7 @@ def test_agree_takes_the_clock_and_stop_of_process_zero(fake_time):
     hooks = fake.hooks(agree=agree)
     hooks.add_hook(Started())
     s = driver.run_budgeted(policy(max_steps=10, budget_seconds=1e9), hooks, BASE)
-    assert warm == [(False, 0.0)] * 3  # after each of the 2 warm-up steps and after the eval compile
+    assert warm == [(False, 0.0)] * 4  # after each of the 2 warm-up steps, the eval compile and the other programs
     assert s["stop_reason"] == "signal stop requested" and s["steps"] == 2
     assert [r["lr_scale"] for r in fake.rows if r["kind"] == "train"] == [1.0, 1.0]
     assert all(not local for local, _ in timed)

@@ -100,7 +100,8 @@ def test_checkpoint_collisions_finished_resume_corrupt_fallback_and_metrics(byte
     assert checkpoint.latest_step(run_dir) == 4 and part["checkpoint_step"] == 4
     # which qk_attention forward the kernel would run for the final gains (initialised at 1.5: the fast one)
     assert part["attention_forward"].startswith("bounded shift: score bound")
-    assert "qk_attention forward on Neuron for the final gains: bounded shift" in log
+    assert "qk_attention forward for the final gains" not in log  # a Neuron-only line (summary.json keeps it)
+    assert log.count("kernel table: the 7 ops this run calls run their pure-JAX references (platform cpu") == 2
     train, val = _train_rows(run_dir)
     assert [r["step"] for r in train] == [1, 2, 3, 4]
     assert [r["step"] for r in val] == []  # the final val of the cut-back steps went with them
@@ -128,8 +129,10 @@ def test_kill_and_resume_reproduces_the_uninterrupted_trajectory(byte_data, tmp_
 
 def test_attention_forward_is_chosen_on_the_host_and_each_variant_built_once():
     """The trainer's choice between the bounded-shift and the exact-max qk_attention forward: from the score
-    bound the previous step returned, each variant's steps built (so compiled) on first use, a switch logged;
-    where both forwards are one program (the reference path) one pair of steps serves both."""
+    bound the previous step returned, each variant's steps built once, a switch logged; the warm-up runs the
+    train step of each forward and the eval step of each forward possible at every eval length (past
+    SHIFT_MAX_T only the exact one), after which a switch builds nothing; where both forwards are one program
+    (the reference path) one pair of steps serves both."""
     from frontier_jax import ops
     from frontier_jax.trainer import _AttentionVariants
 
@@ -142,10 +145,78 @@ def test_attention_forward_is_chosen_on_the_host_and_each_variant_built_once():
     assert v.train() == ("train", True) and v.switches == 1 and "exact max" in logged[-1]
     v.observe(10.0)
     assert v.train() == ("train", False) and v.switches == 2
-    assert built == [("train", False), ("eval", False), ("train", True)]  # each built once
+    assert v.eval(ops.SHIFT_MAX_T * 2) == ("eval", True)  # past SHIFT_MAX_T the exact forward, whatever the bound
+    assert built == [("train", False), ("eval", False), ("train", True), ("eval", True)]  # each built once
+
+    built.clear()
+    w = _AttentionVariants(make("train"), make("eval"), True, 1024, logged.append)
+    ran = []
+    names = w.warm_up(lambda: ran.append(w.train()), lambda window: ran.append((w.eval(), window)),
+                      [(1024, "4x1024"), (ops.SHIFT_MAX_T * 2, "4x8192")], lambda: ran.append("check"))
+    assert ran[::2] == [("train", False), ("train", True), (("eval", False), "4x1024"), (("eval", True), "4x1024"),
+                        (("eval", True), "4x8192")] and ran[1::2] == ["check"] * 5  # a signal checked after each
+    assert names == ["train step T=1024 (bounded shift)", "train step T=1024 (exact max)", "eval step 4x1024 "
+                     "(bounded shift)", "eval step 4x1024 (exact max)", "eval step 4x8192 (exact max)"]
+    w.observe(ops.SHIFT_LIMIT * 2)  # after the warm-up the forced forward is gone: the bound decides again
+    assert w.train() == ("train", True) and w.eval(1024) == ("eval", True) and w.eval() == ("eval", True)
+    w.observe(10.0)
+    assert w.train() == ("train", False) and w.eval(1024) == ("eval", False)
+    assert len(built) == 4  # the warm-up built every program; the switches built nothing
+
     same = _AttentionVariants(make("train"), make("eval"), False, 1024, logged.append)
     same.observe(ops.SHIFT_LIMIT * 2)
     assert same.train() == ("train", False) and same.switches == 0
+    assert same.warm_up(lambda: None, lambda window: None, [(1024, "4x1024")], lambda: None) == [
+        "train step T=1024", "eval step 4x1024"]
+
+
+@pytest.mark.slow
+def test_a_switch_of_the_attention_forward_mid_run_compiles_nothing(byte_data, tmp_path, monkeypatch):
+    """Where the two qk_attention forwards are different programs (made so here: on the reference path each
+    forward's steps are still their own jitted programs), the untimed warm-up runs the train step of both and
+    the eval step of both at every eval window the run uses (train.seq_len; eval.seq_len for the round trip;
+    eval.batch_seqs windows of it for the sliding line). The forward switching mid-run (the bound the host
+    reads forced over the limit after steps 2 and 4, under it after step 3) and the final pipeline then
+    compile nothing: XLA compilations counted through jax.monitoring from the end of the warm-up."""
+    from jax import monitoring
+
+    from frontier_jax import ops
+    from frontier_jax.run import driver
+    from frontier_jax.trainer import _AttentionVariants
+
+    compiled, mark, over = [], [], {"limit": False}
+
+    def count(event, seconds, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(kw.get("fun_name"))
+
+    def warm_up(policy, t):
+        seconds = real_warm_up(policy, t)
+        mark.append(len(compiled))
+        return seconds
+
+    def observe(self, bound):
+        real_observe(self, 2 * ops.SHIFT_LIMIT if over["limit"] else bound)
+
+    real_warm_up, real_observe = driver.warm_up, _AttentionVariants.observe
+    monkeypatch.setattr(driver, "warm_up", warm_up)
+    monkeypatch.setattr(_AttentionVariants, "observe", observe)
+    monkeypatch.setattr(ops, "attention_variants_differ", lambda: True)
+    cfg = tiny_config(byte_data, "eval.seq_len=128", "eval.stride=32", "eval.batch_seqs=8")
+    monitoring.register_event_duration_secs_listener(count)
+    try:
+        summary = trainer.run(cfg, tmp_path / "run", echo=False,
+                              on_step=lambda step, row: over.update(limit=step in (2, 4, 5)))
+    finally:
+        monitoring.unregister_event_duration_listener(count)
+    assert compiled[mark[0]:] == []  # nothing compiled after the warm-up
+    assert summary["attention_forward_switches"] == 3 and summary["attention_forward"].startswith("exact max")
+    assert summary["final_complete"] and np.isfinite(summary["sliding_val_bpb"])
+    log = (tmp_path / "run" / "train.log").read_text()
+    programs = [f"train step T=64 ({f})" for f in ("bounded shift", "exact max")] + [
+        f"eval step {w} ({f})" for w in ("4x64", "4x128", "8x128") for f in ("bounded shift", "exact max")]
+    assert f"compile warm-up: 8 programs: {', '.join(programs)}" in log and "compile warm-up: 8 programs, " in log
+    assert len(compiled[:mark[0]]) >= 8
 
 
 @pytest.mark.slow

@@ -39,9 +39,9 @@ import time
 from pathlib import Path
 
 from frontier_jax.compare.collect import FIELDS, collect, log_tail, strict_json
-from frontier_jax.compare.report import render_markdown, render_plot
-from frontier_jax.compare.stats import (SCORE_CHOICES, THROUGHPUT_TOLERANCE, confounders, describe, score_key,
-                                        throughput_flags, verdict)
+from frontier_jax.compare.report import plot_title, render_markdown, render_plot
+from frontier_jax.compare.stats import (SCORE_CHOICES, THROUGHPUT_TOLERANCE, confounders, describe, remedies,
+                                        score_key, throughput_flags, verdict)
 from frontier_jax.config import MAX_SEED, ConfigError, apply_overrides, load_config
 from frontier_jax.data.prepare import read_manifest
 from frontier_jax.data.shards import list_shards
@@ -196,7 +196,8 @@ def build_command(arm: Arm, seed: int, run_dir: Path, a: argparse.Namespace) -> 
     if arm.kind in KINDS:
         threads = []
         if arm.kind == "torch" and not any(w.split("=")[0] == "--threads" for w in arm.args):
-            threads = ["--threads", str(default_threads())]  # torch's own default can oversubscribe a container
+            # torch's own default can oversubscribe a container; --threads N: the N CPUs every run is pinned to
+            threads = ["--threads", str(getattr(a, "threads", None) or default_threads())]
         return [sys.executable, "-m", KINDS[arm.kind], "--config", arm.config, "--data", a.data, "--tokenizer",
                 a.tokenizer, "--budget", str(a.budget), "--seed", str(seed), "--out", str(run_dir), *arm.args,
                 *threads]
@@ -210,9 +211,12 @@ def build_command(arm: Arm, seed: int, run_dir: Path, a: argparse.Namespace) -> 
     return ["env", *extra, "bash", "-c", command]
 
 
-def aggregate(arms: list[Arm], runs: list[dict], score: str = "auto") -> tuple[list[dict], list[dict], dict]:
+def aggregate(arms: list[Arm], runs: list[dict], score: str = "auto",
+              meta: dict | None = None) -> tuple[list[dict], list[dict], dict]:
     """Per-arm summaries, per-pair verdicts (every pair i < j, B = later arm, A = earlier arm) and the
-    conditions: which score (`--score`; auto: round-trip when every arm has one) and the throughput flags."""
+    conditions: which score (`--score`; auto: round-trip when every arm has one), the throughput flags and, when
+    a flag confounds a verdict, the remedies (`stats.remedies`, from `meta`'s budget, threads, CPUs and max load)."""
+    meta = meta or {}
     key, scored_by = score_key(runs, score)
     labels = [a.label for a in arms]
     flags = throughput_flags(labels, runs)
@@ -243,16 +247,18 @@ def aggregate(arms: list[Arm], runs: list[dict], score: str = "auto") -> tuple[l
     conditions = {"score": key, "scored_by": scored_by, "throughput_tolerance": THROUGHPUT_TOLERANCE,
                   "flags": [*flags["runs"].values(), *(x for v in flags["arms"].values() for x in v
                                                        if x not in flags["runs"].values()),
-                            *(x for v in flags["pairs"].values() for x in v)]}
+                            *(x for v in flags["pairs"].values() for x in v)],
+                  "remedies": remedies(flags, runs, meta.get("budget_seconds", 0.0), meta.get("threads"),
+                                       meta.get("cpus"), meta.get("max_load"))}
     return per_arm, pairs, conditions
 
 
 def write_outputs(out: Path, meta: dict, arms: list[Arm], runs: list[dict]) -> dict:
-    per_arm, pairs, conditions = aggregate(arms, runs, meta.get("score", "auto"))
+    per_arm, pairs, conditions = aggregate(arms, runs, meta.get("score", "auto"), meta)
     results = strict_json({**meta, "arms": per_arm, "pairs": pairs, "conditions": conditions, "runs": runs})
     atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True, allow_nan=False) + "\n")
     atomic_write_text(out / "results.md", render_markdown(results))
-    render_plot(runs, [a.label for a in arms], out / "val_bpb.png")
+    render_plot(runs, [a.label for a in arms], out / "val_bpb.png", plot_title(results), conditions["flags"])
     return results
 
 
@@ -260,7 +266,9 @@ def parse_args(argv):
     p = ArgumentParser(prog="python -m frontier_jax.compare", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 2)[2])
-    p.add_argument("--arm", action="append", default=[], required=True, metavar="SPEC")
+    p.add_argument("--arm", action="append", default=[], required=True, metavar="SPEC",
+                   help="[LABEL=]jax:CONFIG [ARGS], [LABEL=]torch:CONFIG [ARGS] or [LABEL=]cmd:COMMAND (two or more; "
+                        "see below)")
     p.add_argument("--data", help="shard directory shared by all jax/torch arms")
     p.add_argument("--tokenizer", help="tokenizer (.model or 'bytes') shared by all jax/torch arms")
     p.add_argument("--budget", type=float_in(0, lo_open=True), required=True, help="training budget in seconds for every run")
@@ -272,6 +280,11 @@ def parse_args(argv):
                    help="the line every arm is scored by: val (the trained weights), roundtrip, sliding or ttt (the "
                         "final pipeline's lines on the artifact's weights); auto (default): roundtrip when every arm "
                         "has one, else val")
+    p.add_argument("--threads", type=int_in(1), metavar="N",
+                   help="pin every run to N CPUs (torch arms: --threads N); default: all CPUs this process may use")
+    p.add_argument("--max-load", type=float_in(0, lo_open=True), metavar="L",
+                   help="before each run, wait until the machine's 1-minute load average is below L (a quieter "
+                        "machine; default: start at once)")
     return p.parse_args(argv)
 
 
@@ -288,6 +301,8 @@ def compare(a: argparse.Namespace) -> int:
     """Validate, then run every (seed, arm); EXIT_INTERRUPTED (finished runs kept) on SIGINT, else 0."""
     if a.seeds < 1 or a.budget <= 0:
         raise CompareError("--seeds must be >= 1 and --budget > 0")
+    if a.threads is not None and not 1 <= a.threads <= default_threads():
+        raise CompareError(f"--threads {a.threads}: must be 1 .. {default_threads()} (the CPUs this process may use)")
     arms = [parse_arm(s, i) for i, s in enumerate(a.arm)]
     core_notes = match_core_count(arms)
     facts = validate(arms, a.data, a.tokenizer)
@@ -298,6 +313,7 @@ def compare(a: argparse.Namespace) -> int:
     timeout = a.timeout or 3 * a.budget + 600
     meta = {"data": a.data, "tokenizer": a.tokenizer, "budget_seconds": a.budget, "seeds": a.seeds,
             "seed_base": a.seed_base, "score": a.score, "order": "interleaved", "started": time.strftime("%Y-%m-%d %H:%M:%S"), **facts,
+            "threads": a.threads, "cpus": default_threads(), "max_load": a.max_load,
             **({"core_count": core_notes} if core_notes else {})}
     runs: list[dict] = []
     order = [(k, arm) for k in range(a.seeds) for arm in arms]  # A B A B ...
@@ -313,20 +329,75 @@ def compare(a: argparse.Namespace) -> int:
     if results is None:
         return EXIT_INTERRUPTED
     print(render_markdown(results))
+    for remedy in results["conditions"]["remedies"]:  # the confounded verdicts' remedies, last on the screen
+        print(f"CONFOUNDED: remedy: {remedy}")
     print(f"wrote {out}/results.json, {out}/results.md, {out}/val_bpb.png")
     return EXIT_OK
 
 
-def _wait_sampling_load(proc: subprocess.Popen, timeout: float, loads: list[float], every_s: float = 1.0) -> int:
-    """proc's exit code; the machine's 1-minute load average appended to `loads` every `every_s` meanwhile."""
-    deadline = time.monotonic() + timeout
+PROGRESS_EVERY_S = 20.0  # a line about the running arm this often (its console's last line)
+MAX_LOAD_WAIT_S = 600.0  # --max-load: a run starts anyway after waiting this long (and says so)
+
+
+def _wait_sampling_load(proc: subprocess.Popen, timeout: float, loads: list[float], every_s: float = 1.0,
+                        progress=None) -> int:
+    """proc's exit code; the machine's 1-minute load average appended to `loads` every `every_s` meanwhile, and
+    `progress(elapsed seconds)` called every PROGRESS_EVERY_S."""
+    start = time.monotonic()
+    deadline, said = start + timeout, start
     while True:
         try:
             return proc.wait(timeout=max(0.0, min(every_s, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 raise
             loads.append(os.getloadavg()[0])
+            if progress is not None and now - said >= PROGRESS_EVERY_S:
+                said = now
+                progress(now - start)
+
+
+def _last_line(path: Path, width: int = 110) -> str:
+    """The last non-empty line of a run's console (progress bars' carriage returns split lines), shortened."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [x.strip() for x in text.replace("\r", "\n").splitlines() if x.strip()]
+    last = lines[-1] if lines else "(no output yet)"
+    return last if len(last) <= width else last[:width - 3] + "..."
+
+
+def _wait_for_quiet(max_load: float) -> None:
+    """--max-load: wait (a line every PROGRESS_EVERY_S) until the 1-minute load average is below `max_load`."""
+    start = said = time.monotonic()
+    while (load := os.getloadavg()[0]) >= max_load:
+        now = time.monotonic()
+        if now - start >= MAX_LOAD_WAIT_S:
+            print(f"    the load average is still {load:.2f} after {now - start:.0f} s: starting anyway", flush=True)
+            return
+        if now - said >= PROGRESS_EVERY_S or now == start:
+            said = now
+            print(f"    waiting for a quieter machine: 1-minute load {load:.2f} >= --max-load {max_load:g} "
+                  f"({now - start:.0f} s)", flush=True)
+        time.sleep(2.0)
+
+
+def _start_pinned(cmd: list[str], threads: int | None, **kw) -> subprocess.Popen:
+    """Popen(cmd), the child pinned to the first `threads` CPUs this process may use (None: not pinned): the
+    calling thread takes that affinity, the child inherits it, the thread's own is put back (no preexec_fn, which
+    forks a multithreaded process unsafely)."""
+    if not threads:
+        return subprocess.Popen(cmd, **kw)
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sorted(mine)[:threads])
+    try:
+        return subprocess.Popen(cmd, **kw)
+    finally:
+        os.sched_setaffinity(0, mine)
 
 
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:
@@ -346,16 +417,21 @@ def _run_all(order, arms, a, out: Path, meta: dict, runs: list[dict], timeout: f
         run_dir.mkdir(parents=True, exist_ok=True)
         console = run_dir / "console.log"
         cmd = build_command(arm, seed, run_dir, a)
+        if getattr(a, "max_load", None):
+            _wait_for_quiet(a.max_load)
         print(f"[{n}/{len(order)}] {arm.label} seed {seed}: {shlex.join(cmd)}", flush=True)
         t0 = time.perf_counter()
         rc, interrupted, loads = None, False, []
+        progress = lambda elapsed: print(f"    {arm.label} seed {seed}: {elapsed:.0f} s | {_last_line(console)}",
+                                         flush=True)
         with open(console, "w") as f:
             # Own session (and process group): a terminal Ctrl-C reaches only compare, which forwards exactly
             # one SIGINT to the group (a second one would make the trainers abort without saving); the
             # timeout kills the whole group, so nothing the arm started runs into the next arms' budgets.
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = _start_pinned(cmd, getattr(a, "threads", None), stdout=f, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
             try:
-                rc = _wait_sampling_load(proc, timeout, loads)
+                rc = _wait_sampling_load(proc, timeout, loads, progress=progress)
             except subprocess.TimeoutExpired:
                 _kill_group(proc, signal.SIGKILL)
                 proc.wait()
@@ -378,7 +454,13 @@ def _run_all(order, arms, a, out: Path, meta: dict, runs: list[dict], timeout: f
         results = write_outputs(out, meta, arms, runs)
         bpb = f"{res['val_bpb']:.4f}" if res["val_bpb"] is not None else "-"
         rt = f", round trip {res['roundtrip_val_bpb']:.4f}" if res["roundtrip_val_bpb"] is not None else ""
-        print(f"    {res['status']}: val_bpb {bpb}{rt}" + (f"\n{res['log_tail']}" if res["status"] != "ok" else ""))
+        took = f"{time.perf_counter() - t0:.0f} s"
+        if res["status"] == "ok":
+            print(f"    {arm.label} seed {seed}: ok, val_bpb {bpb}{rt} ({took})", flush=True)
+        elif rc == 0 and res["status"].startswith("failed: "):  # a score compare refuses: one line, the arm named
+            print(f"    {arm.label} seed {seed}: not scored: {res['status'][len('failed: '):]} ({took})", flush=True)
+        else:
+            print(f"    {arm.label} seed {seed}: {res['status']} ({took})\n{res['log_tail']}", flush=True)
         if interrupted:
             print(f"interrupted: {len(runs) - 1} finished run(s) kept in {out}/results.json", file=sys.stderr)
             return None

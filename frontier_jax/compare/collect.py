@@ -13,7 +13,8 @@ and may have the final pipeline's scores, each from summary.json (`roundtrip_val
   ttt        `legal_ttt(_exact)` (the record's score-first TTT).
 Which one is an arm's score is `compare --score` (frontier_jax.compare.stats.score_key). The final line decides:
 `val_bpb: nan` (or a value that overflows to inf) after an earlier finite one is a failed run, never scored by
-the earlier value.
+the earlier value; so is a score that is not a positive finite number (`score_problem`: `val_bpb: -5`, or
+`1e-400`, which underflows to 0).
 
 Throughput. Per run, the rate over time (tokens/s from metrics.jsonl's train rows; steps/s from the
 official script's `step:N/M train_loss:... train_time:Xms` lines), over the first quarter of its
@@ -79,6 +80,18 @@ def final_scores(text: str) -> tuple[float | None, float | None]:
 
 def finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def score_problem(name: str, value) -> str | None:
+    """Why `value` (a run's `name` score) cannot be scored, or None: a score is a positive finite number of bits
+    per byte (`val_bpb: -5` would win by 6.6 bpb; `1e-400` underflows to 0; `nan` or `1e400` is no score)."""
+    if value is None:
+        return None
+    if not finite(value):
+        return f"non-finite final {name}"
+    if value <= 0:
+        return f"{name} {value:g} is not a positive score" + (" (it underflowed to 0)" if value == 0 else "")
+    return None
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -171,8 +184,9 @@ def collect(run_dir: Path, console: Path, rc: int | None, load_samples: list[flo
         res["status"] = note
     elif all(res[key] is None for key in FIELDS.values()):
         res["status"] = "no val_bpb line"
-    elif any(res[key] is not None and not finite(res[key]) for key in FIELDS.values()):
-        res["status"] = "failed: non-finite final val_bpb"
+    elif any(score_problem(key, res[key]) for key in FIELDS.values()):
+        res["status"] = "failed: " + next(score_problem(key, res[key]) for key in FIELDS.values()
+                                          if score_problem(key, res[key]))
     if res["status"] != "ok":
         res["log_tail"] = log_tail(console)
     return res

@@ -26,8 +26,11 @@ def render_markdown(r: dict) -> str:
              f"{r['seeds']} seed(s) per arm from {r['seed_base']}, runs interleaved (A B A B ...).", "",
              f"**Score:** {r['conditions']['scored_by']}.", ""]
     flags = r["conditions"]["flags"]
+    fixes = r["conditions"].get("remedies", [])
     lines += (["**CONFOUNDED:** the arms did not run under the same conditions, so the verdicts below are not "
-               "evidence of a difference in the models:", "", *(f"- {x}" for x in flags), ""] if flags else
+               "evidence of a difference in the models:", "", *(f"- {x}" for x in flags), "",
+               *(["**Remedy** (what compare would change, and the option that does it):", "",
+                  *(f"- {x}" for x in fixes), ""] if fixes else [])] if flags else
               [f"Conditions: every run's throughput stayed within a factor {1 + THROUGHPUT_TOLERANCE:g} of its arm's "
                "and of its own first quarter.", ""])
     lines += ["| arm | kind | runs ok / total | steps | tokens | tokens/s | score mean | sd | min .. max |",
@@ -61,13 +64,23 @@ def render_markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_plot(runs: list[dict], labels: list[str], path: Path) -> None:
+def plot_title(r: dict) -> str:
+    """The plot's title: the arms, seeds and budget, and the score the verdicts use."""
+    arms = " vs ".join(a["arm"] for a in r["arms"])
+    return (f"val bits/byte (lower is better): {arms}; {r['seeds']} seed(s) x {r['budget_seconds']:g} s budget "
+            f"per run; verdicts by {r['conditions']['score']}")
+
+
+def render_plot(runs: list[dict], labels: list[str], path: Path, title: str = "",
+                confounded: list[str] | None = None) -> None:
     """Two panels: val bpb vs training steps and vs training tokens (not wall-clock: validations can span
-    seconds); one line per run, named `arm seed`, one colour per arm."""
+    seconds); one line per run, named `arm seed`, one colour per arm; `title` above both, and, when the
+    comparison is confounded, a red banner and frame saying its differences are not evidence (results.md)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -81,6 +94,7 @@ def render_plot(runs: list[dict], labels: list[str], path: Path) -> None:
             if not pts:
                 continue
             ax.plot(*zip(*pts), ls, marker="o", ms=3, color=c, label=f"{run['arm']} s{run['seed']}")
+    axes[1].xaxis.set_major_formatter(EngFormatter(sep=""))  # 200k, 1.5M: full counts run into each other
     for ax, xlabel in zip(axes, ("training steps", "training tokens")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel("val bits/byte")
@@ -88,7 +102,17 @@ def render_plot(runs: list[dict], labels: list[str], path: Path) -> None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     axes[1].set_title("(runs that report no token counts are absent here)", fontsize=8)
-    fig.tight_layout()
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.08 if confounded else 0, 1, 0.95 if title else 1))
+    if confounded:
+        fig.text(0.5, 0.02, f"CONFOUNDED: the arms did not run under the same conditions ({len(confounded)} "
+                 "throughput flag(s)): differences here are not evidence; see results.md for the remedy",
+                 ha="center", fontsize=9, color="white", weight="bold", bbox={"facecolor": "#c0392b", "pad": 4})
+        for ax in axes:
+            for side in ax.spines.values():
+                side.set_edgecolor("#c0392b")
+                side.set_linewidth(2)
     path = Path(path)
     tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.savefig(tmp, dpi=90)

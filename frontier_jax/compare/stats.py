@@ -163,6 +163,32 @@ def throughput_flags(labels: list[str], runs: list[dict], tol: float = THROUGHPU
     return flags
 
 
+def remedies(flags: dict, runs: list[dict], budget: float, threads: int | None, cpus: int | None,
+             max_load: float | None) -> list[str]:
+    """What would remove the confounders `flags` found, each with the compare option that applies it: a run
+    whose first quarter ran at another rate than its rest (warm-up and compilation weigh on a short run): a
+    longer --budget; runs or pairs whose rates moved between seeds (the machine's other load): --threads 1 (each
+    run on one CPU: less exposed to other processes); a load average above the CPUs while the runs ran: a
+    quieter machine, or --max-load (compare waits before each run until the load falls below it)."""
+    between = any(x not in flags["runs"].values() for v in flags["arms"].values() for x in v) or bool(flags["pairs"])
+    if not (flags["runs"] or between):
+        return []
+    out = []
+    if flags["runs"]:
+        out.append(f"a longer budget: --budget {2 * budget:g} (twice this one; warm-up and compilation weigh less "
+                   "in a longer run's first quarter)")
+    if between and threads != 1:
+        out.append("--threads 1: every run pinned to one CPU (torch arms --threads 1), less exposed to the "
+                   "machine's other load")
+    loads = [r["load_1m"]["mean"] for r in runs if r.get("load_1m")]
+    busy = cpus is not None and loads and max(loads) > cpus
+    if busy or max_load is None:
+        seen = f" (the 1-minute load averaged up to {max(loads):.1f} on {cpus} CPU(s) during the runs)" if busy else ""
+        out.append(f"a quieter machine{seen}: stop other jobs, or --max-load {max(0.5, (cpus or 2) / 2):g} (compare "
+                   "waits before each run until the 1-minute load average is below it)")
+    return out
+
+
 def confounders(flags: dict, a: str, b: str) -> list[str]:
     """The reasons a pair's comparison is confounded (its arms' flags and the pair's own)."""
     return flags["arms"].get(a, []) + flags["arms"].get(b, []) + flags["pairs"].get(f"{a}|{b}", [])

@@ -154,12 +154,12 @@ def prepare(
     if n_docs == 0:
         raise DataError(f"{inputs[0]}: input holds no documents")
     if val_docs >= n_docs:
-        raise DataError(f"{inputs[0]}: val_docs {val_docs} leaves no training documents (input has {n_docs})")
+        raise DataError(f"{inputs[0]}: --val-docs {val_docs} leaves no training documents (the input has {n_docs})")
     created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     stale = _existing_outputs(out_dir, prefix)
     if stale and not overwrite:
-        raise DataError(f"{out_dir}: already holds {stale[0].name} (and {len(stale) - 1} more); use an empty directory or overwrite")
+        raise DataError(f"{out_dir}: already holds {stale[0].name} (and {len(stale) - 1} more); use an empty directory or --overwrite")
     atomic_write_text(out_dir / INCOMPLETE, "data.prepare has not finished writing this directory\n")
     for p in stale:
         if p.name != INCOMPLETE:
@@ -242,8 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     tk.add_argument("--train-tokenizer", type=int_in(261, 65536), metavar="VOCAB", help="train a SentencePiece BPE on the train docs")
     tk.add_argument("--bytes", action="store_true", help="byte-level tokenizer (vocab 260)")
     ap.add_argument("--val-docs", type=int_in(0), default=50, help="first N documents form val (default 50)")
-    ap.add_argument("--shard-tokens", type=int_in(1), default=DEFAULT_SHARD_TOKENS)
-    ap.add_argument("--prefix", default="fineweb")
+    ap.add_argument("--shard-tokens", type=int_in(1), default=DEFAULT_SHARD_TOKENS,
+                    help=f"tokens per shard file (default {DEFAULT_SHARD_TOKENS:,}, the competition's); the n-gram "
+                         "bias's builder reads the last ngram.builder_shards_from_end train shards, so a small corpus "
+                         "needs smaller shards to leave the trainer some")
+    ap.add_argument("--prefix", default="fineweb",
+                    help="shard file names: PREFIX_train_NNNNNN.bin, PREFIX_val_NNNNNN.bin (default fineweb)")
     ap.add_argument("--overwrite", action="store_true", help="replace existing shards with this prefix")
     args = ap.parse_args(argv)
     spec = "bytes" if args.bytes else args.tokenizer

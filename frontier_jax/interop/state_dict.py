@@ -277,21 +277,28 @@ def import_pg_record(src_dir, out_dir, sets=()) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = ArgumentParser(prog="python -m frontier_jax.interop", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m frontier_jax.interop", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = ap.add_subparsers(dest="cmd", required=True)
-    ex = sub.add_parser("export", help="a run's latest checkpoint -> npz in PyTorch state_dict layout, or the "
-                                       "record's final_model.pt + record.env (--format pg-record)")
-    ex.add_argument("--run", required=True)
-    ex.add_argument("--format", choices=FORMATS, default="npz")
+    what = ("a run's latest checkpoint -> npz in PyTorch state_dict layout, or the record's final_model.pt + "
+            "record.env (--format pg-record)")
+    ex = sub.add_parser("export", help=what, description=f"Write {what}.")
+    ex.add_argument("--run", required=True, help="the run directory whose latest intact checkpoint is exported")
+    ex.add_argument("--format", choices=FORMATS, default="npz",
+                    help="npz (default: PyTorch state_dict names and layout) or pg-record (the record's files)")
     ex.add_argument("--out", required=True, help="the .npz file (npz) or a directory (pg-record)")
-    im = sub.add_parser("import", help="npz in PyTorch state_dict layout, or a directory with the record's "
-                                       "final_model.pt + record.env (--format pg-record) -> a new run directory")
+    what = ("npz in PyTorch state_dict layout, or a directory with the record's final_model.pt + record.env "
+            "(--format pg-record) -> a new run directory")
+    im = sub.add_parser("import", help=what, description=f"Read {what} (checkpoint step 0, fresh optimizer "
+                                                          "state), which train --resume continues.")
     im.add_argument("source", nargs="?", help="pg-record: the directory holding final_model.pt and record.env")
-    im.add_argument("--format", choices=FORMATS, default="npz")
-    im.add_argument("--npz", help="npz: the file")
+    im.add_argument("--format", choices=FORMATS, default="npz",
+                    help="npz (default: a state_dict .npz) or pg-record (the record's final_model.pt + record.env)")
+    im.add_argument("--npz", help="npz: the file to read (state_dict names; e.g. from baseline_torch or interop "
+                                  "export)")
     im.add_argument("--config", help="npz: a configs/*.py file describing the model")
-    im.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    im.add_argument("--out", required=True)
+    im.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one config value of the model, e.g. model.num_layers=4 (repeatable)")
+    im.add_argument("--out", required=True, help="the run directory to create (it must not exist)")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     if args.cmd == "import":
         need = ("source",) if args.format == "pg-record" else ("npz", "config")

@@ -6,7 +6,9 @@ abstract mesh of NeuronCores) and every equation, in every sub-jaxpr, is checked
 item of AWS's JAX-on-Neuron known issues (aws-neuron-sdk `frameworks/jax/setup/jax-neuronx-known-issues.rst`,
 repeated in `release-notes/components/jax.rst`, 2.26.0 "Known Issues"), plus the project's own rule that
 every kernel call is inside a per-device region (`jax.shard_map`; frontier_jax.steps says why). `RULES`
-is the table, each rule with its source. Items the jaxpr cannot show are listed in `NOT_CHECKED`.
+is the table, each rule with its source; `STEP_RULES` checks the config's step as a whole: its estimated peak
+memory per NeuronCore (`frontier_jax.neuron.memory`, printed for every config) against the HBM AWS documents.
+Items the jaxpr cannot show are listed in `NOT_CHECKED`.
 
 On Neuron the trainer runs the check at start-up (`frontier_jax.trainer._setup`): it logs every finding, and
 `--kernels strict` refuses a program that fails it, in one line naming the rule and the op.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 from typing import Callable
 
 import jax
@@ -23,9 +26,11 @@ import numpy as np
 
 from frontier_jax import ops
 from frontier_jax.errors import ArgumentParser, int_in
+from frontier_jax.neuron.memory import NEURON_SOURCE, gb
 from frontier_jax.neuron.program import Site
 
 KNOWN_ISSUES = "aws-neuron-sdk frameworks/jax/setup/jax-neuronx-known-issues.rst"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # checked when no --config is given
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,22 +192,49 @@ def check_program(name: str, closed) -> list[Finding]:
     return out
 
 
+def _over_hbm(traced) -> str | None:
+    m = traced.memory
+    return None if m.fits else (f"step peak estimated {gb(m.estimate)} per NeuronCore at {m.micro_seqs} sequences "
+                                f"per micro-batch, over its {gb(m.limit.bytes)} of HBM")
+
+
+# Rules on a traced config as a whole (`program.Traced`), not on one equation.
+STEP_RULES: tuple[Rule, ...] = (
+    Rule("memory.hbm", f"{NEURON_SOURCE}; the estimate: frontier_jax.neuron.memory", _over_hbm),
+)
+
+
+def check_traced(traced) -> list[Finding]:
+    """The findings for a config's traced programs (`program.trace_steps`): every equation rule on every
+    program, then the step rules (the estimated peak per NeuronCore against its HBM)."""
+    found = [f for name, closed in traced.programs.items() for f in check_program(name, closed)]
+    for rule in STEP_RULES:
+        detail = rule.check(traced)
+        if detail is not None:
+            found.append(Finding("train", rule.name, "step", detail, rule.source))
+    return found
+
+
 def check_config(cfg, num_devices: int, dtypes, tx) -> list[Finding]:
     """The findings for the trainer's programs of `cfg` on `num_devices` NeuronCores (empty: it passes), in the
     run's resolved `dtypes` with its optimizer `tx` (`program.trace_steps`; `program.on_neuron` gives Neuron's)."""
     from frontier_jax.neuron.program import trace_steps
 
-    traced = trace_steps(cfg, num_devices, dtypes, tx)
-    return [f for name, closed in traced.programs.items() for f in check_program(name, closed)]
+    return check_traced(trace_steps(cfg, num_devices, dtypes, tx))
 
 
-def format_report(cfg_name: str, num_devices: int, findings: list[Finding], fallbacks=()) -> str:
+def format_report(cfg_name: str, num_devices: int, findings: list[Finding], fallbacks=(),
+                  memory_line: str | None = None) -> str:
     """One line per rule (ok / FAIL and, for a failure, its source and up to five findings), then the ops the
     program runs as their reference because their kernel lacks a model switch (`ops.switch_fallbacks`: traced
-    as plain JAX, checked by the same rules; `--kernels strict` refuses them)."""
+    as plain JAX, checked by the same rules; `--kernels strict` refuses them); `memory_line`, the step's
+    estimated peak per NeuronCore (`memory.Fit.line`), after the first."""
+    rules = RULES + STEP_RULES
     lines = [f"Neuron program check: {cfg_name} on {num_devices} NeuronCore(s): "
-             f"{'FAIL' if findings else 'pass'} ({len(RULES)} rules, train / eval / optimizer steps)"]
-    for rule in RULES:
+             f"{'FAIL' if findings else 'pass'} ({len(rules)} rules, train / eval / optimizer steps)"]
+    if memory_line:
+        lines.append(f"  {memory_line}")
+    for rule in rules:
         hits = [f for f in findings if f.rule == rule.name]
         lines.append(f"  {'FAIL' if hits else 'ok'}  {rule.name}" + (f"  ({rule.source})" if hits else ""))
         lines += [f"        {f.program}: {f.detail} [{f.op}]" for f in hits[:5]]
@@ -214,7 +246,7 @@ def format_report(cfg_name: str, num_devices: int, findings: list[Finding], fall
 
 def rules_markdown() -> str:
     """The rule table with its sources, and what is not checked (docs; kept in sync by a test)."""
-    rows = ["| rule | source |", "|---|---|"] + [f"| `{r.name}` | {r.source} |" for r in RULES]
+    rows = ["| rule | source |", "|---|---|"] + [f"| `{r.name}` | {r.source} |" for r in RULES + STEP_RULES]
     return "\n".join(rows + ["", "Not checked (not visible in a jaxpr): " + "; ".join(NOT_CHECKED) + "."])
 
 
@@ -228,10 +260,11 @@ def strict_error(findings: list[Finding]) -> str:
 def main(argv=None) -> int:
     from frontier_jax.config import apply_overrides, load_config
     from frontier_jax.errors import exit_on_error
-    from frontier_jax.neuron.program import on_neuron
+    from frontier_jax.neuron.program import on_neuron, trace_steps
 
     p = ArgumentParser(prog="python -m frontier_jax.neuron_check", description=__doc__.splitlines()[0])
-    p.add_argument("--config", action="append", default=[], metavar="PATH", help="configs/*.py (repeatable)")
+    p.add_argument("--config", action="append", default=[], metavar="PATH",
+                   help="a configs/*.py file (repeatable; default: every one of the repository's configs/*.py)")
     p.add_argument("--devices", type=int_in(1), default=2, help="NeuronCores in the mesh (a trn1.2xlarge chip: 2)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     p.add_argument("--markdown", action="store_true", help="print the rule table (with sources) as markdown and exit")
@@ -241,9 +274,11 @@ def main(argv=None) -> int:
         return 0
     failed = False
     with exit_on_error():
-        for path in a.config:
+        for path in a.config or sorted(str(f) for f in CONFIGS.glob("*.py") if f.name != "__init__.py"):
             cfg = apply_overrides(load_config(path), a.set)
-            findings = check_config(cfg, a.devices, *on_neuron(cfg))
-            print(format_report(cfg.name, a.devices, findings, ops.switch_fallbacks(cfg.model)))
+            traced = trace_steps(cfg, a.devices, *on_neuron(cfg))
+            findings = check_traced(traced)
+            print(format_report(cfg.name, a.devices, findings, ops.switch_fallbacks(cfg.model), traced.memory.line()),
+                  flush=True)
             failed |= bool(findings)
     return 1 if failed else 0

@@ -20,10 +20,9 @@ import dataclasses
 import math
 
 import numpy as np
-from jax.extend.core import Literal
 
 from frontier_jax.ops import dispatch
-from frontier_jax.neuron import program as _program
+from frontier_jax.neuron import memory, program as _program
 from frontier_jax.config import Config
 from frontier_jax.model import RECIPE_XLA_OPS
 from frontier_jax.policies.geometry import split_batch
@@ -52,8 +51,12 @@ class KernelCall:
 
 
 def microbatches(cfg: Config) -> tuple[int, int]:
-    """(sequences per micro-batch, micro-batches per step) on one core."""
+    """(sequences per micro-batch, micro-batches per step) on one core (train.micro_batch_seqs = 0: the largest
+    that fits a NeuronCore's HBM, as `program.trace_steps` chooses it)."""
     t = cfg.train
+    if not t.micro_batch_seqs:
+        traced = _program.trace_steps(cfg, CORES, *_program.on_neuron(cfg))
+        return traced.global_micro // CORES, traced.accum
     global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, CORES)
     return global_micro // CORES, accum
 
@@ -122,15 +125,7 @@ class Glue:
     named: dict = dataclasses.field(default_factory=dict)
 
 
-def _var(v) -> bool:
-    return hasattr(v, "aval") and not isinstance(v, Literal)
-
-
-def _bytes(v) -> int:
-    aval = getattr(v, "aval", None)
-    if aval is None or not hasattr(aval, "shape"):
-        return 0
-    return math.prod(aval.shape) * np.dtype(aval.dtype).itemsize
+_var, _bytes = memory.is_var, memory.nbytes
 
 
 def _dot_macs(eqn) -> int:

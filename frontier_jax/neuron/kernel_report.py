@@ -22,7 +22,11 @@ import copy
 import dataclasses
 import functools
 import json
+import math
+import sys
 from pathlib import Path
+
+import numpy as np
 
 from frontier_jax.neuron import kernel_calls as kc
 from frontier_jax.config import Config, load_config
@@ -37,6 +41,21 @@ BATCHED = {"qk_attention"}  # ops whose 4-D operands lead with independent seque
 # aws-neuron-sdk about-neuron/benchmarks/trn1/trn1_trn1n_nlp_data.csv, column MFU[%]: GPT3-175B pre-training,
 # 32 trn1 nodes, Neuron 2.13.0, the best trn1 training MFU AWS publishes
 AWS_BEST_MFU = 0.3314
+
+
+# The fused optimizers' minimum HBM traffic, as their kernels state it: each state read once and each result
+# written once (kernels_nki/adam.py: p, g, m, v read, p', m', v' written, "7 accesses per element, the minimum";
+# kernels_nki/muon.py: p, g, buf read, p', buf' written). (operand indices read, operand indices written back)
+MINIMUM_ACCESSES = {"adam_update": ((0, 1, 2, 3), (0, 2, 3)), "muon_update": ((0, 1, 2), (0, 2))}
+
+
+def min_bytes(call: kc.KernelCall) -> int | None:
+    """The bytes a fused optimizer call must move at the least (MINIMUM_ACCESSES), None for other ops."""
+    if call.op not in MINIMUM_ACCESSES:
+        return None
+    reads, writes = MINIMUM_ACCESSES[call.op]
+    size = lambda i: math.prod(call.inputs[i][0]) * np.dtype(call.inputs[i][1]).itemsize
+    return sum(size(i) for i in reads) + sum(size(i) for i in writes)
 
 
 def kernel_of(call: kc.KernelCall):
@@ -105,10 +124,19 @@ def glue_times(g: kc.Glue | dict, target: str = "trn1") -> dict:
     return {"busiest": fused, "low": fused, "central": fused, "high": g["unfused_bytes"] / t.dma_bytes_per_s + dots}
 
 
-def build_report(cfg: Config, target: str = "trn1") -> dict:
+def build_report(cfg: Config, target: str = "trn1", progress=None) -> dict:
+    """The report of `cfg` on `target`; `progress(line)` hears where it is (the command line prints it on stderr)."""
+    say = progress or (lambda line: None)
+    say(f"kernel_report: {cfg.name}: tracing the train step as it runs on Neuron")
     closed = kc.program(cfg)
     calls = kc.kernel_calls(cfg, closed)
-    rows = [measure(call, target) for call in calls]
+    rows = []
+    for i, call in enumerate(calls, 1):
+        say(f"kernel_report: {cfg.name}: pricing kernel call {i}/{len(calls)}, {call.op} {call.which} [{call.label}]")
+        rows.append(measure(call, target))
+        least = min_bytes(call)
+        if least is not None:  # a fused optimizer: its DMA against the least it must move
+            rows[-1].update(min_bytes=least, bytes_over_min=rows[-1]["dma_bytes"] / least)
     # the exact-max attention forward, the fallback the program does not run while the gains allow the bounded
     # one (frontier_jax.ops.softmax_shift): priced beside it, outside the step
     fallback = [measure(dataclasses.replace(c, constants=tuple((k, True if k == "exact_max" else v)
@@ -142,18 +170,22 @@ def format_report(rep: dict) -> str:
     lines = [f"trn1 step estimate from the traced program: config {rep['config']}, target {rep['target']}, per "
              f"core ({rep['cores']} cores, data parallel)", "",
              f"{'op':<19} {'pass':<4} {'operands':<34} {'calls':>5} {'PE u/i':>6} {'DMA MB':>8} {'B/buf':>6} "
-             f"{'<2K%':>5} {'busiest':>9} {'sch low':>9} {'central':>9} {'high':>9} {'bound':<6} {'busiest lane':<14}"]
+             f"{'<2K%':>5} {'x min':>5} {'busiest':>9} {'sch low':>9} {'central':>9} {'high':>9} {'bound':<6} "
+             f"{'busiest lane':<14}"]
     for r in rep["kernels"]:
         s = r["schedule_s"]
+        over = f"{r['bytes_over_min']:.3f}" if "bytes_over_min" in r else "-"
         lines.append(f"{r['op']:<19} {r['which']:<4} {r['shape'][:34]:<34} {r['calls_per_step']:>5} "
                      f"{_r(r['pe_useful_over_issued']):>6} {r['dma_bytes'] / 1e6:>8.2f} "
-                     f"{r['dma_bytes_per_buffer'] or 0:>6.0f} {100 * r['dma_share_under_2k']:>5.1f} "
+                     f"{r['dma_bytes_per_buffer'] or 0:>6.0f} {100 * r['dma_share_under_2k']:>5.1f} {over:>5} "
                      f"{us(r['busiest_s'])} {us(s['low'])} {us(s['central'])} {us(s['high'])} {r['bound']:<6} "
                      f"{r['busiest_lane']} {r['shares'][r['busiest_lane']]:.0%}")
     g, gs = rep["glue"], rep["glue_s"]
-    lines += ["", "(us per call; busiest: the busiest-engine lower bound, bound: its engine; sch: the schedule, low / "
-              "central / high; busiest lane: the central schedule's most active engine and its share; qk_attention "
-              f"extrapolated from {BASE} and {BASE + 1} sequences)", "ms per step by op (busiest-engine / schedule low, central, high):"]
+    lines += ["", "(us per call; x min: a fused optimizer's DMA bytes over the least it must move, each state read and "
+              "written once; busiest: the busiest-engine lower bound, bound: its engine; sch: the schedule, low / "
+              "central / high; busiest lane: the central schedule's most active engine and its share)",
+              *sequences_lines(rep), *optimizer_lines(rep),
+              "ms per step by op (busiest-engine / schedule low, central, high):"]
     lines += [f"  {op:<19} {v['busiest'] * 1e3:>7.1f} / {v['low'] * 1e3:>7.1f} {v['central'] * 1e3:>8.1f} "
               f"{v['high'] * 1e3:>8.1f}" for op, v in _per_op_ms(rep).items()]
     lines += [
@@ -172,6 +204,27 @@ def format_report(rep: dict) -> str:
               f"{mfu['busiest']:.1%}; AWS's best published trn1 training MFU {rep['aws_best_mfu']:.1%} "
               f"({rep['flops_per_step_per_core'] / 1e12:.1f} TFLOP per core per step)"]
     return "\n".join(lines)
+
+
+def sequences_lines(rep: dict) -> list[str]:
+    """What one qk_attention call is: its B sequences (python -m frontier_jax.profile draws one of them)."""
+    seqs = sorted({r["shape"].split("x")[0] for r in rep["kernels"] if r["op"] in BATCHED})
+    return [f"qk_attention: a call runs {' / '.join(seqs)} sequences (priced from {BASE} and {BASE + 1}, extrapolated); "
+            "python -m frontier_jax.profile draws one sequence of a call, so its time is about 1/B of this one's"] \
+        if seqs else []
+
+
+def optimizer_lines(rep: dict) -> list[str]:
+    """Each fused optimizer's DMA bytes per step over the least it must move (every call of the op)."""
+    out = []
+    for op in MINIMUM_ACCESSES:
+        mine = [r for r in rep["kernels"] if r["op"] == op]
+        if mine:
+            moved = sum(r["dma_bytes"] * r["calls_per_step"] for r in mine)
+            least = sum(r["min_bytes"] * r["calls_per_step"] for r in mine)
+            out.append(f"{op}: {moved / 1e6:.1f} MB of DMA per step, {moved / least:.3f}x the least it must move "
+                       f"({least / 1e6:.1f} MB: each state read and written once)")
+    return out
 
 
 def dma_line(d: dict) -> str:
@@ -198,16 +251,19 @@ def format_markdown(reps: list[dict]) -> str:
     us = lambda v: f"{v * 1e6:.1f}"
     lines = [f"Per kernel call (config `{rep['config']}`, {rep['target']}, per core, {rep['cores']} cores data "
              "parallel; us per call):", "",
-             "| op | pass | calls per step | DMA MB | transfers | B per buffer | bytes in buffers < 2 KiB | PE useful/issued "
-             "| busiest-engine | schedule low | central | high | bound | busiest lane |",
-             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|"]
+             "| op | pass | calls per step | DMA MB | DMA / least | transfers | B per buffer | bytes in buffers < 2 KiB "
+             "| PE useful/issued | busiest-engine | schedule low | central | high | bound | busiest lane |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|---|"]
     for r in rep["kernels"]:
         s, lane = r["schedule_s"], r["busiest_lane"]
-        lines.append(f"| {r['op']} | {r['which']} | {r['calls_per_step']} | {r['dma_bytes'] / 1e6:.2f} | "
+        over = f"{r['bytes_over_min']:.3f}x" if "bytes_over_min" in r else "-"
+        lines.append(f"| {r['op']} | {r['which']} | {r['calls_per_step']} | {r['dma_bytes'] / 1e6:.2f} | {over} | "
                      f"{r['dma_transfers']:,} | {r['dma_bytes_per_buffer'] or 0:.0f} | "
                      f"{r['dma_share_under_2k']:.1%} | {_r(r['pe_useful_over_issued'])} | {us(r['busiest_s'])} | "
                      f"{us(s['low'])} | {us(s['central'])} | {us(s['high'])} | {r['bound']} | "
                      f"{lane} {r['shares'][lane]:.0%} |")
+    for note in sequences_lines(rep) + optimizer_lines(rep):
+        lines += ["", note]
     lines += ["", "Per op, ms per step:", "", "| op | busiest-engine | schedule low | central | high |",
               "|---|--:|--:|--:|--:|"]
     lines += [f"| {op} | {ms(v['busiest'])} | {ms(v['low'])} | {ms(v['central'])} | {ms(v['high'])} |"
@@ -286,8 +342,8 @@ def format_against(rep: dict, old: dict) -> str:
 
 
 def format_comparison(reps: list[dict]) -> str:
-    lines = ["side by side (per core; MFU against AWS's best published trn1 training MFU, "
-             f"{AWS_BEST_MFU:.1%}):", f"{'config':<12} {'layers':>6} {'schedule ms':>12} {'range ms':>17} "
+    lines = ["side by side (per core; MFU of the TensorE peak, model FLOPs only; for scale, AWS's best published "
+             f"trn1 training MFU is {AWS_BEST_MFU:.1%}):", f"{'config':<12} {'layers':>6} {'schedule ms':>12} {'range ms':>17} "
              f"{'busiest ms':>10} {'MFU':>6} {'MFU range':>13} {'busiest MFU':>11} {'tokens/30min':>13}"]
     for r in reps:
         st, m = r["step_s"], r["mfu"]
@@ -315,7 +371,8 @@ def _saved_report(path: Path, config: str, target: str) -> dict:
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="python -m frontier_jax.kernel_report", description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True, help="a configs/*.py file")
-    ap.add_argument("--target", default="trn1", choices=sorted(cost.TARGETS))
+    ap.add_argument("--target", default="trn1", choices=sorted(cost.TARGETS),
+                    help="the NeuronCore the kernels are priced on: trn1 (NeuronCore-v2, default) or trn2 (v3)")
     ap.add_argument("--compare", action="append", default=None,
                     help="another configs/*.py side by side (repeatable; default configs/frontier14.py)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the tables")
@@ -330,8 +387,9 @@ def main(argv=None) -> int:
         others = [load_config(p) for p in (args.compare if args.compare is not None else
                                             ([str(FRONTIER14)] if FRONTIER14.exists() else []))]
         old = _saved_report(args.against, cfg.name, args.target) if args.against else None
-    rep = build_report(cfg, args.target)
-    side = [rep] + [build_report(o, args.target) for o in others if o.name != cfg.name]
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # progress: minutes of silence otherwise
+    rep = build_report(cfg, args.target, say)
+    side = [rep] + [build_report(o, args.target, say) for o in others if o.name != cfg.name]
     if args.json:
         print(json.dumps({"report": rep, "comparison": side[1:]}, indent=1, default=str))
     elif args.markdown:

@@ -15,6 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from frontier_jax import ops
 from frontier_jax.neuron import kernel_calls as kc
 from frontier_jax.config import load_config
 from frontier_jax.errors import ArgumentParser, BadInput, exit_on_error
@@ -25,6 +26,9 @@ from kernels_nki.emulator.trace import DMA_ENGINES
 COLOURS = {"tensor": "#1f77b4", "vector": "#2ca02c", "scalar": "#ff7f0e", "gpsimd": "#9467bd",
            "dma.load": "#17becf", "dma.store": "#d62728", "dma.other": "#8c564b"}
 WAIT = "#c7c7c7"
+DESCRIPTION = ("Timelines of the step's kernel calls on one NeuronCore, in the manner of neuron-profile: one PNG per "
+               "call (one lane per engine), each engine's active share printed. qk_attention is drawn for one "
+               "sequence of its call; kernel_report prices the whole call.")
 
 
 def schedule_call(call: kc.KernelCall, reading: str = "central", target: str = "trn1") -> schedule.Schedule:
@@ -111,23 +115,27 @@ def profile(cfg_path: str, ops: list[str] | None, out: Path, reading: str = "cen
         name = key if seen[key] == 1 else f"{key}_{seen[key]}"
         s = schedule_call(call, reading)
         sh = shares(s)
-        one = " (one sequence)" if call.op == "qk_attention" else ""
+        batch = call.inputs[0][0][0] if call.op in BATCHED else None
+        one = f" (one sequence of the call's {batch})" if batch else ""
         title = (f"{call.op} {call.which} [{call.label}]{one}, config {cfg.name}, trn1, schedule {reading}: "
                  f"{s.makespan_s * 1e6:.1f} us; active: " + ", ".join(f"{e} {sh[e]:.0%}" for e in
                                                                     schedule.LANES + ("dma",)))
         path = out / f"{name}.png"
         draw(s, title, path)
-        rows.append({"name": name, "path": str(path), "makespan_s": s.makespan_s, "shares": sh})
+        rows.append({"name": name, "path": str(path), "makespan_s": s.makespan_s, "shares": sh, "sequences_of": batch})
     return rows
 
 
 def main(argv=None) -> int:
-    ap = ArgumentParser(prog="python -m frontier_jax.profile", description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="python -m frontier_jax.profile", description=DESCRIPTION)
     ap.add_argument("--config", required=True, help="a configs/*.py file")
-    ap.add_argument("--op", action="append", help="a kernel op of the step (repeatable)")
+    ap.add_argument("--op", action="append", metavar="OP",
+                    help=f"a kernel op of the step (repeatable): {', '.join(ops.OPS)}")
     ap.add_argument("--all", action="store_true", help="every kernel call of the step")
     ap.add_argument("--out", required=True, help="directory for the PNGs")
-    ap.add_argument("--reading", default="central", choices=sorted(schedule.ASSUMPTIONS))
+    ap.add_argument("--reading", default="central", choices=sorted(schedule.ASSUMPTIONS),
+                    help="the schedule's reading of the costs AWS leaves unpublished: low, central (default) or high "
+                         "(bench/README.md, \"Cost model calibration\")")
     args = ap.parse_args(argv)
     if not args.all and not args.op:
         ap.error("give --op OP or --all")
@@ -135,6 +143,10 @@ def main(argv=None) -> int:
         rows = profile(args.config, None if args.all else args.op, Path(args.out), args.reading)
     for r in rows:
         sh = r["shares"]
-        print(f"{r['name']:<28} {r['makespan_s'] * 1e6:>9.1f} us  " + "  ".join(
+        one = f" ({'one sequence of ' + str(r['sequences_of']) if r['sequences_of'] else 'the whole call'})"
+        print(f"{r['name']:<28} {r['makespan_s'] * 1e6:>9.1f} us{one:<27}" + "  ".join(
             f"{e} {sh[e]:>5.1%}" for e in schedule.LANES + ("dma",)) + f"  -> {r['path']}")
+    if any(r["sequences_of"] for r in rows):
+        print("qk_attention is drawn for one sequence of its call; python -m frontier_jax.kernel_report prices the "
+              "whole call (all its sequences)")
     return 0

@@ -5,7 +5,10 @@ the optimizer update exactly as the trainer builds them (`frontier_jax.steps`, t
 optimizer, n-gram bias and batch split), for a mesh of `num_devices` NeuronCores (an abstract mesh:
 no device is needed), with Neuron's dtype policy (or the run's) and every kernel call standing where it is
 on Neuron (`dispatch.kernel_primitives`: a `frontier_<op>_fwd/_bwd` equation with the kernel's
-operands and static parameters). Nothing is compiled or run.
+operands and static parameters). Nothing is compiled or run. A config whose `train.micro_batch_seqs` is 0 (auto)
+is traced at the largest micro-batch that fits a NeuronCore's HBM (`frontier_jax.neuron.memory`); `Traced.memory`
+holds the step's estimated peak per core. `fit_memory` is the trainer's check of its own steps, as they run on
+its backend, against its devices' memory before anything is compiled or allocated.
 
 `walk(closed_jaxpr)` yields a `Site` per equation, descending into every sub-jaxpr (jit, custom_vjp,
 scan, while, cond, shard_map, ...), with how many times the equation runs per call of the program
@@ -15,6 +18,7 @@ scan, while, cond, shard_map, ...), with how many times the equation runs per ca
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Iterator
 
 import jax
@@ -24,6 +28,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 
 from frontier_jax import ops, optim
+from frontier_jax.neuron import memory as _memory
 from frontier_jax.config import Config
 from frontier_jax.data.tokenizer import ByteTables
 from frontier_jax.model import build
@@ -56,11 +61,8 @@ class Site:
 def _sub_jaxprs(eqn) -> Iterator[tuple[object, int]]:
     """(jaxpr, repeat factor) of every jaxpr an equation's parameters hold."""
     repeat = int(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else 1
-    for v in eqn.params.values():
-        for j in (v if isinstance(v, (tuple, list)) else (v,)):
-            inner = getattr(j, "jaxpr", j)  # ClosedJaxpr -> Jaxpr
-            if hasattr(inner, "eqns"):
-                yield inner, repeat
+    for inner in _memory.sub_jaxprs(eqn):
+        yield inner, repeat
 
 
 def walk(closed, multiplicity: int = 1, per_device: bool = False, path: tuple[str, ...] = ()) -> Iterator[Site]:
@@ -86,6 +88,7 @@ class Traced:
     num_devices: int
     global_micro: int
     accum: int
+    memory: _memory.Fit  # the micro-batch per device and the step's estimated peak against a device's memory
 
 
 def _abstract(tree):
@@ -99,44 +102,123 @@ def on_neuron(cfg: Config) -> tuple[dtype_policy.Dtypes, optim.Optimizer]:
     return dtypes, optim.build_optimizer(cfg.optim, dtypes.muon_ns)
 
 
+class StepPrograms:
+    """The trainer's steps of one config on an abstract mesh of `num_devices`, traced on demand (nothing is
+    compiled or allocated): the train step per micro-batch size (cached), the eval and optimizer steps."""
+
+    def __init__(self, cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: optim.Optimizer,
+                 model_fn=build, eval_model_fn=None):
+        t = cfg.train
+        self.cfg, self.tx, self.num_devices = cfg, tx, num_devices
+        self.seqs_per_step = t.tokens_per_step // t.seq_len
+        split_batch(self.seqs_per_step, 1, num_devices)  # a step the devices cannot share fails here, in one line
+        self.mesh = AbstractMesh((num_devices,), (AXIS,))
+        self.graphdef, params = nnx.split(nnx.eval_shape(lambda: model_fn(cfg, dtypes.compute)))
+        self.eval_graphdef = self.graphdef if eval_model_fn is None else nnx.split(
+            nnx.eval_shape(lambda: eval_model_fn(cfg, dtypes.compute)))[0]
+        self.params = _abstract(params)
+        self.opt_state = jax.eval_shape(tx.init, self.params)
+        self.specs = state_specs(self.opt_state, num_devices, cfg.parallel.zero1)
+        self.bias_fn, self.aux = None, None
+        if cfg.ngram.enabled:
+            self.bias_fn, self.aux = ngram_runtime.bias_fn, _abstract(ngram_bias.empty_tables(cfg.ngram))
+        self._train: dict = {}
+
+    def train(self, micro_seqs: int, exact: bool = False):
+        """The train step at `micro_seqs` sequences per device per micro-batch."""
+        if (micro_seqs, exact) not in self._train:
+            cfg, T = self.cfg, self.cfg.train.seq_len
+            global_micro, accum = split_batch(self.seqs_per_step, micro_seqs, self.num_devices)
+            step = make_train_step(self.graphdef, self.tx, self.bias_fn, mesh=self.mesh, state_specs=self.specs,
+                                   head_dim=cfg.model.head_dim, attention_exact=exact).jitted
+            tok = jax.ShapeDtypeStruct((accum, global_micro, T), jnp.int32)
+            self._train[(micro_seqs, exact)] = jax.make_jaxpr(step)(self.params, self.opt_state, tok, tok, _F32,
+                                                                    _F32, self.aux)
+        return self._train[(micro_seqs, exact)]
+
+    def eval(self):
+        cfg = self.cfg
+        V, T, B = cfg.model.vocab_size, cfg.train.seq_len, cfg.train.val_batch_seqs
+        tables = ByteTables(np.zeros(V, np.int32), np.zeros(V, bool), np.zeros(V, bool))
+        eval_step = make_eval_step(self.eval_graphdef, tables, self.bias_fn, mesh=self.mesh).jitted
+        tok = jax.ShapeDtypeStruct((B, T), jnp.int32)
+        return jax.make_jaxpr(eval_step)(self.params, tok, tok, tok, self.aux)
+
+    def optimizer(self):
+        update = make_optimizer_step(self.tx, mesh=self.mesh, state_specs=self.specs).jitted
+        return jax.make_jaxpr(update)(self.params, self.opt_state, self.params, _F32, _F32)
+
+    def fit(self, limit: _memory.DeviceMemory, strict: bool) -> _memory.Fit:
+        """The micro-batch per device (the config's, or auto's choice) and its estimated peak (`memory.fit`)."""
+        return _memory.fit(self.cfg.name, self.cfg.train.micro_batch_seqs, self.seqs_per_step // self.num_devices,
+                           lambda m: _memory.estimate_bytes([self.train(m)]), limit,
+                           fixed=lambda: _memory.estimate_bytes([self.eval()]), strict=strict)
+
+
+_F32 = jax.ShapeDtypeStruct((), jnp.float32)
+
+
+def fit_memory(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: optim.Optimizer,
+               limit: _memory.DeviceMemory) -> _memory.Fit:
+    """The trainer's check before anything is compiled or allocated: its steps traced as they run here (the
+    configured kernel table, not Neuron's), the micro-batch per device (`train.micro_batch_seqs`, or auto's
+    choice) against `limit`; DoesNotFit (exit 2) when the step cannot fit. The estimates are kept per process
+    for the programs they depend on (`_program_key`): a second run of the same step is not traced again."""
+    known = _ESTIMATES.setdefault(_program_key(cfg, num_devices, dtypes), {})
+    steps: list[StepPrograms] = []
+
+    def traced() -> StepPrograms:
+        if not steps:
+            steps.append(StepPrograms(cfg, num_devices, dtypes, tx))
+        return steps[0]
+
+    def estimate(m: int) -> int:
+        if m not in known:
+            known[m] = _memory.estimate_bytes([traced().train(m)])
+        return known[m]
+
+    def fixed() -> int:
+        if "eval" not in known:
+            known["eval"] = _memory.estimate_bytes([traced().eval()])
+        return known["eval"]
+
+    t = cfg.train
+    split_batch(t.tokens_per_step // t.seq_len, 1, num_devices)  # a step the devices cannot share: one line
+    return _memory.fit(cfg.name, t.micro_batch_seqs, t.tokens_per_step // t.seq_len // num_devices, estimate, limit,
+                       fixed=fixed, strict=True)
+
+
+_ESTIMATES: dict[str, dict] = {}  # fit_memory's estimates per `_program_key`
+
+
+def _program_key(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes) -> str:
+    """What the traced steps depend on: the model, optimizer and n-gram sections, the step's shape, ZeRO-1, the
+    device count, the dtypes, the backend and the configured kernel table."""
+    t = cfg.train
+    return json.dumps([dataclasses.asdict(cfg.model), dataclasses.asdict(cfg.optim), dataclasses.asdict(cfg.ngram),
+                       [t.seq_len, t.tokens_per_step, t.val_batch_seqs], cfg.parallel.zero1, num_devices,
+                       dataclasses.asdict(dtypes), jax.default_backend(),
+                       [(r.op, r.impl) for r in ops.kernel_table()]], sort_keys=True, default=str)
+
+
 def trace_steps(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: optim.Optimizer, *, model_fn=build,
                 eval_model_fn=None, only: tuple[str, ...] | None = None) -> Traced:
     """The trainer's steps for `cfg` on `num_devices` NeuronCores (one trn1.2xlarge chip is 2 NeuronCores, 2 JAX
-    devices), in `dtypes` with the optimizer `tx`, traced with the kernel calls in place (module docstring).
-    `model_fn(cfg, compute_dtype)` builds the model both steps use (the trainer's: `model.build`); `eval_model_fn`,
-    when given, the one the eval step uses instead (what the one-forward check compares,
-    frontier_jax.submission.forward). `only`: trace just these programs (default all four)."""
-    t = cfg.train
-    global_micro, accum = split_batch(t.tokens_per_step // t.seq_len, t.micro_batch_seqs, num_devices)
-    mesh = AbstractMesh((num_devices,), (AXIS,))
-    graphdef, params = nnx.split(nnx.eval_shape(lambda: model_fn(cfg, dtypes.compute)))
-    eval_graphdef = graphdef if eval_model_fn is None else nnx.split(
-        nnx.eval_shape(lambda: eval_model_fn(cfg, dtypes.compute)))[0]
-    params = _abstract(params)
-    opt_state = jax.eval_shape(tx.init, params)
-    specs = state_specs(opt_state, num_devices, cfg.parallel.zero1)
-    bias_fn, aux = None, None
-    if cfg.ngram.enabled:
-        bias_fn, aux = ngram_runtime.bias_fn, _abstract(ngram_bias.empty_tables(cfg.ngram))
-    V, T = cfg.model.vocab_size, t.seq_len
-    tables = ByteTables(np.zeros(V, np.int32), np.zeros(V, bool), np.zeros(V, bool))
-    tok = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
-    f32 = jax.ShapeDtypeStruct((), jnp.float32)
-    programs = {}
+    devices), in `dtypes` with the optimizer `tx`, traced with the kernel calls in place (module docstring), at
+    the config's micro-batch or, for train.micro_batch_seqs=0, the largest that fits a NeuronCore's HBM
+    (`Traced.memory` says whether the step fits). `model_fn(cfg, compute_dtype)` builds the model both steps use
+    (the trainer's: `model.build`); `eval_model_fn`, when given, the one the eval step uses instead (what the
+    one-forward check compares, frontier_jax.submission.forward). `only`: trace just these programs (default all
+    four; the estimate is then of the train step and those)."""
+    names = ("train", "train (exact-max attention)", "eval", "optimizer")
     with ops.kernel_primitives(cfg.model):  # an op whose kernel lacks a model switch traces its reference
-        for exact in (False, True):
-            name = "train (exact-max attention)" if exact else "train"
-            if only is not None and name not in only:
-                continue
-            step = make_train_step(graphdef, tx, bias_fn, mesh=mesh, state_specs=specs, head_dim=cfg.model.head_dim,
-                                   attention_exact=exact).jitted
-            programs[name] = jax.make_jaxpr(step)(params, opt_state, tok(accum, global_micro, T),
-                                                  tok(accum, global_micro, T), f32, f32, aux)
-        if only is None or "eval" in only:
-            eval_step = make_eval_step(eval_graphdef, tables, bias_fn, mesh=mesh).jitted
-            B = t.val_batch_seqs
-            programs["eval"] = jax.make_jaxpr(eval_step)(params, tok(B, T), tok(B, T), tok(B, T), aux)
-        if only is None or "optimizer" in only:
-            update = make_optimizer_step(tx, mesh=mesh, state_specs=specs).jitted
-            programs["optimizer"] = jax.make_jaxpr(update)(params, opt_state, params, f32, f32)
-    return Traced(programs, num_devices, global_micro, accum)
+        steps = StepPrograms(cfg, num_devices, dtypes, tx, model_fn, eval_model_fn)
+        fit = steps.fit(_memory.device_memory("neuron"), strict=False)
+        make = {"train": lambda: steps.train(fit.micro_seqs),
+                "train (exact-max attention)": lambda: steps.train(fit.micro_seqs, exact=True),
+                "eval": steps.eval, "optimizer": steps.optimizer}
+        programs = {name: make[name]() for name in names if only is None or name in only}
+    global_micro, accum = split_batch(steps.seqs_per_step, fit.micro_seqs, num_devices)
+    traced = [steps.train(fit.micro_seqs), *programs.values()]
+    fit = dataclasses.replace(fit, estimate=_memory.estimate_bytes(traced))  # every traced program's peak
+    return Traced(programs, num_devices, global_micro, accum, fit)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -154,8 +155,10 @@ def _bpb(nll_N, bytes_N) -> float:
     return float(np.sum(nll_N) / LN2 / np.sum(bytes_N))
 
 
-def analyze_run(run_dir, data_dir=None, tokenizer=None, snapshot_path=None, max_tokens: int = 0) -> dict:
-    """The network report of a trained run (see the module docstring)."""
+def analyze_run(run_dir, data_dir=None, tokenizer=None, snapshot_path=None, max_tokens: int = 0,
+                progress=None) -> dict:
+    """The network report of a trained run (see the module docstring); `progress(line)` hears each pass over the
+    val split before it starts (the command line prints them on stderr)."""
     from frontier_jax.data.tokenizer import count_bytes, load_tokenizer
     from frontier_jax.interop.state_dict import read_run_config
     from frontier_jax.ngram import network_eval as NE
@@ -172,13 +175,16 @@ def analyze_run(run_dir, data_dir=None, tokenizer=None, snapshot_path=None, max_
     x_N, y_N = x_WT.reshape(-1), y_WT.reshape(-1)
     bytes_N = count_bytes(tok.byte_tables(cfg.model.vocab_size), x_N, y_N)
     snapshot_path = snapshot_path or (NE.run_snapshot(run_dir) if cfg.ngram.enabled else None)
-    abl = NE.bias_ablation(run_dir, snapshot_path, x_WT, y_WT)  # no snapshot: empty tables (the bias never acted)
+    abl = NE.bias_ablation(run_dir, snapshot_path, x_WT, y_WT,  # no snapshot: empty tables (the bias never acted)
+                           progress=progress)
     summary_path = run_dir / "summary.json"
     summary = read_json_object(summary_path, "run summary") if summary_path.is_file() else {}
     report = {"run": str(run_dir), "checkpoint_step": abl["step"], "ngram_enabled": cfg.ngram.enabled,
               "val_tokens": int(y_N.size), "val_bytes": int(bytes_N.sum()), "seq_len": seq_len,
               "summary_val_bpb": summary.get("val_bpb"), "bpb_network": _bpb(abl["network"], bytes_N)}
     if snapshot_path is not None:
+        if progress is not None:
+            progress(f"the tables of {snapshot_path} alone on the val split")
         tables_report = analyze_tables(snapshot_path, data_dir, tokenizer or cfg.data.tokenizer, seq_len,
                                        cfg.data.val_pattern, max_tokens)
         report["tables"] = {k: tables_report[k] for k in ("snapshot", "snapshot_version", "tables_tokens", "ngram_bpb",
@@ -268,7 +274,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data", help="directory holding the val shards (default: the run's data.data_dir)")
     ap.add_argument("--tokenizer", help="SentencePiece .model path or 'bytes' (default: the run's)")
     ap.add_argument("--seq-len", type=int_in(1), default=1024, help="window length for --tables alone")
-    ap.add_argument("--val-pattern", default="*_val_*.bin")
+    ap.add_argument("--val-pattern", default="*_val_*.bin",
+                    help="glob of the val shards in --data (default *_val_*.bin, data.val_pattern's default)")
     ap.add_argument("--max-tokens", type=int_in(0), default=0, help="score at most this many val tokens (0: all)")
     ap.add_argument("--json", action="store_true", help="print JSON only")
     args = ap.parse_args(argv)
@@ -276,7 +283,8 @@ def main(argv=None) -> int:
         ap.error("give --run RUN_DIR, or --tables SNAPSHOT --data DIR")
     with exit_on_error():
         if args.run:
-            report = analyze_run(args.run, args.data, args.tokenizer, args.tables, args.max_tokens)
+            say = lambda line: print(f"ngram.analyze: {line}", file=sys.stderr, flush=True)  # a minute otherwise silent
+            report = analyze_run(args.run, args.data, args.tokenizer, args.tables, args.max_tokens, progress=say)
             print(json.dumps(report, indent=1) if args.json else format_report(report))
         else:
             report = analyze_tables(args.tables, args.data, args.tokenizer or "", args.seq_len, args.val_pattern,

@@ -25,6 +25,7 @@ import weakref
 from pathlib import Path
 
 from frontier_jax.data.files import atomic_write_text
+from frontier_jax.data.shards import shard_token_count
 from frontier_jax.ngram import snapshot as S
 from frontier_jax.ngram import tables as T
 
@@ -40,10 +41,26 @@ def split_shards_for_builder(train_files, cfg) -> tuple[list[Path], list[Path]]:
     if k < 1:
         raise ValueError(f"ngram.builder_shards_from_end must be >= 1, got {k}")
     if k >= len(files):
-        raise ValueError(f"ngram.builder_shards_from_end={k} leaves the trainer no shards (only {len(files)} training shards)")
+        raise ValueError(_too_few_shards(files, k))
     trainer, builder = files[:-k], files[-k:]
     assert_disjoint(trainer, builder)
     return trainer, builder
+
+
+def _too_few_shards(files: list[Path], k: int) -> str:
+    """The one line for a train split the builder would take whole, with the remedies: more, smaller shards (the
+    --shard-tokens that gives the trainer three of them) or no n-gram bias."""
+    where = f"{files[0].parent}: " if files else ""
+    try:
+        total = sum(shard_token_count(f) for f in files)
+    except (OSError, ValueError):
+        total = 0
+    size = f" {-(-total // (k + 3))}" if total else " N"
+    return (f"{where}ngram.builder_shards_from_end={k} leaves the trainer no shards ({len(files)} train shard(s); the "
+            f"n-gram builder reads the last {k} on its own): prepare the data in more, smaller shards "
+            f"(python -m frontier_jax.data.prepare ... --shard-tokens{size}"
+            + (f", {k + 3} shards of its {total:,} train tokens" if total else "") + ") or train without the bias "
+            "(--set ngram.enabled=False)")
 
 
 def assert_disjoint(trainer_files, builder_files) -> None:

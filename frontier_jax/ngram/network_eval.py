@@ -86,15 +86,18 @@ def per_token_nll(loss_fn, params, x_WT, y_WT, batch_seqs: int, tables=None, bia
     return np.concatenate(out).reshape(-1)
 
 
-def bias_ablation(run_dir, snapshot_path, x_WT, y_WT, batch_seqs: int | None = None) -> dict:
-    """nll arrays: 'with_bias', 'network' (bias zeroed), 'without_order' {order: nll}; plus the bias table."""
+def bias_ablation(run_dir, snapshot_path, x_WT, y_WT, batch_seqs: int | None = None, progress=None) -> dict:
+    """nll arrays: 'with_bias', 'network' (bias zeroed), 'without_order' {order: nll}; plus the bias table.
+    `progress(line)` hears each pass over the val windows before it starts."""
     from frontier_jax.ngram.bias import tables_to_device
 
+    say = progress or (lambda line: None)
     cfg, graphdef, params, step = restore_run(run_dir)
     loss_fn = make_loss_fn(graphdef)
     batch_seqs = batch_seqs or cfg.train.val_batch_seqs
     out = {"cfg": cfg, "step": step}
     if not cfg.ngram.enabled:
+        say(f"scoring the network on {x_WT.shape[0]:,} val windows")
         out["network"] = per_token_nll(loss_fn, params, x_WT, y_WT, batch_seqs)
         return out
     if snapshot_path is None:  # the builder published nothing: empty tables, as the run's final evaluation
@@ -105,10 +108,14 @@ def bias_ablation(run_dir, snapshot_path, x_WT, y_WT, batch_seqs: int | None = N
         tables = tables_to_device(S.load_snapshot(snapshot_path), cfg.ngram.confidence_buckets)
     bias_OC = jnp.asarray(params["ngram_bias"][...], jnp.float32)
     out["bias_OC"] = np.asarray(bias_OC)
+    passes = bias_OC.shape[0] + 2
+    say(f"scoring {x_WT.shape[0]:,} val windows {passes} times: with the bias (1/{passes})")
     out["with_bias"] = per_token_nll(loss_fn, params, x_WT, y_WT, batch_seqs, tables, bias_OC)
+    say(f"without the bias (2/{passes})")
     out["network"] = per_token_nll(loss_fn, params, x_WT, y_WT, batch_seqs, tables, jnp.zeros_like(bias_OC))
     out["without_order"] = {}
     for o in range(bias_OC.shape[0]):
+        say(f"without order {cfg.ngram.min_order + o}'s bias ({o + 3}/{passes})")
         out["without_order"][cfg.ngram.min_order + o] = per_token_nll(
             loss_fn, params, x_WT, y_WT, batch_seqs, tables, bias_OC.at[o].set(0.0))
     return out

@@ -27,7 +27,7 @@ it, and the op's calls run its reference. BigramHash, SmearGate and the value em
 computations of the model (frontier_jax.model) on every platform, which the trn1 step estimate prices by name
 (frontier_jax.neuron.kernel_report).
 
-The kernel table's API is re-exported here: `configure`, `kernel_table`, `format_kernel_table`,
+The kernel table's API is re-exported here: `configure`, `kernel_table`, `format_kernel_table`, `run_log_table`,
 `emulated`, `through_primitives`, `switch_fallbacks`, `KernelRow`, `KernelUnavailableError`, `Switch`, `OPS`,
 `FUSED_OPTIMIZER_OPS`.
 """
@@ -44,13 +44,13 @@ from frontier_jax.ops.softmax_shift import (  # noqa: F401 (re-exported: the tra
     score_bound)
 from frontier_jax.ops.dispatch import (
     MODES, KernelAdapter, KernelRow, KernelUnavailableError, Switch, configure, declare, direct, emulated,
-    format_kernel_table, kernel_primitives, kernel_table, public, switch_fallbacks, through_primitives)
+    format_kernel_table, kernel_primitives, kernel_table, public, run_log_table, switch_fallbacks, through_primitives)
 from frontier_jax.ops.vjp import Vjp
 
 __all__ = [
     "FUSED_OPTIMIZER_OPS", "unused_ops", "MODES", "OPS", "KernelRow", "KernelUnavailableError", "Switch",
     "configure", "emulated", "switch_fallbacks",
-    "format_kernel_table", "kernel_table", "through_primitives",
+    "format_kernel_table", "kernel_table", "run_log_table", "through_primitives",
     "rms_norm", "qk_attention", "norm_mlp", "embed", "head_loss", "mix_norm_qkv_projection",
     "out_projection", "adam_update", "muon_update", "scalars_PK", "kernel_primitives",
     "attention_forward", "score_bound", "bounded_shift_valid", "attention_forward_kind", "attention_variants_differ",

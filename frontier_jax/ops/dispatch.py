@@ -367,6 +367,18 @@ def format_kernel_table(rows: list[KernelRow]) -> str:
     return "\n".join(["kernel table:"] + [f"  {r.op:<{width}}  {r.impl:<9}  {r.reason}" for r in rows])
 
 
+def run_log_table(rows: list[KernelRow], platform: str) -> str:
+    """The kernel table as a run's log shows it: on Neuron, or where a kernel or its emulator runs, the whole
+    table; elsewhere (every op on its pure-JAX reference) one line, the ops a run does not call and the
+    kernels that are Neuron's only counted (the whole table is the run directory's kernels.json)."""
+    if platform == "neuron" or any(r.impl in ("nki", "emulated") for r in rows):
+        return format_kernel_table(rows)
+    called = [r for r in rows if r.impl != "unused"]
+    return (f"kernel table: the {len(called)} ops this run calls run their pure-JAX references (platform {platform}: "
+            f"NKI kernels run on Neuron); the whole table, with the {len(rows) - len(called)} it does not call, is "
+            "kernels.json")
+
+
 @contextlib.contextmanager
 def emulated(op_names):
     """Test-only: route these ops through the NumPy emulator of their NKI kernels (table: "emulated")."""

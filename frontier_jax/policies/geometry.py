@@ -8,6 +8,18 @@ import numpy as np
 
 from frontier_jax.config import ConfigError
 
+# train.micro_batch_seqs = 0 (auto) chooses at most the baseline's micro-batch: train_gpt.py runs 524,288 tokens per
+# step on 8 GPUs as 64 sequences of 1,024 per GPU, so where that fits, auto runs the same program.
+AUTO_MAX_MICRO_SEQS = 64
+
+
+def micro_batch_candidates(per_device_seqs: int, cap: int = AUTO_MAX_MICRO_SEQS) -> list[int]:
+    """The micro-batches auto may choose, largest first: divisors of the per-device step up to `cap` (the JAX
+    trainer takes the largest whose estimated memory fits, frontier_jax.neuron.memory; the PyTorch baseline,
+    which estimates none, the first)."""
+    return [m for m in range(min(cap, per_device_seqs), 0, -1) if per_device_seqs % m == 0]
+
+
 def split_batch(seqs_per_step: int, micro_batch_seqs: int, num_devices: int, process_count: int = 1):
     """(global sequences per micro-batch, accumulation steps) keeping tokens per step fixed.
 

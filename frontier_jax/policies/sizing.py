@@ -6,15 +6,17 @@ residual mix, the U-Net skip weights, with the n-gram bias on its table, and the
 and value embeddings with their per-layer scales; tests/test_policies_sizing.py checks it against the built model). `check_host_memory(cfg)` is the cheap pre-allocation guard: a lower bound of
 what training holds in host memory - 16 bytes a parameter (float32 weights, gradients and two optimizer moments:
 Adam's m and v, Muon's one buffer being fewer) and the step's int32 inputs and targets (8 bytes a token) - against
-the memory this host has available (`available_memory_bytes`: Linux's MemAvailable). A model that cannot fit
-(`--set model.num_layers=1000000` once spent 13 minutes building, deaf to signals) is refused in one line, exit 2,
-before anything is allocated. It is a floor, not an estimate of a step's peak (activations, compiled buffers):
-that estimate extends this function. No JAX.
+the memory this host has available (`available_memory_bytes`: Linux's MemAvailable, within the memory cgroup's
+room). A model that cannot fit (`--set model.num_layers=1000000` once spent 13 minutes building, deaf to signals)
+is refused in one line, exit 2, before anything is allocated. It is a floor, not an estimate of a step's peak
+(activations, compiled buffers): the JAX trainer's next check is that estimate (frontier_jax.neuron.memory, the
+traced step against the same available memory; the PyTorch baseline has only this floor). No JAX.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from frontier_jax.config import Config, ConfigError
 
@@ -40,20 +42,40 @@ def num_params(cfg: Config) -> int:
     return m.vocab_size * D + L * per_block + skips + bias + bigram + smear + ve
 
 
-def available_memory_bytes() -> int | None:
-    """Memory this host can give a new allocation now (/proc/meminfo's MemAvailable; else the free pages),
-    or None where neither can be read."""
+def available_memory_bytes(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Memory this host can give a new allocation now (/proc/meminfo's MemAvailable; else the free pages), within
+    what this process's memory cgroup still allows (a container's limit less its usage), or None where neither
+    can be read. Both guards read it: this module's floor and the step's estimate (frontier_jax.neuron.memory)."""
+    avail = None
     try:
-        with open("/proc/meminfo", encoding="ascii") as f:
+        with open(meminfo, encoding="ascii") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    avail = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+    room = _cgroup_room(cgroup)
+    return avail if room is None else min(avail, room)
+
+
+def _cgroup_room(root: Path) -> int | None:
+    """What this process's memory cgroup still allows (v2 memory.max - memory.current, v1 likewise), or None."""
+    for limit, usage in (("memory.max", "memory.current"),
+                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            cap = (root / limit).read_text().strip()
+            if cap == "max" or int(cap) >= 1 << 60:
+                continue
+            return max(0, int(cap) - int((root / usage).read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _gib(n: int) -> str:

@@ -3,16 +3,51 @@
 The periodic validations (on at most `train.val_max_tokens` tokens, a subset), the final validation (the
 full val split), the artifact's round trip and its sliding windows (the full split again, on the artifact's
 weights) are separate series with their token counts in the legend, never one line: a subset and the full split are
-different measurements. Every point is marked, so a run of a few steps is readable; the figure is
-titled with the run's name.
+different measurements (a periodic validation that covered the whole split, as in the demo, says so). Every
+point is marked, so a run of a few steps is readable; token counts read 200k, 1.5M; values are plain (no
+offset such as "+2.86" above the axis). The figure is titled with the run's name and the settings in which it
+differs from its config file (`overrides`: `--set`, `--budget`, `--seed`; the data paths left out).
 """
 
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
 
 from frontier_jax.data.files import atomic_write
+from frontier_jax.config import ConfigError, load_config, load_run_config, to_dict
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def overrides(run_config: dict, base_config: dict) -> list[str]:
+    """`key=value` for every setting of `run_config` (to_dict of a Config) that differs from `base_config`'s,
+    in field order; the data section (paths) and the name left out."""
+    out = []
+
+    def walk(a, b, prefix):
+        for k, v in a.items():
+            key = f"{prefix}{k}"
+            if key in ("name", "data") or key.startswith("data."):
+                continue
+            if isinstance(v, dict):
+                walk(v, b.get(k, {}), key + ".")
+            elif b.get(k) != v:
+                out.append(f"{key}={v!r}" if isinstance(v, str) else f"{key}={v}")
+
+    walk(run_config, base_config, "")
+    return out
+
+
+def run_overrides(run_dir: Path, config_name: str | None) -> list[str]:
+    """What a run changed from configs/<config_name>.py (its config.json against the file), [] when either is
+    missing or unreadable (a config from elsewhere has no file to differ from)."""
+    path = CONFIGS / f"{config_name}.py"
+    try:
+        return overrides(to_dict(load_run_config(Path(run_dir) / "config.json")), to_dict(load_config(path)))
+    except (ConfigError, OSError):
+        return []
 
 
 def curve_series(rows: list[dict]) -> dict[str, dict]:
@@ -30,12 +65,17 @@ def curve_series(rows: list[dict]) -> dict[str, dict]:
     rt = [r for r in rows if r.get("kind") == "roundtrip"]
     sliding = [r for r in rows if r.get("kind") == "sliding"]
 
-    def tokens_of(sel):
+    def count(sel):
         n = sorted({r.get("val_tokens") for r in sel if r.get("val_tokens")})
-        return f"{n[-1]:,} tokens" if n else "tokens ?"
+        return n[-1] if n else None
 
+    def tokens_of(sel):
+        return f"{count(sel):,} tokens" if count(sel) else "tokens ?"
+
+    whole = count(periodic) is not None and count(periodic) == count(final)  # val_max_tokens covered the split
+    part = "full split" if whole else "subset" if count(final) else "up to train.val_max_tokens"
     return {"train": series(train, "loss", "train loss", "loss"),
-            "val_periodic": series(periodic, "bpb", f"periodic val (subset: {tokens_of(periodic)})", "bpb"),
+            "val_periodic": series(periodic, "bpb", f"periodic val ({part}: {tokens_of(periodic)})", "bpb"),
             "val_final": series(final, "bpb", f"final val (full split: {tokens_of(final)})", "bpb"),
             "roundtrip": series(rt, "bpb", "artifact round trip (full split)", "bpb"),
             **({"sliding": series(sliding, "bpb", "artifact, sliding windows (full split)", "bpb")} if sliding else {})}
@@ -48,6 +88,7 @@ def plot_run(rows: list[dict], path: Path, title: str = "") -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter, MaxNLocator
 
     series = curve_series(rows)
     styles = {"train": dict(lw=0.8), "val_periodic": dict(marker="o", ls="-", ms=4),
@@ -66,13 +107,17 @@ def plot_run(rows: list[dict], path: Path, title: str = "") -> None:
                 ax.plot(ser[xkey], ser["y"], label=ser["label"], **style)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
+            ax.ticklabel_format(axis="y", useOffset=False)  # 2.8612, not 0.0012 under a "+2.86"
+            if xkey == "tokens":  # 200k, 1.5M: full counts ran into each other
+                ax.xaxis.set_major_locator(MaxNLocator(6))
+                ax.xaxis.set_major_formatter(EngFormatter(sep=""))
             ax.margins(0.05, 0.15)  # a point at the edge of the data (a run's last validations) stays visible
             right = max((max(v[xkey]) for v in series.values() if v["panel"] == panel and v[xkey]), default=0)
             ax.set_xlim(0, 1.05 * right or 1.0)
             if ax.lines:
                 ax.legend(fontsize=8)
     if title:
-        fig.suptitle(title)
+        fig.suptitle("\n".join(textwrap.wrap(title, 120)[:3]), fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)

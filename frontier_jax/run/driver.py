@@ -10,10 +10,12 @@ capabilities) and calls `run_budgeted`; plug-ins (the n-gram runtime, progress l
 Order of events (docs/training.md); the caller has installed the signal handlers (the start-up
 lifecycle, frontier_jax.run.startup) before its set-up, so a signal is never lost:
 1. untimed compile warm-up: `warmup_steps` train steps (at least one, lr multiplier 1, Muon momentum
-   of steps 0, 1, ...), each waited for, and one evaluation of `warmup_val_tokens`; then `restore`
+   of steps 0, 1, ...), each waited for, one evaluation of `warmup_val_tokens`, and the trainer's
+   `warm_up_programs` for the eval windows of the validations and the final pipeline (the JAX trainer
+   runs there every program a switch of the attention forward or the final pipeline would run); then `restore`
    puts back the state from before it (fresh or resumed parameters and optimizer state, the data
-   position), as the baseline. A signal here (checked after each warm-up step and after the
-   evaluation, agreed across processes) raises `InterruptedBeforeTraining`: nothing trained, nothing
+   position), as the baseline. A signal here (checked after each warm-up step, after the
+   evaluation and after each of the other programs, agreed across processes) raises `InterruptedBeforeTraining`: nothing trained, nothing
    saved, exit 130;
 2. an optional resume (`Trainer.resume`: step, tokens and trained seconds carry on);
 3. the timed loop. Each iteration, in this order:
@@ -109,9 +111,14 @@ def warm_up(policy: Policy, trainer: Trainer) -> float:
         check_signal()
     trainer.eval_sums(policy.warmup_val_tokens)  # compiles the eval step
     check_signal()
+    final = policy.final  # the other programs: every eval geometry of the validations and the final pipeline
+    programs = trainer.warm_up_programs([{}, final.geometry(), *([final.geometry(sliding=True)] if final.stride
+                                                                   else [])], check_signal)
+    check_signal()
     trainer.restore(token)
     seconds = time.perf_counter() - t0
-    trainer.log(f"compile warm-up: {seconds:.1f} s (untimed; state reset)")
+    trainer.log(f"compile warm-up: {'' if programs is None else f'{programs} programs, '}{seconds:.1f} s "
+                "(untimed; state reset)")
     return seconds
 
 

@@ -8,6 +8,7 @@ defaults here, which a class that names `Trainer` as its base inherits:
 - checkpoints: `checkpoints` False (the default) means the driver never calls `save` or `discard`;
 - resume: `resume` returns None (a fresh run);
 - several processes: `agree` returns this process's own stop decision and clock;
+- more programs compiled in the warm-up: `warm_up_programs` runs none and returns None;
 - more summary entries: `summary_fields` returns {};
 - the artifact and its round trip: `roundtrip` returns None (none is run);
 - averaged weights for the final evaluation: `final_weights` returns None (the trained weights are scored);
@@ -123,6 +124,15 @@ class Trainer(Protocol):
     def agree(self, local_stop: bool, elapsed: float) -> tuple[bool, float]:
         """Several processes agree on (stop, elapsed seconds); the default: this one process decides."""
         return local_stop, elapsed
+
+    def warm_up_programs(self, evals: list[dict], check: Callable[[], None]) -> int | None:
+        """At the end of the compile warm-up (after its steps and evaluation, before `restore`): run once, so
+        compile, every other program the run may call, the steps of another forward and the eval steps of each
+        of `evals` (`eval_sums`' keyword arguments: {} for the validation's windows, the final pipeline's
+        others), calling `check` (it raises on a signal) after each, so that nothing compiles in the timed loop
+        or the final evaluation; returns how many programs the warm-up compiled, or None (the default: none is
+        added, the warm-up's steps and evaluation are all)."""
+        return None
 
     def summary_fields(self) -> dict:
         """More summary entries, computed at the end (e.g. the newest checkpoint); default none."""

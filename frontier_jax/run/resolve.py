@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from frontier_jax.config import Config, apply_overrides, load_config, load_run_config
+from frontier_jax.run.curves import CONFIGS
 from frontier_jax.run.rundir import CONFIG, RunError
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 class ResolvedRun(NamedTuple):

@@ -375,8 +375,10 @@ def write_summary(run_dir: Path, summary: dict, write: bool = True) -> str:
         run_dir = Path(run_dir)
         write_json(run_dir / SUMMARY_JSON, summary)
         atomic_write_text(run_dir / SUMMARY_TXT, table + "\n")
+        changed = curves.run_overrides(run_dir, summary.get("config_name"))
         curves.plot_run(read_metrics(run_dir), run_dir / CURVES,
-                 f"{run_dir.name}: {summary.get('config_name')} ({summary.get('implementation', 'jax')})")
+                        f"{run_dir.name}: {summary.get('config_name')} ({summary.get('implementation', 'jax')})"
+                        + (f"; {', '.join(changed)}" if changed else ""))
     return table
 
 

@@ -23,11 +23,13 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="exit codes: 0 every checkable rule passes, 1 a rule fails, 2 bad input; "
                                        "the rules and how each is checked: docs/rules.md")
     sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("check", help="check a run directory against a rules profile")
+    c = sub.add_parser("check", help="check a run directory against a rules profile",
+                       description="Check a run directory against a rules profile: one line per rule, then a summary.")
     c.add_argument("run", metavar="RUN", help="the run directory")
     c.add_argument("--rules", metavar="NAME", help=f"the profile ({' | '.join(RULE_PROFILES)}; default: the "
                                                    "run's rules.profile)")
-    r = sub.add_parser("rules", help="print the profiles: every rule with its source")
+    r = sub.add_parser("rules", help="print the profiles: every rule with its source",
+                       description="Print the rules profiles: every rule with its source.")
     r.add_argument("--markdown", action="store_true", help="docs/rules.md's side-by-side table and sources")
     return p
 

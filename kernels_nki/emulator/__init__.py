@@ -16,7 +16,7 @@ Public API:
   strict=True); None: the kernel's, the reading its module was loaded with (`load_kernel_module(name,
   reading="any")`; the project's kernels, `kernels_nki.registry.load_emulated`, are loaded "strict").
 - `RULES` (`rules.RULES`): every rule the emulator enforces, one row each (id, what it checks, targets, AWS
-  source, reading); list them with `python -m kernels_nki.emulator.rules [--target trn2] [--markdown]`.
+  source, reading); list them with `python -m kernels_nki.emulator [--target trn2] [--markdown]`.
 - `estimate(counters) -> Estimate` (trn1 time per engine, bounding engine; constants in `cost`): the lower bound.
 - `loader.record(kernel, *specs, target=..., **constants) -> Trace` (every instruction with its engine or DMA
   queue, work and tile regions, count-only) and `schedule.schedule(trace, reading)` / `schedule.estimate(trace)`

@@ -17,13 +17,14 @@ The emulator follows NKI 0.6.0 (`NKI_VERSION`, Neuron SDK 2.32; the supported SD
 `CHANGES` lists the differences from NKI 0.3 that matter, each with its release-notes section
 (aws-neuron-sdk release-notes/components/nki.rst) and where the emulator follows it.
 
-List the table: `python -m kernels_nki.emulator.rules [--target trn2] [--markdown] [--changes]`.
+List the table: `python -m kernels_nki.emulator [--target trn2] [--markdown] [--changes]`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import textwrap
 
 from kernels_nki.emulator.errors import NkiRuleError, kernel_location
 
@@ -413,16 +414,22 @@ def table(target: str | None = None, markdown: bool = False) -> str:
         lines = ["| id | checks | targets | source |", "|---|---|---|---|"]
         lines += [f"| `{r.id}` | {r.checks} | {', '.join(r.targets)} | {r.source} |" for r in rows]
     else:
-        lines = [f"{r.id:28s} [{','.join(r.targets)}{'; strict' if r.strict else ''}] {r.checks}\n"
-                 f"{'':28s} source: {r.source}"
-                 + (f"\n{'':28s} reading: {r.reading}" if r.reading else "") for r in rows]
+        wrap = lambda text, first: textwrap.fill(text, TABLE_WIDTH, initial_indent=first, subsequent_indent=" " * 29)
+        lines = [wrap(f"[{','.join(r.targets)}{'; strict' if r.strict else ''}] {r.checks}", f"{r.id:28s} ") + "\n"
+                 + wrap(f"source: {r.source}", " " * 29)
+                 + (f"\n{wrap(f'reading: {r.reading}', ' ' * 29)}" if r.reading else "") for r in rows]
     return "\n".join(lines)
 
 
+TABLE_WIDTH = 100  # the plain table's lines (the Markdown one keeps each row on one line)
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="List the NKI emulator's rules (one row per rule, with its AWS source).")
+    p = argparse.ArgumentParser(prog="python -m kernels_nki.emulator",
+                                description="List the NKI emulator's rules (one row per rule, with its AWS source).")
     p.add_argument("--target", choices=TARGETS, help="only the rules that apply to this target")
-    p.add_argument("--markdown", action="store_true")
+    p.add_argument("--markdown", action="store_true",
+                   help="one Markdown table (what docs/kernels/emulator-rules.md carries), without the readings")
     p.add_argument("--changes", action="store_true", help=f"the NKI 0.3 -> {NKI_VERSION} differences followed")
     args = p.parse_args(argv)
     if args.changes:
