@@ -216,8 +216,9 @@ def _tail(c, seqs, js, res):
         for kt in range(cdiv(T, P)):
             kr = min(P, T - kt * P)
             col = (kt % per_bank) * K
-            nisa.nc_matmul(dst=acc[1][kt // per_bank][0:kr, col:col + K], stationary=js["dvxT"][0:K, kt * P:kt * P + kr],
-                           moving=c["bias"][0][0:K, 0:K], is_transpose=True, accumulate=True)
+            nisa.nc_matmul(dst=acc[1][kt // per_bank][0:kr, col:col + K],
+                           stationary=js["dvxT"][0:K, kt * P:kt * P + kr], moving=c["bias"][0][0:K, 0:K],
+                           is_transpose=True, accumulate=True)
     store_kv_grad(grads[2], G, acc[1], g, T, K, 1.0, dt)
     chains = []  # independent chains of units, interleaved below (a chain's consecutive units depend)
     for r in range(R):

@@ -18,20 +18,20 @@ x's dtype, so the stored r is exactly the reference's); the backward's dx includ
 pass-through). The residual add costs no HBM traffic: the forward adds the x tile it loaded for the norm
 as y leaves PSUM (VectorE), the backward adds the dy tile it loaded anyway to dx (GpSimd, SBUF only).
 
-Layout. x, y, dy and dx move in packed row groups (`kernels_nki.packing`): NB / 128 = 4 rows per partition in
-the forward (a group of NB = 512 tokens, the moving-tile maximum: h^T streams the group's tokens), NW / 128 =
-8 in the backward (NW = 1024 tokens; NB for F > NW_MAX_F: `bwd_group`), one DMA per operand and group (4 / 8 KiB per partition at D = 512,
-bf16), the group's [N, 1] inv one [128, R] DMA. Row tile j of a group holds tokens r0 + p R + j (partition p).
-The forward's xn^T is written with row tile j's tokens at the free-axis columns j, j + R, ... (the group's
-tokens in order), so h^T, act(h)^T and a^T have the tokens in order: act(h)^T leaves for HBM as [128 F-rows,
-RT_TOKENS = 2048 tokens] tiles (4 KiB per partition), and y's row tile j takes a^T's columns j, j + R, ... as
-its stationary operand, giving the rows that match x's row tile j for the residual add and y's group tile.
-The backward loads act(h)^T [128 F-rows, group tokens] (the tokens in order) and transposes the columns of
-row tile j; dy^T and dh'^T hold row tile j at columns j*128 .. (only ever that row tile's stationary operand).
-Weights resident in SBUF for the whole call (the backward holds W_fc^T and W_proj^T), all matmuls bf16 into
-fp32 PSUM. The normalised activation never exists in HBM: per row tile the norm costs ScalarE passes over the
-x tile already in SBUF (forward: the squares' row sum, an rsqrt on the [P, 1] column and xn = inv x in fp32,
-cast to x's dtype as the reference; backward: xn = inv x from the stored inv).
+Layout. x, y, dy and dx move in packed row groups (`kernels_nki.packing`): NB / 128 = 4 rows per partition in the
+forward (a group of NB = 512 tokens, the moving-tile maximum: h^T streams the group's tokens), NW / 128 = 8 in the
+backward (NW = 1024 tokens; NB for F > NW_MAX_F: `bwd_group`), one DMA per operand and group (4 / 8 KiB per
+partition at D = 512, bf16), the group's [N, 1] inv one [128, R] DMA. Row tile j of a group holds tokens r0 + p R +
+j (partition p). The forward's xn^T is written with row tile j's tokens at the free-axis columns j, j + R, ... (the
+group's tokens in order), so h^T, act(h)^T and a^T have the tokens in order: act(h)^T leaves for HBM as [128
+F-rows, RT_TOKENS = 2048 tokens] tiles (4 KiB per partition), and y's row tile j takes a^T's columns j, j + R, ...
+as its stationary operand, giving the rows that match x's row tile j for the residual add and y's group tile. The
+backward loads act(h)^T [128 F-rows, group tokens] (the tokens in order) and transposes the columns of row tile j;
+dy^T and dh'^T hold row tile j at columns j*128 .. (only ever that row tile's stationary operand). Weights resident
+in SBUF for the whole call (the backward holds W_fc^T and W_proj^T), all matmuls bf16 into fp32 PSUM. The
+normalised activation never exists in HBM: per row tile the norm costs ScalarE passes over the x tile already in
+SBUF (forward: the squares' row sum, an rsqrt on the [P, 1] column and xn = inv x in fp32, cast to x's dtype as the
+reference; backward: xn = inv x from the stored inv).
 
 Forward, per group: stage A (x in, inv, xn), stage T (xn^T by TensorE transposes), stage B (h^T = W_fc^T xn^T directly
 in the [F, tokens] layout; ScalarE r = act(h) from PSUM into the stored act(h)^T tile, a^T = r r in SBUF, every
@@ -95,6 +95,7 @@ NW = 1024  # tokens per backward group: no backward matmul streams tokens as its
 # weight gradients contract over the whole group in PSUM before one fp32 SBUF add (half the adds of 512)
 NW_MAX_F = 1024  # a wider MLP's backward takes groups of NB tokens: its per-group tiles (a, dh' [tokens, F], their
 # transposes, rT) and the fp32 weight-gradient accumulators fit the 192 KiB SBUF partition (`bwd_group`)
+RT_TOKENS = 2048  # tokens per stored act(h)^T tile [128 F-rows, RT_TOKENS]: 4 KiB per partition in bf16
 
 
 def bwd_group(F):
@@ -103,7 +104,6 @@ def bwd_group(F):
     nki/guides/architecture/trainium_inferentia2_arch.rst, "Memory": 24 MiB SBUF = 128 x 192 KiB; a kernel
     past it spills through HBM, nki/get-started/about/memory-hierarchy-overview.rst)."""
     return NW if F <= NW_MAX_F else NB
-RT_TOKENS = 2048  # tokens per stored act(h)^T tile [128 F-rows, RT_TOKENS]: 4 KiB per partition in bf16
 
 
 def _load_rows(w_RC, dt):
@@ -429,8 +429,9 @@ def _bwd_dx(st, dhT, wfcT, F, dx_ND, dt):
 @nki.jit
 def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND, negative_slope=0.0):
     """(dx_ND = dy + the MLP's and norm's backward, dw_fc_DF in x's dtype, dw_proj_FD fp32), from the forward's
-    rT_FN = act(h)^T (h is not recomputed: see the module docstring; act = LeakyReLU(negative_slope >= 0)). Per group the stages run in the program
-    order B(k), B'(k - 1), D_fc(k - 1), E(k - 1), A(k + 1), D_proj(k) (see the module docstring)."""
+    rT_FN = act(h)^T (h is not recomputed: see the module docstring; act = LeakyReLU(negative_slope >= 0)). Per
+    group the stages run in the program order B(k), B'(k - 1), D_fc(k - 1), E(k - 1), A(k + 1), D_proj(k) (see the
+    module docstring)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax

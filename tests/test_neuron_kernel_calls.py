@@ -41,7 +41,8 @@ def test_every_kernel_call_with_its_multiplicity(traced):
     assert per[("mix_norm_projection", "fwd")] == L * M
     assert per[("embed", "fwd")] == per[("head_loss", "bwd")] == M and per[("rms_norm", "fwd")] == 2 * M
     attn = next(c for c in calls if c.op == "qk_attention" and c.which == "fwd")
-    assert attn.inputs[0] == ((B, 50, 3, 32), "bfloat16") and dict(attn.constants) == {"exact_max": False}
+    assert attn.inputs[0] == ((B, 50, 3, 32), "bfloat16")
+    assert dict(attn.constants) == {"exact_max": False, "xsa_on": False}  # the baseline's model: no XSA
     head = next(c for c in calls if c.op == "head_loss")
     assert head.inputs[3] is None and dict(head.constants)["softcap"] == cfg.model.logit_softcap  # no n-gram bias
 

@@ -67,7 +67,8 @@ def _record11_tiny(byte_data):
     return apply_overrides(load_config(REPO / "configs" / "record11_tiny.py"), [
         f"data.data_dir={str(byte_data)!r}", "data.tokenizer='bytes'", "model.compute_dtype='float32'",
         "train.seq_len=64", "train.tokens_per_step=256", "train.micro_batch_seqs=4", "parallel.num_devices=1",
-        "train.measure_peak=False", "optim.fused=False", "optim.muon_ns_dtype='float32'", "model.embed_dtype='compute'"])
+        "train.measure_peak=False", "optim.fused=False", "optim.muon_ns_dtype='float32'",
+        "model.embed_dtype='compute'"])
 
 
 @pytest.mark.slow

@@ -38,12 +38,13 @@ prints it at start-up and `dataclasses.asdict` makes each row JSON. `configure("
 `KernelUnavailableError` naming every op that would not run its NKI kernel. Call `configure` before
 tracing: the choice is made at trace time (`configure` and `emulated` clear JAX's caches).
 
-Model switches. An op declares the switches its kernel does not compute for every value (`Switch`: a
-`ModelConfig` field, the op's keyword argument it sets and which of its values the kernel computes). `configure(..., model=cfg.model)`
-evaluates them for the run's model (`switch_fallbacks`): an op whose kernel cannot compute the model's setting
-is "reference" in the table with the setting named in the reason, whatever the platform (strict mode therefore
-fails naming it), and its calls run the reference. A call with such a setting on an op the table says runs its
-kernel is an error, never a silent reference (the table was configured for another model).
+Model switches. An op declares the switches its kernel does not compute for every value (`Switch`: a `ModelConfig`
+field, the op's keyword argument it sets and which of its values the kernel computes).
+`configure(..., model=cfg.model)` evaluates them for the run's model (`switch_fallbacks`): an op whose kernel
+cannot compute the model's setting is "reference" in the table with the setting named in the reason, whatever the
+platform (strict mode therefore fails naming it), and its calls run the reference. A call with such a setting on an
+op the table says runs its kernel is an error, never a silent reference (the table was configured for another
+model).
 """
 
 from __future__ import annotations
