@@ -28,10 +28,11 @@ def rms_norm(x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.size(-1),), eps=RMS_EPS)
 
 
-def refuse_recipe(mc) -> None:
-    """This port is the baseline's: a model config with the recipe's switches (docs/recipe.md) on is refused in
-    one line (the PyTorch side of a recipe comparison is the record's own script)."""
-    switches = mc.recipe_switches()
+def refuse_recipe(mc, oc=None) -> None:
+    """This port is the baseline's: a model config with the recipe's switches (docs/recipe.md) on, or an optimizer
+    config `oc` with the record's settings (weight decay, clipping, bf16 momentum, averaging, late QAT), is refused
+    in one line (the PyTorch side of a recipe comparison is the record's own script)."""
+    switches = mc.recipe_switches() + (oc.recipe_settings() if oc is not None else [])
     if switches:
         raise ConfigError(f"baseline_torch implements the baseline only; this config sets {', '.join(switches)} "
                           "(the PyTorch side of a recipe comparison is the record's own train_gpt.py)")

@@ -137,8 +137,9 @@ class Trainer(TrainerInterface):
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16)
 
-    def train_step(self, lr_scale: float, momentum: float) -> tuple[float, float]:
-        """One step on the loader's next batch; (loss, grad_norm) once it has finished."""
+    def train_step(self, lr_scale: float, momentum: float, qat: bool = False) -> tuple[float, float]:
+        """One step on the loader's next batch; (loss, grad_norm) once it has finished (`qat` is always off: a
+        config with late QAT is refused, `refuse_recipe`)."""
         t = self.cfg.train
         x_MBT, y_MBT = step_batch(self.loader, self.seqs_per_step, self.accum, t.seq_len)
         M = x_MBT.shape[0]
@@ -227,10 +228,13 @@ def run(cfg: Config, out_dir: Path, device: str | None = None, compile_model: bo
     if cfg.ngram.enabled:  # never silently a different model than the config names
         raise ConfigError("ngram.enabled=True: the PyTorch baseline has no n-gram bias (use the JAX trainer, or "
                           "--set ngram.enabled=False)")
-    refuse_recipe(cfg.model)  # before anything is written
+    refuse_recipe(cfg.model, cfg.optim)  # before anything is written
     if cfg.eval.artifact != "int8_zlib":  # nor another artifact than the one it writes
         raise ConfigError(f"eval.artifact={cfg.eval.artifact!r}: the PyTorch baseline writes the baseline's int8+zlib "
                           "artifact only (use the JAX trainer, or --set eval.artifact=int8_zlib)")
+    if cfg.ttt.enabled:  # nor a final pipeline without the config's test-time training stage
+        raise ConfigError("ttt.enabled=True: the PyTorch baseline has no test-time training (use the JAX trainer, or "
+                          "--set ttt.enabled=False)")
     out_dir = Path(out_dir).absolute()
     log = RunLog(None, echo)
 

@@ -37,7 +37,7 @@ TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's temporary directory marker (orba
 
 # what a checkpoint's meta holds (trainer.JaxTrainer.save, interop import), checked before any use
 META_SCHEMA = {"step": int, "train_seconds": NUMBER, "tokens": int, "data": {"shard": int, "offset": int},
-               "model_hash": str}
+               "model_hash": str, "late_qat_step?": (int, type(None))}
 
 
 class CheckpointError(DataError):

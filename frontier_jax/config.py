@@ -36,6 +36,10 @@ KERNEL_MODES = ("auto", "reference", "strict")
 MODEL_INITS = ("baseline", "record")  # model.init (frontier_jax.model)
 # BigramHash's multipliers of (token, previous token), the record's (docs/recipe.md)
 BIGRAM_HASH = (36313, 27191)
+MUON_SHAPE_SCALES = ("update", "lr")  # optim.muon_shape_scale (frontier_jax.ops.reference.muon_direction)
+# OptimConfig's record settings, in docs/recipe.md's order (defaults: the baseline's behaviour)
+OPTIM_RECIPE_FIELDS = ("muon_weight_decay", "adam_weight_decay", "grad_clip_norm", "muon_momentum_dtype",
+                       "muon_shape_scale", "ema_decay", "swa_every", "late_qat_threshold")
 # ModelConfig's recipe switches, in docs/recipe.md's order (defaults: the baseline's behaviour)
 RECIPE_SWITCHES = ("mlp_negative_slope", "rope_dims", "rope_rescale_from", "ln_scale", "xsa_last_n", "smear_gate",
                    "bigram_buckets", "bigram_dim", "ve_layers", "ve_dim")
@@ -204,16 +208,54 @@ class OptimConfig:
     # "steps": from train.max_steps (deterministic; used by the kill-and-resume test).
     warmdown_mode: str = "time"
     fused: bool = False  # fused Adam/Muon updates, one primitive (NKI kernel) per parameter
+    # ---- the record's optimizer and averaging (docs/recipe.md); each default is the baseline's behaviour
+    # Decoupled weight decay, as the record's Muon and AdamW apply it: p *= 1 - lr * wd before the update, lr the
+    # scheduled learning rate of the parameter's group.
+    muon_weight_decay: float = 0.0  # on the block matrices (Muon)
+    adam_weight_decay: float = 0.0  # on every Adam parameter: tables, scalars, gates, projections, n-gram bias
+    # Global gradient-norm clipping before the update (torch's clip_grad_norm_): every gradient times
+    # min(1, grad_clip_norm / (norm + 1e-6)), norm the L2 norm over all of them; 0: off.
+    grad_clip_norm: float = 0.0
+    # Muon's gradient copy and momentum buffer: "float32" (the baseline) or "bfloat16" (the record: the gradient
+    # rounded to bf16, the buffer bf16, rounded after each of its multiply and add).
+    muon_momentum_dtype: str = "float32"
+    # Where Muon's shape scale sqrt(max(1, out / in)) goes: "update" (the baseline: it multiplies the
+    # Newton-Schulz output, rounded to the NS dtype) or "lr" (the record: into the learning rate, in fp32).
+    muon_shape_scale: str = "update"
+    # EMA of all weights in fp32 after every optimizer step, ema = decay * ema + (1 - decay) * p, from the initial
+    # weights; the final evaluation, the export and the artifact use it (cast to each parameter's dtype). 0: off.
+    ema_decay: float = 0.0
+    # SWA as the record keeps it: the weights summed every swa_every steps once the lr scale is below
+    # swa_threshold (counted in the optimizer state, checkpointed); collected, never applied. 0: off.
+    swa_every: int = 0  # steps between the weights taken (0: no SWA)
+    swa_threshold: float = 0.2  # the weights are taken only below this lr scale
+    # Late QAT: once the lr scale falls below this, the recipe's two side projections (BigramHash's and the value
+    # embeddings') are fake-quantized to int6 in training forwards (straight-through); it never switches off. inf:
+    # from the first step; 0: off.
+    late_qat_threshold: float = 0.0
 
     def __post_init__(self):
         _check_ranges("optim", self, matrix_lr="[0, inf)", scalar_lr="[0, inf)", embed_lr="[0, inf)",
                       ngram_lr="[0, inf)", beta1="[0, 1)", beta2="[0, 1)", adam_eps="(0, inf)",
                       muon_momentum="[0, 1)", muon_momentum_warmup_start="[0, 1)",
-                      muon_momentum_warmup_steps="[0, inf)", muon_ns_steps="[1, inf)", warmdown_steps="[0, inf)")
+                      muon_momentum_warmup_steps="[0, inf)", muon_ns_steps="[1, inf)", warmdown_steps="[0, inf)",
+                      muon_weight_decay="[0, inf)", adam_weight_decay="[0, inf)", grad_clip_norm="[0, inf)",
+                      ema_decay="[0, 1)", swa_every="[0, inf)", swa_threshold="[0, inf]",
+                      late_qat_threshold="[0, inf]")
         if self.muon_ns_dtype not in ("auto", "bfloat16", "float32"):
             raise ConfigError(f"optim.muon_ns_dtype must be auto|bfloat16|float32, got {self.muon_ns_dtype!r}")
         if self.warmdown_mode not in ("time", "steps"):
             raise ConfigError(f"optim.warmdown_mode must be time|steps, got {self.warmdown_mode!r}")
+        if self.muon_momentum_dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"optim.muon_momentum_dtype must be float32|bfloat16, got {self.muon_momentum_dtype!r}")
+        if self.muon_shape_scale not in MUON_SHAPE_SCALES:
+            raise ConfigError(f"optim.muon_shape_scale must be {'|'.join(MUON_SHAPE_SCALES)}, got "
+                              f"{self.muon_shape_scale!r}")
+
+    def recipe_settings(self) -> list[str]:
+        """`optim.<field>=<value>` of every record setting (weight decay to late QAT) set away from its default."""
+        base = OptimConfig()
+        return [f"optim.{f}={getattr(self, f)!r}" for f in OPTIM_RECIPE_FIELDS if getattr(self, f) != getattr(base, f)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -374,8 +416,16 @@ class ParallelConfig:
 # eval.artifact -> the prefix of its score lines (`final_int8_zlib_roundtrip`, the baseline's; `final_int6_roundtrip`,
 # record 2026-03-23's): docs/evaluation.md, "The final evaluation"
 ARTIFACT_LINES = {"int8_zlib": "final_int8_zlib", "int6_lzma": "final_int6"}
-# eval.score -> which final line is the run's score (the stage's suffix after the artifact's prefix)
-SCORE_STAGES = {"roundtrip": "_roundtrip", "sliding": "_sliding_window"}
+# eval.score -> which final line is the run's score (the stage's suffix after the artifact's prefix; the TTT stage's
+# line is the record's `legal_ttt`, whatever the artifact: `line_name`)
+SCORE_STAGES = {"roundtrip": "_roundtrip", "sliding": "_sliding_window", "ttt": ""}
+TTT_LINE = "legal_ttt"  # the score line of score-first test-time training (record 2026-03-23, train_gpt.py:1892-1894)
+
+
+def line_name(artifact: str, stage: str) -> str:
+    """The score line of a final stage (`roundtrip`, `sliding`, `ttt`) for an eval.artifact, e.g.
+    final_int6_sliding_window, final_int8_zlib_roundtrip, legal_ttt."""
+    return TTT_LINE if stage == "ttt" else ARTIFACT_LINES[artifact] + SCORE_STAGES[stage]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -387,7 +437,7 @@ class EvalConfig:
     # weights (every target exactly once), after the round-trip line
     stride: int = 0
     artifact: str = "int8_zlib"  # int8_zlib (the baseline's final_model.int8.ptz) | int6_lzma (the record's .int6.ptz)
-    score: str = "roundtrip"  # which final line is the run's score (summary.json `score`): roundtrip | sliding
+    score: str = "roundtrip"  # which final line is the run's score (summary.json `score`): roundtrip | sliding | ttt
     batch_seqs: int = 0  # windows per batch of the sliding windows; 0: train.val_batch_seqs
 
     def __post_init__(self):
@@ -398,6 +448,31 @@ class EvalConfig:
             raise ConfigError(f"eval.score must be {'|'.join(SCORE_STAGES)}, got {self.score!r}")
         if self.score == "sliding" and not self.stride:
             raise ConfigError("eval.score='sliding' needs eval.stride > 0 (no sliding-window line is scored)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TTTConfig:
+    """Score-first test-time training, record 2026-03-23's `eval_val_sliding_ttt` (docs/evaluation.md, "Score-first
+    test-time training"): the val split cut into chunks of chunk_tokens targets; each sliding window (eval.stride,
+    windows of train.seq_len) belongs to the chunk of its first scored target; each chunk's windows are scored,
+    then the weights train on the chunk's whole rows of train.seq_len for `epochs` epochs of SGD; the last chunk is
+    scored and never trained on. Each default is the record's run command's."""
+
+    enabled: bool = False  # a TTT stage after the sliding windows (the run's final pipeline; evaluate --ttt)
+    lr: float = 0.002  # SGD learning rate of chunk 0, cosine-decayed across chunks to 0 at the last
+    epochs: int = 3  # passes over each chunk's rows
+    chunk_tokens: int = 32768  # targets per chunk (at least one row of train.seq_len)
+    # the first N blocks' parameters (everything under blocks.{i}, i < N: matrices and control tensors) stay fixed;
+    # the record's TTT_FREEZE_BLOCKS reaches only its blocks' control tensors (its matrices live in banks outside
+    # blocks.*), docs/recipe.md; the record's run uses 0
+    freeze_blocks: int = 0
+    momentum: float = 0.9  # SGD momentum (no Nesterov, no dampening, no weight decay; its buffers carry across chunks)
+    batch_seqs: int = 32  # rows per SGD step (global)
+    grad_clip: float = 1.0  # global gradient-norm clip over the trained parameters before each step; 0: off
+
+    def __post_init__(self):
+        _check_ranges("ttt", self, lr="[0, inf)", epochs="[0, inf)", chunk_tokens="[1, inf)",
+                      freeze_blocks="[0, inf)", momentum="[0, 1)", batch_seqs="[1, inf)", grad_clip="[0, inf)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -422,6 +497,7 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # data parallelism
     rules: RulesConfig = field(default_factory=RulesConfig)  # the contest rule set (frontier_jax.contest)
     eval: EvalConfig = field(default_factory=EvalConfig)  # the final evaluation pipeline: lengths, stride, artifact
+    ttt: TTTConfig = field(default_factory=TTTConfig)  # score-first test-time training (the final pipeline's end)
 
     @property
     def eval_seq_len(self) -> int:
@@ -448,6 +524,30 @@ class Config:
         if stride > T:
             raise ConfigError(f"eval.stride={stride} is longer than the eval window of {T} tokens (eval.seq_len, "
                               "0: train.seq_len)")
+        self._check_ttt()
+
+    @property
+    def ttt_stride(self) -> int:
+        """The stride of the TTT windows: eval.stride (the record's EVAL_STRIDE), or train.seq_len when it is 0
+        (non-overlapping windows)."""
+        return self.eval.stride or self.train.seq_len
+
+    def _check_ttt(self) -> None:
+        """The TTT stage against the other sections: its windows are train.seq_len long (the record's, SPEC Q12)."""
+        t, T = self.ttt, self.train.seq_len
+        if self.eval.score == "ttt" and not t.enabled:
+            raise ConfigError("eval.score='ttt' needs ttt.enabled=True (no TTT line is scored)")
+        if not t.enabled:
+            return
+        if self.ttt_stride > T:
+            raise ConfigError(f"ttt.enabled: eval.stride={self.eval.stride} is longer than the TTT windows of "
+                              f"train.seq_len={T} tokens")
+        if t.chunk_tokens < T:
+            raise ConfigError(f"ttt.chunk_tokens={t.chunk_tokens} holds no whole row of train.seq_len={T}: TTT "
+                              "would never train")
+        if t.freeze_blocks > self.model.num_layers:
+            raise ConfigError(f"ttt.freeze_blocks={t.freeze_blocks} is more than the model's "
+                              f"{self.model.num_layers} blocks")
 
 
 # ----------------------------------------------------------------------------- loading / overrides

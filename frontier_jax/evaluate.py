@@ -1,7 +1,7 @@
 """Score a run's checkpoint or artifact on the full val split in exact bits per byte: `python -m frontier_jax.evaluate`.
 
     python -m frontier_jax.evaluate --run DIR [--step N | --artifact [PATH]] [--data DIR] [--tokenizer PATH]
-                                    [--eval-seq-len T] [--stride N] [--batch-seqs N] [--json]
+                                    [--eval-seq-len T] [--stride N] [--batch-seqs N] [--ttt] [--json]
 
 The run's config.json and its newest intact checkpoint (a corrupt newer one is skipped with one line
 on stderr naming it; `--step N` picks one) give the model; the forward is the training one
@@ -15,6 +15,10 @@ context available: the sliding window is only a score mask, mask[b, t] = t >= sc
 `final_model.int8.ptz` or `final_model.int6.ptz` by its eval.artifact): int8+zlib (written by either trainer or
 the official script) or int6+lzma (ours or record 2026-03-23's), told apart by the file's bytes; its dequantized
 weights are scored, as the contest scores them: the result equals the run's own round-trip line.
+`--ttt` scores with score-first test-time training instead (`frontier_jax.ttt`, the run's `ttt` section, enabled
+for this evaluation: windows of train.seq_len at `--stride`, else eval.stride, each chunk scored before the weights
+train on it), from the checkpoint's weights, or the artifact's with `--artifact` (as the run's TTT stage): the
+record's progress lines on stderr, then `legal_ttt` and `legal_ttt_exact`.
 """
 
 from __future__ import annotations
@@ -78,9 +82,10 @@ def _artifact_params(run_dir: Path, path):
 
 
 def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs=None, step=None, log=None,
-                 artifact=None, eval_seq_len=None) -> dict:
+                 artifact=None, eval_seq_len=None, ttt=False) -> dict:
     """Sums and bpb of a run's newest intact (or given) checkpoint on its val split (see the module docstring),
-    or of the artifact `artifact` (its dequantized weights, in the run's model)."""
+    or of the artifact `artifact` (its dequantized weights, in the run's model); with `ttt`, of score-first
+    test-time training from those weights."""
     from frontier_jax import ops
     from frontier_jax.data.dataset import load_dataset
     from frontier_jax.data.stream import val_batches
@@ -99,6 +104,9 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     tok_spec = tokenizer or cfg.data.tokenizer
     if not data_dir:
         raise DataError(f"{run_dir}/config.json: no data directory recorded; pass --data DIR")
+    if ttt:
+        cfg = _ttt_config(cfg, stride, eval_seq_len)
+        eval_seq_len, stride = cfg.train.seq_len, cfg.ttt_stride
     T = cfg.eval_seq_len if eval_seq_len is None else int(eval_seq_len)
     if T <= 0:
         raise ConfigError(f"--eval-seq-len {T}: must be positive")
@@ -114,17 +122,23 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     tok, tokens = data.tokenizer, data.val_tokens
     ops.configure(cfg.train.kernels, model=cfg.model)
     fmt = None
+    run_cfg = cfg
     if artifact is not None:
         cfg, graphdef, params, dtype, fmt = _artifact_params(run_dir, Path(artifact))
         step = None
     else:
         cfg, graphdef, params, step, dtype = restore_params(run_dir, step, log)
+    cfg = run_cfg if ttt else cfg  # (the same run config, TTT enabled)
     bias_fn, aux = _ngram_bias(run_dir, cfg, log)
-    # the qk_attention forward the kernel path runs for these gains (frontier_jax.ops.attention_forward)
-    exact = not ops.bounded_shift_valid(float(ops.score_bound(q_gains(params), cfg.model.head_dim)), T)
-    eval_step = make_eval_step(graphdef, data.tables, bias_fn, attention_exact=exact)
-    batches = val_batches(tokens, T, batch_seqs, stride=stride if sliding else None)
-    sums = evaluate_batches(eval_step, params, batches, aux)
+    extra = {}
+    if ttt:
+        sums, extra = _ttt_sums(cfg, graphdef, params, tokens, data.tables, bias_fn, aux, batch_seqs, log)
+    else:
+        # the qk_attention forward the kernel path runs for these gains (frontier_jax.ops.attention_forward)
+        exact = not ops.bounded_shift_valid(float(ops.score_bound(q_gains(params), cfg.model.head_dim)), T)
+        eval_step = make_eval_step(graphdef, data.tables, bias_fn, attention_exact=exact)
+        batches = val_batches(tokens, T, batch_seqs, stride=stride if sliding else None)
+        sums = evaluate_batches(eval_step, params, batches, aux)
     score = bpb(sums["nll_sum_nats"], sums["bytes"])
     if not math.isfinite(score):
         what = artifact if artifact is not None else f"{run_dir}/checkpoints/{step}"
@@ -138,8 +152,39 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
         "run": str(run_dir), "checkpoint_step": step, "compute_dtype": str(dtype),
         "artifact": None if artifact is None else str(artifact), "artifact_format": fmt,
         "data_dir": str(data_dir), "tokenizer": str(tok.path), "data_provenance": data.provenance,
-        "seconds": time.perf_counter() - t0,
+        "seconds": time.perf_counter() - t0, **extra,
     }
+
+
+def _ttt_config(cfg, stride, eval_seq_len):
+    """The run's config with its TTT section enabled (its stride `stride` when given): TTT's windows are
+    train.seq_len long, so another --eval-seq-len is refused."""
+    import dataclasses
+
+    if eval_seq_len is not None and int(eval_seq_len) != cfg.train.seq_len:
+        raise ConfigError(f"--ttt --eval-seq-len {eval_seq_len}: test-time training scores windows of the run's "
+                          f"train.seq_len={cfg.train.seq_len} (as the record's)")
+    ev = cfg.eval if stride is None else dataclasses.replace(cfg.eval, stride=int(stride))
+    try:
+        return dataclasses.replace(cfg, eval=ev, ttt=dataclasses.replace(cfg.ttt, enabled=True))
+    except ConfigError as e:
+        raise ConfigError(f"--ttt: {e}") from None
+
+
+def _ttt_sums(cfg, graphdef, params, tokens, tables, bias_fn, aux, batch_seqs, log) -> tuple[dict, dict]:
+    """(sums, the pass's counts and times) of score-first TTT from `params` (frontier_jax.ttt)."""
+    import dataclasses
+
+    from frontier_jax import ttt
+    from frontier_jax.steps import make_eval_step, make_ttt_step
+
+    eval_step = make_eval_step(graphdef, tables, bias_fn, attention_exact=True)
+    train_step = make_ttt_step(graphdef, ttt.sgd(cfg.ttt), bias_fn, attention_exact=True)
+    ttt.warm_up(params, tokens.shape[0], cfg, eval_step, train_step, aux, batch_seqs=batch_seqs)  # before the pass
+    r = ttt.run(params, tokens, cfg, eval_step, train_step, aux, log=log or (lambda msg: None), batch_seqs=batch_seqs)
+    info = {k: r[k] for k in ("chunks", "windows", "sgd_steps", "seconds", "score_seconds", "train_seconds",
+                              "estimate", "hardware")}
+    return {k: r[k] for k in ("nll_sum_nats", "tokens", "bytes")}, {"ttt": {**info, **dataclasses.asdict(cfg.ttt)}}
 
 
 def _run_artifact(run_dir: Path) -> Path:
@@ -169,6 +214,10 @@ def main(argv=None) -> int:
                     help="score an artifact instead of a checkpoint: int8+zlib or int6+lzma, told apart by its bytes "
                          "(default PATH: the run's final_model.int8.ptz or final_model.int6.ptz, by its "
                          "eval.artifact; the official script's or the record's artifact of the same model works too)")
+    ap.add_argument("--ttt", action="store_true",
+                    help="score with score-first test-time training (the run's ttt section; from the checkpoint's "
+                         "weights, or the artifact's with --artifact): the record's progress lines on stderr, then "
+                         "legal_ttt")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     with exit_on_error():
@@ -179,9 +228,14 @@ def main(argv=None) -> int:
             raise ConfigError("--step and --artifact: choose one (an artifact has no checkpoint step)")
         r = evaluate_run(args.run, args.data, args.tokenizer, args.stride, args.batch_seqs, args.step,
                          log=lambda msg: print(msg, file=sys.stderr, flush=True), artifact=artifact,
-                         eval_seq_len=args.eval_seq_len)
+                         eval_seq_len=args.eval_seq_len, ttt=args.ttt)
     if args.json:
         print(json.dumps(r, sort_keys=True, allow_nan=False))
+    elif args.ttt:
+        from frontier_jax.config import TTT_LINE
+        from frontier_jax.run.roundtrip import score_lines
+
+        print("\n".join(score_lines(TTT_LINE, r["loss"], r["bpb"], r["ttt"]["seconds"])))  # the pass's time
     else:
         what = f"artifact {r['artifact']}" if artifact is not None else f"step {r['checkpoint_step']}"
         print(f"{r['run']} {what}: val_bpb {r['bpb']:.6f} (loss {r['loss']:.4f} nats, "

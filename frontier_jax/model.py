@@ -71,6 +71,15 @@ def _scale_init(cfg: ModelConfig, value: float) -> jax.Array:
     return _record_rounded(x) if cfg.init == "record" else x
 
 
+def _late_qat(w_IO: jax.Array, dt, qat) -> jax.Array:
+    """A side projection's weight in dt as the record's CastedLinear uses it: fake-quantized to int6
+    (`reference.fake_int6`, straight-through) where the traced flag `qat` is on (late QAT, a training forward);
+    None (evaluation) or off: the weight itself."""
+    if qat is None:
+        return w_IO.astype(dt)
+    return jnp.where(qat, ref.fake_int6(w_IO, dt), w_IO.astype(dt))
+
+
 @functools.lru_cache(maxsize=16)
 def _rope_tables(seq_len: int, rotary_dims: int, base: float):
     return ref.rope_tables(seq_len, rotary_dims, base)
@@ -164,8 +173,8 @@ class BigramHash(nnx.Module):
         self.proj = nnx.Param(_side_projection(cfg, rngs, E, D)) if E != D else None
         self.scale = nnx.Param(_scale_init(cfg, BIGRAM_SCALE_INIT))
 
-    def __call__(self, ids_BT: jax.Array, dt) -> jax.Array:
-        proj = None if self.proj is None else self.proj[...]
+    def __call__(self, ids_BT: jax.Array, dt, qat=None) -> jax.Array:
+        proj = None if self.proj is None else _late_qat(self.proj[...], dt, qat)
         return ref.scaled_table_projection(ref.bigram_hash(ids_BT, self.buckets), self.embed[...], proj,
                                            self.scale[...], dt)
 
@@ -188,8 +197,8 @@ class ValueEmbedding(nnx.Module):
         self.proj = nnx.Param(_side_projection(cfg, rngs, W, O)) if W != O else None
         self.scale = nnx.Param(_scale_init(cfg, VE_SCALE_INIT))
 
-    def __call__(self, ids_BT: jax.Array, dt) -> jax.Array:
-        proj = None if self.proj is None else self.proj[...]
+    def __call__(self, ids_BT: jax.Array, dt, qat=None) -> jax.Array:
+        proj = None if self.proj is None else _late_qat(self.proj[...], dt, qat)
         return ref.scaled_table_projection(ids_BT, self.embed[...], proj, self.scale[...], dt)
 
 
@@ -220,24 +229,24 @@ class GPT(nnx.Module):
             # n-gram logit bias: one learned value per (order, confidence bucket), zero at init.
             self.ngram_bias = nnx.Param(jnp.zeros((num_bias_orders, bias_buckets), jnp.float32))
 
-    def embed(self, inputs_BT: jax.Array) -> jax.Array:
+    def embed(self, inputs_BT: jax.Array, qat=None) -> jax.Array:
         """x0 [B, T, D] in the compute dtype: rms_norm(tok_emb[ids] (+ BigramHash)), then SmearGate."""
         dt = self.compute_dtype
         x_BTD = ops.embed(inputs_BT, self.tok_emb[...]).astype(dt)
         if self.bigram is not None:
             with jax.named_scope(BIGRAM_HASH):
-                x_BTD = x_BTD + self.bigram(inputs_BT, dt)
+                x_BTD = x_BTD + self.bigram(inputs_BT, dt, qat)
         x_BTD = ops.rms_norm(x_BTD)
         if self.smear is not None:
             with jax.named_scope(SMEAR_GATE):
                 x_BTD = ref.smear(x_BTD, self.smear.gate[...])
         return x_BTD
 
-    def hidden(self, inputs_BT: jax.Array) -> jax.Array:
-        """Final-normed hidden states [B, T, D] in the compute dtype."""
-        x_BTD = x0_BTD = self.embed(inputs_BT)
+    def hidden(self, inputs_BT: jax.Array, qat=None) -> jax.Array:
+        """Final-normed hidden states [B, T, D] in the compute dtype (`qat`: the late-QAT flag, `__call__`)."""
+        x_BTD = x0_BTD = self.embed(inputs_BT, qat)
         with jax.named_scope(VALUE_EMBEDDING):
-            ve_BTO = None if self.ve_shared is None else self.ve_shared(inputs_BT, self.compute_dtype)
+            ve_BTO = None if self.ve_shared is None else self.ve_shared(inputs_BT, self.compute_dtype, qat)
         ve_index = {layer: k for k, layer in enumerate(self.cfg.ve_layers)}
 
         def ve(layer):  # the shared value embedding times the layer's scale, on the listed layers
@@ -257,9 +266,13 @@ class GPT(nnx.Module):
             x_BTD = self.blocks[b](x_BTD, x0_BTD, *skip, ve_BTO=ve(b))
         return ops.rms_norm(x_BTD)
 
-    def __call__(self, inputs_BT: jax.Array, targets_BT: jax.Array, bias_ids_BTS=None, bias_vals_BTS=None):
+    def __call__(self, inputs_BT: jax.Array, targets_BT: jax.Array, bias_ids_BTS=None, bias_vals_BTS=None, *,
+                 qat=None):
+        """Per-token losses; `qat` (a traced bool, training forwards of a run with late QAT): BigramHash's and the
+        value embeddings' projections fake-quantized to int6 where it is on (the record's CastedLinear layers);
+        None: never (evaluation)."""
         B, T = inputs_BT.shape
-        x_ND = self.hidden(inputs_BT).reshape(B * T, self.cfg.model_dim)
+        x_ND = self.hidden(inputs_BT, qat).reshape(B * T, self.cfg.model_dim)
         if bias_ids_BTS is not None:
             S = bias_ids_BTS.shape[-1]
             bias_ids_BTS, bias_vals_BTS = bias_ids_BTS.reshape(B * T, S), bias_vals_BTS.reshape(B * T, S)

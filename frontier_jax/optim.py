@@ -15,7 +15,14 @@ pure-JAX reference computing what the optax chain computes elsewhere) that write
 itself; going through update + apply_updates would cost one more HBM pass and round twice. The
 learning-rate multiplier (`lr_scale`) and Muon's momentum are runtime scalars (optax's extra args; in
 the fused kernels [128, K] fp32 operands, with Adam's bias corrections), so the schedule never
-recompiles. The Muon direction (Nesterov, Newton-Schulz, shape scale) is `reference.muon_direction`.
+recompiles. The Muon direction (momentum in fp32 or the record's bf16, Nesterov, Newton-Schulz, shape scale)
+is `reference.muon_direction`.
+
+The record's settings (docs/recipe.md), each off by default: decoupled weight decay per group
+(`optax.add_decayed_weights` before the learning rate, or the fused kernels' `weight_decay`: p' = p - lr (u + wd p),
+the record's p *= 1 - lr wd then p -= lr u); global gradient-norm clipping (`clipped`: the whole gradient, before
+any group's update); the weight averages (`averaged`: EMA and SWA, their state `AveragedState` around the
+optimizer's, updated after every update from the new parameters); `final_params` is what a run scores.
 """
 
 from __future__ import annotations
@@ -69,18 +76,19 @@ def _unzip(tree, out, n: int):
 
 
 class MuonState(NamedTuple):
-    momentum_buffer: optax.Updates  # fp32
+    momentum_buffer: optax.Updates  # optim.muon_momentum_dtype (fp32: the baseline; bf16: the record)
 
 
-def scale_by_muon(ns_steps: int = 5, ns_dtype: str = "bfloat16") -> optax.GradientTransformationExtraArgs:
+def scale_by_muon(ns_steps: int = 5, ns_dtype: str = "bfloat16", momentum_dtype: str = "float32",
+                  shape_scale: str = "update") -> optax.GradientTransformationExtraArgs:
     """Muon's direction (reference.muon_direction) per matrix; `momentum` is a runtime arg."""
 
     def init_fn(params):
-        return MuonState(jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+        return MuonState(jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, momentum_dtype), params))
 
     def update_fn(updates, state, params=None, *, momentum, **extra):
         del params, extra
-        out = jax.tree_util.tree_map(lambda g, m: muon_direction(g, m, momentum, ns_steps, ns_dtype),
+        out = jax.tree_util.tree_map(lambda g, m: muon_direction(g, m, momentum, ns_steps, ns_dtype, shape_scale),
                                      updates, state.momentum_buffer)
         u, buf = _unzip(updates, out, 2)
         return u, MuonState(buf)
@@ -111,16 +119,24 @@ def build_optimizer(cfg: OptimConfig, ns_dtype: str | None = None) -> Optimizer:
         raise ValueError('optim.muon_ns_dtype="auto" depends on the platform: pass the run\'s resolved dtype '
                          "(frontier_jax.policies.dtypes.resolve(cfg, platform).muon_ns)")
     cfg = dataclasses.replace(cfg, muon_ns_dtype=ns_dtype)
-    if cfg.fused:
-        adam = lambda lr: fused_adam(lr, cfg.beta1, cfg.beta2, cfg.adam_eps)
-        return fused_partition({"muon": fused_muon(cfg.matrix_lr, cfg.muon_ns_steps, cfg.muon_ns_dtype),
-                                "embed": adam(cfg.embed_lr), "scalar": adam(cfg.scalar_lr),
-                                "ngram": adam(cfg.ngram_lr)}, param_labels)
+    tx = _fused_groups(cfg) if cfg.fused else _optax_groups(cfg)
+    if cfg.grad_clip_norm:
+        tx = clipped(tx, cfg.grad_clip_norm)
+    if cfg.ema_decay or cfg.swa_every:
+        tx = averaged(tx, cfg.ema_decay, cfg.swa_every, cfg.swa_threshold)
+    return tx
+
+
+def _optax_groups(cfg: OptimConfig) -> Optimizer:
+    """The unfused optimizer: an optax.partition of optax chains (a weight decay of 0 adds no transformation, so
+    the baseline's state is unchanged)."""
+    decay = lambda wd: (optax.add_decayed_weights(wd),) if wd else ()
     adam = lambda lr: optax.chain(optax.scale_by_adam(b1=cfg.beta1, b2=cfg.beta2, eps=cfg.adam_eps),
-                                  scale_by_scheduled_lr(lr))
+                                  *decay(cfg.adam_weight_decay), scale_by_scheduled_lr(lr))
+    muon = scale_by_muon(cfg.muon_ns_steps, cfg.muon_ns_dtype, cfg.muon_momentum_dtype, cfg.muon_shape_scale)
     chain = optax.partition(
         {
-            "muon": optax.chain(scale_by_muon(cfg.muon_ns_steps, cfg.muon_ns_dtype), scale_by_scheduled_lr(cfg.matrix_lr)),
+            "muon": optax.chain(muon, *decay(cfg.muon_weight_decay), scale_by_scheduled_lr(cfg.matrix_lr)),
             "embed": adam(cfg.embed_lr),
             "scalar": adam(cfg.scalar_lr),
             "ngram": adam(cfg.ngram_lr),
@@ -133,6 +149,94 @@ def build_optimizer(cfg: OptimConfig, ns_dtype: str | None = None) -> Optimizer:
         return optax.apply_updates(params, updates), state
 
     return Optimizer(chain.init, chain.update, apply)
+
+
+def _fused_groups(cfg: OptimConfig) -> Optimizer:
+    """The fused optimizer: the same groups, one kernel-backed update per parameter."""
+    adam = lambda lr: fused_adam(lr, cfg.beta1, cfg.beta2, cfg.adam_eps, cfg.adam_weight_decay)
+    muon = fused_muon(cfg.matrix_lr, cfg.muon_ns_steps, cfg.muon_ns_dtype, cfg.muon_momentum_dtype,
+                      cfg.muon_shape_scale, cfg.muon_weight_decay)
+    return fused_partition({"muon": muon, "embed": adam(cfg.embed_lr), "scalar": adam(cfg.scalar_lr),
+                            "ngram": adam(cfg.ngram_lr)}, param_labels)
+
+
+# ----------------------------------------------------------------------------- clipping and weight averages
+
+CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_: coefficient max_norm / (total_norm + 1e-6)
+
+
+def clip_by_global_norm(grads, max_norm: float):
+    """torch's clip_grad_norm_ (the record's, train_gpt.py:1695-1696): every gradient times min(1, max_norm /
+    (norm + 1e-6)), norm the L2 norm over all of them (optax.clip_by_global_norm divides by the norm instead)."""
+    coef = jnp.minimum(1.0, max_norm / (optax.tree.norm(grads) + CLIP_EPS))
+    return jax.tree_util.tree_map(lambda g: (g * coef).astype(g.dtype), grads)
+
+
+def clipped(tx: Optimizer, max_norm: float) -> Optimizer:
+    """`tx` on the globally clipped gradient (`clip_by_global_norm`); the state is tx's."""
+
+    def update(grads, state, params=None, **extra):
+        return tx.update(clip_by_global_norm(grads, max_norm), state, params, **extra)
+
+    def apply(grads, state, params, **extra):
+        return tx.apply(clip_by_global_norm(grads, max_norm), state, params, **extra)
+
+    return Optimizer(tx.init, update, apply)
+
+
+class SwaState(NamedTuple):
+    """The record's SWA (train_gpt.py:1718-1726): the sum of the weights taken (in the parameters' dtypes), how many
+    were taken, and the optimizer steps so far (the weights are taken after step s when s % every == 0 and the
+    step's lr scale is below the threshold)."""
+
+    total: optax.Params
+    count: jax.Array  # int32
+    step: jax.Array  # int32
+
+
+class AveragedState(NamedTuple):
+    """The optimizer's state and the weight averages (`averaged`); an average that is off is ()."""
+
+    inner: optax.OptState
+    ema: optax.Params  # float32, every parameter
+    swa: SwaState | tuple
+
+
+def averaged(tx: Optimizer, ema_decay: float, swa_every: int, swa_threshold: float) -> Optimizer:
+    """`tx` and, after every update, the weight averages of the new parameters: the EMA (fp32, from the initial
+    weights: ema' = decay ema + (1 - decay) p', the record's train_gpt.py:1636-1637, 1712-1715) and the SWA sum
+    (`SwaState`, decided in the step from the traced lr scale, so neither recompiles)."""
+
+    def init(params):
+        # a copy even of fp32 parameters (astype would alias them: a step donating both would donate one buffer twice)
+        ema = jax.tree_util.tree_map(lambda p: jnp.array(p, jnp.float32, copy=True), params) if ema_decay else ()
+        swa = SwaState(jax.tree_util.tree_map(jnp.zeros_like, params), jnp.zeros([], jnp.int32),
+                       jnp.zeros([], jnp.int32)) if swa_every else ()
+        return AveragedState(tx.init(params), ema, swa)
+
+    def apply(grads, state, params, *, lr_scale, **extra):
+        new, inner = tx.apply(grads, state.inner, params, lr_scale=lr_scale, **extra)
+        ema, swa = state.ema, state.swa
+        if ema_decay:
+            ema = jax.tree_util.tree_map(lambda e, p: ema_decay * e + (1.0 - ema_decay) * p.astype(jnp.float32),
+                                         ema, new)
+        if swa_every:
+            step = swa.step + 1
+            take = (lr_scale < swa_threshold) & (step % swa_every == 0)
+            total = jax.tree_util.tree_map(lambda t, p: jnp.where(take, t + p, t), swa.total, new)
+            swa = SwaState(total, swa.count + take.astype(jnp.int32), step)
+        return new, AveragedState(inner, ema, swa)
+
+    return _fused(init, apply)
+
+
+def final_params(params, opt_state):
+    """The weights a run scores, exports and quantizes: the EMA cast to each parameter's dtype when the optimizer
+    keeps one (optim.ema_decay > 0, as the record loads its EMA before the final evaluation, train_gpt.py:
+    1761-1765), else `params` themselves."""
+    if isinstance(opt_state, AveragedState) and not isinstance(opt_state.ema, tuple):
+        return jax.tree_util.tree_map(lambda e, p: e.astype(p.dtype), opt_state.ema, params)
+    return params
 
 
 # ----------------------------------------------------------------------------- fused transformations
@@ -176,21 +280,22 @@ def fused_adam(base_lr: float, b1: float = 0.9, b2: float = 0.95, eps: float = 1
 
 
 class FusedMuonState(NamedTuple):
-    momentum_buffer: optax.Updates  # fp32, as MuonState
+    momentum_buffer: optax.Updates  # in the momentum's dtype, as MuonState
 
 
-def fused_muon(base_lr: float, ns_steps: int = 5, ns_dtype: str = "bfloat16", weight_decay: float = 0.0) -> Optimizer:
-    """Muon (lr = base_lr * lr_scale, runtime `momentum`) with decoupled weight decay p' = p - lr (u + wd p), as
-    `fused_adam`'s: one `ops.muon_update` per 2-D parameter."""
+def fused_muon(base_lr: float, ns_steps: int = 5, ns_dtype: str = "bfloat16", momentum_dtype: str = "float32",
+               shape_scale: str = "update", weight_decay: float = 0.0) -> Optimizer:
+    """Muon (lr = base_lr * lr_scale, runtime `momentum`, decoupled weight decay p' = p - lr (u + wd p)): one
+    `ops.muon_update` per 2-D parameter."""
 
     def init(params):
-        return FusedMuonState(jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+        return FusedMuonState(jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, momentum_dtype), params))
 
     def apply(grads, state, params, *, lr_scale, momentum, **extra):
         scal = ops.scalars_PK(base_lr * lr_scale, momentum)
         out = jax.tree_util.tree_map(
             lambda p, g, b: ops.muon_update(p, g, b, scal, ns_steps=ns_steps, ns_dtype=ns_dtype,
-                                            weight_decay=weight_decay),
+                                            weight_decay=weight_decay, shape_scale=shape_scale),
             params, grads, state.momentum_buffer)
         p2, b2 = _unzip(params, out, 2)
         return p2, FusedMuonState(b2)

@@ -41,10 +41,10 @@ def single_device_mesh() -> jax.sharding.Mesh:
     return jax.sharding.Mesh(np.asarray(jax.devices()[:1]), (AXIS,))
 
 
-def _forward(graphdef, params, x_BT, y_BT, bias_fn, aux):
+def _forward(graphdef, params, x_BT, y_BT, bias_fn, aux, qat=None):
     model = nnx.merge(graphdef, params)
     bias = bias_fn(model, x_BT, aux) if bias_fn is not None else (None, None)
-    return model(x_BT, y_BT, *bias)
+    return model(x_BT, y_BT, *bias, qat=qat)
 
 
 def _shardings(mesh, specs):
@@ -107,28 +107,32 @@ def q_gains(params) -> list:
 
 def make_train_step(graphdef, tx: Optimizer, bias_fn: Callable | None = None, donate: bool = True,
                     mesh: jax.sharding.Mesh | None = None, state_specs=None, head_dim: int | None = None,
-                    attention_exact: bool = False):
-    """step(params, opt_state, x_MBT, y_MBT, lr_scale, momentum, aux) -> (params, opt_state, metrics).
+                    attention_exact: bool = False, late_qat: bool = False):
+    """step(params, opt_state, x_MBT, y_MBT, lr_scale, momentum, aux) -> (params, opt_state, metrics); with
+    `late_qat` (optim.late_qat_threshold > 0) one more argument, `qat` (a bool scalar: the late-QAT flag of the
+    model's forward, traced, so its switch does not recompile).
 
     Per device: M micro-batches of its rows are accumulated with lax.scan (gradients summed in float32),
     averaged over M and over the devices (one `pmean`: the baseline's loss * 1/grad_accum_steps on the
     global batch), then one `tx.apply` (unfused or fused alike) on the full optimizer state. x/y are
     sharded along `data` on axis 1 (the rows), parameters replicated, the optimizer state as `state_specs`
-    (PartitionSpecs; default replicated). `head_dim` adds metrics["score_bound"] of the updated gains.
+    (PartitionSpecs; default replicated). `head_dim` adds metrics["score_bound"] of the updated gains;
+    metrics["grad_norm"] is the gradient's L2 norm before the optimizer (and its clipping, optim.grad_clip_norm).
     """
     mesh = mesh or single_device_mesh()
 
-    def loss_fn(params, x_BT, y_BT, aux):
-        return jnp.mean(_forward(graphdef, params, x_BT, y_BT, bias_fn, aux))
+    def loss_fn(params, x_BT, y_BT, aux, qat):
+        return jnp.mean(_forward(graphdef, params, x_BT, y_BT, bias_fn, aux, qat))
 
     grad_fn = jax.value_and_grad(loss_fn)
 
-    def per_device(params, opt_state, x_MBT, y_MBT, lr_scale, momentum, aux):
+    def per_device(params, opt_state, x_MBT, y_MBT, lr_scale, momentum, aux, *qat):
         M = x_MBT.shape[0]
+        qat = qat[0] if qat else None
 
         def micro(carry, xy):
             gsum, lsum = carry
-            loss, g = grad_fn(params, xy[0], xy[1], aux)
+            loss, g = grad_fn(params, xy[0], xy[1], aux, qat)
             gsum = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), gsum, g)
             return (gsum, lsum + loss), None
 
@@ -147,7 +151,7 @@ def make_train_step(graphdef, tx: Optimizer, bias_fn: Callable | None = None, do
         return params, opt_state, metrics
 
     specs = state_specs if state_specs is not None else P()  # P(): the whole state replicated
-    in_specs = (P(), specs, P(None, AXIS), P(None, AXIS), P(), P(), P())
+    in_specs = (P(), specs, P(None, AXIS), P(None, AXIS), P(), P(), P()) + ((P(),) if late_qat else ())
     step = jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=(P(), specs, P()), check_vma=False)
     return Placed(jax.jit(step, donate_argnums=(0, 1) if donate else ()), _shardings(mesh, in_specs))
 
@@ -204,3 +208,34 @@ def evaluate_batches(eval_step, params, batches, aux=None) -> dict:
         toks += int(s[1])
         nbytes += int(s[2])
     return {"nll_sum_nats": nll, "tokens": toks, "bytes": nbytes}
+
+
+def make_ttt_step(graphdef, tx: optax.GradientTransformation, bias_fn: Callable | None = None,
+                  mesh: jax.sharding.Mesh | None = None, attention_exact: bool = False):
+    """step(params, opt_state, x_BT, y_BT, rows_B, lr, aux) -> (params, opt_state, loss): one SGD step of score-first
+    test-time training (frontier_jax.ttt). The loss is the mean per-token loss over the rows with rows_B = 1 (rows
+    with 0 pad a short batch to the compiled shape: they add nothing), the training forward; the gradient goes
+    through `tx` (clipping and momentum over the trained parameters, zero for the frozen ones) and the update is
+    params - lr * update (`lr` a traced scalar: the cosine schedule never recompiles). Per device on its rows
+    (sharded along `data`), the loss's sum and the gradient `psum`-med: the mean over every device's rows.
+    Parameters and optimizer state are donated."""
+    mesh = mesh or single_device_mesh()
+
+    def per_device(params, opt_state, x_BT, y_BT, rows_B, lr, aux):
+        T = x_BT.shape[1]
+        count = jax.lax.psum(jnp.sum(rows_B.astype(jnp.float32)), AXIS) * T
+
+        def loss_fn(p):
+            loss_BT = _forward(graphdef, p, x_BT, y_BT, bias_fn, aux)
+            return jnp.sum(jnp.where(rows_B.astype(bool)[:, None], loss_BT, 0.0)) / count
+
+        with ops.attention_forward(attention_exact):
+            loss, grads = jax.value_and_grad(loss_fn)(params)
+        loss, grads = jax.lax.psum((loss, grads), AXIS)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        updates = jax.tree_util.tree_map(lambda u: -lr * u, updates)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    in_specs = (P(), P(), P(AXIS), P(AXIS), P(AXIS), P(), P())
+    step = jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=(P(), P(), P()), check_vma=False)
+    return Placed(jax.jit(step, donate_argnums=(0, 1)), _shardings(mesh, in_specs))

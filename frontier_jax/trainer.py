@@ -253,10 +253,13 @@ class JaxTrainer(Trainer):
 
         # ---- model, optimizer, compiled steps
         graphdef, self.params, self.opt_state, _ = init_state(cfg, s.tx, s.dtypes.compute, dp)
+        self.graphdef, self._ttt_steps = graphdef, None
         check()
         specs = dp.state_specs(self.opt_state)
+        self.late_qat = cfg.optim.late_qat_threshold > 0  # the step takes the late-QAT flag (a traced bool)
         make_train = lambda exact: make_train_step(graphdef, s.tx, self.ngram.bias_fn, mesh=dp.mesh, state_specs=specs,
-                                                   head_dim=cfg.model.head_dim, attention_exact=exact)
+                                                   head_dim=cfg.model.head_dim, attention_exact=exact,
+                                                   late_qat=self.late_qat)
         make_eval = lambda exact: make_eval_step(graphdef, data.tables, self.ngram.bias_fn, mesh=dp.mesh,
                                                  attention_exact=exact)
         self._steps = _AttentionVariants(make_train, make_eval, ops.attention_variants_differ(), t.seq_len, log)
@@ -295,11 +298,13 @@ class JaxTrainer(Trainer):
         """The data position before the warm-up (`restore` re-creates or restores the parameters)."""
         return self.loader.state()
 
-    def train_step(self, lr_scale: float, momentum: float):
+    def train_step(self, lr_scale: float, momentum: float, qat: bool = False):
         x, y = step_batch(self.loader, self.seqs_per_step, self.accum, self.cfg.train.seq_len)
         lr, mom = (jax.device_put(jnp.float32(v), self.dp.replicated) for v in (lr_scale, momentum))
+        flag = (jax.device_put(jnp.bool_(qat), self.dp.replicated),) if self.late_qat else ()
         self.params, self.opt_state, m = self._steps.train()(self.params, self.opt_state, self.dp.put_batch(x, 1),
-                                                             self.dp.put_batch(y, 1), lr, mom, self.ngram.tables)
+                                                             self.dp.put_batch(y, 1), lr, mom, self.ngram.tables,
+                                                             *flag)
         return m
 
     def read_metrics(self, m) -> tuple[float, float]:
@@ -327,7 +332,8 @@ class JaxTrainer(Trainer):
         """The warm-up's other programs (`_AttentionVariants.warm_up`): a train step with every qk_attention forward
         the run can switch to, and one batch of every eval shape of `evals` (eval_sums' geometries) with every
         forward possible at its length, so that neither a switch nor the final pipeline's windows compile later
-        (the warm-up resets the state afterwards); `check` after each. Logs the programs; returns how many."""
+        (the warm-up resets the state afterwards), and with ttt.enabled the test-time training's scoring and SGD
+        steps (`ttt.warm_up`); `check` after each. Logs the programs; returns how many."""
         t, windows = self.cfg.train, {}
         for g in evals:
             T = g.get("seq_len") or t.seq_len
@@ -335,6 +341,11 @@ class JaxTrainer(Trainer):
         names = self._steps.warm_up(lambda: jax.block_until_ready(self.train_step(1.0, 0.0)),
                                     lambda window: self.eval_sums(windows[window][0], **windows[window][1]),
                                     [(T, window) for window, (T, _) in windows.items()], check)
+        if self.cfg.ttt.enabled:  # the final pipeline's test-time training (frontier_jax.ttt)
+            from frontier_jax import ttt
+
+            steps, kw = self._ttt()
+            names += ttt.warm_up(self.params, self.val_tokens.shape[0], self.cfg, *steps, check=check, **kw)
         self.log(f"compile warm-up: {len(names)} programs: {', '.join(names)}")
         return len(names)
 
@@ -374,7 +385,8 @@ class JaxTrainer(Trainer):
             dropped = truncate_metrics(self.out_dir / rundir.METRICS, step) if self.dp.is_main else 0
             self.log(f"resumed from step {step} ({meta['train_seconds']:.1f} s trained, data position {meta['data']})"
                      + (f"; dropped {dropped} metrics row(s) logged after that step" if dropped else ""))
-            state = RunState(step=step, tokens=meta["tokens"], train_seconds=meta["train_seconds"])
+            state = RunState(step=step, tokens=meta["tokens"], train_seconds=meta["train_seconds"],
+                             late_qat_step=meta.get("late_qat_step"))
         self._write_run_files()
         self.metrics_log = rundir.MetricsLog(self.out_dir / rundir.METRICS, enabled=self.dp.is_main)
         return state
@@ -384,7 +396,8 @@ class JaxTrainer(Trainer):
 
     def save(self, s: RunState, reason: str) -> None:
         meta = {"step": s.step, "train_seconds": s.train_seconds, "tokens": s.tokens, "data": self.loader.state(),
-                "model_hash": model_hash(self.cfg), "model": to_dict(self.cfg)["model"], "reason": reason}
+                "model_hash": model_hash(self.cfg), "model": to_dict(self.cfg)["model"], "reason": reason,
+                "late_qat_step": s.late_qat_step}
         path = checkpoint.save(self.out_dir, s.step, {"params": self.params, "opt_state": self.opt_state}, meta)
         self.saved_step = s.step  # the step a final pipeline after this save scores (final_steps.json)
         self.log(f"checkpoint step {s.step} -> {path} ({reason})" if path else
@@ -404,13 +417,26 @@ class JaxTrainer(Trainer):
         kind = ops.attention_forward_kind(self._steps.bound, self.cfg.train.seq_len)
         if self.env_backend == "neuron":  # summary.json keeps it everywhere
             self.log(f"qk_attention forward for the final gains: {kind}")
+        swa = {"swa_count": int(self.opt_state.swa.count)} if self.cfg.optim.swa_every else {}  # collected, unused
         return {"checkpoint_step": checkpoint.latest_step(self.out_dir),  # every process (orbax collectives)
-                "attention_forward": kind, "attention_forward_switches": self._steps.switches}
+                "attention_forward": kind, "attention_forward_switches": self._steps.switches, **swa}
+
+    def final_weights(self) -> str | None:
+        """With optim.ema_decay > 0, the EMA (cast to each parameter's dtype, `optim.final_params`) replaces the
+        trained parameters for the final evaluation and the artifact, as the record loads its EMA before them
+        (train_gpt.py:1761-1765); the checkpoint keeps both (training resumes from the trained ones)."""
+        if not self.cfg.optim.ema_decay:
+            return None
+        shardings = jax.tree_util.tree_map(lambda a: a.sharding, self.params)
+        self.params = jax.jit(optim.final_params, out_shardings=shardings)(self.params, self.opt_state)
+        self._steps.observe(_score_bound(self.params, self.cfg.model.head_dim))
+        return "post_ema"
 
     def roundtrip(self, evaluate) -> dict:
-        """The artifact of the trained parameters (eval.artifact: int8+zlib or int6+lzma, frontier_jax.interop.artifact,
-        from the state dict in the baseline's names and layout): written by process 0, read back, its dequantized
-        parameters scored by `evaluate` (the run's own eval step), then the trained parameters put back."""
+        """The artifact of the scored parameters (the trained ones, or the EMA `final_weights` put in their place;
+        eval.artifact: int8+zlib or int6+lzma, frontier_jax.interop.artifact, from the state dict in the baseline's
+        names and layout): written by process 0, read back, its dequantized parameters scored by `evaluate` (the
+        run's own eval step), then the scored parameters put back."""
         host_params = jax.tree_util.tree_map(lambda a: np.asarray(a.addressable_shards[0].data), self.params)
         # (the record's names of the recipe's parameters: state_dict.params_to_state_dict's mapping)
         back, info = artifact.roundtrip(state_dict.params_to_state_dict(host_params), self.out_dir,
@@ -429,6 +455,39 @@ class JaxTrainer(Trainer):
             self.params = trained
             self._steps.observe(bound)
         return {**info, **sums}
+
+    def _ttt(self):
+        """(score step, SGD step) of test-time training: the eval step of the exact-max qk_attention forward
+        (frontier_jax.ops.softmax_shift, valid whatever the gains become while TTT trains; the same program as the
+        validations' where the two forwards are one) and `steps.make_ttt_step`; the keyword arguments of
+        `ttt.run` / `ttt.warm_up` beside them."""
+        from frontier_jax import ttt
+        from frontier_jax.steps import make_ttt_step
+
+        dp = self.dp
+        if self._ttt_steps is None:
+            self._ttt_steps = (self._steps.eval_exact(),
+                               make_ttt_step(self.graphdef, ttt.sgd(self.cfg.ttt), self.ngram.bias_fn, mesh=dp.mesh,
+                                             attention_exact=True))
+        kw = {"aux": self.ngram.tables, "put": dp.put_batch, "process_count": dp.process_count,
+              "num_devices": dp.num_devices}
+        return self._ttt_steps, kw
+
+    def ttt_sums(self) -> dict:
+        """Score-first test-time training (frontier_jax.ttt) from the parameters in place (in the final pipeline the
+        artifact's dequantized ones: `roundtrip` calls it through `evaluate`), on the run's val split, over the
+        data axis (each process its windows and rows); ttt.jsonl written by process 0. Its programs were compiled
+        in the warm-up (`warm_up_programs`)."""
+        from frontier_jax import ttt
+        from frontier_jax.submission.evidence import write_ttt_log
+
+        steps, kw = self._ttt()
+        r = ttt.run(self.params, self.val_tokens, self.cfg, *steps, log=self.log,
+                    process_index=self.dp.process_index, **kw)
+        if self.dp.is_main:
+            write_ttt_log(self.out_dir, r["events"])
+        return {"nll_sum_nats": r["nll_sum_nats"], "tokens": r["tokens"], "bytes": r["bytes"],
+                "estimate_full_val_seconds": r["estimate"]["seconds"], "hardware": r["hardware"]}
 
     def final_records(self) -> dict:
         """The final stages an earlier invocation recorded for the checkpoint being finished (<run>/final_steps.json,
@@ -518,6 +577,10 @@ class _AttentionVariants:
 
     def train(self):
         return self._get("train", self.exact if self._forced is None else self._forced)
+
+    def eval_exact(self):
+        """The eval step of the exact-max forward, whatever the bound (test-time training's scoring step)."""
+        return self._get("eval", True)
 
     def eval(self, seq_len: int | None = None):
         """The eval step for windows of `seq_len` (default the training length: the forward chosen by `observe`)."""

@@ -1,14 +1,16 @@
 """Fused Muon update of one weight matrix as an NKI kernel for trn1 (NeuronCore-v2), NKI 0.3+ API.
 
-Spec: frontier_jax.ops.reference.muon_update (reference.muon_direction -> scale by -lr -> apply):
-    buf' = mom * buf + g;  ge = g + mom * buf'                  (Nesterov)
+Spec: frontier_jax.ops.reference.muon_update (reference.muon_direction -> + wd p -> scale by -lr -> apply):
+    buf' = mom * buf + g;  ge = g + mom * buf'                  (Nesterov; in buf's dtype, see below)
     X    = ge in PyTorch orientation [out, in], transposed if tall, cast to the NS dtype, / ||X||_F
     5 x  A = X X^T;  B = b A + c A A;  X = a X + B X            (quintic Newton-Schulz)
-    p'   = p - lr * (round_ns(X back in [in, out] * sqrt(max(1, out / in))) + wd * p)
-(wd: decoupled weight decay, a compile-time constant, 0 by default: as optax.add_decayed_weights before the
-learning rate, one VectorE instruction per tile more, no HBM traffic.)
-HBM traffic is the minimum: p, g, buf read once, p' and buf' written once (20 B per fp32 element)
-plus one [128, 2] fp32 tensor of runtime scalars (lr, momentum), every row identical. The
+    u    = round_ns(X back in [in, out] * s)   (shape_scale "update")  or  X back * s in fp32  ("lr")
+    p'   = p - lr * (u + wd * p)               (s = sqrt(max(1, out / in)), wd the static weight_decay)
+A bfloat16 buffer is the record's momentum: g rounded to bf16, buf' = bf16(bf16(mom * buf) + g) and ge
+rounded to bf16 (one VectorE instruction more per row tile); a float32 one is the baseline's, all fp32.
+HBM traffic is the minimum: p, g, buf read once, p' and buf' written once (20 B per element with an fp32
+buffer, 16 B with a bf16 one; weight decay reads nothing more) plus one [128, 2] fp32 tensor of runtime
+scalars (lr, momentum), every row identical. The
 Newton-Schulz iterate never leaves the chip: X [R, C] (R = min(in, out) <= C) is held twice, as
 R-row tiles (X, the moving operand of B X) and as C-row tiles (X^T, both operands of X X^T), both
 in the NS dtype; after each iteration X^T is rebuilt from X by TensorE transposes (matmuls against the
@@ -27,9 +29,8 @@ is unsupported on v2: isa docs tensor_copy); no divide
 (not an ALU operator: nki/api/nki.api.shared.rst operator table; release-notes/components/nki.rst
 lists nl.divide as unsupported): x / n is x * reciprocal(n) on VectorE; `tensor_scalar` operands
 and `activation` scales are fp32 (isa docs tensor_scalar, activation), so the NS constants are fp32
-columns holding their NS-dtype-rounded values, rounded on chip by a dtype cast (a kernel may only
-use the NKI meta-programming subset at specialization time, nki/get-started/nki-language-guide.rst
-"Compilation Model" / "NKI Values": no host libraries such as struct); sqrt's input is clamped into
+columns of their fp32 values, each product by one rounded once on its write to the NS dtype (torch's
+bf16 tensor times a Python float, the reference's rule); sqrt's input is clamped into
 its valid range [2^-116, 2^118] (nki.api.shared.rst, activation functions table), which changes
 only an all-zero gradient's norm (0, whose update stays 0).
 """
@@ -46,19 +47,15 @@ PSUM_N = 512  # fp32 columns of one PSUM bank (nl.tile_size.psum_fmax)
 SQRT_MIN, SQRT_MAX = 2.0 ** -116, 2.0 ** 118  # ScalarE sqrt's valid input range (nki.api.shared.rst)
 
 
-def _constants(values, dt, P):
-    """The compile-time constants as an fp32 [P, len(values)] tile of their values rounded to the NS
-    dtype on chip (memset in fp32, one cast to dt and back), as JAX rounds weak-typed Python scalars
-    to a bf16 array's dtype before multiplying (the reference's a * X, b * A, c * AA, + eps, * scale).
-    fp32 tiles because `tensor_scalar` / `activation` scale operands must be float32 (isa docs)."""
+def _constants(values, P):
+    """The compile-time constants as an fp32 [P, len(values)] tile (memset in fp32): the reference multiplies by
+    them in fp32 as torch multiplies a bf16 tensor by a Python float (a * X, b * A, c * AA, + eps, * scale), each
+    product rounded once on its write. fp32 tiles because `tensor_scalar` / `activation` scale operands must be
+    float32 (isa docs)."""
     n = len(values)
-    raw = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
-    for i in range(n):
-        nisa.memset(dst=raw[:, i:i + 1], value=values[i])
-    rounded = nl.ndarray((P, n), dtype=dt, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=rounded, src=raw)
     out = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=out, src=rounded)
+    for i in range(n):
+        nisa.memset(dst=out[:, i:i + 1], value=values[i])
     return out
 
 
@@ -97,16 +94,19 @@ def _gram(operands, k_rows, M, N, P, combine):
 
 
 @nki.jit
-def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16", weight_decay=0.0):
-    """(p', buf') of one [in, out] fp32 matrix; scal_P2 [128, 2] fp32 rows [lr, momentum]; weight_decay: decoupled
-    (p' = p - lr (u + wd p))."""
+def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16", weight_decay=0.0,
+                shape_scale="update"):
+    """(p', buf') of one [in, out] fp32 matrix, the momentum in buf's dtype; scal_P2 [128, 2] fp32 rows [lr,
+    momentum]."""
     I, O = p_IO.shape
     P = nl.tile_size.pmax
     dt = nl.bfloat16 if ns_dtype == "bfloat16" else nl.float32
+    bt = buf_IO.dtype  # the momentum's dtype: float32 (the baseline) or bfloat16 (the record)
+    low = bt != nl.float32
     wide = O <= I  # PyTorch [out, in] is not tall: X = ge^T, natural [in, out] tiles are X^T
     R, C = (O, I) if wide else (I, O)
     scale = max(1.0, O / I) ** 0.5
-    k_P5 = _constants((NS_A, NS_B, NS_C, NS_EPS, scale), dt, P)  # columns: a, b, c, eps, scale
+    k_P5 = _constants((NS_A, NS_B, NS_C, NS_EPS, scale), P)  # columns: a, b, c, eps, scale
     po_IO = nl.ndarray((I, O), dtype=p_IO.dtype, buffer=nl.shared_hbm)
     bo_IO = nl.ndarray((I, O), dtype=buf_IO.dtype, buffer=nl.shared_hbm)
     s_P2 = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)
@@ -123,12 +123,23 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16", we
         b_t = nl.ndarray((P, O), dtype=buf_IO.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=g_t[0:ri], src=g_IO[i0:i0 + ri])
         nisa.dma_copy(dst=b_t[0:ri], src=buf_IO[i0:i0 + ri])
-        nisa.scalar_tensor_tensor(dst=b_t[0:ri], data=b_t[0:ri], op0=nl.multiply, operand0=mom_P1[0:ri],
-                                  op1=nl.add, operand1=g_t[0:ri])
+        gm = g_t
+        if low:  # the record's bf16 momentum: g rounded, then a rounding after the multiply and after the add
+            gm = nl.ndarray((P, O), dtype=bt, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=gm[0:ri], src=g_t[0:ri])
+            nisa.tensor_scalar(dst=b_t[0:ri], data=b_t[0:ri], op0=nl.multiply, operand0=mom_P1[0:ri])
+            nisa.tensor_tensor(dst=b_t[0:ri], data1=b_t[0:ri], data2=gm[0:ri], op=nl.add)
+        else:
+            nisa.scalar_tensor_tensor(dst=b_t[0:ri], data=b_t[0:ri], op0=nl.multiply, operand0=mom_P1[0:ri],
+                                      op1=nl.add, operand1=g_t[0:ri])
         nisa.dma_copy(dst=bo_IO[i0:i0 + ri], src=b_t[0:ri])
         x_t = nl.ndarray((P, O), dtype=dt, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=x_t[0:ri], data=b_t[0:ri], op0=nl.multiply, operand0=mom_P1[0:ri],
-                                  op1=nl.add, operand1=g_t[0:ri])
+        recast = low and dt != bt  # a bf16 momentum's ge is rounded to bf16 before an fp32 Newton-Schulz
+        ge = nl.ndarray((P, O), dtype=bt, buffer=nl.sbuf) if recast else x_t
+        nisa.scalar_tensor_tensor(dst=ge[0:ri], data=b_t[0:ri], op0=nl.multiply, operand0=mom_P1[0:ri],
+                                  op1=nl.add, operand1=gm[0:ri])
+        if recast:
+            nisa.tensor_copy(dst=x_t[0:ri], src=ge[0:ri])
         sq_t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=g_t[0:ri], op=nl.square, data=x_t[0:ri], reduce_op=nl.add,
                                reduce_res=sq_t[0:ri])
@@ -192,19 +203,23 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16", we
         if it < ns_steps - 1 or wide:
             xt = _transpose(x, R, C, ident, P)
 
-    # ---- shape scale, round to the NS dtype, (+ wd p in fp32,) p' = p - lr * u (natural [in, out] tiles)
+    # ---- shape scale (rounded to the NS dtype, or in fp32 with the lr), + wd p, p' = p - lr * u ([in, out] tiles)
     out = xt if wide else x
     for i, (i0, ri) in enumerate(_row_tiles(I, P)):
-        if scale != 1.0:
-            nisa.tensor_scalar(dst=out[i][0:ri], data=out[i][0:ri], op0=nl.multiply, operand0=k_P5[0:ri, 4:5])
+        u = out[i]
+        if scale != 1.0 and shape_scale == "lr":
+            u = nl.ndarray((P, O), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=u[0:ri], data=out[i][0:ri], op0=nl.multiply, operand0=scale)
+        elif scale != 1.0:
+            nisa.tensor_scalar(dst=u[0:ri], data=u[0:ri], op0=nl.multiply, operand0=k_P5[0:ri, 4:5])
         p_t = nl.ndarray((P, O), dtype=p_IO.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=p_t[0:ri], src=p_IO[i0:i0 + ri])
-        u_t = out[i]
-        if weight_decay:
-            u_t = nl.ndarray((P, O), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.scalar_tensor_tensor(dst=u_t[0:ri], data=p_t[0:ri], op0=nl.multiply, operand0=weight_decay,
-                                      op1=nl.add, operand1=out[i][0:ri])
-        nisa.scalar_tensor_tensor(dst=p_t[0:ri], data=u_t[0:ri], op0=nl.multiply, operand0=nlr_P1[0:ri],
+        if weight_decay:  # u + wd p in fp32 (decoupled weight decay, with the learning rate below)
+            ud = nl.ndarray((P, O), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.scalar_tensor_tensor(dst=ud[0:ri], data=p_t[0:ri], op0=nl.multiply, operand0=weight_decay,
+                                      op1=nl.add, operand1=u[0:ri])
+            u = ud
+        nisa.scalar_tensor_tensor(dst=p_t[0:ri], data=u[0:ri], op0=nl.multiply, operand0=nlr_P1[0:ri],
                                   op1=nl.add, operand1=p_t[0:ri])
         nisa.dma_copy(dst=po_IO[i0:i0 + ri], src=p_t[0:ri])
     return po_IO, bo_IO

@@ -174,7 +174,7 @@ class FakeTrainer(Trainer):
                  checkpoints=False, resume=None):
         self.clock, self.step_s, self.eval_s, self.save_s = clock or FakeClock(), step_s, eval_s, save_s
         self.nan_at, self.signal_at = set(nan_at), signal_at
-        self.trained, self.calls, self.schedule = 0, 0, []
+        self.trained, self.calls, self.schedule, self.qat = 0, 0, [], []
         self.events, self.rows, self.saves, self.evals = [], [], [], []
         self.signals, self.summaries, self.discarded, self.plugins = FakeSignals(), [], [], []
         if checkpoints:
@@ -182,8 +182,9 @@ class FakeTrainer(Trainer):
         if resume is not None:
             self.resume = lambda: self._resume(resume)
 
-    def train_step(self, lr, mom):
+    def train_step(self, lr, mom, qat=False):
         self.clock.now += self.step_s
+        self.qat.append(qat)
         self.trained += 1
         self.calls += 1
         self.schedule.append((lr, mom))

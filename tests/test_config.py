@@ -361,7 +361,7 @@ def test_the_record_configs_are_the_records_run_command_and_its_tiny_shape():
     assert (o.matrix_lr, o.scalar_lr, o.embed_lr, o.muon_momentum, o.muon_momentum_warmup_start) == (
         0.025, 0.025, 0.035, 0.99, 0.92)
     assert (o.muon_momentum_warmup_steps, o.warmdown_steps, t.budget_seconds, t.max_steps) == (1500, 3500, 600.0, 9000)
-    assert (r.eval_seq_len, r.eval.stride, r.eval.artifact, r.eval.score) == (2048, 64, "int6_lzma", "sliding")
+    assert (r.eval_seq_len, r.eval.stride, r.eval.artifact, r.eval.score) == (2048, 64, "int6_lzma", "ttt")
     tiny = load_config(CONFIGS / "record11_tiny.py")
     tm = tiny.model
     assert (tm.num_layers, tm.model_dim, tm.num_heads, tm.num_kv_heads, tm.bigram_dim) == (4, 128, 4, 2, 64)
@@ -381,3 +381,21 @@ def test_an_infinite_budget_survives_the_run_directorys_strict_json(tmp_path):
     rundir.write_json(tmp_path / "config.json", to_dict(cfg))
     assert '"budget_seconds": "inf"' in (tmp_path / "config.json").read_text()
     assert load_run_config(tmp_path / "config.json") == cfg and config_hash(from_dict(to_dict(cfg))) == config_hash(cfg)
+
+
+def test_frontier_is_the_record_recipe_on_the_trainium_entrys_system():
+    """configs/frontier.py: record11's model switches at 14 layers (value embeddings on the last two), the order-16
+    n-gram bias and the fused optimizers on, the record's optimizer with its step-counted schedule scaled to the
+    trn1 step estimate, 1800 s with the auto micro-batch, its artifact and sliding windows as the score, the
+    record's TTT section kept but off (the Trainium contest states no rule on it)."""
+    import dataclasses
+
+    rec, front = load_config(CONFIGS / "record11.py"), load_config(CONFIGS / "frontier.py")
+    assert front.name == "frontier" and front.rules.profile == "trainium-frontier"
+    assert front.model == dataclasses.replace(rec.model, num_layers=14, ve_layers=(12, 13))
+    assert front.ngram.enabled and (front.ngram.min_order, front.ngram.max_order) == (2, 16)
+    assert front.optim == dataclasses.replace(rec.optim, fused=True, warmdown_steps=280, muon_momentum_warmup_steps=120)
+    assert (front.train.budget_seconds, front.train.micro_batch_seqs) == (1800.0, 0)
+    assert (front.train.seq_len, front.train.tokens_per_step) == (rec.train.seq_len, rec.train.tokens_per_step)
+    assert front.eval == dataclasses.replace(rec.eval, score="sliding") and front.eval.artifact == "int6_lzma"
+    assert front.ttt == dataclasses.replace(rec.ttt, enabled=False)

@@ -186,3 +186,25 @@ def test_eval_seq_len_windows_and_the_cut_of_the_val_split(trained_run, capsys):
     assert "argument --eval-seq-len: 0 is outside [1, inf]" in _err(["--run", str(run_dir), "--eval-seq-len", "0"], capsys)
     assert "--stride 129: must be in [1, eval seq_len=128]" in _err(
         ["--run", str(run_dir), "--eval-seq-len", "128", "--stride", "129"], capsys)
+
+
+def test_ttt_from_the_command_line_and_its_errors(trained_run, capsys):
+    """evaluate --ttt with the run's ttt section (its defaults: one chunk of 32,768 targets holds the whole split,
+    so the pass scores it and trains on nothing, the last chunk never being trained on): the sliding windows' score
+    at the same stride over train.seq_len windows; the record's progress lines and the full-val estimate on stderr,
+    legal_ttt and legal_ttt_exact on stdout. A TTT stride over train.seq_len or another window length: one line."""
+    run_dir, _ = trained_run
+    assert main(["--run", str(run_dir), "--ttt", "--stride", "32"]) == 0
+    out, err = capsys.readouterr()
+    sliding = evaluate_run(run_dir, stride=32)
+    r = evaluate_run(run_dir, stride=32, ttt=True)
+    assert r["nll_sum_nats"] == pytest.approx(sliding["nll_sum_nats"], rel=1e-12)
+    assert (r["tokens"], r["bytes"]) == (sliding["tokens"], sliding["bytes"])
+    assert r["ttt"]["chunks"] == 1 and r["ttt"]["sgd_steps"] == 0 and r["ttt"]["estimate"]["targets"] == 62_021_632
+    lines = out.strip().splitlines()
+    assert lines[-2].startswith(f"legal_ttt val_loss:{r['loss']:.4f} val_bpb:{r['bpb']:.4f} eval_time:")
+    assert lines[-1] == f"legal_ttt_exact val_loss:{r['loss']:.8f} val_bpb:{r['bpb']:.8f}"
+    assert "ttt_sliding:start chunks=1 chunk_tokens=32768 " in err and " stride=32 " in err
+    assert "ttt_estimate: the full FineWeb val split (62,021,632 targets" in err
+    assert "--ttt --eval-seq-len 128" in _err(["--run", str(run_dir), "--ttt", "--eval-seq-len", "128"], capsys)
+    assert "--ttt: eval.stride=65 is longer than" in _err(["--run", str(run_dir), "--ttt", "--stride", "65"], capsys)

@@ -126,11 +126,35 @@ def test_the_run_commands_environment_builds_configs_record11():
            "SEED": "1337"}
     cfg, ignored = pg_record.config_from_env(env)
     want = load_config(REPO / "configs" / "record11.py")
-    assert cfg.model == want.model and cfg.optim == want.optim and cfg.eval == want.eval
+    assert cfg.model == want.model and cfg.optim == want.optim and cfg.eval == want.eval and cfg.ttt == want.ttt
     for field in ("seq_len", "tokens_per_step", "budget_seconds", "max_steps", "seed", "compile_warmup_steps",
                   "val_every_steps", "log_every_steps"):
         assert getattr(cfg.train, field) == getattr(want.train, field), field
-    assert "MUON_WD" in ignored and "TTT_ENABLED" in ignored and "NUM_LAYERS" not in ignored
+    assert not {"TTT_ENABLED", "NUM_LAYERS", "MUON_WD"} & set(ignored)
+    # the training variables back from the config: the same optimizer and schedule
+    again, _ = pg_record.config_from_env({**pg_record.record_env(want), **pg_record.record_training_env(want)})
+    assert again.optim == want.optim and again.train.max_steps == want.train.max_steps
+    qat_from_start = pg_record.config_from_env({**env, "QAT_ENABLED": "1"})[0]
+    assert qat_from_start.optim.late_qat_threshold == float("inf")
+    with pytest.raises(pg_record.RecordFormatError, match="optim.ema_decay=0.0: the record's script cannot express"):
+        pg_record.record_training_env(apply_overrides(want, ["optim.ema_decay=0.0"]))
+
+
+def test_the_ttt_variables_round_trip_and_a_block_freeze_is_refused():
+    """TTT_* to the ttt section and back; the record's TTT_FREEZE_BLOCKS (its blocks' control tensors only, its
+    matrices being banks) is not ttt.freeze_blocks (whole blocks): refused both ways with TTT on, dropped with it off
+    (the script's default TTT_FREEZE_BLOCKS=2 with TTT_ENABLED=0)."""
+    env = pg_record.record_env(TINY)
+    assert {k: env[k] for k in env if k.startswith("TTT_")} == {
+        "TTT_ENABLED": "1", "TTT_LR": "0.002", "TTT_EPOCHS": "3", "TTT_CHUNK_TOKENS": "4096", "TTT_FREEZE_BLOCKS": "0",
+        "TTT_MOMENTUM": "0.9", "TTT_BATCH_SEQS": "32", "TTT_GRAD_CLIP": "1.0"}
+    assert pg_record.config_from_env(env)[0].ttt == TINY.ttt
+    off, _ = pg_record.config_from_env({})
+    assert not off.ttt.enabled and off.ttt.freeze_blocks == 0 and off.eval.score == "sliding"
+    with pytest.raises(RecordFormatError, match="TTT_FREEZE_BLOCKS=2: the record freezes only"):
+        pg_record.config_from_env({"TTT_ENABLED": "1", "TTT_FREEZE_BLOCKS": "2"})
+    with pytest.raises(RecordFormatError, match="ttt.freeze_blocks=1: the record's TTT_FREEZE_BLOCKS"):
+        pg_record.record_env(apply_overrides(TINY, ["ttt.freeze_blocks=1"]))
 
 
 @pytest.mark.parametrize("sets, fragment", [

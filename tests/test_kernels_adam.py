@@ -68,11 +68,21 @@ def test_zero_second_moment_stays_in_sqrt_range_and_matches_reference(kernel):
     assert _max_rel(outs[0][::3] - p[::3], np.asarray(refs[0])[::3] - p[::3]) <= 1e-6
 
 
+def test_weight_decay_alone_shrinks_by_one_minus_lr_wd(kernel):
+    """g = m = v = 0 (a fresh state, zero gradient): the Adam update is 0 and p' = p (1 - lr wd)."""
+    p, g, m, v, scal = _inputs(2 * 128 + 9, np.float32, seed=9, t=1)
+    g[:], m[:], v[:] = 0.0, 0.0, 0.0
+    (p2, m2, v2), _ = emulator.run(kernel, p, g, m, v, scal, weight_decay=0.04, **HP)
+    np.testing.assert_allclose(p2, p * (1 - float(scal[0, 0]) * 0.04), rtol=1e-6)
+    assert not m2.any() and not v2.any()
+
+
 def test_moves_the_minimum_hbm_bytes(kernel):
     """p, g, m, v read once, p, m, v written once, plus the [128, 4] fp32 scalars: nothing else."""
     n = 1024 * 512
-    c = emulator.count(kernel, *[((n,), "float32")] * 4, ((128, 4), "float32"), **HP)
-    assert c.dma_bytes == 7 * 4 * n + 128 * 4 * 4
+    for wd in (0.0, 0.04):  # weight decay reads nothing more (p is read anyway)
+        c = emulator.count(kernel, *[((n,), "float32")] * 4, ((128, 4), "float32"), weight_decay=wd, **HP)
+        assert c.dma_bytes == 7 * 4 * n + 128 * 4 * 4
     assert emulator.estimate(c).bound == "dma"
 
 

@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "frontier_jax"
 CONTRACTS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
 
-TOP_LEVEL = {"config", "errors", "model", "optim", "steps", "parallel", "checkpoint", "evaluate", "train", "trainer"}
+TOP_LEVEL = {"config", "errors", "model", "optim", "steps", "ttt", "parallel", "checkpoint", "evaluate", "train",
+             "trainer"}
 ROOMS = {"data", "ngram", "policies", "contest", "run", "ops", "neuron", "interop", "compare", "submission"}
 # `python -m frontier_jax.<name>` of a command line that moved into the neuron room
 ENTRY_ALIASES = {"neuron_check": "neuron.check", "kernel_report": "neuron.kernel_report", "profile": "neuron.profile"}

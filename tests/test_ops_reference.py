@@ -316,3 +316,21 @@ def test_smear_blends_each_position_with_its_predecessor_and_zero_at_each_row_st
     _close(ref.smear(x, gate), (1 - g) * x64 + g * prev)
     _close(ref.smear(x, jnp.zeros((D,))), 0.5 * x64 + 0.5 * prev)  # gate 0 at init: g = 0.5
     _close(ref.smear(x, gate)[:, 0], (1 - g) * x64[:, 0])  # every row starts with a zero predecessor
+
+
+def test_fake_int6_is_the_records_late_qat_grid_with_a_straight_through_gradient():
+    """reference.fake_int6 of a weight stored [in, out] is the record's CastedLinear QAT of its [out, in] transpose
+    (train_gpt.py:541-553), written here in float64 from that definition: per output row scale = max(max |w| / 31,
+    1 / 31), round half to even, clamp to [-32, 31]; rows below 1 in magnitude sit at the 1/31 floor, a row with a
+    larger maximum is clamped at +31 (its -max maps to -31, -32 never occurs); the gradient is the identity."""
+    w_OI = np.array([[0.5, -0.25, 1 / 62, 3 / 62], [2.0, -2.0, 1.0, 0.1], [-0.75, 0.3, 0.0, -1 / 31]])
+    scale_O = np.maximum(np.abs(w_OI).max(axis=1) / 31, 1 / 31)
+    want_OI = np.clip(np.round(w_OI / scale_O[:, None]), -32, 31) * scale_O[:, None]
+    got_IO = ref.fake_int6(jnp.asarray(w_OI.T, jnp.float32), jnp.float32)
+    _close(got_IO, want_OI.T, rtol=1e-6, atol=1e-7)
+    assert np.round(1 / 62 * 31) == 0 and np.round(3 / 62 * 31) == 2  # ties to even (0.5 -> 0, 1.5 -> 2)
+    levels = np.asarray(got_IO).T / scale_O[:, None]
+    _close(levels, np.round(levels), atol=1e-4)  # every value on its row's grid
+    grad = jax.grad(lambda w: jnp.sum(ref.fake_int6(w, jnp.float32) * jnp.arange(12.0).reshape(4, 3)))(
+        jnp.asarray(w_OI.T, jnp.float32))
+    _close(grad, np.arange(12.0).reshape(4, 3), rtol=0, atol=0)

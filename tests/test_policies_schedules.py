@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from frontier_jax.config import OptimConfig
+from frontier_jax.config import OptimConfig, load_config
 from frontier_jax.policies import schedules
+from helpers import REPO
 
 
 def test_schedule_values():
@@ -44,3 +45,21 @@ def test_momentum_warmup_endpoints():
     assert schedules.muon_momentum(cfg, 500) == pytest.approx(0.95)
     assert schedules.muon_momentum(cfg, 5000) == pytest.approx(0.95)
     assert schedules.muon_momentum(OptimConfig(muon_momentum_warmup_steps=0), 0) == 0.95
+
+
+def test_the_records_schedule():
+    """configs/record11.py follows the record's schedule (train_gpt.py:1596-1605, 1676-1691): Muon momentum
+    (1 - f) 0.92 + f 0.99 with f = min(step / 1500, 1); the wall-clock warmdown of 3500 steps at the measured step
+    time (its log: step 7000 at 584,853 ms of 600 s); late QAT once the scale is below 0.15 (its log: step 6662 at
+    scale 0.1498); SWA only below 0.2."""
+    cfg = load_config(REPO / "configs" / "record11.py").optim
+    frac = lambda s: min(s / 1500, 1.0)
+    for step in (0, 1, 750, 1499, 1500, 7000):
+        assert schedules.muon_momentum(cfg, step) == pytest.approx((1 - frac(step)) * 0.92 + frac(step) * 0.99)
+    assert schedules.muon_momentum(cfg, 1) == pytest.approx(0.920046667, abs=1e-9)
+    step_ms = 584_853 / 7000
+    assert schedules.lr_scale(cfg, 7000, 584.853, 600.0, 9000) == pytest.approx(
+        (600_000 - 584_853) / (3500 * step_ms))
+    assert schedules.late_qat_due(cfg, 0.1498) and not schedules.late_qat_due(cfg, 0.15)
+    assert not schedules.late_qat_due(OptimConfig(), 0.0)  # off by default
+    assert (cfg.swa_every, cfg.swa_threshold, cfg.late_qat_threshold) == (50, 0.2, 0.15)

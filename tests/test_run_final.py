@@ -1,6 +1,7 @@
 """The final evaluation pipeline (frontier_jax.run.final) on a fake trainer: the record's order and lines (the
-final validation, the artifact's size lines, the round trip at eval.seq_len, the sliding windows at eval.stride),
-the score the config names, each stage recorded as it is done, and a resume that runs only the missing stages."""
+final validation, the artifact's size lines, the round trip at eval.seq_len, the sliding windows at eval.stride,
+then score-first test-time training from the artifact's weights), the score the config names, each stage recorded
+as it is done, and a resume that runs only the missing stages."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import math
 
 import pytest
 
-from frontier_jax.config import Config, ConfigError, EvalConfig, OptimConfig, TrainConfig, apply_overrides
+from frontier_jax.config import (Config, ConfigError, EvalConfig, OptimConfig, TrainConfig, TTTConfig,
+                                 apply_overrides)
 from frontier_jax.run import driver, roundtrip
 from frontier_jax.run.final import FinalPlan
 from frontier_jax.run.interface import RunState
@@ -23,10 +25,11 @@ def fake_time(monkeypatch):
     return clock
 
 
-def _policy(**eval_kw):
+def _policy(ttt=False, **eval_kw):
     cfg = Config(train=TrainConfig(seq_len=8, tokens_per_step=32, micro_batch_seqs=4, compile_warmup_steps=1,
                                    val_batch_seqs=4, max_steps=2, budget_seconds=1000.0),
-                 optim=OptimConfig(warmdown_mode="steps"), eval=EvalConfig(**eval_kw))
+                 optim=OptimConfig(warmdown_mode="steps"), eval=EvalConfig(**eval_kw),
+                 ttt=TTTConfig(enabled=ttt, chunk_tokens=16))
     return driver.Policy.from_config(cfg)
 
 
@@ -59,6 +62,15 @@ class Recording(FakeTrainer):
         if geometry.get("stride") and self.interrupt_on == "sliding":
             raise KeyboardInterrupt
         return super().eval_sums(max_tokens, **geometry)
+
+    def ttt_sums(self):
+        """A TTT pass: 12 fake seconds, a better score than the other stages (6 nats over 20 bytes)."""
+        if self.interrupt_on == "ttt":
+            raise KeyboardInterrupt
+        self.clock.now += 12.0
+        self.evals.append("ttt")
+        return {"nll_sum_nats": 6.0, "tokens": 10, "bytes": 20, "estimate_full_val_seconds": 4321.0,
+                "hardware": "1 x cpu (cpu)"}
 
 
 def test_the_record_pipeline_in_order_with_its_lines_and_the_score_it_names(fake_time):
@@ -117,7 +129,8 @@ def test_a_resume_runs_only_the_missing_stages(fake_time):
 
 @pytest.mark.parametrize("sets, fragment", [
     (["eval.artifact=int4"], "eval.artifact must be int8_zlib|int6_lzma"),
-    (["eval.score=ttt"], "eval.score must be roundtrip|sliding"),
+    (["eval.score=best"], "eval.score must be roundtrip|sliding|ttt"),
+    (["eval.score=ttt"], "eval.score='ttt' needs ttt.enabled=True"),
     (["eval.score=sliding"], "needs eval.stride > 0"),
     (["eval.stride=-1"], "eval.stride must be in [0, inf), got -1"),
     (["eval.stride=512"], "eval.stride=512 is longer than the eval window of 256"),
@@ -139,3 +152,44 @@ def test_the_plan_and_the_val_cut_follow_the_eval_section():
     plan = FinalPlan.from_config(cfg)
     assert plan.geometry() == {"seq_len": 24} and plan.geometry(sliding=True) == {"seq_len": 24, "stride": 4}
     assert FinalPlan.from_config(Config()).geometry() == {} and plan.line("sliding") == "final_int8_zlib_sliding_window"
+
+
+TTT_BPB = 6 / math.log(2) / 20  # the fake trainer's TTT sums
+
+
+def test_the_ttt_stage_follows_the_sliding_windows_and_its_legal_ttt_line_is_the_score(fake_time):
+    """ttt.enabled: after the sliding windows, `Trainer.ttt_sums` (inside the artifact's round trip: from its
+    weights) gives the record's `legal_ttt` lines, its time and full-val estimate in the summary, and the score."""
+    fake = Recording(fake_time)
+    s = driver.run_budgeted(_policy(ttt=True, stride=4, artifact="int6_lzma", score="ttt"), fake, {})
+    assert fake.evals[-3:] == [0, (0, {"stride": 4}), "ttt"] and fake.roundtrips == 1
+    assert [r["kind"] for r in fake.rows[-4:]] == ["val", "roundtrip", "sliding", "ttt"]
+    ttt_lines = [f"legal_ttt val_loss:0.6000 val_bpb:{TTT_BPB:.4f} eval_time:12000ms",
+                 f"legal_ttt_exact val_loss:0.60000000 val_bpb:{TTT_BPB:.8f}"]
+    at = fake.log_lines.index(ttt_lines[0])
+    assert fake.log_lines[at - 2].startswith("final_int6_sliding_window ") and fake.log_lines[at:at + 2] == ttt_lines
+    assert s["score"] == {"line": "legal_ttt", "val_loss": 0.6, "val_bpb": s["ttt_val_bpb"]}
+    assert s["ttt_eval_seconds"] == 12.0 and s["ttt_estimate_full_val_seconds"] == 4321.0
+    assert s["ttt_hardware"] == "1 x cpu (cpu)" and s["final_complete"]
+    assert set(fake.kept) == {"val", "artifact", "roundtrip", "sliding", "ttt"}
+    assert roundtrip.roundtrip_lines(s)[-2:] == ttt_lines
+    from frontier_jax.run.rundir import summary_rows
+
+    rows = dict(summary_rows({**s, "submission_bytes": 900, "code_bytes": 0}))
+    assert rows["TTT val bpb"].startswith(f"{TTT_BPB:.4f} (score-first test-time training from the int6+lzma "
+                                          "artifact: the score under the rules profile")
+    assert rows["TTT val bpb"].endswith("a full val split pass: about 4321 s on 1 x cpu (cpu))")
+    assert "the score" not in rows["sliding val bpb"]
+
+
+def test_a_run_stopped_during_ttt_resumes_with_the_ttt_stage_alone(fake_time):
+    fake = Recording(fake_time, interrupt_on="ttt")
+    fake.signals.interrupt = False
+    policy = _policy(ttt=True, stride=4, artifact="int6_lzma", score="ttt")
+    s = driver.run_budgeted(policy, fake, {})
+    assert not s["final_complete"] and "score" not in s
+    assert set(fake.kept) == {"val", "artifact", "roundtrip", "sliding"}
+    again = Recording(fake_time, records=fake.kept)
+    s2 = driver.run_budgeted(policy, again, {}, finish_only=True)
+    assert again.evals == ["ttt"] and s2["final_complete"] and s2["score"]["line"] == "legal_ttt"
+    assert s2["sliding_val_bpb"] == s["sliding_val_bpb"] and s2["ttt_estimate_full_val_seconds"] == 4321.0

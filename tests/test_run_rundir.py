@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -208,6 +210,26 @@ def test_sighup_is_handled_like_sigterm():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGTERM)
 
+
+
+def test_a_second_signal_before_training_ends_the_process_at_once(tmp_path):
+    """A warm-up step of configs/baseline.py on a CPU takes many minutes and a signal waits for it: before
+    training starts there is nothing to save, so the second signal discards (the start-up's new run
+    directory) and exits at once (128 + its number)."""
+    (tmp_path / "run").mkdir()
+    code = ("import os, shutil, signal, time\n"
+            "from frontier_jax.run import rundir\n"
+            "with rundir.Signals() as s:\n"
+            f"    s.discard = lambda: shutil.rmtree({str(tmp_path / 'run')!r})\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    assert s.received == 'SIGTERM'\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    time.sleep(30)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, proc.stderr
+    assert proc.stderr.splitlines() == ["SIGTERM: stopping before training starts; nothing to save",
+                                        "SIGINT again: exiting before training starts (nothing to save)"]
+    assert not (tmp_path / "run").exists()
 
 
 def test_no_run_file_is_written_through_a_symlink(tmp_path):

@@ -58,9 +58,9 @@ def _one_step(cfg, n, x, y):
 
 def _record11_tiny(byte_data):
     """configs/record11_tiny.py (the record's switches: LeakyReLU(0.5)^2, XSA on the last 2 layers, partial RoPE,
-    LN scale, BigramHash, SmearGate, value embeddings) in fp32 (its tables too: bf16 gradients summed per device
-    round apart from one device's sum) at sequences of 64, one micro-batch (the tiny case runs two); the optax
-    optimizers (the fused updates' kernels are the tiny case's)."""
+    LN scale, BigramHash, SmearGate, value embeddings) in fp32 (its tables and Muon's momentum too: bf16 gradients
+    summed per device round apart from one device's sum) at sequences of 64, one micro-batch (the tiny case runs
+    two); the optax optimizers (the fused updates' kernels are the tiny case's)."""
     from helpers import REPO
     from frontier_jax.config import apply_overrides, load_config
 
@@ -68,7 +68,7 @@ def _record11_tiny(byte_data):
         f"data.data_dir={str(byte_data)!r}", "data.tokenizer='bytes'", "model.compute_dtype='float32'",
         "train.seq_len=64", "train.tokens_per_step=256", "train.micro_batch_seqs=4", "parallel.num_devices=1",
         "train.measure_peak=False", "optim.fused=False", "optim.muon_ns_dtype='float32'",
-        "model.embed_dtype='compute'"])
+        "model.embed_dtype='compute'", "optim.muon_momentum_dtype='float32'"])
 
 
 @pytest.mark.slow
@@ -124,6 +124,40 @@ def test_score_bound_metric_is_the_updated_gains_bound(byte_data):
     want = ops.score_bound([np.asarray(g) for g in q_gains(p)], cfg.model.head_dim)
     assert float(m["score_bound"]) == pytest.approx(float(want), rel=1e-6)
     assert float(m["score_bound"]) != pytest.approx(float(ops.score_bound(q_gains(params), cfg.model.head_dim)))
+
+
+def test_late_qat_flag_is_traced_and_fake_quantizes_the_side_projections(byte_data):
+    """The late-QAT flag is a runtime argument: switching it on does not recompile the step (one compiled program
+    for both values); on, the step's loss is the forward with BigramHash's and the value embeddings' projections
+    replaced by their int6 grid values (reference.fake_int6, the record's per-output-row scale), off the plain one."""
+    from flax import nnx
+
+    from frontier_jax.ops import reference
+
+    cfg = tiny_config(byte_data, "model.bigram_buckets=64", "model.bigram_dim=32", "model.ve_layers=(1,)",
+                      "model.ve_dim=16", "optim.late_qat_threshold=0.15")
+    dp = make_data_parallel(1)
+    tx = optim.build_optimizer(cfg.optim, dtypes.resolve(cfg, jax.default_backend()).muon_ns)
+    graphdef, params, opt_state, _ = trainer.init_state(cfg, tx, jnp.float32, dp)
+    # away from the init, whose zero output projections and BigramHash table hide both projections from the loss
+    rng = np.random.default_rng(0)  # (NumPy: JAX's random draws for every leaf compile for seconds)
+    params = jax.tree_util.tree_map(lambda p: p + (0.1 * rng.standard_normal(p.shape)).astype(p.dtype), params)
+    step = make_train_step(graphdef, tx, mesh=dp.mesh, donate=False, late_qat=True)
+    x = np.random.default_rng(1).integers(0, 256, (1, 4, cfg.train.seq_len)).astype(np.int32)
+    y = np.roll(x, -1, axis=2)
+    losses = {}
+    for flag in (False, True, False):
+        _, _, m = step(params, opt_state, x, y, jnp.float32(0.1), jnp.float32(0.9), None, jnp.bool_(flag))
+        losses.setdefault(flag, float(m["loss"]))
+    assert step._cache_size() == 1
+    loss_of = jax.jit(lambda p: jnp.mean(nnx.merge(graphdef, p)(x[0], y[0])))  # the plain forward, compiled once
+    plain = float(loss_of(params))
+    model = nnx.merge(graphdef, params)
+    for mod in (model.bigram, model.ve_shared):
+        mod.proj[...] = reference.fake_int6(mod.proj[...], jnp.float32)
+    quantized = float(loss_of(nnx.split(model)[1]))
+    assert losses[False] == pytest.approx(plain, rel=1e-6) and losses[True] == pytest.approx(quantized, rel=1e-6)
+    assert abs(quantized - plain) > 1e-4  # the grid moves the loss: the flag reached the projections
 
 
 @pytest.mark.slow

@@ -110,10 +110,13 @@ def _refused(byte_data, out, capsys, setting: str) -> str:
     return err
 
 
-def test_ngram_enabled_is_refused_not_ignored(byte_data, tmp_path, capsys):
-    """Round 3: the PyTorch baseline ignored ngram.enabled silently (another model than the config names)."""
+def test_ngram_and_ttt_enabled_are_refused_not_ignored(byte_data, tmp_path, capsys):
+    """Round 3: the PyTorch baseline ignored ngram.enabled silently (another model than the config names); nor does
+    it skip a test-time training stage the config asks for."""
     assert "ngram.enabled=True: the PyTorch baseline has no" in _refused(byte_data, tmp_path / "run", capsys,
                                                                          "ngram.enabled=True")
+    assert "ttt.enabled=True: the PyTorch baseline has no test-time training" in _refused(
+        byte_data, tmp_path / "run", capsys, "ttt.enabled=True")
 
 
 def test_the_eval_section_the_torch_baseline_runs_and_the_artifact_it_refuses(byte_data, tmp_path, capsys):
@@ -147,8 +150,8 @@ def test_the_eval_section_the_torch_baseline_runs_and_the_artifact_it_refuses(by
 
 
 def test_a_config_with_recipe_switches_is_refused_in_one_line(byte_data, tmp_path, capsys):
-    """The PyTorch port is the baseline's: configs/record11_tiny.py (the recipe's switches) is refused, naming them,
-    before anything is written; the model class refuses them too."""
+    """The PyTorch port is the baseline's: configs/record11_tiny.py (the recipe's switches and optimizer settings) is
+    refused, naming them, before anything is written; the model class refuses them too."""
     from baseline_torch.model import GPT
     from baseline_torch.train import main
     from frontier_jax.config import ConfigError, ModelConfig
@@ -162,6 +165,7 @@ def test_a_config_with_recipe_switches_is_refused_in_one_line(byte_data, tmp_pat
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "baseline_torch implements the baseline only" in err
     assert "model.mlp_negative_slope=0.5" in err and "model.xsa_last_n=2" in err and not out.exists()
+    assert "optim.muon_weight_decay=0.04" in err and "optim.ema_decay=0.997" in err  # the record's optimizer too
     with pytest.raises(ConfigError, match="model.ln_scale=True"):
         GPT(ModelConfig(num_layers=2, model_dim=64, ln_scale=True))
     GPT(ModelConfig(num_layers=1, model_dim=64, mlp_mult=2.5))  # a non-integer mlp_mult is a shape, not a switch

@@ -176,8 +176,11 @@ def test_a_switch_of_the_attention_forward_mid_run_compiles_nothing(byte_data, t
     forward's steps are still their own jitted programs), the untimed warm-up runs the train step of both and
     the eval step of both at every eval window the run uses (train.seq_len; eval.seq_len for the round trip;
     eval.batch_seqs windows of it for the sliding line). The forward switching mid-run (the bound the host
-    reads forced over the limit after steps 2 and 4, under it after step 3) and the final pipeline then
-    compile nothing: XLA compilations counted through jax.monitoring from the end of the warm-up."""
+    reads forced over the limit after steps 2 and 4, under it after step 3) and the final pipeline, its
+    score-first test-time training included (its scoring step, the exact-max eval step at train.seq_len, and its
+    SGD step at both row counts), then compile nothing: XLA compilations counted through jax.monitoring from the
+    end of the warm-up. The run's TTT log obeys score-before-update, and `evaluate --ttt --artifact` (the same
+    weights, the same protocol) reproduces its legal_ttt score."""
     from jax import monitoring
 
     from frontier_jax import ops
@@ -202,7 +205,9 @@ def test_a_switch_of_the_attention_forward_mid_run_compiles_nothing(byte_data, t
     monkeypatch.setattr(driver, "warm_up", warm_up)
     monkeypatch.setattr(_AttentionVariants, "observe", observe)
     monkeypatch.setattr(ops, "attention_variants_differ", lambda: True)
-    cfg = tiny_config(byte_data, "eval.seq_len=128", "eval.stride=32", "eval.batch_seqs=8")
+    # TTT: 5,888 targets in 4 chunks of 1,536 (24 rows each: SGD steps of 16 and 8 rows), stride 32 over windows of 64
+    cfg = tiny_config(byte_data, "eval.seq_len=128", "eval.stride=32", "eval.batch_seqs=8", "ttt.enabled=True",
+                      "ttt.chunk_tokens=1536", "ttt.batch_seqs=16", "ttt.epochs=1", "ttt.lr=0.01", "eval.score='ttt'")
     monitoring.register_event_duration_secs_listener(count)
     try:
         summary = trainer.run(cfg, tmp_path / "run", echo=False,
@@ -214,9 +219,22 @@ def test_a_switch_of_the_attention_forward_mid_run_compiles_nothing(byte_data, t
     assert summary["final_complete"] and np.isfinite(summary["sliding_val_bpb"])
     log = (tmp_path / "run" / "train.log").read_text()
     programs = [f"train step T=64 ({f})" for f in ("bounded shift", "exact max")] + [
-        f"eval step {w} ({f})" for w in ("4x64", "4x128", "8x128") for f in ("bounded shift", "exact max")]
-    assert f"compile warm-up: 8 programs: {', '.join(programs)}" in log and "compile warm-up: 8 programs, " in log
-    assert len(compiled[:mark[0]]) >= 8
+        f"eval step {w} ({f})" for w in ("4x64", "4x128", "8x128") for f in ("bounded shift", "exact max")] + [
+        "ttt score step 8x64", "ttt train step 16x64", "ttt train step 8x64"]
+    assert f"compile warm-up: 11 programs: {', '.join(programs)}" in log and "compile warm-up: 11 programs, " in log
+    assert len(compiled[:mark[0]]) >= 10  # (the TTT score step 8x64 is the exact eval step of that shape: new)
+
+    from frontier_jax.evaluate import evaluate_run
+    from frontier_jax.submission import evidence
+
+    order = evidence.ttt_order(evidence.read_ttt_log(tmp_path / "run"))
+    assert order.chunks == 4 and order.events == 4 + 3 * 2 and not order.order_violations + order.pass_violations
+    assert summary["score"]["line"] == "legal_ttt" and summary["ttt_val_tokens"] == summary["sliding_val_tokens"]
+    assert "ttt_sliding:start chunks=4 chunk_tokens=1536 total_windows=" in log and "\nlegal_ttt_exact val_loss:" in log
+    again = evaluate_run(tmp_path / "run", artifact=tmp_path / "run" / "final_model.int8.ptz", ttt=True)
+    assert again["nll_sum_nats"] == pytest.approx(summary["ttt_val_nll_sum_nats"], rel=1e-9)
+    assert (again["tokens"], again["bytes"]) == (summary["ttt_val_tokens"], summary["ttt_val_bytes"])
+    assert again["ttt"]["sgd_steps"] == 6 and again["ttt"]["chunks"] == 4
 
 
 @pytest.mark.slow
@@ -287,3 +305,63 @@ def test_a_signal_in_the_set_up_stops_before_the_model_is_built(byte_data, tmp_p
     out = tmp_path / "run"
     summary = trainer.run(tiny_config(byte_data), out, echo=False)
     assert summary["stop_reason"] == "signal SIGTERM before training" and not out.exists()
+
+
+# the record's optimizer and averaging on a tiny recipe model (BigramHash and value-embedding projections, the two
+# layers late QAT fake-quantizes); steps-mode warmdown over the whole run: lr scale (8 - s) / 8, so SWA takes the
+# weights after steps 6 and 8 (scale < 0.5, every 2) and late QAT switches on before step 7 (scale 0.25 < 0.3)
+RECORD_OPTIM = ("train.max_steps=8", "optim.warmdown_mode='steps'", "optim.warmdown_steps=8",
+                "model.bigram_buckets=64", "model.bigram_dim=32", "model.ve_layers=(1,)", "model.ve_dim=16",
+                "optim.muon_weight_decay=0.04", "optim.adam_weight_decay=0.04", "optim.grad_clip_norm=0.3",
+                "optim.muon_momentum_dtype='bfloat16'", "optim.muon_shape_scale='lr'", "optim.ema_decay=0.9",
+                "optim.swa_every=2", "optim.swa_threshold=0.5", "optim.late_qat_threshold=0.3")
+
+
+def _train_state(run_dir):
+    """(params, opt_state) of a run's newest checkpoint, as the trainer holds them."""
+    from frontier_jax import optim
+    from frontier_jax.interop.state_dict import abstract_state, read_run_config
+
+    cfg, dtypes = read_run_config(run_dir)
+    _, aparams, aopt = abstract_state(cfg, dtypes.compute, optim.build_optimizer(cfg.optim, dtypes.muon_ns))
+    state, _ = checkpoint.restore(run_dir, {"params": aparams, "opt_state": aopt})
+    return state["params"], state["opt_state"]
+
+
+@pytest.mark.slow
+def test_kill_and_resume_restores_ema_swa_and_late_qat_bit_identically(byte_data, tmp_path):
+    """A run with weight decay, clipping, bf16 momentum, EMA, SWA and late QAT, stopped after step 7 (late QAT
+    on, one SWA snapshot taken) and resumed: the same losses, the same switch step, and the final checkpoint's
+    parameters, EMA and SWA state bit for bit; the final evaluation, the artifact and `restore_params` (evaluate,
+    export) use the EMA."""
+    from frontier_jax import optim
+    from frontier_jax.interop import artifact
+    from frontier_jax.interop.state_dict import params_to_state_dict
+
+    full = trainer.run(tiny_config(byte_data, *RECORD_OPTIM), tmp_path / "full", echo=False)
+    part = trainer.run(tiny_config(byte_data, *RECORD_OPTIM), tmp_path / "split", echo=False, stop_after_steps=7)
+    assert part["steps"] == 7 and part["late_qat_step"] == 6 and part["swa_count"] == 1
+    resumed = trainer.run(tiny_config(byte_data, *RECORD_OPTIM), tmp_path / "split", resume=True, echo=False)
+    assert resumed["late_qat_step"] == full["late_qat_step"] == 6  # restored, not switched again at step 7
+    assert resumed["swa_count"] == full["swa_count"] == 2
+    a, _ = _train_rows(tmp_path / "full")
+    b, _ = _train_rows(tmp_path / "split")
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    (pa, sa), (pb, sb) = _train_state(tmp_path / "full"), _train_state(tmp_path / "split")
+    for x, y in zip(jax.tree_util.tree_leaves((pa, sa)), jax.tree_util.tree_leaves((pb, sb))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert isinstance(sa, optim.AveragedState) and int(sa.swa.count) == 2 and int(sa.swa.step) == 8
+    ema = restore_params(tmp_path / "full")[2]  # what evaluate and export see: the EMA, not the trained weights
+    for e, x, p in zip(*(jax.tree_util.tree_leaves(t) for t in (ema, sa.ema, pa))):
+        np.testing.assert_array_equal(np.asarray(e), np.asarray(x).astype(p.dtype))
+    assert not all(np.array_equal(np.asarray(e), np.asarray(p)) for e, p in zip(jax.tree_util.tree_leaves(ema),
+                                                                                jax.tree_util.tree_leaves(pa)))
+    log = (tmp_path / "full" / "train.log").read_text()
+    assert "late QAT on from step 7" in log and "final evaluation on the post_ema weights" in log
+    # the artifact is the EMA's: quantizing the EMA again writes the same bytes
+    mine = tmp_path / "from_ema"
+    mine.mkdir()
+    fmt = tiny_config(byte_data, *RECORD_OPTIM).eval.artifact
+    artifact.roundtrip(params_to_state_dict(jax.device_get(ema)), mine, fmt)
+    assert artifact.artifact_path(mine, fmt).read_bytes() == artifact.artifact_path(tmp_path / "full", fmt).read_bytes()
+    assert resumed["val_nll_sum_nats"] == full["val_nll_sum_nats"]

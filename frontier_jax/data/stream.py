@@ -183,12 +183,25 @@ def val_batches(tokens: np.ndarray, seq_len: int, batch_seqs: int, process_index
     the same number of batches of one fixed shape, short ones padded with mask-0 rows, so evaluation
     compiles once and runs in lockstep across processes.
     """
+    tokens = np.asarray(tokens)
+    return window_batches(tokens, *window_starts(tokens.shape[0], seq_len, stride), seq_len, batch_seqs,
+                          process_index, process_count)
+
+
+def window_batches(tokens: np.ndarray, starts: np.ndarray, score_from: np.ndarray, seq_len: int, batch_seqs: int,
+                   process_index: int = 0,
+                   process_count: int = 1) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """`val_batches` of given windows (start_W, score_from_W, e.g. a subset of `window_starts`' in order: the
+    windows of one test-time-training chunk): (x, y, mask) of this process, fixed shape, short batches padded
+    with mask-0 rows, the windows dealt to processes contiguously."""
     if batch_seqs <= 0 or batch_seqs % process_count:
         raise ValueError(f"val_batches: batch_seqs {batch_seqs} is not a positive multiple of process_count {process_count}")
     if not 0 <= process_index < process_count:
         raise ValueError(f"val_batches: process_index {process_index} not in [0, {process_count})")
-    tokens = np.asarray(tokens)
-    starts, score_from = window_starts(tokens.shape[0], seq_len, stride)
+    return _window_batches(np.asarray(tokens), starts, score_from, seq_len, batch_seqs, process_index, process_count)
+
+
+def _window_batches(tokens, starts, score_from, seq_len, batch_seqs, process_index, process_count):
     local, w = batch_seqs // process_count, starts.shape[0]
     lo, hi = process_index * w // process_count, (process_index + 1) * w // process_count
     t_T = np.arange(seq_len, dtype=np.int64)

@@ -15,12 +15,13 @@ and `ve_shared.embed.weight` in bfloat16 and everything else in float32 (train_g
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import numpy as np
 
-from frontier_jax.config import Config, ConfigError, EvalConfig, ModelConfig, OptimConfig, TrainConfig
+from frontier_jax.config import Config, ConfigError, EvalConfig, ModelConfig, OptimConfig, TrainConfig, TTTConfig
 from frontier_jax.data.files import read_regular
 
 BANKS = ("qo_bank", "kv_bank", "mlp_up_bank", "mlp_down_bank")
@@ -30,6 +31,10 @@ BLOCK_CONTROLS = ("attn_scale", "mlp_scale", "resid_mix", "attn.q_gain")  # per 
 # What the record's script hard-codes and our config sets (a config with another value is refused)
 RECORD_NEGATIVE_SLOPE = 0.5  # F.leaky_relu(..., negative_slope=0.5), train_gpt.py:729
 RECORD_ROPE_RESCALE_FROM = 1024  # Rotary(..., train_seq_len=1024), train_gpt.py:626, 850
+# its optimizer and averaging: bf16 gradient copy, momentum and Newton-Schulz with the shape scale in the learning
+# rate (train_gpt.py:104-266), EMA 0.997 always on (1636-1637), SWA below lr scale 0.2 (1718)
+RECORD_OPTIM = {"muon_ns_dtype": "bfloat16", "muon_momentum_dtype": "bfloat16", "muon_shape_scale": "lr",
+                "ema_decay": 0.997, "swa_threshold": 0.2}
 
 # Every variable the record's script reads, with its default (train_gpt.py:28-100; its Hyperparameters class).
 RECORD_ENV_DEFAULTS = {
@@ -186,13 +191,18 @@ def expressible(cfg: Config) -> None:
                                     f"(it needs {value!r}: {why})")
     if cfg.ngram.enabled:
         raise RecordFormatError("ngram.enabled=True: the record's script has no n-gram logit bias")
+    if cfg.ttt.enabled and cfg.ttt.freeze_blocks:
+        raise RecordFormatError(f"ttt.freeze_blocks={cfg.ttt.freeze_blocks}: the record's TTT_FREEZE_BLOCKS freezes "
+                                "only its blocks' control tensors (its matrices are banks outside blocks.*), not "
+                                "whole blocks")
 
 
 def record_env(cfg: Config) -> dict[str, str]:
-    """The record script's environment that builds `cfg`'s model and evaluation (`expressible` first)."""
+    """The record script's environment that builds `cfg`'s model and evaluation, its test-time training included
+    (`expressible` first)."""
     expressible(cfg)
     m, t = cfg.model, cfg.train
-    return {
+    return {**{key: _TTT_OUT[key](getattr(cfg.ttt, field)) for key, (field, _) in _TTT.items()},
         "NUM_LAYERS": str(m.num_layers), "MODEL_DIM": str(m.model_dim), "NUM_HEADS": str(m.num_heads),
         "NUM_KV_HEADS": str(m.num_kv_heads), "MLP_MULT": repr(m.mlp_mult),
         "BIGRAM_VOCAB_SIZE": str(m.bigram_buckets), "BIGRAM_DIM": str(m.bigram_dim),
@@ -203,6 +213,35 @@ def record_env(cfg: Config) -> dict[str, str]:
         "LOGIT_SOFTCAP": repr(m.logit_softcap), "QK_GAIN_INIT": repr(m.qk_gain_init), "ROPE_BASE": repr(m.rope_base),
         "TIE_EMBEDDINGS": "1", "TIED_EMBED_INIT_STD": repr(m.tied_embed_init_std),
         "MTP_NUM_HEADS": "0", "DTG_ENABLED": "0", "GATED_ATTENTION": "0", "VALUE_RESIDUAL": "0",
+    }
+
+
+def record_training_env(cfg: Config) -> dict[str, str]:
+    """The record script's environment for `cfg`'s optimizer, averaging and schedule (its learning rates, momentum
+    warm-up, weight decay, clipping, SWA, late QAT, batch, steps, warmdown, clock and seed), beside `record_env`'s
+    model. What the script hard-codes (`RECORD_OPTIM`: bf16 Muon momentum and Newton-Schulz, the shape scale in the
+    learning rate, EMA 0.997, SWA below lr scale 0.2) must be the config's: anything else is refused in one line."""
+    o, t = cfg.optim, cfg.train
+    for field, value in RECORD_OPTIM.items():
+        if getattr(o, field) != value:
+            raise RecordFormatError(f"optim.{field}={getattr(o, field)!r}: the record's script cannot express it "
+                                    f"(it hard-codes {value!r})")
+    steps = o.warmdown_mode == "steps"
+    if not steps and not math.isfinite(t.budget_seconds):
+        raise RecordFormatError("train.budget_seconds=inf with optim.warmdown_mode='time': the record's script has "
+                                "no time-based warmdown without a clock (MAX_WALLCLOCK_SECONDS=0 warms down by steps)")
+    return {
+        "MATRIX_LR": repr(o.matrix_lr), "SCALAR_LR": repr(o.scalar_lr), "TIED_EMBED_LR": repr(o.embed_lr),
+        "BETA1": repr(o.beta1), "BETA2": repr(o.beta2), "ADAM_EPS": repr(o.adam_eps),
+        "MUON_MOMENTUM": repr(o.muon_momentum), "MUON_MOMENTUM_WARMUP_START": repr(o.muon_momentum_warmup_start),
+        "MUON_MOMENTUM_WARMUP_STEPS": str(o.muon_momentum_warmup_steps), "MUON_BACKEND_STEPS": str(o.muon_ns_steps),
+        "MUON_WD": repr(o.muon_weight_decay), "ADAM_WD": repr(o.adam_weight_decay),
+        "GRAD_CLIP_NORM": repr(o.grad_clip_norm), "SWA_ENABLED": str(int(bool(o.swa_every))),
+        "SWA_EVERY": str(o.swa_every or 1), "QAT_ENABLED": str(int(o.late_qat_threshold == math.inf)),
+        "LATE_QAT_THRESHOLD": repr(o.late_qat_threshold if math.isfinite(o.late_qat_threshold) else 0.0),
+        "WARMDOWN_ITERS": str(o.warmdown_steps), "ITERATIONS": str(t.max_steps),
+        "MAX_WALLCLOCK_SECONDS": "0" if steps else repr(t.budget_seconds), "TRAIN_BATCH_TOKENS": str(t.tokens_per_step),
+        "WARMUP_STEPS": str(t.compile_warmup_steps), "SEED": str(t.seed),
     }
 
 
@@ -255,24 +294,31 @@ _OPTIM = {"MATRIX_LR": ("matrix_lr", float), "SCALAR_LR": ("scalar_lr", float), 
           "BETA1": ("beta1", float), "BETA2": ("beta2", float), "ADAM_EPS": ("adam_eps", float),
           "MUON_MOMENTUM": ("muon_momentum", float), "MUON_MOMENTUM_WARMUP_START": ("muon_momentum_warmup_start", float),
           "MUON_MOMENTUM_WARMUP_STEPS": ("muon_momentum_warmup_steps", _int),
-          "MUON_BACKEND_STEPS": ("muon_ns_steps", _int), "WARMDOWN_ITERS": ("warmdown_steps", _int)}
+          "MUON_BACKEND_STEPS": ("muon_ns_steps", _int), "WARMDOWN_ITERS": ("warmdown_steps", _int),
+          "MUON_WD": ("muon_weight_decay", float), "ADAM_WD": ("adam_weight_decay", float),
+          "GRAD_CLIP_NORM": ("grad_clip_norm", float)}
 _TRAIN = {"TRAIN_SEQ_LEN": ("seq_len", _int), "TRAIN_BATCH_TOKENS": ("tokens_per_step", _int),
           "ITERATIONS": ("max_steps", _int), "SEED": ("seed", _int), "WARMUP_STEPS": ("compile_warmup_steps", _int),
           "VAL_LOSS_EVERY": ("val_every_steps", _int), "TRAIN_LOG_EVERY": ("log_every_steps", _int)}
 # read by the record but settings of its data paths, its logging, its untied head, its dead code, or of what our
-# config does not have (weight decay, clipping, averaging, QAT, TTT); the import lists them
+# config does not have (LAWA); the import lists them
 _NOT_APPLIED = ("DATA_PATH", "TOKENIZER_PATH", "RUN_ID", "VAL_BATCH_SIZE", "EMBED_LR", "HEAD_LR", "MTP_LOSS_WEIGHT",
-                "MUON_BETA2", "GRAD_CLIP_NORM", "SWA_ENABLED", "SWA_EVERY",
-                "LAWA_ENABLED", "LAWA_K", "LAWA_FREQ", "MUON_WD", "ADAM_WD", "QAT_ENABLED", "LATE_QAT_THRESHOLD",
-                "TTT_ENABLED", "TTT_LR", "TTT_EPOCHS", "TTT_CHUNK_TOKENS", "TTT_FREEZE_BLOCKS", "TTT_MOMENTUM",
-                "TTT_BATCH_SEQS", "TTT_GRAD_CLIP", "CONTROL_TENSOR_NAME_PATTERNS",
-                "INT8_KEEP_FLOAT_FP32_NAME_PATTERNS")
+                "MUON_BETA2", "LAWA_ENABLED", "LAWA_K", "LAWA_FREQ",
+                "CONTROL_TENSOR_NAME_PATTERNS", "INT8_KEEP_FLOAT_FP32_NAME_PATTERNS")
+# the record's TTT variables (train_gpt.py:93-100) -> the ttt section's fields, and how each is written back
+_TTT = {"TTT_ENABLED": ("enabled", _bool), "TTT_LR": ("lr", float), "TTT_EPOCHS": ("epochs", _int),
+        "TTT_CHUNK_TOKENS": ("chunk_tokens", _int), "TTT_FREEZE_BLOCKS": ("freeze_blocks", _int),
+        "TTT_MOMENTUM": ("momentum", float), "TTT_BATCH_SEQS": ("batch_seqs", _int),
+        "TTT_GRAD_CLIP": ("grad_clip", float)}
+_TTT_OUT = {k: (lambda v: str(int(v))) if parse in (_bool, _int) else repr for k, (_, parse) in _TTT.items()}
 
 
 def config_from_env(env: dict[str, str], source: str = "record.env") -> tuple[Config, list[str]]:
     """(the config of the model and training the record's script builds from `env`, the variables set in `env`
     that it does not apply). A variable not set takes the script's default; the record's hard-coded model
-    (SmearGate, LeakyReLU(0.5)^2, rotary rescaled from 1024, bf16 tables, its initialisation) is the config's. A
+    (SmearGate, LeakyReLU(0.5)^2, rotary rescaled from 1024, bf16 tables, its initialisation) and optimizer
+    (`RECORD_OPTIM`: bf16 Muon momentum, the shape scale in the lr, EMA 0.997, SWA below lr scale 0.2) are the
+    config's. A
     setting our model does not have (untied head, MTP, DTG, gated attention, value residual) is refused."""
     full = {**RECORD_ENV_DEFAULTS, **env}
     for key, off in RECORD_OFF_SWITCHES.items():
@@ -285,28 +331,48 @@ def config_from_env(env: dict[str, str], source: str = "record.env") -> tuple[Co
             sections[name] = {field: parse(full[key]) for key, (field, parse) in table.items()}
         ve_layers = tuple(int(x) for x in full["VE_LAYERS"].split(",") if x.strip()) if _bool(full["VE_ENABLED"]) else ()
         wallclock = float(full["MAX_WALLCLOCK_SECONDS"])
+        # SWA every SWA_EVERY steps when enabled; QAT_ENABLED=1 fake-quantizes from the first step (threshold inf)
+        sections["optim"]["swa_every"] = _int(full["SWA_EVERY"]) if _bool(full["SWA_ENABLED"]) else 0
+        sections["optim"]["late_qat_threshold"] = math.inf if _bool(full["QAT_ENABLED"]) else max(
+            0.0, float(full["LATE_QAT_THRESHOLD"]))  # (<= 0: off in the script)
     except ValueError as e:
         raise RecordFormatError(f"{source}: unreadable value ({e})") from None
     try:
         model = ModelConfig(**sections["model"], ve_layers=ve_layers, mlp_negative_slope=RECORD_NEGATIVE_SLOPE,
                             rope_rescale_from=RECORD_ROPE_RESCALE_FROM, smear_gate=True, embed_dtype="bfloat16",
                             init="record")
-        optim = OptimConfig(**sections["optim"], warmdown_mode="time" if wallclock > 0 else "steps")
+        optim = OptimConfig(**sections["optim"], **RECORD_OPTIM, warmdown_mode="time" if wallclock > 0 else "steps")
         train = TrainConfig(**sections["train"], budget_seconds=wallclock if wallclock > 0 else math.inf)
-        evaluation = _eval_from_env(full, train.seq_len)
-        cfg = Config(name="pg-record", model=model, optim=optim, train=train, eval=evaluation)
+        ttt = _ttt_from_env(full)
+        evaluation = _eval_from_env(full, train.seq_len, ttt.enabled)
+        cfg = Config(name="pg-record", model=model, optim=optim, train=train, eval=evaluation, ttt=ttt)
     except (ConfigError, ValueError) as e:
         raise RecordFormatError(f"{source}: {e}") from None
     ignored = [k for k in env if k in _NOT_APPLIED]
     return cfg, ignored
 
 
-def _eval_from_env(full: dict[str, str], train_seq_len: int) -> EvalConfig:
+def _eval_from_env(full: dict[str, str], train_seq_len: int, ttt: bool) -> EvalConfig:
     """The record's final evaluation as the eval section: its int6 + lzma artifact, the round trip at EVAL_SEQ_LEN
     (<= 0: TRAIN_SEQ_LEN), sliding windows at EVAL_STRIDE when 0 < stride < that length (the record's condition,
-    train_gpt.py L1849-1865), the sliding line the score when there is one."""
+    train_gpt.py L1849-1865); the score its last line: legal_ttt with TTT, else the sliding line when there is one."""
     seq_len = _int(full["EVAL_SEQ_LEN"])
     seq_len = seq_len if seq_len > 0 and seq_len != train_seq_len else 0
     stride = _int(full["EVAL_STRIDE"])
     stride = stride if 0 < stride < (seq_len or train_seq_len) else 0
-    return EvalConfig(seq_len=seq_len, stride=stride, artifact="int6_lzma", score="sliding" if stride else "roundtrip")
+    score = "ttt" if ttt else "sliding" if stride else "roundtrip"
+    return EvalConfig(seq_len=seq_len, stride=stride, artifact="int6_lzma", score=score)
+
+
+def _ttt_from_env(full: dict[str, str]) -> TTTConfig:
+    """The record's TTT variables as the ttt section. With TTT on, a TTT_FREEZE_BLOCKS > 0 is refused: the record's
+    freeze reaches only its blocks' control tensors (SPEC Q14), ttt.freeze_blocks whole blocks; with TTT off it has
+    no effect and is not kept."""
+    ttt = TTTConfig(**{field: parse(full[key]) for key, (field, parse) in _TTT.items()})
+    if not ttt.enabled:
+        return TTTConfig(**{**dataclasses.asdict(ttt), "freeze_blocks": 0})
+    if ttt.freeze_blocks:
+        raise RecordFormatError(f"TTT_FREEZE_BLOCKS={ttt.freeze_blocks}: the record freezes only those "
+                                "blocks' control tensors (its matrices are banks outside blocks.*), ttt.freeze_blocks "
+                                "whole blocks: not the same training (TTT_FREEZE_BLOCKS=0, as the record's run)")
+    return ttt

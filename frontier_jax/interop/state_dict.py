@@ -147,14 +147,17 @@ def abstract_state(cfg: Config, compute_dtype, tx):
 
 def restore_params(run_dir, step: int | None = None, log=None):
     """(config, graphdef, params, step, compute dtype) of a run's checkpoint `step`, or of its newest intact
-    one (each unreadable newer one skipped with one line through `log`): the one way to restore a run."""
+    one (each unreadable newer one skipped with one line through `log`): the one way to restore a run. The
+    params are the weights the run scores (`optim.final_params`: its EMA where it keeps one, optim.ema_decay), so
+    that `evaluate`, `export` and `export --format pg-record` see what the run's final evaluation and artifact do."""
     from frontier_jax import checkpoint, optim
 
     cfg, dtypes = read_run_config(run_dir)
     graphdef, aparams, aopt = abstract_state(cfg, dtypes.compute, optim.build_optimizer(cfg.optim, dtypes.muon_ns))
     state, meta = checkpoint.restore(Path(run_dir), {"params": aparams, "opt_state": aopt}, step=step,
                                      expect_model_hash=model_hash(cfg), log=log)
-    return cfg, graphdef, state["params"], int(meta["step"]) if step is None else step, dtypes.compute
+    params = optim.final_params(state["params"], state["opt_state"])
+    return cfg, graphdef, params, int(meta["step"]) if step is None else step, dtypes.compute
 
 
 def export_run(run_dir, out) -> dict:

@@ -224,14 +224,16 @@ def check_config(cfg, num_devices: int, dtypes, tx) -> list[Finding]:
 
 
 def format_report(cfg_name: str, num_devices: int, findings: list[Finding], fallbacks=(),
-                  memory_line: str | None = None) -> str:
+                  memory_line: str | None = None, ttt: bool = False) -> str:
     """One line per rule (ok / FAIL and, for a failure, its source and up to five findings), then the ops the
     program runs as their reference because their kernel lacks a model switch (`ops.switch_fallbacks`: traced
     as plain JAX, checked by the same rules; `--kernels strict` refuses them); `memory_line`, the step's
-    estimated peak per NeuronCore (`memory.Fit.line`), after the first."""
+    estimated peak per NeuronCore (`memory.Fit.line`), after the first; `ttt`: test-time training's SGD step was
+    checked too."""
     rules = RULES + STEP_RULES
+    steps = "train / eval / optimizer" + (" / TTT" if ttt else "")
     lines = [f"Neuron program check: {cfg_name} on {num_devices} NeuronCore(s): "
-             f"{'FAIL' if findings else 'pass'} ({len(rules)} rules, train / eval / optimizer steps)"]
+             f"{'FAIL' if findings else 'pass'} ({len(rules)} rules, {steps} steps)"]
     if memory_line:
         lines.append(f"  {memory_line}")
     for rule in rules:
@@ -278,7 +280,7 @@ def main(argv=None) -> int:
             cfg = apply_overrides(load_config(path), a.set)
             traced = trace_steps(cfg, a.devices, *on_neuron(cfg))
             findings = check_traced(traced)
-            print(format_report(cfg.name, a.devices, findings, ops.switch_fallbacks(cfg.model), traced.memory.line()),
-                  flush=True)
+            print(format_report(cfg.name, a.devices, findings, ops.switch_fallbacks(cfg.model), traced.memory.line(),
+                                "ttt" in traced.programs), flush=True)
             failed |= bool(findings)
     return 1 if failed else 0

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from frontier_jax import ops
 from frontier_jax.neuron import kernel_calls as kc
 from frontier_jax.config import Config, load_config
 from frontier_jax.errors import ArgumentParser, BadInput, exit_on_error
@@ -157,6 +158,8 @@ def build_report(cfg: Config, target: str = "trn1", progress=None) -> dict:
             "kernels": rows, "glue": dataclasses.asdict(g), "glue_s": glue, "glue_named_s": named, "kernel_s": kern,
             "step_s": step,
             "dma_per_step": dma, "exact_max_forward": fallback,
+            # ops whose kernel lacks the model's settings: traced as their reference, priced in the glue
+            "reference_fallbacks": [{"op": r.op, "reason": r.reason} for r in ops.switch_fallbacks(cfg.model)],
             "flops_per_step_per_core": flops, "mfu": mfu, "aws_best_mfu": AWS_BEST_MFU,
             "tokens_per_30min": {k: 1800.0 / v * cfg.train.tokens_per_step for k, v in step.items()}}
 
@@ -194,6 +197,8 @@ def format_report(rep: dict) -> str:
               f"matmuls: {gs['central'] * 1e3:.1f} ms ({gs['high'] * 1e3:.1f} ms unfused)"]
     lines += [f"  of which {n} (XLA, no kernel): {v['central'] * 1e3:.2f} ms ({v['high'] * 1e3:.2f} ms unfused)"
               for n, v in rep["glue_named_s"].items()]
+    lines += [f"  of which the reference path of {r['op']} (no kernel call: {r['reason']})"
+              for r in rep.get("reference_fallbacks", [])]
     lines.append(dma_line(rep["dma_per_step"]))
     k, st, mfu = rep["kernel_s"], rep["step_s"], rep["mfu"]
     lines += [f"kernels per step: busiest-engine {k['busiest'] * 1e3:.1f} ms; schedule {k['central'] * 1e3:.1f} ms "

@@ -1,7 +1,8 @@
 """The trainer's jitted programs as they run on Neuron, as jaxprs, and a walk over every equation in them.
 
-`trace_steps(cfg, num_devices, dtypes, tx)` traces the train step (both qk_attention forwards), the eval step and
-the optimizer update exactly as the trainer builds them (`frontier_jax.steps`, the config's model,
+`trace_steps(cfg, num_devices, dtypes, tx)` traces the train step (both qk_attention forwards), the eval step,
+the optimizer update and, with ttt.enabled, test-time training's SGD step exactly as the trainer builds them
+(`frontier_jax.steps`, `frontier_jax.ttt`, the config's model,
 optimizer, n-gram bias and batch split), for a mesh of `num_devices` NeuronCores (an abstract mesh:
 no device is needed), with Neuron's dtype policy (or the run's) and every kernel call standing where it is
 on Neuron (`dispatch.kernel_primitives`: a `frontier_<op>_fwd/_bwd` equation with the kernel's
@@ -27,7 +28,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AbstractMesh
 
-from frontier_jax import ops, optim
+from frontier_jax import ops, optim, ttt
 from frontier_jax.neuron import memory as _memory
 from frontier_jax.config import Config
 from frontier_jax.data.tokenizer import ByteTables
@@ -37,7 +38,7 @@ from frontier_jax.ngram import runtime as ngram_runtime
 from frontier_jax.parallel import state_specs
 from frontier_jax.policies import dtypes as dtype_policy
 from frontier_jax.policies.geometry import split_batch
-from frontier_jax.steps import AXIS, make_eval_step, make_optimizer_step, make_train_step
+from frontier_jax.steps import AXIS, make_eval_step, make_optimizer_step, make_train_step, make_ttt_step
 
 KERNEL_PREFIX = "frontier_"  # the kernel-backed ops' primitives (frontier_jax.ops.dispatch)
 
@@ -84,7 +85,7 @@ def kernel_sites(closed) -> list[Site]:
 class Traced:
     """The programs of one config at one device count, and the shapes they were traced at."""
 
-    programs: dict  # name -> ClosedJaxpr: "train", "train (exact-max attention)", "eval", "optimizer"
+    programs: dict  # name -> ClosedJaxpr: "train", "train (exact-max attention)", "eval", "optimizer"[, "ttt"]
     num_devices: int
     global_micro: int
     accum: int
@@ -129,11 +130,13 @@ class StepPrograms:
         if (micro_seqs, exact) not in self._train:
             cfg, T = self.cfg, self.cfg.train.seq_len
             global_micro, accum = split_batch(self.seqs_per_step, micro_seqs, self.num_devices)
+            late_qat = cfg.optim.late_qat_threshold > 0  # the trainer's step then takes the late-QAT flag
             step = make_train_step(self.graphdef, self.tx, self.bias_fn, mesh=self.mesh, state_specs=self.specs,
-                                   head_dim=cfg.model.head_dim, attention_exact=exact).jitted
+                                   head_dim=cfg.model.head_dim, attention_exact=exact, late_qat=late_qat).jitted
             tok = jax.ShapeDtypeStruct((accum, global_micro, T), jnp.int32)
+            qat = (jax.ShapeDtypeStruct((), jnp.bool_),) if late_qat else ()
             self._train[(micro_seqs, exact)] = jax.make_jaxpr(step)(self.params, self.opt_state, tok, tok, _F32,
-                                                                    _F32, self.aux)
+                                                                    _F32, self.aux, *qat)
         return self._train[(micro_seqs, exact)]
 
     def eval(self):
@@ -147,6 +150,18 @@ class StepPrograms:
     def optimizer(self):
         update = make_optimizer_step(self.tx, mesh=self.mesh, state_specs=self.specs).jitted
         return jax.make_jaxpr(update)(self.params, self.opt_state, self.params, _F32, _F32)
+
+    def ttt(self):
+        """Test-time training's SGD step (`steps.make_ttt_step` with `ttt.sgd`, the exact-max qk_attention forward)
+        at its largest row count (`ttt.step_rows`) of train.seq_len. (Its scoring step is the eval step's program
+        with the exact-max forward, the train step's kernels.)"""
+        cfg, T = self.cfg, self.cfg.train.seq_len
+        tx = ttt.sgd(cfg.ttt)
+        rows = ttt.step_rows(cfg, self.num_devices)[0]
+        step = make_ttt_step(self.graphdef, tx, self.bias_fn, mesh=self.mesh, attention_exact=True).jitted
+        tok = jax.ShapeDtypeStruct((rows, T), jnp.int32)
+        valid = jax.ShapeDtypeStruct((rows,), jnp.int32)
+        return jax.make_jaxpr(step)(self.params, jax.eval_shape(tx.init, self.params), tok, tok, valid, _F32, self.aux)
 
     def fit(self, limit: _memory.DeviceMemory, strict: bool) -> _memory.Fit:
         """The micro-batch per device (the config's, or auto's choice) and its estimated peak (`memory.fit`)."""
@@ -201,6 +216,11 @@ def _program_key(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes) -> 
                        [(r.op, r.impl) for r in ops.kernel_table()]], sort_keys=True, default=str)
 
 
+def trains_at_test(cfg: Config) -> bool:
+    """Whether the run trains at test time (ttt.enabled with epochs > 0): its SGD step is one of its programs."""
+    return cfg.ttt.enabled and cfg.ttt.epochs > 0
+
+
 def trace_steps(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: optim.Optimizer, *, model_fn=build,
                 eval_model_fn=None, only: tuple[str, ...] | None = None) -> Traced:
     """The trainer's steps for `cfg` on `num_devices` NeuronCores (one trn1.2xlarge chip is 2 NeuronCores, 2 JAX
@@ -209,14 +229,14 @@ def trace_steps(cfg: Config, num_devices: int, dtypes: dtype_policy.Dtypes, tx: 
     (`Traced.memory` says whether the step fits). `model_fn(cfg, compute_dtype)` builds the model both steps use
     (the trainer's: `model.build`); `eval_model_fn`, when given, the one the eval step uses instead (what the
     one-forward check compares, frontier_jax.submission.forward). `only`: trace just these programs (default all
-    four; the estimate is then of the train step and those)."""
-    names = ("train", "train (exact-max attention)", "eval", "optimizer")
+    four, and "ttt" with ttt.enabled; the estimate is then of the train step and those)."""
+    names = ("train", "train (exact-max attention)", "eval", "optimizer") + (("ttt",) if trains_at_test(cfg) else ())
     with ops.kernel_primitives(cfg.model):  # an op whose kernel lacks a model switch traces its reference
         steps = StepPrograms(cfg, num_devices, dtypes, tx, model_fn, eval_model_fn)
         fit = steps.fit(_memory.device_memory("neuron"), strict=False)
         make = {"train": lambda: steps.train(fit.micro_seqs),
                 "train (exact-max attention)": lambda: steps.train(fit.micro_seqs, exact=True),
-                "eval": steps.eval, "optimizer": steps.optimizer}
+                "eval": steps.eval, "optimizer": steps.optimizer, "ttt": steps.ttt}
         programs = {name: make[name]() for name in names if only is None or name in only}
     global_micro, accum = split_batch(steps.seqs_per_step, fit.micro_seqs, num_devices)
     traced = [steps.train(fit.micro_seqs), *programs.values()]

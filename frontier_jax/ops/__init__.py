@@ -186,7 +186,7 @@ MIX_NORM_PROJECTION = declare(
             "x, x0, mix, w, skip, sw, inv, dxo, dq, dk, dv -> dx, dx0, dmix, dw, dskip, dsw", forward_only="widths"))
 ADAM = declare("adam_update", ref.adam_update, static=("b1", "b2", "eps", "weight_decay"),
                adapter=KernelAdapter(_adam_kernel_args, _adam_kernel_outs), unused_reason=_UNFUSED)
-MUON = declare("muon_update", ref.muon_update, static=("ns_steps", "ns_dtype", "weight_decay"),
+MUON = declare("muon_update", ref.muon_update, static=("ns_steps", "ns_dtype", "weight_decay", "shape_scale"),
                unused_reason=_UNFUSED)
 
 OPS = tuple(s.name for s in (RMS_NORM, QK_ATTENTION, NORM_MLP, EMBED, HEAD_LOSS, PROJECTION, MIX_NORM_PROJECTION,
@@ -381,7 +381,8 @@ def adam_update(p, g, m, v, scal_P4, *, b1: float, b2: float, eps: float, weight
                 weight_decay=float(weight_decay))
 
 
-def muon_update(p_IO, g_IO, buf_IO, scal_P2, *, ns_steps: int, ns_dtype: str, weight_decay: float = 0.0):
-    """(p', buf') of one [in, out] matrix; reference.muon_update (weight_decay: decoupled, p' = p - lr (u + wd p))."""
+def muon_update(p_IO, g_IO, buf_IO, scal_P2, *, ns_steps: int, ns_dtype: str, weight_decay: float = 0.0,
+                shape_scale: str = "update"):
+    """(p', buf') of one [in, out] matrix, the momentum in buf's dtype (float32 or bfloat16); reference.muon_update."""
     return MUON("fwd", p_IO, g_IO, buf_IO, scal_P2, ns_steps=int(ns_steps), ns_dtype=str(ns_dtype),
-                weight_decay=float(weight_decay))
+                weight_decay=float(weight_decay), shape_scale=str(shape_scale))

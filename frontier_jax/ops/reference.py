@@ -565,32 +565,61 @@ NS_EPS = 1e-7
 
 
 def newton_schulz(g_RC: jax.Array, steps: int, dtype) -> jax.Array:
-    """Orthogonalise a matrix in PyTorch [rows, cols] orientation exactly as the baseline's
-    zeropower_via_newtonschulz5: Frobenius-normalise, transpose if tall, 5 quintic iterations."""
+    """Orthogonalise a matrix in PyTorch [rows, cols] orientation as the record's zeropower_via_newtonschulz5
+    computes it in torch: Frobenius-normalise, transpose if tall, 5 quintic iterations, every product and sum
+    rounded to `dtype` once, the coefficients and eps in fp32 (torch multiplies a bf16 tensor by a Python float in
+    fp32; JAX's weak typing would round them to bf16 first), the matmuls accumulated in fp32. The baseline's
+    differs in one rounding point: its `c * A @ A` is (c A) A, here c (A A), the record's."""
     a, b, c = NS_COEFFS
-    x = g_RC.astype(dtype)
-    x = x / (jnp.linalg.norm(x.astype(jnp.float32)).astype(dtype) + NS_EPS)
+    f32, dt = jnp.float32, jnp.dtype(dtype)
+    scaled = lambda k, v: (k * v.astype(f32)).astype(dt)  # a bf16 tensor times a Python float, as torch
+    added = lambda u, v: (u.astype(f32) + v.astype(f32)).astype(dt)
+    dot = lambda u, v: jnp.dot(u, v, preferred_element_type=f32).astype(dt)
+    x = g_RC.astype(dt)
+    norm = (jnp.linalg.norm(x.astype(f32)).astype(dt).astype(f32) + NS_EPS).astype(dt)
+    x = (x.astype(f32) / norm.astype(f32)).astype(dt)
     transposed = g_RC.shape[0] > g_RC.shape[1]
     if transposed:
         x = x.T
     for _ in range(steps):
-        a_RR = x @ x.T
-        b_RR = b * a_RR + c * (a_RR @ a_RR)
-        x = a * x + b_RR @ x
+        a_RR = dot(x, x.T)
+        b_RR = added(scaled(b, a_RR), scaled(c, dot(a_RR, a_RR)))
+        x = added(scaled(a, x), dot(b_RR, x))
     return x.T if transposed else x
 
 
-def muon_direction(g_IO, buf_IO, momentum, ns_steps: int, ns_dtype):
-    """(u_IO float32, buf') of Muon for one [in, out] matrix: buf' = momentum buf + g, Nesterov
-    g + momentum buf', Newton-Schulz on the PyTorch orientation [out, in] (so the transposition choice
-    and the scale sqrt(max(1, out/in)) are the baseline's), rounded to `ns_dtype` as its update buffer."""
+def muon_momentum(g_IO, buf_IO, momentum):
+    """(buf', Nesterov g + momentum buf' as float32) of Muon's momentum, in the buffer's dtype: float32 (the
+    baseline: fp32 until Newton-Schulz) or bfloat16 (the record's Muon, train_gpt.py:232-240: the gradient rounded
+    to bf16, buf' = bf16(bf16(momentum buf) + g) with a rounding after each op, the Nesterov sum rounded to bf16
+    once with the momentum in fp32, as torch's CUDA `g.add(buf, alpha=momentum)` computes it; its CPU kernel
+    rounds alpha to bf16 first)."""
+    if buf_IO.dtype == jnp.float32:
+        g32 = g_IO.astype(jnp.float32)
+        buf_IO = momentum * buf_IO + g32
+        return buf_IO, g32 + momentum * buf_IO
+    dt = buf_IO.dtype
+    g32 = g_IO.astype(dt).astype(jnp.float32)
+    scaled = (momentum * buf_IO.astype(jnp.float32)).astype(dt).astype(jnp.float32)
+    buf_IO = (scaled + g32).astype(dt)
+    return buf_IO, (g32 + momentum * buf_IO.astype(jnp.float32)).astype(dt).astype(jnp.float32)
+
+
+def muon_direction(g_IO, buf_IO, momentum, ns_steps: int, ns_dtype, shape_scale: str = "update"):
+    """(u_IO float32, buf') of Muon for one [in, out] matrix: the momentum in the buffer's dtype
+    (`muon_momentum`), Newton-Schulz on the PyTorch orientation [out, in] (so the transposition choice and the
+    scale sqrt(max(1, out/in)) are the baseline's), and the shape scale: "update" multiplies the Newton-Schulz
+    output, rounded to `ns_dtype` (the baseline's update buffer); "lr" multiplies it in float32, as the record
+    puts the scale into its learning rate (train_gpt.py:253)."""
     dtype = jnp.dtype(ns_dtype)
-    g32 = g_IO.astype(jnp.float32)
-    buf_IO = momentum * buf_IO + g32
-    o_RC = newton_schulz((g32 + momentum * buf_IO).T, ns_steps, dtype)
+    buf_IO, ge_IO = muon_momentum(g_IO, buf_IO, momentum)
+    o_RC = newton_schulz(ge_IO.T, ns_steps, dtype)
     rows, cols = o_RC.shape
-    o_RC = o_RC * max(1.0, rows / cols) ** 0.5
-    return o_RC.T.astype(dtype).astype(jnp.float32), buf_IO
+    scale = max(1.0, rows / cols) ** 0.5
+    if shape_scale == "lr":
+        return o_RC.T.astype(jnp.float32) * scale, buf_IO
+    o_RC = (o_RC.astype(jnp.float32) * scale).astype(dtype)  # the NS dtype's update times a Python float, as torch
+    return o_RC.T.astype(jnp.float32), buf_IO
 
 
 def adam_update(p, g, m, v, scal_P4, *, b1, b2, eps, weight_decay):
@@ -606,12 +635,29 @@ def adam_update(p, g, m, v, scal_P4, *, b1, b2, eps, weight_decay):
     return jnp.asarray(p + u).astype(p.dtype), m2.astype(m.dtype), v2.astype(v.dtype)
 
 
-def muon_update(p_IO, g_IO, buf_IO, scal_P2, *, ns_steps, ns_dtype, weight_decay=0.0):
-    """(p', buf'): optim.scale_by_muon (+ add_decayed_weights) -> x (-lr) -> apply_updates, op for op; scal_P2 rows
-    [lr, momentum]. weight_decay: decoupled, as `adam_update`'s: p' = p - lr (u + wd p)."""
+def muon_update(p_IO, g_IO, buf_IO, scal_P2, *, ns_steps, ns_dtype, weight_decay=0.0, shape_scale="update"):
+    """(p', buf'): optim.scale_by_muon -> add_decayed_weights -> x (-lr) -> apply_updates, op for op; scal_P2
+    rows [lr, momentum]; the buffer's dtype is the momentum's (`muon_momentum`)."""
     lr, mom = scal_P2[0, 0], scal_P2[0, 1]
-    u, buf_IO = muon_direction(g_IO, buf_IO, mom, ns_steps, ns_dtype)
+    u, buf_IO = muon_direction(g_IO, buf_IO, mom, ns_steps, ns_dtype, shape_scale)
     if weight_decay:
-        u = u + weight_decay * p_IO
+        u = u + weight_decay * p_IO.astype(jnp.float32)
     u = (-lr * u).astype(u.dtype)
     return jnp.asarray(p_IO + u).astype(p_IO.dtype), buf_IO
+
+
+# ----------------------------------------------------------------------------- late QAT
+
+QAT_LEVELS = (-32, 31)  # the record's fake-quantization grid (train_gpt.py:548-550: clamp to [-32, 31])
+QAT_SCALE_DIV = 31.0  # scale = max |w| of the output row / 31, floored at 1 / 31
+
+
+def fake_int6(w_IO: jax.Array, dt) -> jax.Array:
+    """The record's CastedLinear late QAT (train_gpt.py:541-553) for a weight stored [in, out], in dt: per output
+    channel (the record's row of [out, in]) scale = max(max |w| / 31, 1 / 31), w_q = clamp(round(w / scale), -32,
+    31) * scale (round half to even, as torch.round), and the straight-through w + stop_gradient(w_q - w)."""
+    w32 = w_IO.astype(jnp.float32)
+    scale_O = jnp.maximum(jnp.max(jnp.abs(w32), axis=0) / QAT_SCALE_DIV, 1.0 / QAT_SCALE_DIV)
+    q = (jnp.clip(jnp.round(w32 / scale_O), *QAT_LEVELS) * scale_O).astype(dt)
+    w = w_IO.astype(dt)
+    return w + jax.lax.stop_gradient(q - w)

@@ -1,7 +1,7 @@
 """The schedules both trainers follow, as plain functions of the optimizer config and the run's clock:
-the learning-rate multiplier (constant, then a linear warmdown by steps or by the remaining time budget)
-and Muon's momentum warm-up. The driver (`frontier_jax.run.driver`) computes them before every step and
-hands them to the trainer's step as runtime scalars (`frontier_jax.optim`: optax's extra args, or the fused
+the learning-rate multiplier (constant, then a linear warmdown by steps or by the remaining time budget),
+Muon's momentum warm-up and late QAT's switch. The driver (`frontier_jax.run.driver`) computes them before every
+step and hands them to the trainer's step as runtime scalars (`frontier_jax.optim`: optax's extra args, or the fused
 kernels' operands), so a schedule never recompiles. No JAX."""
 
 from __future__ import annotations
@@ -32,3 +32,9 @@ def lr_scale(cfg: OptimConfig, step: int, elapsed_s: float, budget_s: float, max
     warmdown_s = w * step_s
     remaining_s = max(budget_s - elapsed_s, 0.0)
     return remaining_s / max(warmdown_s, 1e-9) if remaining_s <= warmdown_s else 1.0
+
+
+def late_qat_due(cfg: OptimConfig, lr_scale: float) -> bool:
+    """Whether late QAT switches on before a step of this lr scale (the record's train_gpt.py:1676-1678: when the
+    scale is below optim.late_qat_threshold > 0; the driver keeps it on from then on)."""
+    return cfg.late_qat_threshold > 0 and lr_scale < cfg.late_qat_threshold

@@ -1,12 +1,12 @@
 """curves.png: what a run's metrics.jsonl says, drawn so that it cannot mislead (no JAX; matplotlib).
 
 The periodic validations (on at most `train.val_max_tokens` tokens, a subset), the final validation (the
-full val split), the artifact's round trip and its sliding windows (the full split again, on the artifact's
-weights) are separate series with their token counts in the legend, never one line: a subset and the full split are
-different measurements (a periodic validation that covered the whole split, as in the demo, says so). Every
-point is marked, so a run of a few steps is readable; token counts read 200k, 1.5M; values are plain (no
-offset such as "+2.86" above the axis). The figure is titled with the run's name and the settings in which it
-differs from its config file (`overrides`: `--set`, `--budget`, `--seed`; the data paths left out).
+full val split), the artifact's round trip, its sliding windows and its test-time training (the full split again,
+from the artifact's weights) are separate series with their token counts in the legend, never one line: a subset
+and the full split are different measurements (a periodic validation that covered the whole split, as in the demo,
+says so). Every point is marked, so a run of a few steps is readable; token counts read 200k, 1.5M; values are
+plain (no offset such as "+2.86" above the axis). The figure is titled with the run's name and the settings in
+which it differs from its config file (`overrides`: `--set`, `--budget`, `--seed`; the data paths left out).
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def run_overrides(run_dir: Path, config_name: str | None) -> list[str]:
 def curve_series(rows: list[dict]) -> dict[str, dict]:
     """The series curves.png draws, from metrics.jsonl rows: "train" (loss per step), "val_periodic" (the
     periodic validations, on at most train.val_max_tokens tokens), "val_final" (the final validation,
-    the full val split), "roundtrip" and, when the run has it, "sliding" (the artifact's full-split scores).
+    the full val split), "roundtrip" and, when the run has them, "sliding" and "ttt" (the artifact's full-split
+    scores).
     Each: label, panel ("loss" or "bpb"), and the points' train_seconds, tokens and values."""
     def series(sel, key, label, panel):
         return {"label": label, "panel": panel, "train_seconds": [r["train_seconds"] for r in sel],
@@ -64,6 +65,7 @@ def curve_series(rows: list[dict]) -> dict[str, dict]:
     final = [r for r in rows if r.get("kind") == "val" and r.get("final")]
     rt = [r for r in rows if r.get("kind") == "roundtrip"]
     sliding = [r for r in rows if r.get("kind") == "sliding"]
+    ttt = [r for r in rows if r.get("kind") == "ttt"]
 
     def count(sel):
         n = sorted({r.get("val_tokens") for r in sel if r.get("val_tokens")})
@@ -78,7 +80,8 @@ def curve_series(rows: list[dict]) -> dict[str, dict]:
             "val_periodic": series(periodic, "bpb", f"periodic val ({part}: {tokens_of(periodic)})", "bpb"),
             "val_final": series(final, "bpb", f"final val (full split: {tokens_of(final)})", "bpb"),
             "roundtrip": series(rt, "bpb", "artifact round trip (full split)", "bpb"),
-            **({"sliding": series(sliding, "bpb", "artifact, sliding windows (full split)", "bpb")} if sliding else {})}
+            **({"sliding": series(sliding, "bpb", "artifact, sliding windows (full split)", "bpb")} if sliding else {}),
+            **({"ttt": series(ttt, "bpb", "artifact, score-first TTT (full split)", "bpb")} if ttt else {})}
 
 
 def plot_run(rows: list[dict], path: Path, title: str = "") -> None:
@@ -93,7 +96,7 @@ def plot_run(rows: list[dict], path: Path, title: str = "") -> None:
     series = curve_series(rows)
     styles = {"train": dict(lw=0.8), "val_periodic": dict(marker="o", ls="-", ms=4),
               "val_final": dict(marker="*", ls="none", ms=12), "roundtrip": dict(marker="x", ls="none", ms=9),
-              "sliding": dict(marker="+", ls="none", ms=11)}
+              "sliding": dict(marker="+", ls="none", ms=11), "ttt": dict(marker="D", ls="none", ms=6)}
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     for col, xkey, xlabel in ((0, "train_seconds", "training time (s)"), (1, "tokens", "tokens")):
         for row, panel, ylabel in ((0, "loss", "train loss (nats/token)"), (1, "bpb", "val bits/byte")):

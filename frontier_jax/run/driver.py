@@ -27,8 +27,9 @@ lifecycle, frontier_jax.run.startup) before its set-up, so a signal is never los
       processes `Trainer.agree` makes every process take process 0's clock and any process's signal;
    c. a periodic validation when due (`val_due`: every `val_every_steps` steps, never at the first
       step of an invocation); its time is not counted;
-   d. the schedules (`lr_scale`, `muon_momentum`) at the current step and elapsed time, the hooks'
-      `before_step`, one train step;
+   d. the schedules (`lr_scale`, `muon_momentum`) at the current step and elapsed time; late QAT switched on
+      (for good: `RunState.late_qat_step`, checkpointed) when that lr scale is below
+      optim.late_qat_threshold; the hooks' `before_step`, one train step;
    e. a periodic checkpoint when due (`checkpoint_due`): the step's metrics are read first, and a
       diverged step is never saved; the save's time is not counted; a save that fails (BadInput,
       e.g. a full disk) stops the run ("checkpoint not written");
@@ -36,7 +37,8 @@ lifecycle, frontier_jax.run.startup) before its set-up, so a signal is never los
    non-finite loss, so the last finite one stays; saving a step that is already saved is the
    trainer's no-op); unless interrupted, diverged or unsaved, the final evaluation pipeline
    (`frontier_jax.run.final`: the final validation over the whole val split, the artifact, its round trip
-   and sliding windows, scored by the same `eval_sums`; a signal stops it at once); the summary
+   and sliding windows, scored by the same `eval_sums`, and test-time training, `ttt_sums`; a signal stops it
+   at once); the summary
    (`Trainer.write_summary`, logged as a table); a failed save is raised last (exit 2).
 """
 
@@ -50,7 +52,7 @@ import time
 from frontier_jax.config import Config, OptimConfig
 from frontier_jax.contest import limits
 from frontier_jax.errors import BadInput, describe_os_error
-from frontier_jax.policies.schedules import lr_scale, muon_momentum
+from frontier_jax.policies.schedules import late_qat_due, lr_scale, muon_momentum
 from frontier_jax.policies.scoring import val_result
 from frontier_jax.run import rundir
 from frontier_jax.run.endings import (FINAL_VAL_INTERRUPTED, STOP_NONFINITE, STOP_REQUESTED, STOP_SAVE_FAILED,
@@ -180,9 +182,9 @@ def _record(trainer: Trainer, plugins: list[RunHook], state: RunState, pending: 
 
 def _validate(trainer: Trainer, state: RunState, max_tokens: int, final: bool = False, kind: str = "val",
               **geometry) -> dict:
-    """Evaluation sums (`geometry`: the eval windows' seq_len / stride where not the training validation's) and
-    their metrics row."""
-    v = val_result(trainer.eval_sums(max_tokens, **geometry))
+    """Evaluation sums (`geometry`: the eval windows' seq_len / stride where not the training validation's; kind
+    "ttt": the test-time training pass, `Trainer.ttt_sums`) and their metrics row."""
+    v = val_result(trainer.ttt_sums() if kind == "ttt" else trainer.eval_sums(max_tokens, **geometry))
     trainer.metrics(kind=kind, step=state.step, tokens=state.tokens, train_seconds=state.train_seconds,
                     loss=v["loss"], bpb=v["bpb"], val_tokens=v["tokens"], **({"final": True} if final else {}))
     return v
@@ -216,9 +218,13 @@ def _timed_loop(policy: Policy, trainer: Trainer, plugins: list[RunHook], s: Run
             elapsed = s.train_seconds
         scale = lr_scale(policy.optim, s.step, elapsed, policy.budget_seconds, policy.max_steps)
         mom = muon_momentum(policy.optim, s.step)
+        if s.late_qat_step is None and late_qat_due(policy.optim, scale):
+            s.late_qat_step = s.step
+            trainer.log(f"late QAT on from step {s.step + 1} (lr scale {scale:.4f} < optim.late_qat_threshold="
+                        f"{policy.optim.late_qat_threshold})")
         for h in plugins:
             h.before_step(s)
-        handle = trainer.train_step(scale, mom)
+        handle = trainer.train_step(scale, mom, s.late_qat_step is not None)
         s.step += 1
         s.tokens += policy.tokens_per_step
         pending = dict(step=s.step, handle=handle, lr_scale=scale, momentum=mom, tokens=s.tokens, train_seconds=clock(),
@@ -270,6 +276,7 @@ def _finish(trainer: Trainer, policy: Policy, s: RunState, summary_base: dict,
     summary = {**summary_base, "steps": s.step, "tokens": s.tokens, "train_seconds": s.train_seconds,
                "tokens_per_second": s.tokens / s.train_seconds if s.train_seconds > 0 else None,
                "final_train_loss": s.final_loss, "stop_reason": s.stop_reason,
+               **({"late_qat_step": s.late_qat_step} if s.late_qat_step is not None else {}),
                **trainer.summary_fields()}
     if save_error is not None:
         summary["error"] = str(save_error)

@@ -9,7 +9,9 @@
 4. the round trip: non-overlapping windows of eval.seq_len on the artifact's dequantized weights
    (`final_int8_zlib_roundtrip` / `final_int6_roundtrip` and their `_exact` lines);
 5. with eval.stride > 0, sliding windows at that stride on the same weights, every target scored exactly once
-   (`final_int8_zlib_sliding_window` / `final_int6_sliding_window`, `stride:N`, and `_exact`).
+   (`final_int8_zlib_sliding_window` / `final_int6_sliding_window`, `stride:N`, and `_exact`);
+6. with ttt.enabled, score-first test-time training from the same dequantized weights (`Trainer.ttt_sums`,
+   frontier_jax.ttt: the record's progress lines, then `legal_ttt` and `legal_ttt_exact`).
 
 Which of those lines is the run's score is eval.score (summary.json `score`: the line's name, loss and bpb).
 Every evaluation returns sums (the trainer's `eval_sums`, the training forward). Each stage's sums are recorded
@@ -24,13 +26,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from frontier_jax.config import ARTIFACT_LINES, SCORE_STAGES, Config
+from frontier_jax.config import Config, line_name
 from frontier_jax.errors import BadInput, describe_os_error
 from frontier_jax.policies.scoring import val_result
 from frontier_jax.contest import limits
 from frontier_jax.run import roundtrip, rundir
 
 STAGES = rundir.FINAL_STAGES  # the records of `Trainer.record_final`, in pipeline order
+TTT_FIELDS = tuple(rundir.TTT_RECORD)  # what the TTT stage records beside its sums (summary.json: ttt_<field>)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,16 +44,17 @@ class FinalPlan:
     seq_len: int = 0  # T of the round trip and the sliding windows when it is not train.seq_len (0: the same)
     stride: int = 0  # eval.stride (0: no sliding-window line)
     score: str = "roundtrip"  # eval.score
+    ttt: bool = False  # ttt.enabled: the TTT stage after the sliding windows
 
     @classmethod
     def from_config(cls, cfg: Config) -> FinalPlan:
         T = cfg.eval_seq_len
         return cls(artifact=cfg.eval.artifact, seq_len=0 if T == cfg.train.seq_len else T, stride=cfg.eval.stride,
-                   score=cfg.eval.score)
+                   score=cfg.eval.score, ttt=cfg.ttt.enabled)
 
     def line(self, stage: str) -> str:
-        """The name of a stage's score line (`roundtrip`, `sliding`), e.g. final_int6_sliding_window."""
-        return ARTIFACT_LINES[self.artifact] + SCORE_STAGES[stage]
+        """The name of a stage's score line (`roundtrip`, `sliding`, `ttt`), e.g. final_int6_sliding_window."""
+        return line_name(self.artifact, stage)
 
     def geometry(self, sliding: bool = False) -> dict:
         """The keyword arguments of `Trainer.eval_sums` for the round trip (or the sliding windows): none where
@@ -60,7 +64,11 @@ class FinalPlan:
 
     def stages(self) -> tuple[str, ...]:
         """The stages this plan needs before the run counts as finished."""
-        return STAGES if self.stride else STAGES[:3]
+        return STAGES[:2] + self.evaluations()
+
+    def evaluations(self) -> tuple[str, ...]:
+        """The evaluations of the artifact's weights, in order: the round trip, the sliding windows, TTT."""
+        return ("roundtrip",) + (("sliding",) if self.stride else ()) + (("ttt",) if self.ttt else ())
 
 
 def run_final(trainer, plan: FinalPlan, validate: Callable[..., dict], summary: dict) -> None:
@@ -84,9 +92,12 @@ def run_final(trainer, plan: FinalPlan, validate: Callable[..., dict], summary: 
 
     def timed(kind: str, **kw) -> dict:
         v = roundtrip.timed(lambda: validate(kind, **kw))
-        return {k: v[k] for k in ("nll_sum_nats", "tokens", "bytes", "eval_seconds")}
+        return {k: v[k] for k in ("nll_sum_nats", "tokens", "bytes", "eval_seconds", *TTT_FIELDS) if k in v}
 
-    label = trainer.final_weights() or "trained"
+    label = trainer.final_weights()  # averaged weights (the EMA) in place of the trained ones, if any
+    if label is not None:
+        trainer.log(f"final evaluation on the {label} weights")
+    label = label or "trained"
     try:
         if "val" not in records:
             record("val", timed("val", final=True))
@@ -110,7 +121,7 @@ def run_final(trainer, plan: FinalPlan, validate: Callable[..., dict], summary: 
 def _artifact_stages(trainer, plan: FinalPlan, timed, record, records: dict, summary: dict) -> None:
     """The artifact and the evaluations of its weights that are missing (`Trainer.roundtrip`); each logged with
     the lines of the script that defines it and recorded as it is done."""
-    stages = ("roundtrip", "sliding") if plan.stride else ("roundtrip",)
+    stages = plan.evaluations()
 
     def evaluate(info: dict | None = None) -> dict:
         summary.setdefault("artifact_format", plan.artifact)  # (the score lines' names)
@@ -153,3 +164,4 @@ def _enter(summary: dict, plan: FinalPlan, stage: str, fields: dict) -> None:
         summary[f"{stage}_eval_seconds"] = fields["eval_seconds"]
     if stage == "sliding":
         summary["sliding_stride"] = plan.stride
+    summary.update({f"ttt_{k}": fields[k] for k in TTT_FIELDS if k in fields})

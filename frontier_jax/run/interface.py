@@ -12,6 +12,7 @@ defaults here, which a class that names `Trainer` as its base inherits:
 - more summary entries: `summary_fields` returns {};
 - the artifact and its round trip: `roundtrip` returns None (none is run);
 - averaged weights for the final evaluation: `final_weights` returns None (the trained weights are scored);
+- score-first test-time training (ttt.enabled): `ttt_sums` raises (a trainer without it refuses such a config);
 - finishing a run's final steps on a resume: `final_records` returns {} and `record_final` keeps nothing.
 
 Plug-ins (the n-gram runtime, progress lines, a compile watch) are `RunHook`s the trainer lists in
@@ -37,6 +38,7 @@ class RunState:
     final_loss: float = math.nan
     stop_reason: str | None = None
     saved_step: int | None = None  # the newest step with a checkpoint (resumed from, or saved)
+    late_qat_step: int | None = None  # the step late QAT switched on at (optim.late_qat_threshold), or None: off
 
 
 class RunHook:
@@ -69,8 +71,9 @@ class Trainer(Protocol):
     checkpoints: bool = False
     """Whether the trainer saves checkpoints: only then does the driver call `save` and `discard`."""
 
-    def train_step(self, lr_scale: float, momentum: float) -> Any:
-        """One step on the next batch; returns a handle of its metrics (the step may still be running)."""
+    def train_step(self, lr_scale: float, momentum: float, qat: bool = False) -> Any:
+        """One step on the next batch; returns a handle of its metrics (the step may still be running). `qat`: the
+        late-QAT flag of the step's forward (a trainer without late QAT refuses a config that sets it)."""
         ...
 
     def read_metrics(self, handle: Any) -> tuple[float, float]:
@@ -150,6 +153,12 @@ class Trainer(Protocol):
         """Put in place the weights the final evaluation scores when they are not the trained ones (averaged
         weights) and return their label for the DIAGNOSTIC line; None (the default): the trained weights."""
         return None
+
+    def ttt_sums(self) -> dict:
+        """Score-first test-time training (frontier_jax.ttt) from the weights in place (the final pipeline: the
+        artifact's, inside `roundtrip`): the sums of every target it scored, plus the TTT record
+        (`rundir.TTT_RECORD`), its log written to <run>/ttt.jsonl. Called only with ttt.enabled."""
+        raise NotImplementedError(f"{type(self).__name__} has no test-time training")
 
     def final_records(self) -> dict:
         """The final stages an earlier invocation recorded for the resumed checkpoint ({stage: sums or artifact

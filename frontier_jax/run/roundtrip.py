@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from frontier_jax.config import ARTIFACT_LINES, SCORE_STAGES
+from frontier_jax.config import line_name
 from frontier_jax.contest import codebytes
 
 FORMAT_LABELS = {"int8_zlib": "int8+zlib", "int6_lzma": "int6+lzma"}  # eval.artifact as the size lines name it
@@ -72,14 +72,16 @@ def timed(evaluate) -> dict:
 
 
 def stage_lines(f: dict, stage: str) -> list[str]:
-    """The score lines of one final stage (`roundtrip`, `sliding`) of a summary: the official script's two final
-    lines for the int8+zlib artifact's round trip, the record's `final_int6_*` lines for int6+lzma."""
-    name = ARTIFACT_LINES[f.get("artifact_format", "int8_zlib")] + SCORE_STAGES[stage]
+    """The score lines of one final stage (`roundtrip`, `sliding`, `ttt`) of a summary: the official script's two
+    final lines for the int8+zlib artifact's round trip, the record's `final_int6_*` lines for int6+lzma, its
+    `legal_ttt` lines for test-time training."""
+    name = line_name(f.get("artifact_format", "int8_zlib"), stage)
     return score_lines(name, f[f"{stage}_val_loss"], f[f"{stage}_val_bpb"], f[f"{stage}_eval_seconds"],
                        f"stride:{f['sliding_stride']}" if stage == "sliding" else "", f.get("rules_tag", ""))
 
 
 def roundtrip_lines(f: dict) -> list[str]:
-    """The final score lines of a summary: its round trip's, then its sliding windows' when it has them."""
-    return [line for stage in ("roundtrip", "sliding") if f.get(f"{stage}_val_bpb") is not None
+    """The final score lines of a summary: its round trip's, then its sliding windows' and its TTT's when it has
+    them."""
+    return [line for stage in ("roundtrip", "sliding", "ttt") if f.get(f"{stage}_val_bpb") is not None
             for line in stage_lines(f, stage)]

@@ -9,7 +9,8 @@ It imports no JAX (numpy, and matplotlib for the plot), so both trainers write t
     kernels.json   the kernel table (JAX trainer)
     train.log      everything the run printed
     metrics.jsonl  one JSON object per train step (kind=train), validation (kind=val; the final one
-                   final=true), round-trip validation (kind=roundtrip) or sliding-window one (kind=sliding)
+                   final=true), round-trip validation (kind=roundtrip), sliding-window one (kind=sliding) or
+                   test-time training pass (kind=ttt)
     final_steps.json  the final pipeline's stages done so far (frontier_jax.run.final; a resume runs the rest)
     summary.json   the run policy's summary (frontier_jax.run.driver); summary.txt the same as a table
     curves.png     train loss and val bpb (periodic subset, final full split, round trip; frontier_jax.run.curves)
@@ -46,7 +47,7 @@ from pathlib import Path
 
 from frontier_jax.run import curves
 from frontier_jax.run.roundtrip import FORMAT_LABELS
-from frontier_jax.config import Config, load_run_config
+from frontier_jax.config import TTT_LINE, Config, load_run_config
 from frontier_jax.data import files
 from frontier_jax.data.shards import DataError, atomic_write_text  # noqa: F401 - the one atomic text writer
 from frontier_jax.errors import BadInput
@@ -219,15 +220,20 @@ class Signals:
     its start-up phases).
 
     The first signal prints what will happen (`stopping`, set by the run for its current phase); later
-    ones are ignored with a line until that is done (SIGKILL still ends the process at once). With
+    ones are ignored with a line until that is done (SIGKILL still ends the process at once), except before
+    training starts: there nothing is to be saved, so a second signal runs `discard` (set by the start-up: a
+    run directory it created is removed) and ends the process at once (exit 128 + its number) instead of
+    waiting for a warm-up step, which on a slow device can take minutes. With
     `interrupt` set (the final validation, after the last checkpoint is saved) a signal also raises
     KeyboardInterrupt, so the run stops at once instead of finishing the evaluation."""
 
     HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    BEFORE_TRAINING = "stopping before training starts; nothing to save"
 
     def __init__(self):
         self.received: str | None = None
-        self.stopping = "stopping before training starts; nothing to save"
+        self.stopping = self.BEFORE_TRAINING
+        self.discard = None  # what a second signal before training runs before it exits (a new run directory removed)
         self.interrupt = False
         self._old = {}
 
@@ -241,6 +247,11 @@ class Signals:
 
     def _handle(self, signum, frame):
         name = signal.Signals(signum).name
+        if self.received and not self.interrupt and self.stopping == self.BEFORE_TRAINING:
+            os.write(2, f"{name} again: exiting before training starts (nothing to save)\n".encode())
+            if self.discard is not None:
+                self.discard()
+            os._exit(128 + signum)
         if self.received:
             msg = f"{name} again: still {self.stopping} (SIGKILL would end it without that)"
         else:
@@ -337,7 +348,8 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
     label = FORMAT_LABELS.get(fmt, fmt)
     size = "-" if sub is None else (f"{sub:,} bytes = {summary['artifact_bytes']:,} {label} model + "
                                     f"{summary['code_bytes']:,} code")
-    sliding = (summary.get("score") or {}).get("line", "").endswith("_sliding_window")  # else the round trip scores
+    line = (summary.get("score") or {}).get("line", "")
+    sliding, ttt = line.endswith("_sliding_window"), line == TTT_LINE  # else the round trip scores
 
     def scored(stage_is_score: bool) -> str:
         return f": the score under the rules profile {summary.get('rules_profile') or '-'}" if stage_is_score else ""
@@ -355,10 +367,15 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
         ("final train loss", f("final_train_loss", "{:.4f}")),
         ("val loss", f("val_loss", "{:.4f}")),
         ("val bpb", f("val_bpb", "{:.4f}") + " (full val split, trained weights)"),
-        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + f" ({label} artifact{scored(not sliding)})"),
+        ("round-trip val bpb", f("roundtrip_val_bpb", "{:.4f}") + f" ({label} artifact{scored(not (sliding or ttt))})"),
         *([("sliding val bpb", f("sliding_val_bpb", "{:.4f}") + f" (stride {summary.get('sliding_stride')}, {label} "
                                                                 f"artifact{scored(sliding)})")]
           if summary.get("sliding_val_bpb") is not None else []),
+        *([("TTT val bpb", f("ttt_val_bpb", "{:.4f}") + f" (score-first test-time training from the {label} artifact"
+                                                        f"{scored(ttt)}; a full val split pass: about "
+                                                        f"{f('ttt_estimate_full_val_seconds', '{:.0f}')} s on "
+                                                        f"{f('ttt_hardware')})")]
+          if summary.get("ttt_val_bpb") is not None else []),
         ("submission size", size),
         ("rules", "-" if not summary.get("rules_profile") else
          f"{summary.get('rules_line') or summary['rules_profile']} (every rule: python -m frontier_jax.submission "
@@ -447,11 +464,14 @@ def write_final_steps(run_dir, step: int, records: dict) -> None:
 
 
 _SUMS = {"nll_sum_nats": float, "tokens": int, "bytes": int, "eval_seconds": float}
+# the TTT stage's record beside its sums: the estimated seconds of a TTT pass over the full FineWeb val split at the
+# run's measured speed, on the hardware named (frontier_jax.ttt)
+TTT_RECORD = {"estimate_full_val_seconds": float, "hardware": str}
 FINAL_STEPS_SCHEMA = {"step": int, "stages": {
-    "val?": _SUMS, "roundtrip?": _SUMS, "sliding?": _SUMS,
+    "val?": _SUMS, "roundtrip?": _SUMS, "sliding?": _SUMS, "ttt?": {**_SUMS, **TTT_RECORD},
     "artifact?": {"artifact_format": str, "artifact": str, "artifact_bytes": int, "code_bytes": int,
                   "submission_bytes": int}}}
-FINAL_STAGES = ("val", "artifact", "roundtrip", "sliding")  # frontier_jax.run.final.STAGES
+FINAL_STAGES = ("val", "artifact", "roundtrip", "sliding", "ttt")  # frontier_jax.run.final.STAGES
 
 
 def read_final_steps(run_dir, step: int) -> dict:

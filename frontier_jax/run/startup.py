@@ -68,6 +68,8 @@ def start_run(out_dir: Path, resume: bool, log: RunLog, setup: Callable[[Callabl
             if signals.received:
                 return stopped_before_training(start)
             lock, start.created = claim(prepared) if claim else rundir.claim_run_dir(out_dir, resume)
+            if start.created:
+                signals.discard = lambda: shutil.rmtree(out_dir, ignore_errors=True)
             try:
                 return body(prepared, start)
             except InterruptedBeforeTraining:

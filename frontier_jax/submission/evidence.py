@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from frontier_jax.data.shards import DataError
+from frontier_jax.data.shards import DataError, atomic_write_text
 from frontier_jax.ngram.runtime import RECORD_FILE, ngram_dir
 
 TTT_LOG = "ttt.jsonl"
@@ -44,6 +44,15 @@ class TTTEvent:
     event: str
     first: int
     last: int
+
+
+def write_ttt_log(run_dir, events: list[dict]) -> None:
+    """<run>/ttt.jsonl from a TTT pass's events (dicts with exactly TTT_KEYS, in the order they happened), written
+    to a temporary name and renamed."""
+    bad = next((e for e in events if sorted(e) != sorted(TTT_KEYS) or e["event"] not in (SCORE, TRAIN)), None)
+    if bad is not None:
+        raise ValueError(f"a TTT event must have exactly the keys {', '.join(TTT_KEYS)}: {bad}")
+    atomic_write_text(Path(run_dir) / TTT_LOG, "".join(json.dumps({k: e[k] for k in TTT_KEYS}) + "\n" for e in events))
 
 
 def read_ttt_log(run_dir) -> list[TTTEvent] | None:

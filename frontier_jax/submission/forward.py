@@ -162,15 +162,20 @@ def _call_name(cfg: Config, model_fn) -> str:
 
 
 def probe_config(cfg: Config) -> Config:
-    """The run's architecture at a small width and sequence length, float32 (the probes' model)."""
+    """The run's architecture at a small width (a head dim of PROBE_WIDTH_PER_HEAD, or the rotated dims of a partial
+    RoPE when more) and sequence length, float32 (the probes' model); its final evaluation's windows (eval, ttt)
+    are not the probes' and are left out."""
     m = cfg.model
-    model = dataclasses.replace(m, model_dim=m.num_heads * PROBE_WIDTH_PER_HEAD, compute_dtype="float32")
+    model = dataclasses.replace(m, model_dim=m.num_heads * max(PROBE_WIDTH_PER_HEAD, m.rope_dims),
+                                compute_dtype="float32")
     train = dataclasses.replace(cfg.train, seq_len=PROBE_SEQ, tokens_per_step=PROBE_SEQ, micro_batch_seqs=1,
                                 val_max_tokens=0)
     ngram = cfg.ngram
     if ngram.enabled:
         ngram = dataclasses.replace(ngram, table_log2_size=min(ngram.table_log2_size, PROBE_TABLE_LOG2))
-    return dataclasses.replace(cfg, model=model, train=train, ngram=ngram)
+    evaluation = dataclasses.replace(cfg.eval, seq_len=0, stride=0, score="roundtrip")
+    return dataclasses.replace(cfg, model=model, train=train, ngram=ngram, eval=evaluation,
+                               ttt=dataclasses.replace(cfg.ttt, enabled=False))
 
 
 def _random_params(abstract, rng):
