@@ -12,9 +12,9 @@ budget on one trn1 chip, and the evaluation the Trainium contest allows (docs/re
 - Optimizer: the record's learning rates and Muon momentum 0.92 -> 0.99, with the fused Adam / Muon kernels. Its
   step-counted schedule is kept in proportion to the steps a run makes: the record's run made 7,179 steps in its
   600 s (its log), warmdown 3500 (49% of them) and momentum warm-up 1500 (21%); the trn1 step estimate
-  (`python -m frontier_jax.kernel_report --config configs/frontier.py`: 4.22 s a step, about 427 steps in 1800 s)
-  gives warmdown 200 (by wall clock, as the record's) and momentum warm-up 90. (The record's 3500 would start the
-  learning rate at about 12% of its value.)
+  (`python -m frontier_jax.kernel_report --config configs/frontier.py`: 3.08 s a step, about 584 steps in 1800 s)
+  gives warmdown 280 (by wall clock, as the record's) and momentum warm-up 120. (The record's 3500 would start the
+  learning rate at about 17% of its value.)
 - Training: the record's sequences of 2048 and 786,432 tokens per step, 1800 s (the contest's 30 minutes), the
   micro-batch the largest that fits a NeuronCore (train.micro_batch_seqs=0).
 - Evaluation: the record's int6 + lzma artifact, the round trip at 2048 and sliding windows at stride 64, the
@@ -36,7 +36,7 @@ def get_config():
         name="frontier",
         model=recipe(num_layers=14, ve_layers=(12, 13)),
         ngram=dataclasses.replace(cfg.ngram, enabled=True),
-        optim=dataclasses.replace(cfg.optim, fused=True, warmdown_steps=200, muon_momentum_warmup_steps=90),
+        optim=dataclasses.replace(cfg.optim, fused=True, warmdown_steps=280, muon_momentum_warmup_steps=120),
         train=dataclasses.replace(cfg.train, budget_seconds=1800.0, max_steps=20_000, micro_batch_seqs=0),
         eval=dataclasses.replace(cfg.eval, score="sliding"),
         ttt=dataclasses.replace(cfg.ttt, enabled=False),

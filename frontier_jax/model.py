@@ -30,6 +30,10 @@ BIGRAM_SCALE_INIT = 0.05  # BigramHash's output scale at init (the record's)
 VE_SCALE_INIT = 0.1  # the value embeddings' output scale at init (the record's)
 VE_TABLE_INIT_STD = 0.01  # the value-embedding table's init std (the record's)
 ORTHOGONAL_MIN_DIM = 64  # the record's init: a projection with both dims >= this is orthogonal, else zero
+# the recipe's embedding-stage computations run as XLA ops under these names (jax.named_scope), by which the trn1
+# step estimate prices them (frontier_jax.neuron.kernel_calls.glue)
+BIGRAM_HASH, SMEAR_GATE, VALUE_EMBEDDING = "bigram_hash", "smear_gate", "value_embedding"
+RECIPE_XLA_OPS = (BIGRAM_HASH, SMEAR_GATE, VALUE_EMBEDDING)
 
 
 def _torch_linear_init(rngs: nnx.Rngs, fan_in: int, fan_out: int) -> jax.Array:
@@ -148,7 +152,8 @@ class Block(nnx.Module):
             x_BTD, x0_BTD, self.resid_mix[...], attn.c_q[...], attn.c_k[...], attn.c_v[...], skip_BTD, skip_w_D,
             ln_scale=self.ln_scale)
         if ve_BTO is not None:
-            v_BTO = v_BTO + ve_BTO.astype(v_BTO.dtype)
+            with jax.named_scope(VALUE_EMBEDDING):
+                v_BTO = v_BTO + ve_BTO.astype(v_BTO.dtype)
         return ops.out_projection(attn(q_BTO, k_BTO, v_BTO), attn.proj[...], x_BTD, self.attn_scale[...])
 
     def mlp_half(self, x_BTD: jax.Array) -> jax.Array:
@@ -229,21 +234,27 @@ class GPT(nnx.Module):
         dt = self.compute_dtype
         x_BTD = ops.embed(inputs_BT, self.tok_emb[...]).astype(dt)
         if self.bigram is not None:
-            x_BTD = x_BTD + self.bigram(inputs_BT, dt, qat)
+            with jax.named_scope(BIGRAM_HASH):
+                x_BTD = x_BTD + self.bigram(inputs_BT, dt, qat)
         x_BTD = ops.rms_norm(x_BTD)
         if self.smear is not None:
-            x_BTD = ref.smear(x_BTD, self.smear.gate[...])
+            with jax.named_scope(SMEAR_GATE):
+                x_BTD = ref.smear(x_BTD, self.smear.gate[...])
         return x_BTD
 
     def hidden(self, inputs_BT: jax.Array, qat=None) -> jax.Array:
         """Final-normed hidden states [B, T, D] in the compute dtype (`qat`: the late-QAT flag, `__call__`)."""
         x_BTD = x0_BTD = self.embed(inputs_BT, qat)
-        ve_BTO = None if self.ve_shared is None else self.ve_shared(inputs_BT, self.compute_dtype, qat)
+        with jax.named_scope(VALUE_EMBEDDING):
+            ve_BTO = None if self.ve_shared is None else self.ve_shared(inputs_BT, self.compute_dtype, qat)
         ve_index = {layer: k for k, layer in enumerate(self.cfg.ve_layers)}
 
         def ve(layer):  # the shared value embedding times the layer's scale, on the listed layers
             k = ve_index.get(layer)
-            return None if k is None else ve_BTO * self.ve_layer_scales[k][...].astype(ve_BTO.dtype)
+            if k is None:
+                return None
+            with jax.named_scope(VALUE_EMBEDDING):
+                return ve_BTO * self.ve_layer_scales[k][...].astype(ve_BTO.dtype)
 
         skips = []
         for i in range(self.num_encoder_layers):

@@ -13,6 +13,15 @@ QK-norm + RoPE (+ gain) run on chip inside both fused kernels (kernels_nki/atten
 in the forward, `prep_grad` in the backward); this replaces four DMA-bound kernel calls per layer and
 micro-batch (QK-norm of q and k, rope_gain, rope) (docs/kernels/attention.md).
 
+XSA (xsa_on, a compile-time constant of both fused kernels; reference.xsa): o = a - (a . u) u per query head, u =
+v / max(||v||, 1e-12) its kv head's unit value vector, applied to each query tile's o in SBUF before o leaves
+(`attention_parts.xsa_out`: GpSimd products, one VectorE row sum, one VectorE scalar_tensor_tensor per block); the
+forward also writes c = a . u per row (xc_BHT1, fp32, lse's layout), the backward's residual. The backward
+(`attention_bwd._xsa_units`, side work between the attention's steps) turns dO into da = dO - (dO . u) u in SBUF
+before the attention's backward reads it and adds XSA's share of dv; the attention's rowsum(da a) is rowsum(dO o) of
+XSA's output and cotangent (both orthogonal to u, reference.xsa_bwd), so it is made as without XSA. Extra HBM
+traffic: xc out and in (4 B per row and head); u comes from the v tiles already on chip.
+
 The fused forward (`_fwd_bounded`), with a per-head shift instead of the running row max. QK-norm
 bounds every score: ||rope(rms_norm(x))|| <= sqrt(K) (RoPE is a rotation), so |scale q.k| <= B_h =
 sqrt(K) |g_h| (1 + 2^-5) (the margin covers the roundings of the normed rows, of cos / sin and of the
@@ -128,7 +137,7 @@ from kernels_nki.attention_bwd import bwd
 from kernels_nki.attention_layout import block, lse_store, natural_cols, perm_rows, seq_dma, seq_tile
 from kernels_nki.attention_parts import (
     causal_bias, dims, gain_column, gain_tile, half_matmul, kv_head, kv_head_saved, prep_head, rope_tiles,
-    saved_outputs, v_aug)
+    saved_outputs, v_aug, xsa_out, xsa_units)
 from kernels_nki.attention_steps import KC, bounded_heads, scores
 from kernels_nki.tiles import cdiv, identity, transpose
 
@@ -188,13 +197,15 @@ def _fwd_chunk(qT, kT, vs, t0, rows, c0, kc, bias, scale, state, last, dt):
     return negm_f, acc
 
 
-def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
+def _fwd(q_BTHK, k_BTGK, v_BTGK, rope, xsa=False):
     """The forward of both kernels; rope: () or (cos_TK2, sin_TK2, g_PH) for QK-norm + RoPE + gain, which
-    also writes the normed, rotated q / k and their inverse RMS (`saved_outputs`) for the backward."""
+    also writes the normed, rotated q / k and their inverse RMS (`saved_outputs`) for the backward; xsa: the XSA
+    epilogue on each query tile's o (`xsa_out`), which also writes the rows' o . u (`xsa_c`)."""
     B, T, H, K, G, R, P, dt, scale = dims(q_BTHK, k_BTGK)
     o_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     saved = saved_outputs(B, T, H, G, K, dt) if rope else ()
+    xc_BHT1 = xsa_c(B, H, T) if xsa else None
     bias = causal_bias(dt)
     ident32 = identity(nl.float32)
     tables = rope_tiles(rope[0], rope[1], perm=True) if rope else ()
@@ -203,8 +214,10 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
         q_sb, k_sb = seq_tile(q_BTHK, dt, b, perm=True), seq_tile(k_BTGK, dt, b, perm=True)
         v_sb = seq_tile(v_BTGK, dt, b)
         o_sb, lse_sb = seq_tile(o_BTHK, dt), nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
+        c_sb = nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf) if xsa else None
         outs = _saved_tiles(saved, dt)
         for g in range(G):
+            u = xsa_units(v_sb, G, g, T)[0] if xsa else None
             if rope:
                 k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, bias[0], tables, (outs[2], outs[3]), saved[5], b,
                                             perm=True)
@@ -237,6 +250,8 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
                     o_t = block(o_nat, i, 0, 1, K)
                     nisa.tensor_scalar(dst=o_t[0:rows], data=acc[0:rows, 0:K], op0=nl.multiply,
                                        operand0=inv_P1[0:rows])
+                    if xsa:
+                        xsa_out(o_nat, i, 1, rows, u, c_sb, h, H)()
                     lse_P1 = block(lse_sb, i, h, H, 1)  # scale m + log(l)
                     nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=acc[0:rows, K:K + 1])
                     nisa.activation(dst=lse_P1[0:rows], op=nl.copy, data=negm_f[0:rows], scale=-scale,
@@ -245,7 +260,15 @@ def _fwd(q_BTHK, k_BTGK, v_BTGK, rope):
                 if rope:
                     nisa.dma_copy(dst=saved[4][b, h], src=qT_h)
         _store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32, o_perm=True)
-    return (o_BTHK, lse_BHT1) + saved
+        if xsa:
+            lse_store(xc_BHT1, b, c_sb, ident32)
+    return (o_BTHK, lse_BHT1) + saved + ((xc_BHT1,) if xsa else ())
+
+
+def xsa_c(B, H, T):
+    """The XSA forward's extra output xc_BHT1 (fp32): each row's o . u (o: the attention's output before XSA, u its
+    kv head's unit value vector), in lse's layout; the backward's residual (`xsa_out`, attention_bwd.py)."""
+    return nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
 
 
 def _saved_tiles(saved, dt):
@@ -281,12 +304,13 @@ def _neg_shift(g_P1):
     return n_P1
 
 
-def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
+def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, xsa=False):
     """The fused forward with the per-head bounded shift (module docstring); same outputs as `_fwd`."""
     B, T, H, K, G, R, P, dt, scale = dims(q_BTHK, k_BTGK)
     o_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     saved = saved_outputs(B, T, H, G, K, dt)
+    xc_BHT1 = xsa_c(B, H, T) if xsa else None
     ident = identity(dt)
     ident32 = identity(nl.float32)
     tables = rope_tiles(cos_TK2, sin_TK2, perm=True)
@@ -298,6 +322,7 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
         return {"b": b, "q": seq_tile(q_BTHK, dt, b, perm=True), "k": seq_tile(k_BTGK, dt, b, perm=True),
                 "v": seq_tile(v_BTGK, dt, b), "o": seq_tile(o_BTHK, dt),
                 "lse": nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf),
+                "c": nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf) if xsa else None,
                 "outs": _saved_tiles(saved, dt)}
 
     def prep(sq, g):  # units making kv head g's k^T, [v | 1] tiles and its query heads' q^T into res
@@ -309,6 +334,9 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
                                       perm=True)[1]
             res["vs"] = v_aug(sq["v"], G, g, T, dt)
 
+        def xside():  # XSA's unit values u: staged, their stages units of their own
+            res["u"] = xsa_units(sq["v"], G, g, T, xs.append)[0]
+
         def qside(r):
             h = g * R + r
             ys = prep_head(sq["q"], H, h, T, tables, gains[h], outs, dt)
@@ -317,7 +345,10 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
                 transpose(natural_cols(res["qTs"][r], i, T, True), ys[i][0:rows], rows, K, ident, on_vector=False)
             nisa.dma_copy(dst=saved[4][b, h], src=res["qTs"][r])
 
-        return res, [kside] + [lambda r=r: qside(r) for r in range(R)]
+        xs = []
+        if xsa:
+            xside()
+        return res, [kside] + xs + [lambda r=r: qside(r) for r in range(R)]
 
     cur = load(0)
     res, units = prep(cur, 0)
@@ -335,32 +366,37 @@ def _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH):
                 nxt, units = {}, []
             hs = [g * R + r for r in range(R)]
             bounded_heads(res["qTs"], res["kT"], res["vs"], [negms[h] for h in hs], (cur["o"], cur["lse"], H), hs,
-                          scale, dt, ident, maskT, units)
+                          scale, dt, ident, maskT, units, (res["u"], cur["c"]) if xsa else ())
             res = nxt
         _store_seq(o_BTHK, lse_BHT1, saved, cur["o"], cur["lse"], cur["outs"], b, ident32, o_perm=True)
+        if xsa:
+            lse_store(xc_BHT1, b, cur["c"], ident32)
         cur = nseq
-    return (o_BTHK, lse_BHT1) + saved
+    return (o_BTHK, lse_BHT1) + saved + ((xc_BHT1,) if xsa else ())
 
 
 @nki.jit
-def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=False):
-    """(o_BTHK, lse_BHT1, qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1, qgT_BHKT, krT_BGKT) of attention over
+def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=False, xsa_on=False):
+    """(o_BTHK, lse_BHT1, qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1, qgT_BHKT, krT_BGKT[, xc_BHT1]) of attention over
     rope(qk_norm(q)) * gain and rope(qk_norm(k)): q and k arrive raw (the projection's output); cos/sin [T,
     K/2] fp32 (values rounded to q's dtype by the caller, as the reference casts them), g_PH the query gain
     broadcast over 128 rows, fp32; qg / kr, the inverse RMS of each row and qg / kr transposed are the
     backward's residuals. exact_max (a
     compile-time constant): the running-row-max softmax (`_fwd`) instead of the bounded shift
-    (`_fwd_bounded`, valid while every head's bound B_h <= frontier_jax.ops.SHIFT_LIMIT: ops chooses)."""
+    (`_fwd_bounded`, valid while every head's bound B_h <= frontier_jax.ops.SHIFT_LIMIT: ops chooses). xsa_on (a
+    compile-time constant): o is XSA's output (reference.xsa: each head's own value's component removed, its kv
+    head's), applied to each query tile's o as it leaves PSUM (the epilogue, `xsa_out`), and xc_BHT1, each row's
+    o . u before it, is one more residual."""
     if exact_max:
-        return _fwd(q_BTHK, k_BTGK, v_BTGK, (cos_TK2, sin_TK2, g_PH))
-    return _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH)
+        return _fwd(q_BTHK, k_BTGK, v_BTGK, (cos_TK2, sin_TK2, g_PH), xsa_on)
+    return _fwd_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, xsa_on)
 
 
-def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
+def _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope, xc_BHT1=None):
     """The backward of both kernels; rope: () or (cos_TK2, sin_TK2, g_PH, qg, qinv, kr, kinv, qgT, krT) (the
-    fused forward's inputs and saved outputs). -> (dq, dk, dv) and, with rope, dg_BH1 (kernels_nki/attention_bwd.py:
-    the plan of its jobs)."""
-    return bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope)
+    fused forward's inputs and saved outputs); xc_BHT1: XSA's residual, None without XSA. -> (dq, dk, dv) and, with
+    rope, dg_BH1 (kernels_nki/attention_bwd.py: the plan of its jobs)."""
+    return bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope, xc_BHT1)
 
 
 @nki.jit
@@ -371,8 +407,10 @@ def attention_bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK):
 
 @nki.jit
 def qk_attention_bwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse_BHT1, qg_BTHK, qinv_BTH1,
-                     kr_BTGK, kinv_BTG1, qgT_BHKT, krT_BGKT, do_BTHK):
+                     kr_BTGK, kinv_BTG1, qgT_BHKT, krT_BGKT, xc_BHT1, do_BTHK, xsa_on=False):
     """(dq, dk, dv, dg_BH1): the gradients of qk_attention_fwd w.r.t. the raw q and k, v, and the query
-    gain per (batch, head), fp32 (the caller sums over the batch)."""
+    gain per (batch, head), fp32 (the caller sums over the batch). xsa_on (a compile-time constant): o is XSA's
+    output and do its cotangent, xc_BHT1 the forward's o . u (None without XSA)."""
     return _bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK,
-                (cos_TK2, sin_TK2, g_PH, qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1, qgT_BHKT, krT_BGKT))
+                (cos_TK2, sin_TK2, g_PH, qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1, qgT_BHKT, krT_BGKT),
+                xc_BHT1 if xsa_on else None)

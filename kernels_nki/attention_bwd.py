@@ -21,14 +21,16 @@ import nki.language as nl
 
 from kernels_nki.attention_layout import block, natural_cols, neg_lse_load, neg_rowdot, rows_from_transpose, \
     seq_dma, seq_tile
-from kernels_nki.attention_parts import causal_bias, dims, gain_column, gain_tile, kv_head, prep_grad, rope_tiles
+from kernels_nki.attention_parts import (
+    causal_bias, dims, gain_column, gain_tile, kv_head, prep_grad, rope_tiles, xsa_units)
 from kernels_nki.attention_steps import KC, run_unit, bwd_heads, bwd_tile, gain_grad, store_kv_grad
 from kernels_nki.tiles import HALF, cdiv, identity, stacked_transpose, transpose
 
 
-def bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
+def bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope, xc_BHT1=None):
     """The backward of both kernels (kernels_nki/attention.py, `_bwd`); rope: () or (cos_TK2, sin_TK2, g_PH,
-    qg, qinv, kr, kinv, qgT, krT). -> (dq, dk, dv) and, with rope, dg_BH1."""
+    qg, qinv, kr, kinv, qgT, krT); xc_BHT1: with XSA, the forward's o . u per row (o, do are then XSA's output and
+    its cotangent: `_xsa_units`). -> (dq, dk, dv) and, with rope, dg_BH1."""
     B, T, H, K, G, R, P, dt, scale = dims(q_BTHK, k_BTGK)
     outs = (nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm),
             nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm),
@@ -36,7 +38,7 @@ def bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope):
     dg_BH1 = nl.ndarray((B, H, 1), dtype=nl.float32, buffer=nl.shared_hbm) if rope else None
     c = {"bias": causal_bias(dt), "ident32": identity(nl.float32), "dims": (B, T, H, K, G, R, P, dt, scale),
          "tables": rope_tiles(rope[0], rope[1]) if rope else (), "rope": rope, "outs": outs, "dg": dg_BH1,
-         "ins": (q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK)}
+         "ins": (q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK), "xc": xc_BHT1}
     g_sb = gain_tile(rope[2]) if rope else None
     c["gains"] = [gain_column(g_sb, h, K) if rope else () for h in range(H)]
     slots = [_seq_tiles(c) for _ in range(min(B, 2))]  # a sequence's tiles, two sets used in turn
@@ -80,6 +82,8 @@ def _seq_tiles(c):
     if rope:
         st["qg"], st["qinv"] = seq_tile(rope[3], dt), seq_tile(rope[4], nl.float32)
         st["kr"], st["kinv"] = seq_tile(rope[5], dt), seq_tile(rope[6], nl.float32)
+    if c["xc"] != None:  # noqa: E711 (NKI has no `is`): -xc in the `perm` layout's columns
+        st["negc"] = nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
     return st
 
 
@@ -104,8 +108,14 @@ def _seq_units(c, st, b):
         neg_lse_load(lse_BHT1, b, c["ident32"], lse_HT, st["negl"])
 
     units = [lse]
-    neg_rowdot(st["do"], st["o"], H, T, c["ident32"], units.append, st["negdi"])  # -Di = -rowsum(dO o)
-    return [loads], [lambda: nisa.dma_copy(dst=lse_HT, src=lse_BHT1[b].reshape((H, T)))] + units
+    # -Di = -rowsum(dO o) (with XSA, -rowsum(dy y): the same, `_xsa_units`), before dO becomes XSA's da in place
+    neg_rowdot(st["do"], st["o"], H, T, c["ident32"], units.append, st["negdi"])
+    dmas = [lambda: nisa.dma_copy(dst=lse_HT, src=lse_BHT1[b].reshape((H, T)))]
+    if c["xc"] != None:  # noqa: E711
+        xc_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
+        dmas.append(lambda: nisa.dma_copy(dst=xc_HT, src=c["xc"][b].reshape((H, T))))
+        units.append(lambda: neg_lse_load(c["xc"], b, c["ident32"], xc_HT, st["negc"], perm=True))
+    return [loads], dmas + units
 
 
 def _setup(c, seqs, bg, js=None):
@@ -174,6 +184,8 @@ def _setup(c, seqs, bg, js=None):
         js["tiles"][r] = row
 
     units.append(kside)
+    if c["xc"] != None:  # noqa: E711
+        units.extend(_xsa_units(c, st, js, g))
     for r in range(R):
         if r % 2 == 0 or not stack:
             units.append(lambda r=r: dots(r))
@@ -200,6 +212,14 @@ def _tail(c, seqs, js, res):
     items, acc = res
     grads = st["grads"]
     dk_items = store_kv_grad(grads[1], G, acc[0], g, T, K, scale, dt, c["tables"], js["k_norms"])
+    if c["xc"] != None:  # noqa: E711: XSA's share of dv, transposed back into its PSUM accumulator
+        per_bank = KC // K
+        for kt in range(cdiv(T, P)):
+            kr = min(P, T - kt * P)
+            col = (kt % per_bank) * K
+            nisa.nc_matmul(dst=acc[1][kt // per_bank][0:kr, col:col + K],
+                           stationary=js["dvxT"][0:K, kt * P:kt * P + kr], moving=c["bias"][0][0:K, 0:K],
+                           is_transpose=True, accumulate=True)
     store_kv_grad(grads[2], G, acc[1], g, T, K, 1.0, dt)
     chains = []  # independent chains of units, interleaved below (a chain's consecutive units depend)
     for r in range(R):
@@ -225,3 +245,70 @@ def _tail(c, seqs, js, res):
             st.clear()  # the sequence's tiles released
         units.append(stores)
     return units
+
+
+XSA_BLOCKS = 1  # blocks per unit of XSA's side work (`_xsa_units`)
+
+
+def _xsa_units(c, st, js, g):
+    """XSA's backward for kv head g of a sequence as side-work units (st: its `_seq_tiles`, the `perm` layout; o is
+    XSA's output y, dO its cotangent dy, negc -c, c = a . u the forward's o . u before XSA): per query head of the
+    group, -(dy . u) per row (GpSimd products, one VectorE row sum for every full block), da = dy - (dy . u) u in
+    place of dO (VectorE), so that the dO rows and transposes made after these units see da; dv's XSA share -(sum
+    over the group's heads of c da + (dy . u) y) / max(||v||, 1e-12) (reference.xsa_bwd: (I - u u^T) / ||v||
+    applied to du, y and da being orthogonal to u), rounded to dt and transposed into natural columns js["dvxT"]
+    ([K, T]), which `_tail` transposes back into dv's PSUM accumulator. The attention's -Di = -rowsum(da a) is
+    -rowsum(dy y): da and y are orthogonal to u and a = y + c u (made from dO and o before these units,
+    `_seq_units`). Units of XSA_BLOCKS blocks each, so that `pipelined` spreads them between the steps."""
+    B, T, H, K, G, R, P, dt, scale = c["dims"]
+    nt, n, tail = cdiv(T, P), T // P, T % P
+    dy3, y3 = st["do"].reshape((P, nt, H * K)), st["o"].reshape((P, nt, H * K))
+    parts = ([(P, 0, n)] if n else []) + ([(tail, n, 1)] if tail else [])
+    x = {"prod": [None] * R, "nega": [None] * R}
+
+    def products(r):  # dy u of head r (GpSimd); its row sums a stage later (`sums`)
+        h = g * R + r
+        x["prod"][r] = nl.ndarray((P, nt, K), dtype=nl.float32, buffer=nl.sbuf)
+        for rows, i0, m in parts:
+            nisa.tensor_tensor(dst=x["prod"][r][0:rows, i0:i0 + m], data1=dy3[0:rows, i0:i0 + m, h * K:(h + 1) * K],
+                               data2=x["u"][0:rows, i0:i0 + m], op=nl.multiply, engine=nisa.engine.gpsimd)
+
+    def sums(r):
+        x["nega"][r] = nl.ndarray((P, nt), dtype=nl.float32, buffer=nl.sbuf)  # -(dy . u)
+        for rows, i0, m in parts:
+            nisa.tensor_reduce(dst=x["nega"][r][0:rows, i0:i0 + m], op=nl.add, data=x["prod"][r][0:rows, i0:i0 + m],
+                               axis=2, negate=True)
+
+    def rows_of(r, i0):
+        h = g * R + r
+        hk = slice(h * K, (h + 1) * K)
+        u, w, nega = x["u"], x["w"], x["nega"][r]
+        for i in range(i0, min(nt, i0 + XSA_BLOCKS)):
+            rows = min(P, T - i * P)
+            d, y, w_i, a_i = dy3[0:rows, i, hk], y3[0:rows, i, hk], w[0:rows, i], nega[0:rows, i:i + 1]
+            nisa.scalar_tensor_tensor(dst=d, data=u[0:rows, i], op0=nl.multiply, operand0=a_i, op1=nl.add,
+                                      operand1=d)  # da
+            if r == 0:
+                nisa.tensor_scalar(dst=w_i, data=y, op0=nl.multiply, operand0=a_i)
+            else:
+                nisa.scalar_tensor_tensor(dst=w_i, data=y, op0=nl.multiply, operand0=a_i, op1=nl.add, operand1=w_i)
+            nisa.scalar_tensor_tensor(dst=w_i, data=d, op0=nl.multiply, operand0=block(st["negc"], i, h, H, 1)[0:rows],
+                                      op1=nl.add, operand1=w_i)
+
+    def dv_of(i0):
+        for i in range(i0, min(nt, i0 + XSA_BLOCKS)):
+            rows = min(P, T - i * P)
+            nisa.tensor_scalar(dst=x["dvx"][0:rows, i], data=x["w"][0:rows, i], op0=nl.multiply,
+                               operand0=x["inv"][0:rows, i:i + 1])
+            transpose(natural_cols(js["dvxT"], i, T, True), x["dvx"][0:rows, i], rows, K, c["bias"][0],
+                      on_vector=True)
+
+    units = []
+    x["u"], x["inv"] = xsa_units(st["v"], G, g, T, units.append)
+    x["w"] = nl.ndarray((P, nt, K), dtype=nl.float32, buffer=nl.sbuf)  # -(sum c da + (dy . u) y)
+    x["dvx"] = nl.ndarray((P, nt, K), dtype=dt, buffer=nl.sbuf)
+    js["dvxT"] = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
+    units += [lambda r=r: products(r) for r in range(R)]
+    for r in range(R):
+        units += [lambda r=r: sums(r)] + [lambda r=r, i0=i0: rows_of(r, i0) for i0 in range(0, nt, XSA_BLOCKS)]
+    return units + [lambda i0=i0: dv_of(i0) for i0 in range(0, nt, XSA_BLOCKS)]

@@ -85,10 +85,11 @@ def lse_store(lse_BHT1, b, cols, ident32):
     nisa.dma_copy(dst=lse_BHT1[b].reshape((H, T)), src=rows_HT)
 
 
-def neg_lse_load(lse_BHT1, b, ident32, rows_HT=None, cols=None):
+def neg_lse_load(lse_BHT1, b, ident32, rows_HT=None, cols=None, perm=False):
     """-lse_BHT1[b] as [rows, 1] columns in a [P, n H] fp32 tile (`lse_store`'s layout): one DMA of the [H, T]
     rows (unless rows_HT, the [H, T] SBUF tile, is given: loaded already), per tile one TensorE transpose,
-    negated leaving PSUM (into `cols` when given)."""
+    negated leaving PSUM (into `cols` when given); with `perm`, tile i holds the rows of a `perm` block (its
+    stride-n columns of the rows, `natural_cols`)."""
     B, H, T, _ = lse_BHT1.shape
     P = nl.tile_size.pmax
     if rows_HT is None:
@@ -99,7 +100,7 @@ def neg_lse_load(lse_BHT1, b, ident32, rows_HT=None, cols=None):
     for i in range(cdiv(T, P)):
         r = min(P, T - i * P)
         t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
-        transpose_to_psum(t_ps[0:r, 0:H], rows_HT[0:H, i * P:i * P + r], H, ident32)
+        transpose_to_psum(t_ps[0:r, 0:H], natural_cols(rows_HT, i, T, perm), H, ident32)
         nisa.activation(dst=cols[0:r, i * H:(i + 1) * H], op=nl.copy, data=t_ps[0:r, 0:H], scale=-1.0)
     return cols
 

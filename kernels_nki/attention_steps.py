@@ -15,7 +15,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.attention_layout import block, perm_rows
-from kernels_nki.attention_parts import half_matmul, head_rows
+from kernels_nki.attention_parts import half_matmul, head_rows, xsa_out
 from kernels_nki.tiles import cdiv, transpose, transpose_to_psum
 
 KC = 512  # keys (queries in the bounded forward) per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
@@ -67,13 +67,14 @@ def run_unit(side, k):
     return k + 1
 
 
-def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=()):
+def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=(), xsa=()):
     """Query heads hs of one kv head in the fused forward (module docstring): per head and chunk of KC
     queries c0:c0+n, against keys 0 .. c0+n, o' for the chunk's query tiles in one PSUM bank, then o and lse
     into the batch's SBUF tiles (outs = (o seq tile in the `perm` layout, lse columns, H): o by `perm_rows`
     once a head is done); maskT: the key-major causal bias ([128, 128], NEG where key > query); the (chunk,
     key tile, head) steps `pipelined` with the `side` units between them, the heads interleaved (independent
-    chains side by side)."""
+    chains side by side). xsa: () or (the kv head's unit values u, the batch's o . u columns): XSA on each chunk's
+    o as it is made (`bounded_out`)."""
     K = qTs[0].shape[0]
     T = kT.shape[1]
     P = nl.tile_size.pmax
@@ -112,28 +113,35 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=()
                 nisa.nc_matmul(dst=o_ps[r][0][0:rows, i * W:(i + 1) * W],
                                stationary=pT[0:kr, t0 - q0:t0 - q0 + rows], moving=vs[j][0:kr, 0:W],
                                accumulate=j > 0)
-        for f in late:  # the previous chunk ends' second halves, their 1 / l and log(l) done by now
+        for f in xlate:  # the XSA of the chunk ends before those (`xsa_out`'s second half)
             f()
+        xlate.clear()
+        for f in late:  # the previous chunk ends' second halves, their 1 / l and log(l) done by now
+            xlate.extend(f())
         late.clear()
         if k0 + P >= c0 + n:
-            late.append(bounded_out(o_ps[r].pop(0), c0, n, negms[r], (o_nat[r],) + outs[1:], hs[r], K))
+            late.append(bounded_out(o_ps[r].pop(0), c0, n, negms[r], (o_nat[r],) + outs[1:], hs[r], K, xsa))
 
     steps = [(c, j, r) for c in range(cdiv(T, KC)) for j in range(cdiv(min(T, (c + 1) * KC), P))
              for r in range(len(hs))]
-    late = []
+    late, xlate = [], []
     pipelined(steps, scores, values, lag=LAG, side=side)
     for f in late:
+        xlate.extend(f())
+    for f in xlate:
         f()
     for r in range(0, len(hs), 2):  # o: natural 128-row blocks -> the batch's `perm` o tile, two heads at once
         pair = slice(r, min(len(hs), r + 2))
         perm_rows(outs[0], outs[2], tuple(hs[pair]), tuple(o_nat[pair]), T, ident, dt)
 
 
-def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
+def bounded_out(o_ps, c0, n, negm_P1, outs, h, K, xsa=()):
     """o = o' / l and lse = m_h + log(l) of one chunk's query tiles into the batch's SBUF tiles, in two halves:
     1 / l (VectorE) and log(l) (ScalarE) now, and -> a callable issuing what waits for them (o' times 1 / l on
-    ScalarE, lse on VectorE), which `bounded_heads` issues a step later; when every tile is full, 1 / l and lse
-    for all of them at once (their l columns and lse columns are strided views)."""
+    ScalarE, lse on VectorE, then with xsa = (u, c columns) the first half of XSA's epilogue on the chunk's o,
+    `xsa_out`) and returning the callables left (XSA's second half), which `bounded_heads` issues a step later
+    each; when every tile is full, 1 / l and lse for all of them at once (their l columns and lse columns are
+    strided views)."""
     P = nl.tile_size.pmax
     W = K + 1
     o_sb, lse_sb, H = outs
@@ -151,6 +159,7 @@ def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
                                 data=o_ps[0:P, i * W:i * W + K], scale=inv[0:P, i:i + 1])  # ScalarE: VectorE's
                 # PSUM read would hold the SBUF port too
             nisa.tensor_scalar(dst=lse, data=lse, op0=nl.subtract, operand0=negm_P1[0:P])
+            return [xsa_out(o_sb, c0 // P, m, P, xsa[0], xsa[1], h, H)] if xsa else []
         return rest
     for i in range(cdiv(n, P)):
         t0 = c0 + i * P
@@ -164,7 +173,9 @@ def bounded_out(o_ps, c0, n, negm_P1, outs, h, K):
         lse_P1 = block(lse_sb, t0 // P, h, H, 1)  # m_h + log(l)
         nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=l_ps)
         nisa.tensor_scalar(dst=lse_P1[0:rows], data=lse_P1[0:rows], op0=nl.subtract, operand0=negm_P1[0:rows])
-    return lambda: None
+        if xsa:
+            xsa_out(o_sb, t0 // P, 1, rows, xsa[0], xsa[1], h, H)()
+    return lambda: []
 
 
 def bwd_tile(views, t0, rows, bias, dt, qk=()):

@@ -1,32 +1,40 @@
-"""The block's MLP branch with its pre-norm and residual add, y = x + relu(rms_norm(x) W_fc)^2 W_proj, forward
-and backward as fused NKI kernels for trn1 (the `norm_mlp` op).
+"""The block's MLP branch with its pre-norm and residual add, y = x + act(rms_norm(x) W_fc)^2 W_proj, forward
+and backward as fused NKI kernels for trn1 (the `norm_mlp` op). act = LeakyReLU(negative_slope), a compile-time
+constant >= 0 (0: relu, the baseline's relu^2; 0.5: the record's). Below, r = act(h) (relu(h) for slope 0).
+
+The activation: with slope 0, r = relu(h) leaves PSUM on ScalarE (one instruction); with a slope > 0, h leaves
+PSUM by a ScalarE copy (rounded to x's dtype, as the reference computes h) and VectorE makes r = max(h, slope h)
+(min for slope > 1) in place (`_leaky`: scalar_tensor_tensor, one instruction). The backward's derivative factor
+r act'(h) is act(r) itself (r for r > 0, slope r below: a slope >= 0 keeps h's sign in r), so the stored r is
+all it reads, one VectorE instruction more per element (a negative slope would lose the sign: ops refuses it
+visibly, the op's declared switch).
 
 Spec: frontier_jax.ops.reference.resid_norm_mlp_fwd / resid_norm_mlp_bwd (x + mlp(rms_norm(x)); weights
 already cast to x's dtype by frontier_jax.ops, which folds the block's residual scale s into W_proj's
-columns, x + s mlp = x + relu(.)^2 (W_proj diag s), and derives dW_proj and ds from the kernel's fp32
+columns, x + s mlp = x + act(.)^2 (W_proj diag s), and derives dW_proj and ds from the kernel's fp32
 dW_proj; the forward also returns the backward's residuals inv_N1 = rsqrt(mean(x^2) + eps), fp32, eps =
-float32 epsilon, and rT_FN = relu(h)^T [F, N] in x's dtype (h = xn W_fc, which the reference computes in
+float32 epsilon, and rT_FN = act(h)^T [F, N] in x's dtype (h = xn W_fc, which the reference computes in
 x's dtype, so the stored r is exactly the reference's); the backward's dx includes dy, the residual's
 pass-through). The residual add costs no HBM traffic: the forward adds the x tile it loaded for the norm
 as y leaves PSUM (VectorE), the backward adds the dy tile it loaded anyway to dx (GpSimd, SBUF only).
 
-Layout. x, y, dy and dx move in packed row groups (`kernels_nki.packing`): NB / 128 = 4 rows per partition in
-the forward (a group of NB = 512 tokens, the moving-tile maximum: h^T streams the group's tokens), NW / 128 =
-8 in the backward (NW = 1024 tokens), one DMA per operand and group (4 / 8 KiB per partition at D = 512,
-bf16), the group's [N, 1] inv one [128, R] DMA. Row tile j of a group holds tokens r0 + p R + j (partition p).
-The forward's xn^T is written with row tile j's tokens at the free-axis columns j, j + R, ... (the group's
-tokens in order), so h^T, relu(h)^T and a^T have the tokens in order: relu(h)^T leaves for HBM as [128 F-rows,
-RT_TOKENS = 2048 tokens] tiles (4 KiB per partition), and y's row tile j takes a^T's columns j, j + R, ... as
-its stationary operand, giving the rows that match x's row tile j for the residual add and y's group tile.
-The backward loads relu(h)^T [128 F-rows, group tokens] (the tokens in order) and transposes the columns of
-row tile j; dy^T and dh'^T hold row tile j at columns j*128 .. (only ever that row tile's stationary operand).
-Weights resident in SBUF for the whole call (the backward holds W_fc^T and W_proj^T), all matmuls bf16 into
-fp32 PSUM. The normalised activation never exists in HBM: per row tile the norm costs ScalarE passes over the
-x tile already in SBUF (forward: the squares' row sum, an rsqrt on the [P, 1] column and xn = inv x in fp32,
-cast to x's dtype as the reference; backward: xn = inv x from the stored inv).
+Layout. x, y, dy and dx move in packed row groups (`kernels_nki.packing`): NB / 128 = 4 rows per partition in the
+forward (a group of NB = 512 tokens, the moving-tile maximum: h^T streams the group's tokens), NW / 128 = 8 in the
+backward (NW = 1024 tokens; NB for F > NW_MAX_F: `bwd_group`), one DMA per operand and group (4 / 8 KiB per
+partition at D = 512, bf16), the group's [N, 1] inv one [128, R] DMA. Row tile j of a group holds tokens r0 + p R +
+j (partition p). The forward's xn^T is written with row tile j's tokens at the free-axis columns j, j + R, ... (the
+group's tokens in order), so h^T, act(h)^T and a^T have the tokens in order: act(h)^T leaves for HBM as [128
+F-rows, RT_TOKENS = 2048 tokens] tiles (4 KiB per partition), and y's row tile j takes a^T's columns j, j + R, ...
+as its stationary operand, giving the rows that match x's row tile j for the residual add and y's group tile. The
+backward loads act(h)^T [128 F-rows, group tokens] (the tokens in order) and transposes the columns of row tile j;
+dy^T and dh'^T hold row tile j at columns j*128 .. (only ever that row tile's stationary operand). Weights resident
+in SBUF for the whole call (the backward holds W_fc^T and W_proj^T), all matmuls bf16 into fp32 PSUM. The
+normalised activation never exists in HBM: per row tile the norm costs ScalarE passes over the x tile already in
+SBUF (forward: the squares' row sum, an rsqrt on the [P, 1] column and xn = inv x in fp32, cast to x's dtype as the
+reference; backward: xn = inv x from the stored inv).
 
 Forward, per group: stage A (x in, inv, xn), stage T (xn^T by TensorE transposes), stage B (h^T = W_fc^T xn^T directly
-in the [F, tokens] layout; ScalarE r = relu(h) from PSUM into the stored relu(h)^T tile, a^T = r r in SBUF, every
+in the [F, tokens] layout; ScalarE r = act(h) from PSUM into the stored act(h)^T tile, a^T = r r in SBUF, every
 other F-tile on GpSimd, the rest ScalarE), stage C (y = a W_proj with a^T as the stationary operand: a needs no
 transpose; + x as y leaves PSUM; y out). Program order per group k: A(k + 1), B(k), T(k + 1), C(k - 1) (C's matmuls
 cover the PSUM copies of T's transposes), so that each engine's in-order stream (trn1 arch guide
@@ -35,7 +43,7 @@ ready. Transposes: each 128-token transpose runs as two matmuls of 64 tokens aga
 tiles of the PE array, which run in parallel (the documented TensorE transpose in row tiling mode;
 kernels_nki/projection.py has the details and the AWS sources), into fp32 PSUM.
 
-Backward: STORES relu(h) instead of recomputing h. The forward already holds r^T = relu(h)^T in SBUF in the
+Backward: STORES act(h) instead of recomputing h. The forward already holds r^T = act(h)^T in SBUF in the
 [F, tokens] layout, so storing it costs DMA and no TensorE work; the backward loads it and transposes it on
 TensorE to token-major r (F/128 128 x 128 transposes per 128 tokens, two 64-row halves each), copied out of
 PSUM once on ScalarE, a = r r from that SBUF copy (GpSimd), instead of recomputing h = xn W_fc (an N x D x F
@@ -85,7 +93,17 @@ from kernels_nki.tiles import EPS, cdiv, identity, norm_grad_rows, transpose, tr
 NB = 512  # tokens per forward group (gemm_moving_fmax: the forward's h^T has the tokens as moving free dim)
 NW = 1024  # tokens per backward group: no backward matmul streams tokens as its moving free dim, and the
 # weight gradients contract over the whole group in PSUM before one fp32 SBUF add (half the adds of 512)
-RT_TOKENS = 2048  # tokens per stored relu(h)^T tile [128 F-rows, RT_TOKENS]: 4 KiB per partition in bf16
+NW_MAX_F = 1024  # a wider MLP's backward takes groups of NB tokens: its per-group tiles (a, dh' [tokens, F], their
+# transposes, rT) and the fp32 weight-gradient accumulators fit the 192 KiB SBUF partition (`bwd_group`)
+RT_TOKENS = 2048  # tokens per stored act(h)^T tile [128 F-rows, RT_TOKENS]: 4 KiB per partition in bf16
+
+
+def bwd_group(F):
+    """Tokens per backward group for MLP width F: NW up to NW_MAX_F, else NB, which keeps the backward's live SBUF
+    under the NeuronCore-v2 partition's 192 KiB at F = 1536 (the record's 3 x 512) and D = 512 (aws-neuron-sdk
+    nki/guides/architecture/trainium_inferentia2_arch.rst, "Memory": 24 MiB SBUF = 128 x 192 KiB; a kernel
+    past it spills through HBM, nki/get-started/about/memory-hierarchy-overview.rst)."""
+    return NW if F <= NW_MAX_F else NB
 
 
 def _load_rows(w_RC, dt):
@@ -160,9 +178,20 @@ def _fwd_T(st, dt, ident):
     st[2] = _group_T(st[2], st[0], dt, ident, NB, True)
 
 
-def _fwd_hidden(st, wfc, rT_s, b0, dt):
-    """Forward stage B: h^T = W_fc^T xn^T per 128 F-rows ([F_j, tokens] PSUM), r = relu(h) (ScalarE, leaving PSUM,
-    into the block's stored rT tile), a^T = r r (SBUF; every other F-tile on GpSimd, the rest ScalarE)."""
+def _leaky(dst, src, slope):
+    """dst = LeakyReLU(src, slope) = max(src, slope src) for 0 < slope <= 1 (min for slope > 1): one VectorE
+    scalar_tensor_tensor from SBUF ((data * slope) max data; VectorE only, isa docs scalar_tensor_tensor; its
+    operands in SBUF: ScalarE reads PSUM). Applied to a LeakyReLU output l it gives l l'(h) (l for l > 0, slope l
+    below: the sign of l is h's for slope > 0), the factor of the activation's derivative the backward needs."""
+    nisa.scalar_tensor_tensor(dst=dst, data=src, op0=nl.multiply, operand0=slope,
+                              op1=nl.maximum if slope <= 1.0 else nl.minimum, operand1=src)
+
+
+def _fwd_hidden(st, wfc, rT_s, b0, dt, slope):
+    """Forward stage B: h^T = W_fc^T xn^T per 128 F-rows ([F_j, tokens] PSUM), r = LeakyReLU(h, slope) (slope 0: relu
+    on ScalarE leaving PSUM; else h leaves PSUM by a ScalarE copy in x's dtype, as the reference rounds it, and
+    `_leaky` makes r in place) into the block's stored rT tile, a^T = r r (SBUF; every other F-tile on GpSimd, the
+    rest ScalarE)."""
     P = nl.tile_size.pmax
     g, x_g, xT = st
     nb = g[1] * g[2]
@@ -175,9 +204,16 @@ def _fwd_hidden(st, wfc, rT_s, b0, dt):
             dk = min(P, D - k * P)
             nisa.nc_matmul(dst=h_ps[0:fj, 0:nb], stationary=wfc[k][0:dk, jf * P:jf * P + fj], moving=xT[k][0:dk, 0:nb])
         r_T = rT_s[jf][0:fj, g[0] - b0:g[0] - b0 + nb]
-        nisa.activation(dst=r_T, op=nl.relu, data=h_ps[0:fj, 0:nb])
+        if slope == 0.0:
+            nisa.activation(dst=r_T, op=nl.relu, data=h_ps[0:fj, 0:nb])
+        else:
+            nisa.activation(dst=r_T, op=nl.copy, data=h_ps[0:fj, 0:nb])
+            _leaky(r_T, r_T, slope)
         a_T = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
-        if jf % 2 == 0:  # half on GpSimd (idle in the forward; VectorE pays 2N): ScalarE has the longer stream
+        # relu: half on GpSimd (idle in the forward; VectorE pays 2N), ScalarE having the longer stream; LeakyReLU:
+        # all on GpSimd while VectorE makes r (of all, a third or half on ScalarE, the shortest schedule at D = 512,
+        # F = 1536: kernels_nki/emulator/schedule.py's central reading)
+        if jf % 2 == 0 or slope != 0.0:
             nisa.tensor_tensor(dst=a_T[0:fj, 0:nb], data1=r_T, data2=r_T, op=nl.multiply, engine=nisa.engine.gpsimd)
         else:
             nisa.activation(dst=a_T[0:fj, 0:nb], op=nl.square, data=r_T)
@@ -207,10 +243,10 @@ def _fwd_out(st, aT, wproj, y_ND, dt):
 
 
 @nki.jit
-def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
-    """(y_ND (x's dtype) = x + relu(rms_norm(x) W_fc)^2 W_proj, inv_N1 = rsqrt(mean(x^2) + eps) fp32,
-    rT_FN = relu(h)^T in x's dtype, the backward's residual). Per group k the stages run in the program order
-    A(k + 1), B(k), T(k + 1), C(k - 1)."""
+def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD, negative_slope=0.0):
+    """(y_ND (x's dtype) = x + act(rms_norm(x) W_fc)^2 W_proj, inv_N1 = rsqrt(mean(x^2) + eps) fp32,
+    rT_FN = act(h)^T in x's dtype, the backward's residual), act = LeakyReLU(negative_slope) (a compile-time
+    constant >= 0; 0: relu). Per group k the stages run in the program order A(k + 1), B(k), T(k + 1), C(k - 1)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
@@ -223,7 +259,7 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
     nisa.memset(dst=eps, value=EPS)
     wfc = _load_rows(w_fc_DF, dt)  # [D_k, F]
     wproj = [t[0:min(P, F - i * P)] for i, t in enumerate(_load_rows(w_proj_FD, dt))]  # [F_j, D]
-    blks = blocks(N, NB // P, RT_TOKENS // P)  # consecutive groups whose relu(h)^T leaves as one tile per F_j
+    blks = blocks(N, NB // P, RT_TOKENS // P)  # consecutive groups whose act(h)^T leaves as one tile per F_j
     gs = [(b, g) for b in range(len(blks)) for g in blks[b]]
     st = _fwd_inputs(x_ND, inv_N1, gs[0][1], eps, dt)
     _fwd_T(st, dt, ident)
@@ -234,8 +270,8 @@ def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
         nxt = _fwd_inputs(x_ND, inv_N1, gs[k + 1][1], eps, dt) if k + 1 < len(gs) else None
         if g == blks[b][0]:
             rT_s = [nl.ndarray((P, RT_TOKENS), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(F, P))]
-        aT = _fwd_hidden(st, wfc, rT_s, b0, dt)
-        if g == blks[b][-1]:  # the block's relu(h)^T out
+        aT = _fwd_hidden(st, wfc, rT_s, b0, dt, negative_slope)
+        if g == blks[b][-1]:  # the block's act(h)^T out
             nt = g[0] + g[1] * g[2] - b0
             for jf in range(cdiv(F, P)):
                 fj = min(P, F - jf * P)
@@ -262,10 +298,11 @@ def _norm_dx(dx, g, x_t, inv, dy_t, rows):
     nisa.tensor_tensor(dst=dx[0:rows], data1=work[0:rows], data2=dy_t[0:rows], op=nl.add, engine=nisa.engine.gpsimd)
 
 
-def _relu_rows(a_t, dh_t, rT, tok, rows, da_ps, c, fc, dt, ident):
+def _relu_rows(a_t, dh_t, rT, tok, rows, da_ps, c, fc, dt, ident, slope):
     """Columns c*NB .. c*NB+fc of one row tile from the stored rT [F_j, tokens] tiles (the row tile's tokens at
-    the columns `tok`): r = relu(h) token-major by TensorE transposes into one PSUM tile; r and da leave PSUM
-    on ScalarE (one input each), a = r r and dh' = r da on GpSimd from SBUF. VectorE and ScalarE share one PSUM
+    the columns `tok`): r = act(h) token-major by TensorE transposes into one PSUM tile; r and da leave PSUM
+    on ScalarE (one input each), a = r r and dh' = m da on GpSimd from SBUF, m = r act'(h) (slope 0: r itself, relu'
+    being 0 where r is; else `_leaky`(r) on VectorE, which has room in the backward). VectorE and ScalarE share one PSUM
     port and VectorE and GpSimd one SBUF port (trn1 arch guide, "Data Movement"): a VectorE product reading da
     from PSUM costs ~2N VectorE cycles on the PSUM port ("Vector Engine / Performance Consideration"), ScalarE's
     one-input copy N cycles at a higher clock ("Compute Engine" table), so the port carries less."""
@@ -282,8 +319,12 @@ def _relu_rows(a_t, dh_t, rT, tok, rows, da_ps, c, fc, dt, ident):
     da = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.sbuf)  # exact: PSUM holds da in fp32
     nisa.activation(dst=da[0:rows, 0:fc], op=nl.copy, data=da_ps[0:rows, 0:fc])
     nisa.tensor_tensor(dst=a_t[0:rows, cols], data1=r[0:rows, 0:fc], data2=r[0:rows, 0:fc], op=nl.multiply,
-                       engine=nisa.engine.gpsimd)  # a = relu(h)^2
-    nisa.tensor_tensor(dst=dh_t[0:rows, cols], data1=r[0:rows, 0:fc], data2=da[0:rows, 0:fc], op=nl.multiply,
+                       engine=nisa.engine.gpsimd)  # a = act(h)^2
+    m = r
+    if slope != 0.0:
+        m = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
+        _leaky(m[0:rows, 0:fc], r[0:rows, 0:fc], slope)
+    nisa.tensor_tensor(dst=dh_t[0:rows, cols], data1=m[0:rows, 0:fc], data2=da[0:rows, 0:fc], op=nl.multiply,
                        engine=nisa.engine.gpsimd)
 
 
@@ -291,22 +332,24 @@ def _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, g, dt, ident):
     """Stage A of the backward for group g: x, dy, inv and rT in; rms_norm(x) (ScalarE) and dy^T (TensorE, row
     tile j at columns j*128 ..)."""
     P = nl.tile_size.pmax
-    D, F, R = x_ND.shape[1], rT_FN.shape[0], NW // P
+    D, F = x_ND.shape[1], rT_FN.shape[0]
+    nw = bwd_group(F)
+    R = nw // P
     n0, p, nr = g
     x_g, dy_g, inv = load(x_ND, g, dt, R), load(dy_ND, g, dt, R), load(inv_N1, g, nl.float32, R)
     x_s = [tile(x_g, g, j, D) for j in range(nr)]
     dy_s = [tile(dy_g, g, j, D) for j in range(nr)]
     xn_s = [_scaled(x_s[j], inv[0:p, j:j + 1], p, dt) for j in range(nr)]  # rms_norm(x), ScalarE
     rT = []
-    for jf in range(cdiv(F, P)):  # relu(h)^T from the forward, [F_j, tokens] (the group's tokens in order)
+    for jf in range(cdiv(F, P)):  # act(h)^T from the forward, [F_j, tokens] (the group's tokens in order)
         fj = min(P, F - jf * P)
-        t = nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf)
+        t = nl.ndarray((P, nw), dtype=dt, buffer=nl.sbuf)
         nisa.dma_copy(dst=t[0:fj, 0:p * nr], src=rT_FN[jf * P:jf * P + fj, n0:n0 + p * nr])
         rT.append(t)
-    return [g, x_s, dy_s, xn_s, inv, rT, _group_T(dy_s, g, dt, ident, NW, False), dy_g]
+    return [g, x_s, dy_s, xn_s, inv, rT, _group_T(dy_s, g, dt, ident, nw, False), dy_g]
 
 
-def _bwd_hidden(st, wprojT, dt, ident):
+def _bwd_hidden(st, wprojT, dt, ident, slope):
     """Stage B: per row tile da = dy W_proj^T (token-major PSUM), r and a = r^2 from rT, dh' = r da. Returns
     (a_s, dh_s)."""
     P = nl.tile_size.pmax
@@ -324,7 +367,7 @@ def _bwd_hidden(st, wprojT, dt, ident):
                 dk = min(P, D - k * P)
                 nisa.nc_matmul(dst=da_ps[0:p, 0:fc], stationary=dyT[k][0:dk, j * P:j * P + p],
                                moving=wprojT[k][0:dk, c * NB:c * NB + fc])
-            _relu_rows(a_t, dh_t, rT, columns(g, j), p, da_ps, c, fc, dt, ident)
+            _relu_rows(a_t, dh_t, rT, columns(g, j), p, da_ps, c, fc, dt, ident, slope)
         a_s.append(a_t)
         dh_s.append(dh_t)
     st[5], st[6] = None, None  # rT and dy^T are spent: their SBUF is free for the next group's stage A
@@ -335,7 +378,7 @@ def _bwd_hT(g, dh_s, dt, ident):
     """Stage B': every row tile's dh'^T by TensorE transposes (row tile j at columns j*128 ..)."""
     P = nl.tile_size.pmax
     F = dh_s[0].shape[1]
-    dhT = [nl.ndarray((P, NW), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(F, P))]
+    dhT = [nl.ndarray((P, bwd_group(F)), dtype=dt, buffer=nl.sbuf) for _ in range(cdiv(F, P))]
     for j in range(g[2]):
         for jf in range(cdiv(F, P)):
             fj = min(P, F - jf * P)
@@ -384,10 +427,11 @@ def _bwd_dx(st, dhT, wfcT, F, dx_ND, dt):
 
 
 @nki.jit
-def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
+def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND, negative_slope=0.0):
     """(dx_ND = dy + the MLP's and norm's backward, dw_fc_DF in x's dtype, dw_proj_FD fp32), from the forward's
-    rT_FN = relu(h)^T (h is not recomputed: see the module docstring). Per group the stages run in the program
-    order B(k), B'(k - 1), D_fc(k - 1), E(k - 1), A(k + 1), D_proj(k) (see the module docstring)."""
+    rT_FN = act(h)^T (h is not recomputed: see the module docstring; act = LeakyReLU(negative_slope >= 0)). Per
+    group the stages run in the program order B(k), B'(k - 1), D_fc(k - 1), E(k - 1), A(k + 1), D_proj(k) (see the
+    module docstring)."""
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
     P = nl.tile_size.pmax
@@ -401,7 +445,7 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
     wprojT = _transposed_rows(_load_rows(w_proj_FD, dt), F, D, dt, ident)  # [D_k, F]
     acc_fc = [nl.zeros((P, F), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KD)]
     acc_proj = [nl.zeros((P, D), dtype=nl.float32, buffer=nl.sbuf) for _ in range(KF)]
-    gs = groups(N, NW // P)
+    gs = groups(N, bwd_group(F) // P)
     st = _bwd_inputs(x_ND, inv_N1, rT_FN, dy_ND, gs[0], dt, ident)
     prev = None
 
@@ -411,7 +455,7 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
         _bwd_dx(pst, dhT, wfcT, F, dx_ND, dt)
 
     for k in range(len(gs)):
-        a_s, dh_s = _bwd_hidden(st, wprojT, dt, ident)
+        a_s, dh_s = _bwd_hidden(st, wprojT, dt, ident, negative_slope)
         if prev != None:  # noqa: E711 (NKI has no `is`)
             finish(*prev)
         prev = None  # group k - 1's tiles released before group k + 1's

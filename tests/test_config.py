@@ -394,7 +394,7 @@ def test_frontier_is_the_record_recipe_on_the_trainium_entrys_system():
     assert front.name == "frontier" and front.rules.profile == "trainium-frontier"
     assert front.model == dataclasses.replace(rec.model, num_layers=14, ve_layers=(12, 13))
     assert front.ngram.enabled and (front.ngram.min_order, front.ngram.max_order) == (2, 16)
-    assert front.optim == dataclasses.replace(rec.optim, fused=True, warmdown_steps=200, muon_momentum_warmup_steps=90)
+    assert front.optim == dataclasses.replace(rec.optim, fused=True, warmdown_steps=280, muon_momentum_warmup_steps=120)
     assert (front.train.budget_seconds, front.train.micro_batch_seqs) == (1800.0, 0)
     assert (front.train.seq_len, front.train.tokens_per_step) == (rec.train.seq_len, rec.train.tokens_per_step)
     assert front.eval == dataclasses.replace(rec.eval, score="sliding") and front.eval.artifact == "int6_lzma"

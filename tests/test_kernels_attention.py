@@ -185,33 +185,37 @@ def _qk_case(B, T, H, G, K, dtype, seed, gain_scale=1.0):
     return q, k, v, do, cos, sin, g_PH
 
 
-@pytest.mark.parametrize("dtype,B,T,H,G,K,gain_scale,exact_max", [
-    ("float32", 1, 200, 2, 1, 32, 1.0, False),  # GQA ratio 2, ragged last tile
-    ("float32", 2, 130, 2, 2, 16, 1.0, False),  # ratio 1, a 2-row last tile, batch > 1
-    ("float32", 1, 600, 1, 1, 32, 1.0, False),  # two query chunks
-    ("float32", 1, 600, 1, 1, 32, 4.0, True),  # exact max: two key chunks (the online rescaling), peaky rows
-    ("float32", 1, 200, 2, 1, 32, 1.0, True),
-    ("bfloat16", 1, 200, 4, 2, 64, 1.0, False),  # the model's head dim
-])
-def test_qk_attention_matches_reference(qk_kernels, dtype, B, T, H, G, K, gain_scale, exact_max):
-    """The fused kernel (QK-norm, RoPE, gain, attention), with either softmax shift, against
-    reference.qk_attention_fwd / _bwd: o, the residuals (lse, the normed, rotated q / k and their inverse
-    RMS), dq / dk through the norm and rotation, dv, and the gain's gradient per (batch, head)."""
+@pytest.mark.parametrize("dtype,B,T,H,G,K,gain_scale,exact_max,xsa", [
+    ("float32", 1, 200, 2, 1, 32, 1.0, False, False),  # GQA ratio 2, ragged last tile
+    ("float32", 2, 130, 2, 2, 16, 1.0, False, True),  # ratio 1, a 2-row last tile, batch > 1; XSA
+    ("float32", 1, 600, 1, 1, 32, 1.0, False, False),  # two query chunks
+    ("float32", 1, 600, 1, 1, 32, 4.0, True, False),  # exact max: two key chunks (the online rescaling), peaky rows
+    ("float32", 1, 200, 2, 1, 32, 1.0, True, True),  # exact max with XSA's epilogue
+    ("bfloat16", 1, 200, 4, 2, 64, 1.0, False, False),  # the model's head dim
+    ("bfloat16", 1, 256, 8, 4, 64, 1.0, False, True),  # record11's heads (8 / 4 of 64) at a short sequence
+])  # record11_tiny's heads with partial RoPE and XSA: the op's test below
+def test_qk_attention_matches_reference(qk_kernels, dtype, B, T, H, G, K, gain_scale, exact_max, xsa):
+    """The fused kernel (QK-norm, RoPE, gain, attention, with xsa XSA's epilogue), with either softmax shift,
+    against reference.qk_attention_fwd / _bwd: o, the residuals (lse, the normed, rotated q / k and their inverse
+    RMS, with XSA each row's o . u before it), dq / dk through the norm and rotation, dv (with XSA's share), and the
+    gain's gradient per (batch, head)."""
     np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
     q, k, v, do, cos, sin, g_PH = _qk_case(B, T, H, G, K, np_dtype, T + H + K, gain_scale)
     assert ops.bounded_shift_valid(float(ops.score_bound([g_PH], K)), T) or exact_max
     f32 = lambda a: jnp.asarray(a.astype(np.float32))
-    want_fwd = ref.qk_attention_fwd(f32(q), f32(k), f32(v), cos, sin, g_PH)
-    got_fwd = qk_kernels.qk_attention_fwd(q, k, v, cos, sin, g_PH, exact_max=exact_max)
-    o, lse, qg, qinv, kr, kinv, qgT, krT = got_fwd
+    want_fwd = ref.qk_attention_fwd(f32(q), f32(k), f32(v), cos, sin, g_PH, xsa_on=xsa)
+    got_fwd = qk_kernels.qk_attention_fwd(q, k, v, cos, sin, g_PH, exact_max=exact_max, xsa_on=xsa)
+    assert len(got_fwd) == 8 + xsa  # with XSA, xc too
+    o, lse, qg, qinv, kr, kinv, qgT, krT = got_fwd[:8]
     assert o.dtype == qg.dtype == kr.dtype == qgT.dtype == krT.dtype == np_dtype and lse.shape == (B, H, T, 1)
     assert qinv.shape == (B, T, H, 1) and kinv.shape == (B, T, G, 1) and qinv.dtype == np.float32
     np.testing.assert_array_equal(qgT, np.transpose(qg, (0, 2, 3, 1)))  # bit-identical: the same values
     np.testing.assert_array_equal(krT, np.transpose(kr, (0, 2, 3, 1)))
     for a, b in zip(got_fwd, want_fwd):
         _assert_close(a, b, TOL[dtype])
-    got = qk_kernels.qk_attention_bwd(q, k, v, cos, sin, g_PH, *got_fwd, do)
-    want = ref.qk_attention_bwd(f32(q), f32(k), f32(v), cos, sin, g_PH, *want_fwd, f32(do))
+    xc = got_fwd[8] if xsa else None  # no XSA: no xc
+    got = qk_kernels.qk_attention_bwd(q, k, v, cos, sin, g_PH, *got_fwd[:8], xc, do, xsa_on=xsa)
+    want = ref.qk_attention_bwd(f32(q), f32(k), f32(v), cos, sin, g_PH, *want_fwd, f32(do), xsa_on=xsa)
     assert [a.shape for a in got] == [q.shape, k.shape, v.shape, (B, H, 1)] and got[3].dtype == np.float32
     for a, b in zip(got, want):
         _assert_close(a, b, TOL[dtype])
@@ -257,9 +261,9 @@ def test_qk_attention_op_runs_the_forward_the_host_chose(monkeypatch):
     kernels = registry.load_emulated("qk_attention")
     seen, real = [], kernels.qk_attention_fwd
 
-    def spy(*a, exact_max):
+    def spy(*a, exact_max, xsa_on):
         seen.append(exact_max)
-        return real(*a, exact_max=exact_max)
+        return real(*a, exact_max=exact_max, xsa_on=xsa_on)
 
     monkeypatch.setattr(kernels, "qk_attention_fwd", spy)
     q, k, v, _, cos, sin, g_PH = _qk_case(1, 40, 2, 1, 16, np.dtype(np.float32), 5)
@@ -279,6 +283,23 @@ def test_qk_attention_op_runs_the_forward_the_host_chose(monkeypatch):
             got = jax.jit(f)(q, k, v, cos32, sin32, gain)
         assert seen == [exact]
         _assert_close(got, want, 1e-5)
+
+
+def test_qk_attention_op_with_the_records_switches_through_the_emulated_kernels_matches_reference():
+    """ops.qk_attention with partial RoPE (16 of 32 head dims, the record's base rescaling in the tables) and XSA at
+    record11_tiny's heads (4 / 2): both kernels (the whole-head rotation on permuted heads, XSA's epilogue and its
+    backward) give the reference's values and gradients of q, k, v and the gain."""
+    B, T, H, G, K, R = 1, 136, 4, 2, 32, 16
+    q, k, v, do, *_ = _qk_case(B, T, H, G, K, np.dtype(np.float32), 9)
+    cos, sin = ref.rope_tables(T, R, 10000.0 * (T / 64) ** (R / (R - 2)))
+    gain = jnp.asarray([0.5, 1.0, 1.5, 2.0])
+    loss = lambda op: jax.jit(jax.value_and_grad(lambda *a: jnp.sum(op(*a) * do), argnums=(0, 1, 2, 3)))
+    v_ref, g_ref = loss(lambda q, k, v, g: ref.qk_attention(q, k, v, cos, sin, g, True))(q, k, v, gain)
+    with ops.emulated(["qk_attention"]):
+        v_emu, g_emu = loss(lambda q, k, v, g: ops.qk_attention(q, k, v, cos, sin, g, xsa=True))(q, k, v, gain)
+    _assert_close(v_emu, v_ref, 1e-5)
+    for a, b in zip(g_emu, g_ref):
+        _assert_close(a, b, 1e-4)
 
 
 def test_qk_attention_reference_is_the_model_composition():
@@ -347,7 +368,7 @@ def test_qk_attention_counts_at_seq_1024(qk_kernels, kernels):
     assert emulator.estimate(bounded).total_s < 0.7 * emulator.estimate(fwd).total_s
     assert bounded.dma_bytes == fwd.dma_bytes
     qT, kT = ((B, H, K, T), "bfloat16"), ((B, G, K, T), "bfloat16")
-    bwd = emulator.count(qk_kernels.qk_attention_bwd, q, kv, kv, *tabs, g, q, lse, q, qinv, kv, kinv, qT, kT, q)
+    bwd = emulator.count(qk_kernels.qk_attention_bwd, q, kv, kv, *tabs, g, q, lse, q, qinv, kv, kinv, qT, kT, None, q)
     plain_fwd = emulator.count(kernels.attention_fwd, q, kv, kv)
     plain_bwd = emulator.count(kernels.attention_bwd, q, kv, kv, q, lse, q)
     assert fwd.pe_macs_issued == plain_fwd.pe_macs_issued and fwd.pe_macs_useful == plain_fwd.pe_macs_useful

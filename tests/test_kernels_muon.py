@@ -122,6 +122,9 @@ def test_weight_decay_alone_shrinks_by_one_minus_lr_wd(kernel, momentum_dtype):
                               shape_scale="lr")
     lr = float(scal[0, 0])
     np.testing.assert_allclose(p2, p * (1 - lr * 0.04), rtol=1e-6)
+    # op for op (unjitted: XLA's fusion may contract the products into one rounding)
+    np.testing.assert_array_equal(p2, reference.muon_update(p, g, b, scal, ns_steps=5, ns_dtype="bfloat16",
+                                                            weight_decay=0.04, shape_scale="lr")[0])
 
 
 @pytest.mark.parametrize("momentum_dtype,per_element", [("float32", 20), ("bfloat16", 16)])

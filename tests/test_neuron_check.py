@@ -4,6 +4,7 @@ docs/trn1.md's rule table is the module's; the constraints files pin what AWS do
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -26,12 +27,32 @@ def _rules(fn, *args) -> set[str]:
     return {f.rule for f in neuron_check.check_program("p", jax.make_jaxpr(fn)(*args))}
 
 
+MODEL_OPS = ("qk_attention", "norm_mlp", "mix_norm_projection", "projection", "head_loss", "embed", "rms_norm")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", [p for p in CONFIGS if p.name != "__init__.py"], ids=lambda p: p.stem)
-def test_every_config_passes_on_one_chip(path: Path):
+def test_every_config_passes_on_one_chip_with_every_op_on_its_kernel(path: Path):
+    """Every config's programs pass, with no op on its reference path (what `--kernels strict` requires): the train
+    step calls every model op's kernel, forward and backward, norm_mlp at the config's slope and qk_attention with
+    XSA where the config sets it; with optim.fused the optimizer step calls the Adam and Muon kernels (the record's
+    Muon settings in configs/frontier.py's)."""
+    from frontier_jax.neuron.program import kernel_sites, trace_steps
+
     cfg = load_config(path)
-    findings = neuron_check.check_config(cfg, 2, *on_neuron(cfg))
+    traced = trace_steps(cfg, 2, *on_neuron(cfg))
+    findings = neuron_check.check_traced(traced)
     assert findings == [], [f.line() for f in findings]
+    assert ops.switch_fallbacks(cfg.model) == []
+    sites = kernel_sites(traced.programs["train"])
+    assert {f"frontier_{op}_{d}" for op in MODEL_OPS for d in ("fwd", "bwd")} <= {s.primitive for s in sites}
+    params = lambda op, key: {s.eqn.params[key] for s in sites if s.primitive.startswith(f"frontier_{op}_")}
+    assert params("norm_mlp", "negative_slope") == {cfg.model.mlp_negative_slope}
+    L = cfg.model.num_layers
+    assert params("qk_attention", "xsa_on") == {i >= L - cfg.model.xsa_last_n for i in range(L)}
+    optimizer = kernel_sites(traced.programs["optimizer"])
+    assert {s.primitive for s in optimizer} == ({"frontier_adam_update", "frontier_muon_update"}
+                                                if cfg.optim.fused else set())
 
 
 def test_the_traced_steps_call_kernels_per_device_at_the_per_device_shape():
@@ -48,28 +69,36 @@ def test_the_traced_steps_call_kernels_per_device_at_the_per_device_shape():
         assert "ttt" not in traced.programs  # no test-time training: no SGD step
 
 
-def test_a_recipe_config_traces_the_reference_where_a_kernel_lacks_its_switch_and_reports_it():
-    """configs/record11_tiny.py on Neuron: norm_mlp's kernel computes relu^2 only, so the traced program runs its
-    reference (no norm_mlp kernel call) and the other ops' kernels; the report names the fallback and its switch.
+def test_the_record_config_runs_every_op_on_its_kernel_and_passes():
+    """configs/record11_tiny.py on Neuron: the recipe's switches run inside the kernels (norm_mlp with the record's
+    LeakyReLU slope, qk_attention with XSA on its last layers and without on the others), so the traced program
+    calls every op's kernel, no op falls back to its reference (what `--kernels strict` requires) and the program
+    check passes; a model whose setting a kernel lacks (a negative slope) gets the fallback named in the report.
     Its test-time training's SGD step is traced and checked too: the same kernels, per device, at a chunk's 16 rows
     of 256 (ttt.batch_seqs=32 is more than a chunk of 4,096 holds), 8 per NeuronCore."""
     from frontier_jax.neuron.program import kernel_sites, trace_steps
 
     cfg = load_config(REPO / "configs" / "record11_tiny.py")
     traced = trace_steps(cfg, 2, *on_neuron(cfg))
-    called = {s.primitive for s in kernel_sites(traced.programs["train"])}
-    assert not any(p.startswith("frontier_norm_mlp") for p in called)
-    assert {"frontier_qk_attention_fwd", "frontier_qk_attention_bwd", "frontier_mix_norm_projection_fwd",
-            "frontier_projection_fwd", "frontier_head_loss_fwd", "frontier_embed_fwd"} <= called
+    sites = kernel_sites(traced.programs["train"])
+    called = {s.primitive for s in sites}
+    assert {f"frontier_{op}_{d}" for op in ("qk_attention", "norm_mlp", "mix_norm_projection", "projection",
+                                             "head_loss", "embed", "rms_norm") for d in ("fwd", "bwd")} <= called
+    assert {s.eqn.params["negative_slope"] for s in sites if s.primitive.startswith("frontier_norm_mlp")} == {0.5}
+    assert {s.eqn.params["xsa_on"] for s in sites if s.primitive.startswith("frontier_qk_attention")} == {True, False}
     ttt_sites = kernel_sites(traced.programs["ttt"])
     assert {s.primitive for s in ttt_sites} == called and all(s.per_device for s in ttt_sites)
     assert {s.eqn.invars[0].aval.shape[0] for s in ttt_sites if s.primitive == "frontier_head_loss_fwd"} == {8 * 256}
     findings = [f for name, closed in traced.programs.items() for f in neuron_check.check_program(name, closed)]
-    report = neuron_check.format_report(cfg.name, 2, findings, ops.switch_fallbacks(cfg.model), ttt=True)
-    assert findings == [] and report.endswith(
-        "reference fallback: norm_mlp (model.mlp_negative_slope=0.5: the kernel computes relu(h)^2 only)")
+    assert findings == [] and ops.switch_fallbacks(cfg.model) == []
+    report = neuron_check.format_report(cfg.name, 2, findings, [], ttt=True)
+    assert "reference fallback" not in report
     assert report.startswith("Neuron program check: record11_tiny on 2 NeuronCore(s): pass (14 rules, train / eval / "
                              "optimizer / TTT steps)")
+    leaky = dataclasses.replace(cfg.model, mlp_negative_slope=-0.25)
+    report = neuron_check.format_report(cfg.name, 2, findings, ops.switch_fallbacks(leaky))
+    assert report.endswith("reference fallback: norm_mlp (model.mlp_negative_slope=-0.25: the kernel reads the "
+                           "activation's sign off the stored LeakyReLU(h), which needs a slope >= 0)")
 
 
 def test_cond_fails_and_a_host_choice_passes():

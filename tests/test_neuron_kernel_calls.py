@@ -41,7 +41,8 @@ def test_every_kernel_call_with_its_multiplicity(traced):
     assert per[("mix_norm_projection", "fwd")] == L * M
     assert per[("embed", "fwd")] == per[("head_loss", "bwd")] == M and per[("rms_norm", "fwd")] == 2 * M
     attn = next(c for c in calls if c.op == "qk_attention" and c.which == "fwd")
-    assert attn.inputs[0] == ((B, 50, 3, 32), "bfloat16") and dict(attn.constants) == {"exact_max": False}
+    assert attn.inputs[0] == ((B, 50, 3, 32), "bfloat16")
+    assert dict(attn.constants) == {"exact_max": False, "xsa_on": False}  # the baseline's model: no XSA
     head = next(c for c in calls if c.op == "head_loss")
     assert head.inputs[3] is None and dict(head.constants)["softcap"] == cfg.model.logit_softcap  # no n-gram bias
 
@@ -64,3 +65,33 @@ def test_glue_fused_is_below_unfused(traced):
     cfg, closed, _ = traced
     g = kc.glue(cfg, closed)
     assert 0 < g.fused_bytes < g.unfused_bytes and g.dot_macs > 0 and g.equations > 0
+    assert g.named == {}  # the baseline's model runs none of the recipe's XLA computations
+
+
+def test_glue_names_the_part_each_named_scope_runs():
+    """The model's named XLA computations (model.RECIPE_XLA_OPS) priced apart: in tanh(x @ w) * 2 with the first two
+    equations under jax.named_scope("bigram_hash"), that part is 2 equations, 4*8*16 MACs, unfused 128+512+256 +
+    256+256 bytes, fused x and w (its result stays in the run); the totals are unchanged. Its gradient's equations
+    (under "jvp(bigram_hash)" / "transpose(jvp(bigram_hash))") count too, and so do the equations of a jaxpr called
+    under the name."""
+    import jax
+    import jax.numpy as jnp
+
+    def f(x, w):
+        with jax.named_scope("bigram_hash"):
+            y = jnp.tanh(x @ w)
+        return y * 2.0
+
+    x, w = jnp.ones((4, 8), jnp.float32), jnp.ones((8, 16), jnp.float32)
+    g = kc.glue(None, jax.make_jaxpr(f)(x, w))
+    assert (g.fused_bytes, g.unfused_bytes, g.dot_macs, g.equations) == (896, 1920, 512, 3)
+    assert g.named == {"bigram_hash": {"fused_bytes": 640, "unfused_bytes": 1408, "dot_macs": 512, "equations": 2}}
+    grad = kc.glue(None, jax.make_jaxpr(jax.grad(lambda x, w: jnp.sum(f(x, w)), argnums=1))(x, w))
+    assert grad.named["bigram_hash"]["dot_macs"] == 2 * 512 and grad.named["bigram_hash"]["equations"] > 2
+    def under_jit(x, w):  # the scope's equations inside a jaxpr whose own equations carry no name: inherited
+        with jax.named_scope("bigram_hash"):
+            y = jax.jit(lambda a, b: jnp.tanh(a @ b))(x, w)
+        return y * 2.0
+
+    inner = kc.glue(None, jax.make_jaxpr(under_jit)(x, w))  # (the inner jaxpr's result leaves it: +256 fused)
+    assert inner.named == {"bigram_hash": {"fused_bytes": 896, "unfused_bytes": 1408, "dot_macs": 512, "equations": 2}}

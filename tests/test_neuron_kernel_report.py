@@ -186,15 +186,15 @@ def test_fused_optimizer_rows_carry_their_bytes_over_the_minimum_and_qk_attentio
 
 
 def test_an_op_on_its_reference_path_is_named_and_priced_outside_the_kernels(rep):
-    """A model whose MLP is LeakyReLU(0.5)^2 (the record's): norm_mlp's kernel computes relu^2 only, so the step
-    calls no norm_mlp kernel; the report names the fallback and its setting, and its matmuls are priced in the
+    """A model whose MLP is LeakyReLU(-0.25)^2 (a slope no kernel computes; the record's 0.5 runs in the kernel): the
+    step calls no norm_mlp kernel; the report names the fallback and its setting, and its matmuls are priced in the
     work outside kernels (more matmul work there than the same model's with the kernel)."""
-    cfg = apply_overrides(small_config(), ["model.mlp_negative_slope=0.5"])
+    cfg = apply_overrides(small_config(), ["model.mlp_negative_slope=-0.25"])
     leaky = kernel_report.build_report(cfg)
+    why = ("model.mlp_negative_slope=-0.25: the kernel reads the activation's sign off the stored LeakyReLU(h), which "
+           "needs a slope >= 0")
     assert "norm_mlp" not in {r["op"] for r in leaky["kernels"]} and "norm_mlp" in {r["op"] for r in rep["kernels"]}
-    assert leaky["reference_fallbacks"] == [{"op": "norm_mlp", "reason": "model.mlp_negative_slope=0.5: the kernel "
-                                                                         "computes relu(h)^2 only"}]
+    assert leaky["reference_fallbacks"] == [{"op": "norm_mlp", "reason": why}]
     assert rep["reference_fallbacks"] == []
     assert leaky["glue"]["dot_macs"] > rep["glue"]["dot_macs"] and leaky["glue_s"]["central"] > rep["glue_s"]["central"]
-    assert ("  of which the reference path of norm_mlp (no kernel call: model.mlp_negative_slope=0.5: the kernel "
-            "computes relu(h)^2 only)") in kernel_report.format_report(leaky)
+    assert f"  of which the reference path of norm_mlp (no kernel call: {why})" in kernel_report.format_report(leaky)

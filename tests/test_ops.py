@@ -299,12 +299,15 @@ def _recipe_model(**kw):
 
 
 def test_a_switch_no_kernel_computes_is_a_reference_row_naming_it_and_fails_strict():
-    """The kernel table for the run's model: norm_mlp's kernel computes relu^2 only, so a model with a negative
-    slope shows it as reference with the setting named, on every platform and even where the kernel would be
-    emulated; strict mode fails naming it; the baseline's model has no such row."""
-    m = _recipe_model()
-    why = "model.mlp_negative_slope=0.5: the kernel computes relu(h)^2 only"
+    """The kernel table for the run's model: norm_mlp's kernel computes LeakyReLU(slope)^2 for slopes >= 0 only, so
+    a model with a negative slope shows it as reference with the setting named, on every platform and even where
+    the kernel would be emulated; strict mode fails naming it; the baseline's and the record's models (slopes 0 and
+    0.5, partial RoPE, LN scale, XSA) have no such row."""
+    m = _recipe_model(mlp_negative_slope=-0.25)
+    why = ("model.mlp_negative_slope=-0.25: the kernel reads the activation's sign off the stored LeakyReLU(h), "
+           "which needs a slope >= 0")
     assert ops.switch_fallbacks(None) == [] and ops.switch_fallbacks(_recipe_model(mlp_negative_slope=0.0)) == []
+    assert ops.switch_fallbacks(_recipe_model()) == []
     assert ops.switch_fallbacks(m) == [ops.KernelRow("norm_mlp", "reference", why)]
     for platform in (None, "neuron"):
         rows = {r.op: r for r in ops.configure("auto", platform=platform, model=m)}
@@ -322,10 +325,10 @@ def test_a_switched_call_where_the_table_says_kernel_is_an_error_never_a_silent_
     x, w_fc, w_proj, s = jnp.ones((4, 16)), jnp.ones((16, 24)) / 8, jnp.ones((24, 16)) / 8, jnp.ones((16,))
     ops.configure("auto")  # a table for the baseline's model
     with ops.emulated(["norm_mlp"]):
-        with pytest.raises(ops.dispatch.SwitchNotConfiguredError, match="negative_slope=0.5"):
-            ops.norm_mlp(x, w_fc, w_proj, s, negative_slope=0.5)
-    np.testing.assert_array_equal(ops.norm_mlp(x, w_fc, w_proj, s, negative_slope=0.5),  # a reference row: fine
-                                  ops._norm_mlp_reference(x, w_fc, w_proj, s, negative_slope=0.5))
+        with pytest.raises(ops.dispatch.SwitchNotConfiguredError, match="negative_slope=-0.25"):
+            ops.norm_mlp(x, w_fc, w_proj, s, negative_slope=-0.25)
+    np.testing.assert_array_equal(ops.norm_mlp(x, w_fc, w_proj, s, negative_slope=-0.25),  # a reference row: fine
+                                  ops._norm_mlp_reference(x, w_fc, w_proj, s, negative_slope=-0.25))
 
 
 def _recipe_op_cases():
@@ -344,7 +347,8 @@ def _recipe_op_cases():
         "mix_norm_projection": lambda x: jnp.concatenate(ops.mix_norm_qkv_projection(
             x, jnp.cos(x), 1 + w(1, 2, 128), w(2, 128, 64), w(3, 128, 32), w(4, 128, 32), jnp.sin(x),
             jnp.full((128,), 0.7), ln_scale=1 / np.sqrt(3)), axis=-1),
-        "norm_mlp": lambda x: ops.norm_mlp(x, w(5, 128, 96), w(6, 96, 128), 1.5 - x[0, 0] / 4, ln_scale=0.5),
+        "norm_mlp": lambda x: ops.norm_mlp(x, w(5, 128, 96), w(6, 96, 128), 1.5 - x[0, 0] / 4, ln_scale=0.5,
+                                            negative_slope=0.5),
     }
 
 
@@ -379,11 +383,14 @@ def test_a_kernel_trace_runs_the_reference_of_an_op_whose_kernel_lacks_the_model
     """kernel_primitives(model): the program as on Neuron for that model: norm_mlp with a negative slope traces
     its reference (plain JAX), the other ops their kernel primitives."""
     x, w_fc, w_proj, s = jnp.ones((4, 16)), jnp.ones((16, 24)) / 8, jnp.ones((24, 16)) / 8, jnp.ones((16,))
-    with ops.kernel_primitives(_recipe_model()) as fallbacks:
-        slope = str(jax.make_jaxpr(lambda x: ops.norm_mlp(x, w_fc, w_proj, s, negative_slope=0.5))(x))
+    with ops.kernel_primitives(_recipe_model(mlp_negative_slope=-0.25)) as fallbacks:
+        slope = str(jax.make_jaxpr(lambda x: ops.norm_mlp(x, w_fc, w_proj, s, negative_slope=-0.25))(x))
         norm = str(jax.make_jaxpr(ops.rms_norm)(x))
     assert [r.op for r in fallbacks] == ["norm_mlp"]
     assert "frontier_norm_mlp" not in slope and "frontier_rms_norm_fwd[kernel=True" in norm
+    with ops.kernel_primitives(_recipe_model()) as fallbacks:  # the record's slope, 0.5: the kernel
+        leaky = str(jax.make_jaxpr(lambda x: ops.norm_mlp(x, w_fc, w_proj, s, negative_slope=0.5))(x))
+    assert fallbacks == [] and "frontier_norm_mlp_fwd[" in leaky and "negative_slope=0.5" in leaky
     with ops.kernel_primitives():  # traced for the baseline's model: a switched call is refused
         with pytest.raises(ops.dispatch.SwitchNotConfiguredError):
-            jax.make_jaxpr(lambda x: ops.norm_mlp(x, w_fc, w_proj, s, negative_slope=0.5))(x)
+            jax.make_jaxpr(lambda x: ops.norm_mlp(x, w_fc, w_proj, s, negative_slope=-0.25))(x)

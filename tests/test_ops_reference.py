@@ -114,34 +114,49 @@ def _dense_attention(q, k, v):
     return jnp.einsum("bhts,bshk->bthk", jax.nn.softmax(s, axis=-1), v)
 
 
-def test_qk_attention_forward_and_backward_are_the_composed_references_and_their_vjp():
+def test_qk_attention_forward_and_backward_are_the_composed_references_and_their_vjp(xsa_on=True):
+    """With XSA (which composes the attention's backward, so one case covers both): the forward's o is
+    xsa(attention), xc each row's attention . u (u: its kv head's unit value; without XSA an empty [B, H, T, 0]),
+    and the hand-written backward (reference.xsa_bwd, then the attention's) is autodiff's vjp."""
     q, k, v = _normal(B, T, H, K), _normal(B, T, G, K), _normal(B, T, G, K)
     cos, sin = ref.rope_tables(T, K, 10000.0)
     gain = jnp.asarray([0.5, 1.0, 1.5, 2.0], jnp.float32)
     normed = lambda a, b: (ref.rope_gain(ref.rms_norm(a), cos, sin, gain), ref.rope(ref.rms_norm(b), cos, sin))
     qg, kr = jax.jit(normed)(q, k)
-    want = _naive_attention(qg, kr, v)
-    _close(jax.jit(ref.qk_attention)(q, k, v, cos, sin, gain), want, rtol=1e-4)
+    a = _naive_attention(qg, kr, v)
+    want = ref.xsa(jnp.asarray(a, jnp.float32), v) if xsa_on else a
+    _close(jax.jit(ref.qk_attention, static_argnums=6)(q, k, v, cos, sin, gain, xsa_on), want, rtol=1e-4, atol=1e-5)
     g_PH = jnp.broadcast_to(gain, (128, H))
-    saved = jax.jit(ref.qk_attention_fwd)(q, k, v, cos, sin, g_PH)
-    _close(saved[0], want, rtol=1e-4)
+    saved = jax.jit(ref.qk_attention_fwd, static_argnames="xsa_on")(q, k, v, cos, sin, g_PH, xsa_on=xsa_on)
+    _close(saved[0], want, rtol=1e-4, atol=1e-5)
+    u = np.asarray(v, np.float64) / np.linalg.norm(np.asarray(v, np.float64), axis=-1, keepdims=True)
+    xc = np.einsum("btgrk,btgk->bgrt", np.asarray(a, np.float64).reshape(B, T, G, H // G, K), u)
+    assert saved[-1].shape == (B, H, T, 1)
+    assert jax.eval_shape(ref.qk_attention_fwd, q, k, v, cos, sin, g_PH)[-1].shape == (B, H, T, 0)
+    _close(saved[-1][..., 0], xc.reshape(B, H, T), rtol=1e-4, atol=1e-5)
     do = _normal(B, T, H, K)
-    dq, dk, dv, dg_BH1 = jax.jit(ref.qk_attention_bwd)(q, k, v, cos, sin, g_PH, *saved, do)
-    attend = lambda a, b, c, g: ref.qk_attention(a, b, c, cos, sin, g)
+    bwd = jax.jit(ref.qk_attention_bwd, static_argnames="xsa_on")
+    dq, dk, dv, dg_BH1 = bwd(q, k, v, cos, sin, g_PH, *saved, do, xsa_on=xsa_on)
+    attend = lambda a, b, c, g: ref.qk_attention(a, b, c, cos, sin, g, xsa_on)
     vjp = jax.jit(lambda a, b, c, g, ct: jax.vjp(attend, a, b, c, g)[1](ct))
     wq, wk, wv, wg = vjp(q, k, v, gain, do)
     for got, w in ((dq, wq), (dk, wk), (dv, wv), (dg_BH1[..., 0].sum(0), wg)):
         _close(got, w, rtol=1e-4, atol=1e-4)
 
 
-def test_norm_mlp_is_the_naive_relu_squared_mlp_of_the_normed_input_and_its_backward_the_vjp():
+@pytest.mark.parametrize("slope", [0.0, 0.5, 1.5])
+def test_norm_mlp_is_the_naive_leaky_relu_squared_mlp_of_the_normed_input_and_its_backward_the_vjp(slope):
+    """LeakyReLU(slope)^2 (0: the baseline's relu^2, 0.5: the record's, 1.5: a slope > 1); the hand-written backward
+    reads the activation's derivative off the stored r = act(h) (r act'(h) = act(r) for a slope >= 0)."""
     x, w_fc, w_proj = _normal(6, D), _normal(D, F, scale=0.3), _normal(F, D, scale=0.3)
-    h = np.maximum(_naive_rms_norm(x) @ np.asarray(w_fc, np.float64), 0.0)
-    _close(ref.norm_mlp(x, w_fc, w_proj), (h * h) @ np.asarray(w_proj, np.float64), rtol=1e-4, atol=1e-5)
-    y, inv, rT = ref.resid_norm_mlp_fwd(x, w_fc, w_proj)
+    h = _naive_rms_norm(x) @ np.asarray(w_fc, np.float64)
+    h = np.where(h > 0, h, slope * h)
+    _close(ref.norm_mlp(x, w_fc, w_proj, slope), (h * h) @ np.asarray(w_proj, np.float64), rtol=1e-4, atol=1e-5)
+    y, inv, rT = ref.resid_norm_mlp_fwd(x, w_fc, w_proj, negative_slope=slope)
     _close(y, np.asarray(x) + (h * h) @ np.asarray(w_proj, np.float64), rtol=1e-4, atol=1e-5)
-    _close(rT.T, h, rtol=1e-4, atol=1e-5)  # the stored hidden layer relu(h), transposed
-    _vjp_equals(lambda a, b, c: a + ref.norm_mlp(a, b, c), (x, w_fc, w_proj, inv, rT), ref.resid_norm_mlp_bwd,
+    _close(rT.T, h, rtol=1e-4, atol=1e-5)  # the stored hidden layer act(h), transposed
+    bwd = lambda *a: ref.resid_norm_mlp_bwd(*a, negative_slope=slope)
+    _vjp_equals(lambda a, b, c: a + ref.norm_mlp(a, b, c, slope), (x, w_fc, w_proj, inv, rT), bwd,
                 (x, w_fc, w_proj), _normal(6, D), rtol=1e-4, atol=1e-5)
 
 
@@ -248,14 +263,6 @@ def test_xsa_removes_each_heads_component_along_its_kv_groups_own_value():
         assert np.abs(np.sum(out[:, :, h] * other, -1)).max() > 1e-2  # not orthogonal to another group's v
     _close(ref.xsa(3.0 * jnp.repeat(v, R, axis=2), v), np.zeros((B, T, H, K)), atol=1e-5)  # y along v: nothing left
     _close(ref.xsa(y, jnp.zeros_like(v)), y)  # a zero value vector removes nothing (norm floor 1e-12)
-
-
-def test_qk_attention_with_xsa_is_xsa_of_the_attention_output():
-    q, k, v = _normal(B, T, H, K), _normal(B, T, G, K), _normal(B, T, G, K)
-    cos, sin = ref.rope_tables(T, 4, 10000.0)
-    gain = jnp.full((H,), 1.5, jnp.float32)
-    plain = ref.qk_attention(q, k, v, cos, sin, gain)
-    _close(ref.qk_attention(q, k, v, cos, sin, gain, True), ref.xsa(plain, v))
 
 
 def test_leaky_relu_squared_mlp_with_slope_0_is_relu_squared_bit_for_bit():

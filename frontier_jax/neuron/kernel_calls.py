@@ -10,7 +10,8 @@ times it runs per step (the enclosing scans' lengths).
 (the primitive's avals through the op's kernel adapter, as frontier_jax.ops.dispatch.kernel_call passes them),
 its static parameters (the kernel's compile-time constants) and calls per step; identical calls are merged.
 `glue(cfg)` is the rest of the step: bytes through HBM and matmul MACs of the equations outside kernels
-(`Glue`), per jaxpr of the same walk.
+(`Glue`), per jaxpr of the same walk, and the part of it each of the model's named XLA computations runs
+(BigramHash, SmearGate, the value embeddings: `model.RECIPE_XLA_OPS`, by their jax.named_scope).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from frontier_jax.ops import dispatch
 from frontier_jax.neuron import memory, program as _program
 from frontier_jax.config import Config
+from frontier_jax.model import RECIPE_XLA_OPS
 from frontier_jax.policies.geometry import split_batch
 
 CORES = 2  # trn1.2xlarge: one chip, two NeuronCore-v2, data parallel
@@ -64,13 +66,21 @@ def program(cfg: Config):
     return _program.trace_steps(cfg, CORES, *_program.on_neuron(cfg)).programs["train"]
 
 
-def _jaxprs(closed, multiplicity: int = 1):
-    """(jaxpr, runs per step) of `closed` and every sub-jaxpr, as `program.walk` descends."""
+def _jaxprs(closed, multiplicity: int = 1, scope: str | None = None, names: tuple[str, ...] = ()):
+    """(jaxpr, runs per step, the name of `names` it runs under or None) of `closed` and every sub-jaxpr, as
+    `program.walk` descends (a sub-jaxpr runs under its holding equation's name)."""
     jaxpr = getattr(closed, "jaxpr", closed)
-    yield jaxpr, multiplicity
+    yield jaxpr, multiplicity, scope
     for eqn in jaxpr.eqns:
         for sub, repeat in _program._sub_jaxprs(eqn):
-            yield from _jaxprs(sub, multiplicity * repeat)
+            yield from _jaxprs(sub, multiplicity * repeat, _scope(eqn, scope, names), names)
+
+
+def _scope(eqn, inherited: str | None, names: tuple[str, ...]) -> str | None:
+    """The first of `names` in the equation's name stack (jax.named_scope; JAX keeps a scope's name through
+    autodiff: "jvp(name)", "transpose(jvp(name))"), else the name its jaxpr runs under."""
+    stack = str(eqn.source_info.name_stack)
+    return next((n for n in names if n in stack), inherited)
 
 
 def _spec(a):
@@ -110,6 +120,9 @@ class Glue:
     unfused_bytes: float
     dot_macs: float
     equations: int
+    # the part of these under each name `glue` was given (the model's named XLA computations, model.RECIPE_XLA_OPS):
+    # name -> {"fused_bytes", "unfused_bytes", "dot_macs", "equations"}; a name the step does not run is absent
+    named: dict = dataclasses.field(default_factory=dict)
 
 
 _var, _bytes = memory.is_var, memory.nbytes
@@ -122,31 +135,38 @@ def _dot_macs(eqn) -> int:
     return math.prod(eqn.outvars[0].aval.shape) * contract
 
 
-def glue(cfg: Config, closed=None) -> Glue:
+def glue(cfg: Config, closed=None, names: tuple[str, ...] = RECIPE_XLA_OPS) -> Glue:
+    """The step's work outside kernels (`Glue`), with the part of it that runs under each of `names`."""
     closed = closed if closed is not None else program(cfg)
-    fused = unfused = macs = 0.0
-    count = 0
-    for jaxpr, mult in _jaxprs(closed):
-        outside = set()  # variables made by kernels, sub-jaxpr holders, or the jaxpr's inputs
-        consumers_outside = set(v for v in jaxpr.outvars if _var(v))
+    keys = ("fused_bytes", "unfused_bytes", "dot_macs", "equations")
+    total = dict.fromkeys(keys, 0.0)
+    named: dict = {}
+    for jaxpr, mult, inherited in _jaxprs(closed, names=names):
+        consumers_outside = set(v for v in jaxpr.outvars if _var(v))  # read by kernels, sub-jaxprs or the caller
         work = []
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
             if name.startswith(PREFIX) or name in FREE or any(True for _ in _program._sub_jaxprs(eqn)):
-                outside.update(eqn.outvars)
                 consumers_outside.update(v for v in eqn.invars if _var(v))
                 continue
             work.append(eqn)
-        made, read = set(), set()
+        made, read = {}, set()  # made: variable -> the scope of the equation that made it
         for eqn in work:
-            count += mult
-            if eqn.primitive.name == "dot_general":
-                macs += mult * _dot_macs(eqn)
+            scope = _scope(eqn, inherited, names)
+            accs = [total] + ([named.setdefault(scope, dict.fromkeys(keys, 0.0))] if scope else [])
             ins = [v for v in eqn.invars if _var(v)]
-            unfused += mult * (sum(_bytes(v) for v in ins) + sum(_bytes(v) for v in eqn.outvars))
             fresh = [v for v in ins if v not in made and v not in read]
-            fused += mult * sum(_bytes(v) for v in fresh)
+            add = {"equations": 1, "unfused_bytes": sum(_bytes(v) for v in ins) + sum(_bytes(v) for v in eqn.outvars),
+                   "fused_bytes": sum(_bytes(v) for v in fresh),
+                   "dot_macs": _dot_macs(eqn) if eqn.primitive.name == "dot_general" else 0}
+            for acc in accs:
+                for k, n in add.items():
+                    acc[k] += mult * n
             read.update(fresh)
-            made.update(eqn.outvars)
-        fused += mult * sum(_bytes(v) for v in made if v in consumers_outside)
-    return Glue(fused, unfused, macs, count)
+            made.update((v, scope) for v in eqn.outvars)
+        for v, scope in made.items():  # a value leaving the fused run: written once
+            if v in consumers_outside:
+                for acc in [total] + ([named[scope]] if scope else []):
+                    acc["fused_bytes"] += mult * _bytes(v)
+    return Glue(total["fused_bytes"], total["unfused_bytes"], total["dot_macs"], int(total["equations"]),
+                {n: {**v, "equations": int(v["equations"])} for n, v in named.items()})

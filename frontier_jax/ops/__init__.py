@@ -17,12 +17,15 @@ reference directly under plain autodiff (`dispatch.direct`); its body is the ker
 genuine adapters only (reshapes to rows, dtype casts, the scale folded into a weight, the gain
 broadcast over the partitions). Ops no production path calls live in `frontier_jax.ops.experimental`.
 
-The model's switches (the recipe, docs/recipe.md) are keyword arguments of the ops they change. Where the
-existing kernels compute them exactly, the kernel path adapts them (the LN-scale factor folded into the
-projection's and the MLP's first weight; partial RoPE as a fixed permutation of q's and k's head dims with
-cos = 1, sin = 0 at the passed-through pairs; XSA applied to the attention kernel's output); a switch no kernel
-computes is an op's declared `Switch`: for a model that sets it the kernel table shows the op as "reference"
-with the switch named, strict mode fails naming it, and the op's calls run its reference.
+The model's switches (the recipe, docs/recipe.md) are keyword arguments of the ops they change. The kernels
+compute them: the LeakyReLU slope is the MLP kernel's compile-time constant, XSA the attention kernel's epilogue
+(both directions), and the kernel path adapts the rest exactly (the LN-scale factor folded into the projection's
+and the MLP's first weight; partial RoPE as a fixed permutation of q's and k's head dims with cos = 1, sin = 0 at
+the passed-through pairs); a setting no kernel computes (a negative slope) is an op's declared `Switch`: for a
+model that sets it the kernel table shows the op as "reference" with the switch named, strict mode fails naming
+it, and the op's calls run its reference. BigramHash, SmearGate and the value embeddings are not ops: small XLA
+computations of the model (frontier_jax.model) on every platform, which the trn1 step estimate prices by name
+(frontier_jax.neuron.kernel_report).
 
 The kernel table's API is re-exported here: `configure`, `kernel_table`, `format_kernel_table`, `run_log_table`,
 `emulated`, `through_primitives`, `switch_fallbacks`, `KernelRow`, `KernelUnavailableError`, `Switch`, `OPS`,
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from frontier_jax.ops import reference as ref
 from frontier_jax.ops.softmax_shift import (  # noqa: F401 (re-exported: the trainer and tests use ops.*)
@@ -66,6 +70,22 @@ def _mix_kernel_args(which, arrays):
     kernel gets None for skip_NI and sw_1I instead (no zero-size operand: frontier_jax.ops.dispatch)."""
     x_NI, x0_NI, mix_2I, w_IO, skip_NI, sw_1I, *rest = arrays
     return arrays if skip_NI.shape[1] else (x_NI, x0_NI, mix_2I, w_IO, None, None, *rest)
+
+
+def _attention_kernel_args(which, arrays):
+    """Without XSA the backward's xc is empty ([B, H, T, 0]): the kernel gets None (no zero-size operand,
+    frontier_jax.ops.dispatch)."""
+    if which == "bwd" and arrays[14].shape[-1] == 0:
+        return arrays[:14] + (None,) + arrays[15:]
+    return arrays
+
+
+def _attention_kernel_outs(which, outs, arrays):
+    """The forward kernel without XSA returns no xc: the primitive's is empty, [B, H, T, 0]."""
+    if which == "fwd" and len(outs) == 8:
+        B, H, T, _ = outs[1].shape
+        return outs + (np.zeros((B, H, T, 0), np.float32),)
+    return outs
 
 
 def _adam_kernel_args(which, arrays):
@@ -128,17 +148,20 @@ def _projection_operands(x, w, s, r):
 RMS_NORM = declare("rms_norm", ref.rms_norm_fwd, ref.rms_norm_bwd,
                    vjp=Vjp("x -> y, inv", "x, inv, dy -> dx"))
 # saved: the inputs, o, lse and the forward's normed, rotated q / k with their inverse RMS and transposes
-# (the kernel's backward reads them instead of recomputing the norm and the rotation); cos, sin: zero
+# (the kernel's backward reads them instead of recomputing the norm and the rotation), and with XSA each row's
+# o . u before it (xc; without, an empty [B, H, T, 0] the kernel never sees); cos, sin: zero
 QK_ATTENTION = declare(
-    "qk_attention", ref.qk_attention_fwd, ref.qk_attention_bwd, static=("exact_max",),
-    vjp=Vjp("q, k, v, cos, sin, g -> o, lse, qg, qinv, kr, kinv, qgT, krT",
-            "q, k, v, cos, sin, g, o, lse, qg, qinv, kr, kinv, qgT, krT, do -> dq, dk, dv, dg",
+    "qk_attention", ref.qk_attention_fwd, ref.qk_attention_bwd, static=("exact_max", "xsa_on"),
+    adapter=KernelAdapter(_attention_kernel_args, _attention_kernel_outs),
+    vjp=Vjp("q, k, v, cos, sin, g -> o, lse, qg, qinv, kr, kinv, qgT, krT, xc",
+            "q, k, v, cos, sin, g, o, lse, qg, qinv, kr, kinv, qgT, krT, xc, do -> dq, dk, dv, dg",
             grads=lambda d: {"g": gain_rows(d["dg"][..., 0], d["g"])}, forward_only="exact_max"))
-# rT = relu(h)^T, saved (kernels_nki/mlp.py says why); dx includes dy (the residual); w_proj and s from the
-# folded weight's fp32 gradient (`_unfold`)
+# rT = act(h)^T, saved (kernels_nki/mlp.py says why); dx includes dy (the residual); w_proj and s from the
+# folded weight's fp32 gradient (`_unfold`); a negative slope < 0 is the one setting the kernel cannot compute
 NORM_MLP = declare(
-    "norm_mlp", ref.resid_norm_mlp_fwd, ref.resid_norm_mlp_bwd,
-    switches=(Switch("mlp_negative_slope", "negative_slope", 0.0, "the kernel computes relu(h)^2 only"),),
+    "norm_mlp", ref.resid_norm_mlp_fwd, ref.resid_norm_mlp_bwd, static=("negative_slope",),
+    switches=(Switch("mlp_negative_slope", "negative_slope", lambda slope: slope >= 0.0,
+                     "the kernel reads the activation's sign off the stored LeakyReLU(h), which needs a slope >= 0"),),
     vjp=Vjp("x, w_fc, wpf -> y, inv, rT", "x, w_fc, wpf, inv, rT, dy -> dx, dw_fc, dwpf",
             args="x, w_fc, w_proj, s", prepare=_mlp_operands, keep="w_proj, s",
             grads=lambda d: _unfolded(d, "dwpf", "w_proj", "s")))
@@ -230,13 +253,13 @@ def qk_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, cos_TR
     attention kernel (kernels_nki/attention.py) instead of by three HBM-bound kernels. The softmax shift
     is chosen at trace time (`attention_forward`); sequences longer than SHIFT_MAX_T always take the
     exact forward. Tables [T, R/2] with R < K: partial RoPE, which the kernel path computes with the whole-head
-    rotation on permuted heads (`rope_permutation`); `xsa`: XSA (reference.xsa) on the kernel's output."""
+    rotation on permuted heads (`rope_permutation`); `xsa`: XSA (reference.xsa), the kernel's epilogue (a static
+    parameter of both directions)."""
     dt, T = q_BTHK.dtype, q_BTHK.shape[1]  # the reference casts cos/sin and the gain to dt
     q_BTHK, k_BTGK, cos_TK2, sin_TK2 = _whole_head_rope(q_BTHK, k_BTGK, cos_TR2, sin_TR2)
-    o_BTHK = QK_ATTENTION.apply(q_BTHK, k_BTGK.astype(dt), v_BTGK.astype(dt), _in_dtype(cos_TK2, dt),
-                                _in_dtype(sin_TK2, dt), gain_PH(gain_H, dt),
-                                exact_max=_ATTENTION["exact_max"] or T > SHIFT_MAX_T)
-    return ref.xsa(o_BTHK, v_BTGK.astype(dt)) if xsa else o_BTHK
+    return QK_ATTENTION.apply(q_BTHK, k_BTGK.astype(dt), v_BTGK.astype(dt), _in_dtype(cos_TK2, dt),
+                              _in_dtype(sin_TK2, dt), gain_PH(gain_H, dt),
+                              exact_max=_ATTENTION["exact_max"] or T > SHIFT_MAX_T, xsa_on=bool(xsa))
 
 
 def _in_dtype(t, dt) -> jax.Array:
@@ -259,10 +282,11 @@ def norm_mlp(x: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array, scale_D: ja
              negative_slope: float = 0.0, ln_scale: float = 1.0) -> jax.Array:
     """x + scale * act(rms_norm(x) * ln_scale W_fc)^2 W_proj for x of any leading shape [..., D], act =
     LeakyReLU(negative_slope) (0: relu): the block's MLP half with its pre-norm and its scaled residual add
-    (kernels_nki/mlp.py, relu^2 only: another slope is the op's declared switch). The kernel path folds
-    ln_scale into W_fc (`_ln_folded`) and the scale into W_proj's columns (`_fold`) and adds x as y leaves PSUM."""
+    (kernels_nki/mlp.py; a slope < 0 is the op's declared switch). The kernel path folds ln_scale into W_fc
+    (`_ln_folded`) and the scale into W_proj's columns (`_fold`) and adds x as y leaves PSUM."""
     D = x.shape[-1]
-    return NORM_MLP.apply(x.reshape(-1, D), _ln_folded(w_fc_DF, ln_scale), w_proj_FD, scale_D).reshape(x.shape)
+    return NORM_MLP.apply(x.reshape(-1, D), _ln_folded(w_fc_DF, ln_scale), w_proj_FD, scale_D,
+                          negative_slope=float(negative_slope)).reshape(x.shape)
 
 
 def embed(ids_N: jax.Array, emb_VD: jax.Array) -> jax.Array:

@@ -38,12 +38,13 @@ prints it at start-up and `dataclasses.asdict` makes each row JSON. `configure("
 `KernelUnavailableError` naming every op that would not run its NKI kernel. Call `configure` before
 tracing: the choice is made at trace time (`configure` and `emulated` clear JAX's caches).
 
-Model switches. An op declares the switches its kernel does not compute (`Switch`: a `ModelConfig` field, the
-op's keyword argument it sets and the one value the kernel implements). `configure(..., model=cfg.model)`
-evaluates them for the run's model (`switch_fallbacks`): an op whose kernel cannot compute the model's setting
-is "reference" in the table with the setting named in the reason, whatever the platform (strict mode therefore
-fails naming it), and its calls run the reference. A call with such a setting on an op the table says runs its
-kernel is an error, never a silent reference (the table was configured for another model).
+Model switches. An op declares the switches its kernel does not compute for every value (`Switch`: a `ModelConfig`
+field, the op's keyword argument it sets and which of its values the kernel computes).
+`configure(..., model=cfg.model)` evaluates them for the run's model (`switch_fallbacks`): an op whose kernel
+cannot compute the model's setting is "reference" in the table with the setting named in the reason, whatever the
+platform (strict mode therefore fails naming it), and its calls run the reference. A call with such a setting on an
+op the table says runs its kernel is an error, never a silent reference (the table was configured for another
+model).
 """
 
 from __future__ import annotations
@@ -91,12 +92,13 @@ class KernelAdapter:
 
 @dataclasses.dataclass(frozen=True)
 class Switch:
-    """A model setting that changes an op and that its kernel does not compute: `ModelConfig.<field>` is passed
-    to the op as keyword `param`; the kernel implements `param` = `kernel_value` only (`what` says what it does)."""
+    """A model setting that changes an op and whose every value its kernel does not compute: `ModelConfig.<field>`
+    is passed to the op as keyword `param`; the kernel computes the values for which `computes(value)` holds
+    (`what` says which)."""
 
     field: str
     param: str
-    kernel_value: object
+    computes: Callable[[object], bool]
     what: str
 
 
@@ -165,8 +167,8 @@ def _switched(spec: OpSpec, kwargs: dict) -> bool:
     """Whether this call sets a switch the op's kernel does not compute (it then runs the reference): allowed
     where the table shows the op as reference (for this switch, `configure(model=...)`, or for any other reason
     outside a kernel trace); an error where the table says the kernel runs."""
-    on = [f"{s.param}={kwargs[s.param]!r}" for s in spec.switches
-          if s.param in kwargs and kwargs[s.param] != s.kernel_value]
+    on = [f"{s.param}={kwargs[s.param]!r}" for s in SPECS[spec.name].switches
+          if s.param in kwargs and not s.computes(kwargs[s.param])]
     if not on:
         return False
     if spec.name in _state["switched"]:
@@ -295,7 +297,7 @@ def switch_fallbacks(model) -> list[KernelRow]:
     on every platform (the kernel table, strict mode, the Neuron program check)."""
     rows = []
     for op, spec in SPECS.items():
-        off = [s for s in spec.switches if model is not None and getattr(model, s.field) != s.kernel_value]
+        off = [s for s in spec.switches if model is not None and not s.computes(getattr(model, s.field))]
         if off and op in registry.KERNELS:
             rows.append(KernelRow(op, "reference", "; ".join(f"model.{s.field}={getattr(model, s.field)!r}: {s.what}"
                                                              for s in off)))

@@ -316,34 +316,81 @@ def qk_attention(q_BTHK, k_BTGK, v_BTGK, cos_TR2, sin_TR2, gain_H, xsa_on: bool 
     return xsa(o_BTHK, v_BTGK) if xsa_on else o_BTHK
 
 
-def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=True):
-    """(o, lse [B, H, T, 1], qg, qinv [B, T, H, 1], kr, kinv [B, T, G, 1], qgT [B, H, K, T], krT [B, G, K, T])
+def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=True, xsa_on=False):
+    """(o, lse [B, H, T, 1], qg, qinv [B, T, H, 1], kr, kinv [B, T, G, 1], qgT [B, H, K, T], krT [B, G, K, T], xc)
     of `qk_attention` on raw q/k (g_PH: the gain broadcast over 128 rows, fp32): what the fused kernel saves
     for its backward, the normed, rotated q (times the gain) and k, each row's inverse RMS (fp32) and qg / kr
     transposed (the kernel's backward loads them instead of transposing); the probabilities are recomputed.
     exact_max: which softmax shift the kernel uses (kernels_nki/attention.py); o and lse do not depend on
-    it (softmax is shift-invariant), so the reference ignores it."""
+    it (softmax is shift-invariant), so the reference ignores it. xsa_on: o is `xsa` of the attention's output a and
+    xc [B, H, T, 1] fp32 each row's a . u (u: its kv head's unit value vector, `xsa_units`), the backward's
+    residual; without, xc is empty [B, H, T, 0]."""
     del exact_max
     qn_BTHK, qinv = rms_norm_fwd(q_BTHK)
     kn_BTGK, kinv = rms_norm_fwd(k_BTGK)
     qg_BTHK = rope_gain(qn_BTHK, cos_TK2, sin_TK2, g_PH[0])
     kr_BTGK = rope(kn_BTGK, cos_TK2, sin_TK2)
     T_last = (0, 2, 3, 1)
-    return (*attention_fwd(qg_BTHK, kr_BTGK, v_BTGK), qg_BTHK, qinv, kr_BTGK, kinv,
-            jnp.transpose(qg_BTHK, T_last), jnp.transpose(kr_BTGK, T_last))
+    o_BTHK, lse_BHT1 = attention_fwd(qg_BTHK, kr_BTGK, v_BTGK)
+    B, T, H, K = o_BTHK.shape
+    xc_BHT1 = jnp.zeros((B, H, T, 0), jnp.float32)
+    if xsa_on:
+        xc_BHT1 = _per_head(o_BTHK, xsa_units(v_BTGK)[0], lambda a, u: jnp.sum(a * u, axis=-1))
+        o_BTHK = xsa(o_BTHK, v_BTGK)
+    return (o_BTHK, lse_BHT1, qg_BTHK, qinv, kr_BTGK, kinv, jnp.transpose(qg_BTHK, T_last),
+            jnp.transpose(kr_BTGK, T_last), xc_BHT1)
+
+
+def xsa_units(v_BTGK):
+    """(u, inv) fp32: each row's unit value vector u = v / max(||v||, 1e-12) [B, T, G, K] (F.normalize, as `xsa`)
+    and inv = 1 / max(||v||, 1e-12) [B, T, G, 1]."""
+    v = v_BTGK.astype(jnp.float32)
+    inv = 1.0 / jnp.maximum(jnp.sqrt(jnp.sum(v * v, axis=-1, keepdims=True)), XSA_EPS)
+    return v * inv, inv
+
+
+def _per_head(x_BTHK, u_BTGK, f):
+    """f(x, u) per query head against its kv head's u (fp32, [B, T, G, R, K] -> [B, T, G, R]) as [B, H, T, 1]."""
+    B, T, H, K = x_BTHK.shape
+    G = u_BTGK.shape[2]
+    out = f(x_BTHK.astype(jnp.float32).reshape(B, T, G, H // G, K), u_BTGK[:, :, :, None, :])
+    return out.reshape(B, T, H).transpose(0, 2, 1)[..., None]
+
+
+def xsa_bwd(y_BTHK, v_BTGK, xc_BHT1, dy_BTHK):
+    """(da, dv) of XSA, y = a - c u with c = a . u (xc) and u = v / ||v||, from its output y and its cotangent dy:
+    da = dy - (dy . u) u per head, in y's dtype; dv = -(sum over the kv head's query heads of c da + (dy . u) y) /
+    ||v|| (fp32; exact for ||v|| >= 1e-12: d u = (I - u u^T) d v / ||v||, and y . u = 0). The attention's own
+    backward needs a for rowsum(da . a) only, which equals rowsum(dy . y) (da and y are both orthogonal to u,
+    a = y + c u), so y stands in for a."""
+    B, T, H, K = y_BTHK.shape
+    G = v_BTGK.shape[2]
+    u, inv = xsa_units(v_BTGK)
+    f32 = lambda x: x.astype(jnp.float32).reshape(B, T, G, H // G, K)
+    dy, y, u5 = f32(dy_BTHK), f32(y_BTHK), u[:, :, :, None, :]
+    a = jnp.sum(dy * u5, axis=-1, keepdims=True)
+    c = xc_BHT1[..., 0].transpose(0, 2, 1).reshape(B, T, G, H // G)[..., None]
+    da = dy - a * u5
+    dv = -jnp.sum(c * da.astype(y_BTHK.dtype).astype(jnp.float32) + a * y, axis=3) * inv
+    return da.reshape(B, T, H, K).astype(y_BTHK.dtype), dv
 
 
 def qk_attention_bwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse_BHT1, qg_BTHK, qinv, kr_BTGK,
-                     kinv, qgT_BHKT, krT_BGKT, do_BTHK):
-    """(dq, dk, dv, dg_BH1): through attention, RoPE (+ gain) and QK-norm; dg per (batch, head), fp32 (the
-    transposed qgT / krT are the kernel's; the reference reads the rows)."""
+                     kinv, qgT_BHKT, krT_BGKT, xc_BHT1, do_BTHK, xsa_on=False):
+    """(dq, dk, dv, dg_BH1): through XSA (with xsa_on: o and do are XSA's output and its cotangent, `xsa_bwd`),
+    attention, RoPE (+ gain) and QK-norm; dg per (batch, head), fp32 (the transposed qgT / krT are the kernel's;
+    the reference reads the rows)."""
     del qgT_BHKT, krT_BGKT
+    dv_x = 0.0
+    if xsa_on:
+        do_BTHK, dv_x = xsa_bwd(o_BTHK, v_BTGK, xc_BHT1, do_BTHK)
     qn_BTHK = _normed(q_BTHK, qinv)
     dqg, dkr, dv = attention_bwd(qg_BTHK, kr_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK)
     dqn = rope_gain_bwd(qn_BTHK, cos_TK2, sin_TK2, g_PH, dqg)[0]
     qr = rope(qn_BTHK, cos_TK2, sin_TK2).astype(jnp.float32)
     dg_BH1 = jnp.sum(dqg.astype(jnp.float32) * qr, axis=(1, 3))[..., None]
     dkn = rope_bwd(dkr, cos_TK2, sin_TK2)[0]
+    dv = (dv.astype(jnp.float32) + dv_x).astype(v_BTGK.dtype)
     return rms_norm_bwd(q_BTHK, qinv, dqn)[0], rms_norm_bwd(k_BTGK, kinv, dkn)[0], dv, dg_BH1
 
 
@@ -359,21 +406,22 @@ def mlp(x_ND: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array, negative_slop
     return (h_NF * h_NF) @ w_proj_FD.astype(x_ND.dtype)
 
 
-def mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
-    """(y, rT_FN): y = mlp(x) and relu(h)^T [F, N] in x's dtype (h = x W_fc, computed in x's dtype), the
-    backward's residual: the hidden layer is stored, not recomputed (kernels_nki/mlp.py says why)."""
-    r_NF = jnp.maximum(x_ND @ w_fc_DF.astype(x_ND.dtype), 0)
+def mlp_fwd(x_ND, w_fc_DF, w_proj_FD, negative_slope: float = 0.0):
+    """(y, rT_FN): y = mlp(x) and r^T [F, N] in x's dtype, r = leaky_relu(h) (h = x W_fc, computed in x's dtype),
+    the backward's residual: the hidden layer is stored, not recomputed (kernels_nki/mlp.py says why)."""
+    r_NF = leaky_relu(x_ND @ w_fc_DF.astype(x_ND.dtype), negative_slope)
     return (r_NF * r_NF) @ w_proj_FD.astype(x_ND.dtype), r_NF.T
 
 
-def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, rT_FN, dy_ND):
-    """(dx, dw_fc, dw_proj) from the stored r = relu(h): what autodiff of `mlp` computes, written out (a = r^2,
-    da = dy W_proj^T, dh = 2 r da, zero where h <= 0 as r is); dw in the weights' dtypes."""
+def mlp_bwd(x_ND, w_fc_DF, w_proj_FD, rT_FN, dy_ND, negative_slope: float = 0.0):
+    """(dx, dw_fc, dw_proj) from the stored r = leaky_relu(h): what autodiff of `mlp` computes, written out (a = r^2,
+    da = dy W_proj^T, dh = 2 m da with m = r leaky_relu'(h) = leaky_relu(r) for a slope >= 0: r where h > 0, slope
+    r below, zero where relu's h <= 0 as r is); dw in the weights' dtypes."""
     dt = x_ND.dtype
     r_NF = rT_FN.T.astype(dt)
     w_fc, w_proj = w_fc_DF.astype(dt), w_proj_FD.astype(dt)
     da_NF = dy_ND @ w_proj.T
-    dh_NF = 2 * (r_NF * da_NF)
+    dh_NF = 2 * (leaky_relu(r_NF, negative_slope) * da_NF)
     return (dh_NF @ w_fc.T, (x_ND.T @ dh_NF).astype(w_fc_DF.dtype),
             ((r_NF * r_NF).T @ dy_ND).astype(w_proj_FD.dtype))
 
@@ -390,31 +438,31 @@ def norm_mlp(x, w_fc_DF, w_proj_FD, negative_slope: float = 0.0, ln_scale: float
     return mlp(ln_scaled(rms_norm(x), ln_scale).reshape(-1, D), w_fc_DF, w_proj_FD, negative_slope).reshape(x.shape)
 
 
-def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
-    """(y in x's dtype, inv_N1, rT_FN = relu(h)^T in x's dtype), composed of the two references (what the
+def norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD, negative_slope: float = 0.0):
+    """(y in x's dtype, inv_N1, rT_FN = leaky_relu(h)^T in x's dtype), composed of the two references (what the
     model computed unfused)."""
     xn_ND, inv_N1 = rms_norm_fwd(x_ND)
-    y_ND, rT_FN = mlp_fwd(xn_ND, w_fc_DF, w_proj_FD)
+    y_ND, rT_FN = mlp_fwd(xn_ND, w_fc_DF, w_proj_FD, negative_slope)
     return y_ND, inv_N1, rT_FN
 
 
-def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
-    """(dx, dw_fc, dw_proj): the MLP's backward at rms_norm(x) from the stored relu(h)^T, then the norm's."""
-    dxn_ND, dw_fc_DF, dw_proj_FD = mlp_bwd(_normed(x_ND, inv_N1), w_fc_DF, w_proj_FD, rT_FN, dy_ND)
+def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND, negative_slope: float = 0.0):
+    """(dx, dw_fc, dw_proj): the MLP's backward at rms_norm(x) from the stored leaky_relu(h)^T, then the norm's."""
+    dxn_ND, dw_fc_DF, dw_proj_FD = mlp_bwd(_normed(x_ND, inv_N1), w_fc_DF, w_proj_FD, rT_FN, dy_ND, negative_slope)
     return rms_norm_bwd(x_ND, inv_N1, dxn_ND)[0], dw_fc_DF, dw_proj_FD
 
 
-def resid_norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD):
-    """(y = x + mlp(rms_norm(x)) in x's dtype, inv_N1, rT_FN = relu(h)^T [F, N] in x's dtype): the block's MLP
-    with its residual add, the per-channel scale folded into W_proj's columns (frontier_jax.ops.norm_mlp);
-    composed of norm_mlp_fwd."""
-    y_ND, inv_N1, rT_FN = norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD)
+def resid_norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD, *, negative_slope: float = 0.0):
+    """(y = x + mlp(rms_norm(x)) in x's dtype, inv_N1, rT_FN = leaky_relu(h)^T [F, N] in x's dtype): the block's
+    MLP with its residual add, the per-channel scale folded into W_proj's columns (frontier_jax.ops.norm_mlp);
+    composed of norm_mlp_fwd. negative_slope >= 0 (the backward reads the activation's sign off the stored r)."""
+    y_ND, inv_N1, rT_FN = norm_mlp_fwd(x_ND, w_fc_DF, w_proj_FD, negative_slope)
     return x_ND + y_ND, inv_N1, rT_FN
 
 
-def resid_norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND):
+def resid_norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND, *, negative_slope: float = 0.0):
     """(dx = dy + norm_mlp_bwd's dx in x's dtype, dw_fc in x's dtype, dw_proj in fp32)."""
-    dx_ND, dw_fc_DF, dw_proj_FD = norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND)
+    dx_ND, dw_fc_DF, dw_proj_FD = norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND, negative_slope)
     return dy_ND + dx_ND, dw_fc_DF, dw_proj_FD.astype(jnp.float32)
 
 
