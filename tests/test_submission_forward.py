@@ -26,11 +26,11 @@ class _FlagGPT(GPT):
 class EvalScaledGPT(_FlagGPT):
     """The rejected submission's pattern: at evaluation, a branch of its own that scales the logits."""
 
-    def __call__(self, inputs_BT, targets_BT, bias_ids_BTS=None, bias_vals_BTS=None):
+    def __call__(self, inputs_BT, targets_BT, bias_ids_BTS=None, bias_vals_BTS=None, *, qat=None):
         if not self.deterministic:
-            return super().__call__(inputs_BT, targets_BT, bias_ids_BTS, bias_vals_BTS)
+            return super().__call__(inputs_BT, targets_BT, bias_ids_BTS, bias_vals_BTS, qat=qat)
         B, T = inputs_BT.shape
-        x_ND = self.hidden(inputs_BT).reshape(B * T, self.cfg.model_dim)
+        x_ND = self.hidden(inputs_BT, qat).reshape(B * T, self.cfg.model_dim)
         loss_N = ops.head_loss(x_ND * 1.05, self.tok_emb[...], targets_BT.reshape(B * T), self.cfg.logit_softcap)
         return loss_N.reshape(B, T)
 
@@ -38,23 +38,23 @@ class EvalScaledGPT(_FlagGPT):
 class EvalConstantGPT(_FlagGPT):
     """An eval-only difference on one line: the same operation with another constant at evaluation."""
 
-    def hidden(self, inputs_BT):
-        return super().hidden(inputs_BT) * (1.05 if self.deterministic else 1.0)
+    def hidden(self, inputs_BT, qat=None):
+        return super().hidden(inputs_BT, qat) * (1.05 if self.deterministic else 1.0)
 
 
 class PeekingGPT(GPT):
     """Not causal: each position also sees the next token's embedding."""
 
-    def hidden(self, inputs_BT):
-        x_BTD = super().hidden(inputs_BT)
+    def hidden(self, inputs_BT, qat=None):
+        x_BTD = super().hidden(inputs_BT, qat)
         return x_BTD + 0.5 * jnp.roll(self.tok_emb[...][inputs_BT], -1, axis=1).astype(x_BTD.dtype)
 
 
 class UnnormalizedGPT(GPT):
     """Not a distribution: the per-token loss scaled down."""
 
-    def __call__(self, inputs_BT, targets_BT, bias_ids_BTS=None, bias_vals_BTS=None):
-        return 0.9 * super().__call__(inputs_BT, targets_BT, bias_ids_BTS, bias_vals_BTS)
+    def __call__(self, inputs_BT, targets_BT, bias_ids_BTS=None, bias_vals_BTS=None, *, qat=None):
+        return 0.9 * super().__call__(inputs_BT, targets_BT, bias_ids_BTS, bias_vals_BTS, qat=qat)
 
 
 def _fns(cls):
