@@ -57,7 +57,7 @@ W_proj^T token-major in PSUM, r token-major by transposes of rT's columns of the
 results of dx and dW_fc)), B' (every row tile's dh'^T by transposes), D (dW_proj += a^T dy and dW_fc += xn^T dh'
 contract over the group's NW tokens in fp32 PSUM, copied out by ScalarE, then one GpSimd add into fp32 SBUF
 accumulators per group), E (g/2 = dh'^T-stationary x W_fc^T in PSUM, token-major, then the norm's backward on
-it: dx = 2 inv (g/2 + x c), c = -mean((g/2) x) inv^2 (`kernels_nki.tiles.norm_grad_rows` with split: g/2 out of
+it: dx = 2 inv (g/2 + x c), c = -mean((g/2) x) inv^2 (`kernels_nki.tiles.norm_grad_rows`: g/2 out of
 PSUM, x c, the row sum and the 2 inv scale on ScalarE; (g/2) x and g/2 + x c on GpSimd), + dy on GpSimd,
 written over dy's group tile and stored). VectorE keeps only [P, 1] columns: its two-input instructions would hold the
 VectorE/ScalarE PSUM port or the VectorE/GpSimd SBUF port twice as long (trn1 arch guide, "Data Movement"; "Vector

@@ -160,7 +160,7 @@ def norm_bwd_stages(dx, g, x_t, inv, rows, dxo=None):
     held = [g]
 
     def products(_):
-        return norm_grad_products(held.pop(), x_t, rows, W, True)
+        return norm_grad_products(held.pop(), x_t, rows, W)
 
     def total(st):
         return norm_grad_sum(st, rows)
@@ -169,7 +169,7 @@ def norm_bwd_stages(dx, g, x_t, inv, rows, dxo=None):
         return norm_grad_columns(st, x_t, inv, rows)
 
     def work(st):
-        return norm_grad_combine(st, None, x_t, rows, W, True, True)
+        return norm_grad_combine(st, x_t, rows)
 
     def out(wk):
         if dxo != None:  # noqa: E711 (NKI has no `is`: nki/migration/index.rst)

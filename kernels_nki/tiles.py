@@ -3,14 +3,16 @@ functions a kernel calls, whichever file holds them; under the emulator `kernels
 loads this file against the emulated nki for the kernel files that import from it).
 
 - `cdiv`, `EPS` (the RMSNorm epsilon, float32 machine epsilon == frontier_jax.ops.reference.RMS_EPS).
+- `row_tiles(n, size)`: the tiles of an axis of n elements as (index, start, size) (the last one ragged).
+- `pipeline(n, table)`: a software pipeline over n items written as a stage table.
 - `identity(dt)`: the [128, 128] identity, the moving operand of every TensorE transpose.
-- `transpose_ve`: a transpose by VectorE 32 x 32 blocks (no TensorE, no PSUM).
 - `transpose_to_psum` / `transpose`: a TensorE transpose as two <= 64-row halves, each on its own 64-row
   tile of the PE array so that the two run in parallel and a [128, 128] transpose streams 64 identity
   columns per tile instead of 128 (and a <= 64-column source uses a 64-column tile too) (aws-neuron-sdk nki/api/nki/isa/__init__.py nc_matmul, "Tiling mode":
   2 x 64-row tiles on NeuronCore-v2; "Transpose mode" / nc_transpose: TensorE transposes by a matmul
   against the identity, is_transpose labels it; the result is fp32 PSUM, as nc_matmul requires on
   NeuronCore-v2).
+- `norm_grad_rows` and its four steps: the RMSNorm backward of one row tile before its final scale.
 """
 
 import nki.isa as nisa
@@ -22,6 +24,29 @@ HALF = 64  # a row tile of the PE array in row tiling mode on NeuronCore-v2
 
 def cdiv(a, b):
     return (a + b - 1) // b
+
+
+def row_tiles(n, size=nl.tile_size.pmax):
+    """[(i, start, rows)]: tile i of an axis of n elements covers start .. start + rows (rows = size, the last
+    tile's rows the remainder). A list, not a generator: lists of tuples are NKI values (aws-neuron-sdk
+    nki/get-started/nki-language-guide.rst, "NKI Values"), generators are not listed there."""
+    return [(i, i * size, min(size, n - i * size)) for i in range(cdiv(n, size))]
+
+
+def pipeline(n, table):
+    """A software pipeline over items 0 .. n - 1 written as a stage table: table = [(offset, stage), ...], one row
+    per stage in program order within a step; step s runs stage(s - offset) for each row with 0 <= s - offset < n,
+    so the prologue and the epilogue follow from the offsets and a re-ordering is a change to the table. Stages
+    hand results to later stages through lists they append to and pop from (oldest first). The explicit form of
+    the same order is AWS nki-library's attention_cte.py steady state (src/nkilib_src/nkilib/core/attention/
+    attention_cte.py, `_attention_cte_impl`: one call per stage at grp_i, grp_i + 1, grp_i + 2)."""
+    last = 0
+    for offset, _ in table:
+        last = max(last, offset)
+    for s in range(n + last):
+        for offset, stage in table:
+            if 0 <= s - offset < n:
+                stage(s - offset)
 
 
 def identity(dt):
@@ -77,50 +102,32 @@ def transpose(dst, src, rows, cols, ident, on_vector=False):
         nisa.activation(dst=dst, op=nl.copy, data=t_ps[0:cols, 0:rows])
 
 
-def transpose_ve(dst, src, p, f):
-    """dst[0:f, 0:p] = src[0:p, 0:f]^T (p, f <= 128) by VectorE 32 x 32 transposes, SBUF to SBUF (VectorE
-    transposes up to 32 x 32: nki/api/nki/isa/__init__.py nc_transpose): 16 instructions per [128, 128]
-    block instead of a TensorE transpose and its PSUM copy."""
-    for i in range(cdiv(p, 32)):
-        pi = min(32, p - i * 32)
-        for j in range(cdiv(f, 32)):
-            fj = min(32, f - j * 32)
-            nisa.nc_transpose(dst=dst[j * 32:j * 32 + fj, i * 32:i * 32 + pi],
-                              data=src[i * 32:i * 32 + pi, j * 32:j * 32 + fj], engine=nisa.engine.vector)
-
-
-def norm_grad_rows(g, x_t, inv, rows, width, split=True, sum_on_gpsimd=True):
+def norm_grad_rows(g, x_t, inv, rows, width):
     """work [P, D] fp32 = g + x c, c = -mean(g x) inv^2: the RMSNorm backward of one row tile before its final
     scale (dx = inv work), with g (the gradient w.r.t. the normalised rows) as fp32 PSUM tiles of `width`
-    columns and inv the forward's [P, 1] inverse RMS; the row sum on ScalarE, the [P, 1] columns on VectorE.
-    Without `split`, VectorE computes g x and x c + g (one PSUM input each). With `split`, the work leaves the
-    VectorE/GpSimd SBUF port and the VectorE/ScalarE PSUM port where it can (trn1 arch guide
-    nki/guides/architecture/trainium_inferentia2_arch.rst, "Data Movement": VectorE and GpSimd cannot access
-    SBUF in parallel, VectorE and ScalarE cannot access PSUM in parallel): g leaves PSUM by one-input ScalarE
-    copies (N cycles, where a two-input VectorE instruction costs ~2N at a lower clock: same guide, "Vector
-    Engine / Performance Consideration" and the "Compute Engine" table), x c is ScalarE's per-partition scale
-    (isa docs activation: scale an [N, 1] tile), g x and (with `sum_on_gpsimd`, else VectorE's x c + g from SBUF)
-    the sum g + x c run on GpSimd (SBUF only)."""
-    st = norm_grad_sum(norm_grad_products(g, x_t, rows, width, split), rows)
-    return norm_grad_combine(norm_grad_columns(st, x_t, inv, rows), g, x_t, rows, width, split, sum_on_gpsimd)
+    columns and inv the forward's [P, 1] inverse RMS. The work leaves the VectorE/GpSimd SBUF port and the
+    VectorE/ScalarE PSUM port where it can (trn1 arch guide nki/guides/architecture/trainium_inferentia2_arch.rst,
+    "Data Movement": VectorE and GpSimd cannot access SBUF in parallel, VectorE and ScalarE cannot access PSUM in
+    parallel): g leaves PSUM by one-input ScalarE copies (N cycles, where a two-input VectorE instruction costs
+    ~2N at a lower clock: same guide, "Vector Engine / Performance Consideration" and the "Compute Engine"
+    table), the row sum and x c (its per-partition scale: isa docs activation, scale an [N, 1] tile) run on
+    ScalarE, the [P, 1] column c on VectorE, g x and g + x c on GpSimd (SBUF only). Four steps, each taking the
+    previous one's result (`kernels_nki.projection_parts.norm_bwd_stages` interleaves them over row tiles)."""
+    st = norm_grad_sum(norm_grad_products(g, x_t, rows, width), rows)
+    return norm_grad_combine(norm_grad_columns(st, x_t, inv, rows), x_t, rows)
 
 
-def norm_grad_products(g, x_t, rows, width, split=True):
-    """`norm_grad_rows`' first step: (g in SBUF or None, work = g x)."""
+def norm_grad_products(g, x_t, rows, width):
+    """`norm_grad_rows`' first step: (g_s = g in SBUF (ScalarE), work = g x (GpSimd))."""
     P = nl.tile_size.pmax
     D = x_t.shape[1]
-    g_s = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf) if split else None
+    g_s = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
     work = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
-    for c in range(len(g)):
-        cw = min(width, D - c * width)
-        cols = slice(c * width, c * width + cw)
-        if split:
-            nisa.activation(dst=g_s[0:rows, cols], op=nl.copy, data=g[c][0:rows, 0:cw])
-            nisa.tensor_tensor(dst=work[0:rows, cols], data1=g_s[0:rows, cols], data2=x_t[0:rows, cols],
-                               op=nl.multiply, engine=nisa.engine.gpsimd)
-        else:
-            nisa.tensor_tensor(dst=work[0:rows, cols], data1=g[c][0:rows, 0:cw], data2=x_t[0:rows, cols],
-                               op=nl.multiply)
+    for c, c0, cw in row_tiles(D, width):
+        cols = slice(c0, c0 + cw)
+        nisa.activation(dst=g_s[0:rows, cols], op=nl.copy, data=g[c][0:rows, 0:cw])
+        nisa.tensor_tensor(dst=work[0:rows, cols], data1=g_s[0:rows, cols], data2=x_t[0:rows, cols],
+                           op=nl.multiply, engine=nisa.engine.gpsimd)
     return g_s, work
 
 
@@ -143,19 +150,10 @@ def norm_grad_columns(st, x_t, inv, rows):
     return g_s, work, cc
 
 
-def norm_grad_combine(st, g, x_t, rows, width, split=True, sum_on_gpsimd=True):
-    """The last step: work = g + x c."""
+def norm_grad_combine(st, x_t, rows):
+    """The last step: work = g + x c (x c ScalarE's per-partition scale, the add on GpSimd)."""
     g_s, work, cc = st
-    D = x_t.shape[1]
-    if split and sum_on_gpsimd:
-        nisa.activation(dst=work[0:rows], op=nl.copy, data=x_t[0:rows], scale=cc[0:rows])  # x c
-        nisa.tensor_tensor(dst=work[0:rows], data1=work[0:rows], data2=g_s[0:rows], op=nl.add,
-                           engine=nisa.engine.gpsimd)
-        return work
-    for c in range(len(g)):
-        cw = min(width, D - c * width)
-        cols = slice(c * width, c * width + cw)
-        g_c = g_s[0:rows, cols] if split else g[c][0:rows, 0:cw]
-        nisa.scalar_tensor_tensor(dst=work[0:rows, cols], data=x_t[0:rows, cols], op0=nl.multiply,
-                                  operand0=cc[0:rows], op1=nl.add, operand1=g_c)
+    nisa.activation(dst=work[0:rows], op=nl.copy, data=x_t[0:rows], scale=cc[0:rows])  # x c
+    nisa.tensor_tensor(dst=work[0:rows], data1=work[0:rows], data2=g_s[0:rows], op=nl.add,
+                       engine=nisa.engine.gpsimd)
     return work
