@@ -29,6 +29,8 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from kernels_nki.tiles import row_tiles
+
 FREE_TILE = 1024  # fp32 elements per partition per chunk: 4 KiB per tile, ~9 tiles live
 SQRT_MIN = 2.0 ** -116  # lower end of ScalarE sqrt's valid input range (nki/api/nki.api.shared.rst)
 
@@ -95,9 +97,7 @@ def adam_update(p_N, g_N, m_N, v_N, scal_P4, b1=0.9, b2=0.95, eps=1e-8, weight_d
     F = N // P
     if F > 0:
         views = [x[0:P * F].reshape((P, F)) for x in (p_N, g_N, m_N, v_N, po_N, mo_N, vo_N)]
-        for c in range((F + FREE_TILE - 1) // FREE_TILE):
-            f0 = c * FREE_TILE
-            w = min(FREE_TILE, F - f0)
+        for _, f0, w in row_tiles(F, FREE_TILE):
             _adam_tile(*[x[:, f0:f0 + w] for x in views], nlr_P1, rbc1_P1, rbc2_P1, floor_P1, *consts)
     if P * F < N:
         tail = N - P * F

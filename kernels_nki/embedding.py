@@ -45,45 +45,43 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.packing import columns, groups, load, rows_ap, rows_per_partition, store, tile
-from kernels_nki.tiles import cdiv
+from kernels_nki.tiles import cdiv, pipeline, row_tiles
 
 NB = 512  # tokens per forward block (gemm_moving_fmax of the id broadcast / one-hot tiles)
 DC = 512  # fp32 columns of one PSUM bank (nl.tile_size.psum_fmax)
 PSUM_BANKS = 8  # PSUM banks per partition on NeuronCore-v2 (trn1 arch guide, "Near-memory accumulation")
 
 
-def _onehot_T(ids_N, g, vcol_PK, KV, V, PV, dt):
+def _onehot_T(ids_N, g, vcol_PK, V, PV, dt):
     """Group g's onehot^T [v, tokens] per 128-row vocabulary chunk: its ids broadcast to every partition (one
     stride-0 DMA) against the per-partition vocabulary column (VectorE)."""
     P = nl.tile_size.pmax
-    nb = g[1] * g[2]
+    r0, parts, R = g
+    nb = parts * R
     ids_PB = nl.ndarray((P, NB), dtype=nl.int32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=ids_PB[0:PV, 0:nb], src=ids_N.ap(pattern=[[0, PV], [1, nb]], offset=g[0]))
+    nisa.dma_copy(dst=ids_PB[0:PV, 0:nb], src=ids_N.ap(pattern=[[0, PV], [1, nb]], offset=r0))
     ohT = []
-    for k in range(KV):
-        vr = min(P, V - k * P)
+    for k, _, vr in row_tiles(V):
         oh_t = nl.ndarray((P, NB), dtype=dt, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=oh_t[0:vr, 0:nb], data=ids_PB[0:vr, 0:nb], op0=nl.equal, operand0=vcol_PK[0:vr, k:k + 1])
         ohT.append(oh_t)
     return ohT
 
 
-def _gather_rows(ohT, g, emb_t, out_ND, KV, V, dt):
+def _gather_rows(ohT, g, emb_t, out_ND, V, dt):
     """Group g's output rows: row tile j = onehot^T's columns of its tokens (stationary) x emb rows (moving),
     one fp32 PSUM bank per 512 columns, into the group tile, stored with one DMA."""
     P = nl.tile_size.pmax
     D = out_ND.shape[1]
-    p = g[1]
+    _, p, R = g
     y_g = nl.ndarray((P, NB // P * D), dtype=dt, buffer=nl.sbuf)
-    for j in range(g[2]):
-        for c in range(cdiv(D, DC)):
-            dc = min(DC, D - c * DC)
+    for j in range(R):
+        for _, d0, dc in row_tiles(D, DC):
             y_ps = nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.psum)
-            for k in range(KV):
-                vr = min(P, V - k * P)
+            for k, _, vr in row_tiles(V):
                 nisa.nc_matmul(dst=y_ps[0:p, 0:dc], stationary=ohT[k][0:vr, columns(g, j)],
-                               moving=emb_t[k][0:vr, c * DC:c * DC + dc])
-            o0 = j * D + c * DC
+                               moving=emb_t[k][0:vr, d0:d0 + dc])
+            o0 = j * D + d0
             nisa.tensor_copy(dst=y_g[0:p, o0:o0 + dc], src=y_ps[0:p, 0:dc], engine=nisa.engine.vector)
     store(out_ND, g, y_g)
 
@@ -99,20 +97,24 @@ def embed_fwd(ids_N, emb_VD):
     out_ND = nl.ndarray((N, D), dtype=dt, buffer=nl.shared_hbm)
     # emb as V/128 row tiles (the moving operands) and vcol[p, k] = 128 k + p (the one-hot compare values)
     emb_t = []
-    for k in range(KV):
-        vr = min(P, V - k * P)
+    for _, v0, vr in row_tiles(V):
         e_t = nl.ndarray((P, D), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=e_t[0:vr], src=emb_VD[k * P:k * P + vr])
+        nisa.dma_copy(dst=e_t[0:vr], src=emb_VD[v0:v0 + vr])
         emb_t.append(e_t)
     vcol_PK = nl.ndarray((P, KV), dtype=nl.float32, buffer=nl.sbuf)
     nisa.iota(dst=vcol_PK, pattern=[[P, KV]], offset=0, channel_multiplier=1)
     PV = min(P, V)
     gs = groups(N, NB // P)  # 512 tokens per group; row tile j holds tokens n0 + p R + j
-    ohT = _onehot_T(ids_N, gs[0], vcol_PK, KV, V, PV, dt)
-    for i in range(len(gs)):  # group i + 1's one-hots (VectorE) come before group i's matmuls in program order
-        cur = ohT
-        ohT = _onehot_T(ids_N, gs[i + 1], vcol_PK, KV, V, PV, dt) if i + 1 < len(gs) else None
-        _gather_rows(cur, gs[i], emb_t, out_ND, KV, V, dt)
+    held = []  # the one-hots made and not yet used, oldest first
+
+    def onehots(i):
+        held.append(_onehot_T(ids_N, gs[i], vcol_PK, V, PV, dt))
+
+    def gather(i):
+        _gather_rows(held.pop(0), gs[i], emb_t, out_ND, V, dt)
+
+    # group i + 1's one-hots (VectorE) come before group i's matmuls in program order
+    pipeline(len(gs), [(0, onehots), (1, gather)])
     return out_ND
 
 
@@ -131,11 +133,12 @@ def embed_bwd(ids_N, emb_VD, dy_ND):
     R = rows_per_partition(D, cap=16)
     for g0 in range(0, len(blocks), PSUM_BANKS):
         group = blocks[g0:g0 + PSUM_BANKS]
-        vlo = group[0][0]
-        vhi = group[-1][0] + group[-1][1]
+        vlo, vhi = V, 0  # the vocabulary rows the group's blocks cover
+        for v0, vr, _, _ in group:
+            vlo, vhi = min(vlo, v0), max(vhi, v0 + vr)
         acc = [nl.ndarray((P, DC), dtype=nl.float32, buffer=nl.psum) for _ in group]
         for g in groups(N, R):  # row tile j of group g: tokens r0 + p R + j
-            p, nr = g[1], g[2]
+            _, p, nr = g
             id_i = nl.ndarray((P, R), dtype=nl.int32, buffer=nl.sbuf)
             nisa.dma_copy(dst=id_i[0:p, 0:nr], src=rows_ap(ids_N1, g))
             id_f = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)

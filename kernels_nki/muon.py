@@ -39,7 +39,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.tiles import identity, transpose_to_psum
+from kernels_nki.tiles import identity, row_tiles, transpose_to_psum
 
 NS_A, NS_B, NS_C = 3.4445, -4.7750, 2.0315  # = frontier_jax.ops.reference.NS_COEFFS
 NS_EPS = 1e-7  # = frontier_jax.ops.reference.NS_EPS
@@ -59,21 +59,17 @@ def _constants(values, P):
     return out
 
 
-def _row_tiles(n, P):
-    return [(r0, min(P, n - r0)) for r0 in range(0, n, P)]
-
-
-def _transpose(src, src_rows, src_cols, ident, P):
+def _transpose(src, src_rows, src_cols, ident):
     """C-row tiles [P, src_rows] of the transpose of R-row tiles `src` (each [P, src_cols]): TensorE transposes
     against `ident` (the identity in the NS dtype) into fp32 PSUM (`tiles.transpose_to_psum`), a bank's row of
     them out by one VectorE copy."""
+    P = nl.tile_size.pmax
     out = []
-    for j0, cj in _row_tiles(src_cols, P):
+    for _, j0, cj in row_tiles(src_cols):
         t = nl.ndarray((P, src_rows), dtype=ident.dtype, buffer=nl.sbuf)
-        for n0 in range(0, src_rows, PSUM_N):
-            nw = min(PSUM_N, src_rows - n0)
+        for _, n0, nw in row_tiles(src_rows, PSUM_N):
             pt = nl.ndarray((P, nw), dtype=nl.float32, buffer=nl.psum)
-            for i, (r0, ri) in enumerate(_row_tiles(src_rows, P)):
+            for i, r0, ri in row_tiles(src_rows):
                 if n0 <= r0 < n0 + nw:
                     transpose_to_psum(pt[0:cj, r0 - n0:r0 - n0 + ri], src[i][0:ri, j0:j0 + cj], ri, ident)
             nisa.tensor_copy(dst=t[0:cj, n0:n0 + nw], src=pt[0:cj, 0:nw], engine=nisa.engine.vector)
@@ -81,15 +77,14 @@ def _transpose(src, src_rows, src_cols, ident, P):
     return out
 
 
-def _gram(operands, k_rows, M, N, P, combine):
-    """S^T @ T for operands (S, T) given as k-row tiles, in [<=128, <=512] PSUM blocks; `combine` stores each."""
-    for m, (r0, rm) in enumerate(_row_tiles(M, P)):
-        for n0 in range(0, N, PSUM_N):
-            nw = min(PSUM_N, N - n0)
+def _gram(lhs, rhs, k_rows, M, N, combine):
+    """lhs^T @ rhs for lhs, rhs given as k-row tiles, in [<=128, <=512] PSUM blocks; `combine` stores each."""
+    P = nl.tile_size.pmax
+    for m, r0, rm in row_tiles(M):
+        for _, n0, nw in row_tiles(N, PSUM_N):
             pt = nl.ndarray((P, nw), dtype=nl.float32, buffer=nl.psum)
-            for k, (k0, rk) in enumerate(_row_tiles(k_rows, P)):
-                nisa.nc_matmul(dst=pt[0:rm, 0:nw], stationary=operands[0][k][0:rk, r0:r0 + rm],
-                               moving=operands[1][k][0:rk, n0:n0 + nw])
+            for k, _, rk in row_tiles(k_rows):
+                nisa.nc_matmul(dst=pt[0:rm, 0:nw], stationary=lhs[k][0:rk, r0:r0 + rm], moving=rhs[k][0:rk, n0:n0 + nw])
             combine(m, r0, rm, n0, nw, pt)
 
 
@@ -118,7 +113,7 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16", we
     # ---- momentum, Nesterov, cast to the NS dtype, per-partition sums of squares (natural [in, out] tiles)
     nat = []
     ss_P1 = nl.zeros((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    for i0, ri in _row_tiles(I, P):
+    for _, i0, ri in row_tiles(I):
         g_t = nl.ndarray((P, O), dtype=g_IO.dtype, buffer=nl.sbuf)
         b_t = nl.ndarray((P, O), dtype=buf_IO.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=g_t[0:ri], src=g_IO[i0:i0 + ri])
@@ -161,19 +156,19 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16", we
     # notes: nl.divide unsupported); VectorE's reciprocal is the precise one (nki.api.shared.rst)
     rn_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.reciprocal(dst=rn_P1, data=nrm_P1)
-    for i, (i0, ri) in enumerate(_row_tiles(I, P)):
+    for i, _, ri in row_tiles(I):
         nisa.tensor_scalar(dst=nat[i][0:ri], data=nat[i][0:ri], op0=nl.multiply, operand0=rn_P1[0:ri])
 
     # ---- Newton-Schulz on chip: X as R-row tiles, X^T as C-row tiles
     ident = identity(dt)
     if wide:
-        xt, x = nat, _transpose(nat, C, R, ident, P)
+        xt, x = nat, _transpose(nat, C, R, ident)
     else:
-        x, xt = nat, _transpose(nat, R, C, ident, P)
+        x, xt = nat, _transpose(nat, R, C, ident)
     for it in range(ns_steps):
-        a_t = [nl.ndarray((P, R), dtype=dt, buffer=nl.sbuf) for _ in _row_tiles(R, P)]
-        b_t = [nl.ndarray((P, R), dtype=dt, buffer=nl.sbuf) for _ in _row_tiles(R, P)]
-        xn = [nl.ndarray((P, C), dtype=dt, buffer=nl.sbuf) for _ in _row_tiles(R, P)]
+        a_t = [nl.ndarray((P, R), dtype=dt, buffer=nl.sbuf) for _ in row_tiles(R)]
+        b_t = [nl.ndarray((P, R), dtype=dt, buffer=nl.sbuf) for _ in row_tiles(R)]
+        xn = [nl.ndarray((P, C), dtype=dt, buffer=nl.sbuf) for _ in row_tiles(R)]
 
         def store_a(m, r0, rm, n0, nw, pt):  # A = X X^T
             nisa.tensor_copy(dst=a_t[m][0:rm, n0:n0 + nw], src=pt[0:rm, 0:nw], engine=nisa.engine.vector)
@@ -196,16 +191,16 @@ def muon_update(p_IO, g_IO, buf_IO, scal_P2, ns_steps=5, ns_dtype="bfloat16", we
             nisa.activation(dst=ax[0:rm], op=nl.copy, data=x[m][0:rm, n0:n0 + nw], scale=k_P5[0:rm, 0:1])
             nisa.tensor_tensor(dst=xn[m][0:rm, n0:n0 + nw], data1=ax[0:rm], data2=bx[0:rm], op=nl.add)
 
-        _gram((xt, xt), C, R, R, P, store_a)
-        _gram((a_t, a_t), R, R, R, P, store_b)  # A, B symmetric: A[k, m]^T = A[m, k]
-        _gram((b_t, x), R, R, C, P, store_x)
+        _gram(xt, xt, C, R, R, store_a)
+        _gram(a_t, a_t, R, R, R, store_b)  # A, B symmetric: A[k, m]^T = A[m, k]
+        _gram(b_t, x, R, R, C, store_x)
         x = xn
         if it < ns_steps - 1 or wide:
-            xt = _transpose(x, R, C, ident, P)
+            xt = _transpose(x, R, C, ident)
 
     # ---- shape scale (rounded to the NS dtype, or in fp32 with the lr), + wd p, p' = p - lr * u ([in, out] tiles)
     out = xt if wide else x
-    for i, (i0, ri) in enumerate(_row_tiles(I, P)):
+    for i, i0, ri in row_tiles(I):
         u = out[i]
         if scale != 1.0 and shape_scale == "lr":
             u = nl.ndarray((P, O), dtype=nl.float32, buffer=nl.sbuf)

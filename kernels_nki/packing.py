@@ -50,11 +50,12 @@ def blocks(N, R, cap):
     """`groups(N, R)` in runs of consecutive groups holding at most `cap` row tiles each (lists of groups)."""
     out, cur, tiles = [], [], 0
     for g in groups(N, R):
-        if cur and tiles + g[2] > cap:
+        _, _, rows = g
+        if cur and tiles + rows > cap:
             out.append(cur)
             cur, tiles = [], 0
         cur.append(g)
-        tiles += g[2]
+        tiles += rows
     return out + ([cur] if cur else [])
 
 
@@ -68,19 +69,23 @@ def rows_ap(a_NC, g):
 def load(src_NC, g, dt, R):
     """Group g of src as a [128, R C] SBUF tile in dt (the DMA casts), R >= g's rows per partition."""
     P = nl.tile_size.pmax
-    t = nl.ndarray((P, R * src_NC.shape[1]), dtype=dt, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t[0:g[1], 0:g[2] * src_NC.shape[1]], src=rows_ap(src_NC, g))
+    C = src_NC.shape[1]
+    _, parts, rows = g
+    t = nl.ndarray((P, R * C), dtype=dt, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[0:parts, 0:rows * C], src=rows_ap(src_NC, g))
     return t
 
 
 def store(dst_NC, g, t):
     """dst's group g = t[0:parts, 0:R C] (one DMA)."""
-    nisa.dma_copy(dst=rows_ap(dst_NC, g), src=t[0:g[1], 0:g[2] * dst_NC.shape[1]])
+    _, parts, rows = g
+    nisa.dma_copy(dst=rows_ap(dst_NC, g), src=t[0:parts, 0:rows * dst_NC.shape[1]])
 
 
 def tile(t, g, j, C):
     """Row tile j of group g held in t: the [parts, C] view of rows r0 + p R + j."""
-    return t[0:g[1], j * C:(j + 1) * C]
+    _, parts, _ = g
+    return t[0:parts, j * C:(j + 1) * C]
 
 
 def columns(g, j, c0=0):
