@@ -1,0 +1,62 @@
+"""Kernel-code style rules of kernels_nki/ checked on the source (the emulator is not kernel code): kernel
+state is read by name (unpacking, attributes, string keys), never by an integer position such as `g[1]`."""
+
+import ast
+import pathlib
+
+import kernels_nki
+
+ROOT = pathlib.Path(kernels_nki.__file__).parent
+
+# Files not yet converted to named state, with their number of integer-index reads. The counts must match
+# exactly, so a file's allowance shrinks as it is converted and a converted file leaves the list.
+NOT_YET_NAMED = {
+    "attention.py": 27,
+    "attention_bwd.py": 31,
+    "attention_layout.py": 1,
+    "attention_parts.py": 32,
+    "attention_steps.py": 34,
+    "head_loss.py": 58,
+    "head_loss_parts.py": 12,
+    "mix_parts.py": 14,
+    "mlp.py": 48,
+    "projection.py": 60,
+}
+
+
+def index_reads(source: str) -> list[tuple[int, str]]:
+    """(line, expression) of every read `x[k]` with an integer literal k (negative included); a tensor's
+    `.shape[k]` is its dimension, not kernel state, and slices (`t[0:rows]`) are tensor views."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)):
+            continue
+        key = node.slice.operand if isinstance(node.slice, ast.UnaryOp) and isinstance(node.slice.op, ast.USub) \
+            else node.slice
+        if not (isinstance(key, ast.Constant) and type(key.value) is int):
+            continue
+        if isinstance(node.value, ast.Attribute) and node.value.attr == "shape":
+            continue
+        out.append((node.lineno, ast.unparse(node)))
+    return out
+
+
+def kernel_files() -> list[pathlib.Path]:
+    return sorted(p for p in ROOT.rglob("*.py") if "emulator" not in p.relative_to(ROOT).parts)
+
+
+def test_index_reads_finds_positional_state_and_skips_shapes_and_slices():
+    src = "def f(g, t, c):\n    a = g[1] + g[-1] + t.shape[0]\n    b = t[0:2] + t[:, 3:4] + c['dims'] + t[i]\n"
+    assert [e for _, e in index_reads(src)] == ["g[1]", "g[-1]"]
+
+
+def test_kernel_state_is_read_by_name():
+    found = {}
+    for path in kernel_files():
+        reads = index_reads(path.read_text())
+        if reads:
+            found[str(path.relative_to(ROOT))] = reads
+    new = {f: r for f, r in found.items() if f not in NOT_YET_NAMED}
+    assert not new, f"integer-index reads of kernel state (name them: unpack, a class or string keys): {new}"
+    counts = {f: len(found.get(f, [])) for f in NOT_YET_NAMED}
+    assert counts == NOT_YET_NAMED, "update NOT_YET_NAMED to the new counts (they only shrink)"
