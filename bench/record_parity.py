@@ -1,7 +1,7 @@
 """Step-for-step parity of frontier_jax's training with the parameter-golf record's own code (docs/recipe.md).
 
     python -m bench.record_parity --record PATH/train_gpt.py --data DIR --tokenizer PATH --steps N
-        [--config configs/record11_tiny.py] [--set key=value]... [--warmdown-steps W] [--json]
+        [--config configs/record11_tiny.py] [--set key=value]... [--warmdown-steps W] [--ttt-tokens N] [--json]
 
 PATH is your copy of the record's script (records/track_10min_16mb/2026-03-23_LeakyReLU_LegalTTT_ParallelMuon/
 train_gpt.py of openai/parameter-golf); nothing of it is in this repository: it is imported at run time on CPU in
@@ -27,10 +27,20 @@ relative RMS difference of the final trained weights and of the EMAs, sqrt(sum |
 |record|^2) over all tensors (and the worst tensor). With --json the last line is one object {"ours": {"loss",
 "grad_norm"}, "record": {...}, "param_rel_rms", "ema_rel_rms", "ttt", "worst"} ("worst": each comparison's
 worst tensor and its own relative RMS). Exit 1 when a loss differs by more than
-1e-3 relative or the trained weights by more than 1e-2 relative RMS (the acceptance), 2 on bad input.
+1e-3 relative, the trained weights by more than 1e-2 relative RMS or the TTT scores by more than 1e-3 relative
+(the acceptance, below), 2 on bad input.
 
-"ttt" (both final models scored with legal score-first TTT on the same val tokens) is null: frontier_jax's TTT is
-not part of this tree yet (`TTT_PLACE` below is where it goes).
+Then legal score-first TTT of the same weights on both sides ("ttt"; `--ttt-tokens 0`: null): the weights the
+record's pipeline gives its TTT after these steps (its EMA in its dtypes through its int6 quantizer and back,
+`record_script.exported_state`), scored by the record's own `eval_val_sliding_ttt` (`record_script.ttt_score`) and,
+imported as `interop import --format pg-record` reads them, by frontier_jax's (`frontier_jax.ttt.run` as `evaluate
+--ttt` drives it), on the same val tokens (the record's val stream cut to --ttt-tokens targets, a multiple of
+train.seq_len), in chunks of the config's ttt.chunk_tokens (the record's TTT_CHUNK_TOKENS), each side's training
+forwards with its late-QAT flag as its run ended. "ttt": {"ours", "record", "record_once", "targets", "chunks",
+"qat"}: "record" is the record's function as it is (its tail windows re-score the last stride of targets,
+docs/evaluation.md), "record_once" the same pass with every target counted once (the function's scoring forwards
+recorded); frontier_jax scores every target once, so the acceptance compares "ours" with "record_once": within
+1e-3 relative.
 """
 
 from __future__ import annotations
@@ -51,8 +61,8 @@ DEFAULT_CONFIG = REPO / "configs" / "record11_tiny.py"
 # the record's fp32 CPU run: fp32 compute and tables, its bf16 Newton-Schulz, the unfused optimizer, steps warmdown
 PARITY_SETS = ("model.compute_dtype='float32'", "model.embed_dtype='float32'", "optim.muon_ns_dtype='bfloat16'",
                "optim.fused=False", "optim.warmdown_mode='steps'", "train.budget_seconds=inf")
-LOSS_RTOL, PARAM_RTOL = 1e-3, 1e-2  # the acceptance
-TTT_PLACE = None  # TTT scoring of both final models goes here once frontier_jax has legal score-first TTT
+LOSS_RTOL, PARAM_RTOL, TTT_RTOL = 1e-3, 1e-2, 1e-3  # the acceptance
+DEFAULT_TTT_TARGETS = 16384  # 4 chunks of record11_tiny's 4,096: 3 trained, the last scored only
 
 
 def parity_config(path, steps: int, warmdown: int, sets=()) -> Config:
@@ -109,9 +119,40 @@ def unbanked(state: dict[str, np.ndarray], cfg: Config) -> dict[str, np.ndarray]
     return pg_record.unbank(state, cfg.model)
 
 
+def ttt_scores(mod, ema: dict[str, np.ndarray], cfg: Config, tokenizer, targets: int, qat_ours: bool,
+               qat_record: bool, work: Path) -> dict:
+    """Both sides' legal score-first TTT of the record's exported weights from its EMA `ema` (module doc)."""
+    from bench import record_script
+    from frontier_jax import evaluate
+    from frontier_jax.data.tokenizer import load_tokenizer
+    from frontier_jax.policies.scoring import bpb
+
+    T = cfg.train.seq_len
+    args = mod.Hyperparameters()
+    tokens = mod.load_validation_tokens(args.val_files, T).numpy().astype(np.int64)  # (its uint16 shards)
+    n = (min(targets, tokens.shape[0] - 1) // T) * T
+    if n <= 0:
+        raise BadInput(f"--ttt-tokens {targets}: fewer than one window of train.seq_len={T}")
+    tokens = tokens[:n + 1]
+    start = record_script.exported_state(mod, ema)
+    record = record_script.ttt_score(mod, start, tokens, tokenizer, qat_record)
+    graphdef, params = import_record_state(start, cfg, work)
+    tcfg = evaluate._ttt_config(cfg, None, None)  # as `evaluate --ttt`: the config's ttt section, enabled
+    tables = load_tokenizer(str(tokenizer)).byte_tables(cfg.model.vocab_size)
+    sums, info = evaluate._ttt_sums(tcfg, graphdef, params, tokens, tables, None, None,
+                                    tcfg.eval.batch_seqs or tcfg.train.val_batch_seqs, None,
+                                    (qat_ours, "as the run ended"))
+    ours = bpb(sums["nll_sum_nats"], sums["bytes"])
+    return {"ours": ours, "record": record["function"]["val_bpb"], "record_once": record["once"]["val_bpb"],
+            "targets": n, "chunks": info["ttt"]["chunks"], "qat": {"ours": qat_ours, "record": qat_record},
+            "scored": {"ours": sums["tokens"], "record": record["as_is"]["tokens"],
+                       "record_once": record["once"]["tokens"]},
+            "record_recorded_abs_diff": abs(record["as_is"]["val_bpb"] - record["function"]["val_bpb"])}
+
+
 def run(record_path, data, tokenizer, steps: int, config=DEFAULT_CONFIG, warmdown: int | None = None,
-        sets=()) -> dict:
-    """Both sides' N steps (module doc): {"ours", "record", "param_rel_rms", "ema_rel_rms", "ttt", "rows", ...}."""
+        sets=(), ttt_tokens: int = DEFAULT_TTT_TARGETS) -> dict:
+    """Both sides' N steps, then TTT (module doc): {"ours", "record", "param_rel_rms", "ema_rel_rms", "ttt", ...}."""
     import jax
     import jax.numpy as jnp
 
@@ -163,7 +204,12 @@ def run(record_path, data, tokenizer, steps: int, config=DEFAULT_CONFIG, warmdow
     p_rms, p_worst, p_worst_rel = rel_rms(ours_sd, unbanked(rec.state(), cfg))
     e_rms, e_worst, e_worst_rel = rel_rms(ours_ema, unbanked(rec.ema_state(), cfg))
     swa = {"ours": int(opt_state.swa.count) if o.swa_every else 0, "record": rec.swa_count}
-    return {**hist, "param_rel_rms": p_rms, "ema_rel_rms": e_rms, "ttt": TTT_PLACE,
+    ttt = None
+    if ttt_tokens:
+        with tempfile.TemporaryDirectory() as tmp:
+            ttt = ttt_scores(mod, rec.ema_state(), cfg, tokenizer, ttt_tokens, qat_on, hist["record"]["qat"][-1],
+                             Path(tmp))
+    return {**hist, "param_rel_rms": p_rms, "ema_rel_rms": e_rms, "ttt": ttt,
             "worst": {"param": [p_worst, p_worst_rel], "ema": [e_worst, e_worst_rel]}, "swa_count": swa,
             "same_windows": same_windows, "config": str(config), "steps": steps}
 
@@ -178,6 +224,10 @@ def verdict(res: dict) -> list[str]:
            for i, (a, b) in enumerate(zip(res["ours"]["loss"], res["record"]["loss"])) if _rel(a, b) > LOSS_RTOL]
     if not res["param_rel_rms"] <= PARAM_RTOL:
         bad.append(f"final weights: relative RMS {res['param_rel_rms']:.2e} > {PARAM_RTOL:g}")
+    t = res["ttt"]
+    if t is not None and not _rel(t["ours"], t["record_once"]) <= TTT_RTOL:
+        bad.append(f"ttt: bpb {t['ours']:.9g} vs {t['record_once']:.9g} ({_rel(t['ours'], t['record_once']):.2e} > "
+                   f"{TTT_RTOL:g} relative)")
     return bad
 
 
@@ -194,6 +244,21 @@ def averages_lines(res: dict) -> list[str]:
     return [f"final weights: relative RMS {res['param_rel_rms']:.3e} (worst tensor {w['param'][0]}: "
             f"{w['param'][1]:.3e})",
             f"EMA: relative RMS {res['ema_rel_rms']:.3e} (worst tensor {w['ema'][0]}: {w['ema'][1]:.3e})"]
+
+
+def ttt_lines(res: dict) -> list[str]:
+    """The report's TTT lines (module doc)."""
+    t = res["ttt"]
+    if t is None:
+        return ["ttt: not scored (--ttt-tokens 0)"]
+    return [f"ttt of the record's exported weights on {t['targets']} val targets ({t['chunks']} chunks), late QAT "
+            f"ours / record {int(t['qat']['ours'])} / {int(t['qat']['record'])}:",
+            f"  ours {t['ours']:.8f} (each target once, {t['scored']['ours']} scored)",
+            f"  record {t['record']:.8f} (its eval_val_sliding_ttt as it is, {t['scored']['record']} scored)",
+            f"  record {t['record_once']:.8f} (the same pass, each target once, "
+            f"{t['scored']['record_once']} scored)",
+            f"  ours vs record once: {_rel(t['ours'], t['record_once']):.1e} relative; vs record as it is: "
+            f"{_rel(t['ours'], t['record']):.1e}"]
 
 
 def _shown(path) -> str:
@@ -214,11 +279,10 @@ def format_report(res: dict) -> str:
               f"SWA snapshots: ours {res['swa_count']['ours']}, record {res['swa_count']['record']}",
               "batches: the record's loader's, fed to both; frontier_jax's own stream gives the same windows at "
               f"steps {[i + 1 for i, s in enumerate(res['same_windows']) if s] or 'none'}",
-              "ttt: not scored (frontier_jax has no legal score-first TTT in this tree)" if res["ttt"] is None else
-              f"ttt: ours {res['ttt']['ours']:.8f}, record {res['ttt']['record']:.8f}"]
+              *ttt_lines(res)]
     bad = verdict(res)
-    lines.append("acceptance (losses 1e-3 relative, weights 1e-2 relative RMS): " + ("met" if not bad else
-                                                                                        "NOT met: " + "; ".join(bad)))
+    lines.append("acceptance (losses 1e-3 relative, weights 1e-2 relative RMS, ttt 1e-3 relative): " +
+                 ("met" if not bad else "NOT met: " + "; ".join(bad)))
     return "\n".join(lines)
 
 
@@ -238,6 +302,8 @@ def parser() -> ArgumentParser:
     ap.add_argument("--config", default=str(DEFAULT_CONFIG))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
     ap.add_argument("--warmdown-steps", type=int_in(1), default=None, help="default: steps + 2")
+    ap.add_argument("--ttt-tokens", type=int_in(0), default=DEFAULT_TTT_TARGETS, metavar="N",
+                    help="val targets of the TTT comparison (rounded down to a multiple of train.seq_len; 0: no TTT)")
     ap.add_argument("--json", action="store_true", help="end with one JSON line")
     return ap
 
@@ -245,7 +311,7 @@ def parser() -> ArgumentParser:
 def main(argv=None) -> int:
     a = parser().parse_args(argv)
     with exit_on_error():
-        res = run(a.record, a.data, a.tokenizer, a.steps, a.config, a.warmdown_steps, a.set)
+        res = run(a.record, a.data, a.tokenizer, a.steps, a.config, a.warmdown_steps, a.set, a.ttt_tokens)
     print(format_report(res))
     if a.json:
         print(to_json(res))

@@ -213,3 +213,93 @@ class RecordTrainer:
 
     def ema_state(self) -> dict[str, np.ndarray]:
         return {k: v.numpy().copy() for k, v in self.ema.items()}
+
+
+def exported_state(mod, ema: dict[str, np.ndarray]) -> dict:
+    """The weights the script's test-time training starts from, from its EMA `ema` (its pipeline after training,
+    train_gpt.py:1762-1833): the EMA in its model's dtypes (the three tables bf16), unbanked, through its int6
+    quantizer and back (`mixed_quantize_int6` / `dequantize_mixed_int6`; the file's torch.save and lzma between
+    them are lossless), rebanked: a state dict of torch tensors in those dtypes."""
+    import torch
+
+    args = mod.Hyperparameters()
+    sd = {k: torch.from_numpy(v).to(torch.bfloat16 if k in TABLES else torch.float32) for k, v in ema.items()}
+    unbanked = mod._unbank_state_dict(sd, args.num_layers)
+    q, meta = mod.mixed_quantize_int6(unbanked, {"mlp", "attn"})
+    return mod._rebank_state_dict(mod.dequantize_mixed_int6(q, meta, unbanked), args.num_layers, sd)
+
+
+def ttt_windows(n_targets: int, seq_len: int, stride: int, chunk_tokens: int) -> list[tuple[int, int, int]]:
+    """(start, length, first scored position) of the script's TTT windows in the order it scores them (chunk by
+    chunk, train_gpt.py:1087-1099, 1131-1171): tail windows re-score the last targets."""
+    starts = [ws for ws in range(0, n_targets, stride) if min(ws + seq_len, n_targets) - ws >= stride or ws == 0]
+    num_chunks = -(-n_targets // chunk_tokens)
+    rows = []
+    for ws in starts:
+        wlen = min(ws + seq_len, n_targets) - ws
+        s = 0 if ws == 0 else max(wlen - stride, 0)
+        rows.append((min((ws + s) // chunk_tokens, num_chunks - 1), ws, wlen, s))
+    return [(ws, wlen, s) for _, ws, wlen, s in sorted(rows, key=lambda r: r[0])]  # stable: the script's order
+
+
+def ttt_score(mod, state: dict, tokens: np.ndarray, tokenizer, qat: bool) -> dict:
+    """The script's `eval_val_sliding_ttt` (as it is, at its EVAL_STRIDE) of an fp32 GPT holding `state`, over the
+    val stream `tokens`, with CastedLinear's late-QAT flag `qat` (its training forwards fake-quantize with it).
+    Its scoring forwards are recorded on the way (the model's `forward_logits` wrapped; it returns the same
+    logits), so besides its own (loss, bpb) the same pass gives the sums of every target scored once (a tail window
+    counting only the targets no earlier window scored). Returns {"as_is": {...}, "once": {...}} with val_loss,
+    val_bpb, tokens and bytes of each, the function's own val_bpb and the chunk and window counts."""
+    import sentencepiece as spm
+    import torch
+    import torch.nn.functional as F
+
+    args = mod.Hyperparameters()
+    model = mod.GPT(**_gpt_kwargs(args))
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer))
+    base, lead, boundary = mod.build_sentencepiece_luts(sp, args.vocab_size, torch.device("cpu"))
+    toks = torch.from_numpy(tokens.astype(np.int64))
+    n, T = toks.numel() - 1, args.train_seq_len
+    windows = ttt_windows(n, T, args.eval_stride, args.ttt_chunk_tokens)
+    nll_rows, done = [], [0]
+    forward = model.forward_logits
+    with torch.no_grad():  # its Rotary caches cos / sin at first use: not under inference_mode, which would make
+        forward(toks[None, :T])  # them inference tensors its training forwards cannot save (its bf16 .to() copies)
+
+    def recorded(x_BT):
+        logits = forward(x_BT)
+        for i in range(x_BT.shape[0]):
+            ws, wlen, _ = windows[done[0] + i]
+            if not torch.equal(x_BT[i, :wlen], toks[ws:ws + wlen]):
+                raise RuntimeError(f"the script scored window {done[0] + i} out of the expected order")
+            nll_rows.append(F.cross_entropy(logits[i, :wlen].float(), toks[ws + 1:ws + wlen + 1], reduction="none"))
+        done[0] += x_BT.shape[0]
+        return logits
+
+    model.forward_logits = recorded
+    saved = mod.CastedLinear._qat_enabled
+    mod.CastedLinear._qat_enabled = bool(qat)
+    try:
+        loss, score = mod.eval_val_sliding_ttt(args, model, 0, 1, torch.device("cpu"), toks, base, lead, boundary,
+                                               stride=args.eval_stride, log0=lambda msg: None)
+    finally:
+        mod.CastedLinear._qat_enabled = saved
+    if done[0] != len(windows):
+        raise RuntimeError(f"the script scored {done[0]} windows, expected {len(windows)}")
+    sums = {"as_is": [0.0, 0, 0], "once": [0.0, 0, 0]}
+    scored_to = 0
+    for (ws, wlen, s), nll in zip(windows, nll_rows):
+        for key, first in (("as_is", s), ("once", max(s, scored_to - ws))):
+            if first >= wlen:
+                continue
+            tgt, prev = toks[ws + 1 + first:ws + wlen + 1], toks[ws + first:ws + wlen]
+            nbytes = base[tgt].to(torch.int64) + (lead[tgt] & ~boundary[prev]).to(torch.int64)
+            acc = sums[key]
+            acc[0] += float(nll[first:].to(torch.float64).sum())
+            acc[1] += wlen - first
+            acc[2] += int(nbytes.sum())
+        scored_to = max(scored_to, ws + wlen)
+    out = {key: {"val_loss": a[0] / a[1], "val_bpb": a[0] / a[1] / np.log(2.0) * a[1] / a[2], "tokens": a[1],
+                 "bytes": a[2]} for key, a in sums.items()}
+    return {**out, "function": {"val_loss": loss, "val_bpb": score}, "windows": len(windows),
+            "chunks": -(-n // args.ttt_chunk_tokens)}

@@ -55,6 +55,9 @@ KERNEL_TOL = {"float32": 1e-5, "bfloat16": 2e-2}
 
 def assert_close_max(a, b, tol):
     a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    if a.size == 0 and b.size == 0:  # an output empty by construction (qk_attention's XSA side output, XSA off)
+        assert a.shape == b.shape, f"shape {a.shape} != {b.shape}"
+        return
     assert not np.isnan(a).any()
     err, bound = np.abs(a - b).max(), tol + tol * np.abs(b).max()
     assert err <= bound, f"max |a-b| = {err:.3g} > {bound:.3g}"

@@ -114,28 +114,50 @@ def test_the_records_state_dict_is_imported_as_interop_import_reads_it(tmp_path)
     assert all(v.dtype == np.float32 for v in a.values())  # the parity config's fp32 tables
 
 
-def _result(loss_rel=1e-4, rms=2e-3):
+def _result(loss_rel=1e-4, rms=2e-3, ttt_rel=1e-5):
     ref = [6.9, 6.6, 6.3]
+    ttt = {"ours": 3.9 * (1 + ttt_rel), "record": 3.91, "record_once": 3.9, "targets": 16384, "chunks": 4,
+           "qat": {"ours": True, "record": True}, "scored": {"ours": 16384, "record": 16576, "record_once": 16384},
+           "record_recorded_abs_diff": 0.0}
     return {"ours": {"loss": [x * (1 + loss_rel) for x in ref], "grad_norm": [0.4, 0.8, 1.0], "qat": [0, 0, 1]},
             "record": {"loss": ref, "grad_norm": [0.4, 0.81, 1.0], "qat": [0, 0, 1]}, "param_rel_rms": rms,
-            "ema_rel_rms": 1e-5, "ttt": None, "worst": {"param": ["w", 0.1], "ema": ["w", 0.05]},
+            "ema_rel_rms": 1e-5, "ttt": ttt, "worst": {"param": ["w", 0.1], "ema": ["w", 0.05]},
             "swa_count": {"ours": 1, "record": 1}, "same_windows": [True, False, False], "config": "c", "steps": 3}
 
 
 def test_the_report_the_json_line_and_the_verdict():
-    ok, bad = _result(), _result(loss_rel=2e-3, rms=0.02)
+    ok, bad = _result(), _result(loss_rel=2e-3, rms=0.02, ttt_rel=2e-3)
     assert record_parity.verdict(ok) == []
     failures = record_parity.verdict(bad)
-    assert len(failures) == 4 and failures[0].startswith("step 1: loss") and "relative RMS" in failures[-1]
+    assert len(failures) == 5 and failures[0].startswith("step 1: loss") and "relative RMS" in failures[-2]
+    assert failures[-1].startswith("ttt: bpb")  # against the record's pass with each target once, not as it is
     text = record_parity.format_report(ok)
     assert "| 3 | 6.3006300 | 6.3000000 | 1.0e-04 |" in text and "acceptance" in text and "met" in text
+    assert "ours 3.90003900" in text and "record 3.91000000 (its eval_val_sliding_ttt as it is" in text
     assert "NOT met" in record_parity.format_report(bad)
     line = json.loads(record_parity.to_json(ok))
-    assert set(line) == {"ours", "record", "param_rel_rms", "ema_rel_rms", "ttt", "worst"} and line["ttt"] is None
+    assert set(line) == {"ours", "record", "param_rel_rms", "ema_rel_rms", "ttt", "worst"}
+    assert line["ttt"]["ours"] == ok["ttt"]["ours"] and line["ttt"]["record_once"] == 3.9
+    untrained = {**ok, "ttt": None}  # --ttt-tokens 0
+    assert record_parity.verdict(untrained) == [] and "ttt: not scored" in record_parity.format_report(untrained)
     assert set(line["ours"]) == {"loss", "grad_norm"} and line["record"]["grad_norm"][1] == 0.81
     rms, worst, worst_rel = record_parity.rel_rms({"a": np.ones(4) * 1.1, "b": np.zeros(2)},
                                                   {"a": np.ones(4), "b": np.zeros(2)})
     assert rms == pytest.approx(0.1) and (worst, worst_rel) == ("a", pytest.approx(0.1))
+
+
+def test_the_records_ttt_windows_cover_every_target_and_its_tail_re_scores_the_last_stride():
+    """The script's TTT windows (train_gpt.py:1087-1099) in its scoring order: chunk by chunk, every target scored,
+    the last T / stride - 1 windows re-scoring the last stride targets, which the exactly-once count drops."""
+    n, T, stride, chunk = 2048, 256, 64, 512
+    windows = record_script.ttt_windows(n, T, stride, chunk)
+    covered = np.zeros(n, int)
+    for ws, wlen, s in windows:
+        covered[ws + s:ws + wlen] += 1
+    assert covered.min() == 1 and covered[:n - stride].max() == 1
+    assert set(covered[n - stride:]) == {T // stride}  # the tail: T / stride - 1 extra scorings
+    chunks = [min((ws + s) // chunk, n // chunk - 1) for ws, _, s in windows]
+    assert chunks == sorted(chunks) and len(set(chunks)) == n // chunk
 
 
 def test_bad_input_is_one_line_exit_2(fake, tmp_path, capsys):
@@ -172,4 +194,7 @@ def test_the_docs_parity_section_is_one_run_of_the_bench_that_meets_the_acceptan
         assert [c.strip() for c in row.strip("|").split("|")][:7] == record_parity.step_cells(res, i)
     for line in record_parity.averages_lines(res):
         assert line in section
-    assert record_parity.verdict(res) == []
+    assert res["ttt"] is not None and args.ttt_tokens == record_parity.DEFAULT_TTT_TARGETS
+    for line in record_parity.ttt_lines(res):
+        assert line in section
+    assert record_parity.verdict(res) == []  # the TTT scores within 1e-3 relative too
