@@ -6,7 +6,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.packing import store
-from kernels_nki.tiles import cdiv, transpose_to_psum
+from kernels_nki.tiles import accumulate_weight_grad, cdiv, transpose_to_psum
 
 VC = 512  # vocabulary chunk (one PSUM bank of fp32)
 Z_BANKS = 2  # backward: PSUM banks of z (and of dz^T) that may wait while the other stages run
@@ -47,19 +47,15 @@ def r_chunk(r_PV, t_PV, iota_PV, cols, corr, neg_lse, c0, vc, rows, S, softcap):
 
 
 def demb_block(acc, blk_s, V, D):
-    """demb += dz^T x over a block's row tiles (PSUM accumulation), one VectorE add per block into fp32 SBUF."""
-    P = nl.tile_size.pmax
+    """demb += dz^T x over a block's row tiles (PSUM accumulation), one VectorE add per block into fp32 SBUF
+    (`accumulate_weight_grad`, on_vector: ScalarE is the busier engine here)."""
     x_s, dz_s, rows_s = blk_s
-    for v in range(cdiv(V, P)):
-        vr = min(P, V - v * P)
-        for d in range(cdiv(D, VC)):
-            dc = min(VC, D - d * VC)
-            g_ps = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum)
-            for st in range(len(rows_s)):
-                nisa.nc_matmul(dst=g_ps[0:vr, 0:dc], stationary=dz_s[st][0:rows_s[st], v * P:v * P + vr],
-                               moving=x_s[st][0:rows_s[st], d * VC:d * VC + dc])
-            a = acc[v][0:vr, d * VC:d * VC + dc]
-            nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:vr, 0:dc], op=nl.add)
+
+    def matmuls(g_ps, v0, vr, d0, dc):
+        for x, dz, rows in zip(x_s, dz_s, rows_s):
+            nisa.nc_matmul(dst=g_ps[0:vr, 0:dc], stationary=dz[0:rows, v0:v0 + vr], moving=x[0:rows, d0:d0 + dc])
+
+    accumulate_weight_grad(acc, V, D, VC, matmuls, on_vector=True)
 
 
 def bwd_r(st, iota_PV, V, S, softcap):

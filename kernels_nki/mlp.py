@@ -88,7 +88,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.packing import blocks, columns, groups, load, store, tile
-from kernels_nki.tiles import EPS, cdiv, identity, norm_grad_rows, transpose, transpose_to_psum
+from kernels_nki.tiles import EPS, accumulate_weight_grad, cdiv, identity, norm_grad_rows, transpose, transpose_to_psum
 
 NB = 512  # tokens per forward group (gemm_moving_fmax: the forward's h^T has the tokens as moving free dim)
 NW = 1024  # tokens per backward group: no backward matmul streams tokens as its moving free dim, and the
@@ -387,22 +387,12 @@ def _bwd_hT(g, dh_s, dt, ident):
 
 
 def _accumulate(acc, lhs_s, rhs_s, p, K, C):
-    """acc[i] ([128, C] fp32 SBUF) += lhs^T rhs over the row tiles (lhs_s [p, K], rhs_s [p, C] tiles): one PSUM
-    bank per [128, 512] slice, copied out by ScalarE (one input: less time on the VectorE/ScalarE PSUM port than
-    a VectorE add reading PSUM), then one GpSimd add from SBUF."""
-    P = nl.tile_size.pmax
-    for i in range(cdiv(K, P)):
-        ki = min(P, K - i * P)
-        for c in range(cdiv(C, NB)):
-            cw = min(NB, C - c * NB)
-            g_ps = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.psum)
-            for j in range(len(lhs_s)):
-                nisa.nc_matmul(dst=g_ps[0:ki, 0:cw], stationary=lhs_s[j][0:p, i * P:i * P + ki],
-                               moving=rhs_s[j][0:p, c * NB:c * NB + cw])
-            a = acc[i][0:ki, c * NB:c * NB + cw]
-            g_s = nl.ndarray((P, NB), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=g_s[0:ki, 0:cw], op=nl.copy, data=g_ps[0:ki, 0:cw])
-            nisa.tensor_tensor(dst=a, data1=a, data2=g_s[0:ki, 0:cw], op=nl.add, engine=nisa.engine.gpsimd)
+    """acc[i] ([128, C] fp32 SBUF) += lhs^T rhs over the row tiles (lhs_s [p, K], rhs_s [p, C] tiles)."""
+    def matmuls(g_ps, k0, ki, c0, cw):
+        for lhs, rhs in zip(lhs_s, rhs_s):
+            nisa.nc_matmul(dst=g_ps[0:ki, 0:cw], stationary=lhs[0:p, k0:k0 + ki], moving=rhs[0:p, c0:c0 + cw])
+
+    accumulate_weight_grad(acc, K, C, NB, matmuls)
 
 
 def _bwd_dx(st, dhT, wfcT, F, dx_ND, dt):

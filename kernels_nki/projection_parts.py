@@ -8,7 +8,7 @@ The layout and the AWS sources behind each rule are in projection.py's docstring
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.tiles import cdiv, norm_grad_columns, norm_grad_combine, norm_grad_products, norm_grad_sum, \
+from kernels_nki.tiles import accumulate_weight_grad, cdiv, norm_grad_columns, norm_grad_combine, norm_grad_products, norm_grad_sum, \
     transpose_to_psum
 
 W = 512  # moving columns per matmul: one fp32 PSUM bank (gemm_moving_fmax)
@@ -184,22 +184,13 @@ def norm_bwd_stages(dx, g, x_t, inv, rows, dxo=None):
 
 
 def dw_block(acc, xn_s, dy_s, I, O):
-    """acc[i] += xn^T dy over a block's row tiles (dy's row tiles per part, side by side: `pieces`): one PSUM bank
-    per [128, 512] slice, then one ScalarE copy out of PSUM and a GpSimd add (SBUF only: a VectorE add would hold
-    the PSUM port ScalarE needs for twice as long). A slice of several parts holds one accumulation group per
-    part in its bank, so the flag is explicit: the block's first row tile overwrites, the rest accumulate."""
-    P = nl.tile_size.pmax
-    for i in range(cdiv(I, P)):
-        k = min(P, I - i * P)
-        for o in range(cdiv(O, W)):
-            w = min(W, O - o * W)
-            g_ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
-            for s in range(len(xn_s)):
-                p, xn = xn_s[s]
-                for t, a, b, off in pieces(dy_s[s], o * W, o * W + w):
-                    nisa.nc_matmul(dst=g_ps[0:k, off:off + b - a], stationary=xn[0:p, i * P:i * P + k],
-                                   moving=dy_s[s][t][0:p, a:b], accumulate=s > 0)
-            a = acc[i][0:k, o * W:o * W + w]
-            g_s = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=g_s[0:k, 0:w], op=nl.copy, data=g_ps[0:k, 0:w])
-            nisa.tensor_tensor(dst=a, data1=a, data2=g_s[0:k, 0:w], op=nl.add, engine=nisa.engine.gpsimd)
+    """acc[i] += xn^T dy over a block's row tiles (dy's row tiles per part, side by side: `pieces`;
+    `accumulate_weight_grad`). A slice of several parts holds one accumulation group per part in its bank, so the
+    flag is explicit: the block's first row tile overwrites, the rest accumulate."""
+    def matmuls(g_ps, k0, k, o0, w):
+        for s, (p, xn) in enumerate(xn_s):
+            for t, a, b, off in pieces(dy_s[s], o0, o0 + w):
+                nisa.nc_matmul(dst=g_ps[0:k, off:off + b - a], stationary=xn[0:p, k0:k0 + k],
+                               moving=dy_s[s][t][0:p, a:b], accumulate=s > 0)
+
+    accumulate_weight_grad(acc, I, O, W, matmuls)

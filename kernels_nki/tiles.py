@@ -12,6 +12,7 @@ loads this file against the emulated nki for the kernel files that import from i
   2 x 64-row tiles on NeuronCore-v2; "Transpose mode" / nc_transpose: TensorE transposes by a matmul
   against the identity, is_transpose labels it; the result is fp32 PSUM, as nc_matmul requires on
   NeuronCore-v2).
+- `accumulate_weight_grad`: a weight gradient contracted over tokens in PSUM, slice by slice, added to fp32 SBUF.
 - `norm_grad_rows` and its four steps: the RMSNorm backward of one row tile before its final scale.
 """
 
@@ -100,6 +101,28 @@ def transpose(dst, src, rows, cols, ident, on_vector=False):
         nisa.tensor_copy(dst=dst, src=t_ps[0:cols, 0:rows], engine=nisa.engine.vector)
     else:
         nisa.activation(dst=dst, op=nl.copy, data=t_ps[0:cols, 0:rows])
+
+
+def accumulate_weight_grad(acc, K, C, width, matmuls, on_vector=False):
+    """acc[i] ([128, C] fp32 SBUF, one per row tile i of K) += a weight gradient, one PSUM bank per [128, width]
+    slice: for each row tile (k0, ki) of K and column slice (c0, cw) of C, `matmuls(g_ps, k0, ki, c0, cw)` issues the
+    matmuls contracting the tokens into g_ps[0:ki, 0:cw] (fp32 PSUM), then the slice leaves PSUM into the
+    accumulator: by one ScalarE copy and a GpSimd add from SBUF (default: one input on the VectorE/ScalarE PSUM port,
+    where a VectorE add reading PSUM holds it about twice as long: trn1 arch guide nki/guides/architecture/
+    trainium_inferentia2_arch.rst, "Data Movement" and "Vector Engine / Performance Consideration"), or, with
+    on_vector, by one VectorE add reading PSUM (where ScalarE is the busier engine)."""
+    P = nl.tile_size.pmax
+    for i, k0, ki in row_tiles(K):
+        for _, c0, cw in row_tiles(C, width):
+            g_ps = nl.ndarray((P, width), dtype=nl.float32, buffer=nl.psum)
+            matmuls(g_ps, k0, ki, c0, cw)
+            a = acc[i][0:ki, c0:c0 + cw]
+            if on_vector:
+                nisa.tensor_tensor(dst=a, data1=a, data2=g_ps[0:ki, 0:cw], op=nl.add)
+            else:
+                g_s = nl.ndarray((P, width), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=g_s[0:ki, 0:cw], op=nl.copy, data=g_ps[0:ki, 0:cw])
+                nisa.tensor_tensor(dst=a, data1=a, data2=g_s[0:ki, 0:cw], op=nl.add, engine=nisa.engine.gpsimd)
 
 
 def norm_grad_rows(g, x_t, inv, rows, width):
