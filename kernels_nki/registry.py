@@ -34,7 +34,7 @@ _INSIDE = "the model runs it fused, inside {}"
 
 KERNELS: dict[str, KernelSpec] = {s.op: s for s in (
     KernelSpec("rms_norm", "kernels_nki.rmsnorm", "rmsnorm_fwd", "rmsnorm_bwd"),
-    KernelSpec("qk_attention", "kernels_nki.attention", "qk_attention_fwd", "qk_attention_bwd"),
+    KernelSpec("qk_attention", "kernels_nki.attention.kernels", "qk_attention_fwd", "qk_attention_bwd"),
     KernelSpec("norm_mlp", "kernels_nki.mlp", "norm_mlp_fwd", "norm_mlp_bwd"),
     KernelSpec("embed", "kernels_nki.embedding", "embed_fwd", "embed_bwd"),
     KernelSpec("head_loss", "kernels_nki.head_loss", "head_loss_fwd", "head_loss_bwd"),
@@ -48,7 +48,7 @@ KERNELS: dict[str, KernelSpec] = {s.op: s for s in (
                experimental=_INSIDE.format("qk_attention")),
     KernelSpec("rope_gain", "kernels_nki.experimental.rope", "rope_gain_fwd", "rope_gain_bwd",
                experimental=_INSIDE.format("qk_attention")),
-    KernelSpec("causal_attention", "kernels_nki.attention", "attention_fwd", "attention_bwd",
+    KernelSpec("causal_attention", "kernels_nki.attention.kernels", "attention_fwd", "attention_bwd",
                experimental=_INSIDE.format("qk_attention") + " (attention_fwd/_bwd: its kernels without the QK-norm, "
                "RoPE and gain)"),
     KernelSpec("norm_projection", "kernels_nki.projection", "norm_projection_fwd", "norm_projection_bwd",

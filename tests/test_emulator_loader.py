@@ -58,7 +58,7 @@ def test_kernel_helper_modules_load_against_the_emulator_and_leave_no_trace():
     from kernels_nki.emulator import ast_pass, isa, loader
 
     before = sys.modules.get("kernels_nki.tiles")
-    attention = emulator.load_kernel_module("kernels_nki.attention")
+    attention = emulator.load_kernel_module("kernels_nki.attention.forward")
     assert sys.modules.get("kernels_nki.tiles") is before and "nki" not in sys.modules
     helper = loader._modules["kernels_nki.tiles", "any"]
     assert attention.transpose is helper.transpose and helper.transpose.__globals__["nisa"] is isa

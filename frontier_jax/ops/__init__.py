@@ -250,7 +250,7 @@ def qk_attention(q_BTHK: jax.Array, k_BTGK: jax.Array, v_BTGK: jax.Array, cos_TR
                  gain_H: jax.Array, *, xsa: bool = False) -> jax.Array:
     """The model's attention on the raw projections (reference.qk_attention): QK-norm, RoPE, the query
     gain and causal GQA attention as one op, so that q and k are normed and rotated on chip inside the
-    attention kernel (kernels_nki/attention.py) instead of by three HBM-bound kernels. The softmax shift
+    attention kernel (kernels_nki/attention/) instead of by three HBM-bound kernels. The softmax shift
     is chosen at trace time (`attention_forward`); sequences longer than SHIFT_MAX_T always take the
     exact forward. Tables [T, R/2] with R < K: partial RoPE, which the kernel path computes with the whole-head
     rotation on permuted heads (`rope_permutation`); `xsa`: XSA (reference.xsa), the kernel's epilogue (a static

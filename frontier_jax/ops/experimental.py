@@ -1,7 +1,7 @@
 """The standalone ops whose work the model runs inside a fused op (`frontier_jax.ops`), declared as the
 production ops are (`dispatch.declare` with a `Vjp`): rope and rope_gain (inside qk_attention; kernels
 kernels_nki/experimental/rope.py), causal_attention (qk_attention without the QK-norm, RoPE and gain;
-kernels_nki/attention.py `attention_fwd` / `_bwd`) and norm_projection (mix_norm_projection without
+kernels_nki/attention/kernels.py `attention_fwd` / `_bwd`) and norm_projection (mix_norm_projection without
 the residual mix; kernels_nki/projection.py `norm_projection_fwd` / `_bwd`). The kernel table lists
 them "unused" (`kernels_nki.registry`); tests route them through the emulator with `ops.emulated`.
 """

@@ -321,7 +321,7 @@ def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=T
     of `qk_attention` on raw q/k (g_PH: the gain broadcast over 128 rows, fp32): what the fused kernel saves
     for its backward, the normed, rotated q (times the gain) and k, each row's inverse RMS (fp32) and qg / kr
     transposed (the kernel's backward loads them instead of transposing); the probabilities are recomputed.
-    exact_max: which softmax shift the kernel uses (kernels_nki/attention.py); o and lse do not depend on
+    exact_max: which softmax shift the kernel uses (kernels_nki/attention/forward.py); o and lse do not depend on
     it (softmax is shift-invariant), so the reference ignores it. xsa_on: o is `xsa` of the attention's output a and
     xc [B, H, T, 1] fp32 each row's a . u (u: its kv head's unit value vector, `xsa_units`), the backward's
     residual; without, xc is empty [B, H, T, 0]."""

@@ -1,6 +1,6 @@
 """The qk_attention forward kernel's softmax shift, chosen on the host (the program holds no control flow).
 
-The fused attention forward's bounded softmax shift (kernels_nki/attention.py, module docstring) is valid
+The fused attention forward's bounded softmax shift (docs/kernels/attention.md, "The bounded-shift forward") is valid
 for sequences of at most SHIFT_MAX_T while every head's score bound B_h = sqrt(K) |g_h| (1 + 2^-5) is at
 most SHIFT_LIMIT; otherwise the kernel's exact running-max forward must run instead. Which one a traced
 step runs is a trace-time constant (`attention_forward`), chosen on the host from the gains the step

@@ -7,7 +7,7 @@ with sin negated: dx = (dy1 cos - dy2 sin, dy2 cos + dy1 sin).
 cos/sin [T, K/2] are host constants computed once per sequence length
 (`frontier_jax.model._rope_tables`); `frontier_jax.ops.experimental` casts them to x's dtype, as the
 reference does, before the call. No production op calls these kernels: the model's attention kernel
-(kernels_nki/attention.py, `qk_attention`) rotates q and k on chip.
+(kernels_nki/attention/, `qk_attention`) rotates q and k on chip.
 
 Layout: tokens of one sequence on the partition axis (tiles of 128 along T, the last ragged) and,
 on the free axis, a chunk of `nb` sequences x all heads x K: one DMA per chunk brings x[b0:b0+nb,

@@ -19,11 +19,12 @@ has run, so that at most two jobs' tiles are live); a sequence's tiles come in t
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.attention_layout import block, natural_cols, neg_lse_load, neg_rowdot, rows_from_transpose, \
+from kernels_nki.attention.layout import block, natural_cols, neg_lse_load, neg_rowdot, rows_from_transpose, \
     seq_dma, seq_tile
-from kernels_nki.attention_parts import (
-    causal_bias, dims, gain_column, gain_tile, kv_head, prep_grad, rope_tiles, xsa_units)
-from kernels_nki.attention_steps import KC, run_unit, bwd_heads, bwd_tile, gain_grad, store_kv_grad
+from kernels_nki.attention.rope_norm import gain_column, gain_tile, prep_grad, rope_tiles
+from kernels_nki.attention.rows import causal_bias, dims, kv_head
+from kernels_nki.attention.steps import KC, run_unit, bwd_heads, bwd_tile, gain_grad, store_kv_grad
+from kernels_nki.attention.xsa import xsa_units
 from kernels_nki.tiles import HALF, cdiv, identity, stacked_transpose, transpose
 
 

@@ -14,8 +14,9 @@ kv head's R query heads alternate, so independent work fills the waits.
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.attention_layout import block, perm_rows
-from kernels_nki.attention_parts import half_matmul, head_rows, xsa_out
+from kernels_nki.attention.layout import block, perm_rows
+from kernels_nki.attention.rows import half_matmul, head_rows
+from kernels_nki.attention.xsa import xsa_out
 from kernels_nki.tiles import cdiv, transpose, transpose_to_psum
 
 KC = 512  # keys (queries in the bounded forward) per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
