@@ -11,13 +11,6 @@ ROOT = pathlib.Path(kernels_nki.__file__).parent
 # Files not yet converted to named state, with their number of integer-index reads. The counts must match
 # exactly, so a file's allowance shrinks as it is converted and a converted file leaves the list.
 NOT_YET_NAMED = {
-    "attention/backward.py": 31,
-    "attention/forward.py": 23,
-    "attention/layout.py": 1,
-    "attention/rope_norm.py": 26,
-    "attention/rows.py": 6,
-    "attention/saved.py": 4,
-    "attention/steps.py": 34,
     "head_loss.py": 58,
     "head_loss_parts.py": 12,
     "mix_parts.py": 14,

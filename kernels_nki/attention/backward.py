@@ -1,19 +1,11 @@
-"""The attention backward's plan (kernels_nki/attention.py, `_bwd`; a kernel-helper file like
-kernels_nki/attention_parts.py): the work of one call as jobs, one per (sequence, kv head), each in three
-parts: its set-up (the sequence's loads and -Di / -lse columns for its first kv head; the kv head's k / v
-rows and transposes, its query heads' q / dO rows and transposes and per-tile views: `_setup`), its
-(query tile, key chunk) steps (`bwd_heads`, whose dk / dv PSUM accumulators leave PSUM right after them)
-and its tail (dq / dk through the rotation and the norm, the gain's gradient and, for a sequence's last kv
-head, the stores of its gradients from their natural rows: `_tail`).
-
-Each engine issues its stream in order (aws-neuron-sdk nki/guides/architecture/trainium_inferentia2_arch.rst,
-"NeuronCore-v2 Compute Engines"); the compiler may reorder independent instructions (nki/get-started/
-nki-language-guide.rst) but does not publish how, so the order written overlaps the engines by itself: the
-set-up and tail of a job issued between two jobs' steps would leave TensorE and ScalarE idle while they run on
-VectorE and GpSimd, and the steps' engines idle in turn; instead job n's steps carry job n - 1's tail and job n + 1's
-set-up as side work (`pipelined`'s `side`: small units spread over the steps, the set-up built once the tail
-has run, so that at most two jobs' tiles are live); a sequence's tiles come in two sets used in turn
-(`_seq_tiles`).
+"""The attention backward (kernels_nki/attention/kernels.py holds the @nki.jit entry points): the work of one call
+as jobs, one per (sequence, kv head), each in three parts: its set-up (the sequence's loads and -Di / -lse columns
+for its first kv head; the kv head's k / v rows and transposes, its query heads' q / dO rows and transposes and
+per-tile views: `_setup`), its (query tile, key chunk) steps (`bwd_heads`, whose dk / dv PSUM accumulators leave
+PSUM right after them) and its tail (dq / dk through the rotation and the norm, the gain's gradient and, for a
+sequence's last kv head, the stores of its gradients from their natural rows: `_tail`). Job n's steps carry job
+n - 1's tail and job n + 1's set-up as side work (docs/kernels/attention.md, "Instruction order"); a sequence's
+tiles come in two sets used in turn (`_seq_tiles`).
 """
 
 import nki.isa as nisa
@@ -23,49 +15,71 @@ from kernels_nki.attention.layout import block, natural_cols, neg_lse_load, neg_
     seq_dma, seq_tile
 from kernels_nki.attention.rope_norm import gain_column, gain_tile, prep_grad, rope_tiles
 from kernels_nki.attention.rows import causal_bias, dims, kv_head
-from kernels_nki.attention.steps import KC, run_unit, bwd_heads, bwd_tile, gain_grad, store_kv_grad
+from kernels_nki.attention.state import KvAcc
+from kernels_nki.attention.steps import KC, bwd_heads, bwd_tile, gain_grad, run_stages, store_kv_grad
 from kernels_nki.attention.xsa import xsa_units
-from kernels_nki.tiles import HALF, cdiv, identity, stacked_transpose, transpose
+from kernels_nki.tiles import HALF, cdiv, identity, pipeline, row_tiles, stacked_transpose, transpose
 
 
 def bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK, rope, xc_BHT1=None):
-    """The backward of both kernels (kernels_nki/attention.py, `_bwd`); rope: () or (cos_TK2, sin_TK2, g_PH,
-    qg, qinv, kr, kinv, qgT, krT); xc_BHT1: with XSA, the forward's o . u per row (o, do are then XSA's output and
-    its cotangent: `_xsa_units`). -> (dq, dk, dv) and, with rope, dg_BH1."""
+    """The backward of both kernels.
+
+    Args:
+        rope: () or a `Rope` with the forward's residuals (`saved`).
+        xc_BHT1: with XSA, the forward's o . u per row (o, do are then XSA's output and its cotangent:
+            `_xsa_units`), else None.
+
+    Returns:
+        (dq, dk, dv) and, with rope, dg_BH1.
+
+    Notes:
+        One job per (sequence, kv head):
+
+            pipeline(jobs, [(0, setup),   # job n's set-up: now (n = 0), or a side unit of job n - 1's steps
+                            (1, steps)])  # job n's steps, side = job n - 1's tail + job n + 1's set-up;
+                                          # its tail the side work of the next
+    """
     B, T, H, K, G, R, P, dt, scale = dims(q_BTHK, k_BTGK)
-    outs = (nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm),
-            nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm),
-            nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm))
+    outs = {"dq": nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm),
+            "dk": nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm),
+            "dv": nl.ndarray((B, T, G, K), dtype=dt, buffer=nl.shared_hbm)}
     dg_BH1 = nl.ndarray((B, H, 1), dtype=nl.float32, buffer=nl.shared_hbm) if rope else None
     c = {"bias": causal_bias(dt), "ident32": identity(nl.float32), "dims": (B, T, H, K, G, R, P, dt, scale),
-         "tables": rope_tiles(rope[0], rope[1]) if rope else (), "rope": rope, "outs": outs, "dg": dg_BH1,
+         "tables": rope_tiles(rope.cos, rope.sin) if rope else (), "rope": rope, "outs": outs, "dg": dg_BH1,
          "ins": (q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK), "xc": xc_BHT1}
-    g_sb = gain_tile(rope[2]) if rope else None
+    g_sb = gain_tile(rope.gain) if rope else None
     c["gains"] = [gain_column(g_sb, h, K) if rope else () for h in range(H)]
     slots = [_seq_tiles(c) for _ in range(min(B, 2))]  # a sequence's tiles, two sets used in turn
     seqs = [dict(slots[b % 2]) for b in range(B)]
     jobs = [(b, g) for b in range(B) for g in range(G)]
-    job, side = _setup(c, seqs, jobs[0])
-    side = side[0] + side[1]
-    for k in range(len(side)):
-        run_unit(side, k)
-    side = []
-    for n in range(len(jobs)):
-        nxt = {}
-        if n + 1 < len(jobs):
-            def setup(n=n, nxt=nxt, side=side):  # after the previous tail: its tiles released before these
-                loads, units = _setup(c, seqs, jobs[n + 1], nxt)[1]
-                side.extend(loads + units)
-            side.append(setup)
-        res = _steps(c, job, side)
-        side = _tail(c, seqs, job, res)
-        res = ()  # its dk / dv accumulators released before the next job's
-        job = nxt
-    for k in range(len(side)):
-        run_unit(side, k)
+    set_up = []  # the jobs set up and not yet run, oldest first
+    side = {"units": []}  # the next job's side work: the last job's tail, then the next job's set-up
+
+    def setup(n):
+        js = {}
+        set_up.append(js)
+        if n == 0:
+            loads, units = _setup(c, seqs, jobs[n], js)
+            run_stages(loads + units)
+            return
+        units_now = side["units"]
+
+        def unit():  # after the previous tail: its tiles released before these
+            loads, units = _setup(c, seqs, jobs[n], js)
+            units_now.extend(loads + units)
+        units_now.append(unit)
+
+    def steps(n):
+        js = set_up.pop(0)
+        res = _steps(c, js, side["units"])
+        side["units"] = _tail(c, seqs, js, res)  # its dk / dv accumulators released before the next job's
+
+    pipeline(len(jobs), [(0, setup), (1, steps)])
+    run_stages(side["units"])
+    grads = (outs["dq"], outs["dk"], outs["dv"])
     if rope:
-        return outs + (dg_BH1,)
-    return outs
+        return grads + (dg_BH1,)
+    return grads
 
 
 def _seq_tiles(c):
@@ -77,13 +91,14 @@ def _seq_tiles(c):
     rope = c["rope"]
     st = {"q": seq_tile(q_BTHK, dt), "o": seq_tile(o_BTHK, dt), "do": seq_tile(do_BTHK, dt),
           "do_nat": seq_tile(do_BTHK, dt), "k": seq_tile(k_BTGK, dt), "v": seq_tile(v_BTGK, dt),
-          "grads": [seq_tile(x, dt) for x in c["outs"]],
+          "grads": {name: seq_tile(x, dt) for name, x in c["outs"].items()},
           "negl": nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf),  # -lse, -Di columns
           "negdi": nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)}
     if rope:
-        st["qg"], st["qinv"] = seq_tile(rope[3], dt), seq_tile(rope[4], nl.float32)
-        st["kr"], st["kinv"] = seq_tile(rope[5], dt), seq_tile(rope[6], nl.float32)
-    if c["xc"] != None:  # noqa: E711 (NKI has no `is`): -xc in the `perm` layout's columns
+        saved = rope.saved
+        st["qg"], st["qinv"] = seq_tile(saved.qg, dt), seq_tile(saved.qinv, nl.float32)
+        st["kr"], st["kinv"] = seq_tile(saved.kr, dt), seq_tile(saved.kinv, nl.float32)
+    if c["xc"] is not None:  # -xc in the `perm` layout's columns
         st["negc"] = nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
     return st
 
@@ -97,7 +112,7 @@ def _seq_units(c, st, b):
               ("v", v_BTGK, True)]
     if rope:
         st["dg"] = nl.ndarray((1, H), dtype=nl.float32, buffer=nl.sbuf)
-        loaded += [("qinv", rope[4], False), ("kinv", rope[6], False)]
+        loaded += [("qinv", rope.saved.qinv, False), ("kinv", rope.saved.kinv, False)]
 
     def loads():
         for name, x, perm in loaded:
@@ -112,20 +127,19 @@ def _seq_units(c, st, b):
     # -Di = -rowsum(dO o) (with XSA, -rowsum(dy y): the same, `_xsa_units`), before dO becomes XSA's da in place
     neg_rowdot(st["do"], st["o"], H, T, c["ident32"], units.append, st["negdi"])
     dmas = [lambda: nisa.dma_copy(dst=lse_HT, src=lse_BHT1[b].reshape((H, T)))]
-    if c["xc"] != None:  # noqa: E711
+    if c["xc"] is not None:
         xc_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
         dmas.append(lambda: nisa.dma_copy(dst=xc_HT, src=c["xc"][b].reshape((H, T))))
         units.append(lambda: neg_lse_load(c["xc"], b, c["ident32"], xc_HT, st["negc"], perm=True))
     return [loads], dmas + units
 
 
-def _setup(c, seqs, bg, js=None):
-    """(job state, (DMA units, compute units) filling it) of job bg = (sequence, kv head)."""
+def _setup(c, seqs, bg, js):
+    """(DMA units, compute units) filling js, the state of job bg = (sequence, kv head)."""
     B, T, H, K, G, R, P, dt, scale = c["dims"]
     b, g = bg
     rope, bias = c["rope"], c["bias"]
     st = seqs[b]
-    js = {} if js is None else js
     js.update({"b": b, "g": g, "tiles": [None] * R})
     units, loads = _seq_units(c, st, b) if g == 0 else ([], [])
     units = units + loads  # the sequence's loads after the tail still reading the same set of tiles
@@ -140,66 +154,64 @@ def _setup(c, seqs, bg, js=None):
     doTs = [pair_tiles[r // 2][(r % 2) * K:(r % 2 + 1) * K] if paired[r] else
             nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf) for r in range(R)]
     if rope:  # the saved transposes: one DMA per (sequence, head)
-        loads.append(lambda: nisa.dma_copy(dst=krT, src=rope[8][b, g]))
+        loads.append(lambda: nisa.dma_copy(dst=krT, src=rope.saved.krT[b, g]))
         for r in range(R):
-            loads.append(lambda r=r: nisa.dma_copy(dst=qTs[r], src=rope[7][b, g * R + r]))
+            loads.append(lambda r=r: nisa.dma_copy(dst=qTs[r], src=rope.saved.qgT[b, g * R + r]))
 
     def kside():
         saved = ()
         if rope:
-            rows_from_transpose(st["kr"], G, g, krT, T, bias[0])
+            rows_from_transpose(st["kr"], G, g, krT, T, bias.ident)
             saved = (st["kr"], st["kinv"], krT)
-        js["k_tiles"], js["kT"], js["k_norms"] = kv_head(st["k"], G, g, T, dt, bias[0], saved=saved)
-        vT = kv_head(st["v"], G, g, T, dt, bias[0], perm=True, dup=stack)[1]
+        js["k_tiles"], js["kT"], js["k_norms"] = kv_head(st["k"], G, g, T, dt, bias.ident, saved=saved)
+        _, vT, _ = kv_head(st["v"], G, g, T, dt, bias.ident, perm=True, dup=stack)
         js["vTs"] = [vT[(r % 2) * K:(r % 2 + 1) * K] if stack else vT for r in range(R)]
         js["halves"] = [r % 2 for r in range(R)] if stack else None  # dp's row tile: its operands' half
 
     def dots(r):  # dO^T of head r (even with `stack`), and of r + 1 stacked beside it
         h = g * R + r
-        for i in range(cdiv(T, P)):
-            rows = min(P, T - i * P)
+        for i, _, rows in row_tiles(T):
             if paired[r]:
                 stacked_transpose(natural_cols(pair_tiles[r // 2], i, T, True),
-                                  [block(st["do"], i, h + s, H, K) for s in range(2)], rows, bias[0])
+                                  [block(st["do"], i, h + s, H, K) for s in range(2)], rows, bias.ident)
             else:
-                transpose(natural_cols(doTs[r], i, T, True), block(st["do"], i, h, H, K)[0:rows], rows, K, bias[0])
+                transpose(natural_cols(doTs[r], i, T, True), block(st["do"], i, h, H, K)[0:rows], rows, K,
+                          bias.ident)
 
     def head(r):
         h = g * R + r
         qT_h = ()
         if rope:
             qT_h = qTs[r]
-            rows_from_transpose(st["qg"], H, h, qT_h, T, bias[0])
+            rows_from_transpose(st["qg"], H, h, qT_h, T, bias.ident)
         doT_h = doTs[r]
-        rows_from_transpose(st["do_nat"], H, h, doT_h, T, bias[0], p0=(r % 2) * K if paired[r] else 0)
+        rows_from_transpose(st["do_nat"], H, h, doT_h, T, bias.ident, p0=(r % 2) * K if paired[r] else 0)
         row = []
-        for i in range(cdiv(T, P)):
-            t0 = i * P
-            rows = min(P, T - t0)
+        for i, t0, rows in row_tiles(T):
             dO = (block(st["do_nat"], i, h, H, K), doT_h[0:K, t0:t0 + rows])
             views = (block(st["q"], i, h, H, K), dO, block(st["negdi"], i, h, H, 1), block(st["negl"], i, h, H, 1),
-                     block(st["grads"][0], i, h, H, K))
+                     block(st["grads"]["dq"], i, h, H, K))
             qk = ((c["tables"][i], c["gains"][h], (block(st["qg"], i, h, H, K), block(st["qinv"], i, h, H, 1),
                                                    qT_h[0:K, t0:t0 + rows])) if rope else ())
             row.append(bwd_tile(views, t0, rows, bias, dt, qk))
         js["tiles"][r] = row
 
     units.append(kside)
-    if c["xc"] != None:  # noqa: E711
+    if c["xc"] is not None:
         units.extend(_xsa_units(c, st, js, g))
     for r in range(R):
         if r % 2 == 0 or not stack:
             units.append(lambda r=r: dots(r))
         units.append(lambda r=r: head(r))
-    return js, (loads, units)
+    return loads, units
 
 
 def _steps(c, js, side):
     """Job js's steps with `side` units beside them; its dk / dv out of PSUM -> (dq items, dk items)."""
     B, T, H, K, G, R, P, dt, scale = c["dims"]
     banks = cdiv(cdiv(T, P), KC // K)  # PSUM banks per accumulator: KC // K key tiles per bank
-    acc = ([nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
-           [nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
+    acc = KvAcc(dk=[nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)],
+                dv=[nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum) for _ in range(banks)])
     items = bwd_heads(js["tiles"], js["kT"], js["vTs"], js["k_tiles"], acc, c["bias"], scale, dt, c["rope"], side,
                       js["halves"])
     return items, acc
@@ -212,16 +224,15 @@ def _tail(c, seqs, js, res):
     st, rope = seqs[b], c["rope"]
     items, acc = res
     grads = st["grads"]
-    dk_items = store_kv_grad(grads[1], G, acc[0], g, T, K, scale, dt, c["tables"], js["k_norms"])
-    if c["xc"] != None:  # noqa: E711: XSA's share of dv, transposed back into its PSUM accumulator
+    dk_items = store_kv_grad(grads["dk"], G, acc.dk, g, T, K, scale, dt, c["tables"], js["k_norms"])
+    if c["xc"] is not None:  # XSA's share of dv, transposed back into its PSUM accumulator
         per_bank = KC // K
-        for kt in range(cdiv(T, P)):
-            kr = min(P, T - kt * P)
+        for kt, k0, kr in row_tiles(T):
             col = (kt % per_bank) * K
-            nisa.nc_matmul(dst=acc[1][kt // per_bank][0:kr, col:col + K],
-                           stationary=js["dvxT"][0:K, kt * P:kt * P + kr], moving=c["bias"][0][0:K, 0:K],
+            nisa.nc_matmul(dst=acc.dv[kt // per_bank][0:kr, col:col + K],
+                           stationary=js["dvxT"][0:K, k0:k0 + kr], moving=c["bias"].ident[0:K, 0:K],
                            is_transpose=True, accumulate=True)
-    store_kv_grad(grads[2], G, acc[1], g, T, K, 1.0, dt)
+    store_kv_grad(grads["dv"], G, acc.dv, g, T, K, 1.0, dt)
     chains = []  # independent chains of units, interleaved below (a chain's consecutive units depend)
     for r in range(R):
         h = g * R + r
@@ -229,18 +240,18 @@ def _tail(c, seqs, js, res):
         if rope:
             dg_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             units.append(lambda dg_P1=dg_P1: nisa.memset(dst=dg_P1, value=0.0, engine=nisa.engine.gpsimd))
-            prep_grad(items[r], c["gains"][h], dg_P1, nisa.engine.gpsimd, units.append,
-                      lambda dg_P1=dg_P1, h=h: gain_grad(st["dg"], dg_P1, h, K), prescaled=True)
+            units.extend(prep_grad(items[r], nisa.engine.gpsimd, dg_P1,
+                                   lambda dg_P1=dg_P1, h=h: gain_grad(st["dg"], dg_P1, h, K)))
         chains.append(units)
     units = []
     if dk_items:
-        prep_grad(dk_items, (), None, nisa.engine.gpsimd, units.append)
+        units.extend(prep_grad(dk_items, nisa.engine.gpsimd))
     chains.append(units)
     units = [u for k in range(max(len(ch) for ch in chains)) for ch in chains if k < len(ch) for u in ch[k:k + 1]]
     if g == G - 1:
         def stores():
-            for out, dst in zip(grads, c["outs"]):
-                seq_dma(out, dst, b, False)
+            for name in ("dq", "dk", "dv"):
+                seq_dma(grads[name], c["outs"][name], b, False)
             if rope:
                 nisa.dma_copy(dst=c["dg"][b].reshape((1, H)), src=st["dg"])
             st.clear()  # the sequence's tiles released
@@ -260,7 +271,7 @@ def _xsa_units(c, st, js, g):
     applied to du, y and da being orthogonal to u), rounded to dt and transposed into natural columns js["dvxT"]
     ([K, T]), which `_tail` transposes back into dv's PSUM accumulator. The attention's -Di = -rowsum(da a) is
     -rowsum(dy y): da and y are orthogonal to u and a = y + c u (made from dO and o before these units,
-    `_seq_units`). Units of XSA_BLOCKS blocks each, so that `pipelined` spreads them between the steps."""
+    `_seq_units`). Units of XSA_BLOCKS blocks each, so that `spread` spreads them between the steps."""
     B, T, H, K, G, R, P, dt, scale = c["dims"]
     nt, n, tail = cdiv(T, P), T // P, T % P
     dy3, y3 = st["do"].reshape((P, nt, H * K)), st["o"].reshape((P, nt, H * K))
@@ -301,11 +312,10 @@ def _xsa_units(c, st, js, g):
             rows = min(P, T - i * P)
             nisa.tensor_scalar(dst=x["dvx"][0:rows, i], data=x["w"][0:rows, i], op0=nl.multiply,
                                operand0=x["inv"][0:rows, i:i + 1])
-            transpose(natural_cols(js["dvxT"], i, T, True), x["dvx"][0:rows, i], rows, K, c["bias"][0],
+            transpose(natural_cols(js["dvxT"], i, T, True), x["dvx"][0:rows, i], rows, K, c["bias"].ident,
                       on_vector=True)
 
-    units = []
-    x["u"], x["inv"] = xsa_units(st["v"], G, g, T, units.append)
+    x["u"], x["inv"], units = xsa_units(st["v"], G, g, T)
     x["w"] = nl.ndarray((P, nt, K), dtype=nl.float32, buffer=nl.sbuf)  # -(sum c da + (dy . u) y)
     x["dvx"] = nl.ndarray((P, nt, K), dtype=dt, buffer=nl.sbuf)
     js["dvxT"] = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)

@@ -11,27 +11,35 @@ import nki.language as nl
 from kernels_nki.attention.layout import block, lse_store, natural_cols, perm_rows, seq_tile
 from kernels_nki.attention.rope_norm import gain_column, gain_tile, prep_head, rope_tiles
 from kernels_nki.attention.rows import causal_bias, dims, half_matmul, kv_head, kv_head_saved, v_aug
-from kernels_nki.attention.saved import saved_outputs, saved_tiles, store_seq
-from kernels_nki.attention.steps import KC, bounded_heads, scores
+from kernels_nki.attention.saved import residuals, saved_outputs, saved_tiles, store_seq
+from kernels_nki.attention.steps import KC, bounded_heads, run_stages, scores
 from kernels_nki.attention.xsa import xsa_c, xsa_out, xsa_units
-from kernels_nki.tiles import cdiv, identity, transpose
+from kernels_nki.tiles import cdiv, identity, pipeline, row_tiles, transpose
 
 SHIFT_OFFSET = 35.0  # the bounded forward's shift m_h = B_h - SHIFT_OFFSET (module docstring)
 BOUND_MARGIN = 1.0 + 2.0 ** -5  # B_h = sqrt(K) |g_h| BOUND_MARGIN
 
+
 def exact_chunk(qT, kT, vs, t0, rows, c0, kc, bias, scale, state, last, dt):
-    """One key chunk of the online softmax (the module docstring, Forward); state = (-m, acc), () for the
-    first chunk -> the new state: -m the fp32 value of the shift in use (minus the running row max of the
-    raw scores, rounded to dt); acc = p [v | 1] so far, the PSUM tile itself when the first chunk is also
-    the `last`, else an fp32 SBUF accumulator. (An empty tuple, not None: NKI 0.3 rejects `is`.)"""
+    """One key chunk of the exact forward's online softmax (docs/kernels/attention.md, "The exact-max forward").
+
+    Args:
+        state: (-m, acc), () for the first chunk: -m the fp32 value of the shift in use (minus the running row max
+            of the raw scores, rounded to dt); acc = p [v | 1] so far.
+        last: the chunk is the query tile's last.
+
+    Returns:
+        The new state; acc the PSUM tile itself when the first chunk is also the last, else an fp32 SBUF tile.
+    """
     K = qT.shape[0]
     P = nl.tile_size.pmax
-    ident = bias[0]
+    ident = bias.ident
     s_ps = scores(qT, kT, t0, rows, c0, kc, bias, True)
     m_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=m_P1[0:rows], op=nl.maximum, data=s_ps[0:rows, 0:kc], axis=1, keepdims=True)
     if state:
-        nisa.tensor_tensor(dst=m_P1[0:rows], data1=m_P1[0:rows], data2=state[0][0:rows], op=nl.maximum,
+        negm_old, acc = state
+        nisa.tensor_tensor(dst=m_P1[0:rows], data1=m_P1[0:rows], data2=negm_old[0:rows], op=nl.maximum,
                            engine=nisa.engine.gpsimd)
     negm = nl.ndarray((P, 1), dtype=dt, buffer=nl.sbuf)  # -m rounded to dt: the shift the matmul adds
     nisa.activation(dst=negm[0:rows], op=nl.copy, data=m_P1[0:rows], scale=-1.0)
@@ -39,7 +47,7 @@ def exact_chunk(qT, kT, vs, t0, rows, c0, kc, bias, scale, state, last, dt):
     nisa.tensor_copy(dst=negm_f[0:rows], src=negm[0:rows], engine=nisa.engine.gpsimd)
     negm_row = nl.ndarray((1, P), dtype=dt, buffer=nl.sbuf)
     transpose(negm_row[0:1, 0:rows], negm[0:rows], rows, 1, ident)
-    ones_row = bias[2]  # [0:1] of the [128, 128] ones tile: the K = 1 stationary
+    ones_row = bias.ones  # its row 0: the K = 1 stationary
     o_ps = nl.ndarray((P, K + 1), dtype=nl.float32, buffer=nl.psum)
     for j in range(cdiv(kc, P)):
         kr = min(P, kc - j * P)
@@ -60,7 +68,6 @@ def exact_chunk(qT, kT, vs, t0, rows, c0, kc, bias, scale, state, last, dt):
         acc = nl.ndarray((P, K + 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=acc[0:rows], src=o_ps[0:rows, 0:K + 1])
         return negm_f, acc
-    negm_old, acc = state
     # corr = exp(scale (m_old - m_new)); acc = acc corr + o'
     b_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=b_P1[0:rows], data=negm_f[0:rows], op0=nl.multiply, operand0=scale)
@@ -70,10 +77,19 @@ def exact_chunk(qT, kT, vs, t0, rows, c0, kc, bias, scale, state, last, dt):
                               op1=nl.add, operand1=o_ps[0:rows, 0:K + 1])
     return negm_f, acc
 
+
 def forward_exact(q_BTHK, k_BTGK, v_BTGK, rope, xsa=False):
-    """The forward of both kernels; rope: () or (cos_TK2, sin_TK2, g_PH) for QK-norm + RoPE + gain, which
-    also writes the normed, rotated q / k and their inverse RMS (`saved_outputs`) for the backward; xsa: the XSA
-    epilogue on each query tile's o (`xsa_out`), which also writes the rows' o . u (`xsa_c`)."""
+    """The exact-max forward of both kernels: per (sequence, kv head, query head, query tile) the key chunks'
+    online softmax (`exact_chunk`).
+
+    Args:
+        rope: () or a `Rope` (cos, sin, gain) for QK-norm + RoPE + gain, which also writes the normed, rotated q / k,
+            their inverse RMS and transposes (`saved_outputs`) for the backward.
+        xsa: the XSA epilogue on each query tile's o (`xsa_out`), which also writes the rows' o . u (`xsa_c`).
+
+    Returns:
+        (o, lse) + the residuals (`residuals`) [+ (xc,)].
+    """
     B, T, H, K, G, R, P, dt, scale = dims(q_BTHK, k_BTGK)
     o_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -81,8 +97,8 @@ def forward_exact(q_BTHK, k_BTGK, v_BTGK, rope, xsa=False):
     xc_BHT1 = xsa_c(B, H, T) if xsa else None
     bias = causal_bias(dt)
     ident32 = identity(nl.float32)
-    tables = rope_tiles(rope[0], rope[1], perm=True) if rope else ()
-    g_sb = gain_tile(rope[2]) if rope else None
+    tables = rope_tiles(rope.cos, rope.sin, perm=True) if rope else ()
+    g_sb = gain_tile(rope.gain) if rope else None
     for b in range(B):
         q_sb, k_sb = seq_tile(q_BTHK, dt, b, perm=True), seq_tile(k_BTGK, dt, b, perm=True)
         v_sb = seq_tile(v_BTGK, dt, b)
@@ -90,23 +106,26 @@ def forward_exact(q_BTHK, k_BTGK, v_BTGK, rope, xsa=False):
         c_sb = nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf) if xsa else None
         outs = saved_tiles(saved, dt)
         for g in range(G):
-            u = xsa_units(v_sb, G, g, T)[0] if xsa else None
+            u = None
+            if xsa:
+                u, _, stages = xsa_units(v_sb, G, g, T)
+                run_stages(stages)
             if rope:
-                k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, bias[0], tables, (outs[2], outs[3]), saved[5], b,
-                                            perm=True)
+                k_tiles, kT = kv_head_saved(k_sb, G, g, T, dt, bias.ident, tables, (outs.kr, outs.kinv), saved.krT,
+                                            b, perm=True)
             else:
-                k_tiles, kT, _ = kv_head(k_sb, G, g, T, dt, bias[0], perm=True)
+                k_tiles, kT, _ = kv_head(k_sb, G, g, T, dt, bias.ident, perm=True)
             vs = v_aug(v_sb, G, g, T, dt)
             for r in range(R):
                 h = g * R + r
                 gain = gain_column(g_sb, h, K) if rope else ()
                 qT_h = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
                 o_nat = nl.ndarray((P, cdiv(T, P) * K), dtype=dt, buffer=nl.sbuf)  # o in natural blocks
-                ys = (prep_head(q_sb, H, h, T, tables, gain, outs, dt) if rope else
+                ys = (prep_head(q_sb, H, h, T, tables, gain, outs) if rope else
                       [block(q_sb, i, h, H, K) for i in range(cdiv(T, P))])
                 for i in range(cdiv(T, P)):
                     rows = min(P, T - i * P)
-                    transpose(natural_cols(qT_h, i, T, True), ys[i][0:rows], rows, K, bias[0], on_vector=not rope)
+                    transpose(natural_cols(qT_h, i, T, True), ys[i][0:rows], rows, K, bias.ident, on_vector=not rope)
                 for i in range(cdiv(T, P)):
                     t0 = i * P
                     rows = min(P, T - t0)
@@ -129,25 +148,34 @@ def forward_exact(q_BTHK, k_BTGK, v_BTGK, rope, xsa=False):
                     nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=acc[0:rows, K:K + 1])
                     nisa.activation(dst=lse_P1[0:rows], op=nl.copy, data=negm_f[0:rows], scale=-scale,
                                     bias=lse_P1[0:rows])
-                perm_rows(o_sb, H, (h,), (o_nat,), T, bias[0], dt)
+                perm_rows(o_sb, H, (h,), (o_nat,), T, bias.ident, dt)
                 if rope:
-                    nisa.dma_copy(dst=saved[4][b, h], src=qT_h)
+                    nisa.dma_copy(dst=saved.qgT[b, h], src=qT_h)
         store_seq(o_BTHK, lse_BHT1, saved, o_sb, lse_sb, outs, b, ident32, o_perm=True)
         if xsa:
             lse_store(xc_BHT1, b, c_sb, ident32)
-    return (o_BTHK, lse_BHT1) + saved + ((xc_BHT1,) if xsa else ())
+    return (o_BTHK, lse_BHT1) + residuals(saved) + ((xc_BHT1,) if xsa else ())
+
 
 def neg_shift(g_P1):
-    """-m_h = SHIFT_OFFSET - sqrt(K) |g_h| BOUND_MARGIN as an fp32 [P, 1] column (module docstring), from the
-    head's `gain_column` (g_h sqrt(K)): the bias of the bounded forward's exp (every partition, i.e. key)."""
+    """-m_h = SHIFT_OFFSET - sqrt(K) |g_h| BOUND_MARGIN as an fp32 [P, 1] column, from the head's `gain_column`
+    (g_h sqrt(K)): the bias of the bounded forward's exp (every partition, i.e. key)."""
     P = nl.tile_size.pmax
     n_P1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=n_P1, data=g_P1, op0=nl.abs, operand0=0.0, op1=nl.multiply, operand1=-BOUND_MARGIN)
     nisa.tensor_scalar(dst=n_P1, data=n_P1, op0=nl.add, operand0=SHIFT_OFFSET)
     return n_P1
 
+
 def forward_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, xsa=False):
-    """The fused forward with the per-head bounded shift (module docstring); same outputs as `forward_exact`."""
+    """The fused forward with the per-head bounded shift (docs/kernels/attention.md, "The bounded-shift forward");
+    the same outputs as `forward_exact`. One job per (sequence, kv head): its prep (k^T, [v | 1], the query heads'
+    q^T; a sequence's loads with its first kv head's) and its steps (`bounded_heads`), the next job's prep side work
+    between them:
+
+        pipeline(jobs, [(0, prep),     # job n's tiles; its units run now (n = 0) or as job n - 1's side work
+                        (1, steps)])   # bounded_heads(job n, side = job n + 1's prep units); a sequence's stores
+    """
     B, T, H, K, G, R, P, dt, scale = dims(q_BTHK, k_BTGK)
     o_BTHK = nl.ndarray((B, T, H, K), dtype=dt, buffer=nl.shared_hbm)
     lse_BHT1 = nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -158,8 +186,12 @@ def forward_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, xsa=False):
     tables = rope_tiles(cos_TK2, sin_TK2, perm=True)
     g_sb = gain_tile(g_PH)
     gains = [gain_column(g_sb, h, K) for h in range(H)]
-    negms = [neg_shift(gain[0]) for gain in gains]
-    maskT = causal_bias(dt, key_major=True)[1]
+    negms = [neg_shift(gain.col) for gain in gains]
+    maskT = causal_bias(dt, key_major=True).mask
+    jobs = [(b, g) for b in range(B) for g in range(G)]
+    seqs = [None] * B  # per sequence its SBUF tiles while live
+    preps, pending = [], []  # prepared jobs' tiles, their units not yet run, oldest first
+
     def load(b):  # one sequence's SBUF tiles: q, k, v loaded, o, lse and the saved rows to fill
         return {"b": b, "q": seq_tile(q_BTHK, dt, b, perm=True), "k": seq_tile(k_BTGK, dt, b, perm=True),
                 "v": seq_tile(v_BTGK, dt, b), "o": seq_tile(o_BTHK, dt),
@@ -167,52 +199,48 @@ def forward_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, xsa=False):
                 "c": nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf) if xsa else None,
                 "outs": saved_tiles(saved, dt)}
 
-    def prep(sq, g):  # units making kv head g's k^T, [v | 1] tiles and its query heads' q^T into res
+    def prep(n):  # job n's k^T, [v | 1] tiles and its query heads' q^T, made by units
+        b, g = jobs[n]
+        if g == 0:
+            seqs[b] = load(b)
+        sq = seqs[b]
+        outs = sq["outs"]
         res = {"qTs": [nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf) for _ in range(R)]}
-        b, outs = sq["b"], sq["outs"]
 
         def kside():
-            res["kT"] = kv_head_saved(sq["k"], G, g, T, dt, ident, tables, (outs[2], outs[3]), saved[5], b,
-                                      perm=True)[1]
+            _, res["kT"] = kv_head_saved(sq["k"], G, g, T, dt, ident, tables, (outs.kr, outs.kinv), saved.krT, b,
+                                         perm=True)
             res["vs"] = v_aug(sq["v"], G, g, T, dt)
-
-        def xside():  # XSA's unit values u: staged, their stages units of their own
-            res["u"] = xsa_units(sq["v"], G, g, T, xs.append)[0]
 
         def qside(r):
             h = g * R + r
-            ys = prep_head(sq["q"], H, h, T, tables, gains[h], outs, dt)
-            for i in range(cdiv(T, P)):
-                rows = min(P, T - i * P)
+            ys = prep_head(sq["q"], H, h, T, tables, gains[h], outs)
+            for i, t0, rows in row_tiles(T):
                 transpose(natural_cols(res["qTs"][r], i, T, True), ys[i][0:rows], rows, K, ident, on_vector=False)
-            nisa.dma_copy(dst=saved[4][b, h], src=res["qTs"][r])
+            nisa.dma_copy(dst=saved.qgT[b, h], src=res["qTs"][r])
 
-        xs = []
+        xs = []  # XSA's unit values u: their stages units of their own
         if xsa:
-            xside()
-        return res, [kside] + xs + [lambda r=r: qside(r) for r in range(R)]
+            res["u"], _, xs = xsa_units(sq["v"], G, g, T)
+        units = [kside] + xs + [lambda r=r: qside(r) for r in range(R)]
+        preps.append(res)
+        if n == 0:
+            run_stages(units)
+        else:
+            pending.append(units)
 
-    cur = load(0)
-    res, units = prep(cur, 0)
-    for u in units:
-        u()
-    for b in range(B):
-        nseq = None
-        for g in range(G):  # the next kv head's (the next sequence's first) prep as side work
-            if g + 1 < G:
-                nxt, units = prep(cur, g + 1)
-            elif b + 1 < B:
-                nseq = load(b + 1)
-                nxt, units = prep(nseq, 0)
-            else:
-                nxt, units = {}, []
-            hs = [g * R + r for r in range(R)]
-            bounded_heads(res["qTs"], res["kT"], res["vs"], [negms[h] for h in hs], (cur["o"], cur["lse"], H), hs,
-                          scale, dt, ident, maskT, units, (res["u"], cur["c"]) if xsa else ())
-            res = nxt
-        store_seq(o_BTHK, lse_BHT1, saved, cur["o"], cur["lse"], cur["outs"], b, ident32, o_perm=True)
-        if xsa:
-            lse_store(xc_BHT1, b, cur["c"], ident32)
-        cur = nseq
-    return (o_BTHK, lse_BHT1) + saved + ((xc_BHT1,) if xsa else ())
+    def steps(n):
+        b, g = jobs[n]
+        res, sq = preps.pop(0), seqs[b]
+        units = pending.pop(0) if n + 1 < len(jobs) else []
+        hs = [g * R + r for r in range(R)]
+        bounded_heads(res["qTs"], res["kT"], res["vs"], [negms[h] for h in hs], (sq["o"], sq["lse"], H), hs,
+                      scale, dt, ident, maskT, units, (res["u"], sq["c"]) if xsa else ())
+        if g == G - 1:
+            store_seq(o_BTHK, lse_BHT1, saved, sq["o"], sq["lse"], sq["outs"], b, ident32, o_perm=True)
+            if xsa:
+                lse_store(xc_BHT1, b, sq["c"], ident32)
+            seqs[b] = None
 
+    pipeline(len(jobs), [(0, prep), (1, steps)])
+    return (o_BTHK, lse_BHT1) + residuals(saved) + ((xc_BHT1,) if xsa else ())

@@ -12,6 +12,7 @@ import nki
 
 from kernels_nki.attention.backward import bwd
 from kernels_nki.attention.forward import BOUND_MARGIN, SHIFT_OFFSET, forward_bounded, forward_exact
+from kernels_nki.attention.state import Rope, Saved
 
 __all__ = ["BOUND_MARGIN", "SHIFT_OFFSET", "attention_bwd", "attention_fwd", "qk_attention_bwd", "qk_attention_fwd"]
 
@@ -44,7 +45,7 @@ def qk_attention_fwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, exact_max=F
         backward's residuals.
     """
     if exact_max:
-        return forward_exact(q_BTHK, k_BTGK, v_BTGK, (cos_TK2, sin_TK2, g_PH), xsa_on)
+        return forward_exact(q_BTHK, k_BTGK, v_BTGK, Rope(cos=cos_TK2, sin=sin_TK2, gain=g_PH), xsa_on)
     return forward_bounded(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, xsa_on)
 
 
@@ -71,6 +72,6 @@ def qk_attention_bwd(q_BTHK, k_BTGK, v_BTGK, cos_TK2, sin_TK2, g_PH, o_BTHK, lse
         (dq, dk, dv, dg_BH1): w.r.t. the raw q and k, v, and the query gain per (batch, head), fp32 (the caller
         sums over the batch).
     """
+    saved = Saved(qg=qg_BTHK, qinv=qinv_BTH1, kr=kr_BTGK, kinv=kinv_BTG1, qgT=qgT_BHKT, krT=krT_BGKT)
     return bwd(q_BTHK, k_BTGK, v_BTGK, o_BTHK, lse_BHT1, do_BTHK,
-               (cos_TK2, sin_TK2, g_PH, qg_BTHK, qinv_BTH1, kr_BTGK, kinv_BTG1, qgT_BHKT, krT_BGKT),
-               xc_BHT1 if xsa_on else None)
+               Rope(cos=cos_TK2, sin=sin_TK2, gain=g_PH, saved=saved), xc_BHT1 if xsa_on else None)

@@ -147,7 +147,8 @@ def perm_rows(dst_sb, X, xs, srcs, T, ident, dt, src_head=(1, 0)):
     transposed back on its own 64-row tile of the PE array."""
     P = nl.tile_size.pmax
     SX, sx = src_head
-    K = srcs[0].shape[1] // (cdiv(T, P) * SX)
+    first, *_ = srcs
+    K = first.shape[1] // (cdiv(T, P) * SX)
     if len(xs) == 2 and K != HALF:
         for xi, si in zip(xs, srcs):
             perm_rows(dst_sb, X, (xi,), (si,), T, ident, dt, src_head)

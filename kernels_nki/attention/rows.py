@@ -11,6 +11,7 @@ import nki.language as nl
 
 from kernels_nki.attention.layout import block, natural_cols
 from kernels_nki.attention.rope_norm import prep_tile, scale_rows
+from kernels_nki.attention.state import CausalBias, RowNorm
 from kernels_nki.tiles import cdiv, identity, stacked_transpose, transpose
 
 
@@ -25,10 +26,9 @@ def dims(q_BTHK, k_BTGK):
 
 
 def causal_bias(dt, key_major=False):
-    """(identity, bias, ones), [128, 128] each in dt, built once per call: bias is 0 where key j <= query p,
-    NEG above (the forward's row max sees it via identity^T bias accumulated into the scores); the identity
-    is also the moving side of every transpose (`kernels_nki.tiles.transpose`), ones[0:1] the shift matmul's stationary.
-    key_major: the bias transposed (NEG where key p > query j), for key-major scores."""
+    """The call's `CausalBias` ([128, 128] each in dt, built once per call on GpSimd): mask is 0 where key j <=
+    query p, NEG above (the scores get it as identity^T mask accumulated into their PSUM tile); key_major: the
+    mask transposed (NEG where key p > query j), for key-major scores."""
     P = nl.tile_size.pmax
     zero = nl.zeros((P, P), dtype=dt, buffer=nl.sbuf)
     one = nl.ones((P, P), dtype=dt, buffer=nl.sbuf)
@@ -36,14 +36,14 @@ def causal_bias(dt, key_major=False):
     d = 1 if key_major else -1
     nisa.affine_select(dst=bias, pattern=[[d, P]], offset=0, channel_multiplier=-d, on_true_tile=zero,
                        on_false_value=NEG, cmp_op=nl.greater_equal)
-    return identity(dt), bias, one
+    return CausalBias(ident=identity(dt), mask=bias, ones=one)
 
 
 def head_rows(t, rows, dt, ident, transposed, vec=False, saved=(), tT=None):
     """A 128-row tile of one head, t (a [P, K] `block` view), and its [K, 128] transpose (leaving PSUM on
     VectorE with `vec`, else ScalarE; into tT, a [K, >= rows] view, when given). With `saved` = (y, inv, yT),
-    the forward's outputs as views, the tile is replaced by y (norm = (xn, inv, -xn / K) for `prep_grad`, xn =
-    x inv on VectorE) and the transpose is yT, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
+    the forward's outputs as views, the tile is replaced by y (norm: a `RowNorm` for `prep_grad`, xn = x inv on
+    VectorE) and the transpose is yT, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
     K = t.shape[1]
     P = nl.tile_size.pmax
     norm = ()
@@ -54,7 +54,7 @@ def head_rows(t, rows, dt, ident, transposed, vec=False, saved=(), tT=None):
         xk = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)  # -xn / K, from x on VectorE
         nisa.tensor_scalar(dst=xk[0:rows], data=t[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows], op1=nl.multiply,
                            operand1=-1.0 / K)
-        t, norm = y, (xn, inv_P1, xk)
+        t, norm = y, RowNorm(xn=xn, inv=inv_P1, xk=xk)
         if transposed:
             return t, yT, norm
     if not transposed:
@@ -76,16 +76,20 @@ def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), vec=False, out=(), pe
     P = nl.tile_size.pmax
     nt = cdiv(T, P)
     K = x_sb.shape[1] // (nt * G)
-    xT = saved[2] if saved else nl.ndarray((2 * K if dup else K, T), dtype=dt, buffer=nl.sbuf)
+    if saved:
+        y_sb, inv_sb, xT = saved
+    else:
+        xT = nl.ndarray((2 * K if dup else K, T), dtype=dt, buffer=nl.sbuf)
     rows = [min(P, T - i * P) for i in range(nt)]
     views = [block(x_sb, i, g, G, K) for i in range(nt)]
     if tables:
-        ys = prep_tile([(views[i], rows[i], tables[i], (block(out[0], i, g, G, K), block(out[1], i, g, G, 1)))
-                        for i in range(nt)], (), dt, out[1][:, g:(nt - 1) * G + g + 1:G])
+        y_sb, inv_sb = out
+        ys = prep_tile([(views[i], rows[i], tables[i], (block(y_sb, i, g, G, K), block(inv_sb, i, g, G, 1)))
+                        for i in range(nt)], (), inv_sb[:, g:(nt - 1) * G + g + 1:G])
         tiles, norms = [y for y, _ in ys], [inv for _, inv in ys]
     elif saved:
         got = [head_rows(views[i], rows[i], dt, None, False,
-                         saved=(block(saved[0], i, g, G, K), block(saved[1], i, g, G, 1), None)) for i in range(nt)]
+                         saved=(block(y_sb, i, g, G, K), block(inv_sb, i, g, G, 1), None)) for i in range(nt)]
         tiles, norms = [t for t, _, _ in got], [n for _, _, n in got]
     else:
         tiles, norms = views, [()] * nt

@@ -1,14 +1,9 @@
-"""The inner-loop steps of the attention kernels (kernels_nki/attention.py; a kernel-helper file like
-kernels_nki/attention_parts.py): the score matmul both directions share (`scores`), the bounded forward's
-(chunk, key tile) steps per kv head (`bounded_heads`) and the backward's (query tile, key chunk) steps
-(`bwd_tile`, `bwd_heads`), the backward's dk / dv evacuation (`store_kv_grad`) and gain sum (`gain_grad`).
-
-Each engine issues its stream in order (aws-neuron-sdk nki/guides/architecture/trainium_inferentia2_arch.rst,
-"NeuronCore-v2 Compute Engines": each engine has its own sequencer) and the compiler may reorder independent
-instructions (nki/get-started/nki-language-guide.rst) by rules AWS does not publish, so the order written
-keeps the engines busy by itself: a step's cross-engine chain (matmul -> exp -> mask -> matmul) would leave
-every engine waiting; `pipelined` issues the second half of each step `LAG` steps after its first and the steps of the
-kv head's R query heads alternate, so independent work fills the waits.
+"""The per-tile stages of the attention kernels (a kernel-helper file): the score matmul both directions share
+(`scores`), the bounded forward's (chunk, key tile, head) steps per kv head (`bounded_heads`, `bounded_out`), the
+backward's (query tile, key chunk, head) steps (`bwd_tile`, `bwd_scores`, `bwd_values`, `bwd_dq`, `bwd_heads`), the
+backward's dk / dv evacuation (`store_kv_grad`) and gain sum (`gain_grad`). The steps run as `kernels_nki.tiles.
+pipeline` stage tables, with side work spread between them (`spread`); why the order: docs/kernels/attention.md,
+"Instruction order".
 """
 
 import nki.isa as nisa
@@ -16,12 +11,13 @@ import nki.language as nl
 
 from kernels_nki.attention.layout import block, perm_rows
 from kernels_nki.attention.rows import half_matmul, head_rows
+from kernels_nki.attention.state import QueryTile, RowNorm
 from kernels_nki.attention.xsa import xsa_out
-from kernels_nki.tiles import cdiv, transpose, transpose_to_psum
+from kernels_nki.tiles import cdiv, pipeline, row_tiles, transpose, transpose_to_psum
 
 KC = 512  # keys (queries in the bounded forward) per chunk: one fp32 PSUM bank of scores (gemm_moving_fmax)
-BWD_LAG = 1  # the backward's: its dq matmuls already wait a step (`bwd_heads`)
-LAG = 2  # `pipelined` steps between a step's two halves
+BWD_LAG = 1  # the backward's steps between a step's two halves: its dq matmuls already wait a step (`bwd_heads`)
+LAG = 2  # the bounded forward's steps between a step's two halves
 
 
 def scores(qT, kT, t0, rows, c0, kc, bias, masked):
@@ -33,58 +29,75 @@ def scores(qT, kT, t0, rows, c0, kc, bias, masked):
     s_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
     half_matmul(s_ps[0:rows, 0:kc], qT[0:K, 0:rows], kT[0:K, c0:c0 + kc], None)
     if masked and c0 + kc == t0 + rows:  # the chunk ends with the diagonal block (keys t0 .. t0+rows): += I^T bias
-        ident, mask = bias[0], bias[1]
-        nisa.nc_matmul(dst=s_ps[0:rows, t0 - c0:t0 - c0 + rows], stationary=ident[0:rows, 0:rows],
-                       moving=mask[0:rows, 0:rows], accumulate=True, is_stationary_onezero=True)
+        nisa.nc_matmul(dst=s_ps[0:rows, t0 - c0:t0 - c0 + rows], stationary=bias.ident[0:rows, 0:rows],
+                       moving=bias.mask[0:rows, 0:rows], accumulate=True, is_stationary_onezero=True)
     return s_ps
 
 
-def pipelined(steps, first, second, lag=1, side=()):
-    """first(step) for each step, second(step, first's result) `lag` steps later: the next steps' independent
-    work sits between a step's halves on the engines' in-order instruction streams while its cross-engine
-    chain (matmul -> exp -> mask -> matmul) completes. `side`: a list of units of independent work (callables,
-    run in order, each dropped from the list once run; a unit may append more), spread evenly between the
-    steps."""
-    pending = []
-    steps = list(steps)
-    done = 0
-    for n, st in enumerate(steps):
-        pending.append((st, first(st)))
-        if len(pending) > lag:
-            second(*pending.pop(0))
-        while done < (n + 1) * len(side) // len(steps):
-            done = run_unit(side, done)
-    for st, res in pending:
-        second(st, res)
-    while done < len(side):
-        done = run_unit(side, done)
+def run_stages(stages):
+    """Runs stages (callables) now, in order, each dropped from the list once run (its tiles released)."""
+    for k in range(len(stages)):
+        stage = stages[k]
+        stages[k] = None
+        stage()
 
 
-def run_unit(side, k):
-    """Runs side[k] and drops it (its tiles are released once nothing else holds them) -> k + 1."""
-    u = side[k]
-    side[k] = None
-    u()
-    return k + 1
+def spread(side, n):
+    """Side work spread evenly over n steps: side is a list of units (callables, run in order, each dropped from the
+    list once run so that its tiles are released; a unit may append more).
+
+    Returns:
+        (stage, rest): stage(s) runs the units up to (s + 1) len(side) // n (a stage-table row at offset 0), rest()
+        the units left after the pipeline.
+    """
+    ran = {"units": 0}
+
+    def run_to(k):
+        while ran["units"] < k:
+            unit = side[ran["units"]]
+            side[ran["units"]] = None
+            unit()
+            ran["units"] += 1
+
+    def stage(s):
+        run_to((s + 1) * len(side) // n)
+
+    def rest():
+        while ran["units"] < len(side):
+            run_to(len(side))
+    return stage, rest
 
 
 def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=(), xsa=()):
-    """Query heads hs of one kv head in the fused forward (module docstring): per head and chunk of KC
-    queries c0:c0+n, against keys 0 .. c0+n, o' for the chunk's query tiles in one PSUM bank, then o and lse
-    into the batch's SBUF tiles (outs = (o seq tile in the `perm` layout, lse columns, H): o by `perm_rows`
-    once a head is done); maskT: the key-major causal bias ([128, 128], NEG where key > query); the (chunk,
-    key tile, head) steps `pipelined` with the `side` units between them, the heads interleaved (independent
-    chains side by side). xsa: () or (the kv head's unit values u, the batch's o . u columns): XSA on each chunk's
-    o as it is made (`bounded_out`)."""
-    K = qTs[0].shape[0]
+    """Query heads hs of one kv head in the bounded forward: per head and chunk of KC queries c0:c0+n, against keys
+    0 .. c0+n, o' for the chunk's query tiles in one PSUM bank, then o and lse (`bounded_out`).
+
+    Args:
+        qTs, kT, vs: the heads' q^T [K, T], k^T [K, T], the [v | 1] tiles.
+        negms: the heads' shift columns -m_h.
+        outs: (o seq tile in the `perm` layout, lse columns, H): o by `perm_rows` once a head is done.
+        maskT: the key-major causal bias ([128, 128], NEG where key > query).
+        side: units of side work (`spread`).
+        xsa: () or (the kv head's unit values u, the sequence's o . u columns): XSA on each chunk's o as it is made.
+
+    Notes:
+        The (chunk c, key tile j, head r) steps, the heads interleaved (independent chains side by side):
+
+            pipeline(steps, [(0, scores),    # s^T = k_j q^T (+ the diagonal's mask), p^T = exp(scale s^T - m_h)
+                             (LAG, values),  # o' += p^T [v | 1]; a chunk's end: `bounded_out` halves a step apart
+                             (0, side)])     # the side units due by this step
+    """
+    first, *_ = qTs
+    K = first.shape[0]
     T = kT.shape[1]
     P = nl.tile_size.pmax
     W = K + 1
+    o_sb, lse_sb, H = outs
     o_ps = [[] for _ in hs]  # per head, its open chunks' o' PSUM tiles, oldest first
     o_nat = [nl.ndarray((P, cdiv(T, P) * K), dtype=dt, buffer=nl.sbuf) for _ in hs]  # per head, o in natural blocks
 
-    def scores(st):
-        c, j, r = st
+    def scores(n_st):
+        c, j, r = steps[n_st]
         c0, n = c * KC, min(KC, T - c * KC)
         if j == 0:
             o_ps[r].append(nl.ndarray((P, (KC // P) * W), dtype=nl.float32, buffer=nl.psum))
@@ -99,10 +112,12 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=()
                            accumulate=True, is_stationary_onezero=True)
         pT = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
         nisa.activation(dst=pT[0:kr, 0:nj], op=nl.exp, data=sT_ps[0:kr, 0:nj], bias=negms[r][0:kr], scale=scale)
-        return pT
+        pTs.append(pT)
 
-    def values(st, pT):
-        c, j, r = st
+    def values(n_st):
+        c, j, r = steps[n_st]
+        pT = pTs.pop(0)
+        o_open, *_ = o_ps[r]
         c0, n = c * KC, min(KC, T - c * KC)
         k0 = j * P
         kr = min(P, T - k0)
@@ -111,7 +126,7 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=()
             t0 = c0 + i * P
             if t0 >= k0:
                 rows = min(P, c0 + n - t0)
-                nisa.nc_matmul(dst=o_ps[r][0][0:rows, i * W:(i + 1) * W],
+                nisa.nc_matmul(dst=o_open[0:rows, i * W:(i + 1) * W],
                                stationary=pT[0:kr, t0 - q0:t0 - q0 + rows], moving=vs[j][0:kr, 0:W],
                                accumulate=j > 0)
         for f in xlate:  # the XSA of the chunk ends before those (`xsa_out`'s second half)
@@ -121,19 +136,21 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=()
             xlate.extend(f())
         late.clear()
         if k0 + P >= c0 + n:
-            late.append(bounded_out(o_ps[r].pop(0), c0, n, negms[r], (o_nat[r],) + outs[1:], hs[r], K, xsa))
+            late.append(bounded_out(o_ps[r].pop(0), c0, n, negms[r], (o_nat[r], lse_sb, H), hs[r], K, xsa))
 
     steps = [(c, j, r) for c in range(cdiv(T, KC)) for j in range(cdiv(min(T, (c + 1) * KC), P))
              for r in range(len(hs))]
-    late, xlate = [], []
-    pipelined(steps, scores, values, lag=LAG, side=side)
+    late, xlate, pTs = [], [], []  # chunk ends' second halves, XSA's; the scores' p^T tiles, oldest first
+    side_stage, side_rest = spread(side, len(steps))
+    pipeline(len(steps), [(0, scores), (LAG, values), (0, side_stage)])
+    side_rest()
     for f in late:
         xlate.extend(f())
     for f in xlate:
         f()
     for r in range(0, len(hs), 2):  # o: natural 128-row blocks -> the batch's `perm` o tile, two heads at once
         pair = slice(r, min(len(hs), r + 2))
-        perm_rows(outs[0], outs[2], tuple(hs[pair]), tuple(o_nat[pair]), T, ident, dt)
+        perm_rows(o_sb, H, tuple(hs[pair]), tuple(o_nat[pair]), T, ident, dt)
 
 
 def bounded_out(o_ps, c0, n, negm_P1, outs, h, K, xsa=()):
@@ -160,7 +177,10 @@ def bounded_out(o_ps, c0, n, negm_P1, outs, h, K, xsa=()):
                                 data=o_ps[0:P, i * W:i * W + K], scale=inv[0:P, i:i + 1])  # ScalarE: VectorE's
                 # PSUM read would hold the SBUF port too
             nisa.tensor_scalar(dst=lse, data=lse, op0=nl.subtract, operand0=negm_P1[0:P])
-            return [xsa_out(o_sb, c0 // P, m, P, xsa[0], xsa[1], h, H)] if xsa else []
+            if xsa:
+                u, c_sb = xsa
+                return [xsa_out(o_sb, c0 // P, m, P, u, c_sb, h, H)]
+            return []
         return rest
     for i in range(cdiv(n, P)):
         t0 = c0 + i * P
@@ -175,41 +195,55 @@ def bounded_out(o_ps, c0, n, negm_P1, outs, h, K, xsa=()):
         nisa.activation(dst=lse_P1[0:rows], op=nl.log, data=l_ps)
         nisa.tensor_scalar(dst=lse_P1[0:rows], data=lse_P1[0:rows], op0=nl.subtract, operand0=negm_P1[0:rows])
         if xsa:
-            xsa_out(o_sb, t0 // P, 1, rows, xsa[0], xsa[1], h, H)()
+            u, c_sb = xsa
+            xsa_out(o_sb, t0 // P, 1, rows, u, c_sb, h, H)()
     return lambda: []
 
 
 def bwd_tile(views, t0, rows, bias, dt, qk=()):
-    """The per-tile inputs of one 128-query tile of a head: views = its [P, K] views of q, (dO, dO^T [K, rows]),
-    its -Di = -rowsum(dO o) and -lse columns and its dq view (`block`); with qk = (cos/sin tiles, gain, (qg, qinv, qg^T views)) q is the forward's
-    normed, rotated rows. -> (q, q^T, norm, dO, dO^T, -lse, -Di, t0, rows, dq view, cos/sin tiles)."""
+    """One 128-query tile of a head in the backward.
+
+    Args:
+        views: its [P, K] view of q, (dO, dO^T [K, rows]), its -Di = -rowsum(dO o) and -lse columns and its dq view
+            (`block`).
+        qk: () or (its `RopeTile`, the head's `Gain`, (qg, qinv, qg^T views)): q is the forward's normed, rotated rows.
+
+    Returns:
+        Its `QueryTile`.
+    """
     q_v, (do_t, doT), negdi_P1, negl_P1, dq_t = views
-    q_t, qT, norm = head_rows(q_v, rows, dt, bias[0], True, vec=True, saved=qk[2] if qk else ())
+    tables, saved = (), ()
+    if qk:
+        tables, gain, saved = qk
+    q_t, qT, norm = head_rows(q_v, rows, dt, bias.ident, True, vec=True, saved=saved)
     if qk:  # dq's final scale, inv gain (`prep_grad`), made now: off the gradient's chain
         s_P1 = nl.ndarray((nl.tile_size.pmax, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=s_P1[0:rows], data=norm[1][0:rows], op0=nl.multiply, operand0=qk[1][0][0:rows],
+        nisa.tensor_scalar(dst=s_P1[0:rows], data=norm.inv[0:rows], op0=nl.multiply, operand0=gain.col[0:rows],
                            op1=nl.multiply, operand1=q_v.shape[1] ** -0.5)
-        norm = (norm[0], s_P1, norm[2])
-    return q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows, dq_t, qk[0] if qk else ()
+        norm = RowNorm(xn=norm.xn, inv=s_P1, xk=norm.xk)
+    return QueryTile(q=q_t, qT=qT, norm=norm, do=do_t, doT=doT, negl=negl_P1, negdi=negdi_P1, t0=t0, rows=rows,
+                     dq=dq_t, tables=tables)
 
 
 def bwd_scores(tile, c0, kc, kT, vT, bias, scale, dt, half=None):
-    """First half of a (query tile, key chunk) step: p = exp(scale s - lse) recomputed (no max, no sum), the
-    diagonal block zeroed above the diagonal (GpSimd, SBUF in place), and ds = p (dp - Di), dp = dO v^T on the
-    PE array's row tile `half`, where dO^T and v^T sit on one half of the partitions (else, None, on the whole
-    array). -> (p, ds) in SBUF."""
-    q_t, qT, norm, do_t, doT, negl_P1, negdi_P1, t0, rows = tile[0:9]
-    K = qT.shape[0]
+    """First half of a (query tile, key chunk) step: p = exp(scale s - lse) recomputed (no max, no sum, the diagonal
+    block masked in the scores), and ds = p (dp - Di), dp = dO v^T on the PE array's row tile `half` where dO^T and
+    v^T sit on one half of the partitions (else, None, on the whole array). -> (p, ds) in SBUF.
+
+    Notes:
+        dp - Di leaves PSUM on ScalarE (its bias), the product with p runs on GpSimd (both operands in SBUF):
+        VectorE and GpSimd share the SBUF port, so the VectorE forms would cost that port.
+    """
+    rows = tile.rows
+    K = tile.qT.shape[0]
     P = nl.tile_size.pmax
-    s_ps = scores(qT, kT, t0, rows, c0, kc, bias, True)  # NEG above the diagonal: exp gives p = 0
+    s_ps = scores(tile.qT, kT, tile.t0, rows, c0, kc, bias, True)  # NEG above the diagonal: exp gives p = 0
     p_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
-    nisa.activation(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s_ps[0:rows, 0:kc], bias=negl_P1[0:rows], scale=scale)
+    nisa.activation(dst=p_t[0:rows, 0:kc], op=nl.exp, data=s_ps[0:rows, 0:kc], bias=tile.negl[0:rows], scale=scale)
     dp_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
-    half_matmul(dp_ps[0:rows, 0:kc], doT[0:K, 0:rows], vT[0:K, c0:c0 + kc], half)
-    # ds = p (dp - Di): dp - Di leaves PSUM on ScalarE (its bias), the product with p runs on GpSimd (both
-    # operands in SBUF): VectorE and GpSimd share the SBUF port, so the VectorE forms would cost that port
+    half_matmul(dp_ps[0:rows, 0:kc], tile.doT[0:K, 0:rows], vT[0:K, c0:c0 + kc], half)
     t_f = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=t_f[0:rows, 0:kc], op=nl.copy, data=dp_ps[0:rows, 0:kc], bias=negdi_P1[0:rows])
+    nisa.activation(dst=t_f[0:rows, 0:kc], op=nl.copy, data=dp_ps[0:rows, 0:kc], bias=tile.negdi[0:rows])
     ds_t = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=ds_t[0:rows, 0:kc], data1=t_f[0:rows, 0:kc], data2=p_t[0:rows, 0:kc], op=nl.multiply,
                        engine=nisa.engine.gpsimd)
@@ -217,18 +251,17 @@ def bwd_scores(tile, c0, kc, kT, vT, bias, scale, dt, half=None):
 
 
 def bwd_values(tile, c0, kc, p_t, ds_t, dq_ps, k_tiles, acc, ident, dt, first_head):
-    """Second half of a step, per 128-key block j of the chunk: dv += p^T dO, dk += ds^T q (PSUM accumulators
-    across the kv head's query heads and tiles, KC / K key blocks' to a bank: each block's accumulation
-    opened by an explicit overwrite, at its diagonal query tile of the `first_head`), dq += ds k (ds^T by a
-    transpose); every block's ds^T
-    transpose first, its PSUM copy on ScalarE (VectorE's would hold the PSUM port and GpSimd's SBUF port, both
-    busier than ScalarE's share of the step). -> a callable
-    issuing the dq matmuls (which wait for the copies: `bwd_heads` issues them a step later)."""
-    q_t, do_t, t0, rows = tile[0], tile[3], tile[7], tile[8]
+    """Second half of a step, per 128-key block j of the chunk: dv += p^T dO, dk += ds^T q (acc: the kv head's
+    `KvAcc`, accumulating across its query heads and tiles, KC / K key blocks to a bank: each block's accumulation
+    opened by an explicit overwrite at its diagonal query tile of the `first_head`), dq += ds k (ds^T by a
+    transpose; every block's first, their PSUM copy on ScalarE: VectorE's would hold the PSUM port and GpSimd's
+    the SBUF port, both busier than ScalarE's share of the step). -> a callable issuing the dq matmuls (which wait
+    for the copies: `bwd_heads` issues them a step later)."""
+    q_t, do_t, t0, rows = tile.q, tile.do, tile.t0, tile.rows
     K = q_t.shape[1]
     P = nl.tile_size.pmax
     per_bank = KC // K
-    blocks = [(j, c0 // P + j, min(P, kc - j * P)) for j in range(cdiv(kc, P))]
+    blocks = [(j, c0 // P + j, kr) for j, _, kr in row_tiles(kc)]
     dsT = nl.ndarray((P, KC), dtype=dt, buffer=nl.sbuf)
     if rows == P and kc % P == 0:  # every block full: all the chunk's ds^T leave PSUM in one instruction
         t_ps = nl.ndarray((P, KC), dtype=nl.float32, buffer=nl.psum)
@@ -241,7 +274,7 @@ def bwd_values(tile, c0, kc, p_t, ds_t, dq_ps, k_tiles, acc, ident, dt, first_he
     dsTs = [dsT[:, j * P:(j + 1) * P] for j, _, _ in blocks]
     for j, kt, kr in blocks:
         cols, col = slice(j * P, j * P + kr), (kt % per_bank) * K
-        dk_acc, dv_acc = acc[0][kt // per_bank], acc[1][kt // per_bank]
+        dk_acc, dv_acc = acc.dk[kt // per_bank], acc.dv[kt // per_bank]
         more = not (first_head and kt == t0 // P)  # key block kt's first query tile is its diagonal one
         nisa.nc_matmul(dst=dv_acc[0:kr, col:col + K], stationary=p_t[0:rows, cols], moving=do_t[0:rows, 0:K],
                        accumulate=more)
@@ -255,33 +288,52 @@ def bwd_values(tile, c0, kc, p_t, ds_t, dq_ps, k_tiles, acc, ident, dt, first_he
 
 
 def bwd_dq(tile, dq_ps, scale, qk):
-    """dq of a tile out of PSUM (times scale) into its view; with qk the `prep_grad` item it still needs
-    (run once per head for every tile together), else ()."""
-    K = tile[0].shape[1]
+    """dq of a tile out of PSUM (times scale) into its view; with qk -> the `prep_grad` item it still needs (run once
+    per head for every tile together), else ()."""
+    K = tile.q.shape[1]
     P = nl.tile_size.pmax
-    rows, dq_t = tile[8], tile[9]
+    rows = tile.rows
     if not qk:
-        nisa.activation(dst=dq_t[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
+        nisa.activation(dst=tile.dq[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
         return ()
     d_f = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=d_f[0:rows], op=nl.copy, data=dq_ps[0:rows, 0:K], scale=scale)
-    return (dq_t, d_f, rows, tile[10], tile[2])
+    return (tile.dq, d_f, rows, tile.tables, tile.norm)
 
 
 def bwd_heads(tiles, kT, vTs, k_tiles, acc, bias, scale, dt, qk, side=(), halves=None):
-    """The query heads of one kv head: tiles[r][i] (`bwd_tile`) -> per head the `prep_grad` items of its
-    tiles (with qk). The (query tile, key chunk, head) steps `pipelined` (`bwd_scores`, `bwd_values`), the
-    heads interleaved; vTs: v^T per head (the same tile, or the half beside a stacked head's dO^T); `halves`:
-    the row tile of each head's dp matmul where its operands sit on one half of the partitions, else None."""
+    """The query heads of one kv head in the backward.
+
+    Args:
+        tiles: tiles[r][i], the `QueryTile`s of head r.
+        vTs: v^T per head (the same tile, or the half beside a stacked head's dO^T).
+        acc: the kv head's `KvAcc`.
+        qk: the dq items go on through `prep_grad`.
+        side: units of side work (`spread`).
+        halves: the row tile of each head's dp matmul where its operands sit on one half of the partitions, else
+            None.
+
+    Returns:
+        Per head the `prep_grad` items of its tiles (with qk).
+
+    Notes:
+        The (query tile i, key chunk c, head r) steps, the heads interleaved:
+
+            pipeline(steps, [(0, first),         # p, ds (`bwd_scores`)
+                             (BWD_LAG, second),  # the last step's dq matmuls, dv / dk (`bwd_values`),
+                                                 # the tiles finished before out of PSUM (`bwd_dq`)
+                             (0, side)])         # the side units due by this step
+    """
     T = kT.shape[1]
     K = kT.shape[0]
     P = nl.tile_size.pmax
-    R, nt = len(tiles), len(tiles[0])
+    R = len(tiles)
+    nt = cdiv(T, P)
     dq_open = [[] for _ in range(R)]
     items = [[] for _ in range(R)]
     # a step's dq matmuls wait for its ds^T copies: issued in the next step's second half, after the scores of
     # the steps in between, and a finished tile's dq leaves PSUM after them
-    late, done = [], []
+    late, done, halves_done = [], [], []
 
     def catch_up():
         for dq in late:
@@ -295,26 +347,30 @@ def bwd_heads(tiles, kT, vTs, k_tiles, acc, bias, scale, dt, qk, side=(), halves
         for r, tile, dq_ps in finished:
             items[r].append(bwd_dq(tile, dq_ps, scale, qk))
 
-    def first(st):
-        i, c, r = st
-        t0, rows = i * P, min(P, T - i * P)
-        return bwd_scores(tiles[r][i], c * KC, min(KC, t0 + rows - c * KC), kT, vTs[r], bias, scale, dt,
-                          halves[r] if halves else None)
+    def first(n):
+        i, c, r = steps[n]
+        tile = tiles[r][i]
+        halves_done.append(bwd_scores(tile, c * KC, min(KC, tile.t0 + tile.rows - c * KC), kT, vTs[r], bias, scale,
+                                      dt, halves[r] if halves else None))
 
-    def second(st, res):
-        i, c, r = st
-        t0, rows = i * P, min(P, T - i * P)
+    def second(n):
+        i, c, r = steps[n]
+        tile = tiles[r][i]
+        p_t, ds_t = halves_done.pop(0)
         if c == 0:
             dq_open[r].append(nl.ndarray((P, K), dtype=nl.float32, buffer=nl.psum))
         finished = catch_up()
-        late.append(bwd_values(tiles[r][i], c * KC, min(KC, t0 + rows - c * KC), res[0], res[1], dq_open[r][0],
-                               k_tiles, acc, bias[0], dt, r == 0))
+        dq_ps, *_ = dq_open[r]
+        late.append(bwd_values(tile, c * KC, min(KC, tile.t0 + tile.rows - c * KC), p_t, ds_t, dq_ps, k_tiles, acc,
+                               bias.ident, dt, r == 0))
         evacuate(finished)
-        if (c + 1) * KC >= t0 + rows:
-            done.append((r, tiles[r][i], dq_open[r].pop(0)))
+        if (c + 1) * KC >= tile.t0 + tile.rows:
+            done.append((r, tile, dq_open[r].pop(0)))
 
     steps = [(i, c, r) for i in range(nt) for c in range(cdiv(min(T, (i + 1) * P), KC)) for r in range(R)]
-    pipelined(steps, first, second, lag=BWD_LAG, side=side)
+    side_stage, side_rest = spread(side, len(steps))
+    pipeline(len(steps), [(0, first), (BWD_LAG, second), (0, side_stage)])
+    side_rest()
     evacuate(catch_up())
     return items
 

@@ -6,23 +6,29 @@ backward's share is `kernels_nki.attention.backward.xsa_units_bwd`. docs/kernels
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.attention.rope_norm import staged
 from kernels_nki.tiles import cdiv
 
 
 XSA_EPS2 = 1.0e-24  # XSA's norm floor squared: 1 / max(||v||, 1e-12) = rsqrt(max(||v||^2, 1e-24))
 
 
-def xsa_units(v_sb, G, g, T, run=None):
-    """(u [P, nt, K] fp32, inv [P, nt] fp32) of kv head g's rows in v_sb (a `seq_tile`, either layout: block i of
-    u is block i of v's): u = v / max(||v||, 1e-12) (reference.xsa's unit value vector, F.normalize) and inv = 1 /
-    max(||v||, 1e-12) per row. The squares (GpSimd) and their row sums (VectorE) for every full block at once, the
-    floor (VectorE) and rsqrt on GpSimd in the documented form, tensor_scalar(op0=nl.rsqrt, operand0=0.0)
-    (aws-neuron-sdk nki/api/nki.api.shared.rst, "Reverse square root can run on GpSIMD Engine"; the floor 1e-24 ~
-    2^-79.7 keeps it inside rsqrt's valid input range [2^-87, 2^97], the activation functions table there),
-    u = v inv per block (VectorE: a [P, 1] column operand); a ragged last block on its rows only. run: as
-    `staged` (the tiles are allocated now, filled as the stages run: the engines alternate, so a stage issued a
-    step after the one it reads does not hold its engine's stream)."""
+def xsa_units(v_sb, G, g, T):
+    """XSA's unit value vectors of kv head g (reference.xsa, F.normalize).
+
+    Args:
+        v_sb: the sequence's v `seq_tile` (either layout: block i of u is block i of v's).
+
+    Returns:
+        (u [P, nt, K] fp32 = v / max(||v||, 1e-12), inv [P, nt] fp32 = 1 / max(||v||, 1e-12) per row, stages): the
+        tiles are allocated now and filled as the three stages (squares, norms, u) run.
+
+    Notes:
+        The squares (GpSimd) and their row sums (VectorE) for every full block at once, the floor (VectorE) and
+        rsqrt on GpSimd in the documented form, tensor_scalar(op0=nl.rsqrt, operand0=0.0) (aws-neuron-sdk
+        nki/api/nki.api.shared.rst, "Reverse square root can run on GpSIMD Engine"; the floor 1e-24 ~ 2^-79.7 keeps
+        it inside rsqrt's valid input range [2^-87, 2^97], the activation functions table there), u = v inv per
+        block (VectorE: a [P, 1] column operand); a ragged last block on its rows only.
+    """
     P = nl.tile_size.pmax
     n, tail = T // P, T % P
     nt = cdiv(T, P)
@@ -52,8 +58,7 @@ def xsa_units(v_sb, G, g, T, run=None):
             nisa.tensor_scalar(dst=u[0:rows, i], data=src[0:rows, i, g * K:(g + 1) * K], op0=nl.multiply,
                                operand0=inv[0:rows, i:i + 1])
 
-    staged([squares, norms, units], run)
-    return u, inv
+    return u, inv, [squares, norms, units]
 
 
 def xsa_out(o_sb, i0, m, rows, u, c_sb, h, H):
