@@ -1,5 +1,5 @@
-"""How the attention kernels (kernels_nki/attention.py) move rows between HBM and SBUF and between row orders
-on chip (a kernel-helper file like kernels_nki/attention_parts.py).
+"""How the attention kernels move rows between HBM and SBUF and between row orders on chip (a kernel-helper file;
+docs/kernels/attention.md, "DMA layout").
 
 - `seq_dma` / `seq_tile`: all T rows of one sequence, every head, one DMA per tensor (plus one for a ragged
   last 128-row tile), in natural row order or, with `perm`, n = T // 128 consecutive rows per partition (one

@@ -1,6 +1,7 @@
 """XSA (exclusive self attention) in the attention kernels (a kernel-helper file): `xsa_units` (each kv head's unit
 value vectors u), `xsa_out` (the forward's epilogue o - (o . u) u), `xsa_c` (the forward's residual). The
-backward's share is `kernels_nki.attention.backward.xsa_units_bwd`. docs/kernels/attention.md, "XSA".
+backward's share is `kernels_nki.attention.backward._xsa_units` (docs/kernels/attention.md, "The recipe's
+switches").
 """
 
 import nki.isa as nisa
