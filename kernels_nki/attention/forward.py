@@ -16,7 +16,7 @@ from kernels_nki.attention.steps import KC, bounded_heads, run_stages, scores
 from kernels_nki.attention.xsa import xsa_c, xsa_out, xsa_units
 from kernels_nki.tiles import cdiv, identity, pipeline, row_tiles, transpose
 
-SHIFT_OFFSET = 35.0  # the bounded forward's shift m_h = B_h - SHIFT_OFFSET (module docstring)
+SHIFT_OFFSET = 35.0  # the bounded forward's shift m_h = B_h - SHIFT_OFFSET (docs/kernels/attention.md)
 BOUND_MARGIN = 1.0 + 2.0 ** -5  # B_h = sqrt(K) |g_h| BOUND_MARGIN
 
 

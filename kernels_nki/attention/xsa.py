@@ -89,5 +89,5 @@ def xsa_out(o_sb, i0, m, rows, u, c_sb, h, H):
 
 def xsa_c(B, H, T):
     """The XSA forward's extra output xc_BHT1 (fp32): each row's o . u (o: the attention's output before XSA, u its
-    kv head's unit value vector), in lse's layout; the backward's residual (`xsa_out`, attention_bwd.py)."""
+    kv head's unit value vector), in lse's layout; the backward's residual (`xsa_out`, `backward._xsa_units`)."""
     return nl.ndarray((B, H, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
