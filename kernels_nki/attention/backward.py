@@ -125,7 +125,7 @@ def _seq_units(c, st, b):
 
     units = [lse]
     # -Di = -rowsum(dO o) (with XSA, -rowsum(dy y): the same, `_xsa_units`), before dO becomes XSA's da in place
-    neg_rowdot(st["do"], st["o"], H, T, c["ident32"], units.append, st["negdi"])
+    units += neg_rowdot(st["do"], st["o"], H, T, c["ident32"], st["negdi"])
     dmas = [lambda: nisa.dma_copy(dst=lse_HT, src=lse_BHT1[b].reshape((H, T)))]
     if c["xc"] is not None:
         xc_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
@@ -259,9 +259,6 @@ def _tail(c, seqs, js, res):
     return units
 
 
-XSA_BLOCKS = 1  # blocks per unit of XSA's side work (`_xsa_units`)
-
-
 def _xsa_units(c, st, js, g):
     """XSA's backward for kv head g of a sequence as side-work units (st: its `_seq_tiles`, the `perm` layout; o is
     XSA's output y, dO its cotangent dy, negc -c, c = a . u the forward's o . u before XSA): per query head of the
@@ -271,7 +268,7 @@ def _xsa_units(c, st, js, g):
     applied to du, y and da being orthogonal to u), rounded to dt and transposed into natural columns js["dvxT"]
     ([K, T]), which `_tail` transposes back into dv's PSUM accumulator. The attention's -Di = -rowsum(da a) is
     -rowsum(dy y): da and y are orthogonal to u and a = y + c u (made from dO and o before these units,
-    `_seq_units`). Units of XSA_BLOCKS blocks each, so that `spread` spreads them between the steps."""
+    `_seq_units`). Units of one block each, so that `spread` spreads them between the steps."""
     B, T, H, K, G, R, P, dt, scale = c["dims"]
     nt, n, tail = cdiv(T, P), T // P, T % P
     dy3, y3 = st["do"].reshape((P, nt, H * K)), st["o"].reshape((P, nt, H * K))
@@ -291,29 +288,25 @@ def _xsa_units(c, st, js, g):
             nisa.tensor_reduce(dst=x["nega"][r][0:rows, i0:i0 + m], op=nl.add, data=x["prod"][r][0:rows, i0:i0 + m],
                                axis=2, negate=True)
 
-    def rows_of(r, i0):
+    def rows_of(r, i, rows):
         h = g * R + r
         hk = slice(h * K, (h + 1) * K)
         u, w, nega = x["u"], x["w"], x["nega"][r]
-        for i in range(i0, min(nt, i0 + XSA_BLOCKS)):
-            rows = min(P, T - i * P)
-            d, y, w_i, a_i = dy3[0:rows, i, hk], y3[0:rows, i, hk], w[0:rows, i], nega[0:rows, i:i + 1]
-            nisa.scalar_tensor_tensor(dst=d, data=u[0:rows, i], op0=nl.multiply, operand0=a_i, op1=nl.add,
-                                      operand1=d)  # da
-            if r == 0:
-                nisa.tensor_scalar(dst=w_i, data=y, op0=nl.multiply, operand0=a_i)
-            else:
-                nisa.scalar_tensor_tensor(dst=w_i, data=y, op0=nl.multiply, operand0=a_i, op1=nl.add, operand1=w_i)
-            nisa.scalar_tensor_tensor(dst=w_i, data=d, op0=nl.multiply, operand0=block(st["negc"], i, h, H, 1)[0:rows],
-                                      op1=nl.add, operand1=w_i)
+        d, y, w_i, a_i = dy3[0:rows, i, hk], y3[0:rows, i, hk], w[0:rows, i], nega[0:rows, i:i + 1]
+        nisa.scalar_tensor_tensor(dst=d, data=u[0:rows, i], op0=nl.multiply, operand0=a_i, op1=nl.add,
+                                  operand1=d)  # da
+        if r == 0:
+            nisa.tensor_scalar(dst=w_i, data=y, op0=nl.multiply, operand0=a_i)
+        else:
+            nisa.scalar_tensor_tensor(dst=w_i, data=y, op0=nl.multiply, operand0=a_i, op1=nl.add, operand1=w_i)
+        nisa.scalar_tensor_tensor(dst=w_i, data=d, op0=nl.multiply, operand0=block(st["negc"], i, h, H, 1)[0:rows],
+                                  op1=nl.add, operand1=w_i)
 
-    def dv_of(i0):
-        for i in range(i0, min(nt, i0 + XSA_BLOCKS)):
-            rows = min(P, T - i * P)
-            nisa.tensor_scalar(dst=x["dvx"][0:rows, i], data=x["w"][0:rows, i], op0=nl.multiply,
-                               operand0=x["inv"][0:rows, i:i + 1])
-            transpose(natural_cols(js["dvxT"], i, T, True), x["dvx"][0:rows, i], rows, K, c["bias"].ident,
-                      on_vector=True)
+    def dv_of(i, rows):
+        nisa.tensor_scalar(dst=x["dvx"][0:rows, i], data=x["w"][0:rows, i], op0=nl.multiply,
+                           operand0=x["inv"][0:rows, i:i + 1])
+        transpose(natural_cols(js["dvxT"], i, T, True), x["dvx"][0:rows, i], rows, K, c["bias"].ident,
+                  on_vector=True)
 
     x["u"], x["inv"], units = xsa_units(st["v"], G, g, T)
     x["w"] = nl.ndarray((P, nt, K), dtype=nl.float32, buffer=nl.sbuf)  # -(sum c da + (dy . u) y)
@@ -321,5 +314,6 @@ def _xsa_units(c, st, js, g):
     js["dvxT"] = nl.ndarray((K, T), dtype=dt, buffer=nl.sbuf)
     units += [lambda r=r: products(r) for r in range(R)]
     for r in range(R):
-        units += [lambda r=r: sums(r)] + [lambda r=r, i0=i0: rows_of(r, i0) for i0 in range(0, nt, XSA_BLOCKS)]
-    return units + [lambda i0=i0: dv_of(i0) for i0 in range(0, nt, XSA_BLOCKS)]
+        units += [lambda r=r: sums(r)]
+        units += [lambda r=r, i=i, rows=rows: rows_of(r, i, rows) for i, _, rows in row_tiles(T)]
+    return units + [lambda i=i, rows=rows: dv_of(i, rows) for i, _, rows in row_tiles(T)]

@@ -123,12 +123,9 @@ def forward_exact(q_BTHK, k_BTGK, v_BTGK, rope, xsa=False):
                 o_nat = nl.ndarray((P, cdiv(T, P) * K), dtype=dt, buffer=nl.sbuf)  # o in natural blocks
                 ys = (prep_head(q_sb, H, h, T, tables, gain, outs) if rope else
                       [block(q_sb, i, h, H, K) for i in range(cdiv(T, P))])
-                for i in range(cdiv(T, P)):
-                    rows = min(P, T - i * P)
+                for i, _, rows in row_tiles(T):
                     transpose(natural_cols(qT_h, i, T, True), ys[i][0:rows], rows, K, bias.ident, on_vector=not rope)
-                for i in range(cdiv(T, P)):
-                    t0 = i * P
-                    rows = min(P, T - t0)
+                for i, t0, rows in row_tiles(T):
                     qT = qT_h[0:K, t0:t0 + rows]
                     state = ()
                     chunks = cdiv(t0 + rows, KC)

@@ -16,7 +16,7 @@ docs/kernels/attention.md, "DMA layout").
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.tiles import HALF, cdiv, transpose, transpose_to_psum
+from kernels_nki.tiles import HALF, cdiv, row_tiles, transpose, transpose_to_psum
 
 KQ = 4  # 128-column transposes per fp32 PSUM bank of 512 columns
 
@@ -79,36 +79,27 @@ def lse_store(lse_BHT1, b, cols, ident32):
     B, H, T, _ = lse_BHT1.shape
     P = nl.tile_size.pmax
     rows_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
-    for i in range(cdiv(T, P)):
-        r = min(P, T - i * P)
-        transpose(rows_HT[0:H, i * P:i * P + r], cols[0:r, i * H:(i + 1) * H], r, H, ident32, on_vector=True)
+    for i, t0, r in row_tiles(T):
+        transpose(rows_HT[0:H, t0:t0 + r], cols[0:r, i * H:(i + 1) * H], r, H, ident32, on_vector=True)
     nisa.dma_copy(dst=lse_BHT1[b].reshape((H, T)), src=rows_HT)
 
 
-def neg_lse_load(lse_BHT1, b, ident32, rows_HT=None, cols=None, perm=False):
-    """-lse_BHT1[b] as [rows, 1] columns in a [P, n H] fp32 tile (`lse_store`'s layout): one DMA of the [H, T]
-    rows (unless rows_HT, the [H, T] SBUF tile, is given: loaded already), per tile one TensorE transpose,
-    negated leaving PSUM (into `cols` when given); with `perm`, tile i holds the rows of a `perm` block (its
-    stride-n columns of the rows, `natural_cols`)."""
+def neg_lse_load(lse_BHT1, b, ident32, rows_HT, cols, perm=False):
+    """-lse_BHT1[b] as [rows, 1] columns into cols, a [P, n H] fp32 tile (`lse_store`'s layout), from rows_HT, its
+    [H, T] rows loaded into SBUF: per tile one TensorE transpose, negated leaving PSUM; with `perm`, tile i holds
+    the rows of a `perm` block (its stride-n columns of the rows, `natural_cols`)."""
     B, H, T, _ = lse_BHT1.shape
     P = nl.tile_size.pmax
-    if rows_HT is None:
-        rows_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=rows_HT, src=lse_BHT1[b].reshape((H, T)))
-    if cols is None:
-        cols = nl.ndarray((P, cdiv(T, P) * H), dtype=nl.float32, buffer=nl.sbuf)
-    for i in range(cdiv(T, P)):
-        r = min(P, T - i * P)
+    for i, _, r in row_tiles(T):
         t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
         transpose_to_psum(t_ps[0:r, 0:H], natural_cols(rows_HT, i, T, perm), H, ident32)
         nisa.activation(dst=cols[0:r, i * H:(i + 1) * H], op=nl.copy, data=t_ps[0:r, 0:H], scale=-1.0)
-    return cols
 
 
-def rows_from_transpose(dst_sb, X, x, xT, T, ident, vec=False, p0=0):
+def rows_from_transpose(dst_sb, X, x, xT, T, ident, p0=0):
     """Head x of dst_sb (a natural-order `seq_tile`) from its transpose xT ([K, T] in SBUF, from partition p0:
     0, or 64 for the upper half of a stacked pair): TensorE transposes of 128 columns each, up to 512 / K blocks
-    into one PSUM bank and out of it by one copy (VectorE with `vec`, else ScalarE) into the blocks' strided
+    into one PSUM bank and out of it by one ScalarE copy into the blocks' strided
     [P, m, K] view."""
     K = xT.shape[0]
     P = nl.tile_size.pmax
@@ -129,10 +120,7 @@ def rows_from_transpose(dst_sb, X, x, xT, T, ident, vec=False, p0=0):
                 continue
             dst = view[0:r, i0 + a0:i0 + a0 + cnt, x * K:(x + 1) * K]
             src = t_ps[0:r, a0 * K:(a0 + cnt) * K].reshape((r, cnt, K))
-            if vec:
-                nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.vector)
-            else:
-                nisa.activation(dst=dst, op=nl.copy, data=src)
+            nisa.activation(dst=dst, op=nl.copy, data=src)
 
 
 def perm_rows(dst_sb, X, xs, srcs, T, ident, dt, src_head=(1, 0)):
@@ -184,18 +172,17 @@ def perm_rows(dst_sb, X, xs, srcs, T, ident, dt, src_head=(1, 0)):
                              engine=nisa.engine.gpsimd)
 
 
-def neg_rowdot(a_sb, b_sb, H, T, ident32, run=None, out=None):
+def neg_rowdot(a_sb, b_sb, H, T, ident32, out):
     """-rowsum(a b) of every row and head of two `perm` `seq_tile`s (the backward's -Di = -rowsum(dO o)) as
-    natural [rows, 1] columns in a [P, n H] fp32 tile (`lse_store`'s layout): per block and head the product
-    (GpSimd) and its row sum (VectorE) in the `perm` layout, then per block one fp32 TensorE transpose of the
-    block's H columns into [H, T] rows in natural order (`natural_cols`) and per natural tile one back."""
+    natural [rows, 1] columns into out, a [P, n H] fp32 tile (`lse_store`'s layout): per block and head the
+    product (GpSimd) and its row sum (VectorE) in the `perm` layout, then per block one fp32 TensorE transpose of
+    the block's H columns into [H, T] rows in natural order (`natural_cols`) and per natural tile one back.
+    -> the stages (per block its sums, then the two transposes)."""
     P = nl.tile_size.pmax
     nt = cdiv(T, P)
     K = a_sb.shape[1] // (nt * H)
     cols = nl.ndarray((P, nt * H), dtype=nl.float32, buffer=nl.sbuf)
     rows_HT = nl.ndarray((H, T), dtype=nl.float32, buffer=nl.sbuf)
-    if out is None:
-        out = nl.ndarray((P, nt * H), dtype=nl.float32, buffer=nl.sbuf)
 
     def block_sums(i):
         r = min(P, T - i * P)
@@ -208,19 +195,11 @@ def neg_rowdot(a_sb, b_sb, H, T, ident32, run=None, out=None):
                                negate=True, keepdims=True)
 
     def to_rows():
-        for i in range(nt):
-            r = min(P, T - i * P)
+        for i, _, r in row_tiles(T):
             transpose(natural_cols(rows_HT, i, T, True), cols[0:r, i * H:(i + 1) * H], r, H, ident32, on_vector=True)
 
     def to_cols():
-        for i in range(nt):
-            r = min(P, T - i * P)
-            transpose(out[0:r, i * H:(i + 1) * H], rows_HT[0:H, i * P:i * P + r], H, r, ident32)
+        for i, t0, r in row_tiles(T):
+            transpose(out[0:r, i * H:(i + 1) * H], rows_HT[0:H, t0:t0 + r], H, r, ident32)
 
-    stages = [lambda i=i: block_sums(i) for i in range(nt)] + [to_rows, to_cols]
-    for f in stages:
-        if run is None:
-            f()
-        else:
-            run(f)
-    return out
+    return [lambda i=i: block_sums(i) for i in range(nt)] + [to_rows, to_cols]

@@ -12,7 +12,7 @@ import nki.language as nl
 from kernels_nki.attention.layout import block, natural_cols
 from kernels_nki.attention.rope_norm import prep_tile, scale_rows
 from kernels_nki.attention.state import CausalBias, RowNorm
-from kernels_nki.tiles import cdiv, identity, stacked_transpose, transpose
+from kernels_nki.tiles import cdiv, identity, row_tiles, stacked_transpose, transpose
 
 
 NEG = -1.0e30  # masked raw score: exp(scale * NEG - ...) is exactly 0
@@ -39,14 +39,13 @@ def causal_bias(dt, key_major=False):
     return CausalBias(ident=identity(dt), mask=bias, ones=one)
 
 
-def head_rows(t, rows, dt, ident, transposed, vec=False, saved=(), tT=None):
-    """A 128-row tile of one head, t (a [P, K] `block` view), and its [K, 128] transpose (leaving PSUM on
-    VectorE with `vec`, else ScalarE; into tT, a [K, >= rows] view, when given). With `saved` = (y, inv, yT),
-    the forward's outputs as views, the tile is replaced by y (norm: a `RowNorm` for `prep_grad`, xn = x inv on
-    VectorE) and the transpose is yT, loaded, not transposed. -> (tile, transpose or None, norm or ())."""
+def head_rows(t, rows, dt, ident, saved=()):
+    """A 128-row tile of one head, t (a [P, K] `block` view), and its [K, 128] transpose (leaving PSUM on VectorE).
+    With `saved` = (y, inv, yT), the forward's outputs as views (yT None where not needed), the tile is replaced by
+    y (norm: a `RowNorm` for `prep_grad`, xn = x inv on VectorE) and the transpose is yT, loaded, not transposed.
+    -> (tile, transpose, norm or ())."""
     K = t.shape[1]
     P = nl.tile_size.pmax
-    norm = ()
     if saved:
         y, inv_P1, yT = saved
         xn = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
@@ -54,20 +53,15 @@ def head_rows(t, rows, dt, ident, transposed, vec=False, saved=(), tT=None):
         xk = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)  # -xn / K, from x on VectorE
         nisa.tensor_scalar(dst=xk[0:rows], data=t[0:rows], op0=nl.multiply, operand0=inv_P1[0:rows], op1=nl.multiply,
                            operand1=-1.0 / K)
-        t, norm = y, RowNorm(xn=xn, inv=inv_P1, xk=xk)
-        if transposed:
-            return t, yT, norm
-    if not transposed:
-        return t, None, norm
-    if tT is None:
-        tT = nl.ndarray((K, P), dtype=dt, buffer=nl.sbuf)
-    transpose(tT[0:K, 0:rows], t[0:rows], rows, K, ident, on_vector=vec)
-    return t, tT, norm
+        return y, yT, RowNorm(xn=xn, inv=inv_P1, xk=xk)
+    tT = nl.ndarray((K, P), dtype=dt, buffer=nl.sbuf)
+    transpose(tT[0:K, 0:rows], t[0:rows], rows, K, ident, on_vector=True)
+    return t, tT, ()
 
 
-def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), vec=False, out=(), perm=False, dup=False):
+def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), out=(), perm=False, dup=False):
     """All T rows of kv head g (x_sb: the batch's `seq_tile`): 128-row tile views [keys, K], the transpose
-    [K, T] (leaving PSUM on VectorE with `vec`, else ScalarE) and each tile's norm (`head_rows`): with `tables`
+    [K, T] (leaving PSUM on ScalarE) and each tile's norm (`head_rows`): with `tables`
     (cos/sin tiles) the forward's rotated, normed rows (`prep_tile`), written to out = (y seq tile, inv seq
     tile); with `saved` = (kr seq tile, kinv seq tile, krT [K, T] SBUF) the backward's. x_sb, tables and out
     in one layout (`perm`, `seq_dma`); the transpose in natural row order (`natural_cols`); with `dup` (K = 64)
@@ -80,7 +74,7 @@ def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), vec=False, out=(), pe
         y_sb, inv_sb, xT = saved
     else:
         xT = nl.ndarray((2 * K if dup else K, T), dtype=dt, buffer=nl.sbuf)
-    rows = [min(P, T - i * P) for i in range(nt)]
+    rows = [r for _, _, r in row_tiles(T)]
     views = [block(x_sb, i, g, G, K) for i in range(nt)]
     if tables:
         y_sb, inv_sb = out
@@ -88,7 +82,7 @@ def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), vec=False, out=(), pe
                         for i in range(nt)], (), inv_sb[:, g:(nt - 1) * G + g + 1:G])
         tiles, norms = [y for y, _ in ys], [inv for _, inv in ys]
     elif saved:
-        got = [head_rows(views[i], rows[i], dt, None, False,
+        got = [head_rows(views[i], rows[i], dt, None,
                          saved=(block(y_sb, i, g, G, K), block(inv_sb, i, g, G, 1), None)) for i in range(nt)]
         tiles, norms = [t for t, _, _ in got], [n for _, _, n in got]
     else:
@@ -98,7 +92,7 @@ def kv_head(x_sb, G, g, T, dt, ident, tables=(), saved=(), vec=False, out=(), pe
             if dup:
                 stacked_transpose(natural_cols(xT, i, T, perm), [tiles[i], tiles[i]], rows[i], ident)
             else:
-                transpose(natural_cols(xT, i, T, perm), tiles[i][0:rows[i]], rows[i], K, ident, on_vector=vec)
+                transpose(natural_cols(xT, i, T, perm), tiles[i][0:rows[i]], rows[i], K, ident)
     return tiles, xT, norms
 
 
@@ -110,18 +104,18 @@ def half_matmul(dst, stationary, moving, half, name=None):
     partitions: rule strict.row_tile_partitions of kernels_nki.emulator.rules). `name`: the instruction's name
     (a "recompute..." name marks a product computed a second time: kernels_nki.emulator counts it not
     useful)."""
-    if half != None and stationary.shape[0] <= 64:  # noqa: E711 (NKI has no `is`)
+    if half is not None and stationary.shape[0] <= 64:
         nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, tile_position=(half * 64, 0),
                        tile_size=(64, 128), name=name)
     else:
         nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, name=name)
 
 
-def kv_head_saved(k_sb, G, g, T, dt, ident, tables, outs, krT_BGKT, b, vec=False, perm=False):
+def kv_head_saved(k_sb, G, g, T, dt, ident, tables, outs, krT_BGKT, b, perm=False):
     """The fused forward's k side (`kv_head` with the rope tables): its normed, rotated rows and their inverse
     RMS written to outs = (kr seq tile, kinv seq tile), the transpose stored to krT_BGKT[b, g] (one DMA)
     -> (tiles, transpose)."""
-    k_tiles, kT, _ = kv_head(k_sb, G, g, T, dt, ident, tables, vec=vec, out=outs, perm=perm)
+    k_tiles, kT, _ = kv_head(k_sb, G, g, T, dt, ident, tables, out=outs, perm=perm)
     nisa.dma_copy(dst=krT_BGKT[b, g], src=kT)
     return k_tiles, kT
 

@@ -215,7 +215,7 @@ def bwd_tile(views, t0, rows, bias, dt, qk=()):
     tables, saved = (), ()
     if qk:
         tables, gain, saved = qk
-    q_t, qT, norm = head_rows(q_v, rows, dt, bias.ident, True, vec=True, saved=saved)
+    q_t, qT, norm = head_rows(q_v, rows, dt, bias.ident, saved=saved)
     if qk:  # dq's final scale, inv gain (`prep_grad`), made now: off the gradient's chain
         s_P1 = nl.ndarray((nl.tile_size.pmax, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=s_P1[0:rows], data=norm.inv[0:rows], op0=nl.multiply, operand0=gain.col[0:rows],
@@ -382,8 +382,7 @@ def store_kv_grad(dst_sb, G, acc, g, T, K, scale, dt, tables=(), norms=()):
     P = nl.tile_size.pmax
     per_bank = KC // K
     items = []
-    for kt in range(cdiv(T, P)):
-        kr = min(P, T - kt * P)
+    for kt, _, kr in row_tiles(T):
         col = (kt % per_bank) * K
         out = block(dst_sb, kt, g, G, K)
         if tables:

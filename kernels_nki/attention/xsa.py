@@ -7,7 +7,7 @@ switches").
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.tiles import cdiv
+from kernels_nki.tiles import cdiv, row_tiles
 
 
 XSA_EPS2 = 1.0e-24  # XSA's norm floor squared: 1 / max(||v||, 1e-12) = rsqrt(max(||v||^2, 1e-24))
@@ -54,8 +54,7 @@ def xsa_units(v_sb, G, g, T):
                                engine=nisa.engine.gpsimd)
 
     def units():
-        for i in range(nt):
-            rows = min(P, T - i * P)
+        for i, _, rows in row_tiles(T):
             nisa.tensor_scalar(dst=u[0:rows, i], data=src[0:rows, i, g * K:(g + 1) * K], op0=nl.multiply,
                                operand0=inv[0:rows, i:i + 1])
 
