@@ -221,6 +221,17 @@ def test_qk_attention_matches_reference(qk_kernels, dtype, B, T, H, G, K, gain_s
         _assert_close(a, b, TOL[dtype])
 
 
+def test_qk_attention_bounded_xsa_over_two_query_chunks_matches_reference(qk_kernels):
+    """The bounded forward's XSA epilogue where a query chunk ends before the last step (T > 512: two chunks, so a
+    chunk end's XSA second half is issued between later steps), against reference.qk_attention_fwd."""
+    q, k, v, _, cos, sin, g_PH = _qk_case(1, 600, 1, 1, 16, np.dtype(np.float32), 21)
+    want = ref.qk_attention_fwd(*(jnp.asarray(a) for a in (q, k, v, cos, sin, g_PH)), xsa_on=True)
+    got = qk_kernels.qk_attention_fwd(q, k, v, cos, sin, g_PH, xsa_on=True)
+    assert len(got) == len(want) == 9
+    for a, b in zip(got, want):
+        _assert_close(a, b, TOL["float32"])
+
+
 def test_bounded_shift_is_exact_at_its_limit_on_the_worst_rows(qk_kernels):
     """The bounded forward's worst case: every key anti-aligned with every query (each score = -B_h, the
     lower end of the bound) at the largest gains ops allows (B_h = SHIFT_LIMIT): each row's sum is ~
