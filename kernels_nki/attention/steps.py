@@ -47,24 +47,24 @@ def spread(side, n):
     list once run so that its tiles are released; a unit may append more).
 
     Returns:
-        (stage, rest): stage(s) runs the units up to (s + 1) len(side) // n (a stage-table row at offset 0), rest()
-        the units left after the pipeline.
+        (stage, rest): stage(s) runs units while fewer than (s + 1) len(side) // n have run (len(side) as it grows;
+        a stage-table row at offset 0), rest() the units left after the pipeline.
     """
     ran = {"units": 0}
 
-    def run_to(k):
-        while ran["units"] < k:
-            unit = side[ran["units"]]
-            side[ran["units"]] = None
-            unit()
-            ran["units"] += 1
+    def run_one():
+        unit = side[ran["units"]]
+        side[ran["units"]] = None
+        unit()
+        ran["units"] += 1
 
     def stage(s):
-        run_to((s + 1) * len(side) // n)
+        while ran["units"] < (s + 1) * len(side) // n:
+            run_one()
 
     def rest():
         while ran["units"] < len(side):
-            run_to(len(side))
+            run_one()
     return stage, rest
 
 
