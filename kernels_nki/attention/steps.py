@@ -132,7 +132,7 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=()
         for f in xlate:  # the XSA of the chunk ends before those (`xsa_out`'s second half)
             f()
         xlate.clear()
-        for f in late:  # the previous chunk ends' second halves, their 1 / l and log(l) done by now
+        for f in late:  # the previous chunk ends' second halves (a step late: docs/kernels/attention.md)
             xlate.extend(f())
         late.clear()
         if k0 + P >= c0 + n:
