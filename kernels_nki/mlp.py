@@ -382,9 +382,9 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND, negative_slope=
 
     Notes:
         The stage table, per group k (program order within a step; pipeline(len(groups), table)):
-            (1, B: da, r, a, dh')      (2, B' D_fc E: dh'^T, dW_fc += xn^T dh', dx out)
-            (0, A: x, dy, inv, rT in; xn; dy^T)      (1, D_proj: dW_proj += a^T dy)
-        i.e. B(k - 1), B'/D_fc/E(k - 2), A(k), D_proj(k - 1).
+            (0, A: x, dy, inv, rT in; xn; dy^T)      (0, B: da, r, a, dh')
+            (1, B' D_fc E: dh'^T, dW_fc += xn^T dh', dx out)      (0, D_proj: dW_proj += a^T dy)
+        i.e. A(k), B(k), B'/D_fc/E(k - 1), D_proj(k).
     """
     N, D = x_ND.shape
     F = w_fc_DF.shape[1]
@@ -425,7 +425,7 @@ def norm_mlp_bwd(x_ND, w_fc_DF, w_proj_FD, inv_N1, rT_FN, dy_ND, negative_slope=
         _accumulate(acc_fc, grp.xn_s, grp.dh_s, parts, D, F)
         _bwd_dx(grp, dhT, wfcT, F, dx_ND)
 
-    pipeline(len(gs), [(1, hidden), (2, finish), (0, inputs), (1, proj_grad)])
+    pipeline(len(gs), [(0, inputs), (0, hidden), (1, finish), (0, proj_grad)])
     for k, d0, dk in row_tiles(D):
         out = nl.ndarray((P, F), dtype=dt, buffer=nl.sbuf)
         nisa.activation(dst=out[0:dk], op=nl.copy, data=acc_fc[k][0:dk], scale=2.0)
