@@ -27,10 +27,11 @@ def cdiv(a, b):
     return (a + b - 1) // b
 
 
-def row_tiles(n, size=nl.tile_size.pmax):
-    """[(i, start, rows)]: tile i of an axis of n elements covers start .. start + rows (rows = size, the last
-    tile's rows the remainder). A list, not a generator: lists of tuples are NKI values (aws-neuron-sdk
+def row_tiles(n, size=None):
+    """[(i, start, rows)]: tile i of an axis of n elements covers start .. start + rows (rows = size, default the
+    partition count nl.tile_size.pmax, read at the call; the last tile's rows the remainder). A list, not a generator: lists of tuples are NKI values (aws-neuron-sdk
     nki/get-started/nki-language-guide.rst, "NKI Values"), generators are not listed there."""
+    size = size or nl.tile_size.pmax
     return [(i, i * size, min(size, n - i * size)) for i in range(cdiv(n, size))]
 
 
