@@ -6,7 +6,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.packing import groups, load, rows_per_partition, store, tile
-from kernels_nki.projection.matmul import PSUM_BANKS, W, chunks, evacuate, matmul_rows, transposed
+from kernels_nki.projection.matmul import PSUM_BANKS, W, chunks, evacuate, matmul_rows, ps, sb, transposed
 from kernels_nki.tiles import row_tiles
 
 
@@ -16,7 +16,7 @@ def dy_group(dy_NO, g, c0, c1, dt, R):
     if c0 == 0 and c1 == O:
         return load(dy_NO, g, dt, R)
     r0, parts, rows = g
-    t = nl.ndarray((nl.tile_size.pmax, R * (c1 - c0)), dtype=dt, buffer=nl.sbuf)
+    t = sb(R * (c1 - c0), dt)
     nisa.dma_copy(dst=t[0:parts, 0:rows * (c1 - c0)],
                   src=dy_NO.ap(pattern=[[rows * O, parts], [O, rows], [1, c1 - c0]], offset=r0 * O + c0))
     return t
@@ -28,16 +28,15 @@ def dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, ident, dx_NI=None, wT=None):
     once in all)."""
     N, I = x_NI.shape
     O = dy_NO.shape[1]
-    P = nl.tile_size.pmax
     R = rows_per_partition(I)
     with_dx = dx_NI != None  # noqa: E711 (NKI has no `is`: nki/migration/index.rst)
     c0, c1 = o0 * W, min(O, o1 * W)
     cols, ins = row_tiles(c1 - c0, W), row_tiles(I)
-    acc = [[nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum) for _ in cols] for _ in ins]
+    acc = [[ps() for _ in cols] for _ in ins]
     for g in groups(N, R):
         _, parts, rows = g
         x_g, dy_g = load(x_NI, g, dt, R), dy_group(dy_NO, g, c0, c1, dt, R)
-        dx_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf) if with_dx else None
+        dx_g = sb(R * I, dt) if with_dx else None
         for j in range(rows):
             x_t, dy_t = tile(x_g, g, j, I), tile(dy_g, g, j, c1 - c0)
             if with_dx:
@@ -50,7 +49,7 @@ def dw_pass(x_NI, dy_NO, dw_IO, o0, o1, dt, ident, dx_NI=None, wT=None):
             store(dx_NI, g, dx_g)
     for o, oc, w in cols:
         for i, i0, k in ins:
-            out = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.sbuf)
+            out = sb(W, nl.float32)
             evacuate(out[0:k, 0:w], acc[i][o][0:k, 0:w], i % 2 == 0)
             nisa.dma_copy(dst=dw_IO[i0:i0 + k, c0 + oc:c0 + oc + w], src=out[0:k, 0:w])
 
@@ -61,7 +60,6 @@ def resid_backward(x_NI, dy_NO, dx_NI, dw_IO, ident, wT):
     with up to 8 dx takes one pass and every dw slice a second; beyond, one pass over x per 512-column slice."""
     N, I = x_NI.shape
     O = dy_NO.shape[1]
-    P = nl.tile_size.pmax
     dt = x_NI.dtype
     slices = len(row_tiles(O, W))
     banks = len(row_tiles(I)) * slices  # dw's PSUM banks with every slice at once
@@ -72,7 +70,7 @@ def resid_backward(x_NI, dy_NO, dx_NI, dw_IO, ident, wT):
     for g in groups(N, R):
         _, parts, rows = g
         dy_g = load(dy_NO, g, dt, R)
-        dx_g = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)
+        dx_g = sb(R * I, dt)
         for j in range(rows):
             matmul_rows(transposed(tile(dy_g, g, j, O), parts, O, dt, ident), wT, chunks(O), [tile(dx_g, g, j, I)],
                         parts)

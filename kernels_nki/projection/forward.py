@@ -7,7 +7,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.packing import groups, load, rows_per_partition, store, tile
-from kernels_nki.projection.matmul import W, chunks, matmul_rows, products, transposed
+from kernels_nki.projection.matmul import W, chunks, matmul_rows, products, sb, transposed
 from kernels_nki.projection.mix import mixed
 from kernels_nki.projection.state import FwdGroup, FwdRow
 from kernels_nki.projection.weights import weight_tiles
@@ -39,7 +39,6 @@ def resid_forward(x_NI, w_IO, r_NO, y_NO):
     """
     N, I = x_NI.shape
     O = w_IO.shape[1]
-    P = nl.tile_size.pmax
     dt = x_NI.dtype
     R = rows_per_partition(I)
     w = weight_tiles(w_IO, dt)
@@ -52,7 +51,7 @@ def resid_forward(x_NI, w_IO, r_NO, y_NO):
         _, parts, _ = g
         if j == 0:
             grps.append(FwdGroup(g=g, x=load(x_NI, g, dt, R), r=load(r_NO, g, dt, R),
-                                 y=nl.ndarray((P, R * O), dtype=dt, buffer=nl.sbuf)))
+                                 y=sb(R * O, dt)))
         xT = transposed(tile(grps[k].x, g, j, I), parts, I, dt, ident, on_scalar=True)
         rows.append(FwdRow(grp=grps[k], j=j, xT=xT))
 
@@ -60,10 +59,10 @@ def resid_forward(x_NI, w_IO, r_NO, y_NO):
         row = rows.pop(0)
         grp, j = row.grp, row.j
         _, parts, n = grp.g
-        for o, ps in enumerate(products(row.xT, w, chunks(I), O, parts)):
+        for o, acc in enumerate(products(row.xT, w, chunks(I), O, parts)):
             _, o0, c = cols[o]
             c0 = j * O + o0
-            nisa.tensor_tensor(dst=grp.y[0:parts, c0:c0 + c], data1=ps[0:parts, 0:c],
+            nisa.tensor_tensor(dst=grp.y[0:parts, c0:c0 + c], data1=acc[0:parts, 0:c],
                                data2=grp.r[0:parts, c0:c0 + c], op=nl.add)
         if j == n - 1:
             store(y_NO, grp.g, grp.y)
@@ -74,10 +73,9 @@ def resid_forward(x_NI, w_IO, r_NO, y_NO):
 def inv_rms(inv, x_t, rows, eps_P1):
     """inv[0:rows] ([rows, 1] fp32) = rsqrt(mean(x^2) + eps) per row of x_t (ScalarE: the squares with their row
     sum, then rsqrt on the column; as kernels_nki/rmsnorm.py)."""
-    P = nl.tile_size.pmax
     D = x_t.shape[1]
-    sq = nl.ndarray((P, D), dtype=x_t.dtype, buffer=nl.sbuf)  # discarded: only the row sum is kept
-    ss = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    sq = sb(D, x_t.dtype)  # discarded: only the row sum is kept
+    ss = sb(1, nl.float32)
     nisa.activation_reduce(dst=sq[0:rows], op=nl.square, data=x_t[0:rows], reduce_op=nl.add, reduce_res=ss[0:rows])
     nisa.activation(dst=inv[0:rows], op=nl.rsqrt, data=ss[0:rows], scale=1.0 / D, bias=eps_P1[0:rows])
 
@@ -92,13 +90,12 @@ def norm_forward(x_NI, w_IO, ys, inv_N1, mix=None):
         (0, mix_step)    one row tile of group k + 1's mix (the rest after group k's last row tile)
     """
     N, I = x_NI.shape
-    P = nl.tile_size.pmax
     dt = x_NI.dtype
     R = rows_per_partition(I)
     mixing = mix != None  # noqa: E711 (NKI has no `is`: nki/migration/index.rst)
     w = weight_tiles(w_IO, dt)
     ident = identity(dt)
-    eps = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # v2: activation's bias is a tile
+    eps = sb(1, nl.float32)  # v2: activation's bias is a tile
     nisa.memset(dst=eps, value=EPS)
     gs = groups(N, R)
     items, inputs, grps, rows, ops = row_items(gs), [], [], [], []
@@ -119,8 +116,7 @@ def norm_forward(x_NI, w_IO, ys, inv_N1, mix=None):
                 store(mix.xo_NI, g, inputs[k])
             if k + 1 < len(gs):
                 group_input(k + 1)
-            grps.append(FwdGroup(g=g, x=inputs[k], inv=nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf),
-                                 ys=[nl.ndarray((P, R * y.shape[1]), dtype=dt, buffer=nl.sbuf) for y in ys]))
+            grps.append(FwdGroup(g=g, x=inputs[k], inv=sb(R, nl.float32), ys=[sb(R * y.shape[1], dt) for y in ys]))
         grp = grps[k]
         x_t = tile(grp.x, g, j, I)
         inv_rms(grp.inv[0:parts, j:j + 1], x_t, parts, eps)

@@ -11,6 +11,16 @@ W = 512  # moving columns per matmul: one fp32 PSUM bank (gemm_moving_fmax)
 PSUM_BANKS = 8  # 2 MiB PSUM = 16 KiB per partition (trn1 arch guide, "Memory"), in 2 KiB banks of 512 fp32
 
 
+def sb(cols, dt):
+    """A fresh [128, cols] SBUF tile in dt."""
+    return nl.ndarray((nl.tile_size.pmax, cols), dtype=dt, buffer=nl.sbuf)
+
+
+def ps(cols=W):
+    """A fresh [128, cols] fp32 PSUM tile (one bank at 512 columns)."""
+    return nl.ndarray((nl.tile_size.pmax, cols), dtype=nl.float32, buffer=nl.psum)
+
+
 def evacuate(dst, src, on_vector, scale=None, scaled=False):
     """PSUM -> SBUF with the cast to dst's dtype (with `scaled`, times the per-row fp32 [P, 1] `scale`), on
     VectorE or ScalarE. A Python flag, not a comparison of a tile with None, says whether to scale."""
@@ -30,9 +40,9 @@ def transposed(t, rows, cols, dt, ident, first_on_vector=True, on_scalar=False):
     P = nl.tile_size.pmax
     out = []
     for i, c0, k in row_tiles(cols):
-        t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+        t_ps = ps(P)
         transpose_to_psum(t_ps[0:k, 0:rows], t[0:rows, c0:c0 + k], rows, ident)
-        tT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+        tT = sb(P, dt)
         evacuate(tT[0:k, 0:rows], t_ps[0:k, 0:rows], (i % 2 == 0) == first_on_vector and not on_scalar)
         out.append(tT)
     return out
@@ -65,13 +75,12 @@ def pieces(parts, c0, c1):
 def products(lhsT, rhs, ks, O, rows):
     """lhsT^T @ rhs over a contraction in chunks `ks` as O/512 fp32 PSUM tiles [rows, 512]: lhsT as [128, rows]
     tiles, rhs as [128, O] tiles (tile i holds chunk i's contraction rows)."""
-    P = nl.tile_size.pmax
     out = []
     for _, o0, w in row_tiles(O, W):
-        ps = nl.ndarray((P, W), dtype=nl.float32, buffer=nl.psum)
+        acc = ps()
         for i, k in enumerate(ks):
-            nisa.nc_matmul(dst=ps[0:rows, 0:w], stationary=lhsT[i][0:k, 0:rows], moving=rhs[i][0:k, o0:o0 + w])
-        out.append(ps)
+            nisa.nc_matmul(dst=acc[0:rows, 0:w], stationary=lhsT[i][0:k, 0:rows], moving=rhs[i][0:k, o0:o0 + w])
+        out.append(acc)
     return out
 
 
@@ -82,9 +91,9 @@ def matmul_rows(lhsT, rhs, ks, dsts, rows, scale=None, scaled=False):
     for d in dsts:
         O += d.shape[1]
     n, cols = 0, row_tiles(O, W)
-    for o, ps in enumerate(products(lhsT, rhs, ks, O, rows)):
+    for o, acc in enumerate(products(lhsT, rhs, ks, O, rows)):
         _, o0, w = cols[o]
         for s, a, b, off in pieces(dsts, o0, o0 + w):
-            evacuate(dsts[s][0:rows, a:b], ps[0:rows, off:off + b - a], n % 2 == 0,
+            evacuate(dsts[s][0:rows, a:b], acc[0:rows, off:off + b - a], n % 2 == 0,
                      scale[0:rows] if scaled else None, scaled)
             n += 1

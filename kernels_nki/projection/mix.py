@@ -7,13 +7,9 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.packing import load, store
+from kernels_nki.projection.matmul import sb
 from kernels_nki.projection.state import MixedGroup, Mixing
 from kernels_nki.tiles import row_tiles
-
-
-def sb(cols, dt):
-    """A fresh [128, cols] SBUF tile in dt."""
-    return nl.ndarray((nl.tile_size.pmax, cols), dtype=dt, buffer=nl.sbuf)
 
 
 def broadcast(v_KI, k, dt):
@@ -124,8 +120,8 @@ def store_sums(red, j0, dst_KI, ident32):
     for j in range(K):
         for c, c0, k in row_tiles(I):
             col = ((j0 + j) * nb + c) * P
-            d = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+            d = sb(P, nl.float32)
             nisa.tensor_tensor(dst=d[0:k, 0:k], data1=red[0:k, col:col + k], data2=ident32[0:k, 0:k], op=nl.multiply)
-            t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            t = sb(1, nl.float32)
             nisa.tensor_reduce(dst=t[0:k], op=nl.add, data=d[0:k, 0:k], axis=1, keepdims=True)
             nisa.dma_copy(dst=dst_KI.ap(pattern=[[1, k], [1, 1]], offset=j * I + c0), src=t[0:k])

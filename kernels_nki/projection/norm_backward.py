@@ -8,7 +8,7 @@ import nki.language as nl
 
 from kernels_nki.packing import blocks, load, rows_per_partition, store, tile
 from kernels_nki.projection.forward import drain
-from kernels_nki.projection.matmul import W, part_chunks, pieces, products, transposed
+from kernels_nki.projection.matmul import W, part_chunks, pieces, products, sb, transposed
 from kernels_nki.projection.mix import mix_bwd, mixed, token_sums
 from kernels_nki.projection.state import BwdGroup, BwdRow, DwBlock
 from kernels_nki.tiles import (
@@ -16,7 +16,6 @@ from kernels_nki.tiles import (
     row_tiles)
 
 LAG = 2  # a row tile's norm-backward stage s runs LAG row tiles after its stage s - 1
-SUMS_LAG = 2  # group k's token sums issue after B(k + SUMS_LAG), its mix's GpSimd work done
 BLOCK = 16  # row tiles whose dw partials accumulate in PSUM before the fp32 SBUF add
 
 
@@ -52,10 +51,9 @@ def group_rows(grp, blk, wT, I, widths, dt, ident, mixing, fills):
     """
     g = grp.g
     _, parts, n = g
-    P = nl.tile_size.pmax
     R = rows_per_partition(I)
-    grp.dx = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)
-    grp.xn = nl.ndarray((P, R * I), dtype=dt, buffer=nl.sbuf)  # rms_norm(x), dw's stationary operand
+    grp.dx = sb(R * I, dt)
+    grp.xn = sb(R * I, dt)  # rms_norm(x), dw's stationary operand
     ks = part_chunks(widths)
     dyT, nrows = [], []
 
@@ -116,7 +114,7 @@ def norm_backward(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mix=None):
         (1, rows)                B: `group_rows`, filled with the mix's backward of k - 1 and x's recompute of k + 1
         (2, finish_mix)          what B(k + 1) left of k's mix backward
         (0, finish_recompute)    what B(k - 1) left of k's recompute (all of group 0's)
-        (1 + SUMS_LAG, sums)     the token sums of dmix (dsw), k's mix backward done
+        (2, sums)                the token sums of dmix (dsw) over k, its mix backward done
         (2, weight_grads)        dw of the block ending at group k (`dw_block`)
         (1, mix_backward)        the mix's backward of k queued (`mix_bwd`), or dx stored
     """
@@ -173,7 +171,7 @@ def norm_backward(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mix=None):
         else:
             store(dx_NI, grp.g, grp.dx)
 
-    pipeline(len(gs), [(0, inputs), (1, rows), (2, finish_mix), (0, finish_recompute), (1 + SUMS_LAG, sums),
+    pipeline(len(gs), [(0, inputs), (1, rows), (2, finish_mix), (0, finish_recompute), (2, sums),
                        (2, weight_grads), (1, mix_backward)])
     for i, i0, k in row_tiles(I):
         nisa.dma_copy(dst=dw_IO[i0:i0 + k], src=acc[i][0:k])

@@ -71,6 +71,7 @@ class BwdGroup(nl.NKIObject):
     mixed = None  # the MixedGroup; with the mix only
     dx = None  # dx (B's output), [128, R I]
     xn = None  # rms_norm(x) = inv x, dw's stationary operand
+    pairs = None  # with the mix: the pairs whose products' token sums are dmix (dsw) (`mix.mix_bwd`)
 
 
 @dataclass
@@ -82,8 +83,7 @@ class BwdRow(nl.NKIObject):
     inv = None  # its inv, [parts, 1] fp32
     dx = None  # its slice of the group's dx
     dxo = None  # its slice of dxo; with the mix only
-    g = None  # g = dy w^T, fp32 PSUM tiles of 512 columns (released once read)
-    st = None  # the norm's backward in flight (kernels_nki.tiles.norm_grad_*)
+    st = None  # the norm's backward in flight (kernels_nki.tiles.norm_grad_*; g's PSUM tiles are not held)
 
 
 @dataclass

@@ -4,7 +4,7 @@ moving operand) and w^T's (the backward's), loaded once per call."""
 import nki.isa as nisa
 import nki.language as nl
 
-from kernels_nki.projection.matmul import evacuate
+from kernels_nki.projection.matmul import evacuate, ps, sb
 from kernels_nki.tiles import row_tiles, transpose_to_psum
 
 
@@ -24,13 +24,13 @@ def weight_transposed(w_IO, dt, ident, ks):
     the copies out of PSUM alternate ScalarE and VectorE)."""
     P = nl.tile_size.pmax
     I, O = w_IO.shape
-    wT = [nl.ndarray((P, I), dtype=dt, buffer=nl.sbuf) for _ in ks]
+    wT = [sb(I, dt) for _ in ks]
     for _, i0, k in row_tiles(I):
-        w_t = nl.ndarray((P, O), dtype=dt, buffer=nl.sbuf)
+        w_t = sb(O, dt)
         nisa.dma_copy(dst=w_t[0:k], src=w_IO[i0:i0 + k])
         c0 = 0
         for j, kc in enumerate(ks):
-            t_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+            t_ps = ps(P)
             transpose_to_psum(t_ps[0:kc, 0:k], w_t[0:k, c0:c0 + kc], k, ident)
             evacuate(wT[j][0:kc, i0:i0 + k], t_ps[0:kc, 0:k], j % 2 == 1)
             c0 += kc
