@@ -35,7 +35,7 @@ def resid_forward(x_NI, w_IO, r_NO, y_NO):
 
         (0, transposes)  x^T of row tile t (its group's x and r loaded, y allocated at the group's first row tile)
         (1, add_out)     y = r + x w as each [rows, 512] product leaves PSUM (one VectorE add); y stored after
-                         the group's last row tile
+                         the group's last row tile, and the group's tiles let go
     """
     N, I = x_NI.shape
     O = w_IO.shape[1]
@@ -48,14 +48,17 @@ def resid_forward(x_NI, w_IO, r_NO, y_NO):
 
     def transposes(t):
         k, g, j = items[t]
-        _, parts, _ = g
+        _, parts, n = g
         if j == 0:
             grps.append(FwdGroup(g=g, x=load(x_NI, g, dt, R), r=load(r_NO, g, dt, R),
                                  y=sb(R * O, dt)))
         xT = transposed(tile(grps[k].x, g, j, I), parts, I, dt, ident, on_scalar=True)
         rows.append(FwdRow(grp=grps[k], j=j, xT=xT))
+        if j == n - 1:
+            grps[k].x = None  # its last row tile transposed
 
     def add_out(t):
+        k, _, _ = items[t]
         row = rows.pop(0)
         grp, j = row.grp, row.j
         _, parts, n = grp.g
@@ -66,6 +69,7 @@ def resid_forward(x_NI, w_IO, r_NO, y_NO):
                                data2=grp.r[0:parts, c0:c0 + c], op=nl.add)
         if j == n - 1:
             store(y_NO, grp.g, grp.y)
+            grps[k] = None
 
     pipeline(len(items), [(0, transposes), (1, add_out)])
 
@@ -87,6 +91,7 @@ def norm_forward(x_NI, w_IO, ys, inv_N1, mix=None):
 
         (0, transposes)  inv and x^T of row tile t (at its group's first: x stored (mix), group k + 1's input in)
         (1, scale_out)   y = inv (x w) as it leaves PSUM; the outputs and inv stored after the group's last row tile
+                         (and the group's tiles let go)
         (0, mix_step)    one row tile of group k + 1's mix (the rest after group k's last row tile)
     """
     N, I = x_NI.shape
@@ -110,19 +115,23 @@ def norm_forward(x_NI, w_IO, ys, inv_N1, mix=None):
 
     def transposes(t):
         k, g, j = items[t]
-        _, parts, _ = g
+        _, parts, n = g
         if j == 0:
             if mixing:
                 store(mix.xo_NI, g, inputs[k])
             if k + 1 < len(gs):
                 group_input(k + 1)
             grps.append(FwdGroup(g=g, x=inputs[k], inv=sb(R, nl.float32), ys=[sb(R * y.shape[1], dt) for y in ys]))
+            inputs[k] = None
         grp = grps[k]
         x_t = tile(grp.x, g, j, I)
         inv_rms(grp.inv[0:parts, j:j + 1], x_t, parts, eps)
         rows.append(FwdRow(grp=grp, j=j, xT=transposed(x_t, parts, I, dt, ident)))
+        if j == n - 1:
+            grp.x = None  # its last row tile transposed
 
     def scale_out(t):
+        k, _, _ = items[t]
         row = rows.pop(0)
         grp, j = row.grp, row.j
         g = grp.g
@@ -133,6 +142,7 @@ def norm_forward(x_NI, w_IO, ys, inv_N1, mix=None):
             for s, y in enumerate(ys):
                 store(y, g, grp.ys[s])
             store(inv_N1, g, grp.inv)
+            grps[k] = None
 
     def mix_step(t):
         _, g, j = items[t]

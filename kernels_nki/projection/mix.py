@@ -47,22 +47,20 @@ def mixed(x_NI, mix, g, dt):
     R, I = mix.R, x_NI.shape[1]
     _, _, rows = g
     xs, x0 = load(x_NI, g, dt, R), load(mix.x0_NI, g, dt, R)
-    out = MixedGroup(xs=xs, x0=x0)
+    xi, sk, t = xs, None, None  # xi: x_in'
     if mix.skip:
-        out.sk, t, out.xs = load(mix.skip_NI, g, dt, R), sb(R * I, dt), sb(R * I, dt)
+        sk, t, xi = load(mix.skip_NI, g, dt, R), sb(R * I, dt), sb(R * I, dt)
     a, b, x = sb(R * I, dt), sb(R * I, dt), sb(R * I, dt)
-    out.x = x
 
     def op(j):
         if mix.skip:
-            _each(t, out.sk, mix.sw, g, I, nl.multiply, j)
-            _each(out.xs, xs, t, g, I, nl.add, j)
-        _each(a, out.xs, mix.m0, g, I, nl.multiply, j)
+            _each(t, sk, mix.sw, g, I, nl.multiply, j)
+            _each(xi, xs, t, g, I, nl.add, j)
+        _each(a, xi, mix.m0, g, I, nl.multiply, j)
         _each(b, x0, mix.m1, g, I, nl.multiply, j)
         _each(x, a, b, g, I, nl.add, j)
 
-    out.ops = [lambda j=j: op(j) for j in range(rows)]
-    return out
+    return MixedGroup(xs=xi, x0=x0, sk=sk, x=x, ops=[lambda j=j: op(j) for j in range(rows)])
 
 
 def mix_bwd(dx, mg, mix, g, dt):

@@ -46,7 +46,7 @@ def group_rows(grp, blk, wT, I, widths, dt, ident, mixing, fills):
         (1 + LAG, row_sum)     sum(g x) per row (ScalarE)
         (1 + 2 LAG, column)    the [P, 1] column c (VectorE)
         (1 + 3 LAG, combine)   g + x c (ScalarE scale, GpSimd add)
-        (1 + 4 LAG, scale)     dx = inv (g + x c) (+ dxo: GpSimd); rms_norm(x) = inv x
+        (1 + 4 LAG, scale)     dx = inv (g + x c) (+ dxo: GpSimd); rms_norm(x) = inv x; the row tile let go
         (1, fill)              one function of each of `fills`
     """
     g = grp.g
@@ -94,6 +94,7 @@ def group_rows(grp, blk, wT, I, widths, dt, ident, mixing, fills):
         xn = tile(grp.xn, g, j, I)
         nisa.activation(dst=xn, op=nl.copy, data=row.x, scale=row.inv)
         blk.xn.append((parts, xn))
+        nrows[j] = None
 
     def fill(j):
         for f in fills:
@@ -115,8 +116,8 @@ def norm_backward(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mix=None):
         (2, finish_mix)          what B(k + 1) left of k's mix backward
         (0, finish_recompute)    what B(k - 1) left of k's recompute (all of group 0's)
         (2, sums)                the token sums of dmix (dsw) over k, its mix backward done
-        (2, weight_grads)        dw of the block ending at group k (`dw_block`)
-        (1, mix_backward)        the mix's backward of k queued (`mix_bwd`), or dx stored
+        (2, weight_grads)        dw of the block ending at group k (`dw_block`), the block let go
+        (1, mix_backward)        the mix's backward of k queued (`mix_bwd`), or dx stored; the group let go
     """
     N, I = x_NI.shape
     O = w_IO.shape[1]
@@ -133,7 +134,7 @@ def norm_backward(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mix=None):
             gs.append(g)
             block_of.append(b)
             ends.append(i == len(blk) - 1)
-    grps, recompute, mix_ops = [], [], []
+    grps, pairs, recompute, mix_ops = [], [], [], []
 
     def inputs(k):
         g = gs[k]
@@ -157,16 +158,20 @@ def norm_backward(x_NI, w_IO, inv_N1, dys, dx_NI, dw_IO, ident, wT, mix=None):
 
     def sums(k):
         if mixing:
-            token_sums(grps[k].pairs, gs[k], I, mix.red)
+            token_sums(pairs[k], gs[k], I, mix.red)
+            pairs[k] = None
 
     def weight_grads(k):
         if ends[k]:
             dw_block(acc, dwb[block_of[k]], I, O)
+            dwb[block_of[k]] = None
 
     def mix_backward(k):
         grp = grps[k]
+        grps[k] = None
         if mixing:
-            grp.pairs, ops = mix_bwd(grp.dx, grp.mixed, mix, grp.g, dt)
+            grp_pairs, ops = mix_bwd(grp.dx, grp.mixed, mix, grp.g, dt)
+            pairs.append(grp_pairs)
             mix_ops.extend(ops)
         else:
             store(dx_NI, grp.g, grp.dx)

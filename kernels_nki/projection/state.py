@@ -71,7 +71,6 @@ class BwdGroup(nl.NKIObject):
     mixed = None  # the MixedGroup; with the mix only
     dx = None  # dx (B's output), [128, R I]
     xn = None  # rms_norm(x) = inv x, dw's stationary operand
-    pairs = None  # with the mix: the pairs whose products' token sums are dmix (dsw) (`mix.mix_bwd`)
 
 
 @dataclass
