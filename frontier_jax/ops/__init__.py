@@ -156,7 +156,7 @@ QK_ATTENTION = declare(
     vjp=Vjp("q, k, v, cos, sin, g -> o, lse, qg, qinv, kr, kinv, qgT, krT, xc",
             "q, k, v, cos, sin, g, o, lse, qg, qinv, kr, kinv, qgT, krT, xc, do -> dq, dk, dv, dg",
             grads=lambda d: {"g": gain_rows(d["dg"][..., 0], d["g"])}, forward_only="exact_max"))
-# rT = act(h)^T, saved (kernels_nki/mlp.py says why); dx includes dy (the residual); w_proj and s from the
+# rT = act(h)^T, saved (docs/kernels/mlp.md says why); dx includes dy (the residual); w_proj and s from the
 # folded weight's fp32 gradient (`_unfold`); a negative slope < 0 is the one setting the kernel cannot compute
 NORM_MLP = declare(
     "norm_mlp", ref.resid_norm_mlp_fwd, ref.resid_norm_mlp_bwd, static=("negative_slope",),
