@@ -18,8 +18,6 @@ NOT_YET_NAMED = {
     "attention_steps.py": 34,
     "head_loss.py": 58,
     "head_loss_parts.py": 12,
-    "mix_parts.py": 14,
-    "projection.py": 60,
 }
 
 
