@@ -13,9 +13,6 @@ ROOT = pathlib.Path(kernels_nki.__file__).parent
 NOT_YET_NAMED = {
     "head_loss.py": 58,
     "head_loss_parts.py": 12,
-    "mix_parts.py": 14,
-    "mlp.py": 48,
-    "projection.py": 60,
 }
 
 
