@@ -47,8 +47,8 @@ def spread(side, n):
     list once run so that its tiles are released; a unit may append more).
 
     Returns:
-        (stage, rest): stage(s) runs units while fewer than (s + 1) len(side) // n have run (len(side) as it grows;
-        a stage-table row at offset 0), rest() the units left after the pipeline.
+        stage(s), a stage-table row at offset 0: runs units while fewer than (s + 1) len(side) // n have run,
+        len(side) read after each unit, so that step n - 1 runs every unit left, those the units append included.
     """
     ran = {"units": 0}
 
@@ -61,11 +61,7 @@ def spread(side, n):
     def stage(s):
         while ran["units"] < (s + 1) * len(side) // n:
             run_one()
-
-    def rest():
-        while ran["units"] < len(side):
-            run_one()
-    return stage, rest
+    return stage
 
 
 def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=(), xsa=()):
@@ -141,9 +137,7 @@ def bounded_heads(qTs, kT, vs, negms, outs, hs, scale, dt, ident, maskT, side=()
     steps = [(c, j, r) for c in range(cdiv(T, KC)) for j in range(cdiv(min(T, (c + 1) * KC), P))
              for r in range(len(hs))]
     late, xlate, pTs = [], [], []  # chunk ends' second halves, XSA's; the scores' p^T tiles, oldest first
-    side_stage, side_rest = spread(side, len(steps))
-    pipeline(len(steps), [(0, scores), (LAG, values), (0, side_stage)])
-    side_rest()
+    pipeline(len(steps), [(0, scores), (LAG, values), (0, spread(side, len(steps)))])
     for f in late:
         xlate.extend(f())
     for f in xlate:
@@ -368,9 +362,7 @@ def bwd_heads(tiles, kT, vTs, k_tiles, acc, bias, scale, dt, qk, side=(), halves
             done.append((r, tile, dq_open[r].pop(0)))
 
     steps = [(i, c, r) for i in range(nt) for c in range(cdiv(min(T, (i + 1) * P), KC)) for r in range(R)]
-    side_stage, side_rest = spread(side, len(steps))
-    pipeline(len(steps), [(0, first), (BWD_LAG, second), (0, side_stage)])
-    side_rest()
+    pipeline(len(steps), [(0, first), (BWD_LAG, second), (0, spread(side, len(steps)))])
     evacuate(catch_up())
     return items
 
