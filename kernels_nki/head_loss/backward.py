@@ -56,27 +56,39 @@ def _r(tl, iota_PV, V, S, softcap):
     tl.t_PV, tl.corr = None, None
 
 
-def _dx(tl, emb_rows, V, D, ident, dx_ND):
-    """The dx stage: dz = -g r (ScalarE) in x's dtype; per vocabulary chunk dz^T (`chunks.dz_T`) and its share
-    of dx = dz emb (dz^T stationary, emb rows moving, accumulated over the vocabulary in D/512 fp32 PSUM banks);
-    dx out of PSUM into the group's dx tile (ScalarE), the group stored after its last row tile."""
-    P = nl.tile_size.pmax
-    rows, j, grp = tl.rows, tl.j, tl.group
-    neg_g = grp.neg_dloss[0:rows, j:j + 1]
-    chunks, d_chunks = row_tiles(V, VC), row_tiles(D, VC)
-    tl.dz_PV = nl.ndarray((P, V), dtype=ident.dtype, buffer=nl.sbuf)
+def _dz(tl, V, ident):
+    """The dz stage: dz = -g r (ScalarE) in x's dtype and, per vocabulary chunk, dz^T (`chunks.dz_T`)."""
+    rows, j = tl.rows, tl.j
+    neg_g = tl.group.neg_dloss[0:rows, j:j + 1]
+    chunks = row_tiles(V, VC)
+    tl.dz_PV = nl.ndarray((nl.tile_size.pmax, V), dtype=ident.dtype, buffer=nl.sbuf)
     for _, c0, vc in chunks:
         nisa.activation(dst=tl.dz_PV[0:rows, c0:c0 + vc], op=nl.copy, data=tl.r_PV[0:rows, c0:c0 + vc], scale=neg_g)
     tl.r_PV = None
-    dx_ps = [nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum) for _ in d_chunks]
-    for _, c0, vc in chunks:
-        dzT = dz_T(tl.dz_PV, c0, vc, rows, ident)
+    tl.dzT = [dz_T(tl.dz_PV, c0, vc, rows, ident) for _, c0, vc in chunks]
+
+
+def _dx(tl, emb_rows, V, D):
+    """The dx stage: dx = dz emb into D/512 fp32 PSUM banks (dz^T stationary, emb rows moving, accumulated over
+    the vocabulary)."""
+    P = nl.tile_size.pmax
+    rows = tl.rows
+    tl.dx_ps = [nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum) for _ in row_tiles(D, VC)]
+    for c, c0, vc in row_tiles(V, VC):
         for jv, v0, vj in row_tiles(vc):
-            for d, d0, dc in d_chunks:
-                nisa.nc_matmul(dst=dx_ps[d][0:rows, 0:dc], stationary=dzT[0:vj, jv * P:jv * P + rows],
+            for d, d0, dc in row_tiles(D, VC):
+                nisa.nc_matmul(dst=tl.dx_ps[d][0:rows, 0:dc], stationary=tl.dzT[c][0:vj, jv * P:jv * P + rows],
                                moving=emb_rows[(c0 + v0) // P][0:vj, d0:d0 + dc])
-    for d, d0, dc in d_chunks:
-        nisa.activation(dst=grp.dx[0:rows, j * D + d0:j * D + d0 + dc], op=nl.copy, data=dx_ps[d][0:rows, 0:dc])
+    tl.dzT = None
+
+
+def _dx_out(tl, D, dx_ND):
+    """The dx_out stage: dx out of PSUM into the group's dx tile (ScalarE), the group stored after its last row
+    tile."""
+    rows, j, grp = tl.rows, tl.j, tl.group
+    for d, d0, dc in row_tiles(D, VC):
+        nisa.activation(dst=grp.dx[0:rows, j * D + d0:j * D + d0 + dc], op=nl.copy, data=tl.dx_ps[d][0:rows, 0:dc])
+    tl.dx_ps = None
     if tl.last:
         store(dx_ND, tl.g, grp.dx)
 
@@ -105,9 +117,10 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
       s - offset):
         offset 0  zt(s): the group's DMAs at its first row tile, x^T, t = tanh(x emb^T / softcap), the bias
                   corrections and d bias_vals
-        offset 2  dx(s - 2): dz = -g r, per vocabulary chunk dz^T and dx += dz emb, dx out of PSUM; after a
-                  demb block's last row tile, demb += dz^T x over the block
+        offset 3  dx_out(s - 3): dx out of PSUM, the group's dx stored after its last row tile
+        offset 2  dz(s - 2): dz = -g r, dz^T per vocabulary chunk
         offset 1  r(s - 1): r = (t^2 - 1) dl
+        offset 2  dx(s - 2): dx = dz emb into PSUM; after a demb block's last row tile, demb += dz^T x over it
       docs/kernels/head_loss.md explains the order and the engines."""
     N, D = x_ND.shape
     V = emb_VD.shape[0]
@@ -128,7 +141,7 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
         for k, g in enumerate(blk):
             _, _, nr = g
             order.extend([(g, j, k == len(blk) - 1 and j == nr - 1) for j in range(nr)])
-    live = {"group": None, "ts": [], "rs": [], "block": []}
+    live = {"group": None, "ts": [], "rs": [], "dzs": [], "dxs": [], "block": []}
 
     def zt(i):
         g, j, ends_block = order[i]
@@ -144,15 +157,24 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
         _r(tl, iota_PV, V, S, softcap)
         live["rs"].append(tl)
 
-    def dx(i):
+    def dz(i):
         tl = live["rs"].pop(0)
-        _dx(tl, emb_rows, V, D, ident, dx_ND)
+        _dz(tl, V, ident)
+        live["dzs"].append(tl)
+
+    def dx(i):
+        tl = live["dzs"].pop(0)
+        _dx(tl, emb_rows, V, D)
+        live["dxs"].append(tl)
         live["block"].append(tl)
         if tl.ends_block:
             _demb(acc, live["block"], V, D)
             live["block"] = []
 
-    pipeline(len(order), [(0, zt), (2, dx), (1, r)])
+    def dx_out(i):
+        _dx_out(live["dxs"].pop(0), D, dx_ND)
+
+    pipeline(len(order), [(0, zt), (3, dx_out), (2, dz), (1, r), (2, dx)])
     for v, v0, vr in row_tiles(V):
         out = nl.ndarray((P, D), dtype=emb_VD.dtype, buffer=nl.sbuf)
         nisa.activation(dst=out[0:vr], op=nl.copy, data=acc[v][0:vr])

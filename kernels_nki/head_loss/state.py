@@ -45,7 +45,7 @@ class BwdGroup(nl.NKIObject):
 
 @dataclass
 class BwdTile(nl.NKIObject):
-    """One backward row tile, filled stage by stage: t, r, dz and dx. A stage sets the buffers it has
+    """One backward row tile, filled stage by stage: t, r, dz and dz^T, dx. A stage sets the buffers it has
     consumed back to None: a buffer is live while referenced (under the emulator: kernels_nki/emulator/machine.py),
     and the tile stays referenced until its demb block is done."""
 
@@ -60,3 +60,5 @@ class BwdTile(nl.NKIObject):
     corr = None  # [P, S] fp32 the bias sources' corrections to r at their ids (`bias.bias_grad`)
     r_PV = None  # [P, V] fp32 r = (t^2 - 1) dl
     dz_PV = None  # [P, V] dz = -g r in x's dtype (demb's stationary operand)
+    dzT = None  # per vocabulary chunk the [128, 512] SBUF dz^T (dx's stationary operand)
+    dx_ps = None  # D/512 fp32 PSUM banks of dx = dz emb
