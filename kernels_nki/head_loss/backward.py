@@ -30,7 +30,7 @@ def _group(x_ND, targets_N1, lse_N1, dloss_N1, bias_ids_NS, g, S, R, dt):
 
 
 def _zt(tl, embT, bias_vals_NS, dvals_NS, V, D, S, softcap, ident):
-    """The z stage: x^T (out of PSUM by ScalarE), t = tanh(x emb^T / softcap) [P, V] fp32 (`chunks.tanh_chunk`)
+    """The zt stage: x^T (out of PSUM by ScalarE), t = tanh(x emb^T / softcap) [P, V] fp32 (`chunks.tanh_chunk`)
     and, with a bias, its corrections and d bias_vals (`bias.bias_grad`)."""
     P = nl.tile_size.pmax
     rows, j, grp = tl.rows, tl.j, tl.group
