@@ -7,12 +7,14 @@ import nki.isa as nisa
 import nki.language as nl
 
 from kernels_nki.head_loss.bias import bias_grad, sources
-from kernels_nki.head_loss.chunks import VC, column, dz_T, emb_tiles, iota, r_chunk, tanh_chunk, token_columns, x_T
+from kernels_nki.head_loss.chunks import (VC, column, dz_T, emb_tiles, iota, r_chunk, tanh_chunk, token_columns,
+                                          x_T, z_chunk)
 from kernels_nki.head_loss.state import BwdGroup, BwdTile
 from kernels_nki.packing import blocks, load, rows_per_partition, store, tile
 from kernels_nki.tiles import accumulate_weight_grad, identity, pipeline, row_tiles
 
 DZ_BYTES = 32 * 1024  # SBUF bytes per partition for one demb block's dz tiles
+Z_BANKS = 2  # PSUM banks of z that may wait for the t stage while the other stages run
 
 
 def _group(x_ND, targets_N1, lse_N1, dloss_N1, bias_ids_NS, g, S, R, dt):
@@ -29,16 +31,34 @@ def _group(x_ND, targets_N1, lse_N1, dloss_N1, bias_ids_NS, g, S, R, dt):
                     dx=nl.ndarray((P, x.shape[1]), dtype=dt, buffer=nl.sbuf))
 
 
-def _zt(tl, embT, bias_vals_NS, dvals_NS, V, D, S, softcap, ident):
-    """The zt stage: x^T (out of PSUM by ScalarE), t = tanh(x emb^T / softcap) [P, V] fp32 (`chunks.tanh_chunk`)
-    and, with a bias, its corrections and d bias_vals (`bias.bias_grad`)."""
+def _z(tl, embT, V, D, softcap, ident):
+    """The z stage: x^T (out of PSUM by ScalarE) and z = x emb^T per vocabulary chunk, left in its PSUM bank for
+    the t stage; past Z_BANKS chunks PSUM cannot hold them, and t = tanh(z / softcap) is taken at once."""
+    P = nl.tile_size.pmax
+    rows = tl.rows
+    tl.x_PD = tile(tl.group.x, tl.g, tl.j, D)
+    xT = x_T(tl.x_PD, rows, ident, False)
+    chunks = row_tiles(V, VC)
+    if len(chunks) > Z_BANKS:
+        tl.t_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
+        for _, c0, vc in chunks:
+            tanh_chunk(tl.t_PV, xT, embT, c0, vc, rows, D, softcap)
+    else:
+        tl.z_ps = [z_chunk(xT, embT, c0, vc, rows, D) for _, c0, vc in chunks]
+
+
+def _t(tl, bias_vals_NS, dvals_NS, V, S, softcap):
+    """The t stage: t = tanh(z / softcap) [P, V] fp32 out of the z stage's PSUM banks (ScalarE) and, with a bias,
+    its corrections and d bias_vals (`bias.bias_grad`)."""
     P = nl.tile_size.pmax
     rows, j, grp = tl.rows, tl.j, tl.group
-    tl.x_PD = tile(grp.x, tl.g, j, D)
-    xT = x_T(tl.x_PD, rows, ident, False)
-    tl.t_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
-    for _, c0, vc in row_tiles(V, VC):
-        tanh_chunk(tl.t_PV, xT, embT, c0, vc, rows, D, softcap)
+    chunks = row_tiles(V, VC)
+    if len(chunks) <= Z_BANKS:
+        tl.t_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
+        for c, c0, vc in chunks:
+            nisa.activation(dst=tl.t_PV[0:rows, c0:c0 + vc], op=nl.tanh, data=tl.z_ps[c][0:rows, 0:vc],
+                            scale=1.0 / softcap)
+        tl.z_ps = None
     if S:
         tg = nl.ndarray((P, 1 + S), dtype=nl.float32, buffer=nl.sbuf)
         nisa.nc_n_gather(dst=tg[0:rows], data=tl.t_PV[0:rows], indices=grp.idx[0:rows, j])
@@ -115,12 +135,12 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
     Returns: (dx_ND in x's dtype, demb_VD in emb's dtype[, dvals_NS fp32 [N, S] with a bias]).
     Notes: per row tile, as a stage table (`tiles.pipeline`, step s runs each row's stage on row tile
       s - offset):
-        offset 0  zt(s): the group's DMAs at its first row tile, x^T, t = tanh(x emb^T / softcap), the bias
-                  corrections and d bias_vals
+        offset 0  z(s): the group's DMAs at its first row tile, x^T, z = x emb^T into PSUM banks
         offset 3  dx_out(s - 3): dx out of PSUM, the group's dx stored after its last row tile
         offset 2  dz(s - 2): dz = -g r, dz^T per vocabulary chunk
         offset 1  r(s - 1): r = (t^2 - 1) dl
         offset 2  dx(s - 2): dx = dz emb into PSUM; after a demb block's last row tile, demb += dz^T x over it
+        offset 0  t(s): t = tanh(z / softcap) out of PSUM, the bias corrections and d bias_vals
       docs/kernels/head_loss.md explains the order and the engines."""
     N, D = x_ND.shape
     V = emb_VD.shape[0]
@@ -141,15 +161,20 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
         for k, g in enumerate(blk):
             _, _, nr = g
             order.extend([(g, j, k == len(blk) - 1 and j == nr - 1) for j in range(nr)])
-    live = {"group": None, "ts": [], "rs": [], "dzs": [], "dxs": [], "block": []}
+    live = {"group": None, "zs": [], "ts": [], "rs": [], "dzs": [], "dxs": [], "block": []}
 
-    def zt(i):
+    def z(i):
         g, j, ends_block = order[i]
         _, parts, nr = g
         if j == 0:
             live["group"] = _group(x_ND, targets_N1, lse_N1, dloss_N1, bias_ids_NS, g, S, R, dt)
         tl = BwdTile(g=g, j=j, rows=parts, last=j == nr - 1, ends_block=ends_block, group=live["group"])
-        _zt(tl, embT, bias_vals_NS, dvals_NS, V, D, S, softcap, ident)
+        _z(tl, embT, V, D, softcap, ident)
+        live["zs"].append(tl)
+
+    def t(i):
+        tl = live["zs"].pop(0)
+        _t(tl, bias_vals_NS, dvals_NS, V, S, softcap)
         live["ts"].append(tl)
 
     def r(i):
@@ -174,7 +199,7 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
     def dx_out(i):
         _dx_out(live["dxs"].pop(0), D, dx_ND)
 
-    pipeline(len(order), [(0, zt), (3, dx_out), (2, dz), (1, r), (2, dx)])
+    pipeline(len(order), [(0, z), (3, dx_out), (2, dz), (1, r), (2, dx), (0, t)])
     for v, v0, vr in row_tiles(V):
         out = nl.ndarray((P, D), dtype=emb_VD.dtype, buffer=nl.sbuf)
         nisa.activation(dst=out[0:vr], op=nl.copy, data=acc[v][0:vr])

@@ -82,13 +82,19 @@ def iota(V):
     return iota_PV
 
 
-def tanh_chunk(t_PV, xT, embT, c0, vc, rows, D, softcap):
-    """t_PV[:, c0:c0 + vc] = tanh(x emb^T / softcap) (fp32): D/128 matmuls (stationary x^T, moving emb^T) into
-    one fp32 PSUM bank, tanh on ScalarE straight out of it."""
+def z_chunk(xT, embT, c0, vc, rows, D):
+    """z = x emb^T for vocabulary c0 .. c0 + vc: D/128 matmuls (stationary x^T, moving emb^T) into one fp32 PSUM
+    bank (returned)."""
     P = nl.tile_size.pmax
     z_ps = nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum)
     for k, _, dk in row_tiles(D):
         nisa.nc_matmul(dst=z_ps[0:rows, 0:vc], stationary=xT[k][0:dk, 0:rows], moving=embT[k][0:dk, c0:c0 + vc])
+    return z_ps
+
+
+def tanh_chunk(t_PV, xT, embT, c0, vc, rows, D, softcap):
+    """t_PV[:, c0:c0 + vc] = tanh(x emb^T / softcap) (fp32): `z_chunk`, tanh on ScalarE straight out of PSUM."""
+    z_ps = z_chunk(xT, embT, c0, vc, rows, D)
     nisa.activation(dst=t_PV[0:rows, c0:c0 + vc], op=nl.tanh, data=z_ps[0:rows, 0:vc], scale=1.0 / softcap)
 
 

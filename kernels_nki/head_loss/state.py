@@ -45,7 +45,7 @@ class BwdGroup(nl.NKIObject):
 
 @dataclass
 class BwdTile(nl.NKIObject):
-    """One backward row tile, filled stage by stage: t, r, dz and dz^T, dx. A stage sets the buffers it has
+    """One backward row tile, filled stage by stage: z, t, r, dz and dz^T, dx. A stage sets the buffers it has
     consumed back to None: a buffer is live while referenced (under the emulator: kernels_nki/emulator/machine.py),
     and the tile stays referenced until its demb block is done."""
 
@@ -56,6 +56,7 @@ class BwdTile(nl.NKIObject):
     ends_block = None  # the demb block's last row tile: accumulates the block
     group = None  # the group's BwdGroup
     x_PD = None  # [rows, D] view of x (demb's moving operand)
+    z_ps = None  # per vocabulary chunk the fp32 PSUM bank of z = x emb^T (at most Z_BANKS of them)
     t_PV = None  # [P, V] fp32 tanh(z / softcap)
     corr = None  # [P, S] fp32 the bias sources' corrections to r at their ids (`bias.bias_grad`)
     r_PV = None  # [P, V] fp32 r = (t^2 - 1) dl
