@@ -14,7 +14,7 @@ from kernels_nki.packing import blocks, load, rows_per_partition, store, tile
 from kernels_nki.tiles import accumulate_weight_grad, identity, pipeline, row_tiles
 
 DZ_BYTES = 32 * 1024  # SBUF bytes per partition for one demb block's dz tiles
-Z_BANKS = 2  # PSUM banks of z that may wait for the t stage while the other stages run
+Z_BANKS = 2  # vocabulary chunks whose z (PSUM) and dz^T (SBUF) may wait for a later stage
 
 
 def _group(x_ND, targets_N1, lse_N1, dloss_N1, bias_ids_NS, g, S, R, dt):
@@ -77,7 +77,8 @@ def _r(tl, iota_PV, V, S, softcap):
 
 
 def _dz(tl, V, ident):
-    """The dz stage: dz = -g r (ScalarE) in x's dtype and, per vocabulary chunk, dz^T (`chunks.dz_T`)."""
+    """The dz stage: dz = -g r (ScalarE) in x's dtype and, with at most Z_BANKS vocabulary chunks, each chunk's dz^T
+    (`chunks.dz_T`); past Z_BANKS the dx stage makes each chunk's dz^T right before its matmuls."""
     rows, j = tl.rows, tl.j
     neg_g = tl.group.neg_dloss[0:rows, j:j + 1]
     chunks = row_tiles(V, VC)
@@ -85,19 +86,22 @@ def _dz(tl, V, ident):
     for _, c0, vc in chunks:
         nisa.activation(dst=tl.dz_PV[0:rows, c0:c0 + vc], op=nl.copy, data=tl.r_PV[0:rows, c0:c0 + vc], scale=neg_g)
     tl.r_PV = None
-    tl.dzT = [dz_T(tl.dz_PV, c0, vc, rows, ident) for _, c0, vc in chunks]
+    if len(chunks) <= Z_BANKS:
+        tl.dzT = [dz_T(tl.dz_PV, c0, vc, rows, ident) for _, c0, vc in chunks]
 
 
-def _dx(tl, emb_rows, V, D):
+def _dx(tl, emb_rows, V, D, ident):
     """The dx stage: dx = dz emb into D/512 fp32 PSUM banks (dz^T stationary, emb rows moving, accumulated over
     the vocabulary)."""
     P = nl.tile_size.pmax
     rows = tl.rows
+    chunks = row_tiles(V, VC)
     tl.dx_ps = [nl.ndarray((P, VC), dtype=nl.float32, buffer=nl.psum) for _ in row_tiles(D, VC)]
-    for c, c0, vc in row_tiles(V, VC):
+    for c, c0, vc in chunks:
+        dzT = tl.dzT[c] if len(chunks) <= Z_BANKS else dz_T(tl.dz_PV, c0, vc, rows, ident)
         for jv, v0, vj in row_tiles(vc):
             for d, d0, dc in row_tiles(D, VC):
-                nisa.nc_matmul(dst=tl.dx_ps[d][0:rows, 0:dc], stationary=tl.dzT[c][0:vj, jv * P:jv * P + rows],
+                nisa.nc_matmul(dst=tl.dx_ps[d][0:rows, 0:dc], stationary=dzT[0:vj, jv * P:jv * P + rows],
                                moving=emb_rows[(c0 + v0) // P][0:vj, d0:d0 + dc])
     tl.dzT = None
 
@@ -189,7 +193,7 @@ def head_loss_bwd(x_ND, emb_VD, targets_N1, bias_ids_NS, bias_vals_NS, lse_N1, d
 
     def dx(i):
         tl = live["dzs"].pop(0)
-        _dx(tl, emb_rows, V, D)
+        _dx(tl, emb_rows, V, D, ident)
         live["dxs"].append(tl)
         live["block"].append(tl)
         if tl.ends_block:

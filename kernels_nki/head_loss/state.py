@@ -61,5 +61,5 @@ class BwdTile(nl.NKIObject):
     corr = None  # [P, S] fp32 the bias sources' corrections to r at their ids (`bias.bias_grad`)
     r_PV = None  # [P, V] fp32 r = (t^2 - 1) dl
     dz_PV = None  # [P, V] dz = -g r in x's dtype (demb's stationary operand)
-    dzT = None  # per vocabulary chunk the [128, 512] SBUF dz^T (dx's stationary operand)
+    dzT = None  # per vocabulary chunk the [128, 512] SBUF dz^T (dx's stationary operand; at most Z_BANKS chunks)
     dx_ps = None  # D/512 fp32 PSUM banks of dx = dz emb
