@@ -127,9 +127,9 @@ def head_loss_fwd(x_ND, emb_VD, targets_N1, bias_ids_NS=None, bias_vals_NS=None,
         if j == 0:
             x = load(x_ND, g, dt, R)
             cols, idx = token_columns(targets_N1, bias_ids_NS, g, S, R)
-            loss = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
-            lse = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
-            current["group"] = FwdGroup(x=x, cols=cols, idx=idx, loss=loss, lse=lse)
+            loss_PR = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
+            lse_PR = nl.ndarray((P, R), dtype=nl.float32, buffer=nl.sbuf)
+            current["group"] = FwdGroup(x=x, cols=cols, idx=idx, loss=loss_PR, lse=lse_PR)
         grp = current["group"]
         made.append(FwdTile(g=g, j=j, group=grp, xT=x_T(tile(grp.x, g, j, D), parts, ident, True)))
 
