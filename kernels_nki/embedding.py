@@ -128,7 +128,7 @@ def embed_bwd(ids_N, emb_VD, dy_ND):
     demb_VD = nl.ndarray((V, D), dtype=nl.float32, buffer=nl.shared_hbm)
     iota_PV = nl.ndarray((P, V), dtype=nl.float32, buffer=nl.sbuf)
     nisa.iota(dst=iota_PV, pattern=[[1, V]], offset=0, channel_multiplier=0)
-    blocks = [(v0, min(P, V - v0), d0, min(DC, D - d0)) for v0 in range(0, V, P) for d0 in range(0, D, DC)]
+    blocks = [(v0, vr, d0, dc) for _, v0, vr in row_tiles(V) for _, d0, dc in row_tiles(D, DC)]
     ids_N1 = ids_N.reshape((N, 1))
     R = rows_per_partition(D, cap=16)
     for g0 in range(0, len(blocks), PSUM_BANKS):

@@ -38,8 +38,8 @@ KERNELS: dict[str, KernelSpec] = {s.op: s for s in (
     KernelSpec("norm_mlp", "kernels_nki.mlp", "norm_mlp_fwd", "norm_mlp_bwd"),
     KernelSpec("embed", "kernels_nki.embedding", "embed_fwd", "embed_bwd"),
     KernelSpec("head_loss", "kernels_nki.head_loss.kernels", "head_loss_fwd", "head_loss_bwd"),
-    KernelSpec("projection", "kernels_nki.projection", "projection_fwd", "projection_bwd"),
-    KernelSpec("mix_norm_projection", "kernels_nki.projection", "mix_norm_projection_fwd", "mix_norm_projection_bwd"),
+    KernelSpec("projection", "kernels_nki.projection.kernels", "projection_fwd", "projection_bwd"),
+    KernelSpec("mix_norm_projection", "kernels_nki.projection.kernels", "mix_norm_projection_fwd", "mix_norm_projection_bwd"),
     # the fused optimizer updates: one kernel each, no backward ("")
     KernelSpec("adam_update", "kernels_nki.adam", "adam_update", ""),
     KernelSpec("muon_update", "kernels_nki.muon", "muon_update", ""),
@@ -51,7 +51,7 @@ KERNELS: dict[str, KernelSpec] = {s.op: s for s in (
     KernelSpec("causal_attention", "kernels_nki.attention", "attention_fwd", "attention_bwd",
                experimental=_INSIDE.format("qk_attention") + " (attention_fwd/_bwd: its kernels without the QK-norm, "
                "RoPE and gain)"),
-    KernelSpec("norm_projection", "kernels_nki.projection", "norm_projection_fwd", "norm_projection_bwd",
+    KernelSpec("norm_projection", "kernels_nki.projection.kernels", "norm_projection_fwd", "norm_projection_bwd",
                experimental=_INSIDE.format("mix_norm_projection") + " (norm_projection_fwd/_bwd: its kernels "
                "without the residual mix)"),
 )}

@@ -27,10 +27,11 @@ def cdiv(a, b):
     return (a + b - 1) // b
 
 
-def row_tiles(n, size=nl.tile_size.pmax):
-    """[(i, start, rows)]: tile i of an axis of n elements covers start .. start + rows (rows = size, the last
-    tile's rows the remainder). A list, not a generator: lists of tuples are NKI values (aws-neuron-sdk
+def row_tiles(n, size=None):
+    """[(i, start, rows)]: tile i of an axis of n elements covers start .. start + rows (rows = size, default the
+    partition count nl.tile_size.pmax, read at the call; the last tile's rows the remainder). A list, not a generator: lists of tuples are NKI values (aws-neuron-sdk
     nki/get-started/nki-language-guide.rst, "NKI Values"), generators are not listed there."""
+    size = size or nl.tile_size.pmax
     return [(i, i * size, min(size, n - i * size)) for i in range(cdiv(n, size))]
 
 
@@ -135,7 +136,7 @@ def norm_grad_rows(g, x_t, inv, rows, width):
     ~2N at a lower clock: same guide, "Vector Engine / Performance Consideration" and the "Compute Engine"
     table), the row sum and x c (its per-partition scale: isa docs activation, scale an [N, 1] tile) run on
     ScalarE, the [P, 1] column c on VectorE, g x and g + x c on GpSimd (SBUF only). Four steps, each taking the
-    previous one's result (`kernels_nki.projection_parts.norm_bwd_stages` interleaves them over row tiles)."""
+    previous one's result (`kernels_nki.projection.norm_backward.group_rows` interleaves them over row tiles)."""
     st = norm_grad_sum(norm_grad_products(g, x_t, rows, width), rows)
     return norm_grad_combine(norm_grad_columns(st, x_t, inv, rows), x_t, rows)
 

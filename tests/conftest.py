@@ -16,6 +16,8 @@ import pytest
 from frontier_jax.run import host
 from helpers import DEV_JSONL_NAME, SHARED_DATA, SP_MODEL_NAME, tiny_config, write_byte_dataset
 
+pytest_plugins = ["kernel_coverage"]  # --kernel-branch-coverage (tests/kernel_coverage.py)
+
 # JAX's persistent compilation cache, shared by this session and the processes its tests start (they inherit
 # the environment): the same tiny train and eval steps compile in dozens of tests, and a hit skips XLA's compile
 # (a repeated tiny run took ~8 s instead of ~25 s on two loaded cores). A fresh directory per session, removed

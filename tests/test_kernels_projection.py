@@ -1,4 +1,4 @@
-"""The projection NKI kernels (kernels_nki/projection.py) under the emulator: `projection` (with the residual
+"""The projection NKI kernels (kernels_nki/projection/) under the emulator: `projection` (with the residual
 add of the attention's output projection) against NumPy, `norm_projection` (the pre-attention RMSNorm fused
 in) against frontier_jax.ops.reference."""
 

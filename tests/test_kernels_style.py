@@ -16,9 +16,6 @@ NOT_YET_NAMED = {
     "attention_layout.py": 1,
     "attention_parts.py": 32,
     "attention_steps.py": 34,
-    "mix_parts.py": 14,
-    "mlp.py": 48,
-    "projection.py": 60,
 }
 
 

@@ -53,7 +53,7 @@ def test_experimental_ops_bind_their_primitives_and_match_the_direct_path(op):
 @pytest.mark.parametrize("op", ["causal_attention", "norm_projection"])
 def test_experimental_op_routed_through_its_emulated_kernel_matches_the_reference(op):
     """The kernels inside the production files (kernels_nki/attention.py attention_fwd/_bwd,
-    kernels_nki/projection.py norm_projection_fwd/_bwd) through the op's custom_vjp: values and gradients."""
+    kernels_nki/projection/kernels.py norm_projection_fwd/_bwd) through the op's custom_vjp: values and gradients."""
     x = jax.random.normal(jax.random.key(1), (40, 16)) / 2
     f = lambda x: jnp.sum(jnp.sin(_fns()[op](x)))
     want = jax.jit(jax.value_and_grad(f))(x)

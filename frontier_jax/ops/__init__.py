@@ -156,7 +156,7 @@ QK_ATTENTION = declare(
     vjp=Vjp("q, k, v, cos, sin, g -> o, lse, qg, qinv, kr, kinv, qgT, krT, xc",
             "q, k, v, cos, sin, g, o, lse, qg, qinv, kr, kinv, qgT, krT, xc, do -> dq, dk, dv, dg",
             grads=lambda d: {"g": gain_rows(d["dg"][..., 0], d["g"])}, forward_only="exact_max"))
-# rT = act(h)^T, saved (kernels_nki/mlp.py says why); dx includes dy (the residual); w_proj and s from the
+# rT = act(h)^T, saved (docs/kernels/mlp.md says why); dx includes dy (the residual); w_proj and s from the
 # folded weight's fp32 gradient (`_unfold`); a negative slope < 0 is the one setting the kernel cannot compute
 NORM_MLP = declare(
     "norm_mlp", ref.resid_norm_mlp_fwd, ref.resid_norm_mlp_bwd, static=("negative_slope",),
@@ -334,7 +334,7 @@ def mix_norm_qkv_projection(x_in, x0, mix_2D, w_q, w_k, w_v, skip=None, skip_w=N
     residual mix fused into its pre-attention norm and q/k/v projection; x is the residual stream the block
     continues with. The weights are cast to x_in's dtype at use, as the unfused model did (reference.resid_mix).
     On a kernel it is one `mix_norm_projection` call with q/k/v as one [I, O_q + O_k + O_v] weight
-    (kernels_nki/projection.py), ln_scale folded into it (`_ln_folded`), that writes x, q, k and v once each and
+    (kernels_nki/projection/), ln_scale folded into it (`_ln_folded`), that writes x, q, k and v once each and
     returns the gradients of the mix and skip weights as fp32 sums over the tokens; each weight gets its slice of
     the fp32 dw."""
     dt, D = x_in.dtype, x_in.shape[-1]
@@ -359,7 +359,7 @@ def _out_projection_reference(x, w_IO, resid, scale_O):
 def out_projection(x, w_IO, resid, scale_O):
     """resid + scale * (x w): the attention's output projection with the block's scaled residual add; the
     kernel path folds the scale into w's columns (`_fold`) and adds the residual as y leaves PSUM
-    (kernels_nki/projection.py)."""
+    (kernels_nki/projection/)."""
     I, O = x.shape[-1], w_IO.shape[1]
     return PROJECTION.apply(x.reshape(-1, I), w_IO, scale_O, resid.reshape(-1, O)).reshape(resid.shape)
 

@@ -2,7 +2,7 @@
 production ops are (`dispatch.declare` with a `Vjp`): rope and rope_gain (inside qk_attention; kernels
 kernels_nki/experimental/rope.py), causal_attention (qk_attention without the QK-norm, RoPE and gain;
 kernels_nki/attention.py `attention_fwd` / `_bwd`) and norm_projection (mix_norm_projection without
-the residual mix; kernels_nki/projection.py `norm_projection_fwd` / `_bwd`). The kernel table lists
+the residual mix; kernels_nki/projection/kernels.py `norm_projection_fwd` / `_bwd`). The kernel table lists
 them "unused" (`kernels_nki.registry`); tests route them through the emulator with `ops.emulated`.
 """
 
@@ -84,7 +84,7 @@ def split_qkv(y, w_q, w_k, w_v):
 def norm_qkv_projection(x, w_q, w_k, w_v):
     """(xn w_q, xn w_k, xn w_v) with xn = rms_norm(x): the pre-attention RMSNorm fused into the q/k/v
     projection, the weights cast to x's dtype at use. On a kernel the three run as one
-    [I, O_q + O_k + O_v] `norm_projection` (kernels_nki/projection.py); the weights stay separate
+    [I, O_q + O_k + O_v] `norm_projection` (kernels_nki/projection/); the weights stay separate
     parameters (Muon updates each matrix on its own) and each gets its slice of the fp32 dw."""
     dt, I = x.dtype, x.shape[-1]
     w = jnp.concatenate([w_q.astype(dt), w_k.astype(dt), w_v.astype(dt)], axis=1)

@@ -408,7 +408,7 @@ def mlp(x_ND: jax.Array, w_fc_DF: jax.Array, w_proj_FD: jax.Array, negative_slop
 
 def mlp_fwd(x_ND, w_fc_DF, w_proj_FD, negative_slope: float = 0.0):
     """(y, rT_FN): y = mlp(x) and r^T [F, N] in x's dtype, r = leaky_relu(h) (h = x W_fc, computed in x's dtype),
-    the backward's residual: the hidden layer is stored, not recomputed (kernels_nki/mlp.py says why)."""
+    the backward's residual: the hidden layer is stored, not recomputed (docs/kernels/mlp.md says why)."""
     r_NF = leaky_relu(x_ND @ w_fc_DF.astype(x_ND.dtype), negative_slope)
     return (r_NF * r_NF) @ w_proj_FD.astype(x_ND.dtype), r_NF.T
 
