@@ -37,7 +37,7 @@ KERNELS: dict[str, KernelSpec] = {s.op: s for s in (
     KernelSpec("qk_attention", "kernels_nki.attention.kernels", "qk_attention_fwd", "qk_attention_bwd"),
     KernelSpec("norm_mlp", "kernels_nki.mlp", "norm_mlp_fwd", "norm_mlp_bwd"),
     KernelSpec("embed", "kernels_nki.embedding", "embed_fwd", "embed_bwd"),
-    KernelSpec("head_loss", "kernels_nki.head_loss", "head_loss_fwd", "head_loss_bwd"),
+    KernelSpec("head_loss", "kernels_nki.head_loss.kernels", "head_loss_fwd", "head_loss_bwd"),
     KernelSpec("projection", "kernels_nki.projection.kernels", "projection_fwd", "projection_bwd"),
     KernelSpec("mix_norm_projection", "kernels_nki.projection.kernels", "mix_norm_projection_fwd", "mix_norm_projection_bwd"),
     # the fused optimizer updates: one kernel each, no backward ("")

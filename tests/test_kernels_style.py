@@ -11,8 +11,6 @@ ROOT = pathlib.Path(kernels_nki.__file__).parent
 # Files not yet converted to named state, with their number of integer-index reads. The counts must match
 # exactly, so a file's allowance shrinks as it is converted and a converted file leaves the list.
 NOT_YET_NAMED = {
-    "head_loss.py": 58,
-    "head_loss_parts.py": 12,
 }
 
 

@@ -51,6 +51,7 @@ def fake_nki(monkeypatch):
         sub.__getattr__ = lambda attr: types.SimpleNamespace()  # module-level constants of a kernel file
         setattr(nki, name, sub)
         monkeypatch.setitem(sys.modules, f"nki.{name}", sub)
+    nki.language.NKIObject = type("NKIObject", (), {})  # the base of the kernels' state classes
     monkeypatch.setitem(sys.modules, "nki", nki)
     kernel_modules = {s.module for s in registry.KERNELS.values()}
     for m in kernel_modules:
