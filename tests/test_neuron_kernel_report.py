@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from frontier_jax.neuron import kernel_calls as kc
-from frontier_jax.neuron import kernel_report
+from frontier_jax.neuron import kernel_report, program
+from frontier_jax.policies.dtypes import resolve as resolve_dtypes
 from frontier_jax.config import apply_overrides, load_config
 from kernels_nki import emulator
 from kernels_nki.emulator import loader, schedule
@@ -117,9 +118,19 @@ def test_report_bad_config_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_docs_step_estimate_is_the_reports():
+def test_docs_step_estimate_is_the_reports(neuron_traced, monkeypatch):
     """docs/kernels/step-estimate.md carries `kernel_report --config configs/baseline.py --markdown --against
-    docs/kernels/step-estimate-row-major.json` verbatim (baseline and the default comparison, frontier14)."""
+    docs/kernels/step-estimate-row-major.json` verbatim (baseline and the default comparison, frontier14).
+    `kc.program`'s trace of a config on 2 NeuronCores in Neuron's dtypes is the session's (the program check
+    traces the same steps of every config); any other trace runs."""
+    real = program.trace_steps
+
+    def shared(cfg, num_devices, dtypes, tx, **kw):
+        if num_devices == 2 and not kw and dtypes == resolve_dtypes(cfg, "neuron"):
+            return neuron_traced(cfg)
+        return real(cfg, num_devices, dtypes, tx, **kw)
+
+    monkeypatch.setattr(program, "trace_steps", shared)
     reps = kernel_report.build_reports([load_config(REPO / "configs" / name) for name in ("baseline.py", "frontier14.py")],
                                        workers=kernel_report.cpus())
     docs = REPO / "docs" / "kernels"
