@@ -48,7 +48,8 @@ def test_step_is_the_kernels_plus_the_glue_under_every_reading(rep):
 
 def test_text_and_json_output(capsys):
     cfg_path = str(REPO / "configs" / "tiny.py")
-    kernel_report.main(["--config", cfg_path, "--compare", cfg_path, "--json"])
+    # one worker: tiny's few small calls trace in less time than two spawned processes take to import JAX
+    kernel_report.main(["--config", cfg_path, "--compare", cfg_path, "--json", "--workers", "1"])
     out = json.loads(capsys.readouterr().out)
     assert out["report"]["config"] == "tiny" and out["comparison"] == []
     text = kernel_report.format_report(out["report"]) + "\n" + kernel_report.format_comparison([out["report"]])
