@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from kernels_nki import emulator
-from kernels_nki.emulator import loader, schedule
+from kernels_nki.emulator import loader, schedule, timing
 
 SHAPE = (2048, 2048, 4096)  # K, M, N
 # schedule, kernel, (K, M, N), constants, {engine: published active share}
@@ -53,7 +53,7 @@ TENSOR_TOLERANCE = 0.05  # |predicted - published| TensorE active share (tests/t
 EXAMPLE_1_NS = 1416.0  # nki-dma-overview.rst, Example 1
 SCALAR_II_NS = 189.0  # nki_perf_guide.rst, Opt #5a
 CURVE_WIDTHS = (128, 512, 2048, 8192)  # bytes per partition: points of the DMA overview's figure checked
-READINGS = tuple(schedule.ASSUMPTIONS)
+READINGS = tuple(timing.ASSUMPTIONS)
 ORDERS = READINGS + ("in_order",)  # the list schedule's readings, then program order (central assumptions)
 # fused_mamba.rst: "Performance Check" (v1, 256 channels), "Increasing input channels size" (v1, 4096 channels),
 # the table after "Mitigate spilling by tiling seq_len" (v2 and v3, 4096 channels); ms
@@ -114,7 +114,7 @@ def dma_checks() -> dict:
             s = schedule.best(tr, a)[0]
             rate[width] = tr.counters.dma_bytes / s.makespan_s
         curve[a] = {w: rate[w] / rate[32768] for w in CURVE_WIDTHS}
-    published = {w: schedule.payload_share(w) for w in CURVE_WIDTHS}
+    published = {w: timing.payload_share(w) for w in CURVE_WIDTHS}
     return {"example_1_ns": example, "curve": curve, "curve_published": published}
 
 

@@ -137,9 +137,9 @@ def ttt_scores(mod, ema: dict[str, np.ndarray], cfg: Config, tokenizer, targets:
     start = record_script.exported_state(mod, ema)
     record = record_script.ttt_score(mod, start, tokens, tokenizer, qat_record)
     graphdef, params = import_record_state(start, cfg, work)
-    tcfg = evaluate._ttt_config(cfg, None, None)  # as `evaluate --ttt`: the config's ttt section, enabled
+    tcfg = evaluate.ttt_config(cfg, None, None)  # as `evaluate --ttt`: the config's ttt section, enabled
     tables = load_tokenizer(str(tokenizer)).byte_tables(cfg.model.vocab_size)
-    sums, info = evaluate._ttt_sums(tcfg, graphdef, params, tokens, tables, None, None,
+    sums, info = evaluate.ttt_sums(tcfg, graphdef, params, tokens, tables, None, None,
                                     tcfg.eval.batch_seqs or tcfg.train.val_batch_seqs, None,
                                     (qat_ours, "as the run ended"))
     ours = bpb(sums["nll_sum_nats"], sums["bytes"])

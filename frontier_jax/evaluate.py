@@ -108,7 +108,7 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     if not data_dir:
         raise DataError(f"{run_dir}/config.json: no data directory recorded; pass --data DIR")
     if ttt:
-        cfg = _ttt_config(cfg, stride, eval_seq_len)
+        cfg = ttt_config(cfg, stride, eval_seq_len)
         eval_seq_len, stride = cfg.train.seq_len, cfg.ttt_stride
     T = cfg.eval_seq_len if eval_seq_len is None else int(eval_seq_len)
     if T <= 0:
@@ -135,7 +135,7 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     bias_fn, aux = _ngram_bias(run_dir, cfg, log)
     extra = {}
     if ttt:
-        sums, extra = _ttt_sums(cfg, graphdef, params, tokens, data.tables, bias_fn, aux, batch_seqs, log,
+        sums, extra = ttt_sums(cfg, graphdef, params, tokens, data.tables, bias_fn, aux, batch_seqs, log,
                                 _ttt_qat(run_dir, cfg, step, artifact, ttt_qat))
     else:
         # the qk_attention forward the kernel path runs for these gains (frontier_jax.ops.attention_forward)
@@ -160,7 +160,7 @@ def evaluate_run(run_dir, data_dir=None, tokenizer=None, stride=None, batch_seqs
     }
 
 
-def _ttt_config(cfg, stride, eval_seq_len):
+def ttt_config(cfg, stride, eval_seq_len):
     """The run's config with its TTT section enabled (its stride `stride` when given): TTT's windows are
     train.seq_len long, so another --eval-seq-len is refused."""
     import dataclasses
@@ -190,7 +190,7 @@ def _ttt_qat(run_dir: Path, cfg, step, artifact, ttt_qat) -> tuple[bool, str]:
     return on is not None, f"checkpoint {step}'s" + (f": on from step {on + 1}" if on is not None else "")
 
 
-def _ttt_sums(cfg, graphdef, params, tokens, tables, bias_fn, aux, batch_seqs, log,
+def ttt_sums(cfg, graphdef, params, tokens, tables, bias_fn, aux, batch_seqs, log,
               qat: tuple[bool, str]) -> tuple[dict, dict]:
     """(sums, the pass's counts and times) of score-first TTT from `params` (frontier_jax.ttt), the training
     forwards with the late-QAT flag `qat` (`_ttt_qat`: flag, source)."""

@@ -1,5 +1,6 @@
 """Shared fixtures: ../shared/data (skipped with a reason when absent), prepared sp1024 shards, a synthetic
-byte-level dataset that needs nothing outside the repository, tiny configs and one trained tiny run."""
+byte-level dataset that needs nothing outside the repository, tiny configs, one trained tiny run and the configs'
+programs traced as on Neuron."""
 
 from __future__ import annotations
 
@@ -102,3 +103,21 @@ def trained_run(byte_data, tmp_path_factory) -> tuple[Path, dict]:
                       "train.measure_peak=True")
     summary = trainer.run(cfg, out, echo=False)
     return out, summary
+
+
+@pytest.fixture(scope="session")
+def neuron_traced():
+    """neuron_traced(cfg): `program.trace_steps(cfg, 2, *program.on_neuron(cfg))`, what `neuron_check` checks and
+    `kernel_calls.program` takes the train step from (one trn1 chip's 2 NeuronCores), traced once per session for
+    each distinct config (a full-size config takes seconds; the program check and the kernel report's docs test
+    read the same one)."""
+    from frontier_jax.neuron.program import on_neuron, trace_steps
+
+    traced = {}
+
+    def get(cfg):
+        if cfg not in traced:
+            traced[cfg] = trace_steps(cfg, 2, *on_neuron(cfg))
+        return traced[cfg]
+
+    return get

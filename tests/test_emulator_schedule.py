@@ -1,4 +1,4 @@
-"""The instruction trace and schedule (kernels_nki/emulator/trace.py, schedule.py): probes written the way AWS's
+"""The instruction trace and schedule (kernels_nki/emulator/trace.py, depgraph.py, schedule.py): probes written the way AWS's
 guides describe them (bench/probe_kernels.py), priced as the documents say."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kernels_nki import emulator
-from kernels_nki.emulator import loader, schedule, trace
+from kernels_nki.emulator import depgraph, loader, schedule, timing, trace
 
 STALL_X = ((128, 8192), "float32")  # stall_probe's input (bench/probe_kernels.py)
 
@@ -24,7 +24,7 @@ def test_trace_records_every_instruction_with_its_counters(probes):
     assert {i.queue for i in loads} == {"load"} and {i.queue for i in stores} == {"store"}
     assert all(i.engines == (0, 16) and i.buffer == 1024 and i.nbytes == 128 * 1024 for i in tr.instrs)
     # each store reads the tile its load wrote; chunks touch disjoint columns of the HBM tensors
-    deps, raws = schedule.dependencies(tr.instrs)
+    deps, raws = depgraph.dependencies(tr.instrs)
     assert [sorted(d) for d in deps] == [[], [0], [], [2], [], [4], [], [6]]
 
 
@@ -69,10 +69,10 @@ def test_example_1_and_the_scalar_dependent_interval(probes):
     tr = loader.record(probes.dma_example_1, ((4, 4096), "bfloat16"), target="trn2")
     s = schedule.schedule(tr)
     # 32 KiB at 23 B/ns x the curve's 8 KiB point; the fixed cost before the transfer, not in it
-    assert s.end[0] - s.start[0] == pytest.approx(32768 / 23e9 / schedule.payload_share(8192))
-    assert s.start[0] == pytest.approx(schedule.DMA_FIXED_S)
+    assert s.end[0] - s.start[0] == pytest.approx(32768 / 23e9 / timing.payload_share(8192))
+    assert s.start[0] == pytest.approx(timing.DMA_FIXED_S)
     high = schedule.schedule(tr, "high")
-    assert high.end[0] - high.start[0] == pytest.approx(s.end[0] - s.start[0] + schedule.DMA_FIXED_S)
+    assert high.end[0] - high.start[0] == pytest.approx(s.end[0] - s.start[0] + timing.DMA_FIXED_S)
     chain = schedule.schedule(loader.record(probes.scalar_tiny_chain, ((128, 1), "float32"), steps=16))
     st = [a for a, i in zip(chain.start, chain.instrs) if i.engine == "scalar"]
     assert (st[-1] - st[1]) / (len(st) - 2) == pytest.approx(264 / 1.4e9)  # the first reads a DMA's output
@@ -92,16 +92,9 @@ def test_shared_ports_serialise_vector_with_gpsimd_and_scalar():
     assert free.start[1] == 0.0  # different ports: in parallel
 
 
-def test_payload_curve_is_monotone_and_saturates():
-    sizes = [2 ** k for k in range(3, 17)]
-    shares = [schedule.payload_share(b) for b in sizes]
-    assert shares == sorted(shares) and shares[-1] == 1.0
-    assert schedule.payload_share(128) == pytest.approx(0.05) and schedule.payload_share(2048) == pytest.approx(0.813)
-
-
 def test_independent_statements_permuted_cost_the_same(probes):
     ab, ba = (schedule.estimate(loader.record(probes.stall_probe, STALL_X, order=o)) for o in ("ab", "ba"))
-    for reading in schedule.ASSUMPTIONS:
+    for reading in timing.ASSUMPTIONS:
         assert ab[reading] == pytest.approx(ba[reading], rel=0.01), reading
     # program order is what the in-order reading runs: there the order written first stalls VectorE
     assert ab["in_order"] > 1.05 * ba["in_order"]

@@ -32,15 +32,15 @@ MODEL_OPS = ("qk_attention", "norm_mlp", "mix_norm_projection", "projection", "h
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", [p for p in CONFIGS if p.name != "__init__.py"], ids=lambda p: p.stem)
-def test_every_config_passes_on_one_chip_with_every_op_on_its_kernel(path: Path):
+def test_every_config_passes_on_one_chip_with_every_op_on_its_kernel(path: Path, neuron_traced):
     """Every config's programs pass, with no op on its reference path (what `--kernels strict` requires): the train
     step calls every model op's kernel, forward and backward, norm_mlp at the config's slope and qk_attention with
     XSA where the config sets it; with optim.fused the optimizer step calls the Adam and Muon kernels (the record's
     Muon settings in configs/frontier.py's)."""
-    from frontier_jax.neuron.program import kernel_sites, trace_steps
+    from frontier_jax.neuron.program import kernel_sites
 
     cfg = load_config(path)
-    traced = trace_steps(cfg, 2, *on_neuron(cfg))
+    traced = neuron_traced(cfg)  # trace_steps(cfg, 2, *on_neuron(cfg)), shared with the kernel report's docs test
     findings = neuron_check.check_traced(traced)
     assert findings == [], [f.line() for f in findings]
     assert ops.switch_fallbacks(cfg.model) == []
@@ -69,17 +69,17 @@ def test_the_traced_steps_call_kernels_per_device_at_the_per_device_shape():
         assert "ttt" not in traced.programs  # no test-time training: no SGD step
 
 
-def test_the_record_config_runs_every_op_on_its_kernel_and_passes():
+def test_the_record_config_runs_every_op_on_its_kernel_and_passes(neuron_traced):
     """configs/record11_tiny.py on Neuron: the recipe's switches run inside the kernels (norm_mlp with the record's
     LeakyReLU slope, qk_attention with XSA on its last layers and without on the others), so the traced program
     calls every op's kernel, no op falls back to its reference (what `--kernels strict` requires) and the program
     check passes; a model whose setting a kernel lacks (a negative slope) gets the fallback named in the report.
     Its test-time training's SGD step is traced and checked too: the same kernels, per device, at a chunk's 16 rows
     of 256 (ttt.batch_seqs=32 is more than a chunk of 4,096 holds), 8 per NeuronCore."""
-    from frontier_jax.neuron.program import kernel_sites, trace_steps
+    from frontier_jax.neuron.program import kernel_sites
 
     cfg = load_config(REPO / "configs" / "record11_tiny.py")
-    traced = trace_steps(cfg, 2, *on_neuron(cfg))
+    traced = neuron_traced(cfg)  # trace_steps(cfg, 2, *on_neuron(cfg)), shared with the check of every config
     sites = kernel_sites(traced.programs["train"])
     called = {s.primitive for s in sites}
     assert {f"frontier_{op}_{d}" for op in ("qk_attention", "norm_mlp", "mix_norm_projection", "projection",

@@ -8,7 +8,7 @@ import pytest
 
 from frontier_jax.neuron import profile
 from frontier_jax.config import load_config
-from kernels_nki.emulator import schedule
+from kernels_nki.emulator import timing
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def test_lanes_and_shares_of_a_call(small_cfg):
     call = next(c for c in kc.kernel_calls(load_config(small_cfg)) if c.op == "qk_attention")
     s = profile.schedule_call(call)
     lanes = profile.lanes(s)
-    assert list(lanes)[:4] == list(schedule.LANES) and len(lanes) == 4 + 16
+    assert list(lanes)[:4] == list(timing.LANES) and len(lanes) == 4 + 16
     sh = profile.shares(s)
     assert all(0 <= v <= 1 + 1e-9 for v in sh.values()) and sh["dma"] >= max(sh[f"dma{i}"] for i in range(16)) - 1e-9
     assert sum(len(b) for b in lanes.values()) >= len(s.instrs)  # a DMA is a bar on each of its engines

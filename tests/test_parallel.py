@@ -45,15 +45,31 @@ def test_mesh_over_simulated_devices():
         make_data_parallel(8)
 
 
+# One trajectory, trained once per device count and shared by the tests below: constant LR (no warmdown), so that
+# the two-process run stopped at step 3 and resumed to 6 follows the same schedule; the 4-device run is the
+# replicated baseline of the ZeRO-1 test and the single-process reference of the two-process test.
+MESH_SETS = ("train.max_steps=6", "optim.warmdown_steps=0")
+
+
+@pytest.fixture(scope="module")
+def mesh_run(byte_data, tmp_path_factory):
+    """mesh_run(n): (run dir, summary) of the MESH_SETS run on n simulated devices, trained once per module."""
+    runs = {}
+
+    def get(n: int):
+        if n not in runs:
+            out = tmp_path_factory.mktemp(f"mesh{n}") / "run"
+            runs[n] = out, trainer.run(tiny_config(byte_data, *MESH_SETS, f"parallel.num_devices={n}"), out, echo=False)
+        return runs[n]
+
+    return get
+
+
 @pytest.mark.slow
-def test_one_two_four_devices_same_trajectory_and_eval_sums(byte_data, tmp_path):
-    results = {}
-    for n in (1, 2, 4):
-        cfg = tiny_config(byte_data, f"parallel.num_devices={n}", "train.max_steps=5", "optim.warmdown_mode='steps'")
-        summary = trainer.run(cfg, tmp_path / f"d{n}", echo=False)
-        results[n] = (_losses(tmp_path / f"d{n}"), summary)
+def test_one_two_four_devices_same_trajectory_and_eval_sums(mesh_run):
+    results = {n: (_losses(mesh_run(n)[0]), mesh_run(n)[1]) for n in (1, 2, 4)}
     ref_losses, ref = results[1]
-    assert len(ref_losses) == 5
+    assert len(ref_losses) == 6
     for n in (2, 4):
         losses, s = results[n]
         assert _rel(losses, ref_losses) < 1e-5, (n, losses, ref_losses)
@@ -65,11 +81,10 @@ def test_one_two_four_devices_same_trajectory_and_eval_sums(byte_data, tmp_path)
 
 
 @pytest.mark.slow
-def test_zero1_shards_optimizer_state_and_matches_replicated(byte_data, tmp_path):
-    base = ["parallel.num_devices=4", "train.max_steps=4", "optim.warmdown_mode='steps'"]
-    trainer.run(tiny_config(byte_data, *base), tmp_path / "rep", echo=False)
+def test_zero1_shards_optimizer_state_and_matches_replicated(byte_data, mesh_run, tmp_path):
+    base = [*MESH_SETS, "parallel.num_devices=4"]
     trainer.run(tiny_config(byte_data, *base, "parallel.zero1=True"), tmp_path / "z1", echo=False)
-    assert _rel(_losses(tmp_path / "z1"), _losses(tmp_path / "rep")) < 1e-5
+    assert _rel(_losses(tmp_path / "z1"), _losses(mesh_run(4)[0])) < 1e-5
     # the state layout really is sharded: a momentum buffer lives in quarters on the 4 devices
     from frontier_jax import optim
 
@@ -107,9 +122,9 @@ def _wait(procs, timeout):
 
 
 @pytest.mark.slow
-def test_two_processes_train_checkpoint_resume_and_match_single_process(byte_data, tmp_path):
-    # constant LR (no warmdown) so that stopping at 3 and resuming to 6 keeps the same schedule
-    common = ["optim.warmdown_steps=0", "train.budget_seconds=1000.0"]
+def test_two_processes_train_checkpoint_resume_and_match_single_process(byte_data, mesh_run, tmp_path):
+    # MESH_SETS at 3 steps, resumed to 6 (constant LR: the same schedule), against the same run on one process
+    common = [*MESH_SETS[1:], "train.budget_seconds=1000.0"]
     out = tmp_path / "mp"
     codes = _wait(_launch(byte_data, out, _free_port(), [*common, "train.max_steps=3"]), 300)
     assert codes == [0, 0], (out.parent / "mp-p0.log").read_text()[-3000:]
@@ -117,9 +132,7 @@ def test_two_processes_train_checkpoint_resume_and_match_single_process(byte_dat
     codes = _wait(_launch(byte_data, out, _free_port(), [*common, "train.max_steps=6"], resume=True), 300)
     assert codes == [0, 0], (out.parent / "mp-p0-resume.log").read_text()[-3000:]
     multi = _losses(out)
-    single_cfg = tiny_config(byte_data, *common, "train.max_steps=6", "parallel.num_devices=4")
-    trainer.run(single_cfg, tmp_path / "single", echo=False)
-    single = _losses(tmp_path / "single")
+    single = _losses(mesh_run(4)[0])  # 4 devices in one process: the same mesh
     assert len(multi) == len(single) == 6
     # same 4-device mesh; the cross-process (gloo) all-reduce sums in another order than the in-process
     # one, and the difference grows a little with each step: 1e-4 relative over 6 steps

@@ -39,14 +39,14 @@ from frontier_jax.neuron import kernel_calls as kc
 from frontier_jax.config import Config, load_config
 from frontier_jax.errors import ArgumentParser, BadInput, exit_on_error, int_in
 from kernels_nki import emulator, registry
-from kernels_nki.emulator import cost, loader, schedule
+from kernels_nki.emulator import cost, loader, schedule, timing
 from kernels_nki.emulator.machine import Counters
 
 FRONTIER14 = Path(__file__).resolve().parents[2] / "configs" / "frontier14.py"
 # the published NeuronCore-v2 kernel latencies and the schedule's predictions of them
 # (`python -m bench.cost_calibration --part latencies --save docs/kernels/published-latencies.json`)
 VALIDATION = Path(__file__).resolve().parents[2] / "docs" / "kernels" / "published-latencies.json"
-READINGS = tuple(schedule.ASSUMPTIONS)
+READINGS = tuple(timing.ASSUMPTIONS)
 IN_ORDER = "in_order"  # program order, central assumptions (schedule.estimate)
 BATCHED = {"qk_attention"}  # ops whose 4-D operands lead with independent sequences
 # aws-neuron-sdk about-neuron/benchmarks/trn1/trn1_trn1n_nlp_data.csv, column MFU[%]: every trn1 training run

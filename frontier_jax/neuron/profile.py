@@ -20,7 +20,7 @@ from frontier_jax.neuron import kernel_calls as kc
 from frontier_jax.config import load_config
 from frontier_jax.errors import ArgumentParser, BadInput, exit_on_error
 from frontier_jax.neuron.kernel_report import BATCHED, kernel_of, with_batch
-from kernels_nki.emulator import loader, schedule
+from kernels_nki.emulator import loader, schedule, timing
 from kernels_nki.emulator.trace import DMA_ENGINES
 
 COLOURS = {"tensor": "#1f77b4", "vector": "#2ca02c", "scalar": "#ff7f0e", "gpsimd": "#9467bd",
@@ -39,7 +39,7 @@ def schedule_call(call: kc.KernelCall, reading: str = "central", target: str = "
 
 def lanes(s: schedule.Schedule) -> dict:
     """{lane: [(start, duration, colour, waited)]}: compute engines, then dma0 .. dma15."""
-    out = {e: [] for e in schedule.LANES}
+    out = {e: [] for e in timing.LANES}
     out.update({f"dma{i}": [] for i in range(DMA_ENGINES)})
     for ins, a, b, w in zip(s.instrs, s.start, s.end, s.wait):
         if ins.engine == "dma":
@@ -119,7 +119,7 @@ def profile(cfg_path: str, ops: list[str] | None, out: Path, reading: str = "cen
         one = f" (one sequence of the call's {batch})" if batch else ""
         title = (f"{call.op} {call.which} [{call.label}]{one}, config {cfg.name}, trn1, schedule {reading}: "
                  f"{s.makespan_s * 1e6:.1f} us; active: " + ", ".join(f"{e} {sh[e]:.0%}" for e in
-                                                                    schedule.LANES + ("dma",)))
+                                                                    timing.LANES + ("dma",)))
         path = out / f"{name}.png"
         draw(s, title, path)
         rows.append({"name": name, "path": str(path), "makespan_s": s.makespan_s, "shares": sh, "sequences_of": batch})
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
                     help=f"a kernel op of the step (repeatable): {', '.join(ops.OPS)}")
     ap.add_argument("--all", action="store_true", help="every kernel call of the step")
     ap.add_argument("--out", required=True, help="directory for the PNGs")
-    ap.add_argument("--reading", default="central", choices=sorted(schedule.ASSUMPTIONS),
+    ap.add_argument("--reading", default="central", choices=sorted(timing.ASSUMPTIONS),
                     help="the schedule's reading of the costs AWS leaves unpublished: low, central (default) or high "
                          "(bench/README.md, \"Cost model calibration\")")
     args = ap.parse_args(argv)
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
         sh = r["shares"]
         one = f" ({'one sequence of ' + str(r['sequences_of']) if r['sequences_of'] else 'the whole call'})"
         print(f"{r['name']:<28} {r['makespan_s'] * 1e6:>9.1f} us{one:<27}" + "  ".join(
-            f"{e} {sh[e]:>5.1%}" for e in schedule.LANES + ("dma",)) + f"  -> {r['path']}")
+            f"{e} {sh[e]:>5.1%}" for e in timing.LANES + ("dma",)) + f"  -> {r['path']}")
     if any(r["sequences_of"] for r in rows):
         print("qk_attention is drawn for one sequence of its call; python -m frontier_jax.kernel_report prices the "
               "whole call (all its sequences)")

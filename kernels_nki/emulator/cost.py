@@ -26,7 +26,7 @@ tests/test_kernels_report.py::test_cost_model_matches_published_profiles).
   the per-instruction floor (max(MIN_II, N) cycles, `nki/api/nki/isa` docs) and idle partitions.
   Two-input VectorE instructions (tensor_tensor, scalar_tensor_tensor, tensor_tensor_scan) are
   charged 2N cycles ("Vector Engine / Performance Consideration", Cost Model: "roughly 2N cycles").
-  Not charged here (the schedule, `schedule.py`, charges them): the ~100-cycle static overhead of
+  Not charged here (the schedule charges them: `timing.py`): the ~100-cycle static overhead of
   back-to-back small or dependent instructions (arch guide, "Vector Engine / Performance Consideration";
   `nki/deep-dives/nki_perf_guide.rst`, Opt #5a), and the shared SBUF port of VectorE/GpSimdE and PSUM port
   of VectorE/ScalarE (arch guide, "Data Movement"). So this estimate is a lower bound.
@@ -34,7 +34,7 @@ tests/test_kernels_report.py::test_cost_model_matches_published_profiles).
   272 GB/s per NeuronCore-v2, 16 x 23 B/ns = 368 GB/s per NeuronCore-v3, reached with >= 4 KiB per
   partition per transfer; the per-transfer fixed cost (~1300 ns, same guide), the one-transfer-per-engine
   rule and the lower rate of smaller payloads ("below peak" under 2 KiB, "severely overhead-bound" under
-  256 B, same guide) are the schedule's (`schedule.py`); the counters record the bytes moved in small
+  256 B, same guide) are the schedule's (`timing.py`); the counters record the bytes moved in small
   buffers (`Machine.count_dma`).
 """
 

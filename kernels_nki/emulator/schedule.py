@@ -41,43 +41,7 @@ Memory: an on-chip allocation holds its bytes (SBUF per partition) or banks (PSU
 start to its last one's end, within the target's capacity (`_Memory`: how run-ahead is bounded so that program
 order stays possible).
 
-Costs (engine cycles; clocks and widths in `cost.TARGETS`):
-- Vector/Scalar/GpSimd: the counters' max(MIN_II, N) (2N for two VectorE inputs) plus, for VectorE and
-  ScalarE, the static instruction overhead of 100 engine cycles for back-to-back instructions with N << 128
-  or depending on the previous instruction's output (arch guide, "Vector Engine / Performance
-  Consideration"; ScalarE: "all the performance notes discussed for Vector Engine ... are applicable",
-  "Scalar Engine / Performance Consideration"). A ScalarE instruction reading the previous ScalarE
-  instruction's output issues no sooner than 264 ScalarE cycles after it (`nki/deep-dives/nki_perf_guide.rst`,
-  Opt #5a: 189 ns = 264 cycles on NC-v2 for one element per partition, dependent; charged as max(264,
-  cost + 100)). Tensor access overhead (~60 cycles per access, "engines can typically hide some of this":
-  arch guide, "Accessing SBUF/PSUM", Performance Consideration): bracketed, below.
-- TensorE: max(64, share x N) cycles per matmul, share the PE tile's part of the array (MM_INIT_LATENCY =
-  64 cycles per instruction: arch guide, "Tensor Engine / Performance Consideration"; perf guide Opt #7),
-  fp32 4x; a matmul whose stationary differs from the previous one's loads it (LoadStationary, in the
-  background of the previous matmul, up to 4x faster than a MultiplyMoving of the same free size: arch
-  guide, same section; LS_II ~ 128 / 4 = 32 cycles, perf guide Opt #7): charged max(MM, M / 4), which the
-  64-cycle floor always covers for bf16.
-- DMA: per engine, its share of the bytes at 17 B/ns (trn1) / 23 B/ns (trn2) per engine
-  (`nki/deep-dives/nki-dma-bandwidth-guide.rst`, table) times the relative throughput of its buffer size
-  read off the DMA overview's figure (PAYLOAD_CURVE); every transfer has the ~1300 ns fixed cost of descriptor
-  setup, synchronization and semaphore-to-start (bandwidth guide, "Why Large Contiguous DMA Payloads Are
-  Required"): charged as latency before the transfer starts (the DMA overview's Example 1 shows one 32 KiB
-  transfer as a 1416 ns bar, the data time at peak, with the fixed cost outside it) or, at the high end,
-  on the engine.
-
-Unpublished, bracketed (`ASSUMPTIONS`, low / central / high; the estimate reports the range):
-- GpSimd throughput ("there is no rule-of-thumb", arch guide, "GpSimd Engine"): 128 elements per cycle (the
-  lanes) / a quarter of that (the only published comparison: GpSimd rsqrt has 4x lower throughput than
-  ScalarE, `nki/api/nki.api.shared.rst`, "NKI Engine Selection").
-- trn1 descriptor generation: host-precomputed descriptors cost the engines nothing (`nki/deep-dives/
-  nki-dge.rst`, "Modes") / every DMA's descriptors generated on GpSimd (swdge, "consumes GpSimd cycles",
-  same page; no figure published: the hardware DGE's ~600 ns per DMA instruction, same page, is taken).
-- "N << 128": N <= 32 / N < 64 / N < 128; tensor access overhead hidden / charged 60 cycles per instruction;
-  the DMA fixed cost as latency / on the engine.
-- The payload curve, measured on an unstated generation and setup, applied per DMA buffer: at the low end
-  every buffer moves at the table's peak (the lower bound on DMA time; the tutorial profiles in
-  bench/README.md, "Cost model calibration", sit between the two readings).
-Cross-engine semaphore latency beyond the DMA's fixed cost is not published and not charged.
+What each instruction costs and holds: `timing.py`; the instruction graph and memory plan: `depgraph.py`.
 """
 
 from __future__ import annotations
@@ -87,58 +51,8 @@ import heapq
 import itertools
 import math
 
-import numpy as np
-
-from kernels_nki.emulator import cost
-from kernels_nki.emulator.trace import DMA_ENGINES, Instr, Trace
-
-# relative DMA throughput by bytes per partition at 128 partitions, read off the plot in nki-dma-overview.rst,
-# "Performance Considerations" (figure nki-dma-intro-1.jpg; y axis unlabelled: each point's height over the
-# 32 KiB point's, pixel reading; generation not stated). Interpolated in log2(bytes); below 32 B proportional to
-# the bytes (a fixed time per buffer), above 32 KiB 1.
-PAYLOAD_CURVE = ((32, 0.014), (64, 0.026), (128, 0.050), (256, 0.103), (512, 0.209), (1024, 0.424),
-                 (2048, 0.813), (4096, 0.966), (8192, 0.983), (16384, 0.990), (32768, 1.0))
-DMA_FIXED_S = 1300e-9  # nki-dma-bandwidth-guide.rst, "Why Large Contiguous DMA Payloads Are Required"
-STATIC_OVERHEAD_CYCLES = 100  # arch guide, "Vector Engine / Performance Consideration"; perf guide Opt #5a
-SCALAR_DEPENDENT_II_CYCLES = 264  # perf guide Opt #5a (189 ns on NC-v2)
-ACCESS_OVERHEAD_CYCLES = 60  # arch guide, "Accessing SBUF/PSUM tensors", Performance Consideration
-LS_SPEEDUP = 4  # arch guide, "Tensor Engine", Fast LoadStationary: "up to 4x"
-HWDGE_S = 600e-9  # nki-dge.rst, hwdge: "approximately 600 ns to execute" per DMA instruction
-
-
-@dataclasses.dataclass(frozen=True)
-class Assumptions:
-    name: str
-    gpsimd_elems_per_cycle: int
-    swdge_s: float  # GpSimd time per DMA instruction for descriptor generation
-    small_free: int  # N below which a Vector/Scalar instruction pays the static overhead
-    access_overhead_cycles: int
-    dma_fixed_on_engine: bool
-    payload_curve: bool  # DMA rate by buffer size (PAYLOAD_CURVE), or the table's peak for every buffer
-
-
-ASSUMPTIONS = {
-    "low": Assumptions("low", 128, 0.0, 33, 0, False, False),
-    "central": Assumptions("central", 128, 0.0, 64, 0, False, True),
-    "high": Assumptions("high", 32, HWDGE_S, 128, ACCESS_OVERHEAD_CYCLES, True, True),
-}
-LANES = ("tensor", "vector", "scalar", "gpsimd")
-_RES = {name: i for i, name in enumerate(LANES + ("sbuf_vg", "psum_vs"))}
-_DMA0 = len(_RES)
-
-
-def payload_share(buffer_bytes: int) -> float:
-    """Relative DMA throughput of `buffer_bytes`-byte buffers (PAYLOAD_CURVE)."""
-    (b0, s0), (bn, _) = PAYLOAD_CURVE[0], PAYLOAD_CURVE[-1]
-    if buffer_bytes >= bn:
-        return 1.0
-    if buffer_bytes <= b0:
-        return s0 * max(buffer_bytes, 1) / b0
-    for (lo, a), (hi, b) in zip(PAYLOAD_CURVE, PAYLOAD_CURVE[1:]):
-        if buffer_bytes <= hi:
-            w = (math.log2(buffer_bytes) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
-            return a + w * (b - a)
-    return 1.0
+from kernels_nki.emulator import cost, depgraph, timing
+from kernels_nki.emulator.trace import DMA_ENGINES, Trace
 
 
 @dataclasses.dataclass
@@ -155,7 +69,7 @@ class Schedule:
 
     def busy_s(self) -> dict:
         """Busy seconds per lane: compute engines, and `dma` (any DMA engine busy: the union)."""
-        out = {e: 0.0 for e in LANES}
+        out = {e: 0.0 for e in timing.LANES}
         spans = []
         for ins, s, e in zip(self.instrs, self.start, self.end):
             if ins.engine == "dma":
@@ -180,189 +94,25 @@ def _union(spans) -> float:
     return total + ((cur_e - cur_s) if cur_e is not None else 0.0)
 
 
-def _overlap(e, r) -> bool:
-    if e[5] != r[5]:
-        return e[6] < r[7] and r[6] < e[7]
-    return e[1] < r[2] and r[1] < e[2] and e[3] < r[4] and r[3] < e[4]
-
-
-def _contains(r, e) -> bool:
-    if e[5] != r[5]:  # a bounding box in other rows: kept (pruning is safe only within one row size)
-        return False
-    return r[1] <= e[1] and e[2] <= r[2] and r[3] <= e[3] and e[4] <= r[4]
-
-
-def dependencies(instrs) -> tuple[list, list]:
-    """(deps, raw) per instruction: indices of the earlier instructions it must wait for (RAW, WAR, WAW through
-    overlapping regions), and its RAW producers."""
-    writes, reads = {}, {}  # serial -> [(region, index)]
-    deps, raws = [], []
-    for i, ins in enumerate(instrs):
-        raw, war = set(), set()
-        for r in ins.reads:
-            for e, j in writes.get(r[0], ()):
-                if _overlap(e, r):
-                    raw.add(j)
-        for r in ins.writes:
-            for table in (writes, reads):
-                for e, j in table.get(r[0], ()):
-                    if _overlap(e, r):
-                        war.add(j)
-        war.discard(i)
-        for r in ins.reads:
-            reads.setdefault(r[0], []).append((r, i))
-        for r in ins.writes:
-            for table in (writes, reads):
-                lst = table.get(r[0])
-                if lst:
-                    table[r[0]] = [(e, j) for e, j in lst if not _contains(r, e)]  # superseded: i waits for them
-            writes.setdefault(r[0], []).append((r, i))
-        deps.append(raw | war)
-        raws.append(raw)
-    return deps, raws
-
-
-def _resources(ins: Instr) -> list:
-    """The resource ids an instruction holds while it runs: its DMA engines, or its engine and the shared
-    ports it uses (whatever the reading)."""
-    e = ins.engine
-    if e == "dma":
-        lo, hi = ins.engines
-        return list(range(_DMA0 + lo, _DMA0 + hi))
-    if e == "tensor":
-        return [_RES["tensor"]]
-    res = [_RES[e]]
-    if e == "vector":
-        return res + ([_RES["sbuf_vg"]] if ins.sbuf else []) + ([_RES["psum_vs"]] if ins.psum else [])
-    if e == "scalar":
-        return res + ([_RES["psum_vs"]] if ins.psum else [])
-    return res + [_RES["sbuf_vg"]]
-
-
-def _seconds(ins: Instr, dependent: bool, t: cost.Target, a: Assumptions, last_stationary) -> float:
-    """The seconds one instruction runs."""
-    e = ins.engine
-    if e == "dma":
-        lo, hi = ins.engines
-        per_engine = ins.nbytes / (hi - lo)
-        rate = t.dma_bytes_per_s / DMA_ENGINES * (payload_share(ins.buffer or ins.nbytes) if a.payload_curve else 1.0)
-        return per_engine / rate + (DMA_FIXED_S if a.dma_fixed_on_engine else 0.0)
-    if e == "tensor":
-        f = t.tensor_fp32_cost if ins.fp32 else 1.0
-        cyc = max(ins.cycles * f, t.mm_init_cycles)
-        if ins.stationary != last_stationary:
-            cyc = max(cyc, ins.stationary_free / LS_SPEEDUP * f)
-        return cyc / t.tensor_hz
-    cyc = float(ins.cycles) + a.access_overhead_cycles
-    if e in ("vector", "scalar"):
-        if e == "scalar" and dependent:
-            cyc = max(SCALAR_DEPENDENT_II_CYCLES, cyc + STATIC_OVERHEAD_CYCLES)
-        elif dependent or ins.free < a.small_free:
-            cyc += STATIC_OVERHEAD_CYCLES
-    if e == "vector":
-        return cyc / t.vector_elems_per_cycle * cost.PE / t.vector_hz
-    if e == "scalar":
-        return cyc / t.scalar_hz
-    return cyc * cost.PE / a.gpsimd_elems_per_cycle / t.gpsimd_hz
-
-
 ORDERS = ("list", "source")  # the compiler's reordering (the estimate) / program order (the in-order reading)
 SCAN = 8  # candidates a stream tries per issue slot when the first one's resources are busy
 
 
-def predecessors(trace, instrs) -> tuple[list, list]:
-    """(preds, raws): per instruction the instructions it waits for (data dependencies and the explicit
-    scheduling edges of `trace.edges`), and its RAW producers."""
-    deps, raws = dependencies(instrs)
-    edges = getattr(trace, "edges", None)
-    if not edges:
-        return deps, raws
-    preds = [set(d) for d in deps]
-    for c, p in edges:
-        preds[c].add(p)
-    return preds, raws
-
-
-def topological(preds) -> list:
-    """Program order, except where an explicit edge needs a later instruction first (Kahn's algorithm, the
-    lowest index first); a cycle (edges against the data dependencies) raises."""
-    n = len(preds)
-    if all(not p or max(p) < i for i, p in enumerate(preds)):
-        return list(range(n))
-    succ = [[] for _ in range(n)]
-    remaining = [len(p) for p in preds]
-    for i, p in enumerate(preds):
-        for j in p:
-            succ[j].append(i)
-    heap = [i for i in range(n) if remaining[i] == 0]
-    heapq.heapify(heap)
-    out = []
-    while heap:
-        i = heapq.heappop(heap)
-        out.append(i)
-        for j in succ[i]:
-            remaining[j] -= 1
-            if remaining[j] == 0:
-                heapq.heappush(heap, j)
-    if len(out) != n:
-        raise ValueError(f"schedule: the scheduling edges form a cycle with the data dependencies ({n - len(out)} "
-                         "instructions on it or after it): no order satisfies them")
-    return out
-
-
-class _Graph:
-    """What every schedule of one trace shares, whatever its reading and order: the instruction graph
-    (predecessors, RAW producers, successors), program order (`topo`, each instruction's place in it: `tpos`),
-    each instruction's stream and resources, and the memory plan (_Plan). Computed once per Trace (kept on it:
-    `graph`), so the six schedules of `estimate` trace the graph once."""
-
-    def __init__(self, trace, instrs):
-        self.preds, self.raws = predecessors(trace, instrs)
-        self.topo = topological(self.preds)
-        n = len(instrs)
-        self.tpos = [0] * n
-        for k, i in enumerate(self.topo):
-            self.tpos[i] = k
-        self.succ = [[] for _ in range(n)]
-        for i, p in enumerate(self.preds):
-            for j in p:
-                self.succ[j].append(i)
-        self.npreds = [len(p) for p in self.preds]
-        self.stream = [ins.stream for ins in instrs]
-        self.dma = [ins.engine == "dma" for ins in instrs]
-        self.res = [_resources(ins) for ins in instrs]
-        self.plan = _Plan(trace, instrs, self.topo, self.stream)
-
-
-def graph(trace) -> _Graph:
-    """The trace's _Graph (a Trace keeps it; a list of Instr is analysed on every call)."""
-    instrs = trace.instrs if isinstance(trace, Trace) else trace
-    if not isinstance(trace, Trace):
-        return _Graph(trace, instrs)
-    if trace._graph is None:
-        trace._graph = _Graph(trace, instrs)
-    return trace._graph
-
-
 def schedule(trace: Trace | list, assumptions: str = "central", target: str | None = None,
              order: str = "list") -> Schedule:
-    """Schedule a trace (or a list of Instr) on `target` (default: the trace's) under ASSUMPTIONS[assumptions]:
+    """Schedule a trace (or a list of Instr) on `target` (default: the trace's) under timing.ASSUMPTIONS[assumptions]:
     `order="list"` lets the compiler order each engine's stream (the list scheduler), `"source"` keeps
     program order (the in-order reading)."""
-    a = ASSUMPTIONS[assumptions]
+    a = timing.ASSUMPTIONS[assumptions]
     if order not in ORDERS:
         raise ValueError(f"unknown order {order!r}: expected one of {', '.join(ORDERS)}")
     target = target or getattr(trace, "target", cost.DEFAULT_TARGET)
     t = cost.target(target)
     instrs = trace.instrs if isinstance(trace, Trace) else trace
-    g = graph(trace)
+    g = depgraph.graph(trace)
     run = _list if order == "list" else _in_order
     start, end, wait, over = run(instrs, g, t, a)
     return Schedule(instrs, start, end, wait, max(end, default=0.0), assumptions, target, order, over)
-
-
-def _latency(ins: Instr, a: Assumptions) -> float:
-    return 0.0 if ins.engine != "dma" or a.dma_fixed_on_engine else DMA_FIXED_S
 
 
 def _hold(is_dma: bool, s, i: int, start: float, end: float, res, free, ready, dge: float, avail: dict) -> None:
@@ -371,18 +121,15 @@ def _hold(is_dma: bool, s, i: int, start: float, end: float, res, free, ready, d
     for r in res:
         free[r] = end
     if dge and is_dma:
-        free[_GPSIMD] = max(ready[i], free[_GPSIMD]) + dge
+        free[timing.GPSIMD] = max(ready[i], free[timing.GPSIMD]) + dge
     avail[s] = start if is_dma else end
-
-
-_GPSIMD = _RES["gpsimd"]
 
 
 def _in_order(instrs, g, t, a):
     """Each stream in program order (topological where an explicit edge reorders): of the streams' next
     instructions whose inputs are scheduled, the one that can start first runs first."""
     n = len(instrs)
-    preds, raws, topo, stream, is_dma, res = g.preds, g.raws, g.topo, g.stream, g.dma, g.res
+    raws, topo, stream, is_dma, res = g.raws, g.topo, g.stream, g.dma, g.res
     streams, pos, prev = {}, [0] * n, [None] * n
     for i in topo:
         lst = streams.setdefault(stream[i], [])
@@ -393,20 +140,20 @@ def _in_order(instrs, g, t, a):
     last_stat = None
     for i in topo:
         ins = instrs[i]
-        dur[i] = _seconds(ins, prev[i] is not None and prev[i] in raws[i], t, a, last_stat)
+        dur[i] = timing.seconds(ins, prev[i] is not None and prev[i] in raws[i], t, a, last_stat)
         if ins.engine == "tensor":
             last_stat = ins.stationary
     users = g.succ
     remaining = list(g.npreds)
     ready = [0.0] * n
-    free = [0.0] * (_DMA0 + DMA_ENGINES)
+    free = [0.0] * (timing.DMA0 + DMA_ENGINES)
     avail = {s: 0.0 for s in streams}  # a stream's next instruction may start from here
     head = {s: 0 for s in streams}
     start, end, wait = [0.0] * n, [0.0] * n, [0.0] * n
     heap = []
     push, pop = heapq.heappush, heapq.heappop
     dge = a.swdge_s
-    lat = DMA_FIXED_S if not a.dma_fixed_on_engine else 0.0  # _latency of a DMA
+    lat = timing.DMA_FIXED_S if not a.dma_fixed_on_engine else 0.0  # a DMA's fixed cost as latency
     mem = _Memory(g.plan)
     tpos, issued, parked = g.tpos, [False] * n, []
     front = 0
@@ -415,7 +162,7 @@ def _in_order(instrs, g, t, a):
         r0 = ready[i]
         if is_dma[i]:
             if dge:  # its descriptors first, on GpSimd (swdge)
-                r0 = max(r0, free[_GPSIMD]) + dge
+                r0 = max(r0, free[timing.GPSIMD]) + dge
             r0 += lat
         m = avail[stream[i]]
         if r0 > m:
@@ -481,48 +228,6 @@ def _in_order(instrs, g, t, a):
     return start, end, wait, 0
 
 
-class _Plan:
-    """The memory constraint's part that depends on the trace only (_Memory's docstring): each allocation the
-    trace touches numbered in the order of its serial (`buf`, `amount`: its memory and size), the allocations
-    each instruction touches, each allocation's first use and number of uses in program order, program order's
-    live amount at every position per memory, the room, and per stream its instructions that open an
-    allocation."""
-
-    def __init__(self, trace, instrs, topo, stream):
-        allocs = getattr(trace, "allocations", None) or {}
-        number = {ser: k for k, ser in enumerate(sorted(allocs))}
-        self.buf = [allocs[ser][0] for ser in sorted(allocs)]
-        self.amount = [allocs[ser][1] for ser in sorted(allocs)]
-        self.touch = [sorted({number[r[0]] for r in ins.reads + ins.writes if r[0] in number}) if number else []
-                      for ins in instrs]
-        m = len(number)
-        self.left, self.first = [0] * m, [-1] * m
-        last = [0] * m
-        for k, i in enumerate(topo):
-            for a in self.touch[i]:
-                self.left[a] += 1
-                if self.first[a] < 0:
-                    self.first[a] = k
-                last[a] = k
-        n = len(topo)
-        delta = {b: np.zeros(n + 1, np.int64) for b in ("sbuf", "psum")}
-        for a in range(m):
-            if self.first[a] >= 0:
-                delta[self.buf[a]][self.first[a]] += self.amount[a]
-                delta[self.buf[a]][last[a] + 1] -= self.amount[a]
-        cap = getattr(trace, "capacity", None) or {}
-        self.live, self.room = {}, {}
-        for b, d in delta.items():
-            live = np.cumsum(d[:n])
-            self.live[b] = live  # program order's live at k
-            self.room[b] = max(cap.get(b, math.inf), int(live.max()) if n else 0)
-        self.openers = {}  # per stream, its instructions that open an allocation, in program order
-        for k, i in enumerate(topo):
-            if any(self.first[a] == k for a in self.touch[i]):
-                self.openers.setdefault(stream[i], []).append(i)
-        self.stream = stream
-
-
 class _Memory:
     """The capacity constraint of the schedule. An on-chip allocation is live from the start of the first
     instruction that touches it to the end of the last; an instruction that opens allocations issues only if
@@ -538,7 +243,7 @@ class _Memory:
     Among instructions waiting for room the oldest goes first: a younger one opens only if room remains for
     the oldest one denied room and for the oldest unissued opener of its own stream."""
 
-    def __init__(self, plan: _Plan):
+    def __init__(self, plan: depgraph.Plan):
         self.buf, self.amount, self.touch, self.first, self.room = plan.buf, plan.amount, plan.touch, plan.first, plan.room
         self.left = list(plan.left)
         # per memory and position k: program order's live at k + what was opened ahead of k
@@ -664,14 +369,14 @@ def _list(instrs, g, t, a):
     then issues in its place (the compiler's freedom to reorder independent instructions, used to fill stalls)."""
     n = len(instrs)
     raws, topo, tpos, succ, stream, is_dma, res = g.raws, g.topo, g.tpos, g.succ, g.stream, g.dma, g.res
-    dma_lat = DMA_FIXED_S if not a.dma_fixed_on_engine else 0.0  # _latency of a DMA
+    dma_lat = timing.DMA_FIXED_S if not a.dma_fixed_on_engine else 0.0  # a DMA's fixed cost as latency
     lat = [dma_lat if d else 0.0 for d in is_dma]
     remaining = list(g.npreds)
     dge = a.swdge_s
     mem = _Memory(g.plan)
     streams = set(stream)
     ready = [0.0] * n
-    free = [0.0] * (_DMA0 + DMA_ENGINES)
+    free = [0.0] * (timing.DMA0 + DMA_ENGINES)
     avail = dict.fromkeys(streams, 0.0)
     last_on = dict.fromkeys(streams)
     waiting = {s: [] for s in streams}  # (data-ready time + latency, i)
@@ -699,7 +404,7 @@ def _list(instrs, g, t, a):
     def earliest(i, now):
         m = now
         if dge and is_dma[i]:  # its descriptors first, on GpSimd (swdge)
-            m = max(m, max(ready[i], free[_GPSIMD]) + dge + lat[i])
+            m = max(m, max(ready[i], free[timing.GPSIMD]) + dge + lat[i])
         for r in res[i]:
             if free[r] > m:
                 m = free[r]
@@ -718,7 +423,7 @@ def _list(instrs, g, t, a):
             front["k"] = k
             mem.advance(k)
         dependent = last_on[s] is not None and last_on[s] in raws[i]
-        e = now + _seconds(ins, dependent, t, a, state["last_stat"])
+        e = now + timing.seconds(ins, dependent, t, a, state["last_stat"])
         start[i], end[i] = now, e
         wait[i] = now - avail[s]
         _hold(is_dma[i], s, i, now, e, res[i], free, ready, dge, avail)
@@ -844,17 +549,17 @@ def combined(by_order: dict) -> dict:
     """The estimate from the makespans of both orders per reading ({"list": {reading: s}, "source": {...}}):
     the shorter per reading, and the in-order reading (program order, central assumptions: `in_order`).
     Extrapolations (the step estimate's per-sequence one) extrapolate each order first, then combine."""
-    out = {a: min(by_order["list"][a], by_order["source"][a]) for a in ASSUMPTIONS}
+    out = {a: min(by_order["list"][a], by_order["source"][a]) for a in timing.ASSUMPTIONS}
     out["in_order"] = by_order["source"]["central"]
     return out
 
 
 def estimate(trace: Trace) -> dict:
-    """Per bracket of ASSUMPTIONS the estimate: the shorter of the list schedule's makespan and program order's (a
+    """Per bracket of timing.ASSUMPTIONS the estimate: the shorter of the list schedule's makespan and program order's (a
     scheduler free to reorder may keep program order); the in-order reading (`in_order`); both orders'
     makespans (`by_order`); the busiest-engine lower bound; the central estimate's active shares (`shares`)."""
     by = {"list": {}, "source": {}}
-    for name in ASSUMPTIONS:
+    for name in timing.ASSUMPTIONS:
         chosen, listed, src = best(trace, name)
         by["list"][name], by["source"][name] = listed.makespan_s, src.makespan_s
         if name == "central":

@@ -115,7 +115,7 @@ class Trace:
     edges: list = dataclasses.field(default_factory=list)  # (consumer, producer) explicit scheduling edges
     allocations: dict = dataclasses.field(default_factory=dict)  # serial -> ("sbuf", bytes per partition) | ("psum", banks)
     capacity: dict = dataclasses.field(default_factory=dict)  # "sbuf": bytes per partition, "psum": banks
-    _graph: object = dataclasses.field(default=None, repr=False, compare=False)  # schedule.graph, once computed
+    _graph: object = dataclasses.field(default=None, repr=False, compare=False)  # depgraph.graph, once computed
 
     def __len__(self):
         return len(self.instrs)
