@@ -325,6 +325,8 @@ CASES = {
         bad=matmul("nisa.nc_matmul(acc, s[0:64], m[0:64], tile_position=(64, 0), tile_size=(64, 128))  # <-"),
         good=matmul("nisa.nc_matmul(acc, s[64:128], m[64:128], tile_position=(64, 0), tile_size=(64, 128))"),
         ref=lambda a: bf(a)[64:, :64].T @ bf(a)[64:]),
+    "strict.is_none": dict(reading="strict", bad="if a is not None:  # <-\n    a = a\n" + COPY,
+                           good="if a != None:  # noqa: E711\n    a = a\n" + COPY),
     "strict.loop_alias": dict(reading="strict", bad="for i in nl.affine_range(2):  # <-\n    a = a\n" + COPY,
                               good="for i in range(2):\n    a = a\n" + COPY),
 }

@@ -8,12 +8,6 @@ import kernels_nki
 
 ROOT = pathlib.Path(kernels_nki.__file__).parent
 
-# Files not yet converted to named state, with their number of integer-index reads. The counts must match
-# exactly, so a file's allowance shrinks as it is converted and a converted file leaves the list.
-NOT_YET_NAMED = {
-}
-
-
 def index_reads(source: str) -> list[tuple[int, str]]:
     """(line, expression) of every read `x[k]` with an integer literal k (negative included); a tensor's
     `.shape[k]` is its dimension, not kernel state, and slices (`t[0:rows]`) are tensor views."""
@@ -46,7 +40,4 @@ def test_kernel_state_is_read_by_name():
         reads = index_reads(path.read_text())
         if reads:
             found[str(path.relative_to(ROOT))] = reads
-    new = {f: r for f, r in found.items() if f not in NOT_YET_NAMED}
-    assert not new, f"integer-index reads of kernel state (name them: unpack, a class or string keys): {new}"
-    counts = {f: len(found.get(f, [])) for f in NOT_YET_NAMED}
-    assert counts == NOT_YET_NAMED, "update NOT_YET_NAMED to the new counts (they only shrink)"
+    assert not found, f"integer-index reads of kernel state (name them: unpack, a class or string keys): {found}"

@@ -51,7 +51,7 @@ def seq_tile(x_BTXK, dt, b=None, perm=False):
     unless b is None."""
     B, T, X, W = x_BTXK.shape
     t = nl.ndarray((nl.tile_size.pmax, cdiv(T, nl.tile_size.pmax) * X * W), dtype=dt, buffer=nl.sbuf)
-    if b is not None:
+    if b != None:  # noqa: E711 (NKI 0.3 has no `is`: nki/migration/index.rst)
         seq_dma(t, x_BTXK, b, True, perm)
     return t
 

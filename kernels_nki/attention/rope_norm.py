@@ -179,7 +179,7 @@ def prep_grad(items, rot_engine, dg_P1=None, done=None):
     def sums():
         for (dst, d_f, rows, cs, norm), prod, c_P1 in zip(items, prods, cs_):
             nisa.tensor_reduce(dst=c_P1[0:rows], op=nl.add, data=prod[0:rows], axis=1, keepdims=True)
-        if dg_P1 is not None:
+        if dg_P1 != None:  # noqa: E711 (NKI 0.3 has no `is`: nki/migration/index.rst)
             for (dst, d_f, rows, cs, norm), c_P1 in zip(items, cs_):
                 nisa.tensor_tensor(dst=dg_P1[0:rows], data1=dg_P1[0:rows], data2=c_P1[0:rows], op=nl.add,
                                    engine=gp)
@@ -193,7 +193,7 @@ def prep_grad(items, rot_engine, dg_P1=None, done=None):
     def out():
         for (dst, d_f, rows, cs, norm), w in zip(items, ws):
             scale_rows(dst, w, rows, norm.inv)
-        if done is not None:
+        if done != None:  # noqa: E711 (NKI 0.3 has no `is`: nki/migration/index.rst)
             done()
 
     return rot + [products, sums, centre, out]

@@ -104,7 +104,7 @@ def half_matmul(dst, stationary, moving, half, name=None):
     partitions: rule strict.row_tile_partitions of kernels_nki.emulator.rules). `name`: the instruction's name
     (a "recompute..." name marks a product computed a second time: kernels_nki.emulator counts it not
     useful)."""
-    if half is not None and stationary.shape[0] <= 64:
+    if half != None and stationary.shape[0] <= 64:  # noqa: E711 (NKI 0.3 has no `is`: nki/migration/index.rst)
         nisa.nc_matmul(dst=dst, stationary=stationary, moving=moving, tile_position=(half * 64, 0),
                        tile_size=(64, 128), name=name)
     else:

@@ -133,6 +133,21 @@ def _check_signature(fn: ast.FunctionDef, filename: str):
                   filename, param)
 
 
+STRICT_SOURCE = "__nki_strict_source__"  # a loaded module's strict findings (`strict_findings`), its helpers' too
+
+
+def strict_findings(tree: ast.Module, filename: str) -> tuple:
+    """(rule id, detail, file:line) of each form in the file's kernel code that only the strict reading refuses
+    (rules with kind "ast" and strict=True). The reading is the call's (`emulator.run(..., reading=)`), so they
+    are raised as a kernel launches (loader), not when its file loads."""
+    out = []
+    for fn in kernel_functions(tree):
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops):
+                out.append(("strict.is_none", f"`is None` / `is not None` in {fn.name}", f"{filename}:{node.lineno}"))
+    return tuple(out)
+
+
 def check_source(source: str, filename: str) -> ast.Module:
     """Checks the file's kernel code; returns its syntax tree."""
     tree = ast.parse(source, filename)

@@ -60,6 +60,7 @@ class _EmulatedSource(importlib.abc.Loader):
             source = f.read()
         tree = ast_pass.check_source(source, self.path)
         ast_pass.exec_kernel_code(tree, self.path, module.__dict__)
+        setattr(module, ast_pass.STRICT_SOURCE, ast_pass.strict_findings(tree, self.path))
 
 
 def _tops(root: str, top: str) -> set[str]:

@@ -134,6 +134,8 @@ def _load(name: str, reading: str) -> types.ModuleType:
     module.__nki_emulated__ = True
     with emulated_nki(reading, **helpers, **{name: module}):  # the module itself too, while its body runs
         ast_pass.exec_kernel_code(tree, spec.origin, module.__dict__)
+    setattr(module, ast_pass.STRICT_SOURCE, sum((getattr(h, ast_pass.STRICT_SOURCE) for h in helpers.values()),
+                                                ast_pass.strict_findings(tree, spec.origin)))
     _modules[name, reading] = module
     return module
 
@@ -182,7 +184,10 @@ def _holds_list(v) -> bool:
 
 
 def _launch(kernel, machine: _m.Machine, inputs, constants):
-    """Interface rules (list arguments, the launch grid), then the kernel body -> its result."""
+    """Source rules of the call's reading (ast_pass.strict_findings), interface rules (list arguments, the launch
+    grid), then the kernel body -> its result."""
+    for rule_id, detail, where in kernel.fn.__globals__.get(ast_pass.STRICT_SOURCE, ()):
+        _m.rule(rule_id, detail, where)
     for v in list(inputs) + list(constants.values()):
         if _holds_list(v):
             _m.rule("kernel.list_args", f"{kernel.fn.__name__} gets a list argument, or one holding a list (use "

@@ -323,6 +323,14 @@ RULES: tuple[Rule, ...] = (
       "them (an error, not a warning, so that kernels held to it cannot take them up again); the emulator runs "
       "them as range() under reading 'any'.",
       strict=True),
+    R("strict.is_none", "kernel code compares with None by == / != (not `is None` / `is not None`)", ALL,
+      f"{NOTES} NKI 0.3.0 Breaking Changes; nki/migration/index.rst ('The NKI 0.3.0 compiler does not support "
+      "Python's is / is not operators'), against AWS's nki-library (core/attention/attention_cte.py: 'if k_prior "
+      "is not None:')", "ast",
+      "The migration notes refuse `is` and `is not` without exception; AWS's nki-library, the kernels the compiler "
+      "ships, compares with None by `is` / `is not` throughout (rule ast.is_operator accepts that reading). "
+      "`== None` / `!= None` are valid under both; the strict reading refuses the identity form against None.",
+      strict=True),
 )
 
 # The NKI the emulator follows: 0.6.0, the newest of the supported SDKs (Neuron 2.30-2.32 ship NKI 0.4.0-0.6.0).
