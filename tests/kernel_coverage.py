@@ -44,6 +44,21 @@ class KernelCoverage:
         self.cov = coverage.Coverage(branch=True, data_file=None, source=[str(KERNELS)], omit=NOT_KERNEL_CODE)
         self.report = ""
 
+    def pytest_sessionstart(self, session):
+        """Every kernel file loaded under the emulator once, traced: a module body (imports, definitions) runs once
+        per reading, and a test outside tests/test_kernels_*.py may load a module first."""
+        from kernels_nki import emulator
+
+        self.cov.start()
+        try:
+            for path in sorted(KERNELS.rglob("*.py")):
+                rel = path.relative_to(KERNELS.parent).with_suffix("")
+                if rel.parts[1] == "emulator" or rel.name == "registry":
+                    continue
+                emulator.load_kernel_module(".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts))
+        finally:
+            self.cov.stop()
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
         traced = item.path.name.startswith("test_kernels_")
