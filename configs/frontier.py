@@ -12,7 +12,7 @@ budget on one trn1 chip, and the evaluation the Trainium contest allows (docs/re
 - Optimizer: the record's learning rates and Muon momentum 0.92 -> 0.99, with the fused Adam / Muon kernels. Its
   step-counted schedule is kept in proportion to the steps a run makes: the record's run made 7,179 steps in its
   600 s (its log), warmdown 3500 (49% of them) and momentum warm-up 1500 (21%); the trn1 step estimate
-  (`python -m frontier_jax.kernel_report --config configs/frontier.py`: 3.22 s a step, about 560 steps in 1800 s)
+  (`python -m frontier_jax.kernel_report --config configs/frontier.py`: 3.17 s a step, about 570 steps in 1800 s)
   gives warmdown 280 (by wall clock, as the record's) and momentum warm-up 120. (The record's 3500 would start the
   learning rate at about 16% of its value.)
 - Training: the record's sequences of 2048 and 786,432 tokens per step, 1800 s (the contest's 30 minutes), the
