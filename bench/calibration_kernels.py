@@ -127,7 +127,7 @@ def _mamba_state(delta_i, u_i, acc, A, B, C, b, c0, s, l0, L, scan_init=None, de
     nisa.activation(dst=delta_a, op=nl.exp, data=delta_i[0:P, l0:l0 + L], scale=a_i)
     b_i = nl.ndarray((1, L), dtype=dt, buffer=nl.sbuf)
     nisa.dma_copy(dst=b_i, src=B[b, s:s + 1, l0:l0 + L])
-    if delta_u is None:
+    if delta_u == None:  # noqa: E711 (NKI 0.3 has no `is`: nki/migration/index.rst)
         du = nl.ndarray((P, L), dtype=dt, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=du, data1=delta_i[0:P, l0:l0 + L], data2=u_i[0:P, l0:l0 + L], op=nl.multiply)
     else:
@@ -135,9 +135,9 @@ def _mamba_state(delta_i, u_i, acc, A, B, C, b, c0, s, l0, L, scan_init=None, de
     delta_bu = nl.ndarray((P, L), dtype=dt, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=delta_bu, data1=du, data2=nl.broadcast_to(b_i, (P, L)), op=nl.multiply)
     scan = nl.ndarray((P, L), dtype=dt, buffer=nl.sbuf)
-    nisa.tensor_tensor_scan(dst=scan, data0=delta_a, data1=delta_bu, initial=0.0 if scan_init is None else scan_init,
-                            op0=nl.multiply, op1=nl.add)
-    if scan_init is not None:
+    initial = 0.0 if scan_init == None else scan_init  # noqa: E711
+    nisa.tensor_tensor_scan(dst=scan, data0=delta_a, data1=delta_bu, initial=initial, op0=nl.multiply, op1=nl.add)
+    if scan_init != None:  # noqa: E711
         nisa.tensor_copy(dst=scan_init, src=scan[0:P, L - 1:L])
     c_i = nl.ndarray((1, L), dtype=dt, buffer=nl.sbuf)
     nisa.dma_copy(dst=c_i, src=C[b, s:s + 1, l0:l0 + L])
