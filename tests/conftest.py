@@ -107,17 +107,18 @@ def trained_run(byte_data, tmp_path_factory) -> tuple[Path, dict]:
 
 @pytest.fixture(scope="session")
 def neuron_traced():
-    """neuron_traced(cfg): `program.trace_steps(cfg, 2, *program.on_neuron(cfg))`, what `neuron_check` checks and
-    `kernel_calls.program` takes the train step from (one trn1 chip's 2 NeuronCores), traced once per session for
-    each distinct config (a full-size config takes seconds; the program check and the kernel report's docs test
-    read the same one)."""
+    """neuron_traced(cfg): `program.trace_steps(cfg, kernel_calls.CORES, *program.on_neuron(cfg))`, what
+    `neuron_check` checks and `kernel_calls.program` takes the train step from (one trn1 chip's 2 NeuronCores), traced
+    once per session for each distinct config (a full-size config takes seconds; the program check and the kernel
+    report's docs test read the same one)."""
+    from frontier_jax.neuron.kernel_calls import CORES
     from frontier_jax.neuron.program import on_neuron, trace_steps
 
     traced = {}
 
     def get(cfg):
         if cfg not in traced:
-            traced[cfg] = trace_steps(cfg, 2, *on_neuron(cfg))
+            traced[cfg] = trace_steps(cfg, CORES, *on_neuron(cfg))
         return traced[cfg]
 
     return get

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from frontier_jax.neuron import kernel_calls as kc
-from frontier_jax.neuron import kernel_report, program
-from frontier_jax.policies.dtypes import resolve as resolve_dtypes
+from frontier_jax.neuron import kernel_report
 from frontier_jax.config import apply_overrides, load_config
 from kernels_nki import emulator
 from kernels_nki.emulator import loader, schedule
@@ -122,16 +121,9 @@ def test_report_bad_config_is_one_line(tmp_path, capsys):
 def test_docs_step_estimate_is_the_reports(neuron_traced, monkeypatch):
     """docs/kernels/step-estimate.md carries `kernel_report --config configs/baseline.py --markdown --against
     docs/kernels/step-estimate-row-major.json` verbatim (baseline and the default comparison, frontier14).
-    `kc.program`'s trace of a config on 2 NeuronCores in Neuron's dtypes is the session's (the program check
-    traces the same steps of every config); any other trace runs."""
-    real = program.trace_steps
-
-    def shared(cfg, num_devices, dtypes, tx, **kw):
-        if num_devices == 2 and not kw and dtypes == resolve_dtypes(cfg, "neuron"):
-            return neuron_traced(cfg)
-        return real(cfg, num_devices, dtypes, tx, **kw)
-
-    monkeypatch.setattr(program, "trace_steps", shared)
+    `kc.program(cfg)` is the train step of the session's trace (`neuron_traced`: the same call, which the program
+    check of every config reads too)."""
+    monkeypatch.setattr(kc, "program", lambda cfg: neuron_traced(cfg).programs["train"])
     reps = kernel_report.build_reports([load_config(REPO / "configs" / name) for name in ("baseline.py", "frontier14.py")],
                                        workers=kernel_report.cpus())
     docs = REPO / "docs" / "kernels"
